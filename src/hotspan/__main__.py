@@ -1,0 +1,3 @@
+from hotspan.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,41 @@
+"""Collapsed stacks: ``a;b;c 10`` (Pyroscope's default ``/ingest`` format, Brendan Gregg's
+folded output) and ``lines`` (one stack per line, each worth one sample)."""
+
+from __future__ import annotations
+
+from typing import Iterator, List, Tuple
+
+from hotspan.formats.errors import FormatError
+
+Stack = Tuple[List[str], int]  # root-first frame names, value
+
+
+def parse_folded(data: bytes) -> Iterator[Stack]:
+    text = data.decode("utf-8", "replace")
+    for number, raw in enumerate(text.splitlines(), 1):
+        line = raw.strip()
+        if not line:
+            continue
+        stack, sep, value = line.rpartition(" ")
+        if not sep:
+            raise FormatError(f"line {number}: expected 'frame;frame;... value', got {raw[:80]!r}")
+        try:
+            count = int(value)
+        except ValueError:
+            try:
+                count = int(float(value))
+            except ValueError:
+                raise FormatError(f"line {number}: value {value[:40]!r} is not a number") from None
+        if count < 0:
+            raise FormatError(f"line {number}: negative value {count}")
+        frames = [f for f in stack.split(";") if f]
+        if frames and count:
+            yield frames, count
+
+
+def parse_lines(data: bytes) -> Iterator[Stack]:
+    text = data.decode("utf-8", "replace")
+    for raw in text.splitlines():
+        frames = [f for f in raw.strip().split(";") if f]
+        if frames:
+            yield frames, 1

@@ -1,0 +1,1 @@
+"""Protobuf wire definitions (pprof, Pyroscope types/push/querier) and their generated modules."""

@@ -1,0 +1,1 @@
+"""The query engine: series selection, flame graphs, diffs, timelines and pprof output."""

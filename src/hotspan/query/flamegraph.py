@@ -1,0 +1,174 @@
+"""Flame graphs built with array operations instead of a Python tree walk.
+
+The stacks of a query (root first, one row each, padded with -1) are sorted lexicographically.
+After sorting, every node of the flame graph is a run of consecutive rows that share a prefix,
+so each level is found with one vectorised comparison of neighbouring rows, node totals are
+differences of a running sum, and a node's x position is the running sum at its first row.
+That yields Pyroscope's level encoding directly: ``[x_delta, total, self, name]`` per node
+(``[xl, totall, selfl, xr, totalr, selfr, name]`` for a diff, with one value column per side).
+
+``max_nodes`` works as in Pyroscope: the smallest nodes are folded, per parent, into a node
+named ``other``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import List, Optional, Sequence
+
+import numpy as np
+
+TOTAL = "total"
+OTHER = "other"
+# Padding after the end of a stack.  It sorts after every name, so a node's self time comes
+# after its children, on the right, as Pyroscope draws it.
+_PAD = np.int64(1) << 62
+
+
+@dataclass
+class FlameGraph:
+    names: List[str]
+    levels: List[np.ndarray]  # per level: flat int64 array, (3 * columns + 1) ints per node
+    totals: List[int]  # total per value column
+    max_self: int
+
+
+@dataclass
+class _Level:
+    x: np.ndarray  # (m, k) absolute x offsets
+    total: np.ndarray  # (m, k)
+    self_: np.ndarray  # (m, k)
+    name: np.ndarray  # (m,) name ranks
+
+
+def build(
+    stacks: np.ndarray,
+    lengths: np.ndarray,
+    values: np.ndarray,
+    names: Sequence[str],
+    max_nodes: Optional[int] = None,
+) -> FlameGraph:
+    """``stacks``: (n, depth) name indexes into ``names``, root first, -1 padded;
+    ``values``: (n,) or (n, k) non-negative sample values."""
+    values = np.asarray(values, dtype=np.int64)
+    if values.ndim == 1:
+        values = values[:, None]
+    k = values.shape[1]
+    keep = values.any(axis=1) & (lengths > 0)
+    stacks, lengths, values = stacks[keep], lengths[keep], values[keep]
+    totals = values.sum(axis=0)
+
+    # Ranks instead of raw indexes, so that siblings come out in name order as in Pyroscope.
+    used = np.unique(stacks[stacks >= 0]) if stacks.size else np.zeros(0, dtype=np.int64)
+    by_name = sorted(range(len(used)), key=lambda i: names[used[i]])
+    out_names = [TOTAL] + [names[used[i]] for i in by_name] + [OTHER]
+    rank = np.zeros(int(used.max()) + 1 if len(used) else 1, dtype=np.int64)
+    rank[used[by_name]] = np.arange(1, len(used) + 1)
+    ranked = np.where(stacks >= 0, rank[np.maximum(stacks, 0)], _PAD)
+    other_rank = len(out_names) - 1
+
+    levels = _levels(ranked, lengths, values)
+    if max_nodes and max_nodes > 0 and sum(len(lv.name) for lv in levels) + 1 > max_nodes:
+        ranked, lengths, values = _fold_small(ranked, lengths, values, max_nodes, other_rank)
+        levels = _levels(ranked, lengths, values)
+
+    root = np.concatenate([[0, int(t), 0] for t in totals] + [[0]]).astype(np.int64)
+    encoded = [root]
+    max_self = 0
+    for lv in levels:
+        prev_end = np.concatenate([np.zeros((1, k), dtype=np.int64), (lv.x + lv.total)[:-1]])
+        # The first node of a level is relative to 0, the others to the end of their neighbour.
+        delta = lv.x - prev_end
+        cols = []
+        for j in range(k):
+            cols += [delta[:, j], lv.total[:, j], lv.self_[:, j]]
+        cols.append(lv.name)
+        encoded.append(np.stack(cols, axis=1).reshape(-1).astype(np.int64))
+        if len(lv.self_):
+            max_self = max(max_self, int(lv.self_.max()))
+    if not (ranked == other_rank).any():
+        out_names.pop()
+    return FlameGraph(out_names, encoded, [int(t) for t in totals], max_self)
+
+
+def _sort(ranked: np.ndarray, lengths: np.ndarray, values: np.ndarray):  # type: ignore[no-untyped-def]
+    if len(ranked) == 0:
+        return ranked, lengths, values
+    order = np.lexsort(ranked.T[::-1]) if ranked.shape[1] else np.arange(len(ranked))
+    return ranked[order], lengths[order], values[order]
+
+
+def _boundaries(ranked: np.ndarray) -> np.ndarray:
+    """(n, depth) bool: row i starts a new group of shared prefix at depth d."""
+    n, depth = ranked.shape
+    starts = np.ones((n, depth), dtype=bool)
+    if n > 1 and depth:
+        starts[1:] = np.logical_or.accumulate(ranked[1:] != ranked[:-1], axis=1)
+    return starts
+
+
+def _levels(ranked: np.ndarray, lengths: np.ndarray, values: np.ndarray) -> List[_Level]:
+    ranked, lengths, values = _sort(ranked, lengths, values)
+    n = len(ranked)
+    k = values.shape[1]
+    if n == 0:
+        return []
+    depth = ranked.shape[1]
+    csum = np.zeros((n + 1, k), dtype=np.int64)
+    np.cumsum(values, axis=0, out=csum[1:])
+    starts = _boundaries(ranked)
+    out = []
+    for d in range(depth):
+        first = np.flatnonzero(starts[:, d])
+        last = np.append(first[1:], n)
+        real = ranked[first, d] != _PAD
+        first, last = first[real], last[real]
+        if len(first) == 0:
+            break
+        ends_here = (lengths == d + 1)[:, None]
+        self_sum = np.zeros((n + 1, k), dtype=np.int64)
+        np.cumsum(values * ends_here, axis=0, out=self_sum[1:])
+        out.append(
+            _Level(
+                x=csum[first],
+                total=csum[last] - csum[first],
+                self_=self_sum[last] - self_sum[first],
+                name=ranked[first, d],
+            )
+        )
+    return out
+
+
+def _fold_small(
+    ranked: np.ndarray, lengths: np.ndarray, values: np.ndarray, max_nodes: int, other_rank: int
+):  # type: ignore[no-untyped-def]
+    """Replace every node smaller than the ``max_nodes``-th largest (and its subtree) by
+    ``other`` under its parent."""
+    ranked, lengths, values = _sort(ranked, lengths, values)
+    weight = values.sum(axis=1)
+    n, depth = ranked.shape
+    csum = np.concatenate([[0], np.cumsum(weight)])
+    starts = _boundaries(ranked)
+    node_weight = np.zeros((n, depth), dtype=np.int64)
+    all_weights = []
+    for d in range(depth):
+        first = np.flatnonzero(starts[:, d])
+        last = np.append(first[1:], n)
+        group_total = csum[last] - csum[first]
+        node_weight[:, d] = group_total[np.cumsum(starts[:, d]) - 1]
+        all_weights.append(group_total[ranked[first, d] != _PAD])
+    weights = np.sort(np.concatenate(all_weights))[::-1]
+    threshold = weights[max_nodes - 2] if len(weights) >= max_nodes - 1 else 0
+    cols = np.arange(depth)
+    small = (node_weight < threshold) & (cols[None, :] < lengths[:, None])
+    cut_rows = np.flatnonzero(small.any(axis=1))
+    first_cut = small[cut_rows].argmax(axis=1)
+    ranked = ranked.copy()
+    lengths = lengths.copy()
+    ranked[cut_rows, first_cut] = other_rank
+    after = cols[None, :] > first_cut[:, None]
+    sub = ranked[cut_rows]
+    sub[after] = _PAD
+    ranked[cut_rows] = sub
+    lengths[cut_rows] = first_cut + 1
+    return ranked, lengths, values

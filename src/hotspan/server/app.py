@@ -1,0 +1,78 @@
+"""The ASGI application: routes, shared state, lifecycle."""
+
+from __future__ import annotations
+
+import contextlib
+import html
+import logging
+from typing import AsyncIterator, Optional
+
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.middleware.gzip import GZipMiddleware
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, PlainTextResponse, Response
+from starlette.routing import Route
+
+from hotspan import __version__
+from hotspan.query.engine import QueryEngine
+from hotspan.server import ingest, querier, render
+from hotspan.server.config import ServerConfig
+from hotspan.server.state import ServerState
+from hotspan.store import open_store
+from hotspan.store.base import Store
+
+log = logging.getLogger(__name__)
+
+
+async def ready(request: Request) -> Response:
+    return PlainTextResponse("ready\n")
+
+
+async def index(request: Request) -> Response:
+    """A plain overview of what the server holds, with the endpoints to send data to."""
+    state: ServerState = request.app.state.hotspan
+    tenant = state.config.default_tenant
+    services = sorted({rec.labels.get("service_name", "") for rec in state.store.series(tenant)})
+    items = "".join(f"<li>{html.escape(s)}</li>" for s in services if s) or (
+        "<li>no profiles yet: point an agent or a Pyroscope SDK at this address</li>"
+    )
+    body = f"""<!doctype html><meta charset="utf-8"><title>hotspan</title>
+<h1>hotspan {__version__}</h1>
+<p>Services with profiles (tenant <code>{html.escape(tenant)}</code>):</p><ul>{items}</ul>
+<p>Ingest: <code>POST /ingest</code>, <code>POST /push.v1.PusherService/Push</code>.
+Query: <code>/querier.v1.QuerierService/*</code>, <code>GET /pyroscope/render</code>.</p>"""
+    return HTMLResponse(body)
+
+
+def create_app(config: Optional[ServerConfig] = None, store: Optional[Store] = None) -> Starlette:
+    """The server application.  Without ``store`` it opens (and later closes) the embedded
+    store in ``config.data_dir``."""
+    config = config or ServerConfig()
+    owns_store = store is None
+    store = store if store is not None else open_store(config.data_dir)
+    state = ServerState(config=config, store=store, engine=QueryEngine(store))
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        yield
+        if owns_store:
+            # Runs after the server stopped taking requests: commit what was accepted.
+            store.close()
+
+    routes = [
+        Route("/", index, methods=["GET"]),
+        Route("/ready", ready, methods=["GET"]),
+        Route("/ingest", ingest.ingest, methods=["POST"]),
+        Route("/pyroscope/ingest", ingest.ingest, methods=["POST"]),
+        Route("/push.v1.PusherService/Push", ingest.push, methods=["POST"]),
+        *querier.routes,
+        *render.routes,
+    ]
+    app = Starlette(
+        routes=routes,
+        lifespan=lifespan,
+        middleware=[Middleware(GZipMiddleware, minimum_size=4096)],
+    )
+    app.state.hotspan = state
+    return app

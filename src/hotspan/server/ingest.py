@@ -1,0 +1,199 @@
+"""Ingest endpoints: Pyroscope's ``/ingest`` and the push API every recent SDK uses."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import Dict, Mapping, Optional
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from hotspan.formats import folded, ingest_params, pprof, speedscope
+from hotspan.formats.errors import FormatError
+from hotspan.formats.proto import push_pb2
+from hotspan.model.labels import METRIC_NAME, SERVICE_NAME, SPY_NAME, is_valid_label_name, normalize
+from hotspan.model.profile import Frame, IngestBatch, ProfileType
+from hotspan.server.connect import read_message, unary, write_message
+from hotspan.server.errors import HTTPError
+from hotspan.server.request import check_token, read_body, tenant_of
+from hotspan.server.state import ServerState
+from hotspan.store.base import StoreError
+
+FOLDED_FORMATS = ("", "folded", "groups", "collapsed")
+
+
+async def commit(state: ServerState, tenant: str, batch: IngestBatch) -> None:
+    """Hand the batch to the store and return once it is durable."""
+    if not len(batch):
+        return
+    try:
+        await asyncio.wrap_future(state.store.write(tenant, batch))
+    except StoreError as exc:
+        raise HTTPError(503, f"could not store the profile: {exc}") from None
+
+
+def _tags(tags: Mapping[str, str]) -> Dict[str, str]:
+    out = {}
+    for key, value in tags.items():
+        if not is_valid_label_name(key):
+            raise HTTPError(400, f"invalid label name {key!r}")
+        if key != METRIC_NAME:
+            out[key] = value
+    return out
+
+
+async def ingest(request: Request) -> Response:
+    """``POST /ingest?name=app.cpu{k=v}&from=..&until=..&format=..&sampleRate=..&spyName=..``"""
+    state: ServerState = request.app.state.hotspan
+    config = state.config
+    try:
+        check_token(request, config.ingest_tokens)
+        tenant = tenant_of(request, config)
+        params = request.query_params
+        if "name" not in params:
+            raise HTTPError(400, "query parameter 'name' (app{key=value,...}) is required")
+        app = ingest_params.parse_app_name(params["name"])
+        now = time.time_ns()
+        start = ingest_params.parse_time(params.get("from"), now)
+        try:
+            sample_rate = int(params.get("sampleRate") or 100)
+        except ValueError:
+            sample_rate = 100
+        spy = params.get("spyName") or "unknown"
+        fmt = (params.get("format") or "").lower()
+        ctype = request.headers.get("content-type", "").lower()
+        body = await read_body(request, config)
+        labels = _tags(app.tags)
+        labels[SPY_NAME] = spy
+        batch = IngestBatch()
+        if ctype.startswith("multipart/form-data") or fmt == "pprof":
+            await _ingest_pprof(request, body, ctype, app.name, labels, start, batch, state)
+        elif fmt in FOLDED_FORMATS or fmt == "lines" or fmt == "speedscope":
+            _ingest_stacks(body, fmt, app.name, labels, start, sample_rate, batch)
+        elif fmt in ("jfr", "trie", "tree"):
+            raise HTTPError(400, f"format {fmt!r} is not supported by hotspan yet")
+        else:
+            raise HTTPError(400, f"unknown format {fmt!r} (use folded, lines, pprof or speedscope)")
+        await commit(state, tenant, batch)
+    except FormatError as exc:
+        return Response(f"bad profile: {exc}\n", status_code=400)
+    except HTTPError as exc:
+        return Response(exc.message + "\n", status_code=exc.status)
+    return Response(status_code=200)
+
+
+async def _ingest_pprof(
+    request: Request,
+    body: bytes,
+    ctype: str,
+    app_name: str,
+    labels: Dict[str, str],
+    start: int,
+    batch: IngestBatch,
+    state: ServerState,
+) -> None:
+    config = state.config
+    sample_type_config: Optional[dict] = None
+    if ctype.startswith("multipart/form-data"):
+        try:
+            form = await request.form(max_part_size=config.max_body_bytes)
+        except Exception as exc:  # noqa: BLE001 - Starlette raises several kinds here
+            raise HTTPError(400, f"malformed multipart body: {exc}") from None
+        part = form.get("profile")
+        if part is None:
+            raise HTTPError(400, "multipart body has no 'profile' field")
+        data = await part.read() if hasattr(part, "read") else str(part).encode()
+        stc = form.get("sample_type_config")
+        if stc is not None:
+            raw = await stc.read() if hasattr(stc, "read") else str(stc).encode()
+            try:
+                sample_type_config = json.loads(raw)
+            except ValueError as exc:
+                raise HTTPError(400, f"sample_type_config is not JSON: {exc}") from None
+            if not isinstance(sample_type_config, dict):
+                raise HTTPError(400, "sample_type_config must be a JSON object")
+    else:
+        data = body
+    profile = pprof.parse(data, config.max_decompressed_bytes)
+    # A pprof upload's type comes from its sample types, so a ``.cpu`` suffix is only a name.
+    base, _ = ingest_params.split_suffix(app_name)
+    labels.setdefault(SERVICE_NAME, base)
+    pprof.to_batch(profile, batch, labels, start, sample_type_config)
+
+
+def _ingest_stacks(
+    body: bytes,
+    fmt: str,
+    app_name: str,
+    labels: Dict[str, str],
+    start: int,
+    sample_rate: int,
+    batch: IngestBatch,
+) -> None:
+    base, suffix = ingest_params.split_suffix(app_name)
+    labels.setdefault(SERVICE_NAME, base)
+    if fmt == "speedscope":
+        for prof in speedscope.parse(body):
+            prof_labels = dict(labels)
+            if prof.name:
+                prof_labels["profile_name"] = prof.name
+            if prof.unit in speedscope.TIME_UNITS:
+                # Weights are durations: store them as wall nanoseconds.
+                ltype = ingest_params.legacy_type("wall", 1_000_000_000)
+                scale = speedscope.TIME_UNITS[prof.unit]
+            elif prof.unit == "bytes":
+                ltype = ingest_params.legacy_type("bytes", 0)
+                scale = 1
+            else:
+                ltype = ingest_params.legacy_type(suffix, sample_rate)
+                scale = ltype.scale
+            stacks = ((list(k), int(v * scale)) for k, v in prof.stacks.items())
+            _add_stacks(batch, ltype, prof_labels, start, stacks, 1)
+        return
+    ltype = ingest_params.legacy_type(suffix, sample_rate)
+    parsed = folded.parse_lines(body) if fmt == "lines" else folded.parse_folded(body)
+    _add_stacks(batch, ltype, labels, start, parsed, ltype.scale)
+
+
+def _add_stacks(batch, ltype, labels, ts, stacks, scale) -> None:  # type: ignore[no-untyped-def]
+    ptype = ProfileType(
+        ltype.metric, ltype.sample_type, ltype.sample_unit, ltype.period_type, ltype.period_unit
+    )
+    series_labels = dict(labels)
+    series_labels[METRIC_NAME] = ltype.metric
+    sid = batch.add_series(ptype, normalize(series_labels))
+    for names, value in stacks:
+        if value <= 0:
+            continue
+        frame_ids = tuple(batch.add_frame(Frame(name)) for name in names)
+        batch.add_sample(sid, ts, batch.add_stack(frame_ids), value * scale)
+
+
+@unary
+async def push(request: Request) -> Response:
+    """``/push.v1.PusherService/Push``: series labels plus raw pprof per sample."""
+    state: ServerState = request.app.state.hotspan
+    config = state.config
+    check_token(request, config.ingest_tokens)
+    tenant = tenant_of(request, config)
+    req = await read_message(request, config, push_pb2.PushRequest)
+    batch = IngestBatch()
+    now = time.time_ns()
+    for i, series in enumerate(req.series):
+        labels: Dict[str, str] = {}
+        for pair in series.labels:
+            if not is_valid_label_name(pair.name):
+                raise HTTPError(400, f"series {i}: invalid label name {pair.name!r}")
+            labels[pair.name] = pair.value
+        if not labels.get(SERVICE_NAME):
+            raise HTTPError(400, f"series {i}: the label service_name is required")
+        for sample in series.samples:
+            try:
+                profile = pprof.parse(sample.raw_profile, config.max_decompressed_bytes)
+                pprof.to_batch(profile, batch, labels, now)
+            except FormatError as exc:
+                raise HTTPError(400, f"series {i}: {exc}") from None
+    await commit(state, tenant, batch)
+    return write_message(request, push_pb2.PushResponse())

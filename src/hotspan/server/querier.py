@@ -1,0 +1,315 @@
+"""``querier.v1.QuerierService`` over Connect: what Grafana's Pyroscope data source calls."""
+
+from __future__ import annotations
+
+import time
+from typing import Callable, List, Optional, Sequence, Tuple
+
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from hotspan.formats.proto import querier_pb2, types_pb2
+from hotspan.model.labels import Selector, SelectorError, parse_selector
+from hotspan.model.profile import ProfileType, ProfileTypeError, span_id_to_int
+from hotspan.query.engine import DEFAULT_MAX_NODES, QueryError
+from hotspan.query.flamegraph import FlameGraph
+from hotspan.server.connect import read_message, unary, write_message
+from hotspan.server.errors import HTTPError
+from hotspan.server.request import check_token, tenant_of
+from hotspan.server.state import ServerState
+from hotspan.store.base import SampleFilter, StackValues
+
+SERVICE = "/querier.v1.QuerierService"
+MS = 1_000_000
+DEFAULT_RANGE_MS = 3600 * 1000
+MAX_NODES_LIMIT = 1_000_000
+
+
+def time_range(start_ms: int, end_ms: int) -> Tuple[int, int]:
+    """Milliseconds from the request to nanoseconds; 0/0 means the last hour."""
+    if start_ms == 0 and end_ms == 0:
+        end_ms = time.time_ns() // MS
+        start_ms = end_ms - DEFAULT_RANGE_MS
+    if end_ms == 0:
+        end_ms = time.time_ns() // MS
+    if start_ms < 0 or end_ms <= start_ms:
+        raise HTTPError(400, f"invalid time range: start {start_ms} ms, end {end_ms} ms")
+    return start_ms * MS, end_ms * MS
+
+
+def profile_type(text: str) -> ProfileType:
+    try:
+        return ProfileType.parse(text)
+    except ProfileTypeError as exc:
+        raise HTTPError(400, str(exc)) from None
+
+
+def selector(text: str) -> Selector:
+    try:
+        return parse_selector(text)
+    except SelectorError as exc:
+        raise HTTPError(400, f"bad label selector {text!r}: {exc}") from None
+
+
+def max_nodes(msg, field: str = "max_nodes") -> int:  # type: ignore[no-untyped-def]
+    if msg.HasField(field):
+        value = getattr(msg, field)
+        if value < 0:
+            raise HTTPError(400, f"max_nodes must not be negative, got {value}")
+        return min(value, MAX_NODES_LIMIT) or DEFAULT_MAX_NODES
+    return DEFAULT_MAX_NODES
+
+
+def span_ids(texts: Sequence[str]) -> List[int]:
+    out = []
+    for text in texts:
+        if len(text) != 16:
+            raise HTTPError(400, f"span id {text!r} is not 16 hex digits")
+        try:
+            out.append(span_id_to_int(text))
+        except ValueError:
+            raise HTTPError(400, f"span id {text!r} is not 16 hex digits") from None
+    return out
+
+
+def flamegraph_message(graph: FlameGraph, out) -> None:  # type: ignore[no-untyped-def]
+    out.names.extend(graph.names)
+    for level in graph.levels:
+        out.levels.add().values.extend(level.tolist())
+    out.total = int(sum(graph.totals))
+    out.max_self = graph.max_self
+
+
+def _state(request: Request) -> Tuple[ServerState, str]:
+    state: ServerState = request.app.state.hotspan
+    check_token(request, state.config.query_tokens)
+    return state, tenant_of(request, state.config)
+
+
+async def _run(fn: Callable, *args):  # type: ignore[no-untyped-def]
+    try:
+        return await run_in_threadpool(fn, *args)
+    except QueryError as exc:
+        raise HTTPError(400, str(exc)) from None
+
+
+@unary
+async def profile_types(request: Request) -> Response:
+    state, tenant = _state(request)
+    req = await read_message(request, state.config, querier_pb2.ProfileTypesRequest)
+    start, end = time_range(req.start, req.end)
+    types = await _run(state.engine.profile_types, tenant, start, end)
+    resp = querier_pb2.ProfileTypesResponse()
+    for t in types:
+        resp.profile_types.add(
+            ID=t.id,
+            name=t.name,
+            sample_type=t.sample_type,
+            sample_unit=t.sample_unit,
+            period_type=t.period_type,
+            period_unit=t.period_unit,
+        )
+    return write_message(request, resp)
+
+
+@unary
+async def label_names(request: Request) -> Response:
+    state, tenant = _state(request)
+    req = await read_message(request, state.config, types_pb2.LabelNamesRequest)
+    start, end = time_range(req.start, req.end)
+    names = await _run(state.engine.label_names, tenant, list(req.matchers), start, end)
+    return write_message(request, types_pb2.LabelNamesResponse(names=names))
+
+
+@unary
+async def label_values(request: Request) -> Response:
+    state, tenant = _state(request)
+    req = await read_message(request, state.config, types_pb2.LabelValuesRequest)
+    if not req.name:
+        raise HTTPError(400, "name is required")
+    start, end = time_range(req.start, req.end)
+    values = await _run(state.engine.label_values, tenant, req.name, list(req.matchers), start, end)
+    return write_message(request, types_pb2.LabelValuesResponse(names=values))
+
+
+@unary
+async def series(request: Request) -> Response:
+    state, tenant = _state(request)
+    req = await read_message(request, state.config, querier_pb2.SeriesRequest)
+    start, end = time_range(req.start, req.end)
+    found = await _run(
+        state.engine.series_labels, tenant, list(req.matchers), list(req.label_names), start, end
+    )
+    resp = querier_pb2.SeriesResponse()
+    for labels in found:
+        resp.labels_set.add().labels.extend(
+            types_pb2.LabelPair(name=k, value=v) for k, v in sorted(labels.items())
+        )
+    return write_message(request, resp)
+
+
+async def _stack_values(
+    state: ServerState,
+    tenant: str,
+    type_id: str,
+    label_selector: str,
+    start_ms: int,
+    end_ms: int,
+    spans: Optional[List[int]] = None,
+    req=None,  # type: ignore[no-untyped-def]  # the request message: trace ids, call site
+) -> Tuple[ProfileType, SampleFilter, StackValues]:
+    ptype = profile_type(type_id)
+    sel = selector(label_selector)
+    start, end = time_range(start_ms, end_ms)
+    traces = None
+    if req is not None and len(req.trace_id_selector):
+        traces = list(req.trace_id_selector)
+        for t in traces:
+            if len(t) != 32 or not all(c in "0123456789abcdefABCDEF" for c in t):
+                raise HTTPError(400, f"trace id {t!r} is not 32 hex digits")
+    where = SampleFilter(start, end, span_ids=spans, trace_ids=traces)
+    values = await _run(state.engine.stack_values, tenant, ptype, sel, where)
+    if req is not None and req.HasField("stack_trace_selector"):
+        call_site = [loc.name for loc in req.stack_trace_selector.call_site]
+        values = await _run(state.engine.filter_call_site, values, call_site)
+    return ptype, where, values
+
+
+@unary
+async def select_merge_stacktraces(request: Request) -> Response:
+    state, tenant = _state(request)
+    req = await read_message(request, state.config, querier_pb2.SelectMergeStacktracesRequest)
+    spans = span_ids(req.span_selector) if req.span_selector else None
+    ptype, where, values = await _stack_values(
+        state, tenant, req.profile_typeID, req.label_selector, req.start, req.end, spans, req
+    )
+    resp = querier_pb2.SelectMergeStacktracesResponse()
+    if req.format == querier_pb2.PROFILE_FORMAT_PPROF:
+        profile = await _run(state.engine.pprof, ptype, values, where, None)
+        resp.pprof.profile.CopyFrom(profile)
+    elif req.format in (
+        querier_pb2.PROFILE_FORMAT_UNSPECIFIED,
+        querier_pb2.PROFILE_FORMAT_FLAMEGRAPH,
+    ):
+        graph = await _run(state.engine.flamegraph, values, max_nodes(req))
+        flamegraph_message(graph, resp.flamegraph)
+    else:
+        raise HTTPError(400, "only the flamegraph and pprof formats are supported", "unimplemented")
+    return write_message(request, resp)
+
+
+@unary
+async def select_merge_span_profile(request: Request) -> Response:
+    state, tenant = _state(request)
+    req = await read_message(request, state.config, querier_pb2.SelectMergeSpanProfileRequest)
+    if not req.span_selector:
+        raise HTTPError(400, "span_selector must list at least one span id")
+    spans = span_ids(req.span_selector)
+    _, _, values = await _stack_values(
+        state, tenant, req.profile_typeID, req.label_selector, req.start, req.end, spans
+    )
+    graph = await _run(state.engine.flamegraph, values, max_nodes(req))
+    resp = querier_pb2.SelectMergeSpanProfileResponse()
+    flamegraph_message(graph, resp.flamegraph)
+    return write_message(request, resp)
+
+
+@unary
+async def select_merge_profile(request: Request) -> Response:
+    state, tenant = _state(request)
+    req = await read_message(request, state.config, querier_pb2.SelectMergeProfileRequest)
+    ptype, where, values = await _stack_values(
+        state, tenant, req.profile_typeID, req.label_selector, req.start, req.end, None, req
+    )
+    limit = max_nodes(req) if req.HasField("max_nodes") else None
+    profile = await _run(state.engine.pprof, ptype, values, where, limit)
+    return write_message(request, profile)
+
+
+@unary
+async def select_series(request: Request) -> Response:
+    state, tenant = _state(request)
+    req = await read_message(request, state.config, querier_pb2.SelectSeriesRequest)
+    ptype = profile_type(req.profile_typeID)
+    sel = selector(req.label_selector)
+    start, end = time_range(req.start, req.end)
+    if req.step <= 0:
+        raise HTTPError(400, f"step must be a positive number of seconds, got {req.step}")
+    step_ns = max(int(req.step * 1e9), 1_000_000)
+    if (end - start) // step_ns > 100_000:
+        raise HTTPError(400, "step is too small for the time range (over 100,000 points)")
+    average = (
+        req.HasField("aggregation")
+        and req.aggregation == types_pb2.TIME_SERIES_AGGREGATION_TYPE_AVERAGE
+    )
+    limit = req.limit if req.HasField("limit") else None
+    found = await _run(
+        state.engine.select_series,
+        tenant,
+        ptype,
+        sel,
+        SampleFilter(start, end),
+        step_ns,
+        list(req.group_by),
+        average,
+        limit,
+    )
+    resp = querier_pb2.SelectSeriesResponse()
+    for ts in found:
+        out = resp.series.add()
+        out.labels.extend(
+            types_pb2.LabelPair(name=k, value=v) for k, v in sorted(ts.labels.items())
+        )
+        for t, v in zip(ts.timestamps_ms, ts.values):
+            out.points.add(timestamp=t, value=v)
+    return write_message(request, resp)
+
+
+@unary
+async def diff(request: Request) -> Response:
+    state, tenant = _state(request)
+    req = await read_message(request, state.config, querier_pb2.DiffRequest)
+    if not req.left.profile_typeID or not req.right.profile_typeID:
+        raise HTTPError(400, "left and right selections both need a profile_typeID")
+    _, _, left = await _stack_values(
+        state,
+        tenant,
+        req.left.profile_typeID,
+        req.left.label_selector,
+        req.left.start,
+        req.left.end,
+        None,
+        req.left,
+    )
+    _, _, right = await _stack_values(
+        state,
+        tenant,
+        req.right.profile_typeID,
+        req.right.label_selector,
+        req.right.start,
+        req.right.end,
+        None,
+        req.right,
+    )
+    limit = max(max_nodes(req.left), max_nodes(req.right))
+    graph = await _run(state.engine.diff, left, right, limit)
+    resp = querier_pb2.DiffResponse()
+    flamegraph_message(graph, resp.flamegraph)
+    resp.flamegraph.leftTicks, resp.flamegraph.rightTicks = graph.totals
+    resp.flamegraph.total = sum(graph.totals)
+    return write_message(request, resp)
+
+
+routes = [
+    Route(f"{SERVICE}/ProfileTypes", profile_types, methods=["POST", "GET"]),
+    Route(f"{SERVICE}/LabelNames", label_names, methods=["POST", "GET"]),
+    Route(f"{SERVICE}/LabelValues", label_values, methods=["POST", "GET"]),
+    Route(f"{SERVICE}/Series", series, methods=["POST", "GET"]),
+    Route(f"{SERVICE}/SelectMergeStacktraces", select_merge_stacktraces, methods=["POST", "GET"]),
+    Route(f"{SERVICE}/SelectMergeSpanProfile", select_merge_span_profile, methods=["POST", "GET"]),
+    Route(f"{SERVICE}/SelectMergeProfile", select_merge_profile, methods=["POST", "GET"]),
+    Route(f"{SERVICE}/SelectSeries", select_series, methods=["POST", "GET"]),
+    Route(f"{SERVICE}/Diff", diff, methods=["POST", "GET"]),
+]

@@ -1,0 +1,239 @@
+"""Pyroscope's legacy HTTP query API: ``/pyroscope/render`` and friends, flamebearer JSON."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Dict, List, Optional, Tuple
+
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from hotspan.formats import ingest_params
+from hotspan.formats.errors import FormatError
+from hotspan.model.labels import SERVICE_NAME, Matcher, Selector, SelectorError, parse_selector
+from hotspan.model.profile import ProfileType, ProfileTypeError
+from hotspan.query.engine import DEFAULT_MAX_NODES, QueryError
+from hotspan.query.flamegraph import FlameGraph
+from hotspan.server.errors import HTTPError
+from hotspan.server.request import check_token, tenant_of
+from hotspan.server.state import ServerState
+from hotspan.store.base import SampleFilter
+
+# Legacy ``app.<suffix>`` -> (metric name, preferred sample types).
+_LEGACY_SAMPLE_TYPES = {
+    "cpu": ("process_cpu", ("cpu", "samples")),
+    "itimer": ("process_cpu", ("cpu", "samples")),
+    "wall": ("wall", ("wall", "samples")),
+}
+
+
+def _params_range(request: Request, prefix: str = "") -> Tuple[int, int]:
+    now = time.time_ns()
+    try:
+        start = ingest_params.parse_time(
+            request.query_params.get(prefix + "from"), now - 3600 * 10**9
+        )
+        end = ingest_params.parse_time(request.query_params.get(prefix + "until"), now)
+    except FormatError as exc:
+        raise HTTPError(400, str(exc)) from None
+    if end <= start:
+        raise HTTPError(400, f"invalid time range: {prefix}until must be after {prefix}from")
+    return start, end
+
+
+def resolve_query(
+    state: ServerState, tenant: str, query: str, start: int, end: int
+) -> Tuple[ProfileType, Selector]:
+    """``app.cpu{env="prod"}`` or ``process_cpu:cpu:nanoseconds:cpu:nanoseconds{...}``."""
+    if not query:
+        raise HTTPError(400, "query parameter 'query' is required, e.g. myapp.cpu{}")
+    try:
+        sel = parse_selector(query)
+    except SelectorError as exc:
+        raise HTTPError(400, f"bad query {query!r}: {exc}") from None
+    if sel.metric.count(":") == 4:
+        try:
+            return ProfileType.parse(sel.metric), Selector("", sel.matchers)
+        except ProfileTypeError as exc:
+            raise HTTPError(400, str(exc)) from None
+    app, suffix = ingest_params.split_suffix(sel.metric)
+    if not app:
+        raise HTTPError(400, f"query {query!r} names no application")
+    sel = Selector("", sel.matchers + (Matcher(SERVICE_NAME, "=", app),))
+    metric, preferred = _LEGACY_SAMPLE_TYPES.get(suffix, (None, (suffix,)))
+    candidates = {
+        rec.profile_type
+        for rec in state.engine.find_series(tenant, [sel], start, end)
+        if (metric is None or rec.profile_type.name == metric)
+    }
+    for sample_type in preferred:
+        for ptype in sorted(candidates, key=lambda t: t.id):
+            if ptype.sample_type == sample_type:
+                return ptype, sel
+    raise HTTPError(404, f"no {suffix} profiles for application {app!r} in this time range")
+
+
+def _units(ptype: ProfileType) -> Tuple[str, int]:
+    """Flamebearer units and sample rate, as Pyroscope reports them."""
+    if ptype.sample_unit == "nanoseconds":
+        return "samples", 1_000_000_000
+    if ptype.sample_unit == "bytes":
+        return "bytes", 100
+    if ptype.sample_type in ("inuse_objects", "alloc_objects", "goroutines", "goroutine"):
+        return "objects", 100
+    return "samples", 100
+
+
+def flamebearer(graph: FlameGraph) -> Dict[str, Any]:
+    return {
+        "names": graph.names,
+        "levels": [level.tolist() for level in graph.levels],
+        "numTicks": int(sum(graph.totals)),
+        "maxSelf": graph.max_self,
+    }
+
+
+def _timeline(
+    state: ServerState, tenant: str, ptype: ProfileType, sel: Selector, start: int, end: int
+) -> Dict[str, Any]:
+    step_s = max(10, (end - start) // 10**9 // 1000)
+    found = state.engine.select_series(
+        tenant, ptype, sel, SampleFilter(start, end), step_s * 10**9, [], False, None
+    )
+    start_s = start // 10**9
+    samples = [0] * ((end - start) // (step_s * 10**9) + 1)
+    for ts in found:
+        for t_ms, v in zip(ts.timestamps_ms, ts.values):
+            i = (t_ms // 1000 - start_s) // step_s
+            if 0 <= i < len(samples):
+                samples[i] += int(v)
+    return {"startTime": start_s, "samples": samples, "durationDelta": step_s, "watermarks": None}
+
+
+def _max_nodes(request: Request) -> int:
+    raw = request.query_params.get("max-nodes") or request.query_params.get("maxNodes")
+    if not raw:
+        return DEFAULT_MAX_NODES
+    if not raw.isdigit():
+        raise HTTPError(400, f"max-nodes must be a positive integer, got {raw!r}")
+    return int(raw) or DEFAULT_MAX_NODES
+
+
+def _guard(fn):  # type: ignore[no-untyped-def]
+    async def endpoint(request: Request) -> Response:
+        state: ServerState = request.app.state.hotspan
+        try:
+            check_token(request, state.config.query_tokens)
+            tenant = tenant_of(request, state.config)
+            return JSONResponse(await run_in_threadpool(fn, request, state, tenant))
+        except HTTPError as exc:
+            return JSONResponse({"error": exc.message}, status_code=exc.status)
+        except QueryError as exc:
+            return JSONResponse({"error": str(exc)}, status_code=400)
+
+    endpoint.__name__ = fn.__name__
+    return endpoint
+
+
+def _single(
+    state: ServerState, tenant: str, query: str, start: int, end: int, max_nodes: int
+) -> Tuple[ProfileType, Selector, FlameGraph]:
+    ptype, sel = resolve_query(state, tenant, query, start, end)
+    values = state.engine.stack_values(tenant, ptype, sel, SampleFilter(start, end))
+    return ptype, sel, state.engine.flamegraph(values, max_nodes)
+
+
+@_guard
+def render(request: Request, state: ServerState, tenant: str) -> Dict[str, Any]:
+    start, end = _params_range(request)
+    query = request.query_params.get("query", "")
+    ptype, sel, graph = _single(state, tenant, query, start, end, _max_nodes(request))
+    units, rate = _units(ptype)
+    return {
+        "version": 1,
+        "flamebearer": flamebearer(graph),
+        "metadata": {
+            "format": "single",
+            "spyName": "",
+            "sampleRate": rate,
+            "units": units,
+            "name": query,
+        },
+        "timeline": _timeline(state, tenant, ptype, sel, start, end),
+        "groups": None,
+        "heatmap": None,
+    }
+
+
+@_guard
+def render_diff(request: Request, state: ServerState, tenant: str) -> Dict[str, Any]:
+    left_start, left_end = _params_range(request, "left")
+    right_start, right_end = _params_range(request, "right")
+    left_query = request.query_params.get("leftQuery", "")
+    right_query = request.query_params.get("rightQuery", "") or left_query
+    left_type, left_sel = resolve_query(state, tenant, left_query, left_start, left_end)
+    right_type, right_sel = resolve_query(state, tenant, right_query, right_start, right_end)
+    if left_type != right_type:
+        raise HTTPError(400, f"cannot diff {left_type.id} against {right_type.id}")
+    engine = state.engine
+    left = engine.stack_values(tenant, left_type, left_sel, SampleFilter(left_start, left_end))
+    right = engine.stack_values(tenant, right_type, right_sel, SampleFilter(right_start, right_end))
+    graph = engine.diff(left, right, _max_nodes(request))
+    units, rate = _units(left_type)
+    bearer = flamebearer(graph)
+    bearer["leftTicks"], bearer["rightTicks"] = graph.totals
+    return {
+        "version": 1,
+        "flamebearer": bearer,
+        "metadata": {
+            "format": "double",
+            "spyName": "",
+            "sampleRate": rate,
+            "units": units,
+            "name": left_query,
+        },
+        "leftTicks": graph.totals[0],
+        "rightTicks": graph.totals[1],
+        "timeline": _timeline(state, tenant, left_type, left_sel, left_start, left_end),
+    }
+
+
+def _series_selectors(request: Request) -> List[str]:
+    query = request.query_params.get("query")
+    if not query:
+        return []
+    try:
+        sel = parse_selector(query)
+    except SelectorError as exc:
+        raise HTTPError(400, f"bad query {query!r}: {exc}") from None
+    matchers = list(sel.matchers)
+    if sel.metric:
+        app, _ = ingest_params.split_suffix(sel.metric)
+        matchers.append(Matcher(SERVICE_NAME, "=", app))
+    return ["{" + ",".join(str(m) for m in matchers) + "}"]
+
+
+@_guard
+def label_values(request: Request, state: ServerState, tenant: str) -> List[str]:
+    name: Optional[str] = request.query_params.get("label")
+    if not name:
+        raise HTTPError(400, "query parameter 'label' is required")
+    start, end = _params_range(request)
+    return state.engine.label_values(tenant, name, _series_selectors(request), start, end)
+
+
+@_guard
+def label_names(request: Request, state: ServerState, tenant: str) -> List[str]:
+    start, end = _params_range(request)
+    names = state.engine.label_names(tenant, _series_selectors(request), start, end)
+    return [n for n in names if not n.startswith("__")]
+
+
+routes = [
+    Route("/pyroscope/render", render, methods=["GET"]),
+    Route("/pyroscope/render-diff", render_diff, methods=["GET"]),
+    Route("/pyroscope/label-values", label_values, methods=["GET"]),
+    Route("/pyroscope/labels", label_names, methods=["GET"]),
+]

@@ -1,0 +1,88 @@
+"""The storage interface.  Every backend passes ``tests/store_contract.py``.
+
+A backend stores four things: series (profile type + labels), frames, stacks (frame ids, root
+first) and samples (time, series, stack, value, span id, trace id).  Tenants are a column of
+series and samples, never of frames and stacks: those are content-addressed and only reachable
+through a tenant's own samples.
+"""
+
+from __future__ import annotations
+
+import abc
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
+
+import numpy as np
+
+from hotspan.model.profile import Frame, IngestBatch, ProfileType
+
+
+class StoreError(RuntimeError):
+    """The store could not complete an operation (disk full, closed, ...)."""
+
+
+@dataclass(frozen=True)
+class SeriesRecord:
+    series_id: int
+    profile_type: ProfileType
+    labels: Mapping[str, str]
+    first_ts: int
+    last_ts: int
+
+    def overlaps(self, start_ns: int, end_ns: int) -> bool:
+        return self.first_ts < end_ns and self.last_ts >= start_ns
+
+
+class StackValues(NamedTuple):
+    """Per-stack sums: ``stack_ids[i]`` had ``values[i]`` in total (both int64 arrays)."""
+
+    stack_ids: np.ndarray
+    values: np.ndarray
+
+    @classmethod
+    def empty(cls) -> StackValues:
+        return cls(np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64))
+
+
+class SampleFilter(NamedTuple):
+    """Which samples of the chosen series count: a time range and optionally spans/a trace."""
+
+    start_ns: int
+    end_ns: int
+    span_ids: Optional[Sequence[int]] = None  # unsigned 64-bit span ids
+    trace_ids: Optional[Sequence[str]] = None  # 32 lowercase hex digits each
+
+
+class Store(abc.ABC):
+    @abc.abstractmethod
+    def write(self, tenant: str, batch: IngestBatch) -> Future[None]:
+        """Queue a batch; the future resolves once the batch is durable (or fails)."""
+
+    @abc.abstractmethod
+    def series(self, tenant: str) -> List[SeriesRecord]:
+        """Every series of the tenant."""
+
+    @abc.abstractmethod
+    def stack_values(
+        self, tenant: str, series_ids: Sequence[int], where: SampleFilter
+    ) -> StackValues:
+        """Sum of sample values per stack over the given series and filter."""
+
+    @abc.abstractmethod
+    def time_series(
+        self, tenant: str, series_ids: Sequence[int], where: SampleFilter, step_ns: int
+    ) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(series_id, bucket_start_ns, sum of values) per series and step-aligned bucket."""
+
+    @abc.abstractmethod
+    def stacks(self, stack_ids: Sequence[int]) -> Dict[int, Tuple[int, ...]]:
+        """Root-first frame ids of each known stack id."""
+
+    @abc.abstractmethod
+    def frames(self, frame_ids: Sequence[int]) -> Dict[int, Frame]:
+        """The frame of each known frame id."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Finish queued writes, then release the store."""

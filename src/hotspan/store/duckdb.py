@@ -1,0 +1,304 @@
+"""The embedded store: one DuckDB file in the data directory.
+
+Stacks are kept in a hashed stack table (stack id -> frame ids, root first), the way Parca,
+Coroot and qryn store them, rather than in Pyroscope's per-block parent-pointer tree.  A
+content hash needs no coordination between writers and no read before a write, and the query
+side does not need a tree on disk: it sums samples per stack in SQL and builds the flame graph
+from those sums with vectorised array operations (``hotspan.query.flamegraph``).  Samples are
+appended in arrival order, which is roughly time order, so DuckDB's per-row-group min/max
+indexes skip most of the table for a short time range.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from concurrent.futures import Future
+from typing import Dict, List, Sequence, Tuple
+
+import duckdb
+import numpy as np
+
+from hotspan.model.profile import Frame, IngestBatch, ProfileType
+from hotspan.store.base import SampleFilter, SeriesRecord, StackValues, Store, StoreError
+from hotspan.store.batching import GroupCommitWriter
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS series (
+    tenant VARCHAR NOT NULL,
+    series_id BIGINT NOT NULL,
+    profile_type VARCHAR NOT NULL,
+    labels VARCHAR NOT NULL,          -- JSON object
+    first_ts BIGINT NOT NULL,
+    last_ts BIGINT NOT NULL,
+    PRIMARY KEY (tenant, series_id)
+);
+CREATE TABLE IF NOT EXISTS frames (
+    frame_id BIGINT PRIMARY KEY,
+    name VARCHAR NOT NULL,
+    filename VARCHAR NOT NULL,
+    line BIGINT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS stacks (
+    stack_id BIGINT PRIMARY KEY,
+    frame_ids BLOB NOT NULL           -- little-endian int64 frame ids, root first
+);
+CREATE TABLE IF NOT EXISTS samples (
+    tenant VARCHAR NOT NULL,
+    series_id BIGINT NOT NULL,
+    ts BIGINT NOT NULL,               -- nanoseconds since the epoch
+    stack_id BIGINT NOT NULL,
+    value BIGINT NOT NULL,
+    span_id UBIGINT NOT NULL,         -- 0: no span
+    trace_id VARCHAR                  -- 32 hex digits or NULL
+);
+"""
+
+DB_FILE = "hotspan.duckdb"
+
+
+class DuckDBStore(Store):
+    def __init__(self, data_dir: str, threads: int = 0) -> None:
+        os.makedirs(data_dir, exist_ok=True)
+        self.path = os.path.join(data_dir, DB_FILE)
+        config = {"threads": threads} if threads else {}
+        try:
+            self._con = duckdb.connect(self.path, config=config)
+        except duckdb.Error as exc:
+            raise StoreError(f"cannot open {self.path}: {exc}") from exc
+        self._con.execute(SCHEMA)
+        self._local = threading.local()
+        self._series_lock = threading.Lock()
+        self._series: Dict[str, Dict[int, SeriesRecord]] = {}
+        self._load_series()
+        # Ids already written by this process; a restart only costs redundant no-op inserts.
+        self._known_frames: set = set()
+        self._known_stacks: set = set()
+        self._writer = GroupCommitWriter(self._commit)
+        self._closed = False
+
+    # -- writing -----------------------------------------------------------------------------
+
+    def write(self, tenant: str, batch: IngestBatch) -> Future[None]:
+        return self._writer.submit(tenant, batch)
+
+    def _commit(self, pending: List[Tuple[str, IngestBatch]]) -> None:
+        con = self._con
+        frames: Dict[int, Frame] = {}
+        stacks: Dict[int, Tuple[int, ...]] = {}
+        series_rows: Dict[Tuple[str, int], list] = {}
+        tenants: List[str] = []
+        counts: List[int] = []
+        for tenant, batch in pending:
+            for fid, frame in batch.frames.items():
+                if fid not in self._known_frames:
+                    frames[fid] = frame
+            for sid, frame_ids in batch.stacks.items():
+                if sid not in self._known_stacks:
+                    stacks[sid] = frame_ids
+            if batch.value:
+                ts = np.asarray(batch.ts, dtype=np.int64)
+                sids = np.asarray(batch.series_id, dtype=np.int64)
+                for sid in batch.series:
+                    mask = sids == sid
+                    if not mask.any():
+                        continue
+                    lo, hi = int(ts[mask].min()), int(ts[mask].max())
+                    key = (tenant, sid)
+                    row = series_rows.get(key)
+                    if row is None:
+                        info = batch.series[sid]
+                        series_rows[key] = [
+                            tenant,
+                            sid,
+                            info.profile_type.id,
+                            json.dumps(dict(info.labels)),
+                            lo,
+                            hi,
+                        ]
+                    else:
+                        row[4], row[5] = min(row[4], lo), max(row[5], hi)
+            tenants.append(tenant)
+            counts.append(len(batch.value))
+
+        con.execute("BEGIN TRANSACTION")
+        try:
+            if frames:
+                frame_table = {  # noqa: F841 - read by DuckDB's replacement scan
+                    "frame_id": np.fromiter(frames.keys(), dtype=np.int64, count=len(frames)),
+                    "name": np.array([f.name for f in frames.values()], dtype=object),
+                    "filename": np.array([f.filename for f in frames.values()], dtype=object),
+                    "line": np.array([f.line for f in frames.values()], dtype=np.int64),
+                }
+                con.execute("INSERT INTO frames SELECT * FROM frame_table ON CONFLICT DO NOTHING")
+            if stacks:
+                stack_table = {  # noqa: F841
+                    "stack_id": np.fromiter(stacks.keys(), dtype=np.int64, count=len(stacks)),
+                    "frame_ids": np.array(
+                        [np.asarray(f, dtype="<i8").tobytes() for f in stacks.values()],
+                        dtype=object,
+                    ),
+                }
+                con.execute(
+                    "INSERT INTO stacks SELECT stack_id, frame_ids::BLOB FROM stack_table "
+                    "ON CONFLICT DO NOTHING"
+                )
+            if series_rows:
+                rows = list(series_rows.values())
+                con.executemany(
+                    "INSERT INTO series VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (tenant, series_id) "
+                    "DO UPDATE SET first_ts = least(series.first_ts, excluded.first_ts), "
+                    "last_ts = greatest(series.last_ts, excluded.last_ts)",
+                    rows,
+                )
+            total = sum(counts)
+            if total:
+                sample_table = {  # noqa: F841
+                    "tenant": np.repeat(np.array(tenants, dtype=object), counts),
+                    "series_id": _concat(pending, "series_id", np.int64),
+                    "ts": _concat(pending, "ts", np.int64),
+                    "stack_id": _concat(pending, "stack_id", np.int64),
+                    "value": _concat(pending, "value", np.int64),
+                    "span_id": _concat(pending, "span_id", np.uint64),
+                    "trace_id": np.array([t for _, b in pending for t in b.trace_id], dtype=object),
+                }
+                con.execute("INSERT INTO samples SELECT * FROM sample_table")
+            con.execute("COMMIT")
+        except Exception:
+            con.execute("ROLLBACK")
+            raise
+        self._known_frames.update(frames)
+        self._known_stacks.update(stacks)
+        if len(self._known_frames) > 2_000_000:
+            self._known_frames.clear()
+        if len(self._known_stacks) > 2_000_000:
+            self._known_stacks.clear()
+        self._remember_series(series_rows.values())
+
+    # -- reading -----------------------------------------------------------------------------
+
+    def _cursor(self) -> duckdb.DuckDBPyConnection:
+        if self._closed:
+            raise StoreError("store is closed")
+        cur = getattr(self._local, "cursor", None)
+        if cur is None:
+            cur = self._con.cursor()
+            self._local.cursor = cur
+        return cur
+
+    def _load_series(self) -> None:
+        rows = self._con.execute(
+            "SELECT tenant, series_id, profile_type, labels, first_ts, last_ts FROM series"
+        ).fetchall()
+        self._remember_series(rows)
+
+    def _remember_series(self, rows) -> None:  # type: ignore[no-untyped-def]
+        with self._series_lock:
+            for tenant, sid, ptype, labels, first, last in rows:
+                by_id = self._series.setdefault(tenant, {})
+                old = by_id.get(sid)
+                if old is not None:
+                    first, last = min(first, old.first_ts), max(last, old.last_ts)
+                    labels_map = old.labels
+                else:
+                    labels_map = json.loads(labels)
+                by_id[sid] = SeriesRecord(sid, ProfileType.parse(ptype), labels_map, first, last)
+
+    def series(self, tenant: str) -> List[SeriesRecord]:
+        with self._series_lock:
+            return list(self._series.get(tenant, {}).values())
+
+    def _sample_where(
+        self, tenant: str, series_ids: Sequence[int], where: SampleFilter
+    ) -> Tuple[str, list]:
+        sql = "tenant = ? AND series_id IN (SELECT unnest(?::BIGINT[])) AND ts >= ? AND ts < ?"
+        params: list = [tenant, list(series_ids), where.start_ns, where.end_ns]
+        if where.span_ids is not None:
+            sql += " AND span_id IN (SELECT unnest(?::UBIGINT[]))"
+            params.append(list(where.span_ids))
+        if where.trace_ids is not None:
+            sql += " AND trace_id IN (SELECT unnest(?::VARCHAR[]))"
+            params.append([t.lower() for t in where.trace_ids])
+        return sql, params
+
+    def stack_values(
+        self, tenant: str, series_ids: Sequence[int], where: SampleFilter
+    ) -> StackValues:
+        if not series_ids:
+            return StackValues.empty()
+        cond, params = self._sample_where(tenant, series_ids, where)
+        result = (
+            self._cursor()
+            .execute(
+                f"SELECT stack_id, sum(value)::BIGINT AS v FROM samples WHERE {cond} "
+                "GROUP BY stack_id",
+                params,
+            )
+            .fetchnumpy()
+        )
+        return StackValues(
+            np.asarray(result["stack_id"], dtype=np.int64), np.asarray(result["v"], dtype=np.int64)
+        )
+
+    def time_series(
+        self, tenant: str, series_ids: Sequence[int], where: SampleFilter, step_ns: int
+    ) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+        if not series_ids:
+            empty = np.zeros(0, dtype=np.int64)
+            return empty, empty, empty
+        cond, params = self._sample_where(tenant, series_ids, where)
+        result = (
+            self._cursor()
+            .execute(
+                f"SELECT series_id, ? + ((ts - ?) // ?) * ? AS bucket, sum(value)::BIGINT AS v "
+                f"FROM samples WHERE {cond} GROUP BY ALL ORDER BY bucket",
+                [where.start_ns, where.start_ns, step_ns, step_ns, *params],
+            )
+            .fetchnumpy()
+        )
+        return (
+            np.asarray(result["series_id"], dtype=np.int64),
+            np.asarray(result["bucket"], dtype=np.int64),
+            np.asarray(result["v"], dtype=np.int64),
+        )
+
+    def stacks(self, stack_ids: Sequence[int]) -> Dict[int, Tuple[int, ...]]:
+        if len(stack_ids) == 0:
+            return {}
+        rows = (
+            self._cursor()
+            .execute(
+                "SELECT stack_id, frame_ids FROM stacks "
+                "WHERE stack_id IN (SELECT unnest(?::BIGINT[]))",
+                [[int(s) for s in stack_ids]],
+            )
+            .fetchall()
+        )
+        return {sid: tuple(np.frombuffer(blob, dtype="<i8").tolist()) for sid, blob in rows}
+
+    def frames(self, frame_ids: Sequence[int]) -> Dict[int, Frame]:
+        if len(frame_ids) == 0:
+            return {}
+        rows = (
+            self._cursor()
+            .execute(
+                "SELECT frame_id, name, filename, line FROM frames "
+                "WHERE frame_id IN (SELECT unnest(?::BIGINT[]))",
+                [[int(f) for f in frame_ids]],
+            )
+            .fetchall()
+        )
+        return {fid: Frame(name, filename, line) for fid, name, filename, line in rows}
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._writer.close()
+        self._closed = True
+        self._con.close()
+
+
+def _concat(pending: List[Tuple[str, IngestBatch]], column: str, dtype) -> np.ndarray:  # type: ignore[no-untyped-def]
+    parts = [np.asarray(getattr(b, column), dtype=dtype) for _, b in pending if b.value]
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=dtype)

@@ -1,0 +1,94 @@
+"""Shared fixtures: a real ``hotspan server`` process on 127.0.0.1 and its data directory."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, List, Optional
+
+import httpx
+import pytest
+
+SHARED = Path(__file__).resolve().parents[1].parent / "shared"
+FIXTURES = SHARED / "fixtures" / "pyroscope-testdata" / "pkg"
+
+
+def shared_fixture(relative: str) -> Path:
+    """A file from ../shared/fixtures/pyroscope-testdata/pkg, or skip with a clear reason."""
+    path = FIXTURES / relative
+    if not path.exists():
+        pytest.skip(
+            f"conformance fixture {relative} not found: ../shared/ (the team's shared fixtures) "
+            "is absent in this checkout"
+        )
+    return path
+
+
+@dataclass
+class RunningServer:
+    process: subprocess.Popen
+    url: str
+    data_dir: Path
+
+    def client(self, **kwargs) -> httpx.Client:  # type: ignore[no-untyped-def]
+        return httpx.Client(base_url=self.url, timeout=30, **kwargs)
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(sig)
+        return self.process.wait(timeout=timeout)
+
+
+def start_server(
+    data_dir: Path, extra_args: Optional[List[str]] = None, env: Optional[dict] = None
+) -> RunningServer:
+    cmd = [sys.executable, "-m", "hotspan", "server", "--port", "0", "--data-dir", str(data_dir)]
+    proc = subprocess.Popen(
+        cmd + (extra_args or []),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, **(env or {})},
+    )
+    deadline = time.monotonic() + 60
+    assert proc.stdout is not None
+    line = ""
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line and proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}")
+        m = re.search(r"listening on (http://\S+)", line)
+        if m:
+            return RunningServer(proc, m.group(1), data_dir)
+    proc.kill()
+    raise RuntimeError(f"server did not start; last line: {line!r}")
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[RunningServer]:
+    srv = start_server(tmp_path / "data")
+    try:
+        yield srv
+    finally:
+        if srv.process.poll() is None:
+            srv.stop()
+        if srv.process.stdout:
+            srv.process.stdout.close()
+
+
+@pytest.fixture(scope="module")
+def module_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    srv = start_server(tmp_path_factory.mktemp("server") / "data")
+    try:
+        yield srv
+    finally:
+        if srv.process.poll() is None:
+            srv.stop()
+        if srv.process.stdout:
+            srv.process.stdout.close()
