@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
+import signal
 import socket
 import sys
-from typing import List, Optional
+import threading
+from typing import Iterator, List, Optional
 
 from hotspan import __version__
 
@@ -20,6 +23,8 @@ def _server(args: argparse.Namespace) -> int:
     import uvicorn
 
     from hotspan.server import ServerConfig, create_app
+
+    graceful_server = _graceful_server_class()
     from hotspan.store.base import StoreError
 
     config = ServerConfig(
@@ -53,7 +58,7 @@ def _server(args: argparse.Namespace) -> int:
         f"(data in {os.path.abspath(config.data_dir)})",
         flush=True,
     )
-    server = uvicorn.Server(
+    server = graceful_server(
         uvicorn.Config(
             app,
             log_level=args.log_level,
@@ -64,6 +69,30 @@ def _server(args: argparse.Namespace) -> int:
     )
     server.run(sockets=[sock])
     return 0
+
+
+def _graceful_server_class():  # type: ignore[no-untyped-def]
+    import uvicorn
+
+    class GracefulServer(uvicorn.Server):
+        """Stops on SIGINT/SIGTERM like uvicorn (stop accepting, finish requests, close the
+        store), then exits 0 instead of re-raising the signal."""
+
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            if threading.current_thread() is not threading.main_thread():
+                yield
+                return
+            previous = {
+                s: signal.signal(s, self.handle_exit) for s in (signal.SIGINT, signal.SIGTERM)
+            }
+            try:
+                yield
+            finally:
+                for sig, handler in previous.items():
+                    signal.signal(sig, handler)
+
+    return GracefulServer
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -158,7 +158,10 @@ def _fold_small(
         node_weight[:, d] = group_total[np.cumsum(starts[:, d]) - 1]
         all_weights.append(group_total[ranked[first, d] != _PAD])
     weights = np.sort(np.concatenate(all_weights))[::-1]
-    threshold = weights[max_nodes - 2] if len(weights) >= max_nodes - 1 else 0
+    # Keep only nodes heavier than the first one that does not fit, so that ties at the
+    # boundary cannot push the count over the limit.
+    keep = max(max_nodes - 1, 1)  # the root counts too
+    threshold = weights[keep] + 1 if len(weights) > keep else 0
     cols = np.arange(depth)
     small = (node_weight < threshold) & (cols[None, :] < lengths[:, None])
     cut_rows = np.flatnonzero(small.any(axis=1))

@@ -59,9 +59,11 @@ def write_message(request: Request, msg: Message) -> Response:
 
 def error_response(exc: HTTPError) -> Response:
     code = exc.code if exc.code in CONNECT_STATUS else "unknown"
+    # Connect answers an unsupported codec with a bare 415; a too-large body keeps its 413.
+    status = exc.status if exc.status in (413, 415) else CONNECT_STATUS[code]
     return Response(
         json.dumps({"code": code, "message": exc.message}),
-        status_code=CONNECT_STATUS[code],
+        status_code=status,
         media_type=JSON,
     )
 

@@ -30,16 +30,16 @@ _LEGACY_SAMPLE_TYPES = {
 
 
 def _params_range(request: Request, prefix: str = "") -> Tuple[int, int]:
+    """``from``/``until``, or ``leftFrom``/``leftUntil`` with a prefix."""
+    from_key, until_key = (prefix + "From", prefix + "Until") if prefix else ("from", "until")
     now = time.time_ns()
     try:
-        start = ingest_params.parse_time(
-            request.query_params.get(prefix + "from"), now - 3600 * 10**9
-        )
-        end = ingest_params.parse_time(request.query_params.get(prefix + "until"), now)
+        start = ingest_params.parse_time(request.query_params.get(from_key), now - 3600 * 10**9)
+        end = ingest_params.parse_time(request.query_params.get(until_key), now)
     except FormatError as exc:
         raise HTTPError(400, str(exc)) from None
     if end <= start:
-        raise HTTPError(400, f"invalid time range: {prefix}until must be after {prefix}from")
+        raise HTTPError(400, f"invalid time range: {until_key} must be after {from_key}")
     return start, end
 
 

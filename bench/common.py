@@ -1,0 +1,333 @@
+"""Shared helpers: machine description, a real ``hotspan server`` subprocess, /proc readings,
+latency statistics."""
+
+from __future__ import annotations
+
+import os
+import platform
+import re
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from typing import Dict, List, Optional
+
+BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
+REPO_DIR = os.path.dirname(BENCH_DIR)
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def machine() -> Dict[str, object]:
+    import duckdb
+    import numpy
+    from google.protobuf import __version__ as pb_version
+    from google.protobuf.internal import api_implementation
+
+    cpu_model = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu_model = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    mem_gib = 0.0
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemTotal:"):
+                    mem_gib = round(int(line.split()[1]) / 1024 / 1024, 1)
+                    break
+    except OSError:
+        pass
+    try:
+        commit = subprocess.run(
+            ["git", "-C", REPO_DIR, "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+        ).stdout.strip()
+        dirty = bool(
+            subprocess.run(
+                ["git", "-C", REPO_DIR, "status", "--porcelain", "--", "src"],
+                capture_output=True,
+                text=True,
+                timeout=5,
+            ).stdout.strip()
+        )
+    except (OSError, subprocess.SubprocessError):
+        commit, dirty = "", False
+    return {
+        "nproc": os.cpu_count(),
+        "sched_affinity": len(os.sched_getaffinity(0)),
+        "cpu_model": cpu_model,
+        "mem_gib": mem_gib,
+        "python": platform.python_version(),
+        "implementation": platform.python_implementation(),
+        "platform": platform.platform(),
+        "duckdb": duckdb.__version__,
+        "numpy": numpy.__version__,
+        "protobuf": f"{pb_version} ({api_implementation.Type()})",
+        "git_commit": commit + ("-dirty(src)" if dirty else ""),
+        "date_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
+    }
+
+
+# -- /proc ---------------------------------------------------------------------------------
+
+
+def proc_status(pid: int) -> Dict[str, int]:
+    """VmRSS / VmHWM in bytes."""
+    out = {}
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith(("VmRSS:", "VmHWM:")):
+                    key, value = line.split(":", 1)
+                    out[key] = int(value.split()[0]) * 1024
+    except OSError:
+        pass
+    return out
+
+
+def _stat_cpu(path: str) -> float:
+    with open(path) as f:
+        data = f.read()
+    fields = data[data.rindex(")") + 2 :].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime + stime
+
+
+def proc_cpu(pid: int) -> float:
+    """User + system CPU seconds of a process (all threads)."""
+    try:
+        return _stat_cpu(f"/proc/{pid}/stat")
+    except (OSError, ValueError):
+        return 0.0
+
+
+def thread_cpu(pid: int) -> Dict[int, float]:
+    """CPU seconds per thread id (the main thread's id is the pid)."""
+    out = {}
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for tid in tids:
+        try:
+            out[int(tid)] = _stat_cpu(f"/proc/{pid}/task/{tid}/stat")
+        except (OSError, ValueError):
+            pass
+    return out
+
+
+class CpuWindow:
+    """CPU seconds of a process between ``start()`` and ``stop()``, main thread vs others."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self._t0 = 0.0
+        self._threads0: Dict[int, float] = {}
+        self._total0 = 0.0
+
+    def start(self) -> None:
+        self._t0 = time.perf_counter()
+        self._threads0 = thread_cpu(self.pid)
+        self._total0 = proc_cpu(self.pid)
+
+    def stop(self) -> Dict[str, float]:
+        wall = time.perf_counter() - self._t0
+        threads = thread_cpu(self.pid)
+        total = proc_cpu(self.pid) - self._total0
+        main = threads.get(self.pid, 0.0) - self._threads0.get(self.pid, 0.0)
+        others = {
+            tid: cpu - self._threads0.get(tid, 0.0) for tid, cpu in threads.items() if tid != self.pid
+        }
+        busiest = sorted(others.values(), reverse=True)
+        return {
+            "wall_s": round(wall, 3),
+            "cpu_s": round(total, 2),
+            "cpu_per_wall": round(total / wall, 3) if wall else 0.0,
+            "main_thread_cpu_s": round(main, 2),
+            "other_threads_cpu_s": round(sum(others.values()), 2),
+            "busiest_other_thread_cpu_s": round(busiest[0], 2) if busiest else 0.0,
+            "threads": len(threads),
+        }
+
+
+class RssSampler(threading.Thread):
+    """Samples VmRSS of a process every ``interval`` seconds (VmHWM is read at the end too)."""
+
+    def __init__(self, pid: int, interval: float = 0.25) -> None:
+        super().__init__(daemon=True)
+        self.pid = pid
+        self.interval = interval
+        self.peak = 0
+        self._stop_event = threading.Event()
+
+    def run(self) -> None:
+        while not self._stop_event.is_set():
+            rss = proc_status(self.pid).get("VmRSS", 0)
+            self.peak = max(self.peak, rss)
+            self._stop_event.wait(self.interval)
+
+    def stop(self) -> int:
+        self._stop_event.set()
+        self.join(2)
+        return self.peak
+
+
+# -- the server ----------------------------------------------------------------------------
+
+_LISTENING = re.compile(r"listening on http://(\S+):(\d+)")
+
+
+class Server:
+    """``hotspan server --port 0 --data-dir DIR`` as a child process."""
+
+    def __init__(self, data_dir: str, extra_args: Optional[List[str]] = None) -> None:
+        self.data_dir = data_dir
+        self.extra_args = extra_args or []
+        self.proc: Optional[subprocess.Popen] = None
+        self.host = "127.0.0.1"
+        self.port = 0
+        self.startup_s = 0.0
+        self._stderr_tail: List[str] = []
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def start(self, timeout: float = 120.0) -> "Server":
+        t0 = time.perf_counter()
+        cmd = [
+            sys.executable,
+            "-m",
+            "hotspan",
+            "server",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "0",
+            "--data-dir",
+            self.data_dir,
+            *self.extra_args,
+        ]
+        self.proc = subprocess.Popen(
+            cmd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=REPO_DIR,
+        )
+        # stderr is drained by a thread so that warnings cannot fill the pipe and block it.
+        threading.Thread(target=self._drain_stderr, daemon=True).start()
+        deadline = time.time() + timeout
+        assert self.proc.stdout is not None
+        while time.time() < deadline:
+            line = self.proc.stdout.readline()
+            if not line:
+                if self.proc.poll() is not None:
+                    raise RuntimeError(
+                        "hotspan server exited during startup:\n" + "".join(self._stderr_tail)
+                    )
+                continue
+            m = _LISTENING.search(line)
+            if m:
+                self.host, self.port = m.group(1), int(m.group(2))
+                break
+        else:
+            self.stop()
+            raise RuntimeError("hotspan server did not print its address in time")
+        threading.Thread(target=self._drain_stdout, daemon=True).start()
+        self._wait_ready(deadline)
+        self.startup_s = time.perf_counter() - t0
+        return self
+
+    def _wait_ready(self, deadline: float) -> None:
+        import http.client
+
+        while time.time() < deadline:
+            try:
+                conn = http.client.HTTPConnection(self.host, self.port, timeout=5)
+                conn.request("GET", "/ready")
+                if conn.getresponse().status == 200:
+                    conn.close()
+                    return
+            except OSError:
+                pass
+            time.sleep(0.05)
+        raise RuntimeError("hotspan server never became ready")
+
+    def _drain_stdout(self) -> None:
+        assert self.proc is not None and self.proc.stdout is not None
+        for _ in self.proc.stdout:
+            pass
+
+    def _drain_stderr(self) -> None:
+        assert self.proc is not None and self.proc.stderr is not None
+        for line in self.proc.stderr:
+            self._stderr_tail.append(line)
+            del self._stderr_tail[:-50]
+
+    def memory(self) -> Dict[str, int]:
+        return proc_status(self.pid)
+
+    def stop(self, timeout: float = 60.0) -> Dict[str, object]:
+        """SIGTERM (graceful: the store commits and closes); returns exit code and time taken."""
+        if self.proc is None or self.proc.poll() is not None:
+            return {"returncode": self.proc.returncode if self.proc else None}
+        t0 = time.perf_counter()
+        self.proc.terminate()
+        try:
+            rc = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            rc = self.proc.wait()
+        return {"returncode": rc, "shutdown_s": round(time.perf_counter() - t0, 2)}
+
+    def stderr_tail(self) -> str:
+        return "".join(self._stderr_tail[-20:])
+
+    def __enter__(self) -> "Server":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:  # type: ignore[no-untyped-def]
+        self.stop()
+
+
+# -- statistics ----------------------------------------------------------------------------
+
+
+def percentile(values: List[float], p: float) -> float:
+    """Nearest-rank-free linear interpolation percentile (p in 0..100)."""
+    if not values:
+        return float("nan")
+    data = sorted(values)
+    if len(data) == 1:
+        return data[0]
+    pos = (len(data) - 1) * p / 100.0
+    lo = int(pos)
+    hi = min(lo + 1, len(data) - 1)
+    return data[lo] + (data[hi] - data[lo]) * (pos - lo)
+
+
+def latency_summary(seconds: List[float]) -> Dict[str, float]:
+    ms = [s * 1000 for s in seconds]
+    return {
+        "runs": len(ms),
+        "median_ms": round(statistics.median(ms), 2) if ms else float("nan"),
+        "p90_ms": round(percentile(ms, 90), 2),
+        "min_ms": round(min(ms), 2) if ms else float("nan"),
+        "max_ms": round(max(ms), 2) if ms else float("nan"),
+    }
+
+
+def mib(n: float) -> float:
+    return round(n / (1024 * 1024), 1)

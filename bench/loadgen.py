@@ -1,0 +1,153 @@
+"""A cheap HTTP/1.1 load generator, run as its own process.
+
+Requests are pre-built byte strings (request line, headers and body) written to keep-alive
+connections with asyncio streams (uvloop when available); each connection has one request in
+flight, so ``--concurrency`` is the number of in-flight requests.  Responses are read by
+Content-Length.  It prints ``measure-start`` / ``measure-end`` lines so the parent can read
+the server's CPU counters over exactly the measured window, then one JSON line of results.
+
+    python bench/loadgen.py --host H --port P --requests FILE.pickle --concurrency 32 \
+        --warmup 3 --duration 20
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import pickle
+import sys
+import time
+from typing import List, Tuple
+
+
+async def _read_response(reader: asyncio.StreamReader) -> Tuple[int, bytes]:
+    head = await reader.readuntil(b"\r\n\r\n")
+    status = int(head[9:12])
+    length = 0
+    chunked = False
+    for line in head.split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        lname = name.strip().lower()
+        if lname == b"content-length":
+            length = int(value.strip())
+        elif lname == b"transfer-encoding" and b"chunked" in value.lower():
+            chunked = True
+    if chunked:
+        parts = []
+        while True:
+            size = int((await reader.readuntil(b"\r\n")).split(b";")[0], 16)
+            data = await reader.readexactly(size + 2)
+            if size == 0:
+                break
+            parts.append(data[:-2])
+        return status, b"".join(parts)
+    body = await reader.readexactly(length) if length else b""
+    return status, body
+
+
+async def main_async(args: argparse.Namespace) -> dict:
+    with open(args.requests, "rb") as f:
+        requests: List[Tuple[bytes, int, int]] = pickle.load(f)  # (raw request, samples, ticks)
+
+    loop = asyncio.get_running_loop()
+    t_start = loop.time()
+    t_measure = t_start + args.warmup
+    t_end = t_measure + args.duration
+    stats = {
+        "ok": 0,
+        "samples": 0,
+        "ticks": 0,
+        "bytes_sent": 0,
+        "errors": 0,
+        "status": {},
+        "latencies": [],
+        "warmup_ok": 0,
+    }
+    error_examples: List[str] = []
+    counter = [0]
+
+    async def worker(wid: int) -> None:
+        reader, writer = await asyncio.open_connection(args.host, args.port)
+        n = len(requests)
+        try:
+            while True:
+                now = loop.time()
+                if now >= t_end:
+                    break
+                i = counter[0]
+                counter[0] = i + 1
+                raw, samples, ticks = requests[i % n]
+                t0 = time.perf_counter()
+                writer.write(raw)
+                status, body = await _read_response(reader)
+                t1 = time.perf_counter()
+                done = loop.time()
+                in_window = t_measure <= done < t_end
+                if status == 200:
+                    if in_window:
+                        stats["ok"] += 1
+                        stats["samples"] += samples
+                        stats["ticks"] += ticks
+                        stats["bytes_sent"] += len(raw)
+                        stats["latencies"].append(t1 - t0)
+                    elif done < t_measure:
+                        stats["warmup_ok"] += 1
+                else:
+                    key = str(status)
+                    stats["status"][key] = stats["status"].get(key, 0) + 1
+                    if in_window:
+                        stats["errors"] += 1
+                    if len(error_examples) < 3:
+                        error_examples.append(f"{status}: {body[:200]!r}")
+        finally:
+            writer.close()
+
+    async def marks() -> None:
+        await asyncio.sleep(max(t_measure - loop.time(), 0))
+        print("measure-start", flush=True)
+        cpu0 = time.process_time()
+        await asyncio.sleep(max(t_end - loop.time(), 0))
+        print("measure-end", flush=True)
+        stats["loadgen_cpu_s"] = round(time.process_time() - cpu0, 2)
+
+    tasks = [asyncio.create_task(worker(i)) for i in range(args.concurrency)]
+    tasks.append(asyncio.create_task(marks()))
+    results = await asyncio.gather(*tasks, return_exceptions=True)
+    failures = [repr(r) for r in results if isinstance(r, BaseException)]
+    lat = sorted(stats.pop("latencies"))
+
+    def pct(p: float) -> float:
+        return round(lat[min(int(len(lat) * p / 100), len(lat) - 1)] * 1000, 2) if lat else 0.0
+
+    stats.update(
+        duration_s=args.duration,
+        concurrency=args.concurrency,
+        latency_ms={"p50": pct(50), "p90": pct(90), "p99": pct(99), "max": pct(100)},
+        worker_failures=failures[:3],
+        error_examples=error_examples,
+    )
+    return stats
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--requests", required=True)
+    parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument("--warmup", type=float, default=3.0)
+    parser.add_argument("--duration", type=float, default=20.0)
+    args = parser.parse_args()
+    try:
+        import uvloop
+
+        result = uvloop.run(main_async(args))
+    except ImportError:
+        result = asyncio.run(main_async(args))
+    print(json.dumps(result), flush=True)
+    sys.exit(0)
+
+
+if __name__ == "__main__":
+    main()

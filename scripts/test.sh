@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Installs everything the test suite needs, then runs all of it (lint included).
+# Usage: bash scripts/test.sh [pytest args...]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# Debian's externally-managed Python refuses plain pip installs; this is a test machine.
+export PIP_BREAK_SYSTEM_PACKAGES=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore
+
+# Go brings `go tool pprof` (a real pprof reader) and runtime/pprof (a real producer).
+if ! command -v go >/dev/null 2>&1; then
+    sudo=""
+    if [ "$(id -u)" -ne 0 ]; then sudo="sudo"; fi
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq golang-go >/dev/null
+fi
+
+python3 -m pip install -q -e ".[test]"
+python3 -m ruff check src tests bench
+python3 -m pytest "$@"
