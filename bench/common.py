@@ -42,6 +42,9 @@ def machine() -> Dict[str, object]:
                     break
     except OSError:
         pass
+    import hotspan
+
+    src_dir = os.path.dirname(os.path.dirname(os.path.abspath(hotspan.__file__)))
     try:
         commit = subprocess.run(
             ["git", "-C", REPO_DIR, "rev-parse", "--short", "HEAD"],
@@ -49,7 +52,7 @@ def machine() -> Dict[str, object]:
             text=True,
             timeout=5,
         ).stdout.strip()
-        dirty = bool(
+        dirty = src_dir == os.path.join(REPO_DIR, "src") and bool(
             subprocess.run(
                 ["git", "-C", REPO_DIR, "status", "--porcelain", "--", "src"],
                 capture_output=True,
@@ -60,6 +63,7 @@ def machine() -> Dict[str, object]:
     except (OSError, subprocess.SubprocessError):
         commit, dirty = "", False
     return {
+        "hotspan_src": src_dir,
         "nproc": os.cpu_count(),
         "sched_affinity": len(os.sched_getaffinity(0)),
         "cpu_model": cpu_model,

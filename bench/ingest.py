@@ -111,6 +111,11 @@ def push_request(host: str, port: int, up: Dict[str, object]) -> bytes:
     return head.encode() + body
 
 
+def ready_request(host: str, port: int, up: Dict[str, object]) -> bytes:
+    """The HTTP stack alone: what uvicorn + Starlette cost per request with no work."""
+    return f"GET /ready HTTP/1.1\r\nHost: {host}:{port}\r\nUser-Agent: hotspan-bench\r\n\r\n".encode()
+
+
 def run_endpoint(
     endpoint: str,
     uploads: List[Dict[str, object]],
@@ -123,9 +128,13 @@ def run_endpoint(
     server = common.Server(data_dir).start()
     result: Dict[str, object] = {"endpoint": endpoint, "server_startup_s": round(server.startup_s, 2)}
     try:
-        make = ingest_request if endpoint == "ingest" else push_request
+        make = {"ingest": ingest_request, "push": push_request, "ready": ready_request}[endpoint]
         reqs: List[Tuple[bytes, int, int]] = [
-            (make(server.host, server.port, up), int(up["samples"]), int(up["ticks"]))  # type: ignore[arg-type]
+            (
+                make(server.host, server.port, up),
+                0 if endpoint == "ready" else int(up["samples"]),  # type: ignore[arg-type]
+                0 if endpoint == "ready" else int(up["ticks"]),  # type: ignore[arg-type]
+            )
             for up in uploads
         ]
         req_file = os.path.join(workdir, f"requests-{endpoint}.pickle")
@@ -196,7 +205,8 @@ def run_endpoint(
             server_peak_rss_mib=common.mib(max(mem.get("VmHWM", 0), peak_sampled)),
             server_stop=stop,
         )
-        result["stored"] = _verify(data_dir)
+        if endpoint != "ready":
+            result["stored"] = _verify(data_dir)
     finally:
         server.stop()
         shutil.rmtree(data_dir, ignore_errors=True)
@@ -227,6 +237,69 @@ def _verify(data_dir: str) -> Dict[str, object]:
     }
 
 
+def breakdown(uploads: List[Dict[str, object]], workdir: str, group: int = 32) -> Dict[str, object]:
+    """Per-upload CPU of each ingest step, in this process with time.perf_counter (one thread,
+    no HTTP): gunzip, protobuf decode, pprof -> IngestBatch, and the store's group commit
+    (``group`` uploads per transaction, as the writer thread coalesces them under load)."""
+    from hotspan.formats import pprof
+    from hotspan.formats.compression import maybe_gunzip
+    from hotspan.model.profile import IngestBatch
+    from hotspan.store.duckdb import DuckDBStore
+
+    limit = 128 * 1024 * 1024
+    n = len(uploads)
+    # Warm the id caches the way a running server has them warm.
+    for up in uploads[: min(n, 64)]:
+        pprof.to_batch(pprof.parse(up["body"], limit), IngestBatch(), {"service_name": "w"}, 0)  # type: ignore[arg-type]
+    t = {"gunzip (part of pprof.parse)": 0.0, "pprof.parse (gunzip + decode)": 0.0, "to_batch": 0.0}
+    batches = []
+    for i, up in enumerate(uploads):
+        t0 = time.perf_counter()
+        maybe_gunzip(up["body"], limit)  # type: ignore[arg-type]
+        t1 = time.perf_counter()
+        prof = pprof.parse(up["body"], limit)  # type: ignore[arg-type]
+        t2 = time.perf_counter()
+        batch = IngestBatch()
+        labels = {"service_name": str(up["service"]), "pyroscope_spy": "pyspy"}
+        labels.update(up["labels"])  # type: ignore[arg-type]
+        pprof.to_batch(prof, batch, labels, 0)
+        t3 = time.perf_counter()
+        t["gunzip (part of pprof.parse)"] += t1 - t0
+        t["pprof.parse (gunzip + decode)"] += t2 - t1
+        t["to_batch"] += t3 - t2
+        batches.append(batch)
+    data_dir = tempfile.mkdtemp(prefix="breakdown-", dir=workdir)
+    store = DuckDBStore(data_dir)
+    try:
+        # First pass inserts new frames/stacks; the second pass is the steady state (known ids).
+        commit_s = []
+        for _ in range(2):
+            t0 = time.perf_counter()
+            for i in range(0, n, group):
+                # Queued together, so the group-commit writer takes them as one transaction.
+                futures = [store.write("anonymous", b) for b in batches[i : i + group]]
+                for fut in futures:
+                    fut.result()
+            commit_s.append(time.perf_counter() - t0)
+    finally:
+        store.close()
+        shutil.rmtree(data_dir, ignore_errors=True)
+    per = {k: round(v / n * 1000, 3) for k, v in t.items()}
+    per["commit_first_pass"] = round(commit_s[0] / n * 1000, 3)
+    per["commit_steady"] = round(commit_s[1] / n * 1000, 3)
+    parse_ms = per["pprof.parse (gunzip + decode)"] + per["to_batch"]
+    return {
+        "uploads": n,
+        "commit_group": group,
+        "ms_per_upload": per,
+        "parse_total_ms": round(parse_ms, 3),
+        "single_thread_parse_ceiling_uploads_per_s": round(1000 / parse_ms) if parse_ms else None,
+        "writer_ceiling_uploads_per_s": round(1000 / per["commit_steady"])
+        if per["commit_steady"]
+        else None,
+    }
+
+
 def run(quick: bool = False, concurrency: int = 32, workdir: str = "") -> Dict[str, object]:
     warmup, duration = (1.0, 3.0) if quick else (3.0, 20.0)
     n_uploads = 64 if quick else 512
@@ -254,6 +327,13 @@ def run(quick: bool = False, concurrency: int = 32, workdir: str = "") -> Dict[s
         "runs": [],
     }
     try:
+        try:
+            out["breakdown"] = breakdown(uploads, workdir)
+        except Exception as exc:  # noqa: BLE001 - internal APIs move; keep the HTTP numbers
+            out["breakdown"] = {"error": repr(exc)}
+        out["baseline_ready"] = run_endpoint(
+            "ready", uploads[:8], concurrency, warmup / 2, min(duration, 5.0), workdir
+        )
         for endpoint in ("ingest", "push"):
             out["runs"].append(  # type: ignore[union-attr]
                 run_endpoint(endpoint, uploads, concurrency, warmup, duration, workdir)

@@ -53,8 +53,9 @@ def make_pprof(
     return gzip.compress(raw) if compress else raw
 
 
-def ingest_pprof(client: httpx.Client, name: str, body: bytes, start_s: int,
-                 headers: Optional[dict] = None) -> httpx.Response:
+def ingest_pprof(
+    client: httpx.Client, name: str, body: bytes, start_s: int, headers: Optional[dict] = None
+) -> httpx.Response:
     return client.post(
         "/ingest",
         params={"name": name, "from": str(start_s), "until": str(start_s + 10), "format": "pprof"},
@@ -63,12 +64,24 @@ def ingest_pprof(client: httpx.Client, name: str, body: bytes, start_s: int,
     )
 
 
-def flamegraph(client: httpx.Client, selector: str, start_s: int, end_s: int,
-               profile_type: str = CPU, headers: Optional[dict] = None, **extra) -> dict:  # type: ignore[no-untyped-def]
+def flamegraph(
+    client: httpx.Client,
+    selector: str,
+    start_s: int,
+    end_s: int,
+    profile_type: str = CPU,
+    headers: Optional[dict] = None,
+    **extra,
+) -> dict:  # type: ignore[no-untyped-def]
     r = client.post(
         f"{QUERIER}/SelectMergeStacktraces",
-        json={"profileTypeID": profile_type, "labelSelector": selector,
-              "start": start_s * 1000, "end": end_s * 1000, **extra},
+        json={
+            "profileTypeID": profile_type,
+            "labelSelector": selector,
+            "start": start_s * 1000,
+            "end": end_s * 1000,
+            **extra,
+        },
         headers=headers or {},
     )
     assert r.status_code == 200, r.text

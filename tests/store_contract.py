@@ -34,8 +34,11 @@ class StoreContract:
 
     def test_write_then_read_sums_per_stack(self, store: Store) -> None:
         batch, sid = batch_of(
-            [(10, ["main", "a"], 5, 0, None), (11, ["main", "a"], 7, 0, None),
-             (12, ["main", "b"], 3, 0, None)]
+            [
+                (10, ["main", "a"], 5, 0, None),
+                (11, ["main", "a"], 7, 0, None),
+                (12, ["main", "b"], 3, 0, None),
+            ]
         )
         store.write("t", batch).result(timeout=30)
         got = store.stack_values("t", [sid], SampleFilter(0, 100 * SEC))
@@ -52,12 +55,17 @@ class StoreContract:
     def test_time_range_is_half_open(self, store: Store) -> None:
         batch, sid = batch_of([(10, ["x"], 1, 0, None), (20, ["x"], 2, 0, None)])
         store.write("t", batch).result(timeout=30)
-        assert store.stack_values("t", [sid], SampleFilter(10 * SEC, 20 * SEC)).values.tolist() == [1]
+        assert store.stack_values("t", [sid], SampleFilter(10 * SEC, 20 * SEC)).values.tolist() == [
+            1
+        ]
         assert store.stack_values("t", [sid], SampleFilter(21 * SEC, 30 * SEC)).values.size == 0
 
     def test_series_records_labels_type_and_bounds(self, store: Store) -> None:
-        batch, sid = batch_of([(10, ["x"], 1, 0, None), (30, ["x"], 1, 0, None)],
-                              ALLOC, {"service_name": "api", "env": "prod"})
+        batch, sid = batch_of(
+            [(10, ["x"], 1, 0, None), (30, ["x"], 1, 0, None)],
+            ALLOC,
+            {"service_name": "api", "env": "prod"},
+        )
         store.write("t", batch).result(timeout=30)
         (rec,) = store.series("t")
         assert rec.series_id == sid
@@ -89,8 +97,14 @@ class StoreContract:
         assert sorted(traced.values.tolist()) == [1, 2]
 
     def test_time_series_buckets(self, store: Store) -> None:
-        batch, sid = batch_of([(0, ["a"], 1, 0, None), (5, ["a"], 2, 0, None),
-                               (10, ["a"], 4, 0, None), (25, ["b"], 8, 0, None)])
+        batch, sid = batch_of(
+            [
+                (0, ["a"], 1, 0, None),
+                (5, ["a"], 2, 0, None),
+                (10, ["a"], 4, 0, None),
+                (25, ["b"], 8, 0, None),
+            ]
+        )
         store.write("t", batch).result(timeout=30)
         sids, buckets, sums = store.time_series("t", [sid], SampleFilter(0, 30 * SEC), 10 * SEC)
         assert set(sids.tolist()) == {sid}

@@ -42,13 +42,19 @@ INGEST_CASES = {
     "unknown format": ({"format": "xml"}, b"<a/>", {}),
     "folded with bad value": ({"format": "folded"}, b"a;b;c lots\n", {}),
     "speedscope not json": ({"format": "speedscope"}, b"{not json", {}),
-    "multipart without profile": ({"format": "pprof"},
-                                  b"--XX\r\nContent-Disposition: form-data; name=\"other\"\r\n\r\nx\r\n--XX--\r\n",
-                                  {"content-type": "multipart/form-data; boundary=XX"}),
-    "bad sample_type_config": ({}, b"--XX\r\nContent-Disposition: form-data; name=\"profile\"; filename=\"p\"\r\n\r\n"
-                               + valid_raw + b"\r\n--XX\r\nContent-Disposition: form-data; name=\"sample_type_config\"; "
-                               b"filename=\"s.json\"\r\n\r\n{oops\r\n--XX--\r\n",
-                               {"content-type": "multipart/form-data; boundary=XX"}),
+    "multipart without profile": (
+        {"format": "pprof"},
+        b'--XX\r\nContent-Disposition: form-data; name="other"\r\n\r\nx\r\n--XX--\r\n',
+        {"content-type": "multipart/form-data; boundary=XX"},
+    ),
+    "bad sample_type_config": (
+        {},
+        b'--XX\r\nContent-Disposition: form-data; name="profile"; filename="p"\r\n\r\n'
+        + valid_raw
+        + b'\r\n--XX\r\nContent-Disposition: form-data; name="sample_type_config"; '
+        b'filename="s.json"\r\n\r\n{oops\r\n--XX--\r\n',
+        {"content-type": "multipart/form-data; boundary=XX"},
+    ),
     "bad from": ({"from": "yesterday"}, b"a;b 1\n", {}),
     "bad tag name": ({"name": "app{bad-name=1}"}, b"a;b 1\n", {}),
     "no name": ({"name": None}, b"a;b 1\n", {}),
@@ -71,7 +77,9 @@ def test_bad_ingest_is_refused_with_a_reason(srv, case: str) -> None:  # type: i
 
 def test_body_over_the_limit(srv) -> None:  # type: ignore[no-untyped-def]
     with srv.client() as c:
-        r = c.post("/ingest", params={"name": "victim{}", "format": "folded"}, content=b"a;b 1\n" * 100_000)
+        r = c.post(
+            "/ingest", params={"name": "victim{}", "format": "folded"}, content=b"a;b 1\n" * 100_000
+        )
         assert r.status_code == 413 and "limit" in r.text
 
         def chunks():  # type: ignore[no-untyped-def]
@@ -89,24 +97,54 @@ def test_body_over_the_limit(srv) -> None:  # type: ignore[no-untyped-def]
 CONNECT_CASES = {
     "unknown content type": ("SelectMergeStacktraces", b"x", {"content-type": "text/xml"}, 415),
     "bad json": ("SelectMergeStacktraces", b"{bad", {"content-type": "application/json"}, 400),
-    "bad proto": ("SelectMergeStacktraces", b"\xff\xff\xff", {"content-type": "application/proto"}, 400),
-    "bad profile type": ("SelectMergeStacktraces", b'{"profileTypeID": "cpu", "labelSelector": "{}"}',
-                         {"content-type": "application/json"}, 400),
-    "bad selector": ("SelectMergeStacktraces",
-                     b'{"profileTypeID": "a:b:c:d:e", "labelSelector": "{x=~\\"(\\"}"}',
-                     {"content-type": "application/json"}, 400),
-    "reversed range": ("SelectMergeStacktraces",
-                       b'{"profileTypeID": "a:b:c:d:e", "labelSelector": "{}", "start": "200", "end": "100"}',
-                       {"content-type": "application/json"}, 400),
-    "bad span id": ("SelectMergeSpanProfile",
-                    b'{"profileTypeID": "a:b:c:d:e", "labelSelector": "{}", "spanSelector": ["xyz"]}',
-                    {"content-type": "application/json"}, 400),
-    "bad trace id": ("SelectMergeStacktraces",
-                     b'{"profileTypeID": "a:b:c:d:e", "labelSelector": "{}", "traceIdSelector": ["12"]}',
-                     {"content-type": "application/json"}, 400),
-    "zero step": ("SelectSeries", b'{"profileTypeID": "a:b:c:d:e", "labelSelector": "{}", "step": 0}',
-                  {"content-type": "application/json"}, 400),
-    "bad label matcher": ("LabelNames", b'{"matchers": ["{a=}"]}', {"content-type": "application/json"}, 400),
+    "bad proto": (
+        "SelectMergeStacktraces",
+        b"\xff\xff\xff",
+        {"content-type": "application/proto"},
+        400,
+    ),
+    "bad profile type": (
+        "SelectMergeStacktraces",
+        b'{"profileTypeID": "cpu", "labelSelector": "{}"}',
+        {"content-type": "application/json"},
+        400,
+    ),
+    "bad selector": (
+        "SelectMergeStacktraces",
+        b'{"profileTypeID": "a:b:c:d:e", "labelSelector": "{x=~\\"(\\"}"}',
+        {"content-type": "application/json"},
+        400,
+    ),
+    "reversed range": (
+        "SelectMergeStacktraces",
+        b'{"profileTypeID": "a:b:c:d:e", "labelSelector": "{}", "start": "200", "end": "100"}',
+        {"content-type": "application/json"},
+        400,
+    ),
+    "bad span id": (
+        "SelectMergeSpanProfile",
+        b'{"profileTypeID": "a:b:c:d:e", "labelSelector": "{}", "spanSelector": ["xyz"]}',
+        {"content-type": "application/json"},
+        400,
+    ),
+    "bad trace id": (
+        "SelectMergeStacktraces",
+        b'{"profileTypeID": "a:b:c:d:e", "labelSelector": "{}", "traceIdSelector": ["12"]}',
+        {"content-type": "application/json"},
+        400,
+    ),
+    "zero step": (
+        "SelectSeries",
+        b'{"profileTypeID": "a:b:c:d:e", "labelSelector": "{}", "step": 0}',
+        {"content-type": "application/json"},
+        400,
+    ),
+    "bad label matcher": (
+        "LabelNames",
+        b'{"matchers": ["{a=}"]}',
+        {"content-type": "application/json"},
+        400,
+    ),
 }
 
 
@@ -123,17 +161,36 @@ def test_bad_queries_get_connect_errors(srv, case: str) -> None:  # type: ignore
 
 def test_bad_push_requests(srv) -> None:  # type: ignore[no-untyped-def]
     with srv.client() as c:
-        r = c.post("/push.v1.PusherService/Push", json={"series": [{"labels": [{"name": "a", "value": "b"}],
-                                                                     "samples": [{"rawProfile": "AAAA"}]}]})
+        r = c.post(
+            "/push.v1.PusherService/Push",
+            json={
+                "series": [
+                    {"labels": [{"name": "a", "value": "b"}], "samples": [{"rawProfile": "AAAA"}]}
+                ]
+            },
+        )
         assert r.status_code == 400 and "service_name" in r.json()["message"]
-        r = c.post("/push.v1.PusherService/Push", json={"series": [
-            {"labels": [{"name": "service_name", "value": "victim"}], "samples": [{"rawProfile": "AAAA"}]}]})
+        r = c.post(
+            "/push.v1.PusherService/Push",
+            json={
+                "series": [
+                    {
+                        "labels": [{"name": "service_name", "value": "victim"}],
+                        "samples": [{"rawProfile": "AAAA"}],
+                    }
+                ]
+            },
+        )
         assert r.status_code == 400 and "pprof" in r.json()["message"]
-        r = c.get("/pyroscope/render", params={"query": "victim.cpu{", "from": str(T0 - 10),
-                                               "until": str(T0 + 10)})
+        r = c.get(
+            "/pyroscope/render",
+            params={"query": "victim.cpu{", "from": str(T0 - 10), "until": str(T0 + 10)},
+        )
         assert r.status_code == 400 and "error" in r.json()
-        r = c.get("/pyroscope/render", params={"query": "victim.cpu{}", "from": str(T0 + 10),
-                                               "until": str(T0 - 10)})
+        r = c.get(
+            "/pyroscope/render",
+            params={"query": "victim.cpu{}", "from": str(T0 + 10), "until": str(T0 - 10)},
+        )
         assert r.status_code == 400
     _still_intact(srv)
 

@@ -20,7 +20,7 @@ from typing import Dict, List, Optional, Tuple
 import httpx
 import pytest
 
-from hotspan.formats.proto import profile_pb2, push_pb2, querier_pb2, types_pb2
+from hotspan.formats.proto import profile_pb2, push_pb2, querier_pb2
 
 from .conftest import RunningServer, shared_fixture
 
@@ -83,7 +83,7 @@ def function_table(p: profile_pb2.Profile) -> Dict[int, str]:
 def leaf_self(p: profile_pb2.Profile, index: int) -> Dict[str, int]:
     """Self value per leaf function name for sample type ``index``."""
     fn = {k: v or "unknown" for k, v in function_table(p).items()}
-    loc = {l.id: l for l in p.location}
+    loc = {loc.id: loc for loc in p.location}
     out: Dict[str, int] = collections.Counter()
     for sample in p.sample:
         value = sample.value[index]
@@ -250,7 +250,9 @@ CASES = [
         "multipart",
     ),
     ("dotnet-pprof-73.pb.gz", "dotnetspy", None, "process_cpu", "System!Buffer.Memmove", "raw"),
-    ("pyspy-1.pb.gz", "pyspy", None, None, "slow_function", "raw"),
+    # py-spy's only sample type is "samples": Pyroscope's default sample type mapping
+    # (og/storage/tree.DefaultSampleTypeMapping) displays it as "cpu", hence process_cpu.
+    ("pyspy-1.pb.gz", "pyspy", None, "process_cpu", "slow_function", "raw"),
     ("invalid_utf8.pb.gz", "gospy", None, "process_cpu", "my", "raw"),
     ("req_2.pprof", "gospy", "req_2.st.json", "goroutines", "runtime.gopark", "multipart"),
     ("req_3.pprof", "gospy", "req_3.st.json", "block", "sync.(*WaitGroup).Wait", "multipart"),
@@ -305,10 +307,9 @@ def test_pprof_fixture(client: httpx.Client, case) -> None:  # type: ignore[no-u
     types = sample_types(profile)
     ptype, punit = period_type(profile)
     sums = totals(profile)
-    if metric is None:
-        # py-spy's only sample type is "samples": Pyroscope's metric-name rules fall through to
-        # the last sample type's name.
-        metric = types[-1][0]
+    if spy == "dotnetspy":
+        # Pyroscope's fixSampleTypes: old .NET agents wrote "alloc-samples"; "-" becomes "_".
+        types = [(st.replace("-", "_"), su) for st, su in types]
     ids = profile_type_ids(client)
     assert any(sums), f"{file} has no data at all"
     seen_names: set = set()
@@ -338,9 +339,7 @@ def test_pprof_fixture(client: httpx.Client, case) -> None:  # type: ignore[no-u
     # The sample time: time_nanos when plausible, else the upload's ``from``.
     st, su = types[sums.index(max(sums))]
     type_id = f"{metric}:{st}:{su}:{ptype}:{punit}"
-    at_ms = (
-        profile.time_nanos // 1_000_000 if plausible_time(profile) else UPLOAD_FROM_S * 1000
-    )
+    at_ms = profile.time_nanos // 1_000_000 if plausible_time(profile) else UPLOAD_FROM_S * 1000
     assert flame(client, type_id, sel, at_ms - 1000, at_ms + 1000).total == max(sums)
     assert flame(client, type_id, sel, at_ms + 1000, at_ms + 60_000).total == 0
 
@@ -422,7 +421,8 @@ def test_dotnet_sample_type_config_display_names(client: httpx.Client) -> None:
 
 def test_sample_type_config_picks_metric_name(client: httpx.Client) -> None:
     """req_3 (Go block profile: contentions/delay) is only recognisable as ``block`` through the
-    display names of its sample_type_config; without it, it is not."""
+    display names of its sample_type_config (without one it is ``mutex``: see
+    test_default_sample_type_mapping)."""
     prof = shared_fixture(f"{PPROF}/req_3.pprof").read_bytes()
     cfg = shared_fixture(f"{PPROF}/req_3.st.json").read_bytes()
     ingest(
@@ -431,12 +431,11 @@ def test_sample_type_config_picks_metric_name(client: httpx.Client) -> None:
         fmt="",
         files={"profile": ("p", prof), "sample_type_config": ("c", cfg)},
     )
-    ingest(client, "conf.block.without", fmt="", files={"profile": ("p", prof)})
     with_cfg = label_values(client, "__name__", '{service_name="conf.block.with"}')
-    without = label_values(client, "__name__", '{service_name="conf.block.without"}')
     assert with_cfg == ["block"]
-    assert without != ["block"]
-    fg = flame(client, "block:delay:nanoseconds:contentions:count", '{service_name="conf.block.with"}')
+    fg = flame(
+        client, "block:delay:nanoseconds:contentions:count", '{service_name="conf.block.with"}'
+    )
     assert fg.total == 22674240703
 
 
@@ -473,10 +472,10 @@ def test_span_ids_kept_per_sample_not_series(client: httpx.Client) -> None:
         assert set(label_values(client, key, sel)) == values
     # The number of series: one per distinct (foo, function) combination and profile type.
     combos = {
-        tuple(sorted((s[l.key], s[l.str]) for l in smp.label if s[l.key] != "profile_id"))
+        tuple(sorted((s[lb.key], s[lb.str]) for lb in smp.label if s[lb.key] != "profile_id"))
         for smp in profile.sample
     }
-    cpu_series = [l for l in series_labels(client, sel) if l["__type__"] == "cpu"]
+    cpu_series = [x for x in series_labels(client, sel) if x["__type__"] == "cpu"]
     assert len(cpu_series) == len(combos)
 
     # Per sample: a span's flame graph holds exactly that span's samples.
@@ -496,7 +495,12 @@ def test_span_ids_kept_per_sample_not_series(client: httpx.Client) -> None:
     unknown = call(
         client,
         "SelectMergeSpanProfile",
-        {"profileTypeID": cpu, "labelSelector": sel, "spanSelector": ["00000000deadbeef"], **wide()},
+        {
+            "profileTypeID": cpu,
+            "labelSelector": sel,
+            "spanSelector": ["00000000deadbeef"],
+            **wide(),
+        },
     )
     assert Flame(unknown).total == 0
 
@@ -506,16 +510,30 @@ def test_span_ids_kept_per_sample_not_series(client: httpx.Client) -> None:
 
 def test_folded_upload(client: httpx.Client) -> None:
     body = b"main;handler;parse 30\nmain;handler;render 12\nmain;idle 8\n"
-    ingest(client, "conf.folded.cpu{region=eu}", fmt="folded", spy="ebpfspy", content=body,
-           extra={"sampleRate": "100"})
+    ingest(
+        client,
+        "conf.folded.cpu{region=eu}",
+        fmt="folded",
+        spy="ebpfspy",
+        content=body,
+        extra={"sampleRate": "100"},
+    )
     sel = '{service_name="conf.folded"}'
     fg = flame(client, "process_cpu:cpu:nanoseconds:cpu:nanoseconds", sel)
     period = 1_000_000_000 // 100
     assert fg.total == 50 * period
     assert fg.self_by_name() == {"parse": 30 * period, "render": 12 * period, "idle": 8 * period}
     assert label_values(client, "region", sel) == ["eu"]
-    assert flame(client, "process_cpu:cpu:nanoseconds:cpu:nanoseconds", sel,
-                 UPLOAD_FROM_S * 1000, UPLOAD_FROM_S * 1000 + 1).total == 50 * period
+    assert (
+        flame(
+            client,
+            "process_cpu:cpu:nanoseconds:cpu:nanoseconds",
+            sel,
+            UPLOAD_FROM_S * 1000,
+            UPLOAD_FROM_S * 1000 + 1,
+        ).total
+        == 50 * period
+    )
 
 
 def test_lines_upload(client: httpx.Client) -> None:
@@ -616,8 +634,12 @@ def test_push_proto_gzip(client: httpx.Client) -> None:
     assert label_values(client, "env", sel) == ["p"]
     # The profile's own time_nanos is kept (2021-04-25).
     at_ms = profile.time_nanos // 1_000_000
-    assert flame(client, "process_cpu:cpu:nanoseconds:cpu:nanoseconds", sel,
-                 at_ms - 1, at_ms + 1).total == sums[1]
+    assert (
+        flame(
+            client, "process_cpu:cpu:nanoseconds:cpu:nanoseconds", sel, at_ms - 1, at_ms + 1
+        ).total
+        == sums[1]
+    )
 
 
 def test_push_json(client: httpx.Client) -> None:
@@ -666,3 +688,52 @@ def test_profile_types_response_fields(client: httpx.Client) -> None:
     assert t["name"] == "wall"
     assert t["sampleType"] == "wall" and t["sampleUnit"] == "microseconds"
     assert t["periodType"] == "wall" and t["periodUnit"] == "microseconds"
+
+
+@pytest.mark.parametrize(
+    "file,spy,metric",
+    [
+        ("req_2.pprof", "gospy", "goroutines"),  # goroutine -> display name goroutines
+        ("req_3.pprof", "gospy", "mutex"),  # contentions -> mutex_count
+        ("req_4.pprof", "gospy", "mutex"),
+        ("pyspy-1.pb.gz", "pyspy", "process_cpu"),  # samples -> cpu
+        ("heap.pb.gz", "gospy", "memory"),
+    ],
+)
+def test_default_sample_type_mapping(
+    client: httpx.Client, file: str, spy: str, metric: str
+) -> None:
+    """Without a sample_type_config Pyroscope names the profile with its default mapping
+    (pkg/og/storage/tree.DefaultSampleTypeMapping: samples->cpu, goroutine->goroutines,
+    contentions->mutex_count, delay->mutex_duration)."""
+    path = shared_fixture(f"{PPROF}/{file}")
+    app = "conf.default." + file.split(".")[0].replace("-", "_")
+    ingest(client, app, spy=spy, content=path.read_bytes())
+    assert label_values(client, "__name__", f'{{service_name="{app}"}}') == [metric]
+
+
+def test_dotnet_sample_type_names_fixed(client: httpx.Client) -> None:
+    """Pyroscope's ``fixSampleTypes`` for dotnetspy: old .NET agents named sample types
+    ``alloc-samples``/``alloc-size``; ``-`` becomes ``_`` so they match newer agents."""
+    path = shared_fixture(f"{PPROF}/dotnet-pprof-73.pb.gz")
+    ingest(client, "conf.dotnet73", spy="dotnetspy", content=path.read_bytes())
+    sel = '{service_name="conf.dotnet73"}'
+    assert set(label_values(client, "__type__", sel)) >= {"cpu", "alloc_samples", "alloc_size"}
+    assert not [t for t in label_values(client, "__type__", sel) if "-" in t]
+    assert flame(client, "process_cpu:alloc_size:bytes::nanoseconds", sel).total == 60192
+
+
+def test_dotnet_broken_function_ids_repaired(client: httpx.Client) -> None:
+    """dotnet-pprof-3 has every function with id 0 while its locations refer to functions
+    1..n: Pyroscope's FixFunctionIDForBrokenDotnet gives function i the id of location i."""
+    path = shared_fixture(f"{PPROF}/dotnet-pprof-3.pb.gz")
+    profile = load_profile(path)
+    assert all(f.id == 0 for f in profile.function)
+    assert len(profile.function) == len(profile.location)
+    s = strings(profile)
+    expected = {s[f.name] for f in profile.function}
+    ingest(client, "conf.dotnet3", spy="dotnetspy", content=path.read_bytes())
+    fg = flame(client, "process_cpu:cpu:nanoseconds::nanoseconds", '{service_name="conf.dotnet3"}')
+    assert fg.total == 5653000000
+    assert "unknown" not in fg.names
+    assert set(fg.names) - {"total"} == expected

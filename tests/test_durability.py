@@ -38,8 +38,10 @@ def test_kill_9_loses_nothing_acknowledged(tmp_path) -> None:  # type: ignore[no
     srv = start_server(data)
     stop = threading.Event()
     acked: list = []
-    writers = [threading.Thread(target=_push_until_stopped, args=(srv.url, stop, acked, str(i)))
-               for i in range(4)]
+    writers = [
+        threading.Thread(target=_push_until_stopped, args=(srv.url, stop, acked, str(i)))
+        for i in range(4)
+    ]
     for w in writers:
         w.start()
     while len(acked) < 200:
@@ -67,8 +69,10 @@ def test_sigterm_finishes_accepted_pushes_and_exits_zero(tmp_path) -> None:  # t
     srv = start_server(data)
     stop = threading.Event()
     acked: list = []
-    writers = [threading.Thread(target=_push_until_stopped, args=(srv.url, stop, acked, str(i)))
-               for i in range(4)]
+    writers = [
+        threading.Thread(target=_push_until_stopped, args=(srv.url, stop, acked, str(i)))
+        for i in range(4)
+    ]
     for w in writers:
         w.start()
     while len(acked) < 100:

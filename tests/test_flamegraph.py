@@ -99,7 +99,9 @@ def test_max_nodes_folds_small_nodes_into_other() -> None:
     leaf_names = [n[3] for n in levels[1]]
     assert "leaf0" in leaf_names and "other" in leaf_names
     other = [n for n in levels[1] if n[3] == "other"][0]
-    assert other[1] == sum(values) - 1000 - sum(n[1] for n in levels[1] if n[3] not in ("leaf0", "other"))
+    assert other[1] == sum(values) - 1000 - sum(
+        n[1] for n in levels[1] if n[3] not in ("leaf0", "other")
+    )
     assert sum(len(level) for level in levels) + 1 <= 6
     assert graph.totals == [sum(values)]
 

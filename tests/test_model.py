@@ -31,7 +31,7 @@ def test_selector_metric_escapes_and_empty() -> None:
 
 
 @pytest.mark.parametrize(
-    "bad", ['{a="b"', '{a~"b"}', '{a="b" c="d"}', '{="b"}', '{a="b"} x', '{a=~"("}', '{a=b}']
+    "bad", ['{a="b"', '{a~"b"}', '{a="b" c="d"}', '{="b"}', '{a="b"} x', '{a=~"("}', "{a=b}"]
 )
 def test_bad_selectors_say_why(bad: str) -> None:
     with pytest.raises(SelectorError):
@@ -86,9 +86,19 @@ def test_app_names() -> None:
 
 def test_legacy_cpu_counts_become_nanoseconds() -> None:
     t = ingest_params.legacy_type("cpu", 100)
-    assert (t.metric, t.sample_type, t.sample_unit, t.scale) == ("process_cpu", "cpu", "nanoseconds", 10_000_000)
+    assert (t.metric, t.sample_type, t.sample_unit, t.scale) == (
+        "process_cpu",
+        "cpu",
+        "nanoseconds",
+        10_000_000,
+    )
     t = ingest_params.legacy_type("alloc_space", 100)
-    assert (t.metric, t.sample_type, t.sample_unit, t.scale) == ("memory", "alloc_space", "bytes", 1)
+    assert (t.metric, t.sample_type, t.sample_unit, t.scale) == (
+        "memory",
+        "alloc_space",
+        "bytes",
+        1,
+    )
 
 
 def test_folded_parsing() -> None:

@@ -11,13 +11,22 @@ from __future__ import annotations
 import re
 from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
-from google.protobuf.message import DecodeError
+import numpy as np
 
 from hotspan.formats.compression import maybe_gunzip
 from hotspan.formats.errors import FormatError
+from hotspan.formats.pprof_decode import DecodedProfile, decode
 from hotspan.formats.proto import profile_pb2
-from hotspan.model.labels import METRIC_NAME, normalize
-from hotspan.model.profile import Frame, IngestBatch, ProfileType, span_id_to_int
+from hotspan.model.labels import METRIC_NAME, SPY_NAME, normalize
+from hotspan.model.profile import (
+    Frame,
+    IngestBatch,
+    ProfileType,
+    SampleColumns,
+    StackChunk,
+    _BoundedCache,
+    span_id_to_int,
+)
 
 Profile = profile_pb2.Profile
 
@@ -26,25 +35,28 @@ TRACE_LABEL = "trace_id"
 _HEX16 = re.compile(r"[0-9a-fA-F]{16}")
 _HEX32 = re.compile(r"[0-9a-fA-F]{32}")
 _BAD_LABEL_CHARS = re.compile(r"[^a-zA-Z0-9_.]")
+# Frames by id: decoding names once per process, not once per upload.
+_FRAMES = _BoundedCache(1_000_000)
 
 
-def parse(data: bytes, max_size: int) -> Profile:
-    """Parse a pprof payload, gzip-compressed or not."""
+def parse(data: bytes, max_size: int) -> DecodedProfile:
+    """Decode a pprof payload, gzip-compressed or not."""
     raw = maybe_gunzip(data, max_size)
     if not raw:
         raise FormatError("empty pprof profile")
-    try:
-        profile = Profile.FromString(raw)
-    except DecodeError as exc:
-        raise FormatError(f"malformed pprof: {exc}") from None
-    if not profile.sample_type:
+    profile = decode(raw)
+    if not len(profile.sample_types):
         raise FormatError("malformed pprof: no sample types")
     return profile
 
 
-def strings_of(profile: Profile) -> List[str]:
-    # Invalid UTF-8 (seen from some profilers) is repaired rather than rejected.
-    return [s.decode("utf-8", "replace") for s in profile.string_table]
+# Pyroscope's display names for sample types when the client sends no sample_type_config.
+DEFAULT_DISPLAY_NAMES = {
+    "samples": "cpu",
+    "goroutine": "goroutines",
+    "contentions": "mutex_count",
+    "delay": "mutex_duration",
+}
 
 
 def metric_name(sample_types: Sequence[str], display_names: Mapping[str, str]) -> str:
@@ -72,8 +84,22 @@ def _sanitize_label_name(name: str) -> str:
     return "_" + name if name[:1].isdigit() else name
 
 
+class _Text:
+    """String-table entries decoded on demand; invalid UTF-8 is repaired, not rejected."""
+
+    def __init__(self, strings: List[bytes]) -> None:
+        self._raw = strings
+        self._cache: Dict[int, str] = {}
+
+    def __call__(self, index: int) -> str:
+        text = self._cache.get(index)
+        if text is None:
+            text = self._cache[index] = self._raw[index].decode("utf-8", "replace")
+        return text
+
+
 def to_batch(
-    profile: Profile,
+    profile: DecodedProfile,
     batch: IngestBatch,
     labels: Mapping[str, str],
     default_ts_ns: int,
@@ -84,26 +110,25 @@ def to_batch(
     ``labels`` are the series labels of the upload; ``__name__`` is derived from the sample
     types when absent.
     """
-    strings = strings_of(profile)
-    n_strings = len(strings)
-
-    def s(index: int) -> str:
-        if 0 <= index < n_strings:
-            return strings[index]
-        raise FormatError(f"malformed pprof: string index {index} out of range")
-
-    sample_types = [s(vt.type) for vt in profile.sample_type]
-    sample_units = [s(vt.unit) for vt in profile.sample_type]
-    config = sample_type_config or {}
-    display = {
-        k: str(v.get("display-name") or "") for k, v in config.items() if isinstance(v, dict)
-    }
-    display = {k: v for k, v in display.items() if v}
+    text = _Text(profile.strings)
+    spy = labels.get(SPY_NAME, "")
+    sample_types = [text(t) for t in profile.sample_types[:, 0].tolist()]
+    if "dotnet" in spy:
+        sample_types = [t.replace("-", "_") for t in sample_types]  # old .NET agents
+    sample_units = [text(u) for u in profile.sample_types[:, 1].tolist()]
+    if sample_type_config is None:
+        display = DEFAULT_DISPLAY_NAMES
+    else:
+        display = {
+            k: str(v.get("display-name") or "")
+            for k, v in sample_type_config.items()
+            if isinstance(v, dict) and v.get("display-name")
+        }
     base = dict(labels)
     if not base.get(METRIC_NAME):
         base[METRIC_NAME] = metric_name(sample_types, display)
-    period_type = s(profile.period_type.type) if profile.HasField("period_type") else ""
-    period_unit = s(profile.period_type.unit) if profile.HasField("period_type") else ""
+    period_type = text(profile.period_type) if profile.has_period_type else ""
+    period_unit = text(profile.period_unit) if profile.has_period_type else ""
     types = [
         ProfileType(base[METRIC_NAME], st, unit, period_type, period_unit)
         for st, unit in zip(sample_types, sample_units)
@@ -113,77 +138,94 @@ def to_batch(
     if ts < 365 * 86400 * 10**9:
         ts = default_ts_ns
 
-    loc_frames = _location_frames(profile, s, batch)
-    stack_of: Dict[Tuple[int, ...], int] = {}
-    series_of: Dict[Tuple[Tuple[str, str], ...], List[int]] = {}
+    _add_frames(profile, text, batch)
+    n = len(profile.stack)
+    if n == 0:
+        return 0
+    batch.stack_chunks.append(StackChunk(profile.stack, profile.frames, profile.frame_off))
+    span = np.zeros(n, dtype=np.uint64)
+    trace = np.full(n, None, dtype=object)
+    group = np.zeros(n, dtype=np.int64)
+    groups: List[Tuple[Tuple[str, str], ...]] = [()]
+    if len(profile.labels):
+        groups = _apply_labels(profile.labels, text, span, trace, group)
+    series = np.empty((len(groups), len(types)), dtype=np.int64)
+    for g, extra in enumerate(groups):
+        merged = dict(base)
+        merged.update(extra)
+        labelset = normalize(merged)
+        for t, ptype in enumerate(types):
+            series[g, t] = batch.add_series(ptype, labelset)
     added = 0
-    for sample in profile.sample:
-        span = 0
-        trace = None
-        extra: Tuple[Tuple[str, str], ...] = ()
-        if sample.label:
-            pairs = []
-            for label in sample.label:
-                key = s(label.key)
-                if not label.str:
-                    continue  # numeric labels (bytes, object counts) are not series labels
-                value = s(label.str)
-                if key in SPAN_LABELS:
-                    if _HEX16.fullmatch(value):
-                        span = span_id_to_int(value)
-                elif key == TRACE_LABEL:
-                    if _HEX32.fullmatch(value):
-                        trace = value.lower()
-                elif value:
-                    pairs.append((_sanitize_label_name(key), value))
-            extra = tuple(sorted(pairs))
-        series_ids = series_of.get(extra)
-        if series_ids is None:
-            merged = dict(base)
-            merged.update(extra)
-            labelset = normalize(merged)
-            series_ids = series_of[extra] = [batch.add_series(pt, labelset) for pt in types]
-        locations = tuple(sample.location_id)
-        stack = stack_of.get(locations)
-        if stack is None:
-            frames: List[int] = []
-            try:
-                for loc in reversed(locations):  # pprof lists the leaf first
-                    frames.extend(loc_frames[loc])
-            except KeyError:
-                raise FormatError(f"malformed pprof: unknown location id {loc}") from None
-            stack = stack_of[locations] = batch.add_stack(tuple(frames))
-        values = sample.value
-        if len(values) != len(types):
-            raise FormatError(
-                f"malformed pprof: sample has {len(values)} values for {len(types)} sample types"
+    for t in range(len(types)):
+        values = profile.values[:, t]
+        keep = values != 0
+        count = int(keep.sum())
+        if count == 0:
+            continue
+        batch.add_columns(
+            SampleColumns(
+                series[group[keep], t],
+                np.full(count, ts, dtype=np.int64),
+                profile.stack[keep],
+                values[keep],
+                span[keep],
+                trace[keep],
             )
-        for sid, value in zip(series_ids, values):
-            if value:
-                batch.add_sample(sid, ts, stack, value, span, trace)
-                added += 1
+        )
+        added += count
     return added
 
 
-def _location_frames(profile: Profile, s, batch: IngestBatch) -> Dict[int, Tuple[int, ...]]:  # type: ignore[no-untyped-def]
-    """Frame ids of every location, root-most first (a location holds inlined frames)."""
-    functions = {}
-    for fn in profile.function:
-        functions[fn.id] = (s(fn.name) or s(fn.system_name), s(fn.filename))
-    mappings = {m.id: s(m.filename) for m in profile.mapping}
-    out: Dict[int, Tuple[int, ...]] = {}
-    for loc in profile.location:
-        frames = []
-        for line in reversed(loc.line):  # line[0] is the innermost inlined callee
-            name, filename = functions.get(line.function_id, ("", ""))
-            frames.append(batch.add_frame(Frame(name or "unknown", filename, line.line)))
-        if not frames:
-            # Unsymbolized: the address is all there is; the binary helps a person place it.
-            binary = mappings.get(loc.mapping_id, "")
-            name = f"{binary} 0x{loc.address:x}" if binary else f"0x{loc.address:x}"
-            frames.append(batch.add_frame(Frame(name)))
-        out[loc.id] = tuple(frames)
-    return out
+def _add_frames(profile: DecodedProfile, text: _Text, batch: IngestBatch) -> None:
+    seen = batch.frames
+    for fid, name, file, line in zip(
+        profile.frame_id.tolist(),
+        profile.frame_name.tolist(),
+        profile.frame_file.tolist(),
+        profile.frame_line.tolist(),
+    ):
+        if fid in seen:
+            continue
+        frame = _FRAMES.get(fid)
+        if frame is None:
+            if name < 0:
+                # Unsymbolized: the address (in ``line``) is all there is; the binary helps.
+                binary = text(file)
+                address = f"0x{line & 0xFFFFFFFFFFFFFFFF:x}"
+                frame = Frame(f"{binary} {address}" if binary else address)
+            else:
+                frame = Frame(text(name) or "unknown", text(file), line)
+            _FRAMES.remember(fid, frame)
+        seen[fid] = frame
+
+
+def _apply_labels(
+    labels: np.ndarray, text: _Text, span: np.ndarray, trace: np.ndarray, group: np.ndarray
+) -> List[Tuple[Tuple[str, str], ...]]:
+    """Span and trace ids go on the samples; other labels make series groups."""
+    per_sample: Dict[int, List[Tuple[str, str]]] = {}
+    for sample, key_idx, str_idx in labels.tolist():
+        key = text(key_idx)
+        value = text(str_idx)
+        if key in SPAN_LABELS:
+            if _HEX16.fullmatch(value):
+                span[sample] = span_id_to_int(value)
+        elif key == TRACE_LABEL:
+            if _HEX32.fullmatch(value):
+                trace[sample] = value.lower()
+        elif value:
+            per_sample.setdefault(sample, []).append((_sanitize_label_name(key), value))
+    groups: List[Tuple[Tuple[str, str], ...]] = [()]
+    index: Dict[Tuple[Tuple[str, str], ...], int] = {(): 0}
+    for sample, pairs in per_sample.items():
+        key = tuple(sorted(pairs))
+        g = index.get(key)
+        if g is None:
+            g = index[key] = len(groups)
+            groups.append(key)
+        group[sample] = g
+    return groups
 
 
 class ProfileBuilder:

@@ -9,10 +9,12 @@ stack pushed a million times is stored once.
 from __future__ import annotations
 
 import hashlib
-import struct
 from dataclasses import dataclass, field
 from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
+import numpy as np
+
+from hotspan.model.hashing import hash_frame, hash_stack
 from hotspan.model.labels import LabelSet
 
 _MASK64 = (1 << 64) - 1
@@ -62,11 +64,13 @@ def _hash64(data: bytes) -> int:
 
 
 def frame_id(frame: Frame) -> int:
-    return _hash64(f"{frame.name}\x00{frame.filename}\x00{frame.line}".encode("utf-8", "replace"))
+    return hash_frame(
+        frame.name.encode("utf-8", "replace"), frame.filename.encode("utf-8", "replace"), frame.line
+    )
 
 
 def stack_id(frame_ids: Sequence[int]) -> int:
-    return _hash64(struct.pack(f"<{len(frame_ids)}q", *frame_ids))
+    return hash_stack(frame_ids)
 
 
 def span_id_to_int(span_id: str) -> int:
@@ -103,25 +107,42 @@ class SeriesInfo:
 
 
 @dataclass
-class IngestBatch:
-    """Samples of one push, column by column, with the symbols and stacks they reference.
+class StackChunk:
+    """Stacks in array form: entry i is stack ``ids[i]`` with root-first frames
+    ``frames[offsets[i]:offsets[i + 1]]`` (entries may repeat)."""
 
-    ``span_id`` is an unsigned 64-bit integer (0 when the sample has no span); ``trace_id`` is
-    32 lowercase hex digits or None.  Timestamps are nanoseconds since the epoch.
+    ids: np.ndarray
+    frames: np.ndarray
+    offsets: np.ndarray
+
+
+class SampleColumns(NamedTuple):
+    series_id: np.ndarray  # int64
+    ts: np.ndarray  # int64 nanoseconds since the epoch
+    stack_id: np.ndarray  # int64
+    value: np.ndarray  # int64
+    span_id: np.ndarray  # uint64, 0: no span
+    trace_id: np.ndarray  # object: 32 lowercase hex digits or None
+
+
+@dataclass
+class IngestBatch:
+    """Samples of one push with the series, frames and stacks they reference.
+
+    Formats add samples one by one (:meth:`add_sample`) or as whole columns
+    (:meth:`add_columns`, the fast pprof path); stores read :meth:`columns`.
     """
 
     series: Dict[int, SeriesInfo] = field(default_factory=dict)
     frames: Dict[int, Frame] = field(default_factory=dict)
     stacks: Dict[int, Tuple[int, ...]] = field(default_factory=dict)
-    series_id: List[int] = field(default_factory=list)
-    ts: List[int] = field(default_factory=list)
-    stack_id: List[int] = field(default_factory=list)
-    value: List[int] = field(default_factory=list)
-    span_id: List[int] = field(default_factory=list)
-    trace_id: List[Optional[str]] = field(default_factory=list)
+    stack_chunks: List[StackChunk] = field(default_factory=list)
+    _rows: List[tuple] = field(default_factory=list)
+    _chunks: List[SampleColumns] = field(default_factory=list)
+    _chunk_len: int = 0
 
     def __len__(self) -> int:
-        return len(self.value)
+        return len(self._rows) + self._chunk_len
 
     def add_series(self, profile_type: ProfileType, labels: LabelSet) -> int:
         sid = _hash64(
@@ -159,20 +180,45 @@ class IngestBatch:
         span_id: int = 0,
         trace_id: Optional[str] = None,
     ) -> None:
-        self.series_id.append(series_id)
-        self.ts.append(ts)
-        self.stack_id.append(stack)
-        self.value.append(value)
-        self.span_id.append(span_id)
-        self.trace_id.append(trace_id)
+        self._rows.append((series_id, ts, stack, value, span_id, trace_id))
 
-    def extend(self, other: IngestBatch) -> None:
-        self.series.update(other.series)
-        self.frames.update(other.frames)
-        self.stacks.update(other.stacks)
-        self.series_id.extend(other.series_id)
-        self.ts.extend(other.ts)
-        self.stack_id.extend(other.stack_id)
-        self.value.extend(other.value)
-        self.span_id.extend(other.span_id)
-        self.trace_id.extend(other.trace_id)
+    def add_columns(self, columns: SampleColumns) -> None:
+        if len(columns.value):
+            self._chunks.append(columns)
+            self._chunk_len += len(columns.value)
+
+    def columns(self) -> SampleColumns:
+        parts = list(self._chunks)
+        if self._rows:
+            series, ts, stack, value, span, trace = zip(*self._rows)
+            parts.append(
+                SampleColumns(
+                    np.array(series, dtype=np.int64),
+                    np.array(ts, dtype=np.int64),
+                    np.array(stack, dtype=np.int64),
+                    np.array(value, dtype=np.int64),
+                    np.array(span, dtype=np.uint64),
+                    np.array(trace, dtype=object),
+                )
+            )
+        if not parts:
+            return SampleColumns(
+                *(
+                    np.zeros(0, dtype=t)
+                    for t in (np.int64, np.int64, np.int64, np.int64, np.uint64)
+                ),
+                np.zeros(0, dtype=object),
+            )
+        if len(parts) == 1:
+            return parts[0]
+        return SampleColumns(*(np.concatenate(col) for col in zip(*parts)))
+
+    def new_stacks(self, known: set[int]) -> Dict[int, Tuple[int, ...]]:
+        """Stacks of this batch whose id is not in ``known``."""
+        out = {sid: frames for sid, frames in self.stacks.items() if sid not in known}
+        for chunk in self.stack_chunks:
+            ids = chunk.ids.tolist()
+            for i, sid in enumerate(ids):
+                if sid not in known and sid not in out:
+                    out[sid] = tuple(chunk.frames[chunk.offsets[i] : chunk.offsets[i + 1]].tolist())
+        return out

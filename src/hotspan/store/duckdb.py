@@ -20,7 +20,7 @@ from typing import Dict, List, Sequence, Tuple
 import duckdb
 import numpy as np
 
-from hotspan.model.profile import Frame, IngestBatch, ProfileType
+from hotspan.model.profile import Frame, IngestBatch, ProfileType, SampleColumns
 from hotspan.store.base import SampleFilter, SeriesRecord, StackValues, Store, StoreError
 from hotspan.store.batching import GroupCommitWriter
 
@@ -89,38 +89,18 @@ class DuckDBStore(Store):
         stacks: Dict[int, Tuple[int, ...]] = {}
         series_rows: Dict[Tuple[str, int], list] = {}
         tenants: List[str] = []
-        counts: List[int] = []
+        columns: List[SampleColumns] = []
         for tenant, batch in pending:
             for fid, frame in batch.frames.items():
                 if fid not in self._known_frames:
                     frames[fid] = frame
-            for sid, frame_ids in batch.stacks.items():
-                if sid not in self._known_stacks:
-                    stacks[sid] = frame_ids
-            if batch.value:
-                ts = np.asarray(batch.ts, dtype=np.int64)
-                sids = np.asarray(batch.series_id, dtype=np.int64)
-                for sid in batch.series:
-                    mask = sids == sid
-                    if not mask.any():
-                        continue
-                    lo, hi = int(ts[mask].min()), int(ts[mask].max())
-                    key = (tenant, sid)
-                    row = series_rows.get(key)
-                    if row is None:
-                        info = batch.series[sid]
-                        series_rows[key] = [
-                            tenant,
-                            sid,
-                            info.profile_type.id,
-                            json.dumps(dict(info.labels)),
-                            lo,
-                            hi,
-                        ]
-                    else:
-                        row[4], row[5] = min(row[4], lo), max(row[5], hi)
-            tenants.append(tenant)
-            counts.append(len(batch.value))
+            for sid, frame_ids in batch.new_stacks(self._known_stacks).items():
+                stacks.setdefault(sid, frame_ids)
+            cols = batch.columns()
+            if len(cols.value):
+                self._series_bounds(tenant, batch, cols, series_rows)
+                tenants.append(tenant)
+                columns.append(cols)
 
         con.execute("BEGIN TRANSACTION")
         try:
@@ -145,36 +125,62 @@ class DuckDBStore(Store):
                     "ON CONFLICT DO NOTHING"
                 )
             if series_rows:
-                rows = list(series_rows.values())
                 con.executemany(
                     "INSERT INTO series VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (tenant, series_id) "
                     "DO UPDATE SET first_ts = least(series.first_ts, excluded.first_ts), "
                     "last_ts = greatest(series.last_ts, excluded.last_ts)",
-                    rows,
+                    list(series_rows.values()),
                 )
-            total = sum(counts)
-            if total:
+            if columns:
+                counts = [len(c.value) for c in columns]
                 sample_table = {  # noqa: F841
                     "tenant": np.repeat(np.array(tenants, dtype=object), counts),
-                    "series_id": _concat(pending, "series_id", np.int64),
-                    "ts": _concat(pending, "ts", np.int64),
-                    "stack_id": _concat(pending, "stack_id", np.int64),
-                    "value": _concat(pending, "value", np.int64),
-                    "span_id": _concat(pending, "span_id", np.uint64),
-                    "trace_id": np.array([t for _, b in pending for t in b.trace_id], dtype=object),
+                    **{
+                        name: np.concatenate([getattr(c, name) for c in columns])
+                        for name in SampleColumns._fields
+                    },
                 }
-                con.execute("INSERT INTO samples SELECT * FROM sample_table")
+                con.execute(
+                    "INSERT INTO samples SELECT tenant, series_id, ts, stack_id, value, span_id, "
+                    "trace_id FROM sample_table"
+                )
             con.execute("COMMIT")
         except Exception:
             con.execute("ROLLBACK")
             raise
-        self._known_frames.update(frames)
-        self._known_stacks.update(stacks)
         if len(self._known_frames) > 2_000_000:
             self._known_frames.clear()
         if len(self._known_stacks) > 2_000_000:
             self._known_stacks.clear()
+        self._known_frames.update(frames)
+        self._known_stacks.update(stacks)
         self._remember_series(series_rows.values())
+
+    @staticmethod
+    def _series_bounds(
+        tenant: str, batch: IngestBatch, cols: SampleColumns, out: Dict[Tuple[str, int], list]
+    ) -> None:
+        """First and last sample time of every series in the batch."""
+        order = np.argsort(cols.series_id, kind="stable")
+        sids = cols.series_id[order]
+        ts = cols.ts[order]
+        starts = np.flatnonzero(np.concatenate(([True], sids[1:] != sids[:-1])))
+        lows = np.minimum.reduceat(ts, starts)
+        highs = np.maximum.reduceat(ts, starts)
+        for sid, lo, hi in zip(sids[starts].tolist(), lows.tolist(), highs.tolist()):
+            row = out.get((tenant, sid))
+            if row is None:
+                info = batch.series[sid]
+                out[(tenant, sid)] = [
+                    tenant,
+                    sid,
+                    info.profile_type.id,
+                    json.dumps(dict(info.labels)),
+                    lo,
+                    hi,
+                ]
+            else:
+                row[4], row[5] = min(row[4], lo), max(row[5], hi)
 
     # -- reading -----------------------------------------------------------------------------
 
@@ -297,8 +303,3 @@ class DuckDBStore(Store):
         self._writer.close()
         self._closed = True
         self._con.close()
-
-
-def _concat(pending: List[Tuple[str, IngestBatch]], column: str, dtype) -> np.ndarray:  # type: ignore[no-untyped-def]
-    parts = [np.asarray(getattr(b, column), dtype=dtype) for _, b in pending if b.value]
-    return np.concatenate(parts) if parts else np.zeros(0, dtype=dtype)

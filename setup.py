@@ -1,0 +1,31 @@
+"""Builds the optional C fast path; without a compiler hotspan installs pure Python."""
+
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+
+class OptionalBuildExt(build_ext):
+    def run(self) -> None:
+        try:
+            super().run()
+        except Exception as exc:  # noqa: BLE001
+            print(f"hotspan: C speedups not built ({exc}); using the pure-Python path")
+
+    def build_extension(self, ext: Extension) -> None:
+        try:
+            super().build_extension(ext)
+        except Exception as exc:  # noqa: BLE001
+            print(f"hotspan: C speedups not built ({exc}); using the pure-Python path")
+
+
+setup(
+    ext_modules=[
+        Extension(
+            "hotspan._speedups._pprof",
+            ["src/hotspan/_speedups/pprof.c"],
+            extra_compile_args=["-O3", "-std=c99"],
+            optional=True,
+        )
+    ],
+    cmdclass={"build_ext": OptionalBuildExt},
+)

@@ -1,0 +1,18 @@
+"""Optional C fast paths.  Import through :func:`load`, which returns None when the
+extension is not built (or ``HOTSPAN_NO_SPEEDUPS=1``), so that callers fall back to Python."""
+
+from __future__ import annotations
+
+import os
+from types import ModuleType
+from typing import Optional
+
+
+def load() -> Optional[ModuleType]:
+    if os.environ.get("HOTSPAN_NO_SPEEDUPS"):
+        return None
+    try:
+        from hotspan._speedups import _pprof
+    except ImportError:
+        return None
+    return _pprof

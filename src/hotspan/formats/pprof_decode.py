@@ -1,0 +1,182 @@
+"""pprof wire bytes to flat arrays: every sample resolved to its root-first frame ids and
+its stack id.  ``hotspan._speedups`` does this in C; :func:`decode_python` is the reference
+implementation with the same output, used when the extension is not built."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, List, Tuple
+
+import numpy as np
+from google.protobuf.message import DecodeError
+
+from hotspan import _speedups
+from hotspan.formats.errors import FormatError
+from hotspan.formats.proto import profile_pb2
+from hotspan.model.hashing import hash_frame, hash_stack
+
+_fast = _speedups.load()
+
+
+@dataclass
+class DecodedProfile:
+    strings: List[bytes]
+    sample_types: np.ndarray  # (n_types, 2): string indexes of type and unit
+    period_type: int
+    period_unit: int
+    has_period_type: bool
+    period: int
+    time_nanos: int
+    duration_nanos: int
+    frame_id: np.ndarray  # one entry per location line (duplicates possible)
+    frame_name: np.ndarray  # string index; -1: unsymbolized, frame_line holds the address
+    frame_file: np.ndarray
+    frame_line: np.ndarray
+    stack: np.ndarray  # (n_samples,) stack ids
+    frame_off: np.ndarray  # (n_samples + 1,) offsets into frames
+    frames: np.ndarray  # root-first frame ids of every sample, concatenated
+    values: np.ndarray  # (n_samples, n_types)
+    labels: np.ndarray  # (n_labels, 3): sample index, key, str (string labels only)
+
+
+def _i64(data: bytes) -> np.ndarray:
+    return np.frombuffer(data, dtype=np.int64)
+
+
+def decode(raw: bytes) -> DecodedProfile:
+    if _fast is not None:
+        try:
+            t = _fast.decode(raw)
+        except ValueError as exc:
+            raise FormatError(str(exc)) from None
+        n_types = len(t[1]) // 16
+        values = _i64(t[15])
+        return DecodedProfile(
+            strings=t[0],
+            sample_types=_i64(t[1]).reshape(-1, 2),
+            period_type=t[2],
+            period_unit=t[3],
+            has_period_type=bool(t[4]),
+            period=t[5],
+            time_nanos=t[6],
+            duration_nanos=t[7],
+            frame_id=_i64(t[8]),
+            frame_name=_i64(t[9]),
+            frame_file=_i64(t[10]),
+            frame_line=_i64(t[11]),
+            stack=_i64(t[12]),
+            frame_off=_i64(t[13]),
+            frames=_i64(t[14]),
+            values=values.reshape(-1, n_types) if n_types else values.reshape(0, 0),
+            labels=_i64(t[16]).reshape(-1, 3),
+        )
+    return decode_python(raw)
+
+
+def decode_python(raw: bytes) -> DecodedProfile:
+    try:
+        p = profile_pb2.Profile.FromString(raw)
+    except DecodeError as exc:
+        raise FormatError(f"malformed pprof: {exc}") from None
+    strings = list(p.string_table)
+    if not strings:
+        raise FormatError("malformed pprof: empty string table")
+    n_strings = len(strings)
+
+    def check(idx: int) -> int:
+        if not 0 <= idx < n_strings:
+            raise FormatError("malformed pprof: string index out of range")
+        return idx
+
+    sample_types = [(check(vt.type), check(vt.unit)) for vt in p.sample_type]
+    has_pt = p.HasField("period_type")
+    if has_pt:
+        check(p.period_type.type)
+        check(p.period_type.unit)
+    fn_ids = repaired_function_ids([f.id for f in p.function], [loc.id for loc in p.location])
+    functions: Dict[int, Tuple[int, int]] = {}
+    for fid, fn in zip(fn_ids, p.function):
+        name = check(fn.name)
+        system_name = check(fn.system_name)
+        functions.setdefault(fid, (name or system_name, check(fn.filename)))
+    mappings: Dict[int, int] = {}
+    for m in p.mapping:
+        mappings.setdefault(m.id, check(m.filename))
+    frame_id: List[int] = []
+    frame_name: List[int] = []
+    frame_file: List[int] = []
+    frame_line: List[int] = []
+    loc_frames: Dict[int, List[int]] = {}
+
+    def add(name: int, file: int, line: int, out: List[int]) -> None:
+        fid = hash_frame(strings[name] if name >= 0 else b"", strings[file], line)
+        frame_id.append(fid)
+        frame_name.append(name)
+        frame_file.append(file)
+        frame_line.append(line)
+        out.append(fid)
+
+    for loc in p.location:
+        out: List[int] = []
+        if not loc.line:
+            add(-1, mappings.get(loc.mapping_id, 0), _signed(loc.address), out)
+        for line in reversed(loc.line):  # line[0] is the innermost inlined callee
+            name, file = functions.get(line.function_id, (0, 0))
+            add(name, file, line.line, out)
+        loc_frames.setdefault(loc.id, out)
+    n_types = len(sample_types)
+    stack, frame_off, frames, values, labels = [], [0], [], [], []
+    for i, sample in enumerate(p.sample):
+        start = len(frames)
+        for loc in reversed(sample.location_id):
+            if loc not in loc_frames:
+                raise FormatError(f"malformed pprof: unknown location id {loc}")
+            frames.extend(loc_frames[loc])
+        if len(sample.value) != n_types:
+            raise FormatError(
+                f"malformed pprof: sample has {len(sample.value)} values for {n_types} sample types"
+            )
+        stack.append(hash_stack(frames[start:]))
+        frame_off.append(len(frames))
+        values.extend(sample.value)
+        for label in sample.label:
+            check(label.key)
+            if check(label.str):
+                labels.append((i, label.key, label.str))
+    return DecodedProfile(
+        strings=strings,
+        sample_types=np.array(sample_types, dtype=np.int64).reshape(-1, 2),
+        period_type=p.period_type.type,
+        period_unit=p.period_type.unit,
+        has_period_type=has_pt,
+        period=p.period,
+        time_nanos=p.time_nanos,
+        duration_nanos=p.duration_nanos,
+        frame_id=np.array(frame_id, dtype=np.int64),
+        frame_name=np.array(frame_name, dtype=np.int64),
+        frame_file=np.array(frame_file, dtype=np.int64),
+        frame_line=np.array(frame_line, dtype=np.int64),
+        stack=np.array(stack, dtype=np.int64),
+        frame_off=np.array(frame_off, dtype=np.int64),
+        frames=np.array(frames, dtype=np.int64),
+        values=np.array(values, dtype=np.int64).reshape(-1, n_types)
+        if n_types
+        else np.zeros((0, 0), np.int64),
+        labels=np.array(labels, dtype=np.int64).reshape(-1, 3),
+    )
+
+
+def repaired_function_ids(function_ids: List[int], location_ids: List[int]) -> List[int]:
+    """Some .NET profilers write every function id as 0, one function per location: give
+    function i the id of location i, as Pyroscope does, so that the names are not lost."""
+    if (
+        function_ids
+        and all(f == 0 for f in function_ids)
+        and len(function_ids) == len(location_ids)
+    ):
+        return list(location_ids)
+    return function_ids
+
+
+def _signed(value: int) -> int:
+    return value - (1 << 64) if value >= 1 << 63 else value
