@@ -72,7 +72,8 @@ def create_app(config: Optional[ServerConfig] = None, store: Optional[Store] = N
     app = Starlette(
         routes=routes,
         lifespan=lifespan,
-        middleware=[Middleware(GZipMiddleware, minimum_size=4096)],
+        # Level 9 (the default) costs 50 ms on a 400 KB flame graph; level 1 costs 2 ms.
+        middleware=[Middleware(GZipMiddleware, minimum_size=4096, compresslevel=1)],
     )
     app.state.hotspan = state
     return app

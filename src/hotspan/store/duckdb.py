@@ -125,11 +125,21 @@ class DuckDBStore(Store):
                     "ON CONFLICT DO NOTHING"
                 )
             if series_rows:
-                con.executemany(
-                    "INSERT INTO series VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (tenant, series_id) "
-                    "DO UPDATE SET first_ts = least(series.first_ts, excluded.first_ts), "
-                    "last_ts = greatest(series.last_ts, excluded.last_ts)",
-                    list(series_rows.values()),
+                # One statement over an array table: executemany costs ~1.5 ms per row here.
+                rows = list(zip(*series_rows.values()))
+                series_table = {  # noqa: F841
+                    "tenant": np.array(rows[0], dtype=object),
+                    "series_id": np.array(rows[1], dtype=np.int64),
+                    "profile_type": np.array(rows[2], dtype=object),
+                    "labels": np.array(rows[3], dtype=object),
+                    "first_ts": np.array(rows[4], dtype=np.int64),
+                    "last_ts": np.array(rows[5], dtype=np.int64),
+                }
+                con.execute(
+                    "INSERT INTO series SELECT * FROM series_table "
+                    "ON CONFLICT (tenant, series_id) DO UPDATE SET "
+                    "first_ts = least(series.first_ts, excluded.first_ts), "
+                    "last_ts = greatest(series.last_ts, excluded.last_ts)"
                 )
             if columns:
                 counts = [len(c.value) for c in columns]
