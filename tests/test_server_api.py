@@ -345,6 +345,17 @@ def test_max_nodes_limits_the_flame_graph(server) -> None:  # type: ignore[no-un
         assert int(graph["total"]) == 1299
 
 
+def test_profile_stats(server) -> None:  # type: ignore[no-untyped-def]
+    with server.client() as c:
+        r = c.post(f"{QUERIER}/GetProfileStats", json={})
+        assert r.status_code == 200 and r.json() == {}  # nothing ingested: all defaults
+        body = make_pprof([(["x", "main"], 5, {})], time_ns=T0 * 10**9)
+        assert ingest_pprof(c, "stats{}", body, T0).status_code == 200
+        stats = c.post(f"{QUERIER}/GetProfileStats", json={}).json()
+        assert stats["dataIngested"] is True
+        assert int(stats["oldestProfileTime"]) == int(stats["newestProfileTime"]) == T0 * 1000
+
+
 def test_ready_and_index(server) -> None:  # type: ignore[no-untyped-def]
     with server.client() as c:
         assert c.get("/ready").text.strip() == "ready"

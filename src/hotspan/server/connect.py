@@ -75,8 +75,6 @@ def unary(handler: Handler) -> Handler:
     """Wrap a handler so that every HTTPError becomes a Connect error."""
 
     async def endpoint(request: Request) -> Response:
-        if request.method != "POST":
-            return error_response(HTTPError(405, "Connect unary calls use POST", "unimplemented"))
         try:
             return await handler(request)
         except HTTPError as exc:

@@ -302,14 +302,28 @@ async def diff(request: Request) -> Response:
     return write_message(request, resp)
 
 
+@unary
+async def get_profile_stats(request: Request) -> Response:
+    """Whether the tenant has any data, and its time span (Grafana asks before querying)."""
+    state, tenant = _state(request)
+    await read_message(request, state.config, types_pb2.GetProfileStatsRequest)
+    records = state.store.series(tenant)
+    resp = types_pb2.GetProfileStatsResponse(data_ingested=bool(records))
+    if records:
+        resp.oldest_profile_time = min(r.first_ts for r in records) // MS
+        resp.newest_profile_time = max(r.last_ts for r in records) // MS
+    return write_message(request, resp)
+
+
 routes = [
-    Route(f"{SERVICE}/ProfileTypes", profile_types, methods=["POST", "GET"]),
-    Route(f"{SERVICE}/LabelNames", label_names, methods=["POST", "GET"]),
-    Route(f"{SERVICE}/LabelValues", label_values, methods=["POST", "GET"]),
-    Route(f"{SERVICE}/Series", series, methods=["POST", "GET"]),
-    Route(f"{SERVICE}/SelectMergeStacktraces", select_merge_stacktraces, methods=["POST", "GET"]),
-    Route(f"{SERVICE}/SelectMergeSpanProfile", select_merge_span_profile, methods=["POST", "GET"]),
-    Route(f"{SERVICE}/SelectMergeProfile", select_merge_profile, methods=["POST", "GET"]),
-    Route(f"{SERVICE}/SelectSeries", select_series, methods=["POST", "GET"]),
-    Route(f"{SERVICE}/Diff", diff, methods=["POST", "GET"]),
+    Route(f"{SERVICE}/ProfileTypes", profile_types, methods=["POST"]),
+    Route(f"{SERVICE}/LabelNames", label_names, methods=["POST"]),
+    Route(f"{SERVICE}/LabelValues", label_values, methods=["POST"]),
+    Route(f"{SERVICE}/Series", series, methods=["POST"]),
+    Route(f"{SERVICE}/SelectMergeStacktraces", select_merge_stacktraces, methods=["POST"]),
+    Route(f"{SERVICE}/SelectMergeSpanProfile", select_merge_span_profile, methods=["POST"]),
+    Route(f"{SERVICE}/SelectMergeProfile", select_merge_profile, methods=["POST"]),
+    Route(f"{SERVICE}/SelectSeries", select_series, methods=["POST"]),
+    Route(f"{SERVICE}/Diff", diff, methods=["POST"]),
+    Route(f"{SERVICE}/GetProfileStats", get_profile_stats, methods=["POST"]),
 ]
