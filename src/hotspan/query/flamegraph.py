@@ -67,10 +67,14 @@ def build(
     ranked = np.where(stacks >= 0, rank[np.maximum(stacks, 0)], _PAD)
     other_rank = len(out_names) - 1
 
-    levels = _levels(ranked, lengths, values)
-    if max_nodes and max_nodes > 0 and sum(len(lv.name) for lv in levels) + 1 > max_nodes:
-        ranked, lengths, values = _fold_small(ranked, lengths, values, max_nodes, other_rank)
-        levels = _levels(ranked, lengths, values)
+    ranked, lengths, values = _sort(ranked, lengths, values)
+    starts = _boundaries(ranked)
+    if max_nodes and max_nodes > 0 and int((starts & (ranked != _PAD)).sum()) + 1 > max_nodes:
+        ranked, lengths = _fold_small(ranked, lengths, values, starts, max_nodes, other_rank)
+        # Folding moves "other" after its siblings: sort again (the only second sort).
+        ranked, lengths, values = _sort(ranked, lengths, values)
+        starts = _boundaries(ranked)
+    levels = _levels(ranked, lengths, values, starts)
 
     root = np.concatenate([[0, int(t), 0] for t in totals] + [[0]]).astype(np.int64)
     encoded = [root]
@@ -107,8 +111,10 @@ def _boundaries(ranked: np.ndarray) -> np.ndarray:
     return starts
 
 
-def _levels(ranked: np.ndarray, lengths: np.ndarray, values: np.ndarray) -> List[_Level]:
-    ranked, lengths, values = _sort(ranked, lengths, values)
+def _levels(
+    ranked: np.ndarray, lengths: np.ndarray, values: np.ndarray, starts: np.ndarray
+) -> List[_Level]:
+    """Nodes per depth from sorted rows and their group boundaries."""
     n = len(ranked)
     k = values.shape[1]
     if n == 0:
@@ -116,7 +122,6 @@ def _levels(ranked: np.ndarray, lengths: np.ndarray, values: np.ndarray) -> List
     depth = ranked.shape[1]
     csum = np.zeros((n + 1, k), dtype=np.int64)
     np.cumsum(values, axis=0, out=csum[1:])
-    starts = _boundaries(ranked)
     out = []
     for d in range(depth):
         first = np.flatnonzero(starts[:, d])
@@ -140,15 +145,18 @@ def _levels(ranked: np.ndarray, lengths: np.ndarray, values: np.ndarray) -> List
 
 
 def _fold_small(
-    ranked: np.ndarray, lengths: np.ndarray, values: np.ndarray, max_nodes: int, other_rank: int
+    ranked: np.ndarray,
+    lengths: np.ndarray,
+    values: np.ndarray,
+    starts: np.ndarray,
+    max_nodes: int,
+    other_rank: int,
 ):  # type: ignore[no-untyped-def]
     """Replace every node smaller than the ``max_nodes``-th largest (and its subtree) by
-    ``other`` under its parent."""
-    ranked, lengths, values = _sort(ranked, lengths, values)
+    ``other`` under its parent.  Takes sorted rows; returns (ranked, lengths), unsorted."""
     weight = values.sum(axis=1)
     n, depth = ranked.shape
     csum = np.concatenate([[0], np.cumsum(weight)])
-    starts = _boundaries(ranked)
     node_weight = np.zeros((n, depth), dtype=np.int64)
     all_weights = []
     for d in range(depth):
@@ -174,4 +182,4 @@ def _fold_small(
     sub[after] = _PAD
     ranked[cut_rows] = sub
     lengths[cut_rows] = first_cut + 1
-    return ranked, lengths, values
+    return ranked, lengths
