@@ -23,7 +23,7 @@ setup(
         Extension(
             "hotspan._speedups._pprof",
             ["src/hotspan/_speedups/pprof.c"],
-            extra_compile_args=["-O3", "-std=c99"],
+            extra_compile_args=["-O3", "-std=c11"],
             optional=True,
         )
     ],

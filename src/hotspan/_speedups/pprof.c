@@ -8,6 +8,8 @@
  * same interface and gives identical results; it is used when this module is not built.
  *
  * Every read is bounds-checked: malformed input raises ValueError, never crashes the server.
+ * Decoding runs without the GIL (raw malloc, errors kept as text until the GIL is back), so
+ * the server can decode on one core while its event loop runs on the other.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -67,12 +69,20 @@ typedef struct {
     Py_ssize_t len, cap;
 } Vec;
 
+/* The error of the current decode; set without the GIL, raised once it is held again. */
+static _Thread_local char error_text[160];
+
+static int fail(const char *what) {
+    if (!error_text[0]) snprintf(error_text, sizeof(error_text), "malformed pprof: %s", what);
+    return -1;
+}
+
 static int vec_push(Vec *v, int64_t x) {
     if (v->len == v->cap) {
         Py_ssize_t cap = v->cap ? v->cap * 2 : 64;
-        int64_t *d = (int64_t *)PyMem_Realloc(v->data, (size_t)cap * sizeof(int64_t));
+        int64_t *d = (int64_t *)realloc(v->data, (size_t)cap * sizeof(int64_t));
         if (!d) {
-            PyErr_NoMemory();
+            snprintf(error_text, sizeof(error_text), "out of memory");
             return -1;
         }
         v->data = d;
@@ -83,7 +93,7 @@ static int vec_push(Vec *v, int64_t x) {
 }
 
 static void vec_free(Vec *v) {
-    PyMem_Free(v->data);
+    free(v->data);
     v->data = NULL;
     v->len = v->cap = 0;
 }
@@ -97,11 +107,6 @@ static PyObject *vec_bytes(const Vec *v) {
 typedef struct {
     const uint8_t *p, *end;
 } Reader;
-
-static int fail(const char *what) {
-    PyErr_Format(PyExc_ValueError, "malformed pprof: %s", what);
-    return -1;
-}
 
 static int read_varint(Reader *r, uint64_t *out) {
     uint64_t v = 0;
@@ -213,20 +218,14 @@ static int build_lookup(Lookup *lk, const Vec *ids) {
         if ((uint64_t)ids->data[i] > max_id) max_id = (uint64_t)ids->data[i];
     if (max_id < (uint64_t)ids->len * 4 + 64) {
         lk->dense_len = max_id + 1;
-        lk->dense = (Py_ssize_t *)PyMem_Malloc(sizeof(Py_ssize_t) * (size_t)lk->dense_len);
-        if (!lk->dense) {
-            PyErr_NoMemory();
-            return -1;
-        }
+        lk->dense = (Py_ssize_t *)malloc(sizeof(Py_ssize_t) * (size_t)lk->dense_len);
+        if (!lk->dense) return fail("out of memory");
         for (uint64_t i = 0; i < lk->dense_len; i++) lk->dense[i] = -1;
         for (Py_ssize_t i = ids->len - 1; i >= 0; i--) lk->dense[(uint64_t)ids->data[i]] = i;
         return 0;
     }
-    lk->sorted = (IdIndex *)PyMem_Malloc(sizeof(IdIndex) * (size_t)(ids->len ? ids->len : 1));
-    if (!lk->sorted) {
-        PyErr_NoMemory();
-        return -1;
-    }
+    lk->sorted = (IdIndex *)malloc(sizeof(IdIndex) * (size_t)(ids->len ? ids->len : 1));
+    if (!lk->sorted) return fail("out of memory");
     for (Py_ssize_t i = 0; i < ids->len; i++) {
         lk->sorted[i].id = (uint64_t)ids->data[i];
         lk->sorted[i].index = i;
@@ -236,8 +235,8 @@ static int build_lookup(Lookup *lk, const Vec *ids) {
 }
 
 static void free_lookup(Lookup *lk) {
-    PyMem_Free(lk->dense);
-    PyMem_Free(lk->sorted);
+    free(lk->dense);
+    free(lk->sorted);
     memset(lk, 0, sizeof(*lk));
 }
 
@@ -522,16 +521,16 @@ static int decode_samples(Decoder *d, const uint8_t *base) {
             } else if (skip(&r, w) < 0) goto done;
         }
         if (vals.len != n_types) {
-            PyErr_Format(PyExc_ValueError, "malformed pprof: sample has %zd values for %zd sample types",
-                         vals.len, n_types);
+            snprintf(error_text, sizeof(error_text),
+                     "malformed pprof: sample has %zd values for %zd sample types", vals.len, n_types);
             goto done;
         }
         Py_ssize_t start = d->frames.len;
         for (Py_ssize_t j = d->tmp_locs.len - 1; j >= 0; j--) {
             Py_ssize_t k = find(&loc_index, (uint64_t)d->tmp_locs.data[j]);
             if (k < 0) {
-                PyErr_Format(PyExc_ValueError, "malformed pprof: unknown location id %llu",
-                             (unsigned long long)d->tmp_locs.data[j]);
+                snprintf(error_text, sizeof(error_text), "malformed pprof: unknown location id %llu",
+                         (unsigned long long)d->tmp_locs.data[j]);
                 goto done;
             }
             for (Py_ssize_t m = d->loc_frame_off.data[k]; m < d->loc_frame_off.data[k + 1]; m++)
@@ -550,6 +549,19 @@ done:
     return rc;
 }
 
+static int decode_all(Decoder *d, const uint8_t *base, Reader *r) {
+    if (decode_top(d, base, r) < 0) return -1;
+    if (d->string_pos.len == 0) return fail("empty string table");
+    for (Py_ssize_t i = 0; i < d->sample_types.len; i++)
+        if (check_string(d, d->sample_types.data[i]) < 0) return -1;
+    if (d->has_period_type && (check_string(d, d->period_type) < 0 || check_string(d, d->period_unit) < 0))
+        return -1;
+    if (decode_functions(d, base) < 0 || repair_function_ids(d, base) < 0 || decode_mappings(d, base) < 0 ||
+        decode_locations(d, base) < 0 || decode_samples(d, base) < 0)
+        return -1;
+    return 0;
+}
+
 PyDoc_STRVAR(decode_doc,
 "decode(data: bytes) -> tuple\n\n"
 "Decode an uncompressed pprof profile.  Returns (strings, sample_types, period_type,\n"
@@ -565,18 +577,16 @@ static PyObject *decode(PyObject *self, PyObject *arg) {
     if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0) return NULL;
     const uint8_t *base = (const uint8_t *)view.buf;
     Reader r = {base, base + view.len};
-    if (decode_top(&d, base, &r) < 0) goto done;
-    if (d.string_pos.len == 0) {
-        fail("empty string table");
+    int ok;
+    Py_BEGIN_ALLOW_THREADS
+    error_text[0] = 0;
+    ok = decode_all(&d, base, &r) == 0;
+    Py_END_ALLOW_THREADS
+    if (!ok) {
+        PyErr_SetString(strcmp(error_text, "out of memory") == 0 ? PyExc_MemoryError : PyExc_ValueError,
+                        error_text);
         goto done;
     }
-    for (Py_ssize_t i = 0; i < d.sample_types.len; i++)
-        if (check_string(&d, d.sample_types.data[i]) < 0) goto done;
-    if (d.has_period_type && (check_string(&d, d.period_type) < 0 || check_string(&d, d.period_unit) < 0))
-        goto done;
-    if (decode_functions(&d, base) < 0 || repair_function_ids(&d, base) < 0 || decode_mappings(&d, base) < 0 ||
-        decode_locations(&d, base) < 0 || decode_samples(&d, base) < 0)
-        goto done;
     strings = PyList_New(d.string_pos.len / 2);
     if (!strings) goto done;
     for (Py_ssize_t i = 0; i < d.string_pos.len; i += 2) {

@@ -7,6 +7,7 @@ import json
 import time
 from typing import Dict, Mapping, Optional
 
+from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -116,11 +117,24 @@ async def _ingest_pprof(
                 raise HTTPError(400, "sample_type_config must be a JSON object")
     else:
         data = body
-    profile = pprof.parse(data, config.max_decompressed_bytes)
     # A pprof upload's type comes from its sample types, so a ``.cpu`` suffix is only a name.
     base, _ = ingest_params.split_suffix(app_name)
     labels.setdefault(SERVICE_NAME, base)
-    pprof.to_batch(profile, batch, labels, start, sample_type_config)
+    await run_in_threadpool(
+        _pprof_to_batch,
+        data,
+        config.max_decompressed_bytes,
+        batch,
+        labels,
+        start,
+        sample_type_config,
+    )
+
+
+def _pprof_to_batch(data, limit, batch, labels, start, sample_type_config=None) -> None:  # type: ignore[no-untyped-def]
+    # Off the event loop: gunzip and the C decoder release the GIL, so this overlaps with
+    # HTTP handling on the other core.
+    pprof.to_batch(pprof.parse(data, limit), batch, labels, start, sample_type_config)
 
 
 def _ingest_stacks(
@@ -191,8 +205,14 @@ async def push(request: Request) -> Response:
             raise HTTPError(400, f"series {i}: the label service_name is required")
         for sample in series.samples:
             try:
-                profile = pprof.parse(sample.raw_profile, config.max_decompressed_bytes)
-                pprof.to_batch(profile, batch, labels, now)
+                await run_in_threadpool(
+                    _pprof_to_batch,
+                    sample.raw_profile,
+                    config.max_decompressed_bytes,
+                    batch,
+                    labels,
+                    now,
+                )
             except FormatError as exc:
                 raise HTTPError(400, f"series {i}: {exc}") from None
     await commit(state, tenant, batch)

@@ -44,8 +44,12 @@ CREATE TABLE IF NOT EXISTS stacks (
     stack_id BIGINT PRIMARY KEY,
     frame_ids BLOB NOT NULL           -- little-endian int64 frame ids, root first
 );
+CREATE TABLE IF NOT EXISTS tenants (
+    tenant_id INTEGER PRIMARY KEY,
+    tenant VARCHAR NOT NULL UNIQUE
+);
 CREATE TABLE IF NOT EXISTS samples (
-    tenant VARCHAR NOT NULL,
+    tenant_id INTEGER NOT NULL,       -- tenants.tenant_id: a number per row, not a string
     series_id BIGINT NOT NULL,
     ts BIGINT NOT NULL,               -- nanoseconds since the epoch
     stack_id BIGINT NOT NULL,
@@ -72,6 +76,9 @@ class DuckDBStore(Store):
         self._series_lock = threading.Lock()
         self._series: Dict[str, Dict[int, SeriesRecord]] = {}
         self._load_series()
+        self._tenant_ids: Dict[str, int] = dict(
+            self._con.execute("SELECT tenant, tenant_id FROM tenants").fetchall()
+        )
         # Ids already written by this process; a restart only costs redundant no-op inserts.
         self._known_frames: set = set()
         self._known_stacks: set = set()
@@ -113,15 +120,16 @@ class DuckDBStore(Store):
                 }
                 con.execute("INSERT INTO frames SELECT * FROM frame_table ON CONFLICT DO NOTHING")
             if stacks:
+                # Hex text: DuckDB 1.x reads an array of Python bytes as VARCHAR, not BLOB.
                 stack_table = {  # noqa: F841
                     "stack_id": np.fromiter(stacks.keys(), dtype=np.int64, count=len(stacks)),
                     "frame_ids": np.array(
-                        [np.asarray(f, dtype="<i8").tobytes() for f in stacks.values()],
+                        [np.asarray(f, dtype="<i8").tobytes().hex() for f in stacks.values()],
                         dtype=object,
                     ),
                 }
                 con.execute(
-                    "INSERT INTO stacks SELECT stack_id, frame_ids::BLOB FROM stack_table "
+                    "INSERT INTO stacks SELECT stack_id, unhex(frame_ids) FROM stack_table "
                     "ON CONFLICT DO NOTHING"
                 )
             if series_rows:
@@ -143,20 +151,26 @@ class DuckDBStore(Store):
                 )
             if columns:
                 counts = [len(c.value) for c in columns]
+                tenant_ids = [self._tenant_id(con, t) for t in tenants]
                 sample_table = {  # noqa: F841
-                    "tenant": np.repeat(np.array(tenants, dtype=object), counts),
+                    "tenant_id": np.repeat(np.array(tenant_ids, dtype=np.int32), counts),
                     **{
                         name: np.concatenate([getattr(c, name) for c in columns])
                         for name in SampleColumns._fields
                     },
                 }
+                # Reading Python objects is the slow part of an insert: skip the trace
+                # column when no sample of the commit has a trace id.
+                traced = any(t is not None for c in columns for t in c.trace_id.tolist())
                 con.execute(
-                    "INSERT INTO samples SELECT tenant, series_id, ts, stack_id, value, span_id, "
-                    "trace_id FROM sample_table"
+                    "INSERT INTO samples SELECT tenant_id, series_id, ts, stack_id, value, "
+                    f"span_id, {'trace_id' if traced else 'NULL'} FROM sample_table"
                 )
             con.execute("COMMIT")
         except Exception:
             con.execute("ROLLBACK")
+            # Tenants numbered in the failed transaction do not exist.
+            self._tenant_ids = dict(con.execute("SELECT tenant, tenant_id FROM tenants").fetchall())
             raise
         if len(self._known_frames) > 2_000_000:
             self._known_frames.clear()
@@ -165,6 +179,15 @@ class DuckDBStore(Store):
         self._known_frames.update(frames)
         self._known_stacks.update(stacks)
         self._remember_series(series_rows.values())
+
+    def _tenant_id(self, con: duckdb.DuckDBPyConnection, tenant: str) -> int:
+        """The number of a tenant, created inside the running transaction if new."""
+        tid = self._tenant_ids.get(tenant)
+        if tid is None:
+            tid = len(self._tenant_ids) + 1
+            con.execute("INSERT INTO tenants VALUES (?, ?)", [tid, tenant])
+            self._tenant_ids[tenant] = tid
+        return tid
 
     @staticmethod
     def _series_bounds(
@@ -228,8 +251,13 @@ class DuckDBStore(Store):
     def _sample_where(
         self, tenant: str, series_ids: Sequence[int], where: SampleFilter
     ) -> Tuple[str, list]:
-        sql = "tenant = ? AND series_id IN (SELECT unnest(?::BIGINT[])) AND ts >= ? AND ts < ?"
-        params: list = [tenant, list(series_ids), where.start_ns, where.end_ns]
+        sql = "tenant_id = ? AND series_id IN (SELECT unnest(?::BIGINT[])) AND ts >= ? AND ts < ?"
+        params: list = [
+            self._tenant_ids.get(tenant, -1),
+            list(series_ids),
+            where.start_ns,
+            where.end_ns,
+        ]
         if where.span_ids is not None:
             sql += " AND span_id IN (SELECT unnest(?::UBIGINT[]))"
             params.append(list(where.span_ids))
