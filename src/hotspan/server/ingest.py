@@ -120,21 +120,17 @@ async def _ingest_pprof(
     # A pprof upload's type comes from its sample types, so a ``.cpu`` suffix is only a name.
     base, _ = ingest_params.split_suffix(app_name)
     labels.setdefault(SERVICE_NAME, base)
-    await run_in_threadpool(
-        _pprof_to_batch,
-        data,
-        config.max_decompressed_bytes,
-        batch,
-        labels,
-        start,
-        sample_type_config,
+    await _pprof_to_batch(
+        data, config.max_decompressed_bytes, batch, labels, start, sample_type_config
     )
 
 
-def _pprof_to_batch(data, limit, batch, labels, start, sample_type_config=None) -> None:  # type: ignore[no-untyped-def]
-    # Off the event loop: gunzip and the C decoder release the GIL, so this overlaps with
-    # HTTP handling on the other core.
-    pprof.to_batch(pprof.parse(data, limit), batch, labels, start, sample_type_config)
+async def _pprof_to_batch(data, limit, batch, labels, start, sample_type_config=None) -> None:  # type: ignore[no-untyped-def]
+    # gunzip and the C decoder release the GIL: off the event loop they run on the other
+    # core.  The conversion to a batch is Python and stays here (a thread would only contend
+    # for the GIL).
+    profile = await run_in_threadpool(pprof.parse, data, limit)
+    pprof.to_batch(profile, batch, labels, start, sample_type_config)
 
 
 def _ingest_stacks(
@@ -205,13 +201,8 @@ async def push(request: Request) -> Response:
             raise HTTPError(400, f"series {i}: the label service_name is required")
         for sample in series.samples:
             try:
-                await run_in_threadpool(
-                    _pprof_to_batch,
-                    sample.raw_profile,
-                    config.max_decompressed_bytes,
-                    batch,
-                    labels,
-                    now,
+                await _pprof_to_batch(
+                    sample.raw_profile, config.max_decompressed_bytes, batch, labels, now
                 )
             except FormatError as exc:
                 raise HTTPError(400, f"series {i}: {exc}") from None
