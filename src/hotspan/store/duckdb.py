@@ -30,8 +30,6 @@ CREATE TABLE IF NOT EXISTS series (
     series_id BIGINT NOT NULL,
     profile_type VARCHAR NOT NULL,
     labels VARCHAR NOT NULL,          -- JSON object
-    first_ts BIGINT NOT NULL,
-    last_ts BIGINT NOT NULL,
     PRIMARY KEY (tenant, series_id)
 );
 CREATE TABLE IF NOT EXISTS frames (
@@ -132,23 +130,22 @@ class DuckDBStore(Store):
                     "INSERT INTO stacks SELECT stack_id, unhex(frame_ids) FROM stack_table "
                     "ON CONFLICT DO NOTHING"
                 )
-            if series_rows:
-                # One statement over an array table: executemany costs ~1.5 ms per row here.
-                rows = list(zip(*series_rows.values()))
+            new_series = [
+                row
+                for (tenant, sid), row in series_rows.items()
+                if not self._has_series(tenant, sid)
+            ]
+            if new_series:
+                # Only new series are written: their time bounds live in memory and are
+                # recomputed from the samples at open, so a push never updates a series row.
+                rows = list(zip(*new_series))
                 series_table = {  # noqa: F841
                     "tenant": np.array(rows[0], dtype=object),
                     "series_id": np.array(rows[1], dtype=np.int64),
                     "profile_type": np.array(rows[2], dtype=object),
                     "labels": np.array(rows[3], dtype=object),
-                    "first_ts": np.array(rows[4], dtype=np.int64),
-                    "last_ts": np.array(rows[5], dtype=np.int64),
                 }
-                con.execute(
-                    "INSERT INTO series SELECT * FROM series_table "
-                    "ON CONFLICT (tenant, series_id) DO UPDATE SET "
-                    "first_ts = least(series.first_ts, excluded.first_ts), "
-                    "last_ts = greatest(series.last_ts, excluded.last_ts)"
-                )
+                con.execute("INSERT INTO series SELECT * FROM series_table ON CONFLICT DO NOTHING")
             if columns:
                 counts = [len(c.value) for c in columns]
                 tenant_ids = [self._tenant_id(con, t) for t in tenants]
@@ -228,9 +225,15 @@ class DuckDBStore(Store):
 
     def _load_series(self) -> None:
         rows = self._con.execute(
-            "SELECT tenant, series_id, profile_type, labels, first_ts, last_ts FROM series"
+            "SELECT s.tenant, s.series_id, s.profile_type, s.labels, b.lo, b.hi FROM series s "
+            "JOIN tenants t ON t.tenant = s.tenant "
+            "JOIN (SELECT tenant_id, series_id, min(ts) AS lo, max(ts) AS hi FROM samples "
+            "      GROUP BY ALL) b ON b.tenant_id = t.tenant_id AND b.series_id = s.series_id"
         ).fetchall()
         self._remember_series(rows)
+
+    def _has_series(self, tenant: str, sid: int) -> bool:
+        return sid in self._series.get(tenant, ())
 
     def _remember_series(self, rows) -> None:  # type: ignore[no-untyped-def]
         with self._series_lock:
