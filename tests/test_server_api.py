@@ -338,6 +338,11 @@ def test_max_nodes_limits_the_flame_graph(server) -> None:  # type: ignore[no-un
             ingest_pprof(c, "wide{}", make_pprof(samples, time_ns=T0 * 10**9), T0).status_code
             == 200
         )
+        r = c.post(f"{QUERIER}/SelectMergeStacktraces", headers={"accept-encoding": "gzip"},
+                   json={"profileTypeID": CPU, "labelSelector": "{}", "start": (T0 - 10) * 1000,
+                         "end": (T0 + 10) * 1000})
+        assert r.headers.get("content-encoding") == "gzip"  # large query answers are compressed
+        assert len(r.json()["flamegraph"]["names"]) == 302
         graph = flamegraph(c, "{}", T0 - 10, T0 + 10, maxNodes=10)
         count = sum(len(level["values"]) // 4 for level in graph["levels"])
         assert count <= 11
