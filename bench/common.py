@@ -3,6 +3,7 @@ latency statistics."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 import re
@@ -119,10 +120,8 @@ def thread_cpu(pid: int) -> Dict[int, float]:
     except OSError:
         return out
     for tid in tids:
-        try:
+        with contextlib.suppress(OSError, ValueError):  # the thread may have exited
             out[int(tid)] = _stat_cpu(f"/proc/{pid}/task/{tid}/stat")
-        except (OSError, ValueError):
-            pass
     return out
 
 
@@ -146,7 +145,9 @@ class CpuWindow:
         total = proc_cpu(self.pid) - self._total0
         main = threads.get(self.pid, 0.0) - self._threads0.get(self.pid, 0.0)
         others = {
-            tid: cpu - self._threads0.get(tid, 0.0) for tid, cpu in threads.items() if tid != self.pid
+            tid: cpu - self._threads0.get(tid, 0.0)
+            for tid, cpu in threads.items()
+            if tid != self.pid
         }
         busiest = sorted(others.values(), reverse=True)
         return {
@@ -208,7 +209,7 @@ class Server:
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
 
-    def start(self, timeout: float = 120.0) -> "Server":
+    def start(self, timeout: float = 120.0) -> Server:
         t0 = time.perf_counter()
         cmd = [
             sys.executable,
@@ -299,7 +300,7 @@ class Server:
     def stderr_tail(self) -> str:
         return "".join(self._stderr_tail[-20:])
 
-    def __enter__(self) -> "Server":
+    def __enter__(self) -> Server:
         return self.start()
 
     def __exit__(self, *exc) -> None:  # type: ignore[no-untyped-def]

@@ -19,9 +19,8 @@ import time
 from typing import Dict, List, Tuple
 from urllib.parse import quote
 
-import numpy as np
-
 import common
+import numpy as np
 import synth
 
 SERVICES = ["checkout", "billing", "search", "users", "catalog", "gateway", "notifier", "ledger"]
@@ -41,7 +40,7 @@ def build_uploads(
     frames = synth.frame_universe(rng, 6000)
     templates = {}
     extra = 60
-    for si, service in enumerate(SERVICES):
+    for service in SERVICES:
         stacks = synth.grow_stacks(
             rng, stacks_per_upload + extra, len(frames), depth - 2, depth + 2
         )
@@ -82,7 +81,10 @@ def build_uploads(
 def ingest_request(host: str, port: int, up: Dict[str, object]) -> bytes:
     labels = ",".join(f"{k}={v}" for k, v in sorted(up["labels"].items()))  # type: ignore[union-attr]
     name = quote(f"{up['service']}{{{labels}}}", safe="")
-    path = f"/ingest?name={name}&from={up['ts_s']}&until={int(up['ts_s']) + 10}&format=pprof&spyName=pyspy&sampleRate=100"
+    path = (
+        f"/ingest?name={name}&from={up['ts_s']}&until={int(up['ts_s']) + 10}"
+        "&format=pprof&spyName=pyspy&sampleRate=100"
+    )
     body: bytes = up["body"]  # type: ignore[assignment]
     head = (
         f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\n"
@@ -113,7 +115,9 @@ def push_request(host: str, port: int, up: Dict[str, object]) -> bytes:
 
 def ready_request(host: str, port: int, up: Dict[str, object]) -> bytes:
     """The HTTP stack alone: what uvicorn + Starlette cost per request with no work."""
-    return f"GET /ready HTTP/1.1\r\nHost: {host}:{port}\r\nUser-Agent: hotspan-bench\r\n\r\n".encode()
+    return (
+        f"GET /ready HTTP/1.1\r\nHost: {host}:{port}\r\nUser-Agent: hotspan-bench\r\n\r\n".encode()
+    )
 
 
 def run_endpoint(
@@ -126,7 +130,10 @@ def run_endpoint(
 ) -> Dict[str, object]:
     data_dir = tempfile.mkdtemp(prefix=f"ingest-{endpoint}-", dir=workdir)
     server = common.Server(data_dir).start()
-    result: Dict[str, object] = {"endpoint": endpoint, "server_startup_s": round(server.startup_s, 2)}
+    result: Dict[str, object] = {
+        "endpoint": endpoint,
+        "server_startup_s": round(server.startup_s, 2),
+    }
     try:
         make = {"ingest": ingest_request, "push": push_request, "ready": ready_request}[endpoint]
         reqs: List[Tuple[bytes, int, int]] = [
@@ -253,7 +260,7 @@ def breakdown(uploads: List[Dict[str, object]], workdir: str, group: int = 32) -
         pprof.to_batch(pprof.parse(up["body"], limit), IngestBatch(), {"service_name": "w"}, 0)  # type: ignore[arg-type]
     t = {"gunzip (part of pprof.parse)": 0.0, "pprof.parse (gunzip + decode)": 0.0, "to_batch": 0.0}
     batches = []
-    for i, up in enumerate(uploads):
+    for up in uploads:
         t0 = time.perf_counter()
         maybe_gunzip(up["body"], limit)  # type: ignore[arg-type]
         t1 = time.perf_counter()

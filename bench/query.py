@@ -21,9 +21,8 @@ import sys
 import time
 from typing import Callable, Dict, List, Tuple
 
-import numpy as np
-
 import common
+import numpy as np
 import synth
 
 PROFILE_TYPE = "process_cpu:cpu:nanoseconds:cpu:nanoseconds"
@@ -63,9 +62,7 @@ def data_dir_for(params: Dict[str, object]) -> str:
     import hotspan.store.duckdb as store_mod
 
     schema = getattr(store_mod, "SCHEMA", "") + getattr(store_mod, "DB_FILE", "")
-    key = hashlib.sha1(
-        (json.dumps(params, sort_keys=True) + schema).encode()
-    ).hexdigest()[:12]
+    key = hashlib.sha1((json.dumps(params, sort_keys=True) + schema).encode()).hexdigest()[:12]
     return os.path.join("/tmp", f"hotspan-bench-query-{key}")
 
 
@@ -169,8 +166,12 @@ def build(params: Dict[str, int], data_dir: str, log: Callable[[str], None]) -> 
                 m = hi - lo
                 batch.add_columns(
                     SampleColumns(
-                        series_ids[series[lo:hi]], ts[lo:hi], stack_ids[stack_index[lo:hi]],
-                        value[lo:hi], np.zeros(m, dtype=np.uint64), np.full(m, None, dtype=object),
+                        series_ids[series[lo:hi]],
+                        ts[lo:hi],
+                        stack_ids[stack_index[lo:hi]],
+                        value[lo:hi],
+                        np.zeros(m, dtype=np.uint64),
+                        np.full(m, None, dtype=object),
                     )
                 )
                 bulk_s += time.perf_counter() - t0
@@ -182,7 +183,9 @@ def build(params: Dict[str, int], data_dir: str, log: Callable[[str], None]) -> 
                 log(f"  query data: {hi:,}/{n:,} samples written")
         timings["add_sample_rows"] = add_sample_rows
         timings["add_sample_s"] = round(add_sample_s, 2)
-        timings["add_sample_rows_per_s"] = round(add_sample_rows / add_sample_s) if add_sample_s else None
+        timings["add_sample_rows_per_s"] = (
+            round(add_sample_rows / add_sample_s) if add_sample_s else None
+        )
         timings["add_columns_rows_per_s"] = round(bulk_rows / bulk_s) if bulk_s else None
         timings["store_write_s"] = round(commit_s, 2)
         timings["store_write_rows_per_s"] = round(n / commit_s) if commit_s else None
@@ -245,35 +248,78 @@ def _queries(params: Dict[str, int], service: str) -> List[Dict[str, object]]:
     def merge(rng_ms: Tuple[int, int], codec: str) -> bytes:
         if codec == "json":
             return json.dumps(
-                {"profile_typeID": PROFILE_TYPE, "label_selector": sel,
-                 "start": str(rng_ms[0]), "end": str(rng_ms[1])}
+                {
+                    "profile_typeID": PROFILE_TYPE,
+                    "label_selector": sel,
+                    "start": str(rng_ms[0]),
+                    "end": str(rng_ms[1]),
+                }
             ).encode()
         return querier_pb2.SelectMergeStacktracesRequest(
             profile_typeID=PROFILE_TYPE, label_selector=sel, start=rng_ms[0], end=rng_ms[1]
         ).SerializeToString()
 
     return [
-        {"name": "SelectMergeStacktraces 1h JSON", "key": "merge_1h_json", "path": svc + "SelectMergeStacktraces",
-         "headers": json_h, "body": merge(h1, "json"), "check": "flamegraph_json"},
-        {"name": "SelectMergeStacktraces 1h proto", "key": "merge_1h_proto", "path": svc + "SelectMergeStacktraces",
-         "headers": proto_h, "body": merge(h1, "proto"), "check": "flamegraph_proto"},
-        {"name": "SelectMergeStacktraces 24h JSON", "key": "merge_24h_json", "path": svc + "SelectMergeStacktraces",
-         "headers": json_h, "body": merge(h24, "json"), "check": "flamegraph_json"},
-        {"name": "SelectMergeStacktraces 24h proto", "key": "merge_24h_proto", "path": svc + "SelectMergeStacktraces",
-         "headers": proto_h, "body": merge(h24, "proto"), "check": "flamegraph_proto"},
-        {"name": "SelectMergeStacktraces 24h JSON, Accept-Encoding: gzip", "key": "merge_24h_json_gzip",
-         "path": svc + "SelectMergeStacktraces", "headers": dict(json_h, **{"Accept-Encoding": "gzip"}),
-         "body": merge(h24, "json"), "check": "flamegraph_json"},
-        {"name": "SelectSeries 24h step 60s proto", "key": "series_24h_proto", "path": svc + "SelectSeries",
-         "headers": proto_h, "check": "series",
-         "body": querier_pb2.SelectSeriesRequest(
-             profile_typeID=PROFILE_TYPE, label_selector=sel, start=h24[0], end=h24[1], step=60.0
-         ).SerializeToString()},
-        {"name": "SelectMergeProfile 1h (pprof)", "key": "merge_profile_1h_proto", "path": svc + "SelectMergeProfile",
-         "headers": proto_h, "check": "pprof",
-         "body": querier_pb2.SelectMergeProfileRequest(
-             profile_typeID=PROFILE_TYPE, label_selector=sel, start=h1[0], end=h1[1]
-         ).SerializeToString()},
+        {
+            "name": "SelectMergeStacktraces 1h JSON",
+            "key": "merge_1h_json",
+            "path": svc + "SelectMergeStacktraces",
+            "headers": json_h,
+            "body": merge(h1, "json"),
+            "check": "flamegraph_json",
+        },
+        {
+            "name": "SelectMergeStacktraces 1h proto",
+            "key": "merge_1h_proto",
+            "path": svc + "SelectMergeStacktraces",
+            "headers": proto_h,
+            "body": merge(h1, "proto"),
+            "check": "flamegraph_proto",
+        },
+        {
+            "name": "SelectMergeStacktraces 24h JSON",
+            "key": "merge_24h_json",
+            "path": svc + "SelectMergeStacktraces",
+            "headers": json_h,
+            "body": merge(h24, "json"),
+            "check": "flamegraph_json",
+        },
+        {
+            "name": "SelectMergeStacktraces 24h proto",
+            "key": "merge_24h_proto",
+            "path": svc + "SelectMergeStacktraces",
+            "headers": proto_h,
+            "body": merge(h24, "proto"),
+            "check": "flamegraph_proto",
+        },
+        {
+            "name": "SelectMergeStacktraces 24h JSON, Accept-Encoding: gzip",
+            "key": "merge_24h_json_gzip",
+            "path": svc + "SelectMergeStacktraces",
+            "headers": dict(json_h, **{"Accept-Encoding": "gzip"}),
+            "body": merge(h24, "json"),
+            "check": "flamegraph_json",
+        },
+        {
+            "name": "SelectSeries 24h step 60s proto",
+            "key": "series_24h_proto",
+            "path": svc + "SelectSeries",
+            "headers": proto_h,
+            "check": "series",
+            "body": querier_pb2.SelectSeriesRequest(
+                profile_typeID=PROFILE_TYPE, label_selector=sel, start=h24[0], end=h24[1], step=60.0
+            ).SerializeToString(),
+        },
+        {
+            "name": "SelectMergeProfile 1h (pprof)",
+            "key": "merge_profile_1h_proto",
+            "path": svc + "SelectMergeProfile",
+            "headers": proto_h,
+            "check": "pprof",
+            "body": querier_pb2.SelectMergeProfileRequest(
+                profile_typeID=PROFILE_TYPE, label_selector=sel, start=h1[0], end=h1[1]
+            ).SerializeToString(),
+        },
     ]
 
 
@@ -284,12 +330,20 @@ def _check(kind: str, data: bytes, headers: Dict[str, str]) -> Dict[str, object]
         data = gzip.decompress(data)
     if kind == "flamegraph_json":
         fg = json.loads(data)["flamegraph"]
-        return {"total": int(fg["total"]), "names": len(fg["names"]), "levels": len(fg["levels"]),
-                "nodes": sum(len(lv.get("values", [])) // 4 for lv in fg["levels"])}
+        return {
+            "total": int(fg["total"]),
+            "names": len(fg["names"]),
+            "levels": len(fg["levels"]),
+            "nodes": sum(len(lv.get("values", [])) // 4 for lv in fg["levels"]),
+        }
     if kind == "flamegraph_proto":
         fg = querier_pb2.SelectMergeStacktracesResponse.FromString(data).flamegraph
-        return {"total": fg.total, "names": len(fg.names), "levels": len(fg.levels),
-                "nodes": sum(len(lv.values) // 4 for lv in fg.levels)}
+        return {
+            "total": fg.total,
+            "names": len(fg.names),
+            "levels": len(fg.levels),
+            "nodes": sum(len(lv.values) // 4 for lv in fg.levels),
+        }
     if kind == "series":
         resp = querier_pb2.SelectSeriesResponse.FromString(data)
         return {"series": len(resp.series), "points": sum(len(s.points) for s in resp.series)}
@@ -298,12 +352,18 @@ def _check(kind: str, data: bytes, headers: Dict[str, str]) -> Dict[str, object]
 
 
 def run_http(
-    params: Dict[str, int], data_dir: str, service: str, runs: int, warmups: int,
+    params: Dict[str, int],
+    data_dir: str,
+    service: str,
+    runs: int,
+    warmups: int,
     log: Callable[[str], None],
 ) -> Dict[str, object]:
     server = common.Server(data_dir).start()
-    out: Dict[str, object] = {"server_startup_s": round(server.startup_s, 2),
-                              "server_rss_after_start_mib": common.mib(server.memory().get("VmRSS", 0))}
+    out: Dict[str, object] = {
+        "server_startup_s": round(server.startup_s, 2),
+        "server_rss_after_start_mib": common.mib(server.memory().get("VmRSS", 0)),
+    }
     sampler = common.RssSampler(server.pid, 0.1)
     sampler.start()
     results = {}
@@ -324,10 +384,14 @@ def run_http(
                 elif i >= warmups:
                     times.append(dt)
             summary = common.latency_summary(times)
-            summary.update(first_ms=round(first * 1000, 2), response_bytes=size, result=check, name=q["name"])
+            summary.update(
+                first_ms=round(first * 1000, 2), response_bytes=size, result=check, name=q["name"]
+            )
             results[q["key"]] = summary
-            log(f"  {q['name']}: median {summary['median_ms']} ms, p90 {summary['p90_ms']} ms, "
-                f"first {summary['first_ms']} ms")
+            log(
+                f"  {q['name']}: median {summary['median_ms']} ms, p90 {summary['p90_ms']} ms, "
+                f"first {summary['first_ms']} ms"
+            )
         mem = server.memory()
         out["server_rss_end_mib"] = common.mib(mem.get("VmRSS", 0))
         out["server_peak_rss_mib"] = common.mib(max(mem.get("VmHWM", 0), sampler.stop()))
@@ -354,7 +418,9 @@ def _timed(fn: Callable, repeat: int) -> Tuple[object, float, float]:  # type: i
     return result, first, statistics.median(times) if times else first
 
 
-def breakdown(params: Dict[str, int], data_dir: str, service: str, repeat: int) -> Dict[str, object]:
+def breakdown(
+    params: Dict[str, int], data_dir: str, service: str, repeat: int
+) -> Dict[str, object]:
     """Where the 24 h SelectMergeStacktraces time goes, step by step, in this process."""
     from google.protobuf import json_format
 
@@ -381,19 +447,30 @@ def breakdown(params: Dict[str, int], data_dir: str, service: str, repeat: int) 
             where = SampleFilter(end_ns - hours * 3600 * 10**9, end_ns)
             steps: Dict[str, Dict[str, float]] = {}
             series, f, m = _timed(
-                lambda: engine.find_series(TENANT, [sel], where.start_ns, where.end_ns, ptype), repeat
+                lambda: engine.find_series(TENANT, [sel], where.start_ns, where.end_ns, ptype),
+                repeat,
             )
             steps["find_series"] = {"first_ms": ms(f), "median_ms": ms(m)}
             sids = [s.series_id for s in series]  # type: ignore[union-attr]
             values, f, m = _timed(lambda: store.stack_values(TENANT, sids, where), repeat)
             steps["sql_stack_values"] = {"first_ms": ms(f), "median_ms": ms(m)}
             _, f, m = _timed(lambda: engine.stacks.rows(values.stack_ids), repeat)  # type: ignore[union-attr]
-            steps["stack_table_rows (first: load stacks+frames from DuckDB)"] = {"first_ms": ms(f), "median_ms": ms(m)}
-            (matrix, lengths, known), f, m = _timed(lambda: engine._matrix(values.stack_ids), repeat)  # type: ignore[union-attr]  # noqa: SLF001
+            steps["stack_table_rows (first: load stacks+frames from DuckDB)"] = {
+                "first_ms": ms(f),
+                "median_ms": ms(m),
+            }
+            (matrix, lengths, known), f, m = _timed(
+                lambda: engine._matrix(values.stack_ids), repeat
+            )  # type: ignore[union-attr]  # noqa: SLF001
             steps["stack_matrix"] = {"first_ms": ms(f), "median_ms": ms(m)}
             graph, f, m = _timed(
-                lambda: flamegraph.build(matrix, lengths, values.values[known],  # type: ignore[union-attr]
-                                         engine.stacks.names, DEFAULT_MAX_NODES),
+                lambda: flamegraph.build(
+                    matrix,
+                    lengths,
+                    values.values[known],  # type: ignore[union-attr]
+                    engine.stacks.names,
+                    DEFAULT_MAX_NODES,
+                ),
                 repeat,
             )
             steps["flamegraph_build"] = {"first_ms": ms(f), "median_ms": ms(m)}
@@ -406,31 +483,57 @@ def breakdown(params: Dict[str, int], data_dir: str, service: str, repeat: int) 
             resp, f, m = _timed(message, repeat)
             steps["protobuf_message_build"] = {"first_ms": ms(f), "median_ms": ms(m)}
             text, f, m = _timed(
-                lambda: json_format.MessageToJson(resp, indent=None, preserving_proto_field_name=False),
+                lambda: json_format.MessageToJson(
+                    resp, indent=None, preserving_proto_field_name=False
+                ),
                 repeat,
             )
             steps["json_encode (MessageToJson)"] = {"first_ms": ms(f), "median_ms": ms(m)}
             blob, f, m = _timed(lambda: resp.SerializeToString(), repeat)  # type: ignore[union-attr]
             steps["proto_encode (SerializeToString)"] = {"first_ms": ms(f), "median_ms": ms(m)}
             _, f, m = _timed(lambda: gzip.compress(text.encode(), 9), max(1, repeat // 2))  # type: ignore[union-attr]
-            steps["gzip level 9 of the JSON (GZipMiddleware)"] = {"first_ms": ms(f), "median_ms": ms(m)}
+            steps["gzip level 9 of the JSON (Starlette default)"] = {
+                "first_ms": ms(f),
+                "median_ms": ms(m),
+            }
             _, f, m = _timed(lambda: gzip.compress(text.encode(), 1), max(1, repeat // 2))  # type: ignore[union-attr]
-            steps["gzip level 1 of the JSON (for comparison)"] = {"first_ms": ms(f), "median_ms": ms(m)}
-            pprof_msg, f, m = _timed(lambda: engine.pprof(ptype, values, where, None), max(1, repeat // 2))
-            steps["pprof_build (SelectMergeProfile, all stacks)"] = {"first_ms": ms(f), "median_ms": ms(m)}
+            steps["gzip level 1 of the JSON (what the server uses)"] = {
+                "first_ms": ms(f),
+                "median_ms": ms(m),
+            }
+            pprof_msg, f, m = _timed(
+                lambda: engine.pprof(ptype, values, where, None), max(1, repeat // 2)
+            )
+            steps["pprof_build (SelectMergeProfile, all stacks)"] = {
+                "first_ms": ms(f),
+                "median_ms": ms(m),
+            }
             series_q, f, m = _timed(
                 lambda: store.time_series(TENANT, sids, where, 60 * 10**9), max(1, repeat // 2)
             )
-            steps["sql_time_series step 60s (SelectSeries)"] = {"first_ms": ms(f), "median_ms": ms(m)}
+            steps["sql_time_series step 60s (SelectSeries)"] = {
+                "first_ms": ms(f),
+                "median_ms": ms(m),
+            }
             _, f, m = _timed(
-                lambda: engine.select_series(TENANT, ptype, sel, where, 60 * 10**9, []), max(1, repeat // 2)
+                lambda: engine.select_series(TENANT, ptype, sel, where, 60 * 10**9, []),
+                max(1, repeat // 2),
             )
-            steps["select_series total (SQL + Python grouping)"] = {"first_ms": ms(f), "median_ms": ms(m)}
+            steps["select_series total (SQL + Python grouping)"] = {
+                "first_ms": ms(f),
+                "median_ms": ms(m),
+            }
             json_path = sum(
                 steps[k]["median_ms"]
-                for k in ("find_series", "sql_stack_values", "stack_table_rows (first: load stacks+frames from DuckDB)",
-                          "stack_matrix", "flamegraph_build", "protobuf_message_build",
-                          "json_encode (MessageToJson)")
+                for k in (
+                    "find_series",
+                    "sql_stack_values",
+                    "stack_table_rows (first: load stacks+frames from DuckDB)",
+                    "stack_matrix",
+                    "flamegraph_build",
+                    "protobuf_message_build",
+                    "json_encode (MessageToJson)",
+                )
             )
             info = {
                 "series": len(sids),
@@ -443,7 +546,9 @@ def breakdown(params: Dict[str, int], data_dir: str, service: str, repeat: int) 
                 "warm_json_path_sum_ms": round(json_path, 2),
             }
             out[label] = {"info": info, "steps": steps}
-        out["sql_variants_24h"] = _sql_variants(store, params, sids_for(store, engine, sel, ptype, params), repeat)
+        out["sql_variants_24h"] = _sql_variants(
+            store, params, sids_for(store, engine, sel, ptype, params), repeat
+        )
     finally:
         store.close()
     return out
@@ -459,21 +564,26 @@ def _sql_variants(store, params, sids, repeat):  # type: ignore[no-untyped-def]
     con = store._cursor()  # noqa: SLF001
     end_ns = params["end_s"] * 10**9
     start_ns = end_ns - params["hours"] * 3600 * 10**9
+    from hotspan.store.base import SampleFilter
+
+    cond, shipped_args = store._sample_where(TENANT, sids, SampleFilter(start_ns, end_ns))  # noqa: SLF001
+    tid = shipped_args[0]
     variants = {
-        "as shipped (tenant = ? AND series_id IN (SELECT unnest(?)) AND ts range)": (
-            "SELECT stack_id, sum(value)::BIGINT FROM samples WHERE tenant = ? AND series_id IN "
-            "(SELECT unnest(?::BIGINT[])) AND ts >= ? AND ts < ? GROUP BY stack_id",
-            [TENANT, sids, start_ns, end_ns],
+        "as shipped (the store's own WHERE clause)": (
+            f"SELECT stack_id, sum(value)::BIGINT FROM samples WHERE {cond} GROUP BY stack_id",
+            shipped_args,
         ),
         "series_id = ANY(?) instead of IN (SELECT unnest)": (
-            "SELECT stack_id, sum(value)::BIGINT FROM samples WHERE tenant = ? AND "
+            "SELECT stack_id, sum(value)::BIGINT FROM samples WHERE tenant_id = ? AND "
             "series_id = ANY(?::BIGINT[]) AND ts >= ? AND ts < ? GROUP BY stack_id",
-            [TENANT, sids, start_ns, end_ns],
+            [tid, sids, start_ns, end_ns],
         ),
         "inlined literal IN list": (
-            "SELECT stack_id, sum(value)::BIGINT FROM samples WHERE tenant = ? AND series_id IN ("
-            + ",".join(str(int(s)) for s in sids) + ") AND ts >= ? AND ts < ? GROUP BY stack_id",
-            [TENANT, start_ns, end_ns],
+            "SELECT stack_id, sum(value)::BIGINT FROM samples "
+            "WHERE tenant_id = ? AND series_id IN ("
+            + ",".join(str(int(s)) for s in sids)
+            + ") AND ts >= ? AND ts < ? GROUP BY stack_id",
+            [tid, start_ns, end_ns],
         ),
         "without the tenant predicate": (
             "SELECT stack_id, sum(value)::BIGINT FROM samples WHERE series_id IN "
@@ -493,7 +603,9 @@ def _sql_variants(store, params, sids, repeat):  # type: ignore[no-untyped-def]
     return out
 
 
-def run(quick: bool = False, log: Callable[[str], None] = print, rebuild: bool = False) -> Dict[str, object]:
+def run(
+    quick: bool = False, log: Callable[[str], None] = print, rebuild: bool = False
+) -> Dict[str, object]:
     params = QUICK if quick else FULL
     data_dir, build_timings, reused = ensure_data(params, log, rebuild)
     service = "svc-07"
@@ -520,4 +632,8 @@ def run(quick: bool = False, log: Callable[[str], None] = print, rebuild: bool =
 
 
 if __name__ == "__main__":
-    print(json.dumps(run(quick="--quick" in sys.argv, log=lambda s: print(s, file=sys.stderr)), indent=2))
+    print(
+        json.dumps(
+            run(quick="--quick" in sys.argv, log=lambda s: print(s, file=sys.stderr)), indent=2
+        )
+    )

@@ -74,12 +74,13 @@ def markdown(report: Dict[str, object]) -> str:
             f"a quarter with a few different stacks. {p['concurrency']} keep-alive connections "
             f"with one request in flight each, from a separate process; "
             f"{p['warmup_s']} s warm-up, then {p['duration_s']} s measured. "
-            f"\"samples\" = pprof sample rows stored (one per stack per upload); "
-            f"\"ticks\" = 10 ms CPU samples they represent."
+            f'"samples" = pprof sample rows stored (one per stack per upload); '
+            f'"ticks" = 10 ms CPU samples they represent.'
         )
         add("")
         add(
-            "| endpoint | uploads/s | samples/s | ticks/s | p50 ms | p99 ms | errors | server CPU/wall "
+            "| endpoint | uploads/s | samples/s | ticks/s | p50 ms | p99 ms | errors "
+            "| server CPU/wall "
             "| main thread CPU | other threads CPU | server peak RSS | target 1,000/s |"
         )
         add("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
@@ -93,7 +94,10 @@ def markdown(report: Dict[str, object]) -> str:
                 "ready": "`GET /ready` (HTTP stack only, baseline)",
             }[r["endpoint"]]
             # Acknowledged uploads that are not on disk would make any rate meaningless.
-            stored_ok = r.get("stored", {}).get("sample_rows", 0) >= 0.99 * r["samples_per_s"] * ing["params"]["duration_s"]  # type: ignore[index]
+            stored_ok = (
+                r.get("stored", {}).get("sample_rows", 0)
+                >= 0.99 * r["samples_per_s"] * ing["params"]["duration_s"]
+            )  # type: ignore[index]
             target = (
                 ""
                 if r["endpoint"] == "ready"
@@ -116,7 +120,8 @@ def markdown(report: Dict[str, object]) -> str:
         for r in ing["runs"]:  # type: ignore[index]
             s = r.get("stored", {})
             add(
-                f"- {r['endpoint']}: {s.get('sample_rows', 0):,} sample rows, {s.get('series')} series, "
+                f"- {r['endpoint']}: {s.get('sample_rows', 0):,} sample rows, "
+                f"{s.get('series')} series, "
                 f"{s.get('stacks'):,} stacks, {s.get('frames'):,} frames on disk after shutdown "
                 f"({s.get('data_dir_mib')} MiB); load generator used {r['loadgen_cpu_s']} CPU s."
             )
@@ -134,8 +139,10 @@ def markdown(report: Dict[str, object]) -> str:
             for k, v in per.items():
                 label = {
                     "to_batch": "`pprof.to_batch` (frames, stacks, samples into IngestBatch)",
-                    "commit_first_pass": f"store commit, {bd['commit_group']} uploads per transaction, new stacks",
-                    "commit_steady": f"store commit, {bd['commit_group']} uploads per transaction, known stacks",
+                    "commit_first_pass": f"store commit, {bd['commit_group']} uploads per "
+                    "transaction, new stacks",
+                    "commit_steady": f"store commit, {bd['commit_group']} uploads per "
+                    "transaction, known stacks",
                 }.get(k, k)
                 add(f"| {label} | {v} |")
             add("")
@@ -159,7 +166,8 @@ def markdown(report: Dict[str, object]) -> str:
             f"{p['min_depth']}-{p['max_depth']} frames deep over {p['frames']:,} frames, "
             f"{p['hours']} h at a {p['interval_s']} s upload interval; each service draws from "
             f"{p['stacks_per_service']:,} stacks (Zipf). Written through `DuckDBStore.write` "
-            f"({'reused from cache' if q['data_reused'] else 'built in this run'}: {q['data_dir']}, "
+            f"({'reused from cache' if q['data_reused'] else 'built in this run'}: "
+            f"{q['data_dir']}, "
             f"{b.get('data_dir_mib')} MiB)."
         )
         add("")
@@ -167,17 +175,20 @@ def markdown(report: Dict[str, object]) -> str:
             f"Build: stacks generated in {b.get('generate_stacks_s')} s; `IngestBatch.add_sample` "
             f"{_fmt(b.get('add_sample_rows_per_s'))} rows/s (timed on "
             f"{_fmt(b.get('add_sample_rows'))} rows; `add_columns`: "
-            + (f"{_fmt(b.get('add_columns_rows_per_s'))} rows/s" if b.get('add_columns_rows_per_s')
-               else "not in this version of the model")
+            + (
+                f"{_fmt(b.get('add_columns_rows_per_s'))} rows/s"
+                if b.get("add_columns_rows_per_s")
+                else "not in this version of the model"
+            )
             + "); `store.write(...).result()` "
             f"{_fmt(b.get('store_write_rows_per_s'))} rows/s ({b.get('store_write_s')} s for all); "
             f"total {b.get('total_build_s')} s."
         )
         add("")
         add(
-            f"Queries over HTTP for `{{service_name=\"{q['service']}\"}}` "
+            f'Queries over HTTP for `{{service_name="{q["service"]}"}}` '
             f"({p['label_sets_per_service']} series), {q['runs']} timed runs after "
-            f"{q['warmups']} warm-ups (the first warm-up reported as \"first\"; it runs right after "
+            f'{q["warmups"]} warm-ups (the first warm-up reported as "first"; it runs right after '
             f"server start, so the first query of all also loads the stack table). Server started "
             f"in {h['server_startup_s']} s with {h['server_rss_after_start_mib']} MiB RSS; "
             f"peak RSS {h['server_peak_rss_mib']} MiB."
@@ -214,7 +225,8 @@ def markdown(report: Dict[str, object]) -> str:
             add(
                 f"{info['series']} series, {info['distinct_stacks']:,} distinct stacks "
                 f"(matrix {info['stack_matrix_shape'][0]:,} x {info['stack_matrix_shape'][1]}), "
-                f"{info['flamegraph_nodes']:,} flame graph nodes, JSON {info['json_bytes']:,} bytes, "
+                f"{info['flamegraph_nodes']:,} flame graph nodes, "
+                f"JSON {info['json_bytes']:,} bytes, "
                 f"proto {info['proto_bytes']:,} bytes. Sum of the JSON path's warm steps: "
                 f"{info['warm_json_path_sum_ms']} ms."
             )
@@ -238,7 +250,9 @@ def markdown(report: Dict[str, object]) -> str:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--quick", action="store_true", help="small, fast version")
     parser.add_argument("--only", choices=["ingest", "query"], help="run one benchmark")
     parser.add_argument("--concurrency", type=int, default=32, help="in-flight ingest requests")
@@ -260,8 +274,11 @@ def main() -> int:
         log("ingest benchmark ...")
         report["ingest"] = ingest.run(quick=args.quick, concurrency=args.concurrency)
         for r in report["ingest"]["runs"]:  # type: ignore[index]
-            log(f"  {r['endpoint']}: {r['uploads_per_s']} uploads/s, {r['samples_per_s']:,} samples/s, "
-                f"peak RSS {r['server_peak_rss_mib']} MiB, errors {r['errors']}")
+            log(
+                f"  {r['endpoint']}: {r['uploads_per_s']} uploads/s, "
+                f"{r['samples_per_s']:,} samples/s, "
+                f"peak RSS {r['server_peak_rss_mib']} MiB, errors {r['errors']}"
+            )
     if args.only in (None, "query"):
         import query
 
