@@ -9,7 +9,7 @@ and every other sample label becomes a series label.
 from __future__ import annotations
 
 import re
-from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple
 
 import numpy as np
 
@@ -24,7 +24,6 @@ from hotspan.model.profile import (
     ProfileType,
     SampleColumns,
     StackChunk,
-    _BoundedCache,
     span_id_to_int,
 )
 
@@ -35,8 +34,6 @@ TRACE_LABEL = "trace_id"
 _HEX16 = re.compile(r"[0-9a-fA-F]{16}")
 _HEX32 = re.compile(r"[0-9a-fA-F]{32}")
 _BAD_LABEL_CHARS = re.compile(r"[^a-zA-Z0-9_.]")
-# Frames by id: decoding names once per process, not once per upload.
-_FRAMES = _BoundedCache(1_000_000)
 
 
 def parse(data: bytes, max_size: int) -> DecodedProfile:
@@ -138,7 +135,7 @@ def to_batch(
     if ts < 365 * 86400 * 10**9:
         ts = default_ts_ns
 
-    _add_frames(profile, text, batch)
+    batch.frame_sources.append(_frame_source(profile, text))
     n = len(profile.stack)
     if n == 0:
         return 0
@@ -177,27 +174,29 @@ def to_batch(
     return added
 
 
-def _add_frames(profile: DecodedProfile, text: _Text, batch: IngestBatch) -> None:
-    seen = batch.frames
-    for fid, name, file, line in zip(
-        profile.frame_id.tolist(),
-        profile.frame_name.tolist(),
-        profile.frame_file.tolist(),
-        profile.frame_line.tolist(),
-    ):
-        if fid in seen:
-            continue
-        frame = _FRAMES.get(fid)
-        if frame is None:
+def _frame_source(profile: DecodedProfile, text: _Text):  # type: ignore[no-untyped-def]
+    """Names the profile's frames on demand (the store asks only for unseen stacks' frames)."""
+
+    def frames(wanted: Set[int]) -> Dict[int, Frame]:
+        out: Dict[int, Frame] = {}
+        for fid, name, file, line in zip(
+            profile.frame_id.tolist(),
+            profile.frame_name.tolist(),
+            profile.frame_file.tolist(),
+            profile.frame_line.tolist(),
+        ):
+            if fid not in wanted or fid in out:
+                continue
             if name < 0:
                 # Unsymbolized: the address (in ``line``) is all there is; the binary helps.
                 binary = text(file)
                 address = f"0x{line & 0xFFFFFFFFFFFFFFFF:x}"
-                frame = Frame(f"{binary} {address}" if binary else address)
+                out[fid] = Frame(f"{binary} {address}" if binary else address)
             else:
-                frame = Frame(text(name) or "unknown", text(file), line)
-            _FRAMES.remember(fid, frame)
-        seen[fid] = frame
+                out[fid] = Frame(text(name) or "unknown", text(file), line)
+        return out
+
+    return frames
 
 
 def _apply_labels(

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
-from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Set, Tuple
 
 import numpy as np
 
@@ -135,6 +135,9 @@ class IngestBatch:
 
     series: Dict[int, SeriesInfo] = field(default_factory=dict)
     frames: Dict[int, Frame] = field(default_factory=dict)
+    # Frames a format can name on demand (``wanted ids -> frames``): the store asks only for
+    # the frames of stacks it has not stored yet, so known stacks cost no string work.
+    frame_sources: List[Callable[[Set[int]], Dict[int, Frame]]] = field(default_factory=list)
     stacks: Dict[int, Tuple[int, ...]] = field(default_factory=dict)
     stack_chunks: List[StackChunk] = field(default_factory=list)
     _rows: List[tuple] = field(default_factory=list)
@@ -213,7 +216,17 @@ class IngestBatch:
             return parts[0]
         return SampleColumns(*(np.concatenate(col) for col in zip(*parts)))
 
-    def new_stacks(self, known: set[int]) -> Dict[int, Tuple[int, ...]]:
+    def frames_for(self, wanted: Set[int]) -> Dict[int, Frame]:
+        """The frames among ``wanted`` that this batch can name."""
+        out = {fid: self.frames[fid] for fid in wanted if fid in self.frames}
+        for source in self.frame_sources:
+            missing = wanted - out.keys()
+            if not missing:
+                break
+            out.update(source(missing))
+        return out
+
+    def new_stacks(self, known: Set[int]) -> Dict[int, Tuple[int, ...]]:
         """Stacks of this batch whose id is not in ``known``."""
         out = {sid: frames for sid, frames in self.stacks.items() if sid not in known}
         for chunk in self.stack_chunks:

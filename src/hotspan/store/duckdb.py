@@ -96,11 +96,15 @@ class DuckDBStore(Store):
         tenants: List[str] = []
         columns: List[SampleColumns] = []
         for tenant, batch in pending:
-            for fid, frame in batch.frames.items():
-                if fid not in self._known_frames:
-                    frames[fid] = frame
-            for sid, frame_ids in batch.new_stacks(self._known_stacks).items():
-                stacks.setdefault(sid, frame_ids)
+            new = batch.new_stacks(self._known_stacks)
+            if new:
+                wanted = {f for ids in new.values() for f in ids}
+                wanted -= self._known_frames
+                wanted -= frames.keys()
+                if wanted:
+                    frames.update(batch.frames_for(wanted))
+                for sid, frame_ids in new.items():
+                    stacks.setdefault(sid, frame_ids)
             cols = batch.columns()
             if len(cols.value):
                 self._series_bounds(tenant, batch, cols, series_rows)
