@@ -88,22 +88,21 @@ def flamegraph(
     return r.json().get("flamegraph", {})
 
 
-def function_totals(graph: dict) -> Dict[str, int]:
-    """Total value per function name (summed over the nodes where it appears)."""
+def _per_function(graph: dict, column: int) -> Dict[str, int]:
+    """Sum of one node column (1: total, 2: self) per function name, over all its nodes."""
     names = graph.get("names", [])
     out: Dict[str, int] = {}
     for level in graph.get("levels", [])[1:]:
         values = [int(v) for v in level.get("values", [])]
         for i in range(0, len(values), 4):
-            out[names[values[i + 3]]] = out.get(names[values[i + 3]], 0) + values[i + 1]
+            name = names[values[i + 3]]
+            out[name] = out.get(name, 0) + values[i + column]
     return out
+
+
+def function_totals(graph: dict) -> Dict[str, int]:
+    return _per_function(graph, 1)
 
 
 def self_totals(graph: dict) -> Dict[str, int]:
-    names = graph.get("names", [])
-    out: Dict[str, int] = {}
-    for level in graph.get("levels", [])[1:]:
-        values = [int(v) for v in level.get("values", [])]
-        for i in range(0, len(values), 4):
-            out[names[values[i + 3]]] = out.get(names[values[i + 3]], 0) + values[i + 2]
-    return out
+    return _per_function(graph, 2)

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import threading
+from typing import Iterator
 
 import httpx
 
@@ -33,24 +35,33 @@ def _total(srv) -> int:  # type: ignore[no-untyped-def]
         return function_totals(graph).get("main", 0)
 
 
-def test_kill_9_loses_nothing_acknowledged(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    data = tmp_path / "data"
-    srv = start_server(data)
+@contextlib.contextmanager
+def pushing(url: str, until_acked: int) -> Iterator[list]:
+    """Four clients pushing until the block ends; entered once ``until_acked`` pushes got 200."""
     stop = threading.Event()
     acked: list = []
     writers = [
-        threading.Thread(target=_push_until_stopped, args=(srv.url, stop, acked, str(i)))
+        threading.Thread(target=_push_until_stopped, args=(url, stop, acked, str(i)))
         for i in range(4)
     ]
     for w in writers:
         w.start()
-    while len(acked) < 200:
-        threading.Event().wait(0.02)
-    srv.process.send_signal(signal.SIGKILL)  # while pushes are in flight
-    srv.process.wait(timeout=10)
-    stop.set()
-    for w in writers:
-        w.join()
+    try:
+        while len(acked) < until_acked:
+            threading.Event().wait(0.02)
+        yield acked
+    finally:
+        stop.set()
+        for w in writers:
+            w.join()
+
+
+def test_kill_9_loses_nothing_acknowledged(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    data = tmp_path / "data"
+    srv = start_server(data)
+    with pushing(srv.url, 200) as acked:
+        srv.process.send_signal(signal.SIGKILL)  # while pushes are in flight
+        srv.process.wait(timeout=10)
     srv.process.stdout.close()
 
     again = start_server(data)  # the store opens again after the crash
@@ -67,20 +78,8 @@ def test_kill_9_loses_nothing_acknowledged(tmp_path) -> None:  # type: ignore[no
 def test_sigterm_finishes_accepted_pushes_and_exits_zero(tmp_path) -> None:  # type: ignore[no-untyped-def]
     data = tmp_path / "data"
     srv = start_server(data)
-    stop = threading.Event()
-    acked: list = []
-    writers = [
-        threading.Thread(target=_push_until_stopped, args=(srv.url, stop, acked, str(i)))
-        for i in range(4)
-    ]
-    for w in writers:
-        w.start()
-    while len(acked) < 100:
-        threading.Event().wait(0.02)
-    code = srv.stop(signal.SIGTERM)
-    stop.set()
-    for w in writers:
-        w.join()
+    with pushing(srv.url, 100) as acked:
+        code = srv.stop(signal.SIGTERM)
     assert code == 0
     srv.process.stdout.close()
     again = start_server(data)

@@ -18,6 +18,8 @@ from hotspan import __version__
 from hotspan.query.engine import QueryEngine
 from hotspan.server import ingest, querier, render
 from hotspan.server.config import ServerConfig
+from hotspan.server.errors import HTTPError
+from hotspan.server.request import check_token, tenant_of
 from hotspan.server.state import ServerState
 from hotspan.store import open_store
 from hotspan.store.base import Store
@@ -32,7 +34,12 @@ async def ready(request: Request) -> Response:
 async def index(request: Request) -> Response:
     """A plain overview of what the server holds, with the endpoints to send data to."""
     state: ServerState = request.app.state.hotspan
-    tenant = state.config.default_tenant
+    try:
+        # It lists service names: the same guard as the query API.
+        check_token(request, state.config.query_tokens)
+        tenant = tenant_of(request, state.config)
+    except HTTPError as exc:
+        return PlainTextResponse(exc.message + "\n", status_code=exc.status)
     services = sorted({rec.labels.get("service_name", "") for rec in state.store.series(tenant)})
     items = "".join(f"<li>{html.escape(s)}</li>" for s in services if s) or (
         "<li>no profiles yet: point an agent or a Pyroscope SDK at this address</li>"
