@@ -37,7 +37,8 @@ class RunningServer:
     data_dir: Path
 
     def client(self, **kwargs) -> httpx.Client:  # type: ignore[no-untyped-def]
-        return httpx.Client(base_url=self.url, timeout=30, **kwargs)
+        kwargs.setdefault("timeout", 30)
+        return httpx.Client(base_url=self.url, **kwargs)
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 30) -> int:
         if self.process.poll() is None:

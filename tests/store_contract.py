@@ -96,19 +96,27 @@ class StoreContract:
         traced = store.stack_values("t", [sid], SampleFilter(0, 100 * SEC, trace_ids=[trace]))
         assert sorted(traced.values.tolist()) == [1, 2]
 
-    def test_time_series_buckets(self, store: Store) -> None:
+    def test_time_series_points_cover_the_step_before_them(self, store: Store) -> None:
+        # As in Pyroscope, the point at T holds (T - step, T].
         batch, sid = batch_of(
             [
                 (0, ["a"], 1, 0, None),
                 (5, ["a"], 2, 0, None),
+                (5, ["b"], 16, 0, None),
                 (10, ["a"], 4, 0, None),
                 (25, ["b"], 8, 0, None),
             ]
         )
         store.write("t", batch).result(timeout=30)
-        sids, buckets, sums = store.time_series("t", [sid], SampleFilter(0, 30 * SEC), 10 * SEC)
+        sids, points, sums, profiles = store.time_series(
+            "t", [sid], SampleFilter(0, 30 * SEC), 10 * SEC
+        )
         assert set(sids.tolist()) == {sid}
-        assert dict(zip((buckets // SEC).tolist(), sums.tolist())) == {0: 3, 10: 4, 20: 8}
+        got = {
+            p: (s, n) for p, s, n in zip((points // SEC).tolist(), sums.tolist(), profiles.tolist())
+        }
+        # Point 10 holds t=5 (two samples of one profile) and t=10: two profiles.
+        assert got == {0: (1, 1), 10: (22, 2), 30: (8, 1)}
 
     def test_same_stack_written_twice_is_stored_once(self, store: Store) -> None:
         b1, sid = batch_of([(10, ["m", "f"], 1, 0, None)])

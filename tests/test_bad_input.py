@@ -207,3 +207,146 @@ def test_invalid_utf8_names_are_repaired(srv) -> None:  # type: ignore[no-untype
         graph = flamegraph(c, '{service_name="utf8"}', T0 - 10, T0 + 10)
         assert "bad\ufffd\ufffdname" in graph["names"]
     _still_intact(srv)
+
+
+def test_pathological_regex_does_not_stall_the_server(srv) -> None:  # type: ignore[no-untyped-def]
+    # Backtracking engines take exponential time on this; RE2 (as Prometheus) is linear.
+    evil = '{__profile_type__=~"(.*)*(.*)*(.*)*(.*)*z"}'
+    with srv.client(timeout=10) as c:
+        r = c.post(
+            f"{QUERIER}/LabelNames",
+            json={"matchers": [evil], "start": (T0 - 10) * 1000, "end": (T0 + 10) * 1000},
+        )
+        assert r.status_code == 200 and r.json() == {}
+    _still_intact(srv)
+
+
+def test_colon_in_a_sample_type_is_sanitised(server) -> None:  # type: ignore[no-untyped-def]
+    colon_type = "process_cpu:cpu_evil:nanoseconds:cpu:nanoseconds"
+    body = make_pprof(
+        [(["colon_fn", "main"], 7, {})], sample_type=("cpu:evil", "nanoseconds"), time_ns=T0 * 10**9
+    )
+    with server.client() as c:
+        assert ingest_pprof(c, "victim{}", GOOD, T0).status_code == 200
+        assert ingest_pprof(c, "colon{}", body, T0).status_code == 200
+        graph = flamegraph(c, '{service_name="colon"}', T0 - 10, T0 + 10, profile_type=colon_type)
+        assert function_totals(graph)["colon_fn"] == 7
+    # The store opens again and reads every series back.
+    assert server.stop() == 0
+    again = start_server(server.data_dir)
+    try:
+        _still_intact(again)
+        with again.client() as c:
+            graph = flamegraph(
+                c, '{service_name="colon"}', T0 - 10, T0 + 10, profile_type=colon_type
+            )
+            assert function_totals(graph)["colon_fn"] == 7
+    finally:
+        again.stop()
+
+
+def test_deep_stacks_are_cut_at_1000_frames(srv) -> None:  # type: ignore[no-untyped-def]
+    deep = ";".join(f"f{i}" for i in range(5000))
+    with srv.client() as c:
+        r = c.post(
+            "/ingest",
+            params={"name": "deep.cpu", "from": str(T0), "format": "folded"},
+            content=f"{deep} 3\n".encode(),
+        )
+        assert r.status_code == 200, r.text
+        graph = flamegraph(c, '{service_name="deep"}', T0 - 10, T0 + 10)
+        assert len(graph["levels"]) == 1 + 1000  # root + the 1,000 root-most frames
+        assert "f999" in graph["names"] and "f1000" not in graph["names"]
+    _still_intact(srv)
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["folded inf", "folded huge", "speedscope nan", "speedscope bad frame", "pprof negative"],
+)
+def test_out_of_range_values_are_refused(srv, case: str) -> None:  # type: ignore[no-untyped-def]
+    params = {"name": "victim.cpu", "from": str(T0)}
+    doc = (
+        '{"shared": {"frames": [{"name": "a"}]}, "profiles": [{"type": "sampled", "unit": "none", '
+    )
+    body = {
+        "folded inf": b"a;b inf\n",
+        "folded huge": b"a;b 100000000000000000\n",
+        "speedscope nan": (doc + '"samples": [[0]], "weights": [NaN]}]}').encode(),
+        "speedscope bad frame": (doc + '"samples": [[-1]], "weights": [1]}]}').encode(),
+        "pprof negative": make_pprof([(["neg"], -5, {})]),
+    }[case]
+    params["format"] = {
+        "speedscope nan": "speedscope",
+        "speedscope bad frame": "speedscope",
+        "pprof negative": "pprof",
+    }.get(case, "folded")
+    with srv.client() as c:
+        r = c.post("/ingest", params=params, content=body)
+    assert r.status_code == 400, (case, r.text)
+    _still_intact(srv)
+
+
+def test_bad_numbers_in_queries(srv) -> None:  # type: ignore[no-untyped-def]
+    with srv.client() as c:
+        for step in ("NaN", "Infinity"):
+            r = c.post(
+                f"{QUERIER}/SelectSeries",
+                json={
+                    "profileTypeID": "a:b:c:d:e",
+                    "labelSelector": "{}",
+                    "step": step,
+                    "start": "0",
+                    "end": "1000",
+                },
+            )
+            assert r.status_code == 400, r.text
+        r = c.post(
+            f"{QUERIER}/SelectMergeStacktraces",
+            json={
+                "profileTypeID": "a:b:c:d:e",
+                "labelSelector": "{}",
+                "start": "0",
+                "end": "9000000000000000000",
+            },
+        )
+        assert r.status_code == 400
+        for bad in ({"until": "9999999999999999999"}, {"from": "now-99999999999w"}):
+            r = c.get("/pyroscope/render", params={"query": "victim.cpu{}", **bad})
+            assert r.status_code == 400, (bad, r.text)
+        r = c.post(
+            "/ingest",
+            params={"name": "victim.cpu", "from": "9999999999999999999"},
+            content=b"a;b 1\n",
+        )
+        assert r.status_code == 400
+    _still_intact(srv)
+
+
+def test_push_decompression_budget_is_per_request(srv) -> None:  # type: ignore[no-untyped-def]
+    from hotspan.formats.proto import push_pb2, types_pb2
+
+    # Each profile expands to 100 MiB; the 128 MiB budget covers one, not two.
+    padding = 100 * 1024 * 1024  # a valid profile with a 100 MiB unknown field (skipped)
+    varint = bytearray()
+    n = padding
+    while True:
+        varint.append((n & 0x7F) | (0x80 if n > 0x7F else 0))
+        n >>= 7
+        if not n:
+            break
+    padded = valid_raw + b"\xa2\x06" + bytes(varint) + b"\0" * padding  # field 100, bytes
+    bomb = gzip.compress(padded)
+    req = push_pb2.PushRequest()
+    series = req.series.add()
+    series.labels.append(types_pb2.LabelPair(name="service_name", value="victim"))
+    for _ in range(2):
+        series.samples.add(raw_profile=bomb)
+    with srv.client() as c:
+        r = c.post(
+            "/push.v1.PusherService/Push",
+            content=req.SerializeToString(),
+            headers={"content-type": "application/proto"},
+        )
+    assert r.status_code == 400 and "limit" in r.json()["message"]
+    _still_intact(srv)

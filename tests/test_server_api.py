@@ -171,6 +171,20 @@ def test_connect_proto_codec_select_series_and_diff(server) -> None:  # type: ig
         )
         assert r.status_code == 200 and r.headers["content-type"] == "application/proto"
         resp = querier_pb2.SelectSeriesResponse.FromString(r.content)
+        # AVERAGE divides by the number of profiles (uploads) in the step, as Pyroscope does.
+        avg = req.__class__()
+        avg.CopyFrom(req)
+        avg.start, avg.step, avg.aggregation = (T0 - 1) * 1000, 30, 1
+        r2 = c.post(
+            f"{QUERIER}/SelectSeries",
+            content=avg.SerializeToString(),
+            headers={"content-type": "application/proto"},
+        )
+        averaged = querier_pb2.SelectSeriesResponse.FromString(r2.content)
+        assert {s.labels[0].value: [p.value for p in s.points] for s in averaged.series} == {
+            "v1": [100.0],
+            "v2": [100.0],
+        }
         by_version = {
             s.labels[0].value: [(p.timestamp, p.value) for p in s.points] for s in resp.series
         }
@@ -340,9 +354,16 @@ def test_max_nodes_limits_the_flame_graph(server) -> None:  # type: ignore[no-un
             ingest_pprof(c, "wide{}", make_pprof(samples, time_ns=T0 * 10**9), T0).status_code
             == 200
         )
-        r = c.post(f"{QUERIER}/SelectMergeStacktraces", headers={"accept-encoding": "gzip"},
-                   json={"profileTypeID": CPU, "labelSelector": "{}", "start": (T0 - 10) * 1000,
-                         "end": (T0 + 10) * 1000})
+        r = c.post(
+            f"{QUERIER}/SelectMergeStacktraces",
+            headers={"accept-encoding": "gzip"},
+            json={
+                "profileTypeID": CPU,
+                "labelSelector": "{}",
+                "start": (T0 - 10) * 1000,
+                "end": (T0 + 10) * 1000,
+            },
+        )
         assert r.headers.get("content-encoding") == "gzip"  # large query answers are compressed
         assert len(r.json()["flamegraph"]["names"]) == 302
         graph = flamegraph(c, "{}", T0 - 10, T0 + 10, maxNodes=10)

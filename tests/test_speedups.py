@@ -39,8 +39,11 @@ def _samples():  # type: ignore[no-untyped-def]
     out = [
         make_pprof(
             [
-                ([f"m{rng.randrange(30)}.f" for _ in range(rng.randint(1, 12))], rng.randint(1, 9),
-                 {"span_id": f"{rng.getrandbits(64):016x}"} if i % 2 else {"thread": "main"})
+                (
+                    [f"m{rng.randrange(30)}.f" for _ in range(rng.randint(1, 12))],
+                    rng.randint(1, 9),
+                    {"span_id": f"{rng.getrandbits(64):016x}"} if i % 2 else {"thread": "main"},
+                )
                 for i in range(50)
             ],
             compress=False,
@@ -121,6 +124,35 @@ def test_mutated_input_raises_cleanly_in_both() -> None:
     assert outcomes["error"] > 100 and outcomes["ok"] > 100
 
 
+def test_unknown_and_mistyped_fields_are_skipped_like_upb() -> None:
+    raw = _samples()[0]
+    extras = {
+        "time_nanos as bytes": b"\x4a\x02ab",  # field 9, wire type 2 instead of varint
+        "group": b"\xa3\x06\x08\x01\xa4\x06",  # field 100: start group, varint, end group
+        "fixed32": b"\xa5\x06abcd",
+        "fixed64": b"\xa1\x06abcdefgh",
+    }
+    for extra in extras.values():
+        _equal(pprof_decode.decode(raw + extra), pprof_decode.decode_python(raw + extra))
+    # Field numbers past 2^29 - 1 are invalid in both.
+    for bad in (b"\x80\x80\x80\x80\x10\x00", b"\x80\x80\x80\x80\x80\x80\x80\x01\x00"):
+        with pytest.raises(FormatError):
+            pprof_decode.decode(raw + bad)
+        with pytest.raises(FormatError):
+            pprof_decode.decode_python(raw + bad)
+
+
+def test_depth_and_frame_limits_agree() -> None:
+    deep = make_pprof([([f"f{i}" for i in range(50)], 1, {})], compress=False)
+    fast_result = pprof_decode.decode(deep, max_depth=10)
+    _equal(fast_result, pprof_decode.decode_python(deep, max_depth=10))
+    assert fast_result.frame_off.tolist() == [0, 10]
+    with pytest.raises(FormatError, match="too many frames"):
+        pprof_decode.decode(deep, max_frames=20)
+    with pytest.raises(FormatError, match="too many frames"):
+        pprof_decode.decode_python(deep, max_frames=20)
+
+
 def test_truncated_everywhere() -> None:
     raw = _samples()[0]
     rejected = 0
@@ -133,4 +165,3 @@ def test_truncated_everywhere() -> None:
         # A cut on a field boundary is a valid, smaller profile: both paths must agree on it.
         _equal(got, pprof_decode.decode_python(raw[:cut]))
     assert rejected > 300
-

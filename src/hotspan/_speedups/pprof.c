@@ -130,9 +130,9 @@ static int read_key(Reader *r, uint32_t *field, uint32_t *wire) {
         return 0;
     }
     if (read_varint(r, &key) < 0) return -1;
+    if ((key >> 3) == 0 || (key >> 3) > 0x1FFFFFFF) return fail("invalid field number");
     *field = (uint32_t)(key >> 3);
     *wire = (uint32_t)(key & 7);
-    if (*field == 0) return fail("field number 0");
     return 0;
 }
 
@@ -146,10 +146,29 @@ static int read_len(Reader *r, Reader *sub) {
     return 0;
 }
 
-static int skip(Reader *r, uint32_t wire) {
+static int skip(Reader *r, uint32_t field, uint32_t wire);
+
+/* A group (deprecated wire types 3/4): skip fields until the matching end-group key. */
+static int skip_group(Reader *r, uint32_t field, int depth) {
+    uint32_t f, w;
+    if (depth > 64) return fail("groups nested too deep");
+    for (;;) {
+        if (read_key(r, &f, &w) < 0) return -1;
+        if (f == 0) return fail("unterminated group");
+        if (w == 4) return f == field ? 0 : fail("mismatched end of group");
+        if (w == 3) {
+            if (skip_group(r, f, depth + 1) < 0) return -1;
+        } else if (skip(r, f, w) < 0) {
+            return -1;
+        }
+    }
+}
+
+static int skip(Reader *r, uint32_t field, uint32_t wire) {
     uint64_t v;
     Reader sub;
     switch (wire) {
+        case 3: return skip_group(r, field, 0);
         case 0: return read_varint(r, &v);
         case 1:
             if (r->end - r->p < 8) return fail("truncated fixed64");
@@ -164,22 +183,23 @@ static int skip(Reader *r, uint32_t wire) {
     }
 }
 
-static int read_int(Reader *r, uint32_t wire, int64_t *out) {
+/* A varint field; with another wire type it is an unknown field and skipped, as upb does. */
+static int read_int(Reader *r, uint32_t field, uint32_t wire, int64_t *out) {
     uint64_t v;
-    if (wire != 0) return fail("expected a varint");
+    if (wire != 0) return skip(r, field, wire);
     if (read_varint(r, &v) < 0) return -1;
     *out = (int64_t)v;
     return 0;
 }
 
 /* A repeated integer field, packed (wire 2) or not (wire 0). */
-static int read_ints(Reader *r, uint32_t wire, Vec *out) {
+static int read_ints(Reader *r, uint32_t field, uint32_t wire, Vec *out) {
     uint64_t v;
     if (wire == 0) {
         if (read_varint(r, &v) < 0) return -1;
         return vec_push(out, (int64_t)v);
     }
-    if (wire != 2) return fail("expected a repeated varint");
+    if (wire != 2) return skip(r, field, wire);
     Reader sub;
     if (read_len(r, &sub) < 0) return -1;
     while (sub.p < sub.end) {
@@ -266,6 +286,7 @@ typedef struct {
     Vec frame_id, frame_name, frame_file, frame_line;
     /* samples */
     Vec stack, frame_off, frames, values, labels, tmp_locs;
+    Py_ssize_t max_depth, max_frames; /* limits: frames per stack, frames in all */
 } Decoder;
 
 static void decoder_free(Decoder *d) {
@@ -308,10 +329,10 @@ static int decode_top(Decoder *d, const uint8_t *base, Reader *r) {
                     if (read_key(&sub, &f2, &w2) < 0) return -1;
                     if (f2 == 0) break;
                     if (f2 == 1) {
-                        if (read_int(&sub, w2, &type) < 0) return -1;
+                        if (read_int(&sub, f2, w2, &type) < 0) return -1;
                     } else if (f2 == 2) {
-                        if (read_int(&sub, w2, &unit) < 0) return -1;
-                    } else if (skip(&sub, w2) < 0) return -1;
+                        if (read_int(&sub, f2, w2, &unit) < 0) return -1;
+                    } else if (skip(&sub, f2, w2) < 0) return -1;
                 }
                 if (vec_push(&d->sample_types, type) < 0 || vec_push(&d->sample_types, unit) < 0)
                     return -1;
@@ -331,20 +352,18 @@ static int decode_top(Decoder *d, const uint8_t *base, Reader *r) {
                 if (read_key(&sub, &f2, &w2) < 0) return -1;
                 if (f2 == 0) break;
                 if (f2 == 1) {
-                    if (read_int(&sub, w2, &d->period_type) < 0) return -1;
+                    if (read_int(&sub, f2, w2, &d->period_type) < 0) return -1;
                 } else if (f2 == 2) {
-                    if (read_int(&sub, w2, &d->period_unit) < 0) return -1;
-                } else if (skip(&sub, w2) < 0) return -1;
+                    if (read_int(&sub, f2, w2, &d->period_unit) < 0) return -1;
+                } else if (skip(&sub, f2, w2) < 0) return -1;
             }
         } else if (field == 9) {
-            if (read_int(r, wire, &d->time_nanos) < 0) return -1;
+            if (read_int(r, field, wire, &d->time_nanos) < 0) return -1;
         } else if (field == 10) {
-            if (read_int(r, wire, &d->duration_nanos) < 0) return -1;
+            if (read_int(r, field, wire, &d->duration_nanos) < 0) return -1;
         } else if (field == 12) {
-            if (read_int(r, wire, &d->period) < 0) return -1;
-        } else if (field >= 1 && field <= 6) {
-            return fail("repeated message field with the wrong wire type");
-        } else if (skip(r, wire) < 0) {
+            if (read_int(r, field, wire, &d->period) < 0) return -1;
+        } else if (skip(r, field, wire) < 0) {
             return -1;
         }
     }
@@ -358,11 +377,11 @@ static int decode_functions(Decoder *d, const uint8_t *base) {
         for (;;) {
             if (read_key(&r, &f, &w) < 0) return -1;
             if (f == 0) break;
-            if (f == 1) { if (read_int(&r, w, &id) < 0) return -1; }
-            else if (f == 2) { if (read_int(&r, w, &name) < 0) return -1; }
-            else if (f == 3) { if (read_int(&r, w, &system_name) < 0) return -1; }
-            else if (f == 4) { if (read_int(&r, w, &file) < 0) return -1; }
-            else if (skip(&r, w) < 0) return -1;
+            if (f == 1) { if (read_int(&r, f, w, &id) < 0) return -1; }
+            else if (f == 2) { if (read_int(&r, f, w, &name) < 0) return -1; }
+            else if (f == 3) { if (read_int(&r, f, w, &system_name) < 0) return -1; }
+            else if (f == 4) { if (read_int(&r, f, w, &file) < 0) return -1; }
+            else if (skip(&r, f, w) < 0) return -1;
         }
         if (check_string(d, name) < 0 || check_string(d, system_name) < 0 || check_string(d, file) < 0)
             return -1;
@@ -381,9 +400,9 @@ static int decode_mappings(Decoder *d, const uint8_t *base) {
         for (;;) {
             if (read_key(&r, &f, &w) < 0) return -1;
             if (f == 0) break;
-            if (f == 1) { if (read_int(&r, w, &id) < 0) return -1; }
-            else if (f == 5) { if (read_int(&r, w, &file) < 0) return -1; }
-            else if (skip(&r, w) < 0) return -1;
+            if (f == 1) { if (read_int(&r, f, w, &id) < 0) return -1; }
+            else if (f == 5) { if (read_int(&r, f, w, &file) < 0) return -1; }
+            else if (skip(&r, f, w) < 0) return -1;
         }
         if (check_string(d, file) < 0) return -1;
         if (vec_push(&d->map_id, id) < 0 || vec_push(&d->map_file, file) < 0) return -1;
@@ -404,8 +423,8 @@ static int repair_function_ids(Decoder *d, const uint8_t *base) {
         for (;;) {
             if (read_key(&r, &f, &w) < 0) return -1;
             if (f == 0) break;
-            if (f == 1) { if (read_int(&r, w, &id) < 0) return -1; }
-            else if (skip(&r, w) < 0) return -1;
+            if (f == 1) { if (read_int(&r, f, w, &id) < 0) return -1; }
+            else if (skip(&r, f, w) < 0) return -1;
         }
         d->fn_id.data[i / 2] = id;
     }
@@ -441,9 +460,9 @@ static int decode_locations(Decoder *d, const uint8_t *base) {
         for (;;) {
             if (read_key(&r, &f, &w) < 0) goto done;
             if (f == 0) break;
-            if (f == 1) { if (read_int(&r, w, &id) < 0) goto done; }
-            else if (f == 2) { if (read_int(&r, w, &mapping) < 0) goto done; }
-            else if (f == 3) { if (read_int(&r, w, &address) < 0) goto done; }
+            if (f == 1) { if (read_int(&r, f, w, &id) < 0) goto done; }
+            else if (f == 2) { if (read_int(&r, f, w, &mapping) < 0) goto done; }
+            else if (f == 3) { if (read_int(&r, f, w, &address) < 0) goto done; }
             else if (f == 4 && w == 2) {
                 Reader sub;
                 int64_t fn = 0, line = 0;
@@ -452,12 +471,12 @@ static int decode_locations(Decoder *d, const uint8_t *base) {
                 for (;;) {
                     if (read_key(&sub, &f2, &w2) < 0) goto done;
                     if (f2 == 0) break;
-                    if (f2 == 1) { if (read_int(&sub, w2, &fn) < 0) goto done; }
-                    else if (f2 == 2) { if (read_int(&sub, w2, &line) < 0) goto done; }
-                    else if (skip(&sub, w2) < 0) goto done;
+                    if (f2 == 1) { if (read_int(&sub, f2, w2, &fn) < 0) goto done; }
+                    else if (f2 == 2) { if (read_int(&sub, f2, w2, &line) < 0) goto done; }
+                    else if (skip(&sub, f2, w2) < 0) goto done;
                 }
                 if (vec_push(&lines, fn) < 0 || vec_push(&lines, line) < 0) goto done;
-            } else if (skip(&r, w) < 0) goto done;
+            } else if (skip(&r, f, w) < 0) goto done;
         }
         if (vec_push(&d->loc_id, id) < 0) goto done;
         if (lines.len == 0) {
@@ -497,8 +516,8 @@ static int decode_samples(Decoder *d, const uint8_t *base) {
         for (;;) {
             if (read_key(&r, &f, &w) < 0) goto done;
             if (f == 0) break;
-            if (f == 1) { if (read_ints(&r, w, &d->tmp_locs) < 0) goto done; }
-            else if (f == 2) { if (read_ints(&r, w, &vals) < 0) goto done; }
+            if (f == 1) { if (read_ints(&r, f, w, &d->tmp_locs) < 0) goto done; }
+            else if (f == 2) { if (read_ints(&r, f, w, &vals) < 0) goto done; }
             else if (f == 3 && w == 2) {
                 Reader sub;
                 int64_t key = 0, str = 0, num = 0;
@@ -507,10 +526,10 @@ static int decode_samples(Decoder *d, const uint8_t *base) {
                 for (;;) {
                     if (read_key(&sub, &f2, &w2) < 0) goto done;
                     if (f2 == 0) break;
-                    if (f2 == 1) { if (read_int(&sub, w2, &key) < 0) goto done; }
-                    else if (f2 == 2) { if (read_int(&sub, w2, &str) < 0) goto done; }
-                    else if (f2 == 3) { if (read_int(&sub, w2, &num) < 0) goto done; }
-                    else if (skip(&sub, w2) < 0) goto done;
+                    if (f2 == 1) { if (read_int(&sub, f2, w2, &key) < 0) goto done; }
+                    else if (f2 == 2) { if (read_int(&sub, f2, w2, &str) < 0) goto done; }
+                    else if (f2 == 3) { if (read_int(&sub, f2, w2, &num) < 0) goto done; }
+                    else if (skip(&sub, f2, w2) < 0) goto done;
                 }
                 if (check_string(d, key) < 0 || check_string(d, str) < 0) goto done;
                 if (str != 0) {
@@ -518,7 +537,7 @@ static int decode_samples(Decoder *d, const uint8_t *base) {
                         vec_push(&d->labels, str) < 0)
                         goto done;
                 }
-            } else if (skip(&r, w) < 0) goto done;
+            } else if (skip(&r, f, w) < 0) goto done;
         }
         if (vals.len != n_types) {
             snprintf(error_text, sizeof(error_text),
@@ -526,6 +545,8 @@ static int decode_samples(Decoder *d, const uint8_t *base) {
             goto done;
         }
         Py_ssize_t start = d->frames.len;
+        /* Root first; past max_depth the deepest frames are dropped (as Pyroscope does), but
+         * every location id is still checked. */
         for (Py_ssize_t j = d->tmp_locs.len - 1; j >= 0; j--) {
             Py_ssize_t k = find(&loc_index, (uint64_t)d->tmp_locs.data[j]);
             if (k < 0) {
@@ -533,8 +554,13 @@ static int decode_samples(Decoder *d, const uint8_t *base) {
                          (unsigned long long)d->tmp_locs.data[j]);
                 goto done;
             }
-            for (Py_ssize_t m = d->loc_frame_off.data[k]; m < d->loc_frame_off.data[k + 1]; m++)
+            for (Py_ssize_t m = d->loc_frame_off.data[k];
+                 m < d->loc_frame_off.data[k + 1] && d->frames.len - start < d->max_depth; m++)
                 if (vec_push(&d->frames, d->loc_frames.data[m]) < 0) goto done;
+        }
+        if (d->frames.len > d->max_frames) {
+            fail("profile expands to too many frames");
+            goto done;
         }
         if (vec_push(&d->stack, hash_stack_raw(d->frames.data + start, (size_t)(d->frames.len - start))) < 0 ||
             vec_push(&d->frame_off, d->frames.len) < 0)
@@ -563,18 +589,22 @@ static int decode_all(Decoder *d, const uint8_t *base, Reader *r) {
 }
 
 PyDoc_STRVAR(decode_doc,
-"decode(data: bytes) -> tuple\n\n"
-"Decode an uncompressed pprof profile.  Returns (strings, sample_types, period_type,\n"
+"decode(data: bytes, max_depth: int, max_frames: int) -> tuple\n\n"
+"Decode an uncompressed pprof profile, keeping at most max_depth root-most frames per stack\n"
+"and refusing profiles that expand to more than max_frames frames in all.  Returns (strings, sample_types, period_type,\n"
 "period_unit, has_period_type, period, time_nanos, duration_nanos, frame_id, frame_name,\n"
 "frame_file, frame_line, stack, frame_off, frames, values, labels); the array items are\n"
 "bytes of native int64.  Raises ValueError on malformed input.");
 
-static PyObject *decode(PyObject *self, PyObject *arg) {
+static PyObject *decode(PyObject *self, PyObject *args) {
     Py_buffer view;
     Decoder d;
+    Py_ssize_t max_depth, max_frames;
     PyObject *strings = NULL, *result = NULL;
     memset(&d, 0, sizeof(d));
-    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0) return NULL;
+    if (!PyArg_ParseTuple(args, "y*nn", &view, &max_depth, &max_frames)) return NULL;
+    d.max_depth = max_depth;
+    d.max_frames = max_frames;
     const uint8_t *base = (const uint8_t *)view.buf;
     Reader r = {base, base + view.len};
     int ok;
@@ -648,7 +678,7 @@ done:
 }
 
 static PyMethodDef methods[] = {
-    {"decode", decode, METH_O, decode_doc},
+    {"decode", decode, METH_VARARGS, decode_doc},
     {"hash_frame", py_hash_frame, METH_VARARGS, "hash_frame(name: bytes, filename: bytes, line: int) -> int"},
     {"hash_stacks", py_hash_stacks, METH_VARARGS,
      "hash_stacks(frames: bytes, offsets: bytes) -> bytes (int64 stack ids)"},

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Iterator, List, Tuple
 
 from hotspan.formats.errors import FormatError
+from hotspan.model.profile import MAX_SAMPLE_VALUE
 
 Stack = Tuple[List[str], int]  # root-first frame names, value
 
@@ -24,10 +25,10 @@ def parse_folded(data: bytes) -> Iterator[Stack]:
         except ValueError:
             try:
                 count = int(float(value))
-            except ValueError:
+            except (ValueError, OverflowError):
                 raise FormatError(f"line {number}: value {value[:40]!r} is not a number") from None
-        if count < 0:
-            raise FormatError(f"line {number}: negative value {count}")
+        if not 0 <= count <= MAX_SAMPLE_VALUE:
+            raise FormatError(f"line {number}: value {count} is out of range")
         frames = [f for f in stack.split(";") if f]
         if frames and count:
             yield frames, count

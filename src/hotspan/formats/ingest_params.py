@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Dict, Optional, Tuple
 
 from hotspan.formats.errors import FormatError
+from hotspan.model.profile import MAX_TIME_NS
 
 _NAME = re.compile(r"^\s*([^{}]*?)\s*(?:\{(.*)\})?\s*$", re.S)
 _RELATIVE = re.compile(r"^now(?:-(\d+)([smhdw]))?$")
@@ -45,7 +46,13 @@ def parse_time(value: Optional[str], default_ns: int) -> int:
     count as Pyroscope does; also ``now`` and ``now-1h``.  Returns nanoseconds."""
     if value is None or value == "":
         return default_ns
-    value = value.strip()
+    ns = _parse_time(value.strip())
+    if not 0 <= ns < MAX_TIME_NS:
+        raise FormatError(f"time {value!r} is outside the years 1970 to 2116")
+    return ns
+
+
+def _parse_time(value: str) -> int:
     if value.isdigit():
         digits = len(value.lstrip("0")) or 1
         n = int(value)

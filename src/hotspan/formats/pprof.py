@@ -19,6 +19,7 @@ from hotspan.formats.pprof_decode import DecodedProfile, decode
 from hotspan.formats.proto import profile_pb2
 from hotspan.model.labels import METRIC_NAME, SPY_NAME, normalize
 from hotspan.model.profile import (
+    MAX_SAMPLE_VALUE,
     Frame,
     IngestBatch,
     ProfileType,
@@ -127,7 +128,7 @@ def to_batch(
     period_type = text(profile.period_type) if profile.has_period_type else ""
     period_unit = text(profile.period_unit) if profile.has_period_type else ""
     types = [
-        ProfileType(base[METRIC_NAME], st, unit, period_type, period_unit)
+        ProfileType.of(base[METRIC_NAME], st, unit, period_type, period_unit)
         for st, unit in zip(sample_types, sample_units)
     ]
     ts = profile.time_nanos
@@ -153,6 +154,10 @@ def to_batch(
         labelset = normalize(merged)
         for t, ptype in enumerate(types):
             series[g, t] = batch.add_series(ptype, labelset)
+    if len(profile.values) and (
+        int(profile.values.min()) < 0 or int(profile.values.max()) > MAX_SAMPLE_VALUE
+    ):
+        raise FormatError(f"sample values must be between 0 and {MAX_SAMPLE_VALUE}")
     added = 0
     for t in range(len(types)):
         values = profile.values[:, t]

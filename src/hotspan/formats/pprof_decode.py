@@ -14,6 +14,7 @@ from hotspan import _speedups
 from hotspan.formats.errors import FormatError
 from hotspan.formats.proto import profile_pb2
 from hotspan.model.hashing import hash_frame, hash_stack
+from hotspan.model.profile import MAX_PROFILE_FRAMES, MAX_STACK_DEPTH
 
 _fast = _speedups.load()
 
@@ -43,10 +44,14 @@ def _i64(data: bytes) -> np.ndarray:
     return np.frombuffer(data, dtype=np.int64)
 
 
-def decode(raw: bytes) -> DecodedProfile:
+def decode(
+    raw: bytes, max_depth: int = MAX_STACK_DEPTH, max_frames: int = MAX_PROFILE_FRAMES
+) -> DecodedProfile:
+    """Root-first stacks of at most ``max_depth`` frames; refuses (FormatError) a profile that
+    expands to more than ``max_frames`` frames in all."""
     if _fast is not None:
         try:
-            t = _fast.decode(raw)
+            t = _fast.decode(raw, max_depth, max_frames)
         except ValueError as exc:
             raise FormatError(str(exc)) from None
         n_types = len(t[1]) // 16
@@ -70,10 +75,12 @@ def decode(raw: bytes) -> DecodedProfile:
             values=values.reshape(-1, n_types) if n_types else values.reshape(0, 0),
             labels=_i64(t[16]).reshape(-1, 3),
         )
-    return decode_python(raw)
+    return decode_python(raw, max_depth, max_frames)
 
 
-def decode_python(raw: bytes) -> DecodedProfile:
+def decode_python(
+    raw: bytes, max_depth: int = MAX_STACK_DEPTH, max_frames: int = MAX_PROFILE_FRAMES
+) -> DecodedProfile:
     try:
         p = profile_pb2.Profile.FromString(raw)
     except DecodeError as exc:
@@ -131,7 +138,11 @@ def decode_python(raw: bytes) -> DecodedProfile:
         for loc in reversed(sample.location_id):
             if loc not in loc_frames:
                 raise FormatError(f"malformed pprof: unknown location id {loc}")
-            frames.extend(loc_frames[loc])
+            room = max_depth - (len(frames) - start)
+            if room > 0:
+                frames.extend(loc_frames[loc][:room])
+        if len(frames) > max_frames:
+            raise FormatError("malformed pprof: profile expands to too many frames")
         if len(sample.value) != n_types:
             raise FormatError(
                 f"malformed pprof: sample has {len(sample.value)} values for {n_types} sample types"

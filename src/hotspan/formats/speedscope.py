@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Dict, List, Tuple
 
 from hotspan.formats.errors import FormatError
+from hotspan.model.profile import MAX_SAMPLE_VALUE
 
 TIME_UNITS = {
     "nanoseconds": 1,
@@ -55,14 +56,20 @@ def parse(data: bytes) -> List[SpeedscopeProfile]:
     return list(out.values())
 
 
+def _index(i: object, frames: List[str]) -> int:
+    if not isinstance(i, int) or isinstance(i, bool) or not 0 <= i < len(frames):
+        raise FormatError(f"frame index {i!r} is not one of the {len(frames)} frames")
+    return i
+
+
 def _sampled(prof: dict, frames: List[str], into: Dict[Tuple[str, ...], float]) -> None:
     samples, weights = prof["samples"], prof["weights"]
     if len(samples) != len(weights):
         raise FormatError(f"{len(samples)} samples but {len(weights)} weights")
     for sample, weight in zip(samples, weights):
-        if weight < 0:
-            raise FormatError(f"negative weight {weight}")
-        key = tuple(frames[i] for i in sample)
+        if not isinstance(weight, (int, float)) or not 0 <= weight <= MAX_SAMPLE_VALUE:
+            raise FormatError(f"weight {weight!r} is not a number between 0 and {MAX_SAMPLE_VALUE}")
+        key = tuple(frames[_index(i, frames)] for i in sample)
         if key:
             into[key] = into.get(key, 0) + weight
 
@@ -72,10 +79,12 @@ def _evented(prof: dict, frames: List[str], into: Dict[Tuple[str, ...], float]) 
     last = prof.get("startValue", 0)
     for event in prof["events"]:
         at = event["at"]
+        if not isinstance(at, (int, float)) or not 0 <= at <= MAX_SAMPLE_VALUE:
+            raise FormatError(f"event time {at!r} is out of range")
         if at < last:
             raise FormatError("speedscope events are not in time order")
         if open_stack and at > last:
-            key = tuple(frames[i] for i in open_stack)
+            key = tuple(frames[_index(i, frames)] for i in open_stack)
             into[key] = into.get(key, 0) + (at - last)
         last = at
         if event["type"] == "O":

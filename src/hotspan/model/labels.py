@@ -2,7 +2,8 @@
 
 A selector is what Pyroscope and Grafana send: ``{service_name="api", env!="dev", pod=~"web-.*"}``,
 optionally preceded by a metric name (``process_cpu:cpu:nanoseconds:cpu:nanoseconds{...}`` or the
-legacy ``app.cpu{...}``).  Regular expressions are anchored on both ends, as in Prometheus.
+legacy ``app.cpu{...}``).  Regular expressions are anchored on both ends and use RE2, as in
+Prometheus: matching time is linear, so no selector can stall the server.
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from typing import Iterable, Mapping, Optional, Tuple
+
+import re2
 
 LabelSet = Tuple[Tuple[str, str], ...]
 
@@ -25,6 +28,10 @@ class SelectorError(ValueError):
     """A label selector that cannot be parsed."""
 
 
+_RE2_OPTIONS = re2.Options()
+_RE2_OPTIONS.log_errors = False  # a bad pattern is the client's error, reported to the client
+
+
 def normalize(labels: Mapping[str, str]) -> LabelSet:
     """Sorted, deduplicated label pairs without empty values (Prometheus drops those too)."""
     return tuple(sorted((k, v) for k, v in labels.items() if v != ""))
@@ -32,6 +39,16 @@ def normalize(labels: Mapping[str, str]) -> LabelSet:
 
 def is_valid_label_name(name: str) -> bool:
     return bool(_LABEL_NAME.fullmatch(name))
+
+
+def _compile(pattern: str):  # type: ignore[no-untyped-def]
+    try:
+        return re2.compile(pattern, _RE2_OPTIONS)
+    except re2.error as exc:
+        reason = exc.args[0] if exc.args else exc
+        if isinstance(reason, bytes):
+            reason = reason.decode("utf-8", "replace")
+        raise SelectorError(f"invalid regular expression {pattern!r}: {reason}") from None
 
 
 @dataclass(frozen=True)
@@ -42,10 +59,7 @@ class Matcher:
 
     def __post_init__(self) -> None:
         if self.op in ("=~", "!~"):
-            try:
-                object.__setattr__(self, "_regex", re.compile(self.value))
-            except re.error as exc:
-                raise SelectorError(f"invalid regular expression {self.value!r}: {exc}") from None
+            object.__setattr__(self, "_regex", _compile(self.value))
 
     def matches(self, value: Optional[str]) -> bool:
         actual = value or ""

@@ -19,6 +19,17 @@ from hotspan.model.labels import LabelSet
 
 _MASK64 = (1 << 64) - 1
 
+# Frames kept per stack, root first; deeper frames are dropped (Pyroscope's default limit).
+MAX_STACK_DEPTH = 1000
+# Largest sample value accepted (2^53: exact in the float64 of every JSON consumer); sums are
+# clamped below 2^62, so no query can overflow 64 bits.
+MAX_SAMPLE_VALUE = (1 << 53) - 1
+MAX_SUM = 1 << 62
+# Timestamps accepted, in nanoseconds since the epoch (up to the year 2116).
+MAX_TIME_NS = 1 << 62
+# Frames one profile may expand to (inlined lines multiply): beyond it the profile is refused.
+MAX_PROFILE_FRAMES = 20_000_000
+
 
 class ProfileTypeError(ValueError):
     """A profile type id that is not ``name:sample_type:sample_unit:period_type:period_unit``."""
@@ -32,11 +43,23 @@ class ProfileType:
     period_type: str
     period_unit: str
 
+    def __post_init__(self) -> None:
+        # The id joins the parts with ':'; a part containing one would make an id that no
+        # longer parses back.  Ingest sanitises with :meth:`of`, so this only guards bugs.
+        if any(":" in part for part in self._parts()):
+            raise ProfileTypeError(f"profile type part contains ':': {self._parts()!r}")
+
+    def _parts(self) -> Tuple[str, str, str, str, str]:
+        return (self.name, self.sample_type, self.sample_unit, self.period_type, self.period_unit)
+
+    @classmethod
+    def of(cls, *parts: str) -> ProfileType:
+        """A profile type from names a client sent: ':' (the id separator) becomes '_'."""
+        return cls(*(p.replace(":", "_") for p in parts))
+
     @property
     def id(self) -> str:
-        return ":".join(
-            (self.name, self.sample_type, self.sample_unit, self.period_type, self.period_unit)
-        )
+        return ":".join(self._parts())
 
     @classmethod
     def parse(cls, text: str) -> ProfileType:

@@ -136,7 +136,9 @@ class QueryEngine:
         if not call_site or len(values.stack_ids) == 0:
             return values
         matrix, lengths, known = self._matrix(values.stack_ids)
-        wanted = np.array([self.stacks.name_id(n) for n in call_site], dtype=np.int64)
+        wanted = np.array([self.stacks.find_name(n) for n in call_site], dtype=np.int64)
+        if (wanted < 0).any():
+            return StackValues.empty()  # a name no stored stack has
         depth = len(wanted)
         if matrix.shape[1] < depth:
             return StackValues.empty()
@@ -155,6 +157,7 @@ class QueryEngine:
     def flamegraph(
         self, values: StackValues, max_nodes: Optional[int] = DEFAULT_MAX_NODES
     ) -> flamegraph.FlameGraph:
+        _check_total(values)
         matrix, lengths, known = self._matrix(values.stack_ids)
         return flamegraph.build(matrix, lengths, values.values[known], self.stacks.names, max_nodes)
 
@@ -164,6 +167,8 @@ class QueryEngine:
         right: StackValues,
         max_nodes: Optional[int] = DEFAULT_MAX_NODES,
     ) -> flamegraph.FlameGraph:
+        _check_total(left)
+        _check_total(right)
         ids = np.concatenate([left.stack_ids, right.stack_ids])
         both = np.zeros((len(ids), 2), dtype=np.int64)
         both[: len(left.stack_ids), 0] = left.values
@@ -207,19 +212,21 @@ class QueryEngine:
         series = self.find_series(tenant, [selector], where.start_ns, where.end_ns, profile_type)
         if not series:
             return []
-        sids, buckets, sums = self.store.time_series(
+        sids, buckets, sums, profiles = self.store.time_series(
             tenant, [s.series_id for s in series], where, step_ns
         )
         group_of: Dict[int, Tuple[Tuple[str, str], ...]] = {}
         for rec in series:
             labels = all_labels(rec)
             group_of[rec.series_id] = tuple((name, labels.get(name, "")) for name in group_by)
-        # group -> bucket -> [sum, number of series that contributed]
+        # group -> point -> [sum, number of profiles]: Pyroscope's average is per profile.
         acc: Dict[Tuple[Tuple[str, str], ...], Dict[int, List[float]]] = {}
-        for sid, bucket, value in zip(sids.tolist(), buckets.tolist(), sums.tolist()):
+        for sid, bucket, value, count in zip(
+            sids.tolist(), buckets.tolist(), sums.tolist(), profiles.tolist()
+        ):
             cell = acc.setdefault(group_of[sid], {}).setdefault(bucket, [0.0, 0])
             cell[0] += value
-            cell[1] += 1
+            cell[1] += count
         out = []
         for group, points in acc.items():
             ordered = sorted(points.items())
@@ -234,6 +241,12 @@ class QueryEngine:
         if limit:
             out = out[:limit]
         return out
+
+
+def _check_total(values: StackValues) -> None:
+    # Each per-stack sum is clamped below 2^62; their total must fit in int64 as well.
+    if float(values.values.astype(np.float64).sum()) >= 2.0**63:
+        raise QueryError("the selected samples add up past 64 bits; narrow the selection")
 
 
 def _selector_matches(selector: Selector, labels: Mapping[str, str]) -> bool:

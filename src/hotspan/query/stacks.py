@@ -35,11 +35,16 @@ class StackTable:
         self._sorted_rows = np.zeros(0, dtype=np.int64)
 
     def name_id(self, name: str) -> int:
+        """The index of a name, added if new.  Callers hold ``_lock``."""
         idx = self._name_index.get(name)
         if idx is None:
             idx = self._name_index[name] = len(self.names)
             self.names.append(name)
         return idx
+
+    def find_name(self, name: str) -> int:
+        """The index of a known name, or -1 (never adds: queries must not grow the cache)."""
+        return self._name_index.get(name, -1)
 
     def rows(self, stack_ids: np.ndarray) -> np.ndarray:
         """Row of each stack id (loading unknown ones); -1 for ids the store does not know."""

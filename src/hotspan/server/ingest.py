@@ -11,10 +11,17 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from hotspan.formats import folded, ingest_params, pprof, speedscope
+from hotspan.formats.compression import maybe_gunzip
 from hotspan.formats.errors import FormatError
 from hotspan.formats.proto import push_pb2
 from hotspan.model.labels import METRIC_NAME, SERVICE_NAME, SPY_NAME, is_valid_label_name, normalize
-from hotspan.model.profile import Frame, IngestBatch, ProfileType
+from hotspan.model.profile import (
+    MAX_SAMPLE_VALUE,
+    MAX_STACK_DEPTH,
+    Frame,
+    IngestBatch,
+    ProfileType,
+)
 from hotspan.server.connect import read_message, unary, write_message
 from hotspan.server.errors import HTTPError
 from hotspan.server.request import check_token, read_body, tenant_of
@@ -174,7 +181,9 @@ def _add_stacks(batch, ltype, labels, ts, stacks, scale) -> None:  # type: ignor
     for names, value in stacks:
         if value <= 0:
             continue
-        frame_ids = tuple(batch.add_frame(Frame(name)) for name in names)
+        if value * scale > MAX_SAMPLE_VALUE:
+            raise FormatError(f"value {value} times the period {scale} is out of range")
+        frame_ids = tuple(batch.add_frame(Frame(name)) for name in names[:MAX_STACK_DEPTH])
         batch.add_sample(sid, ts, batch.add_stack(frame_ids), value * scale)
 
 
@@ -188,6 +197,8 @@ async def push(request: Request) -> Response:
     req = await read_message(request, config, push_pb2.PushRequest)
     batch = IngestBatch()
     now = time.time_ns()
+    # One decompression budget for the whole request, not one per profile in it.
+    budget = config.max_decompressed_bytes
     for i, series in enumerate(req.series):
         labels: Dict[str, str] = {}
         for pair in series.labels:
@@ -198,9 +209,9 @@ async def push(request: Request) -> Response:
             raise HTTPError(400, f"series {i}: the label service_name is required")
         for sample in series.samples:
             try:
-                await _pprof_to_batch(
-                    sample.raw_profile, config.max_decompressed_bytes, batch, labels, now
-                )
+                raw = maybe_gunzip(sample.raw_profile, budget)
+                budget -= len(raw)
+                await _pprof_to_batch(raw, budget, batch, labels, now)
             except FormatError as exc:
                 raise HTTPError(400, f"series {i}: {exc}") from None
     await commit(state, tenant, batch)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Callable, List, Optional, Sequence, Tuple
 
@@ -12,7 +13,7 @@ from starlette.routing import Route
 
 from hotspan.formats.proto import querier_pb2, types_pb2
 from hotspan.model.labels import Selector, SelectorError, parse_selector
-from hotspan.model.profile import ProfileType, ProfileTypeError, span_id_to_int
+from hotspan.model.profile import MAX_TIME_NS, ProfileType, ProfileTypeError, span_id_to_int
 from hotspan.query.engine import DEFAULT_MAX_NODES, QueryError
 from hotspan.query.flamegraph import FlameGraph
 from hotspan.server.connect import read_message, unary, write_message
@@ -34,7 +35,7 @@ def time_range(start_ms: int, end_ms: int) -> Tuple[int, int]:
         start_ms = end_ms - DEFAULT_RANGE_MS
     if end_ms == 0:
         end_ms = time.time_ns() // MS
-    if start_ms < 0 or end_ms <= start_ms:
+    if start_ms < 0 or end_ms <= start_ms or end_ms > MAX_TIME_NS // MS:
         raise HTTPError(400, f"invalid time range: start {start_ms} ms, end {end_ms} ms")
     return start_ms * MS, end_ms * MS
 
@@ -235,7 +236,7 @@ async def select_series(request: Request) -> Response:
     ptype = profile_type(req.profile_typeID)
     sel = selector(req.label_selector)
     start, end = time_range(req.start, req.end)
-    if req.step <= 0:
+    if not math.isfinite(req.step) or req.step <= 0:
         raise HTTPError(400, f"step must be a positive number of seconds, got {req.step}")
     step_ns = max(int(req.step * 1e9), 1_000_000)
     if (end - start) // step_ns > 100_000:

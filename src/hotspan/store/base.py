@@ -72,8 +72,9 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def time_series(
         self, tenant: str, series_ids: Sequence[int], where: SampleFilter, step_ns: int
-    ) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(series_id, bucket_start_ns, sum of values) per series and step-aligned bucket."""
+    ) -> Tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Per series and step: (series_id, point time, sum of values, number of distinct
+        sample times).  The point at T covers (T - step, T] with T = start + k * step."""
 
     @abc.abstractmethod
     def stacks(self, stack_ids: Sequence[int]) -> Dict[int, Tuple[int, ...]]:

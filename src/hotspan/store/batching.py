@@ -76,8 +76,11 @@ class GroupCommitWriter:
                 pending.append(item)
                 samples += len(item[1])
             self._flush(pending)
+            # Do not keep the last group (decoded profiles) alive until the next push.
+            del pending, item
 
     def _flush(self, pending: List[Pending]) -> None:
+        # ``commit`` must raise only when nothing was committed: a retry re-writes the group.
         try:
             self._commit([(tenant, batch) for tenant, batch, _ in pending])
         except Exception as exc:  # noqa: BLE001 - every waiting push must hear about it

@@ -11,7 +11,9 @@ indexes skip most of the table for a short time range.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import os
 import threading
 from concurrent.futures import Future
@@ -20,7 +22,7 @@ from typing import Dict, List, Sequence, Tuple
 import duckdb
 import numpy as np
 
-from hotspan.model.profile import Frame, IngestBatch, ProfileType, SampleColumns
+from hotspan.model.profile import MAX_SUM, Frame, IngestBatch, ProfileType, SampleColumns
 from hotspan.store.base import SampleFilter, SeriesRecord, StackValues, Store, StoreError
 from hotspan.store.batching import GroupCommitWriter
 
@@ -58,6 +60,9 @@ CREATE TABLE IF NOT EXISTS samples (
 """
 
 DB_FILE = "hotspan.duckdb"
+# Sums are HUGEINT in DuckDB: clamp them so that they always fit (and add up) in int64.
+_CLAMPED_SUM = f"least(sum(value), {MAX_SUM})::BIGINT"
+log = logging.getLogger(__name__)
 
 
 class DuckDBStore(Store):
@@ -169,7 +174,8 @@ class DuckDBStore(Store):
                 )
             con.execute("COMMIT")
         except Exception:
-            con.execute("ROLLBACK")
+            with contextlib.suppress(duckdb.Error):  # a failed COMMIT has already rolled back
+                con.execute("ROLLBACK")
             # Tenants numbered in the failed transaction do not exist.
             self._tenant_ids = dict(con.execute("SELECT tenant, tenant_id FROM tenants").fetchall())
             raise
@@ -240,16 +246,23 @@ class DuckDBStore(Store):
         return sid in self._series.get(tenant, ())
 
     def _remember_series(self, rows) -> None:  # type: ignore[no-untyped-def]
+        """Update the in-memory series; never raises (it runs after a commit, and at open)."""
         with self._series_lock:
             for tenant, sid, ptype, labels, first, last in rows:
                 by_id = self._series.setdefault(tenant, {})
                 old = by_id.get(sid)
-                if old is not None:
-                    first, last = min(first, old.first_ts), max(last, old.last_ts)
-                    labels_map = old.labels
-                else:
-                    labels_map = json.loads(labels)
-                by_id[sid] = SeriesRecord(sid, ProfileType.parse(ptype), labels_map, first, last)
+                try:
+                    if old is not None:
+                        first, last = min(first, old.first_ts), max(last, old.last_ts)
+                        record = SeriesRecord(sid, old.profile_type, old.labels, first, last)
+                    else:
+                        record = SeriesRecord(
+                            sid, ProfileType.parse(ptype), json.loads(labels), first, last
+                        )
+                except (ValueError, TypeError) as exc:
+                    log.error("skipping unreadable series %s of tenant %s: %s", sid, tenant, exc)
+                    continue
+                by_id[sid] = record
 
     def series(self, tenant: str) -> List[SeriesRecord]:
         with self._series_lock:
@@ -282,8 +295,7 @@ class DuckDBStore(Store):
         result = (
             self._cursor()
             .execute(
-                f"SELECT stack_id, sum(value)::BIGINT AS v FROM samples WHERE {cond} "
-                "GROUP BY stack_id",
+                f"SELECT stack_id, {_CLAMPED_SUM} AS v FROM samples WHERE {cond} GROUP BY stack_id",
                 params,
             )
             .fetchnumpy()
@@ -294,17 +306,19 @@ class DuckDBStore(Store):
 
     def time_series(
         self, tenant: str, series_ids: Sequence[int], where: SampleFilter, step_ns: int
-    ) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+    ) -> Tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         if not series_ids:
             empty = np.zeros(0, dtype=np.int64)
-            return empty, empty, empty
+            return empty, empty, empty, empty
         cond, params = self._sample_where(tenant, series_ids, where)
+        # A point at T holds the samples in (T - step, T], as in Pyroscope.
         result = (
             self._cursor()
             .execute(
-                f"SELECT series_id, ? + ((ts - ?) // ?) * ? AS bucket, sum(value)::BIGINT AS v "
+                f"SELECT series_id, ? + ((ts - ? + ? - 1) // ?) * ? AS bucket, "
+                f"{_CLAMPED_SUM} AS v, count(DISTINCT ts) AS profiles "
                 f"FROM samples WHERE {cond} GROUP BY ALL ORDER BY bucket",
-                [where.start_ns, where.start_ns, step_ns, step_ns, *params],
+                [where.start_ns, where.start_ns, step_ns, step_ns, step_ns, *params],
             )
             .fetchnumpy()
         )
@@ -312,6 +326,7 @@ class DuckDBStore(Store):
             np.asarray(result["series_id"], dtype=np.int64),
             np.asarray(result["bucket"], dtype=np.int64),
             np.asarray(result["v"], dtype=np.int64),
+            np.asarray(result["profiles"], dtype=np.int64),
         )
 
     def stacks(self, stack_ids: Sequence[int]) -> Dict[int, Tuple[int, ...]]:
