@@ -103,8 +103,6 @@ _SUFFIXES: Dict[str, Tuple[str, str, str]] = {
     "alloc_outside_tlab_bytes": ("memory", "alloc_outside_tlab_bytes", "bytes"),
 }
 
-KNOWN_SUFFIXES = frozenset(_SUFFIXES)
-
 
 def split_suffix(app: str) -> Tuple[str, str]:
     """``app.cpu`` -> (``app``, ``cpu``); no known suffix -> (app, ``cpu``)."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Iterable, Mapping, Optional, Tuple
+from typing import Mapping, Optional, Tuple
 
 import re2
 
@@ -84,16 +84,6 @@ class Selector:
 
     def matches(self, labels: Mapping[str, str]) -> bool:
         return all(m.matches(labels.get(m.name)) for m in self.matchers)
-
-    def with_matchers(self, extra: Iterable[Matcher]) -> Selector:
-        return Selector(self.metric, self.matchers + tuple(extra))
-
-    def value_of(self, name: str) -> Optional[str]:
-        """The value an equality matcher pins ``name`` to, if any."""
-        for m in self.matchers:
-            if m.name == name and m.op == "=":
-                return m.value
-        return None
 
 
 _ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "\\": "\\", '"': '"', "'": "'", "`": "`"}

@@ -101,10 +101,6 @@ def span_id_to_int(span_id: str) -> int:
     return int(span_id, 16) & _MASK64
 
 
-def span_id_to_hex(value: int) -> str:
-    return f"{value & _MASK64:016x}"
-
-
 class _BoundedCache(dict):
     """A dict that forgets everything once it is full: cheap, and ingest refills it quickly."""
 

@@ -8,7 +8,13 @@ from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 
 from hotspan.formats.pprof import Profile, ProfileBuilder
-from hotspan.model.labels import METRIC_NAME, Selector, SelectorError, parse_selector
+from hotspan.model.labels import (
+    METRIC_NAME,
+    PROFILE_TYPE,
+    Selector,
+    SelectorError,
+    parse_selector,
+)
 from hotspan.model.profile import ProfileType
 from hotspan.query import flamegraph
 from hotspan.query.stacks import StackTable
@@ -24,7 +30,7 @@ class QueryError(ValueError):
 def synthetic_labels(ptype: ProfileType) -> Dict[str, str]:
     """Labels Pyroscope derives from the profile type; selectors and label APIs see them."""
     return {
-        "__profile_type__": ptype.id,
+        PROFILE_TYPE: ptype.id,
         "__type__": ptype.sample_type,
         "__unit__": ptype.sample_unit,
         "__period_type__": ptype.period_type,
@@ -253,7 +259,7 @@ def _selector_matches(selector: Selector, labels: Mapping[str, str]) -> bool:
     # ``process_cpu:cpu:...{}`` names a profile type; a plain metric is ``__name__``.
     if selector.metric and selector.metric not in (
         labels.get(METRIC_NAME),
-        labels.get("__profile_type__"),
+        labels.get(PROFILE_TYPE),
     ):
         return False
     return selector.matches(labels)
