@@ -25,7 +25,14 @@ setup(
             ["src/hotspan/_speedups/pprof.c"],
             extra_compile_args=["-O3", "-std=c11"],
             optional=True,
-        )
+        ),
+        Extension(
+            "hotspan._speedups._sampler",
+            ["src/hotspan/_speedups/sampler.c"],
+            extra_compile_args=["-O2", "-std=gnu11"],
+            libraries=["rt"],
+            optional=True,
+        ),
     ],
     cmdclass={"build_ext": OptionalBuildExt},
 )

@@ -16,3 +16,14 @@ def load() -> Optional[ModuleType]:
     except ImportError:
         return None
     return _pprof
+
+
+def load_sampler() -> Optional[ModuleType]:
+    """The native sampler, or None (pure-Python sampler) when absent or disabled."""
+    if os.environ.get("HOTSPAN_NO_SPEEDUPS"):
+        return None
+    try:
+        from hotspan._speedups import _sampler
+    except ImportError:
+        return None
+    return _sampler

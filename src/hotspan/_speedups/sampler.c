@@ -1,0 +1,876 @@
+/* The agent's native sampler: CPU samples taken by each thread itself, wall samples of all.
+ *
+ * CPU: every profiled thread gets a POSIX timer on its own CPU clock that delivers SIGPROF to
+ * that very thread each `interval` of CPU it burns.  The handler runs on the thread while it is
+ * on CPU, so the stack it records is where the CPU went: a thread that loops 1 ms and sleeps
+ * 4 ms is never caught "in" its sleep, and threads that do not hold the GIL (C code that
+ * released it) are counted too.  A sampler thread that took the GIL to look at stacks would
+ * see every busy thread at the point where it let the GIL go, which is usually its sleep.
+ *
+ * The handler cannot call Python: it copies (code pointer, instruction offset) pairs of the
+ * thread's frames and the span/tag labels found in the thread's contextvars into a lock-free
+ * ring.  `tick()`, called with the GIL by the agent's sampler thread, drains the ring, checks
+ * each code pointer is still a code object with the same first line before it takes a
+ * reference to it, and adds up samples in a dict.  The same call takes the wall samples: with
+ * the GIL held every other thread is parked, so their frames can be read directly.
+ *
+ * Labels: the agent keeps one `Labels` object (span id, trace id, local root span id, tag set)
+ * in a ContextVar.  The handler finds it by walking the thread's current context HAMT for that
+ * variable, so threads and asyncio tasks (each runs in its own context) each see their own
+ * value, exactly as ContextVar.get() would.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#if PY_VERSION_HEX >= 0x030B0000
+#  ifndef Py_BUILD_CORE
+#    define Py_BUILD_CORE 1
+#  endif
+#  include "internal/pycore_frame.h"
+#  undef Py_BUILD_CORE
+#else
+#  include <frameobject.h>
+#endif
+
+#include <errno.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#if PY_VERSION_HEX < 0x030A0000
+static inline PyObject *Py_NewRef(PyObject *o) { Py_INCREF(o); return o; }
+#endif
+
+#ifdef __linux__
+#  include <sys/syscall.h>
+#  define HAVE_THREAD_TIMERS 1
+#endif
+
+#define MAX_THREADS 4096
+#define RING_CAPACITY 512
+#define TIMER_MAGIC 0x68737031 /* "hsp1": our timers' sigev_value */
+#define CODE_SET_BITS 17         /* 131072 slots: at most half used */
+#define CODE_SET_MAX (1u << (CODE_SET_BITS - 1))
+
+/* ---------------------------------------------------------------- labels */
+
+typedef struct {
+    PyObject_HEAD
+    uint64_t span_id;
+    uint64_t trace_hi;
+    uint64_t trace_lo;
+    uint64_t root_span_id;
+    uint64_t tagset;
+} LabelsObject;
+
+static PyTypeObject LabelsType;
+
+static PyObject *
+labels_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"span_id", "trace_hi", "trace_lo", "root_span_id", "tagset", NULL};
+    unsigned long long v[5] = {0, 0, 0, 0, 0};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "|KKKKK", kwlist, &v[0], &v[1], &v[2], &v[3],
+                                     &v[4]))
+        return NULL;
+    LabelsObject *self = (LabelsObject *)type->tp_alloc(type, 0);
+    if (self == NULL)
+        return NULL;
+    self->span_id = v[0];
+    self->trace_hi = v[1];
+    self->trace_lo = v[2];
+    self->root_span_id = v[3];
+    self->tagset = v[4];
+    return (PyObject *)self;
+}
+
+static PyObject *
+labels_get(LabelsObject *self, void *which)
+{
+    return PyLong_FromUnsignedLongLong(((uint64_t *)&self->span_id)[(intptr_t)which]);
+}
+
+static PyGetSetDef labels_getset[] = {
+    {"span_id", (getter)labels_get, NULL, NULL, (void *)0},
+    {"trace_hi", (getter)labels_get, NULL, NULL, (void *)1},
+    {"trace_lo", (getter)labels_get, NULL, NULL, (void *)2},
+    {"root_span_id", (getter)labels_get, NULL, NULL, (void *)3},
+    {"tagset", (getter)labels_get, NULL, NULL, (void *)4},
+    {NULL},
+};
+
+static PyTypeObject LabelsType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "hotspan._speedups._sampler.Labels",
+    .tp_basicsize = sizeof(LabelsObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_new = labels_new,
+    .tp_getset = labels_getset,
+    .tp_doc = "Span and tag labels of the current context, readable from a signal handler.",
+};
+
+/* Mirrors of CPython's context and HAMT layouts (Python/context.c, Python/hamt.c; unchanged
+ * since 3.7).  module init checks them against real contexts and turns label lookup off if
+ * they do not match. */
+typedef struct {
+    PyObject_HEAD
+    void *ctx_prev;
+    PyObject *ctx_vars;
+} CtxMirror;
+typedef struct {
+    PyObject_HEAD
+    PyObject *h_root;
+} HamtMirror;
+typedef struct {
+    PyObject_VAR_HEAD
+    uint32_t b_bitmap;
+    PyObject *b_array[1];
+} BitmapNodeMirror;
+typedef struct {
+    PyObject_HEAD
+    PyObject *a_array[32];
+} ArrayNodeMirror;
+
+static PyObject *labels_var;          /* the agent's ContextVar */
+static int32_t labels_var_hash;
+static PyTypeObject *bitmap_node_type;
+static PyTypeObject *array_node_type;
+static int labels_lookup_ok;
+
+static const LabelsObject *
+find_labels(PyObject *context)
+{
+    if (!labels_lookup_ok || context == NULL)
+        return NULL;
+    PyObject *hamt = ((CtxMirror *)context)->ctx_vars;
+    if (hamt == NULL)
+        return NULL;
+    PyObject *node = ((HamtMirror *)hamt)->h_root;
+    uint32_t shift = 0;
+    for (int level = 0; node != NULL && level < 8; level++) {
+        PyTypeObject *type = Py_TYPE(node);
+        uint32_t idx = ((uint32_t)labels_var_hash >> shift) & 0x1f;
+        if (type == bitmap_node_type) {
+            BitmapNodeMirror *b = (BitmapNodeMirror *)node;
+            uint32_t bit = 1u << idx;
+            if (!(b->b_bitmap & bit))
+                return NULL;
+            uint32_t pos = (uint32_t)__builtin_popcount(b->b_bitmap & (bit - 1));
+            PyObject *key = b->b_array[2 * pos];
+            PyObject *val = b->b_array[2 * pos + 1];
+            if (key == NULL) {
+                node = val;
+            } else if (key == labels_var) {
+                return (val != NULL && Py_TYPE(val) == &LabelsType) ? (LabelsObject *)val : NULL;
+            } else {
+                return NULL;
+            }
+        } else if (type == array_node_type) {
+            node = ((ArrayNodeMirror *)node)->a_array[idx];
+        } else {
+            return NULL; /* a collision node: two keys with one 32-bit hash; not worth it */
+        }
+        shift += 5;
+    }
+    return NULL;
+}
+
+/* ---------------------------------------------------------------- frames */
+
+typedef struct {
+    uint64_t code;      /* PyCodeObject*, 0 = not resolvable */
+    uint32_t lasti;     /* instruction offset in bytes */
+    int32_t firstlineno;
+} RawFrame;
+
+static inline PyObject *
+thread_context(PyThreadState *ts)
+{
+    return ts->context;
+}
+
+/* Leaf first.  Returns the number of frames written (at most max_depth). */
+static int
+walk_frames(PyThreadState *ts, RawFrame *out, int max_depth)
+{
+    int n = 0;
+#if PY_VERSION_HEX >= 0x030D0000
+    _PyInterpreterFrame *f = ts->current_frame;
+#elif PY_VERSION_HEX >= 0x030B0000
+    _PyInterpreterFrame *f = ts->cframe ? ts->cframe->current_frame : NULL;
+#else
+    PyFrameObject *f = ts->frame;
+#endif
+    for (int guard = 0; f != NULL && n < max_depth && guard < 4096; guard++) {
+        if (((uintptr_t)f & 7) != 0)
+            break;
+#if PY_VERSION_HEX >= 0x030B0000
+#  if PY_VERSION_HEX >= 0x030C0000
+        if (f->owner == FRAME_OWNED_BY_CSTACK) {
+            f = f->previous;
+            continue;
+        }
+#  endif
+#  if PY_VERSION_HEX >= 0x030D0000
+        PyObject *exe = f->f_executable;
+        if (exe == NULL || ((uintptr_t)exe & 7) || Py_TYPE(exe) != &PyCode_Type) {
+            f = f->previous;
+            continue;
+        }
+        PyCodeObject *code = (PyCodeObject *)exe;
+#  else
+        PyCodeObject *code = f->f_code;
+        if (code == NULL || ((uintptr_t)code & 7) || Py_TYPE(code) != &PyCode_Type)
+            break;
+#  endif
+        if (_PyFrame_IsIncomplete(f)) {
+            f = f->previous;
+            continue;
+        }
+        int lasti = _PyInterpreterFrame_LASTI(f);
+        out[n].code = (uint64_t)(uintptr_t)code;
+        out[n].lasti = lasti < 0 ? 0 : (uint32_t)lasti * (uint32_t)sizeof(_Py_CODEUNIT);
+        out[n].firstlineno = code->co_firstlineno;
+        n++;
+        f = f->previous;
+#else
+        PyCodeObject *code = f->f_code;
+        if (code == NULL || ((uintptr_t)code & 7) || Py_TYPE(code) != &PyCode_Type)
+            break;
+        int lasti = f->f_lasti;
+#  if PY_VERSION_HEX >= 0x030A0000
+        lasti *= 2; /* 3.10 counts instructions, not bytes */
+#  endif
+        out[n].code = (uint64_t)(uintptr_t)code;
+        out[n].lasti = lasti < 0 ? 0 : (uint32_t)lasti;
+        out[n].firstlineno = code->co_firstlineno;
+        n++;
+        f = f->f_back;
+#endif
+    }
+    return n;
+}
+
+/* ---------------------------------------------------------------- the ring */
+
+typedef struct {
+    _Atomic int state; /* 0 free, 1 being written, 2 ready */
+    int depth;
+    uint64_t ident;
+    uint64_t weight;
+    uint64_t labels[5];
+    RawFrame frames[];
+} Entry;
+
+static char *ring;            /* RING_CAPACITY entries of entry_size bytes */
+static size_t entry_size;
+static int max_depth = 64;
+static _Atomic unsigned long ring_pos;
+static _Atomic unsigned long ring_dropped;
+static _Atomic int cpu_enabled;
+static int running;
+static uint64_t cpu_interval_ns;
+
+static inline Entry *
+entry_at(size_t i)
+{
+    return (Entry *)(ring + (i % RING_CAPACITY) * entry_size);
+}
+
+static void
+copy_labels(const LabelsObject *labels, uint64_t *out)
+{
+    if (labels == NULL) {
+        memset(out, 0, 5 * sizeof(uint64_t));
+        return;
+    }
+    out[0] = labels->span_id;
+    out[1] = labels->trace_hi;
+    out[2] = labels->trace_lo;
+    out[3] = labels->root_span_id;
+    out[4] = labels->tagset;
+}
+
+/* ---------------------------------------------------------------- CPU timers */
+
+#ifdef HAVE_THREAD_TIMERS
+static struct sigaction previous_action;
+static int handler_installed;
+
+static void
+on_cpu_signal(int signum, siginfo_t *info, void *ucontext)
+{
+    if (info == NULL || info->si_code != SI_TIMER || info->si_value.sival_int != TIMER_MAGIC) {
+        /* Not ours: hand it to whoever had the signal before us. */
+        if ((previous_action.sa_flags & SA_SIGINFO) && previous_action.sa_sigaction != NULL)
+            previous_action.sa_sigaction(signum, info, ucontext);
+        else if (previous_action.sa_handler != SIG_DFL && previous_action.sa_handler != SIG_IGN &&
+                 previous_action.sa_handler != NULL)
+            previous_action.sa_handler(signum);
+        return;
+    }
+    if (!atomic_load_explicit(&cpu_enabled, memory_order_acquire) || ring == NULL)
+        return;
+    int saved_errno = errno;
+    PyThreadState *ts = PyGILState_GetThisThreadState();
+    if (ts != NULL) {
+        unsigned long pos = atomic_fetch_add_explicit(&ring_pos, 1, memory_order_relaxed);
+        Entry *e = entry_at(pos);
+        int expected = 0;
+        if (atomic_compare_exchange_strong(&e->state, &expected, 1)) {
+            e->ident = (uint64_t)ts->thread_id;
+            e->weight = cpu_interval_ns * (uint64_t)(1 + (info->si_overrun > 0 ? info->si_overrun : 0));
+            copy_labels(find_labels(thread_context(ts)), e->labels);
+            e->depth = walk_frames(ts, e->frames, max_depth);
+            atomic_store_explicit(&e->state, 2, memory_order_release);
+        } else {
+            atomic_fetch_add_explicit(&ring_dropped, 1, memory_order_relaxed);
+        }
+    }
+    errno = saved_errno;
+}
+#endif
+
+typedef struct {
+    unsigned long ident;
+    pid_t tid;
+    int live;     /* seen in the last sync */
+    timer_t timer;
+} ThreadTimer;
+
+static ThreadTimer timers[MAX_THREADS];
+static int n_timers;
+
+static unsigned long excluded[16];
+static int n_excluded;
+
+static int
+is_excluded(unsigned long ident)
+{
+    for (int i = 0; i < n_excluded; i++)
+        if (excluded[i] == ident)
+            return 1;
+    return 0;
+}
+
+#ifdef HAVE_THREAD_TIMERS
+static int
+arm_timer(ThreadTimer *t)
+{
+    clockid_t clock;
+    if (pthread_getcpuclockid((pthread_t)t->ident, &clock) != 0)
+        return -1;
+    /* The kernel encodes a thread's CPU clock as ~tid << 3 | flags; it is the only portable
+     * way from a pthread_t to the tid a SIGEV_THREAD_ID timer needs. */
+    pid_t tid = (pid_t)~(clock >> 3);
+    struct sigevent ev;
+    memset(&ev, 0, sizeof ev);
+    ev.sigev_notify = SIGEV_THREAD_ID;
+    ev.sigev_signo = SIGPROF;
+    ev.sigev_value.sival_int = TIMER_MAGIC;
+    ev._sigev_un._tid = tid;
+    if (timer_create(clock, &ev, &t->timer) != 0)
+        return -1;
+    struct itimerspec spec;
+    spec.it_interval.tv_sec = (time_t)(cpu_interval_ns / 1000000000ull);
+    spec.it_interval.tv_nsec = (long)(cpu_interval_ns % 1000000000ull);
+    spec.it_value = spec.it_interval;
+    if (timer_settime(t->timer, 0, &spec, NULL) != 0) {
+        timer_delete(t->timer);
+        return -1;
+    }
+    t->tid = tid;
+    return 0;
+}
+
+static pid_t
+current_tid_of(unsigned long ident)
+{
+    clockid_t clock;
+    if (pthread_getcpuclockid((pthread_t)ident, &clock) != 0)
+        return -1;
+    return (pid_t)~(clock >> 3);
+}
+#endif
+
+/* With the GIL: timers for new threads, none for threads gone.  Every thread listed by the
+ * interpreter is alive while we hold the GIL (it needs the GIL to delete its state). */
+static void
+sync_timers(PyInterpreterState *interp)
+{
+#ifdef HAVE_THREAD_TIMERS
+    for (int i = 0; i < n_timers; i++)
+        timers[i].live = 0;
+    for (PyThreadState *ts = PyInterpreterState_ThreadHead(interp); ts != NULL;
+         ts = PyThreadState_Next(ts)) {
+        unsigned long ident = ts->thread_id;
+        if (ident == 0 || is_excluded(ident))
+            continue;
+        pid_t tid = current_tid_of(ident);
+        int found = 0;
+        for (int i = 0; i < n_timers; i++) {
+            if (timers[i].ident == ident && timers[i].tid == tid) {
+                timers[i].live = 1;
+                found = 1;
+                break;
+            }
+        }
+        if (!found && n_timers < MAX_THREADS) {
+            ThreadTimer *t = &timers[n_timers];
+            t->ident = ident;
+            if (arm_timer(t) == 0) {
+                t->live = 1;
+                n_timers++;
+            }
+        }
+    }
+    for (int i = 0; i < n_timers;) {
+        if (!timers[i].live) {
+            timer_delete(timers[i].timer);
+            timers[i] = timers[--n_timers];
+        } else {
+            i++;
+        }
+    }
+#else
+    (void)interp;
+#endif
+}
+
+static void
+delete_timers(void)
+{
+#ifdef HAVE_THREAD_TIMERS
+    for (int i = 0; i < n_timers; i++)
+        timer_delete(timers[i].timer);
+#endif
+    n_timers = 0;
+}
+
+/* ---------------------------------------------------------------- code registry */
+
+/* Code objects referenced by samples, kept alive so their address cannot be reused before the
+ * agent has named them. */
+static uint64_t *code_set;
+static unsigned code_set_count;
+static PyObject *code_refs; /* list */
+
+static inline uint64_t
+mix64(uint64_t x)
+{
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdull;
+    x ^= x >> 33;
+    return x;
+}
+
+static int
+code_known(uint64_t ptr)
+{
+    size_t mask = ((size_t)1 << CODE_SET_BITS) - 1;
+    for (size_t i = mix64(ptr) & mask;; i = (i + 1) & mask) {
+        if (code_set[i] == ptr)
+            return 1;
+        if (code_set[i] == 0)
+            return 0;
+    }
+}
+
+/* 1 if registered (or already), 0 if the set is full. */
+static int
+code_register(PyObject *code)
+{
+    uint64_t ptr = (uint64_t)(uintptr_t)code;
+    size_t mask = ((size_t)1 << CODE_SET_BITS) - 1;
+    size_t i = mix64(ptr) & mask;
+    for (;; i = (i + 1) & mask) {
+        if (code_set[i] == ptr)
+            return 1;
+        if (code_set[i] == 0)
+            break;
+    }
+    if (code_set_count >= CODE_SET_MAX)
+        return 0;
+    if (PyList_Append(code_refs, code) < 0) {
+        PyErr_Clear();
+        return 0;
+    }
+    code_set[i] = ptr;
+    code_set_count++;
+    return 1;
+}
+
+/* Frames recorded by the signal handler point at code objects that were alive then; by now
+ * one may have been freed.  Keep only pointers that still are code objects with the same
+ * first line (pymalloc keeps freed memory mapped, so the read itself is safe). */
+static void
+validate_frames(RawFrame *frames, int depth)
+{
+    for (int i = 0; i < depth; i++) {
+        uint64_t ptr = frames[i].code;
+        if (ptr == 0 || code_known(ptr))
+            continue;
+        PyObject *code = (PyObject *)(uintptr_t)ptr;
+        if (Py_TYPE(code) == &PyCode_Type && Py_REFCNT(code) > 0 &&
+            ((PyCodeObject *)code)->co_firstlineno == frames[i].firstlineno &&
+            code_register(code)) {
+            continue;
+        }
+        frames[i].code = 0;
+    }
+}
+
+/* ---------------------------------------------------------------- aggregation */
+
+static PyObject *aggregate; /* dict: (kind, ident, l0..l4, frames bytes) -> ns */
+
+static int
+add_sample(int kind, uint64_t ident, const uint64_t *labels, const RawFrame *frames, int depth,
+           uint64_t weight)
+{
+    /* firstlineno only served validation: zero it so equal stacks make equal keys. */
+    RawFrame key_frames[depth > 0 ? depth : 1];
+    for (int i = 0; i < depth; i++) {
+        key_frames[i].code = frames[i].code;
+        key_frames[i].lasti = frames[i].lasti;
+        key_frames[i].firstlineno = 0;
+    }
+    PyObject *key = Py_BuildValue("(iKKKKKKy#)", kind, (unsigned long long)ident,
+                                  (unsigned long long)labels[0], (unsigned long long)labels[1],
+                                  (unsigned long long)labels[2], (unsigned long long)labels[3],
+                                  (unsigned long long)labels[4], (const char *)key_frames,
+                                  (Py_ssize_t)(depth * (int)sizeof(RawFrame)));
+    if (key == NULL)
+        return -1;
+    PyObject *old = PyDict_GetItemWithError(aggregate, key);
+    if (old == NULL && PyErr_Occurred()) {
+        Py_DECREF(key);
+        return -1;
+    }
+    unsigned long long total = weight;
+    if (old != NULL)
+        total += PyLong_AsUnsignedLongLong(old);
+    PyObject *value = PyLong_FromUnsignedLongLong(total);
+    int rc = value ? PyDict_SetItem(aggregate, key, value) : -1;
+    Py_XDECREF(value);
+    Py_DECREF(key);
+    return rc;
+}
+
+static int
+drain_ring(void)
+{
+    if (ring == NULL)
+        return 0;
+    for (size_t i = 0; i < RING_CAPACITY; i++) {
+        Entry *e = entry_at(i);
+        if (atomic_load_explicit(&e->state, memory_order_acquire) != 2)
+            continue;
+        validate_frames(e->frames, e->depth);
+        int rc = add_sample(0, e->ident, e->labels, e->frames, e->depth, e->weight);
+        atomic_store_explicit(&e->state, 0, memory_order_release);
+        if (rc < 0)
+            return -1;
+    }
+    return 0;
+}
+
+static int
+sample_walls(PyInterpreterState *interp, uint64_t wall_ns, RawFrame *scratch)
+{
+    for (PyThreadState *ts = PyInterpreterState_ThreadHead(interp); ts != NULL;
+         ts = PyThreadState_Next(ts)) {
+        if (ts->thread_id == 0 || is_excluded(ts->thread_id))
+            continue;
+        int depth = walk_frames(ts, scratch, max_depth);
+        if (depth == 0)
+            continue; /* a thread state with no Python running (being set up or torn down) */
+        for (int i = 0; i < depth; i++) {
+            if (!code_register((PyObject *)(uintptr_t)scratch[i].code))
+                scratch[i].code = 0;
+        }
+        uint64_t labels[5];
+        copy_labels(find_labels(thread_context(ts)), labels);
+        if (add_sample(1, ts->thread_id, labels, scratch, depth, wall_ns) < 0)
+            return -1;
+    }
+    return 0;
+}
+
+/* ---------------------------------------------------------------- module functions */
+
+static PyObject *
+sampler_start(PyObject *mod, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"cpu_interval_ns", "max_depth", "cpu", NULL};
+    unsigned long long interval;
+    int depth, cpu;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "Kip", kwlist, &interval, &depth, &cpu))
+        return NULL;
+    if (depth < 1 || depth > 1000 || interval < 1000000ull) {
+        PyErr_SetString(PyExc_ValueError, "max_depth must be 1..1000 and the interval >= 1 ms");
+        return NULL;
+    }
+    if (running) {
+        PyErr_SetString(PyExc_RuntimeError, "the sampler is already running");
+        return NULL;
+    }
+    /* A ring left by an earlier run may still be written by a late signal: leave it be. */
+    ring = NULL;
+    Py_CLEAR(aggregate);
+    Py_CLEAR(code_refs);
+    PyMem_RawFree(code_set);
+    max_depth = depth;
+    cpu_interval_ns = interval;
+    entry_size = sizeof(Entry) + (size_t)depth * sizeof(RawFrame);
+    entry_size = (entry_size + 63) & ~(size_t)63;
+    ring = PyMem_RawCalloc(RING_CAPACITY, entry_size);
+    code_set = PyMem_RawCalloc((size_t)1 << CODE_SET_BITS, sizeof(uint64_t));
+    aggregate = PyDict_New();
+    code_refs = PyList_New(0);
+    if (ring == NULL || code_set == NULL || aggregate == NULL || code_refs == NULL) {
+        PyMem_RawFree(ring);
+        PyMem_RawFree(code_set);
+        ring = NULL;
+        code_set = NULL;
+        Py_CLEAR(aggregate);
+        Py_CLEAR(code_refs);
+        return PyErr_NoMemory();
+    }
+    code_set_count = 0;
+    running = 1;
+    int native_cpu = 0;
+#ifdef HAVE_THREAD_TIMERS
+    if (cpu) {
+        if (!handler_installed) {
+            struct sigaction sa;
+            memset(&sa, 0, sizeof sa);
+            sa.sa_sigaction = on_cpu_signal;
+            sa.sa_flags = SA_SIGINFO | SA_RESTART;
+            sigemptyset(&sa.sa_mask);
+            if (sigaction(SIGPROF, &sa, &previous_action) == 0)
+                handler_installed = 1;
+        }
+        native_cpu = handler_installed;
+    }
+#endif
+    atomic_store(&ring_dropped, 0);
+    atomic_store(&cpu_enabled, native_cpu);
+    return PyBool_FromLong(native_cpu);
+}
+
+static PyObject *
+sampler_stop(PyObject *mod, PyObject *unused)
+{
+    atomic_store(&cpu_enabled, 0);
+    delete_timers();
+    running = 0;
+    /* The handler stays installed: a signal already queued for a thread must not meet the
+     * default SIGPROF action, which kills the process.  Disabled, it returns at once.  The
+     * ring is kept for the same reason (a late handler may still be writing to it). */
+    if (ring != NULL) {
+        for (size_t i = 0; i < RING_CAPACITY; i++)
+            atomic_store(&entry_at(i)->state, 0);
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+sampler_tick(PyObject *mod, PyObject *args)
+{
+    unsigned long long wall_ns;
+    if (!PyArg_ParseTuple(args, "K", &wall_ns))
+        return NULL;
+    if (!running) {
+        PyErr_SetString(PyExc_RuntimeError, "the sampler is not running");
+        return NULL;
+    }
+    PyInterpreterState *interp = PyThreadState_Get()->interp;
+    if (atomic_load(&cpu_enabled))
+        sync_timers(interp);
+    if (drain_ring() < 0)
+        return NULL;
+    if (wall_ns > 0) {
+        RawFrame *scratch = PyMem_Malloc((size_t)max_depth * sizeof(RawFrame));
+        if (scratch == NULL)
+            return PyErr_NoMemory();
+        int rc = sample_walls(interp, wall_ns, scratch);
+        PyMem_Free(scratch);
+        if (rc < 0)
+            return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+/* Returns (samples dict, code objects list, dropped count) and starts a new window.  The code
+ * list keeps every code object the samples point at alive; the caller drops it when named. */
+static PyObject *
+sampler_collect(PyObject *mod, PyObject *args)
+{
+    int release_codes = 0;
+    if (!PyArg_ParseTuple(args, "|p", &release_codes))
+        return NULL;
+    if (aggregate == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "the sampler was never started");
+        return NULL;
+    }
+    if (drain_ring() < 0)
+        return NULL;
+    PyObject *fresh = PyDict_New();
+    if (fresh == NULL)
+        return NULL;
+    PyObject *samples = aggregate;
+    aggregate = fresh;
+    PyObject *codes = code_refs;
+    if (release_codes) {
+        PyObject *empty = PyList_New(0);
+        if (empty == NULL) {
+            aggregate = samples;
+            Py_DECREF(fresh);
+            return NULL;
+        }
+        code_refs = empty;
+        memset(code_set, 0, ((size_t)1 << CODE_SET_BITS) * sizeof(uint64_t));
+        code_set_count = 0;
+    } else {
+        Py_INCREF(codes);
+    }
+    unsigned long dropped = atomic_exchange(&ring_dropped, 0);
+    return Py_BuildValue("(NNk)", samples, codes, dropped);
+}
+
+static PyObject *
+sampler_exclude(PyObject *mod, PyObject *args)
+{
+    unsigned long ident;
+    if (!PyArg_ParseTuple(args, "k", &ident))
+        return NULL;
+    if (!is_excluded(ident) && n_excluded < (int)(sizeof excluded / sizeof excluded[0]))
+        excluded[n_excluded++] = ident;
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+sampler_after_fork(PyObject *mod, PyObject *unused)
+{
+    /* Timers are not inherited, and entries a vanished thread was writing would stay busy. */
+    atomic_store(&cpu_enabled, 0);
+    running = 0;
+    n_timers = 0;
+    n_excluded = 0;
+    if (ring != NULL) {
+        for (size_t i = 0; i < RING_CAPACITY; i++)
+            atomic_store(&entry_at(i)->state, 0);
+    }
+    PyMem_RawFree(ring);
+    ring = NULL;
+    PyMem_RawFree(code_set);
+    code_set = NULL;
+    Py_CLEAR(aggregate);
+    Py_CLEAR(code_refs);
+    Py_RETURN_NONE;
+}
+
+/* The labels the handler would see for the calling thread: lets tests (and module init) check
+ * the HAMT mirror against ContextVar.get(). */
+static PyObject *
+sampler_current_labels(PyObject *mod, PyObject *unused)
+{
+    const LabelsObject *found = find_labels(thread_context(PyThreadState_Get()));
+    if (found == NULL)
+        Py_RETURN_NONE;
+    return Py_NewRef((PyObject *)found);
+}
+
+static PyObject *
+sampler_enable_labels(PyObject *mod, PyObject *args)
+{
+    /* Node types learned from real HAMTs built by the caller: (var, bitmap-rooted context,
+     * array-rooted context).  Lookup is enabled only if both find the var's value. */
+    PyObject *var, *small_ctx, *big_ctx;
+    if (!PyArg_ParseTuple(args, "OOO", &var, &small_ctx, &big_ctx))
+        return NULL;
+    if (!PyContext_CheckExact(small_ctx) || !PyContext_CheckExact(big_ctx)) {
+        PyErr_SetString(PyExc_TypeError, "contexts expected");
+        return NULL;
+    }
+    labels_lookup_ok = 0;
+    PyObject *small_root = ((HamtMirror *)((CtxMirror *)small_ctx)->ctx_vars)->h_root;
+    PyObject *big_root = ((HamtMirror *)((CtxMirror *)big_ctx)->ctx_vars)->h_root;
+    if (small_root == NULL || big_root == NULL)
+        Py_RETURN_FALSE;
+    bitmap_node_type = Py_TYPE(small_root);
+    array_node_type = Py_TYPE(big_root);
+    if (bitmap_node_type == array_node_type)
+        Py_RETURN_FALSE;
+    Py_XSETREF(labels_var, Py_NewRef(var));
+    Py_hash_t h = PyObject_Hash(var);
+    if (h == -1)
+        return NULL;
+#if SIZEOF_PY_HASH_T > 4
+    int32_t folded = (int32_t)(h & 0xffffffffl) ^ (int32_t)(h >> 32);
+    labels_var_hash = folded == -1 ? -2 : folded;
+#else
+    labels_var_hash = (int32_t)h;
+#endif
+    labels_lookup_ok = 1;
+    Py_RETURN_TRUE;
+}
+
+static PyObject *
+sampler_find_in(PyObject *mod, PyObject *ctx)
+{
+    if (!PyContext_CheckExact(ctx)) {
+        PyErr_SetString(PyExc_TypeError, "a contextvars.Context expected");
+        return NULL;
+    }
+    const LabelsObject *found = find_labels(ctx);
+    if (found == NULL)
+        Py_RETURN_NONE;
+    return Py_NewRef((PyObject *)found);
+}
+
+static PyMethodDef methods[] = {
+    {"start", (PyCFunction)(void (*)(void))sampler_start, METH_VARARGS | METH_KEYWORDS,
+     "start(cpu_interval_ns, max_depth, cpu) -> bool: whether native CPU timers are on"},
+    {"stop", sampler_stop, METH_NOARGS, "stop(): no more CPU samples"},
+    {"tick", sampler_tick, METH_VARARGS,
+     "tick(wall_ns): arm timers of new threads, drain CPU samples, take wall samples"},
+    {"collect", sampler_collect, METH_VARARGS,
+     "collect(release_codes=False) -> (samples, code objects, dropped)"},
+    {"exclude", sampler_exclude, METH_VARARGS, "exclude(ident): never sample this thread"},
+    {"after_fork", sampler_after_fork, METH_NOARGS, "reset in a forked child"},
+    {"enable_labels", sampler_enable_labels, METH_VARARGS, NULL},
+    {"current_labels", sampler_current_labels, METH_NOARGS, NULL},
+    {"find_in", sampler_find_in, METH_O, NULL},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "_sampler", "hotspan's native sampler (see sampler.c).", -1, methods,
+};
+
+PyMODINIT_FUNC
+PyInit__sampler(void)
+{
+    if (PyType_Ready(&LabelsType) < 0)
+        return NULL;
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL)
+        return NULL;
+    Py_INCREF(&LabelsType);
+    if (PyModule_AddObject(m, "Labels", (PyObject *)&LabelsType) < 0) {
+        Py_DECREF(&LabelsType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    PyModule_AddIntConstant(m, "FRAME_SIZE", (long)sizeof(RawFrame));
+#ifdef HAVE_THREAD_TIMERS
+    PyModule_AddIntConstant(m, "HAVE_THREAD_TIMERS", 1);
+#else
+    PyModule_AddIntConstant(m, "HAVE_THREAD_TIMERS", 0);
+#endif
+    return m;
+}

@@ -1,0 +1,178 @@
+"""Agent settings: keyword arguments of :func:`hotspan.configure`, else environment variables.
+
+Pyroscope's variable names are read too, so a service already set up for ``pyroscope-io``
+needs no change: ``HOTSPAN_X`` wins over ``PYROSCOPE_X`` when both are set.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, fields
+from typing import Dict, Mapping, Optional
+
+DEFAULT_SERVER_ADDRESS = "http://localhost:4040"
+DEFAULT_BUFFER_BYTES = 16 * 1024 * 1024
+
+
+class ConfigError(ValueError):
+    """A setting that cannot be used; the message names it."""
+
+
+@dataclass
+class AgentConfig:
+    application_name: str = ""
+    server_address: str = DEFAULT_SERVER_ADDRESS
+    sample_rate: int = 100
+    upload_interval: float = 10.0
+    tags: Dict[str, str] = field(default_factory=dict)
+    # Deepest frames kept per stack; the rest of a deeper stack is cut at the root end.
+    max_depth: int = 64
+    # Which profiles to take.
+    cpu: bool = True
+    wall: bool = True
+    # A thread_name label on every sample.
+    thread_name_label: bool = False
+    # Span linking: span_id/trace_id labels from the OpenTelemetry span current at each sample.
+    trace_correlation: bool = True
+    # Label samples with the local root span instead of the innermost span.
+    root_spans_only: bool = False
+    # Auth and routing to the server.
+    auth_token: str = ""
+    basic_auth_username: str = ""
+    basic_auth_password: str = ""
+    tenant_id: str = ""
+    http_headers: Dict[str, str] = field(default_factory=dict)
+    # Bytes of profiles kept while the server is away; beyond, the oldest are dropped.
+    max_buffer_bytes: int = DEFAULT_BUFFER_BYTES
+    # Seconds the exit flush may take.
+    exit_flush_timeout: float = 3.0
+    # Seconds one upload attempt may take.
+    upload_timeout: float = 10.0
+    # Use the C sampler when it is built (False forces the pure-Python one).
+    native: bool = True
+
+    def validate(self) -> AgentConfig:
+        if not self.application_name:
+            raise ConfigError(
+                "application_name is required (or set HOTSPAN_APPLICATION_NAME / "
+                "PYROSCOPE_APPLICATION_NAME)"
+            )
+        if not self.server_address.startswith(("http://", "https://")):
+            raise ConfigError(
+                f"server_address {self.server_address!r} must start with http:// or https://"
+            )
+        if not 1 <= self.sample_rate <= 1000:
+            raise ConfigError(f"sample_rate {self.sample_rate} must be between 1 and 1000 Hz")
+        if not 0.1 <= self.upload_interval <= 3600:
+            raise ConfigError(
+                f"upload_interval {self.upload_interval} must be between 0.1 and 3600 seconds"
+            )
+        if not 1 <= self.max_depth <= 1000:
+            raise ConfigError(f"max_depth {self.max_depth} must be between 1 and 1000")
+        if self.max_buffer_bytes < 0:
+            raise ConfigError("max_buffer_bytes must not be negative")
+        for key in self.tags:
+            check_tag_key(key)
+        return self
+
+
+_RESERVED_TAG_CHARS = set("{},=\"")
+
+
+def check_tag_key(key: str) -> None:
+    if not key or not (key[0].isalpha() or key[0] == "_") or not all(
+        c.isalnum() or c in "_." for c in key
+    ):
+        raise ConfigError(f"tag name {key!r} must be letters, digits, '_' or '.'")
+
+
+def parse_tags(text: str) -> Dict[str, str]:
+    """``k=v,k2=v2`` (the PYROSCOPE_TAGS form) to a dict; a part without ``=`` is an error."""
+    tags: Dict[str, str] = {}
+    for part in (text or "").split(","):
+        part = part.strip()
+        if not part:
+            continue
+        key, sep, value = part.partition("=")
+        if not sep:
+            raise ConfigError(f"tag {part!r} is not key=value")
+        tags[key.strip()] = value.strip()
+    return tags
+
+
+def _bool(name: str, text: str) -> bool:
+    value = text.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off", ""):
+        return False
+    raise ConfigError(f"{name}={text!r} is not a boolean (true/false)")
+
+
+# Setting -> variable suffix; read as HOTSPAN_<suffix>, then PYROSCOPE_<suffix>.
+_ENV_NAMES = {
+    "application_name": "APPLICATION_NAME",
+    "server_address": "SERVER_ADDRESS",
+    "sample_rate": "SAMPLE_RATE",
+    "upload_interval": "UPLOAD_INTERVAL",
+    "tags": "TAGS",
+    "max_depth": "MAX_DEPTH",
+    "cpu": "CPU",
+    "wall": "WALL",
+    "thread_name_label": "THREAD_NAME_LABEL",
+    "trace_correlation": "TRACE_CORRELATION",
+    "root_spans_only": "ROOT_SPANS_ONLY",
+    "auth_token": "AUTH_TOKEN",
+    "basic_auth_username": "BASIC_AUTH_USERNAME",
+    "basic_auth_password": "BASIC_AUTH_PASSWORD",
+    "tenant_id": "TENANT_ID",
+    "max_buffer_bytes": "MAX_BUFFER_BYTES",
+    "native": "NATIVE",
+}
+
+
+def env_value(suffix: str, environ: Mapping[str, str]) -> Optional[tuple]:
+    """(variable name, value) of the first of HOTSPAN_<suffix>, PYROSCOPE_<suffix> set."""
+    for prefix in ("HOTSPAN_", "PYROSCOPE_"):
+        name = prefix + suffix
+        if environ.get(name, "") != "":
+            return name, environ[name]
+    return None
+
+
+def from_env(environ: Optional[Mapping[str, str]] = None, **overrides: object) -> AgentConfig:
+    """Settings from ``overrides`` (keyword arguments), then the environment, then defaults."""
+    environ = os.environ if environ is None else environ
+    known = {f.name: f for f in fields(AgentConfig)}
+    unknown = set(overrides) - set(known)
+    if unknown:
+        raise ConfigError(f"unknown setting(s): {', '.join(sorted(unknown))}")
+    config = AgentConfig()
+    for name, suffix in _ENV_NAMES.items():
+        found = env_value(suffix, environ)
+        if found is None:
+            continue
+        var, text = found
+        try:
+            setattr(config, name, _convert(name, var, text, getattr(config, name)))
+        except ValueError as exc:
+            raise ConfigError(f"{var}={text!r}: {exc}") from None
+    for name, value in overrides.items():
+        if value is None:
+            continue
+        if name in ("tags", "http_headers"):
+            value = {str(k): str(v) for k, v in dict(value).items()}  # type: ignore[call-overload]
+        setattr(config, name, value)
+    return config
+
+
+def _convert(name: str, var: str, text: str, default: object) -> object:
+    if name == "tags":
+        return parse_tags(text)
+    if isinstance(default, bool):
+        return _bool(var, text)
+    if isinstance(default, int):
+        return int(text)
+    if isinstance(default, float):
+        return float(text)
+    return text

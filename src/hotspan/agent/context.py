@@ -1,0 +1,277 @@
+"""Labels that follow the program's ``contextvars``: the current span and ``tag_wrapper`` tags.
+
+Every thread and every asyncio task runs in its own ``contextvars.Context``, so one
+ContextVar, :data:`LABELS`, holds what a sample taken there must carry.  The native sampler
+reads it from a signal handler by walking the context's HAMT (see ``_speedups/sampler.c``),
+so the value is a small C object of plain integers; tags are interned into numbered tag sets.
+
+Spans: OpenTelemetry makes a span current with ``opentelemetry.context.attach``.  The agent
+wraps the runtime context so every attach/detach also sets/resets :data:`LABELS` in the same
+context, which is what makes a span's samples its own even with many tasks on one loop.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import functools
+import inspect
+import logging
+import threading
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
+
+from hotspan._speedups import load_sampler
+
+logger = logging.getLogger("hotspan.agent")
+
+_native = load_sampler()
+
+
+class PyLabels:
+    """Pure-Python twin of the C ``Labels`` type (same constructor and attributes)."""
+
+    __slots__ = ("span_id", "trace_hi", "trace_lo", "root_span_id", "tagset")
+
+    def __init__(
+        self,
+        span_id: int = 0,
+        trace_hi: int = 0,
+        trace_lo: int = 0,
+        root_span_id: int = 0,
+        tagset: int = 0,
+    ) -> None:
+        self.span_id = span_id
+        self.trace_hi = trace_hi
+        self.trace_lo = trace_lo
+        self.root_span_id = root_span_id
+        self.tagset = tagset
+
+
+Labels: Callable[..., Any] = _native.Labels if _native is not None else PyLabels
+
+LABELS: contextvars.ContextVar = contextvars.ContextVar("hotspan.labels")
+
+# Labels per thread ident, for the pure-Python sampler, which cannot read another thread's
+# context: it is right for threads, and per thread (not per task) under asyncio.
+THREAD_LABELS: Dict[int, Any] = {}
+
+
+def _publish(value: Any) -> None:
+    THREAD_LABELS[threading.get_ident()] = value
+
+
+def labels_tuple(labels: Any) -> Tuple[int, int, int, int, int]:
+    if labels is None:
+        return (0, 0, 0, 0, 0)
+    return (labels.span_id, labels.trace_hi, labels.trace_lo, labels.root_span_id, labels.tagset)
+
+
+# ------------------------------------------------------------------ tag sets
+
+MAX_TAGSETS = 10_000
+_tagsets: List[Tuple[Tuple[str, str], ...]] = [()]
+_tagset_ids: Dict[Tuple[Tuple[str, str], ...], int] = {(): 0}
+_tagset_lock = threading.Lock()
+_warned_overflow = False
+
+
+def tagset_id(tags: Mapping[str, str]) -> int:
+    global _warned_overflow
+    key = tuple(sorted((str(k), str(v)) for k, v in tags.items()))
+    found = _tagset_ids.get(key)
+    if found is not None:
+        return found
+    with _tagset_lock:
+        found = _tagset_ids.get(key)
+        if found is not None:
+            return found
+        if len(_tagsets) >= MAX_TAGSETS:
+            # Tag values with unbounded cardinality (a request id) would make one series
+            # each; past the limit new combinations are dropped rather than grow forever.
+            if not _warned_overflow:
+                _warned_overflow = True
+                logger.warning(
+                    "hotspan: more than %d distinct tag_wrapper tag sets; new ones are ignored",
+                    MAX_TAGSETS,
+                )
+            return 0
+        _tagsets.append(key)
+        _tagset_ids[key] = len(_tagsets) - 1
+        return len(_tagsets) - 1
+
+
+def tagset(tagset_id: int) -> Tuple[Tuple[str, str], ...]:
+    return _tagsets[tagset_id] if 0 <= tagset_id < len(_tagsets) else ()
+
+
+class tag_wrapper:  # noqa: N801 - the name Pyroscope users know
+    """Adds tags to every sample taken inside: ``with hotspan.tag_wrapper({"route": "/a"}):``
+    or ``@hotspan.tag_wrapper({...})`` on a function or coroutine function."""
+
+    def __init__(self, tags: Mapping[str, str]) -> None:
+        from hotspan.agent.config import check_tag_key
+
+        for key in tags:
+            check_tag_key(str(key))
+        self._tags = {str(k): str(v) for k, v in tags.items()}
+        self._tokens: List[contextvars.Token] = []
+
+    def __enter__(self) -> tag_wrapper:
+        current = LABELS.get(None)
+        base = dict(tagset(current.tagset)) if current is not None else {}
+        base.update(self._tags)
+        s, th, tl, root, _ = labels_tuple(current)
+        value = Labels(s, th, tl, root, tagset_id(base))
+        self._tokens.append(LABELS.set(value))
+        _publish(value)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        LABELS.reset(self._tokens.pop())
+        _publish(LABELS.get(None))
+
+    def __call__(self, func: Callable) -> Callable:
+        tags = self._tags
+        if inspect.iscoroutinefunction(func):
+
+            @functools.wraps(func)
+            async def run_async(*args: Any, **kwargs: Any) -> Any:
+                with tag_wrapper(tags):
+                    return await func(*args, **kwargs)
+
+            return run_async
+
+        @functools.wraps(func)
+        def run(*args: Any, **kwargs: Any) -> Any:
+            with tag_wrapper(tags):
+                return func(*args, **kwargs)
+
+        return run
+
+
+# ------------------------------------------------------------------ OpenTelemetry
+
+PROFILE_ID_ATTRIBUTE = "pyroscope.profile.id"
+
+
+class _Pair:
+    """The token our runtime context hands out: OpenTelemetry's, and ours for LABELS."""
+
+    __slots__ = ("inner", "ours")
+
+    def __init__(self, inner: Any, ours: contextvars.Token) -> None:
+        self.inner = inner
+        self.ours = ours
+
+
+class SpanLinkingRuntimeContext:
+    """Wraps OpenTelemetry's runtime context: attach/detach also set/reset :data:`LABELS`."""
+
+    def __init__(self, inner: Any, root_spans_only: bool) -> None:
+        self.inner = inner
+        self.root_spans_only = root_spans_only
+
+    def attach(self, context: Any) -> Any:
+        token = self.inner.attach(context)
+        try:
+            ours = LABELS.set(self._labels_for(context))
+        except Exception:  # noqa: BLE001 - never break the program's tracing
+            logger.debug("hotspan: span labels not set", exc_info=True)
+            return token
+        _publish(LABELS.get(None))
+        return _Pair(token, ours)
+
+    def detach(self, token: Any) -> None:
+        if isinstance(token, _Pair):
+            self.inner.detach(token.inner)
+            try:
+                LABELS.reset(token.ours)
+            except ValueError:
+                # Reset from another context than the attach (OpenTelemetry itself logs
+                # "Failed to detach context" for this); leave our value consistent with it.
+                LABELS.set(self._labels_for(self.inner.get_current()))
+            _publish(LABELS.get(None))
+        else:
+            self.inner.detach(token)
+
+    def get_current(self) -> Any:
+        return self.inner.get_current()
+
+    def _labels_for(self, context: Any) -> Any:
+        from opentelemetry import trace
+
+        previous = LABELS.get(None)
+        tags = previous.tagset if previous is not None else 0
+        span = trace.get_current_span(context)
+        ctx = span.get_span_context()
+        if not ctx.is_valid:
+            return Labels(0, 0, 0, 0, tags)
+        trace_hi, trace_lo = ctx.trace_id >> 64, ctx.trace_id & ((1 << 64) - 1)
+        parent = getattr(span, "parent", None)
+        local_child = parent is not None and not getattr(parent, "is_remote", True)
+        if (
+            local_child
+            and previous is not None
+            and previous.root_span_id
+            and (previous.trace_hi, previous.trace_lo) == (trace_hi, trace_lo)
+        ):
+            root = previous.root_span_id
+        else:
+            root = ctx.span_id
+        labelled = root if self.root_spans_only else ctx.span_id
+        if labelled == ctx.span_id and span.is_recording():
+            span.set_attribute(PROFILE_ID_ATTRIBUTE, format(ctx.span_id, "016x"))
+        return Labels(ctx.span_id, trace_hi, trace_lo, root, tags)
+
+
+def install_span_linking(root_spans_only: bool) -> bool:
+    """Hooks OpenTelemetry when it is installed; False (and no span labels) otherwise."""
+    try:
+        import opentelemetry.context as otel_context
+    except ImportError:
+        return False
+    current = getattr(otel_context, "_RUNTIME_CONTEXT", None)
+    if current is None:
+        logger.warning("hotspan: this OpenTelemetry version has no runtime context to hook")
+        return False
+    if isinstance(current, SpanLinkingRuntimeContext):
+        current.root_spans_only = root_spans_only
+        return True
+    otel_context._RUNTIME_CONTEXT = SpanLinkingRuntimeContext(current, root_spans_only)
+    # A span current before the agent started (hotspan.configure inside a span) counts too.
+    hook = otel_context._RUNTIME_CONTEXT
+    try:
+        LABELS.set(hook._labels_for(current.get_current()))
+        _publish(LABELS.get(None))
+    except Exception:  # noqa: BLE001
+        logger.debug("hotspan: no current span at start", exc_info=True)
+    return True
+
+
+def enable_native_labels() -> bool:
+    """Teaches the C sampler the node types of this CPython's HAMT, from real contexts, and
+    checks that it finds :data:`LABELS` exactly as ``ContextVar.get`` does."""
+    if _native is None:
+        return False
+    probe = Labels(1, 2, 3, 4, 0)
+
+    def contexts() -> Tuple[contextvars.Context, contextvars.Context]:
+        small = contextvars.Context().run(_context_with, [LABELS], probe)
+        filler = [contextvars.ContextVar(f"hotspan.probe{i}") for i in range(64)]
+        big = contextvars.Context().run(_context_with, filler + [LABELS], probe)
+        return small, big
+
+    small, big = contexts()
+    if not _native.enable_labels(LABELS, small, big):
+        return False
+    ok = _native.find_in(small) is probe and _native.find_in(big) is probe
+    ok = ok and _native.find_in(contextvars.Context()) is None
+    if not ok:
+        logger.warning("hotspan: this Python's contextvars layout is unknown; no span labels")
+        _native.enable_labels(LABELS, contextvars.Context(), contextvars.Context())
+    return ok
+
+
+def _context_with(variables: List[contextvars.ContextVar], value: Any) -> contextvars.Context:
+    for var in variables:
+        var.set(value if var is LABELS else 0)
+    return contextvars.copy_context()

@@ -1,0 +1,252 @@
+"""The agent: a sampler thread that ticks at ``sample_rate`` and, every ``upload_interval``,
+turns what it collected into one CPU and one wall pprof for the uploader."""
+
+from __future__ import annotations
+
+import atexit
+import base64
+import logging
+import os
+import threading
+import time
+from typing import Any, Dict, List, Optional, Tuple
+
+from hotspan import __version__
+from hotspan.agent import context
+from hotspan.agent.config import AgentConfig
+from hotspan.agent.pprof_writer import ProfileWriter
+from hotspan.agent.sampler import CPU, WALL, Collected, make_sampler
+from hotspan.agent.symbols import Symbolizer
+from hotspan.agent.uploader import Uploader
+
+logger = logging.getLogger("hotspan.agent")
+
+CPU_TYPE = ("cpu", "nanoseconds")
+WALL_TYPE = ("wall", "nanoseconds")
+# A tick that comes late (the GIL was busy) still counts the wall time that passed, but
+# never more than this: a process stopped (SIGSTOP, a laptop lid) is not all "wall".
+MAX_WALL_PER_TICK_NS = 1_000_000_000
+
+
+class Agent:
+    def __init__(self, config: AgentConfig) -> None:
+        self.config = config
+        self._stop = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+        self._sampler = make_sampler(config.sample_rate, config.max_depth, config.cpu,
+                                     config.native)
+        self._symbols = Symbolizer()
+        self._uploader = Uploader(
+            config.server_address,
+            self._headers(),
+            max_buffer_bytes=config.max_buffer_bytes,
+            timeout=config.upload_timeout,
+            user_agent=f"hotspan-agent/{__version__}",
+        )
+        self._window_start_ns = time.time_ns()
+        self._lock = threading.Lock()
+        self.span_linking = False
+        self.dropped_samples = 0
+        self.uploads = 0
+        self._pid = os.getpid()
+
+    # -------------------------------------------------------------- lifecycle
+
+    def start(self) -> None:
+        if self.config.trace_correlation:
+            self.span_linking = context.install_span_linking(self.config.root_spans_only)
+        self._sampler.start()
+        self._uploader.start()
+        ident = self._uploader.thread_ident
+        if ident is not None:
+            self._sampler.exclude(ident)
+        self._start_thread()
+        atexit.register(self._at_exit)
+        _register_fork_handler(self)
+
+    def _start_thread(self) -> None:
+        self._stop.clear()
+        self._window_start_ns = time.time_ns()
+        self._thread = threading.Thread(target=self._run, name="hotspan-sampler", daemon=True)
+        self._thread.start()
+
+    def shutdown(self, flush: bool = True) -> None:
+        try:
+            atexit.unregister(self._at_exit)
+            self._stop.set()
+            thread = self._thread
+            if thread is not None and thread is not threading.current_thread():
+                thread.join(timeout=2.0)
+            self._sampler.stop()
+            if flush:
+                self._upload_window()
+                self._uploader.flush(self.config.exit_flush_timeout)
+            self._uploader.stop(timeout=1.0)
+            stats = self._uploader.stats
+            if stats.dropped_uploads or self.dropped_samples:
+                logger.info(
+                    "hotspan: dropped %d uploads (%d bytes) and %d samples",
+                    stats.dropped_uploads, stats.dropped_bytes, self.dropped_samples,
+                )
+        except Exception:  # noqa: BLE001 - never raise into the program
+            logger.debug("hotspan: shutdown failed", exc_info=True)
+
+    def _at_exit(self) -> None:
+        self.shutdown(flush=True)
+
+    def after_fork_in_child(self) -> None:
+        """A forked worker profiles itself: its own sampler and uploader thread, nothing of
+        the parent's pending data (the parent sends that)."""
+        try:
+            self._pid = os.getpid()
+            self._sampler.after_fork()
+            self._uploader.reset_after_fork()
+            if self._thread is None or self._stop.is_set():
+                return
+            self._sampler.start()
+            self._uploader.start()
+            ident = self._uploader.thread_ident
+            if ident is not None:
+                self._sampler.exclude(ident)
+            self._start_thread()
+        except Exception:  # noqa: BLE001
+            logger.debug("hotspan: restart after fork failed", exc_info=True)
+
+    # -------------------------------------------------------------- sampling loop
+
+    def _run(self) -> None:
+        ident = threading.get_ident()
+        self._sampler.exclude(ident)
+        interval = 1.0 / self.config.sample_rate
+        upload_every = self.config.upload_interval
+        wall = self.config.wall
+        last = time.monotonic()
+        next_tick = last + interval
+        next_upload = last + upload_every
+        while not self._stop.is_set():
+            delay = next_tick - time.monotonic()
+            if delay > 0:
+                self._stop.wait(delay)
+                if self._stop.is_set():
+                    break
+            now = time.monotonic()
+            next_tick += interval
+            if next_tick < now:  # fell behind (a long GIL hold): skip, do not burst
+                next_tick = now + interval
+            elapsed_ns = min(int((now - last) * 1e9), MAX_WALL_PER_TICK_NS)
+            last = now
+            try:
+                self._sampler.tick(elapsed_ns if wall else 0)
+                if now >= next_upload:
+                    next_upload = now + upload_every
+                    self._upload_window()
+            except Exception:  # noqa: BLE001 - a bug here must not stop the program
+                logger.warning("hotspan: sampling failed; profiling stops", exc_info=True)
+                return
+
+    # -------------------------------------------------------------- uploads
+
+    def _upload_window(self) -> None:
+        with self._lock:
+            start_ns, self._window_start_ns = self._window_start_ns, time.time_ns()
+            end_ns = self._window_start_ns
+            collected = self._sampler.collect(release=True)
+            self.dropped_samples += collected.dropped
+            period = 1_000_000_000 // self.config.sample_rate
+            bodies = self._encode(collected, start_ns, end_ns, period)
+            del collected
+        params = {
+            "name": self._app_name(),
+            "from": str(start_ns // 1_000_000_000),
+            "until": str(max(end_ns // 1_000_000_000, start_ns // 1_000_000_000 + 1)),
+            "format": "pprof",
+            "sampleRate": str(self.config.sample_rate),
+            "spyName": "hotspan",
+        }
+        for body in bodies:
+            self._uploader.submit(params, body)
+            self.uploads += 1
+
+    def _encode(self, collected: Collected, start_ns: int, end_ns: int, period: int) -> List[bytes]:
+        writers = {
+            CPU: ProfileWriter(CPU_TYPE, CPU_TYPE, period),
+            WALL: ProfileWriter(WALL_TYPE, WALL_TYPE, period),
+        }
+        frame = self._symbols.frame
+        names = _thread_names() if self.config.thread_name_label else {}
+        labels_cache: Dict[Tuple[Any, ...], List[Tuple[str, str]]] = {}
+        for sample in collected.samples:
+            writer = writers.get(sample.kind)
+            if writer is None:
+                continue
+            stack = [frame(code, lasti) for code, lasti in sample.stack]
+            key = (sample.labels, sample.thread_ident if names else 0)
+            labels = labels_cache.get(key)
+            if labels is None:
+                labels = self._labels(sample.labels, names.get(sample.thread_ident))
+                labels_cache[key] = labels
+            writer.add(stack, sample.value, labels)
+        duration = max(end_ns - start_ns, 0)
+        return [w.encode(start_ns, duration) for w in writers.values() if len(w)]
+
+    def _labels(self, labels: Tuple[int, int, int, int, int], thread: Optional[str]) -> List[Tuple[str, str]]:
+        span, trace_hi, trace_lo, root, tagset = labels
+        out = list(context.tagset(tagset))
+        if self.config.root_spans_only:
+            span = root
+        if span:
+            out.append(("span_id", format(span, "016x")))
+            out.append(("trace_id", format(trace_hi, "016x") + format(trace_lo, "016x")))
+        if thread is not None:
+            out.append(("thread_name", thread))
+        return out
+
+    def _app_name(self) -> str:
+        tags = ",".join(f"{k}={_tag_value(v)}" for k, v in self.config.tags.items())
+        return f"{self.config.application_name}{{{tags}}}"
+
+    def _headers(self) -> Dict[str, str]:
+        headers = dict(self.config.http_headers)
+        if self.config.auth_token:
+            headers["Authorization"] = f"Bearer {self.config.auth_token}"
+        elif self.config.basic_auth_username or self.config.basic_auth_password:
+            raw = f"{self.config.basic_auth_username}:{self.config.basic_auth_password}"
+            headers["Authorization"] = "Basic " + base64.b64encode(raw.encode()).decode()
+        if self.config.tenant_id:
+            headers["X-Scope-OrgID"] = self.config.tenant_id
+        return headers
+
+    @property
+    def sampler_name(self) -> str:
+        return str(self._sampler.name)
+
+    @property
+    def upload_stats(self) -> Any:
+        return self._uploader.stats
+
+
+def _tag_value(value: str) -> str:
+    # The name syntax app{k=v,...} has no escaping: drop the characters that would break it.
+    return "".join(c for c in str(value) if c not in "{},=\"")
+
+
+def _thread_names() -> Dict[int, str]:
+    return {t.ident: t.name for t in threading.enumerate() if t.ident is not None}
+
+
+_fork_agent: List[Agent] = []
+
+
+def _register_fork_handler(agent: Agent) -> None:
+    # register_at_fork cannot be undone, so one handler serves whichever agent is current.
+    if not _fork_agent and hasattr(os, "register_at_fork"):
+        os.register_at_fork(after_in_child=_after_fork_in_child)
+    _fork_agent[:] = [agent]
+
+
+def _after_fork_in_child() -> None:
+    from hotspan.agent import current_agent
+
+    agent = current_agent()
+    if agent is not None:
+        agent.after_fork_in_child()

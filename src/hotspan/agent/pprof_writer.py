@@ -1,0 +1,138 @@
+"""Encoding a profile as gzipped pprof (profile.proto), in the agent's own process.
+
+This writes the dozen fields the agent needs directly instead of importing the protobuf
+runtime: loading ``profile_pb2`` costs about 6 MiB of RSS and 7,000 objects the garbage
+collector then tracks in every profiled program, against an RSS budget of 10 MiB.  The test
+suite decodes the output with ``protobuf`` and with ``go tool pprof``.
+"""
+
+from __future__ import annotations
+
+import gzip
+from typing import Dict, Iterable, List, Sequence, Tuple
+
+from hotspan.agent.symbols import FrameInfo
+
+Labels = Sequence[Tuple[str, str]]
+
+
+def _varint(value: int, out: bytearray) -> None:
+    while value > 0x7F:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+
+
+def _key(field: int, wire: int, out: bytearray) -> None:
+    _varint((field << 3) | wire, out)
+
+
+def _int(field: int, value: int, out: bytearray) -> None:
+    if value:
+        _key(field, 0, out)
+        _varint(value, out)
+
+
+def _bytes(field: int, payload: bytes, out: bytearray) -> None:
+    _key(field, 2, out)
+    _varint(len(payload), out)
+    out += payload
+
+
+def _packed(field: int, values: Iterable[int], out: bytearray) -> None:
+    body = bytearray()
+    for v in values:
+        _varint(v, body)
+    if body:
+        _bytes(field, bytes(body), out)
+
+
+class ProfileWriter:
+    """One profile of one sample type: add samples, then :meth:`encode`."""
+
+    def __init__(
+        self, sample_type: Tuple[str, str], period_type: Tuple[str, str], period: int
+    ) -> None:
+        self._strings: Dict[str, int] = {"": 0}
+        self._functions: Dict[Tuple[str, str, int], int] = {}
+        self._locations: Dict[Tuple[int, int], int] = {}
+        self._samples: Dict[Tuple[Tuple[int, ...], Tuple[Tuple[int, int], ...]], int] = {}
+        self.sample_type = sample_type
+        self.period_type = period_type
+        self.period = period
+
+    def _string(self, text: str) -> int:
+        index = self._strings.get(text)
+        if index is None:
+            index = self._strings[text] = len(self._strings)
+        return index
+
+    def _location(self, frame: FrameInfo) -> int:
+        name, filename, line, first_line = frame
+        fkey = (name, filename, first_line)
+        function = self._functions.get(fkey)
+        if function is None:
+            function = self._functions[fkey] = len(self._functions) + 1
+        lkey = (function, line)
+        location = self._locations.get(lkey)
+        if location is None:
+            location = self._locations[lkey] = len(self._locations) + 1
+        return location
+
+    def add(self, stack: Sequence[FrameInfo], value: int, labels: Labels = ()) -> None:
+        """``stack`` leaf first, ``value`` in the sample type's unit."""
+        if value <= 0:
+            return
+        locations = tuple(self._location(f) for f in stack)
+        label_ids = tuple((self._string(k), self._string(v)) for k, v in labels)
+        key = (locations, label_ids)
+        self._samples[key] = self._samples.get(key, 0) + value
+
+    def __len__(self) -> int:
+        return len(self._samples)
+
+    def encode(self, time_ns: int, duration_ns: int) -> bytes:
+        out = bytearray()
+        value_type = bytearray()
+        _int(1, self._string(self.sample_type[0]), value_type)
+        _int(2, self._string(self.sample_type[1]), value_type)
+        _bytes(1, bytes(value_type), out)
+        for (locations, labels), value in self._samples.items():
+            sample = bytearray()
+            _packed(1, locations, sample)
+            _packed(2, (value,), sample)
+            for key, text in labels:
+                label = bytearray()
+                _int(1, key, label)
+                _int(2, text, label)
+                _bytes(3, bytes(label), sample)
+            _bytes(2, bytes(sample), out)
+        function_ids = {v: k for k, v in self._functions.items()}
+        for (function, line), location in self._locations.items():
+            line_msg = bytearray()
+            _int(1, function, line_msg)
+            _int(2, line, line_msg)
+            loc = bytearray()
+            _int(1, location, loc)
+            _bytes(4, bytes(line_msg), loc)
+            _bytes(4, bytes(loc), out)
+        for function in sorted(function_ids):
+            name, filename, first_line = function_ids[function]
+            fn = bytearray()
+            _int(1, function, fn)
+            _int(2, self._string(name), fn)
+            _int(3, self._string(name), fn)
+            _int(4, self._string(filename), fn)
+            _int(5, first_line, fn)
+            _bytes(5, bytes(fn), out)
+        period_type = bytearray()
+        _int(1, self._string(self.period_type[0]), period_type)
+        _int(2, self._string(self.period_type[1]), period_type)
+        strings: List[str] = list(self._strings)  # insertion order is index order
+        for text in strings:
+            _bytes(6, text.encode("utf-8", "replace"), out)
+        _int(9, time_ns, out)
+        _int(10, duration_ns, out)
+        _bytes(11, bytes(period_type), out)
+        _int(12, self.period, out)
+        return gzip.compress(bytes(out), compresslevel=6)

@@ -1,0 +1,527 @@
+"""The agent in real programs: each test runs a Python program that calls
+``hotspan.configure`` (and real OpenTelemetry SDK spans), pushing to a real ``hotspan server``,
+and reads the profiles back through the query API."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+from pathlib import Path
+from typing import Dict, List, Optional
+
+import httpx
+import pytest
+
+from tests.helpers import QUERIER, flamegraph, function_totals
+
+CPU = "process_cpu:cpu:nanoseconds:cpu:nanoseconds"
+WALL = "wall:wall:nanoseconds:wall:nanoseconds"
+
+# Functions that burn CPU until a deadline, shared by the programs below.
+PRELUDE = '''
+import json, os, sys, threading, time
+import hotspan
+
+def burn(seconds):
+    end = time.thread_time() + seconds
+    x = 0
+    while time.thread_time() < end:
+        x += 1
+    return x
+
+def hot_a(seconds):
+    return burn(seconds)
+
+def hot_b(seconds):
+    return burn(seconds)
+
+def report(**values):
+    print("RESULT " + json.dumps(values), flush=True)
+'''
+
+OTEL = '''
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+trace.set_tracer_provider(TracerProvider())
+tracer = trace.get_tracer("test")
+
+def span_hex(span):
+    return format(span.get_span_context().span_id, "016x")
+
+def trace_hex(span):
+    return format(span.get_span_context().trace_id, "032x")
+'''
+
+
+def run_program(
+    tmp_path: Path, body: str, env: Optional[Dict[str, str]] = None, otel: bool = True,
+    timeout: float = 60,
+) -> dict:
+    script = tmp_path / f"prog_{uuid.uuid4().hex[:8]}.py"
+    script.write_text(PRELUDE + (OTEL if otel else "") + textwrap.dedent(body))
+    proc = subprocess.run(
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    for line in proc.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[len("RESULT "):])
+    raise AssertionError(f"no RESULT line: {proc.stdout}{proc.stderr}")
+
+
+def span_profile(client: httpx.Client, service: str, span_ids: List[str], ptype: str = CPU,
+                 ) -> Dict[str, int]:
+    now = int(time.time())
+    r = client.post(
+        f"{QUERIER}/SelectMergeSpanProfile",
+        json={
+            "profileTypeID": ptype,
+            "labelSelector": f'{{service_name="{service}"}}',
+            "spanSelector": span_ids,
+            "start": (now - 600) * 1000,
+            "end": (now + 60) * 1000,
+        },
+    )
+    assert r.status_code == 200, r.text
+    return totals(r.json().get("flamegraph", {}))
+
+
+def service_profile(client: httpx.Client, selector: str, ptype: str = CPU) -> Dict[str, int]:
+    now = int(time.time())
+    return totals(flamegraph(client, selector, now - 600, now + 60, profile_type=ptype))
+
+
+TOTAL = "<total>"
+
+
+def totals(graph: dict) -> Dict[str, int]:
+    """Total (self and callees) per function, and the whole profile's total under TOTAL."""
+    out = function_totals(graph)
+    out[TOTAL] = int(graph.get("total", 0) or 0)
+    return out
+
+
+def share(totals: Dict[str, int], name: str) -> float:
+    return totals.get(name, 0) / totals[TOTAL] if totals[TOTAL] else 0.0
+
+
+def configure_line(url: str, service: str, **extra: object) -> str:
+    args = ", ".join(f"{k}={v!r}" for k, v in extra.items())
+    return (
+        f"agent = hotspan.configure(application_name={service!r}, server_address={url!r}, "
+        f"upload_interval=60{', ' + args if args else ''})\n"
+    )
+
+
+def test_profile_pushed_and_read_back(module_server, tmp_path: Path) -> None:
+    service = f"app_{uuid.uuid4().hex[:6]}"
+    result = run_program(
+        tmp_path,
+        configure_line(module_server.url, service, tags={"env": "test"})
+        + """
+hot_a(0.6)
+hot_b(0.2)
+hotspan.shutdown()
+stats = agent.upload_stats
+report(sampler=agent.sampler_name, sent=stats.sent_uploads, failed=stats.failed_attempts)
+""",
+        otel=False,
+    )
+    assert result["sent"] == 2 and result["failed"] == 0  # one CPU and one wall profile
+    with module_server.client() as client:
+        cpu = service_profile(client, f'{{service_name="{service}", env="test"}}')
+        wall = service_profile(client, f'{{service_name="{service}"}}', WALL)
+    assert set(cpu) >= {"__main__.hot_a", "__main__.hot_b"}
+    # 0.6 s against 0.2 s of CPU: a 75/25 split.
+    a = cpu["__main__.hot_a"] / (cpu["__main__.hot_a"] + cpu["__main__.hot_b"])
+    assert 0.65 < a < 0.85, cpu
+    assert 0.5e9 < cpu[TOTAL] < 1.1e9
+    assert wall.get("__main__.hot_a", 0) > 0.4e9
+
+
+def test_nested_spans_in_threads(module_server, tmp_path: Path) -> None:
+    service = f"threads_{uuid.uuid4().hex[:6]}"
+    result = run_program(
+        tmp_path,
+        configure_line(module_server.url, service)
+        + """
+ids = {}
+def work(name, fn):
+    with tracer.start_as_current_span(name + ".outer") as outer:
+        ids[name + ".outer"] = span_hex(outer)
+        with tracer.start_as_current_span(name + ".inner") as inner:
+            ids[name + ".inner"] = span_hex(inner)
+            fn(0.5)
+        burn(0.3)
+threads = [threading.Thread(target=work, args=("a", hot_a)),
+           threading.Thread(target=work, args=("b", hot_b))]
+for t in threads: t.start()
+for t in threads: t.join()
+hotspan.shutdown()
+report(ids=ids)
+""",
+    )
+    ids = result["ids"]
+    with module_server.client() as client:
+        a_inner = span_profile(client, service, [ids["a.inner"]])
+        b_inner = span_profile(client, service, [ids["b.inner"]])
+        a_outer = span_profile(client, service, [ids["a.outer"]])
+    # The inner span of thread a ran hot_a, never hot_b; the outer only its own burn().
+    assert _calls(module_server.url, service, ids["a.inner"]) == {"__main__.hot_a"}
+    assert _calls(module_server.url, service, ids["b.inner"]) == {"__main__.hot_b"}
+    assert "__main__.hot_a" not in _calls(module_server.url, service, ids["a.outer"])
+    assert 0.35e9 < a_inner[TOTAL] < 0.65e9
+    assert 0.35e9 < b_inner[TOTAL] < 0.65e9
+    assert 0.15e9 < a_outer[TOTAL] < 0.45e9
+
+
+def _calls(client_url: str, service: str, span: str) -> set:
+    """Which of hot_a/hot_b appear in the span's CPU profile."""
+    with httpx.Client(base_url=client_url, timeout=30) as client:
+        now = int(time.time())
+        r = client.post(
+            f"{QUERIER}/SelectMergeSpanProfile",
+            json={
+                "profileTypeID": CPU,
+                "labelSelector": f'{{service_name="{service}"}}',
+                "spanSelector": [span],
+                "start": (now - 600) * 1000,
+                "end": (now + 60) * 1000,
+            },
+        )
+        assert r.status_code == 200, r.text
+    graph = r.json()["flamegraph"]
+    names = set(graph["names"])
+    return {n for n in names if n.startswith("__main__.hot_")}
+
+
+def test_concurrent_asyncio_tasks_keep_their_own_spans(module_server, tmp_path: Path) -> None:
+    service = f"tasks_{uuid.uuid4().hex[:6]}"
+    result = run_program(
+        tmp_path,
+        configure_line(module_server.url, service)
+        + """
+import asyncio
+ids = {}
+async def request(name, fn):
+    with tracer.start_as_current_span("request " + name) as span:
+        ids[name] = span_hex(span)
+        for _ in range(60):
+            fn(0.01)              # CPU in this task's own function...
+            await asyncio.sleep(0)  # ...then let the other task run on the same loop
+async def main():
+    await asyncio.gather(request("a", hot_a), request("b", hot_b))
+asyncio.run(main())
+hotspan.shutdown()
+report(ids=ids, dropped=agent.dropped_samples)
+""",
+    )
+    ids = result["ids"]
+    with module_server.client() as client:
+        a = span_profile(client, service, [ids["a"]])
+        b = span_profile(client, service, [ids["b"]])
+        whole = service_profile(client, f'{{service_name="{service}"}}')
+    assert _calls(module_server.url, service, ids["a"]) == {"__main__.hot_a"}
+    assert _calls(module_server.url, service, ids["b"]) == {"__main__.hot_b"}
+    assert 0.4e9 < a[TOTAL] < 0.8e9 and 0.4e9 < b[TOTAL] < 0.8e9, (a, b, whole, result)
+    # Both tasks are in the service profile, and the spans account for nearly all of it.
+    assert share(whole, "__main__.burn") > 0.9
+
+
+def test_profile_id_attribute_and_root_spans_only(module_server, tmp_path: Path) -> None:
+    service = f"roots_{uuid.uuid4().hex[:6]}"
+    result = run_program(
+        tmp_path,
+        configure_line(module_server.url, service, root_spans_only=True)
+        + """
+with tracer.start_as_current_span("root") as root:
+    with tracer.start_as_current_span("child") as child:
+        hot_a(0.4)
+hotspan.shutdown()
+report(root=span_hex(root), child=span_hex(child), root_attrs=dict(root.attributes),
+       child_attrs=dict(child.attributes))
+""",
+    )
+    assert result["root_attrs"] == {"pyroscope.profile.id": result["root"]}
+    assert result["child_attrs"] == {}  # only roots carry samples in this mode
+    with module_server.client() as client:
+        assert span_profile(client, service, [result["child"]])[TOTAL] == 0
+        root = span_profile(client, service, [result["root"]])
+    assert root.get("__main__.burn", 0) > 0.3e9
+
+
+def test_threads_that_sleep_are_not_charged_cpu(module_server, tmp_path: Path) -> None:
+    """Four threads loop 1 ms of CPU then sleep 4 ms: the CPU profile must be in the busy
+    part, and add up to the CPU the threads really used."""
+    service = f"mixed_{uuid.uuid4().hex[:6]}"
+    result = run_program(
+        tmp_path,
+        configure_line(module_server.url, service)
+        + """
+used = []
+def busy_part():
+    burn(0.001)
+def idle_part():
+    time.sleep(0.004)
+def worker():
+    start = time.thread_time()
+    for _ in range(300):
+        busy_part()
+        idle_part()
+    used.append(time.thread_time() - start)
+threads = [threading.Thread(target=worker) for _ in range(4)]
+for t in threads: t.start()
+for t in threads: t.join()
+hotspan.shutdown()
+report(cpu_used=sum(used))
+""",
+        otel=False,
+    )
+    with module_server.client() as client:
+        cpu = service_profile(client, f'{{service_name="{service}"}}')
+    assert share(cpu, "__main__.busy_part") >= 0.95, cpu
+    profiled = cpu[TOTAL] / 1e9
+    assert abs(profiled / result["cpu_used"] - 1) < 0.1, (profiled, result["cpu_used"])
+
+
+def test_python_fallback_sampler(module_server, tmp_path: Path) -> None:
+    service = f"fallback_{uuid.uuid4().hex[:6]}"
+    result = run_program(
+        tmp_path,
+        configure_line(module_server.url, service)
+        + """
+with tracer.start_as_current_span("work") as span:
+    hot_a(0.4)
+hotspan.shutdown()
+report(sampler=agent.sampler_name, span=span_hex(span))
+""",
+        env={"HOTSPAN_NO_SPEEDUPS": "1"},
+    )
+    assert result["sampler"] == "python"
+    with module_server.client() as client:
+        cpu = span_profile(client, service, [result["span"]])
+    assert cpu.get("__main__.burn", 0) > 0.2e9
+
+
+def test_environment_configures_like_pyroscope(module_server, tmp_path: Path) -> None:
+    service = f"envapp_{uuid.uuid4().hex[:6]}"
+    result = run_program(
+        tmp_path,
+        """
+agent = hotspan.configure()
+hot_a(0.3)
+hotspan.shutdown()
+report(name=agent.config.application_name, rate=agent.config.sample_rate,
+       tags=agent.config.tags)
+""",
+        env={
+            "PYROSCOPE_APPLICATION_NAME": service,
+            "PYROSCOPE_SERVER_ADDRESS": module_server.url,
+            "PYROSCOPE_TAGS": "env=dev, region=eu",
+            "PYROSCOPE_SAMPLE_RATE": "50",
+            "HOTSPAN_SAMPLE_RATE": "200",  # HOTSPAN_ wins over PYROSCOPE_
+        },
+        otel=False,
+    )
+    assert result == {"name": service, "rate": 200, "tags": {"env": "dev", "region": "eu"}}
+    with module_server.client() as client:
+        cpu = service_profile(client, f'{{service_name="{service}", region="eu"}}')
+    assert cpu.get("__main__.burn", 0) > 0.15e9
+
+
+def test_bad_settings_are_named(tmp_path: Path) -> None:
+    from hotspan.agent.config import ConfigError, from_env
+
+    with pytest.raises(ConfigError, match="application_name"):
+        from_env(environ={}).validate()
+    with pytest.raises(ConfigError, match="PYROSCOPE_SAMPLE_RATE"):
+        from_env(environ={"PYROSCOPE_SAMPLE_RATE": "fast"})
+    with pytest.raises(ConfigError, match="sample_rate"):
+        from_env(environ={}, application_name="x", sample_rate=0).validate()
+    with pytest.raises(ConfigError, match="tag"):
+        from_env(environ={"PYROSCOPE_TAGS": "novalue"})
+    with pytest.raises(ConfigError, match="unknown setting"):
+        from_env(environ={}, aplication_name="typo")
+
+
+def test_tag_wrapper_follows_asyncio_tasks(module_server, tmp_path: Path) -> None:
+    service = f"tags_{uuid.uuid4().hex[:6]}"
+    run_program(
+        tmp_path,
+        configure_line(module_server.url, service)
+        + """
+import asyncio
+@hotspan.tag_wrapper({"route": "a"})
+async def route_a():
+    for _ in range(40):
+        hot_a(0.01)
+        await asyncio.sleep(0)
+async def route_b():
+    with hotspan.tag_wrapper({"route": "b"}):
+        for _ in range(40):
+            hot_b(0.01)
+            await asyncio.sleep(0)
+async def main():
+    await asyncio.gather(route_a(), route_b())
+asyncio.run(main())
+hotspan.shutdown()
+report()
+""",
+        otel=False,
+    )
+    with module_server.client() as client:
+        a = _names(client, f'{{service_name="{service}", route="a"}}')
+        b = _names(client, f'{{service_name="{service}", route="b"}}')
+    assert "__main__.hot_a" in a and "__main__.hot_b" not in a
+    assert "__main__.hot_b" in b and "__main__.hot_a" not in b
+
+
+def _names(client: httpx.Client, selector: str) -> set:
+    now = int(time.time())
+    return set(flamegraph(client, selector, now - 600, now + 60).get("names", []))
+
+
+def test_without_opentelemetry_installed(module_server, tmp_path: Path) -> None:
+    service = f"nootel_{uuid.uuid4().hex[:6]}"
+    blocker = tmp_path / "blocker"
+    blocker.mkdir()
+    # A path entry that makes `import opentelemetry` fail, as on a machine without it.
+    (blocker / "sitecustomize.py").write_text(
+        "import sys\n"
+        "class _Block:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'opentelemetry' or name.startswith('opentelemetry.'):\n"
+        "            raise ImportError('blocked for the test')\n"
+        "sys.meta_path.insert(0, _Block())\n"
+    )
+    result = run_program(
+        tmp_path,
+        configure_line(module_server.url, service)
+        + """
+try:
+    import opentelemetry
+    has_otel = True
+except ImportError:
+    has_otel = False
+hot_a(0.3)
+hotspan.shutdown()
+report(has_otel=has_otel, linking=agent.span_linking)
+""",
+        env={"PYTHONPATH": os.pathsep.join([str(blocker), os.environ.get("PYTHONPATH", "")])},
+        otel=False,
+    )
+    assert result == {"has_otel": False, "linking": False}
+    with module_server.client() as client:
+        assert service_profile(client, f'{{service_name="{service}"}}').get("__main__.burn", 0) > 0
+
+
+def test_forked_children_keep_profiling(module_server, tmp_path: Path) -> None:
+    service = f"fork_{uuid.uuid4().hex[:6]}"
+    result = run_program(
+        tmp_path,
+        configure_line(module_server.url, service)
+        + """
+import multiprocessing
+def child_work():
+    burn(0.5)
+    hotspan.shutdown()
+ctx = multiprocessing.get_context("fork")
+procs = [ctx.Process(target=child_work) for _ in range(2)]
+for p in procs: p.start()
+for p in procs: p.join()
+hot_a(0.2)
+hotspan.shutdown()
+report(codes=[p.exitcode for p in procs])
+""",
+        otel=False,
+    )
+    assert result["codes"] == [0, 0]
+    with module_server.client() as client:
+        cpu = service_profile(client, f'{{service_name="{service}"}}')
+    # Only the children ran child_work: its CPU came from their own samplers.
+    assert cpu.get("__main__.child_work", 0) > 0.7e9, cpu
+    assert cpu.get("__main__.hot_a", 0) > 0.1e9, cpu
+
+
+def test_server_away_slow_or_failing_never_stalls_the_program(tmp_path: Path) -> None:
+    """Uploads every 0.1 s to a server that is away, hangs, or answers 500: the program's
+    own loop never waits on them, the agent's buffer stays bounded, and drops are counted."""
+    import socket
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Failing(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            self.send_response(500)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    failing = ThreadingHTTPServer(("127.0.0.1", 0), Failing)
+    threading.Thread(target=failing.serve_forever, daemon=True).start()
+    hanging = socket.socket()
+    hanging.bind(("127.0.0.1", 0))
+    hanging.listen(100)  # accepts connections, never answers
+    away = socket.socket()
+    away.bind(("127.0.0.1", 0))
+    away_port = away.getsockname()[1]
+    away.close()
+    targets = {
+        "away": f"http://127.0.0.1:{away_port}",
+        "hanging": f"http://127.0.0.1:{hanging.getsockname()[1]}",
+        "failing": f"http://127.0.0.1:{failing.server_address[1]}",
+    }
+    try:
+        for kind, url in targets.items():
+            result = run_program(
+                tmp_path,
+                f"""
+import resource
+agent = hotspan.configure(application_name="away", server_address={url!r},
+                          upload_interval=0.1, max_buffer_bytes=8 * 1024,
+                          upload_timeout=30.0, thread_name_label=True)
+# Many distinct stacks make each upload big, so the buffer fills quickly.
+def deep(n, seconds):
+    return burn(seconds) if n == 0 else deep(n - 1, seconds)
+worst_gap = 0.0
+last = time.perf_counter()
+deadline = last + 2.0
+i = 0
+while time.perf_counter() < deadline:
+    deep(i % 40, 0.002)
+    now = time.perf_counter()
+    worst_gap = max(worst_gap, now - last)
+    last = now
+    i += 1
+t0 = time.perf_counter()
+hotspan.shutdown()
+shutdown_s = time.perf_counter() - t0
+stats = agent.upload_stats
+report(worst_gap=worst_gap, shutdown_s=shutdown_s, sent=stats.sent_uploads,
+       dropped=stats.dropped_uploads, failed=stats.failed_attempts,
+       pending=agent._uploader.pending_bytes,
+       rss_kib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+""",
+                otel=False,
+            )
+            assert result["sent"] == 0, (kind, result)
+            # The loop's iterations take ~2 ms; an upload on this thread would take seconds.
+            assert result["worst_gap"] < 0.5, (kind, result)
+            assert result["shutdown_s"] < 5.0, (kind, result)  # exit flush deadline is 3 s
+            assert result["dropped"] > 0, (kind, result)
+            assert result["pending"] <= 8 * 1024, (kind, result)
+    finally:
+        failing.shutdown()
+        hanging.close()
