@@ -525,3 +525,25 @@ report(worst_gap=worst_gap, shutdown_s=shutdown_s, sent=stats.sent_uploads,
     finally:
         failing.shutdown()
         hanging.close()
+
+
+def test_opentelemetry_imported_after_configure_is_hooked(module_server, tmp_path: Path) -> None:
+    service = f"late_{uuid.uuid4().hex[:6]}"
+    result = run_program(
+        tmp_path,
+        configure_line(module_server.url, service)
+        + """
+already = "opentelemetry.context" in sys.modules
+"""
+        + OTEL
+        + """
+with tracer.start_as_current_span("late") as span:
+    hot_a(0.3)
+hotspan.shutdown()
+report(already=already, span=span_hex(span))
+""",
+        otel=False,
+    )
+    assert result["already"] is False  # the agent itself did not import OpenTelemetry
+    with module_server.client() as client:
+        assert span_profile(client, service, [result["span"]]).get("__main__.hot_a", 0) > 0.2e9

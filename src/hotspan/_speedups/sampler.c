@@ -52,7 +52,7 @@ static inline PyObject *Py_NewRef(PyObject *o) { Py_INCREF(o); return o; }
 #define MAX_THREADS 4096
 #define RING_CAPACITY 512
 #define TIMER_MAGIC 0x68737031 /* "hsp1": our timers' sigev_value */
-#define CODE_SET_BITS 17         /* 131072 slots: at most half used */
+#define CODE_SET_BITS 15         /* 32768 slots (256 KiB), at most half used */
 #define CODE_SET_MAX (1u << (CODE_SET_BITS - 1))
 
 /* ---------------------------------------------------------------- labels */

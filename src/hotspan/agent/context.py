@@ -12,12 +12,14 @@ context, which is what makes a span's samples its own even with many tasks on on
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import functools
 import inspect
 import logging
+import sys
 import threading
-from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Tuple
 
 from hotspan._speedups import load_sampler
 
@@ -224,11 +226,67 @@ class SpanLinkingRuntimeContext:
 
 
 def install_span_linking(root_spans_only: bool) -> bool:
-    """Hooks OpenTelemetry when it is installed; False (and no span labels) otherwise."""
+    """Hooks OpenTelemetry when it is installed: now if the program imported it already,
+    else when it does (importing it ourselves would cost programs that never trace ~3 MiB).
+    False, and no span labels, when it is not installed."""
+    module = sys.modules.get("opentelemetry.context")
+    if module is not None:
+        return _hook(module, root_spans_only)
     try:
-        import opentelemetry.context as otel_context
-    except ImportError:
+        from importlib.util import find_spec
+
+        if find_spec("opentelemetry") is None:
+            return False
+    except (ImportError, ValueError):
         return False
+    for finder in sys.meta_path:
+        if isinstance(finder, _HookOnImport):
+            finder.root_spans_only = root_spans_only
+            return True
+    sys.meta_path.insert(0, _HookOnImport(root_spans_only))
+    return True
+
+
+class _HookOnImport:
+    """A meta path finder that lets ``opentelemetry.context`` load normally, then hooks it."""
+
+    def __init__(self, root_spans_only: bool) -> None:
+        self.root_spans_only = root_spans_only
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
+        if name != "opentelemetry.context":
+            return None
+        from importlib.machinery import PathFinder
+
+        spec = PathFinder.find_spec(name, path)
+        if spec is None or spec.loader is None:
+            return spec
+        spec.loader = _HookingLoader(spec.loader, self.root_spans_only)
+        with contextlib.suppress(ValueError):
+            sys.meta_path.remove(self)
+        return spec
+
+
+class _HookingLoader:
+    def __init__(self, loader: Any, root_spans_only: bool) -> None:
+        self._loader = loader
+        self._root_spans_only = root_spans_only
+
+    def create_module(self, spec: Any) -> Any:
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module: Any) -> None:
+        self._loader.exec_module(module)
+        try:
+            _hook(module, self._root_spans_only)
+        except Exception:  # noqa: BLE001 - never break the program's import
+            logger.debug("hotspan: OpenTelemetry not hooked", exc_info=True)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._loader, name)
+
+
+def _hook(otel_context: Any, root_spans_only: bool) -> bool:
     current = getattr(otel_context, "_RUNTIME_CONTEXT", None)
     if current is None:
         logger.warning("hotspan: this OpenTelemetry version has no runtime context to hook")
@@ -236,9 +294,9 @@ def install_span_linking(root_spans_only: bool) -> bool:
     if isinstance(current, SpanLinkingRuntimeContext):
         current.root_spans_only = root_spans_only
         return True
-    otel_context._RUNTIME_CONTEXT = SpanLinkingRuntimeContext(current, root_spans_only)
+    hook = SpanLinkingRuntimeContext(current, root_spans_only)
+    otel_context._RUNTIME_CONTEXT = hook
     # A span current before the agent started (hotspan.configure inside a span) counts too.
-    hook = otel_context._RUNTIME_CONTEXT
     try:
         LABELS.set(hook._labels_for(current.get_current()))
         _publish(LABELS.get(None))

@@ -189,7 +189,9 @@ class Agent:
         duration = max(end_ns - start_ns, 0)
         return [w.encode(start_ns, duration) for w in writers.values() if len(w)]
 
-    def _labels(self, labels: Tuple[int, int, int, int, int], thread: Optional[str]) -> List[Tuple[str, str]]:
+    def _labels(
+        self, labels: Tuple[int, int, int, int, int], thread: Optional[str]
+    ) -> List[Tuple[str, str]]:
         span, trace_hi, trace_lo, root, tagset = labels
         out = list(context.tagset(tagset))
         if self.config.root_spans_only:

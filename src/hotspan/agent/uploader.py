@@ -1,0 +1,339 @@
+"""Getting profiles to the server without ever hurting the program being profiled.
+
+:meth:`Uploader.submit` only queues a body; one daemon thread does the HTTP.  While the server
+is away the queue is capped in bytes (oldest dropped first) and attempts back off, so an outage
+costs bounded memory, some counters and one warning a minute, never the caller's time.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import select
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, replace
+from typing import Any, Deque, Mapping, Optional, Tuple
+from urllib.parse import urlencode, urlsplit
+
+from hotspan import __version__
+from hotspan.agent.config import DEFAULT_BUFFER_BYTES
+from hotspan.agent.transport import PlainConnection, TLSConnection
+
+log = logging.getLogger("hotspan.agent")
+
+_FIRST_DELAY = 0.5
+_MAX_DELAY = 30.0
+_MAX_RETRY_AFTER = 60.0
+_WARN_EVERY = 60.0
+# Enough for the server's reason; a longer error body is not worth keeping the connection for.
+_MAX_ERROR_BODY = 64 * 1024
+
+_Item = Tuple[str, bytes]  # (path and query, body)
+
+
+@dataclass
+class UploadStats:
+    sent_uploads: int = 0
+    sent_bytes: int = 0
+    dropped_uploads: int = 0
+    dropped_bytes: int = 0
+    failed_attempts: int = 0
+    rejected_uploads: int = 0
+    last_error: str = ""
+
+
+class Uploader:
+    def __init__(
+        self,
+        server_address: str,
+        headers: Mapping[str, str],
+        *,
+        max_buffer_bytes: int = DEFAULT_BUFFER_BYTES,
+        timeout: float = 10.0,
+        user_agent: str = f"hotspan-agent/{__version__}",
+    ) -> None:
+        url = urlsplit(server_address)
+        self._address = server_address
+        self._https = url.scheme == "https"
+        self._host = url.hostname or "localhost"
+        # Explicit: a bare "::1" (from [::1]) must not be read as host ":" and port 1.
+        self._port = url.port or (443 if self._https else 80)
+        self._prefix = url.path.rstrip("/")
+        self._headers = {
+            **headers,
+            "Content-Type": "application/octet-stream",
+            "User-Agent": user_agent,
+        }
+        self._max_bytes = max(0, max_buffer_bytes)
+        self._timeout = timeout
+        self._thread: Optional[threading.Thread] = None
+        self._conn: Optional[Any] = None  # PlainConnection or TLSConnection
+        self._ssl_context: Any = None
+        self._last_warning: Optional[float] = None
+        self._init_state()
+
+    def _init_state(self) -> None:
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
+        # Held around taking an item and sending it: the connection serves one thread at a
+        # time, and whoever holds it owns the only copy of the upload in flight.
+        self._send_lock = threading.Lock()
+        self._pending: Deque[_Item] = deque()
+        self._pending_bytes = 0
+        # With max_buffer_bytes=0 nothing may wait, but an idle thread can still take one.
+        self._handoff: Optional[_Item] = None
+        self._idle = False
+        self._stopping = False
+        self._delay = _FIRST_DELAY
+        self._retry_at = 0.0
+        self._stats = UploadStats()
+
+    @property
+    def stats(self) -> UploadStats:
+        with self._lock:
+            return replace(self._stats)
+
+    @property
+    def pending_bytes(self) -> int:
+        return self._pending_bytes
+
+    @property
+    def thread_ident(self) -> Optional[int]:
+        thread = self._thread
+        return thread.ident if thread is not None else None
+
+    def start(self) -> None:
+        try:
+            with self._cond:
+                self._stopping = False
+                if self._thread is not None and self._thread.is_alive():
+                    return
+                self._thread = threading.Thread(
+                    target=self._run, name="hotspan-uploader", daemon=True
+                )
+                self._thread.start()
+        except Exception:
+            self._thread = None
+            log.debug("hotspan: upload thread not started", exc_info=True)
+
+    def submit(self, params: Mapping[str, str], body: bytes) -> None:
+        try:
+            item = (f"{self._prefix}/ingest?{urlencode(params)}", bytes(body))
+            size = len(item[1])
+            with self._cond:
+                if self._max_bytes == 0:
+                    if self._idle and self._handoff is None:
+                        self._handoff, self._idle = item, False
+                        self._cond.notify_all()
+                    else:
+                        self._count_drop(size)
+                elif size > self._max_bytes:
+                    self._count_drop(size)
+                else:
+                    self._pending.append(item)
+                    self._pending_bytes += size
+                    self._trim()
+                    self._cond.notify_all()
+        except Exception:
+            log.debug("hotspan: upload not queued", exc_info=True)
+
+    def flush(self, timeout: float) -> bool:
+        """Send what is pending now, within ``timeout`` seconds; True if nothing is left.
+
+        Backoff is ignored, but the first retryable failure ends the flush: a server that is
+        away now will hardly be back within an exit deadline, and the program should not wait.
+        """
+        deadline = time.monotonic() + timeout
+        try:
+            while True:
+                remaining = deadline - time.monotonic()
+                if not self._send_lock.acquire(timeout=max(0.0, remaining)):
+                    return False  # the thread is still sending its upload
+                try:
+                    with self._cond:
+                        item = self._take()
+                    if item is None:
+                        return True
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        with self._cond:
+                            self._requeue(item)
+                        return False
+                    if self._send(item, min(remaining, self._timeout)) == "retry":
+                        return False
+                finally:
+                    self._send_lock.release()
+        except Exception:
+            log.debug("hotspan: flush failed", exc_info=True)
+            return False
+
+    def stop(self, timeout: float) -> None:
+        try:
+            with self._cond:
+                self._stopping = True
+                self._cond.notify_all()
+            thread = self._thread
+            if thread is not None and thread is not threading.current_thread():
+                thread.join(max(0.0, timeout))
+            # A thread stuck in a slow send keeps the connection; it exits after that attempt.
+            if (thread is None or not thread.is_alive()) and self._send_lock.acquire(False):
+                try:
+                    if self._conn is not None:
+                        self._conn.close()
+                finally:
+                    self._send_lock.release()
+        except Exception:
+            log.debug("hotspan: upload thread not stopped cleanly", exc_info=True)
+
+    def reset_after_fork(self) -> None:
+        try:
+            # The parent's thread is gone here and may have held the locks: never touch them.
+            conn, self._conn, self._thread = self._conn, None, None
+            self._init_state()
+            if conn is not None:
+                conn.close()  # only this process's descriptor; the parent keeps its connection
+        except Exception:
+            log.debug("hotspan: uploader not reset after fork", exc_info=True)
+
+    # -- everything below runs with self._cond held, or in the sending thread ----------------
+
+    def _count_drop(self, size: int) -> None:
+        self._stats.dropped_uploads += 1
+        self._stats.dropped_bytes += size
+
+    def _trim(self) -> None:
+        while self._pending_bytes > self._max_bytes and self._pending:
+            _, body = self._pending.popleft()
+            self._pending_bytes -= len(body)
+            self._count_drop(len(body))
+
+    def _take(self) -> Optional[_Item]:
+        item, self._handoff = self._handoff, None
+        if item is None and self._pending:
+            item = self._pending.popleft()
+            self._pending_bytes -= len(item[1])
+        return item
+
+    def _requeue(self, item: _Item) -> None:
+        # Back in front, so order is kept, and again the oldest: first to go if space runs out.
+        self._pending.appendleft(item)
+        self._pending_bytes += len(item[1])
+        self._trim()
+
+    def _run(self) -> None:
+        try:
+            while True:
+                with self._cond:
+                    while not self._stopping:
+                        wait = self._retry_at - time.monotonic()
+                        if wait <= 0 and (self._pending or self._handoff is not None):
+                            break
+                        self._idle = wait <= 0
+                        self._cond.wait(wait if wait > 0 else None)
+                    self._idle = False
+                    if self._stopping:
+                        return
+                with self._send_lock:
+                    with self._cond:
+                        # None if a flush got there first, or if stop() came meanwhile.
+                        item = None if self._stopping else self._take()
+                    if item is not None:
+                        self._send(item, self._timeout)
+        except Exception:
+            log.debug("hotspan: upload thread failed", exc_info=True)
+
+    def _send(self, item: _Item, timeout: float) -> str:
+        """One attempt, send lock held; the upload is counted, dropped or queued again."""
+        outcome, error, retry_after = self._attempt(item, timeout)
+        with self._cond:
+            stats = self._stats
+            if outcome == "sent":
+                stats.sent_uploads += 1
+                stats.sent_bytes += len(item[1])
+                self._delay, self._retry_at = _FIRST_DELAY, 0.0
+            else:
+                stats.failed_attempts += 1
+                stats.last_error = error
+                if outcome == "rejected":
+                    stats.rejected_uploads += 1
+                else:
+                    self._requeue(item)
+                    pause = min(_MAX_DELAY, self._delay * random.uniform(0.75, 1.25))
+                    if retry_after is not None:
+                        pause = min(retry_after, _MAX_RETRY_AFTER)
+                    self._retry_at = time.monotonic() + pause
+                    self._delay = min(self._delay * 2, _MAX_DELAY)
+            self._cond.notify_all()
+        if outcome == "rejected":
+            self._warn(f"server rejected a profile upload ({error}); dropped")
+        elif outcome == "retry":
+            self._warn(f"cannot upload profiles to {self._address} ({error}); will retry")
+        return outcome
+
+    def _attempt(self, item: _Item, timeout: float) -> Tuple[str, str, Optional[float]]:
+        """POST one upload: ("sent" | "retry" | "rejected", error, Retry-After seconds)."""
+        path, body = item
+        try:
+            conn = self._connection(timeout)
+            status, headers, reason = conn.post(path, body, self._headers, _MAX_ERROR_BODY)
+        except Exception as exc:  # refused, reset, timeout, TLS, bad response: all transient
+            if self._conn is not None:
+                self._conn.close()
+            return "retry", f"{type(exc).__name__}: {exc}", None
+        if 200 <= status < 300:
+            return "sent", "", None
+        error = f"HTTP {status}: {reason.decode('utf-8', 'replace')[:200].strip()}"
+        if status >= 500 or status in (408, 429):
+            return "retry", error, _seconds(headers.get("retry-after"))
+        return "rejected", error, None
+
+    def _connection(self, timeout: float) -> Any:
+        conn = self._conn
+        if conn is None:
+            if self._https:
+                # Only https pays for ssl and its CA store (megabytes).
+                import ssl
+
+                if self._ssl_context is None:
+                    self._ssl_context = ssl.create_default_context()
+                conn = TLSConnection(self._host, self._port, timeout, self._ssl_context)
+            else:
+                conn = PlainConnection(self._host, self._port, timeout)
+            self._conn = conn
+        elif conn.sock is not None and _closed_by_peer(conn.sock):
+            conn.close()  # the server's keep-alive ran out (uvicorn's is 5 s): a new one
+        conn.timeout = timeout
+        return conn
+
+    def _warn(self, message: str) -> None:
+        # Sending thread only (send lock held), and outside self._cond: a slow log handler
+        # must not block submit().
+        now = time.monotonic()
+        if self._last_warning is None or now - self._last_warning >= _WARN_EVERY:
+            self._last_warning = now
+            log.warning("hotspan: %s (more such warnings within a minute are not shown)", message)
+        else:
+            log.debug("hotspan: %s", message)
+
+
+def _seconds(value: Optional[str]) -> Optional[float]:
+    """A Retry-After in seconds; the HTTP-date form is rare enough to fall back to backoff."""
+    try:
+        seconds = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return None
+    return seconds if seconds >= 0 else None
+
+
+def _closed_by_peer(sock: Any) -> bool:
+    """An idle keep-alive socket with something to read has been closed (or is out of step)."""
+    try:
+        if hasattr(select, "poll"):  # select() fails on descriptors above 1023
+            poller = select.poll()
+            poller.register(sock, select.POLLIN)
+            return bool(poller.poll(0))
+        return bool(select.select([sock], [], [], 0)[0])
+    except Exception:
+        return True
