@@ -71,6 +71,12 @@ def _server(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run(args: argparse.Namespace) -> int:
+    from hotspan.agent.run import main as run_main
+
+    return run_main(args.argv)
+
+
 def _graceful_server_class():  # type: ignore[no-untyped-def]
     import uvicorn
 
@@ -135,6 +141,17 @@ def build_parser() -> argparse.ArgumentParser:
         "--log-level", default="warning", choices=["critical", "error", "warning", "info", "debug"]
     )
     srv.set_defaults(func=_server)
+
+    # hotspan.agent.run parses its own options: everything after `run` goes there untouched
+    # (no '-' prefix here, so `--tag`, `-m` or the program's own options are not ours to take).
+    run = sub.add_parser(
+        "run",
+        help="profile a program: hotspan run [options] -- python app.py [args...]",
+        add_help=False,
+        prefix_chars="\0",
+    )
+    run.add_argument("argv", nargs=argparse.REMAINDER)
+    run.set_defaults(func=_run, log_level="warning")
     return parser
 
 

@@ -6,6 +6,7 @@ needs no change: ``HOTSPAN_X`` wins over ``PYROSCOPE_X`` when both are set.
 
 from __future__ import annotations
 
+import base64
 import os
 from dataclasses import dataclass, field, fields
 from typing import Dict, Mapping, Optional
@@ -176,3 +177,17 @@ def _convert(name: str, var: str, text: str, default: object) -> object:
     if isinstance(default, float):
         return float(text)
     return text
+
+
+def request_headers(config: AgentConfig) -> Dict[str, str]:
+    """The headers every request to the server carries (profiles and the run's root span):
+    ``http_headers``, then auth and tenant."""
+    headers = dict(config.http_headers)
+    if config.auth_token:
+        headers["Authorization"] = f"Bearer {config.auth_token}"
+    elif config.basic_auth_username or config.basic_auth_password:
+        pair = f"{config.basic_auth_username}:{config.basic_auth_password}".encode()
+        headers["Authorization"] = "Basic " + base64.b64encode(pair).decode("ascii")
+    if config.tenant_id:
+        headers["X-Scope-OrgID"] = config.tenant_id
+    return headers

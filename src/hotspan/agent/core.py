@@ -4,7 +4,6 @@ turns what it collected into one CPU and one wall pprof for the uploader."""
 from __future__ import annotations
 
 import atexit
-import base64
 import logging
 import os
 import threading
@@ -13,7 +12,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from hotspan import __version__
 from hotspan.agent import context
-from hotspan.agent.config import AgentConfig
+from hotspan.agent.config import AgentConfig, request_headers
 from hotspan.agent.pprof_writer import ProfileWriter
 from hotspan.agent.sampler import CPU, WALL, Collected, make_sampler
 from hotspan.agent.symbols import Symbolizer
@@ -38,7 +37,7 @@ class Agent:
         self._symbols = Symbolizer()
         self._uploader = Uploader(
             config.server_address,
-            self._headers(),
+            request_headers(config),
             max_buffer_bytes=config.max_buffer_bytes,
             timeout=config.upload_timeout,
             user_agent=f"hotspan-agent/{__version__}",
@@ -206,17 +205,6 @@ class Agent:
     def _app_name(self) -> str:
         tags = ",".join(f"{k}={_tag_value(v)}" for k, v in self.config.tags.items())
         return f"{self.config.application_name}{{{tags}}}"
-
-    def _headers(self) -> Dict[str, str]:
-        headers = dict(self.config.http_headers)
-        if self.config.auth_token:
-            headers["Authorization"] = f"Bearer {self.config.auth_token}"
-        elif self.config.basic_auth_username or self.config.basic_auth_password:
-            raw = f"{self.config.basic_auth_username}:{self.config.basic_auth_password}"
-            headers["Authorization"] = "Basic " + base64.b64encode(raw.encode()).decode()
-        if self.config.tenant_id:
-            headers["X-Scope-OrgID"] = self.config.tenant_id
-        return headers
 
     @property
     def sampler_name(self) -> str:

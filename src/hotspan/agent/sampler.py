@@ -14,10 +14,10 @@ import struct
 import sys
 import threading
 import time
-from typing import Any, Dict, Iterator, List, NamedTuple, Optional, Tuple
+from typing import Any, Dict, List, NamedTuple, Tuple
 
-from hotspan.agent.context import THREAD_LABELS, enable_native_labels, labels_tuple
 from hotspan._speedups import load_sampler
+from hotspan.agent.context import THREAD_LABELS, enable_native_labels, labels_tuple
 
 CPU, WALL = 0, 1
 
@@ -95,6 +95,7 @@ class PythonSampler:
         self._cpu_seen: Dict[int, int] = {}
         self._aggregate: Dict[Tuple[int, int, LabelsTuple, RawStack], int] = {}
         self._lock = threading.Lock()
+        self._ticks = 0
         self.native_cpu = False
         self.labels = True
 
@@ -123,6 +124,11 @@ class PythonSampler:
                         key = (CPU, ident, labels, stack)
                         aggregate[key] = aggregate.get(key, 0) + spent
             self._cpu_seen = cpu_now
+            self._ticks += 1
+            if self._ticks % 1000 == 0:
+                # Threads that ended leave their labels behind; drop them now and then.
+                for ident in [i for i in THREAD_LABELS if i not in frames]:
+                    THREAD_LABELS.pop(ident, None)
         del frames
 
     def _cpu_delta(self, ident: int, cpu_now: Dict[int, int]) -> int:

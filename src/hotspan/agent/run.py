@@ -1,0 +1,356 @@
+"""``hotspan run``: profile a program without changing its code.
+
+Like ``opentelemetry-instrument`` or ``ddtrace-run``: the program runs as a child process
+whose ``PYTHONPATH`` starts with the ``bootstrap`` directory, so Python imports its
+``sitecustomize`` before any of the program's code; that calls :func:`bootstrap`, which reads
+the settings this side passed as ``HOTSPAN_*`` variables and starts the agent.
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import contextlib
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from hotspan.agent.config import (
+    ConfigError,
+    check_tag_key,
+    env_value,
+    from_env,
+    parse_tags,
+    request_headers,
+)
+
+BOOTSTRAP_DIR = str(Path(__file__).resolve().parent / "bootstrap")
+
+# "<trace id>-<span id>", set in a profiled process once it has a root span, so the Python
+# processes it starts (inheriting PYTHONPATH, hence profiled too) are tagged with its trace
+# instead of starting their own.
+ROOT_MARKER = "HOTSPAN_RUN_ROOT_SPAN"
+
+USAGE = (
+    "hotspan run [options] -- python app.py [args...]\n"
+    "       hotspan run [options] -m module [args...]\n"
+    "       hotspan run [options] app.py [args...]\n"
+    "       hotspan run [options] -- console-script [args...]"
+)
+
+# A bare python, python3 or python3.N of our own version.
+_PYTHON = re.compile(rf"python(3(\.{sys.version_info[1]})?)?")
+# Options of the interpreter that take a value, so the script is not mistaken for one.
+_PYTHON_VALUE_OPTIONS = {"-W", "-X", "-Q", "--check-hash-based-pycs"}
+
+# Signals a supervisor sends to the process it started, which is this one, not the program.
+_FORWARDED = ("SIGTERM", "SIGHUP", "SIGUSR1", "SIGUSR2")
+# Keyboard signals: a terminal sends them to its whole foreground group, child included.
+_KEYBOARD = ("SIGINT", "SIGQUIT")
+
+
+class UsageError(Exception):
+    pass
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="hotspan run",
+        usage=USAGE,
+        # split_argv must know where our options end: `--app x` is no abbreviation here.
+        allow_abbrev=False,
+        description="Run a Python program with the hotspan agent started before its code. "
+        "Each option can also be set with its HOTSPAN_* (or PYROSCOPE_*) environment "
+        "variable; options win.",
+    )
+    parser.add_argument(
+        "--application-name",
+        help="service name of the profiles and the root span (default: the script, module "
+        "or command name)",
+    )
+    parser.add_argument("--server-address", help="hotspan or Pyroscope server URL")
+    parser.add_argument(
+        "--tag",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a tag on every profile; repeatable (added to HOTSPAN_TAGS / PYROSCOPE_TAGS)",
+    )
+    parser.add_argument("--sample-rate", type=int, metavar="HZ", help="samples per second")
+    parser.add_argument(
+        "--upload-interval", type=float, metavar="SECONDS", help="seconds between uploads"
+    )
+    parser.add_argument("--auth-token", help="bearer token for the server")
+    parser.add_argument("--tenant-id", help="tenant (X-Scope-OrgID)")
+    parser.add_argument(
+        "--no-trace-correlation",
+        action="store_true",
+        help="no root span, and no span ids on samples",
+    )
+    parser.add_argument("-m", dest="module", metavar="MODULE", help="run a module as a script")
+    return parser
+
+
+def _options_with_value(parser: argparse.ArgumentParser) -> set:
+    return {s for a in parser._actions if a.nargs != 0 for s in a.option_strings}
+
+
+def split_argv(argv: Sequence[str], parser: argparse.ArgumentParser) -> Tuple[List[str], List[str]]:
+    """(hotspan's options, the command): the command starts after ``--``, after ``-m MODULE``
+    (which it includes) or at the first argument that is not an option of ours."""
+    takes_value = _options_with_value(parser)
+    argv = list(argv)
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "--":
+            return argv[:i], argv[i + 1 :]
+        if arg == "-m" or (arg.startswith("-m") and not arg.startswith("--")):
+            # Everything after the module is the module's own argv.
+            end = i + 2 if arg == "-m" else i + 1
+            return argv[:end], argv[end:]
+        if not arg.startswith("-") or arg == "-":
+            return argv[:i], argv[i:]
+        name = arg.split("=", 1)[0]
+        i += 2 if name in takes_value and "=" not in arg else 1
+    return argv, []
+
+
+def build_command(options: argparse.Namespace, rest: List[str]) -> List[str]:
+    if options.module:
+        return [sys.executable, "-m", options.module, *rest]
+    if not rest:
+        raise UsageError(
+            "nothing to run: give the program after the options, as in "
+            "'hotspan run -- python app.py' or 'hotspan run -m module'"
+        )
+    program = rest[0]
+    # A bare python would be whichever is first on PATH; ours has hotspan importable.
+    if _PYTHON.fullmatch(program):
+        return [sys.executable, *rest[1:]]
+    if program.endswith(".py"):
+        return [sys.executable, *rest]
+    return rest
+
+
+def default_application_name(command: List[str]) -> str:
+    """The module, the script's name without ``.py``, or the command's name."""
+    if command[0] == sys.executable:
+        args = command[1:]
+        i = 0
+        while i < len(args):
+            arg = args[i]
+            if arg == "-m" and i + 1 < len(args):
+                return args[i + 1]
+            if arg.startswith("-m") and len(arg) > 2 and not arg.startswith("--"):
+                return arg[2:]
+            if arg.startswith("-c"):
+                return "python"
+            if arg in _PYTHON_VALUE_OPTIONS:
+                i += 2
+                continue
+            if arg.startswith("-"):
+                i += 1
+                continue
+            return _script_name(arg)
+        return "python"
+    return _script_name(command[0])
+
+
+def _script_name(path: str) -> str:
+    p = Path(path)
+    if p.name == "__main__.py":
+        return p.resolve().parent.name or "python"
+    return p.stem if p.suffix == ".py" else p.name
+
+
+def child_environment(
+    options: argparse.Namespace, command: List[str], environ: Dict[str, str]
+) -> Dict[str, str]:
+    """The child's environment: ours, the options as HOTSPAN_* variables (so they win over
+    PYROSCOPE_* ones) and PYTHONPATH starting with the bootstrap directory."""
+    env = dict(environ)
+    env.pop(ROOT_MARKER, None)  # a `hotspan run` inside a profiled program starts anew
+    name = options.application_name
+    if not name:
+        found = env_value("APPLICATION_NAME", env)
+        name = found[1] if found else default_application_name(command)
+    env["HOTSPAN_APPLICATION_NAME"] = name
+    values = {
+        "SERVER_ADDRESS": options.server_address,
+        "SAMPLE_RATE": options.sample_rate,
+        "UPLOAD_INTERVAL": options.upload_interval,
+        "AUTH_TOKEN": options.auth_token,
+        "TENANT_ID": options.tenant_id,
+    }
+    for suffix, value in values.items():
+        if value is not None:
+            env["HOTSPAN_" + suffix] = str(value)
+    if options.no_trace_correlation:
+        env["HOTSPAN_TRACE_CORRELATION"] = "false"
+    if options.tag:
+        found = env_value("TAGS", env)
+        tags = parse_tags(found[1]) if found else {}
+        tags.update(_parse_tag_options(options.tag))
+        env["HOTSPAN_TAGS"] = ",".join(f"{k}={v}" for k, v in tags.items())
+    # Empty entries stay: they mean the current directory.
+    existing = env.get("PYTHONPATH")
+    paths = [p for p in existing.split(os.pathsep) if p != BOOTSTRAP_DIR] if existing else []
+    env["PYTHONPATH"] = os.pathsep.join([BOOTSTRAP_DIR, *paths])
+    return env
+
+
+def _parse_tag_options(items: List[str]) -> Dict[str, str]:
+    tags: Dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise UsageError(f"--tag {item!r} is not key=value")
+        if "," in value:
+            raise UsageError(f"--tag {item!r}: a tag value cannot contain ','")
+        check_tag_key(key.strip())
+        tags[key.strip()] = value.strip()
+    return tags
+
+
+def main(argv: Sequence[str]) -> int:
+    """``hotspan run ARGV``: the program's exit code (128+N when signal N ended it)."""
+    parser = build_parser()
+    own, rest = split_argv(argv, parser)
+    options = parser.parse_args(own)
+    try:
+        command = build_command(options, rest)
+        env = child_environment(options, command, dict(os.environ))
+        # Bad settings are the user's to fix now, not a warning the program prints later.
+        from_env(env).validate()
+    except (UsageError, ConfigError) as exc:
+        parser.error(str(exc))
+    return run_child(command, env)
+
+
+def run_child(command: List[str], env: Dict[str, str]) -> int:
+    """Run ``command``, passing on the signals meant for it; its exit code, 128+N for signal N."""
+    child: Optional[subprocess.Popen] = None
+    pending: List[int] = []
+    keyboard = {getattr(signal, n) for n in _KEYBOARD if hasattr(signal, n)}
+    keyboard_reaches_child = _in_terminal_foreground()
+
+    def forward(signum: int, _frame: object) -> None:
+        if signum in keyboard and keyboard_reaches_child:
+            return  # the terminal sent it to the child as well; twice would be too many
+        if child is None:
+            pending.append(signum)
+            return
+        with contextlib.suppress(OSError):  # it has just exited
+            child.send_signal(signum)
+
+    # Handlers first, so a signal that comes while the child starts is not lost (or fatal).
+    previous = {}
+    for name in _FORWARDED + _KEYBOARD:
+        signum = getattr(signal, name, None)
+        if signum is not None:
+            previous[signum] = signal.signal(signum, forward)
+    try:
+        try:
+            child = subprocess.Popen(command, env=env)
+        except FileNotFoundError:
+            print(f"hotspan: {command[0]}: command not found", file=sys.stderr)
+            return 127
+        except OSError as exc:
+            print(f"hotspan: cannot run {command[0]}: {exc}", file=sys.stderr)
+            return 126
+        for signum in pending:
+            forward(signum, None)
+        code = child.wait()
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    return 128 - code if code < 0 else code
+
+
+def _in_terminal_foreground() -> bool:
+    for stream in (sys.stdin, sys.stdout, sys.stderr):
+        try:
+            fd = stream.fileno()
+            if os.isatty(fd):
+                return os.tcgetpgrp(fd) == os.getpgrp()
+        except (AttributeError, OSError, ValueError):
+            continue
+    return False
+
+
+# --- the child's side, called by bootstrap/sitecustomize.py --------------------------------
+
+
+def warn(message: str) -> None:
+    try:
+        sys.stderr.write(f"hotspan: {message}\n")
+        sys.stderr.flush()
+    except Exception:
+        pass  # no stderr (pythonw, closed): nothing to tell, and the program must go on
+
+
+_bootstrapped = False
+
+
+def bootstrap() -> None:
+    """Start the agent in this (child) interpreter from its HOTSPAN_*/PYROSCOPE_* settings.
+
+    With trace correlation, the first profiled process gets the root span (see
+    :mod:`.batch`) and its ids as tags; the Python processes it starts get the same tags
+    through ROOT_MARKER.  Raises on failure: the caller turns that into one warning.
+    """
+    global _bootstrapped
+    if _bootstrapped:
+        return  # another bootstrap (ddtrace's, say) chained to ours again
+    _bootstrapped = True
+    import hotspan
+    from hotspan.agent import batch
+
+    config = from_env().validate()
+    tags = dict(config.tags)
+    recorder = batch.ExitCodeRecorder()
+    root: Optional[batch.RootSpan] = None
+    if config.trace_correlation:
+        trace_id, _, span_id = os.environ.get(ROOT_MARKER, "").partition("-")
+        if not span_id:
+            try:
+                root = batch.start_root_span(
+                    config.application_name, config.server_address, request_headers(config)
+                )
+            except batch.OpenTelemetryMissing as exc:
+                warn(str(exc))
+            except Exception as exc:
+                # The span is a bonus: profiling goes on without it.
+                warn(f"no root span: {type(exc).__name__}: {exc}")
+            if root is not None:
+                recorder.install()
+                trace_id, span_id = root.trace_id_hex, root.span_id_hex
+                os.environ[ROOT_MARKER] = f"{trace_id}-{span_id}"
+        if span_id:
+            tags = batch.with_trace_tags(tags, trace_id, span_id)
+    try:
+        hotspan.configure(application_name=config.application_name, tags=tags)
+    except BaseException:
+        if root is not None:
+            root.end(None, timeout=1.0)
+        raise
+
+    def at_exit() -> None:
+        # The program's own atexit handlers ran already (they were registered later).
+        try:
+            if root is not None:
+                root.end(recorder.exit_code())
+        except Exception as exc:
+            warn(f"root span not exported: {exc}")
+        try:
+            hotspan.shutdown(flush=True)
+        except Exception as exc:
+            warn(f"last profile not sent: {exc}")
+
+    # Registered after configure, so this runs before any exit handler the agent has.
+    atexit.register(at_exit)

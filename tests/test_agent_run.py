@@ -1,0 +1,459 @@
+"""``hotspan run``: real child processes profiled through the bootstrap ``sitecustomize``,
+uploading over real HTTP on 127.0.0.1 to a recording OTLP/ingest receiver or a real server."""
+
+from __future__ import annotations
+
+import gzip
+import http.server
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, Iterator, List, Optional
+from urllib.parse import parse_qs, urlsplit
+
+import pytest
+
+from hotspan.agent import run as run_module
+from hotspan.formats.ingest_params import parse_app_name
+from hotspan.formats.proto import profile_pb2
+from tests.conftest import RunningServer
+from tests.helpers import flamegraph, function_totals
+
+trace_service_pb2 = pytest.importorskip(
+    "opentelemetry.proto.collector.trace.v1.trace_service_pb2",
+    reason="opentelemetry-proto comes with the test extra (opentelemetry-exporter-otlp)",
+)
+
+HOT_FUNCTION = "burn_cpu_for_hotspan_run"
+
+# Burns CPU in one named function, then says what it saw of argv and of the bootstrap.
+SCRIPT = textwrap.dedent(
+    f"""
+    import os, sys, time
+
+    def {HOT_FUNCTION}(seconds):
+        end = time.process_time() + seconds
+        n = 0
+        while time.process_time() < end:
+            n += 1
+        return n
+
+    print("ARGV", sys.argv[1:], flush=True)
+    print("ROOT", os.environ.get("HOTSPAN_RUN_ROOT_SPAN", ""), flush=True)
+    print("SITECUSTOMIZE", sys.modules["sitecustomize"].__file__, flush=True)
+    {HOT_FUNCTION}(float(os.environ.get("BURN_SECONDS", "1.0")))
+    sys.exit(int(os.environ.get("EXIT_CODE", "0")))
+    """
+)
+
+
+@dataclass
+class Received:
+    path: str
+    query: Dict[str, List[str]]
+    headers: Dict[str, str]  # names in lower case
+    body: bytes
+
+
+@dataclass
+class Receiver:
+    """Records POSTs: /v1/traces (answered as an OTLP collector does) and profile uploads."""
+
+    url: str
+    requests: List[Received] = field(default_factory=list)
+
+    def traces(self) -> List[object]:
+        out = []
+        for r in self.requests:
+            if r.path == "/v1/traces":
+                msg = trace_service_pb2.ExportTraceServiceRequest()
+                msg.ParseFromString(r.body)
+                out.append(msg)
+        return out
+
+    def spans(self) -> List[tuple]:
+        """(service.name, span) of every span received."""
+        out = []
+        for msg in self.traces():
+            for rs in msg.resource_spans:
+                attrs = {a.key: a.value.string_value for a in rs.resource.attributes}
+                for ss in rs.scope_spans:
+                    out.extend((attrs.get("service.name"), span) for span in ss.spans)
+        return out
+
+    def ingests(self) -> List[Received]:
+        return [r for r in self.requests if r.path.endswith("/ingest")]
+
+
+@pytest.fixture
+def receiver() -> Iterator[Receiver]:
+    recorded: List[Received] = []
+    lock = threading.Lock()
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_POST(self) -> None:  # noqa: N802 - http.server's name
+            body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            if self.headers.get("Content-Encoding") == "gzip":
+                body = gzip.decompress(body)
+            split = urlsplit(self.path)
+            with lock:
+                recorded.append(
+                    Received(
+                        split.path,
+                        parse_qs(split.query),
+                        {k.lower(): v for k, v in self.headers.items()},
+                        body,
+                    )
+                )
+            if split.path == "/v1/traces":
+                answer = trace_service_pb2.ExportTraceServiceResponse().SerializeToString()
+                content_type = "application/x-protobuf"
+            else:
+                answer, content_type = b"", "text/plain"
+            self.send_response(200)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(answer)))
+            self.end_headers()
+            self.wfile.write(answer)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    rec = Receiver(f"http://127.0.0.1:{server.server_address[1]}", recorded)
+    try:
+        yield rec
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def hotspan_run(
+    args: List[str], env: Optional[Dict[str, str]] = None, timeout: float = 60
+) -> subprocess.CompletedProcess:
+    base = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("HOTSPAN_", "PYROSCOPE_", "OTEL_")) and k != "PYTHONPATH"
+    }
+    base.update({"HOTSPAN_UPLOAD_INTERVAL": "1", **(env or {})})
+    return subprocess.run(
+        [sys.executable, "-m", "hotspan", "run", *args],
+        env=base,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+@pytest.fixture
+def script(tmp_path: Path) -> Path:
+    path = tmp_path / "generator.py"
+    path.write_text(SCRIPT)
+    return path
+
+
+def app_names(rec: Receiver) -> List[tuple]:
+    return [parse_app_name(r.query["name"][0]) for r in rec.ingests()]
+
+
+def sample_labels(rec: Receiver) -> List[Dict[str, str]]:
+    """String labels of every sample in every pprof upload received."""
+    out = []
+    for r in rec.ingests():
+        body = gzip.decompress(r.body) if r.body[:2] == b"\x1f\x8b" else r.body
+        profile = profile_pb2.Profile()
+        profile.ParseFromString(body)
+        strings = [bytes(s).decode() for s in profile.string_table]
+        for sample in profile.sample:
+            out.append({strings[lb.key]: strings[lb.str] for lb in sample.label if lb.str})
+    return out
+
+
+def test_script_gets_root_span_and_trace_tags(receiver: Receiver, script: Path) -> None:
+    result = hotspan_run(
+        ["--application-name", "gen", "--tag", "env=dev", "--server-address", receiver.url]
+        + ["--", "python", str(script), "arg1", "--flag"],
+        env={"EXIT_CODE": "3"},
+    )
+    assert result.returncode == 3, result.stderr
+    assert "ARGV ['arg1', '--flag']" in result.stdout
+    assert "hotspan:" not in result.stderr, result.stderr
+    # The bootstrap stays sitecustomize when no other one hides behind it.
+    assert "SITECUSTOMIZE " + run_module.BOOTSTRAP_DIR in result.stdout
+
+    spans = receiver.spans()
+    assert [(service, span.name) for service, span in spans] == [("gen", "gen.run")]
+    span = spans[0][1]
+    assert span.kind == span.SPAN_KIND_INTERNAL
+    assert not span.parent_span_id
+    attrs = {a.key: a.value for a in span.attributes}
+    assert attrs["process.exit.code"].int_value == 3
+    assert attrs["process.pid"].int_value > 0
+    command = [v.string_value for v in attrs["process.command_args"].array_value.values]
+    assert command[-3:] == [str(script), "arg1", "--flag"]
+    trace_id, span_id = span.trace_id.hex(), span.span_id.hex()
+    assert f"ROOT {trace_id}-{span_id}" in result.stdout
+
+    names = app_names(receiver)
+    assert names, "no profile uploaded"
+    for name in names:
+        assert name.name == "gen"
+        assert name.tags == {"env": "dev", "trace_id": trace_id, "root_span_id": span_id}
+    # The main thread ran inside the root span, so its samples carry its ids.
+    labels = sample_labels(receiver)
+    assert {"span_id": span_id, "trace_id": trace_id} in [
+        {k: v for k, v in lb.items() if k in ("span_id", "trace_id")} for lb in labels
+    ]
+
+
+def test_user_trace_id_tag_is_kept(receiver: Receiver, script: Path) -> None:
+    result = hotspan_run(
+        ["--tag", "trace_id=mine", "--server-address", receiver.url, str(script)],
+        env={"BURN_SECONDS": "0.2", "PYROSCOPE_TAGS": "env=staging,team=batch"},
+    )
+    assert result.returncode == 0, result.stderr
+    (service, span), *_ = receiver.spans()
+    # Application name defaults to the script's name.
+    assert (service, span.name) == ("generator", "generator.run")
+    attrs = {a.key: a.value for a in span.attributes}
+    assert attrs["process.exit.code"].int_value == 0
+    names = app_names(receiver)
+    assert names
+    for name in names:
+        assert name.name == "generator"
+        assert name.tags == {
+            "env": "staging",
+            "team": "batch",
+            "trace_id": "mine",
+            "root_span_id": span.span_id.hex(),
+        }
+
+
+def test_module_with_user_sitecustomize(receiver: Receiver, tmp_path: Path) -> None:
+    lib = tmp_path / "lib"
+    (lib / "jobs").mkdir(parents=True)
+    (lib / "jobs" / "__init__.py").write_text("")
+    (lib / "jobs" / "nightly.py").write_text(
+        "import os, sys, time\n"
+        "print('MODULE', __name__, sys.argv[1:], flush=True)\n"
+        "end = time.process_time() + 0.2\n"
+        "while time.process_time() < end: pass\n"
+        "print('USER_SITE', os.environ.get('USER_SITECUSTOMIZE_RAN'), flush=True)\n"
+    )
+    (lib / "sitecustomize.py").write_text(
+        "import os\nos.environ['USER_SITECUSTOMIZE_RAN'] = 'yes'\n"
+    )
+    result = hotspan_run(
+        ["--server-address", receiver.url, "--no-trace-correlation", "-m", "jobs.nightly"]
+        + ["a", "-m", "b"],
+        env={"PYTHONPATH": str(lib)},
+    )
+    assert result.returncode == 0, result.stderr
+    assert "MODULE __main__ ['a', '-m', 'b']" in result.stdout
+    assert "USER_SITE yes" in result.stdout
+    assert "hotspan:" not in result.stderr, result.stderr
+    # No trace correlation: no root span, nothing sent to /v1/traces, no trace tags.
+    assert not [r for r in receiver.requests if r.path == "/v1/traces"]
+    names = app_names(receiver)
+    assert names and {n.name for n in names} == {"jobs.nightly"}
+    assert all("trace_id" not in n.tags for n in names)
+
+
+def test_trace_correlation_off_by_env(receiver: Receiver, script: Path) -> None:
+    result = hotspan_run(
+        ["--server-address", receiver.url, "--", "python3", str(script)],
+        env={"BURN_SECONDS": "0.2", "PYROSCOPE_TRACE_CORRELATION": "false"},
+    )
+    assert result.returncode == 0, result.stderr
+    assert "ROOT \n" in result.stdout
+    assert receiver.ingests()
+    assert not [r for r in receiver.requests if r.path == "/v1/traces"]
+
+
+def test_console_script_and_auth_headers(receiver: Receiver, tmp_path: Path) -> None:
+    tool = tmp_path / "bin" / "nightly-tool"
+    tool.parent.mkdir()
+    tool.write_text(f"#!{sys.executable}\nimport sys\nprint('TOOL', sys.argv[1:])\n")
+    tool.chmod(0o755)
+    result = hotspan_run(
+        ["--server-address", receiver.url, "--auth-token", "s3cret", "--tenant-id", "team-a"]
+        + ["--", str(tool), "x"],
+    )
+    assert result.returncode == 0, result.stderr
+    assert "TOOL ['x']" in result.stdout
+    (service, span), *_ = receiver.spans()
+    assert (service, span.name) == ("nightly-tool", "nightly-tool.run")
+    assert receiver.requests
+    for r in receiver.requests:  # the span and the profiles reach the same tenant
+        assert r.headers.get("authorization") == "Bearer s3cret", r.path
+        assert r.headers.get("x-scope-orgid") == "team-a", r.path
+
+
+def test_bootstrap_failure_leaves_program_running(script: Path) -> None:
+    # Bad settings can only reach the child through its own environment changes; an
+    # unreachable server must not matter either.
+    env = {"BURN_SECONDS": "0", "EXIT_CODE": "0", "HOTSPAN_SAMPLE_RATE": "5000"}
+    bootstrap = run_module.BOOTSTRAP_DIR
+    result = subprocess.run(
+        [sys.executable, str(script), "ok"],
+        env={**os.environ, **env, "PYTHONPATH": bootstrap, "HOTSPAN_APPLICATION_NAME": "x"},
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert result.returncode == 0
+    assert "ARGV ['ok']" in result.stdout
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("hotspan: "), result.stderr
+    assert "sample_rate" in lines[0]
+
+
+def test_usage_errors() -> None:
+    nothing = hotspan_run([])
+    assert nothing.returncode == 2
+    assert "nothing to run" in nothing.stderr
+    bad_tag = hotspan_run(["--tag", "novalue", "--", "python", "-c", "pass"])
+    assert bad_tag.returncode == 2
+    assert "not key=value" in bad_tag.stderr
+    missing = hotspan_run(["--", "no-such-program-hotspan"])
+    assert missing.returncode == 127
+
+
+def test_signal_is_forwarded(receiver: Receiver, tmp_path: Path) -> None:
+    waiter = tmp_path / "waiter.py"
+    waiter.write_text(
+        "import signal, sys, time\n"
+        "signal.signal(signal.SIGTERM, lambda *a: sys.exit(7))\n"
+        "print('READY', flush=True)\n"
+        "time.sleep(30)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HOTSPAN_", "PYROSCOPE_"))}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "hotspan", "run", "--server-address", receiver.url]
+        + ["--", "python", str(waiter)],
+        env={**env, "HOTSPAN_UPLOAD_INTERVAL": "1"},
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == "READY"
+        proc.send_signal(__import__("signal").SIGTERM)
+        assert proc.wait(timeout=20) == 7
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    # The program's own handler turned SIGTERM into sys.exit(7), so the span knows it.
+    (_, span), *_ = receiver.spans()
+    attrs = {a.key: a.value for a in span.attributes}
+    assert attrs["process.exit.code"].int_value == 7
+
+
+def test_profile_queryable_by_trace_id(server: RunningServer, script: Path) -> None:
+    start = int(time.time()) - 5
+    result = hotspan_run(
+        ["--application-name", "gen", "--server-address", server.url, "--tag", "env=dev"]
+        + ["--", "python", str(script)],
+    )
+    assert result.returncode == 0, result.stderr
+    root = next(line.split()[1] for line in result.stdout.splitlines() if line.startswith("ROOT "))
+    trace_id = root.partition("-")[0]
+    with server.client() as client:
+        graph = flamegraph(
+            client, f'{{service_name="gen", trace_id="{trace_id}"}}', start, int(time.time()) + 5
+        )
+    totals = function_totals(graph)
+    assert any(HOT_FUNCTION in name for name in totals), sorted(totals)[:20]
+
+
+def test_python_children_share_the_trace(receiver: Receiver, tmp_path: Path) -> None:
+    parent = tmp_path / "parent.py"
+    parent.write_text(
+        textwrap.dedent(
+            """
+            import subprocess, sys
+            child = "import time\\nend = time.process_time() + 0.3\\n" \\
+                "while time.process_time() < end: pass\\n"
+            sys.exit(subprocess.run([sys.executable, "-c", child]).returncode)
+            """
+        )
+    )
+    result = hotspan_run(["--server-address", receiver.url, str(parent)])
+    assert result.returncode == 0, result.stderr
+    spans = receiver.spans()
+    assert [span.name for _, span in spans] == ["parent.run"]  # one root span, the parent's
+    span = spans[0][1]
+    names = app_names(receiver)
+    assert names
+    for name in names:  # the child's profiles carry the parent's trace
+        assert name.tags == {"trace_id": span.trace_id.hex(), "root_span_id": span.span_id.hex()}
+
+
+@pytest.mark.parametrize(
+    ("argv", "own", "command", "name"),
+    [
+        (["--", "python", "a.py", "-x"], [], [sys.executable, "a.py", "-x"], "a"),
+        (["--tag", "k=v", "python3", "a.py"], ["--tag", "k=v"], [sys.executable, "a.py"], "a"),
+        (["--tag=k=v", "job.py", "--tag", "x"], ["--tag=k=v"], [sys.executable, "job.py"], "job"),
+        (["-m", "pkg.mod", "-m", "z"], ["-m", "pkg.mod"], [sys.executable, "-m", "pkg.mod"], None),
+        (["--", "gunicorn", "app:app"], [], ["gunicorn", "app:app"], "gunicorn"),
+        (["--", "/venv/bin/celery", "-A", "x"], [], ["/venv/bin/celery", "-A", "x"], "celery"),
+        (["--", "python", "-X", "dev", "-m", "svc"], [], [sys.executable, "-X", "dev"], "svc"),
+        (["--", "python", "-c", "pass"], [], [sys.executable, "-c", "pass"], "python"),
+        (["--", "python2", "a.py"], [], ["python2", "a.py"], "python2"),
+    ],
+)
+def test_command_line_split(
+    argv: List[str], own: List[str], command: List[str], name: Optional[str]
+) -> None:
+    parser = run_module.build_parser()
+    got_own, rest = run_module.split_argv(argv, parser)
+    assert got_own == own
+    built = run_module.build_command(parser.parse_args(got_own), rest)
+    assert built[: len(command)] == command
+    expected = name or "pkg.mod"
+    assert run_module.default_application_name(built) == expected
+
+
+def test_forked_child_does_not_end_the_root_span(receiver: Receiver, tmp_path: Path) -> None:
+    forker = tmp_path / "forker.py"
+    forker.write_text(
+        "import os, sys\n"
+        "pid = os.fork()\n"
+        "if pid == 0:\n"
+        "    sys.exit(0)  # runs the atexit handlers inherited from the parent\n"
+        "os.waitpid(pid, 0)\n"
+        "sys.exit(5)\n"
+    )
+    result = hotspan_run(["--server-address", receiver.url, str(forker)])
+    assert result.returncode == 5, result.stderr
+    spans = receiver.spans()
+    assert [span.name for _, span in spans] == ["forker.run"]
+    attrs = {a.key: a.value for a in spans[0][1].attributes}
+    assert attrs["process.exit.code"].int_value == 5
+
+
+def test_uncaught_exception_marks_the_span(receiver: Receiver, tmp_path: Path) -> None:
+    failing = tmp_path / "failing.py"
+    failing.write_text("raise ValueError('bad input row')\n")
+    result = hotspan_run(["--server-address", receiver.url, str(failing)])
+    assert result.returncode == 1
+    assert "ValueError: bad input row" in result.stderr
+    (_, span), *_ = receiver.spans()
+    attrs = {a.key: a.value for a in span.attributes}
+    assert attrs["process.exit.code"].int_value == 1
+    assert span.status.code == span.status.STATUS_CODE_ERROR
