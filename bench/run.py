@@ -4,6 +4,8 @@
                                    # the query data set is built once, ~1-2 min, and cached)
     python bench/run.py --quick    # small version, ~30 s, for CI-like checks
     python bench/run.py --only ingest|query  [--concurrency 32] [--rebuild]
+    python bench/run.py --only agent [--quick]   # agent overhead vs py-spy and pyroscope-io
+                                   # (~10 min, quick ~1.5 min; not in the default run)
 
 Use the project's environment (e.g. ``/tmp/probe/bin/python bench/run.py``).
 """
@@ -249,12 +251,32 @@ def markdown(report: Dict[str, object]) -> str:
     return "\n".join(lines)
 
 
+def run_agent(args: argparse.Namespace, report: Dict[str, object], t0: float) -> int:
+    """The agent benchmark writes its own files (agent.md/.json), not latest.*: it is run on
+    its own and its numbers are quoted separately."""
+    import agent
+
+    log("agent benchmark ...")
+    result = agent.run(quick=args.quick, log=log)
+    wall = time.perf_counter() - t0
+    result.update(command=report["command"], machine=report["machine"], wall_s=round(wall, 1))
+    md = agent.markdown(result, str(report["command"]), report["machine"], wall)  # type: ignore[arg-type]
+    stem = agent.write(result, args.out, args.quick, md)
+    print(md)
+    log(f"wrote {stem}.md/.json in {wall:.0f} s")
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--quick", action="store_true", help="small, fast version")
-    parser.add_argument("--only", choices=["ingest", "query"], help="run one benchmark")
+    parser.add_argument(
+        "--only",
+        choices=["ingest", "query", "agent"],
+        help="run one benchmark (agent runs only when asked for: it takes ~10 minutes)",
+    )
     parser.add_argument("--concurrency", type=int, default=32, help="in-flight ingest requests")
     parser.add_argument("--rebuild", action="store_true", help="rebuild the cached query data")
     parser.add_argument("--out", default=RESULTS, help="results directory (default bench/results)")
@@ -268,6 +290,8 @@ def main() -> int:
     }
     m = report["machine"]
     log(f"machine: nproc {m['nproc']}, Python {m['python']}, {m['cpu_model']}")  # type: ignore[index]
+    if args.only == "agent":
+        return run_agent(args, report, t0)
     if args.only in (None, "ingest"):
         import ingest
 

@@ -88,7 +88,7 @@ class Agent:
                     stats.dropped_uploads, stats.dropped_bytes, self.dropped_samples,
                 )
         except Exception:  # noqa: BLE001 - never raise into the program
-            logger.debug("hotspan: shutdown failed", exc_info=True)
+            logger.warning("hotspan: shutdown failed", exc_info=True)
 
     def _at_exit(self) -> None:
         self.shutdown(flush=True)

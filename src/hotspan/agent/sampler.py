@@ -143,7 +143,7 @@ class PythonSampler:
     def _stack(self, frame: Any) -> RawStack:
         out = []
         while frame is not None and len(out) < self._max_depth:
-            out.append((frame.f_code, frame.f_lasti * (2 if sys.version_info >= (3, 10) else 1)))
+            out.append((frame.f_code, frame.f_lasti))  # frame.f_lasti is in bytes on 3.9+
             frame = frame.f_back
         return tuple(out)
 

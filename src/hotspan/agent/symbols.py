@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dis
 import os
 import sys
 from typing import Any, Dict, Optional, Tuple
@@ -74,6 +75,14 @@ def _line_of(code: Any, lasti: int) -> int:
             if i == index:
                 return position[0] or code.co_firstlineno
         return code.co_firstlineno
+    if not hasattr(code, "co_lines"):
+        # 3.9: no co_lines; dis.findlinestarts reads co_lnotab (offsets increase).
+        line = code.co_firstlineno
+        for offset, lineno in dis.findlinestarts(code):
+            if offset > lasti:
+                break
+            line = lineno
+        return line
     for start, end, line in code.co_lines():
         if start <= lasti < end:
             return line if line is not None else code.co_firstlineno
