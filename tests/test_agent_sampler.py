@@ -1,0 +1,74 @@
+"""Both samplers, driven by hand: the same interface, exact lines, CPU only where it burns."""
+
+from __future__ import annotations
+
+import inspect
+import threading
+import time
+
+import pytest
+
+from hotspan._speedups import load_sampler
+from hotspan.agent.sampler import CPU, NativeSampler, PythonSampler
+from hotspan.agent.symbols import Symbolizer
+
+SAMPLERS = [PythonSampler]
+if load_sampler() is not None:
+    SAMPLERS.append(NativeSampler)
+
+
+def spin(stop: threading.Event) -> None:
+    while not stop.is_set():
+        sum(range(1000))  # SPIN LINE
+
+
+def wait(stop: threading.Event) -> None:
+    stop.wait()  # WAIT LINE
+
+
+def _line(func: object, marker: str) -> int:
+    lines, first = inspect.getsourcelines(func)  # type: ignore[arg-type]
+    return first + next(i for i, text in enumerate(lines) if marker in text)
+
+
+@pytest.mark.parametrize("sampler_class", SAMPLERS, ids=lambda c: c.name)
+def test_cpu_and_wall_with_exact_lines(sampler_class: type) -> None:
+    sampler = sampler_class(sample_rate=100, max_depth=64, cpu=True)
+    sampler.start()
+    sampler.exclude(threading.get_ident())  # this thread only drives the ticks
+    stop = threading.Event()
+    threads = [threading.Thread(target=spin, args=(stop,)),
+               threading.Thread(target=wait, args=(stop,))]
+    for t in threads:
+        t.start()
+    try:
+        for _ in range(60):
+            time.sleep(0.01)
+            sampler.tick(10_000_000)
+        collected = sampler.collect(release=True)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+        sampler.stop()
+    symbols = Symbolizer()
+    by_thread = {t.ident: t for t in threads}
+    cpu = {}
+    wall = {}
+    for sample in collected.samples:
+        thread = by_thread.get(sample.thread_ident)
+        if thread is None:
+            continue
+        leafmost = [symbols.frame(code, lasti) for code, lasti in sample.stack]
+        ours = next(f for f in leafmost if f[1] == __file__)  # spin() or wait() itself
+        table = cpu if sample.kind == CPU else wall
+        key = (ours[0].rsplit(".", 1)[1], ours[2])
+        table[key] = table.get(key, 0) + sample.value
+    spin_line, wait_line = _line(spin, "SPIN LINE"), _line(wait, "WAIT LINE")
+    # Wall: both threads, all the time, at the line they are on.
+    assert wall.get(("spin", spin_line), 0) > 0.3e9, wall
+    assert wall.get(("wait", wait_line), 0) > 0.3e9, wall
+    # CPU: only the spinning thread; the waiting one burns nothing.
+    assert cpu.get(("spin", spin_line), 0) > 0.1e9, cpu
+    assert ("wait", wait_line) not in cpu, cpu
+    assert collected.dropped == 0
