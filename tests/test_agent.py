@@ -155,22 +155,31 @@ def test_nested_spans_in_threads(module_server, tmp_path: Path) -> None:
         configure_line(module_server.url, service)
         + """
 ids = {}
+attrs = {}
 def work(name, fn):
     with tracer.start_as_current_span(name + ".outer") as outer:
         ids[name + ".outer"] = span_hex(outer)
         with tracer.start_as_current_span(name + ".inner") as inner:
             ids[name + ".inner"] = span_hex(inner)
             fn(0.5)
+        with tracer.start_as_current_span(name + ".empty") as empty:
+            pass  # no sample can land in it
         burn(0.3)
+    for span in (outer, inner, empty):
+        attrs[span.name] = dict(span.attributes)
 threads = [threading.Thread(target=work, args=("a", hot_a)),
            threading.Thread(target=work, args=("b", hot_b))]
 for t in threads: t.start()
 for t in threads: t.join()
 hotspan.shutdown()
-report(ids=ids)
+report(ids=ids, attrs=attrs)
 """,
     )
     ids = result["ids"]
+    # Spans with samples carry pyroscope.profile.id (their own id); a span without does not.
+    for name in ("a.inner", "a.outer", "b.inner", "b.outer"):
+        assert result["attrs"][name] == {"pyroscope.profile.id": ids[name]}, name
+    assert result["attrs"]["a.empty"] == {} and result["attrs"]["b.empty"] == {}
     with module_server.client() as client:
         a_inner = span_profile(client, service, [ids["a.inner"]])
         b_inner = span_profile(client, service, [ids["b.inner"]])

@@ -64,6 +64,9 @@ typedef struct {
     uint64_t trace_lo;
     uint64_t root_span_id;
     uint64_t tagset;
+    /* Set when a sample carried these labels: the agent tags only spans that have samples
+     * with pyroscope.profile.id, which costs nothing for the many that never do. */
+    volatile int sampled;
 } LabelsObject;
 
 static PyTypeObject LabelsType;
@@ -93,7 +96,24 @@ labels_get(LabelsObject *self, void *which)
     return PyLong_FromUnsignedLongLong(((uint64_t *)&self->span_id)[(intptr_t)which]);
 }
 
+static PyObject *
+labels_get_sampled(LabelsObject *self, void *unused)
+{
+    return PyBool_FromLong(self->sampled);
+}
+
+static int
+labels_set_sampled(LabelsObject *self, PyObject *value, void *unused)
+{
+    int truth = value ? PyObject_IsTrue(value) : 0;
+    if (truth < 0)
+        return -1;
+    self->sampled = truth;
+    return 0;
+}
+
 static PyGetSetDef labels_getset[] = {
+    {"sampled", (getter)labels_get_sampled, (setter)labels_set_sampled, NULL, NULL},
     {"span_id", (getter)labels_get, NULL, NULL, (void *)0},
     {"trace_hi", (getter)labels_get, NULL, NULL, (void *)1},
     {"trace_lo", (getter)labels_get, NULL, NULL, (void *)2},
@@ -139,7 +159,7 @@ static PyTypeObject *bitmap_node_type;
 static PyTypeObject *array_node_type;
 static int labels_lookup_ok;
 
-static const LabelsObject *
+static LabelsObject *
 find_labels(PyObject *context)
 {
     if (!labels_lookup_ok || context == NULL)
@@ -280,12 +300,13 @@ entry_at(size_t i)
 }
 
 static void
-copy_labels(const LabelsObject *labels, uint64_t *out)
+copy_labels(LabelsObject *labels, uint64_t *out)
 {
     if (labels == NULL) {
         memset(out, 0, 5 * sizeof(uint64_t));
         return;
     }
+    labels->sampled = 1;
     out[0] = labels->span_id;
     out[1] = labels->trace_hi;
     out[2] = labels->trace_lo;
@@ -778,7 +799,7 @@ sampler_after_fork(PyObject *mod, PyObject *unused)
 static PyObject *
 sampler_current_labels(PyObject *mod, PyObject *unused)
 {
-    const LabelsObject *found = find_labels(thread_context(PyThreadState_Get()));
+    LabelsObject *found = find_labels(thread_context(PyThreadState_Get()));
     if (found == NULL)
         Py_RETURN_NONE;
     return Py_NewRef((PyObject *)found);
@@ -826,7 +847,7 @@ sampler_find_in(PyObject *mod, PyObject *ctx)
         PyErr_SetString(PyExc_TypeError, "a contextvars.Context expected");
         return NULL;
     }
-    const LabelsObject *found = find_labels(ctx);
+    LabelsObject *found = find_labels(ctx);
     if (found == NULL)
         Py_RETURN_NONE;
     return Py_NewRef((PyObject *)found);

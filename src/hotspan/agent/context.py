@@ -31,7 +31,7 @@ _native = load_sampler()
 class PyLabels:
     """Pure-Python twin of the C ``Labels`` type (same constructor and attributes)."""
 
-    __slots__ = ("span_id", "trace_hi", "trace_lo", "root_span_id", "tagset")
+    __slots__ = ("span_id", "trace_hi", "trace_lo", "root_span_id", "tagset", "sampled")
 
     def __init__(
         self,
@@ -46,6 +46,7 @@ class PyLabels:
         self.trace_lo = trace_lo
         self.root_span_id = root_span_id
         self.tagset = tagset
+        self.sampled = False
 
 
 Labels: Callable[..., Any] = _native.Labels if _native is not None else PyLabels
@@ -53,12 +54,20 @@ Labels: Callable[..., Any] = _native.Labels if _native is not None else PyLabels
 LABELS: contextvars.ContextVar = contextvars.ContextVar("hotspan.labels")
 
 # Labels per thread ident, for the pure-Python sampler, which cannot read another thread's
-# context: it is right for threads, and per thread (not per task) under asyncio.
+# context: it is right for threads, and per thread (not per task) under asyncio.  Kept only
+# while that sampler runs (it costs every span a little).
 THREAD_LABELS: Dict[int, Any] = {}
+_keep_thread_labels = False
+
+
+def keep_thread_labels() -> None:
+    global _keep_thread_labels
+    _keep_thread_labels = True
 
 
 def _publish(value: Any) -> None:
-    THREAD_LABELS[threading.get_ident()] = value
+    if _keep_thread_labels:
+        THREAD_LABELS[threading.get_ident()] = value
 
 
 def labels_tuple(labels: Any) -> Tuple[int, int, int, int, int]:
@@ -156,17 +165,25 @@ PROFILE_ID_ATTRIBUTE = "pyroscope.profile.id"
 
 
 class _Pair:
-    """The token our runtime context hands out: OpenTelemetry's, and ours for LABELS."""
+    """The token our runtime context hands out: OpenTelemetry's and ours for LABELS, plus what
+    detach needs to tag the span if it got samples."""
 
-    __slots__ = ("inner", "ours")
+    __slots__ = ("inner", "ours", "labels", "span")
 
-    def __init__(self, inner: Any, ours: contextvars.Token) -> None:
+    def __init__(self, inner: Any, ours: contextvars.Token, labels: Any, span: Any) -> None:
         self.inner = inner
         self.ours = ours
+        self.labels = labels
+        self.span = span
 
 
 class SpanLinkingRuntimeContext:
-    """Wraps OpenTelemetry's runtime context: attach/detach also set/reset :data:`LABELS`."""
+    """Wraps OpenTelemetry's runtime context: attach/detach also set/reset :data:`LABELS`.
+
+    This runs for every span the program makes current, so it does the least it can: the
+    ``pyroscope.profile.id`` attribute is set at detach, and only on spans that got samples
+    (the sampler marks their labels), not on the many short spans that never do.
+    """
 
     def __init__(self, inner: Any, root_spans_only: bool) -> None:
         self.inner = inner
@@ -175,54 +192,65 @@ class SpanLinkingRuntimeContext:
     def attach(self, context: Any) -> Any:
         token = self.inner.attach(context)
         try:
-            ours = LABELS.set(self._labels_for(context))
+            span = context.get(_SPAN_KEY) if _SPAN_KEY is not None else None
+            labels = self._labels_for(span)
+            ours = LABELS.set(labels)
         except Exception:  # noqa: BLE001 - never break the program's tracing
             logger.debug("hotspan: span labels not set", exc_info=True)
             return token
-        _publish(LABELS.get(None))
-        return _Pair(token, ours)
+        _publish(labels)
+        return _Pair(token, ours, labels, span)
 
     def detach(self, token: Any) -> None:
-        if isinstance(token, _Pair):
-            self.inner.detach(token.inner)
+        if not isinstance(token, _Pair):
+            self.inner.detach(token)
+            return
+        self.inner.detach(token.inner)
+        try:
             try:
                 LABELS.reset(token.ours)
             except ValueError:
                 # Reset from another context than the attach (OpenTelemetry itself logs
-                # "Failed to detach context" for this); leave our value consistent with it.
-                LABELS.set(self._labels_for(self.inner.get_current()))
-            _publish(LABELS.get(None))
-        else:
-            self.inner.detach(token)
+                # "Failed to detach context" for this); keep ours consistent with its value.
+                LABELS.set(self._labels_for(self.inner.get_current().get(_SPAN_KEY)))
+            restored = LABELS.get(None)
+            _publish(restored)
+            labels = token.labels
+            if labels.sampled and labels.span_id:
+                self._mark_profiled(token.span, labels, restored)
+        except Exception:  # noqa: BLE001
+            logger.debug("hotspan: span labels not reset", exc_info=True)
 
     def get_current(self) -> Any:
         return self.inner.get_current()
 
-    def _labels_for(self, context: Any) -> Any:
-        from opentelemetry import trace
+    def _mark_profiled(self, span: Any, labels: Any, restored: Any) -> None:
+        if not self.root_spans_only or labels.root_span_id == labels.span_id:
+            if span is not None and span.is_recording():
+                span.set_attribute(PROFILE_ID_ATTRIBUTE, format(labels.span_id, "016x"))
+        elif restored is not None and restored.root_span_id == labels.root_span_id:
+            restored.sampled = True  # the samples belong to the root: it gets the attribute
 
+    def _labels_for(self, span: Any) -> Any:
         previous = LABELS.get(None)
         tags = previous.tagset if previous is not None else 0
-        span = trace.get_current_span(context)
-        ctx = span.get_span_context()
-        if not ctx.is_valid:
+        if span is None:
             return Labels(0, 0, 0, 0, tags)
-        trace_hi, trace_lo = ctx.trace_id >> 64, ctx.trace_id & ((1 << 64) - 1)
-        parent = getattr(span, "parent", None)
-        local_child = parent is not None and not getattr(parent, "is_remote", True)
-        if (
-            local_child
-            and previous is not None
-            and previous.root_span_id
-            and (previous.trace_hi, previous.trace_lo) == (trace_hi, trace_lo)
-        ):
-            root = previous.root_span_id
-        else:
-            root = ctx.span_id
-        labelled = root if self.root_spans_only else ctx.span_id
-        if labelled == ctx.span_id and span.is_recording():
-            span.set_attribute(PROFILE_ID_ATTRIBUTE, format(ctx.span_id, "016x"))
-        return Labels(ctx.span_id, trace_hi, trace_lo, root, tags)
+        ctx = span.get_span_context()
+        span_id = ctx.span_id
+        if not span_id or not ctx.trace_id:
+            return Labels(0, 0, 0, 0, tags)
+        trace_id = ctx.trace_id
+        trace_hi, trace_lo = trace_id >> 64, trace_id & 0xFFFFFFFFFFFFFFFF
+        root = span_id
+        if previous is not None and previous.root_span_id and previous.trace_lo == trace_lo:
+            parent = getattr(span, "parent", None)
+            if parent is not None and not parent.is_remote and previous.trace_hi == trace_hi:
+                root = previous.root_span_id
+        return Labels(span_id, trace_hi, trace_lo, root, tags)
+
+
+_SPAN_KEY: Any = None
 
 
 def install_span_linking(root_spans_only: bool) -> bool:
@@ -287,6 +315,7 @@ class _HookingLoader:
 
 
 def _hook(otel_context: Any, root_spans_only: bool) -> bool:
+    global _SPAN_KEY
     current = getattr(otel_context, "_RUNTIME_CONTEXT", None)
     if current is None:
         logger.warning("hotspan: this OpenTelemetry version has no runtime context to hook")
@@ -294,11 +323,19 @@ def _hook(otel_context: Any, root_spans_only: bool) -> bool:
     if isinstance(current, SpanLinkingRuntimeContext):
         current.root_spans_only = root_spans_only
         return True
+    try:
+        # The key OpenTelemetry stores the current span under; get_current_span() would do
+        # the same lookup with more calls, on every attach.
+        from opentelemetry.trace.propagation import _SPAN_KEY as span_key
+    except ImportError:
+        logger.warning("hotspan: this OpenTelemetry version keeps spans differently")
+        return False
+    _SPAN_KEY = span_key
     hook = SpanLinkingRuntimeContext(current, root_spans_only)
     otel_context._RUNTIME_CONTEXT = hook
     # A span current before the agent started (hotspan.configure inside a span) counts too.
     try:
-        LABELS.set(hook._labels_for(current.get_current()))
+        LABELS.set(hook._labels_for(current.get_current().get(_SPAN_KEY)))
         _publish(LABELS.get(None))
     except Exception:  # noqa: BLE001
         logger.debug("hotspan: no current span at start", exc_info=True)

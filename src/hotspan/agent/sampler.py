@@ -17,7 +17,12 @@ import time
 from typing import Any, Dict, List, NamedTuple, Tuple
 
 from hotspan._speedups import load_sampler
-from hotspan.agent.context import THREAD_LABELS, enable_native_labels, labels_tuple
+from hotspan.agent.context import (
+    THREAD_LABELS,
+    enable_native_labels,
+    keep_thread_labels,
+    labels_tuple,
+)
 
 CPU, WALL = 0, 1
 
@@ -100,7 +105,7 @@ class PythonSampler:
         self.labels = True
 
     def start(self) -> None:
-        pass
+        keep_thread_labels()
 
     def exclude(self, ident: int) -> None:
         self._excluded.add(ident)
@@ -114,7 +119,10 @@ class PythonSampler:
                 if ident in self._excluded:
                     continue
                 stack = self._stack(frame)
-                labels = labels_tuple(THREAD_LABELS.get(ident))
+                current = THREAD_LABELS.get(ident)
+                if current is not None:
+                    current.sampled = True
+                labels = labels_tuple(current)
                 if wall_ns:
                     key = (WALL, ident, labels, stack)
                     aggregate[key] = aggregate.get(key, 0) + wall_ns
