@@ -556,3 +556,69 @@ report(already=already, span=span_hex(span))
     assert result["already"] is False  # the agent itself did not import OpenTelemetry
     with module_server.client() as client:
         assert span_profile(client, service, [result["span"]]).get("__main__.hot_a", 0) > 0.2e9
+
+
+def test_fork_while_a_window_is_being_encoded(module_server, tmp_path: Path) -> None:
+    """A fork copies locks in the state other threads held them: the child must not wait on
+    the parent's encoder forever (it exits with a flush)."""
+    service = f"forklock_{uuid.uuid4().hex[:6]}"
+    result = run_program(
+        tmp_path,
+        configure_line(module_server.url, service)
+        + """
+import signal
+codes = []
+for _ in range(3):
+    with agent._lock:  # as if the sampler thread were encoding a window right now
+        pid = os.fork()
+    if pid == 0:
+        burn(0.2)
+        sys.exit(0)  # atexit flushes: must not block on the copied lock
+    deadline = time.time() + 20
+    while time.time() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            codes.append(status >> 8 if status & 0x7F == 0 else -(status & 0x7F))
+            break
+        time.sleep(0.05)
+    else:
+        os.kill(pid, signal.SIGKILL)
+        codes.append("hung")
+hotspan.shutdown()
+report(codes=codes)
+""",
+        otel=False,
+    )
+    assert result["codes"] == [0, 0, 0]
+
+
+def test_restarted_agent_samples_threads_that_reuse_old_idents(module_server, tmp_path: Path,
+                                                              ) -> None:
+    service = f"restart_{uuid.uuid4().hex[:6]}"
+    result = run_program(
+        tmp_path,
+        configure_line(module_server.url, service)
+        + """
+old = {agent._thread.ident, agent._uploader.thread_ident}
+hotspan.shutdown()
+stop = threading.Event()
+def worker():
+    while not stop.is_set():
+        hot_b(0.01)
+workers = [threading.Thread(target=worker) for _ in range(4)]
+for t in workers: t.start()
+reused = sum(t.ident in old for t in workers)
+"""
+        + configure_line(module_server.url, service)
+        + """
+time.sleep(1.0)
+stop.set()
+for t in workers: t.join()
+collected = agent._sampler.collect()
+seen = {s.thread_ident for s in collected.samples if s.kind == 0}
+hotspan.shutdown(flush=False)
+report(reused=reused, unseen=[t.ident in seen for t in workers].count(False))
+""",
+        otel=False,
+    )
+    assert result["unseen"] == 0, result

@@ -76,3 +76,45 @@ def test_garbage_answer_is_an_error() -> None:
     with pytest.raises(TransportError, match="not an HTTP response"):
         conn.post("/ingest", b"", {}, 100)
     thread.join(5)
+
+
+def test_no_content_needs_no_length() -> None:
+    # nginx and Go proxies answer 204 without Content-Length; waiting for a body would time
+    # out and send an accepted upload again.
+    port, _, thread = _serve([b"HTTP/1.1 204 No Content\r\n\r\n", b"HTTP/1.1 200 OK\r\n"
+                              b"Content-Length: 2\r\n\r\nok"])
+    conn = PlainConnection("127.0.0.1", port, timeout=5)
+    assert conn.post("/ingest", b"a", {}, 100) == (204, {}, b"")
+    assert conn.post("/ingest", b"b", {}, 100)[2] == b"ok"
+    thread.join(5)
+
+
+def test_timeout_bounds_the_whole_exchange() -> None:
+    """A server that trickles one byte every 0.2 s never trips a per-read timeout; the
+    connection's timeout is for the whole post."""
+    import time
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+
+    def trickle() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            conn.recv(65536)
+            for byte in b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n" + b"x" * 100:
+                try:
+                    conn.sendall(bytes([byte]))
+                except OSError:
+                    return
+                time.sleep(0.2)
+
+    thread = threading.Thread(target=trickle, daemon=True)
+    thread.start()
+    conn = PlainConnection("127.0.0.1", listener.getsockname()[1], timeout=1.0)
+    started = time.monotonic()
+    with pytest.raises(OSError):  # TimeoutError, or socket.timeout on 3.9
+        conn.post("/ingest", b"", {}, 1000)
+    assert time.monotonic() - started < 2.0
+    conn.close()
+    listener.close()

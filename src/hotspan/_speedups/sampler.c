@@ -46,6 +46,7 @@ static inline PyObject *Py_NewRef(PyObject *o) { Py_INCREF(o); return o; }
 
 #ifdef __linux__
 #  include <sys/syscall.h>
+#  include <sys/uio.h>
 #  define HAVE_THREAD_TIMERS 1
 #endif
 
@@ -202,8 +203,17 @@ find_labels(PyObject *context)
 typedef struct {
     uint64_t code;      /* PyCodeObject*, 0 = not resolvable */
     uint32_t lasti;     /* instruction offset in bytes */
-    int32_t firstlineno;
+    uint32_t fingerprint; /* of the code object when sampled: see code_fingerprint */
 } RawFrame;
+
+/* What identifies a code object beyond its address, which a freed one's successor may reuse:
+ * its first line and its name's (usually interned) string. */
+static inline uint32_t
+code_fingerprint(const PyCodeObject *code)
+{
+    return (uint32_t)code->co_firstlineno ^ (uint32_t)((uintptr_t)code->co_name >> 4) ^
+           (uint32_t)((uintptr_t)code->co_name >> 36);
+}
 
 static inline PyObject *
 thread_context(PyThreadState *ts)
@@ -252,7 +262,7 @@ walk_frames(PyThreadState *ts, RawFrame *out, int max_depth)
         int lasti = _PyInterpreterFrame_LASTI(f);
         out[n].code = (uint64_t)(uintptr_t)code;
         out[n].lasti = lasti < 0 ? 0 : (uint32_t)lasti * (uint32_t)sizeof(_Py_CODEUNIT);
-        out[n].firstlineno = code->co_firstlineno;
+        out[n].fingerprint = code_fingerprint(code);
         n++;
         f = f->previous;
 #else
@@ -265,7 +275,7 @@ walk_frames(PyThreadState *ts, RawFrame *out, int max_depth)
 #  endif
         out[n].code = (uint64_t)(uintptr_t)code;
         out[n].lasti = lasti < 0 ? 0 : (uint32_t)lasti;
-        out[n].firstlineno = code->co_firstlineno;
+        out[n].fingerprint = code_fingerprint(code);
         n++;
         f = f->f_back;
 #endif
@@ -363,6 +373,7 @@ typedef struct {
 
 static ThreadTimer timers[MAX_THREADS];
 static int n_timers;
+static uint64_t threads_signature;
 
 static unsigned long excluded[16];
 static int n_excluded;
@@ -422,6 +433,15 @@ static void
 sync_timers(PyInterpreterState *interp)
 {
 #ifdef HAVE_THREAD_TIMERS
+    /* Thread state ids are never reused: their sum and count change whenever a thread comes
+     * or goes, so the quadratic matching below runs only then, not on every tick. */
+    uint64_t signature = 0x9e3779b97f4a7c15ull;
+    for (PyThreadState *ts = PyInterpreterState_ThreadHead(interp); ts != NULL;
+         ts = PyThreadState_Next(ts))
+        signature = signature * 31u + (uint64_t)ts->id + 1u;
+    if (signature == threads_signature)
+        return;
+    threads_signature = signature;
     for (int i = 0; i < n_timers; i++)
         timers[i].live = 0;
     for (PyThreadState *ts = PyInterpreterState_ThreadHead(interp); ts != NULL;
@@ -523,9 +543,25 @@ code_register(PyObject *code)
     return 1;
 }
 
+/* Reads memory that may have been unmapped: process_vm_readv on ourselves fails with EFAULT
+ * where a plain read would crash.  0 on success. */
+static int
+safe_read(const void *address, void *out, size_t size)
+{
+#ifdef __linux__
+    struct iovec local = {out, size};
+    struct iovec remote = {(void *)address, size};
+    ssize_t n = process_vm_readv(getpid(), &local, 1, &remote, 1, 0);
+    return n == (ssize_t)size ? 0 : -1;
+#else
+    (void)address; (void)out; (void)size;
+    return -1; /* cannot check: treat as gone */
+#endif
+}
+
 /* Frames recorded by the signal handler point at code objects that were alive then; by now
- * one may have been freed.  Keep only pointers that still are code objects with the same
- * first line (pymalloc keeps freed memory mapped, so the read itself is safe). */
+ * one may have been freed (its memory unmapped, or reused).  Keep only pointers that still
+ * are code objects with the same fingerprint, read safely; then hold a reference. */
 static void
 validate_frames(RawFrame *frames, int depth)
 {
@@ -533,10 +569,11 @@ validate_frames(RawFrame *frames, int depth)
         uint64_t ptr = frames[i].code;
         if (ptr == 0 || code_known(ptr))
             continue;
-        PyObject *code = (PyObject *)(uintptr_t)ptr;
-        if (Py_TYPE(code) == &PyCode_Type && Py_REFCNT(code) > 0 &&
-            ((PyCodeObject *)code)->co_firstlineno == frames[i].firstlineno &&
-            code_register(code)) {
+        PyCodeObject copy;
+        const PyCodeObject *code = (const PyCodeObject *)(uintptr_t)ptr;
+        if (safe_read(code, &copy, sizeof copy) == 0 && Py_TYPE(&copy) == &PyCode_Type &&
+            Py_REFCNT(&copy) > 0 && code_fingerprint(&copy) == frames[i].fingerprint &&
+            code_register((PyObject *)code)) {
             continue;
         }
         frames[i].code = 0;
@@ -551,12 +588,12 @@ static int
 add_sample(int kind, uint64_t ident, const uint64_t *labels, const RawFrame *frames, int depth,
            uint64_t weight)
 {
-    /* firstlineno only served validation: zero it so equal stacks make equal keys. */
+    /* The fingerprint only served validation: zero it so equal stacks make equal keys. */
     RawFrame key_frames[depth > 0 ? depth : 1];
     for (int i = 0; i < depth; i++) {
         key_frames[i].code = frames[i].code;
         key_frames[i].lasti = frames[i].lasti;
-        key_frames[i].firstlineno = 0;
+        key_frames[i].fingerprint = 0;
     }
     PyObject *key = Py_BuildValue("(iKKKKKKy#)", kind, (unsigned long long)ident,
                                   (unsigned long long)labels[0], (unsigned long long)labels[1],
@@ -638,23 +675,30 @@ sampler_start(PyObject *mod, PyObject *args, PyObject *kwds)
         PyErr_SetString(PyExc_RuntimeError, "the sampler is already running");
         return NULL;
     }
-    /* A ring left by an earlier run may still be written by a late signal: leave it be. */
-    ring = NULL;
+    size_t size = sizeof(Entry) + (size_t)depth * sizeof(RawFrame);
+    size = (size + 63) & ~(size_t)63;
+    /* A ring from an earlier run may still be written by a late signal, so it is never freed:
+     * reused when its entries fit, else left behind (only when max_depth changed). */
+    if (ring == NULL || size != entry_size) {
+        ring = NULL;
+        entry_size = size;
+        ring = PyMem_RawCalloc(RING_CAPACITY, entry_size);
+    } else {
+        for (size_t i = 0; i < RING_CAPACITY; i++)
+            atomic_store(&entry_at(i)->state, 0);
+    }
     Py_CLEAR(aggregate);
     Py_CLEAR(code_refs);
     PyMem_RawFree(code_set);
     max_depth = depth;
     cpu_interval_ns = interval;
-    entry_size = sizeof(Entry) + (size_t)depth * sizeof(RawFrame);
-    entry_size = (entry_size + 63) & ~(size_t)63;
-    ring = PyMem_RawCalloc(RING_CAPACITY, entry_size);
+    n_excluded = 0; /* the idents of an earlier agent's threads may belong to new threads now */
+    threads_signature = 0;
     code_set = PyMem_RawCalloc((size_t)1 << CODE_SET_BITS, sizeof(uint64_t));
     aggregate = PyDict_New();
     code_refs = PyList_New(0);
     if (ring == NULL || code_set == NULL || aggregate == NULL || code_refs == NULL) {
-        PyMem_RawFree(ring);
         PyMem_RawFree(code_set);
-        ring = NULL;
         code_set = NULL;
         Py_CLEAR(aggregate);
         Py_CLEAR(code_refs);
@@ -688,6 +732,9 @@ sampler_stop(PyObject *mod, PyObject *unused)
     atomic_store(&cpu_enabled, 0);
     delete_timers();
     running = 0;
+    /* What the handlers recorded so far belongs to the last window: keep it for collect(). */
+    if (aggregate != NULL && drain_ring() < 0)
+        PyErr_Clear();
     /* The handler stays installed: a signal already queued for a thread must not meet the
      * default SIGPROF action, which kills the process.  Disabled, it returns at once.  The
      * ring is kept for the same reason (a late handler may still be writing to it). */
@@ -781,6 +828,7 @@ sampler_after_fork(PyObject *mod, PyObject *unused)
     running = 0;
     n_timers = 0;
     n_excluded = 0;
+    threads_signature = 0;
     if (ring != NULL) {
         for (size_t i = 0; i < RING_CAPACITY; i++)
             atomic_store(&entry_at(i)->state, 0);

@@ -50,3 +50,9 @@ def shutdown(flush: bool = True) -> None:
 
 def current_agent() -> Optional[Any]:
     return _agent
+
+
+def reset_after_fork() -> None:
+    """In a forked child: the lock a parent thread may have held is not ours to wait for."""
+    global _lock
+    _lock = threading.Lock()

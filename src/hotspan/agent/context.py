@@ -52,6 +52,7 @@ class PyLabels:
 Labels: Callable[..., Any] = _native.Labels if _native is not None else PyLabels
 
 LABELS: contextvars.ContextVar = contextvars.ContextVar("hotspan.labels")
+_TAG_TOKENS: contextvars.ContextVar = contextvars.ContextVar("hotspan.tag_tokens")
 
 # Labels per thread ident, for the pure-Python sampler, which cannot read another thread's
 # context: it is right for threads, and per thread (not per task) under asyncio.  Kept only
@@ -83,6 +84,11 @@ _tagsets: List[Tuple[Tuple[str, str], ...]] = [()]
 _tagset_ids: Dict[Tuple[Tuple[str, str], ...], int] = {(): 0}
 _tagset_lock = threading.Lock()
 _warned_overflow = False
+
+
+def reset_after_fork() -> None:
+    global _tagset_lock
+    _tagset_lock = threading.Lock()
 
 
 def tagset_id(tags: Mapping[str, str]) -> int:
@@ -124,7 +130,6 @@ class tag_wrapper:  # noqa: N801 - the name Pyroscope users know
         for key in tags:
             check_tag_key(str(key))
         self._tags = {str(k): str(v) for k, v in tags.items()}
-        self._tokens: List[contextvars.Token] = []
 
     def __enter__(self) -> tag_wrapper:
         current = LABELS.get(None)
@@ -132,12 +137,26 @@ class tag_wrapper:  # noqa: N801 - the name Pyroscope users know
         base.update(self._tags)
         s, th, tl, root, _ = labels_tuple(current)
         value = Labels(s, th, tl, root, tagset_id(base))
-        self._tokens.append(LABELS.set(value))
+        # The token goes on a stack kept in the context itself, so one wrapper object can be
+        # entered by many threads and tasks at once, each leaving its own.
+        token = LABELS.set(value)
+        _TAG_TOKENS.set(_TAG_TOKENS.get(()) + ((id(self), token),))
         _publish(value)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        LABELS.reset(self._tokens.pop())
+        stack = _TAG_TOKENS.get(())
+        mine = [i for i, (owner, _) in enumerate(stack) if owner == id(self)]
+        if not mine:
+            return  # entered in another context (a generator resumed elsewhere)
+        index = mine[-1]
+        _TAG_TOKENS.set(stack[:index] + stack[index + 1:])
+        try:
+            LABELS.reset(stack[index][1])
+        except ValueError:
+            # Entered in another context (a generator resumed elsewhere): nothing of ours to
+            # undo here, and the program must not see an error from its profiler.
+            logger.debug("hotspan: tag_wrapper exited in another context")
         _publish(LABELS.get(None))
 
     def __call__(self, func: Callable) -> Callable:

@@ -98,9 +98,15 @@ class Agent:
         the parent's pending data (the parent sends that)."""
         try:
             self._pid = os.getpid()
+            running = self._thread is not None and not self._stop.is_set()
+            # The parent's threads are gone, and any lock one of them held (a window being
+            # encoded as the fork happened) would stay held here forever.
+            self._lock = threading.Lock()
+            self._stop = threading.Event()
             self._sampler.after_fork()
             self._uploader.reset_after_fork()
-            if self._thread is None or self._stop.is_set():
+            if not running:
+                self._stop.set()
                 return
             self._sampler.start()
             self._uploader.start()
@@ -235,8 +241,10 @@ def _register_fork_handler(agent: Agent) -> None:
 
 
 def _after_fork_in_child() -> None:
-    from hotspan.agent import current_agent
+    from hotspan import agent as agent_module
 
-    agent = current_agent()
+    context.reset_after_fork()
+    agent_module.reset_after_fork()
+    agent = agent_module.current_agent()
     if agent is not None:
         agent.after_fork_in_child()

@@ -56,7 +56,7 @@ class NativeSampler:
         self._cpu = cpu
         self.native_cpu = False
         self.labels = False
-        self._unpack = struct.Struct("=QIi").iter_unpack
+        self._unpack = struct.Struct("=QII").iter_unpack
 
     def start(self) -> None:
         self.labels = enable_native_labels()
@@ -135,7 +135,7 @@ class PythonSampler:
             self._ticks += 1
             if self._ticks % 1000 == 0:
                 # Threads that ended leave their labels behind; drop them now and then.
-                for ident in [i for i in THREAD_LABELS if i not in frames]:
+                for ident in [i for i in list(THREAD_LABELS) if i not in frames]:
                     THREAD_LABELS.pop(ident, None)
         del frames
 

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import contextlib
 import socket
-from typing import Any, Dict, Mapping, Optional, Tuple
+import threading
+import time
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 MAX_HEADER_LINES = 100
 MAX_LINE = 65536
@@ -24,24 +26,55 @@ Response = Tuple[int, Dict[str, str], bytes]  # status, headers (lower-case name
 
 
 class PlainConnection:
+    """``timeout`` bounds a whole :meth:`post`, name lookup to last byte: a server that
+    trickles its answer must not hold an exit flush past its deadline."""
+
     def __init__(self, host: str, port: int, timeout: float) -> None:
         self.host = host
         self.port = port
         self.timeout = timeout
         self.sock: Optional[socket.socket] = None
-        self._reader: Any = None
+        self._buffer = b""
+        self._deadline = 0.0
 
     def post(self, path: str, body: bytes, headers: Mapping[str, str], max_body: int) -> Response:
+        self._deadline = time.monotonic() + self.timeout
         if self.sock is None:
-            self.sock = socket.create_connection((self.host, self.port), timeout=self.timeout)
-            self._reader = self.sock.makefile("rb")
-        self.sock.settimeout(self.timeout)
+            self.sock = socket.create_connection(self._resolve(), timeout=self._remaining())
+            self._buffer = b""
         host = f"[{self.host}]" if ":" in self.host else self.host
         lines = [f"POST {path} HTTP/1.1", f"Host: {host}:{self.port}",
                  f"Content-Length: {len(body)}"]
         lines += [f"{name}: {value}" for name, value in headers.items()]
+        self.sock.settimeout(self._remaining())
         self.sock.sendall(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body)
         return self._read_response(max_body)
+
+    def _remaining(self) -> float:
+        left = self._deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("timed out")
+        return left
+
+    def _resolve(self) -> Tuple[str, int]:
+        try:
+            socket.inet_pton(socket.AF_INET6 if ":" in self.host else socket.AF_INET, self.host)
+            return self.host, self.port  # an address already
+        except OSError:
+            pass
+        # getaddrinfo has no timeout of its own: ask it from a thread and stop waiting.
+        found: List[Any] = []
+        lookup = threading.Thread(
+            target=lambda: found.append(socket.getaddrinfo(self.host, self.port,
+                                                           type=socket.SOCK_STREAM)),
+            name="hotspan-resolve", daemon=True,
+        )
+        lookup.start()
+        lookup.join(self._remaining())
+        if not found:
+            raise TimeoutError(f"cannot resolve {self.host!r} in time")
+        address = found[0][0][4]
+        return address[0], address[1]
 
     def _read_response(self, max_body: int) -> Response:
         status_line = self._line()
@@ -58,7 +91,8 @@ class PlainConnection:
             headers[name.strip().lower()] = value.strip()
         else:
             raise TransportError("too many response headers")
-        body = self._body(headers, max_body)
+        # These never have a body (RFC 9112 6.3), whatever the headers say or omit.
+        body = b"" if status < 200 or status in (204, 304) else self._body(headers, max_body)
         if headers.get("connection", "").lower() == "close" or parts[0] == b"HTTP/1.0":
             self.close()
         return status, headers, body
@@ -73,7 +107,7 @@ class PlainConnection:
                     while self._line().strip():  # trailers
                         pass
                     return b"".join(chunks)
-                chunk = self._reader.read(length)
+                chunk = self._read(length)
                 self._line()
                 size += len(chunk)
                 if size <= max_body:
@@ -81,26 +115,44 @@ class PlainConnection:
         if "content-length" in headers:
             length = int(headers["content-length"])
             if length > max_body:
-                body = self._reader.read(max_body)
+                body = self._read(max_body)
                 self.close()  # not worth reading the rest: start afresh next time
                 return body
-            return self._reader.read(length)
-        body = self._reader.read(max_body)  # no length: the body ends with the connection
+            return self._read(length)
+        body = self._read(max_body, to_close=True)  # no length: it ends with the connection
         self.close()
         return body
 
+    def _fill(self) -> bool:
+        assert self.sock is not None
+        self.sock.settimeout(self._remaining())
+        data = self.sock.recv(65536)
+        self._buffer += data
+        return bool(data)
+
     def _line(self) -> bytes:
-        line = self._reader.readline(MAX_LINE)
-        if not line:
-            raise TransportError("the server closed the connection")
-        return line
+        while b"\n" not in self._buffer:
+            if len(self._buffer) > MAX_LINE:
+                raise TransportError("response line too long")
+            if not self._fill():
+                raise TransportError("the server closed the connection")
+        line, _, self._buffer = self._buffer.partition(b"\n")
+        return line + b"\n"
+
+    def _read(self, size: int, to_close: bool = False) -> bytes:
+        while len(self._buffer) < size:
+            if not self._fill():
+                if to_close:
+                    break
+                raise TransportError("the server closed the connection mid-body")
+        data, self._buffer = self._buffer[:size], self._buffer[size:]
+        return data
 
     def close(self) -> None:
-        reader, sock, self._reader, self.sock = self._reader, self.sock, None, None
-        for part in (reader, sock):
-            if part is not None:
-                with contextlib.suppress(OSError):
-                    part.close()
+        sock, self.sock, self._buffer = self.sock, None, b""
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.close()
 
 
 class TLSConnection:
