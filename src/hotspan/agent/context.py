@@ -212,7 +212,7 @@ class SpanLinkingRuntimeContext:
         token = self.inner.attach(context)
         try:
             span = context.get(_SPAN_KEY) if _SPAN_KEY is not None else None
-            labels = self._labels_for(span)
+            labels = self.labels_for(span)
             ours = LABELS.set(labels)
         except Exception:  # noqa: BLE001 - never break the program's tracing
             logger.debug("hotspan: span labels not set", exc_info=True)
@@ -231,7 +231,7 @@ class SpanLinkingRuntimeContext:
             except ValueError:
                 # Reset from another context than the attach (OpenTelemetry itself logs
                 # "Failed to detach context" for this); keep ours consistent with its value.
-                LABELS.set(self._labels_for(self.inner.get_current().get(_SPAN_KEY)))
+                LABELS.set(self.labels_for(self.inner.get_current().get(_SPAN_KEY)))
             restored = LABELS.get(None)
             _publish(restored)
             labels = token.labels
@@ -244,13 +244,9 @@ class SpanLinkingRuntimeContext:
         return self.inner.get_current()
 
     def _mark_profiled(self, span: Any, labels: Any, restored: Any) -> None:
-        if not self.root_spans_only or labels.root_span_id == labels.span_id:
-            if span is not None and span.is_recording():
-                span.set_attribute(PROFILE_ID_ATTRIBUTE, format(labels.span_id, "016x"))
-        elif restored is not None and restored.root_span_id == labels.root_span_id:
-            restored.sampled = True  # the samples belong to the root: it gets the attribute
+        mark_profiled(span, labels, restored, self.root_spans_only)
 
-    def _labels_for(self, span: Any) -> Any:
+    def labels_for(self, span: Any) -> Any:
         previous = LABELS.get(None)
         tags = previous.tagset if previous is not None else 0
         if span is None:
@@ -272,13 +268,22 @@ class SpanLinkingRuntimeContext:
 _SPAN_KEY: Any = None
 
 
-def install_span_linking(root_spans_only: bool) -> bool:
+def mark_profiled(span: Any, labels: Any, restored: Any, root_spans_only: bool) -> None:
+    """At the detach of a span whose labels got samples: tag it for traces-to-profiles."""
+    if not root_spans_only or labels.root_span_id == labels.span_id:
+        if span is not None and span.is_recording():
+            span.set_attribute(PROFILE_ID_ATTRIBUTE, format(labels.span_id, "016x"))
+    elif restored is not None and restored.root_span_id == labels.root_span_id:
+        restored.sampled = True  # the samples belong to the root: it gets the attribute
+
+
+def install_span_linking(root_spans_only: bool, native: bool = True) -> bool:
     """Hooks OpenTelemetry when it is installed: now if the program imported it already,
     else when it does (importing it ourselves would cost programs that never trace ~3 MiB).
     False, and no span labels, when it is not installed."""
     module = sys.modules.get("opentelemetry.context")
     if module is not None:
-        return _hook(module, root_spans_only)
+        return _hook(module, root_spans_only, native)
     try:
         from importlib.util import find_spec
 
@@ -288,17 +293,18 @@ def install_span_linking(root_spans_only: bool) -> bool:
         return False
     for finder in sys.meta_path:
         if isinstance(finder, _HookOnImport):
-            finder.root_spans_only = root_spans_only
+            finder.root_spans_only, finder.native = root_spans_only, native
             return True
-    sys.meta_path.insert(0, _HookOnImport(root_spans_only))
+    sys.meta_path.insert(0, _HookOnImport(root_spans_only, native))
     return True
 
 
 class _HookOnImport:
     """A meta path finder that lets ``opentelemetry.context`` load normally, then hooks it."""
 
-    def __init__(self, root_spans_only: bool) -> None:
+    def __init__(self, root_spans_only: bool, native: bool) -> None:
         self.root_spans_only = root_spans_only
+        self.native = native
 
     def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
         if name != "opentelemetry.context":
@@ -308,16 +314,17 @@ class _HookOnImport:
         spec = PathFinder.find_spec(name, path)
         if spec is None or spec.loader is None:
             return spec
-        spec.loader = _HookingLoader(spec.loader, self.root_spans_only)
+        spec.loader = _HookingLoader(spec.loader, self.root_spans_only, self.native)
         with contextlib.suppress(ValueError):
             sys.meta_path.remove(self)
         return spec
 
 
 class _HookingLoader:
-    def __init__(self, loader: Any, root_spans_only: bool) -> None:
+    def __init__(self, loader: Any, root_spans_only: bool, native: bool) -> None:
         self._loader = loader
         self._root_spans_only = root_spans_only
+        self._native = native
 
     def create_module(self, spec: Any) -> Any:
         return self._loader.create_module(spec)
@@ -325,7 +332,7 @@ class _HookingLoader:
     def exec_module(self, module: Any) -> None:
         self._loader.exec_module(module)
         try:
-            _hook(module, self._root_spans_only)
+            _hook(module, self._root_spans_only, self._native)
         except Exception:  # noqa: BLE001 - never break the program's import
             logger.debug("hotspan: OpenTelemetry not hooked", exc_info=True)
 
@@ -333,13 +340,13 @@ class _HookingLoader:
         return getattr(self._loader, name)
 
 
-def _hook(otel_context: Any, root_spans_only: bool) -> bool:
+def _hook(otel_context: Any, root_spans_only: bool, native: bool) -> bool:
     global _SPAN_KEY
     current = getattr(otel_context, "_RUNTIME_CONTEXT", None)
     if current is None:
         logger.warning("hotspan: this OpenTelemetry version has no runtime context to hook")
         return False
-    if isinstance(current, SpanLinkingRuntimeContext):
+    if _is_hook(current):
         current.root_spans_only = root_spans_only
         return True
     try:
@@ -350,15 +357,33 @@ def _hook(otel_context: Any, root_spans_only: bool) -> bool:
         logger.warning("hotspan: this OpenTelemetry version keeps spans differently")
         return False
     _SPAN_KEY = span_key
-    hook = SpanLinkingRuntimeContext(current, root_spans_only)
+    hook: Any
+    if native and _native is not None:
+        # The C twin of SpanLinkingRuntimeContext (thread labels are the Python sampler's).
+        def on_profiled(span: Any, labels: Any, restored: Any) -> None:
+            mark_profiled(span, labels, restored, hook.root_spans_only)
+
+        def on_reset_failed() -> None:
+            LABELS.set(hook.labels_for(hook.get_current().get(_SPAN_KEY)))
+
+        hook = _native.SpanLinker(current, span_key, LABELS, on_profiled, on_reset_failed,
+                                  root_spans_only)
+    else:
+        hook = SpanLinkingRuntimeContext(current, root_spans_only)
     otel_context._RUNTIME_CONTEXT = hook
     # A span current before the agent started (hotspan.configure inside a span) counts too.
     try:
-        LABELS.set(hook._labels_for(current.get_current().get(_SPAN_KEY)))
+        LABELS.set(hook.labels_for(current.get_current().get(_SPAN_KEY)))
         _publish(LABELS.get(None))
     except Exception:  # noqa: BLE001
         logger.debug("hotspan: no current span at start", exc_info=True)
     return True
+
+
+def _is_hook(runtime_context: Any) -> bool:
+    return isinstance(runtime_context, SpanLinkingRuntimeContext) or (
+        _native is not None and isinstance(runtime_context, _native.SpanLinker)
+    )
 
 
 def enable_native_labels() -> bool:

@@ -53,7 +53,9 @@ class Agent:
 
     def start(self) -> None:
         if self.config.trace_correlation:
-            self.span_linking = context.install_span_linking(self.config.root_spans_only)
+            self.span_linking = context.install_span_linking(
+                self.config.root_spans_only, native=self._sampler.name == "native"
+            )
         self._sampler.start()
         self._uploader.start()
         ident = self._uploader.thread_ident
