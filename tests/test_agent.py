@@ -299,18 +299,27 @@ def worker():
         idle_part()
     used.append(time.thread_time() - start)
 threads = [threading.Thread(target=worker) for _ in range(4)]
+started = time.perf_counter()
 for t in threads: t.start()
 for t in threads: t.join()
+elapsed = time.perf_counter() - started
 hotspan.shutdown()
-report(cpu_used=sum(used))
+report(cpu_used=sum(used), elapsed=elapsed)
 """,
         otel=False,
     )
     with module_server.client() as client:
         cpu = service_profile(client, f'{{service_name="{service}"}}')
+        wall = service_profile(client, f'{{service_name="{service}"}}', WALL)
     assert share(cpu, "__main__.busy_part") >= 0.95, cpu
     profiled = cpu[TOTAL] / 1e9
     assert abs(profiled / result["cpu_used"] - 1) < 0.1, (profiled, result["cpu_used"])
+    # Wall: each worker's whole life, and its busy part as much as it really was (its CPU):
+    # a tick holding the GIL alone would only ever see the workers asleep.
+    workers_wall = wall["__main__.worker"] / 1e9
+    assert abs(workers_wall / (4 * result["elapsed"]) - 1) < 0.15, (workers_wall, result)
+    busy_wall = wall.get("__main__.busy_part", 0) / 1e9
+    assert abs(busy_wall / result["cpu_used"] - 1) < 0.15, (busy_wall, result)
 
 
 def test_python_fallback_sampler(module_server, tmp_path: Path) -> None:

@@ -32,8 +32,9 @@ class Agent:
         self.config = config
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
-        self._sampler = make_sampler(config.sample_rate, config.max_depth, config.cpu,
-                                     config.native)
+        self._sampler = make_sampler(
+            config.sample_rate, config.max_depth, config.cpu, config.wall, config.native
+        )
         self._symbols = Symbolizer()
         self._uploader = Uploader(
             config.server_address,

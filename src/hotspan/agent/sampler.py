@@ -47,20 +47,23 @@ class Collected(NamedTuple):
 class NativeSampler:
     name = "native"
 
-    def __init__(self, sample_rate: int, max_depth: int, cpu: bool) -> None:
+    def __init__(self, sample_rate: int, max_depth: int, cpu: bool, wall: bool = True) -> None:
         self._mod = load_sampler()
         if self._mod is None:
             raise RuntimeError("the native sampler is not built")
         self._interval_ns = 1_000_000_000 // sample_rate
         self._max_depth = max_depth
         self._cpu = cpu
+        self._wall = wall
         self.native_cpu = False
         self.labels = False
         self._unpack = struct.Struct("=QII").iter_unpack
 
     def start(self) -> None:
         self.labels = enable_native_labels()
-        self.native_cpu = bool(self._mod.start(self._interval_ns, self._max_depth, self._cpu))
+        self.native_cpu = bool(
+            self._mod.start(self._interval_ns, self._max_depth, self._cpu, self._wall)
+        )
 
     def exclude(self, ident: int) -> None:
         self._mod.exclude(ident)
@@ -93,7 +96,7 @@ class NativeSampler:
 class PythonSampler:
     name = "python"
 
-    def __init__(self, sample_rate: int, max_depth: int, cpu: bool) -> None:
+    def __init__(self, sample_rate: int, max_depth: int, cpu: bool, wall: bool = True) -> None:
         self._max_depth = max_depth
         self._cpu = cpu and hasattr(time, "pthread_getcpuclockid")
         self._excluded: set = set()
@@ -174,7 +177,7 @@ class PythonSampler:
         self._excluded = set()
 
 
-def make_sampler(sample_rate: int, max_depth: int, cpu: bool, native: bool) -> Any:
+def make_sampler(sample_rate: int, max_depth: int, cpu: bool, wall: bool, native: bool) -> Any:
     if native and load_sampler() is not None:
-        return NativeSampler(sample_rate, max_depth, cpu)
-    return PythonSampler(sample_rate, max_depth, cpu)
+        return NativeSampler(sample_rate, max_depth, cpu, wall)
+    return PythonSampler(sample_rate, max_depth, cpu, wall)

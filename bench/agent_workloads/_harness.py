@@ -1,0 +1,207 @@
+"""What every agent workload shares: profiler set-up, timing, and the one JSON result line.
+
+A workload script is run as a fresh process per measurement::
+
+    python bench/agent_workloads/<name>.py --profiler none|hotspan|pyroscope|pyspy \
+        --app APP --server URL --params JSON
+    python bench/agent_workloads/<name>.py --calibrate SECONDS   # prints the params JSON
+
+``pyspy`` means "profiled from outside": the script sets nothing up (py-spy is the parent
+process).  Only the work section is timed for the slowdown; importing and starting the agent
+is timed on its own ("import+start") and so is stopping it ("shutdown", which includes the
+final upload).  The result is the last line of stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import resource
+import sys
+import threading
+import time
+from typing import Any, Callable, Dict, Optional
+
+Params = Dict[str, Any]
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+SAMPLE_RATE = 100
+# hotspan with one feature off, to tell which part of the agent a cost comes from.
+HOTSPAN_VARIANTS: Dict[str, Dict[str, Any]] = {
+    "hotspan": {},
+    "hotspan-nospans": {"trace_correlation": False},
+    "hotspan-nowall": {"wall": False},
+    "hotspan-python": {"native": False},
+}
+
+
+def spin(n: int) -> int:
+    """The unit of CPU work the workloads calibrate against (pure Python, no allocation)."""
+    x = 0
+    for i in range(n):
+        x = (x * 31 + i) & 0xFFFFF
+    return x
+
+
+def loops_per_ms() -> float:
+    """``spin`` iterations per millisecond of CPU, best of a few tries (the least disturbed)."""
+    n = 250_000  # ~10 ms: shorter tries read low on this VM now and then
+    best = float("inf")
+    for _ in range(5):
+        t0 = time.thread_time()
+        spin(n)
+        best = min(best, time.thread_time() - t0)
+    return n / (best * 1000)
+
+
+def _thread_cpu() -> Dict[int, float]:
+    """CPU seconds per live thread of this process, from /proc (covers non-Python threads,
+    e.g. pyroscope-io's Rust sampler, that ``threading`` does not know)."""
+    out: Dict[int, float] = {}
+    try:
+        tids = os.listdir("/proc/self/task")
+    except OSError:
+        return out
+    for tid in tids:
+        try:
+            with open(f"/proc/self/task/{tid}/stat") as f:
+                data = f.read()
+        except OSError:  # the thread exited meanwhile
+            continue
+        fields = data[data.rindex(")") + 2 :].split()
+        out[int(tid)] = (int(fields[11]) + int(fields[12])) / CLK_TCK
+    return out
+
+
+def _rusage_cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def _status(key: str) -> int:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(key):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def _maxrss_bytes() -> int:
+    # VmHWM, not getrusage's ru_maxrss: Linux carries ru_maxrss over fork and exec, so a child
+    # of a big parent (the bench runner has DuckDB and NumPy loaded) reports the parent's peak.
+    return _status("VmHWM:")
+
+
+def _vm_rss() -> int:
+    return _status("VmRSS:")
+
+
+def _start_profiler(profiler: str, app: str, server: str) -> Optional[Callable[[], None]]:
+    """Start the in-process profiler; returns its stop function."""
+    if profiler in HOTSPAN_VARIANTS:
+        import hotspan
+
+        # A long upload interval, so that only the exit flush uploads: the measured window
+        # then holds sampling alone, not a periodic upload.
+        hotspan.configure(
+            application_name=app,
+            server_address=server,
+            sample_rate=SAMPLE_RATE,
+            upload_interval=3600,
+            **HOTSPAN_VARIANTS[profiler],
+        )
+        return hotspan.shutdown
+    if profiler == "pyroscope":
+        import pyroscope
+
+        # pyroscope-io's defaults except rate and address: gil_only=True, oncpu=True,
+        # upload_interval=10, the py-spy based sampler.  gil_only=True is what it ships with,
+        # and it is the setting that makes it see only the thread holding the GIL.
+        pyroscope.configure(application_name=app, server_address=server, sample_rate=SAMPLE_RATE)
+
+        def stop() -> None:
+            pyroscope.shutdown()  # flushes the last partial upload before it returns
+
+        return stop
+    # none-again: the A/A control run; pyspy*: py-spy is the parent process.
+    if profiler.startswith(("none", "pyspy")):
+        return None
+    raise SystemExit(f"unknown profiler {profiler!r}")
+
+
+def main(
+    calibrate: Callable[[float], Params],
+    work: Callable[[Params], Dict[str, Any]],
+) -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--profiler", default="none")
+    ap.add_argument("--app", default="agent-bench")
+    ap.add_argument("--server", default="http://127.0.0.1:4040")
+    ap.add_argument("--params", default="{}")
+    ap.add_argument("--calibrate", type=float, metavar="SECONDS")
+    args = ap.parse_args()
+    if args.calibrate is not None:
+        print(json.dumps(calibrate(args.calibrate)))
+        return
+    params: Params = json.loads(args.params)
+
+    rss_before = _vm_rss()
+    t0 = time.perf_counter()
+    stop = _start_profiler(args.profiler, args.app, args.server)
+    import_start_s = time.perf_counter() - t0
+    rss_started = _vm_rss()
+
+    # Garbage from start-up must not be collected inside one profiler's window and not another's.
+    gc.collect()
+    main_tid = threading.get_native_id()
+    threads0 = _thread_cpu()
+    cpu0 = _rusage_cpu()
+    main0 = time.thread_time()
+    wall0_ns = time.time_ns()
+    p0 = time.perf_counter()
+    extra = work(params)
+    work_s = time.perf_counter() - p0
+    main_cpu = time.thread_time() - main0
+    cpu = _rusage_cpu() - cpu0
+    threads1 = _thread_cpu()
+    wall1_ns = time.time_ns()
+    maxrss_work = _maxrss_bytes()
+
+    # Threads alive before and after the work that are not the main thread belong to the
+    # profiler (the workloads' own threads are joined inside the work).
+    other = {
+        tid: cpu1 - threads0.get(tid, 0.0) for tid, cpu1 in threads1.items() if tid != main_tid
+    }
+
+    t1 = time.perf_counter()
+    if stop is not None:
+        stop()
+    shutdown_s = time.perf_counter() - t1
+
+    result: Dict[str, Any] = {
+        "profiler": args.profiler,
+        "app": args.app,
+        "import_start_s": import_start_s,
+        "work_s": work_s,
+        "work_cpu_s": cpu,
+        "main_thread_cpu_s": main_cpu,
+        "other_threads_cpu_s": sum(other.values()),
+        "other_threads": len(other),
+        "shutdown_s": shutdown_s,
+        "start_ns": wall0_ns,
+        "end_ns": wall1_ns,
+        "rss_before_start": rss_before,
+        "rss_after_start": rss_started,
+        "maxrss_work": maxrss_work,
+        "maxrss": _maxrss_bytes(),
+        **extra,
+    }
+    # Last: the process's whole CPU so far, so that an external profiler's own CPU can be
+    # told apart from ours in the rusage its parent gets.
+    result["process_cpu_s"] = _rusage_cpu()
+    sys.stdout.write(json.dumps(result) + "\n")
+    sys.stdout.flush()
