@@ -1029,7 +1029,7 @@ linker_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 /* The labels for `span` (borrowed, may be NULL) under `previous` (may be NULL).  Never fails
  * for a span it does not understand: that just has no span labels. */
 static PyObject *
-labels_for(PyObject *span, LabelsObject *previous)
+labels_for(PyObject *span, LabelsObject *previous, int find_root)
 {
     LabelsObject *labels = (LabelsObject *)LabelsType.tp_alloc(&LabelsType, 0);
     if (labels == NULL)
@@ -1057,7 +1057,9 @@ labels_for(PyObject *span, LabelsObject *previous)
         return (PyObject *)labels;
     }
     uint64_t root = span_id;
-    if (previous != NULL && previous->root_span_id && previous->trace_lo == trace_lo &&
+    /* Only root_spans_only needs the local root; finding it costs an attribute lookup. */
+    if (find_root && previous != NULL && previous->root_span_id &&
+        previous->trace_lo == trace_lo &&
         previous->trace_hi == trace_hi) {
         /* A child of a local span keeps its local root; a remote parent makes a new one. */
         PyObject *parent = PyObject_GetAttr(span, str_parent);
@@ -1119,7 +1121,7 @@ linker_attach(LinkerObject *self, PyObject *context)
             PyErr_Clear();
     }
     PyObject *previous = current_labels_of(self->var);
-    PyObject *labels = labels_for(span, (LabelsObject *)previous);
+    PyObject *labels = labels_for(span, (LabelsObject *)previous, self->root_spans_only);
     Py_XDECREF(previous);
     if (labels == NULL) {
         PyErr_Clear();
@@ -1186,7 +1188,7 @@ static PyObject *
 linker_labels_for(LinkerObject *self, PyObject *span)
 {
     PyObject *previous = current_labels_of(self->var);
-    PyObject *labels = labels_for(span, (LabelsObject *)previous);
+    PyObject *labels = labels_for(span, (LabelsObject *)previous, self->root_spans_only);
     Py_XDECREF(previous);
     return labels;
 }
