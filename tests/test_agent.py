@@ -87,8 +87,7 @@ def run_program(
     raise AssertionError(f"no RESULT line: {proc.stdout}{proc.stderr}")
 
 
-def span_profile(client: httpx.Client, service: str, span_ids: List[str], ptype: str = CPU,
-                 ) -> Dict[str, int]:
+def span_graph(client: httpx.Client, service: str, span_ids: List[str], ptype: str = CPU) -> dict:
     now = int(time.time())
     r = client.post(
         f"{QUERIER}/SelectMergeSpanProfile",
@@ -101,7 +100,12 @@ def span_profile(client: httpx.Client, service: str, span_ids: List[str], ptype:
         },
     )
     assert r.status_code == 200, r.text
-    return totals(r.json().get("flamegraph", {}))
+    return r.json().get("flamegraph", {})
+
+
+def span_profile(client: httpx.Client, service: str, span_ids: List[str], ptype: str = CPU,
+                 ) -> Dict[str, int]:
+    return totals(span_graph(client, service, span_ids, ptype))
 
 
 def service_profile(client: httpx.Client, selector: str, ptype: str = CPU) -> Dict[str, int]:
@@ -205,20 +209,7 @@ report(ids=ids, attrs=attrs)
 def _calls(client_url: str, service: str, span: str) -> set:
     """Which of hot_a/hot_b appear in the span's CPU profile."""
     with httpx.Client(base_url=client_url, timeout=30) as client:
-        now = int(time.time())
-        r = client.post(
-            f"{QUERIER}/SelectMergeSpanProfile",
-            json={
-                "profileTypeID": CPU,
-                "labelSelector": f'{{service_name="{service}"}}',
-                "spanSelector": [span],
-                "start": (now - 600) * 1000,
-                "end": (now + 60) * 1000,
-            },
-        )
-        assert r.status_code == 200, r.text
-    graph = r.json()["flamegraph"]
-    names = set(graph["names"])
+        names = span_graph(client, service, [span]).get("names", [])
     return {n for n in names if n.startswith("__main__.hot_")}
 
 

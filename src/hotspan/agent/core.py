@@ -57,14 +57,17 @@ class Agent:
             self.span_linking = context.install_span_linking(
                 self.config.root_spans_only, native=self._sampler.name == "native"
             )
+        self._start_threads()
+        atexit.register(self._at_exit)
+        _register_fork_handler(self)
+
+    def _start_threads(self) -> None:
         self._sampler.start()
         self._uploader.start()
         ident = self._uploader.thread_ident
         if ident is not None:
             self._sampler.exclude(ident)
         self._start_thread()
-        atexit.register(self._at_exit)
-        _register_fork_handler(self)
 
     def _start_thread(self) -> None:
         self._stop.clear()
@@ -111,12 +114,7 @@ class Agent:
             if not running:
                 self._stop.set()
                 return
-            self._sampler.start()
-            self._uploader.start()
-            ident = self._uploader.thread_ident
-            if ident is not None:
-                self._sampler.exclude(ident)
-            self._start_thread()
+            self._start_threads()
         except Exception:  # noqa: BLE001
             logger.debug("hotspan: restart after fork failed", exc_info=True)
 
