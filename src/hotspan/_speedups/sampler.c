@@ -897,17 +897,6 @@ sampler_after_fork(PyObject *mod, PyObject *unused)
     Py_RETURN_NONE;
 }
 
-/* The labels the handler would see for the calling thread: lets tests (and module init) check
- * the HAMT mirror against ContextVar.get(). */
-static PyObject *
-sampler_current_labels(PyObject *mod, PyObject *unused)
-{
-    LabelsObject *found = find_labels(thread_context(PyThreadState_Get()));
-    if (found == NULL)
-        Py_RETURN_NONE;
-    return Py_NewRef((PyObject *)found);
-}
-
 static PyObject *
 sampler_enable_labels(PyObject *mod, PyObject *args)
 {
@@ -1253,7 +1242,6 @@ static PyMethodDef methods[] = {
     {"exclude", sampler_exclude, METH_VARARGS, "exclude(ident): never sample this thread"},
     {"after_fork", sampler_after_fork, METH_NOARGS, "reset in a forked child"},
     {"enable_labels", sampler_enable_labels, METH_VARARGS, NULL},
-    {"current_labels", sampler_current_labels, METH_NOARGS, NULL},
     {"find_in", sampler_find_in, METH_O, NULL},
     {NULL, NULL, 0, NULL},
 };
@@ -1291,11 +1279,5 @@ PyInit__sampler(void)
         Py_DECREF(m);
         return NULL;
     }
-    PyModule_AddIntConstant(m, "FRAME_SIZE", (long)sizeof(RawFrame));
-#ifdef HAVE_THREAD_TIMERS
-    PyModule_AddIntConstant(m, "HAVE_THREAD_TIMERS", 1);
-#else
-    PyModule_AddIntConstant(m, "HAVE_THREAD_TIMERS", 0);
-#endif
     return m;
 }

@@ -236,15 +236,12 @@ class SpanLinkingRuntimeContext:
             _publish(restored)
             labels = token.labels
             if labels.sampled and labels.span_id:
-                self._mark_profiled(token.span, labels, restored)
+                mark_profiled(token.span, labels, restored, self.root_spans_only)
         except Exception:  # noqa: BLE001
             logger.debug("hotspan: span labels not reset", exc_info=True)
 
     def get_current(self) -> Any:
         return self.inner.get_current()
-
-    def _mark_profiled(self, span: Any, labels: Any, restored: Any) -> None:
-        mark_profiled(span, labels, restored, self.root_spans_only)
 
     def labels_for(self, span: Any) -> Any:
         previous = LABELS.get(None)

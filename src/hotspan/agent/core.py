@@ -47,8 +47,6 @@ class Agent:
         self._lock = threading.Lock()
         self.span_linking = False
         self.dropped_samples = 0
-        self.uploads = 0
-        self._pid = os.getpid()
 
     # -------------------------------------------------------------- lifecycle
 
@@ -103,7 +101,6 @@ class Agent:
         """A forked worker profiles itself: its own sampler and uploader thread, nothing of
         the parent's pending data (the parent sends that)."""
         try:
-            self._pid = os.getpid()
             running = self._thread is not None and not self._stop.is_set()
             # The parent's threads are gone, and any lock one of them held (a window being
             # encoded as the fork happened) would stay held here forever.
@@ -171,7 +168,6 @@ class Agent:
         }
         for body in bodies:
             self._uploader.submit(params, body)
-            self.uploads += 1
 
     def _encode(self, collected: Collected, start_ns: int, end_ns: int, period: int) -> List[bytes]:
         writers = {
