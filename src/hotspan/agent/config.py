@@ -77,7 +77,8 @@ class AgentConfig:
         return self
 
 
-_RESERVED_TAG_CHARS = set("{},=\"")
+# The app{k=v,...} name syntax has no escaping: tag values lose these characters.
+NAME_SYNTAX_CHARS = frozenset("{},=\"")
 
 
 def check_tag_key(key: str) -> None:

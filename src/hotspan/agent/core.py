@@ -12,7 +12,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from hotspan import __version__
 from hotspan.agent import context
-from hotspan.agent.config import AgentConfig, request_headers
+from hotspan.agent.config import NAME_SYNTAX_CHARS, AgentConfig, request_headers
 from hotspan.agent.pprof_writer import ProfileWriter
 from hotspan.agent.sampler import CPU, WALL, Collected, make_sampler
 from hotspan.agent.symbols import Symbolizer
@@ -57,7 +57,7 @@ class Agent:
             )
         self._start_threads()
         atexit.register(self._at_exit)
-        _register_fork_handler(self)
+        _register_fork_handler()
 
     def _start_threads(self) -> None:
         self._sampler.start()
@@ -219,22 +219,22 @@ class Agent:
 
 
 def _tag_value(value: str) -> str:
-    # The name syntax app{k=v,...} has no escaping: drop the characters that would break it.
-    return "".join(c for c in str(value) if c not in "{},=\"")
+    return "".join(c for c in str(value) if c not in NAME_SYNTAX_CHARS)
 
 
 def _thread_names() -> Dict[int, str]:
     return {t.ident: t.name for t in threading.enumerate() if t.ident is not None}
 
 
-_fork_agent: List[Agent] = []
+_fork_handler_registered = False
 
 
-def _register_fork_handler(agent: Agent) -> None:
+def _register_fork_handler() -> None:
     # register_at_fork cannot be undone, so one handler serves whichever agent is current.
-    if not _fork_agent and hasattr(os, "register_at_fork"):
+    global _fork_handler_registered
+    if not _fork_handler_registered and hasattr(os, "register_at_fork"):
         os.register_at_fork(after_in_child=_after_fork_in_child)
-    _fork_agent[:] = [agent]
+        _fork_handler_registered = True
 
 
 def _after_fork_in_child() -> None:
