@@ -35,6 +35,8 @@ class RunningServer:
     process: subprocess.Popen
     url: str
     data_dir: Path
+    otlp_http_url: Optional[str] = None  # the OTLP-only port (4318 by default)
+    otlp_grpc_address: Optional[str] = None  # host:port of OTLP/gRPC (4317 by default)
 
     def client(self, **kwargs) -> httpx.Client:  # type: ignore[no-untyped-def]
         kwargs.setdefault("timeout", 30)
@@ -50,8 +52,16 @@ def start_server(
     data_dir: Path, extra_args: Optional[List[str]] = None, env: Optional[dict] = None
 ) -> RunningServer:
     cmd = [sys.executable, "-m", "hotspan", "server", "--port", "0", "--data-dir", str(data_dir)]
+    extra_args = list(extra_args or [])
+    # Any free port for the OTLP receivers, so that servers of parallel tests never collide.
+    for option in ("--otlp-http-port", "--otlp-grpc-port"):
+        if option not in extra_args:
+            extra_args += [option, "0"]
+    # Tests push data stamped in 2023: keep it unless a test is about retention.
+    if "--retention" not in extra_args:
+        extra_args += ["--retention", "0"]
     proc = subprocess.Popen(
-        cmd + (extra_args or []),
+        cmd + extra_args,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -60,13 +70,18 @@ def start_server(
     deadline = time.monotonic() + 60
     assert proc.stdout is not None
     line = ""
+    otlp_http = otlp_grpc = None
     while time.monotonic() < deadline:
         line = proc.stdout.readline()
         if not line and proc.poll() is not None:
             raise RuntimeError(f"server exited with {proc.returncode}")
+        m = re.search(r"OTLP/HTTP on (http://[^\s,]+)", line)
+        otlp_http = m.group(1) if m else otlp_http
+        m = re.search(r"OTLP/gRPC on ([^\s,]+)", line)
+        otlp_grpc = m.group(1) if m else otlp_grpc
         m = re.search(r"listening on (http://\S+)", line)
         if m:
-            return RunningServer(proc, m.group(1), data_dir)
+            return RunningServer(proc, m.group(1), data_dir, otlp_http, otlp_grpc)
     proc.kill()
     raise RuntimeError(f"server did not start; last line: {line!r}")
 

@@ -6,6 +6,7 @@ import argparse
 import contextlib
 import logging
 import os
+import re
 import signal
 import socket
 import sys
@@ -19,14 +20,59 @@ def _tokens(value: Optional[str]) -> frozenset:
     return frozenset(t.strip() for t in (value or "").split(",") if t.strip())
 
 
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)(d|h|m|s)")
+_DURATION_UNIT_S = {"d": 86400, "h": 3600, "m": 60, "s": 1}
+
+
+def _duration_s(text: str) -> float:
+    """``7d``, ``12h``, ``90m``, ``30s`` or combinations (``1d12h``); ``0`` or ``off``: 0."""
+    text = text.strip().lower()
+    if text in ("0", "off", "none"):
+        return 0.0
+    total, pos = 0.0, 0
+    for m in _DURATION.finditer(text):
+        if m.start() != pos:
+            break
+        total += float(m.group(1)) * _DURATION_UNIT_S[m.group(2)]
+        pos = m.end()
+    if pos == 0 or pos != len(text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a duration such as 7d, 12h or 30m")
+    return total
+
+
+def _port_or_off(text: str) -> Optional[int]:
+    if text.strip().lower() in ("off", "none", "-"):
+        return None
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number or 'off'") from None
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"port {port} is out of range")
+    return port
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    sock.listen(2048)
+    return sock
+
+
 def _server(args: argparse.Namespace) -> int:
     import uvicorn
 
     from hotspan.server import ServerConfig, create_app
-
-    graceful_server = _graceful_server_class()
+    from hotspan.server.app import OTLPPortOnly
     from hotspan.store.base import StoreError
 
+    graceful_server = _graceful_server_class()
     config = ServerConfig(
         host=args.host,
         port=args.port,
@@ -35,24 +81,52 @@ def _server(args: argparse.Namespace) -> int:
         default_tenant=args.default_tenant,
         ingest_tokens=_tokens(args.ingest_token or os.environ.get("HOTSPAN_INGEST_TOKEN")),
         query_tokens=_tokens(args.query_token or os.environ.get("HOTSPAN_QUERY_TOKEN")),
+        otlp_http_port=args.otlp_http_port,
+        otlp_grpc_port=args.otlp_grpc_port,
+        retention_ns=int(args.retention * 1e9),
+        retention_interval_s=max(args.retention_interval, 1.0),
     )
     try:
         app = create_app(config)
     except StoreError as exc:
         print(f"hotspan: {exc}", file=sys.stderr)
         return 1
-    family = socket.AF_INET6 if ":" in config.host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    state = app.state.hotspan
+    host = f"[{config.host}]" if ":" in config.host else config.host
+    sockets: List[socket.socket] = []
+    receivers = []
+    listening = [("--port", config.port)]
     try:
-        sock.bind((config.host, config.port))
+        sockets.append(_listen(config.host, config.port))
+        if config.otlp_http_port is not None:
+            listening.append(("--otlp-http-port", config.otlp_http_port))
+            sockets.append(_listen(config.host, config.otlp_http_port))
+            otlp_port = sockets[-1].getsockname()[1]
+            app = OTLPPortOnly(app, otlp_port)
+            receivers.append(f"OTLP/HTTP on http://{host}:{otlp_port}")
+        if config.otlp_grpc_port is not None:
+            from hotspan.server import otlp_grpc
+
+            listening.append(("--otlp-grpc-port", config.otlp_grpc_port))
+            grpc_server, grpc_port = otlp_grpc.start(state, config.host, config.otlp_grpc_port)
+            state.on_shutdown.append(lambda: grpc_server.stop(grace=5).wait())
+            receivers.append(f"OTLP/gRPC on {host}:{grpc_port}")
     except OSError as exc:
-        print(f"hotspan: cannot listen on {config.host}:{config.port}: {exc}", file=sys.stderr)
-        app.state.hotspan.store.close()
+        option, port = listening[-1]
+        print(
+            f"hotspan: cannot listen on {config.host}:{port}: {exc} "
+            f"(move it with {option} PORT" + (", or 'off')" if option != "--port" else ")"),
+            file=sys.stderr,
+        )
+        for stop in state.on_shutdown:
+            stop()
+        for sock in sockets:
+            sock.close()
+        state.store.close()
         return 1
-    sock.listen(2048)
-    port = sock.getsockname()[1]
-    host = f"[{config.host}]" if family == socket.AF_INET6 else config.host
+    if receivers:
+        print(f"hotspan {__version__} receivers: {', '.join(receivers)}", flush=True)
+    port = sockets[0].getsockname()[1]
     print(
         f"hotspan {__version__} listening on http://{host}:{port} "
         f"(data in {os.path.abspath(config.data_dir)})",
@@ -67,7 +141,7 @@ def _server(args: argparse.Namespace) -> int:
             limit_concurrency=args.max_connections,
         )
     )
-    server.run(sockets=[sock])
+    server.run(sockets=sockets)
     return 0
 
 
@@ -130,6 +204,30 @@ def build_parser() -> argparse.ArgumentParser:
     )
     srv.add_argument(
         "--query-token", help="comma-separated tokens required to query (or HOTSPAN_QUERY_TOKEN)"
+    )
+    srv.add_argument(
+        "--otlp-http-port",
+        type=_port_or_off,
+        default=4318,
+        help="OTLP/HTTP port besides the main one (default %(default)s; 'off': none)",
+    )
+    srv.add_argument(
+        "--otlp-grpc-port",
+        type=_port_or_off,
+        default=4317,
+        help="OTLP/gRPC port (default %(default)s; 'off': none)",
+    )
+    srv.add_argument(
+        "--retention",
+        type=_duration_s,
+        default="7d",
+        help="delete samples and spans older than this (default %(default)s; 0: keep all)",
+    )
+    srv.add_argument(
+        "--retention-interval",
+        type=_duration_s,
+        default="10m",
+        help="how often retention runs (default %(default)s)",
     )
     srv.add_argument(
         "--max-connections",

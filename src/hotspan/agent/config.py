@@ -78,12 +78,14 @@ class AgentConfig:
 
 
 # The app{k=v,...} name syntax has no escaping: tag values lose these characters.
-NAME_SYNTAX_CHARS = frozenset("{},=\"")
+NAME_SYNTAX_CHARS = frozenset('{},="')
 
 
 def check_tag_key(key: str) -> None:
-    if not key or not (key[0].isalpha() or key[0] == "_") or not all(
-        c.isalnum() or c in "_." for c in key
+    if (
+        not key
+        or not (key[0].isalpha() or key[0] == "_")
+        or not all(c.isalnum() or c in "_." for c in key)
     ):
         raise ConfigError(f"tag name {key!r} must be letters, digits, '_' or '.'")
 

@@ -150,7 +150,7 @@ class tag_wrapper:  # noqa: N801 - the name Pyroscope users know
         if not mine:
             return  # entered in another context (a generator resumed elsewhere)
         index = mine[-1]
-        _TAG_TOKENS.set(stack[:index] + stack[index + 1:])
+        _TAG_TOKENS.set(stack[:index] + stack[index + 1 :])
         try:
             LABELS.reset(stack[index][1])
         except ValueError:
@@ -363,8 +363,9 @@ def _hook(otel_context: Any, root_spans_only: bool, native: bool) -> bool:
         def on_reset_failed() -> None:
             LABELS.set(hook.labels_for(hook.get_current().get(_SPAN_KEY)))
 
-        hook = _native.SpanLinker(current, span_key, LABELS, on_profiled, on_reset_failed,
-                                  root_spans_only)
+        hook = _native.SpanLinker(
+            current, span_key, LABELS, on_profiled, on_reset_failed, root_spans_only
+        )
     else:
         hook = SpanLinkingRuntimeContext(current, root_spans_only)
     otel_context._RUNTIME_CONTEXT = hook

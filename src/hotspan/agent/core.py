@@ -89,7 +89,9 @@ class Agent:
             if stats.dropped_uploads or self.dropped_samples:
                 logger.info(
                     "hotspan: dropped %d uploads (%d bytes) and %d samples",
-                    stats.dropped_uploads, stats.dropped_bytes, self.dropped_samples,
+                    stats.dropped_uploads,
+                    stats.dropped_bytes,
+                    self.dropped_samples,
                 )
         except Exception:  # noqa: BLE001 - never raise into the program
             logger.warning("hotspan: shutdown failed", exc_info=True)

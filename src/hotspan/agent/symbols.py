@@ -29,8 +29,11 @@ class Symbolizer:
                 self._names.clear()
             qualname = getattr(code, "co_qualname", None) or code.co_name
             module = self._module_of(code.co_filename)
-            named = (f"{module}.{qualname}" if module else qualname, code.co_filename,
-                     code.co_firstlineno)
+            named = (
+                f"{module}.{qualname}" if module else qualname,
+                code.co_filename,
+                code.co_firstlineno,
+            )
             self._names[code] = named
         key = (code, lasti)
         line = self._lines.get(key)

@@ -43,8 +43,11 @@ class PlainConnection:
             self.sock = socket.create_connection(self._resolve(), timeout=self._remaining())
             self._buffer = b""
         host = f"[{self.host}]" if ":" in self.host else self.host
-        lines = [f"POST {path} HTTP/1.1", f"Host: {host}:{self.port}",
-                 f"Content-Length: {len(body)}"]
+        lines = [
+            f"POST {path} HTTP/1.1",
+            f"Host: {host}:{self.port}",
+            f"Content-Length: {len(body)}",
+        ]
         lines += [f"{name}: {value}" for name, value in headers.items()]
         self.sock.settimeout(self._remaining())
         self.sock.sendall(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body)
@@ -65,9 +68,11 @@ class PlainConnection:
         # getaddrinfo has no timeout of its own: ask it from a thread and stop waiting.
         found: List[Any] = []
         lookup = threading.Thread(
-            target=lambda: found.append(socket.getaddrinfo(self.host, self.port,
-                                                           type=socket.SOCK_STREAM)),
-            name="hotspan-resolve", daemon=True,
+            target=lambda: found.append(
+                socket.getaddrinfo(self.host, self.port, type=socket.SOCK_STREAM)
+            ),
+            name="hotspan-resolve",
+            daemon=True,
         )
         lookup.start()
         lookup.join(self._remaining())

@@ -77,7 +77,7 @@ def metric_name(sample_types: Sequence[str], display_names: Mapping[str, str]) -
     return st
 
 
-def _sanitize_label_name(name: str) -> str:
+def sanitize_label_name(name: str) -> str:
     name = _BAD_LABEL_CHARS.sub("_", name)
     return "_" + name if name[:1].isdigit() else name
 
@@ -219,7 +219,7 @@ def _apply_labels(
             if _HEX32.fullmatch(value):
                 trace[sample] = value.lower()
         elif value:
-            per_sample.setdefault(sample, []).append((_sanitize_label_name(key), value))
+            per_sample.setdefault(sample, []).append((sanitize_label_name(key), value))
     groups: List[Tuple[Tuple[str, str], ...]] = [()]
     index: Dict[Tuple[Tuple[str, str], ...], int] = {(): 0}
     for sample, pairs in per_sample.items():

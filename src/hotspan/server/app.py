@@ -16,10 +16,12 @@ from starlette.routing import Route
 
 from hotspan import __version__
 from hotspan.query.engine import QueryEngine
-from hotspan.server import ingest, querier, render
+from hotspan.query.traces import TraceEngine
+from hotspan.server import ingest, otlp, querier, render, span_profiles, tempo
 from hotspan.server.config import ServerConfig
 from hotspan.server.errors import HTTPError
 from hotspan.server.request import check_token, tenant_of
+from hotspan.server.retention import RetentionLoop
 from hotspan.server.state import ServerState
 from hotspan.store import open_store
 from hotspan.store.base import Store
@@ -47,8 +49,10 @@ async def index(request: Request) -> Response:
     body = f"""<!doctype html><meta charset="utf-8"><title>hotspan</title>
 <h1>hotspan {__version__}</h1>
 <p>Services with profiles (tenant <code>{html.escape(tenant)}</code>):</p><ul>{items}</ul>
-<p>Ingest: <code>POST /ingest</code>, <code>POST /push.v1.PusherService/Push</code>.
-Query: <code>/querier.v1.QuerierService/*</code>, <code>GET /pyroscope/render</code>.</p>"""
+<p>Ingest: <code>POST /ingest</code>, <code>POST /push.v1.PusherService/Push</code>,
+OTLP <code>POST /v1/traces</code> and <code>POST /v1development/profiles</code>.
+Query: <code>/querier.v1.QuerierService/*</code>, <code>GET /pyroscope/render</code>,
+<code>GET /api/search</code>, <code>GET /api/traces/{id}</code>.</p>"""
     return HTMLResponse(body)
 
 
@@ -62,13 +66,26 @@ def create_app(config: Optional[ServerConfig] = None, store: Optional[Store] = N
     config = config or ServerConfig()
     owns_store = store is None
     store = store if store is not None else open_store(config.data_dir)
-    state = ServerState(config=config, store=store, engine=QueryEngine(store))
+    engine = QueryEngine(store)
+    state = ServerState(
+        config=config, store=store, engine=engine, traces=TraceEngine(store, engine)
+    )
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        if config.retention_ns > 0:
+            retention = RetentionLoop(store, config.retention_ns, config.retention_interval_s)
+            retention.start()
+            state.on_shutdown.append(retention.stop)
         yield
+        # Runs after the server stopped taking requests: stop the other receivers, then
+        # commit what was accepted.
+        for stop in reversed(state.on_shutdown):
+            try:
+                stop()
+            except Exception:  # noqa: BLE001 - the store must still be closed
+                log.exception("error while stopping")
         if owns_store:
-            # Runs after the server stopped taking requests: commit what was accepted.
             store.close()
 
     # Query answers are compressed (level 9, the default, costs 50 ms on a 400 KB flame
@@ -80,8 +97,33 @@ def create_app(config: Optional[ServerConfig] = None, store: Optional[Store] = N
         Route("/ingest", ingest.ingest, methods=["POST"]),
         Route("/pyroscope/ingest", ingest.ingest, methods=["POST"]),
         Route("/push.v1.PusherService/Push", ingest.push, methods=["POST"]),
-        *(_with_middleware(r, compressed) for r in querier.routes + render.routes),
+        Route(otlp.PATHS[0], otlp.traces, methods=["POST"]),
+        Route(otlp.PATHS[1], otlp.profiles, methods=["POST"]),
+        *(
+            _with_middleware(r, compressed)
+            for r in querier.routes + render.routes + span_profiles.routes + tempo.routes
+        ),
     ]
     app = Starlette(routes=routes, lifespan=lifespan)
     app.state.hotspan = state
     return app
+
+
+class OTLPPortOnly:
+    """Serves only the OTLP paths on the OTLP/HTTP port (4318); everything else stays on the
+    main port.  ASGI middleware around the whole application."""
+
+    def __init__(self, app, port: int) -> None:  # type: ignore[no-untyped-def]
+        self.app = app
+        self.port = port
+
+    async def __call__(self, scope, receive, send) -> None:  # type: ignore[no-untyped-def]
+        on_otlp_port = (scope.get("server") or (None, None))[1] == self.port
+        if scope["type"] == "http" and on_otlp_port and scope["path"] not in otlp.PATHS:
+            response = PlainTextResponse(
+                "this port takes OTLP only: POST /v1/traces, /v1development/profiles\n",
+                status_code=404,
+            )
+            await response(scope, receive, send)
+            return
+        await self.app(scope, receive, send)

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import FrozenSet
+from typing import FrozenSet, Optional
 
 MiB = 1024 * 1024
+DAY_NS = 86400 * 10**9
 
 
 @dataclass
@@ -21,3 +22,10 @@ class ServerConfig:
     # the token as password, which is what Pyroscope SDKs send) must carry one of them.
     ingest_tokens: FrozenSet[str] = field(default_factory=frozenset)
     query_tokens: FrozenSet[str] = field(default_factory=frozenset)
+    # OTLP receivers beside the main port (which serves OTLP/HTTP too); None: turned off,
+    # 0: any free port.
+    otlp_http_port: Optional[int] = 4318
+    otlp_grpc_port: Optional[int] = 4317
+    # Samples and spans older than this are deleted (0: kept forever), checked this often.
+    retention_ns: int = 7 * DAY_NS
+    retention_interval_s: float = 600.0

@@ -41,6 +41,12 @@ async def commit(state: ServerState, tenant: str, batch: IngestBatch) -> None:
         raise HTTPError(503, f"could not store the profile: {exc}") from None
 
 
+def commit_sync(state: ServerState, tenant: str, batch: IngestBatch, timeout_s: float) -> None:
+    """:func:`commit` for callers on a thread of their own (the gRPC receivers)."""
+    if len(batch):
+        state.store.write(tenant, batch).result(timeout=timeout_s)
+
+
 def _tags(tags: Mapping[str, str]) -> Dict[str, str]:
     out = {}
     for key, value in tags.items():

@@ -63,6 +63,19 @@ def max_nodes(msg, field: str = "max_nodes") -> int:  # type: ignore[no-untyped-
     return DEFAULT_MAX_NODES
 
 
+def max_nodes_value(text: Optional[str]) -> int:
+    """``maxNodes`` from a query string: absent or 0 is the default."""
+    if not text:
+        return DEFAULT_MAX_NODES
+    try:
+        value = int(text)
+    except ValueError:
+        raise HTTPError(400, f"maxNodes must be an integer, got {text!r}") from None
+    if value < 0:
+        raise HTTPError(400, f"maxNodes must not be negative, got {value}")
+    return min(value, MAX_NODES_LIMIT) or DEFAULT_MAX_NODES
+
+
 def span_ids(texts: Sequence[str]) -> List[int]:
     out = []
     for text in texts:
@@ -208,6 +221,8 @@ async def select_merge_span_profile(request: Request) -> Response:
     if not req.span_selector:
         raise HTTPError(400, "span_selector must list at least one span id")
     spans = span_ids(req.span_selector)
+    if req.include_descendants:
+        spans = await _run(state.traces.with_descendants, tenant, spans)
     _, _, values = await _stack_values(
         state, tenant, req.profile_typeID, req.label_selector, req.start, req.end, spans
     )

@@ -5,7 +5,7 @@ from __future__ import annotations
 import base64
 import hmac
 import re
-from typing import FrozenSet
+from typing import FrozenSet, Optional
 
 from starlette.requests import Request
 
@@ -20,7 +20,11 @@ _TENANT = re.compile(r"[a-zA-Z0-9!\-_.*'()]{1,150}")
 
 
 def tenant_of(request: Request, config: ServerConfig) -> str:
-    tenant = request.headers.get(TENANT_HEADER)
+    return tenant_from(request.headers.get(TENANT_HEADER), config)
+
+
+def tenant_from(tenant: Optional[str], config: ServerConfig) -> str:
+    """The tenant named by an ``X-Scope-OrgID`` value (HTTP header or gRPC metadata)."""
     if tenant is None or tenant == "":
         return config.default_tenant
     if not _TENANT.fullmatch(tenant) or tenant in (".", ".."):
@@ -29,9 +33,13 @@ def tenant_of(request: Request, config: ServerConfig) -> str:
 
 
 def check_token(request: Request, tokens: FrozenSet[str]) -> None:
+    check_authorization(request.headers.get("authorization", ""), tokens)
+
+
+def check_authorization(header: str, tokens: FrozenSet[str]) -> None:
+    """Refuse (401) unless ``header`` (an Authorization value) carries one of the tokens."""
     if not tokens:
         return
-    header = request.headers.get("authorization", "")
     scheme, _, credential = header.partition(" ")
     token = ""
     if scheme.lower() == "bearer":

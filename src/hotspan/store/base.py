@@ -1,9 +1,10 @@
 """The storage interface.  Every backend passes ``tests/store_contract.py``.
 
-A backend stores four things: series (profile type + labels), frames, stacks (frame ids, root
-first) and samples (time, series, stack, value, span id, trace id).  Tenants are a column of
-series and samples, never of frames and stacks: those are content-addressed and only reachable
-through a tenant's own samples.
+A backend stores four things for profiles: series (profile type + labels), frames, stacks
+(frame ids, root first) and samples (time, series, stack, value, span id, trace id); and spans
+for traces, with the resource and scope groups they belong to.  Tenants are a column of series,
+samples and spans, never of frames, stacks and span groups: those are content-addressed and
+only reachable through a tenant's own rows.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 import numpy as np
 
 from hotspan.model.profile import Frame, IngestBatch, ProfileType
+from hotspan.model.trace import SpanBatch, StoredSpan, TraceQuery, TraceSummary
 
 
 class StoreError(RuntimeError):
@@ -43,6 +45,25 @@ class StackValues(NamedTuple):
     @classmethod
     def empty(cls) -> StackValues:
         return cls(np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64))
+
+
+class SpanValues(NamedTuple):
+    """Per-span sums: span ``span_ids[i]`` (unsigned, 0: no span) had ``values[i]``."""
+
+    span_ids: np.ndarray
+    values: np.ndarray
+
+
+@dataclass(frozen=True)
+class RetentionReport:
+    samples: int = 0
+    spans: int = 0
+    series: int = 0
+
+    def __add__(self, other: RetentionReport) -> RetentionReport:
+        return RetentionReport(
+            self.samples + other.samples, self.spans + other.spans, self.series + other.series
+        )
 
 
 class SampleFilter(NamedTuple):
@@ -83,6 +104,48 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def frames(self, frame_ids: Sequence[int]) -> Dict[int, Frame]:
         """The frame of each known frame id."""
+
+    @abc.abstractmethod
+    def span_values(
+        self, tenant: str, series_ids: Sequence[int], where: SampleFilter
+    ) -> SpanValues:
+        """Sum of sample values per span id over the given series and filter."""
+
+    # -- traces ------------------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def write_spans(self, tenant: str, spans: SpanBatch) -> Future[None]:
+        """Queue spans; the future resolves once they are durable (or fails)."""
+
+    @abc.abstractmethod
+    def trace(self, tenant: str, trace_id: str) -> List[StoredSpan]:
+        """Every stored span of one trace (32 lowercase hex digits), in no particular order."""
+
+    @abc.abstractmethod
+    def find_traces(self, tenant: str, query: TraceQuery) -> List[TraceSummary]:
+        """Traces with a span that started in the range and meets every condition, whose
+        duration is within the bounds; the most recent first."""
+
+    @abc.abstractmethod
+    def span_traces(self, tenant: str, span_ids: Sequence[int]) -> Dict[int, str]:
+        """The trace id of each known span id."""
+
+    @abc.abstractmethod
+    def tag_names(self, tenant: str, since_ns: int = 0) -> Dict[str, List[str]]:
+        """Attribute names seen since the given time, per scope (span, resource, intrinsic)."""
+
+    @abc.abstractmethod
+    def tag_values(
+        self, tenant: str, scope: Optional[str], name: str, since_ns: int = 0
+    ) -> List[str]:
+        """Values seen for an attribute (in one scope, or any with None), sorted."""
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def delete_before(self, cutoff_ns: int) -> RetentionReport:
+        """Delete the samples and spans older than ``cutoff_ns`` (spans by their end), and
+        what only they referenced, without holding ingest up for long.  Blocks until done."""
 
     @abc.abstractmethod
     def close(self) -> None:

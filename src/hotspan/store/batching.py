@@ -4,6 +4,10 @@ A commit costs about a millisecond whatever its size, so committing each push on
 ingest near 1,000 pushes/s.  The writer thread instead takes everything queued since the last
 commit, writes it in one transaction and then resolves every push's future, so a push is still
 acknowledged only after it is durable.
+
+Other writes (retention's deletes) run on the same thread as jobs between two groups: one
+writer means no write ever conflicts with another, and a job kept short never holds ingest up
+for long.
 """
 
 from __future__ import annotations
@@ -12,14 +16,24 @@ import logging
 import queue
 import threading
 from concurrent.futures import Future
-from typing import Callable, List, Tuple
+from typing import Any, Callable, List, Tuple, TypeVar, Union
 
 from hotspan.model.profile import IngestBatch
+from hotspan.model.trace import SpanBatch
 from hotspan.store.base import StoreError
 
 log = logging.getLogger(__name__)
 
-Pending = Tuple[str, IngestBatch, "Future[None]"]
+Batch = Union[IngestBatch, SpanBatch]
+Pending = Tuple[str, Batch, "Future[None]"]
+T = TypeVar("T")
+
+
+class _Job:
+    def __init__(self, fn: Callable[[], Any], future: Future) -> None:
+        self.fn = fn
+        self.future = future
+
 
 _STOP = object()
 
@@ -27,7 +41,7 @@ _STOP = object()
 class GroupCommitWriter:
     def __init__(
         self,
-        commit: Callable[[List[Tuple[str, IngestBatch]]], None],
+        commit: Callable[[List[Tuple[str, Batch]]], None],
         max_batch_samples: int = 1_000_000,
         name: str = "hotspan-writer",
     ) -> None:
@@ -39,14 +53,23 @@ class GroupCommitWriter:
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
-    def submit(self, tenant: str, batch: IngestBatch) -> Future[None]:
+    def submit(self, tenant: str, batch: Batch) -> Future[None]:
         future: Future[None] = Future()
+        self._put((tenant, batch, future), future)
+        return future
+
+    def run(self, fn: Callable[[], T]) -> Future[T]:
+        """Run ``fn`` on the writer thread, between two groups."""
+        future: Future[T] = Future()
+        self._put(_Job(fn, future), future)
+        return future
+
+    def _put(self, item: object, future: Future) -> None:
         with self._lock:
             if self._closed:
                 future.set_exception(StoreError("store is closed"))
-                return future
-            self._queue.put((tenant, batch, future))
-        return future
+                return
+            self._queue.put(item)
 
     def close(self) -> None:
         """Stop taking writes, commit what was queued, wait for the writer to finish."""
@@ -63,8 +86,12 @@ class GroupCommitWriter:
             item = self._queue.get()
             if item is _STOP:
                 break
+            if isinstance(item, _Job):
+                self._run_job(item)
+                continue
             pending: List[Pending] = [item]
             samples = len(item[1])
+            job = None
             while samples < self._max_batch_samples:
                 try:
                     item = self._queue.get_nowait()
@@ -73,11 +100,24 @@ class GroupCommitWriter:
                 if item is _STOP:
                     stopping = True
                     break
+                if isinstance(item, _Job):
+                    job = item  # after the writes queued before it
+                    break
                 pending.append(item)
                 samples += len(item[1])
             self._flush(pending)
+            if job is not None:
+                self._run_job(job)
             # Do not keep the last group (decoded profiles) alive until the next push.
-            del pending, item
+            del pending, item, job
+
+    @staticmethod
+    def _run_job(job: _Job) -> None:
+        try:
+            job.future.set_result(job.fn())
+        except Exception as exc:  # noqa: BLE001 - the caller hears about it
+            log.exception("store job failed")
+            job.future.set_exception(exc)
 
     def _flush(self, pending: List[Pending]) -> None:
         # ``commit`` must raise only when nothing was committed: a retry re-writes the group.

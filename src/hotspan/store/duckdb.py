@@ -17,14 +17,32 @@ import logging
 import os
 import threading
 from concurrent.futures import Future
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import duckdb
 import numpy as np
 
 from hotspan.model.profile import MAX_SUM, Frame, IngestBatch, ProfileType, SampleColumns
-from hotspan.store.base import SampleFilter, SeriesRecord, StackValues, Store, StoreError
-from hotspan.store.batching import GroupCommitWriter
+from hotspan.model.trace import (
+    MatchedSpan,
+    SpanBatch,
+    SpanGroup,
+    SpanRow,
+    StoredSpan,
+    TraceQuery,
+    TraceSummary,
+)
+from hotspan.store.base import (
+    RetentionReport,
+    SampleFilter,
+    SeriesRecord,
+    SpanValues,
+    StackValues,
+    Store,
+    StoreError,
+)
+from hotspan.store.batching import Batch, GroupCommitWriter
+from hotspan.store.duckdb_search import search_sql
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS series (
@@ -57,9 +75,47 @@ CREATE TABLE IF NOT EXISTS samples (
     span_id UBIGINT NOT NULL,         -- 0: no span
     trace_id VARCHAR                  -- 32 hex digits or NULL
 );
+CREATE TABLE IF NOT EXISTS span_groups (
+    group_id BIGINT PRIMARY KEY,      -- content hash of resource and scope
+    service VARCHAR NOT NULL,
+    resource BLOB NOT NULL,           -- OTLP Resource message
+    resource_schema_url VARCHAR NOT NULL,
+    scope BLOB NOT NULL,              -- OTLP InstrumentationScope message
+    scope_schema_url VARCHAR NOT NULL,
+    attrs VARCHAR NOT NULL            -- resource attributes, flattened (model.trace)
+);
+CREATE TABLE IF NOT EXISTS spans (
+    tenant_id INTEGER NOT NULL,
+    trace_id VARCHAR NOT NULL,        -- 32 hex digits
+    span_id UBIGINT NOT NULL,
+    parent_span_id UBIGINT NOT NULL,  -- 0: a root span
+    name VARCHAR NOT NULL,
+    kind TINYINT NOT NULL,
+    service VARCHAR NOT NULL,
+    start_ns BIGINT NOT NULL,
+    end_ns BIGINT NOT NULL,
+    status_code TINYINT NOT NULL,
+    attrs VARCHAR NOT NULL,           -- span attributes, flattened (model.trace)
+    group_id BIGINT NOT NULL,
+    raw BLOB NOT NULL                 -- the OTLP Span message as received
+);
+CREATE TABLE IF NOT EXISTS span_tags (
+    tenant_id INTEGER NOT NULL,
+    scope VARCHAR NOT NULL,           -- span, resource or intrinsic
+    key VARCHAR NOT NULL,
+    value VARCHAR NOT NULL,
+    last_seen BIGINT NOT NULL,        -- end of the latest span with it
+    PRIMARY KEY (tenant_id, scope, key, value)
+);
 """
 
 DB_FILE = "hotspan.duckdb"
+# Values the tag-values API offers per attribute: past it, ids and timestamps would swamp it.
+MAX_TAG_VALUES = 1000
+# A tag already stored is written again only when seen this much later (for its last_seen).
+TAG_REFRESH_NS = 3600 * 10**9
+# Retention deletes at most this much time of samples (or spans) per writer job.
+RETENTION_SLICE_NS = 3600 * 10**9
 # Sums are HUGEINT in DuckDB: clamp them so that they always fit (and add up) in int64.
 _CLAMPED_SUM = f"least(sum(value), {MAX_SUM})::BIGINT"
 log = logging.getLogger(__name__)
@@ -85,6 +141,16 @@ class DuckDBStore(Store):
         # Ids already written by this process; a restart only costs redundant no-op inserts.
         self._known_frames: set = set()
         self._known_stacks: set = set()
+        self._known_groups: set = set()
+        self._groups: Dict[int, SpanGroup] = {}
+        # (tenant_id, scope, key, value) -> last_seen written; (tenant_id, scope, key) -> values.
+        self._tags: Dict[Tuple[int, str, str, str], int] = {}
+        self._tag_counts: Dict[Tuple[int, str, str], int] = {}
+        for tid, scope, key, value, seen in self._con.execute(
+            "SELECT tenant_id, scope, key, value, last_seen FROM span_tags"
+        ).fetchall():
+            self._tags[(tid, scope, key, value)] = seen
+            self._tag_counts[(tid, scope, key)] = self._tag_counts.get((tid, scope, key), 0) + 1
         self._writer = GroupCommitWriter(self._commit)
         self._closed = False
 
@@ -93,14 +159,21 @@ class DuckDBStore(Store):
     def write(self, tenant: str, batch: IngestBatch) -> Future[None]:
         return self._writer.submit(tenant, batch)
 
-    def _commit(self, pending: List[Tuple[str, IngestBatch]]) -> None:
+    def write_spans(self, tenant: str, spans: SpanBatch) -> Future[None]:
+        return self._writer.submit(tenant, spans)
+
+    def _commit(self, pending: List[Tuple[str, Batch]]) -> None:
         con = self._con
         frames: Dict[int, Frame] = {}
         stacks: Dict[int, Tuple[int, ...]] = {}
         series_rows: Dict[Tuple[str, int], list] = {}
         tenants: List[str] = []
         columns: List[SampleColumns] = []
+        span_batches: List[Tuple[str, SpanBatch]] = []
         for tenant, batch in pending:
+            if isinstance(batch, SpanBatch):
+                span_batches.append((tenant, batch))
+                continue
             new = batch.new_stacks(self._known_stacks)
             if new:
                 wanted = {f for ids in new.values() for f in ids}
@@ -172,6 +245,7 @@ class DuckDBStore(Store):
                     "INSERT INTO samples SELECT tenant_id, series_id, ts, stack_id, value, "
                     f"span_id, {'trace_id' if traced else 'NULL'} FROM sample_table"
                 )
+            new_groups, new_tags = self._insert_spans(con, span_batches)
             con.execute("COMMIT")
         except Exception:
             with contextlib.suppress(duckdb.Error):  # a failed COMMIT has already rolled back
@@ -185,7 +259,95 @@ class DuckDBStore(Store):
             self._known_stacks.clear()
         self._known_frames.update(frames)
         self._known_stacks.update(stacks)
+        self._known_groups.update(new_groups)
+        for tag, seen in new_tags.items():
+            if tag not in self._tags:
+                count_key = tag[:3]
+                self._tag_counts[count_key] = self._tag_counts.get(count_key, 0) + 1
+            self._tags[tag] = seen
         self._remember_series(series_rows.values())
+
+    def _insert_spans(
+        self, con: duckdb.DuckDBPyConnection, batches: List[Tuple[str, SpanBatch]]
+    ) -> Tuple[set, Dict[Tuple[int, str, str, str], int]]:
+        """Insert spans, their new groups and tags inside the running transaction; returns
+        what to remember once it commits."""
+        if not batches:
+            return set(), {}
+        groups: Dict[int, SpanGroup] = {}
+        tags: Dict[Tuple[int, str, str, str], int] = {}
+        rows: List[SpanRow] = []
+        tenant_ids: List[int] = []
+        for tenant, batch in batches:
+            tid = self._tenant_id(con, tenant)
+            rows.extend(batch.rows)
+            tenant_ids.extend([tid] * len(batch.rows))
+            for gid, group in batch.groups.items():
+                if gid not in self._known_groups:
+                    groups[gid] = group
+            for (scope, key, value), seen in batch.tags.items():
+                tag = (tid, scope, key, value)
+                written = self._tags.get(tag)
+                if written is None:
+                    if self._tag_counts.get(tag[:3], 0) >= MAX_TAG_VALUES:
+                        continue
+                elif seen < written + TAG_REFRESH_NS:
+                    continue
+                if tags.get(tag, 0) < seen:
+                    tags[tag] = seen
+        if groups:
+            g = list(groups.values())
+            group_table = {  # noqa: F841 - read by DuckDB's replacement scan
+                "group_id": np.fromiter(groups.keys(), dtype=np.int64, count=len(groups)),
+                "service": np.array([x.service for x in g], dtype=object),
+                "resource": np.array([x.resource.hex() for x in g], dtype=object),
+                "resource_schema_url": np.array([x.resource_schema_url for x in g], dtype=object),
+                "scope": np.array([x.scope.hex() for x in g], dtype=object),
+                "scope_schema_url": np.array([x.scope_schema_url for x in g], dtype=object),
+                "attrs": np.array([x.attrs for x in g], dtype=object),
+            }
+            con.execute(
+                "INSERT INTO span_groups SELECT group_id, service, unhex(resource), "
+                "resource_schema_url, unhex(scope), scope_schema_url, attrs FROM group_table "
+                "ON CONFLICT DO NOTHING"
+            )
+        if rows:
+            cols = list(zip(*rows))
+            f = SpanRow._fields
+            span_table = {  # noqa: F841
+                "tenant_id": np.array(tenant_ids, dtype=np.int32),
+                "trace_id": np.array(cols[f.index("trace_id")], dtype=object),
+                "span_id": np.array(cols[f.index("span_id")], dtype=np.uint64),
+                "parent_span_id": np.array(cols[f.index("parent_span_id")], dtype=np.uint64),
+                "name": np.array(cols[f.index("name")], dtype=object),
+                "kind": np.array(cols[f.index("kind")], dtype=np.int8),
+                "service": np.array(cols[f.index("service")], dtype=object),
+                "start_ns": np.array(cols[f.index("start_ns")], dtype=np.int64),
+                "end_ns": np.array(cols[f.index("end_ns")], dtype=np.int64),
+                "status_code": np.array(cols[f.index("status_code")], dtype=np.int8),
+                "attrs": np.array(cols[f.index("attrs")], dtype=object),
+                "group_id": np.array(cols[f.index("group_id")], dtype=np.int64),
+                "raw": np.array([r.hex() for r in cols[f.index("raw")]], dtype=object),
+            }
+            con.execute(
+                "INSERT INTO spans SELECT tenant_id, trace_id, span_id, parent_span_id, name, "
+                "kind, service, start_ns, end_ns, status_code, attrs, group_id, unhex(raw) "
+                "FROM span_table"
+            )
+        if tags:
+            t = list(zip(*tags.keys()))
+            tag_table = {  # noqa: F841
+                "tenant_id": np.array(t[0], dtype=np.int32),
+                "scope": np.array(t[1], dtype=object),
+                "key": np.array(t[2], dtype=object),
+                "value": np.array(t[3], dtype=object),
+                "last_seen": np.fromiter(tags.values(), dtype=np.int64, count=len(tags)),
+            }
+            con.execute(
+                "INSERT INTO span_tags SELECT * FROM tag_table ON CONFLICT DO UPDATE "
+                "SET last_seen = greatest(span_tags.last_seen, excluded.last_seen)"
+            )
+        return set(groups), tags
 
     def _tenant_id(self, con: duckdb.DuckDBPyConnection, tenant: str) -> int:
         """The number of a tenant, created inside the running transaction if new."""
@@ -356,6 +518,202 @@ class DuckDBStore(Store):
             .fetchall()
         )
         return {fid: Frame(name, filename, line) for fid, name, filename, line in rows}
+
+    def span_values(
+        self, tenant: str, series_ids: Sequence[int], where: SampleFilter
+    ) -> SpanValues:
+        if not series_ids:
+            empty = np.zeros(0, dtype=np.uint64)
+            return SpanValues(empty, empty.astype(np.int64))
+        cond, params = self._sample_where(tenant, series_ids, where)
+        result = (
+            self._cursor()
+            .execute(
+                f"SELECT span_id, {_CLAMPED_SUM} AS v FROM samples WHERE {cond} GROUP BY span_id",
+                params,
+            )
+            .fetchnumpy()
+        )
+        return SpanValues(
+            np.asarray(result["span_id"], dtype=np.uint64), np.asarray(result["v"], dtype=np.int64)
+        )
+
+    # -- traces ------------------------------------------------------------------------------
+
+    def _span_groups(self, group_ids: Sequence[int]) -> Dict[int, SpanGroup]:
+        missing = [g for g in set(group_ids) if g not in self._groups]
+        if missing:
+            rows = (
+                self._cursor()
+                .execute(
+                    "SELECT group_id, service, resource, resource_schema_url, scope, "
+                    "scope_schema_url, attrs FROM span_groups "
+                    "WHERE group_id IN (SELECT unnest(?::BIGINT[]))",
+                    [missing],
+                )
+                .fetchall()
+            )
+            if len(self._groups) > 100_000:
+                self._groups.clear()
+            for gid, *fields in rows:
+                self._groups[gid] = SpanGroup(*fields)
+        return {g: self._groups[g] for g in group_ids if g in self._groups}
+
+    def trace(self, tenant: str, trace_id: str) -> List[StoredSpan]:
+        rows = (
+            self._cursor()
+            .execute(
+                "SELECT trace_id, span_id, parent_span_id, name, kind, service, start_ns, "
+                "end_ns, status_code, raw, group_id FROM spans "
+                "WHERE tenant_id = ? AND trace_id = ?",
+                [self._tenant_ids.get(tenant, -1), trace_id.lower()],
+            )
+            .fetchall()
+        )
+        groups = self._span_groups([r[-1] for r in rows])
+        out = []
+        seen = set()
+        for *fields, gid in rows:
+            if fields[1] in seen or gid not in groups:
+                continue  # an export retried after it landed; a group lost to a crash
+            seen.add(fields[1])
+            out.append(StoredSpan(*fields, group=groups[gid]))
+        return out
+
+    def find_traces(self, tenant: str, query: TraceQuery) -> List[TraceSummary]:
+        sql, params = search_sql(self._tenant_ids.get(tenant, -1), query)
+        rows = self._cursor().execute(sql, params).fetchall()
+        # One row per (trace, matched span), traces in order.
+        found: Dict[str, list] = {}
+        for trace_id, service, name, t0, t1, count, span_id, span_name, start, end, n in rows:
+            entry = found.get(trace_id)
+            if entry is None:
+                entry = found[trace_id] = [trace_id, service, name, t0, t1 - t0, count, [], n]
+            entry[6].append(MatchedSpan(span_id, span_name, start, end - start))
+        return [
+            TraceSummary(*fields[:6], matched=tuple(spans), matched_count=n)
+            for *fields, spans, n in found.values()
+        ]
+
+    def span_traces(self, tenant: str, span_ids: Sequence[int]) -> Dict[int, str]:
+        if not span_ids:
+            return {}
+        rows = (
+            self._cursor()
+            .execute(
+                "SELECT span_id, any_value(trace_id) FROM spans WHERE tenant_id = ? "
+                "AND span_id IN (SELECT unnest(?::UBIGINT[])) GROUP BY span_id",
+                [self._tenant_ids.get(tenant, -1), [int(s) for s in span_ids]],
+            )
+            .fetchall()
+        )
+        return dict(rows)
+
+    def tag_names(self, tenant: str, since_ns: int = 0) -> Dict[str, List[str]]:
+        rows = (
+            self._cursor()
+            .execute(
+                "SELECT scope, key FROM span_tags WHERE tenant_id = ? AND last_seen >= ? "
+                "GROUP BY ALL ORDER BY scope, key",
+                [self._tenant_ids.get(tenant, -1), since_ns],
+            )
+            .fetchall()
+        )
+        out: Dict[str, List[str]] = {}
+        for scope, key in rows:
+            out.setdefault(scope, []).append(key)
+        return out
+
+    def tag_values(
+        self, tenant: str, scope: Optional[str], name: str, since_ns: int = 0
+    ) -> List[str]:
+        sql = (
+            "SELECT DISTINCT value FROM span_tags WHERE tenant_id = ? AND key = ? "
+            "AND last_seen >= ?"
+        )
+        params: list = [self._tenant_ids.get(tenant, -1), name, since_ns]
+        if scope is not None:
+            sql += " AND scope = ?"
+            params.append(scope)
+        rows = self._cursor().execute(sql + " ORDER BY value", params).fetchall()
+        return [r[0] for r in rows]
+
+    # -- retention ---------------------------------------------------------------------------
+
+    def delete_before(self, cutoff_ns: int) -> RetentionReport:
+        report = RetentionReport()
+        for table, column in (("samples", "ts"), ("spans", "end_ns")):
+            while True:
+                oldest = self._cursor().execute(f"SELECT min({column}) FROM {table}").fetchone()
+                if oldest is None or oldest[0] is None or oldest[0] >= cutoff_ns:
+                    break
+                upto = min(cutoff_ns, oldest[0] + RETENTION_SLICE_NS)
+                deleted = self._writer.run(
+                    lambda t=table, c=column, u=upto: self._delete_older(t, c, u)
+                ).result()
+                if table == "samples":
+                    report += RetentionReport(samples=deleted)
+                else:
+                    report += RetentionReport(spans=deleted)
+        if report.samples or report.spans:
+            series = self._writer.run(lambda: self._collect_garbage(cutoff_ns)).result()
+            report += RetentionReport(series=series)
+        return report
+
+    def _delete_older(self, table: str, column: str, upto_ns: int) -> int:
+        row = self._con.execute(f"DELETE FROM {table} WHERE {column} < ?", [upto_ns]).fetchone()
+        return int(row[0]) if row else 0
+
+    def _collect_garbage(self, cutoff_ns: int) -> int:
+        """On the writer thread: forget what only deleted rows referenced."""
+        con = self._con
+        with self._series_lock:
+            gone = [
+                (tenant, sid)
+                for tenant, by_id in self._series.items()
+                for sid, rec in by_id.items()
+                if rec.last_ts < cutoff_ns
+            ]
+        con.execute("BEGIN TRANSACTION")
+        try:
+            if gone:
+                gone_table = {  # noqa: F841
+                    "tenant": np.array([t for t, _ in gone], dtype=object),
+                    "series_id": np.array([s for _, s in gone], dtype=np.int64),
+                }
+                con.execute(
+                    "DELETE FROM series WHERE (tenant, series_id) IN "
+                    "(SELECT (tenant, series_id) FROM gone_table)"
+                )
+            con.execute("DELETE FROM span_tags WHERE last_seen < ?", [cutoff_ns])
+            con.execute(
+                "DELETE FROM span_groups WHERE group_id NOT IN "
+                "(SELECT DISTINCT group_id FROM spans)"
+            )
+            con.execute(
+                "DELETE FROM stacks WHERE stack_id NOT IN (SELECT DISTINCT stack_id FROM samples)"
+            )
+            con.execute("COMMIT")
+        except Exception:
+            with contextlib.suppress(duckdb.Error):
+                con.execute("ROLLBACK")
+            raise
+        # Stacks and groups deleted above are written again by the next push that has them.
+        self._known_stacks.clear()
+        self._known_groups.clear()
+        for tag in [t for t, seen in self._tags.items() if seen < cutoff_ns]:
+            del self._tags[tag]
+            self._tag_counts[tag[:3]] -= 1
+        with self._series_lock:
+            for tenant, sid in gone:
+                self._series.get(tenant, {}).pop(sid, None)
+            for by_id in self._series.values():
+                for sid, rec in by_id.items():
+                    if rec.first_ts < cutoff_ns:
+                        by_id[sid] = SeriesRecord(
+                            sid, rec.profile_type, rec.labels, cutoff_ns, rec.last_ts
+                        )
+        return len(gone)
 
     def close(self) -> None:
         if self._closed:

@@ -134,7 +134,7 @@ class PprofProfile(_message.Message):
     def __init__(self, profile: _Optional[_Union[_profile_pb2.Profile, _Mapping]] = ...) -> None: ...
 
 class SelectMergeSpanProfileRequest(_message.Message):
-    __slots__ = ("profile_typeID", "label_selector", "span_selector", "start", "end", "max_nodes", "format")
+    __slots__ = ("profile_typeID", "label_selector", "span_selector", "start", "end", "max_nodes", "format", "include_descendants")
     PROFILE_TYPEID_FIELD_NUMBER: _ClassVar[int]
     LABEL_SELECTOR_FIELD_NUMBER: _ClassVar[int]
     SPAN_SELECTOR_FIELD_NUMBER: _ClassVar[int]
@@ -142,6 +142,7 @@ class SelectMergeSpanProfileRequest(_message.Message):
     END_FIELD_NUMBER: _ClassVar[int]
     MAX_NODES_FIELD_NUMBER: _ClassVar[int]
     FORMAT_FIELD_NUMBER: _ClassVar[int]
+    INCLUDE_DESCENDANTS_FIELD_NUMBER: _ClassVar[int]
     profile_typeID: str
     label_selector: str
     span_selector: _containers.RepeatedScalarFieldContainer[str]
@@ -149,7 +150,8 @@ class SelectMergeSpanProfileRequest(_message.Message):
     end: int
     max_nodes: int
     format: ProfileFormat
-    def __init__(self, profile_typeID: _Optional[str] = ..., label_selector: _Optional[str] = ..., span_selector: _Optional[_Iterable[str]] = ..., start: _Optional[int] = ..., end: _Optional[int] = ..., max_nodes: _Optional[int] = ..., format: _Optional[_Union[ProfileFormat, str]] = ...) -> None: ...
+    include_descendants: bool
+    def __init__(self, profile_typeID: _Optional[str] = ..., label_selector: _Optional[str] = ..., span_selector: _Optional[_Iterable[str]] = ..., start: _Optional[int] = ..., end: _Optional[int] = ..., max_nodes: _Optional[int] = ..., format: _Optional[_Union[ProfileFormat, str]] = ..., include_descendants: bool = ...) -> None: ...
 
 class SelectMergeSpanProfileResponse(_message.Message):
     __slots__ = ("flamegraph", "tree")

@@ -1,0 +1,132 @@
+"""What OTLP traces and OTLP profiles share: decoding a request body, attribute values.
+
+OTLP/HTTP bodies are protobuf or JSON.  OTLP's JSON is protobuf's JSON mapping with one
+difference: trace and span ids are hex, not base64 (opentelemetry.io/docs/specs/otlp/#json-
+protobuf-encoding), so ids are rewritten before the generic parser sees them.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import math
+from typing import Any, Iterable, List, Tuple, Type, TypeVar
+
+from google.protobuf import json_format
+from google.protobuf.message import DecodeError, Message
+
+from hotspan.formats.errors import FormatError
+from hotspan.model.profile import MAX_TIME_NS
+
+M = TypeVar("M", bound=Message)
+
+# Keys whose JSON value is an id in hex (OTLP) rather than base64 (protobuf's JSON).
+_ID_KEYS = frozenset(
+    {"traceId", "spanId", "parentSpanId", "profileId"}
+    | {"trace_id", "span_id", "parent_span_id", "profile_id"}
+)
+_HEX = frozenset("0123456789abcdefABCDEF")
+
+# Earliest accepted span or sample time: anything before 2000 is a clock or encoding bug.
+MIN_TIME_NS = 946_684_800 * 10**9
+
+
+def decode_request(body: bytes, is_json: bool, cls: Type[M]) -> M:
+    """An OTLP export request from an OTLP/HTTP body (already decompressed)."""
+    msg = cls()
+    if is_json:
+        try:
+            doc = json.loads(body)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise FormatError(f"body is not JSON: {exc}") from None
+        if not isinstance(doc, dict):
+            raise FormatError("body must be a JSON object")
+        try:
+            json_format.ParseDict(_hex_ids_to_base64(doc), msg, ignore_unknown_fields=True)
+        except (json_format.ParseError, ValueError, TypeError) as exc:
+            raise FormatError(f"not an OTLP {cls.DESCRIPTOR.name}: {exc}") from None
+        return msg
+    try:
+        msg.ParseFromString(body)
+    except (DecodeError, ValueError) as exc:
+        raise FormatError(f"cannot decode protobuf {cls.DESCRIPTOR.name}: {exc}") from None
+    return msg
+
+
+def encode_json(msg: Message) -> dict:
+    """A message as OTLP JSON: camelCase names, enums as numbers, ids in hex."""
+    doc = json_format.MessageToDict(msg, use_integers_for_enums=True)
+    return _base64_ids_to_hex(doc)
+
+
+def _hex_ids_to_base64(node: Any) -> Any:
+    if isinstance(node, dict):
+        out = {}
+        for key, value in node.items():
+            if key in _ID_KEYS and isinstance(value, str) and value and set(value) <= _HEX:
+                if len(value) % 2:
+                    raise FormatError(f"{key} {value!r} has an odd number of hex digits")
+                value = base64.b64encode(bytes.fromhex(value)).decode()
+            else:
+                value = _hex_ids_to_base64(value)
+            out[key] = value
+        return out
+    if isinstance(node, list):
+        return [_hex_ids_to_base64(v) for v in node]
+    return node
+
+
+def _base64_ids_to_hex(node: Any) -> Any:
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key in _ID_KEYS and isinstance(value, str):
+                node[key] = base64.b64decode(value).hex()
+            else:
+                _base64_ids_to_hex(value)
+    elif isinstance(node, list):
+        for v in node:
+            _base64_ids_to_hex(v)
+    return node
+
+
+def any_value_text(value: Any) -> str:
+    """An ``AnyValue`` as text: what search matches and label values hold."""
+    kind = value.WhichOneof("value")
+    if kind is None:
+        return ""
+    if kind == "string_value":
+        return value.string_value
+    if kind == "bool_value":
+        return "true" if value.bool_value else "false"
+    if kind == "int_value":
+        return str(value.int_value)
+    if kind == "double_value":
+        d = value.double_value
+        return str(int(d)) if math.isfinite(d) and d == int(d) else repr(d)
+    if kind == "bytes_value":
+        return base64.b64encode(value.bytes_value).decode()
+    if kind == "array_value":
+        return json.dumps([any_value_text(v) for v in value.array_value.values])
+    return json.dumps({kv.key: any_value_text(kv.value) for kv in value.kvlist_value.values})
+
+
+def label_value(value: Any) -> str:
+    """An ``AnyValue`` as a label value, by Pyroscope's rule: strings and integers (also as a
+    one-element array); anything else is not a label ("")."""
+    kind = value.WhichOneof("value")
+    if kind == "string_value":
+        return value.string_value
+    if kind == "int_value":
+        return str(value.int_value)
+    if kind == "array_value" and len(value.array_value.values) == 1:
+        return label_value(value.array_value.values[0])
+    return ""
+
+
+def attribute_pairs(attributes: Iterable[Any]) -> List[Tuple[str, str]]:
+    return [(kv.key, any_value_text(kv.value)) for kv in attributes]
+
+
+def check_time(ns: int, what: str) -> None:
+    if ns < MIN_TIME_NS or ns > MAX_TIME_NS:
+        raise FormatError(f"{what} {ns} ns is not a time between the years 2000 and 2116")

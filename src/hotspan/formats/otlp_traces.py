@@ -1,0 +1,154 @@
+"""OTLP traces in (``ExportTraceServiceRequest``) and out (``TracesData``).
+
+A span that cannot be stored (ids missing or of the wrong length, times that are not times)
+is rejected on its own and counted, as OTLP's partial success expects; the rest of the request
+is kept.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict, Iterable, List
+
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTraceServiceRequest,
+    ExportTraceServiceResponse,
+)
+from opentelemetry.proto.common.v1.common_pb2 import InstrumentationScope
+from opentelemetry.proto.resource.v1.resource_pb2 import Resource
+from opentelemetry.proto.trace.v1.trace_pb2 import Span, TracesData
+
+from hotspan.formats.errors import FormatError
+from hotspan.formats.otlp import attribute_pairs, check_time, decode_request
+from hotspan.model.trace import (
+    SPAN_KINDS,
+    STATUS_CODES,
+    SpanBatch,
+    SpanGroup,
+    SpanRow,
+    StoredSpan,
+    flatten_attributes,
+)
+
+SERVICE_NAME_ATTR = "service.name"
+UNKNOWN_SERVICE = "unknown_service"
+# Reasons kept per request: enough to see what is wrong without echoing a whole batch back.
+MAX_REASONS = 3
+
+__all__ = [
+    "ExportTraceServiceRequest",
+    "ExportTraceServiceResponse",
+    "SpansResult",
+    "decode",
+    "to_span_batch",
+    "traces_data",
+]
+
+
+@dataclass
+class SpansResult:
+    batch: SpanBatch
+    rejected: int = 0
+    reasons: List[str] = field(default_factory=list)
+
+    def reject(self, reason: str) -> None:
+        self.rejected += 1
+        if len(self.reasons) < MAX_REASONS:
+            self.reasons.append(reason)
+
+    def message(self) -> str:
+        more = self.rejected - len(self.reasons)
+        return "; ".join(self.reasons) + (f" (and {more} more)" if more > 0 else "")
+
+
+def decode(body: bytes, is_json: bool) -> ExportTraceServiceRequest:
+    return decode_request(body, is_json, ExportTraceServiceRequest)
+
+
+def to_span_batch(request: ExportTraceServiceRequest) -> SpansResult:
+    result = SpansResult(SpanBatch())
+    batch = result.batch
+    for rs in request.resource_spans:
+        resource_attrs = attribute_pairs(rs.resource.attributes)
+        service = dict(resource_attrs).get(SERVICE_NAME_ATTR) or UNKNOWN_SERVICE
+        resource = rs.resource.SerializeToString()
+        resource_text = flatten_attributes(resource_attrs)
+        latest = 0
+        for ss in rs.scope_spans:
+            gid = batch.add_group(
+                SpanGroup(
+                    service=service,
+                    resource=resource,
+                    resource_schema_url=rs.schema_url,
+                    scope=ss.scope.SerializeToString(),
+                    scope_schema_url=ss.schema_url,
+                    attrs=resource_text,
+                )
+            )
+            for span in ss.spans:
+                span_attrs = attribute_pairs(span.attributes)
+                try:
+                    row = _row(span, service, gid, flatten_attributes(span_attrs))
+                except FormatError as exc:
+                    result.reject(str(exc))
+                    continue
+                batch.rows.append(row)
+                batch.add_tags("span", span_attrs, row.end_ns)
+                intrinsics = [
+                    ("name", row.name),
+                    ("status", STATUS_CODES[row.status_code]),
+                    ("kind", SPAN_KINDS[row.kind]),
+                ]
+                batch.add_tags("intrinsic", intrinsics, row.end_ns)
+                latest = max(latest, row.end_ns)
+        if latest:
+            batch.add_tags("resource", resource_attrs, latest)
+    return result
+
+
+def _row(span: Span, service: str, gid: int, attrs: str) -> SpanRow:
+    if len(span.trace_id) != 16 or not any(span.trace_id):
+        raise FormatError(f"span {span.name!r}: trace id must be 16 bytes, not all zero")
+    if len(span.span_id) != 8 or not any(span.span_id):
+        raise FormatError(f"span {span.name!r}: span id must be 8 bytes, not all zero")
+    if len(span.parent_span_id) not in (0, 8):
+        raise FormatError(f"span {span.name!r}: parent span id must be 8 bytes or empty")
+    start, end = span.start_time_unix_nano, span.end_time_unix_nano
+    check_time(start, f"span {span.name!r}: start time")
+    check_time(end, f"span {span.name!r}: end time")
+    if end < start:
+        raise FormatError(f"span {span.name!r} ends before it starts")
+    kind = span.kind if 0 <= span.kind < len(SPAN_KINDS) else 0
+    status = span.status.code if 0 <= span.status.code < len(STATUS_CODES) else 0
+    return SpanRow(
+        trace_id=span.trace_id.hex(),
+        span_id=int.from_bytes(span.span_id, "big"),
+        parent_span_id=int.from_bytes(span.parent_span_id, "big") if span.parent_span_id else 0,
+        name=span.name,
+        kind=kind,
+        service=service,
+        start_ns=start,
+        end_ns=end,
+        status_code=status,
+        attrs=attrs,
+        group_id=gid,
+        raw=span.SerializeToString(),
+    )
+
+
+def traces_data(spans: Iterable[StoredSpan]) -> TracesData:
+    """Stored spans back as OTLP, one ``ResourceSpans`` per resource and scope."""
+    out = TracesData()
+    by_group: Dict[tuple, object] = {}
+    for span in sorted(spans, key=lambda s: s.start_ns):
+        g = span.group
+        key = (g.resource, g.resource_schema_url, g.scope, g.scope_schema_url)
+        scope_spans = by_group.get(key)
+        if scope_spans is None:
+            rs = out.resource_spans.add(schema_url=g.resource_schema_url)
+            rs.resource.CopyFrom(Resource.FromString(g.resource))
+            scope_spans = rs.scope_spans.add(schema_url=g.scope_schema_url)
+            scope_spans.scope.CopyFrom(InstrumentationScope.FromString(g.scope))
+            by_group[key] = scope_spans
+        scope_spans.spans.add().MergeFromString(span.raw)  # type: ignore[attr-defined]
+    return out

@@ -1,0 +1,185 @@
+"""Spans: the columnar batch OTLP traces are turned into, and what trace queries return.
+
+A span keeps its searchable fields as columns (ids, name, kind, service, times, status, and its
+attributes flattened to one text) and the span message itself, as received, in ``raw``: the
+trace API hands spans back exactly as they came in (typed attributes, events, links), while
+search only ever reads the columns.  Spans of one resource and instrumentation scope share a
+:class:`SpanGroup`, stored once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from typing import Dict, Iterable, List, NamedTuple, Tuple, Union
+
+# Separators of the flattened attribute text: a record separator before each pair and after
+# the last, a unit separator between key and value.  ``contains(attrs, RS k US v RS)`` is then
+# an exact match on one pair.  The two characters are removed from keys and values first.
+RS = "\x1e"
+US = "\x1f"
+_STRIP = str.maketrans({RS: " ", US: " "})
+
+# Tag values longer than this are searchable but not offered by the tag-values API.
+MAX_TAG_VALUE_LENGTH = 200
+
+SPAN_KINDS = ("unspecified", "internal", "server", "client", "producer", "consumer")
+STATUS_CODES = ("unset", "ok", "error")
+
+
+def clean(text: str) -> str:
+    return text.translate(_STRIP)
+
+
+def flatten_attributes(pairs: Iterable[Tuple[str, str]]) -> str:
+    """``k=v`` pairs as one searchable text (see :data:`RS`)."""
+    parts = [f"{RS}{clean(k)}{US}{clean(v)}" for k, v in pairs]
+    return "".join(parts) + RS if parts else ""
+
+
+def attribute_pattern(key: str, value: str) -> str:
+    """What a flattened text contains exactly when it has the pair ``key=value``."""
+    return f"{RS}{clean(key)}{US}{clean(value)}{RS}"
+
+
+def group_id(*parts: bytes) -> int:
+    """Signed 64-bit content hash of a resource and scope (fits a BIGINT column)."""
+    h = hashlib.blake2b(digest_size=8)
+    for part in parts:
+        h.update(len(part).to_bytes(8, "little"))
+        h.update(part)
+    value = int.from_bytes(h.digest(), "little")
+    return value - (1 << 64) if value >= 1 << 63 else value
+
+
+@dataclass(frozen=True)
+class SpanGroup:
+    """A resource and instrumentation scope, as received (serialized protobuf)."""
+
+    service: str
+    resource: bytes
+    resource_schema_url: str
+    scope: bytes
+    scope_schema_url: str
+    attrs: str  # the resource's attributes, flattened
+
+
+class SpanRow(NamedTuple):
+    trace_id: str  # 32 lowercase hex digits
+    span_id: int  # unsigned 64-bit
+    parent_span_id: int  # 0: a root span
+    name: str
+    kind: int  # OTLP SpanKind number
+    service: str
+    start_ns: int
+    end_ns: int
+    status_code: int  # OTLP StatusCode number
+    attrs: str  # the span's attributes, flattened
+    group_id: int
+    raw: bytes  # the OTLP Span message
+
+
+@dataclass
+class SpanBatch:
+    """Spans of one export request with the groups they belong to."""
+
+    rows: List[SpanRow] = field(default_factory=list)
+    groups: Dict[int, SpanGroup] = field(default_factory=dict)
+    # (scope, key, value) -> latest end time of a span with it, for the tag APIs; scope is
+    # "span", "resource" or "intrinsic".
+    tags: Dict[Tuple[str, str, str], int] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def add_group(self, group: SpanGroup) -> int:
+        gid = group_id(
+            group.resource,
+            group.resource_schema_url.encode(),
+            group.scope,
+            group.scope_schema_url.encode(),
+        )
+        self.groups.setdefault(gid, group)
+        return gid
+
+    def add_tags(self, scope: str, pairs: Iterable[Tuple[str, str]], seen_ns: int) -> None:
+        tags = self.tags
+        for key, value in pairs:
+            if len(value) <= MAX_TAG_VALUE_LENGTH:
+                tag = (scope, key, value)
+                if tags.get(tag, 0) < seen_ns:
+                    tags[tag] = seen_ns
+
+
+@dataclass(frozen=True)
+class StoredSpan:
+    """A span as the store gives it back: its columns, its message and its group."""
+
+    trace_id: str
+    span_id: int
+    parent_span_id: int
+    name: str
+    kind: int
+    service: str
+    start_ns: int
+    end_ns: int
+    status_code: int
+    raw: bytes
+    group: SpanGroup
+
+    @property
+    def duration_ns(self) -> int:
+        return self.end_ns - self.start_ns
+
+
+# Intrinsics that describe a whole trace rather than one span.
+TRACE_INTRINSICS = ("traceDuration", "rootName", "rootServiceName")
+OPERATORS = ("=", "!=", "=~", "!~", ">", ">=", "<", "<=")
+
+
+class SearchError(ValueError):
+    """A search condition that cannot be evaluated (say, ``status > "fast"``)."""
+
+
+@dataclass(frozen=True)
+class Condition:
+    """``key op value``.  Keys are TraceQL's: intrinsics (``name``, ``status``, ``kind``,
+    ``duration``, and the trace-wide :data:`TRACE_INTRINSICS`), ``span.<attr>``,
+    ``resource.<attr>``, or ``.<attr>`` (either).  Durations are nanoseconds."""
+
+    key: str
+    op: str
+    value: Union[str, int, float]
+
+
+@dataclass(frozen=True)
+class TraceQuery:
+    """Traces with, for each spanset, a span that started in the range and meets all of the
+    spanset's conditions; and that meet the trace-wide conditions."""
+
+    start_ns: int
+    end_ns: int
+    spansets: Tuple[Tuple[Condition, ...], ...] = ()
+    trace_conditions: Tuple[Condition, ...] = ()
+    limit: int = 20
+    spans_per_trace: int = 3
+
+
+@dataclass(frozen=True)
+class MatchedSpan:
+    span_id: int
+    name: str
+    start_ns: int
+    duration_ns: int
+
+
+@dataclass(frozen=True)
+class TraceSummary:
+    trace_id: str
+    root_service: str
+    root_name: str
+    start_ns: int
+    duration_ns: int
+    span_count: int
+    matched: Tuple[MatchedSpan, ...]
+    matched_count: int

@@ -1,0 +1,112 @@
+"""Trace questions on top of the store: search parameters, span descendants, CPU per span.
+
+The link between the halves is the span id each profile sample carries: a span's profile is
+the samples with its id, its descendants' profile adds the ids of every span below it in its
+trace, and a trace's profile is the samples with its trace id.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, Iterable, List, Optional, Sequence, Set, Tuple
+
+import numpy as np
+
+from hotspan.model.labels import Selector
+from hotspan.model.profile import ProfileType
+from hotspan.model.trace import StoredSpan
+from hotspan.query.engine import QueryEngine
+from hotspan.store.base import SampleFilter, Store
+
+
+def descendants(spans: Iterable[StoredSpan], roots: Iterable[int]) -> Set[int]:
+    """The given span ids and every span below them."""
+    children: Dict[int, List[int]] = {}
+    for span in spans:
+        children.setdefault(span.parent_span_id, []).append(span.span_id)
+    out: Set[int] = set()
+    todo = list(roots)
+    while todo:
+        sid = todo.pop()
+        if sid in out:
+            continue  # a cycle in bad data must not loop forever
+        out.add(sid)
+        todo.extend(children.get(sid, ()))
+    return out
+
+
+@dataclass(frozen=True)
+class SpanCPU:
+    span: StoredSpan
+    self_value: int  # samples with this span's id
+    total_value: int  # this span's and its descendants'
+
+
+@dataclass(frozen=True)
+class TraceCPU:
+    trace_id: str
+    profile_type: ProfileType
+    spans: Tuple[SpanCPU, ...]
+    # Samples of the trace whose span id is no stored span of it (or no span at all).
+    unattributed: int
+    total: int
+
+
+class TraceEngine:
+    def __init__(self, store: Store, engine: QueryEngine) -> None:
+        self.store = store
+        self.engine = engine
+
+    def with_descendants(self, tenant: str, span_ids: Sequence[int]) -> List[int]:
+        """The span ids and their descendants in their traces (as stored so far)."""
+        traces = self.store.span_traces(tenant, span_ids)
+        out: Set[int] = set(span_ids)
+        for trace_id in set(traces.values()):
+            spans = self.store.trace(tenant, trace_id)
+            mine = [s for s in span_ids if traces.get(s) == trace_id]
+            out |= descendants(spans, mine)
+        return sorted(out)
+
+    def trace_cpu(
+        self,
+        tenant: str,
+        trace_id: str,
+        profile_type: ProfileType,
+        selector: Selector,
+        window: Optional[Tuple[int, int]] = None,
+    ) -> Optional[TraceCPU]:
+        """How much of the profile each span of a trace holds, beside its duration.  None if
+        no span of the trace is stored.  ``window`` (ns) bounds the samples looked at;
+        by default, an hour either side of the trace (samples are stamped with their upload
+        window, which may start before the span)."""
+        spans = self.store.trace(tenant, trace_id)
+        if not spans:
+            return None
+        if window is None:
+            hour = 3600 * 10**9
+            window = (min(s.start_ns for s in spans) - hour, max(s.end_ns for s in spans) + hour)
+        series = self.engine.find_series(tenant, [selector], window[0], window[1], profile_type)
+        where = SampleFilter(window[0], window[1], trace_ids=[trace_id])
+        sums = self.store.span_values(tenant, [s.series_id for s in series], where)
+        own: Dict[int, int] = dict(zip(sums.span_ids.tolist(), sums.values.tolist()))
+        parent = {s.span_id: s.parent_span_id for s in spans}
+        totals: Dict[int, int] = {}
+        for sid, value in own.items():
+            # Add each span's own value to it and every ancestor (once: bad data may loop).
+            seen: Set[int] = set()
+            while sid in parent and sid not in seen:
+                seen.add(sid)
+                totals[sid] = totals.get(sid, 0) + value
+                sid = parent[sid]
+        rows = tuple(
+            SpanCPU(s, own.get(s.span_id, 0), totals.get(s.span_id, 0))
+            for s in sorted(spans, key=lambda s: (s.start_ns, s.span_id))
+        )
+        unattributed = sum(v for sid, v in own.items() if sid not in parent)
+        return TraceCPU(
+            trace_id,
+            profile_type,
+            rows,
+            unattributed,
+            int(np.asarray(sums.values, dtype=np.int64).sum()),
+        )

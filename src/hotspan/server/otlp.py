@@ -1,0 +1,134 @@
+"""OTLP/HTTP receivers: ``POST /v1/traces`` and ``POST /v1development/profiles``.
+
+As OTLP/HTTP specifies (opentelemetry.io/docs/specs/otlp/#otlphttp): protobuf or JSON bodies,
+gzip allowed; the answer uses the request's encoding; a request with some bad items stores the
+rest and answers 200 with ``partial_success``; a request that cannot be used at all gets 400
+with a ``google.rpc.Status`` whose message says why.  The OTLP/gRPC receivers
+(``hotspan.server.otlp_grpc``) share the conversion functions below.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Tuple
+
+from google.protobuf.message import Message
+from starlette.requests import Request
+from starlette.responses import Response
+
+from hotspan.formats import otlp_profiles, otlp_traces
+from hotspan.formats.errors import FormatError
+from hotspan.formats.otlp import encode_json
+from hotspan.server.errors import HTTPError
+from hotspan.server.ingest import commit
+from hotspan.server.request import check_token, read_body, tenant_of
+from hotspan.server.state import ServerState
+from hotspan.store.base import StoreError
+
+PROTOBUF = "application/x-protobuf"
+JSON = "application/json"
+PATHS = ("/v1/traces", "/v1development/profiles")
+GRPC_INVALID_ARGUMENT = 3
+
+
+def _encoding(request: Request) -> bool:
+    """True for JSON, False for protobuf; anything else is refused."""
+    ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if ctype in (PROTOBUF, "application/protobuf"):
+        return False
+    if ctype == JSON:
+        return True
+    raise HTTPError(415, f"content type {ctype!r} is not OTLP (use {PROTOBUF} or {JSON})")
+
+
+def _status_bytes(code: int, message: str) -> bytes:
+    """A ``google.rpc.Status`` with a code and a message (its fields 1 and 2)."""
+    text = message.encode()
+    out = bytearray(b"\x08")
+    _varint(out, code)
+    out += b"\x12"
+    _varint(out, len(text))
+    return bytes(out + text)
+
+
+def _varint(out: bytearray, value: int) -> None:
+    while value >= 0x80:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+
+
+def _error(status: int, message: str, is_json: bool) -> Response:
+    if is_json:
+        body = json.dumps({"code": GRPC_INVALID_ARGUMENT, "message": message}).encode()
+    else:
+        body = _status_bytes(GRPC_INVALID_ARGUMENT, message)
+    return Response(body, status_code=status, media_type=JSON if is_json else PROTOBUF)
+
+
+def _answer(msg: Message, is_json: bool) -> Response:
+    if is_json:
+        return Response(json.dumps(encode_json(msg)), media_type=JSON)
+    return Response(msg.SerializeToString(), media_type=PROTOBUF)
+
+
+def convert_traces(body: bytes, is_json: bool) -> Tuple[otlp_traces.SpansResult, Message]:
+    """Spans to store and the answer to give; FormatError when nothing can be stored."""
+    result = otlp_traces.to_span_batch(otlp_traces.decode(body, is_json))
+    if result.rejected and not len(result.batch):
+        raise FormatError(f"no span could be stored: {result.message()}")
+    response = otlp_traces.ExportTraceServiceResponse()
+    if result.rejected:
+        response.partial_success.rejected_spans = result.rejected
+        response.partial_success.error_message = result.message()
+    return result, response
+
+
+def convert_profiles(body: bytes, is_json: bool) -> Tuple[otlp_profiles.ProfilesResult, Message]:
+    result = otlp_profiles.to_batch(otlp_profiles.decode(body, is_json))
+    if result.rejected and not result.accepted:
+        raise FormatError(f"no profile could be stored: {result.message()}")
+    response = otlp_profiles.ExportProfilesServiceResponse()
+    if result.rejected:
+        response.partial_success.rejected_profiles = result.rejected
+        response.partial_success.error_message = result.message()
+    return result, response
+
+
+async def traces(request: Request) -> Response:
+    state: ServerState = request.app.state.hotspan
+    is_json = False
+    try:
+        check_token(request, state.config.ingest_tokens)
+        tenant = tenant_of(request, state.config)
+        is_json = _encoding(request)
+        body = await read_body(request, state.config)
+        result, response = convert_traces(body, is_json)
+        if len(result.batch):
+            try:
+                await asyncio.wrap_future(state.store.write_spans(tenant, result.batch))
+            except StoreError as exc:
+                raise HTTPError(503, f"could not store the spans: {exc}") from None
+    except FormatError as exc:
+        return _error(400, str(exc), is_json)
+    except HTTPError as exc:
+        return _error(exc.status, exc.message, is_json)
+    return _answer(response, is_json)
+
+
+async def profiles(request: Request) -> Response:
+    state: ServerState = request.app.state.hotspan
+    is_json = False
+    try:
+        check_token(request, state.config.ingest_tokens)
+        tenant = tenant_of(request, state.config)
+        is_json = _encoding(request)
+        body = await read_body(request, state.config)
+        result, response = convert_profiles(body, is_json)
+        await commit(state, tenant, result.batch)
+    except FormatError as exc:
+        return _error(400, str(exc), is_json)
+    except HTTPError as exc:
+        return _error(exc.status, exc.message, is_json)
+    return _answer(response, is_json)

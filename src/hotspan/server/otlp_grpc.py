@@ -1,0 +1,99 @@
+"""OTLP/gRPC receivers: ``TraceService/Export`` and ``ProfilesService/Export`` (port 4317).
+
+Requests arrive as raw bytes and are decoded here, so that a message that does not parse is an
+``INVALID_ARGUMENT`` with the reason rather than grpcio's generic ``INTERNAL``.  Tokens come
+from the ``authorization`` metadata and the tenant from ``x-scope-orgid``, as over HTTP.
+Handlers run on grpcio's thread pool and wait for the store to make the data durable.
+"""
+
+from __future__ import annotations
+
+import logging
+from concurrent import futures
+from typing import Callable, Tuple
+
+import grpc
+
+from hotspan.formats.errors import FormatError
+from hotspan.server.errors import HTTPError
+from hotspan.server.ingest import commit_sync
+from hotspan.server.otlp import convert_profiles, convert_traces
+from hotspan.server.request import TENANT_HEADER, check_authorization, tenant_from
+from hotspan.server.state import ServerState
+from hotspan.store.base import StoreError
+
+log = logging.getLogger(__name__)
+
+TRACE_SERVICE = "opentelemetry.proto.collector.trace.v1.TraceService"
+PROFILES_SERVICE = "opentelemetry.proto.collector.profiles.v1development.ProfilesService"
+WRITE_TIMEOUT_S = 60
+
+_STATUS_OF_HTTP = {
+    400: grpc.StatusCode.INVALID_ARGUMENT,
+    401: grpc.StatusCode.UNAUTHENTICATED,
+    413: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    503: grpc.StatusCode.UNAVAILABLE,
+}
+
+
+def _caller(state: ServerState, context: grpc.ServicerContext) -> str:
+    metadata = {k.lower(): v for k, v in context.invocation_metadata()}
+    check_authorization(str(metadata.get("authorization", "")), state.config.ingest_tokens)
+    return tenant_from(metadata.get(TENANT_HEADER.lower()), state.config)
+
+
+def _handler(
+    state: ServerState, export: Callable[[ServerState, str, bytes], bytes]
+) -> Callable[[bytes, grpc.ServicerContext], bytes]:
+    def handle(body: bytes, context: grpc.ServicerContext) -> bytes:
+        try:
+            tenant = _caller(state, context)
+            return export(state, tenant, body)
+        except FormatError as exc:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        except HTTPError as exc:
+            context.abort(_STATUS_OF_HTTP.get(exc.status, grpc.StatusCode.INTERNAL), exc.message)
+        except StoreError as exc:
+            context.abort(grpc.StatusCode.UNAVAILABLE, f"could not store the data: {exc}")
+        raise AssertionError("unreachable: abort raises")
+
+    return handle
+
+
+def _export_traces(state: ServerState, tenant: str, body: bytes) -> bytes:
+    result, response = convert_traces(body, is_json=False)
+    if len(result.batch):
+        state.store.write_spans(tenant, result.batch).result(timeout=WRITE_TIMEOUT_S)
+    return response.SerializeToString()
+
+
+def _export_profiles(state: ServerState, tenant: str, body: bytes) -> bytes:
+    result, response = convert_profiles(body, is_json=False)
+    commit_sync(state, tenant, result.batch, WRITE_TIMEOUT_S)
+    return response.SerializeToString()
+
+
+def start(state: ServerState, host: str, port: int) -> Tuple[grpc.Server, int]:
+    """Serve both services on ``host:port`` (0: any free port); returns the bound port."""
+    limit = state.config.max_body_bytes
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="hotspan-grpc"),
+        options=[
+            ("grpc.max_receive_message_length", limit),
+            ("grpc.so_reuseport", 0),
+        ],
+    )
+    for service, export in ((TRACE_SERVICE, _export_traces), (PROFILES_SERVICE, _export_profiles)):
+        method = grpc.unary_unary_rpc_method_handler(_handler(state, export))
+        server.add_generic_rpc_handlers(
+            (grpc.method_handlers_generic_handler(service, {"Export": method}),)
+        )
+    address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    try:
+        bound = server.add_insecure_port(address)
+    except RuntimeError as exc:
+        raise OSError(f"cannot listen on {address}: {exc}") from None
+    if bound == 0:
+        raise OSError(f"cannot listen on {address}")
+    server.start()
+    return server, bound

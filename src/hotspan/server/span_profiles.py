@@ -1,0 +1,153 @@
+"""hotspan's own trace-to-profile endpoints, beside the Tempo API.
+
+- ``GET /api/traces/{traceID}/profile``: the flame graph of a whole trace, or of one span
+  (``spanID``), with its descendants if ``descendants=true``; ``format=pprof`` for pprof.
+- ``GET /api/traces/{traceID}/spans``: every span of the trace with its duration beside the
+  profile value its samples hold, its own and with its descendants': a span that took 2 s and
+  holds 1.9 s of CPU was computing, one that holds 10 ms was waiting.
+
+Both take ``profileType`` (default on-CPU time), ``labelSelector`` and ``start``/``end`` (unix
+seconds; by default an hour either side of the trace, since samples are stamped with the start
+of their upload window).
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+from google.protobuf import json_format
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from hotspan.formats.proto import querier_pb2
+from hotspan.model.profile import span_id_to_int
+from hotspan.query.engine import QueryError
+from hotspan.server.errors import HTTPError
+from hotspan.server.querier import flamegraph_message, max_nodes_value, profile_type, selector
+from hotspan.server.tempo import query_state, seconds_param, text_error, trace_id_param
+from hotspan.store.base import SampleFilter
+
+CPU = "process_cpu:cpu:nanoseconds:cpu:nanoseconds"
+HOUR_NS = 3600 * 10**9
+PPROF = "application/vnd.google.protobuf"
+
+
+def _window(request: Request, spans) -> Tuple[int, int]:  # type: ignore[no-untyped-def]
+    start = seconds_param(request, "start")
+    end = seconds_param(request, "end")
+    if start is None:
+        start = min(s.start_ns for s in spans) - HOUR_NS if spans else 0
+    if end is None:
+        end = max(s.end_ns for s in spans) + HOUR_NS if spans else 0
+    if end <= start:
+        raise HTTPError(400, "end must be after start (or give a trace that has spans)")
+    return start, end
+
+
+def _span_param(request: Request) -> Optional[int]:
+    text = request.query_params.get("spanID")
+    if not text:
+        return None
+    if len(text) != 16 or any(c not in "0123456789abcdefABCDEF" for c in text):
+        raise HTTPError(400, f"spanID {text[:40]!r} is not 16 hex digits")
+    return span_id_to_int(text)
+
+
+async def profile(request: Request) -> Response:
+    try:
+        state, tenant = query_state(request)
+        trace_id = trace_id_param(request.path_params["trace_id"])
+        params = request.query_params
+        ptype = profile_type(params.get("profileType") or CPU)
+        sel = selector(params.get("labelSelector") or "{}")
+        span = _span_param(request)
+        descendants = params.get("descendants", "").lower() in ("1", "true", "yes")
+        limit = max_nodes_value(params.get("maxNodes"))
+        fmt = params.get("format") or "json"
+        if fmt not in ("json", "pprof"):
+            raise HTTPError(400, f"format must be json or pprof, not {fmt!r}")
+        spans = await run_in_threadpool(state.store.trace, tenant, trace_id)
+        start, end = _window(request, spans)
+        span_ids = None
+        if span is not None:
+            span_ids = [span]
+            if descendants:
+                span_ids = await run_in_threadpool(state.traces.with_descendants, tenant, span_ids)
+        where = SampleFilter(start, end, span_ids=span_ids, trace_ids=[trace_id])
+        try:
+            values = await run_in_threadpool(state.engine.stack_values, tenant, ptype, sel, where)
+            if fmt == "pprof":
+                pprof = await run_in_threadpool(state.engine.pprof, ptype, values, where, None)
+                return Response(pprof.SerializeToString(), media_type=PPROF)
+            graph = await run_in_threadpool(state.engine.flamegraph, values, limit)
+        except QueryError as exc:
+            raise HTTPError(400, str(exc)) from None
+    except HTTPError as exc:
+        return text_error(exc)
+    message = querier_pb2.FlameGraph()
+    flamegraph_message(graph, message)
+    return JSONResponse(
+        {
+            "traceID": trace_id,
+            "spanID": f"{span:016x}" if span is not None else None,
+            "descendants": descendants,
+            "spans": [f"{s:016x}" for s in span_ids] if span_ids else None,
+            "profileType": ptype.id,
+            "flamegraph": json_format.MessageToDict(message),
+        }
+    )
+
+
+async def spans(request: Request) -> Response:
+    try:
+        state, tenant = query_state(request)
+        trace_id = trace_id_param(request.path_params["trace_id"])
+        params = request.query_params
+        ptype = profile_type(params.get("profileType") or CPU)
+        sel = selector(params.get("labelSelector") or "{}")
+        window = None
+        start, end = seconds_param(request, "start"), seconds_param(request, "end")
+        if (start is None) != (end is None):
+            raise HTTPError(400, "give both start and end, or neither")
+        if start is not None and end is not None:
+            if end <= start:
+                raise HTTPError(400, "end must be after start")
+            window = (start, end)
+        found = await run_in_threadpool(
+            state.traces.trace_cpu, tenant, trace_id, ptype, sel, window
+        )
+        if found is None:
+            raise HTTPError(404, "trace not found")
+    except HTTPError as exc:
+        return text_error(exc)
+    return JSONResponse(
+        {
+            "traceID": trace_id,
+            "profileType": ptype.id,
+            "total": found.total,
+            "unattributed": found.unattributed,
+            "spans": [
+                {
+                    "spanID": f"{row.span.span_id:016x}",
+                    "parentSpanID": f"{row.span.parent_span_id:016x}"
+                    if row.span.parent_span_id
+                    else "",
+                    "name": row.span.name,
+                    "service": row.span.service,
+                    "startTimeUnixNano": str(row.span.start_ns),
+                    "durationNanos": str(row.span.duration_ns),
+                    "self": row.self_value,
+                    "total": row.total_value,
+                }
+                for row in found.spans
+            ],
+        }
+    )
+
+
+routes = [
+    Route("/api/traces/{trace_id}/profile", profile, methods=["GET"]),
+    Route("/api/traces/{trace_id}/spans", spans, methods=["GET"]),
+]

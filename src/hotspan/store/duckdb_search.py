@@ -1,0 +1,166 @@
+"""Trace search in DuckDB's SQL: a :class:`TraceQuery` as one statement.
+
+Each spanset needs one span of the trace that started in the range and meets all of its
+conditions; the first spanset's spans are the ones shown with each trace.  Attribute
+conditions work on the flattened attribute text (``hotspan.model.trace``): an equality is a
+``contains`` of the exact ``key=value`` record, anything else extracts the value with a regular
+expression (RE2 in DuckDB, so no pattern can stall the server).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import List, Tuple
+
+from hotspan.model.trace import (
+    RS,
+    SPAN_KINDS,
+    STATUS_CODES,
+    US,
+    Condition,
+    SearchError,
+    TraceQuery,
+    attribute_pattern,
+    clean,
+)
+
+SQL = Tuple[str, list]
+_COMPARE = {"=": "=", "!=": "<>", ">": ">", ">=": ">=", "<": "<", "<=": "<="}
+_IN_RESOURCE = "group_id IN (SELECT group_id FROM span_groups WHERE {})"
+
+
+def _compare(expr: str, op: str, value: object) -> SQL:
+    if op in _COMPARE:
+        return f"{expr} {_COMPARE[op]} ?", [value]
+    if op in ("=~", "!~"):
+        neg = "NOT " if op == "!~" else ""
+        return f"{neg}regexp_full_match({expr}, ?)", [str(value)]
+    raise SearchError(f"unknown operator {op!r}")
+
+
+def _code(names: Tuple[str, ...], value: object, what: str) -> int:
+    if isinstance(value, int):
+        return value
+    if value in names:
+        return names.index(str(value))
+    raise SearchError(f"{what} must be one of {', '.join(names)}, not {value!r}")
+
+
+def _attribute(key: str, op: str, value: object) -> SQL:
+    """A condition on the flattened text in ``attrs`` (a span's or a resource's)."""
+    has_key = f"contains(attrs, '{RS}' || ? || '{US}')"
+    if op == "=" and isinstance(value, str):
+        return "contains(attrs, ?)", [attribute_pattern(key, value)]
+    if op == "!=" and isinstance(value, str):
+        return f"{has_key} AND NOT contains(attrs, ?)", [clean(key), attribute_pattern(key, value)]
+    extract = "regexp_extract(attrs, ?, 1)"
+    pattern = f"{RS}{re.escape(clean(key))}{US}([^{RS}]*){RS}"
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        sql, params = _compare(f"TRY_CAST({extract} AS DOUBLE)", op, float(value))
+        return sql, [pattern, *params]
+    if isinstance(value, bool):
+        value = "true" if value else "false"
+    sql, params = _compare(extract, op, value)
+    return f"{has_key} AND {sql}", [clean(key), pattern, *params]
+
+
+def span_condition(cond: Condition) -> SQL:
+    """SQL over one ``spans`` row."""
+    key, op, value = cond.key, cond.op, cond.value
+    if key in ("name", "span:name"):
+        return _compare("name", op, value)
+    if key in ("status", "span:status"):
+        return _compare("status_code", op, _code(STATUS_CODES, value, "status"))
+    if key in ("kind", "span:kind"):
+        return _compare("kind", op, _code(SPAN_KINDS, value, "kind"))
+    if key in ("duration", "span:duration"):
+        return _compare("(end_ns - start_ns)", op, value)
+    if key in ("resource.service.name", ".service.name", "service.name"):
+        return _compare("service", op, value)
+    if key.startswith("span."):
+        return _attribute(key[5:], op, value)
+    if key.startswith("resource."):
+        sql, params = _attribute(key[9:], op, value)
+        return _IN_RESOURCE.format(sql), params
+    name = key[1:] if key.startswith(".") else key
+    span_sql, span_params = _attribute(name, op, value)
+    res_sql, res_params = _attribute(name, op, value)
+    return f"(({span_sql}) OR {_IN_RESOURCE.format(res_sql)})", [*span_params, *res_params]
+
+
+def _trace_condition(cond: Condition) -> SQL:
+    """SQL over one row of the per-trace aggregate."""
+    expr = {
+        "traceDuration": "(t1 - t0)",
+        "trace:duration": "(t1 - t0)",
+        "rootName": "root_name",
+        "trace:rootName": "root_name",
+        "rootServiceName": "root_service",
+        "trace:rootService": "root_service",
+    }.get(cond.key)
+    if expr is None:
+        raise SearchError(f"{cond.key!r} is not a trace-wide intrinsic")
+    return _compare(expr, cond.op, cond.value)
+
+
+def _spanset(conds: Tuple[Condition, ...], base: str, base_params: list) -> SQL:
+    where = [base]
+    params = list(base_params)
+    for cond in conds:
+        sql, args = span_condition(cond)
+        where.append(f"({sql})")
+        params.extend(args)
+    return " AND ".join(where), params
+
+
+def search_sql(tenant_id: int, query: TraceQuery) -> SQL:
+    base = "tenant_id = ? AND start_ns >= ? AND start_ns < ?"
+    base_params: List[object] = [tenant_id, query.start_ns, query.end_ns]
+    spansets = query.spansets or ((),)
+    first_where, params = _spanset(spansets[0], base, base_params)
+    others = []
+    for conds in spansets[1:]:
+        where, args = _spanset(conds, base, base_params)
+        others.append(f"AND trace_id IN (SELECT trace_id FROM spans WHERE {where})")
+        params.extend(args)
+    having = ["true"]
+    having_params: List[object] = []
+    for cond in query.trace_conditions:
+        sql, args = _trace_condition(cond)
+        having.append(sql)
+        having_params.extend(args)
+    # The root is the span without a parent, else the earliest (its parent never arrived).
+    sql = f"""
+WITH matched AS (
+    SELECT trace_id, span_id, name, start_ns, end_ns FROM spans
+    WHERE {first_where} {" ".join(others)}
+), found AS (
+    SELECT * FROM (
+        SELECT trace_id,
+               arg_min(service, (parent_span_id <> 0, start_ns)) AS root_service,
+               arg_min(name, (parent_span_id <> 0, start_ns)) AS root_name,
+               min(start_ns) AS t0, max(end_ns) AS t1, count(*) AS spans
+        FROM spans
+        WHERE tenant_id = ? AND trace_id IN (SELECT trace_id FROM matched)
+        GROUP BY trace_id
+    )
+    WHERE {" AND ".join(having)}
+    ORDER BY t0 DESC, trace_id
+    LIMIT ?
+), shown AS (
+    SELECT *, row_number() OVER (PARTITION BY trace_id ORDER BY start_ns, span_id) AS rn,
+           count(*) OVER (PARTITION BY trace_id) AS n
+    FROM matched WHERE trace_id IN (SELECT trace_id FROM found)
+)
+SELECT f.trace_id, f.root_service, f.root_name, f.t0, f.t1, f.spans,
+       s.span_id, s.name, s.start_ns, s.end_ns, s.n
+FROM found f JOIN shown s ON s.trace_id = f.trace_id AND s.rn <= ?
+ORDER BY f.t0 DESC, f.trace_id, s.rn
+"""
+    return sql, [
+        *params,
+        tenant_id,
+        *having_params,
+        query.limit,
+        max(query.spans_per_trace, 1),
+    ]
