@@ -11,6 +11,14 @@ import pytest
 
 from hotspan.model.labels import normalize
 from hotspan.model.profile import Frame, IngestBatch, ProfileType
+from hotspan.model.trace import (
+    Condition,
+    SpanBatch,
+    SpanGroup,
+    SpanRow,
+    TraceQuery,
+    flatten_attributes,
+)
 from hotspan.store.base import SampleFilter, Store
 
 CPU = ProfileType.parse("process_cpu:cpu:nanoseconds:cpu:nanoseconds")
@@ -26,6 +34,42 @@ def batch_of(rows, ptype=CPU, labels=None):  # type: ignore[no-untyped-def]
         fids = tuple(batch.add_frame(Frame(n, f"{n}.py", i + 1)) for i, n in enumerate(names))
         batch.add_sample(sid, ts * SEC, batch.add_stack(fids), value, span, trace)
     return batch, sid
+
+
+TRACE_A = "0af7651916cd43dd8448eb211c80319c"
+TRACE_B = "4bf92f3577b34da6a3ce929d0e0e4736"
+
+
+def spans_of(rows, service="api", resource_attrs=None):  # type: ignore[no-untyped-def]
+    """rows: (trace id, span id, parent id, name, start s, end s, {span attributes})"""
+    batch = SpanBatch()
+    res_attrs = {"service.name": service, **(resource_attrs or {})}
+    gid = batch.add_group(
+        SpanGroup(
+            service, service.encode(), "", b"scope", "", flatten_attributes(res_attrs.items())
+        )
+    )
+    for trace, span, parent, name, start, end, attrs in rows:
+        batch.rows.append(
+            SpanRow(
+                trace,
+                span,
+                parent,
+                name,
+                2,
+                service,
+                start * SEC,
+                end * SEC,
+                0,
+                flatten_attributes(attrs.items()),
+                gid,
+                f"raw-{span}".encode(),
+            )
+        )
+        batch.add_tags("span", attrs.items(), end * SEC)
+        batch.add_tags("intrinsic", [("name", name)], end * SEC)
+    batch.add_tags("resource", res_attrs.items(), max(r[5] for r in rows) * SEC)
+    return batch
 
 
 class StoreContract:
@@ -166,3 +210,136 @@ class StoreContract:
         batch, _ = batch_of([(10, ["x"], 1, 0, None)])
         with pytest.raises(Exception, match="closed"):
             store.write("t", batch).result(timeout=30)
+
+    # -- spans ---------------------------------------------------------------------------------
+
+    def _two_traces(self, store: Store) -> None:
+        store.write_spans(
+            "t",
+            spans_of(
+                [
+                    (TRACE_A, 1, 0, "GET /pay", 100, 103, {"http.route": "/pay"}),
+                    (TRACE_A, 2, 1, "charge", 100, 102, {"db": "pg"}),
+                    (TRACE_A, 3, 2, "sql", 101, 102, {"db": "pg", "rows": "7"}),
+                ]
+            ),
+        ).result(timeout=30)
+        store.write_spans(
+            "t",
+            spans_of(
+                [(TRACE_B, 9, 0, "GET /home", 200, 200, {"http.route": "/home"})],
+                service="web",
+                resource_attrs={"region": "eu"},
+            ),
+        ).result(timeout=30)
+
+    def test_trace_returns_its_spans_with_their_group(self, store: Store) -> None:
+        self._two_traces(store)
+        spans = sorted(store.trace("t", TRACE_A), key=lambda s: s.span_id)
+        assert [(s.span_id, s.parent_span_id, s.name) for s in spans] == [
+            (1, 0, "GET /pay"),
+            (2, 1, "charge"),
+            (3, 2, "sql"),
+        ]
+        assert spans[0].raw == b"raw-1"
+        assert spans[0].group.service == "api" and spans[0].group.scope == b"scope"
+        assert (spans[2].start_ns, spans[2].end_ns) == (101 * SEC, 102 * SEC)
+        assert store.trace("t", TRACE_B.upper())[0].name == "GET /home"
+        assert store.trace("other", TRACE_A) == []
+        assert store.span_traces("t", [3, 9, 12345]) == {3: TRACE_A, 9: TRACE_B}
+        assert store.span_traces("other", [3]) == {}
+
+    def test_find_traces_conditions_and_order(self, store: Store) -> None:
+        self._two_traces(store)
+
+        def ids(*spansets, trace_conditions=(), start=0, end=1000):  # type: ignore[no-untyped-def]
+            query = TraceQuery(start * SEC, end * SEC, tuple(spansets), tuple(trace_conditions))
+            return [t.trace_id for t in store.find_traces("t", query)]
+
+        assert ids() == [TRACE_B, TRACE_A]  # the most recent first
+        assert ids((Condition("name", "=", "sql"),)) == [TRACE_A]
+        assert ids((Condition(".db", "=", "pg"), Condition("name", "=", "charge"))) == [TRACE_A]
+        # One spanset: both conditions on one span; two spansets: on any two spans.
+        assert ids((Condition("span.http.route", "=", "/pay"), Condition("name", "=", "sql"))) == []
+        assert ids(
+            (Condition("span.http.route", "=", "/pay"),), (Condition("name", "=", "sql"),)
+        ) == [TRACE_A]
+        assert ids((Condition("resource.region", "=", "eu"),)) == [TRACE_B]
+        assert ids((Condition(".region", "=", "eu"),)) == [TRACE_B]
+        assert ids((Condition("resource.service.name", "=", "web"),)) == [TRACE_B]
+        assert ids((Condition("span.rows", ">", 5),)) == [TRACE_A]
+        assert ids((Condition("span.rows", "<", 5),)) == []
+        assert ids((Condition("name", "=~", "GET .*"),)) == [TRACE_B, TRACE_A]
+        assert ids((Condition("span.db", "!=", "mysql"),)) == [TRACE_A]
+        assert ids((Condition("duration", ">=", 2 * SEC),)) == [TRACE_A]
+        assert ids(trace_conditions=[Condition("traceDuration", ">", SEC)]) == [TRACE_A]
+        assert ids(trace_conditions=[Condition("rootServiceName", "=", "web")]) == [TRACE_B]
+        assert ids(start=150) == [TRACE_B]  # spans must start in the range
+        (found,) = store.find_traces(
+            "t", TraceQuery(0, 1000 * SEC, ((Condition("span.db", "=", "pg"),),))
+        )
+        assert (found.root_name, found.root_service, found.span_count) == ("GET /pay", "api", 3)
+        assert (found.start_ns, found.duration_ns, found.matched_count) == (100 * SEC, 3 * SEC, 2)
+        assert [m.span_id for m in found.matched] == [2, 3]
+        assert store.find_traces("other", TraceQuery(0, 1000 * SEC)) == []
+        limited = store.find_traces("t", TraceQuery(0, 1000 * SEC, limit=1, spans_per_trace=1))
+        assert [t.trace_id for t in limited] == [TRACE_B]
+
+    def test_tags_and_values(self, store: Store) -> None:
+        self._two_traces(store)
+        names = store.tag_names("t")
+        assert names["span"] == ["db", "http.route", "rows"]
+        assert names["resource"] == ["region", "service.name"]
+        assert store.tag_values("t", "resource", "service.name") == ["api", "web"]
+        assert store.tag_values("t", None, "http.route") == ["/home", "/pay"]
+        assert store.tag_values("t", "intrinsic", "name") == [
+            "GET /home",
+            "GET /pay",
+            "charge",
+            "sql",
+        ]
+        assert store.tag_values("t", None, "http.route", since_ns=150 * SEC) == ["/home"]
+        assert store.tag_names("other") == {}
+
+    def test_span_values_sum_per_span(self, store: Store) -> None:
+        batch, sid = batch_of(
+            [(10, ["a"], 1, 5, TRACE_A), (10, ["b"], 2, 5, TRACE_A), (10, ["c"], 4, 0, None)]
+        )
+        store.write("t", batch).result(timeout=30)
+        got = store.span_values("t", [sid], SampleFilter(0, 100 * SEC, trace_ids=[TRACE_A]))
+        assert dict(zip(got.span_ids.tolist(), got.values.tolist())) == {5: 3}
+        everything = store.span_values("t", [sid], SampleFilter(0, 100 * SEC))
+        assert dict(zip(everything.span_ids.tolist(), everything.values.tolist())) == {5: 3, 0: 4}
+
+    def test_spans_survive_reopen(self, store: Store, reopen) -> None:  # type: ignore[no-untyped-def]
+        self._two_traces(store)
+        store.close()
+        again = reopen()
+        try:
+            assert len(again.trace("t", TRACE_A)) == 3
+            assert again.tag_values("t", "resource", "region") == ["eu"]
+        finally:
+            again.close()
+
+    def test_delete_before_drops_old_samples_spans_and_series(self, store: Store) -> None:
+        old, old_sid = batch_of([(10, ["old_fn"], 1, 0, None)], labels={"service_name": "gone"})
+        new, new_sid = batch_of([(500, ["new_fn"], 2, 0, None), (5, ["early"], 4, 0, None)])
+        store.write("t", old).result(timeout=30)
+        store.write("t", new).result(timeout=30)
+        self._two_traces(store)
+        report = store.delete_before(150 * SEC)
+        assert (report.samples, report.spans, report.series) == (2, 3, 1)
+        assert [r.series_id for r in store.series("t")] == [new_sid]
+        kept = store.stack_values("t", [new_sid], SampleFilter(0, 1000 * SEC))
+        assert kept.values.tolist() == [2]
+        assert store.trace("t", TRACE_A) == []
+        assert len(store.trace("t", TRACE_B)) == 1
+        assert "db" not in store.tag_names("t").get("span", [])
+        assert store.tag_values("t", "resource", "service.name") == ["web"]
+        # Writes go on after a retention pass, including stacks it may have collected.
+        again, _ = batch_of([(600, ["old_fn"], 8, 0, None)], labels={"service_name": "gone"})
+        store.write("t", again).result(timeout=30)
+        got = store.stack_values("t", [old_sid], SampleFilter(0, 1000 * SEC))
+        stacks = store.stacks(got.stack_ids.tolist())
+        assert got.values.tolist() == [8] and len(stacks) == 1
+        assert store.delete_before(150 * SEC).samples == 0

@@ -364,20 +364,42 @@ def test_signal_is_forwarded(receiver: Receiver, tmp_path: Path) -> None:
 
 
 def test_profile_queryable_by_trace_id(server: RunningServer, script: Path) -> None:
+    """Against a real server: the root span lands in its trace store, and the batch job's
+    profile is found by the trace id, through the label and through the trace's profile."""
     start = int(time.time()) - 5
     result = hotspan_run(
         ["--application-name", "gen", "--server-address", server.url, "--tag", "env=dev"]
         + ["--", "python", str(script)],
     )
     assert result.returncode == 0, result.stderr
+    assert "Failed to export" not in result.stderr, result.stderr
     root = next(line.split()[1] for line in result.stdout.splitlines() if line.startswith("ROOT "))
-    trace_id = root.partition("-")[0]
+    trace_id, _, span_id = root.partition("-")
     with server.client() as client:
         graph = flamegraph(
             client, f'{{service_name="gen", trace_id="{trace_id}"}}', start, int(time.time()) + 5
         )
-    totals = function_totals(graph)
-    assert any(HOT_FUNCTION in name for name in totals), sorted(totals)[:20]
+        totals = function_totals(graph)
+        assert any(HOT_FUNCTION in name for name in totals), sorted(totals)[:20]
+
+        trace = client.get(f"/api/traces/{trace_id}").json()
+        (batch,) = trace["batches"]
+        (span,) = batch["scopeSpans"][0]["spans"]
+        assert (span["name"], span["traceId"], span["spanId"]) == ("gen.run", trace_id, span_id)
+        resource = {a["key"]: a["value"]["stringValue"] for a in batch["resource"]["attributes"]}
+        assert resource["service.name"] == "gen"
+
+        found = client.get("/api/search", params={"tags": 'name="gen.run"'}).json()
+        assert [t["traceID"] for t in found["traces"]] == [trace_id]
+
+        whole = client.get(f"/api/traces/{trace_id}/profile").json()
+        names = whole["flamegraph"]["names"]
+        assert any(HOT_FUNCTION in name for name in names), names[:20]
+        per_span = client.get(f"/api/traces/{trace_id}/spans").json()
+        (row,) = per_span["spans"]
+        # The main thread ran inside the root span: its CPU is the span's own.
+        assert row["spanID"] == span_id and row["self"] > 0
+        assert row["self"] == row["total"] <= per_span["total"]
 
 
 def test_python_children_share_the_trace(receiver: Receiver, tmp_path: Path) -> None:

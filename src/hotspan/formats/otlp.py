@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import json
 import math
+from dataclasses import dataclass, field
 from typing import Any, Iterable, List, Tuple, Type, TypeVar
 
 from google.protobuf import json_format
@@ -29,6 +30,27 @@ _HEX = frozenset("0123456789abcdefABCDEF")
 
 # Earliest accepted span or sample time: anything before 2000 is a clock or encoding bug.
 MIN_TIME_NS = 946_684_800 * 10**9
+
+
+# Reasons kept per request: enough to see what is wrong without echoing a whole batch back.
+MAX_REASONS = 3
+
+
+@dataclass
+class Rejections:
+    """Items of a request refused on their own (OTLP's partial success), with a few reasons."""
+
+    count: int = 0
+    reasons: List[str] = field(default_factory=list)
+
+    def add(self, reason: str) -> None:
+        self.count += 1
+        if len(self.reasons) < MAX_REASONS:
+            self.reasons.append(reason)
+
+    def message(self) -> str:
+        more = self.count - len(self.reasons)
+        return "; ".join(self.reasons) + (f" (and {more} more)" if more > 0 else "")
 
 
 def decode_request(body: bytes, is_json: bool, cls: Type[M]) -> M:

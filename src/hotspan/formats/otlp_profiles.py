@@ -26,7 +26,7 @@ from opentelemetry.proto.collector.profiles.v1development.profiles_service_pb2 i
 )
 
 from hotspan.formats.errors import FormatError
-from hotspan.formats.otlp import check_time, decode_request, label_value
+from hotspan.formats.otlp import Rejections, check_time, decode_request, label_value
 from hotspan.formats.pprof import DEFAULT_DISPLAY_NAMES, metric_name, sanitize_label_name
 from hotspan.model.labels import METRIC_NAME, SERVICE_NAME, SPY_NAME, normalize
 from hotspan.model.profile import (
@@ -39,7 +39,6 @@ from hotspan.model.profile import (
 
 SERVICE_NAME_ATTR = "service.name"
 UNKNOWN_SERVICE = "unknown_service"
-MAX_REASONS = 3
 
 __all__ = [
     "ExportProfilesServiceRequest",
@@ -54,17 +53,7 @@ __all__ = [
 class ProfilesResult:
     batch: IngestBatch
     accepted: int = 0
-    rejected: int = 0
-    reasons: List[str] = field(default_factory=list)
-
-    def reject(self, reason: str) -> None:
-        self.rejected += 1
-        if len(self.reasons) < MAX_REASONS:
-            self.reasons.append(reason)
-
-    def message(self) -> str:
-        more = self.rejected - len(self.reasons)
-        return "; ".join(self.reasons) + (f" (and {more} more)" if more > 0 else "")
+    rejected: Rejections = field(default_factory=Rejections)
 
 
 def decode(body: bytes, is_json: bool) -> ExportProfilesServiceRequest:
@@ -85,7 +74,7 @@ def to_batch(request: ExportProfilesServiceRequest, now_ns: Optional[int] = None
                 try:
                     _add_profile(profile, tables, [resource, scope], scratch, now_ns)
                 except (FormatError, IndexError) as exc:
-                    result.reject(f"profile {i}: {exc}")
+                    result.rejected.add(f"profile {i}: {exc}")
                     continue
                 _merge(result.batch, scratch)
                 result.accepted += 1

@@ -8,7 +8,7 @@ is kept.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, Iterable, List
+from typing import Dict, Iterable
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
@@ -19,7 +19,7 @@ from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 from opentelemetry.proto.trace.v1.trace_pb2 import Span, TracesData
 
 from hotspan.formats.errors import FormatError
-from hotspan.formats.otlp import attribute_pairs, check_time, decode_request
+from hotspan.formats.otlp import Rejections, attribute_pairs, check_time, decode_request
 from hotspan.model.trace import (
     SPAN_KINDS,
     STATUS_CODES,
@@ -32,8 +32,6 @@ from hotspan.model.trace import (
 
 SERVICE_NAME_ATTR = "service.name"
 UNKNOWN_SERVICE = "unknown_service"
-# Reasons kept per request: enough to see what is wrong without echoing a whole batch back.
-MAX_REASONS = 3
 
 __all__ = [
     "ExportTraceServiceRequest",
@@ -48,17 +46,7 @@ __all__ = [
 @dataclass
 class SpansResult:
     batch: SpanBatch
-    rejected: int = 0
-    reasons: List[str] = field(default_factory=list)
-
-    def reject(self, reason: str) -> None:
-        self.rejected += 1
-        if len(self.reasons) < MAX_REASONS:
-            self.reasons.append(reason)
-
-    def message(self) -> str:
-        more = self.rejected - len(self.reasons)
-        return "; ".join(self.reasons) + (f" (and {more} more)" if more > 0 else "")
+    rejected: Rejections = field(default_factory=Rejections)
 
 
 def decode(body: bytes, is_json: bool) -> ExportTraceServiceRequest:
@@ -90,7 +78,7 @@ def to_span_batch(request: ExportTraceServiceRequest) -> SpansResult:
                 try:
                     row = _row(span, service, gid, flatten_attributes(span_attrs))
                 except FormatError as exc:
-                    result.reject(str(exc))
+                    result.rejected.add(str(exc))
                     continue
                 batch.rows.append(row)
                 batch.add_tags("span", span_attrs, row.end_ns)

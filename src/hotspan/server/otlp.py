@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import Tuple
+from typing import Awaitable, Callable, Tuple
 
 from google.protobuf.message import Message
 from starlette.requests import Request
@@ -76,27 +76,48 @@ def _answer(msg: Message, is_json: bool) -> Response:
 def convert_traces(body: bytes, is_json: bool) -> Tuple[otlp_traces.SpansResult, Message]:
     """Spans to store and the answer to give; FormatError when nothing can be stored."""
     result = otlp_traces.to_span_batch(otlp_traces.decode(body, is_json))
-    if result.rejected and not len(result.batch):
-        raise FormatError(f"no span could be stored: {result.message()}")
+    rejected = result.rejected
+    if rejected.count and not len(result.batch):
+        raise FormatError(f"no span could be stored: {rejected.message()}")
     response = otlp_traces.ExportTraceServiceResponse()
-    if result.rejected:
-        response.partial_success.rejected_spans = result.rejected
-        response.partial_success.error_message = result.message()
+    if rejected.count:
+        response.partial_success.rejected_spans = rejected.count
+        response.partial_success.error_message = rejected.message()
     return result, response
 
 
 def convert_profiles(body: bytes, is_json: bool) -> Tuple[otlp_profiles.ProfilesResult, Message]:
     result = otlp_profiles.to_batch(otlp_profiles.decode(body, is_json))
-    if result.rejected and not result.accepted:
-        raise FormatError(f"no profile could be stored: {result.message()}")
+    rejected = result.rejected
+    if rejected.count and not result.accepted:
+        raise FormatError(f"no profile could be stored: {rejected.message()}")
     response = otlp_profiles.ExportProfilesServiceResponse()
-    if result.rejected:
-        response.partial_success.rejected_profiles = result.rejected
-        response.partial_success.error_message = result.message()
+    if rejected.count:
+        response.partial_success.rejected_profiles = rejected.count
+        response.partial_success.error_message = rejected.message()
     return result, response
 
 
-async def traces(request: Request) -> Response:
+async def _store_spans(state: ServerState, tenant: str, body: bytes, is_json: bool) -> Message:
+    result, response = convert_traces(body, is_json)
+    if len(result.batch):
+        try:
+            await asyncio.wrap_future(state.store.write_spans(tenant, result.batch))
+        except StoreError as exc:
+            raise HTTPError(503, f"could not store the spans: {exc}") from None
+    return response
+
+
+async def _store_profiles(state: ServerState, tenant: str, body: bytes, is_json: bool) -> Message:
+    result, response = convert_profiles(body, is_json)
+    await commit(state, tenant, result.batch)
+    return response
+
+
+Receive = Callable[[ServerState, str, bytes, bool], Awaitable[Message]]
+
+
+async def _receive(request: Request, store: Receive) -> Response:
     state: ServerState = request.app.state.hotspan
     is_json = False
     try:
@@ -104,31 +125,17 @@ async def traces(request: Request) -> Response:
         tenant = tenant_of(request, state.config)
         is_json = _encoding(request)
         body = await read_body(request, state.config)
-        result, response = convert_traces(body, is_json)
-        if len(result.batch):
-            try:
-                await asyncio.wrap_future(state.store.write_spans(tenant, result.batch))
-            except StoreError as exc:
-                raise HTTPError(503, f"could not store the spans: {exc}") from None
+        response = await store(state, tenant, body, is_json)
     except FormatError as exc:
         return _error(400, str(exc), is_json)
     except HTTPError as exc:
         return _error(exc.status, exc.message, is_json)
     return _answer(response, is_json)
+
+
+async def traces(request: Request) -> Response:
+    return await _receive(request, _store_spans)
 
 
 async def profiles(request: Request) -> Response:
-    state: ServerState = request.app.state.hotspan
-    is_json = False
-    try:
-        check_token(request, state.config.ingest_tokens)
-        tenant = tenant_of(request, state.config)
-        is_json = _encoding(request)
-        body = await read_body(request, state.config)
-        result, response = convert_profiles(body, is_json)
-        await commit(state, tenant, result.batch)
-    except FormatError as exc:
-        return _error(400, str(exc), is_json)
-    except HTTPError as exc:
-        return _error(exc.status, exc.message, is_json)
-    return _answer(response, is_json)
+    return await _receive(request, _store_profiles)

@@ -13,7 +13,7 @@ of their upload window).
 
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from typing import NamedTuple, Optional, Tuple
 
 from google.protobuf import json_format
 from starlette.concurrency import run_in_threadpool
@@ -22,10 +22,12 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from hotspan.formats.proto import querier_pb2
-from hotspan.model.profile import span_id_to_int
+from hotspan.model.labels import Selector
+from hotspan.model.profile import ProfileType, span_id_to_int
 from hotspan.query.engine import QueryError
 from hotspan.server.errors import HTTPError
 from hotspan.server.querier import flamegraph_message, max_nodes_value, profile_type, selector
+from hotspan.server.state import ServerState
 from hotspan.server.tempo import query_state, seconds_param, text_error, trace_id_param
 from hotspan.store.base import SampleFilter
 
@@ -55,13 +57,31 @@ def _span_param(request: Request) -> Optional[int]:
     return span_id_to_int(text)
 
 
+class _Common(NamedTuple):
+    state: ServerState
+    tenant: str
+    trace_id: str
+    profile_type: ProfileType
+    selector: Selector
+
+
+def _common(request: Request) -> _Common:
+    """What both endpoints read first: caller, trace id, profile type, label selector."""
+    state, tenant = query_state(request)
+    params = request.query_params
+    return _Common(
+        state,
+        tenant,
+        trace_id_param(request.path_params["trace_id"]),
+        profile_type(params.get("profileType") or CPU),
+        selector(params.get("labelSelector") or "{}"),
+    )
+
+
 async def profile(request: Request) -> Response:
     try:
-        state, tenant = query_state(request)
-        trace_id = trace_id_param(request.path_params["trace_id"])
+        state, tenant, trace_id, ptype, sel = _common(request)
         params = request.query_params
-        ptype = profile_type(params.get("profileType") or CPU)
-        sel = selector(params.get("labelSelector") or "{}")
         span = _span_param(request)
         descendants = params.get("descendants", "").lower() in ("1", "true", "yes")
         limit = max_nodes_value(params.get("maxNodes"))
@@ -102,11 +122,7 @@ async def profile(request: Request) -> Response:
 
 async def spans(request: Request) -> Response:
     try:
-        state, tenant = query_state(request)
-        trace_id = trace_id_param(request.path_params["trace_id"])
-        params = request.query_params
-        ptype = profile_type(params.get("profileType") or CPU)
-        sel = selector(params.get("labelSelector") or "{}")
+        state, tenant, trace_id, ptype, sel = _common(request)
         window = None
         start, end = seconds_param(request, "start"), seconds_param(request, "end")
         if (start is None) != (end is None):

@@ -451,20 +451,26 @@ class DuckDBStore(Store):
     def stack_values(
         self, tenant: str, series_ids: Sequence[int], where: SampleFilter
     ) -> StackValues:
+        stack_ids, values = self._sums_by("stack_id", tenant, series_ids, where)
+        return StackValues(stack_ids.astype(np.int64), values)
+
+    def _sums_by(
+        self, column: str, tenant: str, series_ids: Sequence[int], where: SampleFilter
+    ) -> Tuple[np.ndarray, np.ndarray]:
+        """Sum of sample values per distinct ``column`` (a sample column name)."""
         if not series_ids:
-            return StackValues.empty()
+            return np.zeros(0, dtype=np.uint64), np.zeros(0, dtype=np.int64)
         cond, params = self._sample_where(tenant, series_ids, where)
         result = (
             self._cursor()
             .execute(
-                f"SELECT stack_id, {_CLAMPED_SUM} AS v FROM samples WHERE {cond} GROUP BY stack_id",
+                f"SELECT {column} AS k, {_CLAMPED_SUM} AS v FROM samples WHERE {cond} "
+                f"GROUP BY {column}",
                 params,
             )
             .fetchnumpy()
         )
-        return StackValues(
-            np.asarray(result["stack_id"], dtype=np.int64), np.asarray(result["v"], dtype=np.int64)
-        )
+        return np.asarray(result["k"]), np.asarray(result["v"], dtype=np.int64)
 
     def time_series(
         self, tenant: str, series_ids: Sequence[int], where: SampleFilter, step_ns: int
@@ -522,21 +528,8 @@ class DuckDBStore(Store):
     def span_values(
         self, tenant: str, series_ids: Sequence[int], where: SampleFilter
     ) -> SpanValues:
-        if not series_ids:
-            empty = np.zeros(0, dtype=np.uint64)
-            return SpanValues(empty, empty.astype(np.int64))
-        cond, params = self._sample_where(tenant, series_ids, where)
-        result = (
-            self._cursor()
-            .execute(
-                f"SELECT span_id, {_CLAMPED_SUM} AS v FROM samples WHERE {cond} GROUP BY span_id",
-                params,
-            )
-            .fetchnumpy()
-        )
-        return SpanValues(
-            np.asarray(result["span_id"], dtype=np.uint64), np.asarray(result["v"], dtype=np.int64)
-        )
+        span_ids, values = self._sums_by("span_id", tenant, series_ids, where)
+        return SpanValues(span_ids.astype(np.uint64), values)
 
     # -- traces ------------------------------------------------------------------------------
 
