@@ -12,7 +12,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
 REPO_DIR = os.path.dirname(BENCH_DIR)
@@ -186,10 +186,44 @@ class RssSampler(threading.Thread):
 # -- the server ----------------------------------------------------------------------------
 
 _LISTENING = re.compile(r"listening on http://(\S+):(\d+)")
+# Printed before the "listening on" line by servers that have OTLP receivers.
+_OTLP_HTTP = re.compile(r"OTLP/HTTP on http://(\S+):(\d+)")
+_OTLP_GRPC = re.compile(r"OTLP/gRPC on (\S+):(\d+)")
+_server_flags: Optional[str] = None
+
+
+def _server_help() -> str:
+    """``hotspan server --help`` (once): tells which options the measured version has."""
+    global _server_flags
+    if _server_flags is None:
+        _server_flags = subprocess.run(
+            [sys.executable, "-m", "hotspan", "server", "--help"],
+            capture_output=True,
+            text=True,
+            cwd=REPO_DIR,
+            timeout=60,
+        ).stdout
+    return _server_flags
+
+
+def default_server_args() -> List[str]:
+    """OTLP receivers on free ports (not 4317/4318, which something else may hold) and no
+    retention (the cached data sets have fixed, old timestamps), where the server has them."""
+    flags = _server_help()
+    args: List[str] = []
+    if "--otlp-http-port" in flags:
+        args += ["--otlp-http-port", "0"]
+    if "--otlp-grpc-port" in flags:
+        args += ["--otlp-grpc-port", "0"]
+    if re.search(r"--retention[\s\]]", flags):
+        args += ["--retention", "0"]
+    return args
 
 
 class Server:
-    """``hotspan server --port 0 --data-dir DIR`` as a child process."""
+    """``hotspan server --port 0 --data-dir DIR`` as a child process, with the OTLP receivers
+    on free ports and retention off (``default_server_args``; ``extra_args`` come after them
+    and win)."""
 
     def __init__(self, data_dir: str, extra_args: Optional[List[str]] = None) -> None:
         self.data_dir = data_dir
@@ -197,6 +231,8 @@ class Server:
         self.proc: Optional[subprocess.Popen] = None
         self.host = "127.0.0.1"
         self.port = 0
+        self.otlp_http: Optional[Tuple[str, int]] = None  # (host, port)
+        self.otlp_grpc: Optional[Tuple[str, int]] = None
         self.startup_s = 0.0
         self._stderr_tail: List[str] = []
 
@@ -222,6 +258,7 @@ class Server:
             "0",
             "--data-dir",
             self.data_dir,
+            *default_server_args(),
             *self.extra_args,
         ]
         self.proc = subprocess.Popen(
@@ -243,6 +280,10 @@ class Server:
                         "hotspan server exited during startup:\n" + "".join(self._stderr_tail)
                     )
                 continue
+            for pattern, attr in ((_OTLP_HTTP, "otlp_http"), (_OTLP_GRPC, "otlp_grpc")):
+                m = pattern.search(line)
+                if m:
+                    setattr(self, attr, (m.group(1).strip("[]"), int(m.group(2))))
             m = _LISTENING.search(line)
             if m:
                 self.host, self.port = m.group(1), int(m.group(2))
@@ -336,3 +377,12 @@ def latency_summary(seconds: List[float]) -> Dict[str, float]:
 
 def mib(n: float) -> float:
     return round(n / (1024 * 1024), 1)
+
+
+def fmt_number(n: object) -> str:
+    """A number for a results table: thousands separators, one or two decimals for floats."""
+    if isinstance(n, float):
+        return f"{n:,.1f}" if n >= 100 else f"{n:,.2f}"
+    if isinstance(n, int):
+        return f"{n:,}"
+    return str(n)

@@ -6,6 +6,9 @@
     python bench/run.py --only ingest|query  [--concurrency 32] [--rebuild]
     python bench/run.py --only agent [--quick]   # agent overhead vs py-spy and pyroscope-io
                                    # (~10 min, quick ~1.5 min; not in the default run)
+    python bench/run.py --only traces [--quick] [--rebuild]   # OTLP span ingest, Tempo API
+                                   # on 1 M spans, span profiles (~1 min, + ~1.5 min once to
+                                   # build the 1 M spans; not in the default run)
 
 Use the project's environment (e.g. ``/tmp/probe/bin/python bench/run.py``).
 """
@@ -23,6 +26,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import common  # noqa: E402
 
+_fmt = common.fmt_number
+
 RESULTS = os.path.join(common.BENCH_DIR, "results")
 
 TARGET_UPLOADS_PER_S = 1000
@@ -32,14 +37,6 @@ TARGET_24H_MS = 1000
 
 def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
-
-
-def _fmt(n: object) -> str:
-    if isinstance(n, float):
-        return f"{n:,.1f}" if n >= 100 else f"{n:,.2f}"
-    if isinstance(n, int):
-        return f"{n:,}"
-    return str(n)
 
 
 def _verdict(ok: bool) -> str:
@@ -267,6 +264,23 @@ def run_agent(args: argparse.Namespace, report: Dict[str, object], t0: float) ->
     return 0
 
 
+def run_traces(args: argparse.Namespace, report: Dict[str, object], t0: float) -> int:
+    """The traces benchmark writes its own files (traces.md/.json), like the agent's."""
+    import traces
+
+    log("traces benchmark ...")
+    result = traces.run(
+        quick=args.quick, log=log, rebuild=args.rebuild, concurrency=args.concurrency or 8
+    )
+    wall = time.perf_counter() - t0
+    result.update(command=report["command"], machine=report["machine"], wall_s=round(wall, 1))
+    md = traces.markdown(result, str(report["command"]), report["machine"], wall)  # type: ignore[arg-type]
+    stem = traces.write(result, args.out, args.quick, md)
+    print(md)
+    log(f"wrote {stem}.md/.json in {wall:.0f} s")
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -274,11 +288,18 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="small, fast version")
     parser.add_argument(
         "--only",
-        choices=["ingest", "query", "agent"],
-        help="run one benchmark (agent runs only when asked for: it takes ~10 minutes)",
+        choices=["ingest", "query", "agent", "traces"],
+        help="run one benchmark (agent and traces run only when asked for)",
     )
-    parser.add_argument("--concurrency", type=int, default=32, help="in-flight ingest requests")
-    parser.add_argument("--rebuild", action="store_true", help="rebuild the cached query data")
+    parser.add_argument(
+        "--concurrency",
+        type=int,
+        default=None,
+        help="in-flight ingest requests (default 32 for ingest, 8 for traces)",
+    )
+    parser.add_argument(
+        "--rebuild", action="store_true", help="rebuild the cached query (or traces) data"
+    )
     parser.add_argument("--out", default=RESULTS, help="results directory (default bench/results)")
     args = parser.parse_args()
 
@@ -292,11 +313,13 @@ def main() -> int:
     log(f"machine: nproc {m['nproc']}, Python {m['python']}, {m['cpu_model']}")  # type: ignore[index]
     if args.only == "agent":
         return run_agent(args, report, t0)
+    if args.only == "traces":
+        return run_traces(args, report, t0)
     if args.only in (None, "ingest"):
         import ingest
 
         log("ingest benchmark ...")
-        report["ingest"] = ingest.run(quick=args.quick, concurrency=args.concurrency)
+        report["ingest"] = ingest.run(quick=args.quick, concurrency=args.concurrency or 32)
         for r in report["ingest"]["runs"]:  # type: ignore[index]
             log(
                 f"  {r['endpoint']}: {r['uploads_per_s']} uploads/s, "

@@ -66,9 +66,10 @@ def spans_of(rows, service="api", resource_attrs=None):  # type: ignore[no-untyp
                 f"raw-{span}".encode(),
             )
         )
-        batch.add_tags("span", attrs.items(), end * SEC)
-        batch.add_tags("intrinsic", [("name", name)], end * SEC)
-    batch.add_tags("resource", res_attrs.items(), max(r[5] for r in rows) * SEC)
+        batch.add_tags("span", [(k, v, "string") for k, v in attrs.items()], end * SEC)
+        batch.add_tags("intrinsic", [("name", name, "string")], end * SEC)
+    resource_tags = [(k, v, "string") for k, v in res_attrs.items()]
+    batch.add_tags("resource", resource_tags, max(r[5] for r in rows) * SEC)
     return batch
 
 
@@ -290,15 +291,15 @@ class StoreContract:
         names = store.tag_names("t")
         assert names["span"] == ["db", "http.route", "rows"]
         assert names["resource"] == ["region", "service.name"]
-        assert store.tag_values("t", "resource", "service.name") == ["api", "web"]
-        assert store.tag_values("t", None, "http.route") == ["/home", "/pay"]
-        assert store.tag_values("t", "intrinsic", "name") == [
-            "GET /home",
-            "GET /pay",
-            "charge",
-            "sql",
-        ]
-        assert store.tag_values("t", None, "http.route", since_ns=150 * SEC) == ["/home"]
+
+        def values(scope, name, since_ns=0):  # type: ignore[no-untyped-def]
+            return [v for v, _ in store.tag_values("t", scope, name, since_ns)]
+
+        assert values("resource", "service.name") == ["api", "web"]
+        assert values(None, "http.route") == ["/home", "/pay"]
+        assert values("intrinsic", "name") == ["GET /home", "GET /pay", "charge", "sql"]
+        assert values(None, "http.route", since_ns=150 * SEC) == ["/home"]
+        assert store.tag_values("t", "span", "rows") == [("7", "string")]
         assert store.tag_names("other") == {}
 
     def test_span_values_sum_per_span(self, store: Store) -> None:
@@ -317,7 +318,7 @@ class StoreContract:
         again = reopen()
         try:
             assert len(again.trace("t", TRACE_A)) == 3
-            assert again.tag_values("t", "resource", "region") == ["eu"]
+            assert again.tag_values("t", "resource", "region") == [("eu", "string")]
         finally:
             again.close()
 
@@ -335,7 +336,7 @@ class StoreContract:
         assert store.trace("t", TRACE_A) == []
         assert len(store.trace("t", TRACE_B)) == 1
         assert "db" not in store.tag_names("t").get("span", [])
-        assert store.tag_values("t", "resource", "service.name") == ["web"]
+        assert store.tag_values("t", "resource", "service.name") == [("web", "string")]
         # Writes go on after a retention pass, including stacks it may have collected.
         again, _ = batch_of([(600, ["old_fn"], 8, 0, None)], labels={"service_name": "gone"})
         store.write("t", again).result(timeout=30)

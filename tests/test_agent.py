@@ -24,7 +24,7 @@ CPU = "process_cpu:cpu:nanoseconds:cpu:nanoseconds"
 WALL = "wall:wall:nanoseconds:wall:nanoseconds"
 
 # Functions that burn CPU until a deadline, shared by the programs below.
-PRELUDE = '''
+PRELUDE = """
 import json, os, sys, threading, time
 import hotspan
 
@@ -43,9 +43,9 @@ def hot_b(seconds):
 
 def report(**values):
     print("RESULT " + json.dumps(values), flush=True)
-'''
+"""
 
-OTEL = '''
+OTEL = """
 from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 trace.set_tracer_provider(TracerProvider())
@@ -56,19 +56,23 @@ def span_hex(span):
 
 def trace_hex(span):
     return format(span.get_span_context().trace_id, "032x")
-'''
+"""
 
 
 # What only the native sampler does: per-task labels, CPU caught where it burns.  The pure
 # Python fallback (HOTSPAN_NO_SPEEDUPS=1) is documented to do neither.
 native_only = pytest.mark.skipif(
-    load_sampler() is None, reason="the pure-Python sampler labels per thread, not per task, "
-    "and charges CPU to where a thread waits (see README)"
+    load_sampler() is None,
+    reason="the pure-Python sampler labels per thread, not per task, "
+    "and charges CPU to where a thread waits (see README)",
 )
 
 
 def run_program(
-    tmp_path: Path, body: str, env: Optional[Dict[str, str]] = None, otel: bool = True,
+    tmp_path: Path,
+    body: str,
+    env: Optional[Dict[str, str]] = None,
+    otel: bool = True,
     timeout: float = 60,
 ) -> dict:
     script = tmp_path / f"prog_{uuid.uuid4().hex[:8]}.py"
@@ -83,7 +87,7 @@ def run_program(
     assert proc.returncode == 0, proc.stdout + proc.stderr
     for line in proc.stdout.splitlines():
         if line.startswith("RESULT "):
-            return json.loads(line[len("RESULT "):])
+            return json.loads(line[len("RESULT ") :])
     raise AssertionError(f"no RESULT line: {proc.stdout}{proc.stderr}")
 
 
@@ -103,8 +107,12 @@ def span_graph(client: httpx.Client, service: str, span_ids: List[str], ptype: s
     return r.json().get("flamegraph", {})
 
 
-def span_profile(client: httpx.Client, service: str, span_ids: List[str], ptype: str = CPU,
-                 ) -> Dict[str, int]:
+def span_profile(
+    client: httpx.Client,
+    service: str,
+    span_ids: List[str],
+    ptype: str = CPU,
+) -> Dict[str, int]:
     return totals(span_graph(client, service, span_ids, ptype))
 
 
@@ -604,8 +612,10 @@ report(codes=codes)
     assert result["codes"] == [0, 0, 0]
 
 
-def test_restarted_agent_samples_threads_that_reuse_old_idents(module_server, tmp_path: Path,
-                                                              ) -> None:
+def test_restarted_agent_samples_threads_that_reuse_old_idents(
+    module_server,
+    tmp_path: Path,
+) -> None:
     service = f"restart_{uuid.uuid4().hex[:6]}"
     result = run_program(
         tmp_path,

@@ -30,8 +30,11 @@ def test_decodes_with_protobuf() -> None:
     s = [text.decode() for text in p.string_table]  # bytes in our .proto: see formats/proto
     assert s[0] == ""
     assert [(s[t.type], s[t.unit]) for t in p.sample_type] == [("cpu", "nanoseconds")]
-    assert (s[p.period_type.type], s[p.period_type.unit], p.period) == ("cpu", "nanoseconds",
-                                                                         10_000_000)
+    assert (s[p.period_type.type], s[p.period_type.unit], p.period) == (
+        "cpu",
+        "nanoseconds",
+        10_000_000,
+    )
     assert p.time_nanos == 1_700_000_000_000_000_000 and p.duration_nanos == 10_000_000_000
     functions = {f.id: f for f in p.function}
     locations = {loc.id: loc for loc in p.location}
@@ -49,14 +52,18 @@ def test_decodes_with_protobuf() -> None:
     )
     assert got == [
         (
-            [("app.handlers.fast", "/srv/app/handlers.py", 9, 8),
-             ("app.main.<module>", "/srv/app/main.py", 7, 1)],
+            [
+                ("app.handlers.fast", "/srv/app/handlers.py", 9, 8),
+                ("app.main.<module>", "/srv/app/main.py", 7, 1),
+            ],
             [10_000_000],
             [],
         ),
         (
-            [("app.handlers.slow", "/srv/app/handlers.py", 42, 40),
-             ("app.main.<module>", "/srv/app/main.py", 7, 1)],
+            [
+                ("app.handlers.slow", "/srv/app/handlers.py", 42, 40),
+                ("app.main.<module>", "/srv/app/main.py", 7, 1),
+            ],
             [50_000_000],
             [("span_id", "00f067aa0ba902b7")],
         ),
@@ -69,7 +76,10 @@ def test_go_tool_pprof_reads_it(tmp_path: Path) -> None:
     path.write_bytes(_profile())
     out = subprocess.run(
         ["go", "tool", "pprof", "-top", "-nodecount=10", str(path)],
-        capture_output=True, text=True, timeout=120, check=True,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
     ).stdout
     assert "app.handlers.slow" in out and "app.handlers.fast" in out
     assert "Total: 60ms" in out or "of 60ms total" in out, out

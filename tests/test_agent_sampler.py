@@ -37,8 +37,10 @@ def test_cpu_and_wall_with_exact_lines(sampler_class: type) -> None:
     sampler.start()
     sampler.exclude(threading.get_ident())  # this thread only drives the ticks
     stop = threading.Event()
-    threads = [threading.Thread(target=spin, args=(stop,)),
-               threading.Thread(target=wait, args=(stop,))]
+    threads = [
+        threading.Thread(target=spin, args=(stop,)),
+        threading.Thread(target=wait, args=(stop,)),
+    ]
     for t in threads:
         t.start()
     try:

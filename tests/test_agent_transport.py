@@ -28,8 +28,11 @@ def _serve(answers: List[bytes]) -> tuple:
                     buf += conn.recv(65536)
                 head, _, buf = buf.partition(b"\r\n\r\n")
                 length = int(
-                    next(line.split(b":")[1] for line in head.split(b"\r\n")
-                         if line.lower().startswith(b"content-length"))
+                    next(
+                        line.split(b":")[1]
+                        for line in head.split(b"\r\n")
+                        if line.lower().startswith(b"content-length")
+                    )
                 )
                 while len(buf) < length:
                     buf += conn.recv(65536)
@@ -44,14 +47,19 @@ def _serve(answers: List[bytes]) -> tuple:
 
 
 def test_chunked_and_keep_alive_on_one_connection() -> None:
-    port, requests, thread = _serve([
-        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
-        b"3\r\nabc\r\n2;x=y\r\nde\r\n0\r\n\r\n",
-        b"HTTP/1.1 503 Busy\r\nContent-Length: 4\r\nRetry-After: 7\r\n\r\nbusy",
-    ])
+    port, requests, thread = _serve(
+        [
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+            b"3\r\nabc\r\n2;x=y\r\nde\r\n0\r\n\r\n",
+            b"HTTP/1.1 503 Busy\r\nContent-Length: 4\r\nRetry-After: 7\r\n\r\nbusy",
+        ]
+    )
     conn = PlainConnection("127.0.0.1", port, timeout=5)
     assert conn.post("/ingest?a=1", b"x" * 100_000, {"X-Scope-OrgID": "t"}, 1000) == (
-        200, {"transfer-encoding": "chunked"}, b"abcde")
+        200,
+        {"transfer-encoding": "chunked"},
+        b"abcde",
+    )
     sock = conn.sock
     status, headers, body = conn.post("/ingest?a=2", b"y", {}, 1000)
     assert (status, headers["retry-after"], body) == (503, "7", b"busy")
@@ -81,8 +89,9 @@ def test_garbage_answer_is_an_error() -> None:
 def test_no_content_needs_no_length() -> None:
     # nginx and Go proxies answer 204 without Content-Length; waiting for a body would time
     # out and send an accepted upload again.
-    port, _, thread = _serve([b"HTTP/1.1 204 No Content\r\n\r\n", b"HTTP/1.1 200 OK\r\n"
-                              b"Content-Length: 2\r\n\r\nok"])
+    port, _, thread = _serve(
+        [b"HTTP/1.1 204 No Content\r\n\r\n", b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"]
+    )
     conn = PlainConnection("127.0.0.1", port, timeout=5)
     assert conn.post("/ingest", b"a", {}, 100) == (204, {}, b"")
     assert conn.post("/ingest", b"b", {}, 100)[2] == b"ok"

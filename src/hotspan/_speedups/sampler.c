@@ -559,6 +559,17 @@ safe_read(const void *address, void *out, size_t size)
 #endif
 }
 
+/* A freed object's memory keeps its type and fields until it is reused, but pymalloc (and
+ * malloc's free lists) write a free-list pointer into its first word, where the reference
+ * count was: a live count is small (or CPython's immortal count, below 2^32), a pointer is an
+ * address far above 2^40.  Taking a reference to a freed code object would corrupt the
+ * allocator's free list and crash the program later, so this check is what keeps it safe. */
+static inline int
+plausible_refcnt(Py_ssize_t refcnt)
+{
+    return refcnt > 0 && (uint64_t)refcnt < ((uint64_t)1 << 40);
+}
+
 /* Frames recorded by the signal handler point at code objects that were alive then; by now
  * one may have been freed (its memory unmapped, or reused).  Keep only pointers that still
  * are code objects with the same fingerprint, read safely; then hold a reference. */
@@ -572,7 +583,8 @@ validate_frames(RawFrame *frames, int depth)
         PyCodeObject copy;
         const PyCodeObject *code = (const PyCodeObject *)(uintptr_t)ptr;
         if (safe_read(code, &copy, sizeof copy) == 0 && Py_TYPE(&copy) == &PyCode_Type &&
-            Py_REFCNT(&copy) > 0 && code_fingerprint(&copy) == frames[i].fingerprint &&
+            plausible_refcnt(Py_REFCNT(&copy)) &&
+            code_fingerprint(&copy) == frames[i].fingerprint &&
             code_register((PyObject *)code)) {
             continue;
         }

@@ -145,8 +145,15 @@ def label_value(value: Any) -> str:
     return ""
 
 
-def attribute_pairs(attributes: Iterable[Any]) -> List[Tuple[str, str]]:
-    return [(kv.key, any_value_text(kv.value)) for kv in attributes]
+_VALUE_TYPES = {"int_value": "int", "double_value": "float", "bool_value": "bool"}
+
+
+def attribute_pairs(attributes: Iterable[Any]) -> List[Tuple[str, str, str]]:
+    """(key, value as text, TraceQL type: string, int, float or bool) of each attribute."""
+    return [
+        (kv.key, any_value_text(kv.value), _VALUE_TYPES.get(kv.value.WhichOneof("value"), "string"))
+        for kv in attributes
+    ]
 
 
 def check_time(ns: int, what: str) -> None:

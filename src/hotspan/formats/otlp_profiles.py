@@ -123,6 +123,9 @@ class _Tables:
         if not 0 <= index < len(table):
             raise FormatError(f"location index {index} is out of the location table")
         loc = table[index]
+        mappings = self.d.mapping_table
+        if loc.mapping_index and not 0 < loc.mapping_index < len(mappings):
+            raise FormatError(f"mapping index {loc.mapping_index} is out of the mapping table")
         functions = self.d.function_table
         out = []
         for line in loc.lines:
@@ -134,8 +137,7 @@ class _Tables:
         if not out:
             # Unsymbolized: the binary and the address are all there is.
             binary = ""
-            mappings = self.d.mapping_table
-            if 0 < loc.mapping_index < len(mappings):
+            if loc.mapping_index:
                 binary = self.string(mappings[loc.mapping_index].filename_strindex)
             address = f"0x{loc.address:x}"
             out.append(Frame(f"{binary} {address}" if binary else address))
@@ -163,6 +165,8 @@ def _labels(groups: Sequence[Sequence[Tuple[str, str]]]) -> Dict[str, str]:
             if not value:
                 continue
             name = SERVICE_NAME if key == SERVICE_NAME_ATTR else sanitize_label_name(key)
+            if not name:
+                continue  # an attribute without a key names no label
             out.setdefault(name, value)
     return out
 
@@ -187,7 +191,10 @@ def _add_profile(  # type: ignore[no-untyped-def]
     ):
         # The eBPF profiler counts samples; each stands for one period of CPU.
         sample_type, sample_unit, scale = "cpu", "nanoseconds", profile.period
-    name = metric_name([sample_type], DEFAULT_DISPLAY_NAMES)
+    if (sample_type, sample_unit, period_type) == ("off_cpu", "nanoseconds", ""):
+        name = "off_cpu"  # Pyroscope's name for the eBPF profiler's off-CPU profiles
+    else:
+        name = metric_name([sample_type], DEFAULT_DISPLAY_NAMES)
     ptype = ProfileType.of(name, sample_type, sample_unit, period_type, period_unit)
     base_ts = profile.time_unix_nano or now_ns
     check_time(base_ts, "profile time")

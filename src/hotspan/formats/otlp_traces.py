@@ -58,7 +58,8 @@ def to_span_batch(request: ExportTraceServiceRequest) -> SpansResult:
     batch = result.batch
     for rs in request.resource_spans:
         resource_attrs = attribute_pairs(rs.resource.attributes)
-        service = dict(resource_attrs).get(SERVICE_NAME_ATTR) or UNKNOWN_SERVICE
+        service = next((v for k, v, _ in resource_attrs if k == SERVICE_NAME_ATTR), "")
+        service = service or UNKNOWN_SERVICE
         resource = rs.resource.SerializeToString()
         resource_text = flatten_attributes(resource_attrs)
         latest = 0
@@ -83,9 +84,9 @@ def to_span_batch(request: ExportTraceServiceRequest) -> SpansResult:
                 batch.rows.append(row)
                 batch.add_tags("span", span_attrs, row.end_ns)
                 intrinsics = [
-                    ("name", row.name),
-                    ("status", STATUS_CODES[row.status_code]),
-                    ("kind", SPAN_KINDS[row.kind]),
+                    ("name", row.name, "string"),
+                    ("status", STATUS_CODES[row.status_code], "keyword"),
+                    ("kind", SPAN_KINDS[row.kind], "keyword"),
                 ]
                 batch.add_tags("intrinsic", intrinsics, row.end_ns)
                 latest = max(latest, row.end_ns)

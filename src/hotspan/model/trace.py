@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
-from typing import Dict, Iterable, List, NamedTuple, Tuple, Union
+from typing import Dict, Iterable, List, NamedTuple, Sequence, Tuple, Union
 
 # Separators of the flattened attribute text: a record separator before each pair and after
 # the last, a unit separator between key and value.  ``contains(attrs, RS k US v RS)`` is then
@@ -28,12 +28,14 @@ STATUS_CODES = ("unset", "ok", "error")
 
 
 def clean(text: str) -> str:
-    return text.translate(_STRIP)
+    # The test first: translate() costs a microsecond per call, and it is called for every
+    # attribute key and value of every span.
+    return text.translate(_STRIP) if RS in text or US in text else text
 
 
-def flatten_attributes(pairs: Iterable[Tuple[str, str]]) -> str:
-    """``k=v`` pairs as one searchable text (see :data:`RS`)."""
-    parts = [f"{RS}{clean(k)}{US}{clean(v)}" for k, v in pairs]
+def flatten_attributes(pairs: Iterable[Sequence[str]]) -> str:
+    """``(key, value, ...)`` pairs as one searchable text (see :data:`RS`)."""
+    parts = [f"{RS}{clean(p[0])}{US}{clean(p[1])}" for p in pairs]
     return "".join(parts) + RS if parts else ""
 
 
@@ -85,9 +87,9 @@ class SpanBatch:
 
     rows: List[SpanRow] = field(default_factory=list)
     groups: Dict[int, SpanGroup] = field(default_factory=dict)
-    # (scope, key, value) -> latest end time of a span with it, for the tag APIs; scope is
-    # "span", "resource" or "intrinsic".
-    tags: Dict[Tuple[str, str, str], int] = field(default_factory=dict)
+    # (scope, key, value, type) -> latest end time of a span with it, for the tag APIs; scope
+    # is "span", "resource" or "intrinsic", type TraceQL's (string, int, float, bool, keyword).
+    tags: Dict[Tuple[str, str, str, str], int] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -102,11 +104,12 @@ class SpanBatch:
         self.groups.setdefault(gid, group)
         return gid
 
-    def add_tags(self, scope: str, pairs: Iterable[Tuple[str, str]], seen_ns: int) -> None:
+    def add_tags(self, scope: str, attrs: Iterable[Tuple[str, str, str]], seen_ns: int) -> None:
+        """Record ``(key, value, type)`` attributes for the tag APIs."""
         tags = self.tags
-        for key, value in pairs:
+        for key, value, kind in attrs:
             if len(value) <= MAX_TAG_VALUE_LENGTH:
-                tag = (scope, key, value)
+                tag = (scope, key, value, kind)
                 if tags.get(tag, 0) < seen_ns:
                     tags[tag] = seen_ns
 

@@ -29,7 +29,9 @@ from hotspan.store.base import StoreError
 PROTOBUF = "application/x-protobuf"
 JSON = "application/json"
 PATHS = ("/v1/traces", "/v1development/profiles")
-GRPC_INVALID_ARGUMENT = 3
+# google.rpc.Code of an HTTP status, for the Status in error answers.
+_RPC_CODE = {401: 16, 413: 8, 429: 8, 503: 14}
+INVALID_ARGUMENT = 3
 
 
 def _encoding(request: Request) -> bool:
@@ -60,10 +62,11 @@ def _varint(out: bytearray, value: int) -> None:
 
 
 def _error(status: int, message: str, is_json: bool) -> Response:
+    code = _RPC_CODE.get(status, INVALID_ARGUMENT)
     if is_json:
-        body = json.dumps({"code": GRPC_INVALID_ARGUMENT, "message": message}).encode()
+        body = json.dumps({"code": code, "message": message}).encode()
     else:
-        body = _status_bytes(GRPC_INVALID_ARGUMENT, message)
+        body = _status_bytes(code, message)
     return Response(body, status_code=status, media_type=JSON if is_json else PROTOBUF)
 
 
@@ -119,7 +122,8 @@ Receive = Callable[[ServerState, str, bytes, bool], Awaitable[Message]]
 
 async def _receive(request: Request, store: Receive) -> Response:
     state: ServerState = request.app.state.hotspan
-    is_json = False
+    # Errors found before the body is read answer in the request's encoding as well.
+    is_json = request.headers.get("content-type", "").split(";")[0].strip().lower() == JSON
     try:
         check_token(request, state.config.ingest_tokens)
         tenant = tenant_of(request, state.config)

@@ -19,8 +19,6 @@ from starlette.routing import Route
 from hotspan.formats.otlp import encode_json
 from hotspan.formats.otlp_traces import traces_data
 from hotspan.model.trace import (
-    SPAN_KINDS,
-    STATUS_CODES,
     TRACE_INTRINSICS,
     SearchError,
     TraceQuery,
@@ -269,7 +267,7 @@ def _identifier(tag: str) -> Tuple[Optional[str], str]:
     return None, tag
 
 
-async def _values(request: Request, scope: Optional[str], name: str) -> List[str]:
+async def _values(request: Request, scope: Optional[str], name: str) -> List[Tuple[str, str]]:
     state, tenant = query_state(request)
     since = seconds_param(request, "start") or 0
     limit = _int_param(request, "limit", MAX_LIMIT)
@@ -282,7 +280,7 @@ async def tag_values_v1(request: Request) -> Response:
         values = await _values(request, None, request.path_params["tag"])
     except HTTPError as exc:
         return text_error(exc)
-    return JSONResponse({"tagValues": values})
+    return JSONResponse({"tagValues": sorted({value for value, _ in values})})
 
 
 async def tag_values_v2(request: Request) -> Response:
@@ -292,13 +290,7 @@ async def tag_values_v2(request: Request) -> Response:
         values = await _values(request, scope, name) if tag not in ("duration",) else []
     except HTTPError as exc:
         return text_error(exc)
-    keyword = scope == "intrinsic" and name in ("status", "kind")
-    out = []
-    for value in values:
-        if keyword and value not in STATUS_CODES + SPAN_KINDS:
-            continue
-        out.append({"type": "keyword" if keyword else "string", "value": value})
-    return JSONResponse({"tagValues": out})
+    return JSONResponse({"tagValues": [{"type": kind, "value": value} for value, kind in values]})
 
 
 routes = [

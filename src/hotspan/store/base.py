@@ -137,8 +137,9 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def tag_values(
         self, tenant: str, scope: Optional[str], name: str, since_ns: int = 0
-    ) -> List[str]:
-        """Values seen for an attribute (in one scope, or any with None), sorted."""
+    ) -> List[Tuple[str, str]]:
+        """(value, TraceQL type) seen for an attribute (in one scope, or any with None),
+        sorted by value."""
 
     # -- lifecycle ---------------------------------------------------------------------------
 

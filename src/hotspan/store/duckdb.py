@@ -104,8 +104,9 @@ CREATE TABLE IF NOT EXISTS span_tags (
     scope VARCHAR NOT NULL,           -- span, resource or intrinsic
     key VARCHAR NOT NULL,
     value VARCHAR NOT NULL,
+    type VARCHAR NOT NULL,            -- TraceQL's: string, int, float, bool or keyword
     last_seen BIGINT NOT NULL,        -- end of the latest span with it
-    PRIMARY KEY (tenant_id, scope, key, value)
+    PRIMARY KEY (tenant_id, scope, key, value, type)
 );
 """
 
@@ -143,13 +144,14 @@ class DuckDBStore(Store):
         self._known_stacks: set = set()
         self._known_groups: set = set()
         self._groups: Dict[int, SpanGroup] = {}
-        # (tenant_id, scope, key, value) -> last_seen written; (tenant_id, scope, key) -> values.
-        self._tags: Dict[Tuple[int, str, str, str], int] = {}
+        # (tenant_id, scope, key, value, type) -> last_seen written;
+        # (tenant_id, scope, key) -> how many values.
+        self._tags: Dict[Tuple[int, str, str, str, str], int] = {}
         self._tag_counts: Dict[Tuple[int, str, str], int] = {}
-        for tid, scope, key, value, seen in self._con.execute(
-            "SELECT tenant_id, scope, key, value, last_seen FROM span_tags"
+        for tid, scope, key, value, kind, seen in self._con.execute(
+            "SELECT tenant_id, scope, key, value, type, last_seen FROM span_tags"
         ).fetchall():
-            self._tags[(tid, scope, key, value)] = seen
+            self._tags[(tid, scope, key, value, kind)] = seen
             self._tag_counts[(tid, scope, key)] = self._tag_counts.get((tid, scope, key), 0) + 1
         self._writer = GroupCommitWriter(self._commit)
         self._closed = False
@@ -269,13 +271,14 @@ class DuckDBStore(Store):
 
     def _insert_spans(
         self, con: duckdb.DuckDBPyConnection, batches: List[Tuple[str, SpanBatch]]
-    ) -> Tuple[set, Dict[Tuple[int, str, str, str], int]]:
+    ) -> Tuple[set, Dict[Tuple[int, str, str, str, str], int]]:
         """Insert spans, their new groups and tags inside the running transaction; returns
         what to remember once it commits."""
         if not batches:
             return set(), {}
         groups: Dict[int, SpanGroup] = {}
-        tags: Dict[Tuple[int, str, str, str], int] = {}
+        tags: Dict[Tuple[int, str, str, str, str], int] = {}
+        new_per_key: Dict[Tuple[int, str, str], int] = {}
         rows: List[SpanRow] = []
         tenant_ids: List[int] = []
         for tenant, batch in batches:
@@ -285,12 +288,17 @@ class DuckDBStore(Store):
             for gid, group in batch.groups.items():
                 if gid not in self._known_groups:
                     groups[gid] = group
-            for (scope, key, value), seen in batch.tags.items():
-                tag = (tid, scope, key, value)
+            for (scope, key, value, kind), seen in batch.tags.items():
+                tag = (tid, scope, key, value, kind)
                 written = self._tags.get(tag)
                 if written is None:
-                    if self._tag_counts.get(tag[:3], 0) >= MAX_TAG_VALUES:
-                        continue
+                    if tag not in tags:
+                        # The cap counts the values of this commit too.
+                        per_key = tag[:3]
+                        known = self._tag_counts.get(per_key, 0) + new_per_key.get(per_key, 0)
+                        if known >= MAX_TAG_VALUES:
+                            continue
+                        new_per_key[per_key] = new_per_key.get(per_key, 0) + 1
                 elif seen < written + TAG_REFRESH_NS:
                     continue
                 if tags.get(tag, 0) < seen:
@@ -341,6 +349,7 @@ class DuckDBStore(Store):
                 "scope": np.array(t[1], dtype=object),
                 "key": np.array(t[2], dtype=object),
                 "value": np.array(t[3], dtype=object),
+                "type": np.array(t[4], dtype=object),
                 "last_seen": np.fromiter(tags.values(), dtype=np.int64, count=len(tags)),
             }
             con.execute(
@@ -619,17 +628,17 @@ class DuckDBStore(Store):
 
     def tag_values(
         self, tenant: str, scope: Optional[str], name: str, since_ns: int = 0
-    ) -> List[str]:
+    ) -> List[Tuple[str, str]]:
         sql = (
-            "SELECT DISTINCT value FROM span_tags WHERE tenant_id = ? AND key = ? "
+            "SELECT DISTINCT value, type FROM span_tags WHERE tenant_id = ? AND key = ? "
             "AND last_seen >= ?"
         )
         params: list = [self._tenant_ids.get(tenant, -1), name, since_ns]
         if scope is not None:
             sql += " AND scope = ?"
             params.append(scope)
-        rows = self._cursor().execute(sql + " ORDER BY value", params).fetchall()
-        return [r[0] for r in rows]
+        rows = self._cursor().execute(sql + " ORDER BY value, type", params).fetchall()
+        return [(value, kind) for value, kind in rows]
 
     # -- retention ---------------------------------------------------------------------------
 

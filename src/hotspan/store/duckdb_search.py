@@ -46,6 +46,13 @@ def _code(names: Tuple[str, ...], value: object, what: str) -> int:
     raise SearchError(f"{what} must be one of {', '.join(names)}, not {value!r}")
 
 
+def _hex_id(value: object) -> int:
+    try:
+        return int(str(value), 16)
+    except ValueError:
+        raise SearchError(f"span:id {value!r} is not hex") from None
+
+
 def _attribute(key: str, op: str, value: object) -> SQL:
     """A condition on the flattened text in ``attrs`` (a span's or a resource's)."""
     has_key = f"contains(attrs, '{RS}' || ? || '{US}')"
@@ -77,12 +84,22 @@ def span_condition(cond: Condition) -> SQL:
         return _compare("(end_ns - start_ns)", op, value)
     if key in ("resource.service.name", ".service.name", "service.name"):
         return _compare("service", op, value)
+    if key == "trace:id":
+        return _compare("trace_id", op, str(value).lower().rjust(32, "0"))
+    if key == "span:id":
+        return _compare("span_id", op, _hex_id(value))
     if key.startswith("span."):
         return _attribute(key[5:], op, value)
     if key.startswith("resource."):
         sql, params = _attribute(key[9:], op, value)
         return _IN_RESOURCE.format(sql), params
-    name = key[1:] if key.startswith(".") else key
+    if not key.startswith("."):
+        raise SearchError(
+            f"{key!r} is not something hotspan searches on: use name, status, kind, duration, "
+            "trace:id, span:id, traceDuration, rootName, rootServiceName, or an attribute "
+            "(span.x, resource.x, .x)"
+        )
+    name = key[1:]
     span_sql, span_params = _attribute(name, op, value)
     res_sql, res_params = _attribute(name, op, value)
     return f"(({span_sql}) OR {_IN_RESOURCE.format(res_sql)})", [*span_params, *res_params]
@@ -113,8 +130,16 @@ def _spanset(conds: Tuple[Condition, ...], base: str, base_params: list) -> SQL:
     return " AND ".join(where), params
 
 
+# The root is the span without a parent, else the earliest (its parent never arrived).
+_ROOT_COLUMNS = (
+    "arg_min(service, (parent_span_id <> 0, start_ns)) AS root_service, "
+    "arg_min(name, (parent_span_id <> 0, start_ns)) AS root_name"
+)
+
+
 def search_sql(tenant_id: int, query: TraceQuery) -> SQL:
-    base = "tenant_id = ? AND start_ns >= ? AND start_ns < ?"
+    # As in Tempo, a span counts when it overlaps the range.
+    base = "tenant_id = ? AND end_ns >= ? AND start_ns < ?"
     base_params: List[object] = [tenant_id, query.start_ns, query.end_ns]
     spansets = query.spansets or ((),)
     first_where, params = _spanset(spansets[0], base, base_params)
@@ -123,34 +148,53 @@ def search_sql(tenant_id: int, query: TraceQuery) -> SQL:
         where, args = _spanset(conds, base, base_params)
         others.append(f"AND trace_id IN (SELECT trace_id FROM spans WHERE {where})")
         params.extend(args)
-    having = ["true"]
+    having: List[str] = []
     having_params: List[object] = []
     for cond in query.trace_conditions:
         sql, args = _trace_condition(cond)
         having.append(sql)
         having_params.extend(args)
-    # The root is the span without a parent, else the earliest (its parent never arrived).
-    sql = f"""
-WITH matched AS (
-    SELECT trace_id, span_id, name, start_ns, end_ns FROM spans
-    WHERE {first_where} {" ".join(others)}
-), found AS (
-    SELECT * FROM (
-        SELECT trace_id,
-               arg_min(service, (parent_span_id <> 0, start_ns)) AS root_service,
-               arg_min(name, (parent_span_id <> 0, start_ns)) AS root_name,
-               min(start_ns) AS t0, max(end_ns) AS t1, count(*) AS spans
+    if having:
+        # Trace-wide conditions need every matching trace's bounds and root.
+        candidates = f"""
+    SELECT trace_id FROM (
+        SELECT trace_id, {_ROOT_COLUMNS}, min(start_ns) AS t0, max(end_ns) AS t1
         FROM spans
         WHERE tenant_id = ? AND trace_id IN (SELECT trace_id FROM matched)
         GROUP BY trace_id
     )
     WHERE {" AND ".join(having)}
     ORDER BY t0 DESC, trace_id
-    LIMIT ?
+    LIMIT ?"""
+        candidate_params = [tenant_id, *having_params, query.limit]
+    else:
+        # Otherwise the newest traces can be picked from the matching spans alone, and only
+        # those few aggregated in full: 10x less work over a day of spans.
+        candidates = """
+    SELECT trace_id FROM matched GROUP BY trace_id
+    ORDER BY min(start_ns) DESC, trace_id
+    LIMIT ?"""
+        candidate_params = [query.limit]
+    sql = f"""
+WITH matched AS (
+    SELECT trace_id, span_id, name, start_ns, end_ns FROM spans
+    WHERE {first_where} {" ".join(others)}
+), candidates AS ({candidates}
+), found AS (
+    -- count(DISTINCT ...) here and DISTINCT ON below: an export retried after it landed
+    -- stores its spans twice.  Only the few traces found pay for it.
+    SELECT trace_id, {_ROOT_COLUMNS},
+           min(start_ns) AS t0, max(end_ns) AS t1, count(DISTINCT span_id) AS spans
+    FROM spans
+    WHERE tenant_id = ? AND trace_id IN (SELECT trace_id FROM candidates)
+    GROUP BY trace_id
 ), shown AS (
     SELECT *, row_number() OVER (PARTITION BY trace_id ORDER BY start_ns, span_id) AS rn,
            count(*) OVER (PARTITION BY trace_id) AS n
-    FROM matched WHERE trace_id IN (SELECT trace_id FROM found)
+    FROM (
+        SELECT DISTINCT ON (trace_id, span_id) * FROM matched
+        WHERE trace_id IN (SELECT trace_id FROM candidates)
+    )
 )
 SELECT f.trace_id, f.root_service, f.root_name, f.t0, f.t1, f.spans,
        s.span_id, s.name, s.start_ns, s.end_ns, s.n
@@ -159,8 +203,7 @@ ORDER BY f.t0 DESC, f.trace_id, s.rn
 """
     return sql, [
         *params,
+        *candidate_params,
         tenant_id,
-        *having_params,
-        query.limit,
         max(query.spans_per_trace, 1),
     ]
