@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import inspect
+import subprocess
+import sys
 import threading
 import time
 
@@ -74,3 +76,58 @@ def test_cpu_and_wall_with_exact_lines(sampler_class: type) -> None:
     assert cpu.get(("spin", spin_line), 0) > 0.1e9, cpu
     assert ("wait", wait_line) not in cpu, cpu
     assert collected.dropped == 0
+
+
+FREED_CODE_PROGRAM = '''
+import collections, gc, sys, threading
+from hotspan.agent.sampler import NativeSampler
+
+# CPU samples only: no wall tick sees (and so keeps alive) the code objects below.
+sampler = NativeSampler(sample_rate=100, max_depth=64, cpu=True, wall=False)
+sampler.start()
+sampler.exclude(threading.get_ident())
+source = """
+def burner_{i}(go, seconds):
+    go.wait()
+    end = __import__("time").thread_time() + seconds
+    while __import__("time").thread_time() < end:
+        pass
+"""
+for i in range(40):
+    ns = {}
+    exec(compile(source.format(i=i), f"<gen {i}>", "exec"), ns)
+    go = threading.Event()
+    t = threading.Thread(target=ns[f"burner_{i}"], args=(go, 0.05))
+    t.start()
+    sampler.tick(0)  # gives the new thread its CPU timer
+    go.set()
+    t.join()
+    del ns, t  # the code object is freed before the samples that name it are drained
+    gc.collect()
+    sampler.tick(0)
+collected = sampler.collect(release=True)
+sampler.stop()
+# A reference taken on a freed block corrupts the allocator: allocate and collect a lot.
+junk = [tuple(range(i % 7)) for i in range(200_000)]
+junk += [compile("x = %d" % i, "<j>", "exec") for i in range(3000)]
+gc.collect()
+names = collections.Counter(
+    code.co_name if code is not None else None for s in collected.samples for code, _ in s.stack
+)
+burners = sum(v for n, v in names.items() if n and n.startswith("burner_"))
+print("UNNAMED", names.get(None, 0), "BURNERS", burners)
+'''
+
+
+@pytest.mark.skipif(load_sampler() is None, reason="the native sampler is not built here")
+def test_code_freed_before_its_samples_are_drained(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Module code (an import) and other short-lived code objects are freed as soon as they
+    ran; the samples that point at them must then name nothing, and taking no reference on the
+    freed memory keeps the program alive (it used to crash in the next garbage collection)."""
+    script = tmp_path / "freed.py"
+    script.write_text(FREED_CODE_PROGRAM)
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    words = proc.stdout.split()
+    unnamed, burners = int(words[1]), int(words[3])
+    assert unnamed > 0 and burners == 0, proc.stdout
