@@ -91,9 +91,9 @@ def start(state: ServerState, host: str, port: int) -> Tuple[grpc.Server, int]:
     address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     try:
         bound = server.add_insecure_port(address)
-    except RuntimeError as exc:
-        raise OSError(f"cannot listen on {address}: {exc}") from None
+    except RuntimeError:
+        bound = 0  # grpcio says why on stderr; the caller names the option to change
     if bound == 0:
-        raise OSError(f"cannot listen on {address}")
+        raise OSError("the address is in use or cannot be bound")
     server.start()
     return server, bound
