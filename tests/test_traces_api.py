@@ -1504,3 +1504,70 @@ def test_auth_error_answers_in_the_requests_encoding(auth_srv) -> None:  # type:
     assert r.status_code == 401
     assert r.headers["content-type"] == "application/json"
     assert "token" in r.json()["message"]
+
+
+# -- requests built to cost the server much for little ---------------------------------------
+
+
+def test_costly_requests_are_refused_quickly(srv, victim) -> None:  # type: ignore[no-untyped-def]
+    cases = {
+        # 10,001 empty resource spans: 20 kB of protobuf, refused by count.
+        "too many resources": (b"\x0a\x00" * 10_001, PROTOBUF, 413, "resource spans"),
+        # 400 kB of them behind gzip: expands past the body limit.
+        "gzip bomb": (gzip.compress(b"\x0a\x00" * 200_000), PROTOBUF, 400, "limit"),
+        "deep JSON": (b'{"a":' * 30_000 + b"1" + b"}" * 30_000, "application/json", 400, "deep"),
+        "deep JSON under the parser's limit": (
+            b'{"resourceSpans":[' + b'{"a":' * 900 + b"1" + b"}" * 900 + b"]}",
+            "application/json",
+            200,  # unknown fields, however deep, are ignored
+            "",
+        ),
+    }
+    for name, (body, ctype, status, reason) in cases.items():
+        started = time.monotonic()
+        headers = {"content-encoding": "gzip"} if name == "gzip bomb" else {}
+        r = post_otlp(srv.url, body, ctype, "bad", headers)
+        assert r.status_code == status, (name, r.status_code, r.content[:200])
+        if status != 200:
+            assert reason in _status(r, ctype == "application/json", 8 if status == 413 else 3)
+        assert time.monotonic() - started < 5, name
+    _intact(srv, victim)
+
+
+@pytest.mark.parametrize(
+    "q",
+    [
+        "{name = 5}",
+        "{name != 5}",
+        "{resource.service.name = 5}",
+        "{rootServiceName = 5}",
+        '{traceDuration > "long"}',
+        '{name =~ "("}',
+        "{duration > 1e400}",
+        "{span.n > 1e400}",
+    ],
+)
+def test_search_values_of_the_wrong_kind_are_400(srv, q: str) -> None:  # type: ignore[no-untyped-def]
+    r = get(srv, "/api/search", "search", params={"q": q})
+    assert r.status_code == 400, (q, r.text)
+    assert srv.process.poll() is None
+
+
+def test_absurd_durations_are_400(srv) -> None:  # type: ignore[no-untyped-def]
+    r = get(srv, "/api/search", "search", params={"minDuration": "9" * 400 + "h"})
+    assert r.status_code == 400 and "too long" in r.text
+
+
+def test_tags_in_use_stay_listed_though_their_row_is_an_hour_old(srv) -> None:  # type: ignore[no-untyped-def]
+    """A tag's stored time is rewritten at most hourly; queries and retention go by the
+    latest time it was seen."""
+    now = int(time.time())
+    tracing = Tracing({"service.name": "lagging"}, [http_exporter(srv.url, "lag")])
+    tracing.span("early", (now - 40 * 60) * SEC, MS, attributes={"lag.k": "va"})
+    tracing.span("late", (now - 60) * SEC, MS, attributes={"lag.k": "va"})
+    tracing.finish()
+    recent = {"start": str(now - 600), "end": str(now + 60)}
+    values = get(srv, "/api/v2/search/tag/span.lag.k/values", "lag", params=recent).json()
+    assert values["tagValues"] == [{"type": "string", "value": "va"}]
+    names = get(srv, "/api/v2/search/tags", "lag", params={**recent, "scope": "span"}).json()
+    assert names["scopes"] == [{"name": "span", "tags": ["lag.k"]}]

@@ -28,6 +28,22 @@ _ID_KEYS = frozenset(
 )
 _HEX = frozenset("0123456789abcdefABCDEF")
 
+# Containers one request may hold: past these a request is refused whole (413), because every
+# one of them costs Python work even when empty.
+MAX_RESOURCES = 10_000
+MAX_SCOPES = 10_000
+MAX_ITEMS = 200_000  # spans, or profile samples
+
+
+class TooLarge(FormatError):
+    """A request with more in it than one request may hold."""
+
+
+def check_count(count: int, limit: int, what: str) -> None:
+    if count > limit:
+        raise TooLarge(f"{count} {what} in one request; at most {limit} (split the batch)")
+
+
 # Earliest accepted span or sample time: anything before 2000 is a clock or encoding bug.
 MIN_TIME_NS = 946_684_800 * 10**9
 
@@ -61,12 +77,17 @@ def decode_request(body: bytes, is_json: bool, cls: Type[M]) -> M:
             doc = json.loads(body)
         except (ValueError, UnicodeDecodeError) as exc:
             raise FormatError(f"body is not JSON: {exc}") from None
+        except RecursionError:
+            raise FormatError("body is JSON nested too deeply") from None
         if not isinstance(doc, dict):
             raise FormatError("body must be a JSON object")
         try:
-            json_format.ParseDict(_hex_ids_to_base64(doc), msg, ignore_unknown_fields=True)
+            _hex_ids_to_base64(doc)
+            json_format.ParseDict(doc, msg, ignore_unknown_fields=True)
         except (json_format.ParseError, ValueError, TypeError) as exc:
             raise FormatError(f"not an OTLP {cls.DESCRIPTOR.name}: {exc}") from None
+        except RecursionError:
+            raise FormatError(f"not an OTLP {cls.DESCRIPTOR.name}: nested too deeply") from None
         return msg
     try:
         msg.ParseFromString(body)
@@ -81,21 +102,21 @@ def encode_json(msg: Message) -> dict:
     return _base64_ids_to_hex(doc)
 
 
-def _hex_ids_to_base64(node: Any) -> Any:
-    if isinstance(node, dict):
-        out = {}
-        for key, value in node.items():
-            if key in _ID_KEYS and isinstance(value, str) and value and set(value) <= _HEX:
-                if len(value) % 2:
-                    raise FormatError(f"{key} {value!r} has an odd number of hex digits")
-                value = base64.b64encode(bytes.fromhex(value)).decode()
-            else:
-                value = _hex_ids_to_base64(value)
-            out[key] = value
-        return out
-    if isinstance(node, list):
-        return [_hex_ids_to_base64(v) for v in node]
-    return node
+def _hex_ids_to_base64(doc: Any) -> None:
+    """Rewrite hex ids as base64, in place (iteratively: the nesting is the client's)."""
+    todo = [doc]
+    while todo:
+        node = todo.pop()
+        if isinstance(node, dict):
+            for key, value in node.items():
+                if key in _ID_KEYS and isinstance(value, str) and value and set(value) <= _HEX:
+                    if len(value) % 2:
+                        raise FormatError(f"{key} {value!r} has an odd number of hex digits")
+                    node[key] = base64.b64encode(bytes.fromhex(value)).decode()
+                elif isinstance(value, (dict, list)):
+                    todo.append(value)
+        elif isinstance(node, list):
+            todo.extend(v for v in node if isinstance(v, (dict, list)))
 
 
 def _base64_ids_to_hex(node: Any) -> Any:

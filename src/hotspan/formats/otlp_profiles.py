@@ -26,7 +26,16 @@ from opentelemetry.proto.collector.profiles.v1development.profiles_service_pb2 i
 )
 
 from hotspan.formats.errors import FormatError
-from hotspan.formats.otlp import Rejections, check_time, decode_request, label_value
+from hotspan.formats.otlp import (
+    MAX_ITEMS,
+    MAX_RESOURCES,
+    MAX_SCOPES,
+    Rejections,
+    check_count,
+    check_time,
+    decode_request,
+    label_value,
+)
 from hotspan.formats.pprof import DEFAULT_DISPLAY_NAMES, metric_name, sanitize_label_name
 from hotspan.model.labels import METRIC_NAME, SERVICE_NAME, SPY_NAME, normalize
 from hotspan.model.profile import (
@@ -64,6 +73,11 @@ def to_batch(request: ExportProfilesServiceRequest, now_ns: Optional[int] = None
     now_ns = now_ns or time.time_ns()
     result = ProfilesResult(IngestBatch())
     tables = _Tables(request.dictionary)
+    check_count(len(request.resource_profiles), MAX_RESOURCES, "resource profiles")
+    scopes = [sp for rp in request.resource_profiles for sp in rp.scope_profiles]
+    check_count(len(scopes), MAX_SCOPES, "scope profiles")
+    samples = sum(len(p.samples) for sp in scopes for p in sp.profiles)
+    check_count(samples, MAX_ITEMS, "samples")
     for rp in request.resource_profiles:
         resource = tables.labels_of_kvs(rp.resource.attributes)
         for sp in rp.scope_profiles:

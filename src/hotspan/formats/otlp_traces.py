@@ -19,7 +19,16 @@ from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 from opentelemetry.proto.trace.v1.trace_pb2 import Span, TracesData
 
 from hotspan.formats.errors import FormatError
-from hotspan.formats.otlp import Rejections, attribute_pairs, check_time, decode_request
+from hotspan.formats.otlp import (
+    MAX_ITEMS,
+    MAX_RESOURCES,
+    MAX_SCOPES,
+    Rejections,
+    attribute_pairs,
+    check_count,
+    check_time,
+    decode_request,
+)
 from hotspan.model.trace import (
     SPAN_KINDS,
     STATUS_CODES,
@@ -56,6 +65,11 @@ def decode(body: bytes, is_json: bool) -> ExportTraceServiceRequest:
 def to_span_batch(request: ExportTraceServiceRequest) -> SpansResult:
     result = SpansResult(SpanBatch())
     batch = result.batch
+    check_count(len(request.resource_spans), MAX_RESOURCES, "resource spans")
+    scopes = sum(len(rs.scope_spans) for rs in request.resource_spans)
+    check_count(scopes, MAX_SCOPES, "scope spans")
+    spans = sum(len(ss.spans) for rs in request.resource_spans for ss in rs.scope_spans)
+    check_count(spans, MAX_ITEMS, "spans")
     for rs in request.resource_spans:
         resource_attrs = attribute_pairs(rs.resource.attributes)
         service = next((v for k, v, _ in resource_attrs if k == SERVICE_NAME_ATTR), "")

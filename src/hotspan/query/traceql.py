@@ -8,6 +8,7 @@ Anything else (``||``, pipelines, structural operators) is refused with a messag
 
 from __future__ import annotations
 
+import math
 import re
 from typing import List, Optional, Sequence, Tuple, Union
 
@@ -44,6 +45,7 @@ _UNIT_NS = {
     "h": 3_600_000_000_000,
 }
 _TRACE_KEYS = set(TRACE_INTRINSICS) | {"trace:duration", "trace:rootName", "trace:rootService"}
+MAX_DURATION_NS = 2.0**63
 _DURATION_KEYS = {"duration", "span:duration", "traceDuration", "trace:duration"}
 _KEYWORDS = {"true": True, "false": False}
 _ESCAPE = re.compile(r"\\(.)")
@@ -62,6 +64,8 @@ def parse_duration(text: str) -> int:
         pos = m.end()
     if pos == 0 or pos != len(text):
         raise QueryError(f"invalid duration {text!r} (use for example 100ms, 1.5s, 2m)")
+    if not total < MAX_DURATION_NS:
+        raise QueryError(f"duration {text[:40]!r} is too long")
     return int(total)
 
 
@@ -101,6 +105,8 @@ def _value(kind: str, text: str, key: str) -> Value:
         return parse_duration(text)
     if kind == "number":
         number = float(text)
+        if not math.isfinite(number) or abs(number) >= 2.0**63:
+            raise QueryError(f"TraceQL: {text[:40]} is out of range")
         if key in _DURATION_KEYS:
             return int(number)  # a bare number for a duration: nanoseconds
         return int(number) if number.is_integer() and "." not in text else number

@@ -14,12 +14,13 @@ import json
 from typing import Awaitable, Callable, Tuple
 
 from google.protobuf.message import Message
+from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import Response
 
 from hotspan.formats import otlp_profiles, otlp_traces
 from hotspan.formats.errors import FormatError
-from hotspan.formats.otlp import encode_json
+from hotspan.formats.otlp import TooLarge, encode_json
 from hotspan.server.errors import HTTPError
 from hotspan.server.ingest import commit
 from hotspan.server.request import check_token, read_body, tenant_of
@@ -102,7 +103,8 @@ def convert_profiles(body: bytes, is_json: bool) -> Tuple[otlp_profiles.Profiles
 
 
 async def _store_spans(state: ServerState, tenant: str, body: bytes, is_json: bool) -> Message:
-    result, response = convert_traces(body, is_json)
+    # On a worker thread: a request's cost is per item, and the event loop must stay free.
+    result, response = await run_in_threadpool(convert_traces, body, is_json)
     if len(result.batch):
         try:
             await asyncio.wrap_future(state.store.write_spans(tenant, result.batch))
@@ -112,7 +114,7 @@ async def _store_spans(state: ServerState, tenant: str, body: bytes, is_json: bo
 
 
 async def _store_profiles(state: ServerState, tenant: str, body: bytes, is_json: bool) -> Message:
-    result, response = convert_profiles(body, is_json)
+    result, response = await run_in_threadpool(convert_profiles, body, is_json)
     await commit(state, tenant, result.batch)
     return response
 
@@ -128,8 +130,11 @@ async def _receive(request: Request, store: Receive) -> Response:
         check_token(request, state.config.ingest_tokens)
         tenant = tenant_of(request, state.config)
         is_json = _encoding(request)
-        body = await read_body(request, state.config)
+        # OTLP batches are small; a compressed body may expand only to the body limit.
+        body = await read_body(request, state.config, state.config.max_body_bytes)
         response = await store(state, tenant, body, is_json)
+    except TooLarge as exc:
+        return _error(413, str(exc), is_json)
     except FormatError as exc:
         return _error(400, str(exc), is_json)
     except HTTPError as exc:

@@ -15,6 +15,7 @@ from typing import Callable, Tuple
 import grpc
 
 from hotspan.formats.errors import FormatError
+from hotspan.formats.otlp import TooLarge
 from hotspan.server.errors import HTTPError
 from hotspan.server.ingest import commit_sync
 from hotspan.server.otlp import convert_profiles, convert_traces
@@ -49,12 +50,17 @@ def _handler(
         try:
             tenant = _caller(state, context)
             return export(state, tenant, body)
+        except TooLarge as exc:
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
         except FormatError as exc:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         except HTTPError as exc:
             context.abort(_STATUS_OF_HTTP.get(exc.status, grpc.StatusCode.INTERNAL), exc.message)
         except StoreError as exc:
             context.abort(grpc.StatusCode.UNAVAILABLE, f"could not store the data: {exc}")
+        except futures.TimeoutError:
+            # The write may still land; OTLP clients retry UNAVAILABLE, and reads dedup spans.
+            context.abort(grpc.StatusCode.UNAVAILABLE, "the store is busy; try again")
         raise AssertionError("unreachable: abort raises")
 
     return handle
@@ -78,6 +84,9 @@ def start(state: ServerState, host: str, port: int) -> Tuple[grpc.Server, int]:
     limit = state.config.max_body_bytes
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="hotspan-grpc"),
+        # Beyond this many requests in progress, RESOURCE_EXHAUSTED (clients retry) rather
+        # than an unbounded queue of bodies waiting for a worker.
+        maximum_concurrent_rpcs=32,
         options=[
             ("grpc.max_receive_message_length", limit),
             ("grpc.so_reuseport", 0),

@@ -53,8 +53,11 @@ def check_authorization(header: str, tokens: FrozenSet[str]) -> None:
         raise HTTPError(401, "missing or invalid token (send Authorization: Bearer <token>)")
 
 
-async def read_body(request: Request, config: ServerConfig) -> bytes:
-    """The request body, refused past the size limit, gunzipped if Content-Encoding says so."""
+async def read_body(
+    request: Request, config: ServerConfig, max_decompressed: Optional[int] = None
+) -> bytes:
+    """The request body, refused past the size limit, gunzipped if Content-Encoding says so
+    (to at most ``max_decompressed`` bytes, by default the server's limit)."""
     limit = config.max_body_bytes
     declared = request.headers.get("content-length")
     if declared and declared.isdigit() and int(declared) > limit:
@@ -70,7 +73,7 @@ async def read_body(request: Request, config: ServerConfig) -> bytes:
     encoding = request.headers.get("content-encoding", "identity").strip().lower()
     if encoding == "gzip":
         try:
-            body = gunzip(body, config.max_decompressed_bytes)
+            body = gunzip(body, max_decompressed or config.max_decompressed_bytes)
         except FormatError as exc:
             raise HTTPError(400, f"Content-Encoding gzip: {exc}") from None
     elif encoding not in ("", "identity"):

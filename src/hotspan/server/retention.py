@@ -34,7 +34,7 @@ class RetentionLoop:
     def run_once(self) -> None:
         cutoff = time.time_ns() - self.retention_ns
         started = time.monotonic()
-        report = self.store.delete_before(cutoff)
+        report = self.store.delete_before(cutoff, self._stop.is_set)
         if report.samples or report.spans:
             log.info(
                 "retention: deleted %d samples, %d spans, %d series older than %s in %.1f s",

@@ -33,6 +33,7 @@ PROTOBUF = "application/protobuf"
 SEC = 1_000_000_000
 DEFAULT_SEARCH_RANGE_NS = 24 * 3600 * SEC
 MAX_LIMIT = 10_000
+MAX_SPANS_PER_SPANSET = 1_000
 # What Tempo lists in the intrinsic scope that hotspan can search on.
 INTRINSIC_TAGS = ["duration", "kind", "name", "status", *TRACE_INTRINSICS]
 TEMPO_VERSION = "2.1.0"  # below 2.2: Grafana of 2023-24 then does not try gRPC streaming
@@ -155,7 +156,7 @@ def search_query(request: Request) -> TraceQuery:
     if end <= start:
         raise HTTPError(400, "end must be after start")
     limit = min(_int_param(request, "limit", 20), MAX_LIMIT)
-    spss = _int_param(request, "spss", 3)
+    spss = min(_int_param(request, "spss", 3), MAX_SPANS_PER_SPANSET)
     try:
         if params.get("q") and params.get("tags"):
             raise HTTPError(400, "q and tags cannot be used together")

@@ -12,7 +12,7 @@ from __future__ import annotations
 import abc
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -144,9 +144,12 @@ class Store(abc.ABC):
     # -- lifecycle ---------------------------------------------------------------------------
 
     @abc.abstractmethod
-    def delete_before(self, cutoff_ns: int) -> RetentionReport:
+    def delete_before(
+        self, cutoff_ns: int, should_stop: Callable[[], bool] = lambda: False
+    ) -> RetentionReport:
         """Delete the samples and spans older than ``cutoff_ns`` (spans by their end), and
-        what only they referenced, without holding ingest up for long.  Blocks until done."""
+        what only they referenced, without holding ingest up for long.  Blocks until done,
+        or until ``should_stop()`` says so between two steps."""
 
     @abc.abstractmethod
     def close(self) -> None:

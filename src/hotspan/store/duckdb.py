@@ -17,7 +17,7 @@ import logging
 import os
 import threading
 from concurrent.futures import Future
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import duckdb
 import numpy as np
@@ -25,6 +25,7 @@ import numpy as np
 from hotspan.model.profile import MAX_SUM, Frame, IngestBatch, ProfileType, SampleColumns
 from hotspan.model.trace import (
     MatchedSpan,
+    SearchError,
     SpanBatch,
     SpanGroup,
     SpanRow,
@@ -105,7 +106,7 @@ CREATE TABLE IF NOT EXISTS span_tags (
     key VARCHAR NOT NULL,
     value VARCHAR NOT NULL,
     type VARCHAR NOT NULL,            -- TraceQL's: string, int, float, bool or keyword
-    last_seen BIGINT NOT NULL,        -- end of the latest span with it
+    last_seen BIGINT NOT NULL,        -- end of a recent span with it (rewritten hourly)
     PRIMARY KEY (tenant_id, scope, key, value, type)
 );
 """
@@ -144,14 +145,15 @@ class DuckDBStore(Store):
         self._known_stacks: set = set()
         self._known_groups: set = set()
         self._groups: Dict[int, SpanGroup] = {}
-        # (tenant_id, scope, key, value, type) -> last_seen written;
+        # (tenant_id, scope, key, value, type) -> [last_seen written, latest seen]: the row is
+        # rewritten only when an hour newer, retention goes by the latest;
         # (tenant_id, scope, key) -> how many values.
-        self._tags: Dict[Tuple[int, str, str, str, str], int] = {}
+        self._tags: Dict[Tuple[int, str, str, str, str], List[int]] = {}
         self._tag_counts: Dict[Tuple[int, str, str], int] = {}
         for tid, scope, key, value, kind, seen in self._con.execute(
             "SELECT tenant_id, scope, key, value, type, last_seen FROM span_tags"
         ).fetchall():
-            self._tags[(tid, scope, key, value, kind)] = seen
+            self._tags[(tid, scope, key, value, kind)] = [seen, seen]
             self._tag_counts[(tid, scope, key)] = self._tag_counts.get((tid, scope, key), 0) + 1
         self._writer = GroupCommitWriter(self._commit)
         self._closed = False
@@ -247,7 +249,7 @@ class DuckDBStore(Store):
                     "INSERT INTO samples SELECT tenant_id, series_id, ts, stack_id, value, "
                     f"span_id, {'trace_id' if traced else 'NULL'} FROM sample_table"
                 )
-            new_groups, new_tags = self._insert_spans(con, span_batches)
+            new_groups, new_tags, seen_tags = self._insert_spans(con, span_batches)
             con.execute("COMMIT")
         except Exception:
             with contextlib.suppress(duckdb.Error):  # a failed COMMIT has already rolled back
@@ -263,21 +265,30 @@ class DuckDBStore(Store):
         self._known_stacks.update(stacks)
         self._known_groups.update(new_groups)
         for tag, seen in new_tags.items():
-            if tag not in self._tags:
+            entry = self._tags.get(tag)
+            if entry is None:
                 count_key = tag[:3]
                 self._tag_counts[count_key] = self._tag_counts.get(count_key, 0) + 1
-            self._tags[tag] = seen
+                self._tags[tag] = [seen, seen]
+            else:
+                entry[0] = max(entry[0], seen)
+                entry[1] = max(entry[1], seen)
+        for tag, seen in seen_tags.items():
+            entry = self._tags.get(tag)
+            if entry is not None and entry[1] < seen:
+                entry[1] = seen
         self._remember_series(series_rows.values())
 
     def _insert_spans(
         self, con: duckdb.DuckDBPyConnection, batches: List[Tuple[str, SpanBatch]]
-    ) -> Tuple[set, Dict[Tuple[int, str, str, str, str], int]]:
+    ) -> Tuple[set, Dict[Tuple[int, str, str, str, str], int], Dict[tuple, int]]:
         """Insert spans, their new groups and tags inside the running transaction; returns
-        what to remember once it commits."""
+        what to remember once it commits: new groups, tags written, tags seen not written."""
         if not batches:
-            return set(), {}
+            return set(), {}, {}
         groups: Dict[int, SpanGroup] = {}
         tags: Dict[Tuple[int, str, str, str, str], int] = {}
+        seen_only: Dict[tuple, int] = {}
         new_per_key: Dict[Tuple[int, str, str], int] = {}
         rows: List[SpanRow] = []
         tenant_ids: List[int] = []
@@ -290,8 +301,8 @@ class DuckDBStore(Store):
                     groups[gid] = group
             for (scope, key, value, kind), seen in batch.tags.items():
                 tag = (tid, scope, key, value, kind)
-                written = self._tags.get(tag)
-                if written is None:
+                entry = self._tags.get(tag)
+                if entry is None:
                     if tag not in tags:
                         # The cap counts the values of this commit too.
                         per_key = tag[:3]
@@ -299,7 +310,9 @@ class DuckDBStore(Store):
                         if known >= MAX_TAG_VALUES:
                             continue
                         new_per_key[per_key] = new_per_key.get(per_key, 0) + 1
-                elif seen < written + TAG_REFRESH_NS:
+                elif seen < entry[0] + TAG_REFRESH_NS:
+                    if seen_only.get(tag, 0) < seen:
+                        seen_only[tag] = seen
                     continue
                 if tags.get(tag, 0) < seen:
                     tags[tag] = seen
@@ -356,7 +369,7 @@ class DuckDBStore(Store):
                 "INSERT INTO span_tags SELECT * FROM tag_table ON CONFLICT DO UPDATE "
                 "SET last_seen = greatest(span_tags.last_seen, excluded.last_seen)"
             )
-        return set(groups), tags
+        return set(groups), tags, seen_only
 
     def _tenant_id(self, con: duckdb.DuckDBPyConnection, tenant: str) -> int:
         """The number of a tenant, created inside the running transaction if new."""
@@ -556,10 +569,11 @@ class DuckDBStore(Store):
                 .fetchall()
             )
             if len(self._groups) > 100_000:
-                self._groups.clear()
+                self._groups = {}  # a new dict: readers holding the old one are unaffected
             for gid, *fields in rows:
                 self._groups[gid] = SpanGroup(*fields)
-        return {g: self._groups[g] for g in group_ids if g in self._groups}
+        cache = self._groups
+        return {g: group for g in group_ids if (group := cache.get(g)) is not None}
 
     def trace(self, tenant: str, trace_id: str) -> List[StoredSpan]:
         rows = (
@@ -584,7 +598,11 @@ class DuckDBStore(Store):
 
     def find_traces(self, tenant: str, query: TraceQuery) -> List[TraceSummary]:
         sql, params = search_sql(self._tenant_ids.get(tenant, -1), query)
-        rows = self._cursor().execute(sql, params).fetchall()
+        try:
+            rows = self._cursor().execute(sql, params).fetchall()
+        except (duckdb.InvalidInputException, duckdb.ConversionException) as exc:
+            # A regular expression RE2 refuses, a value of the wrong type: the query's fault.
+            raise SearchError(str(exc).splitlines()[0]) from None
         # One row per (trace, matched span), traces in order.
         found: Dict[str, list] = {}
         for trace_id, service, name, t0, t1, count, span_id, span_name, start, end, n in rows:
@@ -611,41 +629,41 @@ class DuckDBStore(Store):
         )
         return dict(rows)
 
+    def _tags_of(self, tenant: str, since_ns: int) -> List[Tuple[str, str, str, str]]:
+        """(scope, key, value, type) seen for the tenant since the given time, from memory:
+        there every tag has its latest time, while the table's may be an hour behind."""
+        tid = self._tenant_ids.get(tenant, -1)
+        # list() copies the items in one step under the GIL while the writer may add some.
+        return [
+            tag[1:]
+            for tag, entry in list(self._tags.items())
+            if tag[0] == tid and entry[1] >= since_ns
+        ]
+
     def tag_names(self, tenant: str, since_ns: int = 0) -> Dict[str, List[str]]:
-        rows = (
-            self._cursor()
-            .execute(
-                "SELECT scope, key FROM span_tags WHERE tenant_id = ? AND last_seen >= ? "
-                "GROUP BY ALL ORDER BY scope, key",
-                [self._tenant_ids.get(tenant, -1), since_ns],
-            )
-            .fetchall()
-        )
-        out: Dict[str, List[str]] = {}
-        for scope, key in rows:
-            out.setdefault(scope, []).append(key)
-        return out
+        out: Dict[str, set] = {}
+        for scope, key, _, _ in self._tags_of(tenant, since_ns):
+            out.setdefault(scope, set()).add(key)
+        return {scope: sorted(keys) for scope, keys in sorted(out.items())}
 
     def tag_values(
         self, tenant: str, scope: Optional[str], name: str, since_ns: int = 0
     ) -> List[Tuple[str, str]]:
-        sql = (
-            "SELECT DISTINCT value, type FROM span_tags WHERE tenant_id = ? AND key = ? "
-            "AND last_seen >= ?"
-        )
-        params: list = [self._tenant_ids.get(tenant, -1), name, since_ns]
-        if scope is not None:
-            sql += " AND scope = ?"
-            params.append(scope)
-        rows = self._cursor().execute(sql + " ORDER BY value, type", params).fetchall()
-        return [(value, kind) for value, kind in rows]
+        found = {
+            (value, kind)
+            for tag_scope, key, value, kind in self._tags_of(tenant, since_ns)
+            if key == name and (scope is None or tag_scope == scope)
+        }
+        return sorted(found)
 
     # -- retention ---------------------------------------------------------------------------
 
-    def delete_before(self, cutoff_ns: int) -> RetentionReport:
+    def delete_before(
+        self, cutoff_ns: int, should_stop: Callable[[], bool] = lambda: False
+    ) -> RetentionReport:
         report = RetentionReport()
         for table, column in (("samples", "ts"), ("spans", "end_ns")):
-            while True:
+            while not should_stop():
                 oldest = self._cursor().execute(f"SELECT min({column}) FROM {table}").fetchone()
                 if oldest is None or oldest[0] is None or oldest[0] >= cutoff_ns:
                     break
@@ -676,6 +694,8 @@ class DuckDBStore(Store):
                 for sid, rec in by_id.items()
                 if rec.last_ts < cutoff_ns
             ]
+        # By the latest time a tag was seen (the row's last_seen may be an hour behind).
+        gone_tags = [tag for tag, (_, latest) in self._tags.items() if latest < cutoff_ns]
         con.execute("BEGIN TRANSACTION")
         try:
             if gone:
@@ -687,7 +707,19 @@ class DuckDBStore(Store):
                     "DELETE FROM series WHERE (tenant, series_id) IN "
                     "(SELECT (tenant, series_id) FROM gone_table)"
                 )
-            con.execute("DELETE FROM span_tags WHERE last_seen < ?", [cutoff_ns])
+            if gone_tags:
+                t = list(zip(*gone_tags))
+                gone_tag_table = {  # noqa: F841
+                    "tenant_id": np.array(t[0], dtype=np.int32),
+                    "scope": np.array(t[1], dtype=object),
+                    "key": np.array(t[2], dtype=object),
+                    "value": np.array(t[3], dtype=object),
+                    "type": np.array(t[4], dtype=object),
+                }
+                con.execute(
+                    "DELETE FROM span_tags WHERE (tenant_id, scope, key, value, type) IN "
+                    "(SELECT (tenant_id, scope, key, value, type) FROM gone_tag_table)"
+                )
             con.execute(
                 "DELETE FROM span_groups WHERE group_id NOT IN "
                 "(SELECT DISTINCT group_id FROM spans)"
@@ -703,7 +735,7 @@ class DuckDBStore(Store):
         # Stacks and groups deleted above are written again by the next push that has them.
         self._known_stacks.clear()
         self._known_groups.clear()
-        for tag in [t for t, seen in self._tags.items() if seen < cutoff_ns]:
+        for tag in gone_tags:
             del self._tags[tag]
             self._tag_counts[tag[:3]] -= 1
         with self._series_lock:

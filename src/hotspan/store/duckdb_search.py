@@ -71,11 +71,17 @@ def _attribute(key: str, op: str, value: object) -> SQL:
     return f"{has_key} AND {sql}", [clean(key), pattern, *params]
 
 
+def _text(key: str, value: object) -> str:
+    if not isinstance(value, str):
+        raise SearchError(f'{key} compares with a string, such as {key}="value"')
+    return value
+
+
 def span_condition(cond: Condition) -> SQL:
     """SQL over one ``spans`` row."""
     key, op, value = cond.key, cond.op, cond.value
     if key in ("name", "span:name"):
-        return _compare("name", op, value)
+        return _compare("name", op, _text(key, value))
     if key in ("status", "span:status"):
         return _compare("status_code", op, _code(STATUS_CODES, value, "status"))
     if key in ("kind", "span:kind"):
@@ -83,7 +89,7 @@ def span_condition(cond: Condition) -> SQL:
     if key in ("duration", "span:duration"):
         return _compare("(end_ns - start_ns)", op, value)
     if key in ("resource.service.name", ".service.name", "service.name"):
-        return _compare("service", op, value)
+        return _compare("service", op, _text(key, value))
     if key == "trace:id":
         return _compare("trace_id", op, str(value).lower().rjust(32, "0"))
     if key == "span:id":
@@ -117,7 +123,11 @@ def _trace_condition(cond: Condition) -> SQL:
     }.get(cond.key)
     if expr is None:
         raise SearchError(f"{cond.key!r} is not a trace-wide intrinsic")
-    return _compare(expr, cond.op, cond.value)
+    if expr == "(t1 - t0)":
+        if not isinstance(cond.value, int):
+            raise SearchError(f"{cond.key} compares with a duration, such as 100ms")
+        return _compare(expr, cond.op, cond.value)
+    return _compare(expr, cond.op, _text(cond.key, cond.value))
 
 
 def _spanset(conds: Tuple[Condition, ...], base: str, base_params: list) -> SQL:
