@@ -12,7 +12,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, Iterator, List, Optional, Tuple
 
 BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
 REPO_DIR = os.path.dirname(BENCH_DIR)
@@ -386,3 +386,24 @@ def fmt_number(n: object) -> str:
     if isinstance(n, int):
         return f"{n:,}"
     return str(n)
+
+
+@contextlib.contextmanager
+def measured_server(data_dir: str) -> Iterator[Tuple[Server, Dict[str, object]]]:
+    """A started server and the dict its start-up, peak RSS and stop are recorded in."""
+    server = Server(data_dir).start()
+    out: Dict[str, object] = {
+        "server_startup_s": round(server.startup_s, 2),
+        "server_rss_after_start_mib": mib(server.memory().get("VmRSS", 0)),
+    }
+    sampler = RssSampler(server.pid, 0.1)
+    sampler.start()
+    try:
+        yield server, out
+        mem = server.memory()
+        out["server_rss_end_mib"] = mib(mem.get("VmRSS", 0))
+        out["server_peak_rss_mib"] = mib(max(mem.get("VmHWM", 0), sampler.stop()))
+    finally:
+        sampler.stop()
+        out["server_stop"] = server.stop()
+        out["server_stderr"] = server.stderr_tail()[-2000:]

@@ -359,15 +359,8 @@ def run_http(
     warmups: int,
     log: Callable[[str], None],
 ) -> Dict[str, object]:
-    server = common.Server(data_dir).start()
-    out: Dict[str, object] = {
-        "server_startup_s": round(server.startup_s, 2),
-        "server_rss_after_start_mib": common.mib(server.memory().get("VmRSS", 0)),
-    }
-    sampler = common.RssSampler(server.pid, 0.1)
-    sampler.start()
     results = {}
-    try:
+    with common.measured_server(data_dir) as (server, out):
         client = Client(server.host, server.port)
         for q in _queries(params, service):
             times: List[float] = []
@@ -392,12 +385,6 @@ def run_http(
                 f"  {q['name']}: median {summary['median_ms']} ms, p90 {summary['p90_ms']} ms, "
                 f"first {summary['first_ms']} ms"
             )
-        mem = server.memory()
-        out["server_rss_end_mib"] = common.mib(mem.get("VmRSS", 0))
-        out["server_peak_rss_mib"] = common.mib(max(mem.get("VmHWM", 0), sampler.stop()))
-    finally:
-        sampler.stop()
-        out["server_stop"] = server.stop()
     out["queries"] = results
     return out
 

@@ -1176,15 +1176,8 @@ def run_queries(
     warmups: int,
     log: Callable[[str], None],
 ) -> Dict[str, object]:
-    server = common.Server(data_dir).start()
-    out: Dict[str, object] = {
-        "server_startup_s": round(server.startup_s, 2),
-        "server_rss_after_start_mib": common.mib(server.memory().get("VmRSS", 0)),
-    }
-    sampler = common.RssSampler(server.pid, 0.1)
-    sampler.start()
     results: Dict[str, object] = {}
-    try:
+    with common.measured_server(data_dir) as (server, out):
         client = Client(server.host, server.port)
         for q in _queries(params, targets):
             times: List[float] = []
@@ -1220,12 +1213,6 @@ def run_queries(
                 f"  {q['name']}: median {summary['median_ms']} ms, p90 {summary['p90_ms']} ms "
                 f"(first {round((first or 0) * 1000, 1)} ms) {info}"
             )
-        out["server_peak_rss_mib"] = common.mib(
-            max(sampler.stop(), server.memory().get("VmHWM", 0))
-        )
-    finally:
-        out["server_stop"] = server.stop()
-        out["server_stderr"] = server.stderr_tail()[-2000:]
     out["queries"] = results
     return out
 
