@@ -1,4 +1,4 @@
-"""Trace questions on top of the store: search parameters, span descendants, CPU per span.
+"""Trace questions on top of the store: span descendants, CPU per span.
 
 The link between the halves is the span id each profile sample carries: a span's profile is
 the samples with its id, its descendants' profile adds the ids of every span below it in its
