@@ -4,6 +4,7 @@ latency statistics."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import platform
 import re
@@ -407,3 +408,16 @@ def measured_server(data_dir: str) -> Iterator[Tuple[Server, Dict[str, object]]]
         sampler.stop()
         out["server_stop"] = server.stop()
         out["server_stderr"] = server.stderr_tail()[-2000:]
+
+
+DATA_MARKER = "bench-params.json"
+
+
+def cached_data(data_dir: str, params: Dict[str, int], rebuild: bool) -> Optional[dict]:
+    """What a finished build of ``data_dir`` recorded, if it was built with ``params``."""
+    marker = os.path.join(data_dir, DATA_MARKER)
+    if rebuild or not os.path.exists(marker):
+        return None
+    with open(marker) as f:
+        saved = json.load(f)
+    return saved if saved.get("params") == params else None

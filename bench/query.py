@@ -66,7 +66,7 @@ def data_dir_for(params: Dict[str, object]) -> str:
     return os.path.join("/tmp", f"hotspan-bench-query-{key}")
 
 
-MARKER = "bench-params.json"
+MARKER = common.DATA_MARKER
 
 
 def _series_labels(params: Dict[str, int]) -> List[Dict[str, str]]:
@@ -204,12 +204,10 @@ def build(params: Dict[str, int], data_dir: str, log: Callable[[str], None]) -> 
 def ensure_data(params: Dict[str, int], log: Callable[[str], None], rebuild: bool = False):  # type: ignore[no-untyped-def]
     data_dir = data_dir_for(params)
     marker = os.path.join(data_dir, MARKER)
-    if not rebuild and os.path.exists(marker):
-        with open(marker) as f:
-            saved = json.load(f)
-        if saved.get("params") == params:
-            log(f"  query data: reusing {data_dir}")
-            return data_dir, saved["build"], True
+    saved = common.cached_data(data_dir, params, rebuild)
+    if saved is not None:
+        log(f"  query data: reusing {data_dir}")
+        return data_dir, saved["build"], True
     log(f"  query data: building {data_dir} ({params['samples']:,} samples)")
     t0 = time.perf_counter()
     timings = build(params, data_dir, log)

@@ -767,7 +767,7 @@ FULL = {
     "load_concurrency": 8,
 }
 QUICK = dict(FULL, spans=100_000)
-MARKER = "bench-params.json"
+MARKER = common.DATA_MARKER
 SAMPLE_PROB = {"server": 0.7, "internal": 0.8, "db": 0.3}
 
 
@@ -1011,13 +1011,10 @@ def ensure_data(
     params: Dict[str, int], log: Callable[[str], None], rebuild: bool = False
 ) -> Tuple[str, Dict[str, object], bool]:
     data_dir = data_dir_for(params)
-    marker = os.path.join(data_dir, MARKER)
-    if not rebuild and os.path.exists(marker):
-        with open(marker) as f:
-            saved = json.load(f)
-        if saved.get("params") == params:
-            log(f"  traces data: reusing {data_dir}")
-            return data_dir, saved, True
+    saved = common.cached_data(data_dir, params, rebuild)
+    if saved is not None:
+        log(f"  traces data: reusing {data_dir}")
+        return data_dir, saved, True
     log(f"  traces data: building {data_dir} ({params['spans']:,} spans)")
     saved = build(params, data_dir, log)
     return data_dir, saved, False
