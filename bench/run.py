@@ -288,7 +288,7 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="small, fast version")
     parser.add_argument(
         "--only",
-        choices=["ingest", "query", "agent", "traces"],
+        choices=["ingest", "query", "agent", "traces", "ui"],
         help="run one benchmark (agent and traces run only when asked for)",
     )
     parser.add_argument(
@@ -315,6 +315,8 @@ def main() -> int:
         return run_agent(args, report, t0)
     if args.only == "traces":
         return run_traces(args, report, t0)
+    if args.only == "ui":  # the flame graph in Chromium; writes ui.md/.json (bench/ui.py)
+        return __import__("ui").run_from(args, report, t0, log)
     if args.only in (None, "ingest"):
         import ingest
 

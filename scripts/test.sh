@@ -7,13 +7,19 @@ cd "$(dirname "$0")/.."
 # Debian's externally-managed Python refuses plain pip installs; this is a test machine.
 export PIP_BREAK_SYSTEM_PACKAGES=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore
 
-# Go brings `go tool pprof` (a real pprof reader) and runtime/pprof (a real producer).
-if ! command -v go >/dev/null 2>&1; then
+# Go brings `go tool pprof` (a real pprof reader) and runtime/pprof (a real producer);
+# Chromium runs the UI tests (Playwright drives it; Playwright's own browser download is not
+# used).
+missing=()
+command -v go >/dev/null 2>&1 || missing+=(golang-go)
+command -v chromium >/dev/null 2>&1 || missing+=(chromium)
+if [ ${#missing[@]} -gt 0 ]; then
     sudo=""
     if [ "$(id -u)" -ne 0 ]; then sudo="sudo"; fi
     $sudo apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq golang-go >/dev/null
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
+export HOTSPAN_REQUIRE_BROWSER=1
 
 python3 -m pip install -q -e ".[test]"
 python3 -m ruff check src tests bench

@@ -285,6 +285,16 @@ class StoreContract:
         assert store.find_traces("other", TraceQuery(0, 1000 * SEC)) == []
         limited = store.find_traces("t", TraceQuery(0, 1000 * SEC, limit=1, spans_per_trace=1))
         assert [t.trace_id for t in limited] == [TRACE_B]
+        # order="duration": the longest first, and the limit keeps the longest.
+        longest = TraceQuery(0, 1000 * SEC, order="duration")
+        assert [t.trace_id for t in store.find_traces("t", longest)] == [TRACE_A, TRACE_B]
+        longest = TraceQuery(0, 1000 * SEC, limit=1, order="duration")
+        assert [t.trace_id for t in store.find_traces("t", longest)] == [TRACE_A]
+        # The trace's duration, not the matching span's: "sql" (1 s) is in a 3 s trace.
+        (found,) = store.find_traces(
+            "t", TraceQuery(0, 1000 * SEC, ((Condition("name", "=", "sql"),),), order="duration")
+        )
+        assert (found.trace_id, found.duration_ns) == (TRACE_A, 3 * SEC)
 
     def test_tags_and_values(self, store: Store) -> None:
         self._two_traces(store)

@@ -1571,3 +1571,32 @@ def test_tags_in_use_stay_listed_though_their_row_is_an_hour_old(srv) -> None:  
     assert values["tagValues"] == [{"type": "string", "value": "va"}]
     names = get(srv, "/api/v2/search/tags", "lag", params={**recent, "scope": "span"}).json()
     assert names["scopes"] == [{"name": "span", "tags": ["lag.k"]}]
+
+
+# -- hotspan's extension: sort=duration ----------------------------------------------------
+
+
+def test_search_sort_by_duration_keeps_the_longest_traces(srv, sd: SearchData) -> None:
+    # Trace durations: T1 120ms, T2 20ms, T3 300ms, T4 2s, T5 50ms.
+    assert found(srv, "search", q="{}", sort="duration", **WINDOW) == _ids(
+        sd, "T4", "T3", "T1", "T5", "T2"
+    )
+    # The limit keeps the longest, not the newest (T5 and T4).
+    assert found(srv, "search", q="{}", sort="duration", limit="2", **WINDOW) == _ids(
+        sd, "T4", "T3"
+    )
+    assert found(
+        srv, "search", q='{resource.service.name="checkout"}', sort="duration", **WINDOW
+    ) == _ids(sd, "T1", "T5", "T2")
+    assert found(srv, "search", tags="service.name=checkout", sort="duration", **WINDOW) == _ids(
+        sd, "T1", "T5", "T2"
+    )
+    assert found(srv, "search", q="{traceDuration>100ms}", sort="duration", **WINDOW) == _ids(
+        sd, "T4", "T3", "T1"
+    )
+    # Without the parameter (or with sort=recent), Tempo's order: the newest first.
+    assert found(srv, "search", q="{}", sort="recent", **WINDOW) == _ids(
+        sd, "T5", "T4", "T3", "T2", "T1"
+    )
+    r = search(srv, "search", q="{}", sort="slowest", **WINDOW)
+    assert r.status_code == 400 and "sort must be one of recent, duration" in r.text

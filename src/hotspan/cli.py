@@ -129,7 +129,7 @@ def _server(args: argparse.Namespace) -> int:
     port = sockets[0].getsockname()[1]
     print(
         f"hotspan {__version__} listening on http://{host}:{port} "
-        f"(data in {os.path.abspath(config.data_dir)})",
+        f"(web UI at that address; data in {os.path.abspath(config.data_dir)})",
         flush=True,
     )
     server = graceful_server(

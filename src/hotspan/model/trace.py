@@ -138,6 +138,8 @@ class StoredSpan:
 # Intrinsics that describe a whole trace rather than one span.
 TRACE_INTRINSICS = ("traceDuration", "rootName", "rootServiceName")
 OPERATORS = ("=", "!=", "=~", "!~", ">", ">=", "<", "<=")
+# TraceQuery.order: "recent" (Tempo's order, the newest first), "duration" (the longest first).
+TRACE_ORDERS = ("recent", "duration")
 
 
 class SearchError(ValueError):
@@ -158,7 +160,7 @@ class Condition:
 @dataclass(frozen=True)
 class TraceQuery:
     """Traces with, for each spanset, a span that started in the range and meets all of the
-    spanset's conditions; and that meet the trace-wide conditions."""
+    spanset's conditions; and that meet the trace-wide conditions; in ``order``."""
 
     start_ns: int
     end_ns: int
@@ -166,6 +168,8 @@ class TraceQuery:
     trace_conditions: Tuple[Condition, ...] = ()
     limit: int = 20
     spans_per_trace: int = 3
+    # Which traces come first and survive ``limit``: one of TRACE_ORDERS.
+    order: str = "recent"
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import html
 import logging
 from typing import AsyncIterator, Optional
 
@@ -11,49 +10,24 @@ from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.middleware.gzip import GZipMiddleware
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, PlainTextResponse, Response
+from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
-from hotspan import __version__
 from hotspan.query.engine import QueryEngine
 from hotspan.query.traces import TraceEngine
 from hotspan.server import ingest, otlp, querier, render, span_profiles, tempo
 from hotspan.server.config import ServerConfig
-from hotspan.server.errors import HTTPError
-from hotspan.server.request import check_token, tenant_of
 from hotspan.server.retention import RetentionLoop
 from hotspan.server.state import ServerState
 from hotspan.store import open_store
 from hotspan.store.base import Store
+from hotspan.ui.routes import routes as ui_routes
 
 log = logging.getLogger(__name__)
 
 
 async def ready(request: Request) -> Response:
     return PlainTextResponse("ready\n")
-
-
-async def index(request: Request) -> Response:
-    """A plain overview of what the server holds, with the endpoints to send data to."""
-    state: ServerState = request.app.state.hotspan
-    try:
-        # It lists service names: the same guard as the query API.
-        check_token(request, state.config.query_tokens)
-        tenant = tenant_of(request, state.config)
-    except HTTPError as exc:
-        return PlainTextResponse(exc.message + "\n", status_code=exc.status)
-    services = sorted({rec.labels.get("service_name", "") for rec in state.store.series(tenant)})
-    items = "".join(f"<li>{html.escape(s)}</li>" for s in services if s) or (
-        "<li>no profiles yet: point an agent or a Pyroscope SDK at this address</li>"
-    )
-    body = f"""<!doctype html><meta charset="utf-8"><title>hotspan</title>
-<h1>hotspan {__version__}</h1>
-<p>Services with profiles (tenant <code>{html.escape(tenant)}</code>):</p><ul>{items}</ul>
-<p>Ingest: <code>POST /ingest</code>, <code>POST /push.v1.PusherService/Push</code>,
-OTLP <code>POST /v1/traces</code> and <code>POST /v1development/profiles</code>.
-Query: <code>/querier.v1.QuerierService/*</code>, <code>GET /pyroscope/render</code>,
-<code>GET /api/search</code>, <code>GET /api/traces/{id}</code>.</p>"""
-    return HTMLResponse(body)
 
 
 def _with_middleware(route: Route, middleware: list) -> Route:
@@ -92,7 +66,6 @@ def create_app(config: Optional[ServerConfig] = None, store: Optional[Store] = N
     # graph; level 1 costs 2 ms); ingest answers are empty and skip the middleware.
     compressed = [Middleware(GZipMiddleware, minimum_size=4096, compresslevel=1)]
     routes = [
-        Route("/", index, methods=["GET"]),
         Route("/ready", ready, methods=["GET"]),
         Route("/ingest", ingest.ingest, methods=["POST"]),
         Route("/pyroscope/ingest", ingest.ingest, methods=["POST"]),
@@ -103,6 +76,7 @@ def create_app(config: Optional[ServerConfig] = None, store: Optional[Store] = N
             _with_middleware(r, compressed)
             for r in querier.routes + render.routes + span_profiles.routes + tempo.routes
         ),
+        *ui_routes,
     ]
     app = Starlette(routes=routes, lifespan=lifespan)
     app.state.hotspan = state

@@ -9,6 +9,7 @@ strictly, and an unknown field would fail the query.
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import Dict, List, Optional, Tuple
 
 from starlette.concurrency import run_in_threadpool
@@ -20,6 +21,7 @@ from hotspan.formats.otlp import encode_json
 from hotspan.formats.otlp_traces import traces_data
 from hotspan.model.trace import (
     TRACE_INTRINSICS,
+    TRACE_ORDERS,
     SearchError,
     TraceQuery,
 )
@@ -146,6 +148,16 @@ def _varint(value: int) -> bytes:
 
 
 def search_query(request: Request) -> TraceQuery:
+    """The query of a search request; ``sort=duration`` (a hotspan extension, absent from
+    Tempo) keeps the longest traces instead of the newest, longest first."""
+    query = _search_query(request)
+    sort = request.query_params.get("sort") or "recent"
+    if sort not in TRACE_ORDERS:
+        raise HTTPError(400, f"sort must be one of {', '.join(TRACE_ORDERS)}, not {sort!r}")
+    return replace(query, order=sort) if sort != query.order else query
+
+
+def _search_query(request: Request) -> TraceQuery:
     params = request.query_params
     start = seconds_param(request, "start")
     end = seconds_param(request, "end")

@@ -16,6 +16,7 @@ from hotspan.model.trace import (
     RS,
     SPAN_KINDS,
     STATUS_CODES,
+    TRACE_ORDERS,
     US,
     Condition,
     SearchError,
@@ -164,8 +165,13 @@ def search_sql(tenant_id: int, query: TraceQuery) -> SQL:
         sql, args = _trace_condition(cond)
         having.append(sql)
         having_params.extend(args)
-    if having:
-        # Trace-wide conditions need every matching trace's bounds and root.
+    if query.order not in TRACE_ORDERS:
+        orders = ", ".join(TRACE_ORDERS)
+        raise SearchError(f"order must be one of {orders}, not {query.order!r}")
+    by_duration = query.order == "duration"
+    if having or by_duration:
+        # Trace-wide conditions, and the longest first, need every matching trace's bounds
+        # and root.
         candidates = f"""
     SELECT trace_id FROM (
         SELECT trace_id, {_ROOT_COLUMNS}, min(start_ns) AS t0, max(end_ns) AS t1
@@ -173,8 +179,8 @@ def search_sql(tenant_id: int, query: TraceQuery) -> SQL:
         WHERE tenant_id = ? AND trace_id IN (SELECT trace_id FROM matched)
         GROUP BY trace_id
     )
-    WHERE {" AND ".join(having)}
-    ORDER BY t0 DESC, trace_id
+    WHERE {" AND ".join(having) or "TRUE"}
+    ORDER BY {"t1 - t0" if by_duration else "t0"} DESC, trace_id
     LIMIT ?"""
         candidate_params = [tenant_id, *having_params, query.limit]
     else:
@@ -209,7 +215,7 @@ WITH matched AS (
 SELECT f.trace_id, f.root_service, f.root_name, f.t0, f.t1, f.spans,
        s.span_id, s.name, s.start_ns, s.end_ns, s.n
 FROM found f JOIN shown s ON s.trace_id = f.trace_id AND s.rn <= ?
-ORDER BY f.t0 DESC, f.trace_id, s.rn
+ORDER BY {"f.t1 - f.t0" if by_duration else "f.t0"} DESC, f.trace_id, s.rn
 """
     return sql, [
         *params,

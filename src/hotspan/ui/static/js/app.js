@@ -1,0 +1,48 @@
+// The UI's entry point: which view answers which path, and the settings dialog.
+
+import { saveSettings, settings } from "./api.js";
+import { el } from "./dom.js";
+import { renderDiff, renderProfiles } from "./profiles.js";
+import { route, start } from "./router.js";
+import { renderTraceSearch, renderTraceView } from "./traces.js";
+
+route(/^\/(profiles)?$/, renderProfiles);
+route(/^\/diff$/, renderDiff);
+route(/^\/traces\/?$/, renderTraceSearch);
+route(/^\/traces\/([^/]+)$/, renderTraceView);
+
+function openSettings() {
+  const current = settings();
+  const token = el("input", { type: "password", value: current.token, autocomplete: "off" });
+  const tenant = el("input", { value: current.tenant, placeholder: "anonymous" });
+  const dialog = el(
+    "dialog",
+    { class: "hs-dialog" },
+    el(
+      "form",
+      { method: "dialog" },
+      el("h2", {}, "Settings"),
+      el("p", {}, "Sent with every query this browser makes to this server."),
+      el("label", {}, "Query token ", token),
+      el("label", {}, "Tenant (X-Scope-OrgID) ", tenant),
+      el(
+        "div",
+        { class: "hs-dialog-buttons" },
+        el("button", { value: "cancel" }, "Cancel"),
+        el("button", { value: "save", class: "hs-primary" }, "Save and reload"),
+      ),
+    ),
+  );
+  dialog.addEventListener("close", () => {
+    if (dialog.returnValue === "save") {
+      saveSettings({ token: token.value.trim(), tenant: tenant.value.trim() });
+      location.reload();
+    }
+    dialog.remove();
+  });
+  document.body.append(dialog);
+  dialog.showModal();
+}
+
+document.getElementById("hs-settings-button").addEventListener("click", openSettings);
+start(document.getElementById("app"));

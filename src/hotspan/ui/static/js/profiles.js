@@ -1,0 +1,635 @@
+// The profile explorer (`/`, `/profiles`) and the diff view (`/diff`).
+//
+// URL parameters, as Pyroscope names them where it has a name:
+//   /profiles?profileType=<id>&query={service_name="api",env="prod"}&from=now-1h&until=now
+//             &groupBy=<label>&traceId=<32 hex>|spanId=<16 hex>
+//   /diff?profileType=<id>&leftQuery=...&leftFrom=...&leftUntil=...
+//        &rightQuery=...&rightFrom=...&rightUntil=...
+
+import {
+  ApiError,
+  CPU,
+  querier,
+  querierBinary,
+  selectMergeProfileRequest,
+} from "./api.js";
+import { el, message } from "./dom.js";
+import { LabelFilters } from "./filters.js";
+import { unitOf } from "./format.js";
+import { formatSelector, parseSelector, serviceOf, withService } from "./labels.js";
+import { ProfilePanel } from "./panel.js";
+import { setQuery } from "./router.js";
+import { Timeline, stepFor } from "./timeline.js";
+import {
+  absoluteRange,
+  DEFAULT_FROM,
+  DEFAULT_UNTIL,
+  describeRange,
+  resolveRange,
+  TimeRangePicker,
+} from "./timerange.js";
+
+const TRACE_ID = /^[0-9a-f]{32}$/;
+const SPAN_ID = /^[0-9a-f]{16}$/;
+
+/** What an empty server or selection should make the user do next. */
+function agentHint() {
+  const origin = location.origin;
+  return el(
+    "span",
+    {},
+    "Widen the time range, or check that your programs send profiles to ",
+    el("code", {}, origin),
+    ": ",
+    el("code", {}, `hotspan.configure(server_address="${origin}", application_name="my-app")`),
+    ", or a Pyroscope SDK with this server address.",
+  );
+}
+
+function errorBox(err) {
+  if (err instanceof ApiError) return message("error", err.message, err.hint || null);
+  return message("error", String(err.message || err));
+}
+
+/** Profile types and services that have data in a range, from one Series call. */
+async function catalogue(startMs, endMs, signal) {
+  const answer = await querier(
+    "Series",
+    { matchers: [], labelNames: ["service_name", "__profile_type__"], start: startMs, end: endMs },
+    { signal },
+  );
+  const types = new Map(); // service -> Set(profile type ids)
+  for (const set of answer.labelsSet || []) {
+    const labels = Object.fromEntries((set.labels || []).map((l) => [l.name, l.value]));
+    const service = labels.service_name || "";
+    const type = labels.__profile_type__;
+    if (!type) continue;
+    if (!types.has(service)) types.set(service, new Set());
+    types.get(service).add(type);
+  }
+  return types;
+}
+
+function typeLabel(id) {
+  // name:sample_type:sample_unit:period_type:period_unit -> "process_cpu / cpu"
+  const [name, sampleType] = id.split(":");
+  return name === sampleType ? name : `${name} / ${sampleType}`;
+}
+
+function pickType(available, wanted) {
+  const list = [...available].sort();
+  if (wanted && available.has(wanted)) return wanted;
+  if (available.has(CPU)) return CPU;
+  return list.find((t) => t.includes(":cpu:")) || list[0] || wanted || CPU;
+}
+
+function selectOf(className, label, options, value, onChange) {
+  const select = el(
+    "select",
+    { class: className, "aria-label": label, onchange: () => onChange(select.value) },
+    options.map(([v, text]) => el("option", { value: v }, text)),
+  );
+  select.value = value;
+  return select;
+}
+
+// --- the explorer -----------------------------------------------------------------------
+
+class ProfilesView {
+  constructor(root, params) {
+    this.root = root;
+    this.state = {
+      profileType: params.get("profileType") || "",
+      query: params.get("query") || "{}",
+      from: params.get("from") || DEFAULT_FROM,
+      until: params.get("until") || DEFAULT_UNTIL,
+      groupBy: params.get("groupBy") || "",
+      traceId: (params.get("traceId") || "").toLowerCase(),
+      spanId: (params.get("spanId") || "").toLowerCase(),
+    };
+    this.controller = null;
+    this.build();
+    this.load();
+  }
+
+  build() {
+    this.serviceSlot = el("span", { class: "hs-field" });
+    this.typeSlot = el("span", { class: "hs-field" });
+    const rangeSlot = el("span", { class: "hs-field" });
+    this.traceInput = el("input", {
+      class: "hs-trace-filter",
+      "aria-label": "Trace or span id",
+      placeholder: "trace id or span id",
+      size: 34,
+      value: this.state.traceId || this.state.spanId,
+    });
+    const traceForm = el(
+      "form",
+      { class: "hs-trace-form", onsubmit: (e) => this.applyTraceFilter(e) },
+      this.traceInput,
+      el("button", { type: "submit" }, "Filter"),
+    );
+    this.traceNote = el("span", { class: "hs-trace-note" });
+    this.toolbar = el(
+      "section",
+      { class: "hs-toolbar" },
+      el("label", {}, "Service ", this.serviceSlot),
+      el("label", {}, "Profile ", this.typeSlot),
+      rangeSlot,
+      traceForm,
+      this.traceNote,
+    );
+    this.filterSlot = el("div", { class: "hs-filter-row" });
+    this.groupSlot = el("span", { class: "hs-field" });
+    this.timelineSlot = el("div", {});
+    this.banner = el("div", { class: "hs-banner" });
+    const panelSlot = el("section", { class: "hs-profile" });
+    this.root.append(
+      el("h1", { class: "hs-title" }, "Profiles"),
+      this.toolbar,
+      this.filterSlot,
+      el("section", { class: "hs-timeline-section" },
+        el("div", { class: "hs-timeline-head" }, el("span", {}, "Over time"), this.groupSlot),
+        this.timelineSlot),
+      this.banner,
+      panelSlot,
+    );
+    this.picker = new TimeRangePicker(rangeSlot, {
+      from: this.state.from,
+      until: this.state.until,
+      onChange: (from, until) => this.change({ from, until }, true),
+    });
+    this.timeline = new Timeline(this.timelineSlot, {
+      unit: unitOf(this.state.profileType || CPU),
+      onSelect: (startMs, endMs) => {
+        const { from, until } = absoluteRange(startMs, endMs);
+        this.picker.set(from, until);
+        this.change({ from, until }, true);
+      },
+    });
+    this.panel = new ProfilePanel(panelSlot, {
+      unit: unitOf(this.state.profileType || CPU),
+      title: "",
+      exportName: "profile",
+      exports: () => this.serverExports(),
+    });
+    this.renderTraceNote();
+  }
+
+  destroy() {
+    if (this.controller) this.controller.abort();
+    this.timeline.destroy();
+  }
+
+  change(changes, push = false) {
+    Object.assign(this.state, changes);
+    setQuery(changes, { push });
+    this.load();
+  }
+
+  applyTraceFilter(event) {
+    event.preventDefault();
+    const id = this.traceInput.value.trim().toLowerCase().replace(/-/g, "");
+    if (id && !TRACE_ID.test(id) && !SPAN_ID.test(id)) {
+      this.traceInput.setCustomValidity(
+        "a trace id is 32 hex digits, a span id 16 (as OpenTelemetry writes them)",
+      );
+      this.traceInput.reportValidity();
+      return;
+    }
+    this.traceInput.setCustomValidity("");
+    const traceId = TRACE_ID.test(id) ? id : "";
+    const spanId = SPAN_ID.test(id) ? id : "";
+    this.change({ traceId, spanId }, true);
+    this.renderTraceNote();
+  }
+
+  renderTraceNote() {
+    const { traceId, spanId } = this.state;
+    this.traceNote.replaceChildren();
+    if (traceId) {
+      this.traceNote.append(
+        "Only samples of trace ",
+        el("a", { href: `/traces/${traceId}` }, traceId.slice(0, 8)),
+        " · ",
+        el("button", { type: "button", class: "hs-link", onclick: () => this.clearTrace() }, "clear"),
+      );
+    } else if (spanId) {
+      this.traceNote.append(
+        `Only samples of span ${spanId} · `,
+        el("button", { type: "button", class: "hs-link", onclick: () => this.clearTrace() }, "clear"),
+      );
+    }
+  }
+
+  clearTrace() {
+    this.traceInput.value = "";
+    this.change({ traceId: "", spanId: "" }, true);
+    this.renderTraceNote();
+  }
+
+  matchers() {
+    return parseSelector(this.state.query);
+  }
+
+  async load() {
+    if (this.controller) this.controller.abort();
+    const controller = new AbortController();
+    this.controller = controller;
+    const { signal } = controller;
+    this.banner.replaceChildren();
+    let range;
+    let matchers;
+    try {
+      range = resolveRange(this.state.from, this.state.until);
+      matchers = this.matchers();
+    } catch (err) {
+      this.panel.setMessage(message("error", err.message, "Fix it in the address bar or pick a preset."));
+      return;
+    }
+    this.range = range;
+    this.panel.setLoading("Loading profiles…");
+    try {
+      const services = await catalogue(range.startMs, range.endMs, signal);
+      if (signal.aborted) return;
+      if (!services.size) {
+        this.serviceSlot.replaceChildren(el("span", { class: "hs-muted" }, "none"));
+        this.typeSlot.replaceChildren();
+        this.timeline.setMessage("no data");
+        this.panel.setMessage(
+          message("empty", `No profiles in this time range (${describeRange(this.state.from, this.state.until)}).`, agentHint()),
+        );
+        return;
+      }
+      let service = serviceOf(matchers);
+      const names = [...services.keys()].sort();
+      if (!service || !services.has(service)) {
+        if (service) {
+          this.banner.replaceChildren(message("info",
+            `Service "${service}" has no profiles in this range; showing "${names[0]}".`,
+            "Pick another service or widen the time range."));
+        }
+        service = names[0];
+        matchers = withService(matchers, service);
+        this.state.query = formatSelector(matchers);
+        setQuery({ query: this.state.query });
+      }
+      const profileType = pickType(services.get(service), this.state.profileType);
+      if (profileType !== this.state.profileType) {
+        this.state.profileType = profileType;
+        setQuery({ profileType });
+      }
+      this.renderPickers(names, services.get(service), matchers, range);
+      const unit = unitOf(profileType);
+      this.timeline.unit = unit;
+      await Promise.all([this.loadTimeline(range, signal), this.loadGraph(range, unit, signal)]);
+    } catch (err) {
+      if (err.name === "AbortError") return;
+      this.panel.setMessage(errorBox(err));
+    }
+  }
+
+  renderPickers(serviceNames, types, matchers, range) {
+    const service = serviceOf(matchers);
+    this.serviceSlot.replaceChildren(
+      selectOf("hs-service", "Service", serviceNames.map((s) => [s, s || "(no service_name)"]),
+        service, (value) => this.change({ query: formatSelector(withService(matchers, value)) }, true)),
+    );
+    this.typeSlot.replaceChildren(
+      selectOf("hs-profile-type", "Profile type", [...types].sort().map((t) => [t, typeLabel(t)]),
+        this.state.profileType, (value) => this.change({ profileType: value }, true)),
+    );
+    this.filterSlot.replaceChildren();
+    new LabelFilters(this.filterSlot, {
+      matchers,
+      range: () => range,
+      onChange: (next) => this.change({ query: formatSelector(next) }, true),
+    });
+    this.renderGroupBy(matchers, range);
+  }
+
+  async renderGroupBy(matchers, range) {
+    const select = el("select", { class: "hs-group-by", "aria-label": "Group by" },
+      el("option", { value: "" }, "no grouping"));
+    select.addEventListener("change", () => this.change({ groupBy: select.value }, true));
+    this.groupSlot.replaceChildren("Group by ", select);
+    try {
+      const answer = await querier("LabelNames", {
+        matchers: [formatSelector(matchers)], start: range.startMs, end: range.endMs,
+      });
+      const names = (answer.names || []).filter((n) => !n.startsWith("__") && n !== "service_name");
+      select.append(...names.map((n) => el("option", { value: n }, n)));
+    } catch {
+      // The timeline still works ungrouped; the graph shows the error if the server is away.
+    }
+    if (this.state.groupBy && ![...select.options].some((o) => o.value === this.state.groupBy)) {
+      select.append(el("option", { value: this.state.groupBy }, this.state.groupBy));
+    }
+    select.value = this.state.groupBy;
+  }
+
+  async loadTimeline(range, signal) {
+    const stepMs = stepFor(range.startMs, range.endMs);
+    try {
+      const answer = await querier("SelectSeries", {
+        profileTypeID: this.state.profileType,
+        labelSelector: this.state.query,
+        start: range.startMs,
+        end: range.endMs,
+        step: stepMs / 1000,
+        groupBy: this.state.groupBy ? [this.state.groupBy] : [],
+      }, { signal });
+      const series = (answer.series || []).map((s) => {
+        const labels = Object.fromEntries((s.labels || []).map((l) => [l.name, l.value]));
+        return {
+          label: this.state.groupBy ? `${this.state.groupBy}=${labels[this.state.groupBy] ?? ""}` : "total",
+          points: (s.points || []).map((p) => [Number(p.timestamp), Number(p.value || 0)]),
+        };
+      });
+      if (signal.aborted) return;
+      this.timeline.setData(series, range.startMs, range.endMs, stepMs);
+      if (this.state.traceId || this.state.spanId) {
+        this.timeline.note.textContent = "the timeline shows the whole selection, not only the trace";
+        this.timeline.note.hidden = false;
+      }
+    } catch (err) {
+      if (err.name !== "AbortError") this.timeline.setMessage(err.message);
+    }
+  }
+
+  async loadGraph(range, unit, signal) {
+    const request = {
+      profileTypeID: this.state.profileType,
+      labelSelector: this.state.query,
+      start: range.startMs,
+      end: range.endMs,
+      maxNodes: 16384,
+    };
+    if (this.state.traceId) request.traceIdSelector = [this.state.traceId];
+    if (this.state.spanId) request.spanSelector = [this.state.spanId];
+    const answer = await querier("SelectMergeStacktraces", request, { signal });
+    if (signal.aborted) return;
+    const graph = answer.flamegraph || {};
+    if (!Number(graph.total || 0)) {
+      const what = this.state.traceId
+        ? `No samples carry trace ${this.state.traceId} in ${describeRange(this.state.from, this.state.until)}.`
+        : this.state.spanId
+          ? `No samples carry span ${this.state.spanId} in ${describeRange(this.state.from, this.state.until)}.`
+          : `No data for ${this.state.query} in ${describeRange(this.state.from, this.state.until)}.`;
+      const hint = this.state.traceId || this.state.spanId
+        ? "Widen the time range to when the trace ran. Samples carry trace and span ids only when the hotspan agent runs in the process that made the span."
+        : "Widen the time range or remove a filter.";
+      this.panel.setMessage(message("empty", what, hint));
+      return;
+    }
+    this.panel.setData(graph, { unit, title: this.state.query });
+  }
+
+  serverExports() {
+    const range = this.range;
+    if (!range || this.state.spanId) return [];
+    return [
+      {
+        label: "pprof",
+        filename: "profile.pb",
+        fetch: async () =>
+          querierBinary("SelectMergeProfile", selectMergeProfileRequest({
+            profileTypeID: this.state.profileType,
+            labelSelector: this.state.query,
+            start: range.startMs,
+            end: range.endMs,
+            traceIds: this.state.traceId ? [this.state.traceId] : [],
+          })),
+      },
+    ];
+  }
+}
+
+export function renderProfiles(root, { params }) {
+  const view = new ProfilesView(root, params);
+  return () => view.destroy();
+}
+
+// --- diff -------------------------------------------------------------------------------
+
+/** One side of a comparison: a selector and a time range, with its own small timeline. */
+class DiffSide {
+  constructor(container, { title, className, query, from, until, onChange }) {
+    this.query = query;
+    this.from = from;
+    this.until = until;
+    this.onChange = onChange;
+    this.input = el("input", { class: "hs-diff-query", "aria-label": `${title} selector`, size: 40, value: query });
+    const form = el("form", {
+      class: "hs-diff-form",
+      onsubmit: (event) => {
+        event.preventDefault();
+        try {
+          parseSelector(this.input.value);
+        } catch (err) {
+          this.input.setCustomValidity(err.message);
+          this.input.reportValidity();
+          return;
+        }
+        this.input.setCustomValidity("");
+        this.query = this.input.value.trim();
+        this.onChange();
+      },
+    }, this.input, el("button", { type: "submit" }, "Apply"));
+    const rangeSlot = el("div", {});
+    const timelineSlot = el("div", {});
+    container.append(el("section", { class: `hs-diff-side ${className}` },
+      el("h2", {}, title), form, rangeSlot, timelineSlot));
+    this.picker = new TimeRangePicker(rangeSlot, {
+      from, until,
+      onChange: (f, u) => {
+        this.from = f;
+        this.until = u;
+        this.onChange();
+      },
+    });
+    this.timeline = new Timeline(timelineSlot, {
+      unit: "",
+      onSelect: (startMs, endMs) => {
+        const r = absoluteRange(startMs, endMs);
+        this.from = r.from;
+        this.until = r.until;
+        this.picker.set(r.from, r.until);
+        this.onChange();
+      },
+    });
+  }
+
+  range() {
+    return resolveRange(this.from, this.until);
+  }
+
+  request(profileType) {
+    const { startMs, endMs } = this.range();
+    return { profileTypeID: profileType, labelSelector: this.query, start: startMs, end: endMs };
+  }
+
+  async loadTimeline(profileType, signal) {
+    const { startMs, endMs } = this.range();
+    const stepMs = stepFor(startMs, endMs, 120);
+    this.timeline.unit = unitOf(profileType);
+    try {
+      const answer = await querier("SelectSeries", {
+        profileTypeID: profileType, labelSelector: this.query, start: startMs, end: endMs,
+        step: stepMs / 1000,
+      }, { signal });
+      const series = (answer.series || []).map((s) => ({
+        label: "total",
+        points: (s.points || []).map((p) => [Number(p.timestamp), Number(p.value || 0)]),
+      }));
+      this.timeline.setData(series, startMs, endMs, stepMs);
+    } catch (err) {
+      if (err.name !== "AbortError") this.timeline.setMessage(err.message);
+    }
+  }
+}
+
+class DiffView {
+  constructor(root, params) {
+    this.root = root;
+    this.profileType = params.get("profileType") || "";
+    const common = params.get("query") || "";
+    this.controller = null;
+    this.typeSlot = el("span", { class: "hs-field" });
+    const sides = el("div", { class: "hs-diff-sides" });
+    const panelSlot = el("section", { class: "hs-profile" });
+    root.append(
+      el("h1", { class: "hs-title" }, "Diff"),
+      el("section", { class: "hs-toolbar" }, el("label", {}, "Profile ", this.typeSlot),
+        el("span", { class: "hs-muted" },
+          "Red frames grew from baseline to comparison, green ones shrank (each side as a share of its own total).")),
+      sides,
+      panelSlot,
+    );
+    const onChange = () => this.changed();
+    this.left = new DiffSide(sides, {
+      title: "Baseline", className: "hs-diff-left",
+      query: params.get("leftQuery") || common,
+      from: params.get("leftFrom") || DEFAULT_FROM, until: params.get("leftUntil") || DEFAULT_UNTIL,
+      onChange,
+    });
+    this.right = new DiffSide(sides, {
+      title: "Comparison", className: "hs-diff-right",
+      query: params.get("rightQuery") || common,
+      from: params.get("rightFrom") || DEFAULT_FROM, until: params.get("rightUntil") || DEFAULT_UNTIL,
+      onChange,
+    });
+    this.panel = new ProfilePanel(panelSlot, {
+      unit: unitOf(this.profileType || CPU),
+      title: "",
+      exportName: "diff",
+      exports: () => this.serverExports(),
+    });
+    this.load();
+  }
+
+  destroy() {
+    if (this.controller) this.controller.abort();
+    this.left.timeline.destroy();
+    this.right.timeline.destroy();
+  }
+
+  changed() {
+    setQuery({
+      profileType: this.profileType,
+      leftQuery: this.left.query, leftFrom: this.left.from, leftUntil: this.left.until,
+      rightQuery: this.right.query, rightFrom: this.right.from, rightUntil: this.right.until,
+    }, { push: true });
+    this.load();
+  }
+
+  async load() {
+    if (this.controller) this.controller.abort();
+    const controller = new AbortController();
+    this.controller = controller;
+    const { signal } = controller;
+    this.panel.setLoading("Comparing…");
+    try {
+      const whole = {
+        startMs: Math.min(this.left.range().startMs, this.right.range().startMs),
+        endMs: Math.max(this.left.range().endMs, this.right.range().endMs),
+      };
+      const services = await catalogue(whole.startMs, whole.endMs, signal);
+      if (signal.aborted) return;
+      if (!services.size) {
+        this.panel.setMessage(message("empty", "No profiles in these time ranges.", agentHint()));
+        return;
+      }
+      const names = [...services.keys()].sort();
+      for (const side of [this.left, this.right]) {
+        if (!side.query || side.query === "{}") {
+          side.query = formatSelector([{ name: "service_name", op: "=", value: names[0] }]);
+          side.input.value = side.query;
+        }
+      }
+      const service = serviceOf(parseSelector(this.right.query)) || names[0];
+      const types = services.get(service) || services.get(names[0]);
+      this.profileType = pickType(types, this.profileType);
+      setQuery({
+        profileType: this.profileType,
+        leftQuery: this.left.query, leftFrom: this.left.from, leftUntil: this.left.until,
+        rightQuery: this.right.query, rightFrom: this.right.from, rightUntil: this.right.until,
+      });
+      this.typeSlot.replaceChildren(
+        selectOf("hs-profile-type", "Profile type", [...types].sort().map((t) => [t, typeLabel(t)]),
+          this.profileType, (value) => {
+            this.profileType = value;
+            this.changed();
+          }),
+      );
+      const unit = unitOf(this.profileType);
+      this.left.loadTimeline(this.profileType, signal);
+      this.right.loadTimeline(this.profileType, signal);
+      const answer = await querier("Diff", {
+        left: this.left.request(this.profileType),
+        right: this.right.request(this.profileType),
+      }, { signal });
+      if (signal.aborted) return;
+      const graph = answer.flamegraph || {};
+      const leftTicks = Number(graph.leftTicks || 0);
+      const rightTicks = Number(graph.rightTicks || 0);
+      if (!leftTicks || !rightTicks) {
+        const empty = !leftTicks && !rightTicks ? "Neither side has data" : !leftTicks
+          ? `The baseline ${this.left.query} has no data in its range` : `The comparison ${this.right.query} has no data in its range`;
+        this.panel.setMessage(message("empty", `${empty}.`,
+          "Widen that side's time range or change its selector; each side needs samples to compare."));
+        return;
+      }
+      this.panel.setData(graph, { unit, title: `${this.left.query} → ${this.right.query}` });
+    } catch (err) {
+      if (err.name === "AbortError") return;
+      this.panel.setMessage(errorBox(err));
+    }
+  }
+
+  serverExports() {
+    const out = [];
+    for (const [side, label] of [[this.left, "baseline"], [this.right, "comparison"]]) {
+      let range;
+      try {
+        range = side.range();
+      } catch {
+        continue;
+      }
+      out.push({
+        label: `pprof (${label})`,
+        filename: `${label}.pb`,
+        fetch: async () => querierBinary("SelectMergeProfile", selectMergeProfileRequest({
+          profileTypeID: this.profileType, labelSelector: side.query,
+          start: range.startMs, end: range.endMs,
+        })),
+      });
+    }
+    return out;
+  }
+}
+
+export function renderDiff(root, { params }) {
+  const view = new DiffView(root, params);
+  return () => view.destroy();
+}

@@ -1,0 +1,626 @@
+// Traces: the search (service, span name, minimum duration, time range; the longest first)
+// and the trace view (span waterfall with CPU beside duration; a span's own profile).
+// Every state is in the URL:
+//   /traces?service=shop&name=GET%20/slow&minDuration=100ms&from=now-1h&until=now
+//          (&q=<TraceQL> replaces the three fields; &sort=recent lists the newest first;
+//          &limit=N, 50 by default)
+//   /traces/<trace id>?span=<span id>&descendants=1
+
+import { ApiError, getBytes, getJSON } from "./api.js";
+import { el, message } from "./dom.js";
+import { formatDuration, formatTime, unitOf } from "./format.js";
+import { ProfilePanel } from "./panel.js";
+import { navigate, setQuery } from "./router.js";
+import { DEFAULT_FROM, DEFAULT_UNTIL, TimeRangePicker, describeRange, resolveRange } from "./timerange.js";
+import { Waterfall, buildTree, serviceColor } from "./waterfall.js";
+
+const DEFAULT_LIMIT = 50;
+const DURATION = /^\s*\d+(\.\d+)?\s*(ns|us|µs|ms|s|m|h)\s*$/;
+let lastSearchUrl = "/traces"; // the trace view's way back to the results it was opened from
+
+/** Where the OpenTelemetry exporter should send spans, for the hints. */
+function otlpHint() {
+  return (
+    `check that the OpenTelemetry exporter sends to ${location.origin}/v1/traces ` +
+    `(OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=${location.origin}/v1/traces)`
+  );
+}
+
+function errorMessage(err, what) {
+  if (err instanceof ApiError) {
+    return message("error", `${what}: ${err.message}`, err.hint || "fix the query above and search again");
+  }
+  return message("error", `${what}: ${err.message || err}`, "reload the page; if it persists, see the browser console");
+}
+
+/** A TraceQL string literal. */
+function quote(text) {
+  return `"${String(text).replace(/\\/g, "\\\\").replace(/"/g, '\\"')}"`;
+}
+
+/** The TraceQL query of the search fields: `{resource.service.name="x" && name="y" && ...}`. */
+export function traceQL({ service, name, minDuration }) {
+  const conds = [];
+  if (service) conds.push(`resource.service.name=${quote(service)}`);
+  if (name) conds.push(`name=${quote(name)}`);
+  if (minDuration) conds.push(`duration>=${minDuration.replace(/\s+/g, "")}`);
+  return conds.length ? `{${conds.join(" && ")}}` : "{}";
+}
+
+// --- search -------------------------------------------------------------------------------
+
+export function renderTraceSearch(root, { params }) {
+  const state = {
+    service: params.get("service") || "",
+    name: params.get("name") || "",
+    minDuration: params.get("minDuration") || "",
+    q: params.get("q") || "",
+    sort: params.get("sort") === "recent" ? "recent" : "duration",
+    from: params.get("from") || DEFAULT_FROM,
+    until: params.get("until") || DEFAULT_UNTIL,
+    limit: Math.min(Math.max(parseInt(params.get("limit"), 10) || DEFAULT_LIMIT, 1), 1000),
+  };
+  lastSearchUrl = location.pathname + location.search;
+  let noServices = false; // the tag API knows no service at all
+  let lastEmpty = false; // the search found nothing
+  const controller = new AbortController();
+  const signal = controller.signal;
+
+  const serviceSelect = el(
+    "select",
+    { class: "hs-trace-service", name: "service", "aria-label": "Service" },
+    el("option", { value: "" }, "All services"),
+  );
+  if (state.service) serviceSelect.append(el("option", { value: state.service }, state.service));
+  serviceSelect.value = state.service;
+  const namesList = el("datalist", { id: "hs-span-names" });
+  const nameInput = el("input", {
+    class: "hs-trace-name",
+    name: "name",
+    list: "hs-span-names",
+    value: state.name,
+    placeholder: "any span name",
+    "aria-label": "Span name",
+    size: 28,
+  });
+  const minInput = el("input", {
+    class: "hs-trace-min",
+    name: "minDuration",
+    value: state.minDuration,
+    placeholder: "e.g. 100ms",
+    "aria-label": "Minimum duration",
+    title: "A span of the trace (with this name, if given) took at least this long: 250ms, 1.5s, 2m",
+    size: 9,
+  });
+  const sortSelect = el(
+    "select",
+    { class: "hs-trace-sort", "aria-label": "Order" },
+    el("option", { value: "duration" }, "Longest first"),
+    el("option", { value: "recent" }, "Newest first"),
+  );
+  sortSelect.value = state.sort;
+  const qInput = el("input", {
+    class: "hs-trace-q",
+    name: "q",
+    value: state.q,
+    placeholder: traceQL(state),
+    "aria-label": "TraceQL",
+    size: 50,
+  });
+  const rangeBox = el("div", { class: "hs-trace-range" });
+  const results = el("div", { class: "hs-trace-results" });
+  const form = el(
+    "form",
+    { class: "hs-tsearch-form", onsubmit: (event) => (event.preventDefault(), submit()) },
+    el("label", {}, el("span", {}, "Service"), serviceSelect),
+    el("label", {}, el("span", {}, "Span name"), nameInput, namesList),
+    el("label", {}, el("span", {}, "Min duration"), minInput),
+    el("label", {}, el("span", {}, "Order"), sortSelect),
+    el("button", { type: "submit", class: "hs-primary hs-trace-search" }, "Search"),
+    el(
+      "details",
+      { class: "hs-trace-advanced", open: Boolean(state.q) },
+      el("summary", {}, "TraceQL"),
+      el("label", {}, qInput),
+      el("p", { class: "hs-note" }, "A TraceQL query here replaces service, span name and min duration."),
+    ),
+  );
+  const picker = new TimeRangePicker(rangeBox, {
+    from: state.from,
+    until: state.until,
+    onChange: (from, until) => {
+      state.from = from;
+      state.until = until;
+      submit();
+    },
+  });
+  sortSelect.addEventListener("change", () => submit());
+  root.append(
+    el(
+      "section",
+      { class: "hs-traces" },
+      el("div", { class: "hs-toolbar" }, el("h1", {}, "Traces"), el("span", { class: "hs-spacer" }), rangeBox),
+      form,
+      results,
+    ),
+  );
+
+  function submit() {
+    const minDuration = minInput.value.trim();
+    if (minDuration && !DURATION.test(minDuration)) {
+      minInput.setCustomValidity("a duration such as 100ms, 1.5s or 2m");
+      minInput.reportValidity();
+      return;
+    }
+    minInput.setCustomValidity("");
+    const query = {
+      service: serviceSelect.value,
+      name: nameInput.value.trim(),
+      minDuration,
+      q: qInput.value.trim(),
+      sort: sortSelect.value === "recent" ? "recent" : "",
+      from: picker.from === DEFAULT_FROM ? "" : picker.from,
+      until: picker.until === DEFAULT_UNTIL ? "" : picker.until,
+      limit: state.limit === DEFAULT_LIMIT ? "" : state.limit,
+    };
+    const search = new URLSearchParams();
+    for (const [key, value] of Object.entries(query)) if (value) search.set(key, value);
+    const text = search.toString();
+    navigate(`/traces${text ? `?${text}` : ""}`);
+  }
+
+  // The choices of the fields, from the tag APIs (over the last week: a service that sent
+  // nothing in the range is still offered).
+  const since = Math.floor(Date.now() / 1000) - 7 * 86400;
+  getJSON("/api/search/tag/service.name/values", { start: since }, { signal })
+    .then((body) => {
+      const values = body.tagValues || [];
+      for (const value of values) {
+        if (value !== state.service) serviceSelect.append(el("option", { value }, value));
+      }
+      serviceSelect.value = state.service;
+      noServices = values.length === 0;
+      if (noServices && lastEmpty) showEmpty();
+    })
+    .catch(() => {}); // the search below reports what is wrong with the server
+  // v2: span names only (the intrinsic), not attributes that happen to be called "name".
+  getJSON("/api/v2/search/tag/name/values", { start: since, limit: 1000 }, { signal })
+    .then((body) => {
+      const names = [...new Set((body.tagValues || []).map((v) => v.value))].sort();
+      namesList.append(...names.map((value) => el("option", { value })));
+    })
+    .catch(() => {});
+
+  function showEmpty() {
+    const where = describeRange(state.from, state.until).toLowerCase();
+    if (noServices) {
+      results.replaceChildren(
+        message(
+          "empty",
+          "hotspan has received no traces yet.",
+          `Instrument the program with the OpenTelemetry SDK and ${otlpHint()}.`,
+        ),
+      );
+      return;
+    }
+    const what = state.q
+      ? "no traces match this TraceQL query"
+      : `no traces${state.service ? ` for service "${state.service}"` : ""}` +
+        `${state.name ? ` with a span "${state.name}"` : ""}` +
+        `${state.minDuration ? ` of at least ${state.minDuration}` : ""}`;
+    results.replaceChildren(
+      message(
+        "empty",
+        `${what[0].toUpperCase()}${what.slice(1)} in ${where}.`,
+        `Widen the time range${state.minDuration || state.name ? " or loosen the filters" : ""}, ` +
+          `or ${otlpHint()}.`,
+      ),
+    );
+  }
+
+  let range;
+  try {
+    range = resolveRange(state.from, state.until);
+  } catch (err) {
+    results.replaceChildren(message("error", `The time range is wrong: ${err.message}`, "pick a range above"));
+    return () => controller.abort();
+  }
+  const q = state.q || traceQL(state);
+  const request = {
+    q,
+    start: Math.floor(range.startMs / 1000),
+    end: Math.ceil(range.endMs / 1000),
+    limit: state.limit,
+    spss: 3,
+    sort: state.sort,
+  };
+  results.replaceChildren(el("p", { class: "hs-loading" }, "Searching…"));
+  getJSON("/api/search", request, { signal })
+    .then((body) => {
+      const traces = body.traces || [];
+      if (!traces.length) {
+        lastEmpty = true;
+        showEmpty();
+        return;
+      }
+      results.replaceChildren(resultTable(traces, state, q));
+    })
+    .catch((err) => {
+      if (err.name === "AbortError") return;
+      results.replaceChildren(errorMessage(err, "The search failed"));
+    });
+
+  return () => controller.abort();
+}
+
+function resultTable(traces, state, q) {
+  // The server sorted them already (sort=duration); sorting again keeps the list right
+  // against a server without the extension, which answers the newest first.
+  const rows = [...traces];
+  if (state.sort === "duration") rows.sort((a, b) => durationNs(b) - durationNs(a));
+  const longest = Math.max(...rows.map(durationNs), 1);
+  const body = el("tbody");
+  for (const t of rows) {
+    const href = `/traces/${t.traceID}`;
+    const spans = (t.spanSet && t.spanSet.spans) || [];
+    const matched = (t.spanSet && t.spanSet.matched) || spans.length;
+    const bar = el("span", { class: "hs-result-bar" });
+    bar.style.width = `${Math.max((100 * durationNs(t)) / longest, 0.5)}%`;
+    bar.style.setProperty("--hs-service", serviceColor(t.rootServiceName));
+    const row = el(
+      "tr",
+      { class: "hs-trace-result", dataset: { traceId: t.traceID } },
+      el(
+        "td",
+        { class: "hs-result-name" },
+        el("a", { href, class: "hs-trace-link" }, el("span", { class: "hs-service-name" }, t.rootServiceName), " ", t.rootTraceName || "<root span not yet received>"),
+        el("div", { class: "hs-result-id" }, t.traceID),
+      ),
+      el(
+        "td",
+        { class: "hs-result-duration" },
+        el("span", { class: "hs-result-duration-text" }, formatDuration(durationNs(t))),
+        el("span", { class: "hs-result-track" }, bar),
+      ),
+      el(
+        "td",
+        { class: "hs-result-spans" },
+        spans.map((s) =>
+          el("div", { class: "hs-result-span" }, `${s.name} `, el("span", { class: "hs-muted" }, formatDuration(s.durationNanos))),
+        ),
+        matched > spans.length ? el("div", { class: "hs-muted" }, `+${matched - spans.length} more matching spans`) : null,
+      ),
+      el("td", { class: "hs-result-start" }, formatTime(Number(BigInt(t.startTimeUnixNano || "0") / 1000000n), true)),
+    );
+    row.addEventListener("click", (event) => {
+      if (event.target.closest("a")) return;
+      navigate(href);
+    });
+    body.append(row);
+  }
+  return el(
+    "div",
+    {},
+    el(
+      "p",
+      { class: "hs-result-summary" },
+      `${rows.length} trace${rows.length === 1 ? "" : "s"}`,
+      rows.length >= state.limit
+        ? ` (the ${state.sort === "duration" ? "longest" : "newest"} ${state.limit}; add &limit= to the URL for more)`
+        : "",
+      state.sort === "duration" ? ", longest first" : ", newest first",
+      " · ",
+      el("code", { class: "hs-trace-query" }, q),
+    ),
+    el(
+      "table",
+      { class: "hs-table hs-trace-table" },
+      el(
+        "thead",
+        {},
+        el("tr", {}, el("th", {}, "Trace"), el("th", {}, "Duration"), el("th", {}, "Matching spans"), el("th", {}, "Started")),
+      ),
+      body,
+    ),
+  );
+}
+
+function durationNs(t) {
+  const spans = (t.spanSet && t.spanSet.spans) || [];
+  // durationMs is whole milliseconds; a matched span may be more precise (and longer).
+  const fromSpans = Math.max(0, ...spans.map((s) => Number(s.durationNanos || 0)));
+  return Math.max(Number(t.durationMs || 0) * 1e6, fromSpans);
+}
+
+// --- trace view ---------------------------------------------------------------------------
+
+export function renderTraceView(root, { params, match }) {
+  const raw = (match && match[1]) || "";
+  const controller = new AbortController();
+  const signal = controller.signal;
+  const section = el("section", { class: "hs-trace-view" });
+  root.append(section);
+  const back = el("a", { href: lastSearchUrl, class: "hs-back" }, "← Search traces");
+  if (!/^[0-9a-fA-F]{1,32}$/.test(raw)) {
+    section.append(
+      back,
+      message(
+        "error",
+        `"${raw}" is not a trace id.`,
+        "A trace id is up to 32 hex digits, as Grafana, Jaeger or your logs show it: open /traces/<trace id>, or search below.",
+      ),
+    );
+    return () => controller.abort();
+  }
+  const traceId = raw.toLowerCase().padStart(32, "0");
+  const state = {
+    span: (params.get("span") || "").toLowerCase(),
+    descendants: ["1", "true", "yes"].includes(params.get("descendants") || ""),
+  };
+
+  const header = el("div", { class: "hs-trace-header" }, back, el("h1", {}, "Trace ", el("code", {}, traceId)));
+  const summary = el("div", { class: "hs-trace-summary" });
+  const waterfallBox = el("div", { class: "hs-waterfall-box" }, el("p", { class: "hs-loading" }, "Loading the trace…"));
+  const details = el("div", { class: "hs-span-details" });
+  const profileTitle = el("h2", { class: "hs-profile-title" });
+  const descendantsBox = el("input", { type: "checkbox", class: "hs-descendants", checked: state.descendants });
+  const descendantsLabel = el(
+    "label",
+    { class: "hs-descendants-label", title: "Add the CPU samples of the spans it called (its children, their children, ...)" },
+    descendantsBox,
+    " include descendants",
+  );
+  const wholeButton = el("button", { type: "button", class: "hs-whole-trace" }, "Whole trace");
+  const panelBox = el("div", { class: "hs-span-profile" });
+  const profileSection = el(
+    "div",
+    { class: "hs-profile-section" },
+    el("div", { class: "hs-toolbar" }, profileTitle, el("span", { class: "hs-spacer" }), descendantsLabel, wholeButton),
+    details,
+    panelBox,
+  );
+  section.append(
+    header,
+    summary,
+    waterfallBox,
+    profileSection,
+  );
+
+  let spans = [];
+  let byId = new Map();
+  let waterfall = null;
+  let panel = null;
+  let profileController = null;
+
+  function ensurePanel() {
+    if (panel) return panel;
+    panel = new ProfilePanel(panelBox, {
+      unit: "nanoseconds",
+      title: "CPU",
+      exportName: `trace-${traceId.slice(0, 16)}`,
+      exports: () => [
+        {
+          label: "pprof",
+          filename: `trace-${traceId.slice(0, 16)}${state.span ? `-span-${state.span}` : ""}${state.span && state.descendants ? "-descendants" : ""}.pb`,
+          fetch: () =>
+            getBytes(`/api/traces/${traceId}/profile`, {
+              spanID: state.span || null,
+              descendants: state.span && state.descendants ? "true" : null,
+              format: "pprof",
+            }),
+        },
+      ],
+    });
+    return panel;
+  }
+
+  function select(spanId, { push = true } = {}) {
+    state.span = spanId && byId.has(spanId) ? spanId : "";
+    setQuery({ span: state.span, descendants: state.descendants ? "1" : "" }, { push });
+    if (waterfall) waterfall.select(state.span);
+    showDetails();
+    loadProfile();
+  }
+
+  function showDetails() {
+    const span = byId.get(state.span);
+    descendantsBox.disabled = !span;
+    descendantsLabel.classList.toggle("hs-disabled", !span);
+    wholeButton.hidden = !span;
+    if (!span) {
+      profileTitle.textContent = "CPU profile of the whole trace";
+      details.replaceChildren(
+        el("p", { class: "hs-note" }, "Click a span in the waterfall to see its own profile."),
+      );
+      return;
+    }
+    profileTitle.replaceChildren(
+      "CPU profile of span ",
+      el("span", { class: "hs-span-title" }, span.name),
+      state.descendants && span.children.length ? " and its descendants" : "",
+    );
+    const attrs = span.attributes || [];
+    details.replaceChildren(
+      el(
+        "dl",
+        { class: "hs-span-facts" },
+        fact("Service", span.service),
+        fact("Span ID", span.spanID),
+        fact("Start", `+${formatDuration(span.offsetNs)}`),
+        fact("Duration", formatDuration(span.durationNs)),
+        fact("CPU (own)", formatDuration(span.self)),
+        fact("CPU (with descendants)", formatDuration(span.total)),
+        fact("Activity", span.activity.label),
+      ),
+      attrs.length
+        ? el(
+            "details",
+            { class: "hs-span-attributes" },
+            el("summary", {}, `Attributes (${attrs.length})`),
+            el("table", { class: "hs-table" }, el("tbody", {}, attrs.map(([k, v]) => el("tr", {}, el("th", {}, k), el("td", {}, v))))),
+          )
+        : null,
+    );
+  }
+
+  async function loadProfile() {
+    if (profileController) profileController.abort();
+    profileController = new AbortController();
+    const mine = profileController;
+    const p = ensurePanel();
+    const span = byId.get(state.span);
+    p.setLoading(span ? `Loading the profile of ${span.name}…` : "Loading the profile of the trace…");
+    try {
+      const body = await getJSON(
+        `/api/traces/${traceId}/profile`,
+        { spanID: span ? span.spanID : null, descendants: span && state.descendants ? "true" : null },
+        { signal: mine.signal },
+      );
+      if (mine.signal.aborted) return;
+      const fg = body.flamegraph || {};
+      if (!Number(fg.total || 0)) {
+        p.setMessage(emptyProfileMessage(span, state.descendants));
+        return;
+      }
+      const title = span ? `${span.name}${state.descendants ? " (with descendants)" : ""}` : `trace ${traceId}`;
+      p.setData(fg, { unit: unitOf(body.profileType) || "nanoseconds", title });
+    } catch (err) {
+      if (err.name === "AbortError" || mine.signal.aborted) return;
+      p.setMessage(errorMessage(err, "The profile could not be loaded"));
+    }
+  }
+
+  descendantsBox.addEventListener("change", () => {
+    state.descendants = descendantsBox.checked;
+    setQuery({ descendants: state.descendants ? "1" : "" });
+    showDetails();
+    loadProfile();
+  });
+  wholeButton.addEventListener("click", () => select(""));
+
+  async function load() {
+    let body;
+    try {
+      body = await getJSON(`/api/traces/${traceId}/spans`, {}, { signal });
+    } catch (err) {
+      if (err.name === "AbortError") return;
+      if (err instanceof ApiError && err.status === 404) {
+        waterfallBox.replaceChildren(
+          message(
+            "error",
+            `Trace ${traceId} was not found on this server.`,
+            el(
+              "span",
+              {},
+              "Check the id (copy it from Grafana, Jaeger or your logs). A trace arrives a few seconds after its " +
+                `spans end; an old one may be past retention. If no trace ever arrives, ${otlpHint()}. Or `,
+              el("a", { href: lastSearchUrl }, "search for traces"),
+              ".",
+            ),
+          ),
+        );
+      } else {
+        waterfallBox.replaceChildren(errorMessage(err, "The trace could not be loaded"));
+      }
+      profileSection.hidden = true;
+      return;
+    }
+    const tree = buildTree(body.spans || []);
+    spans = tree.spans;
+    byId = new Map(spans.map((s) => [s.spanID, s]));
+    showSummary(tree, body);
+    waterfall = new Waterfall(waterfallBox, tree, { onSelect: (id) => select(id === state.span ? "" : id) });
+    if (state.span && !byId.has(state.span)) {
+      details.before(
+        message("info", `Span ${state.span} is not in this trace.`, "Showing the whole trace: pick a span in the waterfall."),
+      );
+    }
+    select(state.span, { push: false });
+    loadAttributes();
+  }
+
+  function showSummary(tree, body) {
+    const rootSpan = tree.roots[0];
+    const services = [...new Set(spans.map((s) => s.service))];
+    summary.replaceChildren(
+      el(
+        "dl",
+        { class: "hs-span-facts" },
+        fact("Root", rootSpan ? `${rootSpan.service}: ${rootSpan.name}` : "–"),
+        fact("Started", formatTime(tree.startNs / 1e6, true)),
+        fact("Duration", formatDuration(tree.durationNs)),
+        fact("Spans", String(spans.length)),
+        fact("Services", services.join(", ")),
+        fact("CPU in spans", formatDuration(body.total - (body.unattributed || 0))),
+      ),
+    );
+  }
+
+  // Span attributes, from the Tempo trace API (typed values as OTLP JSON has them).
+  async function loadAttributes() {
+    try {
+      const body = await getJSON(`/api/v2/traces/${traceId}`, {}, { signal });
+      for (const rs of (body.trace && body.trace.resourceSpans) || []) {
+        for (const ss of rs.scopeSpans || []) {
+          for (const s of ss.spans || []) {
+            const span = byId.get(String(s.spanId || "").toLowerCase());
+            if (span) span.attributes = (s.attributes || []).map((a) => [a.key, anyValue(a.value)]);
+          }
+        }
+      }
+      showDetails();
+    } catch {
+      // The waterfall and profiles do without attributes.
+    }
+  }
+
+  load();
+  return () => {
+    controller.abort();
+    if (profileController) profileController.abort();
+    if (waterfall) waterfall.destroy();
+    if (panel && typeof panel.destroy === "function") panel.destroy();
+  };
+}
+
+function fact(term, value) {
+  return el("div", { class: "hs-fact" }, el("dt", {}, term), el("dd", {}, value));
+}
+
+function anyValue(v) {
+  if (!v) return "";
+  if ("stringValue" in v) return v.stringValue;
+  if ("intValue" in v) return String(v.intValue);
+  if ("doubleValue" in v) return String(v.doubleValue);
+  if ("boolValue" in v) return String(v.boolValue);
+  if ("arrayValue" in v) return `[${(v.arrayValue.values || []).map(anyValue).join(", ")}]`;
+  if ("kvlistValue" in v) {
+    return `{${(v.kvlistValue.values || []).map((kv) => `${kv.key}: ${anyValue(kv.value)}`).join(", ")}}`;
+  }
+  if ("bytesValue" in v) return v.bytesValue;
+  return JSON.stringify(v);
+}
+
+function emptyProfileMessage(span, descendants) {
+  if (!span) {
+    return message(
+      "empty",
+      "No CPU samples are linked to this trace.",
+      "Check that the traced program runs the hotspan agent (hotspan.configure(...)) with the OpenTelemetry " +
+        "SDK, so that its samples carry span ids; samples arrive with the agent's next upload (about 10 s).",
+    );
+  }
+  if (!descendants && span.total > 0) {
+    return message(
+      "empty",
+      `Span "${span.name}" has no CPU samples of its own.`,
+      `Its descendants used ${formatDuration(span.total)} of CPU: tick "include descendants" to see them.`,
+    );
+  }
+  return message(
+    "empty",
+    `Span "${span.name}" holds no CPU samples: it was waiting (I/O, sleep, locks, other services), not computing.`,
+    "CPU is sampled every few milliseconds, so very short spans rarely hold samples. Pick a span with CPU time " +
+      "in the waterfall, or look at the whole trace.",
+  );
+}

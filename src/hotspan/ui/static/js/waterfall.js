@@ -1,0 +1,263 @@
+// The span waterfall of a trace, as Tempo and Jaeger draw it: one row per span, indented by
+// depth, subtrees collapsible, a bar placed by start and duration on the trace's time axis,
+// coloured by service; beside it the span's CPU time (its own, and with its descendants) and
+// whether it was computing (CPU near its duration) or waiting (little CPU).
+
+import { el } from "./dom.js";
+import { formatDuration } from "./format.js";
+
+// The share of a span's duration spent on CPU (its own and its descendants') above which it
+// was computing, and below which it was waiting.
+export const COMPUTING = 0.6;
+export const WAITING = 0.2;
+// The agent samples at 100 Hz by default: a span much shorter than 10 ms rarely holds a
+// sample, so no CPU says nothing about it.
+const TOO_SHORT_NS = 20e6;
+
+/** A stable colour per service (hue from a hash of the name). */
+export function serviceColor(service) {
+  let h = 2166136261;
+  for (const ch of String(service || "")) {
+    h ^= ch.codePointAt(0);
+    h = Math.imul(h, 16777619);
+  }
+  return `hsl(${(h >>> 0) % 360} 55% 52%)`;
+}
+
+/** What a span was doing, from its CPU time (with descendants) against its duration. */
+export function activityOf(durationNs, cpuNs) {
+  const ratio = durationNs > 0 ? cpuNs / durationNs : 0;
+  const percent = `${Math.round(100 * ratio)}%`;
+  if (!cpuNs && durationNs < TOO_SHORT_NS) {
+    return { kind: "short", ratio, label: "too short to sample", title: "shorter than a few CPU samples: no CPU seen" };
+  }
+  if (ratio >= COMPUTING) return { kind: "computing", ratio, label: `computing ${percent}`, title: "CPU time near its duration" };
+  if (ratio < WAITING) return { kind: "waiting", ratio, label: `waiting ${percent}`, title: "little CPU: waiting on I/O, locks, sleep or other services" };
+  return { kind: "mixed", ratio, label: `mixed ${percent}`, title: "partly computing, partly waiting" };
+}
+
+/**
+ * The spans of /api/traces/{id}/spans as a tree, in display order (depth first, children by
+ * start time).  A span whose parent is missing is shown as a root.
+ */
+export function buildTree(rawSpans) {
+  const spans = rawSpans.map((s) => ({
+    spanID: String(s.spanID).toLowerCase(),
+    parentSpanID: String(s.parentSpanID || "").toLowerCase(),
+    name: s.name,
+    service: s.service,
+    startNs: Number(s.startTimeUnixNano),
+    durationNs: Number(s.durationNanos),
+    self: Number(s.self || 0),
+    total: Number(s.total || 0),
+    children: [],
+    depth: 0,
+  }));
+  const byId = new Map(spans.map((s) => [s.spanID, s]));
+  const roots = [];
+  for (const s of spans) {
+    const parent = s.parentSpanID && s.parentSpanID !== s.spanID ? byId.get(s.parentSpanID) : null;
+    if (parent) parent.children.push(s);
+    else roots.push(s);
+  }
+  const byStart = (a, b) => a.startNs - b.startNs || a.spanID.localeCompare(b.spanID);
+  roots.sort(byStart);
+  const startNs = spans.length ? Math.min(...spans.map((s) => s.startNs)) : 0;
+  const endNs = spans.length ? Math.max(...spans.map((s) => s.startNs + s.durationNs)) : 0;
+  const ordered = [];
+  const seen = new Set();
+  const stack = [...roots].reverse();
+  while (stack.length) {
+    const s = stack.pop();
+    if (seen.has(s)) continue; // a parent cycle in broken data
+    seen.add(s);
+    ordered.push(s);
+    s.offsetNs = s.startNs - startNs;
+    s.activity = activityOf(s.durationNs, s.total);
+    s.children.sort(byStart);
+    for (let i = s.children.length - 1; i >= 0; i--) {
+      s.children[i].depth = s.depth + 1;
+      stack.push(s.children[i]);
+    }
+  }
+  return { spans: ordered, roots, startNs, durationNs: Math.max(endNs - startNs, 1) };
+}
+
+function ticks(durationNs) {
+  return [0, 0.25, 0.5, 0.75, 1].map((f) => {
+    const tick = el("span", { class: "hs-wf-tick" }, formatDuration(f * durationNs));
+    tick.style.left = `${100 * f}%`;
+    if (f === 1) tick.classList.add("hs-wf-tick-end");
+    return tick;
+  });
+}
+
+export class Waterfall {
+  /** `onSelect(spanID)` runs when a row is clicked (or Enter on it). */
+  constructor(container, tree, { onSelect }) {
+    this.tree = tree;
+    this.onSelect = onSelect;
+    this.collapsed = new Set();
+    this.rows = new Map();
+    const head = el(
+      "div",
+      { class: "hs-wf-row hs-wf-head" },
+      el("div", { class: "hs-wf-name" }, `Span (${tree.spans.length})`),
+      el("div", { class: "hs-wf-track hs-wf-axis" }, ticks(tree.durationNs)),
+      el("div", { class: "hs-wf-num", title: "wall-clock time of the span" }, "Duration"),
+      el("div", { class: "hs-wf-num", title: "CPU time of the span itself, without its children" }, "CPU own"),
+      el("div", { class: "hs-wf-num", title: "CPU time of the span and its descendants" }, "CPU total"),
+      el("div", { class: "hs-wf-activity", title: "CPU total against duration" }, "Activity"),
+    );
+    this.body = el("div", { class: "hs-wf-rows", role: "tree" });
+    for (const span of tree.spans) this.body.append(this.row(span));
+    this.node = el("div", { class: "hs-waterfall" }, head, this.body);
+    this.body.addEventListener("keydown", (event) => this.key(event));
+    container.replaceChildren(this.node);
+  }
+
+  row(span) {
+    const total = this.tree.durationNs;
+    const toggle = span.children.length
+      ? el("button", {
+          type: "button",
+          class: "hs-wf-toggle",
+          "aria-label": "Collapse or expand",
+          title: "collapse or expand its children",
+          onclick: (event) => {
+            event.stopPropagation();
+            this.toggle(span.spanID);
+          },
+        }, "▾")
+      : el("span", { class: "hs-wf-toggle hs-wf-leaf" });
+    const name = el(
+      "div",
+      { class: "hs-wf-name", title: `${span.service}: ${span.name}` },
+      toggle,
+      el("span", { class: "hs-wf-swatch" }),
+      el("span", { class: "hs-wf-service" }, span.service),
+      " ",
+      el("span", { class: "hs-wf-span-name" }, span.name),
+      span.children.length ? el("span", { class: "hs-wf-count", hidden: true }, ` (+${countDescendants(span)})`) : null,
+    );
+    name.style.paddingLeft = `${span.depth * 14 + 4}px`;
+    const cpuShare = Math.min(span.durationNs > 0 ? span.total / span.durationNs : 0, 1);
+    const cpu = el("div", { class: "hs-wf-cpu-bar" });
+    cpu.style.width = `${100 * cpuShare}%`;
+    const bar = el("div", { class: "hs-wf-bar" }, cpu);
+    const left = (100 * span.offsetNs) / total;
+    bar.style.left = `${left}%`;
+    bar.style.width = `max(2px, ${(100 * span.durationNs) / total}%)`;
+    // The duration beside the bar, where there is room (the Duration column has it anyway).
+    const right = left + (100 * span.durationNs) / total;
+    const label = el("span", { class: "hs-wf-bar-label" }, formatDuration(span.durationNs));
+    if (right <= 82) {
+      label.style.left = `calc(${right}% + 4px)`;
+    } else if (left >= 18) {
+      label.classList.add("hs-wf-label-left");
+      label.style.right = `calc(${100 - left}% + 4px)`;
+    } else {
+      label.hidden = true;
+    }
+    const track = el("div", { class: "hs-wf-track" }, bar, label);
+    track.title =
+      `${span.name}: starts at +${formatDuration(span.offsetNs)}, lasts ${formatDuration(span.durationNs)}; ` +
+      `CPU ${formatDuration(span.total)} with descendants (${Math.round(100 * span.activity.ratio)}% of its duration)`;
+    const row = el(
+      "div",
+      {
+        class: `hs-wf-row hs-wf-span hs-${span.activity.kind}`,
+        role: "treeitem",
+        tabindex: 0,
+        "aria-level": span.depth + 1,
+        "aria-expanded": span.children.length ? "true" : null,
+        dataset: { spanId: span.spanID, depth: span.depth, name: span.name, activity: span.activity.kind },
+        onclick: () => this.onSelect(span.spanID),
+      },
+      name,
+      track,
+      el("div", { class: "hs-wf-num hs-wf-duration" }, formatDuration(span.durationNs)),
+      el("div", { class: "hs-wf-num hs-wf-cpu-self" }, formatDuration(span.self)),
+      el("div", { class: "hs-wf-num hs-wf-cpu-total" }, formatDuration(span.total)),
+      el(
+        "div",
+        { class: "hs-wf-activity", title: span.activity.title },
+        el("span", { class: `hs-activity hs-activity-${span.activity.kind}` }, span.activity.label),
+      ),
+    );
+    row.style.setProperty("--hs-service", serviceColor(span.service));
+    this.rows.set(span.spanID, { row, span });
+    return row;
+  }
+
+  /** Marks `spanID` selected (or nothing, for ""), and scrolls it into view. */
+  select(spanID) {
+    for (const { row } of this.rows.values()) {
+      row.classList.remove("hs-selected");
+      row.removeAttribute("aria-selected");
+    }
+    const entry = this.rows.get(spanID);
+    if (!entry) return;
+    // Open the collapsed subtrees it is in.
+    const byId = new Map(this.tree.spans.map((s) => [s.spanID, s]));
+    for (let p = byId.get(entry.span.parentSpanID); p; p = byId.get(p.parentSpanID)) {
+      if (this.collapsed.delete(p.spanID)) this.refresh();
+    }
+    entry.row.classList.add("hs-selected");
+    entry.row.setAttribute("aria-selected", "true");
+    if (entry.row.scrollIntoView) entry.row.scrollIntoView({ block: "nearest" });
+  }
+
+  toggle(spanID) {
+    if (this.collapsed.has(spanID)) this.collapsed.delete(spanID);
+    else this.collapsed.add(spanID);
+    this.refresh();
+  }
+
+  refresh() {
+    const hidden = new Set();
+    for (const span of this.tree.spans) {
+      const { row } = this.rows.get(span.spanID);
+      const parentHidden = hidden.has(span.parentSpanID) || this.collapsed.has(span.parentSpanID);
+      if (parentHidden && this.rows.has(span.parentSpanID)) hidden.add(span.spanID);
+      row.hidden = hidden.has(span.spanID);
+      const isCollapsed = this.collapsed.has(span.spanID);
+      row.classList.toggle("hs-collapsed", isCollapsed);
+      if (span.children.length) {
+        row.setAttribute("aria-expanded", String(!isCollapsed));
+        row.querySelector(".hs-wf-toggle").textContent = isCollapsed ? "▸" : "▾";
+        row.querySelector(".hs-wf-count").hidden = !isCollapsed;
+      }
+    }
+  }
+
+  key(event) {
+    const row = event.target.closest(".hs-wf-span");
+    if (!row) return;
+    const id = row.dataset.spanId;
+    const visible = [...this.body.querySelectorAll(".hs-wf-span:not([hidden])")];
+    const index = visible.indexOf(row);
+    if (event.key === "Enter" || event.key === " ") this.onSelect(id);
+    else if (event.key === "ArrowDown" && visible[index + 1]) visible[index + 1].focus();
+    else if (event.key === "ArrowUp" && visible[index - 1]) visible[index - 1].focus();
+    else if (event.key === "ArrowLeft" && !this.collapsed.has(id) && this.rows.get(id).span.children.length) this.toggle(id);
+    else if (event.key === "ArrowRight" && this.collapsed.has(id)) this.toggle(id);
+    else return;
+    event.preventDefault();
+  }
+
+  destroy() {
+    this.node.remove();
+  }
+}
+
+function countDescendants(span) {
+  let n = 0;
+  const stack = [...span.children];
+  while (stack.length) {
+    const s = stack.pop();
+    n += 1;
+    stack.push(...s.children);
+  }
+  return n;
+}

@@ -1,0 +1,383 @@
+"""The profile explorer and the diff view in a real Chromium, on data the agent pushed.
+
+Two runs of one program ("checkout") push CPU profiles with the real agent: commit "abc", where
+``price_cart`` is cheap, and commit "def", where it burns ten times as much.  Part of each run
+happens inside an OpenTelemetry span, so its samples carry that trace id.
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+import re
+import subprocess
+import sys
+import textwrap
+import time
+from typing import Dict, Iterator, List, Tuple
+from urllib.parse import parse_qs, quote, urlparse
+
+import pytest
+
+from hotspan.formats.proto import profile_pb2
+from tests.conftest import RunningServer, start_server
+from tests.ui.conftest import screenshot
+
+PROGRAM = textwrap.dedent(
+    """
+    import json, sys, time
+    import hotspan
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+
+    server, commit, heavy = sys.argv[1], sys.argv[2], float(sys.argv[3])
+    trace.set_tracer_provider(TracerProvider())
+    hotspan.configure(
+        application_name="checkout", server_address=server, upload_interval=1,
+        tags={"commit": commit},
+    )
+    tracer = trace.get_tracer("checkout")
+
+    def burn(seconds):
+        end = time.thread_time() + seconds
+        while time.thread_time() < end:
+            pass
+
+    def parse_order():
+        burn(0.05)
+
+    def price_cart():
+        burn(heavy)
+
+    def warm_cache():
+        burn(0.25)
+
+    warm_cache()
+    with tracer.start_as_current_span("nightly-job") as span:
+        for _ in range(4):
+            parse_order()
+            price_cart()
+    hotspan.shutdown()
+    print("TRACE " + format(span.get_span_context().trace_id, "032x"))
+    """
+)
+
+MAIN = "__main__."
+
+
+class Data:
+    def __init__(self, server: RunningServer, traces: Dict[str, str]) -> None:
+        self.server = server
+        self.traces = traces  # commit -> trace id of its job span
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Data]:
+    srv = start_server(tmp_path_factory.mktemp("ui-profiles") / "data")
+    path = tmp_path_factory.mktemp("prog") / "checkout.py"
+    path.write_text(PROGRAM)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HOTSPAN_", "OTEL_"))}
+    try:
+        runs = {
+            commit: subprocess.Popen(
+                [sys.executable, str(path), srv.url, commit, heavy],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                env=env,
+            )
+            for commit, heavy in (("abc", "0.02"), ("def", "0.2"))
+        }
+        traces = {}
+        for commit, proc in runs.items():
+            out, err = proc.communicate(timeout=120)
+            assert proc.returncode == 0, err
+            traces[commit] = re.search(r"TRACE (\w+)", out).group(1)  # type: ignore[union-attr]
+        yield Data(srv, traces)
+    finally:
+        srv.stop()
+
+
+# --- helpers that read the page ------------------------------------------------------------
+
+
+def frames(page) -> List[dict]:  # type: ignore[no-untyped-def]
+    """The flame graph's visible frames (name, x, y, width, height, ...), canvas-relative."""
+    return page.evaluate(
+        """() => {
+            const host = [...document.querySelectorAll('*')].find((e) => e.flamegraph);
+            return host ? host.flamegraph.frames() : [];
+        }"""
+    )
+
+
+def wait_for_frame(page, name: str) -> dict:  # type: ignore[no-untyped-def]
+    page.wait_for_function(
+        """(name) => {
+            const host = [...document.querySelectorAll('*')].find((e) => e.flamegraph);
+            return host && host.flamegraph.frames().some((f) => f.name === name);
+        }""",
+        arg=name,
+    )
+    return next(f for f in frames(page) if f.get("name") == name)
+
+
+def click_frame(page, frame: dict) -> None:  # type: ignore[no-untyped-def]
+    box = page.evaluate(
+        """() => {
+            const host = [...document.querySelectorAll('*')].find((e) => e.flamegraph);
+            const r = host.flamegraph.canvas.getBoundingClientRect();
+            return {x: r.left, y: r.top};
+        }"""
+    )
+    page.mouse.click(box["x"] + frame["x"] + min(frame["width"] / 2, 20), box["y"] + frame["y"] + 4)
+
+
+def query_of(page) -> Dict[str, List[str]]:  # type: ignore[no-untyped-def]
+    return parse_qs(urlparse(page.url).query)
+
+
+def widths(page) -> Dict[str, float]:  # type: ignore[no-untyped-def]
+    out: Dict[str, float] = {}
+    for f in frames(page):
+        out[f["name"]] = out.get(f["name"], 0.0) + f["width"]
+    return out
+
+
+# --- tests ------------------------------------------------------------------------------
+
+
+def test_explorer_shows_what_the_agent_pushed(page, data) -> None:  # type: ignore[no-untyped-def]
+    page.goto(data.server.url + "/")
+    price = wait_for_frame(page, MAIN + "price_cart")
+    parse = wait_for_frame(page, MAIN + "parse_order")
+    # Both commits together: price_cart burned 4 x 0.22 s, parse_order 8 x 0.05 s.
+    assert 1.4 < price["width"] / parse["width"] < 3.6, (price, parse)
+    assert page.locator("select.hs-service").input_value() == "checkout"
+    assert "process_cpu" in page.locator("select.hs-profile-type").input_value()
+    # The top table lists the functions, and the address reopens this view.
+    page.locator("tr[data-name='__main__.price_cart']").wait_for()
+    params = query_of(page)
+    assert params["query"] == ['{service_name="checkout"}']
+    assert params["profileType"][0].startswith("process_cpu:cpu:nanoseconds")
+    screenshot(page, "profiles-explorer")
+
+
+def test_zoom_search_and_table_selection(page, data) -> None:  # type: ignore[no-untyped-def]
+    page.goto(data.server.url + "/profiles?query=" + quote('{service_name="checkout"}'))
+    price = wait_for_frame(page, MAIN + "price_cart")
+    click_frame(page, price)
+    host = page.locator("[data-zoomed]")
+    host.wait_for()
+    assert host.get_attribute("data-zoomed") == MAIN + "price_cart"
+    zoomed = next(f for f in frames(page) if f["name"] == MAIN + "price_cart")
+    canvas_width = page.evaluate(
+        "() => [...document.querySelectorAll('*')].find((e) => e.flamegraph)"
+        ".flamegraph.canvas.clientWidth"
+    )
+    assert zoomed["width"] > 0.95 * canvas_width
+    screenshot(page, "profiles-zoomed")
+    # Clicking the root zooms back out.
+    click_frame(page, next(f for f in frames(page) if f["depth"] == 0))
+    page.wait_for_selector("[data-zoomed]", state="detached")
+    assert MAIN + "parse_order" in widths(page)
+    page.locator(".hs-search").fill("parse_")
+    page.wait_for_function(
+        """() => [...document.querySelectorAll('*')].find((e) => e.flamegraph)
+            .flamegraph.frames().some((f) => f.highlighted)"""
+    )
+    highlighted = {f["name"] for f in frames(page) if f.get("highlighted")}
+    assert highlighted == {MAIN + "parse_order"}, highlighted
+    page.locator(".hs-search").fill("")
+    page.locator("tr[data-name='__main__.warm_cache']").click()
+    page.wait_for_function(
+        """() => [...document.querySelectorAll('*')].find((e) => e.flamegraph)
+            .flamegraph.frames().some((f) => f.highlighted && f.name === '__main__.warm_cache')"""
+    )
+    screenshot(page, "profiles-table-selection")
+
+
+def test_label_filter_group_by_and_timeline_drag(page, data) -> None:  # type: ignore[no-untyped-def]
+    page.goto(data.server.url + "/profiles?query=" + quote('{service_name="checkout"}'))
+    wait_for_frame(page, MAIN + "price_cart")
+    before = widths(page)
+    # Add commit="def" from the names and values the server knows.
+    page.locator(".hs-add-filter").click()
+    page.locator(".hs-filter-name").select_option("commit")
+    page.locator(".hs-filter-value").fill("def")
+    page.locator(".hs-filter-editor button[type=submit]").click()
+    page.wait_for_function("() => location.search.includes('commit')")
+    assert query_of(page)["query"] == ['{service_name="checkout", commit="def"}']
+    page.wait_for_function(
+        """(w) => {
+            const fs = [...document.querySelectorAll('*')].find((e) => e.flamegraph)
+                .flamegraph.frames();
+            const p = fs.find((f) => f.name === '__main__.price_cart');
+            const o = fs.find((f) => f.name === '__main__.parse_order');
+            return p && o && p.width / o.width > w;
+        }""",
+        arg=before[MAIN + "price_cart"] / before[MAIN + "parse_order"] * 1.3,
+    )
+    page.locator(".hs-chip[data-label=commit]").wait_for()
+    # Group the timeline by commit: one line per value.
+    page.locator(".hs-chip-remove").click()
+    page.wait_for_function("() => !location.search.includes('commit')")
+    page.locator("select.hs-group-by").select_option("commit")
+    page.locator(".hs-legend-item", has_text="commit=abc").wait_for()
+    page.locator(".hs-legend-item", has_text="commit=def").wait_for()
+    assert query_of(page)["groupBy"] == ["commit"]
+    screenshot(page, "profiles-grouped-timeline")
+    # Drag across the timeline: the range becomes absolute and lands in the address.
+    box = page.locator(".hs-timeline-canvas").first.bounding_box()
+    assert box is not None
+    y = box["y"] + box["height"] / 2
+    page.mouse.move(box["x"] + box["width"] * 0.5, y)
+    page.mouse.down()
+    page.mouse.move(box["x"] + box["width"] * 0.7, y, steps=5)
+    page.mouse.move(box["x"] + box["width"] * 0.98, y, steps=5)
+    page.mouse.up()
+    page.wait_for_function("() => /from=\\d+/.test(location.search)")
+    params = query_of(page)
+    start, end = int(params["from"][0]), int(params["until"][0])
+    now = time.time()
+    assert now - 3700 < start < end <= now + 60
+    assert page.locator(".hs-range-from").input_value() == params["from"][0]
+
+
+def test_trace_id_filter_shows_only_that_traces_samples(page, data) -> None:  # type: ignore[no-untyped-def]
+    trace_id = data.traces["def"]
+    page.goto(data.server.url + "/profiles?query=" + quote('{service_name="checkout"}'))
+    wait_for_frame(page, MAIN + "warm_cache")
+    page.locator(".hs-trace-filter").fill(trace_id)
+    page.locator(".hs-trace-form button").click()
+    page.wait_for_function("(id) => location.search.includes(id)", arg=trace_id)
+    page.wait_for_function(
+        """() => {
+            const fs = [...document.querySelectorAll('*')].find((e) => e.flamegraph)
+                .flamegraph.frames();
+            return fs.some((f) => f.name === '__main__.price_cart')
+                && !fs.some((f) => f.name === '__main__.warm_cache');
+        }"""
+    )
+    screenshot(page, "profiles-trace-filter")
+    # The address reopens the filtered view in a fresh page.
+    url = page.url
+    fresh = page.context.new_page()
+    fresh.goto(url)
+    wait_for_frame(fresh, MAIN + "price_cart")
+    assert MAIN + "warm_cache" not in {f["name"] for f in frames(fresh)}
+    assert fresh.locator(".hs-trace-filter").input_value() == trace_id
+    fresh.close()
+    # A malformed id is refused in the form, with the reason.
+    page.locator(".hs-trace-filter").fill("not-an-id")
+    page.locator(".hs-trace-form button").click()
+    assert "32 hex" in page.locator(".hs-trace-filter").evaluate("e => e.validationMessage")
+
+
+def test_diff_colours_what_grew(page, data) -> None:  # type: ignore[no-untyped-def]
+    left = quote('{service_name="checkout", commit="abc"}')
+    right = quote('{service_name="checkout", commit="def"}')
+    page.goto(f"{data.server.url}/diff?leftQuery={left}&rightQuery={right}")
+    price = wait_for_frame(page, MAIN + "price_cart")
+    parse = wait_for_frame(page, MAIN + "parse_order")
+    grew, shrank = colour(page, price), colour(page, parse)
+    # price_cart's share grew from ~30% to ~80%: red; parse_order's share shrank: green.
+    assert grew[0] > grew[1] + 40, grew
+    assert shrank[1] > shrank[0] + 20, shrank
+    screenshot(page, "diff")
+    params = query_of(page)
+    assert params["leftQuery"] == ['{service_name="checkout", commit="abc"}']
+    assert params["rightQuery"] == ['{service_name="checkout", commit="def"}']
+
+
+def colour(page, frame: dict) -> Tuple[int, int, int]:  # type: ignore[no-untyped-def]
+    """The pixel colour in the middle-left of a frame (where no label is drawn)."""
+    return tuple(
+        page.evaluate(
+            """(f) => {
+                const host = [...document.querySelectorAll('*')].find((e) => e.flamegraph);
+                const canvas = host.flamegraph.canvas;
+                const ratio = canvas.width / canvas.clientWidth;
+                const x = Math.round((f.x + Math.min(f.width - 2, 3)) * ratio);
+                const y = Math.round((f.y + f.height - 3) * ratio);
+                return [...canvas.getContext('2d').getImageData(x, y, 1, 1).data].slice(0, 3);
+            }""",
+            frame,
+        )
+    )
+
+
+def test_exports_pprof_and_folded(page, data, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    page.goto(data.server.url + "/profiles?query=" + quote('{service_name="checkout"}'))
+    wait_for_frame(page, MAIN + "price_cart")
+    exports = {}
+    for kind in ("pprof", "folded"):
+        item = page.locator(f"[data-export={kind}]")
+        if not item.is_visible():
+            page.locator(".hs-export-summary").click()
+        with page.expect_download() as info:
+            item.click()
+        path = tmp_path / kind
+        info.value.save_as(path)
+        exports[kind] = path.read_bytes()
+    raw = exports["pprof"]
+    profile = profile_pb2.Profile.FromString(
+        gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw
+    )
+    names = {bytes(profile.string_table[f.name]).decode() for f in profile.function}
+    assert MAIN + "price_cart" in names and MAIN + "parse_order" in names
+    folded = exports["folded"].decode()
+    assert re.search(
+        r"^__main__\.<module>;__main__\.price_cart;__main__\.burn \d+$", folded, re.M
+    ), folded[:500]
+
+
+def test_empty_server_says_what_to_do(page, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    srv = start_server(tmp_path / "empty")
+    try:
+        page.goto(srv.url + "/")
+        box = page.locator(".hs-message.hs-empty")
+        box.wait_for()
+        text = box.inner_text()
+        assert "No profiles in this time range" in text
+        assert srv.url in text and "hotspan.configure" in text
+        screenshot(page, "profiles-empty")
+    finally:
+        srv.stop()
+
+
+def test_query_token_is_asked_for_and_used(page, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    srv = start_server(tmp_path / "guarded", ["--query-token", "read-secret"])
+    try:
+        page.goto(srv.url + "/")
+        error = page.locator(".hs-message.hs-error")
+        error.wait_for()
+        assert "token" in error.inner_text() and "Settings" in error.inner_text()
+        page.locator("#hs-settings-button").click()
+        page.locator(".hs-dialog input[type=password]").fill("read-secret")
+        page.locator(".hs-dialog button[value=save]").click()
+        page.locator(".hs-message.hs-empty").wait_for()  # authorised now: just no data
+    finally:
+        srv.stop()
+
+
+def test_bad_address_parameters_get_a_message(page, data) -> None:  # type: ignore[no-untyped-def]
+    page.goto(data.server.url + "/profiles?from=yesterday-ish&until=now")
+    box = page.locator(".hs-message.hs-error")
+    box.wait_for()
+    assert "is not a time" in box.inner_text()
+    page.goto(data.server.url + "/profiles?query=" + quote("service_name=checkout"))
+    box = page.locator(".hs-message.hs-error")
+    box.wait_for()
+    assert "label selector" in box.inner_text()
+
+
+def test_pages_are_served_with_a_strict_policy(data) -> None:  # type: ignore[no-untyped-def]
+    with data.server.client() as c:
+        for path in ("/", "/profiles", "/diff", "/traces", "/traces/" + "a" * 32):
+            r = c.get(path)
+            assert r.status_code == 200 and '<main id="app"' in r.text
+            assert "script-src 'self'" in r.headers["content-security-policy"]
+        r = c.get("/static/js/app.js")
+        assert r.status_code == 200 and "javascript" in r.headers["content-type"]
+        assert c.get("/static/js/missing.js").status_code == 404

@@ -1,0 +1,332 @@
+"""The traces pages in a real Chromium against a real server, with data from a real program:
+the OpenTelemetry SDK exporting spans to hotspan and the hotspan agent uploading profiles.
+
+Search lists the longest traces first; a result opens the waterfall (spans nested, duration
+beside CPU, computing vs waiting); a span shows its own flame graph and top table, with its
+descendants on demand; every view reopens from its URL; errors say what to do."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import textwrap
+from typing import Dict, Iterator, List, Tuple
+
+import pytest
+
+from tests.conftest import RunningServer, start_server
+from tests.ui.conftest import screenshot
+
+PROGRAM = textwrap.dedent(
+    """
+    import json, sys, time
+    import hotspan
+    from opentelemetry import trace
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    server = sys.argv[1]
+    provider = TracerProvider(resource=Resource.create({"service.name": "shop"}))
+    exporter = OTLPSpanExporter(endpoint=server + "/v1/traces")
+    provider.add_span_processor(BatchSpanProcessor(exporter))
+    trace.set_tracer_provider(provider)
+    hotspan.configure(application_name="shop", server_address=server, upload_interval=1)
+    tracer = trace.get_tracer("shop")
+
+    def burn(seconds):
+        end = time.thread_time() + seconds
+        while time.thread_time() < end:
+            pass
+
+    def slow_function():
+        burn(0.4)
+
+    def render_page():
+        burn(0.08)
+
+    def fast_work():
+        burn(0.004)
+
+    out = {"slow": [], "fast": []}
+    for i in range(3):
+        with tracer.start_as_current_span("GET /slow") as span:
+            span.set_attribute("http.route", "/slow")
+            slow_function()
+            with tracer.start_as_current_span("render"):
+                with tracer.start_as_current_span("template"):
+                    render_page()
+            with tracer.start_as_current_span("wait") as wait:
+                time.sleep(0.15 + 0.1 * i)  # the traces differ in length: 3rd is longest
+        ctx = span.get_span_context()
+        out["slow"].append({
+            "trace": format(ctx.trace_id, "032x"), "span": format(ctx.span_id, "016x"),
+            "wait": format(wait.get_span_context().span_id, "016x"),
+        })
+        for _ in range(4):
+            with tracer.start_as_current_span("GET /fast") as fast:
+                fast_work()
+            out["fast"].append(format(fast.get_span_context().trace_id, "032x"))
+    provider.shutdown()
+    hotspan.shutdown()
+    print("IDS " + json.dumps(out))
+    """
+)
+
+
+@pytest.fixture(scope="module")
+def shop(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Tuple[RunningServer, dict]]:
+    srv = start_server(tmp_path_factory.mktemp("traces-ui") / "data")
+    path = tmp_path_factory.mktemp("prog") / "shop.py"
+    path.write_text(PROGRAM)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HOTSPAN_", "OTEL_"))}
+    try:
+        result = subprocess.run(
+            [sys.executable, str(path), srv.url],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=env,
+        )
+        assert result.returncode == 0, result.stderr
+        line = next(ln for ln in result.stdout.splitlines() if ln.startswith("IDS "))
+        yield srv, json.loads(line[4:])
+    finally:
+        srv.stop()
+        if srv.process.stdout:
+            srv.process.stdout.close()
+
+
+_UNITS = {"ns": 1e-6, "µs": 1e-3, "ms": 1.0, "s": 1e3, "min": 60e3, "h": 3600e3}
+
+
+def ms(text: str) -> float:
+    """Milliseconds of a duration as the UI writes it ("1.23 s", "412 ms", "0 ns")."""
+    m = re.fullmatch(r"\s*(-?[\d.]+)\s*(ns|µs|ms|s|min|h)\s*", text)
+    assert m, f"not a duration: {text!r}"
+    return float(m.group(1)) * _UNITS[m.group(2)]
+
+
+def result_rows(page) -> List[Dict[str, object]]:  # type: ignore[no-untyped-def]
+    return page.eval_on_selector_all(
+        ".hs-trace-result",
+        """rows => rows.map(r => ({
+            id: r.dataset.traceId,
+            duration: r.querySelector('.hs-result-duration-text').textContent,
+            name: r.querySelector('.hs-trace-link').textContent,
+        }))""",
+    )
+
+
+def waterfall_rows(page) -> Dict[str, Dict[str, object]]:  # type: ignore[no-untyped-def]
+    rows = page.eval_on_selector_all(
+        ".hs-wf-span",
+        """rows => rows.map(r => ({
+            id: r.dataset.spanId,
+            name: r.dataset.name,
+            depth: Number(r.dataset.depth),
+            activity: r.dataset.activity,
+            hidden: r.hidden,
+            selected: r.classList.contains('hs-selected'),
+            duration: r.querySelector('.hs-wf-duration').textContent,
+            self: r.querySelector('.hs-wf-cpu-self').textContent,
+            total: r.querySelector('.hs-wf-cpu-total').textContent,
+            label: r.querySelector('.hs-activity').textContent,
+        }))""",
+    )
+    return {r["name"]: r for r in rows}
+
+
+# The flame graph of the span's profile panel, through the component's test hook.
+FRAMES = """() => {
+    const box = document.querySelector('.hs-span-profile');
+    const fg = box && [box, ...box.querySelectorAll('*')].find(e => e.flamegraph);
+    return fg ? fg.flamegraph.frames().map(f => f.name) : null;
+}"""
+
+
+def frame_names(page) -> List[str]:  # type: ignore[no-untyped-def]
+    return page.evaluate(FRAMES) or []
+
+
+def wait_for_frame(page, name: str, present: bool = True) -> None:  # type: ignore[no-untyped-def]
+    page.wait_for_function(
+        f"""() => {{
+            const names = ({FRAMES})();
+            return names !== null && names.includes({json.dumps(name)}) === {json.dumps(present)};
+        }}"""
+    )
+
+
+def test_search_lists_the_longest_traces_first(page, shop) -> None:  # type: ignore[no-untyped-def]
+    srv, ids = shop
+    slow = [s["trace"] for s in ids["slow"]]
+    page.goto(f"{srv.url}/traces?service=shop")
+    page.wait_for_selector(".hs-trace-result")
+    rows = result_rows(page)
+    assert len(rows) == len(slow) + len(ids["fast"])
+    # The three slow traces first (each >= 630 ms: 480 ms of CPU and a sleep), the longest
+    # on top.
+    assert {r["id"] for r in rows[:3]} == set(slow)
+    durations = [ms(str(r["duration"])) for r in rows]
+    assert durations == sorted(durations, reverse=True)
+    assert durations[2] >= 600
+    assert "GET /slow" in str(rows[0]["name"]) and "GET /fast" in str(rows[-1]["name"])
+
+    # The form: span name and minimum duration; the URL keeps the query.
+    page.wait_for_selector(".hs-trace-service option[value='shop']", state="attached")
+    page.wait_for_selector("#hs-span-names option[value='GET /slow']", state="attached")
+    page.fill(".hs-trace-name", "GET /slow")
+    page.fill(".hs-trace-min", "100ms")
+    page.click(".hs-trace-search")
+    page.wait_for_url(re.compile(r"minDuration=100ms"))
+    page.wait_for_function("() => document.querySelectorAll('.hs-trace-result').length === 3")
+    assert "name=GET+%2Fslow" in page.url and "service=shop" in page.url
+    rows = result_rows(page)
+    assert {r["id"] for r in rows} == set(slow)
+    durations = [ms(str(r["duration"])) for r in rows]
+    assert durations == sorted(durations, reverse=True)
+    assert "duration>=100ms" in page.inner_text(".hs-trace-query")
+    screenshot(page, "traces-search")
+
+    # The same URL in a fresh load lists the same traces, the fields filled in.
+    page.reload()
+    page.wait_for_function("() => document.querySelectorAll('.hs-trace-result').length === 3")
+    assert page.input_value(".hs-trace-name") == "GET /slow"
+    assert page.input_value(".hs-trace-min") == "100ms"
+
+    # Nothing found: the message says what to do.
+    page.goto(f"{srv.url}/traces?service=shop&minDuration=10s")
+    text = page.inner_text(".hs-trace-results .hs-message")
+    assert 'No traces for service "shop"' in text and "Widen the time range" in text
+    assert f"{srv.url}/v1/traces" in text
+
+
+def test_a_result_opens_the_waterfall_with_cpu_beside_duration(page, shop) -> None:  # type: ignore[no-untyped-def]
+    srv, ids = shop
+    slow = ids["slow"][0]
+    page.goto(f"{srv.url}/traces?service=shop&name=GET%20%2Fslow")
+    page.click(f".hs-trace-result[data-trace-id='{slow['trace']}'] .hs-trace-link")
+    page.wait_for_url(re.compile(rf"/traces/{slow['trace']}"))
+    page.wait_for_selector(".hs-wf-span")
+    rows = waterfall_rows(page)
+    assert set(rows) == {"GET /slow", "render", "template", "wait"}
+    root, render, template, wait = (rows[n] for n in ("GET /slow", "render", "template", "wait"))
+    assert root["id"] == slow["span"] and wait["id"] == slow["wait"]
+    assert (root["depth"], render["depth"], template["depth"], wait["depth"]) == (0, 1, 2, 1)
+    order = list(rows)
+    assert order == ["GET /slow", "render", "template", "wait"]  # depth first, by start
+    # The span burning 400 ms holds several hundred ms of CPU; the sleeping one ~none.
+    assert ms(str(root["duration"])) >= 600
+    assert 300 <= ms(str(root["self"])) <= ms(str(root["duration"]))
+    assert ms(str(root["total"])) >= ms(str(root["self"]))
+    assert ms(str(wait["duration"])) >= 150 and ms(str(wait["total"])) <= 20
+    assert wait["activity"] == "waiting" and str(wait["label"]).startswith("waiting")
+    # (How close CPU comes to the duration depends on the machine's load: not "waiting".)
+    assert root["activity"] != "waiting" and template["activity"] != "waiting"
+    assert ms(str(render["self"])) <= 20 and ms(str(render["total"])) >= 40
+    # Collapsing "render" hides its child; expanding shows it again.
+    page.click(".hs-wf-span[data-name='render'] .hs-wf-toggle")
+    assert waterfall_rows(page)["template"]["hidden"] is True
+    screenshot(page, "traces-waterfall-collapsed")
+    page.click(".hs-wf-span[data-name='render'] .hs-wf-toggle")
+    assert waterfall_rows(page)["template"]["hidden"] is False
+    # No span selected: the whole trace's profile, with both functions.
+    wait_for_frame(page, "__main__.slow_function")
+    assert "__main__.render_page" in frame_names(page)
+    assert "whole trace" in page.inner_text(".hs-profile-title")
+    screenshot(page, "traces-waterfall")
+
+
+def test_a_span_shows_its_own_profile_and_its_descendants(page, shop) -> None:  # type: ignore[no-untyped-def]
+    srv, ids = shop
+    slow = ids["slow"][1]
+    page.goto(f"{srv.url}/traces/{slow['trace']}")
+    page.click(".hs-wf-span[data-name='GET /slow'] .hs-wf-span-name")
+    page.wait_for_url(re.compile(rf"span={slow['span']}"))
+    assert waterfall_rows(page)["GET /slow"]["selected"] is True
+    assert "GET /slow" in page.inner_text(".hs-profile-title")
+    # Its own samples: slow_function, not its children's render_page.
+    wait_for_frame(page, "__main__.render_page", present=False)
+    wait_for_frame(page, "__main__.slow_function")
+    page.wait_for_selector(".hs-span-profile [data-name='__main__.slow_function']")
+    screenshot(page, "traces-span-profile")
+    # With its descendants: render_page too; the URL says so.
+    page.check(".hs-descendants")
+    wait_for_frame(page, "__main__.render_page")
+    assert "descendants=1" in page.url
+    assert "descendants" in page.inner_text(".hs-profile-title")
+    screenshot(page, "traces-span-profile-descendants")
+    # The export of the span's profile is a pprof from the server.
+    page.click(".hs-span-profile .hs-export-summary")
+    with page.expect_download() as info:
+        page.click(".hs-span-profile [data-export='pprof']")
+    pprof = info.value
+    assert pprof.suggested_filename.endswith(f"-span-{slow['span']}-descendants.pb")
+    with open(pprof.path(), "rb") as f:
+        assert len(f.read()) > 100
+
+    # The waiting span holds no CPU samples: the message says why and what to do.
+    page.click(".hs-wf-span[data-name='wait'] .hs-wf-span-name")
+    page.wait_for_url(re.compile(rf"span={slow['wait']}"))
+    page.wait_for_selector(".hs-span-profile .hs-message")
+    assert "waiting" in page.inner_text(".hs-span-profile .hs-message")
+
+
+def test_the_url_reopens_the_same_view(page, browser, shop) -> None:  # type: ignore[no-untyped-def]
+    srv, ids = shop
+    slow = ids["slow"][2]
+    url = f"{srv.url}/traces/{slow['trace']}?span={slow['span']}&descendants=1"
+    for step in ("open", "reload"):
+        if step == "open":
+            page.goto(url)
+        else:
+            page.reload()
+        page.wait_for_selector(".hs-wf-span.hs-selected")
+        assert waterfall_rows(page)["GET /slow"]["selected"] is True
+        assert page.is_checked(".hs-descendants")
+        wait_for_frame(page, "__main__.render_page")
+        assert "__main__.slow_function" in frame_names(page)
+    # A fresh page of a fresh browser context (no history, no storage), as a chat link.
+    context = browser.new_context(viewport={"width": 1200, "height": 800})
+    try:
+        fresh = context.new_page()
+        fresh.goto(url)
+        fresh.wait_for_selector(".hs-wf-span.hs-selected")
+        wait_for_frame(fresh, "__main__.render_page")
+        screenshot(fresh, "traces-deep-link")
+    finally:
+        context.close()
+    # Back in history: the whole trace again, without the span.
+    page.click(".hs-whole-trace")
+    page.wait_for_function("() => !location.search.includes('span=')")
+    page.go_back()
+    page.wait_for_function("() => location.search.includes('span=')")
+
+
+def test_unknown_and_bad_trace_ids_say_what_to_do(page, shop) -> None:  # type: ignore[no-untyped-def]
+    srv, _ = shop
+    page.goto(f"{srv.url}/traces/{'0' * 31}1")
+    text = page.inner_text(".hs-message")
+    assert "was not found" in text and f"{srv.url}/v1/traces" in text
+    screenshot(page, "traces-unknown-id")
+    page.goto(f"{srv.url}/traces/not-a-trace-id")
+    text = page.inner_text(".hs-message")
+    assert "trace" in text.lower()
+    screenshot(page, "traces-bad-id")
+    # Whatever the router lets through, the view itself explains what a trace id is.
+    page.evaluate(
+        """async () => {
+            const {renderTraceView} = await import('/static/js/traces.js');
+            const box = document.createElement('div');
+            box.id = 'bad-id-view';
+            document.body.append(box);
+            renderTraceView(box, {params: new URLSearchParams(), match: ['', 'xyz'], path: ''});
+        }"""
+    )
+    text = page.inner_text("#bad-id-view .hs-message")
+    assert '"xyz" is not a trace id' in text and "32 hex digits" in text
