@@ -155,6 +155,20 @@ def test_explorer_shows_what_the_agent_pushed(page, data) -> None:  # type: igno
     assert 1.4 < price["width"] / parse["width"] < 3.6, (price, parse)
     assert page.locator("select.hs-service").input_value() == "checkout"
     assert "process_cpu" in page.locator("select.hs-profile-type").input_value()
+    # The timeline holds the CPU the two runs burned (1.7 s in all), on the steps they ran in.
+    page.wait_for_function(
+        """() => {
+            const t = document.querySelector('.hs-timeline').timeline;
+            return t.series.length > 0;
+        }"""
+    )
+    drawn = page.evaluate(
+        """() => {
+            const t = document.querySelector('.hs-timeline').timeline;
+            return t.fill(t.series[0].points).map(([, v]) => v);
+        }"""
+    )
+    assert 1.3e9 < sum(drawn) < 2.5e9, sum(drawn)
     # The top table lists the functions, and the address reopens this view.
     page.locator("tr[data-name='__main__.price_cart']").wait_for()
     params = query_of(page)

@@ -122,13 +122,19 @@ export class Timeline {
     });
   }
 
+  /** The step a time falls in.  A point at T holds the samples of (T - step, T], so points
+   * sit on start + k * step, k = 0..steps, as the server (and Pyroscope) place them. */
+  stepIndex(t) {
+    return Math.round((t - this.startMs) / this.stepMs);
+  }
+
   /** Steps without a point are zero: no samples arrived in them. */
   fill(points) {
     const byStep = new Map();
-    for (const [t, v] of points) byStep.set(Math.floor((t - this.startMs) / this.stepMs), v);
+    for (const [t, v] of points) byStep.set(this.stepIndex(t), v);
     const out = [];
     const steps = Math.max(1, Math.ceil((this.endMs - this.startMs) / this.stepMs));
-    for (let i = 0; i < steps; i++) {
+    for (let i = 0; i <= steps; i++) {
       out.push([this.startMs + i * this.stepMs, byStep.get(i) || 0]);
     }
     return out;
@@ -206,9 +212,9 @@ export class Timeline {
       return;
     }
     const t = this.timeAt(x);
-    const step = Math.floor((t - this.startMs) / this.stepMs);
+    const step = this.stepIndex(t);
     const lines = this.series.slice(0, 8).map((s) => {
-      const point = s.points.find(([pt]) => Math.floor((pt - this.startMs) / this.stepMs) === step);
+      const point = s.points.find(([pt]) => this.stepIndex(pt) === step);
       return `${s.label}: ${formatValue(point ? point[1] : 0, this.unit)}`;
     });
     this.cursor.textContent = [formatTime(this.startMs + step * this.stepMs), ...lines].join("\n");

@@ -13,6 +13,7 @@ export const WAITING = 0.2;
 // The agent samples at 100 Hz by default: a span much shorter than 10 ms rarely holds a
 // sample, so no CPU says nothing about it.
 const TOO_SHORT_NS = 20e6;
+const SAMPLE_SLACK_NS = 20e6;
 
 /** A stable colour per service (hue from a hash of the name). */
 export function serviceColor(service) {
@@ -27,7 +28,10 @@ export function serviceColor(service) {
 /** What a span was doing, from its CPU time (with descendants) against its duration. */
 export function activityOf(durationNs, cpuNs) {
   const ratio = durationNs > 0 ? cpuNs / durationNs : 0;
-  const percent = `${Math.round(100 * ratio)}%`;
+  // CPU is counted in whole samples (10 ms at 100 Hz), so a busy span can hold a little more
+  // CPU than its duration; well past that, several threads worked for it.
+  let percent = `${Math.round(100 * ratio)}%`;
+  if (ratio > 1) percent = cpuNs - durationNs <= SAMPLE_SLACK_NS ? "≈100%" : `${percent}, several threads`;
   if (!cpuNs && durationNs < TOO_SHORT_NS) {
     return { kind: "short", ratio, label: "too short to sample", title: "shorter than a few CPU samples: no CPU seen" };
   }
