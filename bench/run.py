@@ -9,6 +9,7 @@
     python bench/run.py --only traces [--quick] [--rebuild]   # OTLP span ingest, Tempo API
                                    # on 1 M spans, span profiles (~1 min, + ~1.5 min once to
                                    # build the 1 M spans; not in the default run)
+    python bench/run.py --only ui [--quick]   # flame graph decode/draw/zoom in Chromium (~5 s)
 
 Use the project's environment (e.g. ``/tmp/probe/bin/python bench/run.py``).
 """
@@ -315,8 +316,10 @@ def main() -> int:
         return run_agent(args, report, t0)
     if args.only == "traces":
         return run_traces(args, report, t0)
-    if args.only == "ui":  # the flame graph in Chromium; writes ui.md/.json (bench/ui.py)
-        return __import__("ui").run_from(args, report, t0, log)
+    if args.only == "ui":  # the flame graph in Chromium; writes ui.md/.json
+        import ui
+
+        return ui.run_from(args, report, t0, log)
     if args.only in (None, "ingest"):
         import ingest
 
