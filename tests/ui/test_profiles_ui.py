@@ -28,10 +28,16 @@ PROGRAM = textwrap.dedent(
     import json, sys, time
     import hotspan
     from opentelemetry import trace
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
     server, commit, heavy = sys.argv[1], sys.argv[2], float(sys.argv[3])
-    trace.set_tracer_provider(TracerProvider())
+    provider = TracerProvider(resource=Resource.create({"service.name": "checkout"}))
+    exporter = OTLPSpanExporter(endpoint=server + "/v1/traces")
+    provider.add_span_processor(BatchSpanProcessor(exporter))
+    trace.set_tracer_provider(provider)
     hotspan.configure(
         application_name="checkout", server_address=server, upload_interval=1,
         tags={"commit": commit},
@@ -57,6 +63,7 @@ PROGRAM = textwrap.dedent(
         for _ in range(4):
             parse_order()
             price_cart()
+    provider.shutdown()
     hotspan.shutdown()
     print("TRACE " + format(span.get_span_context().trace_id, "032x"))
     """
@@ -255,7 +262,31 @@ def test_label_filter_group_by_and_timeline_drag(page, data) -> None:  # type: i
     start, end = int(params["from"][0]), int(params["until"][0])
     now = time.time()
     assert now - 3700 < start < end <= now + 60
-    assert page.locator(".hs-range-from").input_value() == params["from"][0]
+    # The fields show the dragged range as local times; the address keeps unix seconds.
+    assert re.fullmatch(
+        r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d", page.locator(".hs-range-from").input_value()
+    )
+
+
+def test_narrow_window_puts_the_table_above_the_graph(page, data) -> None:  # type: ignore[no-untyped-def]
+    page.set_viewport_size({"width": 900, "height": 900})
+    page.goto(data.server.url + "/profiles?query=" + quote('{service_name="checkout"}'))
+    wait_for_frame(page, MAIN + "price_cart")
+    body = page.locator(".hs-panel-body").first.bounding_box()
+    table = page.locator(".hs-panel-table").first.bounding_box()
+    graph = page.locator(".hs-panel-graph").first.bounding_box()
+    assert body and table and graph
+    assert table["width"] > 0.95 * body["width"] and graph["width"] > 0.95 * body["width"]
+    assert graph["y"] >= table["y"] + table["height"]
+    # Each number fits its cell (names may end in an ellipsis; numbers must not spill over).
+    spilled = page.evaluate(
+        """() => [...document.querySelectorAll('.hs-panel-table tbody tr')].slice(0, 5)
+            .flatMap((tr) => [...tr.children].slice(1))
+            .filter((td) => td.scrollWidth > td.clientWidth + 1)
+            .map((td) => td.textContent)"""
+    )
+    assert spilled == []
+    screenshot(page, "profiles-narrow")
 
 
 def test_trace_id_filter_shows_only_that_traces_samples(page, data) -> None:  # type: ignore[no-untyped-def]
@@ -282,10 +313,27 @@ def test_trace_id_filter_shows_only_that_traces_samples(page, data) -> None:  # 
     assert MAIN + "warm_cache" not in {f["name"] for f in frames(fresh)}
     assert fresh.locator(".hs-trace-filter").input_value() == trace_id
     fresh.close()
-    # A malformed id is refused in the form, with the reason.
+    # A malformed id is refused in the form, with the reason; a good one is taken after it.
     page.locator(".hs-trace-filter").fill("not-an-id")
     page.locator(".hs-trace-form button").click()
     assert "32 hex" in page.locator(".hs-trace-filter").evaluate("e => e.validationMessage")
+    other = data.traces["abc"]
+    page.locator(".hs-trace-filter").fill(other)
+    page.locator(".hs-trace-form button").click()
+    page.wait_for_function("(id) => location.search.includes(id)", arg=other)
+
+
+def test_trace_filter_offers_the_range_the_trace_ran_in(page, data) -> None:  # type: ignore[no-untyped-def]
+    # A link with a trace id but a range from before the trace: hotspan has the trace's spans,
+    # so it offers the time around it.
+    trace_id = data.traces["def"]
+    now = int(time.time())
+    page.goto(f"{data.server.url}/profiles?traceId={trace_id}&from={now - 7200}&until={now - 5400}")
+    page.locator(".hs-trace-range").click()
+    wait_for_frame(page, MAIN + "price_cart")
+    assert MAIN + "warm_cache" not in widths(page)
+    start = int(query_of(page)["from"][0])
+    assert now - 600 < start < now
 
 
 def test_diff_colours_what_grew(page, data) -> None:  # type: ignore[no-untyped-def]

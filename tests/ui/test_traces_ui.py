@@ -275,6 +275,8 @@ def test_a_span_shows_its_own_profile_and_its_descendants(page, shop) -> None:  
     page.wait_for_url(re.compile(rf"span={slow['wait']}"))
     page.wait_for_selector(".hs-span-profile .hs-message")
     assert "waiting" in page.inner_text(".hs-span-profile .hs-message")
+    # Its facts: no attributes, and no stray text where they would be.
+    assert "null" not in page.inner_text(".hs-span-details")
 
 
 def test_the_url_reopens_the_same_view(page, browser, shop) -> None:  # type: ignore[no-untyped-def]

@@ -65,3 +65,13 @@ export function debounce(fn, ms) {
     timer = setTimeout(() => fn(...args), ms);
   };
 }
+
+/**
+ * Marks `input` invalid with `reason` and shows it.  The mark goes at the next edit: while an
+ * input is invalid the browser refuses to submit its form, so it must not outlive the error.
+ */
+export function rejectInput(input, reason) {
+  input.setCustomValidity(reason);
+  input.reportValidity();
+  input.addEventListener("input", () => input.setCustomValidity(""), { once: true });
+}

@@ -9,13 +9,14 @@
 import {
   ApiError,
   CPU,
+  getJSON,
   querier,
   querierBinary,
   selectMergeProfileRequest,
 } from "./api.js";
-import { el, message } from "./dom.js";
+import { el, message, rejectInput } from "./dom.js";
 import { LabelFilters } from "./filters.js";
-import { unitOf } from "./format.js";
+import { formatTime, unitOf } from "./format.js";
 import { formatSelector, parseSelector, serviceOf, withService } from "./labels.js";
 import { ProfilePanel } from "./panel.js";
 import { setQuery } from "./router.js";
@@ -191,13 +192,12 @@ class ProfilesView {
     event.preventDefault();
     const id = this.traceInput.value.trim().toLowerCase().replace(/-/g, "");
     if (id && !TRACE_ID.test(id) && !SPAN_ID.test(id)) {
-      this.traceInput.setCustomValidity(
+      rejectInput(
+        this.traceInput,
         "a trace id is 32 hex digits, a span id 16 (as OpenTelemetry writes them)",
       );
-      this.traceInput.reportValidity();
       return;
     }
-    this.traceInput.setCustomValidity("");
     const traceId = TRACE_ID.test(id) ? id : "";
     const spanId = SPAN_ID.test(id) ? id : "";
     this.change({ traceId, spanId }, true);
@@ -209,7 +209,7 @@ class ProfilesView {
     this.traceNote.replaceChildren();
     if (traceId) {
       this.traceNote.append(
-        "Only samples of trace ",
+        "Only samples of trace (all services) ",
         el("a", { href: `/traces/${traceId}` }, traceId.slice(0, 8)),
         " · ",
         el("button", { type: "button", class: "hs-link", onclick: () => this.clearTrace() }, "clear"),
@@ -259,6 +259,7 @@ class ProfilesView {
         this.panel.setMessage(
           message("empty", `No profiles in this time range (${describeRange(this.state.from, this.state.until)}).`, agentHint()),
         );
+        if (this.state.traceId) this.offerTraceRange(this.state.traceId, signal);
         return;
       }
       let service = serviceOf(matchers);
@@ -275,6 +276,11 @@ class ProfilesView {
         setQuery({ query: this.state.query });
       }
       const profileType = pickType(services.get(service), this.state.profileType);
+      if (this.state.profileType && profileType !== this.state.profileType) {
+        this.banner.append(message("info",
+          `Profile type "${this.state.profileType}" has no data for "${service}" in this range; showing ${typeLabel(profileType)}.`,
+          "Pick another profile type, or widen the time range."));
+      }
       if (profileType !== this.state.profileType) {
         this.state.profileType = profileType;
         setQuery({ profileType });
@@ -285,6 +291,7 @@ class ProfilesView {
       await Promise.all([this.loadTimeline(range, signal), this.loadGraph(range, unit, signal)]);
     } catch (err) {
       if (err.name === "AbortError") return;
+      this.timeline.setMessage("no answer");
       this.panel.setMessage(errorBox(err));
     }
   }
@@ -357,10 +364,17 @@ class ProfilesView {
     }
   }
 
+  /** The selector of the flame graph: a trace spans services, so its filter drops the
+   * service matcher and keeps the other filters. */
+  graphSelector() {
+    if (!this.state.traceId && !this.state.spanId) return this.state.query;
+    return formatSelector(withService(this.matchers(), ""));
+  }
+
   async loadGraph(range, unit, signal) {
     const request = {
       profileTypeID: this.state.profileType,
-      labelSelector: this.state.query,
+      labelSelector: this.graphSelector(),
       start: range.startMs,
       end: range.endMs,
       maxNodes: 16384,
@@ -380,9 +394,39 @@ class ProfilesView {
         ? "Widen the time range to when the trace ran. Samples carry trace and span ids only when the hotspan agent runs in the process that made the span."
         : "Widen the time range or remove a filter.";
       this.panel.setMessage(message("empty", what, hint));
+      if (this.state.traceId) this.offerTraceRange(this.state.traceId, signal);
       return;
     }
-    this.panel.setData(graph, { unit, title: this.state.query });
+    const parts = [this.graphSelector(), describeRange(this.state.from, this.state.until)];
+    if (this.state.traceId) parts.push(`trace ${this.state.traceId}`);
+    if (this.state.spanId) parts.push(`span ${this.state.spanId}`);
+    this.panel.setData(graph, { unit, title: parts.join(" · ") });
+  }
+
+  /** When hotspan has the trace's spans, offers the range it ran in (padded by the agent's
+   * upload window, since samples are stamped with the start of theirs). */
+  async offerTraceRange(traceId, signal) {
+    let spans;
+    try {
+      spans = (await getJSON(`/api/traces/${traceId}/spans`, {}, { signal })).spans || [];
+    } catch {
+      return; // Not a trace hotspan received: the message above already says what to do.
+    }
+    if (!spans.length || signal.aborted) return;
+    const start = Math.min(...spans.map((s) => Number(s.startTimeUnixNano) / 1e6));
+    const end = Math.max(...spans.map((s) => (Number(s.startTimeUnixNano) + Number(s.durationNanos)) / 1e6));
+    const range = absoluteRange(start - 5 * 60e3, end + 5 * 60e3);
+    this.panel.setMessage(message("empty",
+      `No samples carry trace ${traceId} in ${describeRange(this.state.from, this.state.until)}.`,
+      el("span", {}, `The trace ran at ${formatTime(start)}. `,
+        el("button", {
+          type: "button",
+          class: "hs-primary hs-trace-range",
+          onclick: () => {
+            this.picker.set(range.from, range.until);
+            this.change(range, true);
+          },
+        }, "Show the time around it"))));
   }
 
   serverExports() {
@@ -395,7 +439,7 @@ class ProfilesView {
         fetch: async () =>
           querierBinary("SelectMergeProfile", selectMergeProfileRequest({
             profileTypeID: this.state.profileType,
-            labelSelector: this.state.query,
+            labelSelector: this.graphSelector(),
             start: range.startMs,
             end: range.endMs,
             traceIds: this.state.traceId ? [this.state.traceId] : [],
@@ -427,11 +471,9 @@ class DiffSide {
         try {
           parseSelector(this.input.value);
         } catch (err) {
-          this.input.setCustomValidity(err.message);
-          this.input.reportValidity();
+          rejectInput(this.input, err.message);
           return;
         }
-        this.input.setCustomValidity("");
         this.query = this.input.value.trim();
         this.onChange();
       },

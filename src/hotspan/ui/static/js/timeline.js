@@ -158,10 +158,13 @@ export class Timeline {
     ctx.textAlign = "center";
     ctx.textBaseline = "top";
     const ticks = Math.max(2, Math.floor((width - PAD.left - PAD.right) / 160));
+    const span = this.endMs - this.startMs;
+    // Days for long ranges ("11-22 08:00"), seconds for short ones ("08:26:40").
+    const [first, last] = span > 86400e3 ? [5, 16] : span > 900e3 ? [11, 16] : [11, 19];
     for (let i = 0; i <= ticks; i++) {
-      const t = this.startMs + ((this.endMs - this.startMs) * i) / ticks;
-      const label = formatTime(t).slice(this.endMs - this.startMs > 86400e3 ? 5 : 11, 16);
-      ctx.fillText(label, this.xOf(t), HEIGHT - PAD.bottom + 6);
+      const t = this.startMs + (span * i) / ticks;
+      ctx.textAlign = i === 0 ? "left" : i === ticks ? "right" : "center";
+      ctx.fillText(formatTime(t).slice(first, last), this.xOf(t), HEIGHT - PAD.bottom + 6);
     }
   }
 

@@ -1,7 +1,7 @@
 // Time ranges as Grafana and Pyroscope write them in URLs: `from`/`until` that are either
 // relative ("now-1h", "now") or absolute (unix seconds or milliseconds).
 
-import { el } from "./dom.js";
+import { el, rejectInput } from "./dom.js";
 import { formatTime } from "./format.js";
 
 export const PRESETS = [
@@ -99,23 +99,46 @@ export class TimeRangePicker {
     this.until = until || DEFAULT_UNTIL;
     const isPreset = PRESETS.some(([v]) => v === this.from) && this.until === "now";
     this.select.value = isPreset ? this.from : "";
-    this.fromInput.value = this.from;
-    this.untilInput.value = this.until;
-    this.fromInput.title = this.untilInput.title = describeRange(this.from, this.until);
+    this.fromInput.value = readable(this.from);
+    this.untilInput.value = readable(this.until);
+    this.fromInput.title = this.untilInput.title =
+      `${describeRange(this.from, this.until)} (${TIME_ZONE})`;
   }
 
   apply(from, until) {
+    from = canonical(from);
+    until = canonical(until);
     try {
       resolveRange(from, until);
     } catch (err) {
-      this.fromInput.setCustomValidity(err.message);
-      this.fromInput.reportValidity();
+      const bad = Number.isNaN(parseTime(until)) ? this.untilInput : this.fromInput;
+      rejectInput(bad, err.message);
       return;
     }
-    this.fromInput.setCustomValidity("");
     this.set(from, until);
     this.onChange(this.from, this.until);
   }
+}
+
+const TIME_ZONE = Intl.DateTimeFormat().resolvedOptions().timeZone || "local time";
+
+function isRelative(text) {
+  return /^now(-\d+[smhdw])?$/.test(text);
+}
+
+/** What the input shows: relative times as written, absolute ones as local date and time. */
+function readable(text) {
+  if (isRelative(text)) return text;
+  const ms = parseTime(text);
+  return Number.isNaN(ms) ? text : formatTime(ms);
+}
+
+/** What the URL keeps: relative times as written, absolute ones as unix seconds. */
+function canonical(text) {
+  const t = String(text || "").trim();
+  if (isRelative(t) || /^\d+$/.test(t)) return t;
+  const ms = parseTime(t);
+  return Number.isNaN(ms) ? t : String(Math.floor(ms / 1000));
 }
 
 /** An absolute range in seconds, as the URL writes a range dragged on a timeline. */

@@ -7,7 +7,7 @@
 //   /traces/<trace id>?span=<span id>&descendants=1
 
 import { ApiError, getBytes, getJSON } from "./api.js";
-import { el, message } from "./dom.js";
+import { el, message, rejectInput } from "./dom.js";
 import { formatDuration, formatTime, unitOf } from "./format.js";
 import { ProfilePanel } from "./panel.js";
 import { navigate, setQuery } from "./router.js";
@@ -148,11 +148,9 @@ export function renderTraceSearch(root, { params }) {
   function submit() {
     const minDuration = minInput.value.trim();
     if (minDuration && !DURATION.test(minDuration)) {
-      minInput.setCustomValidity("a duration such as 100ms, 1.5s or 2m");
-      minInput.reportValidity();
+      rejectInput(minInput, "a duration such as 100ms, 1.5s or 2m");
       return;
     }
-    minInput.setCustomValidity("");
     const query = {
       service: serviceSelect.value,
       name: nameInput.value.trim(),
@@ -440,7 +438,7 @@ export function renderTraceView(root, { params, match }) {
       state.descendants && span.children.length ? " and its descendants" : "",
     );
     const attrs = span.attributes || [];
-    details.replaceChildren(
+    const facts = [
       el(
         "dl",
         { class: "hs-span-facts" },
@@ -452,15 +450,18 @@ export function renderTraceView(root, { params, match }) {
         fact("CPU (with descendants)", formatDuration(span.total)),
         fact("Activity", span.activity.label),
       ),
-      attrs.length
-        ? el(
-            "details",
-            { class: "hs-span-attributes" },
-            el("summary", {}, `Attributes (${attrs.length})`),
-            el("table", { class: "hs-table" }, el("tbody", {}, attrs.map(([k, v]) => el("tr", {}, el("th", {}, k), el("td", {}, v))))),
-          )
-        : null,
-    );
+    ];
+    if (attrs.length) {
+      facts.push(
+        el(
+          "details",
+          { class: "hs-span-attributes" },
+          el("summary", {}, `Attributes (${attrs.length})`),
+          el("table", { class: "hs-table" }, el("tbody", {}, attrs.map(([k, v]) => el("tr", {}, el("th", {}, k), el("td", {}, v))))),
+        ),
+      );
+    }
+    details.replaceChildren(...facts);
   }
 
   async function loadProfile() {
@@ -615,6 +616,13 @@ function emptyProfileMessage(span, descendants) {
       "empty",
       `Span "${span.name}" has no CPU samples of its own.`,
       `Its descendants used ${formatDuration(span.total)} of CPU: tick "include descendants" to see them.`,
+    );
+  }
+  if (span.activity.kind === "short") {
+    return message(
+      "empty",
+      `Span "${span.name}" lasted ${formatDuration(span.durationNs)}: too short to hold a CPU sample.`,
+      "The agent samples every 10 ms of CPU (at 100 Hz). Look at its parent, or at the whole trace.",
     );
   }
   return message(

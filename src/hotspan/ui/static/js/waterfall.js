@@ -14,6 +14,7 @@ export const WAITING = 0.2;
 // sample, so no CPU says nothing about it.
 const TOO_SHORT_NS = 20e6;
 const SAMPLE_SLACK_NS = 20e6;
+const MAX_INDENT = 16;
 
 /** A stable colour per service (hue from a hash of the name). */
 export function serviceColor(service) {
@@ -144,7 +145,10 @@ export class Waterfall {
       el("span", { class: "hs-wf-span-name" }, span.name),
       span.children.length ? el("span", { class: "hs-wf-count", hidden: true }, ` (+${countDescendants(span)})`) : null,
     );
-    name.style.paddingLeft = `${span.depth * 14 + 4}px`;
+    // Past MAX_INDENT levels the indent stops growing and the depth is written instead, so
+    // that the names of a deep chain stay readable.
+    name.style.paddingLeft = `${Math.min(span.depth, MAX_INDENT) * 14 + 4}px`;
+    if (span.depth > MAX_INDENT) name.prepend(el("span", { class: "hs-wf-depth" }, `${span.depth}›`));
     const cpuShare = Math.min(span.durationNs > 0 ? span.total / span.durationNs : 0, 1);
     const cpu = el("div", { class: "hs-wf-cpu-bar" });
     cpu.style.width = `${100 * cpuShare}%`;
@@ -237,7 +241,8 @@ export class Waterfall {
 
   key(event) {
     const row = event.target.closest(".hs-wf-span");
-    if (!row) return;
+    // A button in the row (collapse) handles its own keys.
+    if (!row || event.target.closest("button")) return;
     const id = row.dataset.spanId;
     const visible = [...this.body.querySelectorAll(".hs-wf-span:not([hidden])")];
     const index = visible.indexOf(row);
