@@ -352,6 +352,34 @@ def test_diff_colours_what_grew(page, data) -> None:  # type: ignore[no-untyped-
     assert params["rightQuery"] == ['{service_name="checkout", commit="def"}']
 
 
+def test_diff_sides_built_from_label_pickers(page, data) -> None:  # type: ignore[no-untyped-def]
+    page.goto(f"{data.server.url}/diff")
+    wait_for_frame(page, MAIN + "price_cart")  # both sides: the whole service, no difference
+    for side, commit in (("left", "abc"), ("right", "def")):
+        page.locator(f".hs-diff-{side} .hs-add-filter").click()
+        page.locator(f".hs-diff-{side} .hs-filter-name").select_option("commit")
+        page.locator(f".hs-diff-{side} .hs-filter-value").fill(commit)
+        page.locator(f".hs-diff-{side} .hs-filter-editor button[type=submit]").click()
+        page.wait_for_function(
+            '(c) => decodeURIComponent(location.search).includes(`commit="${c}"`)', arg=commit
+        )
+    page.wait_for_function(
+        """() => {
+            const host = [...document.querySelectorAll('*')].find((e) => e.flamegraph);
+            const f = host && host.flamegraph.frames().find(
+                (x) => x.name === '__main__.price_cart');
+            return f && f.change > 0.2;
+        }"""
+    )
+    grew = colour(page, next(f for f in frames(page) if f["name"] == MAIN + "price_cart"))
+    assert grew[0] > grew[1] + 40, grew
+    # A bad time range is refused in its own side's field, with the reason.
+    page.locator(".hs-diff-right .hs-range-from").fill("someday")
+    page.locator(".hs-diff-right .hs-range-apply").click()
+    message = page.locator(".hs-diff-right .hs-range-from").evaluate("e => e.validationMessage")
+    assert "someday" in message
+
+
 def colour(page, frame: dict) -> Tuple[int, int, int]:  # type: ignore[no-untyped-def]
     """The pixel colour in the middle-left of a frame (where no label is drawn)."""
     return tuple(

@@ -8,6 +8,8 @@ import { formatSelector, OPERATORS, SERVICE_LABEL } from "./labels.js";
 const HIDDEN = new Set([SERVICE_LABEL, "__name__", "__profile_type__", "__type__",
   "__period_type__", "__period_unit__", "__delta__", "__sample_type__", "__unit__"]);
 
+let editors = 0;
+
 export class LabelFilters {
   /**
    * @param {HTMLElement} container
@@ -62,6 +64,8 @@ export class LabelFilters {
   async openEditor(button) {
     const { startMs, endMs } = this.range();
     const selector = formatSelector(this.matchers);
+    // Two editors can be open at once (the diff has one per side): their lists need own ids.
+    const listId = `hs-filter-values-${++editors}`;
     const nameSelect = el("select", { class: "hs-filter-name", "aria-label": "Label name" });
     const opSelect = el(
       "select",
@@ -71,10 +75,10 @@ export class LabelFilters {
     const valueInput = el("input", {
       class: "hs-filter-value",
       "aria-label": "Label value",
-      list: "hs-filter-values",
+      list: listId,
       placeholder: "value",
     });
-    const values = el("datalist", { id: "hs-filter-values" });
+    const values = el("datalist", { id: listId });
     const form = el(
       "form",
       {

@@ -475,21 +475,26 @@ class DiffSide {
           return;
         }
         this.query = this.input.value.trim();
+        this.renderFilters();
         this.onChange();
       },
     }, this.input, el("button", { type: "submit" }, "Apply"));
+    this.title = title;
+    this.filterSlot = el("div", { class: "hs-diff-filters" });
     const rangeSlot = el("div", {});
     const timelineSlot = el("div", {});
     container.append(el("section", { class: `hs-diff-side ${className}` },
-      el("h2", {}, title), form, rangeSlot, timelineSlot));
+      el("h2", {}, title), form, this.filterSlot, rangeSlot, timelineSlot));
     this.picker = new TimeRangePicker(rangeSlot, {
       from, until,
       onChange: (f, u) => {
         this.from = f;
         this.until = u;
+        this.takeTypedSelector();
         this.onChange();
       },
     });
+    this.renderFilters();
     this.timeline = new Timeline(timelineSlot, {
       unit: "",
       onSelect: (startMs, endMs) => {
@@ -502,8 +507,46 @@ class DiffSide {
     });
   }
 
+  /** Label filters picked from the names and values the server knows, like the explorer's. */
+  renderFilters() {
+    let matchers;
+    try {
+      matchers = parseSelector(this.query);
+    } catch {
+      this.filterSlot.replaceChildren();
+      return;
+    }
+    this.filterSlot.replaceChildren();
+    new LabelFilters(this.filterSlot, {
+      matchers,
+      range: () => this.range(),
+      onChange: (next) => {
+        this.query = formatSelector(next);
+        this.input.value = this.query;
+        this.onChange();
+      },
+    });
+  }
+
+  /** A selector typed but not applied still counts when the range is applied. */
+  takeTypedSelector() {
+    const typed = this.input.value.trim();
+    if (typed === this.query) return;
+    try {
+      parseSelector(typed);
+    } catch {
+      return;
+    }
+    this.query = typed;
+    this.renderFilters();
+  }
+
   range() {
-    return resolveRange(this.from, this.until);
+    try {
+      return resolveRange(this.from, this.until);
+    } catch (err) {
+      throw new Error(`${this.title}: ${err.message}`);
+    }
   }
 
   request(profileType) {
@@ -607,6 +650,7 @@ class DiffView {
         if (!side.query || side.query === "{}") {
           side.query = formatSelector([{ name: "service_name", op: "=", value: names[0] }]);
           side.input.value = side.query;
+          side.renderFilters();
         }
       }
       const service = serviceOf(parseSelector(this.right.query)) || names[0];
