@@ -332,3 +332,25 @@ def test_unknown_and_bad_trace_ids_say_what_to_do(page, shop) -> None:  # type: 
     )
     text = page.inner_text("#bad-id-view .hs-message")
     assert '"xyz" is not a trace id' in text and "32 hex digits" in text
+
+
+def test_more_results_and_the_way_to_the_explorer(page, shop) -> None:  # type: ignore[no-untyped-def]
+    srv, ids = shop
+    page.goto(f"{srv.url}/traces?service=shop&limit=4")
+    page.wait_for_selector(".hs-trace-result")
+    assert len(result_rows(page)) == 4
+    page.click(".hs-more-traces")
+    page.wait_for_url(re.compile(r"limit=8"))
+    page.wait_for_function("() => document.querySelectorAll('.hs-trace-result').length === 8")
+    # From a trace to its samples in the explorer: filtered to the trace, over its time.
+    slow = ids["slow"][0]
+    page.goto(f"{srv.url}/traces/{slow['trace']}")
+    page.click(".hs-open-in-profiles")
+    page.wait_for_url(re.compile(rf"/profiles\?traceId={slow['trace']}"))
+    names = """() => {
+        const fg = [...document.querySelectorAll('.hs-profile *')].find(e => e.flamegraph);
+        return fg ? fg.flamegraph.frames().map(f => f.name) : [];
+    }"""
+    page.wait_for_function(f"() => ({names})().includes('__main__.slow_function')")
+    assert "__main__.fast_work" not in page.evaluate(names)
+    assert page.locator(".hs-trace-filter").input_value() == slow["trace"]

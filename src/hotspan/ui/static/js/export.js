@@ -42,7 +42,7 @@ const STANDALONE_MAIN = `
   var data = JSON.parse(document.getElementById("hs-data").textContent);
   var tree = decodeFlamegraph(data.flamegraph);
   var holder = document.getElementById("hs-graph");
-  var graph = new FlameGraph(holder, { unit: data.unit, inverted: false });
+  var graph = new FlameGraph(holder, { unit: data.unit, inverted: data.inverted });
   graph.setData(tree);
   var search = document.getElementById("hs-search");
   var found = document.getElementById("hs-found");
@@ -57,6 +57,7 @@ const STANDALONE_MAIN = `
     ? "baseline " + formatValue(tree.leftTotal, data.unit) + ", comparison " + formatValue(tree.rightTotal, data.unit)
     : "total " + formatValue(tree.total, data.unit);
   var invert = document.getElementById("hs-invert");
+  invert.textContent = graph.inverted ? "Root: bottom" : "Root: top";
   invert.addEventListener("click", function () {
     graph.setInverted(!graph.inverted);
     invert.textContent = graph.inverted ? "Root: bottom" : "Root: top";
@@ -68,16 +69,17 @@ const STANDALONE_MAIN = `
 /**
  * The standalone HTML for a tree (decoded from the JSON it carries in `tree.source`).
  * @param {import("./flametree.js").FlameTree} tree
- * @param {{title?: string, unit?: string}} [options]
+ * @param {{title?: string, unit?: string, inverted?: boolean}} [options] `inverted`: the root
+ *   at the bottom, as the user had it when exporting
  * @returns {Promise<string>}
  */
-export async function standaloneHtml(tree, { title = "hotspan flame graph", unit = "" } = {}) {
+export async function standaloneHtml(tree, { title = "hotspan flame graph", unit = "", inverted = false } = {}) {
   const [css, ...scripts] = await Promise.all([
     fetchText("css/flamegraph.css"),
     ...INLINED_SCRIPTS.map((name) => fetchText(`js/${name}`)),
   ]);
   const code = scripts.map((s, i) => `// --- ${INLINED_SCRIPTS[i]}\n${stripModule(s)}`).join("\n");
-  const data = JSON.stringify({ unit, flamegraph: tree.source });
+  const data = JSON.stringify({ unit, inverted: Boolean(inverted), flamegraph: tree.source });
   return `<!doctype html>
 <html lang="en">
 <head>

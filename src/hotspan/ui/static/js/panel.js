@@ -229,7 +229,11 @@ export class ProfilePanel {
         key: "html",
         label: "Standalone HTML",
         filename: `${this.exportName}.html`,
-        build: () => standaloneHtml(this.tree, { title: this.title || this.exportName, unit: this.unit }),
+        build: () => standaloneHtml(this.tree, {
+          title: this.title || this.exportName,
+          unit: this.unit,
+          inverted: this.inverted,
+        }),
         type: "text/html",
       },
     ];

@@ -11,10 +11,11 @@ import { el, message, rejectInput } from "./dom.js";
 import { formatDuration, formatTime, unitOf } from "./format.js";
 import { ProfilePanel } from "./panel.js";
 import { navigate, setQuery } from "./router.js";
-import { DEFAULT_FROM, DEFAULT_UNTIL, TimeRangePicker, describeRange, resolveRange } from "./timerange.js";
+import { DEFAULT_FROM, DEFAULT_UNTIL, TimeRangePicker, absoluteRange, describeRange, resolveRange } from "./timerange.js";
 import { Waterfall, buildTree, serviceColor } from "./waterfall.js";
 
 const DEFAULT_LIMIT = 50;
+const MAX_LIMIT = 1000; // a page of results the browser still lists at ease (the server allows 10,000)
 const DURATION = /^\s*\d+(\.\d+)?\s*(ns|us|µs|ms|s|m|h)\s*$/;
 let lastSearchUrl = "/traces"; // the trace view's way back to the results it was opened from
 
@@ -58,7 +59,7 @@ export function renderTraceSearch(root, { params }) {
     sort: params.get("sort") === "recent" ? "recent" : "duration",
     from: params.get("from") || DEFAULT_FROM,
     until: params.get("until") || DEFAULT_UNTIL,
-    limit: Math.min(Math.max(parseInt(params.get("limit"), 10) || DEFAULT_LIMIT, 1), 1000),
+    limit: Math.min(Math.max(parseInt(params.get("limit"), 10) || DEFAULT_LIMIT, 1), MAX_LIMIT),
   };
   lastSearchUrl = location.pathname + location.search;
   let noServices = false; // the tag API knows no service at all
@@ -304,7 +305,7 @@ function resultTable(traces, state, q) {
       { class: "hs-result-summary" },
       `${rows.length} trace${rows.length === 1 ? "" : "s"}`,
       rows.length >= state.limit
-        ? ` (the ${state.sort === "duration" ? "longest" : "newest"} ${state.limit}; add &limit= to the URL for more)`
+        ? ` (the ${state.sort === "duration" ? "longest" : "newest"} ${state.limit})`
         : "",
       state.sort === "duration" ? ", longest first" : ", newest first",
       " · ",
@@ -320,7 +321,15 @@ function resultTable(traces, state, q) {
       ),
       body,
     ),
+    rows.length >= state.limit && state.limit < MAX_LIMIT ? moreLink(state.limit) : null,
   );
+}
+
+/** A link to the same search with twice as many results (the router opens it in place). */
+function moreLink(limit) {
+  const params = new URLSearchParams(location.search);
+  params.set("limit", String(Math.min(limit * 2, MAX_LIMIT)));
+  return el("p", {}, el("a", { class: "hs-more-traces", href: `${location.pathname}?${params}` }, "Show more traces"));
 }
 
 function durationNs(t) {
@@ -554,7 +563,19 @@ export function renderTraceView(root, { params, match }) {
         fact("Services", services.join(", ")),
         fact("CPU in spans", formatDuration(body.total - (body.unattributed || 0))),
       ),
+      el("p", { class: "hs-trace-links" }, el("a", { class: "hs-open-in-profiles", href: profilesLink(tree) },
+        "Open this trace's samples in Profiles"), " (timeline, label filters, diff)"),
     );
+  }
+
+  /** The explorer filtered to this trace, over the time it ran (plus the agent's upload
+   * window: samples are stamped with the start of theirs). */
+  function profilesLink(tree) {
+    const startMs = tree.startNs / 1e6;
+    const endMs = startMs + tree.durationNs / 1e6;
+    const range = absoluteRange(startMs - 5 * 60e3, endMs + 5 * 60e3);
+    const params = new URLSearchParams({ traceId, from: range.from, until: range.until });
+    return `/profiles?${params}`;
   }
 
   // Span attributes, from the Tempo trace API (typed values as OTLP JSON has them).
