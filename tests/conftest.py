@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -86,9 +87,12 @@ def start_server(
     raise RuntimeError(f"server did not start; last line: {line!r}")
 
 
-@pytest.fixture
-def server(tmp_path: Path) -> Iterator[RunningServer]:
-    srv = start_server(tmp_path / "data")
+@contextlib.contextmanager
+def running_server(
+    data_dir: Path, extra_args: Optional[List[str]] = None, env: Optional[dict] = None
+) -> Iterator[RunningServer]:
+    """A server for the length of a ``with`` block (or a fixture's ``yield``)."""
+    srv = start_server(data_dir, extra_args, env)
     try:
         yield srv
     finally:
@@ -96,6 +100,12 @@ def server(tmp_path: Path) -> Iterator[RunningServer]:
             srv.stop()
         if srv.process.stdout:
             srv.process.stdout.close()
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[RunningServer]:
+    with running_server(tmp_path / "data") as srv:
+        yield srv
 
 
 @pytest.fixture(scope="module")

@@ -1,10 +1,15 @@
-"""Test-side builders: pprof payloads made directly with the protobuf classes, and small
-clients for the query API."""
+"""Test-side builders: pprof payloads made directly with the protobuf classes, small clients
+for the query API, and real traced programs (OpenTelemetry SDK + hotspan agent) to run."""
 
 from __future__ import annotations
 
 import gzip
+import os
+import subprocess
+import sys
+import textwrap
 import time
+from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import httpx
@@ -106,3 +111,69 @@ def function_totals(graph: dict) -> Dict[str, int]:
 
 def self_totals(graph: dict) -> Dict[str, int]:
     return _per_function(graph, 2)
+
+
+_TRACED_HEAD = """\
+import json, sys, time
+import hotspan
+from opentelemetry import trace
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+server = sys.argv[1]
+provider = TracerProvider(resource=Resource.create({{"service.name": "{service}"}}))
+provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=server + "/v1/traces")))
+trace.set_tracer_provider(provider)
+hotspan.configure(
+    application_name="{service}", server_address=server, upload_interval=1, tags={tags}
+)
+tracer = trace.get_tracer("{service}")
+
+
+def burn(seconds):
+    # Each caller burns CPU in this loop, so the caller sits right under the leaf.
+    end = time.thread_time() + seconds
+    while time.thread_time() < end:
+        pass
+
+"""
+
+_TRACED_TAIL = """
+provider.shutdown()
+hotspan.shutdown()
+"""
+
+
+def traced_program(service: str, body: str, tags: str = "{}") -> str:
+    """A program that sends its spans (OpenTelemetry SDK, OTLP/HTTP) and its profiles (the
+    hotspan agent, uploading every second) to the server whose URL is its first argument.
+    ``body`` runs with ``tracer``, ``burn(seconds)``, ``json``, ``sys`` and ``time`` in scope;
+    both are flushed after it.  ``tags``: a Python expression for the agent's tags."""
+    head = _TRACED_HEAD.format(service=service, tags=tags)
+    return head + textwrap.dedent(body) + _TRACED_TAIL
+
+
+def run_programs(source: str, directory: Path, *argvs: Sequence[str]) -> List[str]:
+    """Runs ``source`` once per argument list, all at once, and returns their outputs.  The
+    environment is the test's without HOTSPAN_*/OTEL_* settings, so only the arguments count."""
+    path = directory / "program.py"
+    path.write_text(source)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HOTSPAN_", "OTEL_"))}
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(path), *argv],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        for argv in argvs
+    ]
+    outputs = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0, err
+        outputs.append(out)
+    return outputs

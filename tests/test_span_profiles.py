@@ -6,36 +6,24 @@ CPU sits beside duration; descendants and whole traces have their profiles too."
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-import textwrap
 import time
 from typing import Dict, Iterator, List
 
 import pytest
 
-from tests.conftest import RunningServer, start_server
-from tests.helpers import CPU, QUERIER, function_totals, self_totals
+from tests.conftest import RunningServer, running_server
+from tests.helpers import (
+    CPU,
+    QUERIER,
+    function_totals,
+    run_programs,
+    self_totals,
+    traced_program,
+)
 
-PROGRAM = textwrap.dedent(
+PROGRAM = traced_program(
+    "shop",
     """
-    import json, sys, time
-    import hotspan
-    from opentelemetry import trace
-    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-    from opentelemetry.sdk.resources import Resource
-    from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import BatchSpanProcessor
-
-    server = sys.argv[1]
-    provider = TracerProvider(resource=Resource.create({"service.name": "shop"}))
-    exporter = OTLPSpanExporter(endpoint=server + "/v1/traces")
-    provider.add_span_processor(BatchSpanProcessor(exporter))
-    trace.set_tracer_provider(provider)
-    hotspan.configure(application_name="shop", server_address=server, upload_interval=1)
-    tracer = trace.get_tracer("shop")
-
     # Each function burns CPU in its own loop, so that it is the leaf of its samples.
     def slow_function():
         end = time.thread_time() + 0.4
@@ -72,32 +60,17 @@ PROGRAM = textwrap.dedent(
             out["fast"].append(
                 {"trace": format(ctx.trace_id, "032x"), "span": format(ctx.span_id, "016x")}
             )
-    provider.shutdown()
-    hotspan.shutdown()
     print("IDS " + json.dumps(out))
-    """
+    """,
 )
 
 
 @pytest.fixture(scope="module")
 def shop(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple]:
-    srv = start_server(tmp_path_factory.mktemp("spans") / "data")
-    path = tmp_path_factory.mktemp("prog") / "shop.py"
-    path.write_text(PROGRAM)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("HOTSPAN_", "OTEL_"))}
-    try:
-        result = subprocess.run(
-            [sys.executable, str(path), srv.url],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            env=env,
-        )
-        assert result.returncode == 0, result.stderr
-        line = next(ln for ln in result.stdout.splitlines() if ln.startswith("IDS "))
+    with running_server(tmp_path_factory.mktemp("spans") / "data") as srv:
+        (out,) = run_programs(PROGRAM, tmp_path_factory.mktemp("prog"), [srv.url])
+        line = next(ln for ln in out.splitlines() if ln.startswith("IDS "))
         yield srv, json.loads(line[4:])
-    finally:
-        srv.stop()
 
 
 def span_profile(srv: RunningServer, spans: List[str], descendants: bool = False) -> dict:

@@ -14,7 +14,7 @@ from typing import Dict, Iterator, List, Tuple
 import pytest
 
 from hotspan.formats.proto import profile_pb2
-from tests.conftest import RunningServer, start_server
+from tests.conftest import RunningServer, running_server
 from tests.helpers import CPU, ingest_pprof, make_pprof
 from tests.ui.conftest import screenshot
 
@@ -64,8 +64,7 @@ def _big_folded() -> str:
 
 @pytest.fixture(scope="module")
 def ui_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
-    srv = start_server(tmp_path_factory.mktemp("flamegraph-ui") / "data")
-    try:
+    with running_server(tmp_path_factory.mktemp("flamegraph-ui") / "data") as srv:
         with srv.client() as c:
             _push(c, "shop{}", STACKS)
             _push(c, "diffy{version=a}", BASELINE)
@@ -82,11 +81,6 @@ def ui_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServe
             )
             assert r.status_code == 200, r.text
         yield srv
-    finally:
-        if srv.process.poll() is None:
-            srv.stop()
-        if srv.process.stdout:
-            srv.process.stdout.close()
 
 
 def _select(service: str, **extra: object) -> Dict[str, object]:

@@ -8,11 +8,7 @@ happens inside an OpenTelemetry span, so its samples carry that trace id.
 from __future__ import annotations
 
 import gzip
-import os
 import re
-import subprocess
-import sys
-import textwrap
 import time
 from typing import Dict, Iterator, List, Tuple
 from urllib.parse import parse_qs, quote, urlparse
@@ -20,40 +16,18 @@ from urllib.parse import parse_qs, quote, urlparse
 import pytest
 
 from hotspan.formats.proto import profile_pb2
-from tests.conftest import RunningServer, start_server
+from tests.conftest import RunningServer, running_server
+from tests.helpers import run_programs, traced_program
 from tests.ui.conftest import screenshot
 
-PROGRAM = textwrap.dedent(
+PROGRAM = traced_program(
+    "checkout",
     """
-    import json, sys, time
-    import hotspan
-    from opentelemetry import trace
-    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-    from opentelemetry.sdk.resources import Resource
-    from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import BatchSpanProcessor
-
-    server, commit, heavy = sys.argv[1], sys.argv[2], float(sys.argv[3])
-    provider = TracerProvider(resource=Resource.create({"service.name": "checkout"}))
-    exporter = OTLPSpanExporter(endpoint=server + "/v1/traces")
-    provider.add_span_processor(BatchSpanProcessor(exporter))
-    trace.set_tracer_provider(provider)
-    hotspan.configure(
-        application_name="checkout", server_address=server, upload_interval=1,
-        tags={"commit": commit},
-    )
-    tracer = trace.get_tracer("checkout")
-
-    def burn(seconds):
-        end = time.thread_time() + seconds
-        while time.thread_time() < end:
-            pass
-
     def parse_order():
         burn(0.05)
 
     def price_cart():
-        burn(heavy)
+        burn(float(sys.argv[3]))
 
     def warm_cache():
         burn(0.25)
@@ -63,10 +37,9 @@ PROGRAM = textwrap.dedent(
         for _ in range(4):
             parse_order()
             price_cart()
-    provider.shutdown()
-    hotspan.shutdown()
     print("TRACE " + format(span.get_span_context().trace_id, "032x"))
-    """
+    """,
+    tags='{"commit": sys.argv[2]}',
 )
 
 MAIN = "__main__."
@@ -80,29 +53,18 @@ class Data:
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Data]:
-    srv = start_server(tmp_path_factory.mktemp("ui-profiles") / "data")
-    path = tmp_path_factory.mktemp("prog") / "checkout.py"
-    path.write_text(PROGRAM)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("HOTSPAN_", "OTEL_"))}
-    try:
-        runs = {
-            commit: subprocess.Popen(
-                [sys.executable, str(path), srv.url, commit, heavy],
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-                env=env,
-            )
-            for commit, heavy in (("abc", "0.02"), ("def", "0.2"))
+    with running_server(tmp_path_factory.mktemp("ui-profiles") / "data") as srv:
+        runs = {"abc": "0.02", "def": "0.2"}
+        outputs = run_programs(
+            PROGRAM,
+            tmp_path_factory.mktemp("prog"),
+            *([srv.url, commit, heavy] for commit, heavy in runs.items()),
+        )
+        traces = {
+            commit: re.search(r"TRACE (\w+)", out).group(1)  # type: ignore[union-attr]
+            for commit, out in zip(runs, outputs)
         }
-        traces = {}
-        for commit, proc in runs.items():
-            out, err = proc.communicate(timeout=120)
-            assert proc.returncode == 0, err
-            traces[commit] = re.search(r"TRACE (\w+)", out).group(1)  # type: ignore[union-attr]
         yield Data(srv, traces)
-    finally:
-        srv.stop()
 
 
 # --- helpers that read the page ------------------------------------------------------------
@@ -423,8 +385,7 @@ def test_exports_pprof_and_folded(page, data, tmp_path) -> None:  # type: ignore
 
 
 def test_empty_server_says_what_to_do(page, tmp_path) -> None:  # type: ignore[no-untyped-def]
-    srv = start_server(tmp_path / "empty")
-    try:
+    with running_server(tmp_path / "empty") as srv:
         page.goto(srv.url + "/")
         box = page.locator(".hs-message.hs-empty")
         box.wait_for()
@@ -432,13 +393,10 @@ def test_empty_server_says_what_to_do(page, tmp_path) -> None:  # type: ignore[n
         assert "No profiles in this time range" in text
         assert srv.url in text and "hotspan.configure" in text
         screenshot(page, "profiles-empty")
-    finally:
-        srv.stop()
 
 
 def test_query_token_is_asked_for_and_used(page, tmp_path) -> None:  # type: ignore[no-untyped-def]
-    srv = start_server(tmp_path / "guarded", ["--query-token", "read-secret"])
-    try:
+    with running_server(tmp_path / "guarded", ["--query-token", "read-secret"]) as srv:
         page.goto(srv.url + "/")
         error = page.locator(".hs-message.hs-error")
         error.wait_for()
@@ -447,8 +405,6 @@ def test_query_token_is_asked_for_and_used(page, tmp_path) -> None:  # type: ign
         page.locator(".hs-dialog input[type=password]").fill("read-secret")
         page.locator(".hs-dialog button[value=save]").click()
         page.locator(".hs-message.hs-empty").wait_for()  # authorised now: just no data
-    finally:
-        srv.stop()
 
 
 def test_bad_address_parameters_get_a_message(page, data) -> None:  # type: ignore[no-untyped-def]

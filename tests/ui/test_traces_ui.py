@@ -8,41 +8,18 @@ descendants on demand; every view reopens from its URL; errors say what to do.""
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
-import sys
-import textwrap
 from typing import Dict, Iterator, List, Tuple
 
 import pytest
 
-from tests.conftest import RunningServer, start_server
+from tests.conftest import RunningServer, running_server
+from tests.helpers import run_programs, traced_program
 from tests.ui.conftest import screenshot
 
-PROGRAM = textwrap.dedent(
+PROGRAM = traced_program(
+    "shop",
     """
-    import json, sys, time
-    import hotspan
-    from opentelemetry import trace
-    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-    from opentelemetry.sdk.resources import Resource
-    from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import BatchSpanProcessor
-
-    server = sys.argv[1]
-    provider = TracerProvider(resource=Resource.create({"service.name": "shop"}))
-    exporter = OTLPSpanExporter(endpoint=server + "/v1/traces")
-    provider.add_span_processor(BatchSpanProcessor(exporter))
-    trace.set_tracer_provider(provider)
-    hotspan.configure(application_name="shop", server_address=server, upload_interval=1)
-    tracer = trace.get_tracer("shop")
-
-    def burn(seconds):
-        end = time.thread_time() + seconds
-        while time.thread_time() < end:
-            pass
-
     def slow_function():
         burn(0.4)
 
@@ -71,34 +48,17 @@ PROGRAM = textwrap.dedent(
             with tracer.start_as_current_span("GET /fast") as fast:
                 fast_work()
             out["fast"].append(format(fast.get_span_context().trace_id, "032x"))
-    provider.shutdown()
-    hotspan.shutdown()
     print("IDS " + json.dumps(out))
-    """
+    """,
 )
 
 
 @pytest.fixture(scope="module")
 def shop(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Tuple[RunningServer, dict]]:
-    srv = start_server(tmp_path_factory.mktemp("traces-ui") / "data")
-    path = tmp_path_factory.mktemp("prog") / "shop.py"
-    path.write_text(PROGRAM)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("HOTSPAN_", "OTEL_"))}
-    try:
-        result = subprocess.run(
-            [sys.executable, str(path), srv.url],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            env=env,
-        )
-        assert result.returncode == 0, result.stderr
-        line = next(ln for ln in result.stdout.splitlines() if ln.startswith("IDS "))
+    with running_server(tmp_path_factory.mktemp("traces-ui") / "data") as srv:
+        (out,) = run_programs(PROGRAM, tmp_path_factory.mktemp("prog"), [srv.url])
+        line = next(ln for ln in out.splitlines() if ln.startswith("IDS "))
         yield srv, json.loads(line[4:])
-    finally:
-        srv.stop()
-        if srv.process.stdout:
-            srv.process.stdout.close()
 
 
 _UNITS = {"ns": 1e-6, "µs": 1e-3, "ms": 1.0, "s": 1e3, "min": 60e3, "h": 3600e3}
