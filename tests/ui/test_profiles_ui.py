@@ -171,6 +171,16 @@ def test_zoom_search_and_table_selection(page, data) -> None:  # type: ignore[no
     )
     highlighted = {f["name"] for f in frames(page) if f.get("highlighted")}
     assert highlighted == {MAIN + "parse_order"}, highlighted
+    # The search is part of the address: a copied link highlights the same frames.
+    page.wait_for_function("() => location.search.includes('search=parse_')")
+    fresh = page.context.new_page()
+    fresh.goto(page.url)
+    fresh.wait_for_function(
+        """() => [...document.querySelectorAll('*')].find((e) => e.flamegraph)
+            ?.flamegraph.frames().some((f) => f.highlighted && f.name === '__main__.parse_order')"""
+    )
+    assert fresh.locator(".hs-search").input_value() == "parse_"
+    fresh.close()
     page.locator(".hs-search").fill("")
     page.locator("tr[data-name='__main__.warm_cache']").click()
     page.wait_for_function(

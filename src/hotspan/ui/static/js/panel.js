@@ -2,7 +2,7 @@
 // and the flame graph side by side.  Views (profiles, diff, trace spans) hand it the
 // protojson flame graph the API returned; it decodes, draws and exports it.
 
-import { download, el, message } from "./dom.js";
+import { debounce, download, el, message } from "./dom.js";
 import { standaloneHtml } from "./export.js";
 import { FlameGraph } from "./flamegraph.js";
 import { decodeFlamegraph, foldedText } from "./flametree.js";
@@ -45,9 +45,14 @@ export class ProfilePanel {
   /**
    * @param {HTMLElement} container
    * @param {{unit?: string, title?: string, exportName?: string,
-   *   exports?: () => ServerExport[]}} [options]
+   *   exports?: () => ServerExport[], search?: string,
+   *   onSearch?: (text: string) => void}} [options] `search`: the search to start with (from
+   *   the view's URL); `onSearch`: told of each change, so the view can keep it in its URL
    */
-  constructor(container, { unit = "", title = "", exportName = "flamegraph", exports = null } = {}) {
+  constructor(
+    container,
+    { unit = "", title = "", exportName = "flamegraph", exports = null, search = "", onSearch = null } = {},
+  ) {
     this.container = container;
     this.unit = unit;
     this.title = title;
@@ -65,8 +70,13 @@ export class ProfilePanel {
       class: "hs-search",
       placeholder: "Search functions",
       "aria-label": "Search functions",
-      oninput: () => this.applySearch(),
+      value: search,
+      oninput: () => {
+        this.applySearch();
+        if (onSearch) this.reportSearch(this.searchInput.value);
+      },
     });
+    this.reportSearch = debounce((text) => onSearch(text.trim()), 300);
     this.searchInfo = el("span", { class: "hs-search-info", "aria-live": "polite" });
     this.invertButton = el("button", {
       type: "button",

@@ -107,6 +107,7 @@ class ProfilesView {
       groupBy: params.get("groupBy") || "",
       traceId: (params.get("traceId") || "").toLowerCase(),
       spanId: (params.get("spanId") || "").toLowerCase(),
+      search: params.get("search") || "",
     };
     this.controller = null;
     this.build();
@@ -173,6 +174,8 @@ class ProfilesView {
       title: "",
       exportName: "profile",
       exports: () => this.serverExports(),
+      search: this.state.search,
+      onSearch: (search) => setQuery({ search }),
     });
     this.renderTraceNote();
   }
@@ -609,6 +612,8 @@ class DiffView {
       title: "",
       exportName: "diff",
       exports: () => this.serverExports(),
+      search: params.get("search") || "",
+      onSearch: (search) => setQuery({ search }),
     });
     this.load();
   }
