@@ -1136,6 +1136,9 @@ def _queries(params: Dict[str, int], targets: Dict[str, object]) -> List[Dict[st
                q='{resource.service.name="checkout" && name="POST /orders"}'),
         search("search `minDuration=500ms`, 24 h", "search_min_duration", h24,
                minDuration="500ms"),
+        # What the UI's trace search asks: the longest traces of a service first.
+        search("search `service.name=checkout` `sort=duration` (UI), 24 h",
+               "search_sort_duration", h24, tags="service.name=checkout", sort="duration"),
         search(f'search `{{span.enduser.id="{targets["enduser"]}"}}`, 24 h',
                "search_attr_equal", h24, q=f'{{span.enduser.id="{targets["enduser"]}"}}'),
         search("search `{span.http.response.status_code>=500}`, 24 h",

@@ -240,16 +240,20 @@ def test_label_filter_group_by_and_timeline_drag(page, data) -> None:  # type: i
     )
 
 
-def test_narrow_window_puts_the_table_above_the_graph(page, data) -> None:  # type: ignore[no-untyped-def]
-    page.set_viewport_size({"width": 900, "height": 900})
+@pytest.mark.parametrize("width", [900, 1150, 1400])
+def test_top_table_numbers_fit_at_any_width(page, data, width: int) -> None:  # type: ignore[no-untyped-def]
+    page.set_viewport_size({"width": width, "height": 900})
     page.goto(data.server.url + "/profiles?query=" + quote('{service_name="checkout"}'))
     wait_for_frame(page, MAIN + "price_cart")
     body = page.locator(".hs-panel-body").first.bounding_box()
     table = page.locator(".hs-panel-table").first.bounding_box()
     graph = page.locator(".hs-panel-graph").first.bounding_box()
     assert body and table and graph
-    assert table["width"] > 0.95 * body["width"] and graph["width"] > 0.95 * body["width"]
-    assert graph["y"] >= table["y"] + table["height"]
+    if width <= 1100:  # narrow: the table above the graph, both at full width
+        assert table["width"] > 0.95 * body["width"] and graph["width"] > 0.95 * body["width"]
+        assert graph["y"] >= table["y"] + table["height"]
+    else:  # side by side, the graph keeps most of the room
+        assert graph["x"] >= table["x"] + table["width"] and graph["width"] > 400
     # Each number fits its cell (names may end in an ellipsis; numbers must not spill over).
     spilled = page.evaluate(
         """() => [...document.querySelectorAll('.hs-panel-table tbody tr')].slice(0, 5)
@@ -258,7 +262,7 @@ def test_narrow_window_puts_the_table_above_the_graph(page, data) -> None:  # ty
             .map((td) => td.textContent)"""
     )
     assert spilled == []
-    screenshot(page, "profiles-narrow")
+    screenshot(page, f"profiles-width-{width}")
 
 
 def test_trace_id_filter_shows_only_that_traces_samples(page, data) -> None:  # type: ignore[no-untyped-def]

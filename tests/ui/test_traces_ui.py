@@ -35,9 +35,11 @@ PROGRAM = traced_program(
             span.set_attribute("http.route", "/slow")
             slow_function()
             with tracer.start_as_current_span("render"):
-                with tracer.start_as_current_span("template"):
+                with tracer.start_as_current_span("template") as template:
                     render_page()
+                    template.set_status(trace.Status(trace.StatusCode.ERROR, "missing partial"))
             with tracer.start_as_current_span("wait") as wait:
+                wait.add_event("cache miss", {"cache.key": "cart:42"})
                 time.sleep(0.15 + 0.1 * i)  # the traces differ in length: 3rd is longest
         ctx = span.get_span_context()
         out["slow"].append({
@@ -48,6 +50,14 @@ PROGRAM = traced_program(
             with tracer.start_as_current_span("GET /fast") as fast:
                 fast_work()
             out["fast"].append(format(fast.get_span_context().trace_id, "032x"))
+    def chain(depth):
+        with tracer.start_as_current_span(f"level-{depth}"):
+            if depth < 30:
+                chain(depth + 1)
+
+    with tracer.start_as_current_span("deep") as deep:
+        chain(1)
+    out["deep"] = format(deep.get_span_context().trace_id, "032x")
     print("IDS " + json.dumps(out))
     """,
 )
@@ -128,14 +138,14 @@ def test_search_lists_the_longest_traces_first(page, shop) -> None:  # type: ign
     page.goto(f"{srv.url}/traces?service=shop")
     page.wait_for_selector(".hs-trace-result")
     rows = result_rows(page)
-    assert len(rows) == len(slow) + len(ids["fast"])
+    assert len(rows) == len(slow) + len(ids["fast"]) + 1  # and the deep one
     # The three slow traces first (each >= 630 ms: 480 ms of CPU and a sleep), the longest
     # on top.
     assert {r["id"] for r in rows[:3]} == set(slow)
     durations = [ms(str(r["duration"])) for r in rows]
     assert durations == sorted(durations, reverse=True)
     assert durations[2] >= 600
-    assert "GET /slow" in str(rows[0]["name"]) and "GET /fast" in str(rows[-1]["name"])
+    assert "GET /slow" in str(rows[0]["name"])
 
     # The form: span name and minimum duration; the URL keeps the query.
     page.wait_for_selector(".hs-trace-service option[value='shop']", state="attached")
@@ -235,8 +245,18 @@ def test_a_span_shows_its_own_profile_and_its_descendants(page, shop) -> None:  
     page.wait_for_url(re.compile(rf"span={slow['wait']}"))
     page.wait_for_selector(".hs-span-profile .hs-message")
     assert "waiting" in page.inner_text(".hs-span-profile .hs-message")
-    # Its facts: no attributes, and no stray text where they would be.
-    assert "null" not in page.inner_text(".hs-span-details")
+    # Its facts: no attributes (and no stray text where they would be), its event.
+    page.wait_for_selector(".hs-span-events")
+    details = page.inner_text(".hs-span-details")
+    assert "null" not in details and "Events (1)" in details
+    page.click(".hs-span-events summary")
+    assert "cache miss" in page.inner_text(".hs-span-events")
+    assert "cache.key=cart:42" in page.inner_text(".hs-span-events")
+    # A span that failed says so.
+    page.click(".hs-wf-span[data-name='template'] .hs-wf-span-name")
+    page.wait_for_function(
+        "() => document.querySelector('.hs-span-details').innerText.includes('missing partial')"
+    )
 
 
 def test_the_url_reopens_the_same_view(page, browser, shop) -> None:  # type: ignore[no-untyped-def]
@@ -314,3 +334,18 @@ def test_more_results_and_the_way_to_the_explorer(page, shop) -> None:  # type: 
     page.wait_for_function(f"() => ({names})().includes('__main__.slow_function')")
     assert "__main__.fast_work" not in page.evaluate(names)
     assert page.locator(".hs-trace-filter").input_value() == slow["trace"]
+
+
+@pytest.mark.parametrize("width", [900, 1400])
+def test_deep_traces_keep_their_names(page, shop, width: int) -> None:  # type: ignore[no-untyped-def]
+    srv, ids = shop
+    page.set_viewport_size({"width": width, "height": 900})
+    page.goto(f"{srv.url}/traces/{ids['deep']}")
+    row = page.locator(".hs-wf-span[data-name='level-30']")
+    row.wait_for()
+    name = row.locator(".hs-wf-span-name")
+    assert name.inner_text() == "level-30"
+    # The whole name is shown, not cut short by the indent.
+    assert name.evaluate("e => e.scrollWidth <= e.clientWidth"), name.bounding_box()
+    assert "30›" in row.inner_text()  # past the indent cap, the depth is written
+    screenshot(page, f"traces-deep-{width}")

@@ -96,7 +96,7 @@ ${css}
 </head>
 <body>
 <h1>${escapeHtml(title)}</h1>
-<p class="hs-standalone-meta">Exported from hotspan ${escapeHtml(new Date().toISOString())} — <span id="hs-total"></span>. Click a frame to zoom into it, click the top frame to zoom out.</p>
+<p class="hs-standalone-meta">Exported from hotspan ${escapeHtml(new Date().toISOString())} — <span id="hs-total"></span>. Click a frame to zoom into it, click the root frame ("total") to zoom out.</p>
 <div class="hs-standalone-toolbar">
 <input id="hs-search" class="hs-search" type="search" placeholder="Search functions" aria-label="Search functions">
 <span id="hs-found"></span>

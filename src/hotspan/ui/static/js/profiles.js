@@ -295,6 +295,7 @@ class ProfilesView {
     } catch (err) {
       if (err.name === "AbortError") return;
       this.timeline.setMessage("no answer");
+      this.panel.setTitle("");
       this.panel.setMessage(errorBox(err));
     }
   }
@@ -358,10 +359,9 @@ class ProfilesView {
       });
       if (signal.aborted) return;
       this.timeline.setData(series, range.startMs, range.endMs, stepMs);
-      if (this.state.traceId || this.state.spanId) {
-        this.timeline.note.textContent = "the timeline shows the whole selection, not only the trace";
-        this.timeline.note.hidden = false;
-      }
+      this.timeline.setCaption(this.state.traceId || this.state.spanId
+        ? "The timeline shows the whole selection; only the flame graph is filtered to the trace."
+        : "");
     } catch (err) {
       if (err.name !== "AbortError") this.timeline.setMessage(err.message);
     }
@@ -505,6 +505,7 @@ class DiffSide {
         this.from = r.from;
         this.until = r.until;
         this.picker.set(r.from, r.until);
+        this.takeTypedSelector();
         this.onChange();
       },
     });
@@ -538,6 +539,9 @@ class DiffSide {
     try {
       parseSelector(typed);
     } catch {
+      // Not a selector: the field goes back to the one in use, so that both agree.
+      this.input.value = this.query;
+      this.input.setCustomValidity("");
       return;
     }
     this.query = typed;
@@ -585,6 +589,7 @@ class DiffView {
     this.controller = null;
     this.typeSlot = el("span", { class: "hs-field" });
     const sides = el("div", { class: "hs-diff-sides" });
+    this.notice = el("div", { class: "hs-banner" });
     const panelSlot = el("section", { class: "hs-profile" });
     root.append(
       el("h1", { class: "hs-title" }, "Diff"),
@@ -592,6 +597,7 @@ class DiffView {
         el("span", { class: "hs-muted" },
           "Red frames grew from baseline to comparison, green ones shrank (each side as a share of its own total).")),
       sides,
+      this.notice,
       panelSlot,
     );
     const onChange = () => this.changed();
@@ -660,7 +666,14 @@ class DiffView {
       }
       const service = serviceOf(parseSelector(this.right.query)) || names[0];
       const types = services.get(service) || services.get(names[0]);
-      this.profileType = pickType(types, this.profileType);
+      const wanted = this.profileType;
+      this.profileType = pickType(types, wanted);
+      this.notice.replaceChildren();
+      if (wanted && wanted !== this.profileType) {
+        this.notice.append(message("info",
+          `Profile type "${wanted}" has no data here; comparing ${typeLabel(this.profileType)}.`,
+          "Pick another profile type, or widen the time ranges."));
+      }
       setQuery({
         profileType: this.profileType,
         leftQuery: this.left.query, leftFrom: this.left.from, leftUntil: this.left.until,

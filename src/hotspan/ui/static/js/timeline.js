@@ -22,10 +22,11 @@ export class Timeline {
     this.selection = el("div", { class: "hs-timeline-selection", hidden: true });
     this.cursor = el("div", { class: "hs-timeline-tooltip", hidden: true });
     this.legend = el("div", { class: "hs-timeline-legend" });
+    this.caption = el("div", { class: "hs-timeline-caption", hidden: true });
     this.note = el("div", { class: "hs-timeline-note", hidden: true });
     this.plot = el("div", { class: "hs-timeline-plot" }, this.canvas, this.selection, this.cursor,
       this.note);
-    this.node = el("div", { class: "hs-timeline" }, this.plot, this.legend);
+    this.node = el("div", { class: "hs-timeline" }, this.plot, this.legend, this.caption);
     this.node.timeline = this;
     container.append(this.node);
     this.listen();
@@ -65,10 +66,18 @@ export class Timeline {
 
   setMessage(text) {
     this.series = [];
+    this.startMs = undefined; // no axis for a range that has no answer
+    this.setCaption("");
     this.note.textContent = text;
     this.note.hidden = false;
     this.legend.replaceChildren();
     this.draw();
+  }
+
+  /** A line under the plot that qualifies what it shows ("" hides it). */
+  setCaption(text) {
+    this.caption.textContent = text;
+    this.caption.hidden = !text;
   }
 
   /** x in CSS px within the canvas -> time in ms. */
@@ -135,7 +144,8 @@ export class Timeline {
     const out = [];
     const steps = Math.max(1, Math.ceil((this.endMs - this.startMs) / this.stepMs));
     for (let i = 0; i <= steps; i++) {
-      out.push([this.startMs + i * this.stepMs, byStep.get(i) || 0]);
+      // The last step may end after the range: its point is drawn at the range's end.
+      out.push([Math.min(this.startMs + i * this.stepMs, this.endMs), byStep.get(i) || 0]);
     }
     return out;
   }

@@ -95,6 +95,9 @@ export class TimeRangePicker {
 
   /** Shows `from`/`until` without calling onChange. */
   set(from, until) {
+    // A range set from outside (a preset, a drag) replaces whatever was wrong in the fields.
+    this.fromInput.setCustomValidity("");
+    this.untilInput.setCustomValidity("");
     this.from = from || DEFAULT_FROM;
     this.until = until || DEFAULT_UNTIL;
     const isPreset = PRESETS.some(([v]) => v === this.from) && this.until === "now";

@@ -458,8 +458,20 @@ export function renderTraceView(root, { params, match }) {
         fact("CPU (own)", formatDuration(span.self)),
         fact("CPU (with descendants)", formatDuration(span.total)),
         fact("Activity", span.activity.label),
+        isError(span.status) ? fact("Status", `error${span.status.message ? `: ${span.status.message}` : ""}`) : null,
       ),
     ];
+    if (span.events && span.events.length) {
+      facts.push(
+        el(
+          "details",
+          { class: "hs-span-events" },
+          el("summary", {}, `Events (${span.events.length})`),
+          el("table", { class: "hs-table" }, el("tbody", {}, span.events.map((e) =>
+            el("tr", {}, el("th", {}, e.name), el("td", {}, `+${formatDuration(e.offsetNs)}`), el("td", {}, e.attributes))))),
+        ),
+      );
+    }
     if (attrs.length) {
       facts.push(
         el(
@@ -586,7 +598,14 @@ export function renderTraceView(root, { params, match }) {
         for (const ss of rs.scopeSpans || []) {
           for (const s of ss.spans || []) {
             const span = byId.get(String(s.spanId || "").toLowerCase());
-            if (span) span.attributes = (s.attributes || []).map((a) => [a.key, anyValue(a.value)]);
+            if (!span) continue;
+            span.attributes = (s.attributes || []).map((a) => [a.key, anyValue(a.value)]);
+            span.status = s.status || null;
+            span.events = (s.events || []).map((e) => ({
+              name: e.name || "",
+              offsetNs: Number(e.timeUnixNano || 0) - Number(span.startNs || 0),
+              attributes: (e.attributes || []).map((a) => `${a.key}=${anyValue(a.value)}`).join(" "),
+            }));
           }
         }
       }
@@ -603,6 +622,11 @@ export function renderTraceView(root, { params, match }) {
     if (waterfall) waterfall.destroy();
     if (panel && typeof panel.destroy === "function") panel.destroy();
   };
+}
+
+/** OTLP JSON writes the status code as a number (2) or as its enum name. */
+function isError(status) {
+  return Boolean(status) && (status.code === 2 || status.code === "STATUS_CODE_ERROR");
 }
 
 function fact(term, value) {

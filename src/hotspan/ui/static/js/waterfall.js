@@ -14,7 +14,7 @@ export const WAITING = 0.2;
 // sample, so no CPU says nothing about it.
 const TOO_SHORT_NS = 20e6;
 const SAMPLE_SLACK_NS = 20e6;
-const MAX_INDENT = 16;
+const MAX_INDENT = 8; // levels (of --hs-wf-indent each): most of the name column stays the name's
 
 /** A stable colour per service (hue from a hash of the name). */
 export function serviceColor(service) {
@@ -147,7 +147,7 @@ export class Waterfall {
     );
     // Past MAX_INDENT levels the indent stops growing and the depth is written instead, so
     // that the names of a deep chain stay readable.
-    name.style.paddingLeft = `${Math.min(span.depth, MAX_INDENT) * 14 + 4}px`;
+    name.style.paddingLeft = `calc(var(--hs-wf-indent) * ${Math.min(span.depth, MAX_INDENT)} + 4px)`;
     if (span.depth > MAX_INDENT) name.prepend(el("span", { class: "hs-wf-depth" }, `${span.depth}›`));
     const cpuShare = Math.min(span.durationNs > 0 ? span.total / span.durationNs : 0, 1);
     const cpu = el("div", { class: "hs-wf-cpu-bar" });
