@@ -2,7 +2,8 @@
 
 import { saveSettings, settings } from "./api.js";
 import { el } from "./dom.js";
-import { renderDiff, renderProfiles } from "./profiles.js";
+import { renderDiff } from "./diff.js";
+import { renderProfiles } from "./profiles.js";
 import { route, start } from "./router.js";
 import { renderTraceSearch, renderTraceView } from "./traces.js";
 

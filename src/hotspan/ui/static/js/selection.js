@@ -1,0 +1,66 @@
+// What the profile views share: which services and profile types have data, the pickers
+// for them, and what to tell the user when there is nothing or something failed.
+
+import { ApiError, CPU, querier } from "./api.js";
+import { el, message } from "./dom.js";
+
+/** What an empty server or selection should make the user do next. */
+export function agentHint() {
+  const origin = location.origin;
+  return el(
+    "span",
+    {},
+    "Widen the time range, or check that your programs send profiles to ",
+    el("code", {}, origin),
+    ": ",
+    el("code", {}, `hotspan.configure(server_address="${origin}", application_name="my-app")`),
+    ", or a Pyroscope SDK with this server address.",
+  );
+}
+
+export function errorBox(err) {
+  if (err instanceof ApiError) return message("error", err.message, err.hint || null);
+  return message("error", String(err.message || err));
+}
+
+/** Profile types and services that have data in a range, from one Series call. */
+export async function catalogue(startMs, endMs, signal) {
+  const answer = await querier(
+    "Series",
+    { matchers: [], labelNames: ["service_name", "__profile_type__"], start: startMs, end: endMs },
+    { signal },
+  );
+  const types = new Map(); // service -> Set(profile type ids)
+  for (const set of answer.labelsSet || []) {
+    const labels = Object.fromEntries((set.labels || []).map((l) => [l.name, l.value]));
+    const service = labels.service_name || "";
+    const type = labels.__profile_type__;
+    if (!type) continue;
+    if (!types.has(service)) types.set(service, new Set());
+    types.get(service).add(type);
+  }
+  return types;
+}
+
+export function typeLabel(id) {
+  // name:sample_type:sample_unit:period_type:period_unit -> "process_cpu / cpu"
+  const [name, sampleType] = id.split(":");
+  return name === sampleType ? name : `${name} / ${sampleType}`;
+}
+
+export function pickType(available, wanted) {
+  const list = [...available].sort();
+  if (wanted && available.has(wanted)) return wanted;
+  if (available.has(CPU)) return CPU;
+  return list.find((t) => t.includes(":cpu:")) || list[0] || wanted || CPU;
+}
+
+export function selectOf(className, label, options, value, onChange) {
+  const select = el(
+    "select",
+    { class: className, "aria-label": label, onchange: () => onChange(select.value) },
+    options.map(([v, text]) => el("option", { value: v }, text)),
+  );
+  select.value = value;
+  return select;
+}
