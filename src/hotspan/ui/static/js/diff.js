@@ -10,7 +10,15 @@ import { unitOf } from "./format.js";
 import { formatSelector, parseSelector, serviceOf } from "./labels.js";
 import { ProfilePanel } from "./panel.js";
 import { setQuery } from "./router.js";
-import { agentHint, catalogue, errorBox, pickType, selectOf, typeLabel } from "./selection.js";
+import {
+  agentHint,
+  catalogue,
+  errorBox,
+  pickType,
+  selectOf,
+  selectSeries,
+  typeLabel,
+} from "./selection.js";
 import { Timeline, stepFor } from "./timeline.js";
 import { absoluteRange, DEFAULT_FROM, DEFAULT_UNTIL, resolveRange, TimeRangePicker } from "./timerange.js";
 
@@ -121,14 +129,8 @@ class DiffSide {
     const stepMs = stepFor(startMs, endMs, 120);
     this.timeline.unit = unitOf(profileType);
     try {
-      const answer = await querier("SelectSeries", {
-        profileTypeID: profileType, labelSelector: this.query, start: startMs, end: endMs,
-        step: stepMs / 1000,
-      }, { signal });
-      const series = (answer.series || []).map((s) => ({
-        label: "total",
-        points: (s.points || []).map((p) => [Number(p.timestamp), Number(p.value || 0)]),
-      }));
+      const series = await selectSeries({ profileType, selector: this.query, startMs, endMs, stepMs }, signal);
+      if (signal.aborted) return;
       this.timeline.setData(series, startMs, endMs, stepMs);
     } catch (err) {
       if (err.name !== "AbortError") this.timeline.setMessage(err.message);
@@ -186,12 +188,17 @@ class DiffView {
   }
 
   changed() {
+    this.writeAddress({ push: true });
+    this.load();
+  }
+
+  /** Both sides and the profile type into the address, so that it reopens this comparison. */
+  writeAddress({ push = false } = {}) {
     setQuery({
       profileType: this.profileType,
       leftQuery: this.left.query, leftFrom: this.left.from, leftUntil: this.left.until,
       rightQuery: this.right.query, rightFrom: this.right.from, rightUntil: this.right.until,
-    }, { push: true });
-    this.load();
+    }, { push });
   }
 
   async load() {
@@ -229,11 +236,7 @@ class DiffView {
           `Profile type "${wanted}" has no data here; comparing ${typeLabel(this.profileType)}.`,
           "Pick another profile type, or widen the time ranges."));
       }
-      setQuery({
-        profileType: this.profileType,
-        leftQuery: this.left.query, leftFrom: this.left.from, leftUntil: this.left.until,
-        rightQuery: this.right.query, rightFrom: this.right.from, rightUntil: this.right.until,
-      });
+      this.writeAddress();
       this.typeSlot.replaceChildren(
         selectOf("hs-profile-type", "Profile type", [...types].sort().map((t) => [t, typeLabel(t)]),
           this.profileType, (value) => {

@@ -11,7 +11,15 @@ import { formatTime, unitOf } from "./format.js";
 import { formatSelector, parseSelector, serviceOf, withService } from "./labels.js";
 import { ProfilePanel } from "./panel.js";
 import { setQuery } from "./router.js";
-import { agentHint, catalogue, errorBox, pickType, selectOf, typeLabel } from "./selection.js";
+import {
+  agentHint,
+  catalogue,
+  errorBox,
+  pickType,
+  selectOf,
+  selectSeries,
+  typeLabel,
+} from "./selection.js";
 import { Timeline, stepFor } from "./timeline.js";
 import {
   absoluteRange,
@@ -271,21 +279,14 @@ class ProfilesView {
   async loadTimeline(range, signal) {
     const stepMs = stepFor(range.startMs, range.endMs);
     try {
-      const answer = await querier("SelectSeries", {
-        profileTypeID: this.state.profileType,
-        labelSelector: this.state.query,
-        start: range.startMs,
-        end: range.endMs,
-        step: stepMs / 1000,
-        groupBy: this.state.groupBy ? [this.state.groupBy] : [],
-      }, { signal });
-      const series = (answer.series || []).map((s) => {
-        const labels = Object.fromEntries((s.labels || []).map((l) => [l.name, l.value]));
-        return {
-          label: this.state.groupBy ? `${this.state.groupBy}=${labels[this.state.groupBy] ?? ""}` : "total",
-          points: (s.points || []).map((p) => [Number(p.timestamp), Number(p.value || 0)]),
-        };
-      });
+      const series = await selectSeries({
+        profileType: this.state.profileType,
+        selector: this.state.query,
+        startMs: range.startMs,
+        endMs: range.endMs,
+        stepMs,
+        groupBy: this.state.groupBy,
+      }, signal);
       if (signal.aborted) return;
       this.timeline.setData(series, range.startMs, range.endMs, stepMs);
       this.timeline.setCaption(this.state.traceId || this.state.spanId

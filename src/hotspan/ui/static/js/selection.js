@@ -64,3 +64,25 @@ export function selectOf(className, label, options, value, onChange) {
   select.value = value;
   return select;
 }
+
+/**
+ * The timeline of a selection from SelectSeries: one series per value of `groupBy` (or one,
+ * "total"), as `{label, points: [[ms, value]]}` for Timeline.setData.
+ */
+export async function selectSeries({ profileType, selector, startMs, endMs, stepMs, groupBy = "" }, signal) {
+  const answer = await querier("SelectSeries", {
+    profileTypeID: profileType,
+    labelSelector: selector,
+    start: startMs,
+    end: endMs,
+    step: stepMs / 1000,
+    groupBy: groupBy ? [groupBy] : [],
+  }, { signal });
+  return (answer.series || []).map((s) => {
+    const labels = Object.fromEntries((s.labels || []).map((l) => [l.name, l.value]));
+    return {
+      label: groupBy ? `${groupBy}=${labels[groupBy] ?? ""}` : "total",
+      points: (s.points || []).map((p) => [Number(p.timestamp), Number(p.value || 0)]),
+    };
+  });
+}
