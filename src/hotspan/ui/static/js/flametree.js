@@ -273,7 +273,8 @@ export function packageOf(fname) {
   return out.join(".") || s;
 }
 
-function fnv1a(text) {
+/** A 32-bit FNV-1a hash: the stable colour of a name, here and in the trace waterfall. */
+export function fnv1a(text) {
   let h = 0x811c9dc5;
   for (let i = 0; i < text.length; i++) {
     h ^= text.charCodeAt(i);

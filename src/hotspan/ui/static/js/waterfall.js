@@ -4,6 +4,7 @@
 // whether it was computing (CPU near its duration) or waiting (little CPU).
 
 import { el } from "./dom.js";
+import { fnv1a } from "./flametree.js";
 import { formatDuration } from "./format.js";
 
 // The share of a span's duration spent on CPU (its own and its descendants') above which it
@@ -18,12 +19,7 @@ const MAX_INDENT = 8; // levels (of --hs-wf-indent each): most of the name colum
 
 /** A stable colour per service (hue from a hash of the name). */
 export function serviceColor(service) {
-  let h = 2166136261;
-  for (const ch of String(service || "")) {
-    h ^= ch.codePointAt(0);
-    h = Math.imul(h, 16777619);
-  }
-  return `hsl(${(h >>> 0) % 360} 55% 52%)`;
+  return `hsl(${fnv1a(String(service || "")) % 360} 55% 52%)`;
 }
 
 /** What a span was doing, from its CPU time (with descendants) against its duration. */
