@@ -293,7 +293,7 @@ def idle_part():
     time.sleep(0.004)
 def worker():
     start = time.thread_time()
-    for _ in range(300):
+    for _ in range(900):  # ~4.5 s: wall samples are ~20% busy; 1,800 of them keep that within ~5%
         busy_part()
         idle_part()
     used.append(time.thread_time() - start)
@@ -636,8 +636,9 @@ reused = sum(t.ident in old for t in workers)
 time.sleep(1.0)
 stop.set()
 for t in workers: t.join()
-collected = agent._sampler.collect()
-seen = {s.thread_ident for s in collected.samples if s.kind == 0}
+agent._sampler.stop()
+collected = agent._sampler.collect(final=True)
+seen = {s.thread_ident for w in collected.windows for s in w.samples if s.kind == 0}
 hotspan.shutdown(flush=False)
 report(reused=reused, unseen=[t.ident in seen for t in workers].count(False))
 """,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import json
 import subprocess
 import sys
 import threading
@@ -36,7 +37,7 @@ def _line(func: object, marker: str) -> int:
 @pytest.mark.parametrize("sampler_class", SAMPLERS, ids=lambda c: c.name)
 def test_cpu_and_wall_with_exact_lines(sampler_class: type) -> None:
     sampler = sampler_class(sample_rate=100, max_depth=64, cpu=True)
-    sampler.start()
+    sampler.start(window_ns=0)
     sampler.exclude(threading.get_ident())  # this thread only drives the ticks
     stop = threading.Event()
     threads = [
@@ -48,8 +49,9 @@ def test_cpu_and_wall_with_exact_lines(sampler_class: type) -> None:
     try:
         for _ in range(60):
             time.sleep(0.01)
-            sampler.tick(10_000_000)
-        collected = sampler.collect(release=True)
+            sampler.tick()
+        sampler.stop()
+        collected = sampler.collect(final=True)
     finally:
         stop.set()
         for t in threads:
@@ -59,7 +61,8 @@ def test_cpu_and_wall_with_exact_lines(sampler_class: type) -> None:
     by_thread = {t.ident: t for t in threads}
     cpu = {}
     wall = {}
-    for sample in collected.samples:
+    assert len(collected.windows) == 1
+    for sample in collected.windows[0].samples:
         thread = by_thread.get(sample.thread_ident)
         if thread is None:
             continue
@@ -75,16 +78,17 @@ def test_cpu_and_wall_with_exact_lines(sampler_class: type) -> None:
     # CPU: only the spinning thread; the waiting one burns nothing.
     assert cpu.get(("spin", spin_line), 0) > 0.1e9, cpu
     assert ("wait", wait_line) not in cpu, cpu
-    assert collected.dropped == 0
+    assert collected.lost == 0
 
 
 FREED_CODE_PROGRAM = '''
 import collections, gc, sys, threading
 from hotspan.agent.sampler import NativeSampler
 
-# CPU samples only: no wall tick sees (and so keeps alive) the code objects below.
+# CPU samples only: no wall sample keeps the code objects below alive, and nothing calls
+# tick() (which pins the code objects of new stacks).
 sampler = NativeSampler(sample_rate=100, max_depth=64, cpu=True, wall=False)
-sampler.start()
+sampler.start(window_ns=0)
 sampler.exclude(threading.get_ident())
 source = """
 def burner_{i}(go, seconds):
@@ -98,21 +102,22 @@ for i in range(40):
     exec(compile(source.format(i=i), f"<gen {i}>", "exec"), ns)
     go = threading.Event()
     t = threading.Thread(target=ns[f"burner_{i}"], args=(go, 0.05))
-    t.start()
-    sampler.tick(0)  # gives the new thread its CPU timer
+    t.start()  # the thread arms its own CPU timer as it starts
     go.set()
     t.join()
-    del ns, t  # the code object is freed before the samples that name it are drained
+    del ns, t  # the code object is freed before the samples that name it are collected
     gc.collect()
-    sampler.tick(0)
-collected = sampler.collect(release=True)
 sampler.stop()
+collected = sampler.collect(final=True)
 # A reference taken on a freed block corrupts the allocator: allocate and collect a lot.
 junk = [tuple(range(i % 7)) for i in range(200_000)]
 junk += [compile("x = %d" % i, "<j>", "exec") for i in range(3000)]
 gc.collect()
 names = collections.Counter(
-    code.co_name if code is not None else None for s in collected.samples for code, _ in s.stack
+    code.co_name if code is not None else None
+    for w in collected.windows
+    for s in w.samples
+    for code, _ in s.stack
 )
 burners = sum(v for n, v in names.items() if n and n.startswith("burner_"))
 print("UNNAMED", names.get(None, 0), "BURNERS", burners)
@@ -131,3 +136,65 @@ def test_code_freed_before_its_samples_are_drained(tmp_path) -> None:  # type: i
     words = proc.stdout.split()
     unnamed, burners = int(words[1]), int(words[3])
     assert unnamed > 0 and burners == 0, proc.stdout
+
+
+SHORT_THREADS_PROGRAM = """
+import _thread, json, threading, time
+from hotspan.agent.sampler import CPU, NativeSampler
+
+def burn(seconds):
+    end = time.thread_time() + seconds
+    while time.thread_time() < end:
+        pass
+
+def short_lived():
+    burn(0.004)
+
+def unmanaged(done):
+    burn(0.5)
+    done.release()
+
+sampler = NativeSampler(sample_rate=100, max_depth=64, cpu=True, wall=False)
+sampler.start(window_ns=0)
+sampler.exclude(threading.get_ident())
+used = 0.0
+for _ in range(200):  # a thread per "request", each shorter than one CPU timer interval
+    t = threading.Thread(target=short_lived)
+    t.start()
+    t.join()
+    used += 0.004
+# A thread that `threading` does not start: the collector finds it in /proc.
+done = _thread.allocate_lock()
+done.acquire()
+_thread.start_new_thread(unmanaged, (done,))
+done.acquire()
+time.sleep(0.05)
+sampler.stop()
+collected = sampler.collect(final=True)
+cpu = {}
+for window in collected.windows:
+    for s in window.samples:
+        names = {code.co_name for code, _ in s.stack if code is not None}
+        for name in ("short_lived", "unmanaged"):
+            if s.kind == CPU and name in names:
+                cpu[name] = cpu.get(name, 0) + s.value / 1e9
+print(json.dumps({"cpu": cpu, "short_used": used}))
+"""
+
+
+@pytest.mark.skipif(load_sampler() is None, reason="the native sampler is not built here")
+def test_short_lived_and_unmanaged_threads_are_profiled(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A thread per request lives a few milliseconds: its CPU timer must exist from its first
+    instruction (the thread makes it as it starts), with a random first expiry, or threads
+    burning less than one interval would show no CPU at all.  Threads started without
+    `threading` are found by the collector's scan."""
+    script = tmp_path / "short.py"
+    script.write_text(SHORT_THREADS_PROGRAM)
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result = json.loads(proc.stdout.splitlines()[-1])
+    short = result["cpu"].get("short_lived", 0.0)
+    # 0.8 s in 4 ms pieces: ~80 samples of 10 ms, so +-35% is three standard deviations.
+    assert abs(short / result["short_used"] - 1) < 0.35, result
+    # Found within the collector's 100 ms scan, then sampled for the rest of its 0.5 s.
+    assert result["cpu"].get("unmanaged", 0.0) >= 0.3, result

@@ -1,18 +1,27 @@
-/* The agent's native sampler: CPU samples taken by each thread itself, wall samples of all.
+/* The agent's native sampler: CPU and wall samples that each thread takes of itself, driven
+ * by timers and a native thread, so that no part of sampling waits for the GIL.
  *
- * CPU: every profiled thread gets a POSIX timer on its own CPU clock that delivers SIGPROF to
- * that very thread each `interval` of CPU it burns.  The handler runs on the thread while it is
- * on CPU, so the stack it records is where the CPU went: a thread that loops 1 ms and sleeps
- * 4 ms is never caught "in" its sleep, and threads that do not hold the GIL (C code that
- * released it) are counted too.  A sampler thread that took the GIL to look at stacks would
- * see every busy thread at the point where it let the GIL go, which is usually its sleep.
+ * CPU: every thread gets a POSIX timer on its own CPU clock that delivers SIGPROF to that very
+ * thread each `interval` of CPU it burns.  The handler runs on the thread while it is on CPU,
+ * so the stack it records is where the CPU went, and threads that released the GIL (C code)
+ * are counted too.  The timer is made as the thread starts (threads started through
+ * `threading` make their own, see register_thread) or, for any other thread, by the collector
+ * within 100 ms of its start.
+ *
+ * Wall: the collector, a plain pthread that never takes the GIL, ticks `rate` times a second.
+ * A thread that ran since its last sample gets a one-shot timer that signals it at a random
+ * moment of the next interval, and records its stack in the handler, as for CPU; a thread that
+ * did not run (asleep, blocked, waiting) cannot have changed its stack, so its last sample is
+ * charged again without disturbing it.  A sampler thread that had to win the GIL was starved exactly when the
+ * program was busiest (a busy event loop, or many short system calls, release the GIL and take
+ * it straight back), and then nothing was sampled at all.
  *
  * The handler cannot call Python: it copies (code pointer, instruction offset) pairs of the
  * thread's frames and the span/tag labels found in the thread's contextvars into a lock-free
- * ring.  `tick()`, called with the GIL by the agent's sampler thread, drains the ring, checks
- * each code pointer is still a code object with the same first line before it takes a
- * reference to it, and adds up samples in a dict.  The same call takes the wall samples: with
- * the GIL held every other thread is parked, so their frames can be read directly.
+ * ring.  The collector drains the ring into per-window aggregates in plain C memory (bounded;
+ * what does not fit is counted), and closes a window every upload interval.  Python, when it
+ * gets the GIL, checks each code pointer is still a code object with the same fingerprint
+ * before it takes a reference to it, and turns finished windows into dicts.
  *
  * Labels: the agent keeps one `Labels` object (span id, trace id, local root span id, tag set)
  * in a ContextVar.  The handler finds it by walking the thread's current context HAMT for that
@@ -31,11 +40,13 @@
 #  include <frameobject.h>
 #endif
 
+#include <dirent.h>
 #include <errno.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
@@ -51,8 +62,22 @@ static inline PyObject *Py_NewRef(PyObject *o) { Py_INCREF(o); return o; }
 #endif
 
 #define MAX_THREADS 4096
-#define RING_CAPACITY 512
-#define TIMER_MAGIC 0x68737031 /* "hsp1": our timers' sigev_value */
+#define RING_CAPACITY 1024       /* drained every tick (10 ms at 100 Hz) */
+/* Our signals' si_value: a magic | the thread's slot index. */
+#define CPU_MAGIC 0x68630000  /* "hc": the thread's CPU timer */
+#define WALL_MAGIC 0x68770000 /* "hw": its wall timer, or the collector asking */
+#define MAGIC_MASK 0x7fff0000
+#define KIND_CPU 0
+#define KIND_WALL 1
+#define MAX_WINDOW_BYTES ((size_t)64 << 20)
+#define MAX_DONE_WINDOWS 64
+/* A thread that used less CPU than this since its last sample is taken to be where it was. */
+#ifndef REPEAT_CPU_NS
+#define REPEAT_CPU_NS 100000ull
+#endif
+/* A tick that comes late still counts the time that passed, but a process stopped (SIGSTOP,
+ * a laptop lid) is not all "wall". */
+#define MAX_WALL_PER_TICK_NS 1000000000ull
 #define CODE_SET_BITS 15         /* 32768 slots (256 KiB), at most half used */
 #define CODE_SET_MAX (1u << (CODE_SET_BITS - 1))
 
@@ -285,11 +310,16 @@ walk_frames(PyThreadState *ts, RawFrame *out, int max_depth)
 
 /* ---------------------------------------------------------------- the ring */
 
+/* One sample as a signal handler records it on its own thread: the stack and labels, and the
+ * CPU and wall time it stands for (either may be 0). */
 typedef struct {
     _Atomic int state; /* 0 free, 1 being written, 2 ready */
     int depth;
+    int slot;          /* the thread's slot, or -1 */
+    uint32_t seq;      /* the slot's sample count when taken */
     uint64_t ident;
-    uint64_t weight;
+    uint64_t cpu_ns;
+    uint64_t wall_ns;
     uint64_t labels[5];
     RawFrame frames[];
 } Entry;
@@ -298,9 +328,12 @@ static char *ring;            /* RING_CAPACITY entries of entry_size bytes */
 static size_t entry_size;
 static int max_depth = 64;
 static _Atomic unsigned long ring_pos;
-static _Atomic unsigned long ring_dropped;
-static _Atomic int cpu_enabled;
+/* Samples taken but not kept (ring full, or the windows at their memory bound): reported. */
+static _Atomic uint64_t lost_samples;
+static _Atomic int sampling_enabled;
 static int running;
+static int cpu_on;            /* per-thread CPU timers wanted */
+static int wall_on;
 static uint64_t cpu_interval_ns;
 
 static inline Entry *
@@ -324,179 +357,63 @@ copy_labels(LabelsObject *labels, uint64_t *out)
     out[4] = labels->tagset;
 }
 
-/* ---------------------------------------------------------------- CPU timers */
+/* ---------------------------------------------------------------- threads */
 
-#ifdef HAVE_THREAD_TIMERS
-static struct sigaction previous_action;
-static int handler_installed;
-
-static void
-on_cpu_signal(int signum, siginfo_t *info, void *ucontext)
-{
-    if (info == NULL || info->si_code != SI_TIMER || info->si_value.sival_int != TIMER_MAGIC) {
-        /* Not ours: hand it to whoever had the signal before us. */
-        if ((previous_action.sa_flags & SA_SIGINFO) && previous_action.sa_sigaction != NULL)
-            previous_action.sa_sigaction(signum, info, ucontext);
-        else if (previous_action.sa_handler != SIG_DFL && previous_action.sa_handler != SIG_IGN &&
-                 previous_action.sa_handler != NULL)
-            previous_action.sa_handler(signum);
-        return;
-    }
-    if (!atomic_load_explicit(&cpu_enabled, memory_order_acquire) || ring == NULL)
-        return;
-    int saved_errno = errno;
-    PyThreadState *ts = PyGILState_GetThisThreadState();
-    if (ts != NULL) {
-        unsigned long pos = atomic_fetch_add_explicit(&ring_pos, 1, memory_order_relaxed);
-        Entry *e = entry_at(pos);
-        int expected = 0;
-        if (atomic_compare_exchange_strong(&e->state, &expected, 1)) {
-            e->ident = (uint64_t)ts->thread_id;
-            e->weight = cpu_interval_ns * (uint64_t)(1 + (info->si_overrun > 0 ? info->si_overrun : 0));
-            copy_labels(find_labels(thread_context(ts)), e->labels);
-            e->depth = walk_frames(ts, e->frames, max_depth);
-            atomic_store_explicit(&e->state, 2, memory_order_release);
-        } else {
-            atomic_fetch_add_explicit(&ring_dropped, 1, memory_order_relaxed);
-        }
-    }
-    errno = saved_errno;
-}
-#endif
+/* Every thread of the process has a slot, found by the collector (a scan of /proc/self/task)
+ * or made by the thread itself as it starts (register_thread).  A signal carries its thread's
+ * slot index, so the handler needs no lookup; it checks the slot is still its own. */
+enum { PY_UNKNOWN = 0, PY_YES = 1, PY_NO = 2 };
 
 typedef struct {
-    unsigned long ident;
-    pid_t tid;
-    int live;     /* seen in the last sync */
-    timer_t timer;
-} ThreadTimer;
+    uint64_t ident;
+    uint64_t labels[5];
+    uint32_t seq;
+    int depth;
+    RawFrame frames[];
+} WallCopy; /* a thread's last wall sample, charged again while the thread does not run */
 
-static ThreadTimer timers[MAX_THREADS];
-static int n_timers;
-static uint64_t threads_signature;
+typedef struct {
+    _Atomic pid_t tid;                 /* 0: free */
+    _Atomic int python;                /* whether it has a Python thread state (PY_*) */
+    _Atomic uint64_t pending_wall_ns;  /* wall time its next sample stands for */
+    _Atomic uint64_t cpu_at_sample_ns; /* its CPU clock as its last sample was taken */
+    _Atomic uint32_t seq;              /* samples it took */
+    /* The rest belongs to whoever holds `threads_mutex`. */
+    int has_timer;
+    timer_t timer;      /* on the thread's CPU clock, periodic */
+    int has_wall_timer;
+    timer_t wall_timer; /* on CLOCK_MONOTONIC, one-shot, set by each wall tick */
+    unsigned scan_mark;
+    uint64_t cpu_at_tick;               /* its CPU clock at the last wall tick */
+    uint64_t next_probe_ns;
+    WallCopy *last_wall;               /* NULL until its first wall sample is drained */
+} ThreadSlot;
 
-static unsigned long excluded[16];
+static ThreadSlot slots[MAX_THREADS];
+static int free_slots[MAX_THREADS];
+static int n_free_slots;
+static int used_slots[MAX_THREADS]; /* indices of the slots in use, in no order */
+static int n_used_slots;
+static pthread_mutex_t threads_mutex = PTHREAD_MUTEX_INITIALIZER;
+static pid_t excluded[16];
 static int n_excluded;
+static uint64_t arm_random = 0x2545f4914f6cdd1dull; /* under threads_mutex */
 
-static int
-is_excluded(unsigned long ident)
+static inline uint64_t
+next_random(uint64_t *state)
 {
-    for (int i = 0; i < n_excluded; i++)
-        if (excluded[i] == ident)
-            return 1;
-    return 0;
+    *state ^= *state << 13;
+    *state ^= *state >> 7;
+    *state ^= *state << 17;
+    return *state;
 }
 
-#ifdef HAVE_THREAD_TIMERS
-static int
-arm_timer(ThreadTimer *t)
-{
-    clockid_t clock;
-    if (pthread_getcpuclockid((pthread_t)t->ident, &clock) != 0)
-        return -1;
-    /* The kernel encodes a thread's CPU clock as ~tid << 3 | flags; it is the only portable
-     * way from a pthread_t to the tid a SIGEV_THREAD_ID timer needs. */
-    pid_t tid = (pid_t)~(clock >> 3);
-    struct sigevent ev;
-    memset(&ev, 0, sizeof ev);
-    ev.sigev_notify = SIGEV_THREAD_ID;
-    ev.sigev_signo = SIGPROF;
-    ev.sigev_value.sival_int = TIMER_MAGIC;
-    ev._sigev_un._tid = tid;
-    if (timer_create(clock, &ev, &t->timer) != 0)
-        return -1;
-    struct itimerspec spec;
-    spec.it_interval.tv_sec = (time_t)(cpu_interval_ns / 1000000000ull);
-    spec.it_interval.tv_nsec = (long)(cpu_interval_ns % 1000000000ull);
-    spec.it_value = spec.it_interval;
-    if (timer_settime(t->timer, 0, &spec, NULL) != 0) {
-        timer_delete(t->timer);
-        return -1;
-    }
-    t->tid = tid;
-    return 0;
-}
-
-static pid_t
-current_tid_of(unsigned long ident)
-{
-    clockid_t clock;
-    if (pthread_getcpuclockid((pthread_t)ident, &clock) != 0)
-        return -1;
-    return (pid_t)~(clock >> 3);
-}
-#endif
-
-/* With the GIL: timers for new threads, none for threads gone.  Every thread listed by the
- * interpreter is alive while we hold the GIL (it needs the GIL to delete its state). */
-static void
-sync_timers(PyInterpreterState *interp)
-{
-#ifdef HAVE_THREAD_TIMERS
-    /* Thread state ids are never reused: their sum and count change whenever a thread comes
-     * or goes, so the quadratic matching below runs only then, not on every tick. */
-    uint64_t signature = 0x9e3779b97f4a7c15ull;
-    for (PyThreadState *ts = PyInterpreterState_ThreadHead(interp); ts != NULL;
-         ts = PyThreadState_Next(ts))
-        signature = signature * 31u + (uint64_t)ts->id + 1u;
-    if (signature == threads_signature)
-        return;
-    threads_signature = signature;
-    for (int i = 0; i < n_timers; i++)
-        timers[i].live = 0;
-    for (PyThreadState *ts = PyInterpreterState_ThreadHead(interp); ts != NULL;
-         ts = PyThreadState_Next(ts)) {
-        unsigned long ident = ts->thread_id;
-        if (ident == 0 || is_excluded(ident))
-            continue;
-        pid_t tid = current_tid_of(ident);
-        int found = 0;
-        for (int i = 0; i < n_timers; i++) {
-            if (timers[i].ident == ident && timers[i].tid == tid) {
-                timers[i].live = 1;
-                found = 1;
-                break;
-            }
-        }
-        if (!found && n_timers < MAX_THREADS) {
-            ThreadTimer *t = &timers[n_timers];
-            t->ident = ident;
-            if (arm_timer(t) == 0) {
-                t->live = 1;
-                n_timers++;
-            }
-        }
-    }
-    for (int i = 0; i < n_timers;) {
-        if (!timers[i].live) {
-            timer_delete(timers[i].timer);
-            timers[i] = timers[--n_timers];
-        } else {
-            i++;
-        }
-    }
-#else
-    (void)interp;
-#endif
-}
-
-static void
-delete_timers(void)
-{
-#ifdef HAVE_THREAD_TIMERS
-    for (int i = 0; i < n_timers; i++)
-        timer_delete(timers[i].timer);
-#endif
-    n_timers = 0;
-}
-
-/* ---------------------------------------------------------------- code registry */
-
-/* Code objects referenced by samples, kept alive so their address cannot be reused before the
- * agent has named them. */
-static uint64_t *code_set;
-static unsigned code_set_count;
-static PyObject *code_refs; /* list */
+/* tid -> slot index + 1, open addressing; only touched under threads_mutex, never by a
+ * signal handler, so it can be rebuilt freely. */
+#define TID_MAP_SIZE (2 * MAX_THREADS)
+static int32_t tid_map_key[TID_MAP_SIZE]; /* 0 empty, -1 deleted */
+static int16_t tid_map_val[TID_MAP_SIZE];
+static int tid_map_deleted;
 
 static inline uint64_t
 mix64(uint64_t x)
@@ -506,6 +423,813 @@ mix64(uint64_t x)
     x ^= x >> 33;
     return x;
 }
+
+static int
+tid_map_get(pid_t tid)
+{
+    size_t mask = TID_MAP_SIZE - 1;
+    for (size_t i = mix64((uint64_t)tid) & mask, n = 0; n < TID_MAP_SIZE; i = (i + 1) & mask, n++) {
+        if (tid_map_key[i] == tid)
+            return tid_map_val[i];
+        if (tid_map_key[i] == 0)
+            return -1;
+    }
+    return -1;
+}
+
+static void
+tid_map_rebuild(void)
+{
+    memset(tid_map_key, 0, sizeof tid_map_key);
+    tid_map_deleted = 0;
+    size_t mask = TID_MAP_SIZE - 1;
+    for (int k = 0; k < n_used_slots; k++) {
+        int s = used_slots[k];
+        pid_t tid = atomic_load(&slots[s].tid);
+        size_t i = mix64((uint64_t)tid) & mask;
+        while (tid_map_key[i] != 0)
+            i = (i + 1) & mask;
+        tid_map_key[i] = tid;
+        tid_map_val[i] = (int16_t)s;
+    }
+}
+
+static void
+tid_map_put(pid_t tid, int slot)
+{
+    if (tid_map_deleted > MAX_THREADS / 2)
+        tid_map_rebuild();
+    size_t mask = TID_MAP_SIZE - 1;
+    size_t i = mix64((uint64_t)tid) & mask;
+    while (tid_map_key[i] > 0)
+        i = (i + 1) & mask;
+    if (tid_map_key[i] < 0)
+        tid_map_deleted--;
+    tid_map_key[i] = tid;
+    tid_map_val[i] = (int16_t)slot;
+}
+
+static void
+tid_map_del(pid_t tid)
+{
+    size_t mask = TID_MAP_SIZE - 1;
+    for (size_t i = mix64((uint64_t)tid) & mask, n = 0; n < TID_MAP_SIZE; i = (i + 1) & mask, n++) {
+        if (tid_map_key[i] == tid) {
+            tid_map_key[i] = -1;
+            tid_map_deleted++;
+            return;
+        }
+        if (tid_map_key[i] == 0)
+            return;
+    }
+}
+
+static int
+is_excluded(pid_t tid)
+{
+    for (int i = 0; i < n_excluded; i++)
+        if (excluded[i] == tid)
+            return 1;
+    return 0;
+}
+
+static void
+reset_threads(void)
+{
+    n_used_slots = 0;
+    n_free_slots = 0;
+    for (int i = MAX_THREADS - 1; i >= 0; i--) {
+        atomic_store(&slots[i].tid, 0);
+        slots[i].has_timer = 0;
+        slots[i].has_wall_timer = 0;
+        free_slots[n_free_slots++] = i;
+    }
+    memset(tid_map_key, 0, sizeof tid_map_key);
+    tid_map_deleted = 0;
+}
+
+#ifdef HAVE_THREAD_TIMERS
+static pid_t
+own_tid(void)
+{
+    return (pid_t)syscall(SYS_gettid);
+}
+
+/* The kernel's encoding of a thread's CPU clock (CPUCLOCK_SCHED | CPUCLOCK_PERTHREAD); start()
+ * checks it against pthread_getcpuclockid before anything relies on it. */
+static inline clockid_t
+thread_clock(pid_t tid)
+{
+    return (clockid_t)((~(unsigned)tid << 3) | 6u);
+}
+
+static int
+clock_ns(clockid_t clock, uint64_t *out)
+{
+    struct timespec ts;
+    if (clock_gettime(clock, &ts) != 0)
+        return -1;
+    *out = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+    return 0;
+}
+
+static void
+disarm(ThreadSlot *s)
+{
+    if (s->has_timer)
+        timer_delete(s->timer);
+    if (s->has_wall_timer)
+        timer_delete(s->wall_timer);
+    s->has_timer = 0;
+    s->has_wall_timer = 0;
+}
+
+/* A timer on `clock` that signals the slot's thread itself. */
+static int
+thread_timer(ThreadSlot *s, clockid_t clock, int magic, int index, timer_t *out)
+{
+    struct sigevent ev;
+    memset(&ev, 0, sizeof ev);
+    ev.sigev_notify = SIGEV_THREAD_ID;
+    ev.sigev_signo = SIGPROF;
+    ev.sigev_value.sival_int = magic | index;
+    ev._sigev_un._tid = atomic_load(&s->tid);
+    return timer_create(clock, &ev, out);
+}
+
+static void
+arm(ThreadSlot *s, int index)
+{
+    if (s->has_timer || !cpu_on)
+        return;
+    pid_t tid = atomic_load(&s->tid);
+    if (thread_timer(s, thread_clock(tid), CPU_MAGIC, index, &s->timer) != 0)
+        return; /* the thread is gone: the next scan frees its slot */
+    struct itimerspec spec;
+    spec.it_interval.tv_sec = (time_t)(cpu_interval_ns / 1000000000ull);
+    spec.it_interval.tv_nsec = (long)(cpu_interval_ns % 1000000000ull);
+    /* The first expiry at a random point of the first interval: a thread that burns 3 ms
+     * would otherwise never reach a 10 ms timer, and a pool of such threads would have no
+     * CPU at all; this way each is caught with probability 3/10, for 10 ms. */
+    uint64_t first = 1000 + next_random(&arm_random) % cpu_interval_ns;
+    spec.it_value.tv_sec = (time_t)(first / 1000000000ull);
+    spec.it_value.tv_nsec = (long)(first % 1000000000ull);
+    if (timer_settime(s->timer, 0, &spec, NULL) != 0) {
+        timer_delete(s->timer);
+        return;
+    }
+    s->has_timer = 1;
+}
+
+/* A timer whose thread died reads back with no interval, even if its tid was reused since. */
+static int
+timer_alive(ThreadSlot *s)
+{
+    struct itimerspec spec;
+    if (timer_gettime(s->timer, &spec) != 0)
+        return 0;
+    return spec.it_interval.tv_sec != 0 || spec.it_interval.tv_nsec != 0;
+}
+#endif
+
+/* Under threads_mutex.  The slot of `tid`, made if it has none (-1 when the table is full). */
+static int
+slot_for(pid_t tid, int python)
+{
+    int index = tid_map_get(tid);
+    if (index >= 0)
+        return index;
+    if (n_free_slots == 0)
+        return -1;
+    index = free_slots[--n_free_slots];
+    ThreadSlot *s = &slots[index];
+    atomic_store(&s->python, python);
+    atomic_store(&s->pending_wall_ns, 0);
+    atomic_store(&s->cpu_at_sample_ns, 0);
+    s->has_timer = 0;
+    s->scan_mark = 0;
+    s->cpu_at_tick = 0;
+    s->next_probe_ns = 0;
+    if (s->last_wall != NULL)
+        s->last_wall->depth = -1;
+    atomic_store_explicit(&s->tid, tid, memory_order_release);
+    used_slots[n_used_slots++] = index;
+    tid_map_put(tid, index);
+    return index;
+}
+
+static void
+slot_release(int index)
+{
+    ThreadSlot *s = &slots[index];
+#ifdef HAVE_THREAD_TIMERS
+    disarm(s);
+#endif
+    tid_map_del(atomic_load(&s->tid));
+    atomic_store_explicit(&s->tid, 0, memory_order_release);
+    for (int k = 0; k < n_used_slots; k++) {
+        if (used_slots[k] == index) {
+            used_slots[k] = used_slots[--n_used_slots];
+            break;
+        }
+    }
+    free_slots[n_free_slots++] = index;
+}
+
+/* Under threads_mutex: the agent's own threads are never sampled. */
+static void
+exclude_tid(pid_t tid)
+{
+    if (!is_excluded(tid) && n_excluded < (int)(sizeof excluded / sizeof excluded[0]))
+        excluded[n_excluded++] = tid;
+    int index = tid_map_get(tid);
+    if (index >= 0)
+        slot_release(index);
+}
+
+/* ---------------------------------------------------------------- the signal handler */
+
+#ifdef HAVE_THREAD_TIMERS
+static struct sigaction previous_action;
+static int handler_installed;
+
+/* SIGPROF from one of the thread's timers: its CPU timer (CPU_MAGIC), its wall timer
+ * (WALL_MAGIC), or (SI_QUEUE) the collector asking a thread whether it has Python yet.  One
+ * walk of the stack serves the CPU the timer stands for or the wall time the collector left
+ * in the slot. */
+static void
+on_signal(int signum, siginfo_t *info, void *ucontext)
+{
+    int magic = info != NULL ? info->si_value.sival_int & MAGIC_MASK : 0;
+    int ours = (info != NULL && info->si_code == SI_TIMER &&
+                (magic == CPU_MAGIC || magic == WALL_MAGIC)) ||
+               (info != NULL && info->si_code == SI_QUEUE && magic == WALL_MAGIC &&
+                info->si_pid == getpid());
+    if (!ours) {
+        /* Not ours: hand it to whoever had the signal before us. */
+        if ((previous_action.sa_flags & SA_SIGINFO) && previous_action.sa_sigaction != NULL)
+            previous_action.sa_sigaction(signum, info, ucontext);
+        else if (previous_action.sa_handler != SIG_DFL && previous_action.sa_handler != SIG_IGN &&
+                 previous_action.sa_handler != NULL)
+            previous_action.sa_handler(signum);
+        return;
+    }
+    if (!atomic_load_explicit(&sampling_enabled, memory_order_acquire) || ring == NULL)
+        return;
+    int saved_errno = errno;
+    int index = info->si_value.sival_int & ~MAGIC_MASK;
+    ThreadSlot *slot = NULL;
+    if (index < MAX_THREADS && atomic_load_explicit(&slots[index].tid, memory_order_acquire) ==
+                                   own_tid())
+        slot = &slots[index];
+    PyThreadState *ts = PyGILState_GetThisThreadState();
+    if (slot != NULL)
+        atomic_store_explicit(&slot->python, ts != NULL ? PY_YES : PY_NO, memory_order_relaxed);
+    uint64_t cpu = 0, wall = 0;
+    if (magic == CPU_MAGIC)
+        cpu = cpu_interval_ns * (uint64_t)(1 + (info->si_overrun > 0 ? info->si_overrun : 0));
+    /* Only the wall timer's own signal takes the wall time: the CPU timer fires only while
+     * the thread runs, so wall time it took would all land on running code. */
+    if (slot != NULL && magic == WALL_MAGIC)
+        wall = atomic_exchange_explicit(&slot->pending_wall_ns, 0, memory_order_acq_rel);
+    if (ts != NULL && (cpu | wall) != 0) {
+        unsigned long pos = atomic_fetch_add_explicit(&ring_pos, 1, memory_order_relaxed);
+        Entry *e = entry_at(pos);
+        int expected = 0;
+        if (atomic_compare_exchange_strong(&e->state, &expected, 1)) {
+            e->ident = (uint64_t)ts->thread_id;
+            e->cpu_ns = cpu;
+            e->wall_ns = wall;
+            e->slot = slot != NULL ? index : -1;
+            e->seq = slot != NULL ? atomic_fetch_add(&slot->seq, 1) + 1 : 0;
+            copy_labels(find_labels(thread_context(ts)), e->labels);
+            e->depth = walk_frames(ts, e->frames, max_depth);
+            atomic_store_explicit(&e->state, 2, memory_order_release);
+        } else {
+            atomic_fetch_add_explicit(&lost_samples, 1, memory_order_relaxed);
+        }
+        if (slot != NULL) {
+            /* Last: the CPU this handler spent is not the thread's own running. */
+            uint64_t now;
+            if (clock_ns(CLOCK_THREAD_CPUTIME_ID, &now) == 0)
+                atomic_store_explicit(&slot->cpu_at_sample_ns, now, memory_order_release);
+        }
+    }
+    errno = saved_errno;
+}
+
+/* The thread's wall timer fires once, `offset_ns` from now.  It is the kernel that signals the
+ * thread then, whichever thread runs where: a signal sent by the collector itself would land
+ * when the collector got a core, which on a machine with few cores is mostly when the thread
+ * it samples has just given its own up (measured: a thread busy 20% of the time was caught
+ * busy 3% of the time), so busy code would be under-counted in the wall profile. */
+static int
+schedule_wall_sample(ThreadSlot *s, int index, uint64_t offset_ns)
+{
+    if (!s->has_wall_timer) {
+        if (thread_timer(s, CLOCK_MONOTONIC, WALL_MAGIC, index, &s->wall_timer) != 0)
+            return -1;
+        s->has_wall_timer = 1;
+    }
+    struct itimerspec spec;
+    memset(&spec, 0, sizeof spec);
+    spec.it_value.tv_sec = (time_t)(offset_ns / 1000000000ull);
+    spec.it_value.tv_nsec = (long)(offset_ns % 1000000000ull);
+    return timer_settime(s->wall_timer, 0, &spec, NULL);
+}
+
+static int
+ask_for_sample(pid_t tid, int index)
+{
+    siginfo_t si;
+    memset(&si, 0, sizeof si);
+    si.si_signo = SIGPROF;
+    si.si_code = SI_QUEUE;
+    si.si_pid = getpid();
+    si.si_uid = getuid();
+    si.si_value.sival_int = WALL_MAGIC | index;
+    return (int)syscall(SYS_rt_tgsigqueueinfo, getpid(), tid, SIGPROF, &si);
+}
+#endif
+
+/* ---------------------------------------------------------------- windows */
+
+/* What was sampled during one upload window, aggregated without Python (the collector thread
+ * never takes the GIL): stacks interned by content, samples summed by (kind, thread, labels,
+ * stack).  Python turns a finished window into a dict when it next gets the GIL. */
+typedef struct {
+    uint64_t hash;
+    uint32_t first; /* its frames are frames[first .. first + depth) */
+    uint32_t depth;
+} StackRec;
+
+typedef struct {
+    uint64_t ident;
+    uint64_t labels[5];
+    uint64_t value;
+    uint32_t stack;
+    uint32_t kind;
+} SampleRec;
+
+typedef struct Window {
+    uint64_t start_ns, end_ns; /* wall clock */
+    RawFrame *frames;
+    size_t n_frames, cap_frames;
+    StackRec *stacks;
+    size_t n_stacks, cap_stacks;
+    uint32_t *stack_index; /* open addressing: stack number + 1 */
+    size_t stack_index_size;
+    SampleRec *samples;
+    size_t n_samples, cap_samples;
+    uint32_t *sample_index;
+    size_t sample_index_size;
+    size_t pinned; /* stacks whose code objects pin() has taken references to */
+    size_t bytes;
+    struct Window *next;
+} Window;
+
+static Window *current;          /* being filled, under threads_mutex */
+static Window *done_head, *done_tail;
+static int n_done;
+static size_t window_bytes;      /* all windows together, bounded by MAX_WINDOW_BYTES */
+static _Atomic uint64_t windows_dropped;
+static uint64_t window_ns;       /* upload interval */
+static uint64_t window_deadline; /* monotonic */
+
+static uint64_t
+realtime_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static uint64_t
+monotonic_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static Window *
+window_new(void)
+{
+    Window *w = calloc(1, sizeof *w);
+    if (w != NULL)
+        w->start_ns = realtime_ns();
+    return w;
+}
+
+static void
+window_free(Window *w)
+{
+    if (w == NULL)
+        return;
+    window_bytes -= w->bytes;
+    free(w->frames);
+    free(w->stacks);
+    free(w->stack_index);
+    free(w->samples);
+    free(w->sample_index);
+    free(w);
+}
+
+/* Grows *array to hold `need` items; counts the bytes against the windows' bound. */
+static int
+grow(Window *w, void **array, size_t *cap, size_t need, size_t item, int zero)
+{
+    if (need <= *cap)
+        return 0;
+    size_t new_cap = *cap ? *cap * 2 : 64;
+    while (new_cap < need)
+        new_cap *= 2;
+    size_t added = (new_cap - *cap) * item;
+    if (window_bytes + added > MAX_WINDOW_BYTES)
+        return -1;
+    void *p = realloc(*array, new_cap * item);
+    if (p == NULL)
+        return -1;
+    if (zero)
+        memset((char *)p + *cap * item, 0, added);
+    *array = p;
+    *cap = new_cap;
+    w->bytes += added;
+    window_bytes += added;
+    return 0;
+}
+
+static int
+rehash(Window *w, uint32_t **index, size_t *size, size_t count, int stacks)
+{
+    size_t new_size = *size ? *size * 2 : 256;
+    size_t bytes = new_size * sizeof(uint32_t);
+    if (window_bytes + bytes > MAX_WINDOW_BYTES)
+        return -1;
+    uint32_t *fresh = calloc(new_size, sizeof(uint32_t));
+    if (fresh == NULL)
+        return -1;
+    for (size_t n = 0; n < count; n++) {
+        uint64_t h;
+        if (stacks) {
+            h = w->stacks[n].hash;
+        } else {
+            const SampleRec *r = &w->samples[n];
+            h = mix64(r->ident ^ mix64(r->stack + ((uint64_t)r->kind << 32)) ^ mix64(r->labels[0]) ^
+                      mix64(r->labels[4] + r->labels[2]));
+        }
+        size_t i = h & (new_size - 1);
+        while (fresh[i] != 0)
+            i = (i + 1) & (new_size - 1);
+        fresh[i] = (uint32_t)n + 1;
+    }
+    window_bytes -= *size * sizeof(uint32_t);
+    w->bytes -= *size * sizeof(uint32_t);
+    free(*index);
+    *index = fresh;
+    *size = new_size;
+    window_bytes += bytes;
+    w->bytes += bytes;
+    return 0;
+}
+
+static inline uint64_t
+sample_hash(uint64_t ident, uint32_t stack, uint32_t kind, const uint64_t *labels)
+{
+    return mix64(ident ^ mix64(stack + ((uint64_t)kind << 32)) ^ mix64(labels[0]) ^
+                 mix64(labels[4] + labels[2]));
+}
+
+/* The number of this stack in w, interned; -1 when the window is at its bound. */
+static int64_t
+intern_stack(Window *w, const RawFrame *frames, int depth)
+{
+    uint64_t h = 0x9e3779b97f4a7c15ull + (uint64_t)depth;
+    for (int i = 0; i < depth; i++)
+        h = mix64(h ^ frames[i].code ^ ((uint64_t)frames[i].lasti << 40) ^ frames[i].fingerprint);
+    if (w->n_stacks + 1 > w->stack_index_size / 2 &&
+        rehash(w, &w->stack_index, &w->stack_index_size, w->n_stacks, 1) < 0)
+        return -1;
+    size_t mask = w->stack_index_size - 1;
+    size_t i = h & mask;
+    for (; w->stack_index[i] != 0; i = (i + 1) & mask) {
+        const StackRec *s = &w->stacks[w->stack_index[i] - 1];
+        if (s->hash == h && s->depth == (uint32_t)depth &&
+            memcmp(&w->frames[s->first], frames, (size_t)depth * sizeof(RawFrame)) == 0)
+            return w->stack_index[i] - 1;
+    }
+    if (grow(w, (void **)&w->frames, &w->cap_frames, w->n_frames + (size_t)depth,
+             sizeof(RawFrame), 0) < 0 ||
+        grow(w, (void **)&w->stacks, &w->cap_stacks, w->n_stacks + 1, sizeof(StackRec), 0) < 0)
+        return -1;
+    memcpy(&w->frames[w->n_frames], frames, (size_t)depth * sizeof(RawFrame));
+    StackRec *s = &w->stacks[w->n_stacks];
+    s->hash = h;
+    s->first = (uint32_t)w->n_frames;
+    s->depth = (uint32_t)depth;
+    w->n_frames += (size_t)depth;
+    w->stack_index[i] = (uint32_t)++w->n_stacks;
+    return (int64_t)w->n_stacks - 1;
+}
+
+static int
+window_add(Window *w, uint32_t kind, uint64_t ident, const uint64_t *labels,
+           const RawFrame *frames, int depth, uint64_t value)
+{
+    int64_t stack = intern_stack(w, frames, depth);
+    if (stack < 0)
+        return -1;
+    if (w->n_samples + 1 > w->sample_index_size / 2 &&
+        rehash(w, &w->sample_index, &w->sample_index_size, w->n_samples, 0) < 0)
+        return -1;
+    uint64_t h = sample_hash(ident, (uint32_t)stack, kind, labels);
+    size_t mask = w->sample_index_size - 1;
+    size_t i = h & mask;
+    for (; w->sample_index[i] != 0; i = (i + 1) & mask) {
+        SampleRec *r = &w->samples[w->sample_index[i] - 1];
+        if (r->stack == (uint32_t)stack && r->kind == kind && r->ident == ident &&
+            memcmp(r->labels, labels, sizeof r->labels) == 0) {
+            r->value += value;
+            return 0;
+        }
+    }
+    if (grow(w, (void **)&w->samples, &w->cap_samples, w->n_samples + 1, sizeof(SampleRec), 0) < 0)
+        return -1;
+    SampleRec *r = &w->samples[w->n_samples];
+    r->ident = ident;
+    memcpy(r->labels, labels, sizeof r->labels);
+    r->value = value;
+    r->stack = (uint32_t)stack;
+    r->kind = kind;
+    w->sample_index[i] = (uint32_t)++w->n_samples;
+    return 0;
+}
+
+static void
+add_or_count(uint32_t kind, uint64_t ident, const uint64_t *labels, const RawFrame *frames,
+             int depth, uint64_t value)
+{
+    if (current == NULL || window_add(current, kind, ident, labels, frames, depth, value) < 0)
+        atomic_fetch_add(&lost_samples, 1);
+}
+
+/* Under threads_mutex: the window being filled becomes a finished one. */
+static void
+finish_window(void)
+{
+    Window *fresh = window_new();
+    if (fresh == NULL)
+        return; /* keep filling the old one */
+    Window *w = current;
+    w->end_ns = fresh->start_ns;
+    current = fresh;
+    if (done_tail != NULL)
+        done_tail->next = w;
+    else
+        done_head = w;
+    done_tail = w;
+    n_done++;
+    /* Python has not come for them (it is starved, or the server is away and the uploader
+     * full): the oldest go, counted. */
+    while (n_done > MAX_DONE_WINDOWS) {
+        Window *old = done_head;
+        done_head = old->next;
+        if (done_head == NULL)
+            done_tail = NULL;
+        n_done--;
+        window_free(old);
+        atomic_fetch_add(&windows_dropped, 1);
+    }
+}
+
+/* ---------------------------------------------------------------- the collector */
+
+/* Under threads_mutex: what the handlers recorded goes into the current window. */
+static void
+drain_ring(void)
+{
+    if (ring == NULL)
+        return;
+    for (size_t i = 0; i < RING_CAPACITY; i++) {
+        Entry *e = entry_at(i);
+        if (atomic_load_explicit(&e->state, memory_order_acquire) != 2)
+            continue;
+        if (e->cpu_ns)
+            add_or_count(KIND_CPU, e->ident, e->labels, e->frames, e->depth, e->cpu_ns);
+        if (e->wall_ns && e->depth > 0) {
+            add_or_count(KIND_WALL, e->ident, e->labels, e->frames, e->depth, e->wall_ns);
+            /* Kept, so that while the thread does not run its wall time is charged here
+             * without interrupting it. */
+            if (e->slot >= 0) {
+                ThreadSlot *s = &slots[e->slot];
+                if (s->last_wall == NULL)
+                    s->last_wall = malloc(sizeof(WallCopy) + (size_t)max_depth * sizeof(RawFrame));
+                WallCopy *c = s->last_wall;
+                if (c != NULL) {
+                    c->ident = e->ident;
+                    memcpy(c->labels, e->labels, sizeof c->labels);
+                    c->seq = e->seq;
+                    c->depth = e->depth;
+                    memcpy(c->frames, e->frames, (size_t)e->depth * sizeof(RawFrame));
+                }
+            }
+        }
+        atomic_store_explicit(&e->state, 0, memory_order_release);
+    }
+}
+
+#ifdef HAVE_THREAD_TIMERS
+static unsigned scan_generation;
+
+/* Under threads_mutex: a slot (and a CPU timer) for every thread the process has, none for
+ * threads gone.  Threads started through `threading` made theirs as they started. */
+static void
+scan_threads(void)
+{
+    DIR *dir = opendir("/proc/self/task");
+    if (dir == NULL)
+        return;
+    unsigned mark = ++scan_generation;
+    if (mark == 0)
+        mark = ++scan_generation;
+    struct dirent *d;
+    while ((d = readdir(dir)) != NULL) {
+        if (d->d_name[0] < '0' || d->d_name[0] > '9')
+            continue;
+        pid_t tid = (pid_t)atoi(d->d_name);
+        if (tid <= 0 || is_excluded(tid))
+            continue;
+        int index = slot_for(tid, PY_UNKNOWN);
+        if (index < 0)
+            continue;
+        ThreadSlot *s = &slots[index];
+        s->scan_mark = mark;
+        if (s->has_timer && !timer_alive(s)) {
+            /* The thread that had this tid died and another got the number. */
+            disarm(s);
+            atomic_store(&s->python, PY_UNKNOWN);
+            if (s->last_wall != NULL)
+                s->last_wall->depth = -1;
+        }
+        if (atomic_load(&s->python) != PY_NO)
+            arm(s, index);
+        else
+            disarm(s);
+    }
+    closedir(dir);
+    for (int k = n_used_slots - 1; k >= 0; k--) {
+        int index = used_slots[k];
+        if (k < n_used_slots && slots[index].scan_mark != mark)
+            slot_release(index);
+    }
+}
+
+/* Under threads_mutex.  Each Python thread's wall time since the last tick is charged to
+ * where it is: a thread that ran since its last sample is asked (by signal) to take one, a
+ * thread that did not (asleep, blocked) is charged at its last sample's stack again, which is
+ * exact, because a thread that does not run cannot change its stack, and leaves idle threads
+ * undisturbed. */
+static void
+wall_tick(uint64_t elapsed_ns, uint64_t now_ns, uint64_t *random)
+{
+    for (int k = 0; k < n_used_slots; k++) {
+        int index = used_slots[k];
+        ThreadSlot *s = &slots[index];
+        pid_t tid = atomic_load(&s->tid);
+        int python = atomic_load(&s->python);
+        uint64_t cpu;
+        if (clock_ns(thread_clock(tid), &cpu) != 0)
+            continue; /* gone: the next scan frees the slot */
+        if (cpu < s->cpu_at_tick) {
+            /* Its clock went back: another thread has the tid now, and the timers made for
+             * the old one signal nobody.  Start afresh (the next scan arms a CPU timer). */
+            disarm(s);
+            atomic_store(&s->python, PY_UNKNOWN);
+            python = PY_UNKNOWN;
+            if (s->last_wall != NULL)
+                s->last_wall->depth = -1;
+        }
+        if (python == PY_NO) {
+            /* A thread without Python may get it later (PyGILState_Ensure): ask now and then. */
+            if (now_ns >= s->next_probe_ns &&
+                cpu > atomic_load(&s->cpu_at_sample_ns) + REPEAT_CPU_NS) {
+                s->next_probe_ns = now_ns + 1000000000ull;
+                atomic_store(&s->cpu_at_sample_ns, cpu);
+                ask_for_sample(tid, index);
+            }
+            continue;
+        }
+        WallCopy *c = s->last_wall;
+        uint64_t at_sample = atomic_load_explicit(&s->cpu_at_sample_ns, memory_order_acquire);
+        /* Exact only if it did not run during the whole interval charged, nor since the
+         * stack was taken (which may be earlier, or inside the interval). */
+        int frozen = cpu < s->cpu_at_tick + REPEAT_CPU_NS && cpu < at_sample + REPEAT_CPU_NS;
+        s->cpu_at_tick = cpu;
+        if (frozen && c != NULL && c->depth > 0 && c->seq == atomic_load(&s->seq) &&
+            atomic_load(&s->pending_wall_ns) == 0) {
+            add_or_count(KIND_WALL, c->ident, c->labels, c->frames, c->depth, elapsed_ns);
+            continue;
+        }
+        /* Where it is at a random moment of the next interval stands for this one. */
+        atomic_fetch_add(&s->pending_wall_ns, elapsed_ns);
+        if (schedule_wall_sample(s, index, 1000 + next_random(random) % cpu_interval_ns) != 0)
+            ask_for_sample(tid, index);
+    }
+}
+
+static pthread_t collector;
+static int collector_started;
+static _Atomic int collector_stop;
+static uint64_t scan_every_ns = 100000000ull;
+
+static void *
+collector_main(void *unused)
+{
+    (void)unused;
+    pid_t me = own_tid();
+    pthread_mutex_lock(&threads_mutex);
+    exclude_tid(me);
+    pthread_mutex_unlock(&threads_mutex);
+    uint64_t interval = cpu_interval_ns;
+    uint64_t last = monotonic_ns(), next = last + interval, next_scan = last + scan_every_ns;
+    uint64_t random = mix64(last ^ (uint64_t)me) | 1;
+    while (!atomic_load(&collector_stop)) {
+        struct timespec until = {(time_t)(next / 1000000000ull), (long)(next % 1000000000ull)};
+        while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &until, NULL) == EINTR) {
+        }
+        if (atomic_load(&collector_stop))
+            break;
+        uint64_t now = monotonic_ns();
+        next += interval;
+        if (next < now)
+            next = now + interval; /* fell behind: skip ticks rather than burst */
+        uint64_t elapsed = now - last;
+        if (elapsed > MAX_WALL_PER_TICK_NS)
+            elapsed = MAX_WALL_PER_TICK_NS; /* a stopped process (SIGSTOP) is not wall time */
+        last = now;
+        pthread_mutex_lock(&threads_mutex);
+        if (now >= next_scan) {
+            scan_threads();
+            next_scan = now + scan_every_ns;
+        }
+        drain_ring();
+        if (wall_on)
+            wall_tick(elapsed, now, &random);
+        if (window_ns && now >= window_deadline) {
+            finish_window();
+            window_deadline = now + window_ns;
+        }
+        pthread_mutex_unlock(&threads_mutex);
+    }
+    return NULL;
+}
+
+static int
+start_collector(void)
+{
+    sigset_t all, old;
+    sigfillset(&all);
+    /* The thread inherits this mask: no signal meant for the program lands on it (a SIGINT
+     * must interrupt the main thread's sleep, not ours). */
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    atomic_store(&collector_stop, 0);
+    int rc = pthread_create(&collector, NULL, collector_main, NULL);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    collector_started = rc == 0;
+    return rc;
+}
+
+static void
+stop_collector(void)
+{
+    if (!collector_started)
+        return;
+    atomic_store(&collector_stop, 1);
+    Py_BEGIN_ALLOW_THREADS
+    pthread_join(collector, NULL);
+    Py_END_ALLOW_THREADS
+    collector_started = 0;
+}
+#endif
+
+/* Takes threads_mutex without holding up every Python thread while the collector has it. */
+static void
+lock_threads(void)
+{
+    if (pthread_mutex_trylock(&threads_mutex) == 0)
+        return;
+    Py_BEGIN_ALLOW_THREADS
+    pthread_mutex_lock(&threads_mutex);
+    Py_END_ALLOW_THREADS
+}
+
+/* ---------------------------------------------------------------- code registry */
+
+/* Code objects referenced by samples, kept alive so their address cannot be reused before the
+ * agent has named them. */
+static uint64_t *code_set;
+static unsigned code_set_count;
+static PyObject *code_refs; /* list */
 
 static int
 code_known(uint64_t ptr)
@@ -570,155 +1294,97 @@ plausible_refcnt(Py_ssize_t refcnt)
     return refcnt > 0 && (uint64_t)refcnt < ((uint64_t)1 << 40);
 }
 
-/* Frames recorded by the signal handler point at code objects that were alive then; by now
- * one may have been freed (its memory unmapped, or reused).  Keep only pointers that still
- * are code objects with the same fingerprint, read safely; then hold a reference. */
-static void
-validate_frames(RawFrame *frames, int depth)
-{
-    for (int i = 0; i < depth; i++) {
-        uint64_t ptr = frames[i].code;
-        if (ptr == 0 || code_known(ptr))
-            continue;
-        PyCodeObject copy;
-        const PyCodeObject *code = (const PyCodeObject *)(uintptr_t)ptr;
-        if (safe_read(code, &copy, sizeof copy) == 0 && Py_TYPE(&copy) == &PyCode_Type &&
-            plausible_refcnt(Py_REFCNT(&copy)) &&
-            code_fingerprint(&copy) == frames[i].fingerprint &&
-            code_register((PyObject *)code)) {
-            continue;
-        }
-        frames[i].code = 0;
-    }
-}
-
-/* ---------------------------------------------------------------- aggregation */
-
-static PyObject *aggregate; /* dict: (kind, ident, l0..l4, frames bytes) -> ns */
-
+/* With the GIL (so that no code object is freed meanwhile).  A frame recorded by a signal
+ * handler points at a code object that was alive then; by now it may have been freed (its
+ * memory unmapped, or reused).  1 if the pointer still is a code object with the same
+ * fingerprint, read safely, and now referenced by code_refs. */
 static int
-add_sample(int kind, uint64_t ident, const uint64_t *labels, const RawFrame *frames, int depth,
-           uint64_t weight)
+code_valid(const RawFrame *frame)
 {
-    /* The fingerprint only served validation: zero it so equal stacks make equal keys. */
-    RawFrame key_frames[depth > 0 ? depth : 1];
-    for (int i = 0; i < depth; i++) {
-        key_frames[i].code = frames[i].code;
-        key_frames[i].lasti = frames[i].lasti;
-        key_frames[i].fingerprint = 0;
-    }
-    PyObject *key = Py_BuildValue("(iKKKKKKy#)", kind, (unsigned long long)ident,
-                                  (unsigned long long)labels[0], (unsigned long long)labels[1],
-                                  (unsigned long long)labels[2], (unsigned long long)labels[3],
-                                  (unsigned long long)labels[4], (const char *)key_frames,
-                                  (Py_ssize_t)(depth * (int)sizeof(RawFrame)));
-    if (key == NULL)
-        return -1;
-    PyObject *old = PyDict_GetItemWithError(aggregate, key);
-    if (old == NULL && PyErr_Occurred()) {
-        Py_DECREF(key);
-        return -1;
-    }
-    unsigned long long total = weight;
-    if (old != NULL)
-        total += PyLong_AsUnsignedLongLong(old);
-    PyObject *value = PyLong_FromUnsignedLongLong(total);
-    int rc = value ? PyDict_SetItem(aggregate, key, value) : -1;
-    Py_XDECREF(value);
-    Py_DECREF(key);
-    return rc;
-}
-
-/* CPU drained per thread since the last wall tick.  A thread's wall time is its CPU time
- * (charged where the CPU samples saw it, on the thread, while it ran) plus the rest of the
- * tick, charged where the tick finds it.  A tick holds the GIL, so it finds a busy thread
- * only where that thread let the GIL go (usually its sleep): without this, a thread that
- * computes 1 ms and sleeps 4 ms would show 100% of its wall time asleep. */
-#define CPU_SEEN_SLOTS 1024
-static struct {
-    unsigned long ident;
-    uint64_t ns;
-} cpu_seen[CPU_SEEN_SLOTS];
-static int wall_from_cpu; /* wall profile on and native CPU samples to build it from */
-
-static void
-note_cpu(unsigned long ident, uint64_t ns)
-{
-    size_t mask = CPU_SEEN_SLOTS - 1;
-    for (size_t i = mix64(ident) & mask, n = 0; n < CPU_SEEN_SLOTS; i = (i + 1) & mask, n++) {
-        if (cpu_seen[i].ident == ident || cpu_seen[i].ident == 0) {
-            cpu_seen[i].ident = ident;
-            cpu_seen[i].ns += ns;
-            return;
-        }
-    }
-}
-
-static uint64_t
-take_cpu(unsigned long ident)
-{
-    size_t mask = CPU_SEEN_SLOTS - 1;
-    for (size_t i = mix64(ident) & mask, n = 0; n < CPU_SEEN_SLOTS; i = (i + 1) & mask, n++) {
-        if (cpu_seen[i].ident == ident)
-            return cpu_seen[i].ns;
-        if (cpu_seen[i].ident == 0)
-            return 0;
-    }
-    return 0;
-}
-
-static int
-drain_ring(void)
-{
-    if (ring == NULL)
+    uint64_t ptr = frame->code;
+    if (ptr == 0)
         return 0;
-    for (size_t i = 0; i < RING_CAPACITY; i++) {
-        Entry *e = entry_at(i);
-        if (atomic_load_explicit(&e->state, memory_order_acquire) != 2)
-            continue;
-        validate_frames(e->frames, e->depth);
-        int rc = add_sample(0, e->ident, e->labels, e->frames, e->depth, e->weight);
-        if (rc == 0 && wall_from_cpu) {
-            rc = add_sample(1, e->ident, e->labels, e->frames, e->depth, e->weight);
-            note_cpu((unsigned long)e->ident, e->weight);
-        }
-        atomic_store_explicit(&e->state, 0, memory_order_release);
-        if (rc < 0)
-            return -1;
-    }
-    return 0;
+    if (code_known(ptr))
+        return 1;
+    PyCodeObject copy;
+    const PyCodeObject *code = (const PyCodeObject *)(uintptr_t)ptr;
+    return safe_read(code, &copy, sizeof copy) == 0 && Py_TYPE(&copy) == &PyCode_Type &&
+           plausible_refcnt(Py_REFCNT(&copy)) &&
+           code_fingerprint(&copy) == frame->fingerprint && code_register((PyObject *)code);
 }
 
-static int
-sample_walls(PyInterpreterState *interp, uint64_t wall_ns, RawFrame *scratch)
+/* With the GIL and threads_mutex: references to the code objects of stacks new in w, so that
+ * they stay what the samples saw until the window is sent. */
+static void
+pin_window(Window *w)
 {
-    for (PyThreadState *ts = PyInterpreterState_ThreadHead(interp); ts != NULL;
-         ts = PyThreadState_Next(ts)) {
-        if (ts->thread_id == 0 || is_excluded(ts->thread_id))
-            continue;
-        uint64_t weight = wall_ns;
-        if (wall_from_cpu) {
-            uint64_t on_cpu = take_cpu(ts->thread_id);
-            /* Quantised CPU samples can exceed one tick; the excess is simply not charged
-             * again here, so wall time per thread stays close to elapsed time. */
-            weight = on_cpu >= wall_ns ? 0 : wall_ns - on_cpu;
-            if (weight == 0)
-                continue;
-        }
-        int depth = walk_frames(ts, scratch, max_depth);
-        if (depth == 0)
-            continue; /* a thread state with no Python running (being set up or torn down) */
-        for (int i = 0; i < depth; i++) {
-            if (!code_register((PyObject *)(uintptr_t)scratch[i].code))
-                scratch[i].code = 0;
-        }
-        uint64_t labels[5];
-        copy_labels(find_labels(thread_context(ts)), labels);
-        if (add_sample(1, ts->thread_id, labels, scratch, depth, weight) < 0)
-            return -1;
+    for (; w->pinned < w->n_stacks; w->pinned++) {
+        const StackRec *s = &w->stacks[w->pinned];
+        for (uint32_t i = 0; i < s->depth; i++)
+            (void)code_valid(&w->frames[s->first + i]);
     }
-    memset(cpu_seen, 0, sizeof cpu_seen);
-    return 0;
+}
+
+/* With the GIL: {(kind, ident, l0..l4, frames bytes): ns} of a detached window. */
+static PyObject *
+window_dict(Window *w)
+{
+    PyObject *out = PyDict_New();
+    if (out == NULL)
+        return NULL;
+    PyObject **stacks = PyMem_Calloc(w->n_stacks ? w->n_stacks : 1, sizeof(PyObject *));
+    if (stacks == NULL) {
+        Py_DECREF(out);
+        return PyErr_NoMemory();
+    }
+    int failed = 0;
+    for (size_t n = 0; n < w->n_stacks && !failed; n++) {
+        const StackRec *s = &w->stacks[n];
+        /* Codes that are no longer what was sampled become 0 ("unknown"); the fingerprint only
+         * served that check and is zeroed, so equal stacks make equal keys. */
+        PyObject *bytes = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(s->depth * sizeof(RawFrame)));
+        if (bytes == NULL) {
+            failed = 1;
+            break;
+        }
+        RawFrame *out_frames = (RawFrame *)PyBytes_AS_STRING(bytes);
+        for (uint32_t i = 0; i < s->depth; i++) {
+            const RawFrame *f = &w->frames[s->first + i];
+            out_frames[i].code = code_valid(f) ? f->code : 0;
+            out_frames[i].lasti = f->lasti;
+            out_frames[i].fingerprint = 0;
+        }
+        stacks[n] = bytes;
+    }
+    for (size_t n = 0; n < w->n_samples && !failed; n++) {
+        const SampleRec *r = &w->samples[n];
+        PyObject *key = Py_BuildValue(
+            "(IKKKKKKO)", r->kind, (unsigned long long)r->ident, (unsigned long long)r->labels[0],
+            (unsigned long long)r->labels[1], (unsigned long long)r->labels[2],
+            (unsigned long long)r->labels[3], (unsigned long long)r->labels[4], stacks[r->stack]);
+        if (key == NULL) {
+            failed = 1;
+            break;
+        }
+        /* Two stacks can become one once unknown codes are zeroed: add, do not overwrite. */
+        PyObject *old = PyDict_GetItemWithError(out, key);
+        unsigned long long total = r->value;
+        if (old != NULL)
+            total += PyLong_AsUnsignedLongLong(old);
+        PyObject *value = PyErr_Occurred() ? NULL : PyLong_FromUnsignedLongLong(total);
+        if (value == NULL || PyDict_SetItem(out, key, value) < 0)
+            failed = 1;
+        Py_XDECREF(value);
+        Py_DECREF(key);
+    }
+    for (size_t n = 0; n < w->n_stacks; n++)
+        Py_XDECREF(stacks[n]);
+    PyMem_Free(stacks);
+    if (failed) {
+        Py_DECREF(out);
+        return NULL;
+    }
+    return out;
 }
 
 /* ---------------------------------------------------------------- module functions */
@@ -726,11 +1392,11 @@ sample_walls(PyInterpreterState *interp, uint64_t wall_ns, RawFrame *scratch)
 static PyObject *
 sampler_start(PyObject *mod, PyObject *args, PyObject *kwds)
 {
-    static char *kwlist[] = {"cpu_interval_ns", "max_depth", "cpu", "wall", NULL};
-    unsigned long long interval;
+    static char *kwlist[] = {"cpu_interval_ns", "max_depth", "cpu", "wall", "window_ns", NULL};
+    unsigned long long interval, window = 0;
     int depth, cpu, wall = 1;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "Kip|p", kwlist, &interval, &depth, &cpu,
-                                     &wall))
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "Kip|pK", kwlist, &interval, &depth, &cpu,
+                                     &wall, &window))
         return NULL;
     if (depth < 1 || depth > 1000 || interval < 1000000ull) {
         PyErr_SetString(PyExc_ValueError, "max_depth must be 1..1000 and the interval >= 1 ms");
@@ -739,6 +1405,17 @@ sampler_start(PyObject *mod, PyObject *args, PyObject *kwds)
     if (running) {
         PyErr_SetString(PyExc_RuntimeError, "the sampler is already running");
         return NULL;
+    }
+#ifndef HAVE_THREAD_TIMERS
+    PyErr_SetString(PyExc_RuntimeError, "per-thread CPU timers need Linux");
+    return NULL;
+#else
+    {
+        clockid_t mine;
+        if (pthread_getcpuclockid(pthread_self(), &mine) != 0 || mine != thread_clock(own_tid())) {
+            PyErr_SetString(PyExc_RuntimeError, "this kernel encodes thread CPU clocks unknownly");
+            return NULL;
+        }
     }
     size_t size = sizeof(Entry) + (size_t)depth * sizeof(RawFrame);
     size = (size + 63) & ~(size_t)63;
@@ -752,118 +1429,163 @@ sampler_start(PyObject *mod, PyObject *args, PyObject *kwds)
         for (size_t i = 0; i < RING_CAPACITY; i++)
             atomic_store(&entry_at(i)->state, 0);
     }
-    Py_CLEAR(aggregate);
     Py_CLEAR(code_refs);
     PyMem_RawFree(code_set);
-    max_depth = depth;
-    cpu_interval_ns = interval;
-    n_excluded = 0; /* the idents of an earlier agent's threads may belong to new threads now */
-    threads_signature = 0;
     code_set = PyMem_RawCalloc((size_t)1 << CODE_SET_BITS, sizeof(uint64_t));
-    aggregate = PyDict_New();
     code_refs = PyList_New(0);
-    if (ring == NULL || code_set == NULL || aggregate == NULL || code_refs == NULL) {
+    if (ring == NULL || code_set == NULL || code_refs == NULL) {
         PyMem_RawFree(code_set);
         code_set = NULL;
-        Py_CLEAR(aggregate);
         Py_CLEAR(code_refs);
         return PyErr_NoMemory();
     }
     code_set_count = 0;
-    running = 1;
-    int native_cpu = 0;
-#ifdef HAVE_THREAD_TIMERS
-    if (cpu) {
-        if (!handler_installed) {
-            struct sigaction sa;
-            memset(&sa, 0, sizeof sa);
-            sa.sa_sigaction = on_cpu_signal;
-            sa.sa_flags = SA_SIGINFO | SA_RESTART;
-            sigemptyset(&sa.sa_mask);
-            if (sigaction(SIGPROF, &sa, &previous_action) == 0)
-                handler_installed = 1;
+    if (!handler_installed) {
+        struct sigaction sa;
+        memset(&sa, 0, sizeof sa);
+        sa.sa_sigaction = on_signal;
+        sa.sa_flags = SA_SIGINFO | SA_RESTART;
+        sigemptyset(&sa.sa_mask);
+        if (sigaction(SIGPROF, &sa, &previous_action) != 0) {
+            PyErr_SetFromErrno(PyExc_OSError);
+            return NULL;
         }
-        native_cpu = handler_installed;
+        handler_installed = 1;
     }
+    pthread_mutex_lock(&threads_mutex);
+    max_depth = depth;
+    cpu_interval_ns = interval;
+    cpu_on = cpu;
+    wall_on = wall;
+    window_ns = window;
+    window_deadline = monotonic_ns() + window;
+    n_excluded = 0; /* the tids of an earlier agent's threads may belong to new threads now */
+    reset_threads();
+    while (done_head != NULL) {
+        Window *w = done_head;
+        done_head = w->next;
+        window_free(w);
+    }
+    done_tail = NULL;
+    n_done = 0;
+    window_free(current);
+    current = window_new();
+    atomic_store(&lost_samples, 0);
+    atomic_store(&windows_dropped, 0);
+    atomic_store(&sampling_enabled, 1);
+    scan_threads();
+    pthread_mutex_unlock(&threads_mutex);
+    if (current == NULL || start_collector() != 0) {
+        atomic_store(&sampling_enabled, 0);
+        PyErr_SetString(PyExc_RuntimeError, "could not start the collector thread");
+        return NULL;
+    }
+    running = 1;
+    return PyBool_FromLong(cpu);
 #endif
-    memset(cpu_seen, 0, sizeof cpu_seen);
-    wall_from_cpu = native_cpu && wall;
-    atomic_store(&ring_dropped, 0);
-    atomic_store(&cpu_enabled, native_cpu);
-    return PyBool_FromLong(native_cpu);
+}
+
+static void
+disarm_all(void)
+{
+#ifdef HAVE_THREAD_TIMERS
+    for (int k = 0; k < n_used_slots; k++)
+        disarm(&slots[used_slots[k]]);
+#endif
 }
 
 static PyObject *
 sampler_stop(PyObject *mod, PyObject *unused)
 {
-    atomic_store(&cpu_enabled, 0);
-    delete_timers();
-    running = 0;
+    if (!running)
+        Py_RETURN_NONE;
+#ifdef HAVE_THREAD_TIMERS
+    stop_collector();
+#endif
+    lock_threads();
+    disarm_all();
     /* What the handlers recorded so far belongs to the last window: keep it for collect(). */
-    if (aggregate != NULL && drain_ring() < 0)
-        PyErr_Clear();
+    drain_ring();
+    atomic_store(&sampling_enabled, 0);
+    running = 0;
+    pthread_mutex_unlock(&threads_mutex);
     /* The handler stays installed: a signal already queued for a thread must not meet the
      * default SIGPROF action, which kills the process.  Disabled, it returns at once.  The
      * ring is kept for the same reason (a late handler may still be writing to it). */
-    if (ring != NULL) {
-        for (size_t i = 0; i < RING_CAPACITY; i++)
-            atomic_store(&entry_at(i)->state, 0);
-    }
     Py_RETURN_NONE;
 }
 
 static PyObject *
-sampler_tick(PyObject *mod, PyObject *args)
+sampler_pin(PyObject *mod, PyObject *unused)
 {
-    unsigned long long wall_ns;
-    if (!PyArg_ParseTuple(args, "K", &wall_ns))
-        return NULL;
-    if (!running) {
-        PyErr_SetString(PyExc_RuntimeError, "the sampler is not running");
-        return NULL;
-    }
-    PyInterpreterState *interp = PyThreadState_Get()->interp;
-    if (atomic_load(&cpu_enabled))
-        sync_timers(interp);
-    if (drain_ring() < 0)
-        return NULL;
-    if (wall_ns > 0) {
-        RawFrame *scratch = PyMem_Malloc((size_t)max_depth * sizeof(RawFrame));
-        if (scratch == NULL)
-            return PyErr_NoMemory();
-        int rc = sample_walls(interp, wall_ns, scratch);
-        PyMem_Free(scratch);
-        if (rc < 0)
-            return NULL;
-    }
+    if (code_set == NULL)
+        Py_RETURN_NONE;
+    lock_threads();
+    if (current != NULL)
+        pin_window(current);
+    for (Window *w = done_head; w != NULL; w = w->next)
+        pin_window(w);
+    pthread_mutex_unlock(&threads_mutex);
     Py_RETURN_NONE;
 }
 
-/* Returns (samples dict, code objects list, dropped count) and starts a new window.  The code
- * list keeps every code object the samples point at alive; the caller drops it when named. */
+/* Returns ([(start_ns, end_ns, samples dict), ...], code objects list, lost samples) for the
+ * finished windows; with `final`, the one being filled too.  The code list keeps every code
+ * object the samples point at alive; with `release_codes` the sampler forgets them (the
+ * caller drops the list once it has named them). */
 static PyObject *
-sampler_collect(PyObject *mod, PyObject *args)
+sampler_collect(PyObject *mod, PyObject *args, PyObject *kwds)
 {
-    int release_codes = 0;
-    if (!PyArg_ParseTuple(args, "|p", &release_codes))
+    static char *kwlist[] = {"final", "release_codes", NULL};
+    int final = 0, release_codes = 1;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "|pp", kwlist, &final, &release_codes))
         return NULL;
-    if (aggregate == NULL) {
+    if (code_set == NULL) {
         PyErr_SetString(PyExc_RuntimeError, "the sampler was never started");
         return NULL;
     }
-    if (drain_ring() < 0)
+    lock_threads();
+    if (final) {
+        drain_ring();
+        if (current != NULL && (current->n_samples > 0 || done_head == NULL))
+            finish_window();
+    }
+    Window *taken = done_head;
+    done_head = done_tail = NULL;
+    n_done = 0;
+    /* Codes are let go only once they are named, that is with a window to name them in. */
+    release_codes = release_codes && taken != NULL;
+    if (release_codes && current != NULL)
+        current->pinned = 0; /* its codes are let go below: pin them again */
+    pthread_mutex_unlock(&threads_mutex);
+
+    PyObject *windows = PyList_New(0);
+    int failed = windows == NULL;
+    while (taken != NULL) {
+        Window *w = taken;
+        taken = w->next;
+        if (!failed) {
+            PyObject *samples = window_dict(w);
+            PyObject *item = samples ? Py_BuildValue("(KKN)", (unsigned long long)w->start_ns,
+                                                     (unsigned long long)w->end_ns, samples)
+                                     : NULL;
+            if (item == NULL || PyList_Append(windows, item) < 0)
+                failed = 1;
+            Py_XDECREF(item);
+        }
+        pthread_mutex_lock(&threads_mutex); /* window_bytes is shared with the collector */
+        window_free(w);
+        pthread_mutex_unlock(&threads_mutex);
+    }
+    if (failed) {
+        Py_XDECREF(windows);
         return NULL;
-    PyObject *fresh = PyDict_New();
-    if (fresh == NULL)
-        return NULL;
-    PyObject *samples = aggregate;
-    aggregate = fresh;
+    }
     PyObject *codes = code_refs;
     if (release_codes) {
         PyObject *empty = PyList_New(0);
         if (empty == NULL) {
-            aggregate = samples;
-            Py_DECREF(fresh);
+            Py_DECREF(windows);
             return NULL;
         }
         code_refs = empty;
@@ -872,8 +1594,8 @@ sampler_collect(PyObject *mod, PyObject *args)
     } else {
         Py_INCREF(codes);
     }
-    unsigned long dropped = atomic_exchange(&ring_dropped, 0);
-    return Py_BuildValue("(NNk)", samples, codes, dropped);
+    uint64_t lost = atomic_exchange(&lost_samples, 0);
+    return Py_BuildValue("(NNK)", windows, codes, (unsigned long long)lost);
 }
 
 static PyObject *
@@ -882,29 +1604,132 @@ sampler_exclude(PyObject *mod, PyObject *args)
     unsigned long ident;
     if (!PyArg_ParseTuple(args, "k", &ident))
         return NULL;
-    if (!is_excluded(ident) && n_excluded < (int)(sizeof excluded / sizeof excluded[0]))
-        excluded[n_excluded++] = ident;
+#ifdef HAVE_THREAD_TIMERS
+    clockid_t clock;
+    if (pthread_getcpuclockid((pthread_t)ident, &clock) != 0)
+        Py_RETURN_NONE;
+    pid_t tid = (pid_t)~(clock >> 3);
+    lock_threads();
+    exclude_tid(tid);
+    pthread_mutex_unlock(&threads_mutex);
+#endif
     Py_RETURN_NONE;
+}
+
+/* Called by a thread as it starts (before it runs anything) and as it ends, so that its CPU
+ * timer covers all of its life however short, and is gone with it. */
+static PyObject *
+sampler_register_thread(PyObject *mod, PyObject *unused)
+{
+#ifdef HAVE_THREAD_TIMERS
+    if (!running)
+        Py_RETURN_NONE;
+    pid_t tid = own_tid();
+    lock_threads();
+    if (running && !is_excluded(tid)) {
+        int index = slot_for(tid, PY_YES);
+        if (index >= 0) {
+            ThreadSlot *s = &slots[index];
+            atomic_store(&s->python, PY_YES);
+            s->scan_mark = scan_generation;
+            arm(s, index);
+        }
+    }
+    pthread_mutex_unlock(&threads_mutex);
+#endif
+    Py_RETURN_NONE;
+}
+
+/* unregister_thread(code=None).  The kernel checks CPU timers only at its scheduler tick (4 ms
+ * at HZ=250): a thread that ends soon after its timer expired never gets that signal, and a
+ * pool of short threads would lose about half of their samples.  An expired timer that has
+ * not fired reads back as 1 ns to go; that sample is taken here, charged to `code` (the
+ * function the thread ran: its own frames are gone by now) or else to where it is. */
+static PyObject *
+sampler_unregister_thread(PyObject *mod, PyObject *args)
+{
+    PyObject *code = Py_None;
+    if (!PyArg_ParseTuple(args, "|O", &code))
+        return NULL;
+#ifdef HAVE_THREAD_TIMERS
+    if (!running)
+        Py_RETURN_NONE;
+    pid_t tid = own_tid();
+    lock_threads();
+    int index = tid_map_get(tid);
+    if (index >= 0) {
+        ThreadSlot *s = &slots[index];
+        struct itimerspec left;
+        PyThreadState *ts = PyThreadState_Get();
+        if (s->has_timer && timer_gettime(s->timer, &left) == 0 && left.it_value.tv_sec == 0 &&
+            left.it_value.tv_nsec == 1) {
+            RawFrame frames[1];
+            uint64_t labels[5];
+            int depth = 0;
+            if (PyCode_Check(code)) {
+                frames[0].code = (uint64_t)(uintptr_t)code;
+                frames[0].lasti = 0;
+                frames[0].fingerprint = code_fingerprint((PyCodeObject *)code);
+                depth = 1;
+            } else {
+                depth = walk_frames(ts, frames, 1);
+            }
+            copy_labels(find_labels(thread_context(ts)), labels);
+            add_or_count(KIND_CPU, (uint64_t)ts->thread_id, labels, frames, depth,
+                         cpu_interval_ns);
+        }
+        slot_release(index);
+    }
+    pthread_mutex_unlock(&threads_mutex);
+#endif
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+sampler_stats(PyObject *mod, PyObject *unused)
+{
+    lock_threads();
+    int threads = n_used_slots, timers = 0, python = 0;
+    for (int k = 0; k < n_used_slots; k++) {
+        timers += slots[used_slots[k]].has_timer;
+        python += atomic_load(&slots[used_slots[k]].python) == PY_YES;
+    }
+    size_t bytes = window_bytes;
+    int pending = n_done;
+    pthread_mutex_unlock(&threads_mutex);
+    return Py_BuildValue("{s:i,s:i,s:i,s:n,s:i,s:K,s:K}", "threads", threads, "timers", timers,
+                         "python_threads", python, "window_bytes", (Py_ssize_t)bytes,
+                         "windows_pending", pending, "lost_samples",
+                         (unsigned long long)atomic_load(&lost_samples), "windows_dropped",
+                         (unsigned long long)atomic_load(&windows_dropped));
 }
 
 static PyObject *
 sampler_after_fork(PyObject *mod, PyObject *unused)
 {
-    /* Timers are not inherited, and entries a vanished thread was writing would stay busy. */
-    atomic_store(&cpu_enabled, 0);
+    /* In the child only this thread exists: no collector, no timers (they are not inherited),
+     * a mutex possibly held by the parent's collector, and ring entries a vanished thread was
+     * writing would stay busy. */
+    atomic_store(&sampling_enabled, 0);
+    pthread_mutex_t fresh = PTHREAD_MUTEX_INITIALIZER;
+    threads_mutex = fresh;
+#ifdef HAVE_THREAD_TIMERS
+    collector_started = 0;
+#endif
     running = 0;
-    n_timers = 0;
     n_excluded = 0;
-    threads_signature = 0;
+    reset_threads();
     if (ring != NULL) {
         for (size_t i = 0; i < RING_CAPACITY; i++)
             atomic_store(&entry_at(i)->state, 0);
     }
-    PyMem_RawFree(ring);
-    ring = NULL;
+    /* The parent's windows are the parent's to send; their memory is simply left. */
+    current = NULL;
+    done_head = done_tail = NULL;
+    n_done = 0;
+    window_bytes = 0;
     PyMem_RawFree(code_set);
     code_set = NULL;
-    Py_CLEAR(aggregate);
     Py_CLEAR(code_refs);
     Py_RETURN_NONE;
 }
@@ -1244,14 +2069,19 @@ static PyTypeObject LinkerType = {
 
 static PyMethodDef methods[] = {
     {"start", (PyCFunction)(void (*)(void))sampler_start, METH_VARARGS | METH_KEYWORDS,
-     "start(cpu_interval_ns, max_depth, cpu, wall=True) -> bool: whether native CPU timers are "
-     "on (then the wall profile takes running threads' stacks from the CPU samples)"},
-    {"stop", sampler_stop, METH_NOARGS, "stop(): no more CPU samples"},
-    {"tick", sampler_tick, METH_VARARGS,
-     "tick(wall_ns): arm timers of new threads, drain CPU samples, take wall samples"},
-    {"collect", sampler_collect, METH_VARARGS,
-     "collect(release_codes=False) -> (samples, code objects, dropped)"},
+     "start(cpu_interval_ns, max_depth, cpu, wall=True, window_ns=0) -> bool: whether CPU "
+     "timers are on; a window closes every window_ns (0: only at collect(final=True))"},
+    {"stop", sampler_stop, METH_NOARGS, "stop(): no more samples; what was taken stays"},
+    {"pin", sampler_pin, METH_NOARGS,
+     "pin(): hold the code objects of the stacks sampled since the last call"},
+    {"collect", (PyCFunction)(void (*)(void))sampler_collect, METH_VARARGS | METH_KEYWORDS,
+     "collect(final=False, release_codes=True) -> ([(start_ns, end_ns, samples)], codes, lost)"},
     {"exclude", sampler_exclude, METH_VARARGS, "exclude(ident): never sample this thread"},
+    {"register_thread", sampler_register_thread, METH_NOARGS,
+     "register_thread(): the calling thread is sampled from now on (call as it starts)"},
+    {"unregister_thread", sampler_unregister_thread, METH_VARARGS,
+     "unregister_thread(code=None): the calling thread ends (call as it ends), having run code"},
+    {"stats", sampler_stats, METH_NOARGS, "stats() -> dict: threads, timers, losses"},
     {"after_fork", sampler_after_fork, METH_NOARGS, "reset in a forked child"},
     {"enable_labels", sampler_enable_labels, METH_VARARGS, NULL},
     {"find_in", sampler_find_in, METH_O, NULL},
@@ -1293,3 +2123,4 @@ PyInit__sampler(void)
     }
     return m;
 }
+

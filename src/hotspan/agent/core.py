@@ -1,5 +1,7 @@
-"""The agent: a sampler thread that ticks at ``sample_rate`` and, every ``upload_interval``,
-turns what it collected into one CPU and one wall pprof for the uploader."""
+"""The agent: a sampler (native, or the Python fallback) and a Python thread that, whenever the
+sampler has finished a window (every ``upload_interval``), turns it into one CPU and one wall
+pprof for the uploader.  With the native sampler that thread is not on the sampling path: if
+a busy program keeps it from the GIL, windows wait for it (bounded) and nothing is lost."""
 
 from __future__ import annotations
 
@@ -7,14 +9,13 @@ import atexit
 import logging
 import os
 import threading
-import time
 from typing import Any, Dict, List, Optional, Tuple
 
 from hotspan import __version__
 from hotspan.agent import context
 from hotspan.agent.config import NAME_SYNTAX_CHARS, AgentConfig, request_headers
 from hotspan.agent.pprof_writer import ProfileWriter
-from hotspan.agent.sampler import CPU, WALL, Collected, make_sampler
+from hotspan.agent.sampler import CPU, WALL, PythonSampler, Window, make_sampler
 from hotspan.agent.symbols import Symbolizer
 from hotspan.agent.uploader import Uploader
 
@@ -22,9 +23,6 @@ logger = logging.getLogger("hotspan.agent")
 
 CPU_TYPE = ("cpu", "nanoseconds")
 WALL_TYPE = ("wall", "nanoseconds")
-# A tick that comes late (the GIL was busy) still counts the wall time that passed, but
-# never more than this: a process stopped (SIGSTOP, a laptop lid) is not all "wall".
-MAX_WALL_PER_TICK_NS = 1_000_000_000
 
 
 class Agent:
@@ -43,10 +41,9 @@ class Agent:
             timeout=config.upload_timeout,
             user_agent=f"hotspan-agent/{__version__}",
         )
-        self._window_start_ns = time.time_ns()
         self._lock = threading.Lock()
         self.span_linking = False
-        self.dropped_samples = 0
+        self.dropped_samples = 0  # taken but not kept: the sampler's ring or memory bound
 
     # -------------------------------------------------------------- lifecycle
 
@@ -60,7 +57,18 @@ class Agent:
         _register_fork_handler()
 
     def _start_threads(self) -> None:
-        self._sampler.start()
+        window_ns = int(self.config.upload_interval * 1e9)
+        try:
+            self._sampler.start(window_ns)
+        except RuntimeError:
+            # The native sampler cannot run here (an unknown kernel clock encoding, no thread
+            # could be started): the fallback can.
+            logger.warning("hotspan: native sampler unavailable; using Python", exc_info=True)
+            config = self.config
+            self._sampler = PythonSampler(
+                config.sample_rate, config.max_depth, config.cpu, config.wall
+            )
+            self._sampler.start(window_ns)
         self._uploader.start()
         ident = self._uploader.thread_ident
         if ident is not None:
@@ -69,7 +77,6 @@ class Agent:
 
     def _start_thread(self) -> None:
         self._stop.clear()
-        self._window_start_ns = time.time_ns()
         self._thread = threading.Thread(target=self._run, name="hotspan-sampler", daemon=True)
         self._thread.start()
 
@@ -82,7 +89,7 @@ class Agent:
                 thread.join(timeout=2.0)
             self._sampler.stop()
             if flush:
-                self._upload_window()
+                self._upload(final=True)
                 self._uploader.flush(self.config.exit_flush_timeout)
             self._uploader.stop(timeout=1.0)
             stats = self._uploader.stats
@@ -120,58 +127,41 @@ class Agent:
     # -------------------------------------------------------------- sampling loop
 
     def _run(self) -> None:
-        ident = threading.get_ident()
-        self._sampler.exclude(ident)
-        interval = 1.0 / self.config.sample_rate
-        upload_every = self.config.upload_interval
-        wall = self.config.wall
-        last = time.monotonic()
-        next_tick = last + interval
-        next_upload = last + upload_every
-        while not self._stop.is_set():
-            delay = next_tick - time.monotonic()
-            if delay > 0:
-                self._stop.wait(delay)
-                if self._stop.is_set():
-                    break
-            now = time.monotonic()
-            next_tick += interval
-            if next_tick < now:  # fell behind (a long GIL hold): skip, do not burst
-                next_tick = now + interval
-            elapsed_ns = min(int((now - last) * 1e9), MAX_WALL_PER_TICK_NS)
-            last = now
+        self._sampler.exclude(threading.get_ident())
+        interval = self._sampler.tick_interval
+        while not self._stop.wait(interval):
             try:
-                self._sampler.tick(elapsed_ns if wall else 0)
-                if now >= next_upload:
-                    next_upload = now + upload_every
-                    self._upload_window()
+                self._sampler.tick()
+                self._upload(final=False)
             except Exception:  # noqa: BLE001 - a bug here must not stop the program
                 logger.warning("hotspan: sampling failed; profiling stops", exc_info=True)
                 return
 
     # -------------------------------------------------------------- uploads
 
-    def _upload_window(self) -> None:
+    def _upload(self, final: bool) -> None:
+        """Encodes and queues the windows the sampler has finished (with ``final``, the one
+        in progress too)."""
         with self._lock:
-            start_ns, self._window_start_ns = self._window_start_ns, time.time_ns()
-            end_ns = self._window_start_ns
-            collected = self._sampler.collect(release=True)
-            self.dropped_samples += collected.dropped
+            collected = self._sampler.collect(final=final)
+            self.dropped_samples += collected.lost
             period = 1_000_000_000 // self.config.sample_rate
-            bodies = self._encode(collected, start_ns, end_ns, period)
+            batches = [(w, self._encode(w, period)) for w in collected.windows]
             del collected
-        params = {
-            "name": self._app_name(),
-            "from": str(start_ns // 1_000_000_000),
-            "until": str(max(end_ns // 1_000_000_000, start_ns // 1_000_000_000 + 1)),
-            "format": "pprof",
-            "sampleRate": str(self.config.sample_rate),
-            "spyName": "hotspan",
-        }
-        for body in bodies:
-            self._uploader.submit(params, body)
+        for window, bodies in batches:
+            start_s = window.start_ns // 1_000_000_000
+            params = {
+                "name": self._app_name(),
+                "from": str(start_s),
+                "until": str(max(window.end_ns // 1_000_000_000, start_s + 1)),
+                "format": "pprof",
+                "sampleRate": str(self.config.sample_rate),
+                "spyName": "hotspan",
+            }
+            for body in bodies:
+                self._uploader.submit(params, body)
 
-    def _encode(self, collected: Collected, start_ns: int, end_ns: int, period: int) -> List[bytes]:
+    def _encode(self, window: Window, period: int) -> List[bytes]:
         writers = {
             CPU: ProfileWriter(CPU_TYPE, CPU_TYPE, period),
             WALL: ProfileWriter(WALL_TYPE, WALL_TYPE, period),
@@ -179,7 +169,7 @@ class Agent:
         frame = self._symbols.frame
         names = _thread_names() if self.config.thread_name_label else {}
         labels_cache: Dict[Tuple[Any, ...], List[Tuple[str, str]]] = {}
-        for sample in collected.samples:
+        for sample in window.samples:
             writer = writers.get(sample.kind)
             if writer is None:
                 continue
@@ -190,8 +180,8 @@ class Agent:
                 labels = self._labels(sample.labels, names.get(sample.thread_ident))
                 labels_cache[key] = labels
             writer.add(stack, sample.value, labels)
-        duration = max(end_ns - start_ns, 0)
-        return [w.encode(start_ns, duration) for w in writers.values() if len(w)]
+        duration = max(window.end_ns - window.start_ns, 0)
+        return [w.encode(window.start_ns, duration) for w in writers.values() if len(w)]
 
     def _labels(
         self, labels: Tuple[int, int, int, int, int], thread: Optional[str]
@@ -218,6 +208,11 @@ class Agent:
     @property
     def upload_stats(self) -> Any:
         return self._uploader.stats
+
+    @property
+    def sampler_stats(self) -> Dict[str, int]:
+        """The sampler's own counts: threads sampled, samples lost, windows dropped."""
+        return {**self._sampler.stats(), "dropped_samples": self.dropped_samples}
 
 
 def _tag_value(value: str) -> str:

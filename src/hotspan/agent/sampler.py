@@ -1,20 +1,29 @@
 """Taking samples: CPU and wall time of every thread, with the labels of its context.
 
 Two implementations with one interface.  :class:`NativeSampler` (C, ``_speedups/sampler.c``)
-takes CPU samples on each thread's own CPU timer and reads span labels per thread and per
-asyncio task.  :class:`PythonSampler` is the fallback wherever the extension is not built:
-it looks at ``sys._current_frames()`` each tick and charges each thread's CPU-clock delta to
-the stack it sees, which is biased towards where a thread waits (it sees busy threads only
-when they let the GIL go), and its span labels are per thread.
+samples from signal handlers on each thread, driven by per-thread CPU timers and a native
+thread that never needs the GIL, so a busy program (an event loop, many short system calls)
+cannot starve it; it reads span labels per thread and per asyncio task.
+:class:`PythonSampler` is the fallback wherever the extension is not built: a tick looks at
+``sys._current_frames()`` and charges each thread's CPU-clock delta to the stack it sees.  Its
+ticks need the GIL: a Python thread ticks at the sample rate, and so that a busy program (which
+starves that thread) is still seen, a SIGPROF timer on the process's CPU time ticks from the
+main thread too, in a signal handler, whenever the other has not.  See :class:`PythonSampler`
+for what that still cannot do.
+
+Both close a *window* every ``window_ns`` (the upload interval); :meth:`collect` returns the
+windows finished since the last call, each with its own time range.
 """
 
 from __future__ import annotations
 
+import contextlib
+import signal
 import struct
 import sys
 import threading
 import time
-from typing import Any, Dict, List, NamedTuple, Tuple
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
 
 from hotspan._speedups import load_sampler
 from hotspan.agent.context import (
@@ -38,14 +47,23 @@ class RawSample(NamedTuple):
     value: int  # nanoseconds
 
 
-class Collected(NamedTuple):
+class Window(NamedTuple):
+    start_ns: int  # wall clock
+    end_ns: int
     samples: List[RawSample]
-    dropped: int  # CPU samples lost because the ring was full
-    keepalive: Any  # holds the code objects of ``samples`` until they are named
+
+
+class Collected(NamedTuple):
+    windows: List[Window]
+    lost: int  # samples taken but not kept (ring or memory bound full), counted here
+    keepalive: Any  # holds the code objects of the samples until they are named
 
 
 class NativeSampler:
     name = "native"
+    # The Python side only pins code objects and picks up finished windows; sampling itself
+    # does not wait for it.
+    tick_interval = 0.1
 
     def __init__(self, sample_rate: int, max_depth: int, cpu: bool, wall: bool = True) -> None:
         self._mod = load_sampler()
@@ -59,34 +77,43 @@ class NativeSampler:
         self.labels = False
         self._unpack = struct.Struct("=QII").iter_unpack
 
-    def start(self) -> None:
+    def start(self, window_ns: int) -> None:
         self.labels = enable_native_labels()
+        _thread_hooks.install(self._mod.register_thread, self._mod.unregister_thread)
         self.native_cpu = bool(
-            self._mod.start(self._interval_ns, self._max_depth, self._cpu, self._wall)
+            self._mod.start(self._interval_ns, self._max_depth, self._cpu, self._wall, window_ns)
         )
 
     def exclude(self, ident: int) -> None:
         self._mod.exclude(ident)
 
-    def tick(self, wall_ns: int) -> None:
-        self._mod.tick(wall_ns)
+    def tick(self) -> None:
+        self._mod.pin()
 
-    def collect(self, release: bool = False) -> Collected:
-        samples, codes, dropped = self._mod.collect(release)
+    def collect(self, final: bool = False) -> Collected:
+        windows, codes, lost = self._mod.collect(final)
         by_address = {id(code): code for code in codes}
-        out = []
         stacks: Dict[bytes, RawStack] = {}
-        for (kind, ident, *labels, frames), value in samples.items():
-            stack = stacks.get(frames)
-            if stack is None:
-                stack = tuple(
-                    (by_address.get(address), lasti) for address, lasti, _ in self._unpack(frames)
-                )
-                stacks[frames] = stack
-            out.append(RawSample(kind, ident, tuple(labels), stack, value))
-        return Collected(out, dropped, codes)
+        out = []
+        for start_ns, end_ns, samples in windows:
+            rows = []
+            for (kind, ident, *labels, frames), value in samples.items():
+                stack = stacks.get(frames)
+                if stack is None:
+                    stack = tuple(
+                        (by_address.get(address), lasti)
+                        for address, lasti, _ in self._unpack(frames)
+                    )
+                    stacks[frames] = stack
+                rows.append(RawSample(kind, ident, tuple(labels), stack, value))
+            out.append(Window(start_ns, end_ns, rows))
+        return Collected(out, lost, codes)
+
+    def stats(self) -> Dict[str, int]:
+        return dict(self._mod.stats())
 
     def stop(self) -> None:
+        _thread_hooks.uninstall()
         self._mod.stop()
 
     def after_fork(self) -> None:
@@ -94,53 +121,127 @@ class NativeSampler:
 
 
 class PythonSampler:
+    """Ticks from the agent's thread, and from the main thread on ``ITIMER_PROF`` (when the
+    main thread starts it and nobody else handles SIGPROF).  Limits: CPU totals are right but
+    are charged to the stack seen at a tick, which for threads other than the one ticking is
+    where they last let the GIL go; threads other than the main one that keep the GIL busy
+    starve both ticks; span labels are per thread, not per asyncio task."""
+
     name = "python"
+    # A tick that comes late (the GIL was busy) still counts the wall time that passed, but
+    # never more than this: a process stopped (SIGSTOP) is not all "wall".  Longer than the
+    # native sampler's second, because this sampler's ticks do come seconds late on a busy
+    # program, and the wall totals should still add up.
+    MAX_WALL_PER_TICK_NS = 5_000_000_000
 
     def __init__(self, sample_rate: int, max_depth: int, cpu: bool, wall: bool = True) -> None:
+        self.tick_interval = 1.0 / sample_rate
         self._max_depth = max_depth
         self._cpu = cpu and hasattr(time, "pthread_getcpuclockid")
+        self._wall = wall
         self._excluded: set = set()
         self._cpu_seen: Dict[int, int] = {}
         self._aggregate: Dict[Tuple[int, int, LabelsTuple, RawStack], int] = {}
         self._lock = threading.Lock()
         self._ticks = 0
+        self._window_ns = 0
+        self._window_start_ns = time.time_ns()
+        self._last_tick = time.monotonic_ns()
+        self._finished: List[Window] = []
+        self._signal_ticks = False
         self.native_cpu = False
         self.labels = True
 
-    def start(self) -> None:
+    def start(self, window_ns: int) -> None:
         keep_thread_labels()
+        self._window_ns = window_ns
+        self._window_start_ns = time.time_ns()
+        self._last_tick = time.monotonic_ns()
+        self._start_signal_ticks()
+
+    def _start_signal_ticks(self) -> None:
+        """The agent's thread waits for the GIL like any other: a busy event loop, or a loop
+        of short system calls, releases it and takes it straight back, and that thread is
+        almost never scheduled (measured: 15 ticks in 3 s instead of 300).  A signal handler
+        runs on the main thread, which is the one holding the GIL then."""
+        if (
+            not hasattr(signal, "setitimer")
+            or threading.current_thread() is not threading.main_thread()
+            or signal.getsignal(signal.SIGPROF) not in (signal.SIG_DFL, None)
+        ):
+            return
+        try:
+            signal.signal(signal.SIGPROF, self._on_sigprof)
+            signal.setitimer(signal.ITIMER_PROF, self.tick_interval, self.tick_interval)
+        except (OSError, ValueError):
+            return
+        self._signal_ticks = True
+
+    def _on_sigprof(self, signum: int, frame: Any) -> None:
+        # Only when the agent's thread has not ticked lately (it does whenever it gets the
+        # GIL), and never waiting: this runs in the middle of the program's own code.
+        if time.monotonic_ns() - self._last_tick < self.tick_interval * 0.75e9:
+            return
+        with contextlib.suppress(Exception):
+            self.tick(interrupted=frame)
 
     def exclude(self, ident: int) -> None:
         self._excluded.add(ident)
 
-    def tick(self, wall_ns: int) -> None:
+    def tick(self, interrupted: Any = None) -> None:
+        """One look at every thread; ``interrupted`` is the main thread's frame when a signal
+        handler ticks (its own frames are not the program's)."""
+        if not self._lock.acquire(blocking=interrupted is None):
+            return
+        try:
+            self._tick(interrupted)
+        finally:
+            self._lock.release()
+
+    def _tick(self, interrupted: Any) -> None:
+        now = time.monotonic_ns()
+        wall_ns = min(now - self._last_tick, self.MAX_WALL_PER_TICK_NS) if self._wall else 0
+        self._last_tick = now
         frames = sys._current_frames()
+        if interrupted is not None:
+            frames[threading.main_thread().ident] = interrupted  # type: ignore[index]
         cpu_now: Dict[int, int] = {}
-        with self._lock:
-            aggregate = self._aggregate
-            for ident, frame in frames.items():
-                if ident in self._excluded:
-                    continue
-                stack = self._stack(frame)
-                current = THREAD_LABELS.get(ident)
-                if current is not None:
-                    current.sampled = True
-                labels = labels_tuple(current)
-                if wall_ns:
-                    key = (WALL, ident, labels, stack)
-                    aggregate[key] = aggregate.get(key, 0) + wall_ns
-                if self._cpu:
-                    spent = self._cpu_delta(ident, cpu_now)
-                    if spent > 0:
-                        key = (CPU, ident, labels, stack)
-                        aggregate[key] = aggregate.get(key, 0) + spent
-            self._cpu_seen = cpu_now
-            self._ticks += 1
-            if self._ticks % 1000 == 0:
-                # Threads that ended leave their labels behind; drop them now and then.
-                for ident in [i for i in list(THREAD_LABELS) if i not in frames]:
-                    THREAD_LABELS.pop(ident, None)
+        aggregate = self._aggregate
+        for ident, frame in frames.items():
+            if ident in self._excluded:
+                continue
+            stack = self._stack(frame)
+            current = THREAD_LABELS.get(ident)
+            if current is not None:
+                current.sampled = True
+            labels = labels_tuple(current)
+            if wall_ns:
+                key = (WALL, ident, labels, stack)
+                aggregate[key] = aggregate.get(key, 0) + wall_ns
+            if self._cpu:
+                spent = self._cpu_delta(ident, cpu_now)
+                if spent > 0:
+                    key = (CPU, ident, labels, stack)
+                    aggregate[key] = aggregate.get(key, 0) + spent
+        self._cpu_seen = cpu_now
+        self._ticks += 1
+        if self._ticks % 1000 == 0:
+            # Threads that ended leave their labels behind; drop them now and then.
+            for ident in [i for i in list(THREAD_LABELS) if i not in frames]:
+                THREAD_LABELS.pop(ident, None)
+        if self._window_ns and time.time_ns() >= self._window_start_ns + self._window_ns:
+            self._finish_window()
         del frames
+
+    def _finish_window(self) -> None:
+        end = time.time_ns()
+        aggregate, self._aggregate = self._aggregate, {}
+        samples = [
+            RawSample(kind, ident, labels, stack, value)
+            for (kind, ident, labels, stack), value in aggregate.items()
+        ]
+        self._finished.append(Window(self._window_start_ns, end, samples))
+        self._window_start_ns = end
 
     def _cpu_delta(self, ident: int, cpu_now: Dict[int, int]) -> int:
         try:
@@ -158,23 +259,79 @@ class PythonSampler:
             frame = frame.f_back
         return tuple(out)
 
-    def collect(self, release: bool = False) -> Collected:
+    def collect(self, final: bool = False) -> Collected:
+        if final:
+            self._stop_signal_ticks()
+            # CPU burnt since the last tick is charged now, not lost with the window.
+            self.tick()
         with self._lock:
-            aggregate, self._aggregate = self._aggregate, {}
-        samples = [
-            RawSample(kind, ident, labels, stack, value)
-            for (kind, ident, labels, stack), value in aggregate.items()
-        ]
-        return Collected(samples, 0, None)
+            if final and (self._aggregate or not self._finished):
+                self._finish_window()
+            finished, self._finished = self._finished, []
+        return Collected(finished, 0, None)
+
+    def stats(self) -> Dict[str, int]:
+        return {"ticks": self._ticks}
 
     def stop(self) -> None:
-        pass
+        self._stop_signal_ticks()
+
+    def _stop_signal_ticks(self) -> None:
+        if not self._signal_ticks:
+            return
+        self._signal_ticks = False
+        with contextlib.suppress(OSError, ValueError):
+            signal.setitimer(signal.ITIMER_PROF, 0, 0)
+        # Only the main thread may set a handler; elsewhere ours stays, ticking no more.
+        if threading.current_thread() is threading.main_thread():
+            with contextlib.suppress(OSError, ValueError):
+                signal.signal(signal.SIGPROF, signal.SIG_DFL)
 
     def after_fork(self) -> None:
+        # setitimer is not inherited by a child; the handler is, and stays harmless.
+        self._signal_ticks = False
         self._lock = threading.Lock()
         self._aggregate = {}
+        self._finished = []
         self._cpu_seen = {}
         self._excluded = set()
+
+
+class _ThreadHooks:
+    """Makes every thread started through :mod:`threading` call ``on_start`` before it runs
+    anything and ``on_end(code it ran)`` as it finishes, so that a thread's CPU timer exists
+    from its first instruction to its last (a thread per request can live a few
+    milliseconds)."""
+
+    def __init__(self) -> None:
+        self._original: Optional[Callable[[Any], None]] = None
+
+    def install(self, on_start: Callable[[], None], on_end: Callable[[Any], None]) -> None:
+        original = self._original or threading.Thread._bootstrap_inner  # type: ignore[attr-defined]
+
+        def _bootstrap_inner(thread: threading.Thread) -> None:
+            code = None
+            with contextlib.suppress(Exception):  # never break the program's threads
+                on_start()
+                # What the thread runs, named before run() deletes its target.
+                target = getattr(thread, "_target", None) or thread.run
+                code = getattr(target, "__code__", None)
+            try:
+                original(thread)
+            finally:
+                with contextlib.suppress(Exception):
+                    on_end(code)
+
+        self._original = original
+        threading.Thread._bootstrap_inner = _bootstrap_inner  # type: ignore[attr-defined]
+
+    def uninstall(self) -> None:
+        if self._original is not None:
+            threading.Thread._bootstrap_inner = self._original  # type: ignore[attr-defined]
+            self._original = None
+
+
+_thread_hooks = _ThreadHooks()
 
 
 def make_sampler(sample_rate: int, max_depth: int, cpu: bool, wall: bool, native: bool) -> Any:
