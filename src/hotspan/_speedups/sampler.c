@@ -28,6 +28,9 @@
  * variable, so threads and asyncio tasks (each runs in its own context) each see their own
  * value, exactly as ContextVar.get() would.
  */
+#ifndef _GNU_SOURCE
+#  define _GNU_SOURCE /* pthread_setname_np */
+#endif
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #if PY_VERSION_HEX >= 0x030B0000
@@ -78,6 +81,9 @@ static inline PyObject *Py_NewRef(PyObject *o) { Py_INCREF(o); return o; }
 /* A tick that comes late still counts the time that passed, but a process stopped (SIGSTOP,
  * a laptop lid) is not all "wall". */
 #define MAX_WALL_PER_TICK_NS 1000000000ull
+/* An idle thread is looked at at least this often, and the collector wakes at least this
+ * often (when every thread is idle, only this often). */
+#define IDLE_CHECK_NS 100000000ull
 #define CODE_SET_BITS 15         /* 32768 slots (256 KiB), at most half used */
 #define CODE_SET_MAX (1u << (CODE_SET_BITS - 1))
 
@@ -328,6 +334,7 @@ static char *ring;            /* RING_CAPACITY entries of entry_size bytes */
 static size_t entry_size;
 static int max_depth = 64;
 static _Atomic unsigned long ring_pos;
+static unsigned long drain_pos; /* the collector's: entries before it are consumed */
 /* Samples taken but not kept (ring full, or the windows at their memory bound): reported. */
 static _Atomic uint64_t lost_samples;
 static _Atomic int sampling_enabled;
@@ -357,6 +364,22 @@ copy_labels(LabelsObject *labels, uint64_t *out)
     out[4] = labels->tagset;
 }
 
+static uint64_t
+realtime_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static uint64_t
+monotonic_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
 /* ---------------------------------------------------------------- threads */
 
 /* Every thread of the process has a slot, found by the collector (a scan of /proc/self/task)
@@ -384,7 +407,10 @@ typedef struct {
     int has_wall_timer;
     timer_t wall_timer; /* on CLOCK_MONOTONIC, one-shot, set by each wall tick */
     unsigned scan_mark;
-    uint64_t cpu_at_tick;               /* its CPU clock at the last wall tick */
+    uint64_t cpu_at_tick;               /* its CPU clock at the last check */
+    uint64_t wall_since_ns;             /* monotonic: its wall time is charged up to here */
+    uint64_t next_check_ns;             /* monotonic: when to look at it again */
+    int idle_checks;                    /* checks in a row that found it had not run */
     uint64_t next_probe_ns;
     WallCopy *last_wall;               /* NULL until its first wall sample is drained */
 } ThreadSlot;
@@ -609,6 +635,9 @@ slot_for(pid_t tid, int python)
     s->has_timer = 0;
     s->scan_mark = 0;
     s->cpu_at_tick = 0;
+    s->wall_since_ns = monotonic_ns();
+    s->next_check_ns = 0;
+    s->idle_checks = 0;
     s->next_probe_ns = 0;
     if (s->last_wall != NULL)
         s->last_wall->depth = -1;
@@ -795,22 +824,6 @@ static size_t window_bytes;      /* all windows together, bounded by MAX_WINDOW_
 static _Atomic uint64_t windows_dropped;
 static uint64_t window_ns;       /* upload interval */
 static uint64_t window_deadline; /* monotonic */
-
-static uint64_t
-realtime_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
-static uint64_t
-monotonic_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
 
 static Window *
 window_new(void)
@@ -1010,10 +1023,22 @@ drain_ring(void)
 {
     if (ring == NULL)
         return;
-    for (size_t i = 0; i < RING_CAPACITY; i++) {
-        Entry *e = entry_at(i);
-        if (atomic_load_explicit(&e->state, memory_order_acquire) != 2)
+    /* From where the last drain stopped to the last position handed out: touching only those
+     * entries (the ring is a megabyte; scanning it all each tick cost 0.5% of a core). */
+    unsigned long end = atomic_load_explicit(&ring_pos, memory_order_acquire);
+    if (end - drain_pos > RING_CAPACITY)
+        drain_pos = end - RING_CAPACITY;
+    for (; drain_pos != end; drain_pos++) {
+        Entry *e = entry_at(drain_pos);
+        int state = atomic_load_explicit(&e->state, memory_order_acquire);
+        if (state != 2) {
+            /* Being written, or about to be (its position was just taken): the next tick
+             * reads it.  Unless the writer has been held up for long (a descheduled
+             * thread), then the ring must go on: it is read on the next lap. */
+            if (end - drain_pos < RING_CAPACITY / 2 && (state == 1 || end - drain_pos <= 8))
+                break;
             continue;
+        }
         if (e->cpu_ns)
             add_or_count(KIND_CPU, e->ident, e->labels, e->frames, e->depth, e->cpu_ns);
         if (e->wall_ns && e->depth > 0) {
@@ -1064,7 +1089,9 @@ scan_threads(void)
             continue;
         ThreadSlot *s = &slots[index];
         s->scan_mark = mark;
-        if (s->has_timer && !timer_alive(s)) {
+        /* Once a second (a system call per thread): a timer of a thread that died, whose tid
+         * another thread has now. */
+        if (mark % 10 == 0 && s->has_timer && !timer_alive(s)) {
             /* The thread that had this tid died and another got the number. */
             disarm(s);
             atomic_store(&s->python, PY_UNKNOWN);
@@ -1089,55 +1116,111 @@ scan_threads(void)
  * thread that did not (asleep, blocked) is charged at its last sample's stack again, which is
  * exact, because a thread that does not run cannot change its stack, and leaves idle threads
  * undisturbed. */
-static void
-wall_tick(uint64_t elapsed_ns, uint64_t now_ns, uint64_t *random)
+/* Returns when it next needs to run (monotonic ns). */
+static uint64_t
+wall_tick(uint64_t now_ns, uint64_t *random)
 {
+    /* Reading another thread's CPU clock is a system call (~1 us), and so is every wake-up of
+     * this thread: a thread found idle again and again is looked at less often, at least every
+     * 100 ms, and when all are idle the collector sleeps that long.  What a thread owes
+     * meanwhile is charged at the check, still exactly when it has not run since. */
+    uint64_t next_run = now_ns + IDLE_CHECK_NS;
     for (int k = 0; k < n_used_slots; k++) {
         int index = used_slots[k];
         ThreadSlot *s = &slots[index];
         pid_t tid = atomic_load(&s->tid);
         int python = atomic_load(&s->python);
+        if (python == PY_NO && now_ns < s->next_probe_ns)
+            continue;
+        if (now_ns < s->next_check_ns) {
+            if (s->next_check_ns < next_run)
+                next_run = s->next_check_ns;
+            continue;
+        }
         uint64_t cpu;
         if (clock_ns(thread_clock(tid), &cpu) != 0)
             continue; /* gone: the next scan frees the slot */
+        /* Late (a stopped process: SIGSTOP) is not all wall time. */
+        uint64_t owed = now_ns - s->wall_since_ns;
+        if (owed > MAX_WALL_PER_TICK_NS)
+            owed = MAX_WALL_PER_TICK_NS;
+        s->wall_since_ns = now_ns;
         if (cpu < s->cpu_at_tick) {
             /* Its clock went back: another thread has the tid now, and the timers made for
              * the old one signal nobody.  Start afresh (the next scan arms a CPU timer). */
             disarm(s);
             atomic_store(&s->python, PY_UNKNOWN);
             python = PY_UNKNOWN;
+            s->idle_checks = 0;
             if (s->last_wall != NULL)
                 s->last_wall->depth = -1;
         }
         if (python == PY_NO) {
             /* A thread without Python may get it later (PyGILState_Ensure): ask now and then. */
-            if (now_ns >= s->next_probe_ns &&
-                cpu > atomic_load(&s->cpu_at_sample_ns) + REPEAT_CPU_NS) {
-                s->next_probe_ns = now_ns + 1000000000ull;
-                atomic_store(&s->cpu_at_sample_ns, cpu);
+            s->next_probe_ns = now_ns + 1000000000ull;
+            if (cpu > s->cpu_at_tick + REPEAT_CPU_NS)
                 ask_for_sample(tid, index);
-            }
+            s->cpu_at_tick = cpu;
             continue;
         }
         WallCopy *c = s->last_wall;
+        int have_stack = c != NULL && c->depth > 0 && c->seq == atomic_load(&s->seq) &&
+                         atomic_load(&s->pending_wall_ns) == 0;
         uint64_t at_sample = atomic_load_explicit(&s->cpu_at_sample_ns, memory_order_acquire);
-        /* Exact only if it did not run during the whole interval charged, nor since the
-         * stack was taken (which may be earlier, or inside the interval). */
-        int frozen = cpu < s->cpu_at_tick + REPEAT_CPU_NS && cpu < at_sample + REPEAT_CPU_NS;
+        uint64_t ran = cpu - s->cpu_at_tick;
+        /* Exact only if it did not run during the whole time charged, nor since the stack
+         * was taken (which may be earlier, or inside that time). */
+        int frozen = ran < REPEAT_CPU_NS && cpu < at_sample + REPEAT_CPU_NS;
         s->cpu_at_tick = cpu;
-        if (frozen && c != NULL && c->depth > 0 && c->seq == atomic_load(&s->seq) &&
-            atomic_load(&s->pending_wall_ns) == 0) {
-            add_or_count(KIND_WALL, c->ident, c->labels, c->frames, c->depth, elapsed_ns);
+        if (frozen && have_stack) {
+            add_or_count(KIND_WALL, c->ident, c->labels, c->frames, c->depth, owed);
+            if (s->idle_checks < 1000)
+                s->idle_checks++;
+            uint64_t wait = (uint64_t)s->idle_checks * cpu_interval_ns;
+            s->next_check_ns = now_ns + (wait < IDLE_CHECK_NS ? wait : IDLE_CHECK_NS);
+            if (s->next_check_ns < next_run)
+                next_run = s->next_check_ns;
             continue;
         }
-        /* Where it is at a random moment of the next interval stands for this one. */
-        atomic_fetch_add(&s->pending_wall_ns, elapsed_ns);
+        if (s->idle_checks > 0 && have_stack) {
+            /* It woke while it was not looked at: all but the time it may have been running
+             * (its CPU, at least one interval) goes where it had been waiting. */
+            uint64_t recent = ran > cpu_interval_ns ? ran : cpu_interval_ns;
+            if (owed > recent) {
+                add_or_count(KIND_WALL, c->ident, c->labels, c->frames, c->depth, owed - recent);
+                owed = recent;
+            }
+        }
+        s->idle_checks = 0;
+        s->next_check_ns = 0;
+        next_run = now_ns; /* a running thread is looked at every interval */
+        /* Where it is at a random moment of the next interval stands for this time. */
+        atomic_fetch_add(&s->pending_wall_ns, owed);
         if (schedule_wall_sample(s, index, 1000 + next_random(random) % cpu_interval_ns) != 0)
             ask_for_sample(tid, index);
+    }
+    return next_run;
+}
+
+/* Under threads_mutex, as sampling stops: the wall time of threads not looked at lately
+ * goes where they last were (they were idle when last looked at). */
+static void
+charge_owed(void)
+{
+    uint64_t now = monotonic_ns();
+    for (int k = 0; k < n_used_slots; k++) {
+        ThreadSlot *s = &slots[used_slots[k]];
+        WallCopy *c = s->last_wall;
+        /* And what a sample not taken yet would have stood for. */
+        uint64_t owed = now - s->wall_since_ns + atomic_exchange(&s->pending_wall_ns, 0);
+        if (c != NULL && c->depth > 0 && owed < 2 * MAX_WALL_PER_TICK_NS)
+            add_or_count(KIND_WALL, c->ident, c->labels, c->frames, c->depth, owed);
+        s->wall_since_ns = now;
     }
 }
 
 static pthread_t collector;
+static pthread_cond_t collector_wake;
 static int collector_started;
 static _Atomic int collector_stop;
 static uint64_t scan_every_ns = 100000000ull;
@@ -1147,46 +1230,54 @@ collector_main(void *unused)
 {
     (void)unused;
     pid_t me = own_tid();
+    pthread_setname_np(pthread_self(), "hotspan-native"); /* what `top -H` shows */
     pthread_mutex_lock(&threads_mutex);
     exclude_tid(me);
-    pthread_mutex_unlock(&threads_mutex);
     uint64_t interval = cpu_interval_ns;
-    uint64_t last = monotonic_ns(), next = last + interval, next_scan = last + scan_every_ns;
-    uint64_t random = mix64(last ^ (uint64_t)me) | 1;
+    uint64_t now = monotonic_ns(), next = now + interval, next_scan = now + scan_every_ns;
+    uint64_t random = mix64(now ^ (uint64_t)me) | 1;
     while (!atomic_load(&collector_stop)) {
         struct timespec until = {(time_t)(next / 1000000000ull), (long)(next % 1000000000ull)};
-        while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &until, NULL) == EINTR) {
+        /* threads_mutex is released while it waits; stop() signals to end the wait. */
+        while (!atomic_load(&collector_stop) &&
+               pthread_cond_timedwait(&collector_wake, &threads_mutex, &until) == 0) {
         }
         if (atomic_load(&collector_stop))
             break;
-        uint64_t now = monotonic_ns();
-        next += interval;
-        if (next < now)
-            next = now + interval; /* fell behind: skip ticks rather than burst */
-        uint64_t elapsed = now - last;
-        if (elapsed > MAX_WALL_PER_TICK_NS)
-            elapsed = MAX_WALL_PER_TICK_NS; /* a stopped process (SIGSTOP) is not wall time */
-        last = now;
-        pthread_mutex_lock(&threads_mutex);
+        now = monotonic_ns();
         if (now >= next_scan) {
             scan_threads();
             next_scan = now + scan_every_ns;
         }
         drain_ring();
-        if (wall_on)
-            wall_tick(elapsed, now, &random);
+        uint64_t wanted = wall_on ? wall_tick(now, &random) : now + IDLE_CHECK_NS;
         if (window_ns && now >= window_deadline) {
             finish_window();
             window_deadline = now + window_ns;
         }
-        pthread_mutex_unlock(&threads_mutex);
+        if (wanted > next_scan)
+            wanted = next_scan;
+        if (window_ns && wanted > window_deadline)
+            wanted = window_deadline;
+        /* On the interval grid while threads run (a late tick does not shift the next). */
+        next += interval;
+        if (next < now)
+            next = now + interval;
+        if (wanted > next)
+            next = wanted;
     }
+    pthread_mutex_unlock(&threads_mutex);
     return NULL;
 }
 
 static int
 start_collector(void)
 {
+    pthread_condattr_t attr;
+    pthread_condattr_init(&attr);
+    pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
+    pthread_cond_init(&collector_wake, &attr);
+    pthread_condattr_destroy(&attr);
     sigset_t all, old;
     sigfillset(&all);
     /* The thread inherits this mask: no signal meant for the program lands on it (a SIGINT
@@ -1204,8 +1295,11 @@ stop_collector(void)
 {
     if (!collector_started)
         return;
-    atomic_store(&collector_stop, 1);
     Py_BEGIN_ALLOW_THREADS
+    pthread_mutex_lock(&threads_mutex);
+    atomic_store(&collector_stop, 1);
+    pthread_cond_signal(&collector_wake);
+    pthread_mutex_unlock(&threads_mutex);
     pthread_join(collector, NULL);
     Py_END_ALLOW_THREADS
     collector_started = 0;
@@ -1429,6 +1523,7 @@ sampler_start(PyObject *mod, PyObject *args, PyObject *kwds)
         for (size_t i = 0; i < RING_CAPACITY; i++)
             atomic_store(&entry_at(i)->state, 0);
     }
+    drain_pos = atomic_load(&ring_pos);
     Py_CLEAR(code_refs);
     PyMem_RawFree(code_set);
     code_set = PyMem_RawCalloc((size_t)1 << CODE_SET_BITS, sizeof(uint64_t));
@@ -1506,6 +1601,9 @@ sampler_stop(PyObject *mod, PyObject *unused)
     disarm_all();
     /* What the handlers recorded so far belongs to the last window: keep it for collect(). */
     drain_ring();
+#ifdef HAVE_THREAD_TIMERS
+    charge_owed();
+#endif
     atomic_store(&sampling_enabled, 0);
     running = 0;
     pthread_mutex_unlock(&threads_mutex);
@@ -1633,6 +1731,9 @@ sampler_register_thread(PyObject *mod, PyObject *unused)
             atomic_store(&s->python, PY_YES);
             s->scan_mark = scan_generation;
             arm(s, index);
+            /* The collector may be asleep for 100 ms (all threads idle): a new thread is
+             * looked at on its next interval. */
+            pthread_cond_signal(&collector_wake);
         }
     }
     pthread_mutex_unlock(&threads_mutex);
@@ -1661,8 +1762,14 @@ sampler_unregister_thread(PyObject *mod, PyObject *args)
         ThreadSlot *s = &slots[index];
         struct itimerspec left;
         PyThreadState *ts = PyThreadState_Get();
-        if (s->has_timer && timer_gettime(s->timer, &left) == 0 && left.it_value.tv_sec == 0 &&
-            left.it_value.tv_nsec == 1) {
+        int expired = s->has_timer && timer_gettime(s->timer, &left) == 0 &&
+                      left.it_value.tv_sec == 0 && left.it_value.tv_nsec == 1;
+        /* Its wall time since it was last looked at, and what its last sample would have
+         * stood for, likewise (a thread of a few ms may end before it is looked at). */
+        uint64_t wall = atomic_exchange(&s->pending_wall_ns, 0);
+        if (wall_on && s->wall_since_ns != 0)
+            wall += monotonic_ns() - s->wall_since_ns;
+        if (expired || wall > 0) {
             RawFrame frames[1];
             uint64_t labels[5];
             int depth = 0;
@@ -1675,8 +1782,11 @@ sampler_unregister_thread(PyObject *mod, PyObject *args)
                 depth = walk_frames(ts, frames, 1);
             }
             copy_labels(find_labels(thread_context(ts)), labels);
-            add_or_count(KIND_CPU, (uint64_t)ts->thread_id, labels, frames, depth,
-                         cpu_interval_ns);
+            if (expired)
+                add_or_count(KIND_CPU, (uint64_t)ts->thread_id, labels, frames, depth,
+                             cpu_interval_ns);
+            if (wall > 0 && depth > 0)
+                add_or_count(KIND_WALL, (uint64_t)ts->thread_id, labels, frames, depth, wall);
         }
         slot_release(index);
     }
@@ -1723,6 +1833,7 @@ sampler_after_fork(PyObject *mod, PyObject *unused)
         for (size_t i = 0; i < RING_CAPACITY; i++)
             atomic_store(&entry_at(i)->state, 0);
     }
+    drain_pos = atomic_load(&ring_pos);
     /* The parent's windows are the parent's to send; their memory is simply left. */
     current = NULL;
     done_head = done_tail = NULL;
