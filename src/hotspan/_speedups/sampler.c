@@ -1535,6 +1535,10 @@ sampler_start(PyObject *mod, PyObject *args, PyObject *kwds)
         return PyErr_NoMemory();
     }
     code_set_count = 0;
+    struct sigaction current_action;
+    if (handler_installed && sigaction(SIGPROF, NULL, &current_action) == 0 &&
+        current_action.sa_sigaction != on_signal)
+        handler_installed = 0; /* replaced since (the pure-Python sampler's, say) */
     if (!handler_installed) {
         struct sigaction sa;
         memset(&sa, 0, sizeof sa);
