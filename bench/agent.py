@@ -1,9 +1,12 @@
 """Agent overhead and correctness: hotspan's in-process agent against no profiler, py-spy and
-pyroscope-io, on four workloads (``bench/agent_workloads/``).
+pyroscope-io, on four workloads (``bench/agent_workloads/``), and on request on three busy
+programs that starve a sampler thread of the GIL (``--workloads busy``).
 
     python bench/agent.py                 # 7 interleaved rounds x ~4 s of work (~10 min)
     python bench/agent.py --quick         # 3 rounds x ~1 s (~1.5 min)
     python bench/run.py --only agent [--quick]   # the same, from the bench runner
+    python bench/agent.py --workloads busy [--quick]   # asyncio_yield, socket_pingpong,
+                                          # web_server (~10 min, quick ~2.5 min): agent-busy.*
 
 Every measurement is a fresh process.  In each round every workload runs once under every
 profiler, in a shuffled order, and a profiler's slowdown is the median over rounds of
@@ -36,6 +39,11 @@ import common  # noqa: E402
 
 WORKLOAD_DIR = os.path.join(common.BENCH_DIR, "agent_workloads")
 WORKLOADS = ["cpu_split", "threads", "alloc", "asyncio_spans"]
+# Busy programs whose main thread lets the GIL go and takes it back many times per tick (a
+# loop that yields, blocking syscalls, a web server): a sampler thread that needs the GIL
+# starves there.  Not in the default run (it would take ~17 min); ``--workloads busy``.
+BUSY_WORKLOADS = ["asyncio_yield", "socket_pingpong", "web_server"]
+ALL_WORKLOADS = WORKLOADS + BUSY_WORKLOADS
 # "none-again" is a second no-profiler run per round, compared with the first like any
 # profiler: its "slowdown" is what noise alone gives (an A/A test), the scale to read the
 # other rows against.
@@ -168,9 +176,20 @@ def run_one(
     return result
 
 
-def calibrate(workload: str, seconds: float) -> Dict[str, Any]:
+def calibrate(
+    workload: str, seconds: float, variant: Optional[Dict[str, Any]] = None
+) -> Dict[str, Any]:
+    """The params for ~``seconds`` of work, for the workload's ``variant`` (keyword arguments
+    of its ``calibrate``; the default variant when None)."""
     out = subprocess.run(
-        [sys.executable, os.path.join(WORKLOAD_DIR, f"{workload}.py"), "--calibrate", str(seconds)],
+        [
+            sys.executable,
+            os.path.join(WORKLOAD_DIR, f"{workload}.py"),
+            "--calibrate",
+            str(seconds),
+            "--params",
+            json.dumps(variant or {}),
+        ],
         capture_output=True,
         text=True,
         check=True,
@@ -245,6 +264,35 @@ def _query(server: common.Server, app: str, ptype: str, start_ns: int, end_ns: i
     return _flamegraph_totals(json.loads(data).get("flamegraph", {}))
 
 
+def unavailable(profilers: List[str], server_url: str, log: Log) -> Dict[str, str]:
+    """The profilers that cannot run here, and why: they are skipped and named in the
+    results."""
+    skipped: Dict[str, str] = {}
+    if any(p.startswith("hotspan") for p in profilers):
+        why = _probe_hotspan(server_url)
+        if why:
+            skipped.update({p: why for p in profilers if p.startswith("hotspan")})
+    if "pyroscope" in profilers:
+        why = _probe_pyroscope()
+        if why:
+            skipped["pyroscope"] = why
+    if any(p.startswith("pyspy") for p in profilers) and not _pyspy_path():
+        for p in profilers:
+            if p.startswith("pyspy"):
+                skipped[p] = "py-spy is not installed (pip install py-spy)"
+    for p, why in skipped.items():
+        log(f"  skipping {p}: {why}")
+    return skipped
+
+
+def cpu_profile(server: common.Server, run: Dict[str, Any]) -> Tuple[int, Dict[str, int]]:
+    """A run's CPU profile, total and per function (ns): py-spy's folded file (removed from
+    the run, which is kept in the results), else what the server stored for the run's app."""
+    if "folded" in run:
+        return _folded_totals(run.pop("folded"))
+    return _query(server, run["app"], CPU_TYPE, run["start_ns"], run["end_ns"])
+
+
 def _folded_totals(path: str) -> Tuple[int, Dict[str, int]]:
     """py-spy ``--format raw``: ``frame;frame;... count`` lines, root first, each frame
     ``func (file.py:line)``; samples at RATE_HZ become nanoseconds."""
@@ -282,6 +330,8 @@ def correctness(workload: str, run: Dict[str, Any], fn: Dict[str, int]) -> Dict[
         truth = run["main_thread_cpu_s"]
     # CPU the profile puts in the work function / CPU the workload's threads really used.
     out["cpu_seen_pct"] = 100.0 * seen / truth if truth else None
+    if "requests_per_s" in run:
+        out["requests_per_s"] = run["requests_per_s"]
     if workload == "cpu_split":
         a, b = fn.get("func_a", 0), fn.get("func_b", 0)
         if a + b:
@@ -293,8 +343,12 @@ def correctness(workload: str, run: Dict[str, Any], fn: Dict[str, int]) -> Dict[
 
 
 def wall_info(workload: str, run: Dict[str, Any], fn: Dict[str, int]) -> Dict[str, Any]:
-    """hotspan's wall profile, for information: where the threads' time went."""
+    """hotspan's wall profile, for information: where the threads' time went, and how often
+    its sampler thread really ticked (a late tick is credited with all the wall time since the
+    last, so the wall profile alone cannot show a starved sampler)."""
     out: Dict[str, Any] = {}
+    if run.get("sampler_ticks") is not None:
+        out["ticks_per_s"] = run["sampler_ticks"] / run["work_s"]
     if workload == "threads":
         worker = fn.get("worker", 0)
         if worker:
@@ -328,6 +382,15 @@ def _spread(values: List[float], digits: int = 2) -> Dict[str, Any]:
         "max": round(max(vals), digits),
         "n": len(vals),
     }
+
+
+def _unit_ratio_pct(r: Dict[str, Any], base: Dict[str, Any], *keys: str) -> float:
+    """The sum of ``keys`` per unit of work, against the no-profiler run, minus 1, in %.  A run
+    of a fixed amount of work is one unit; a server run for a fixed time counts its requests
+    (``units``), so that its slowdown is time per request, i.e. 1 / requests per second."""
+    mine = sum(r[k] for k in keys) / r.get("units", 1)
+    theirs = sum(base[k] for k in keys) / base.get("units", 1)
+    return 100 * (mine / theirs - 1)
 
 
 def summarize(
@@ -367,19 +430,17 @@ def summarize(
                 corr.setdefault(k, []).append(v)
         for k, v in r.get("wall", {}).items():
             corr.setdefault(k, []).append(v)
-        if base is None or "error" in base:
+        if base is None or "error" in base or not r.get("units", 1) or not base.get("units", 1):
             continue
-        slow.append(100 * (r["work_s"] / base["work_s"] - 1))
-        slow_imp.append(
-            100
-            * ((r["import_start_s"] + r["work_s"]) / (base["import_start_s"] + base["work_s"]) - 1)
-        )
-        slow_proc.append(100 * (r["process_wall_s"] / base["process_wall_s"] - 1))
+        slow.append(_unit_ratio_pct(r, base, "work_s"))
+        slow_imp.append(_unit_ratio_pct(r, base, "import_start_s", "work_s"))
+        slow_proc.append(_unit_ratio_pct(r, base, "process_wall_s"))
         # CPU time of the work, all threads: where the work mostly sleeps (threads), a CPU
         # cost hardly shows in wall time.
-        slow_cpu.append(100 * (r["work_cpu_s"] / base["work_cpu_s"] - 1))
+        slow_cpu.append(_unit_ratio_pct(r, base, "work_cpu_s"))
         # CPU the process used beyond the same work without a profiler, per second of work.
-        extra = (r["work_cpu_s"] - base["work_cpu_s"]) / r["work_s"]
+        same_work_cpu = base["work_cpu_s"] * r.get("units", 1) / base.get("units", 1)
+        extra = (r["work_cpu_s"] - same_work_cpu) / r["work_s"]
         agent_cpu.append(100 * r["other_threads_cpu_s"] / r["work_s"])
         external = 0.0
         rss_mib = (r["maxrss"] - base["maxrss"]) / 2**20
@@ -455,20 +516,7 @@ def run(
         "loadavg_start": [round(x, 2) for x in os.getloadavg()],
     }
     try:
-        if any(p.startswith("hotspan") for p in profilers):
-            why = _probe_hotspan(server.url)
-            if why:
-                skipped.update({p: why for p in profilers if p.startswith("hotspan")})
-        if "pyroscope" in profilers:
-            why = _probe_pyroscope()
-            if why:
-                skipped["pyroscope"] = why
-        if any(p.startswith("pyspy") for p in profilers) and not _pyspy_path():
-            for p in profilers:
-                if p.startswith("pyspy"):
-                    skipped[p] = "py-spy is not installed (pip install py-spy)"
-        for p, why in skipped.items():
-            log(f"  skipping {p}: {why}")
+        skipped = unavailable(profilers, server.url, log)
         active = {w: [p for p in ps if p not in skipped] for w, ps in per_workload.items()}
 
         params = {}
@@ -505,12 +553,7 @@ def run(
                 if "error" in r or p.startswith("none"):
                     continue
                 try:
-                    if "folded" in r:
-                        total_ns, fn = _folded_totals(r.pop("folded"))
-                    else:
-                        total_ns, fn = _query(
-                            server, r["app"], CPU_TYPE, r["start_ns"], r["end_ns"]
-                        )
+                    total_ns, fn = cpu_profile(server, r)
                     r["profile_cpu_total_s"] = total_ns / 1e9
                     r["correctness"] = correctness(w, r, fn)
                     if p.startswith("hotspan"):
@@ -523,35 +566,7 @@ def run(
             w: {p: summarize(w, p, runs[w], n_rounds) for p in active[w] if p != "none"}
             for w in workloads
         }
-        report["baseline"] = {
-            w: {
-                "work_s": _spread(
-                    [
-                        r["work_s"]
-                        for (p, _), r in runs[w].items()
-                        if p == "none" and "error" not in r
-                    ],
-                    3,
-                ),
-                "maxrss_mib": _spread(
-                    [
-                        r["maxrss"] / 2**20
-                        for (p, _), r in runs[w].items()
-                        if p == "none" and "error" not in r
-                    ],
-                    1,
-                ),
-                "work_cpu_s": _spread(
-                    [
-                        r["work_cpu_s"]
-                        for (p, _), r in runs[w].items()
-                        if p == "none" and "error" not in r
-                    ],
-                    3,
-                ),
-            }
-            for w in workloads
-        }
+        report["baseline"] = {w: _baseline(runs[w]) for w in workloads}
         report["runs"] = {
             w: [dict(r, round=i) for (p, i), r in sorted(runs[w].items(), key=lambda kv: kv[0][1])]
             for w in workloads
@@ -564,11 +579,24 @@ def run(
     return report
 
 
+def _baseline(runs: Dict[Tuple[str, int], Dict[str, Any]]) -> Dict[str, Any]:
+    """The no-profiler runs' work time, CPU, peak RSS (and requests/s for a server)."""
+    base = [r for (p, _), r in runs.items() if p == "none" and "error" not in r]
+    out = {
+        "work_s": _spread([r["work_s"] for r in base], 3),
+        "maxrss_mib": _spread([r["maxrss"] / 2**20 for r in base], 1),
+        "work_cpu_s": _spread([r["work_cpu_s"] for r in base], 3),
+    }
+    if any("requests_per_s" in r for r in base):
+        out["requests_per_s"] = _spread([r.get("requests_per_s") for r in base], 0)
+    return out
+
+
 def _versions() -> Dict[str, str]:
     from importlib import metadata
 
     out = {}
-    for dist in ("py-spy", "pyroscope-io", "opentelemetry-sdk"):
+    for dist in ("py-spy", "pyroscope-io", "opentelemetry-sdk", "starlette", "uvicorn"):
         try:
             out[dist] = metadata.version(dist)
         except metadata.PackageNotFoundError:
@@ -619,10 +647,13 @@ def targets(report: Dict[str, Any]) -> List[Dict[str, Any]]:
                 None if b is None else b >= TARGET_BUSY_SHARE_PCT,
                 "%",
             )
+        # The same check on the busy programs (the issue's target for threads, applied to
+        # them): a starved sampler shows here first.
+        if w == "threads" or w in BUSY_WORKLOADS:
             s = c.get("cpu_seen_pct", {})
             worst = None if s.get("n", 0) == 0 else max(abs(s["min"] - 100), abs(s["max"] - 100))
             add(
-                f"threads: profiled CPU within {TARGET_CPU_RATIO_PCT}% of thread_time "
+                f"{w}: profiled CPU within {TARGET_CPU_RATIO_PCT}% of thread_time "
                 "(worst run, |seen - 100%|)",
                 worst,
                 None if worst is None else worst <= TARGET_CPU_RATIO_PCT,
@@ -652,6 +683,11 @@ _WORKLOAD_TITLES = {
     "threads": "4 threads: 1 ms CPU (`busy_part`) + 4 ms sleep (`idle_part`) each",
     "alloc": "allocation-heavy loop",
     "asyncio_spans": "asyncio requests with nested OpenTelemetry SDK spans",
+    "asyncio_yield": "a coroutine: ~1 ms pure-Python calls, `await asyncio.sleep(0)` between, "
+    "in an OpenTelemetry span",
+    "socket_pingpong": "a loop: ~0.1 ms pure-Python calls, a 32-byte send/recv to an echo "
+    "process between",
+    "web_server": "Starlette on uvicorn under load from another process (8 keep-alive connections)",
 }
 _PROFILER_TITLES = {
     "hotspan": "hotspan",
@@ -684,6 +720,15 @@ def _correctness_text(workload: str, c: Dict[str, Any]) -> str:
     if med("cpu_seen_pct") is not None:
         s = c["cpu_seen_pct"]
         parts.append(f"CPU seen {_f(s['median'])}% [{_f(s['min'])}..{_f(s['max'])}]")
+    if workload != "threads" and med("wall_seen_pct") is not None:
+        s = c["wall_seen_pct"]
+        parts.append(f"wall/elapsed {_f(s['median'])}% [{_f(s['min'])}..{_f(s['max'])}]")
+    elif workload in BUSY_WORKLOADS and "cpu_seen_pct" in c:
+        parts.append("wall/elapsed – (no wall profile)")
+    if med("ticks_per_s") is not None:
+        parts.append(f"sampler ticks {_f(med('ticks_per_s'), 0)}/s")
+    if med("requests_per_s") is not None:
+        parts.append(f"{_f(med('requests_per_s'), 0)} req/s")
     if med("wall_busy_share_pct") is not None:
         parts.append(
             f"(wall profile: busy_part {_f(med('wall_busy_share_pct'))}%, "
@@ -706,7 +751,7 @@ def markdown(report: Dict[str, Any], command: str, machine: Dict[str, Any], wall
     add(
         f"Machine: {machine['nproc']} CPUs ({machine['cpu_model']}), Python {machine['python']} "
         f"({machine['implementation']}), {machine['platform']}; hotspan commit "
-        f"{machine['git_commit']}; "
+        f"{machine['git_commit']} (imported from `{machine['hotspan_src']}`); "
         + ", ".join(f"{k} {v}" for k, v in a["versions"].items())
         + f"; {machine['date_utc']} UTC. Load average (1/5/15 min) at start "
         f"{a['loadavg_start']}, at end {a.get('loadavg_end')}."
@@ -729,6 +774,19 @@ def markdown(report: Dict[str, Any], command: str, machine: Dict[str, Any], wall
         "(plus py-spy's own peak RSS). **CPU seen** = CPU the profile puts in the workload's "
         "work function / CPU its threads really used (`time.thread_time`)."
     )
+    if set(a["results"]) & set(BUSY_WORKLOADS):
+        add("")
+        add(
+            "Busy programs: **wall/elapsed** = the wall profile of the work function (only the "
+            "main thread runs it) / the work's elapsed time; only hotspan sends a wall profile. "
+            "**Sampler ticks** = how often hotspan's sampler thread ran per second of work "
+            "(100 wanted), counted in the process: a late tick is credited with all the wall "
+            "time since the last one (up to 1 s), so wall/elapsed alone hides a starved "
+            "sampler. `web_server` runs for a fixed time: its slowdown is time per request "
+            "(no-profiler requests/s / requests/s, minus 1), CPU time is CPU per request, and "
+            "CPU seen compares with the server's main thread (uvicorn's event loop, all of "
+            "the work)."
+        )
     if a.get("skipped"):
         add("")
         for prof, why in a["skipped"].items():
@@ -742,7 +800,12 @@ def markdown(report: Dict[str, Any], command: str, machine: Dict[str, Any], wall
             f"No profiler: work {_f(base['work_s']['median'], 2)} s "
             f"[{_f(base['work_s']['min'], 2)}..{_f(base['work_s']['max'], 2)}], "
             f"CPU {_f(base['work_cpu_s']['median'], 2)} s, peak RSS "
-            f"{_f(base['maxrss_mib']['median'])} MiB."
+            f"{_f(base['maxrss_mib']['median'])} MiB"
+            + (
+                f", {_range(base['requests_per_s'], 0, False)} requests/s."
+                if "requests_per_s" in base
+                else "."
+            )
         )
         add("")
         add(
@@ -785,13 +848,32 @@ def markdown(report: Dict[str, Any], command: str, machine: Dict[str, Any], wall
 
 
 def write(report: Dict[str, Any], out_dir: str, quick: bool, md: str) -> str:
+    """``agent[-quick].*``; ``agent-busy[-quick].*`` when only busy programs ran, so that they
+    never overwrite the default run's numbers."""
+    busy = set(report["params"]["workloads"]) <= set(BUSY_WORKLOADS)
+    return save(
+        report, md, out_dir, "agent" + ("-busy" if busy else "") + ("-quick" if quick else "")
+    )
+
+
+def save(report: Dict[str, Any], md: str, out_dir: str, name: str) -> str:
+    """``out_dir/name.json`` and ``.md``; returns the path without the suffix."""
     os.makedirs(out_dir, exist_ok=True)
-    stem = os.path.join(out_dir, "agent-quick" if quick else "agent")
+    stem = os.path.join(out_dir, name)
     with open(stem + ".json", "w") as f:
         json.dump(report, f, indent=2)
     with open(stem + ".md", "w") as f:
         f.write(md)
     return stem
+
+
+def comma_list(ap: argparse.ArgumentParser, text: str, allowed: List[str], what: str) -> List[str]:
+    """The names in a comma-separated option; an unknown one is a usage error."""
+    names = [n for n in text.split(",") if n]
+    unknown = set(names) - set(allowed)
+    if unknown:
+        ap.error(f"unknown {what}(s): {', '.join(sorted(unknown))} (from {', '.join(allowed)})")
+    return names
 
 
 def main() -> int:
@@ -807,16 +889,18 @@ def main() -> int:
         help=f"comma-separated, from {','.join(ALL_PROFILERS)} (default: "
         f"{','.join(PROFILERS)}, and pyspy-blocking on threads)",
     )
-    ap.add_argument("--workloads", default=",".join(WORKLOADS), help="comma-separated")
+    ap.add_argument(
+        "--workloads",
+        default=",".join(WORKLOADS),
+        help=f"comma-separated, from {','.join(ALL_WORKLOADS)}; 'busy' = "
+        f"{','.join(BUSY_WORKLOADS)} (default: {','.join(WORKLOADS)})",
+    )
     ap.add_argument("--out", default=os.path.join(common.BENCH_DIR, "results"))
     args = ap.parse_args()
-    profilers = [p for p in args.profilers.split(",") if p]
-    unknown = set(profilers) - set(ALL_PROFILERS)
-    if unknown:
-        ap.error(f"unknown profiler(s): {', '.join(sorted(unknown))}")
-    workloads = [w for w in args.workloads.split(",") if w]
-    if set(workloads) - set(WORKLOADS):
-        ap.error(f"workloads are {', '.join(WORKLOADS)}")
+    profilers = comma_list(ap, args.profilers, ALL_PROFILERS, "profiler")
+    workloads = comma_list(
+        ap, args.workloads.replace("busy", ",".join(BUSY_WORKLOADS)), ALL_WORKLOADS, "workload"
+    )
     t0 = time.perf_counter()
     command = "python bench/agent.py" + "".join(f" {a}" for a in sys.argv[1:])
     machine = common.machine()

@@ -4,17 +4,23 @@ A workload script is run as a fresh process per measurement::
 
     python bench/agent_workloads/<name>.py --profiler none|hotspan|pyroscope|pyspy \
         --app APP --server URL --params JSON
-    python bench/agent_workloads/<name>.py --calibrate SECONDS   # prints the params JSON
+    python bench/agent_workloads/<name>.py --calibrate SECONDS [--params JSON]
+        # prints the params JSON; --params chooses a variant of the workload (keyword
+        # arguments of its ``calibrate``, e.g. ``{"call_ms": 0.025}``)
 
 ``pyspy`` means "profiled from outside": the script sets nothing up (py-spy is the parent
 process).  Only the work section is timed for the slowdown; importing and starting the agent
 is timed on its own ("import+start") and so is stopping it ("shutdown", which includes the
-final upload).  The result is the last line of stdout.
+final upload).  A workload may have a ``setup``: a context manager entered before the profiler
+starts and left after it stopped, for what the profiled process talks to (a peer process, a
+load generator), so that starting and stopping it is in no measured window and no profiler
+sees it.  The result is the last line of stdout.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import os
@@ -22,9 +28,12 @@ import resource
 import sys
 import threading
 import time
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, ContextManager, Dict, Iterator, Optional
 
 Params = Dict[str, Any]
+# Entered with the run's params before the profiler starts; what it yields is what ``work``
+# gets (the params plus live objects such as sockets, which JSON cannot carry).
+Setup = Callable[[Params], ContextManager[Params]]
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 SAMPLE_RATE = 100
 # hotspan with one feature off, to tell which part of the agent a cost comes from.
@@ -55,6 +64,33 @@ def loops_per_ms() -> float:
     return n / (best * 1000)
 
 
+def scale_to(seconds: float, trial: int, run: Callable[[int], object]) -> int:
+    """How many units of ``run`` take ``seconds`` of wall time: ``trial`` units timed three
+    times, the fastest (the least disturbed) scaled."""
+    best = float("inf")
+    for _ in range(3):
+        t0 = time.perf_counter()
+        run(trial)
+        best = min(best, time.perf_counter() - t0)
+    return max(1, int(trial * seconds / best))
+
+
+_TRACER: Any = None
+
+
+def otel_tracer() -> Any:
+    """A tracer of the OpenTelemetry SDK, its ``TracerProvider`` installed globally with no
+    exporter: spans are created, recorded and ended as in a service, but sent nowhere."""
+    global _TRACER
+    if _TRACER is None:
+        from opentelemetry import trace
+        from opentelemetry.sdk.trace import TracerProvider
+
+        trace.set_tracer_provider(TracerProvider())
+        _TRACER = trace.get_tracer("hotspan.bench")
+    return _TRACER
+
+
 def _thread_cpu() -> Dict[int, float]:
     """CPU seconds per live thread of this process, from /proc (covers non-Python threads,
     e.g. pyroscope-io's Rust sampler, that ``threading`` does not know)."""
@@ -74,8 +110,8 @@ def _thread_cpu() -> Dict[int, float]:
     return out
 
 
-def _rusage_cpu() -> float:
-    r = resource.getrusage(resource.RUSAGE_SELF)
+def _rusage_cpu(who: int = resource.RUSAGE_SELF) -> float:
+    r = resource.getrusage(who)
     return r.ru_utime + r.ru_stime
 
 
@@ -133,9 +169,46 @@ def _start_profiler(profiler: str, app: str, server: str) -> Optional[Callable[[
     raise SystemExit(f"unknown profiler {profiler!r}")
 
 
+def _tick_counter(profiler: str) -> Callable[[], Optional[int]]:
+    """Counts the ticks of hotspan's sampler thread, where it ticks from Python.
+
+    The wall profile cannot show missed ticks: a late tick is credited with all the wall time
+    since the one before (up to 1 s), so two ticks in 3 s still store ~2 s of wall.  Counting
+    the calls is the only way to see a sampler thread that does not get the GIL.  This wraps
+    a private attribute: an agent without it (a sampler that ticks in C) gives None.
+    """
+    if profiler not in HOTSPAN_VARIANTS:
+        return lambda: None
+    try:
+        from hotspan import agent
+
+        sampler = agent.current_agent()._sampler
+        tick = sampler.tick
+    except AttributeError:
+        return lambda: None
+    if getattr(sampler, "tick_interval", 0) > 1 / SAMPLE_RATE:
+        # The native sampler samples from C: its Python thread only picks up finished
+        # windows, and its ticks say nothing about sampling.
+        return lambda: None
+    count = [0]
+
+    def counting_tick(*args: Any) -> None:
+        count[0] += 1
+        tick(*args)
+
+    sampler.tick = counting_tick
+    return lambda: count[0]
+
+
+@contextlib.contextmanager
+def _no_setup(params: Params) -> Iterator[Params]:
+    yield params
+
+
 def main(
-    calibrate: Callable[[float], Params],
+    calibrate: Callable[..., Params],
     work: Callable[[Params], Dict[str, Any]],
+    setup: Setup = _no_setup,
 ) -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--profiler", default="none")
@@ -145,42 +218,46 @@ def main(
     ap.add_argument("--calibrate", type=float, metavar="SECONDS")
     args = ap.parse_args()
     if args.calibrate is not None:
-        print(json.dumps(calibrate(args.calibrate)))
+        print(json.dumps(calibrate(args.calibrate, **json.loads(args.params))))
         return
-    params: Params = json.loads(args.params)
 
-    rss_before = _vm_rss()
-    t0 = time.perf_counter()
-    stop = _start_profiler(args.profiler, args.app, args.server)
-    import_start_s = time.perf_counter() - t0
-    rss_started = _vm_rss()
+    with setup(json.loads(args.params)) as params:
+        rss_before = _vm_rss()
+        t0 = time.perf_counter()
+        stop = _start_profiler(args.profiler, args.app, args.server)
+        import_start_s = time.perf_counter() - t0
+        rss_started = _vm_rss()
+        ticks = _tick_counter(args.profiler)
 
-    # Garbage from start-up must not be collected inside one profiler's window and not another's.
-    gc.collect()
-    main_tid = threading.get_native_id()
-    threads0 = _thread_cpu()
-    cpu0 = _rusage_cpu()
-    main0 = time.thread_time()
-    wall0_ns = time.time_ns()
-    p0 = time.perf_counter()
-    extra = work(params)
-    work_s = time.perf_counter() - p0
-    main_cpu = time.thread_time() - main0
-    cpu = _rusage_cpu() - cpu0
-    threads1 = _thread_cpu()
-    wall1_ns = time.time_ns()
-    maxrss_work = _maxrss_bytes()
+        # Garbage from start-up must not be collected inside one profiler's window and not
+        # another's.
+        gc.collect()
+        main_tid = threading.get_native_id()
+        threads0 = _thread_cpu()
+        cpu0 = _rusage_cpu()
+        main0 = time.thread_time()
+        ticks0 = ticks()
+        wall0_ns = time.time_ns()
+        p0 = time.perf_counter()
+        extra = work(params)
+        work_s = time.perf_counter() - p0
+        main_cpu = time.thread_time() - main0
+        ticks1 = ticks()
+        cpu = _rusage_cpu() - cpu0
+        threads1 = _thread_cpu()
+        wall1_ns = time.time_ns()
+        maxrss_work = _maxrss_bytes()
 
-    # Threads alive before and after the work that are not the main thread belong to the
-    # profiler (the workloads' own threads are joined inside the work).
-    other = {
-        tid: cpu1 - threads0.get(tid, 0.0) for tid, cpu1 in threads1.items() if tid != main_tid
-    }
+        # Threads alive before and after the work that are not the main thread belong to the
+        # profiler (the workloads' own threads are joined inside the work).
+        other = {
+            tid: cpu1 - threads0.get(tid, 0.0) for tid, cpu1 in threads1.items() if tid != main_tid
+        }
 
-    t1 = time.perf_counter()
-    if stop is not None:
-        stop()
-    shutdown_s = time.perf_counter() - t1
+        t1 = time.perf_counter()
+        if stop is not None:
+            stop()
+        shutdown_s = time.perf_counter() - t1
 
     result: Dict[str, Any] = {
         "profiler": args.profiler,
@@ -198,10 +275,12 @@ def main(
         "rss_after_start": rss_started,
         "maxrss_work": maxrss_work,
         "maxrss": _maxrss_bytes(),
+        "sampler_ticks": None if ticks0 is None or ticks1 is None else ticks1 - ticks0,
         **extra,
     }
     # Last: the process's whole CPU so far, so that an external profiler's own CPU can be
-    # told apart from ours in the rusage its parent gets.
-    result["process_cpu_s"] = _rusage_cpu()
+    # told apart from ours in the rusage its parent gets.  That rusage also holds the
+    # setup's child processes (peer, load generator), reaped when the setup was left.
+    result["process_cpu_s"] = _rusage_cpu() + _rusage_cpu(resource.RUSAGE_CHILDREN)
     sys.stdout.write(json.dumps(result) + "\n")
     sys.stdout.flush()

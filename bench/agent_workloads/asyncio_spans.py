@@ -31,20 +31,6 @@ def render(n: int) -> int:
     return _harness.spin(n)
 
 
-_TRACER: Any = None
-
-
-def _tracer() -> Any:
-    global _TRACER
-    if _TRACER is None:
-        from opentelemetry import trace
-        from opentelemetry.sdk.trace import TracerProvider
-
-        trace.set_tracer_provider(TracerProvider())
-        _TRACER = trace.get_tracer("hotspan.bench")
-    return _TRACER
-
-
 async def handle_request(tracer: Any, i: int) -> int:
     with tracer.start_as_current_span("request", attributes={"request.id": i}):
         with tracer.start_as_current_span("parse"):
@@ -68,7 +54,7 @@ async def serve(tracer: Any, requests: int) -> int:
 
 
 def run_requests(requests: int) -> int:
-    tracer = _tracer()
+    tracer = _harness.otel_tracer()
     return asyncio.run(serve(tracer, requests))
 
 
