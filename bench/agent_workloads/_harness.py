@@ -192,9 +192,9 @@ def _tick_counter(profiler: str) -> Callable[[], Optional[int]]:
         return lambda: None
     count = [0]
 
-    def counting_tick(*args: Any) -> None:
+    def counting_tick(*args: Any, **kwargs: Any) -> None:
         count[0] += 1
-        tick(*args)
+        tick(*args, **kwargs)
 
     sampler.tick = counting_tick
     return lambda: count[0]

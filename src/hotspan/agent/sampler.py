@@ -157,6 +157,11 @@ class PythonSampler:
         self._window_ns = window_ns
         self._window_start_ns = time.time_ns()
         self._last_tick = time.monotonic_ns()
+        # Each thread's CPU clock now, so that the first tick, however late, charges the CPU
+        # used since the start rather than only setting a baseline.
+        self._cpu_seen = {}
+        for ident in sys._current_frames():
+            self._cpu_delta(ident, self._cpu_seen)
         self._start_signal_ticks()
 
     def _start_signal_ticks(self) -> None:
