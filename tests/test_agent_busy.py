@@ -162,34 +162,28 @@ def check_span(server, service: str, result: dict, run: int, task: str = "") -> 
     )
 
 
-@native_only
-@pytest.mark.parametrize("run", range(REPETITIONS))
-def test_busy_asyncio_loop(module_server, tmp_path: Path, run: int) -> None:
-    service = f"busy_async_{uuid.uuid4().hex[:6]}"
-    body = (
-        BUSY_PRELUDE
-        + agent_line(module_server.url, service)
-        + ASYNCIO_YIELD.format(seconds=WORK_SECONDS)
-        + FINISH
-    )
-    result = run_program(tmp_path, body, timeout=120)
-    check_run(module_server, service, result, run)
-    check_span(module_server, service, result, run, task="__main__.busy_loop")
+# (program, the coroutine its span is current in, or "" for a plain thread)
+LOOPS = {
+    "asyncio": (ASYNCIO_YIELD, "__main__.busy_loop"),
+    "socket": (SOCKET_PINGPONG, ""),
+}
 
 
 @native_only
 @pytest.mark.parametrize("run", range(REPETITIONS))
-def test_busy_socket_loop(module_server, tmp_path: Path, run: int) -> None:
-    service = f"busy_socket_{uuid.uuid4().hex[:6]}"
+@pytest.mark.parametrize("loop", sorted(LOOPS))
+def test_busy_loop(module_server, tmp_path: Path, loop: str, run: int) -> None:
+    program, task = LOOPS[loop]
+    service = f"busy_{loop}_{uuid.uuid4().hex[:6]}"
     body = (
         BUSY_PRELUDE
         + agent_line(module_server.url, service)
-        + SOCKET_PINGPONG.format(seconds=WORK_SECONDS)
+        + program.format(seconds=WORK_SECONDS)
         + FINISH
     )
     result = run_program(tmp_path, body, timeout=120)
     check_run(module_server, service, result, run)
-    check_span(module_server, service, result, run)
+    check_span(module_server, service, result, run, task=task)
 
 
 # -- a web server under load -------------------------------------------------------------
