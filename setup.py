@@ -29,8 +29,25 @@ setup(
         Extension(
             "hotspan._speedups._sampler",
             ["src/hotspan/_speedups/sampler.c"],
+            depends=["src/hotspan/_speedups/sampler_api.h"],
             extra_compile_args=["-O2", "-std=gnu11"],
             libraries=["rt"],
+            optional=True,
+        ),
+        # Allocations and live heap: an allocator hook (uses _sampler's stack and labels).
+        Extension(
+            "hotspan._speedups._alloc",
+            ["src/hotspan/_speedups/alloc.c"],
+            depends=["src/hotspan/_speedups/sampler_api.h"],
+            extra_compile_args=["-O2", "-std=gnu11"],
+            optional=True,
+        ),
+        # Lock contention: a lock wrapper whose uncontended acquire costs next to nothing.
+        Extension(
+            "hotspan._speedups._locks",
+            ["src/hotspan/_speedups/locks.c"],
+            depends=["src/hotspan/_speedups/sampler_api.h"],
+            extra_compile_args=["-O2", "-std=gnu11"],
             optional=True,
         ),
     ],

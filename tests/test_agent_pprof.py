@@ -83,3 +83,32 @@ def test_go_tool_pprof_reads_it(tmp_path: Path) -> None:
     ).stdout
     assert "app.handlers.slow" in out and "app.handlers.fast" in out
     assert "Total: 60ms" in out or "of 60ms total" in out, out
+
+
+def test_several_sample_types_per_sample() -> None:
+    """Go's heap shape: four values per sample, summed per stack and labels, zeros kept where
+    another value of the same sample is not zero."""
+    types = (
+        ("alloc_objects", "count"),
+        ("alloc_space", "bytes"),
+        ("inuse_objects", "count"),
+        ("inuse_space", "bytes"),
+    )
+    writer = ProfileWriter(types, ("space", "bytes"), 524288)
+    leaf = ("app.cache.fill", "/srv/app/cache.py", 12, 10)
+    writer.add([leaf], (3, 300, 1, 100), [("span_id", "00f067aa0ba902b7")])
+    writer.add([leaf], (1, 100, 0, 0), [("span_id", "00f067aa0ba902b7")])
+    writer.add([leaf], (0, 0, 2, 2048))  # only live now: no allocation in this window
+    writer.add([leaf], (0, 0, 0, 0))  # nothing
+    with pytest.raises(ValueError):
+        writer.add([leaf], (1, 2))
+    p = profile_pb2.Profile()
+    p.ParseFromString(gzip.decompress(writer.encode(time_ns=1, duration_ns=2)))
+    s = [text.decode() for text in p.string_table]
+    assert [(s[t.type], s[t.unit]) for t in p.sample_type] == list(types)
+    assert (s[p.period_type.type], s[p.period_type.unit], p.period) == ("space", "bytes", 524288)
+    got = sorted((list(x.value), [(s[lb.key], s[lb.str]) for lb in x.label]) for x in p.sample)
+    assert got == [
+        ([0, 0, 2, 2048], []),
+        ([4, 400, 1, 100], [("span_id", "00f067aa0ba902b7")]),
+    ]

@@ -27,3 +27,15 @@ def load_sampler() -> Optional[ModuleType]:
     except ImportError:
         return None
     return _sampler
+
+
+def load_module(name: str) -> Optional[ModuleType]:
+    """A collector's C module (``_alloc``, ``_locks``), or None when absent or disabled."""
+    if os.environ.get("HOTSPAN_NO_SPEEDUPS"):
+        return None
+    try:
+        import importlib
+
+        return importlib.import_module(f"hotspan._speedups.{name}")
+    except ImportError:
+        return None

@@ -43,6 +43,8 @@
 #  include <frameobject.h>
 #endif
 
+#include "sampler_api.h"
+
 #include <dirent.h>
 #include <errno.h>
 #include <pthread.h>
@@ -231,11 +233,7 @@ find_labels(PyObject *context)
 
 /* ---------------------------------------------------------------- frames */
 
-typedef struct {
-    uint64_t code;      /* PyCodeObject*, 0 = not resolvable */
-    uint32_t lasti;     /* instruction offset in bytes */
-    uint32_t fingerprint; /* of the code object when sampled: see code_fingerprint */
-} RawFrame;
+typedef HotspanRawFrame RawFrame; /* see sampler_api.h */
 
 /* What identifies a code object beyond its address, which a freed one's successor may reuse:
  * its first line and its name's (usually interned) string. */
@@ -2182,6 +2180,39 @@ static PyTypeObject LinkerType = {
     .tp_doc = "OpenTelemetry's runtime context, setting span labels on attach/detach.",
 };
 
+/* With the GIL: {thread ident: (span, trace hi, trace lo, root span, tag set)} for every thread
+ * of this interpreter whose current context holds labels.  The threads-and-tasks profile needs
+ * other threads' labels, which Python cannot read (a ContextVar is only readable from its own
+ * thread). */
+static PyObject *
+sampler_thread_labels(PyObject *mod, PyObject *unused)
+{
+    PyObject *out = PyDict_New();
+    if (out == NULL)
+        return NULL;
+    PyInterpreterState *interp = PyInterpreterState_Get();
+    for (PyThreadState *ts = PyInterpreterState_ThreadHead(interp); ts != NULL;
+         ts = PyThreadState_Next(ts)) {
+        LabelsObject *found = find_labels(thread_context(ts));
+        if (found == NULL)
+            continue;
+        uint64_t l[HOTSPAN_LABEL_WORDS];
+        copy_labels(found, l);
+        PyObject *key = PyLong_FromUnsignedLongLong((unsigned long long)ts->thread_id);
+        PyObject *value = Py_BuildValue("(KKKKK)", (unsigned long long)l[0],
+                                        (unsigned long long)l[1], (unsigned long long)l[2],
+                                        (unsigned long long)l[3], (unsigned long long)l[4]);
+        int failed = key == NULL || value == NULL || PyDict_SetItem(out, key, value) < 0;
+        Py_XDECREF(key);
+        Py_XDECREF(value);
+        if (failed) {
+            Py_DECREF(out);
+            return NULL;
+        }
+    }
+    return out;
+}
+
 static PyMethodDef methods[] = {
     {"start", (PyCFunction)(void (*)(void))sampler_start, METH_VARARGS | METH_KEYWORDS,
      "start(cpu_interval_ns, max_depth, cpu, wall=True, window_ns=0) -> bool: whether CPU "
@@ -2200,11 +2231,28 @@ static PyMethodDef methods[] = {
     {"after_fork", sampler_after_fork, METH_NOARGS, "reset in a forked child"},
     {"enable_labels", sampler_enable_labels, METH_VARARGS, NULL},
     {"find_in", sampler_find_in, METH_O, NULL},
+    {"thread_labels", sampler_thread_labels, METH_NOARGS,
+     "thread_labels() -> {ident: (span, trace_hi, trace_lo, root_span, tagset)}: every thread's "
+     "current labels"},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "_sampler", "hotspan's native sampler (see sampler.c).", -1, methods,
+};
+
+/* ---------------------------------------------------------------- what other collectors use */
+
+static void
+api_read_labels(PyThreadState *ts, uint64_t out[HOTSPAN_LABEL_WORDS])
+{
+    copy_labels(find_labels(thread_context(ts)), out);
+}
+
+static const HotspanSamplerAPI sampler_api = {
+    .version = HOTSPAN_SAMPLER_API_VERSION,
+    .walk_frames = walk_frames,
+    .read_labels = api_read_labels,
 };
 
 PyMODINIT_FUNC
@@ -2233,6 +2281,12 @@ PyInit__sampler(void)
     Py_INCREF(&LinkerType);
     if (PyModule_AddObject(m, "SpanLinker", (PyObject *)&LinkerType) < 0) {
         Py_DECREF(&LinkerType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    PyObject *api = PyCapsule_New((void *)&sampler_api, HOTSPAN_SAMPLER_API_CAPSULE, NULL);
+    if (api == NULL || PyModule_AddObject(m, "_C_API", api) < 0) {
+        Py_XDECREF(api);
         Py_DECREF(m);
         return NULL;
     }

@@ -51,6 +51,12 @@ class AgentConfig:
     upload_timeout: float = 10.0
     # Use the C sampler when it is built (False forces the pure-Python one).
     native: bool = True
+    # Allocations and live heap: one sample per this many bytes allocated on average (0: off).
+    alloc_sample_bytes: int = 512 * 1024
+    # Lock contention: time spent waiting to acquire threading and asyncio locks.
+    locks: bool = True
+    # Threads and tasks: how many threads and pending asyncio tasks stand on each stack.
+    threads: bool = True
 
     def validate(self) -> AgentConfig:
         if not self.application_name:
@@ -70,6 +76,10 @@ class AgentConfig:
             )
         if not 1 <= self.max_depth <= 1000:
             raise ConfigError(f"max_depth {self.max_depth} must be between 1 and 1000")
+        if self.alloc_sample_bytes < 0:
+            raise ConfigError(
+                f"alloc_sample_bytes {self.alloc_sample_bytes} must not be negative (0 is off)"
+            )
         if self.max_buffer_bytes < 0:
             raise ConfigError("max_buffer_bytes must not be negative")
         for key in self.tags:
@@ -132,6 +142,9 @@ _ENV_NAMES = {
     "tenant_id": "TENANT_ID",
     "max_buffer_bytes": "MAX_BUFFER_BYTES",
     "native": "NATIVE",
+    "alloc_sample_bytes": "ALLOC_SAMPLE_BYTES",
+    "locks": "LOCKS",
+    "threads": "THREADS",
 }
 
 

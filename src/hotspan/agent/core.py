@@ -1,28 +1,37 @@
-"""The agent: a sampler (native, or the Python fallback) and a Python thread that, whenever the
-sampler has finished a window (every ``upload_interval``), turns it into one CPU and one wall
-pprof for the uploader.  With the native sampler that thread is not on the sampling path: if
-a busy program keeps it from the GIL, windows wait for it (bounded) and nothing is lost."""
+"""The agent: a sampler (native, or the Python fallback), the other collectors (allocations and
+heap, locks, threads and tasks: :mod:`hotspan.agent.collectors`), and a Python thread that,
+whenever the sampler has finished a window (every ``upload_interval``), turns it into one CPU
+and one wall pprof for the uploader, and as often asks each collector for its profiles.  With
+the native sampler that thread is not on the sampling path: if a busy program keeps it from
+the GIL, windows wait for it (bounded) and nothing is lost."""
 
 from __future__ import annotations
 
 import atexit
+import importlib
 import logging
 import os
 import threading
+import time
 from typing import Any, Dict, List, Optional, Tuple
 
 from hotspan import __version__
 from hotspan.agent import context
+from hotspan.agent.collectors import Collector, ProfileData
 from hotspan.agent.config import NAME_SYNTAX_CHARS, AgentConfig, request_headers
 from hotspan.agent.pprof_writer import ProfileWriter
 from hotspan.agent.sampler import CPU, WALL, PythonSampler, Window, make_sampler
-from hotspan.agent.symbols import Symbolizer
+from hotspan.agent.symbols import FrameInfo, Symbolizer
 from hotspan.agent.uploader import Uploader
 
 logger = logging.getLogger("hotspan.agent")
 
 CPU_TYPE = ("cpu", "nanoseconds")
 WALL_TYPE = ("wall", "nanoseconds")
+
+# Collector modules in hotspan.agent.collectors; each has make_collector(config), which gives
+# None when its profile is turned off or cannot be taken here.
+COLLECTOR_MODULES = ("alloc", "locks", "threads")
 
 
 class Agent:
@@ -41,6 +50,8 @@ class Agent:
             timeout=config.upload_timeout,
             user_agent=f"hotspan-agent/{__version__}",
         )
+        self._collectors: List[Collector] = []
+        self._next_collect = 0.0
         self._lock = threading.Lock()
         self.span_linking = False
         self.dropped_samples = 0  # taken but not kept: the sampler's ring or memory bound
@@ -69,11 +80,30 @@ class Agent:
                 config.sample_rate, config.max_depth, config.cpu, config.wall
             )
             self._sampler.start(window_ns)
+        self._start_collectors()
         self._uploader.start()
         ident = self._uploader.thread_ident
         if ident is not None:
             self._sampler.exclude(ident)
         self._start_thread()
+
+    def _start_collectors(self) -> None:
+        self._next_collect = time.monotonic() + self.config.upload_interval
+        if self._collectors:  # after a fork: the same collectors go on in the child
+            return
+        for name in COLLECTOR_MODULES:
+            try:
+                module = importlib.import_module(f"hotspan.agent.collectors.{name}")
+            except ImportError:  # a build without that collector
+                logger.debug("hotspan: no %s collector", name, exc_info=True)
+                continue
+            try:
+                collector = module.make_collector(self.config)
+                if collector is not None:
+                    collector.start()
+                    self._collectors.append(collector)
+            except Exception:  # noqa: BLE001 - one profile missing must not stop the others
+                logger.warning("hotspan: the %s profile is unavailable", name, exc_info=True)
 
     def _start_thread(self) -> None:
         self._stop.clear()
@@ -88,6 +118,7 @@ class Agent:
             if thread is not None and thread is not threading.current_thread():
                 thread.join(timeout=2.0)
             self._sampler.stop()
+            self._stop_collectors(flush)
             if flush:
                 self._upload(final=True)
                 self._uploader.flush(self.config.exit_flush_timeout)
@@ -103,6 +134,18 @@ class Agent:
         except Exception:  # noqa: BLE001 - never raise into the program
             logger.warning("hotspan: shutdown failed", exc_info=True)
 
+    def _stop_collectors(self, flush: bool) -> None:
+        collectors, self._collectors = self._collectors, []
+        for collector in collectors:
+            try:
+                if flush:
+                    self._send_profiles(collector.collect(final=True))
+                collector.stop()
+            except Exception:  # noqa: BLE001
+                logger.warning(
+                    "hotspan: stopping the %s profile failed", collector.name, exc_info=True
+                )
+
     def _at_exit(self) -> None:
         self.shutdown(flush=True)
 
@@ -116,6 +159,8 @@ class Agent:
             self._lock = threading.Lock()
             self._stop = threading.Event()
             self._sampler.after_fork()
+            for collector in self._collectors:
+                collector.after_fork()
             self._uploader.reset_after_fork()
             if not running:
                 self._stop.set()
@@ -133,9 +178,25 @@ class Agent:
             try:
                 self._sampler.tick()
                 self._upload(final=False)
+                if self._collectors and time.monotonic() >= self._next_collect:
+                    self._next_collect = time.monotonic() + self.config.upload_interval
+                    self._collect_profiles()
             except Exception:  # noqa: BLE001 - a bug here must not stop the program
                 logger.warning("hotspan: sampling failed; profiling stops", exc_info=True)
                 return
+
+    def _collect_profiles(self) -> None:
+        for collector in list(self._collectors):
+            try:
+                profiles = collector.collect(final=False)
+            except Exception:  # noqa: BLE001 - that profile stops, the others go on
+                logger.warning(
+                    "hotspan: the %s profile failed; it stops", collector.name, exc_info=True
+                )
+                self._collectors.remove(collector)
+                collector.stop()
+                continue
+            self._send_profiles(profiles)
 
     # -------------------------------------------------------------- uploads
 
@@ -149,17 +210,47 @@ class Agent:
             batches = [(w, self._encode(w, period)) for w in collected.windows]
             del collected
         for window, bodies in batches:
-            start_s = window.start_ns // 1_000_000_000
-            params = {
-                "name": self._app_name(),
-                "from": str(start_s),
-                "until": str(max(window.end_ns // 1_000_000_000, start_s + 1)),
-                "format": "pprof",
-                "sampleRate": str(self.config.sample_rate),
-                "spyName": "hotspan",
-            }
+            params = self._params(window.start_ns, window.end_ns)
             for body in bodies:
                 self._uploader.submit(params, body)
+
+    def _params(self, start_ns: int, end_ns: int) -> Dict[str, str]:
+        start_s = start_ns // 1_000_000_000
+        return {
+            "name": self._app_name(),
+            "from": str(start_s),
+            "until": str(max(end_ns // 1_000_000_000, start_s + 1)),
+            "format": "pprof",
+            "sampleRate": str(self.config.sample_rate),
+            "spyName": "hotspan",
+        }
+
+    def _send_profiles(self, profiles: List[ProfileData]) -> None:
+        """Encodes a collector's profiles and queues them for upload."""
+        for profile in profiles:
+            if not profile.samples:
+                continue
+            writer = ProfileWriter(profile.sample_types, profile.period_type, profile.period)
+            names = _thread_names() if self.config.thread_name_label else {}
+            labels_cache: Dict[Tuple[Any, ...], List[Tuple[str, str]]] = {}
+            for sample in profile.samples:
+                key = (sample.labels, sample.thread_ident if names else 0)
+                labels = labels_cache.get(key)
+                if labels is None:
+                    labels = self._labels(sample.labels, names.get(sample.thread_ident))
+                    labels_cache[key] = labels
+                writer.add(self._named(sample.stack), sample.values, labels)
+            if len(writer):
+                duration = max(profile.end_ns - profile.start_ns, 0)
+                body = writer.encode(profile.start_ns, duration)
+                self._uploader.submit(self._params(profile.start_ns, profile.end_ns), body)
+
+    def _named(self, stack: Any) -> List[FrameInfo]:
+        frame = self._symbols.frame
+        return [
+            entry if len(entry) == 4 else frame(entry[0], entry[1])  # type: ignore[misc]
+            for entry in stack
+        ]
 
     def _encode(self, window: Window, period: int) -> List[bytes]:
         writers = {
@@ -213,6 +304,14 @@ class Agent:
     def sampler_stats(self) -> Dict[str, int]:
         """The sampler's own counts: threads sampled, samples lost, windows dropped."""
         return {**self._sampler.stats(), "dropped_samples": self.dropped_samples}
+
+    @property
+    def collectors(self) -> Dict[str, str]:
+        """The collectors running besides the sampler: name -> "native" or "python"."""
+        return {c.name: c.implementation for c in self._collectors}
+
+    def collector_stats(self) -> Dict[str, Dict[str, int]]:
+        return {c.name: dict(c.stats()) for c in self._collectors}
 
 
 def _tag_value(value: str) -> str:

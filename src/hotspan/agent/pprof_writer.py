@@ -9,7 +9,7 @@ suite decodes the output with ``protobuf`` and with ``go tool pprof``.
 from __future__ import annotations
 
 import gzip
-from typing import Dict, Iterable, List, Sequence, Tuple
+from typing import Dict, Iterable, List, Sequence, Tuple, Union
 
 from hotspan.agent.symbols import FrameInfo
 
@@ -48,16 +48,27 @@ def _packed(field: int, values: Iterable[int], out: bytearray) -> None:
 
 
 class ProfileWriter:
-    """One profile of one sample type: add samples, then :meth:`encode`."""
+    """One profile: add samples, then :meth:`encode`.
+
+    ``sample_type`` is one ``(type, unit)`` pair, or a sequence of them for a profile whose
+    samples carry several values (Go's heap profile has four); :meth:`add` then takes one value
+    per type, in order.
+    """
 
     def __init__(
-        self, sample_type: Tuple[str, str], period_type: Tuple[str, str], period: int
+        self,
+        sample_type: Union[Tuple[str, str], Sequence[Tuple[str, str]]],
+        period_type: Tuple[str, str],
+        period: int,
     ) -> None:
         self._strings: Dict[str, int] = {"": 0}
         self._functions: Dict[Tuple[str, str, int], int] = {}
         self._locations: Dict[Tuple[int, int], int] = {}
-        self._samples: Dict[Tuple[Tuple[int, ...], Tuple[Tuple[int, int], ...]], int] = {}
-        self.sample_type = sample_type
+        self._samples: Dict[Tuple[Tuple[int, ...], Tuple[Tuple[int, int], ...]], List[int]] = {}
+        if isinstance(sample_type[0], str):
+            self.sample_types: Tuple[Tuple[str, str], ...] = (sample_type,)  # type: ignore[assignment]
+        else:
+            self.sample_types = tuple(sample_type)  # type: ignore[arg-type]
         self.period_type = period_type
         self.period = period
 
@@ -79,28 +90,40 @@ class ProfileWriter:
             location = self._locations[lkey] = len(self._locations) + 1
         return location
 
-    def add(self, stack: Sequence[FrameInfo], value: int, labels: Labels = ()) -> None:
-        """``stack`` leaf first, ``value`` in the sample type's unit."""
-        if value <= 0:
+    def add(
+        self, stack: Sequence[FrameInfo], value: Union[int, Sequence[int]], labels: Labels = ()
+    ) -> None:
+        """``stack`` leaf first; ``value`` in the sample type's unit (one per sample type when
+        there are several).  A sample whose values are all zero records nothing."""
+        values = (value,) if isinstance(value, int) else tuple(value)
+        if len(values) != len(self.sample_types):
+            raise ValueError(f"{len(values)} values for {len(self.sample_types)} sample types")
+        if not any(v > 0 for v in values):
             return
         locations = tuple(self._location(f) for f in stack)
         label_ids = tuple((self._string(k), self._string(v)) for k, v in labels)
         key = (locations, label_ids)
-        self._samples[key] = self._samples.get(key, 0) + value
+        total = self._samples.get(key)
+        if total is None:
+            self._samples[key] = list(values)
+        else:
+            for i, v in enumerate(values):
+                total[i] += v
 
     def __len__(self) -> int:
         return len(self._samples)
 
     def encode(self, time_ns: int, duration_ns: int) -> bytes:
         out = bytearray()
-        value_type = bytearray()
-        _int(1, self._string(self.sample_type[0]), value_type)
-        _int(2, self._string(self.sample_type[1]), value_type)
-        _bytes(1, bytes(value_type), out)
-        for (locations, labels), value in self._samples.items():
+        for type_name, unit in self.sample_types:
+            value_type = bytearray()
+            _int(1, self._string(type_name), value_type)
+            _int(2, self._string(unit), value_type)
+            _bytes(1, bytes(value_type), out)
+        for (locations, labels), values in self._samples.items():
             sample = bytearray()
             _packed(1, locations, sample)
-            _packed(2, (value,), sample)
+            _packed(2, values, sample)
             for key, text in labels:
                 label = bytearray()
                 _int(1, key, label)

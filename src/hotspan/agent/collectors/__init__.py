@@ -1,0 +1,85 @@
+"""Collectors of the profiles other than CPU and wall: allocations and live heap, lock
+contention, threads and tasks.
+
+Each collector is one concept in one module, with a native implementation (a C module in
+``hotspan._speedups``) where the hot path needs it and a pure-Python twin with the same
+interface, as the CPU/wall sampler (:mod:`hotspan.agent.sampler`) has.  The agent's core only
+schedules them (``collect`` once per upload interval, on the agent's own thread) and encodes
+what they return as pprof; it knows nothing of how they collect.
+
+A collector never raises into the program, never calls into Python from a place where the
+program did not expect it (an allocator hook, a signal handler), and bounds its memory: what
+it cannot keep it counts in :meth:`Collector.stats`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, NamedTuple, Tuple
+
+try:  # 3.8+: typing.Protocol
+    from typing import Protocol
+except ImportError:  # pragma: no cover
+    Protocol = object  # type: ignore[assignment,misc]
+
+LabelsTuple = Tuple[int, int, int, int, int]  # span, trace hi, trace lo, root span, tag set
+NO_LABELS: LabelsTuple = (0, 0, 0, 0, 0)
+
+# A frame as a collector gives it, leaf first: a (code object or None, byte offset) pair, which
+# the agent names, or an already named FrameInfo (name, filename, line, first line) for
+# collectors that have no code object (tracemalloc knows files and lines only).
+RawFrame = Tuple[Any, ...]
+
+
+class StackSample(NamedTuple):
+    stack: Tuple[RawFrame, ...]  # leaf first
+    labels: LabelsTuple
+    values: Tuple[int, ...]  # one per sample type of the profile, in its order
+    thread_ident: int = 0  # 0 when not a thread's (an asyncio task's, an allocation's)
+
+
+class ProfileData(NamedTuple):
+    """One pprof profile: Go's shapes, so Pyroscope and Grafana name and scale them."""
+
+    sample_types: Tuple[Tuple[str, str], ...]  # ((type, unit), ...)
+    period_type: Tuple[str, str]
+    period: int
+    start_ns: int  # wall clock
+    end_ns: int
+    samples: List[StackSample]
+    keepalive: Any = None  # whatever keeps the samples' code objects alive until encoded
+
+
+class Collector(Protocol):
+    """What the agent's core expects of a collector."""
+
+    name: str  # "alloc", "locks", "threads"
+    implementation: str  # "native" or "python"
+
+    def start(self) -> None:
+        """Begin collecting (on the thread that configures the agent, with the GIL)."""
+
+    def collect(self, final: bool = False) -> List[ProfileData]:
+        """The profiles of the time since the last call; ``final`` at shutdown."""
+
+    def stop(self) -> None:
+        """Stop collecting and undo every hook; safe to call twice."""
+
+    def after_fork(self) -> None:
+        """In a forked child: drop the parent's data, keep collecting for the child."""
+
+    def stats(self) -> Dict[str, int]:
+        """Own counts (samples taken, lost, ...), shown in ``Agent.sampler_stats``."""
+
+
+# Go's sample types, so the server (and Pyroscope) derive memory/mutex/goroutines names.
+ALLOC_TYPES = (
+    ("alloc_objects", "count"),
+    ("alloc_space", "bytes"),
+    ("inuse_objects", "count"),
+    ("inuse_space", "bytes"),
+)
+ALLOC_PERIOD_TYPE = ("space", "bytes")
+LOCK_TYPES = (("contentions", "count"), ("delay", "nanoseconds"))
+LOCK_PERIOD_TYPE = ("contentions", "count")
+THREAD_TYPES = (("goroutine", "count"),)
+THREAD_PERIOD_TYPE = ("goroutine", "count")
