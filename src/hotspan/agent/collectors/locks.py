@@ -1,0 +1,505 @@
+"""Lock contention: how long threads and asyncio tasks wait to acquire a lock, on the stack of
+the waiter and with the span labels of its context (Go's mutex profile: ``contentions`` and
+``delay`` in nanoseconds).
+
+What is profiled: every ``threading.Lock`` and ``threading.RLock`` made while the agent runs,
+and so what is built on them and made in that time (``threading.Condition``, ``Semaphore``,
+``BoundedSemaphore``, ``Event``, ``Barrier``, ``queue.Queue``, which call ``threading.Lock()``
+or ``RLock()`` as they are constructed), and every ``asyncio.Lock``.  Locks made before the
+agent started (at import time, say) stay as they were and are not profiled, and neither are
+locks made through ``_thread`` directly.
+
+How: :meth:`LockCollector.start` replaces the module attributes ``threading.Lock`` and
+``threading.RLock`` with profiled lock types, and ``asyncio.Lock.acquire`` with a wrapper;
+:meth:`LockCollector.stop` puts the originals back.  A profiled lock wraps a real
+``_thread.lock`` / ``_thread.RLock``: acquire first tries it without blocking, which is all an
+uncontended acquire costs, and only when that fails times the real blocking acquire (with the
+caller's own ``blocking``/``timeout``, so that its semantics are the original's).  The time a
+``Condition`` waits for ``notify`` is not contention: it waits on a lock of its own made by
+``_thread``, which is not profiled.
+
+The native implementation (``hotspan._speedups._locks``) is a C lock type that records into
+C memory, reading the stack and labels with the native sampler's C API; the Python twin here
+has the same interface and is used when the extension is absent or ``native=False``.  Either
+aggregates per (stack, labels), in bounded memory, and counts what it had to drop.
+"""
+
+from __future__ import annotations
+
+import _thread
+import contextlib
+import contextvars
+import sys
+import threading
+import time
+from typing import Any, Dict, List, Optional, Tuple
+
+from hotspan._speedups import load_module, load_sampler
+from hotspan.agent import context
+from hotspan.agent.collectors import (
+    LOCK_PERIOD_TYPE,
+    LOCK_TYPES,
+    LabelsTuple,
+    ProfileData,
+    StackSample,
+)
+from hotspan.agent.config import AgentConfig
+
+MAX_ENTRIES = 4096  # distinct (stack, labels) kept between two collects, as the C table
+
+_allocate_lock = _thread.allocate_lock
+_CRLock: Any = getattr(_thread, "RLock", None)
+_TIMEOUT_MAX = _thread.TIMEOUT_MAX
+_getframe = sys._getframe
+_monotonic_ns = time.monotonic_ns
+
+
+# ------------------------------------------------------------------ the Python twin's recording
+
+
+class _Recorder:
+    """Waits aggregated per (stack, labels), bounded; the twin of the C module's table."""
+
+    def __init__(self) -> None:
+        self.max_depth = 64
+        self.recording = False
+        self._lock = _allocate_lock()  # never a profiled one: recording must not record
+        self._waits: Dict[Tuple[Any, LabelsTuple], List[int]] = {}
+        self.recorded = 0
+        self.dropped = 0
+        self.delay_dropped_ns = 0
+
+    def record(self, frame: Any, delay: int) -> None:
+        """Charges ``delay`` to ``frame`` (leaf) and its callers, with the labels of the
+        current context."""
+        if not self.recording:
+            return
+        stack = []
+        depth = self.max_depth
+        while frame is not None and depth > 0:
+            stack.append((frame.f_code, frame.f_lasti))  # f_lasti is in bytes on 3.9+
+            frame = frame.f_back
+            depth -= 1
+        current = context.LABELS.get(None)
+        if current is not None:
+            # So that the span gets its pyroscope.profile.id, as for a CPU sample.
+            with contextlib.suppress(AttributeError):
+                current.sampled = True
+        key = (tuple(stack), context.labels_tuple(current))
+        with self._lock:
+            entry = self._waits.get(key)
+            if entry is not None:
+                entry[0] += 1
+                entry[1] += delay
+            elif len(self._waits) < MAX_ENTRIES:
+                self._waits[key] = [1, delay]
+            else:
+                self.dropped += 1
+                self.delay_dropped_ns += delay
+                return
+            self.recorded += 1
+
+    def drain(self) -> List[Tuple[Any, LabelsTuple, int, int]]:
+        with self._lock:
+            waits, self._waits = self._waits, {}
+        return [(stack, labels, n, delay) for (stack, labels), (n, delay) in waits.items()]
+
+    def after_fork(self) -> None:
+        self._lock = _allocate_lock()  # another thread may have held it at the fork
+        self._waits = {}
+        self.recorded = self.dropped = self.delay_dropped_ns = 0
+
+    def stats(self) -> Dict[str, int]:
+        return {
+            "waits_recorded": self.recorded,
+            "waits_dropped": self.dropped,
+            "delay_dropped_ns": self.delay_dropped_ns,
+            "entries": len(self._waits),
+        }
+
+
+_recorder = _Recorder()
+
+
+def _plain_timeout(timeout: Any) -> bool:
+    """A timeout the inner lock takes with blocking=True; any other goes to it untouched, to
+    fail as it fails."""
+    if type(timeout) is int or type(timeout) is float:
+        return timeout == -1 or 0 <= timeout <= _TIMEOUT_MAX
+    return False
+
+
+class PyProfiledLock:
+    """``threading.Lock`` whose waits are timed (the Python twin of the C ProfiledLock)."""
+
+    __slots__ = ("_inner", "__weakref__")
+
+    def __init__(self) -> None:
+        self._inner = _allocate_lock()
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        inner = self._inner
+        if not blocking or not (timeout == -1 or _plain_timeout(timeout)):
+            return inner.acquire(blocking, timeout)
+        if inner.acquire(False):
+            return True
+        start = _monotonic_ns()
+        got = inner.acquire(blocking, timeout)
+        _recorder.record(_getframe(1), _monotonic_ns() - start)
+        return got
+
+    def __enter__(self) -> bool:
+        inner = self._inner
+        if inner.acquire(False):
+            return True
+        start = _monotonic_ns()
+        got = inner.acquire()
+        _recorder.record(_getframe(1), _monotonic_ns() - start)
+        return got
+
+    def release(self) -> None:
+        self._inner.release()
+
+    def __exit__(self, *exc: object) -> None:
+        self._inner.release()
+
+    def locked(self) -> bool:
+        return self._inner.locked()
+
+    def _at_fork_reinit(self) -> None:
+        self._inner._at_fork_reinit()
+
+    acquire_lock = acquire
+    release_lock = release
+    locked_lock = locked
+
+    def __repr__(self) -> str:
+        return "<profiled " + repr(self._inner)[1:]
+
+
+class PyProfiledRLock:
+    """``threading.RLock`` whose waits are timed (the Python twin of the C ProfiledRLock)."""
+
+    __slots__ = ("_inner", "__weakref__")
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._inner = _CRLock(*args, **kwargs)
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        inner = self._inner
+        if not blocking or not (timeout == -1 or _plain_timeout(timeout)):
+            return inner.acquire(blocking, timeout)
+        if inner.acquire(False):
+            return True
+        start = _monotonic_ns()
+        got = inner.acquire(blocking, timeout)
+        _recorder.record(_getframe(1), _monotonic_ns() - start)
+        return got
+
+    def __enter__(self) -> bool:
+        inner = self._inner
+        if inner.acquire(False):
+            return True
+        start = _monotonic_ns()
+        got = inner.acquire()
+        _recorder.record(_getframe(1), _monotonic_ns() - start)
+        return got
+
+    def release(self) -> None:
+        self._inner.release()
+
+    def __exit__(self, *exc: object) -> None:
+        self._inner.release()
+
+    # What threading.Condition uses.  Taking the lock back after a notify is not timed: the
+    # wait for the notify is not contention.
+    def _is_owned(self) -> bool:
+        return self._inner._is_owned()
+
+    def _release_save(self) -> Any:
+        return self._inner._release_save()
+
+    def _acquire_restore(self, state: Any) -> None:
+        self._inner._acquire_restore(state)
+
+    def _at_fork_reinit(self) -> None:
+        self._inner._at_fork_reinit()
+
+    def __getattr__(self, name: str) -> Any:
+        # What this Python's RLock has beyond the above (_recursion_count, locked).
+        if name == "_inner":  # not set: the inner RLock could not be made
+            raise AttributeError(name)
+        return getattr(self._inner, name)
+
+    def __repr__(self) -> str:
+        return "<profiled " + repr(self._inner)[1:]
+
+
+# ------------------------------------------------------------------ backends
+
+
+class _NativeBackend:
+    implementation = "native"
+
+    def __init__(self, module: Any) -> None:
+        self._mod = module
+        self.Lock = module.ProfiledLock
+        self.RLock = module.ProfiledRLock
+        # record_here(delay, skip): charges a wait to the caller's stack without its `skip`
+        # innermost frames.  The C function itself, as C callables push no frame.
+        self.record_here = module.record
+
+    def start(self, max_depth: int) -> None:
+        _ensure_native_labels()
+        self._mod.start(max_depth)
+
+    def stop(self) -> None:
+        self._mod.stop()
+
+    def drain(self) -> List[Tuple[Any, LabelsTuple, int, int]]:
+        return list(self._mod.collect())
+
+    def after_fork(self) -> None:
+        self._mod.after_fork()
+
+    def stats(self) -> Dict[str, int]:
+        return dict(self._mod.stats())
+
+
+class _PythonBackend:
+    implementation = "python"
+    Lock = PyProfiledLock
+    RLock = PyProfiledRLock
+
+    def start(self, max_depth: int) -> None:
+        _recorder.max_depth = max_depth
+        _recorder.recording = True
+
+    def stop(self) -> None:
+        _recorder.recording = False
+        _recorder.drain()
+
+    def drain(self) -> List[Tuple[Any, LabelsTuple, int, int]]:
+        return _recorder.drain()
+
+    def record_here(self, delay: int, skip: int) -> None:
+        _recorder.record(_getframe(skip + 1), delay)
+
+    def after_fork(self) -> None:
+        _recorder.after_fork()
+
+    def stats(self) -> Dict[str, int]:
+        return _recorder.stats()
+
+
+def _ensure_native_labels() -> None:
+    """The C lock reads labels as the native sampler does, which needs the sampler to have
+    learnt this Python's contextvars layout; it has when it runs, else teach it here."""
+    sampler = load_sampler()
+    if sampler is None:
+        return
+    probe = context.Labels(1, 0, 0, 0, 0)
+
+    def find() -> Any:
+        context.LABELS.set(probe)
+        return sampler.find_in(contextvars.copy_context())
+
+    if contextvars.Context().run(find) is not probe:
+        context.enable_native_labels()
+
+
+# ------------------------------------------------------------------ asyncio.Lock
+
+
+class _AsyncioPatch:
+    """Wraps ``asyncio.Lock.acquire``: when the lock is free and nobody waits, the original
+    coroutine as it is; otherwise one that times the wait of the awaiting task."""
+
+    def __init__(self, record_here: Any) -> None:
+        self._record_here = record_here
+        self._original: Any = None
+        self._wrapper: Any = None
+        self._lock_class: Any = None
+
+    def install(self, locks_module: Any) -> None:
+        lock_class = getattr(locks_module, "Lock", None)
+        original = getattr(lock_class, "acquire", None) if lock_class is not None else None
+        if original is None or self._original is not None:
+            return
+        mixin = getattr(locks_module, "_ContextManagerMixin", None)
+        aenter = getattr(getattr(mixin, "__aenter__", None), "__code__", None)
+        cancelled: Any = getattr(locks_module, "exceptions", None)
+        cancelled = getattr(cancelled, "CancelledError", None) or _NeverRaised
+        record_here = self._record_here
+
+        async def timed(lock: Any) -> bool:
+            start = _monotonic_ns()
+            try:
+                got = await original(lock)
+            except cancelled:
+                _record_task_wait(record_here, _monotonic_ns() - start, aenter)
+                raise
+            _record_task_wait(record_here, _monotonic_ns() - start, aenter)
+            return got
+
+        def acquire(lock: Any) -> Any:
+            # Returning the original coroutine (or ours) rather than being a coroutine
+            # function keeps the uncontended path free of an extra coroutine.
+            if not getattr(lock, "_locked", True) and not getattr(lock, "_waiters", None):
+                return original(lock)
+            return timed(lock)
+
+        acquire.__name__ = "acquire"
+        acquire.__qualname__ = getattr(original, "__qualname__", "Lock.acquire")
+        acquire.__doc__ = original.__doc__
+        acquire.__wrapped__ = original  # type: ignore[attr-defined]
+        marker = getattr(sys.modules.get("asyncio.coroutines"), "_is_coroutine", None)
+        if marker is not None:
+            acquire._is_coroutine = marker  # type: ignore[attr-defined]
+        lock_class.acquire = acquire
+        self._lock_class, self._original, self._wrapper = lock_class, original, acquire
+
+    def uninstall(self) -> None:
+        if self._lock_class is not None and self._lock_class.__dict__.get("acquire") is (
+            self._wrapper
+        ):
+            self._lock_class.acquire = self._original
+        self._lock_class = self._original = self._wrapper = None
+
+
+class _NeverRaised(Exception):
+    pass
+
+
+def _record_task_wait(record_here: Any, delay: int, aenter: Any) -> None:
+    """From the timing coroutine, resumed in its task: the awaiting coroutines are its
+    callers.  Leaf: whoever awaited acquire(); for ``async with lock:``, the coroutine that
+    entered it rather than asyncio's ``__aenter__``."""
+    try:
+        caller = _getframe(2)
+        skip = 2 if caller.f_code is aenter else 1  # 0: this function; 1: the timing coroutine
+        record_here(delay, skip + 1)
+    except Exception:  # noqa: BLE001 - a profiler must not break the program's locking
+        pass
+
+
+class _AsyncioImportHook:
+    """A meta path finder that lets ``asyncio.locks`` load normally, then patches it, so the
+    agent does not import asyncio into programs that never use it."""
+
+    def __init__(self, patch: _AsyncioPatch) -> None:
+        self.patch = patch
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
+        if name != "asyncio.locks":
+            return None
+        from importlib.machinery import PathFinder
+
+        spec = PathFinder.find_spec(name, path)
+        if spec is None or spec.loader is None:
+            return spec
+        spec.loader = _PatchingLoader(spec.loader, self.patch)
+        with contextlib.suppress(ValueError):
+            sys.meta_path.remove(self)
+        return spec
+
+
+class _PatchingLoader:
+    def __init__(self, loader: Any, patch: _AsyncioPatch) -> None:
+        self._loader = loader
+        self._patch = patch
+
+    def create_module(self, spec: Any) -> Any:
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module: Any) -> None:
+        self._loader.exec_module(module)
+        with contextlib.suppress(Exception):  # never break the program's import
+            self._patch.install(module)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._loader, name)
+
+
+# ------------------------------------------------------------------ the collector
+
+
+class LockCollector:
+    """Lock contention as a :class:`~hotspan.agent.collectors.Collector`."""
+
+    name = "locks"
+
+    def __init__(self, max_depth: int, native: bool = True) -> None:
+        module = load_module("_locks") if native else None
+        self._backend: Any = _NativeBackend(module) if module is not None else _PythonBackend()
+        self.implementation: str = self._backend.implementation
+        self._max_depth = max_depth
+        self._start_ns = time.time_ns()
+        self._saved: Optional[Tuple[Any, Any]] = None
+        self._asyncio = _AsyncioPatch(self._backend.record_here)
+        self._hook: Optional[_AsyncioImportHook] = None
+
+    def start(self) -> None:
+        self._backend.start(self._max_depth)
+        self._start_ns = time.time_ns()
+        backend = self._backend
+        saved = (threading.Lock, threading.RLock)
+        # Only the originals are replaced: a lock library that patched threading (gevent) has
+        # locks of its own, which ours would break.
+        if threading.Lock is _allocate_lock:
+            threading.Lock = backend.Lock  # type: ignore[misc,assignment]
+        if (
+            _CRLock is not None
+            and getattr(threading, "_CRLock", None) is _CRLock
+            and getattr(threading.RLock, "__module__", None) == "threading"
+        ):
+            threading.RLock = backend.RLock  # type: ignore[misc,assignment]
+        self._saved = saved
+        locks_module = sys.modules.get("asyncio.locks")
+        if locks_module is not None:
+            self._asyncio.install(locks_module)
+        else:
+            self._hook = _AsyncioImportHook(self._asyncio)
+            sys.meta_path.insert(0, self._hook)
+
+    def collect(self, final: bool = False) -> List[ProfileData]:
+        end_ns = time.time_ns()
+        start_ns, self._start_ns = self._start_ns, end_ns
+        waits = self._backend.drain()
+        if not waits:
+            return []
+        samples = [
+            StackSample(stack, tuple(labels), (n, delay))  # type: ignore[arg-type]
+            for stack, labels, n, delay in waits
+        ]
+        return [
+            ProfileData(LOCK_TYPES, LOCK_PERIOD_TYPE, 1, start_ns, end_ns, samples, keepalive=waits)
+        ]
+
+    def stop(self) -> None:
+        saved, self._saved = self._saved, None
+        if saved is not None:
+            backend = self._backend
+            if threading.Lock is backend.Lock:
+                threading.Lock = saved[0]  # type: ignore[misc]
+            if threading.RLock is backend.RLock:
+                threading.RLock = saved[1]  # type: ignore[misc]
+        hook, self._hook = self._hook, None
+        if hook is not None:
+            with contextlib.suppress(ValueError):
+                sys.meta_path.remove(hook)
+        self._asyncio.uninstall()
+        self._backend.stop()
+
+    def after_fork(self) -> None:
+        self._backend.after_fork()
+        self._start_ns = time.time_ns()
+
+    def stats(self) -> Dict[str, int]:
+        return self._backend.stats()
+
+
+def make_collector(config: AgentConfig) -> Optional[LockCollector]:
+    if not config.locks:
+        return None
+    return LockCollector(config.max_depth, native=config.native)
