@@ -16,7 +16,10 @@ How: :meth:`LockCollector.start` replaces the module attributes ``threading.Lock
 uncontended acquire costs, and only when that fails times the real blocking acquire (with the
 caller's own ``blocking``/``timeout``, so that its semantics are the original's).  The time a
 ``Condition`` waits for ``notify`` is not contention: it waits on a lock of its own made by
-``_thread``, which is not profiled.
+``_thread``, which is not profiled.  A wait that ends without the lock (a ``timeout`` that
+expired, a cancelled task) was still a wait, and counts.  Taking a ``Condition``'s lock back
+after a notify is timed when the lock is a ``Lock`` (``Condition`` calls ``acquire``), not
+when it is an ``RLock`` (``_acquire_restore`` has no non-blocking form to try first).
 
 The native implementation (``hotspan._speedups._locks``) is a C lock type that records into
 C memory, reading the stack and labels with the native sampler's C API; the Python twin here
