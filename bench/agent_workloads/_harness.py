@@ -2,15 +2,19 @@
 
 A workload script is run as a fresh process per measurement::
 
-    python bench/agent_workloads/<name>.py --profiler none|hotspan|pyroscope|pyspy \
+    python bench/agent_workloads/<name>.py \
+        --profiler none|hotspan|pyroscope|pyspy|ddtrace|tracemalloc \
         --app APP --server URL --params JSON
     python bench/agent_workloads/<name>.py --calibrate SECONDS [--params JSON]
         # prints the params JSON; --params chooses a variant of the workload (keyword
         # arguments of its ``calibrate``, e.g. ``{"call_ms": 0.025}``)
 
 ``pyspy`` means "profiled from outside": the script sets nothing up (py-spy is the parent
-process).  Only the work section is timed for the slowdown; importing and starting the agent
-is timed on its own ("import+start") and so is stopping it ("shutdown", which includes the
+process).  ``ddtrace`` imports ``ddtrace.profiling.auto`` as its users do; its settings come
+from the ``DD_*`` environment the bench gives the process.  ``tracemalloc`` is the standard
+library's tracer with 25 frames per allocation, as a memory profiler built on it would run it.
+Only the work section is timed for the slowdown; importing and starting the agent is timed on
+its own ("import+start") and so is stopping it ("shutdown", which includes the
 final upload).  A workload may have a ``setup``: a context manager entered before the profiler
 starts and left after it stopped, for what the profiled process talks to (a peer process, a
 load generator), so that starting and stopping it is in no measured window and no profiler
@@ -42,6 +46,8 @@ HOTSPAN_VARIANTS: Dict[str, Dict[str, Any]] = {
     "hotspan-nospans": {"trace_correlation": False},
     "hotspan-nowall": {"wall": False},
     "hotspan-python": {"native": False},
+    # The CPU and wall profiles alone: what the allocation, lock and thread profiles add.
+    "hotspan-cpuonly": {"alloc_sample_bytes": 0, "locks": False, "threads": False},
 }
 
 
@@ -163,6 +169,24 @@ def _start_profiler(profiler: str, app: str, server: str) -> Optional[Callable[[
             pyroscope.shutdown()  # flushes the last partial upload before it returns
 
         return stop
+    if profiler == "ddtrace":
+        # The profiler starts on import, with its defaults plus what DD_PROFILING_* asks for
+        # (the bench turns the memory and lock collectors on explicitly).
+        import ddtrace.profiling.auto  # noqa: F401
+        from ddtrace.profiling import bootstrap
+
+        return bootstrap.profiler.stop  # type: ignore[attr-defined,no-any-return]
+    if profiler == "tracemalloc":
+        import tracemalloc
+
+        tracemalloc.start(25)
+
+        def stop_tracemalloc() -> None:
+            # What a tool on top of it does once per period: a snapshot of what is alive.
+            tracemalloc.take_snapshot().statistics("traceback")
+            tracemalloc.stop()
+
+        return stop_tracemalloc
     # none-again: the A/A control run; pyspy*: py-spy is the parent process.
     if profiler.startswith(("none", "pyspy")):
         return None
