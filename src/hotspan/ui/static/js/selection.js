@@ -42,10 +42,36 @@ export async function catalogue(startMs, endMs, signal) {
   return types;
 }
 
+// What each profile type measures, in words, for the pickers (Pyroscope's Go names).
+const TYPE_WORDS = {
+  "process_cpu:cpu": "CPU time",
+  "wall:wall": "Wall time",
+  "memory:alloc_space": "Allocated bytes",
+  "memory:alloc_objects": "Allocated objects",
+  "memory:inuse_space": "Live heap bytes",
+  "memory:inuse_objects": "Live heap objects",
+  "mutex:delay": "Lock wait time",
+  "mutex:contentions": "Lock contentions",
+  "block:delay": "Blocked time",
+  "block:contentions": "Blocking events",
+  "goroutines:goroutine": "Threads and tasks",
+};
+
+/** The unit a person reads: "ns", "bytes", "objects", "count". */
+export function unitWord(id) {
+  const [, sampleType = "", unit = ""] = String(id).split(":");
+  if (unit === "nanoseconds") return "ns";
+  if (unit === "count" && sampleType.endsWith("_objects")) return "objects";
+  return unit;
+}
+
+/** name:sample_type:sample_unit:period_type:period_unit -> "Allocated bytes · memory / alloc_space (bytes)" */
 export function typeLabel(id) {
-  // name:sample_type:sample_unit:period_type:period_unit -> "process_cpu / cpu"
-  const [name, sampleType] = id.split(":");
-  return name === sampleType ? name : `${name} / ${sampleType}`;
+  const [name, sampleType] = String(id).split(":");
+  const technical = name === sampleType ? name : `${name} / ${sampleType}`;
+  const unit = unitWord(id);
+  const words = TYPE_WORDS[`${name}:${sampleType}`];
+  return `${words ? `${words} · ` : ""}${technical}${unit ? ` (${unit})` : ""}`;
 }
 
 export function pickType(available, wanted) {

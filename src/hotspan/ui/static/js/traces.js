@@ -4,12 +4,13 @@
 //   /traces?service=shop&name=GET%20/slow&minDuration=100ms&from=now-1h&until=now
 //          (&q=<TraceQL> replaces the three fields; &sort=recent lists the newest first;
 //          &limit=N, 50 by default)
-//   /traces/<trace id>?span=<span id>&descendants=1
+//   /traces/<trace id>?span=<span id>&descendants=1&type=<profile type id>
 
-import { ApiError, getBytes, getJSON } from "./api.js";
+import { ApiError, CPU, getBytes, getJSON } from "./api.js";
 import { el, message, rejectInput } from "./dom.js";
 import { formatDuration, formatTime, unitOf } from "./format.js";
 import { ProfilePanel } from "./panel.js";
+import { catalogue, selectOf, typeLabel } from "./selection.js";
 import { navigate, setQuery } from "./router.js";
 import { DEFAULT_FROM, DEFAULT_UNTIL, TimeRangePicker, absoluteRange, describeRange, resolveRange } from "./timerange.js";
 import { Waterfall, buildTree, serviceColor } from "./waterfall.js";
@@ -363,6 +364,7 @@ export function renderTraceView(root, { params, match }) {
   const state = {
     span: (params.get("span") || "").toLowerCase(),
     descendants: ["1", "true", "yes"].includes(params.get("descendants") || ""),
+    type: params.get("type") || CPU,
   };
 
   const header = el("div", { class: "hs-trace-header" }, back, el("h1", {}, "Trace ", el("code", {}, traceId)));
@@ -378,11 +380,14 @@ export function renderTraceView(root, { params, match }) {
     " include descendants",
   );
   const wholeButton = el("button", { type: "button", class: "hs-whole-trace" }, "Whole trace");
+  // Every profile type the agent links to spans (CPU, wall, allocations, heap, lock waits,
+  // threads and tasks) opens here; the picker lists those the trace's services sent.
+  const typeBox = el("span", { class: "hs-span-type-box" });
   const panelBox = el("div", { class: "hs-span-profile" });
   const profileSection = el(
     "div",
     { class: "hs-profile-section" },
-    el("div", { class: "hs-toolbar" }, profileTitle, el("span", { class: "hs-spacer" }), descendantsLabel, wholeButton),
+    el("div", { class: "hs-toolbar" }, profileTitle, el("span", { class: "hs-spacer" }), typeBox, descendantsLabel, wholeButton),
     details,
     panelBox,
   );
@@ -402,8 +407,8 @@ export function renderTraceView(root, { params, match }) {
   function ensurePanel() {
     if (panel) return panel;
     panel = new ProfilePanel(panelBox, {
-      unit: "nanoseconds",
-      title: "CPU",
+      unit: unitOf(state.type) || "nanoseconds",
+      title: typeLabel(state.type),
       exportName: `trace-${traceId.slice(0, 16)}`,
       exports: () => [
         {
@@ -413,6 +418,7 @@ export function renderTraceView(root, { params, match }) {
             getBytes(`/api/traces/${traceId}/profile`, {
               spanID: state.span || null,
               descendants: state.span && state.descendants ? "true" : null,
+              profileType: state.type === CPU ? null : state.type,
               format: "pprof",
             }),
         },
@@ -434,15 +440,16 @@ export function renderTraceView(root, { params, match }) {
     descendantsBox.disabled = !span;
     descendantsLabel.classList.toggle("hs-disabled", !span);
     wholeButton.hidden = !span;
+    const what = state.type === CPU ? "CPU profile" : typeLabel(state.type);
     if (!span) {
-      profileTitle.textContent = "CPU profile of the whole trace";
+      profileTitle.textContent = `${what} of the whole trace`;
       details.replaceChildren(
         el("p", { class: "hs-note" }, "Click a span in the waterfall to see its own profile."),
       );
       return;
     }
     profileTitle.replaceChildren(
-      "CPU profile of span ",
+      `${what} of span `,
       el("span", { class: "hs-span-title" }, span.name),
       state.descendants && span.children.length ? " and its descendants" : "",
     );
@@ -495,13 +502,19 @@ export function renderTraceView(root, { params, match }) {
     try {
       const body = await getJSON(
         `/api/traces/${traceId}/profile`,
-        { spanID: span ? span.spanID : null, descendants: span && state.descendants ? "true" : null },
+        {
+          spanID: span ? span.spanID : null,
+          descendants: span && state.descendants ? "true" : null,
+          profileType: state.type === CPU ? null : state.type,
+        },
         { signal: mine.signal },
       );
       if (mine.signal.aborted) return;
       const fg = body.flamegraph || {};
       if (!Number(fg.total || 0)) {
-        p.setMessage(emptyProfileMessage(span, state.descendants));
+        p.setMessage(
+          state.type === CPU ? emptyProfileMessage(span, state.descendants) : emptyTypeMessage(span, state.type),
+        );
         return;
       }
       const title = span ? `${span.name}${state.descendants ? " (with descendants)" : ""}` : `trace ${traceId}`;
@@ -559,6 +572,33 @@ export function renderTraceView(root, { params, match }) {
     }
     select(state.span, { push: false });
     loadAttributes();
+    loadTypes(tree);
+  }
+
+  /** The profile types the trace's services sent around the time it ran. */
+  async function loadTypes(tree) {
+    const startMs = tree.startNs / 1e6;
+    const endMs = startMs + tree.durationNs / 1e6;
+    const services = new Set(spans.map((s) => s.service));
+    const types = new Set([CPU, state.type]);
+    try {
+      // The agent stamps samples with the start of their upload window: look a little around.
+      const known = await catalogue(Math.floor(startMs - 5 * 60e3), Math.ceil(endMs + 5 * 60e3), signal);
+      for (const [service, ids] of known) {
+        if (services.has(service)) for (const id of ids) types.add(id);
+      }
+    } catch {
+      // CPU is always offered; the other types are a convenience.
+    }
+    typeBox.replaceChildren(
+      selectOf("hs-span-profile-type", "Profile type", [...types].sort().map((t) => [t, typeLabel(t)]), state.type,
+        (value) => {
+          state.type = value;
+          setQuery({ type: value === CPU ? "" : value });
+          showDetails();
+          loadProfile();
+        }),
+    );
   }
 
   function showSummary(tree, body) {
@@ -645,6 +685,16 @@ function anyValue(v) {
   }
   if ("bytesValue" in v) return v.bytesValue;
   return JSON.stringify(v);
+}
+
+function emptyTypeMessage(span, type) {
+  const what = typeLabel(type);
+  return message(
+    "empty",
+    span ? `Span "${span.name}" has no samples of ${what}.` : `No samples of ${what} are linked to this trace.`,
+    "Allocations are sampled every 512 KiB allocated on average and lock waits only when a lock was contended: " +
+      "short spans often hold none. Tick \"include descendants\", look at the whole trace, or pick another type.",
+  );
 }
 
 function emptyProfileMessage(span, descendants) {
