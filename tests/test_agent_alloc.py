@@ -138,11 +138,28 @@ def test_inuse_space_of_a_leak(module_server, tmp_path: Path) -> None:
         _check_leak(client, service, result)
 
 
+def test_no_tracemalloc_unless_asked(tmp_path: Path) -> None:
+    """Without the C hook, the allocation profile is off rather than tracemalloc's cost."""
+    from hotspan.agent.collectors.alloc import make_collector
+    from hotspan.agent.config import AgentConfig
+
+    assert make_collector(AgentConfig(application_name="x", native=False)) is None
+    twin = make_collector(AgentConfig(application_name="x", native=False, alloc_tracemalloc=True))
+    assert twin is not None and twin.implementation == "python"
+
+
 def test_python_twin_round_trips(module_server, tmp_path: Path) -> None:
     service = f"twin_{uuid.uuid4().hex[:6]}"
     result = run_program(
         tmp_path,
-        configure(module_server.url, service, alloc_sample_bytes=4096, upload_interval=60) + LEAK,
+        configure(
+            module_server.url,
+            service,
+            alloc_sample_bytes=4096,
+            upload_interval=60,
+            alloc_tracemalloc=True,
+        )
+        + LEAK,
         env={"HOTSPAN_NO_SPEEDUPS": "1"},
         otel=False,
     )

@@ -53,6 +53,9 @@ class AgentConfig:
     native: bool = True
     # Allocations and live heap: one sample per this many bytes allocated on average (0: off).
     alloc_sample_bytes: int = 512 * 1024
+    # Where the C allocator hook is not built: take the allocation profile with tracemalloc,
+    # which traces every allocation (often 2x slower): off unless asked for.
+    alloc_tracemalloc: bool = False
     # Lock contention: time spent waiting to acquire threading and asyncio locks.
     locks: bool = True
     # Threads and tasks: how many threads and pending asyncio tasks stand on each stack.
@@ -143,6 +146,7 @@ _ENV_NAMES = {
     "max_buffer_bytes": "MAX_BUFFER_BYTES",
     "native": "NATIVE",
     "alloc_sample_bytes": "ALLOC_SAMPLE_BYTES",
+    "alloc_tracemalloc": "ALLOC_TRACEMALLOC",
     "locks": "LOCKS",
     "threads": "THREADS",
 }

@@ -12,8 +12,10 @@ Two implementations with one interface:
   made on a thread that does not hold the GIL (raw allocations from C code that released it)
   are not sampled: their stack cannot be read safely; ``stats()["no_gil"]`` counts them.
 * :class:`TracemallocCollector`, the twin where the extension is not built, ``native=False``
-  or ``HOTSPAN_NO_SPEEDUPS=1``: :mod:`tracemalloc` with ``max_depth`` frames and a snapshot per
-  upload.  Its limits, which is why it is only the fallback:
+  or ``HOTSPAN_NO_SPEEDUPS=1``, *and* ``alloc_tracemalloc=True`` (``HOTSPAN_ALLOC_TRACEMALLOC``)
+  asks for it: :mod:`tracemalloc` with ``max_depth`` frames and a snapshot per upload.  It does
+  not fit the agent's overhead budget, so without that setting the fallback takes no
+  allocation profile (and says so once).  Its limits:
 
   - it traces *every* allocation: programs run markedly slower (often 2x or more on
     allocation-heavy code) and use more memory, and each snapshot walks every live block while
@@ -60,6 +62,12 @@ def make_collector(config: AgentConfig) -> Optional[Collector]:
         mod = load_module("_alloc")
         if mod is not None and mod.ready():
             return NativeAllocCollector(mod, config.alloc_sample_bytes, config.max_depth)
+    if not config.alloc_tracemalloc:
+        logger.info(
+            "hotspan: no allocation profile: the C allocator hook is not available here, and "
+            "tracemalloc (alloc_tracemalloc=True) is off because it slows programs down"
+        )
+        return None
     return TracemallocCollector(config.alloc_sample_bytes, config.max_depth)
 
 
