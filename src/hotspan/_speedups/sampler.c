@@ -398,6 +398,15 @@ typedef struct {
     _Atomic int python;                /* whether it has a Python thread state (PY_*) */
     _Atomic uint64_t pending_wall_ns;  /* wall time its next sample stands for */
     _Atomic uint64_t cpu_at_sample_ns; /* its CPU clock as its last sample was taken */
+    /* Its CPU clock up to which its CPU is in the profile, and when its CPU timer expires
+     * next.  A sample stands for the CPU between two expiries (the first: since the timer
+     * was armed), whenever the signal comes: the kernel sees an expiry only at a scheduler
+     * tick (4 ms at HZ=250), so a signal comes late, later the further its expiry was from
+     * the tick, and weighing a sample by the CPU since the last signal would give the late
+     * ones (at the ends of bursts) more.  What is left as the thread ends or sampling stops
+     * is charged then (charge_cpu_tail), so the profile adds up to the thread's clock. */
+    _Atomic uint64_t cpu_charged_ns;
+    _Atomic uint64_t cpu_expiry_ns;
     _Atomic uint32_t seq;              /* samples it took */
     /* The rest belongs to whoever holds `threads_mutex`. */
     int has_timer;
@@ -411,6 +420,7 @@ typedef struct {
     int idle_checks;                    /* checks in a row that found it had not run */
     uint64_t next_probe_ns;
     WallCopy *last_wall;               /* NULL until its first wall sample is drained */
+    WallCopy *last_cpu;                /* its last CPU sample: where its remaining CPU goes */
 } ThreadSlot;
 
 static ThreadSlot slots[MAX_THREADS];
@@ -587,8 +597,13 @@ arm(ThreadSlot *s, int index)
     if (s->has_timer || !cpu_on)
         return;
     pid_t tid = atomic_load(&s->tid);
-    if (thread_timer(s, thread_clock(tid), CPU_MAGIC, index, &s->timer) != 0)
+    uint64_t cpu_now;
+    if (clock_ns(thread_clock(tid), &cpu_now) != 0)
         return; /* the thread is gone: the next scan frees its slot */
+    if (thread_timer(s, thread_clock(tid), CPU_MAGIC, index, &s->timer) != 0)
+        return;
+    /* Its CPU before this point is not the profile's (it ran before sampling started). */
+    atomic_store_explicit(&s->cpu_charged_ns, cpu_now, memory_order_release);
     struct itimerspec spec;
     spec.it_interval.tv_sec = (time_t)(cpu_interval_ns / 1000000000ull);
     spec.it_interval.tv_nsec = (long)(cpu_interval_ns % 1000000000ull);
@@ -598,8 +613,12 @@ arm(ThreadSlot *s, int index)
     uint64_t first = 1000 + next_random(&arm_random) % cpu_interval_ns;
     spec.it_value.tv_sec = (time_t)(first / 1000000000ull);
     spec.it_value.tv_nsec = (long)(first % 1000000000ull);
+    /* Before the timer runs: on the calling thread its first signal may come at once. */
+    atomic_store_explicit(&s->cpu_expiry_ns, cpu_now + first, memory_order_release);
     if (timer_settime(s->timer, 0, &spec, NULL) != 0) {
         timer_delete(s->timer);
+        atomic_store(&s->cpu_charged_ns, 0);
+        atomic_store(&s->cpu_expiry_ns, 0);
         return;
     }
     s->has_timer = 1;
@@ -630,6 +649,8 @@ slot_for(pid_t tid, int python)
     atomic_store(&s->python, python);
     atomic_store(&s->pending_wall_ns, 0);
     atomic_store(&s->cpu_at_sample_ns, 0);
+    atomic_store(&s->cpu_charged_ns, 0);
+    atomic_store(&s->cpu_expiry_ns, 0);
     s->has_timer = 0;
     s->scan_mark = 0;
     s->cpu_at_tick = 0;
@@ -639,6 +660,8 @@ slot_for(pid_t tid, int python)
     s->next_probe_ns = 0;
     if (s->last_wall != NULL)
         s->last_wall->depth = -1;
+    if (s->last_cpu != NULL)
+        s->last_cpu->depth = -1;
     atomic_store_explicit(&s->tid, tid, memory_order_release);
     used_slots[n_used_slots++] = index;
     tid_map_put(tid, index);
@@ -712,9 +735,21 @@ on_signal(int signum, siginfo_t *info, void *ucontext)
     PyThreadState *ts = PyGILState_GetThisThreadState();
     if (slot != NULL)
         atomic_store_explicit(&slot->python, ts != NULL ? PY_YES : PY_NO, memory_order_relaxed);
-    uint64_t cpu = 0, wall = 0;
-    if (magic == CPU_MAGIC)
-        cpu = cpu_interval_ns * (uint64_t)(1 + (info->si_overrun > 0 ? info->si_overrun : 0));
+    uint64_t cpu = 0, wall = 0, cpu_now = 0;
+    int have_clock = clock_ns(CLOCK_THREAD_CPUTIME_ID, &cpu_now) == 0;
+    if (magic == CPU_MAGIC) {
+        uint64_t nominal =
+            cpu_interval_ns * (uint64_t)(1 + (info->si_overrun > 0 ? info->si_overrun : 0));
+        cpu = nominal;
+        uint64_t expiry = slot != NULL ? atomic_load(&slot->cpu_expiry_ns) : 0;
+        if (expiry != 0) {
+            /* The expiries this signal stands for, as the kernel scheduled them. */
+            uint64_t through = expiry + nominal - cpu_interval_ns;
+            uint64_t before = atomic_exchange(&slot->cpu_charged_ns, through);
+            atomic_store(&slot->cpu_expiry_ns, through + cpu_interval_ns);
+            cpu = before != 0 && through > before ? through - before : 0;
+        }
+    }
     /* Only the wall timer's own signal takes the wall time: the CPU timer fires only while
      * the thread runs, so wall time it took would all land on running code. */
     if (slot != NULL && magic == WALL_MAGIC)
@@ -735,12 +770,10 @@ on_signal(int signum, siginfo_t *info, void *ucontext)
         } else {
             atomic_fetch_add_explicit(&lost_samples, 1, memory_order_relaxed);
         }
-        if (slot != NULL) {
-            /* Last: the CPU this handler spent is not the thread's own running. */
-            uint64_t now;
-            if (clock_ns(CLOCK_THREAD_CPUTIME_ID, &now) == 0)
-                atomic_store_explicit(&slot->cpu_at_sample_ns, now, memory_order_release);
-        }
+        /* Read as the handler began: the few microseconds it takes are below what counts
+         * as having run (REPEAT_CPU_NS). */
+        if (slot != NULL && have_clock)
+            atomic_store_explicit(&slot->cpu_at_sample_ns, cpu_now, memory_order_release);
     }
     errno = saved_errno;
 }
@@ -1015,6 +1048,21 @@ finish_window(void)
 
 /* ---------------------------------------------------------------- the collector */
 
+static void
+keep_copy(WallCopy **where, const Entry *e)
+{
+    if (*where == NULL)
+        *where = malloc(sizeof(WallCopy) + (size_t)max_depth * sizeof(RawFrame));
+    WallCopy *c = *where;
+    if (c == NULL)
+        return;
+    c->ident = e->ident;
+    memcpy(c->labels, e->labels, sizeof c->labels);
+    c->seq = e->seq;
+    c->depth = e->depth;
+    memcpy(c->frames, e->frames, (size_t)e->depth * sizeof(RawFrame));
+}
+
 /* Under threads_mutex: what the handlers recorded goes into the current window. */
 static void
 drain_ring(void)
@@ -1037,25 +1085,19 @@ drain_ring(void)
                 break;
             continue;
         }
-        if (e->cpu_ns)
+        if (e->cpu_ns) {
             add_or_count(KIND_CPU, e->ident, e->labels, e->frames, e->depth, e->cpu_ns);
+            /* Kept, so that the CPU the thread uses after its last sample (it ends, or
+             * sampling stops) goes where its CPU was going. */
+            if (e->slot >= 0 && e->depth > 0)
+                keep_copy(&slots[e->slot].last_cpu, e);
+        }
         if (e->wall_ns && e->depth > 0) {
             add_or_count(KIND_WALL, e->ident, e->labels, e->frames, e->depth, e->wall_ns);
             /* Kept, so that while the thread does not run its wall time is charged here
              * without interrupting it. */
-            if (e->slot >= 0) {
-                ThreadSlot *s = &slots[e->slot];
-                if (s->last_wall == NULL)
-                    s->last_wall = malloc(sizeof(WallCopy) + (size_t)max_depth * sizeof(RawFrame));
-                WallCopy *c = s->last_wall;
-                if (c != NULL) {
-                    c->ident = e->ident;
-                    memcpy(c->labels, e->labels, sizeof c->labels);
-                    c->seq = e->seq;
-                    c->depth = e->depth;
-                    memcpy(c->frames, e->frames, (size_t)e->depth * sizeof(RawFrame));
-                }
-            }
+            if (e->slot >= 0)
+                keep_copy(&slots[e->slot].last_wall, e);
         }
         atomic_store_explicit(&e->state, 0, memory_order_release);
     }
@@ -1198,6 +1240,39 @@ wall_tick(uint64_t now_ns, uint64_t *random)
             ask_for_sample(tid, index);
     }
     return next_run;
+}
+
+/* Under threads_mutex, after drain_ring: the CPU a thread used since its last CPU sample
+ * (`cpu_now` is its clock now), charged to that sample's stack, or to `fallback` (depth
+ * frames) when it has none.  Without this every thread would lose, on average, half an
+ * interval as it ends and as sampling stops: with many short threads, percents. */
+static void
+charge_cpu_tail(ThreadSlot *s, uint64_t cpu_now, uint64_t ident, const uint64_t *labels,
+                const RawFrame *fallback, int depth)
+{
+    uint64_t before = atomic_exchange(&s->cpu_charged_ns, cpu_now);
+    if (before == 0 || cpu_now <= before || !cpu_on)
+        return;
+    uint64_t tail = cpu_now - before;
+    WallCopy *c = s->last_cpu;
+    if (c != NULL && c->depth > 0 && (ident == 0 || c->ident == ident))
+        add_or_count(KIND_CPU, c->ident, c->labels, c->frames, c->depth, tail);
+    else if (depth > 0 && ident != 0)
+        add_or_count(KIND_CPU, ident, labels, fallback, depth, tail);
+}
+
+/* Under threads_mutex, as sampling stops: every thread's CPU since its last sample. */
+static void
+charge_cpu_tails(void)
+{
+    for (int k = 0; k < n_used_slots; k++) {
+        ThreadSlot *s = &slots[used_slots[k]];
+        uint64_t cpu;
+        if (!s->has_timer || atomic_load(&s->python) != PY_YES ||
+            clock_ns(thread_clock(atomic_load(&s->tid)), &cpu) != 0)
+            continue;
+        charge_cpu_tail(s, cpu, 0, NULL, NULL, 0);
+    }
 }
 
 /* Under threads_mutex, as sampling stops: the wall time of threads not looked at lately
@@ -1604,6 +1679,7 @@ sampler_stop(PyObject *mod, PyObject *unused)
     /* What the handlers recorded so far belongs to the last window: keep it for collect(). */
     drain_ring();
 #ifdef HAVE_THREAD_TIMERS
+    charge_cpu_tails();
     charge_owed();
 #endif
     atomic_store(&sampling_enabled, 0);
@@ -1744,10 +1820,11 @@ sampler_register_thread(PyObject *mod, PyObject *unused)
 }
 
 /* unregister_thread(code=None).  The kernel checks CPU timers only at its scheduler tick (4 ms
- * at HZ=250): a thread that ends soon after its timer expired never gets that signal, and a
- * pool of short threads would lose about half of their samples.  An expired timer that has
- * not fired reads back as 1 ns to go; that sample is taken here, charged to `code` (the
- * function the thread ran: its own frames are gone by now) or else to where it is. */
+ * at HZ=250): a thread that ends soon after its timer expired never gets that signal, and
+ * every thread ends with CPU its samples do not cover yet (half an interval on average; a
+ * pool of short threads would lose percents).  That CPU is charged here, to the stack of the
+ * thread's last CPU sample, or, for a thread that had none, to `code` (the function the
+ * thread ran: its own frames are gone by now) or else to where it is. */
 static PyObject *
 sampler_unregister_thread(PyObject *mod, PyObject *args)
 {
@@ -1762,16 +1839,16 @@ sampler_unregister_thread(PyObject *mod, PyObject *args)
     int index = tid_map_get(tid);
     if (index >= 0) {
         ThreadSlot *s = &slots[index];
-        struct itimerspec left;
         PyThreadState *ts = PyThreadState_Get();
-        int expired = s->has_timer && timer_gettime(s->timer, &left) == 0 &&
-                      left.it_value.tv_sec == 0 && left.it_value.tv_nsec == 1;
+        uint64_t cpu_now = 0;
+        int tail = s->has_timer && clock_ns(CLOCK_THREAD_CPUTIME_ID, &cpu_now) == 0 &&
+                   cpu_now > atomic_load(&s->cpu_charged_ns);
         /* Its wall time since it was last looked at, and what its last sample would have
          * stood for, likewise (a thread of a few ms may end before it is looked at). */
         uint64_t wall = atomic_exchange(&s->pending_wall_ns, 0);
         if (wall_on && s->wall_since_ns != 0)
             wall += monotonic_ns() - s->wall_since_ns;
-        if (expired || wall > 0) {
+        if (tail || wall > 0) {
             RawFrame frames[1];
             uint64_t labels[5];
             int depth = 0;
@@ -1784,9 +1861,11 @@ sampler_unregister_thread(PyObject *mod, PyObject *args)
                 depth = walk_frames(ts, frames, 1);
             }
             copy_labels(find_labels(thread_context(ts)), labels);
-            if (expired)
-                add_or_count(KIND_CPU, (uint64_t)ts->thread_id, labels, frames, depth,
-                             cpu_interval_ns);
+            if (tail) {
+                /* Its last samples may still be in the ring. */
+                drain_ring();
+                charge_cpu_tail(s, cpu_now, (uint64_t)ts->thread_id, labels, frames, depth);
+            }
             if (wall > 0 && depth > 0)
                 add_or_count(KIND_WALL, (uint64_t)ts->thread_id, labels, frames, depth, wall);
         }

@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import functools
-import inspect
 import logging
 import sys
 import threading
@@ -160,6 +159,10 @@ class tag_wrapper:  # noqa: N801 - the name Pyroscope users know
         _publish(LABELS.get(None))
 
     def __call__(self, func: Callable) -> Callable:
+        # Imported only here: what the agent imports stays in the program, and the GC walks
+        # it at every full collection.
+        import inspect
+
         tags = self._tags
         if inspect.iscoroutinefunction(func):
 
@@ -282,9 +285,7 @@ def install_span_linking(root_spans_only: bool, native: bool = True) -> bool:
     if module is not None:
         return _hook(module, root_spans_only, native)
     try:
-        from importlib.util import find_spec
-
-        if find_spec("opentelemetry") is None:
+        if not _installed("opentelemetry"):
             return False
     except (ImportError, ValueError):
         return False
@@ -294,6 +295,16 @@ def install_span_linking(root_spans_only: bool, native: bool = True) -> bool:
             return True
     sys.meta_path.insert(0, _HookOnImport(root_spans_only, native))
     return True
+
+
+def _installed(name: str) -> bool:
+    """``importlib.util.find_spec(name) is not None`` for a top-level name, without importing
+    importlib.util (what the agent imports stays in the program for its GC to walk)."""
+    for finder in sys.meta_path:
+        find = getattr(finder, "find_spec", None)
+        if find is not None and find(name, None) is not None:
+            return True
+    return False
 
 
 class _HookOnImport:

@@ -18,7 +18,6 @@ windows finished since the last call, each with its own time range.
 from __future__ import annotations
 
 import contextlib
-import signal
 import struct
 import sys
 import threading
@@ -169,6 +168,8 @@ class PythonSampler:
         of short system calls, releases it and takes it straight back, and that thread is
         almost never scheduled (measured: 15 ticks in 3 s instead of 300).  A signal handler
         runs on the main thread, which is the one holding the GIL then."""
+        import signal  # only this fallback needs it
+
         if (
             not hasattr(signal, "setitimer")
             or threading.current_thread() is not threading.main_thread()
@@ -284,6 +285,8 @@ class PythonSampler:
     def _stop_signal_ticks(self) -> None:
         if not self._signal_ticks:
             return
+        import signal
+
         self._signal_ticks = False
         with contextlib.suppress(OSError, ValueError):
             signal.setitimer(signal.ITIMER_PROF, 0, 0)
