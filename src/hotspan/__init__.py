@@ -4,7 +4,11 @@
 store and query engine are separate packages that the agent never imports.
 """
 
-from typing import Any
+from __future__ import annotations
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # typing stays out of the program at run time: see agent/log.py
+    from typing import Any
 
 __version__ = "0.1.0"
 

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import os
 from types import ModuleType
-from typing import Optional
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # typing stays out of the program at run time: see agent/log.py
+    from typing import Optional
 
 
 def load() -> Optional[ModuleType]:

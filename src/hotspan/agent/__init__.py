@@ -9,10 +9,13 @@ server) and :mod:`.core` (the loop tying them together).
 from __future__ import annotations
 
 import threading
-from typing import Any, Optional
 
 from hotspan.agent.config import AgentConfig, ConfigError, from_env
 from hotspan.agent.context import tag_wrapper
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # typing stays out of the program at run time: see agent/log.py
+    from typing import Any, Optional
 
 __all__ = ["AgentConfig", "ConfigError", "configure", "shutdown", "tag_wrapper", "current_agent"]
 

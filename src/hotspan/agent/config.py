@@ -6,10 +6,12 @@ needs no change: ``HOTSPAN_X`` wins over ``PYROSCOPE_X`` when both are set.
 
 from __future__ import annotations
 
-import base64
+import binascii
 import os
-from dataclasses import dataclass, field, fields
-from typing import Dict, Mapping, Optional
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # typing stays out of the program at run time: see agent/log.py
+    from typing import Dict, Mapping, Optional
 
 DEFAULT_SERVER_ADDRESS = "http://localhost:4040"
 DEFAULT_BUFFER_BYTES = 16 * 1024 * 1024
@@ -19,13 +21,18 @@ class ConfigError(ValueError):
     """A setting that cannot be used; the message names it."""
 
 
-@dataclass
 class AgentConfig:
+    """The agent's settings: ``AgentConfig(name=value, ...)``, every other one at its default.
+
+    A plain class, not a dataclass: ``dataclasses`` brings ``inspect``, ``ast`` and ``dis``
+    into every profiled program (see ``agent/log.py`` for why that matters).
+    """
+
     application_name: str = ""
     server_address: str = DEFAULT_SERVER_ADDRESS
     sample_rate: int = 100
     upload_interval: float = 10.0
-    tags: Dict[str, str] = field(default_factory=dict)
+    tags: Dict[str, str] = {}  # noqa: RUF012 - copied per instance
     # Deepest frames kept per stack; the rest of a deeper stack is cut at the root end.
     max_depth: int = 64
     # Which profiles to take.
@@ -42,7 +49,7 @@ class AgentConfig:
     basic_auth_username: str = ""
     basic_auth_password: str = ""
     tenant_id: str = ""
-    http_headers: Dict[str, str] = field(default_factory=dict)
+    http_headers: Dict[str, str] = {}  # noqa: RUF012 - copied per instance
     # Bytes of profiles kept while the server is away; beyond, the oldest are dropped.
     max_buffer_bytes: int = DEFAULT_BUFFER_BYTES
     # Seconds the exit flush may take.
@@ -60,6 +67,26 @@ class AgentConfig:
     locks: bool = True
     # Threads and tasks: how many threads and pending asyncio tasks stand on each stack.
     threads: bool = True
+
+    def __init__(self, **settings: object) -> None:
+        unknown = set(settings) - set(SETTINGS)
+        if unknown:
+            raise TypeError(f"unknown setting(s): {', '.join(sorted(unknown))}")
+        for name in SETTINGS:
+            value = settings.get(name, getattr(AgentConfig, name))
+            setattr(self, name, dict(value) if isinstance(value, dict) else value)
+
+    def __repr__(self) -> str:
+        def shown(name: str) -> str:
+            value = getattr(self, name)
+            return "***" if name in _SECRETS and value else repr(value)
+
+        return "AgentConfig(" + ", ".join(f"{n}={shown(n)}" for n in SETTINGS) + ")"
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, AgentConfig):
+            return NotImplemented
+        return all(getattr(self, n) == getattr(other, n) for n in SETTINGS)
 
     def validate(self) -> AgentConfig:
         if not self.application_name:
@@ -89,6 +116,10 @@ class AgentConfig:
             check_tag_key(key)
         return self
 
+
+# Every setting, in the order the class names them.
+SETTINGS = tuple(AgentConfig.__annotations__)
+_SECRETS = frozenset(("auth_token", "basic_auth_password"))
 
 # The app{k=v,...} name syntax has no escaping: tag values lose these characters.
 NAME_SYNTAX_CHARS = frozenset('{},="')
@@ -164,8 +195,7 @@ def env_value(suffix: str, environ: Mapping[str, str]) -> Optional[tuple]:
 def from_env(environ: Optional[Mapping[str, str]] = None, **overrides: object) -> AgentConfig:
     """Settings from ``overrides`` (keyword arguments), then the environment, then defaults."""
     environ = os.environ if environ is None else environ
-    known = {f.name: f for f in fields(AgentConfig)}
-    unknown = set(overrides) - set(known)
+    unknown = set(overrides) - set(SETTINGS)
     if unknown:
         raise ConfigError(f"unknown setting(s): {', '.join(sorted(unknown))}")
     config = AgentConfig()
@@ -207,7 +237,9 @@ def request_headers(config: AgentConfig) -> Dict[str, str]:
         headers["Authorization"] = f"Bearer {config.auth_token}"
     elif config.basic_auth_username or config.basic_auth_password:
         pair = f"{config.basic_auth_username}:{config.basic_auth_password}".encode()
-        headers["Authorization"] = "Basic " + base64.b64encode(pair).decode("ascii")
+        headers["Authorization"] = "Basic " + binascii.b2a_base64(pair, newline=False).decode(
+            "ascii"
+        )
     if config.tenant_id:
         headers["X-Scope-OrgID"] = config.tenant_id
     return headers

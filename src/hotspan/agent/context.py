@@ -15,14 +15,16 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import functools
-import logging
 import sys
 import threading
-from typing import Any, Callable, Dict, List, Mapping, Tuple
 
 from hotspan._speedups import load_sampler
+from hotspan.agent.log import logger
 
-logger = logging.getLogger("hotspan.agent")
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # typing stays out of the program at run time: see agent/log.py
+    from typing import Any, Callable, Dict, List, Mapping, Tuple
+
 
 _native = load_sampler()
 

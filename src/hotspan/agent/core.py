@@ -9,22 +9,26 @@ from __future__ import annotations
 
 import atexit
 import importlib
-import logging
 import os
 import threading
 import time
-from typing import Any, Dict, List, Optional, Tuple
 
 from hotspan import __version__
 from hotspan.agent import context
-from hotspan.agent.collectors import Collector, ProfileData
 from hotspan.agent.config import NAME_SYNTAX_CHARS, AgentConfig, request_headers
+from hotspan.agent.log import logger
 from hotspan.agent.pprof_writer import ProfileWriter
 from hotspan.agent.sampler import CPU, WALL, PythonSampler, Window, make_sampler
-from hotspan.agent.symbols import FrameInfo, Symbolizer
+from hotspan.agent.symbols import Symbolizer
 from hotspan.agent.uploader import Uploader
 
-logger = logging.getLogger("hotspan.agent")
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # typing stays out of the program at run time: see agent/log.py
+    from typing import Any, Dict, List, Optional, Tuple
+
+    from hotspan.agent.collectors import Collector, ProfileData
+    from hotspan.agent.symbols import FrameInfo
+
 
 CPU_TYPE = ("cpu", "nanoseconds")
 WALL_TYPE = ("wall", "nanoseconds")

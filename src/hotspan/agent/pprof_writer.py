@@ -8,12 +8,15 @@ suite decodes the output with ``protobuf`` and with ``go tool pprof``.
 
 from __future__ import annotations
 
-import gzip
-from typing import Dict, Iterable, List, Sequence, Tuple, Union
+import zlib
 
-from hotspan.agent.symbols import FrameInfo
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # typing stays out of the program at run time: see agent/log.py
+    from typing import Dict, Iterable, List, Sequence, Tuple, Union
 
-Labels = Sequence[Tuple[str, str]]
+    from hotspan.agent.symbols import FrameInfo
+
+    Labels = Sequence[Tuple[str, str]]
 
 
 def _varint(value: int, out: bytearray) -> None:
@@ -158,4 +161,6 @@ class ProfileWriter:
         _int(10, duration_ns, out)
         _bytes(11, bytes(period_type), out)
         _int(12, self.period, out)
-        return gzip.compress(bytes(out), compresslevel=6)
+        # zlib with gzip framing (wbits 31): the gzip module would bring five more modules.
+        packer = zlib.compressobj(6, zlib.DEFLATED, 31)
+        return packer.compress(bytes(out)) + packer.flush()

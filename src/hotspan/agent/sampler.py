@@ -22,7 +22,7 @@ import struct
 import sys
 import threading
 import time
-from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
+from collections import namedtuple
 
 from hotspan._speedups import load_sampler
 from hotspan.agent.context import (
@@ -32,30 +32,22 @@ from hotspan.agent.context import (
     labels_tuple,
 )
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # typing stays out of the program at run time: see agent/log.py
+    from typing import Any, Callable, Dict, List, Optional, Tuple
+
+    LabelsTuple = Tuple[int, int, int, int, int]  # span, trace hi, trace lo, root span, tag set
+    RawStack = Tuple[Tuple[Any, int], ...]  # (code object or None, byte offset), leaf first
+
 CPU, WALL = 0, 1
 
-LabelsTuple = Tuple[int, int, int, int, int]  # span, trace hi, trace lo, root span, tag set
-RawStack = Tuple[Tuple[Any, int], ...]  # (code object or None, byte offset), leaf first
-
-
-class RawSample(NamedTuple):
-    kind: int
-    thread_ident: int
-    labels: LabelsTuple
-    stack: RawStack
-    value: int  # nanoseconds
-
-
-class Window(NamedTuple):
-    start_ns: int  # wall clock
-    end_ns: int
-    samples: List[RawSample]
-
-
-class Collected(NamedTuple):
-    windows: List[Window]
-    lost: int  # samples taken but not kept (ring or memory bound full), counted here
-    keepalive: Any  # holds the code objects of the samples until they are named
+# kind: CPU or WALL; labels: LabelsTuple; stack: RawStack; value: nanoseconds
+RawSample = namedtuple("RawSample", "kind thread_ident labels stack value")
+# start_ns, end_ns: wall clock; samples: List[RawSample]
+Window = namedtuple("Window", "start_ns end_ns samples")
+# windows: List[Window]; lost: samples taken but not kept (ring or memory bound full);
+# keepalive: holds the code objects of the samples until they are named
+Collected = namedtuple("Collected", "windows lost keepalive")
 
 
 class NativeSampler:

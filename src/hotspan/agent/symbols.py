@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
-import dis
 import os
 import sys
-from typing import Any, Dict, Optional, Tuple
 
-FrameInfo = Tuple[str, str, int, int]  # name, filename, line, first line of the function
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # typing stays out of the program at run time: see agent/log.py
+    from typing import Any, Dict, Optional, Tuple
+
+    FrameInfo = Tuple[str, str, int, int]  # name, filename, line, first line of the function
+
 
 UNKNOWN: FrameInfo = ("<unknown>", "", 0, 0)
 MAX_CACHED = 100_000
@@ -80,6 +83,7 @@ def _line_of(code: Any, lasti: int) -> int:
         return code.co_firstlineno
     if not hasattr(code, "co_lines"):
         # 3.9: no co_lines; dis.findlinestarts reads co_lnotab (offsets increase).
+        import dis
         line = code.co_firstlineno
         for offset, lineno in dis.findlinestarts(code):
             if offset > lasti:

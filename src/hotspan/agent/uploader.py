@@ -7,15 +7,20 @@ costs bounded memory, some counters and one warning a minute, never the caller's
 
 from __future__ import annotations
 
-import logging
 import os
 import threading
 import time
 from collections import deque
-from typing import Any, Deque, Mapping, Optional, Tuple
 
 from hotspan import __version__
 from hotspan.agent.config import DEFAULT_BUFFER_BYTES
+from hotspan.agent.log import logger as log
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # typing stays out of the program at run time: see agent/log.py
+    from typing import Any, Deque, Mapping, Optional, Tuple
+
+    _Item = Tuple[str, bytes]  # (path and query, body)
 
 # Not imported here: urllib.parse, random, dataclasses and the transport's socket module.
 # Everything the agent imports stays in the program for good, and every full collection of
@@ -23,7 +28,6 @@ from hotspan.agent.config import DEFAULT_BUFFER_BYTES
 # heap that makes many containers measured +11 to +17% slower for them).  The transport
 # (socket) is imported by the upload thread as it first connects.
 
-log = logging.getLogger("hotspan.agent")
 
 _FIRST_DELAY = 0.5
 _MAX_DELAY = 30.0
@@ -31,8 +35,6 @@ _MAX_RETRY_AFTER = 60.0
 _WARN_EVERY = 60.0
 # Enough for the server's reason; a longer error body is not worth keeping the connection for.
 _MAX_ERROR_BODY = 64 * 1024
-
-_Item = Tuple[str, bytes]  # (path and query, body)
 
 
 class UploadStats:

@@ -14,43 +14,38 @@ it cannot keep it counts in :meth:`Collector.stats`.
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, NamedTuple, Tuple
+from collections import namedtuple
 
-try:  # 3.8+: typing.Protocol
-    from typing import Protocol
-except ImportError:  # pragma: no cover
-    Protocol = object  # type: ignore[assignment,misc]
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # typing stays out of the program at run time: see agent/log.py
+    from typing import Any, Dict, List, Tuple
 
-LabelsTuple = Tuple[int, int, int, int, int]  # span, trace hi, trace lo, root span, tag set
+    LabelsTuple = Tuple[int, int, int, int, int]  # span, trace hi, trace lo, root span, tag set
+    # A frame as a collector gives it, leaf first: a (code object or None, byte offset) pair,
+    # which the agent names, or an already named FrameInfo (name, filename, line, first line)
+    # for collectors that have no code object (tracemalloc knows files and lines only).
+    RawFrame = Tuple[Any, ...]
+
 NO_LABELS: LabelsTuple = (0, 0, 0, 0, 0)
 
-# A frame as a collector gives it, leaf first: a (code object or None, byte offset) pair, which
-# the agent names, or an already named FrameInfo (name, filename, line, first line) for
-# collectors that have no code object (tracemalloc knows files and lines only).
-RawFrame = Tuple[Any, ...]
+# One sample, with one value per sample type of its profile, in their order.
+#   stack: Tuple[RawFrame, ...], leaf first; labels: LabelsTuple; values: Tuple[int, ...];
+#   thread_ident: 0 when not a thread's (an asyncio task's, an allocation's)
+StackSample = namedtuple("StackSample", "stack labels values thread_ident", defaults=(0,))
+
+# One pprof profile, in Go's shapes, so Pyroscope and Grafana name and scale it.
+#   sample_types: ((type, unit), ...); period_type: (type, unit); period: int;
+#   start_ns, end_ns: wall clock; samples: List[StackSample];
+#   keepalive: whatever keeps the samples' code objects alive until they are named
+ProfileData = namedtuple(
+    "ProfileData",
+    "sample_types period_type period start_ns end_ns samples keepalive",
+    defaults=(None,),
+)
 
 
-class StackSample(NamedTuple):
-    stack: Tuple[RawFrame, ...]  # leaf first
-    labels: LabelsTuple
-    values: Tuple[int, ...]  # one per sample type of the profile, in its order
-    thread_ident: int = 0  # 0 when not a thread's (an asyncio task's, an allocation's)
-
-
-class ProfileData(NamedTuple):
-    """One pprof profile: Go's shapes, so Pyroscope and Grafana name and scale them."""
-
-    sample_types: Tuple[Tuple[str, str], ...]  # ((type, unit), ...)
-    period_type: Tuple[str, str]
-    period: int
-    start_ns: int  # wall clock
-    end_ns: int
-    samples: List[StackSample]
-    keepalive: Any = None  # whatever keeps the samples' code objects alive until encoded
-
-
-class Collector(Protocol):
-    """What the agent's core expects of a collector."""
+class Collector:
+    """What the agent's core expects of a collector (collectors need not subclass it)."""
 
     name: str  # "alloc", "locks", "threads"
     implementation: str  # "native" or "python"

@@ -35,18 +35,22 @@ import contextvars
 import sys
 import threading
 import time
-from typing import Any, Dict, List, Optional, Tuple
 
 from hotspan._speedups import load_module, load_sampler
 from hotspan.agent import context
 from hotspan.agent.collectors import (
     LOCK_PERIOD_TYPE,
     LOCK_TYPES,
-    LabelsTuple,
     ProfileData,
     StackSample,
 )
 from hotspan.agent.config import AgentConfig
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # typing stays out of the program at run time: see agent/log.py
+    from typing import Any, Dict, List, Optional, Tuple
+
+    from hotspan.agent.collectors import LabelsTuple
 
 MAX_ENTRIES = 4096  # distinct (stack, labels) kept between two collects, as the C table
 

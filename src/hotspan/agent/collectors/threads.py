@@ -20,12 +20,10 @@ from __future__ import annotations
 
 import contextvars
 import gc
-import logging
 import sys
 import threading
 import time
 import types
-from typing import Any, Dict, Iterable, List, Optional, Set, Tuple
 
 from hotspan._speedups import load_sampler
 from hotspan.agent import context
@@ -33,13 +31,19 @@ from hotspan.agent.collectors import (
     NO_LABELS,
     THREAD_PERIOD_TYPE,
     THREAD_TYPES,
-    LabelsTuple,
     ProfileData,
-    RawFrame,
     StackSample,
 )
+from hotspan.agent.log import logger
 
-logger = logging.getLogger("hotspan.agent")
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # typing stays out of the program at run time: see agent/log.py
+    from typing import Any, Dict, Iterable, List, Optional, Set, Tuple
+
+    from hotspan.agent.collectors import LabelsTuple, RawFrame
+
+    Stack = Tuple[RawFrame, ...]
+
 
 # The synthetic root under every task stack, and the stack that counts the pending tasks a
 # snapshot did not walk (beyond MAX_TASKS), so the profile's total stays the true count.
@@ -61,8 +65,6 @@ COPY_RETRIES = 100
 LOOP_FRAMES = frozenset(("run_forever", "run_until_complete", "_run_once", "run"))
 
 SNAPSHOT_NS = 1_000_000_000
-
-Stack = Tuple[RawFrame, ...]
 
 
 class ThreadsCollector:
