@@ -138,6 +138,61 @@ def test_inuse_space_of_a_leak(module_server, tmp_path: Path) -> None:
         _check_leak(client, service, result)
 
 
+REUSE_LEAK = """
+N = 6000
+keep = [None] * (3 * N)  # no list growth to blame on any of the functions below
+def leak_small(n, at):  # pymalloc blocks, each address just freed by the churn before it
+    for i in range(n):
+        for _ in range(8):
+            bytes(300)
+        keep[at + i] = bytes(300)
+def leak_big(n, at):  # RAW blocks beside them, with the same reuse
+    for i in range(n):
+        for _ in range(8):
+            bytes(5000)
+        keep[at + i] = bytes(5000)
+def leak_shrunk(n, at):  # a RAW block realloc'ed down to a size pymalloc keeps small
+    for i in range(n):
+        b = bytearray(6000)
+        del b[250:]
+        keep[at + i] = b
+for k in range(3):
+    leak_small(N // 3, k * N // 3)
+    leak_big(N // 3, N + k * N // 3)
+    leak_shrunk(N // 3, 2 * N + k * N // 3)
+truth = {
+    name: sum(sys.getsizeof(o) for o in keep[i * N : (i + 1) * N])
+    for i, name in enumerate(["small", "big", "shrunk"])
+}
+stats = agent.collector_stats()
+hotspan.shutdown()
+report(truth=truth, stats=stats)
+"""
+
+
+@native_only
+def test_inuse_space_unbiased_beside_churn_and_shrinking_reallocs(
+    module_server, tmp_path: Path
+) -> None:
+    """Live samples must survive the reuse of freed addresses around them, whatever the block
+    size, and a realloc that pymalloc hands on to the RAW domain must be counted once (it
+    was counted at both levels: a leak of shrunk buffers came out at twice its size)."""
+    service = f"reuse_{uuid.uuid4().hex[:6]}"
+    result = run_program(
+        tmp_path,
+        configure(module_server.url, service, alloc_sample_bytes=4096, upload_interval=60)
+        + REUSE_LEAK,
+        otel=False,
+    )
+    with module_server.client() as client:
+        inuse = profile(client, service, INUSE_SPACE)
+    truth = result["truth"]
+    # ~500 to ~7000 samples each: a few % of sampling error at most.
+    for name in ("small", "big", "shrunk"):
+        seen = inuse.get(f"__main__.leak_{name}", 0)
+        assert abs(seen / truth[name] - 1) < 0.15, (name, seen, truth, inuse, result["stats"])
+
+
 def test_no_tracemalloc_unless_asked(tmp_path: Path) -> None:
     """Without the C hook, the allocation profile is off rather than tracemalloc's cost."""
     from hotspan.agent.collectors.alloc import make_collector

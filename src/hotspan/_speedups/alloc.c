@@ -5,7 +5,8 @@
  * tracemalloc) in the RAW, MEM and OBJ domains and forwards every call to it.  What it adds
  * on the way:
  *
- * - malloc/calloc/realloc: a per-thread byte countdown.  When it crosses zero, the allocation
+ * - malloc/calloc/realloc: a byte countdown (per thread for RAW; one for MEM/OBJ, which are
+ *   only called with the GIL).  When it crosses zero, the allocation
  *   that crossed it is sampled and a new countdown is drawn from an exponential distribution
  *   (mean `sample_bytes`), as Go's runtime does (runtime/malloc.go, nextSample): a sampling
  *   process that is Poisson in bytes cannot alias a periodic allocation pattern, and it
@@ -17,11 +18,14 @@
  *   nor the code objects may be touched then.  Those samples are skipped and counted.
  * - pymalloc passes requests over 512 bytes on to the RAW domain: those are counted there,
  *   once (see DEFINE_HOOKS).
- * - a sampled allocation is remembered, by address, while it lives (the live heap), so every
- *   free and realloc must find out whether its block is one of them.  A small bitmap indexed
- *   by a hash of the address answers "certainly not" with one load for nearly all frees; only
- *   the rest take the mutex that guards the table (RAW frees come without the GIL, so the GIL
- *   cannot be that guard).
+ * - a sampled allocation is remembered, by address, while it lives (the live heap), so the
+ *   free and realloc of its block must find it.  With pymalloc underneath, a sampled small
+ *   MEM/OBJ request is made as a request above 512 bytes, which pymalloc takes from the RAW
+ *   domain and frees back to it: every sampled block is then a RAW block, and the MEM/OBJ
+ *   frees (most of a program's) go straight to pymalloc, unhooked (see `redirect`).  A RAW
+ *   free asks a small bitmap indexed by a hash of the address, which answers "certainly
+ *   not" with one load for nearly all of them; only the rest take the mutex that guards the
+ *   table (RAW frees come without the GIL, so the GIL cannot be that guard).
  *
  * Our own tables live in plain malloc memory, never in the hooked domains, and a thread-local
  * flag keeps the hook from sampling while it (or collect) is at work on that thread.
@@ -41,6 +45,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #if PY_VERSION_HEX < 0x030A0000
 static inline PyObject *Py_NewRef(PyObject *o) { Py_INCREF(o); return o; }
@@ -147,21 +152,53 @@ typedef struct {
 } LiveSlot;
 
 static const HotspanSamplerAPI *api;
-static PyMemAllocatorEx orig[N_DOMAINS];
+/* What the fast paths read, together: one cache line for the MEM/OBJ malloc and the RAW free,
+ * and the functions we forward to, a line per domain (the RAW domain's is read by threads
+ * that do not hold the GIL: no line written on every allocation is shared with them). */
+typedef struct Filter Filter;
+static struct {
+    /* MEM/OBJ: bytes to the next sample.  Those domains may only be called with the GIL
+     * held, so one countdown serves every thread, without a thread-local access (in a shared
+     * object, initial-exec TLS still costs a load of its offset from the GOT). */
+    int64_t countdown;
+    Filter *_Atomic filter; /* see live samples below */
+    /* Requests above this size the domain's allocator passes on to the RAW domain. */
+    size_t forward_above[N_DOMAINS];
+} hot __attribute__((aligned(64))) = {0, NULL, {SIZE_MAX, SIZE_MAX, SIZE_MAX}};
+#define forward_above hot.forward_above
+#define live_filter hot.filter
+#ifdef Py_GIL_DISABLED
+#  error "the MEM/OBJ countdown relies on the GIL"
+#endif
+typedef struct {
+    PyMemAllocatorEx a;
+} __attribute__((aligned(64))) Orig;
+static Orig orig_lines[N_DOMAINS];
+#define orig(d) (orig_lines[d].a)
 static int hooked[N_DOMAINS]; /* ours is in that domain's chain (sampling or inert) */
-/* Requests above this size the domain's allocator passes on to the RAW domain. */
-static size_t forward_above[N_DOMAINS] = {SIZE_MAX, SIZE_MAX, SIZE_MAX};
 static int forwarding_unclear; /* a domain forwards, but not simply above some size */
+/* MEM/OBJ: a sampled request of a size the domain keeps itself (pymalloc's small blocks) is
+ * asked of it at forward_above + 1 bytes instead, so that it comes from the RAW domain: its
+ * free then reaches our RAW hook (pymalloc frees a block it does not own with PyMem_RawFree),
+ * and that domain's own free needs no hook at all.  Set when start() saw that happen; the
+ * live table then holds the block's RAW address, which is the program's minus raw_offset
+ * (a debug layer's header). */
+static int redirect[N_DOMAINS];
+static intptr_t raw_offset[N_DOMAINS];
 static _Atomic int sampling;
 static _Atomic int64_t sample_bytes = 512 * 1024;
 static _Atomic uint32_t generation; /* of start(): a thread whose own differs re-arms */
 static int max_depth = 64;
 static Frame *frame_buf; /* with the GIL: only the thread holding it samples */
 
-static THREAD_LOCAL int64_t tls_countdown;
+static THREAD_LOCAL int64_t tls_countdown; /* RAW: bytes to the next sample */
 static THREAD_LOCAL uint32_t tls_generation;
 static THREAD_LOCAL uint64_t tls_rng;
 static THREAD_LOCAL int tls_busy;
+/* start()'s probes: 1, the RAW hook notes the block it allocates; 2, its free of that block. */
+static THREAD_LOCAL int tls_probe;
+static THREAD_LOCAL uintptr_t tls_probe_ptr;
+static THREAD_LOCAL int tls_probe_seen;
 
 /* Stacks: with the GIL. */
 static Stack **stack_buckets;
@@ -190,14 +227,13 @@ static int release_pending;
  * reads every bit it needs: the old buffer is not reused until the rebuild after next.  (A
  * thread stalled between those two loads across two rebuilds could miss one removal: one
  * freed sample counted as live until its address is sampled again.) */
-typedef struct {
+struct Filter {
     unsigned shift; /* 64 - bits */
     _Atomic uint64_t words[(1u << FILTER_MAX_BITS) / 64];
-} Filter;
+};
 /* In .bss: pages never used are never resident (at the minimum size, 4 + 4 + 32 KiB are). */
 static Filter filters[2];
 static uint8_t filter_counts[1u << FILTER_MAX_BITS]; /* 255: stuck until the next rebuild */
-static Filter *_Atomic live_filter;
 static uint64_t n_filter_rebuilds;
 static pthread_mutex_t live_mutex = PTHREAD_MUTEX_INITIALIZER;
 static LiveSlot *live_slots;
@@ -218,7 +254,9 @@ static uint64_t n_live_freed;
 static inline uint64_t
 filter_bit(const Filter *f, uintptr_t p)
 {
-    return ((uint64_t)(p >> 4) * 0x9E3779B97F4A7C15ull) >> f->shift;
+    /* Blocks are 16-byte aligned: p's low bits are zeros, the product's top bits still mix the
+     * rest (one instruction less than hashing p >> 4). */
+    return ((uint64_t)p * 0x9E3779B97F4A7C15ull) >> f->shift;
 }
 
 static inline int
@@ -385,6 +423,8 @@ forget_slow(uintptr_t p)
 {
     if (p == 0) /* free(NULL): 0 marks an empty slot */
         return;
+    if (UNLIKELY(tls_probe == 2) && p == tls_probe_ptr)
+        tls_probe_seen = 1;
     pthread_mutex_lock(&live_mutex);
     n_free_checks++;
     LiveSlot *slot = tracking ? live_find(p) : NULL;
@@ -396,16 +436,6 @@ forget_slow(uintptr_t p)
         n_live_freed++;
     }
     pthread_mutex_unlock(&live_mutex);
-}
-
-/* Every free and realloc: before the block goes back, so that its address cannot be handed
- * out (and sampled) again while it is still in the table. */
-static inline void
-forget(void *ptr)
-{
-    const Filter *f = atomic_load_explicit(&live_filter, memory_order_acquire);
-    if (UNLIKELY(filter_has(f, (uintptr_t)ptr)))
-        forget_slow((uintptr_t)ptr);
 }
 
 /* Empties the live table (the stacks' live_refs with it). */
@@ -661,10 +691,33 @@ take_sample(PyThreadState *ts, uintptr_t ptr, size_t size, int64_t mean)
     live_add(ptr, stack, size, labels);
 }
 
-/* The countdown crossed zero on an allocation of `size` bytes at `ptr`. */
+/* This thread's random stream, seeded on its first sample of each start(). */
+static void
+arm_thread(uint32_t gen)
+{
+    struct timespec now;
+    clock_gettime(CLOCK_REALTIME, &now);
+    uint64_t x = ((uint64_t)(uintptr_t)&tls_countdown) ^ ((uint64_t)now.tv_sec << 32) ^
+                 (uint64_t)now.tv_nsec ^ ((uint64_t)getpid() << 40) ^ ((uint64_t)gen << 20);
+    /* splitmix64's finalizer: nearby seeds (threads, processes started together) give
+     * unrelated streams. */
+    x += 0x9E3779B97F4A7C15ull;
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+    x ^= x >> 31;
+    tls_rng = x ? x : 1;
+    tls_generation = gen;
+}
+
+/* RAW: this thread's countdown crossed zero on an allocation of `size` bytes at `ptr`. */
 static NOINLINE void
 countdown_expired(void *ptr, size_t size)
 {
+    if (UNLIKELY(tls_probe == 1)) {
+        tls_probe_ptr = (uintptr_t)ptr;
+        tls_countdown = INT64_MAX / 2;
+        return;
+    }
     if (ptr == NULL) {
         tls_countdown = 0; /* the allocation failed: the next one is the sample */
         return;
@@ -676,12 +729,8 @@ countdown_expired(void *ptr, size_t size)
     }
     uint32_t gen = atomic_load_explicit(&generation, memory_order_relaxed);
     if (UNLIKELY(tls_generation != gen)) {
-        /* New to this run: arm with its own random stream, sample from the next one. */
-        tls_generation = gen;
-        tls_rng = ((uint64_t)(uintptr_t)&tls_countdown * 0x9E3779B97F4A7C15ull) ^
-                  ((uint64_t)time(NULL) << 20) ^ ((uint64_t)gen << 40) ^ 0x5DEECE66Dull;
-        if (tls_rng == 0)
-            tls_rng = 1;
+        /* New to this run: sample from the next countdown, at its own random point. */
+        arm_thread(gen);
         tls_countdown = draw_interval(mean);
         return;
     }
@@ -699,64 +748,189 @@ countdown_expired(void *ptr, size_t size)
     tls_busy = 0;
 }
 
-/* Counts the bytes down (before the allocation, so that the common case can jump straight
- * to the allocator); true when the countdown ran out. */
-static inline int
-countdown(size_t size)
+enum { K_MALLOC, K_CALLOC, K_REALLOC };
+
+/* Domain d's own allocation, the RAW hook kept from counting (or sampling) what it passes on:
+ * that was counted here. */
+static void *
+call_uncounted(int d, int kind, void *ctx, void *ptr, size_t nelem, size_t size)
+{
+    int64_t saved = tls_countdown;
+    tls_countdown = INT64_MAX / 2;
+    void *p = kind == K_MALLOC   ? orig(d).malloc(ctx, size)
+              : kind == K_CALLOC ? orig(d).calloc(ctx, nelem, size)
+                                 : orig(d).realloc(ctx, ptr, size);
+    tls_countdown = saved;
+    return p;
+}
+
+/* MEM/OBJ, with the GIL: the countdown ran out on this request of `size` bytes (nelem x size
+ * for calloc).  Makes the allocation and, when it is sampled, records it. */
+static NOINLINE void *
+gil_countdown_expired(int d, int kind, void *ctx, void *ptr, size_t nelem, size_t size)
+{
+    size_t total = kind == K_CALLOC ? nelem * size : size;
+    int64_t mean = atomic_load_explicit(&sample_bytes, memory_order_relaxed);
+    if (!atomic_load_explicit(&sampling, memory_order_acquire)) {
+        hot.countdown = INERT_RECHECK_BYTES;
+        return call_uncounted(d, kind, ctx, ptr, nelem, size);
+    }
+    uint32_t gen = atomic_load_explicit(&generation, memory_order_relaxed);
+    if (UNLIKELY(tls_generation != gen))
+        arm_thread(gen);
+    hot.countdown = draw_interval(mean);
+    PyThreadState *ts = CURRENT_TSTATE();
+    if (tls_busy || total == 0 || ts == NULL)
+        return call_uncounted(d, kind, ctx, ptr, nelem, size);
+    void *p;
+    uintptr_t at;
+    if (redirect[d] && total <= forward_above[d]) {
+        size_t ask = forward_above[d] + 1;
+        p = kind == K_MALLOC   ? call_uncounted(d, K_MALLOC, ctx, NULL, 0, ask)
+            : kind == K_CALLOC ? call_uncounted(d, K_CALLOC, ctx, NULL, 1, ask)
+                               : call_uncounted(d, K_REALLOC, ctx, ptr, 0, ask);
+        at = (uintptr_t)p - (uintptr_t)raw_offset[d];
+    } else {
+        p = call_uncounted(d, kind, ctx, ptr, nelem, size);
+        at = (uintptr_t)p;
+    }
+    if (p == NULL) {
+        hot.countdown = 0; /* the allocation failed: the next one is the sample */
+        return NULL;
+    }
+    tls_busy = 1;
+    take_sample(ts, at, total, mean);
+    tls_busy = 0;
+    return p;
+}
+
+/* Every RAW free and realloc (and MEM/OBJ ones where the sampled blocks stay in that domain):
+ * before the block goes back, so that its address cannot be handed out (and sampled) again
+ * while it is still in the table. */
+static inline __attribute__((always_inline)) void
+forget(void *ptr)
+{
+    const Filter *f = atomic_load_explicit(&live_filter, memory_order_acquire);
+    if (UNLIKELY(filter_has(f, (uintptr_t)ptr)))
+        forget_slow((uintptr_t)ptr);
+}
+
+#define HOT __attribute__((hot))
+
+/* RAW: any thread, with or without the GIL; a countdown per thread.  The ctx we get is the
+ * one of the allocator we replaced (ours is a copy of it), so it is passed on as it came. */
+static NOINLINE void *
+raw_sampled_malloc(void *ctx, size_t size)
+{
+    void *p = orig(0).malloc(ctx, size);
+    countdown_expired(p, size);
+    return p;
+}
+
+static HOT void *
+hook_malloc_0(void *ctx, size_t size)
 {
     int64_t left = tls_countdown - (int64_t)size;
     tls_countdown = left;
-    return left < 0;
+    if (UNLIKELY(left < 0))
+        return raw_sampled_malloc(ctx, size);
+    return orig(0).malloc(ctx, size);
 }
 
-/* One set of hook functions per domain, so that none depends on its ctx argument: while the
- * RAW allocator is swapped, a thread without the GIL may read a half-written struct.
- *
- * pymalloc hands requests over 512 bytes to the RAW domain, where our hook sees them again.
- * start() finds out above which size a domain does that (forward_above), and the MEM/OBJ
- * hooks leave those sizes to the RAW hook: counted once, and the common small request pays
- * nothing more.  Frees are simply looked up at each level: a second look at a block just
- * removed misses, in the same cache line. */
+static HOT void *
+hook_calloc_0(void *ctx, size_t nelem, size_t elsize)
+{
+    size_t size = nelem * elsize;
+    void *p = orig(0).calloc(ctx, nelem, elsize);
+    int64_t left = tls_countdown - (int64_t)size;
+    tls_countdown = left;
+    if (UNLIKELY(left < 0))
+        countdown_expired(p, size);
+    return p;
+}
+
+static HOT void *
+hook_realloc_0(void *ctx, void *ptr, size_t size)
+{
+    forget(ptr);
+    void *p = orig(0).realloc(ctx, ptr, size);
+    int64_t left = tls_countdown - (int64_t)size;
+    tls_countdown = left;
+    if (UNLIKELY(left < 0))
+        countdown_expired(p, size);
+    return p;
+}
+
+static NOINLINE void
+raw_free_slow(void *ctx, void *ptr)
+{
+    forget_slow((uintptr_t)ptr);
+    orig(0).free(ctx, ptr);
+}
+
+static HOT void
+hook_free_0(void *ctx, void *ptr)
+{
+    const Filter *f = atomic_load_explicit(&live_filter, memory_order_acquire);
+    if (UNLIKELY(filter_has(f, (uintptr_t)ptr)))
+        raw_free_slow(ctx, ptr); /* a tail call too: nothing to keep across a call here */
+    else
+        orig(0).free(ctx, ptr);
+}
+
+/* MEM and OBJ: only with the GIL.  pymalloc hands requests over 512 bytes to the RAW domain;
+ * start() finds out above which size a domain does that (forward_above), and these hooks
+ * leave those sizes to the RAW hook: counted once, and the common small request pays a
+ * compare, a subtraction and the jump on. */
 #define DEFINE_HOOKS(D)                                                                        \
-    static NOINLINE void *sampled_malloc_##D(size_t size)                                     \
+    static HOT void *hook_malloc_##D(void *ctx, size_t size)                                  \
     {                                                                                          \
-        void *p = orig[D].malloc(orig[D].ctx, size);                                           \
-        countdown_expired(p, size);                                                            \
-        return p;                                                                              \
+        if (size <= forward_above[D]) {                                                        \
+            int64_t left = hot.countdown - (int64_t)size;                                      \
+            hot.countdown = left;                                                              \
+            if (UNLIKELY(left < 0))                                                            \
+                return gil_countdown_expired(D, K_MALLOC, ctx, NULL, 0, size);                 \
+        }                                                                                      \
+        return orig(D).malloc(ctx, size);                                                      \
     }                                                                                          \
-    static void *hook_malloc_##D(void *ctx, size_t size)                                      \
+    static HOT void *hook_calloc_##D(void *ctx, size_t nelem, size_t elsize)                  \
     {                                                                                          \
-        (void)ctx;                                                                             \
-        if ((D == 0 || size <= forward_above[D]) && UNLIKELY(countdown(size)))                 \
-            return sampled_malloc_##D(size);                                                   \
-        return orig[D].malloc(orig[D].ctx, size);                                              \
-    }                                                                                          \
-    static void *hook_calloc_##D(void *ctx, size_t nelem, size_t elsize)                      \
-    {                                                                                          \
-        (void)ctx;                                                                             \
         size_t size = nelem * elsize;                                                          \
-        void *p = orig[D].calloc(orig[D].ctx, nelem, elsize);                                  \
-        if ((D == 0 || size <= forward_above[D]) && UNLIKELY(countdown(size)))                 \
-            countdown_expired(p, size);                                                        \
-        return p;                                                                              \
+        if (size <= forward_above[D]) {                                                        \
+            int64_t left = hot.countdown - (int64_t)size;                                      \
+            hot.countdown = left;                                                              \
+            if (UNLIKELY(left < 0))                                                            \
+                return gil_countdown_expired(D, K_CALLOC, ctx, NULL, nelem, elsize);           \
+        }                                                                                      \
+        return orig(D).calloc(ctx, nelem, elsize);                                             \
     }                                                                                          \
-    static void *hook_realloc_##D(void *ctx, void *ptr, size_t size)                          \
+    static HOT void *hook_realloc_##D(void *ctx, void *ptr, size_t size)                      \
     {                                                                                          \
-        (void)ctx;                                                                             \
-        forget(ptr);                                                                           \
-        void *p = orig[D].realloc(orig[D].ctx, ptr, size);                                     \
-        if ((D == 0 || size <= forward_above[D]) && UNLIKELY(countdown(size)))                 \
-            countdown_expired(p, size);                                                        \
-        return p;                                                                              \
+        if (ptr != NULL)                                                                       \
+            forget((char *)ptr - raw_offset[D]);                                               \
+        if (size > forward_above[D])                                                           \
+            return orig(D).realloc(ctx, ptr, size);                                            \
+        int64_t left = hot.countdown - (int64_t)size;                                          \
+        hot.countdown = left;                                                                  \
+        if (UNLIKELY(left < 0))                                                                \
+            return gil_countdown_expired(D, K_REALLOC, ctx, ptr, 0, size);                     \
+        /* Counted here: a block pymalloc does not own goes on to the RAW realloc. */          \
+        return call_uncounted(D, K_REALLOC, ctx, ptr, 0, size);                                \
     }                                                                                          \
-    static void hook_free_##D(void *ctx, void *ptr)                                           \
+    static NOINLINE void free_slow_##D(void *ctx, void *ptr)                                  \
     {                                                                                          \
-        (void)ctx;                                                                             \
-        forget(ptr);                                                                           \
-        orig[D].free(orig[D].ctx, ptr);                                                        \
+        forget_slow((uintptr_t)ptr);                                                           \
+        orig(D).free(ctx, ptr);                                                                \
+    }                                                                                          \
+    static HOT void hook_free_##D(void *ctx, void *ptr)                                       \
+    {                                                                                          \
+        const Filter *f = atomic_load_explicit(&live_filter, memory_order_acquire);            \
+        if (UNLIKELY(filter_has(f, (uintptr_t)ptr)))                                           \
+            free_slow_##D(ctx, ptr);                                                           \
+        else                                                                                   \
+            orig(D).free(ctx, ptr);                                                            \
     }
 
-DEFINE_HOOKS(0)
 DEFINE_HOOKS(1)
 DEFINE_HOOKS(2)
 
@@ -767,8 +941,8 @@ static PyMemAllocatorEx
 our_allocator(int d)
 {
     /* The ctx of the allocator we replace: whoever reads a torn struct calls either function
-     * with the ctx it expects (ours ignore theirs). */
-    PyMemAllocatorEx a = {orig[d].ctx, NULL, NULL, NULL, NULL};
+     * with the ctx it expects. */
+    PyMemAllocatorEx a = {orig(d).ctx, NULL, NULL, NULL, NULL};
     switch (d) {
     case 0:
         a.malloc = hook_malloc_0, a.calloc = hook_calloc_0, a.realloc = hook_realloc_0,
@@ -776,11 +950,11 @@ our_allocator(int d)
         break;
     case 1:
         a.malloc = hook_malloc_1, a.calloc = hook_calloc_1, a.realloc = hook_realloc_1,
-        a.free = hook_free_1;
+        a.free = redirect[1] ? orig(1).free : hook_free_1;
         break;
     default:
         a.malloc = hook_malloc_2, a.calloc = hook_calloc_2, a.realloc = hook_realloc_2,
-        a.free = hook_free_2;
+        a.free = redirect[2] ? orig(2).free : hook_free_2;
         break;
     }
     return a;
@@ -804,10 +978,10 @@ reaches_raw(int d, size_t size)
     const int64_t full = INT64_MAX / 2;
     int64_t saved = tls_countdown;
     tls_countdown = full;
-    void *p = orig[d].malloc(orig[d].ctx, size);
+    void *p = orig(d).malloc(orig(d).ctx, size);
     int64_t used = full - tls_countdown;
     if (p != NULL)
-        orig[d].free(orig[d].ctx, p);
+        orig(d).free(orig(d).ctx, p);
     tls_countdown = saved;
     return p != NULL && used >= (int64_t)size;
 }
@@ -840,6 +1014,43 @@ find_forwarding(int d)
         return SIZE_MAX;
     }
     return hi - 1;
+}
+
+/* Whether domain d (which forwards above forward_above[d]) frees such a block with the RAW
+ * free, at the address the RAW malloc gave: then its sampled small requests can be made
+ * big ones (see `redirect`).  Sets raw_offset[d]. */
+static int
+probe_redirect(int d)
+{
+    if (forward_above[d] == SIZE_MAX)
+        return 0;
+    int64_t saved = tls_countdown;
+    tls_probe = 1;
+    tls_probe_ptr = 0;
+    tls_countdown = 0; /* the RAW hook's next allocation calls countdown_expired */
+    void *q = orig(d).malloc(orig(d).ctx, forward_above[d] + 1);
+    uintptr_t raw = tls_probe_ptr;
+    tls_probe = 0;
+    tls_countdown = saved;
+    if (q == NULL)
+        return 0;
+    pthread_mutex_lock(&live_mutex);
+    Filter *f = atomic_load_explicit(&live_filter, memory_order_relaxed);
+    if (raw != 0)
+        filter_add(f, raw); /* so that the RAW free of it takes the slow path */
+    pthread_mutex_unlock(&live_mutex);
+    tls_probe = 2;
+    tls_probe_ptr = raw;
+    tls_probe_seen = 0;
+    orig(d).free(orig(d).ctx, q);
+    int seen = tls_probe_seen;
+    tls_probe = 0;
+    pthread_mutex_lock(&live_mutex);
+    if (raw != 0)
+        filter_remove(atomic_load_explicit(&live_filter, memory_order_relaxed), raw);
+    pthread_mutex_unlock(&live_mutex);
+    raw_offset[d] = (intptr_t)((uintptr_t)q - raw);
+    return raw != 0 && seen;
 }
 
 /* ---------------------------------------------------------------- module functions */
@@ -914,20 +1125,37 @@ alloc_start(PyObject *mod UNUSED, PyObject *args, PyObject *kwds)
     max_depth = depth;
     drop_everything(1);
     atomic_store(&sample_bytes, (int64_t)bytes);
-    atomic_fetch_add(&generation, 1);
+    uint32_t gen = atomic_fetch_add(&generation, 1) + 1;
+    hot.countdown = INT64_MAX / 2; /* no MEM/OBJ sample while probing */
+    int installed[N_DOMAINS] = {0};
     for (int d = 0; d < N_DOMAINS; d++) {
         if (hooked[d])
             continue; /* inert since a stop() that could not unhook: sampling resumes */
-        PyMem_GetAllocator(domains[d], &orig[d]);
+        PyMem_GetAllocator(domains[d], &orig(d));
+        redirect[d] = 0;
+        raw_offset[d] = 0;
         PyMemAllocatorEx ours = our_allocator(d);
         PyMem_SetAllocator(domains[d], &ours);
-        hooked[d] = 1;
+        hooked[d] = installed[d] = 1;
     }
     forwarding_unclear = 0;
     for (int d = 1; d < N_DOMAINS; d++) {
         forward_above[d] = SIZE_MAX; /* while probing: the hook counts everything */
         forward_above[d] = find_forwarding(d);
     }
+    for (int d = 1; d < N_DOMAINS; d++) {
+        if (!installed[d] || !probe_redirect(d)) {
+            if (installed[d])
+                raw_offset[d] = 0;
+            continue;
+        }
+        /* That domain's free goes straight to its allocator: nothing it frees is ours. */
+        redirect[d] = 1;
+        PyMemAllocatorEx ours = our_allocator(d);
+        PyMem_SetAllocator(domains[d], &ours);
+    }
+    arm_thread(gen);
+    hot.countdown = draw_interval((int64_t)bytes);
     atomic_store_explicit(&sampling, 1, memory_order_release);
     Py_RETURN_NONE;
 }
@@ -941,8 +1169,10 @@ alloc_stop(PyObject *mod UNUSED, PyObject *unused UNUSED)
         if (!hooked[d])
             continue;
         if (is_ours(d)) {
-            PyMem_SetAllocator(domains[d], &orig[d]);
+            PyMem_SetAllocator(domains[d], &orig(d));
             hooked[d] = 0;
+            redirect[d] = 0;
+            raw_offset[d] = 0;
         } else {
             /* Someone chained on top of us: restoring what was there before us would cut
              * them out.  Stay in the chain, forwarding only. */
@@ -1099,14 +1329,15 @@ alloc_stats(PyObject *mod UNUSED, PyObject *unused UNUSED)
         inert_n += hooked[d] && !atomic_load(&sampling);
     }
     return Py_BuildValue(
-        "{sKsKsKsKsKsKsKsKsKsnsisisnsisisK}", "samples", (unsigned long long)n_samples, "no_stack",
+        "{sKsKsKsKsKsKsKsKsKsnsisisnsisisisK}", "samples", (unsigned long long)n_samples, "no_stack",
         (unsigned long long)n_no_stack, "dropped_stacks", (unsigned long long)n_dropped_stacks,
         "dropped_window", (unsigned long long)n_dropped_window, "dropped_live", live_dropped,
         "no_gil", (unsigned long long)atomic_load(&n_no_gil), "live", live, "free_checks",
         checks, "live_freed", freed, "stacks", (Py_ssize_t)stack_count, "hooked_domains",
         hooked_n, "inert_domains", inert_n, "obj_forwards_above",
         forward_above[2] == SIZE_MAX ? (Py_ssize_t)-1 : (Py_ssize_t)forward_above[2],
-        "forwarding_unclear", forwarding_unclear, "filter_bits",
+        "forwarding_unclear", forwarding_unclear, "redirected_domains", redirect[1] + redirect[2],
+        "filter_bits",
         64 - (int)atomic_load(&live_filter)->shift, "filter_rebuilds",
         (unsigned long long)n_filter_rebuilds);
 }
