@@ -84,6 +84,7 @@ def _line_of(code: Any, lasti: int) -> int:
     if not hasattr(code, "co_lines"):
         # 3.9: no co_lines; dis.findlinestarts reads co_lnotab (offsets increase).
         import dis
+
         line = code.co_firstlineno
         for offset, lineno in dis.findlinestarts(code):
             if offset > lasti:
