@@ -61,7 +61,7 @@ ALL_WORKLOADS = WORKLOADS + BUSY_WORKLOADS + ["gc_containers"] + TRUTH_WORKLOADS
 # profiler: its "slowdown" is what noise alone gives (an A/A test), the scale to read the
 # other rows against.
 PROFILERS = ["none", "none-again", "hotspan", "pyspy", "pyroscope"]
-PROFILE_PROFILERS = ["none", "none-again", "hotspan", "ddtrace", "tracemalloc"]
+PROFILE_PROFILERS = ["none", "none-again", "hotspan", "hotspan-cpuonly", "ddtrace", "tracemalloc"]
 # On request (--profilers): py-spy without --nonblocking (it stops the process for every
 # sample, which is not how it runs in production, but it shows the attribution error the
 # issue quotes), and hotspan with one feature off, to tell where a cost comes from.

@@ -39,7 +39,9 @@ Params = Dict[str, Any]
 # gets (the params plus live objects such as sockets, which JSON cannot carry).
 Setup = Callable[[Params], ContextManager[Params]]
 CLK_TCK = os.sysconf("SC_CLK_TCK")
-SAMPLE_RATE = 100
+# bench/agent_instructions.py lowers it under valgrind, whose ~50x slower CPU would otherwise
+# give the sampler ~50x more samples per unit of work than a native run.
+SAMPLE_RATE = int(os.environ.get("HOTSPAN_BENCH_SAMPLE_RATE", "100"))
 # hotspan with one feature off, to tell which part of the agent a cost comes from.
 HOTSPAN_VARIANTS: Dict[str, Dict[str, Any]] = {
     "hotspan": {},

@@ -1,0 +1,163 @@
+"""The agent's cost in instructions, which a noisy shared VM cannot blur: each workload under
+``valgrind --tool=callgrind``, with no profiler, hotspan with CPU and wall only, and hotspan
+with every profile type on, at two sizes of work; the cost is the extra instructions per unit
+of work (the difference between the two sizes, so that start-up and the exit upload cancel).
+
+    python bench/agent_instructions.py [--workloads cpu_split,alloc,...] [--seconds 0.15]
+
+Needs Debian's ``valgrind``.  Writes ``bench/results/agent_instructions.{md,json}``.  Under
+valgrind the program runs ~50x slower while the sampler's timers count real CPU time, so the
+sample rate is lowered to 2 Hz (``HOTSPAN_BENCH_SAMPLE_RATE``) to keep samples per unit of work
+near a native run at 100 Hz; the per-operation costs (the allocator hook, profiled locks, span
+labels) do not depend on it.  Instruction counts are not time: a cache miss or a mispredicted
+branch costs more than an instruction, so read these beside the timed runs of ``agent.py``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from typing import Dict, List, Tuple
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import common  # noqa: E402
+
+WORKLOAD_DIR = os.path.join(common.BENCH_DIR, "agent_workloads")
+# The parameter that sets each workload's amount of work (the rest stays as calibrated).
+SCALE = {
+    "cpu_split": "rounds",
+    "alloc": "n",
+    "gc_containers": "steps",
+    "asyncio_spans": "requests",
+    "threads": "iterations",
+}
+PROFILERS = ["none", "hotspan-cpuonly", "hotspan"]
+LABELS = {
+    "none": "no profiler",
+    "hotspan-cpuonly": "hotspan, CPU and wall only",
+    "hotspan": "hotspan, every profile type on",
+}
+DEAD_SERVER = "http://127.0.0.1:9"  # nothing listens: the exit upload fails at once
+
+
+def python_binary() -> str:
+    # pyenv's `python3` is a shell script: valgrind must start the interpreter itself.
+    return os.path.realpath(sys.executable)
+
+
+def calibrate(workload: str, seconds: float) -> Dict[str, object]:
+    out = subprocess.run(
+        [sys.executable, os.path.join(WORKLOAD_DIR, f"{workload}.py"), "--calibrate", str(seconds)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def instructions(workload: str, profiler: str, params: Dict[str, object]) -> int:
+    with tempfile.TemporaryDirectory() as tmp:
+        out_file = os.path.join(tmp, "callgrind.out")
+        env = dict(os.environ, HOTSPAN_BENCH_SAMPLE_RATE="2", PYTHONHASHSEED="0")
+        proc = subprocess.run(
+            [
+                "valgrind",
+                "--tool=callgrind",
+                f"--callgrind-out-file={out_file}",
+                python_binary(),
+                os.path.join(WORKLOAD_DIR, f"{workload}.py"),
+                "--profiler",
+                profiler,
+                "--server",
+                DEAD_SERVER,
+                "--params",
+                json.dumps(params),
+            ],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=1800,
+        )
+        found = re.search(r"Collected : (\d+)", proc.stderr) or re.search(
+            r"I\s+refs:\s+([\d,]+)", proc.stderr
+        )
+        if proc.returncode != 0 or found is None:
+            raise RuntimeError(f"{workload}/{profiler}: {proc.stderr[-2000:]}")
+        return int(found.group(1).replace(",", ""))
+
+
+def measure(workload: str, seconds: float) -> Dict[str, object]:
+    small = calibrate(workload, seconds)
+    key = SCALE[workload]
+    big = dict(small, **{key: int(small[key]) * 3})  # type: ignore[call-overload]
+    jobs: List[Tuple[str, str, Dict[str, object]]] = [
+        (p, size, params) for p in PROFILERS for size, params in (("1x", small), ("3x", big))
+    ]
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
+        counts = list(pool.map(lambda job: instructions(workload, job[0], job[2]), jobs))
+    per = {(p, size): n for (p, size, _), n in zip(jobs, counts)}
+    marginal = {p: per[(p, "3x")] - per[(p, "1x")] for p in PROFILERS}
+    base = marginal["none"]
+    return {
+        "workload": workload,
+        "params_1x": small,
+        "params_3x": big,
+        "instructions": {f"{p} {s}": n for (p, s), n in per.items()},
+        "marginal": marginal,
+        "overhead_pct": {p: 100.0 * (marginal[p] / base - 1) for p in PROFILERS if p != "none"},
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--workloads", default=",".join(SCALE))
+    ap.add_argument("--seconds", type=float, default=0.15, help="native seconds of the 1x size")
+    ap.add_argument("--out", default=os.path.join(common.BENCH_DIR, "results"))
+    args = ap.parse_args()
+    if shutil.which("valgrind") is None:
+        raise SystemExit("valgrind is not installed: apt-get install valgrind")
+    machine = common.machine()
+    results = []
+    for workload in args.workloads.split(","):
+        print(f"{workload} ...", file=sys.stderr, flush=True)
+        results.append(measure(workload, args.seconds))
+    rows = [
+        "| workload | " + " | ".join(LABELS[p] for p in PROFILERS[1:]) + " |",
+        "|---|" + "---:|" * (len(PROFILERS) - 1),
+    ]
+    for r in results:
+        cells = " | ".join(f"{r['overhead_pct'][p]:+.2f} %" for p in PROFILERS[1:])  # type: ignore[index]
+        rows.append(f"| `{r['workload']}` | {cells} |")
+    md = "\n".join(
+        [
+            "# hotspan agent: extra instructions per unit of work (callgrind)",
+            "",
+            "Command: `python bench/agent_instructions.py` "
+            f"(1x = {args.seconds} s of native work, 3x its triple; the cost is the extra "
+            "instructions of 3x - 1x against no profiler).",
+            "",
+            "Machine: {nproc} CPUs ({cpu_model}), Python {python}, {platform}; hotspan commit "
+            "{git_commit}; {date_utc} UTC.".format(**machine),
+            "",
+            *rows,
+            "",
+        ]
+    )
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "agent_instructions.md"), "w") as f:
+        f.write(md)
+    with open(os.path.join(args.out, "agent_instructions.json"), "w") as f:
+        json.dump({"machine": machine, "results": results}, f, indent=1)
+    print(md)
+
+
+if __name__ == "__main__":
+    main()
