@@ -84,18 +84,23 @@ def test_a_span_opens_its_allocations_and_lock_waits(page, ledger) -> None:  # t
     # The export span's allocations: build_rows, with bytes in the tooltip's unit.
     page.select_option(picker, ALLOC)
     page.wait_for_url(re.compile(r"type=memory%3Aalloc_space"))
+    # build_rows burns CPU too: wait for the allocation profile itself, in bytes.
+    page.wait_for_function(
+        """() => /\\d MiB/.test(document.querySelector('.hs-span-profile').innerText)
+              && !document.querySelector('.hs-span-profile').innerText.includes('Loading')"""
+    )
     wait_for_frame(page, "__main__.build_rows")
     assert "Allocated bytes" in page.inner_text(".hs-profile-title")
     assert "wait_for_ledger" not in " ".join(frame_names(page))  # a child span's, not its own
-    total = page.inner_text(".hs-span-profile")
-    assert re.search(r"\d+(\.\d+)? MiB", total), total
     screenshot(page, "span-profile-alloc")
 
     # The child span that waited for the lock: its lock wait, ~300 ms, on the waiter.
     page.click(".hs-wf-span[data-name='lock ledger'] .hs-wf-span-name")
     page.wait_for_url(re.compile(rf"span={ids['locked']}"))
     page.select_option(picker, DELAY)
+    page.wait_for_url(re.compile(r"type=mutex%3Adelay"))
     wait_for_frame(page, "__main__.wait_for_ledger")
+    assert "Lock wait time" in page.inner_text(".hs-profile-title")
     assert re.search(r"\d+(\.\d+)? ms", page.inner_text(".hs-span-profile"))
     screenshot(page, "span-profile-lock-delay")
 
