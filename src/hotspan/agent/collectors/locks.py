@@ -136,24 +136,22 @@ def _plain_timeout(timeout: Any) -> bool:
     return False
 
 
-class PyProfiledLock:
-    """``threading.Lock`` whose waits are timed (the Python twin of the C ProfiledLock)."""
+class _PyProfiled:
+    """What the Python twins of the C ProfiledLock and ProfiledRLock share: a real lock inside,
+    an uncontended acquire as one non-blocking try, and a wait timed only when that fails."""
 
     __slots__ = ("_inner", "__weakref__")
-
-    def __init__(self) -> None:
-        self._inner = _allocate_lock()
 
     def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
         inner = self._inner
         if not blocking or not (timeout == -1 or _plain_timeout(timeout)):
-            return inner.acquire(blocking, timeout)
+            return inner.acquire(blocking, timeout)  # type: ignore[no-any-return]
         if inner.acquire(False):
             return True
         start = _monotonic_ns()
         got = inner.acquire(blocking, timeout)
         _recorder.record(_getframe(1), _monotonic_ns() - start)
-        return got
+        return got  # type: ignore[no-any-return]
 
     def __enter__(self) -> bool:
         inner = self._inner
@@ -162,7 +160,7 @@ class PyProfiledLock:
         start = _monotonic_ns()
         got = inner.acquire()
         _recorder.record(_getframe(1), _monotonic_ns() - start)
-        return got
+        return got  # type: ignore[no-any-return]
 
     def release(self) -> None:
         self._inner.release()
@@ -170,58 +168,41 @@ class PyProfiledLock:
     def __exit__(self, *exc: object) -> None:
         self._inner.release()
 
-    def locked(self) -> bool:
-        return self._inner.locked()
-
     def _at_fork_reinit(self) -> None:
         self._inner._at_fork_reinit()
-
-    acquire_lock = acquire
-    release_lock = release
-    locked_lock = locked
 
     def __repr__(self) -> str:
         return "<profiled " + repr(self._inner)[1:]
 
 
-class PyProfiledRLock:
+class PyProfiledLock(_PyProfiled):
+    """``threading.Lock`` whose waits are timed (the Python twin of the C ProfiledLock)."""
+
+    __slots__ = ()
+
+    def __init__(self) -> None:
+        self._inner = _allocate_lock()
+
+    def locked(self) -> bool:
+        return self._inner.locked()  # type: ignore[no-any-return]
+
+    acquire_lock = _PyProfiled.acquire
+    release_lock = _PyProfiled.release
+    locked_lock = locked
+
+
+class PyProfiledRLock(_PyProfiled):
     """``threading.RLock`` whose waits are timed (the Python twin of the C ProfiledRLock)."""
 
-    __slots__ = ("_inner", "__weakref__")
+    __slots__ = ()
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self._inner = _CRLock(*args, **kwargs)
 
-    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
-        inner = self._inner
-        if not blocking or not (timeout == -1 or _plain_timeout(timeout)):
-            return inner.acquire(blocking, timeout)
-        if inner.acquire(False):
-            return True
-        start = _monotonic_ns()
-        got = inner.acquire(blocking, timeout)
-        _recorder.record(_getframe(1), _monotonic_ns() - start)
-        return got
-
-    def __enter__(self) -> bool:
-        inner = self._inner
-        if inner.acquire(False):
-            return True
-        start = _monotonic_ns()
-        got = inner.acquire()
-        _recorder.record(_getframe(1), _monotonic_ns() - start)
-        return got
-
-    def release(self) -> None:
-        self._inner.release()
-
-    def __exit__(self, *exc: object) -> None:
-        self._inner.release()
-
     # What threading.Condition uses.  Taking the lock back after a notify is not timed: the
     # wait for the notify is not contention.
     def _is_owned(self) -> bool:
-        return self._inner._is_owned()
+        return self._inner._is_owned()  # type: ignore[no-any-return]
 
     def _release_save(self) -> Any:
         return self._inner._release_save()
@@ -229,17 +210,11 @@ class PyProfiledRLock:
     def _acquire_restore(self, state: Any) -> None:
         self._inner._acquire_restore(state)
 
-    def _at_fork_reinit(self) -> None:
-        self._inner._at_fork_reinit()
-
     def __getattr__(self, name: str) -> Any:
         # What this Python's RLock has beyond the above (_recursion_count, locked).
         if name == "_inner":  # not set: the inner RLock could not be made
             raise AttributeError(name)
         return getattr(self._inner, name)
-
-    def __repr__(self) -> str:
-        return "<profiled " + repr(self._inner)[1:]
 
 
 # ------------------------------------------------------------------ backends
