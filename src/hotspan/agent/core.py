@@ -237,38 +237,46 @@ class Agent:
             writer = ProfileWriter(profile.sample_types, profile.period_type, profile.period)
             names = _thread_names() if self.config.thread_name_label else {}
             labels_cache: Dict[Tuple[Any, ...], List[Tuple[str, str]]] = {}
+            # One stack stands in many samples (one per span that allocated there, say): it
+            # is named once.
+            named_cache: Dict[Any, Tuple[FrameInfo, ...]] = {}
             for sample in profile.samples:
                 key = (sample.labels, sample.thread_ident if names else 0)
                 labels = labels_cache.get(key)
                 if labels is None:
                     labels = self._labels(sample.labels, names.get(sample.thread_ident))
                     labels_cache[key] = labels
-                writer.add(self._named(sample.stack), sample.values, labels)
+                named = named_cache.get(sample.stack)
+                if named is None:
+                    named = named_cache[sample.stack] = self._named(sample.stack)
+                writer.add(named, sample.values, labels)
             if len(writer):
                 duration = max(profile.end_ns - profile.start_ns, 0)
                 body = writer.encode(profile.start_ns, duration)
                 self._uploader.submit(self._params(profile.start_ns, profile.end_ns), body)
 
-    def _named(self, stack: Any) -> List[FrameInfo]:
+    def _named(self, stack: Any) -> Tuple[FrameInfo, ...]:
         frame = self._symbols.frame
-        return [
+        return tuple(
             entry if len(entry) == 4 else frame(entry[0], entry[1])  # type: ignore[misc]
             for entry in stack
-        ]
+        )
 
     def _encode(self, window: Window, period: int) -> List[bytes]:
         writers = {
             CPU: ProfileWriter(CPU_TYPE, CPU_TYPE, period),
             WALL: ProfileWriter(WALL_TYPE, WALL_TYPE, period),
         }
-        frame = self._symbols.frame
         names = _thread_names() if self.config.thread_name_label else {}
         labels_cache: Dict[Tuple[Any, ...], List[Tuple[str, str]]] = {}
+        named_cache: Dict[Any, Tuple[FrameInfo, ...]] = {}  # a stack has CPU and wall samples
         for sample in window.samples:
             writer = writers.get(sample.kind)
             if writer is None:
                 continue
-            stack = [frame(code, lasti) for code, lasti in sample.stack]
+            stack = named_cache.get(sample.stack)
+            if stack is None:
+                stack = named_cache[sample.stack] = self._named(sample.stack)
             key = (sample.labels, sample.thread_ident if names else 0)
             labels = labels_cache.get(key)
             if labels is None:

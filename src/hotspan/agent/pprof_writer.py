@@ -67,6 +67,7 @@ class ProfileWriter:
         self._strings: Dict[str, int] = {"": 0}
         self._functions: Dict[Tuple[str, str, int], int] = {}
         self._locations: Dict[Tuple[int, int], int] = {}
+        self._stacks: Dict[Tuple[FrameInfo, ...], Tuple[int, ...]] = {}
         self._samples: Dict[Tuple[Tuple[int, ...], Tuple[Tuple[int, int], ...]], List[int]] = {}
         if isinstance(sample_type[0], str):
             self.sample_types: Tuple[Tuple[str, str], ...] = (sample_type,)  # type: ignore[assignment]
@@ -103,7 +104,13 @@ class ProfileWriter:
             raise ValueError(f"{len(values)} values for {len(self.sample_types)} sample types")
         if not any(v > 0 for v in values):
             return
-        locations = tuple(self._location(f) for f in stack)
+        # A stack given as a tuple is resolved once per writer: the same stack comes back with
+        # every span or tag set that was current there.
+        locations = self._stacks.get(stack) if isinstance(stack, tuple) else None
+        if locations is None:
+            locations = tuple(self._location(f) for f in stack)
+            if isinstance(stack, tuple):
+                self._stacks[stack] = locations
         label_ids = tuple((self._string(k), self._string(v)) for k, v in labels)
         key = (locations, label_ids)
         total = self._samples.get(key)
