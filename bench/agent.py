@@ -1061,7 +1061,11 @@ _WORKLOAD_TITLES = {
     "web_server": "Starlette on uvicorn under load from another process (8 keep-alive connections)",
 }
 _PROFILER_TITLES = {
-    "hotspan": "hotspan",
+    # The agent's defaults: since issue 12 every profile type is on.
+    "hotspan": "hotspan, every profile type on",
+    "hotspan-cpuonly": "hotspan, CPU and wall only",
+    "ddtrace": "ddtrace profiler (memory + lock collectors on)",
+    "tracemalloc": "tracemalloc, 25 frames",
     "none-again": "*no profiler, again (A/A: the noise)*",
     "pyspy": "py-spy `record --nonblocking`",
     "pyspy-blocking": "py-spy `record` (blocking)",
@@ -1226,14 +1230,6 @@ _WORKLOAD_TITLES.update(
         "lock_contention": "two threads on a lock held 5 ms of every 10 ms",
         "threads_tasks": "sleeping threads and pending asyncio tasks on known stacks",
         "bursty_threads": "bursty threads (CPU bursts and sleeps)",
-    }
-)
-_PROFILER_TITLES.update(
-    {
-        "hotspan": "hotspan, every profile type on",
-        "hotspan-cpuonly": "hotspan, CPU and wall only",
-        "ddtrace": "ddtrace profiler (memory + lock collectors on)",
-        "tracemalloc": "tracemalloc, 25 frames",
     }
 )
 
