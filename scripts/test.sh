@@ -9,10 +9,11 @@ export PIP_BREAK_SYSTEM_PACKAGES=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER
 
 # Go brings `go tool pprof` (a real pprof reader) and runtime/pprof (a real producer);
 # Chromium runs the UI tests (Playwright drives it; Playwright's own browser download is not
-# used).
+# used); valgrind runs the agent where the heap sits low (tests/test_agent_code_lifetime.py).
 missing=()
 command -v go >/dev/null 2>&1 || missing+=(golang-go)
 command -v chromium >/dev/null 2>&1 || missing+=(chromium)
+command -v valgrind >/dev/null 2>&1 || missing+=(valgrind)
 if [ ${#missing[@]} -gt 0 ]; then
     sudo=""
     if [ "$(id -u)" -ne 0 ]; then sudo="sudo"; fi

@@ -1450,15 +1450,23 @@ safe_read(const void *address, void *out, size_t size)
 #endif
 }
 
-/* A freed object's memory keeps its type and fields until it is reused, but pymalloc (and
- * malloc's free lists) write a free-list pointer into its first word, where the reference
- * count was: a live count is small (or CPython's immortal count, below 2^32), a pointer is an
- * address far above 2^40.  Taking a reference to a freed code object would corrupt the
- * allocator's free list and crash the program later, so this check is what keeps it safe. */
+/* A freed object's memory keeps its type and fields until it is reused, but the allocator
+ * writes its free-list link into the first word, where the reference count was: pymalloc the
+ * next free block of the same pool (or NULL), mimalloc the next block of the same page, glibc
+ * a pointer (and its tcache key over ob_type).  Taking a reference to a freed code object
+ * corrupts that free list and crashes the program later, so this check is what keeps it safe.
+ * A live code object's count is small (or an immortal constant); a link is 0 or an address
+ * near the block itself.  Comparing with the block's own address, not with a fixed bound,
+ * matters where the heap is low: under valgrind pymalloc's pools sit near 0x5000000, whose
+ * links a "below 2^40" test took for counts, and an INCREF on a freed block followed. */
 static inline int
-plausible_refcnt(Py_ssize_t refcnt)
+plausible_refcnt(const void *object, Py_ssize_t refcnt)
 {
-    return refcnt > 0 && (uint64_t)refcnt < ((uint64_t)1 << 40);
+    uint64_t count = (uint64_t)refcnt;
+    if (refcnt <= 0 || count >= ((uint64_t)1 << 40))
+        return 0;
+    /* Within the same 4 MiB as the object: a pool (16 KiB) or page (64 KiB) link. */
+    return ((count ^ (uint64_t)(uintptr_t)object) >> 22) != 0;
 }
 
 /* With the GIL (so that no code object is freed meanwhile).  A frame recorded by a signal
@@ -1476,7 +1484,7 @@ code_valid(const RawFrame *frame)
     PyCodeObject copy;
     const PyCodeObject *code = (const PyCodeObject *)(uintptr_t)ptr;
     return safe_read(code, &copy, sizeof copy) == 0 && Py_TYPE(&copy) == &PyCode_Type &&
-           plausible_refcnt(Py_REFCNT(&copy)) &&
+           plausible_refcnt(code, Py_REFCNT(&copy)) &&
            code_fingerprint(&copy) == frame->fingerprint && code_register((PyObject *)code);
 }
 

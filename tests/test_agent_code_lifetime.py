@@ -1,0 +1,88 @@
+"""Code objects that die between the signal that sampled them and the collect that names them.
+
+The native sampler records raw code pointers in a signal handler; the collect, with the GIL,
+takes a reference only to those still alive, judged from the memory behind the pointer.  A
+freed code object's first word is the allocator's free-list link: taking it for a reference
+count and incrementing it corrupts the free list, and the program crashes later, far from the
+cause.  Natively the heap sits at addresses a reference count never reaches; under valgrind it
+sits low (pymalloc's pools near 0x5000000), which is how the check was found wanting.  So the
+program runs under valgrind: it compiles, runs and drops a new function every millisecond or
+so, sampled at 1,000 Hz, with a collect every 100 ms.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from hotspan._speedups import load_sampler
+from tests.helpers import flamegraph, function_totals
+from tests.test_agent import CPU
+
+pytestmark = [
+    pytest.mark.skipif(load_sampler() is None, reason="the native sampler is not built"),
+    pytest.mark.skipif(shutil.which("valgrind") is None, reason="valgrind is not installed"),
+]
+
+PROGRAM = """
+import time
+import hotspan
+
+hotspan.configure(application_name={service!r}, server_address={url!r}, upload_interval=0.3,
+                  sample_rate=1000, alloc_sample_bytes=0, locks=False, threads=False)
+stop = time.monotonic() + {seconds}
+n = 0
+while time.monotonic() < stop:
+    source = (
+        f"def burn_{{n}}(k):\\n"
+        "    x = 0\\n"
+        "    for i in range(k):\\n"
+        "        x = (x * 31 + i) & 0xFFFF\\n"
+        "    return x\\n"
+    )
+    namespace = {{}}
+    exec(compile(source, f"<churn {{n}}>", "exec"), namespace)
+    namespace[f"burn_{{n}}"](3000)
+    del namespace  # the function and its code object die here
+    n += 1
+hotspan.shutdown()
+print("functions", n)
+"""
+
+
+def test_dead_code_objects_are_not_referenced(module_server, tmp_path: Path) -> None:
+    service = f"churn_{uuid.uuid4().hex[:6]}"
+    script = tmp_path / "churn.py"
+    # 12 s: the check before this test's fix crashed this program in each of 3 runs of 12 s.
+    script.write_text(
+        textwrap.dedent(PROGRAM).format(service=service, url=module_server.url, seconds=12)
+    )
+    # valgrind must start the interpreter itself, not a launcher script (pyenv's shims).
+    python = os.path.realpath(sys.executable)
+    proc = subprocess.run(
+        ["valgrind", "--tool=none", "-q", python, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    made = int(proc.stdout.split()[-1])
+    assert made > 100, proc.stdout
+
+    # The functions still alive at a collect are named; the dead ones are not made up.
+    with module_server.client() as client:
+        now = int(time.time())
+        graph = flamegraph(client, f'{{service_name="{service}"}}', now - 600, now + 60,
+                           profile_type=CPU)
+    named = [name for name in function_totals(graph) if "burn_" in name]
+    assert named, sorted(function_totals(graph))[:50]
+    assert all(int(name.rsplit("_", 1)[1]) < made for name in named)
