@@ -81,8 +81,9 @@ def test_dead_code_objects_are_not_referenced(module_server, tmp_path: Path) -> 
     # The functions still alive at a collect are named; the dead ones are not made up.
     with module_server.client() as client:
         now = int(time.time())
-        graph = flamegraph(client, f'{{service_name="{service}"}}', now - 600, now + 60,
-                           profile_type=CPU)
+        graph = flamegraph(
+            client, f'{{service_name="{service}"}}', now - 600, now + 60, profile_type=CPU
+        )
     named = [name for name in function_totals(graph) if "burn_" in name]
     assert named, sorted(function_totals(graph))[:50]
     assert all(int(name.rsplit("_", 1)[1]) < made for name in named)
