@@ -2004,7 +2004,70 @@ typedef struct {
 } LinkerObject;
 
 static PyObject *str_attach, *str_detach, *str_get_current, *str_get_span_context, *str_parent;
-static PyObject *sixty_four;
+static PyObject *str_context_attr;
+
+/* Span types whose get_span_context() returns their `_context` attribute (the SDK's Span, the
+ * API's NonRecordingSpan), found out on the first span of each type: reading the attribute
+ * costs a fifth of calling the method, on every span.  A type whose method returns anything
+ * else keeps the call.  The references keep the types (and so their addresses) alive. */
+#define SPAN_TYPES 8
+static PyTypeObject *span_types[SPAN_TYPES];
+static int span_type_reads_attr[SPAN_TYPES];
+
+static PyObject *
+span_context_of(PyObject *span)
+{
+    PyTypeObject *type = Py_TYPE(span);
+    int known = -1, k = 0;
+    for (; k < SPAN_TYPES && span_types[k] != NULL; k++) {
+        if (span_types[k] == type) {
+            known = span_type_reads_attr[k];
+            break;
+        }
+    }
+    if (known == 1) {
+        PyObject *ctx = PyObject_GetAttr(span, str_context_attr);
+        if (ctx != NULL)
+            return ctx;
+        PyErr_Clear();
+    }
+    PyObject *ctx = PyObject_CallMethodObjArgs(span, str_get_span_context, NULL);
+    if (known == -1 && ctx != NULL && k < SPAN_TYPES) {
+        PyObject *attr = PyObject_GetAttr(span, str_context_attr);
+        if (attr == NULL)
+            PyErr_Clear();
+        span_types[k] = (PyTypeObject *)Py_NewRef((PyObject *)type);
+        span_type_reads_attr[k] = attr == ctx;
+        Py_XDECREF(attr);
+    }
+    return ctx;
+}
+
+/* The 128-bit trace id as two words; -1 if it is not an int that fits. */
+static int
+trace_id_words(PyObject *trace, uint64_t *hi, uint64_t *lo)
+{
+    unsigned char b[16];
+#if PY_VERSION_HEX >= 0x030D0000
+    Py_ssize_t n = PyLong_AsNativeBytes(trace, b, 16,
+                                        Py_ASNATIVEBYTES_LITTLE_ENDIAN |
+                                            Py_ASNATIVEBYTES_UNSIGNED_BUFFER |
+                                            Py_ASNATIVEBYTES_REJECT_NEGATIVE);
+    if (n < 0 || n > 16)
+        return -1;
+#else
+    if (_PyLong_AsByteArray((PyLongObject *)trace, b, 16, 1, 0) < 0)
+        return -1;
+#endif
+    uint64_t h = 0, l = 0;
+    for (int i = 7; i >= 0; i--) {
+        l = (l << 8) | b[i];
+        h = (h << 8) | b[8 + i];
+    }
+    *hi = h;
+    *lo = l;
+    return 0;
+}
 
 static void
 linker_dealloc(LinkerObject *self)
@@ -2063,7 +2126,7 @@ labels_for(PyObject *span, LabelsObject *previous, int find_root)
     labels->tagset = previous ? previous->tagset : 0;
     if (span == NULL || span == Py_None)
         return (PyObject *)labels;
-    PyObject *ctx = PyObject_CallMethodObjArgs(span, str_get_span_context, NULL);
+    PyObject *ctx = span_context_of(span);
     /* SpanContext is a tuple: (trace_id, span_id, is_remote, ...). */
     if (ctx == NULL || !PyTuple_Check(ctx) || PyTuple_GET_SIZE(ctx) < 3 ||
         !PyLong_Check(PyTuple_GET_ITEM(ctx, 0)) || !PyLong_Check(PyTuple_GET_ITEM(ctx, 1))) {
@@ -2071,14 +2134,11 @@ labels_for(PyObject *span, LabelsObject *previous, int find_root)
         PyErr_Clear();
         return (PyObject *)labels;
     }
-    PyObject *trace = PyTuple_GET_ITEM(ctx, 0);
     uint64_t span_id = (uint64_t)PyLong_AsUnsignedLongLongMask(PyTuple_GET_ITEM(ctx, 1));
-    uint64_t trace_lo = (uint64_t)PyLong_AsUnsignedLongLongMask(trace);
-    PyObject *high = PyNumber_Rshift(trace, sixty_four);
-    uint64_t trace_hi = high ? (uint64_t)PyLong_AsUnsignedLongLongMask(high) : 0;
-    Py_XDECREF(high);
+    uint64_t trace_hi = 0, trace_lo = 0;
+    int bad_trace = trace_id_words(PyTuple_GET_ITEM(ctx, 0), &trace_hi, &trace_lo) < 0;
     Py_DECREF(ctx);
-    if (PyErr_Occurred() || span_id == 0 || (trace_hi | trace_lo) == 0) {
+    if (bad_trace || PyErr_Occurred() || span_id == 0 || (trace_hi | trace_lo) == 0) {
         PyErr_Clear();
         return (PyObject *)labels;
     }
@@ -2352,9 +2412,9 @@ PyInit__sampler(void)
     str_get_current = PyUnicode_InternFromString("get_current");
     str_get_span_context = PyUnicode_InternFromString("get_span_context");
     str_parent = PyUnicode_InternFromString("parent");
-    sixty_four = PyLong_FromLong(64);
+    str_context_attr = PyUnicode_InternFromString("_context");
     if (!str_attach || !str_detach || !str_get_current || !str_get_span_context || !str_parent ||
-        !sixty_four)
+        !str_context_attr)
         return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL)

@@ -238,18 +238,19 @@ class Agent:
             names = _thread_names() if self.config.thread_name_label else {}
             labels_cache: Dict[Tuple[Any, ...], List[Tuple[str, str]]] = {}
             # One stack stands in many samples (one per span that allocated there, say): it
-            # is named once.
-            named_cache: Dict[Any, Tuple[FrameInfo, ...]] = {}
+            # is named once.  By id: the collector hands the same tuple for the same stack,
+            # and hashing a stack of code objects costs more than naming it (see Symbolizer).
+            named_cache: Dict[int, Tuple[FrameInfo, ...]] = {}
             for sample in profile.samples:
                 key = (sample.labels, sample.thread_ident if names else 0)
                 labels = labels_cache.get(key)
                 if labels is None:
                     labels = self._labels(sample.labels, names.get(sample.thread_ident))
                     labels_cache[key] = labels
-                named = named_cache.get(sample.stack)
+                named = named_cache.get(id(sample.stack))
                 if named is None:
-                    named = named_cache[sample.stack] = self._named(sample.stack)
-                writer.add(named, sample.values, labels)
+                    named = named_cache[id(sample.stack)] = self._named(sample.stack)
+                writer.add(named, sample.values, labels, stack_key=id(named))
             if len(writer):
                 duration = max(profile.end_ns - profile.start_ns, 0)
                 body = writer.encode(profile.start_ns, duration)
@@ -269,20 +270,22 @@ class Agent:
         }
         names = _thread_names() if self.config.thread_name_label else {}
         labels_cache: Dict[Tuple[Any, ...], List[Tuple[str, str]]] = {}
-        named_cache: Dict[Any, Tuple[FrameInfo, ...]] = {}  # a stack has CPU and wall samples
+        # A stack has CPU and wall samples, and one per span seen there: named once (by id,
+        # as in _send_profiles; window.samples keeps the stacks alive meanwhile).
+        named_cache: Dict[int, Tuple[FrameInfo, ...]] = {}
         for sample in window.samples:
             writer = writers.get(sample.kind)
             if writer is None:
                 continue
-            stack = named_cache.get(sample.stack)
+            stack = named_cache.get(id(sample.stack))
             if stack is None:
-                stack = named_cache[sample.stack] = self._named(sample.stack)
+                stack = named_cache[id(sample.stack)] = self._named(sample.stack)
             key = (sample.labels, sample.thread_ident if names else 0)
             labels = labels_cache.get(key)
             if labels is None:
                 labels = self._labels(sample.labels, names.get(sample.thread_ident))
                 labels_cache[key] = labels
-            writer.add(stack, sample.value, labels)
+            writer.add(stack, sample.value, labels, stack_key=id(stack))
         duration = max(window.end_ns - window.start_ns, 0)
         return [w.encode(window.start_ns, duration) for w in writers.values() if len(w)]
 

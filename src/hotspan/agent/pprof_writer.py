@@ -12,7 +12,7 @@ import zlib
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing stays out of the program at run time: see agent/log.py
-    from typing import Dict, Iterable, List, Sequence, Tuple, Union
+    from typing import Dict, Hashable, Iterable, List, Optional, Sequence, Tuple, Union
 
     from hotspan.agent.symbols import FrameInfo
 
@@ -50,6 +50,24 @@ def _packed(field: int, values: Iterable[int], out: bytearray) -> None:
         _bytes(field, bytes(body), out)
 
 
+# The varint of every id below 2^12: a sample's location ids are nearly all that small, and
+# a lookup beats the loop of _varint (4,096 short bytes objects, ~150 KiB).
+_SMALL_IDS = [
+    bytes([v]) if v < 0x80 else bytes([(v & 0x7F) | 0x80, v >> 7]) for v in range(1 << 12)
+]
+
+
+def _packed_ids(field: int, ids: Sequence[int], out: bytearray) -> None:
+    """``_packed`` for ids, which are never negative (a negative index would not fail)."""
+    try:
+        body = b"".join([_SMALL_IDS[i] for i in ids])
+    except IndexError:
+        _packed(field, ids, out)
+        return
+    if body:
+        _bytes(field, body, out)
+
+
 class ProfileWriter:
     """One profile: add samples, then :meth:`encode`.
 
@@ -67,7 +85,7 @@ class ProfileWriter:
         self._strings: Dict[str, int] = {"": 0}
         self._functions: Dict[Tuple[str, str, int], int] = {}
         self._locations: Dict[Tuple[int, int], int] = {}
-        self._stacks: Dict[Tuple[FrameInfo, ...], Tuple[int, ...]] = {}
+        self._stacks: Dict[Hashable, Tuple[int, ...]] = {}
         self._samples: Dict[Tuple[Tuple[int, ...], Tuple[Tuple[int, int], ...]], List[int]] = {}
         if isinstance(sample_type[0], str):
             self.sample_types: Tuple[Tuple[str, str], ...] = (sample_type,)  # type: ignore[assignment]
@@ -95,22 +113,32 @@ class ProfileWriter:
         return location
 
     def add(
-        self, stack: Sequence[FrameInfo], value: Union[int, Sequence[int]], labels: Labels = ()
+        self,
+        stack: Sequence[FrameInfo],
+        value: Union[int, Sequence[int]],
+        labels: Labels = (),
+        stack_key: Optional[Hashable] = None,
     ) -> None:
         """``stack`` leaf first; ``value`` in the sample type's unit (one per sample type when
-        there are several).  A sample whose values are all zero records nothing."""
+        there are several).  A sample whose values are all zero records nothing.
+
+        ``stack_key`` stands for ``stack`` in this writer, cheaper to hash than the stack
+        (``id(stack)`` of a stack the caller keeps alive until :meth:`encode`); without it a
+        tuple stack is its own key."""
         values = (value,) if isinstance(value, int) else tuple(value)
         if len(values) != len(self.sample_types):
             raise ValueError(f"{len(values)} values for {len(self.sample_types)} sample types")
         if not any(v > 0 for v in values):
             return
-        # A stack given as a tuple is resolved once per writer: the same stack comes back with
-        # every span or tag set that was current there.
-        locations = self._stacks.get(stack) if isinstance(stack, tuple) else None
+        # A stack is resolved once per writer: the same stack comes back with every span or
+        # tag set that was current there.
+        if stack_key is None and isinstance(stack, tuple):
+            stack_key = stack
+        locations = self._stacks.get(stack_key) if stack_key is not None else None
         if locations is None:
             locations = tuple(self._location(f) for f in stack)
-            if isinstance(stack, tuple):
-                self._stacks[stack] = locations
+            if stack_key is not None:
+                self._stacks[stack_key] = locations
         label_ids = tuple((self._string(k), self._string(v)) for k, v in labels)
         key = (locations, label_ids)
         total = self._samples.get(key)
@@ -132,7 +160,7 @@ class ProfileWriter:
             _bytes(1, bytes(value_type), out)
         for (locations, labels), values in self._samples.items():
             sample = bytearray()
-            _packed(1, locations, sample)
+            _packed_ids(1, locations, sample)
             _packed(2, values, sample)
             for key, text in labels:
                 label = bytearray()

@@ -83,6 +83,8 @@ class NativeSampler:
 
     def collect(self, final: bool = False) -> Collected:
         windows, codes, lost = self._mod.collect(final)
+        if not windows:  # most ticks: nothing finished, nothing to name
+            return Collected([], lost, codes)
         by_address = {id(code): code for code in codes}
         stacks: Dict[bytes, RawStack] = {}
         out = []

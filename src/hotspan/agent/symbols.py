@@ -4,48 +4,59 @@ from __future__ import annotations
 
 import os
 import sys
+from bisect import bisect_right
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing stays out of the program at run time: see agent/log.py
-    from typing import Any, Dict, Optional, Tuple
+    from typing import Any, Dict, List, Optional, Tuple
 
     FrameInfo = Tuple[str, str, int, int]  # name, filename, line, first line of the function
 
 
 UNKNOWN: FrameInfo = ("<unknown>", "", 0, 0)
-MAX_CACHED = 100_000
+MAX_CACHED = 20_000  # code objects; each entry keeps its code object alive
+
+
+class _Named:
+    """What one code object is called, and its lines by offset (filled as offsets are seen).
+
+    Holding the code object keeps its id from being reused by another while it is cached."""
+
+    __slots__ = ("code", "name", "filename", "first_line", "lines", "line_table")
+
+    def __init__(self, code: Any, name: str) -> None:
+        self.code = code
+        self.name = name
+        self.filename = code.co_filename
+        self.first_line = code.co_firstlineno
+        self.lines: Dict[int, FrameInfo] = {}
+        self.line_table: Optional[Tuple[List[int], List[int]]] = None
 
 
 class Symbolizer:
     def __init__(self) -> None:
-        self._names: Dict[Any, Tuple[str, str, int]] = {}
-        self._lines: Dict[Tuple[Any, int], int] = {}
+        # By id(code), not by the code object: in 3.11 hashing a code object hashes its
+        # bytecode and constants again on every lookup (~600 instructions a frame).
+        self._names: Dict[int, _Named] = {}
         self._modules: Dict[str, str] = {}
         self._modules_size = -1
 
     def frame(self, code: Optional[Any], lasti: int) -> FrameInfo:
         if code is None:
             return UNKNOWN
-        named = self._names.get(code)
-        if named is None:
+        named = self._names.get(id(code))
+        if named is None or named.code is not code:
             if len(self._names) > MAX_CACHED:
                 self._names.clear()
             qualname = getattr(code, "co_qualname", None) or code.co_name
             module = self._module_of(code.co_filename)
-            named = (
-                f"{module}.{qualname}" if module else qualname,
-                code.co_filename,
-                code.co_firstlineno,
-            )
-            self._names[code] = named
-        key = (code, lasti)
-        line = self._lines.get(key)
-        if line is None:
-            if len(self._lines) > MAX_CACHED:
-                self._lines.clear()
-            line = _line_of(code, lasti)
-            self._lines[key] = line
-        return named[0], named[1], line, named[2]
+            named = _Named(code, f"{module}.{qualname}" if module else qualname)
+            self._names[id(code)] = named
+        info = named.lines.get(lasti)
+        if info is None:
+            info = (named.name, named.filename, _line_of(named, lasti), named.first_line)
+            named.lines[lasti] = info
+        return info
 
     def _module_of(self, filename: str) -> str:
         if filename.startswith("<"):
@@ -73,25 +84,27 @@ class Symbolizer:
             self._modules.setdefault(os.path.abspath(filename), name)
 
 
-def _line_of(code: Any, lasti: int) -> int:
-    if hasattr(code, "co_positions"):
-        # 3.11+: positions per code unit; one lookup is cheaper than scanning co_lines.
-        index = lasti // 2
-        for i, position in enumerate(code.co_positions()):
-            if i == index:
-                return position[0] or code.co_firstlineno
-        return code.co_firstlineno
-    if not hasattr(code, "co_lines"):
-        # 3.9: no co_lines; dis.findlinestarts reads co_lnotab (offsets increase).
-        import dis
+def _line_of(named: _Named, lasti: int) -> int:
+    """The line of the instruction at byte offset ``lasti``, from a table built once per code
+    object (3.10+: ``co_lines``; 3.9: ``co_lnotab``, through ``dis``)."""
+    if named.line_table is None:
+        named.line_table = _line_table(named.code)
+    starts, lines = named.line_table
+    i = bisect_right(starts, lasti) - 1
+    return lines[i] if i >= 0 else named.first_line
 
-        line = code.co_firstlineno
-        for offset, lineno in dis.findlinestarts(code):
-            if offset > lasti:
-                break
-            line = lineno
-        return line
-    for start, end, line in code.co_lines():
-        if start <= lasti < end:
-            return line if line is not None else code.co_firstlineno
-    return code.co_firstlineno
+
+def _line_table(code: Any) -> Tuple[List[int], List[int]]:
+    starts: List[int] = []
+    lines: List[int] = []
+    if hasattr(code, "co_lines"):
+        for start, _end, line in code.co_lines():
+            starts.append(start)
+            lines.append(line if line is not None else code.co_firstlineno)
+    else:
+        import dis  # 3.9 only
+
+        for offset, line in dis.findlinestarts(code):
+            starts.append(offset)
+            lines.append(line)
+    return starts, lines
