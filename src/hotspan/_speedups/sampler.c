@@ -101,6 +101,11 @@ typedef struct {
     /* Set when a sample carried these labels: the agent tags only spans that have samples
      * with pyroscope.profile.id, which costs nothing for the many that never do. */
     volatile int sampled;
+    /* OpenTelemetry's current Context where the span linker made these labels current: the
+     * linker keeps it here instead of in OpenTelemetry's own ContextVar, so that making a
+     * span current sets one ContextVar, not two (see linker_attach).  NULL otherwise.  Not
+     * followed by the GC: a cycle through it would need a Context holding these labels. */
+    PyObject *otel_context;
 } LabelsObject;
 
 static PyTypeObject LabelsType;
@@ -108,10 +113,12 @@ static PyTypeObject LabelsType;
 static PyObject *
 labels_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 {
-    static char *kwlist[] = {"span_id", "trace_hi", "trace_lo", "root_span_id", "tagset", NULL};
+    static char *kwlist[] = {"span_id", "trace_hi",     "trace_lo", "root_span_id",
+                             "tagset",  "otel_context", NULL};
     unsigned long long v[5] = {0, 0, 0, 0, 0};
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "|KKKKK", kwlist, &v[0], &v[1], &v[2], &v[3],
-                                     &v[4]))
+    PyObject *otel_context = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "|KKKKKO", kwlist, &v[0], &v[1], &v[2], &v[3],
+                                     &v[4], &otel_context))
         return NULL;
     LabelsObject *self = (LabelsObject *)type->tp_alloc(type, 0);
     if (self == NULL)
@@ -121,7 +128,22 @@ labels_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     self->trace_lo = v[2];
     self->root_span_id = v[3];
     self->tagset = v[4];
+    if (otel_context != NULL && otel_context != Py_None)
+        self->otel_context = Py_NewRef(otel_context);
     return (PyObject *)self;
+}
+
+static void
+labels_dealloc(LabelsObject *self)
+{
+    Py_XDECREF(self->otel_context);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *
+labels_get_otel_context(LabelsObject *self, void *unused)
+{
+    return Py_NewRef(self->otel_context ? self->otel_context : Py_None);
 }
 
 static PyObject *
@@ -148,6 +170,7 @@ labels_set_sampled(LabelsObject *self, PyObject *value, void *unused)
 
 static PyGetSetDef labels_getset[] = {
     {"sampled", (getter)labels_get_sampled, (setter)labels_set_sampled, NULL, NULL},
+    {"otel_context", (getter)labels_get_otel_context, NULL, NULL, NULL},
     {"span_id", (getter)labels_get, NULL, NULL, (void *)0},
     {"trace_hi", (getter)labels_get, NULL, NULL, (void *)1},
     {"trace_lo", (getter)labels_get, NULL, NULL, (void *)2},
@@ -161,6 +184,7 @@ static PyTypeObject LabelsType = {
     .tp_basicsize = sizeof(LabelsObject),
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_new = labels_new,
+    .tp_dealloc = (destructor)labels_dealloc,
     .tp_getset = labels_getset,
     .tp_doc = "Span and tag labels of the current context, readable from a signal handler.",
 };
@@ -2192,43 +2216,112 @@ inner_detach(LinkerObject *self, PyObject *token)
     return PyObject_CallMethodObjArgs(self->inner, str_detach, token, NULL);
 }
 
+/* With OpenTelemetry's stock runtime context (otel_var set), the OpenTelemetry Context rides
+ * in our labels and OpenTelemetry's own ContextVar is left alone: attach sets one ContextVar
+ * and detach resets one, instead of two each (a ContextVar set copies a path of the context's
+ * HAMT; with two it was a third of what a span cost).  The token is our ContextVar's.  Tokens
+ * made before the linker was installed are OpenTelemetry's, and go back to its ContextVar. */
 static PyObject *
 linker_attach(LinkerObject *self, PyObject *context)
 {
-    PyObject *token = self->otel_var != NULL
-                          ? PyContextVar_Set(self->otel_var, context)
-                          : PyObject_CallMethodObjArgs(self->inner, str_attach, context, NULL);
-    if (token == NULL)
-        return NULL;
     PyObject *span = NULL;
     if (PyDict_Check(context)) {
         span = PyDict_GetItemWithError(context, self->span_key); /* borrowed */
         if (span == NULL && PyErr_Occurred())
             PyErr_Clear();
     }
+    if (self->otel_var != NULL) {
+        Py_INCREF(context); /* labels_for may run Python: keep the span's container alive */
+        PyObject *previous = current_labels_of(self->var);
+        LabelsObject *labels =
+            (LabelsObject *)labels_for(span, (LabelsObject *)previous, self->root_spans_only);
+        Py_XDECREF(previous);
+        if (labels == NULL) {
+            Py_DECREF(context);
+            return NULL;
+        }
+        labels->otel_context = context; /* the reference taken above */
+        PyObject *token = PyContextVar_Set(self->var, (PyObject *)labels);
+        Py_DECREF(labels);
+        return token;
+    }
+    PyObject *token = PyObject_CallMethodObjArgs(self->inner, str_attach, context, NULL);
+    if (token == NULL)
+        return NULL;
+    Py_XINCREF(span);
     PyObject *previous = current_labels_of(self->var);
     PyObject *labels = labels_for(span, (LabelsObject *)previous, self->root_spans_only);
     Py_XDECREF(previous);
     if (labels == NULL) {
         PyErr_Clear();
+        Py_XDECREF(span);
         return token; /* never break the program's tracing */
     }
     PyObject *ours = PyContextVar_Set(self->var, labels);
     if (ours == NULL) {
         PyErr_Clear();
         Py_DECREF(labels);
+        Py_XDECREF(span);
         return token;
     }
     PyObject *pair = PyTuple_Pack(4, token, ours, labels, span ? span : Py_None);
     Py_DECREF(token);
     Py_DECREF(ours);
     Py_DECREF(labels);
+    Py_XDECREF(span);
     return pair;
+}
+
+/* A detached span whose labels got samples: tagged for traces-to-profiles (in Python). */
+static void
+linker_profiled(LinkerObject *self, PyObject *span, LabelsObject *labels)
+{
+    PyObject *restored = current_labels_of(self->var);
+    PyObject *r = PyObject_CallFunctionObjArgs(self->on_profiled, span ? span : Py_None,
+                                               (PyObject *)labels,
+                                               restored ? restored : Py_None, NULL);
+    if (r == NULL)
+        PyErr_Clear();
+    Py_XDECREF(r);
+    Py_XDECREF(restored);
 }
 
 static PyObject *
 linker_detach(LinkerObject *self, PyObject *token)
 {
+    if (self->otel_var != NULL && PyContextToken_CheckExact(token)) {
+        /* The labels this token's attach made current, when detaches nest as attaches did. */
+        PyObject *leaving = current_labels_of(self->var);
+        if (PyContextVar_Reset(self->var, token) < 0) {
+            Py_XDECREF(leaving);
+            /* Not ours: a token of OpenTelemetry's ContextVar from before the linker.  Or
+             * ours, reset in another context: then that ContextVar raises as ours did, and
+             * OpenTelemetry logs "Failed to detach context" as it always has. */
+            PyObject *err_type, *err_value, *err_tb;
+            PyErr_Fetch(&err_type, &err_value, &err_tb);
+            if (PyContextVar_Reset(self->otel_var, token) == 0) {
+                Py_XDECREF(err_type);
+                Py_XDECREF(err_value);
+                Py_XDECREF(err_tb);
+                Py_RETURN_NONE;
+            }
+            PyErr_Clear();
+            PyErr_Restore(err_type, err_value, err_tb);
+            return NULL;
+        }
+        LabelsObject *labels = (LabelsObject *)leaving;
+        if (labels != NULL && labels->sampled && labels->span_id &&
+            labels->otel_context != NULL && PyDict_Check(labels->otel_context)) {
+            PyObject *span = PyDict_GetItemWithError(labels->otel_context, self->span_key);
+            if (span == NULL)
+                PyErr_Clear();
+            Py_XINCREF(span);
+            linker_profiled(self, span, labels);
+            Py_XDECREF(span);
+        }
+        Py_XDECREF(leaving);
+        Py_RETURN_NONE;
+    }
     if (!PyTuple_CheckExact(token) || PyTuple_GET_SIZE(token) != 4 ||
         Py_TYPE(PyTuple_GET_ITEM(token, 2)) != &LabelsType)
         return inner_detach(self, token);
@@ -2245,14 +2338,8 @@ linker_detach(LinkerObject *self, PyObject *token)
     }
     LabelsObject *labels = (LabelsObject *)PyTuple_GET_ITEM(token, 2);
     if (labels->sampled && labels->span_id) {
-        PyObject *restored = current_labels_of(self->var);
-        PyObject *r = PyObject_CallFunctionObjArgs(self->on_profiled, PyTuple_GET_ITEM(token, 3),
-                                                   (PyObject *)labels,
-                                                   restored ? restored : Py_None, NULL);
-        if (r == NULL)
-            PyErr_Clear();
-        Py_XDECREF(r);
-        Py_XDECREF(restored);
+        PyObject *span = PyTuple_GET_ITEM(token, 3);
+        linker_profiled(self, span == Py_None ? NULL : span, labels);
     }
     Py_RETURN_NONE;
 }
@@ -2261,6 +2348,16 @@ static PyObject *
 linker_get_current(LinkerObject *self, PyObject *unused)
 {
     if (self->otel_var != NULL) {
+        PyObject *labels = current_labels_of(self->var);
+        if (labels != NULL) {
+            PyObject *context = ((LabelsObject *)labels)->otel_context;
+            Py_XINCREF(context);
+            Py_DECREF(labels);
+            if (context != NULL)
+                return context;
+        }
+        /* Nothing attached since the linker: OpenTelemetry's own ContextVar (its default, or
+         * what was attached before). */
         PyObject *value = NULL;
         if (PyContextVar_Get(self->otel_var, NULL, &value) < 0)
             return NULL;

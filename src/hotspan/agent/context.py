@@ -32,7 +32,15 @@ _native = load_sampler()
 class PyLabels:
     """Pure-Python twin of the C ``Labels`` type (same constructor and attributes)."""
 
-    __slots__ = ("span_id", "trace_hi", "trace_lo", "root_span_id", "tagset", "sampled")
+    __slots__ = (
+        "span_id",
+        "trace_hi",
+        "trace_lo",
+        "root_span_id",
+        "tagset",
+        "sampled",
+        "otel_context",
+    )
 
     def __init__(
         self,
@@ -41,6 +49,7 @@ class PyLabels:
         trace_lo: int = 0,
         root_span_id: int = 0,
         tagset: int = 0,
+        otel_context: Any = None,
     ) -> None:
         self.span_id = span_id
         self.trace_hi = trace_hi
@@ -48,6 +57,8 @@ class PyLabels:
         self.root_span_id = root_span_id
         self.tagset = tagset
         self.sampled = False
+        # OpenTelemetry's Context, where the C span linker keeps it (see linker_attach).
+        self.otel_context = otel_context
 
 
 Labels: Callable[..., Any] = _native.Labels if _native is not None else PyLabels
@@ -137,7 +148,10 @@ class tag_wrapper:  # noqa: N801 - the name Pyroscope users know
         base = dict(tagset(current.tagset)) if current is not None else {}
         base.update(self._tags)
         s, th, tl, root, _ = labels_tuple(current)
-        value = Labels(s, th, tl, root, tagset_id(base))
+        # The span linker keeps OpenTelemetry's current Context in the labels: new labels
+        # carry it on, or the spans inside would lose their parent.
+        otel_context = current.otel_context if current is not None else None
+        value = Labels(s, th, tl, root, tagset_id(base), otel_context)
         # The token goes on a stack kept in the context itself, so one wrapper object can be
         # entered by many threads and tasks at once, each leaving its own.
         token = LABELS.set(value)
