@@ -91,6 +91,11 @@ report(a=rounds * 15000 * SIZE, b=rounds * 5000 * SIZE, a_allocations=rounds * 1
     count_a = objects.get("__main__.alloc_a", 0) / result["a_allocations"]
     assert 0.8 < count_a < 1.2, (objects, result)
     assert result["stats"]["alloc"]["samples"] > 5000
+    # The agent's own threads encode and upload every second: none of that is the program's.
+    # (hotspan.configure itself runs on the program's thread, and is the program's call.)
+    threads = ("hotspan.agent.core.Agent._run", "hotspan.agent.uploader.Uploader._run")
+    agents = [f for f in space if f in threads or f.startswith(("http.", "urllib."))]
+    assert not agents, agents
 
 
 LEAK = """

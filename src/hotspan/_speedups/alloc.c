@@ -1342,7 +1342,18 @@ alloc_stats(PyObject *mod UNUSED, PyObject *unused UNUSED)
         (unsigned long long)n_filter_rebuilds);
 }
 
+static PyObject *
+alloc_exclude_thread(PyObject *mod UNUSED, PyObject *unused UNUSED)
+{
+    /* The agent's own threads (encoding, uploading) allocate for the agent, not the program:
+     * their allocations are never sampled.  collect() saves and restores the flag. */
+    tls_busy = 1;
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
+    {"exclude_thread", alloc_exclude_thread, METH_NOARGS,
+     "exclude_thread(): never sample the allocations of the calling thread"},
     {"ready", alloc_ready, METH_NOARGS,
      "ready() -> bool: whether _sampler's stack and label readers can be had"},
     {"start", (PyCFunction)(void (*)(void))alloc_start, METH_VARARGS | METH_KEYWORDS,

@@ -15,6 +15,7 @@ import time
 
 from hotspan import __version__
 from hotspan.agent import context
+from hotspan.agent.collectors.alloc import exclude_current_thread as exclude_from_alloc_profile
 from hotspan.agent.config import NAME_SYNTAX_CHARS, AgentConfig, request_headers
 from hotspan.agent.log import logger
 from hotspan.agent.pprof_writer import ProfileWriter
@@ -177,6 +178,7 @@ class Agent:
 
     def _run(self) -> None:
         self._sampler.exclude(threading.get_ident())
+        exclude_from_alloc_profile()
         interval = self._sampler.tick_interval
         while not self._stop.wait(interval):
             try:
@@ -236,7 +238,7 @@ class Agent:
                 continue
             writer = ProfileWriter(profile.sample_types, profile.period_type, profile.period)
             names = _thread_names() if self.config.thread_name_label else {}
-            labels_cache: Dict[Tuple[Any, ...], List[Tuple[str, str]]] = {}
+            labels_cache: Dict[Tuple[Any, ...], Tuple[Tuple[str, str], ...]] = {}
             # One stack stands in many samples (one per span that allocated there, say): it
             # is named once.  By id: the collector hands the same tuple for the same stack,
             # and hashing a stack of code objects costs more than naming it (see Symbolizer).
@@ -269,7 +271,7 @@ class Agent:
             WALL: ProfileWriter(WALL_TYPE, WALL_TYPE, period),
         }
         names = _thread_names() if self.config.thread_name_label else {}
-        labels_cache: Dict[Tuple[Any, ...], List[Tuple[str, str]]] = {}
+        labels_cache: Dict[Tuple[Any, ...], Tuple[Tuple[str, str], ...]] = {}
         # A stack has CPU and wall samples, and one per span seen there: named once (by id,
         # as in _send_profiles; window.samples keeps the stacks alive meanwhile).
         named_cache: Dict[int, Tuple[FrameInfo, ...]] = {}
@@ -291,7 +293,7 @@ class Agent:
 
     def _labels(
         self, labels: Tuple[int, int, int, int, int], thread: Optional[str]
-    ) -> List[Tuple[str, str]]:
+    ) -> Tuple[Tuple[str, str], ...]:
         span, trace_hi, trace_lo, root, tagset = labels
         out = list(context.tagset(tagset))
         if self.config.root_spans_only:
@@ -301,7 +303,7 @@ class Agent:
             out.append(("trace_id", format(trace_hi, "016x") + format(trace_lo, "016x")))
         if thread is not None:
             out.append(("thread_name", thread))
-        return out
+        return tuple(out)  # a tuple: the writer interns it once (see ProfileWriter.add)
 
     def _app_name(self) -> str:
         tags = ",".join(f"{k}={_tag_value(v)}" for k, v in self.config.tags.items())

@@ -87,6 +87,7 @@ class ProfileWriter:
         self._locations: Dict[Tuple[int, int], int] = {}
         self._stacks: Dict[Hashable, Tuple[int, ...]] = {}
         self._samples: Dict[Tuple[Tuple[int, ...], Tuple[Tuple[int, int], ...]], List[int]] = {}
+        self._label_ids: Dict[Labels, Tuple[Tuple[int, int], ...]] = {}
         if isinstance(sample_type[0], str):
             self.sample_types: Tuple[Tuple[str, str], ...] = (sample_type,)  # type: ignore[assignment]
         else:
@@ -125,11 +126,16 @@ class ProfileWriter:
         ``stack_key`` stands for ``stack`` in this writer, cheaper to hash than the stack
         (``id(stack)`` of a stack the caller keeps alive until :meth:`encode`); without it a
         tuple stack is its own key."""
-        values = (value,) if isinstance(value, int) else tuple(value)
+        if type(value) is int:
+            if value <= 0:
+                return
+            values: Tuple[int, ...] = (value,)
+        else:
+            values = tuple(value)  # type: ignore[arg-type]
+            if not any(v > 0 for v in values):
+                return
         if len(values) != len(self.sample_types):
             raise ValueError(f"{len(values)} values for {len(self.sample_types)} sample types")
-        if not any(v > 0 for v in values):
-            return
         # A stack is resolved once per writer: the same stack comes back with every span or
         # tag set that was current there.
         if stack_key is None and isinstance(stack, tuple):
@@ -139,7 +145,13 @@ class ProfileWriter:
             locations = tuple(self._location(f) for f in stack)
             if stack_key is not None:
                 self._stacks[stack_key] = locations
-        label_ids = tuple((self._string(k), self._string(v)) for k, v in labels)
+        # Labels given as a tuple are interned once per writer (CPU and wall rows, and every
+        # stack a span was seen on, share them).
+        label_ids = self._label_ids.get(labels) if isinstance(labels, tuple) else None
+        if label_ids is None:
+            label_ids = tuple((self._string(k), self._string(v)) for k, v in labels)
+            if isinstance(labels, tuple):
+                self._label_ids[labels] = label_ids
         key = (locations, label_ids)
         total = self._samples.get(key)
         if total is None:
@@ -158,16 +170,23 @@ class ProfileWriter:
             _int(1, self._string(type_name), value_type)
             _int(2, self._string(unit), value_type)
             _bytes(1, bytes(value_type), out)
+        # A sample's label messages are encoded once per label set, not once per sample.
+        encoded_labels: Dict[Tuple[Tuple[int, int], ...], bytes] = {}
         for (locations, labels), values in self._samples.items():
             sample = bytearray()
             _packed_ids(1, locations, sample)
             _packed(2, values, sample)
-            for key, text in labels:
-                label = bytearray()
-                _int(1, key, label)
-                _int(2, text, label)
-                _bytes(3, bytes(label), sample)
-            _bytes(2, bytes(sample), out)
+            label_bytes = encoded_labels.get(labels)
+            if label_bytes is None:
+                buffer = bytearray()
+                for key, text in labels:
+                    label = bytearray()
+                    _int(1, key, label)
+                    _int(2, text, label)
+                    _bytes(3, bytes(label), buffer)
+                label_bytes = encoded_labels[labels] = bytes(buffer)
+            sample += label_bytes
+            _bytes(2, sample, out)
         function_ids = {v: k for k, v in self._functions.items()}
         for (function, line), location in self._locations.items():
             line_msg = bytearray()
