@@ -2231,11 +2231,13 @@ linker_attach(LinkerObject *self, PyObject *context)
             PyErr_Clear();
     }
     if (self->otel_var != NULL) {
-        Py_INCREF(context); /* labels_for may run Python: keep the span's container alive */
+        Py_INCREF(context); /* labels_for may run Python: the span and its container live */
+        Py_XINCREF(span);
         PyObject *previous = current_labels_of(self->var);
         LabelsObject *labels =
             (LabelsObject *)labels_for(span, (LabelsObject *)previous, self->root_spans_only);
         Py_XDECREF(previous);
+        Py_XDECREF(span);
         if (labels == NULL) {
             Py_DECREF(context);
             return NULL;
