@@ -42,7 +42,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import common  # noqa: E402
 
-WORKLOAD_DIR = os.path.join(common.BENCH_DIR, "agent_workloads")
+WORKLOAD_DIR = common.AGENT_WORKLOAD_DIR
 WORKLOADS = ["cpu_split", "threads", "alloc", "asyncio_spans"]
 # Busy programs whose main thread lets the GIL go and takes it back many times per tick (a
 # loop that yields, blocking syscalls, a web server): a sampler thread that needs the GIL
@@ -299,28 +299,6 @@ def _ddtrace_env(app: str, output: str) -> Dict[str, str]:
         "DD_INSTRUMENTATION_TELEMETRY_ENABLED": "false",
         "DD_REMOTE_CONFIGURATION_ENABLED": "false",
     }
-
-
-def calibrate(
-    workload: str, seconds: float, variant: Optional[Dict[str, Any]] = None
-) -> Dict[str, Any]:
-    """The params for ~``seconds`` of work, for the workload's ``variant`` (keyword arguments
-    of its ``calibrate``; the default variant when None)."""
-    out = subprocess.run(
-        [
-            sys.executable,
-            _workload_path(workload),
-            "--calibrate",
-            str(seconds),
-            "--params",
-            json.dumps(variant or {}),
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-        cwd=common.REPO_DIR,
-    ).stdout
-    return json.loads(out.strip().splitlines()[-1])
 
 
 def _probe_hotspan(server_url: str) -> Optional[str]:
@@ -752,7 +730,8 @@ def run(
 
         params = {}
         for w in workloads:
-            params[w] = calibrate(w, FIXED_SECONDS.get(w, secs) if profiles else secs)
+            work_s = FIXED_SECONDS.get(w, secs) if profiles else secs
+            params[w] = common.calibrate_agent_workload(w, work_s)
             log(f"  calibrated {w}: {params[w]}")
         report["workload_params"] = params
 

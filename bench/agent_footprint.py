@@ -31,7 +31,7 @@ from typing import Any, Dict, List, Optional
 
 import common
 
-WORKLOAD_DIR = os.path.join(common.BENCH_DIR, "agent_workloads")
+WORKLOAD_DIR = common.AGENT_WORKLOAD_DIR
 CPU_TYPE = "process_cpu:cpu:nanoseconds:cpu:nanoseconds"
 CPU_ONLY = "hotspan-cpuonly"
 
@@ -70,17 +70,6 @@ def probe(tree: str, server: str) -> Dict[str, Any]:
         capture_output=True,
         text=True,
         timeout=60,
-    )
-    return json.loads(out.stdout.strip().splitlines()[-1])
-
-
-def calibrate(workload: str, seconds: float) -> Dict[str, Any]:
-    out = subprocess.run(
-        [sys.executable, os.path.join(WORKLOAD_DIR, f"{workload}.py"), "--calibrate", str(seconds)],
-        capture_output=True,
-        text=True,
-        check=True,
-        env=_env(None),
     )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -151,7 +140,7 @@ def _med(values: List[float]) -> Optional[float]:
 
 
 def gc_rounds(trees: Dict[str, str], rounds: int, seconds: float, server: str) -> Dict[str, Any]:
-    params = calibrate("gc_containers", seconds)
+    params = common.calibrate_agent_workload("gc_containers", seconds, env=_env(None))
     runs: Dict[str, List[Dict[str, Any]]] = {"none": [], "none-again": []}
     runs.update({name: [] for name in trees})
     for r in range(rounds):
@@ -255,7 +244,7 @@ def bursty_rounds(
     trees: Dict[str, str], rounds: int, seconds: float, server: str, stamp: str
 ) -> Dict[str, Any]:
     """CPU correctness, and the process CPU the agent adds, on bursty short threads."""
-    params = calibrate("bursty_threads", seconds)
+    params = common.calibrate_agent_workload("bursty_threads", seconds, env=_env(None))
     runs: Dict[str, List[Dict[str, Any]]] = {"none": [], "none-again": []}
     runs.update({name: [] for name in trees})
     for r in range(rounds):

@@ -30,7 +30,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import common  # noqa: E402
 
-WORKLOAD_DIR = os.path.join(common.BENCH_DIR, "agent_workloads")
+WORKLOAD_DIR = common.AGENT_WORKLOAD_DIR
 # The parameter that sets each workload's amount of work (the rest stays as calibrated).
 SCALE = {
     "cpu_split": "rounds",
@@ -51,16 +51,6 @@ DEAD_SERVER = "http://127.0.0.1:9"  # nothing listens: the exit upload fails at 
 def python_binary() -> str:
     # pyenv's `python3` is a shell script: valgrind must start the interpreter itself.
     return os.path.realpath(sys.executable)
-
-
-def calibrate(workload: str, seconds: float) -> Dict[str, object]:
-    out = subprocess.run(
-        [sys.executable, os.path.join(WORKLOAD_DIR, f"{workload}.py"), "--calibrate", str(seconds)],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def instructions(workload: str, profiler: str, params: Dict[str, object]) -> int:
@@ -95,7 +85,7 @@ def instructions(workload: str, profiler: str, params: Dict[str, object]) -> int
 
 
 def measure(workload: str, seconds: float) -> Dict[str, object]:
-    small = calibrate(workload, seconds)
+    small = common.calibrate_agent_workload(workload, seconds)
     key = SCALE[workload]
     big = dict(small, **{key: int(small[key]) * 3})  # type: ignore[call-overload]
     jobs: List[Tuple[str, str, Dict[str, object]]] = [

@@ -13,10 +13,11 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Dict, Iterator, List, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
 REPO_DIR = os.path.dirname(BENCH_DIR)
+AGENT_WORKLOAD_DIR = os.path.join(BENCH_DIR, "agent_workloads")
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
@@ -82,6 +83,32 @@ def machine() -> Dict[str, object]:
 
 
 # -- /proc ---------------------------------------------------------------------------------
+
+
+def calibrate_agent_workload(
+    workload: str,
+    seconds: float,
+    variant: Optional[Dict[str, Any]] = None,
+    env: Optional[Dict[str, str]] = None,
+) -> Dict[str, Any]:
+    """The params of ``bench/agent_workloads/<workload>.py`` for ~``seconds`` of work, for its
+    ``variant`` (keyword arguments of its ``calibrate``; the default variant when None)."""
+    out = subprocess.run(
+        [
+            sys.executable,
+            os.path.join(AGENT_WORKLOAD_DIR, f"{workload}.py"),
+            "--calibrate",
+            str(seconds),
+            "--params",
+            json.dumps(variant or {}),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=REPO_DIR,
+        env=env,
+    ).stdout
+    return json.loads(out.strip().splitlines()[-1])
 
 
 def proc_status(pid: int) -> Dict[str, int]:
