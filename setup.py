@@ -42,6 +42,13 @@ setup(
             extra_compile_args=["-O2", "-std=gnu11"],
             optional=True,
         ),
+        # The agent's pprof encoder (the twin of agent/pprof_writer.py's PyProfileWriter).
+        Extension(
+            "hotspan._speedups._pprof_writer",
+            ["src/hotspan/_speedups/pprof_writer.c"],
+            extra_compile_args=["-O2", "-std=c11"],
+            optional=True,
+        ),
         # Lock contention: a lock wrapper whose uncontended acquire costs next to nothing.
         Extension(
             "hotspan._speedups._locks",

@@ -64,6 +64,14 @@ static inline PyObject *Py_NewRef(PyObject *o) { Py_INCREF(o); return o; }
 #  include <sys/syscall.h>
 #  include <sys/uio.h>
 #  define HAVE_THREAD_TIMERS 1
+#  if defined(__has_include)
+#    if __has_include(<linux/perf_event.h>)
+#      include <fcntl.h>
+#      include <linux/perf_event.h>
+#      include <sys/ioctl.h>
+#      define HAVE_PERF_EVENTS 1
+#    endif
+#  endif
 #endif
 
 #define MAX_THREADS 4096
@@ -432,8 +440,12 @@ typedef struct {
     _Atomic uint64_t cpu_charged_ns;
     _Atomic uint64_t cpu_expiry_ns;
     _Atomic uint32_t seq;              /* samples it took */
+    _Atomic int perf_first;            /* its perf event still has its random first period */
     /* The rest belongs to whoever holds `threads_mutex`. */
-    int has_timer;
+    int has_timer;      /* a CPU trigger: `timer`, or `perf_fd` when cpu_by_perf */
+    int cpu_by_perf;
+    int perf_fd;
+    uint64_t perf_armed_cpu; /* its CPU clock when its event was made */
     timer_t timer;      /* on the thread's CPU clock, periodic */
     int has_wall_timer;
     timer_t wall_timer; /* on CLOCK_MONOTONIC, one-shot, set by each wall tick */
@@ -558,6 +570,12 @@ reset_threads(void)
     n_free_slots = 0;
     for (int i = MAX_THREADS - 1; i >= 0; i--) {
         atomic_store(&slots[i].tid, 0);
+#ifdef HAVE_PERF_EVENTS
+        /* In a forked child: the parent's events, on the parent's threads. */
+        if (slots[i].cpu_by_perf)
+            close(slots[i].perf_fd);
+        slots[i].cpu_by_perf = 0;
+#endif
         slots[i].has_timer = 0;
         slots[i].has_wall_timer = 0;
         free_slots[n_free_slots++] = i;
@@ -591,9 +609,137 @@ clock_ns(clockid_t clock, uint64_t *out)
     return 0;
 }
 
+/* ---- the CPU trigger: a perf task-clock event where the kernel allows it, else a timer.
+ *
+ * A POSIX CPU timer's expiry is only noticed at a scheduler tick (4 ms at HZ=250) on which
+ * the thread is running, so its signal lands where the thread is at that tick, not where
+ * its CPU reached the interval.  For threads that run in bursts shorter than a tick, bursts
+ * that start right after a tick (a woken thread on a busy machine often does) are seen late
+ * and their ends get their beginnings' samples: 75/25 split measured as 69/31.  The kernel's
+ * task-clock event counts the thread's CPU with an hrtimer armed while it runs, so its
+ * overflow interrupts the thread where the interval ends.  The event signals its thread
+ * (F_SETOWN_EX) with SIGPROF and disables itself after each overflow (REFRESH 1): the
+ * handler re-enables it, and charges the thread's CPU since its previous sample.  Where
+ * perf_event_open is not allowed (seccomp in containers, perf_event_paranoid > 2) the timer
+ * takes over; HOTSPAN_CPU_TRIGGER=timer asks for the timer. */
+#ifdef HAVE_PERF_EVENTS
+enum { PERF_UNTRIED, PERF_WITH_KERNEL, PERF_USER_ONLY, PERF_OFF };
+static int perf_state = PERF_UNTRIED; /* under threads_mutex */
+#define PERF_FDS 4096
+static _Atomic int perf_fd_slot[PERF_FDS]; /* fd -> slot index + 1, for the handler */
+/* Overflows handled: proof that the kernel signals.  Where it takes the event but never
+ * signals (valgrind does that), the scan sees a thread burn intervals without a sample and
+ * goes back to timers (perf_unproven). */
+static _Atomic unsigned long perf_signals;
+
+/* Under threads_mutex: 0 when `s` now has an enabled task-clock event. */
+static int
+arm_perf(ThreadSlot *s, int index, pid_t tid, uint64_t first)
+{
+    if (perf_state == PERF_OFF)
+        return -1;
+    struct perf_event_attr attr;
+    memset(&attr, 0, sizeof attr);
+    attr.size = sizeof attr;
+    attr.type = PERF_TYPE_SOFTWARE;
+    attr.config = PERF_COUNT_SW_TASK_CLOCK;
+    attr.sample_period = first;
+    attr.disabled = 1;
+    attr.exclude_hv = 1;
+    attr.exclude_kernel = perf_state == PERF_USER_ONLY;
+    int fd = (int)syscall(SYS_perf_event_open, &attr, tid, -1, -1, PERF_FLAG_FD_CLOEXEC);
+    if (fd < 0 && perf_state == PERF_UNTRIED && (errno == EACCES || errno == EPERM)) {
+        /* perf_event_paranoid 2: our own threads, user mode only.  An overflow that comes in
+         * the kernel is skipped then; the next sample charges its CPU (the clock says how
+         * much), so only where that CPU lands is less exact. */
+        attr.exclude_kernel = 1;
+        fd = (int)syscall(SYS_perf_event_open, &attr, tid, -1, -1, PERF_FLAG_FD_CLOEXEC);
+        if (fd >= 0)
+            perf_state = PERF_USER_ONLY;
+    }
+    if (fd < 0) {
+        /* Not allowed or not there: timers from now on.  A thread that just died (ESRCH) or
+         * a full fd table (EMFILE) says nothing about the next thread. */
+        if (errno != ESRCH && errno != EMFILE && errno != ENFILE)
+            perf_state = PERF_OFF;
+        return -1;
+    }
+    if (perf_state == PERF_UNTRIED)
+        perf_state = PERF_WITH_KERNEL;
+    struct f_owner_ex owner = {F_OWNER_TID, tid};
+    if (fd >= PERF_FDS || fcntl(fd, F_SETFL, O_ASYNC) != 0 || fcntl(fd, F_SETSIG, SIGPROF) != 0 ||
+        fcntl(fd, F_SETOWN_EX, &owner) != 0) {
+        close(fd);
+        return -1;
+    }
+    s->perf_fd = fd;
+    s->cpu_by_perf = 1;
+    s->perf_armed_cpu = atomic_load(&s->cpu_charged_ns);
+    atomic_store(&s->perf_first, 1);
+    atomic_store_explicit(&perf_fd_slot[fd], index + 1, memory_order_release);
+    if (ioctl(fd, PERF_EVENT_IOC_REFRESH, 1) != 0) {
+        atomic_store(&perf_fd_slot[fd], 0);
+        close(fd);
+        s->cpu_by_perf = 0;
+        return -1;
+    }
+    return 0;
+}
+
+static void arm(ThreadSlot *s, int index);
+static void disarm(ThreadSlot *s);
+
+/* Under threads_mutex, from the scan: no overflow has ever come, and this thread's event has
+ * seen four intervals of its CPU (the first is up to one): perf does not signal here. */
+static void
+check_perf_signals(ThreadSlot *s)
+{
+    uint64_t cpu;
+    if (!s->cpu_by_perf || atomic_load(&perf_signals) != 0 ||
+        clock_ns(thread_clock(atomic_load(&s->tid)), &cpu) != 0 ||
+        cpu < s->perf_armed_cpu + 4 * cpu_interval_ns)
+        return;
+    perf_state = PERF_OFF;
+    for (int k = 0; k < n_used_slots; k++) {
+        int index = used_slots[k];
+        if (!slots[index].cpu_by_perf)
+            continue;
+        disarm(&slots[index]);
+        if (atomic_load(&slots[index].python) != PY_NO)
+            arm(&slots[index], index);
+    }
+}
+
+static const char *
+cpu_trigger_name(void)
+{
+    return perf_state == PERF_WITH_KERNEL ? "perf"
+           : perf_state == PERF_USER_ONLY ? "perf (user mode)"
+           : perf_state == PERF_UNTRIED   ? "untried"
+                                          : "timer";
+}
+#else
+static const char *
+cpu_trigger_name(void)
+{
+    return "timer";
+}
+#endif
+
 static void
 disarm(ThreadSlot *s)
 {
+#ifdef HAVE_PERF_EVENTS
+    if (s->cpu_by_perf) {
+        /* Unmapped first: a handler running now re-enables nothing it should not.  (It
+         * could still, between its check and its ioctl, hit a new file with this number:
+         * an ioctl no other file knows, which fails harmlessly.) */
+        atomic_store_explicit(&perf_fd_slot[s->perf_fd], 0, memory_order_release);
+        close(s->perf_fd);
+        s->cpu_by_perf = 0;
+        s->has_timer = 0;
+    }
+#endif
     if (s->has_timer)
         timer_delete(s->timer);
     if (s->has_wall_timer)
@@ -624,6 +770,20 @@ arm(ThreadSlot *s, int index)
     uint64_t cpu_now;
     if (clock_ns(thread_clock(tid), &cpu_now) != 0)
         return; /* the thread is gone: the next scan frees its slot */
+    /* The first expiry at a random point of the first interval: a thread that burns 3 ms
+     * would otherwise never reach a 10 ms timer, and a pool of such threads would have no
+     * CPU at all; this way each is caught with probability 3/10, for 10 ms. */
+    uint64_t first = 1000 + next_random(&arm_random) % cpu_interval_ns;
+#ifdef HAVE_PERF_EVENTS
+    /* Its CPU before this point is not the profile's; no expiry: the handler charges the
+     * CPU since the last sample (set before the event is enabled: it may fire at once). */
+    atomic_store_explicit(&s->cpu_charged_ns, cpu_now, memory_order_release);
+    atomic_store_explicit(&s->cpu_expiry_ns, 0, memory_order_release);
+    if (arm_perf(s, index, tid, first) == 0) {
+        s->has_timer = 1;
+        return;
+    }
+#endif
     if (thread_timer(s, thread_clock(tid), CPU_MAGIC, index, &s->timer) != 0)
         return;
     /* Its CPU before this point is not the profile's (it ran before sampling started). */
@@ -631,10 +791,6 @@ arm(ThreadSlot *s, int index)
     struct itimerspec spec;
     spec.it_interval.tv_sec = (time_t)(cpu_interval_ns / 1000000000ull);
     spec.it_interval.tv_nsec = (long)(cpu_interval_ns % 1000000000ull);
-    /* The first expiry at a random point of the first interval: a thread that burns 3 ms
-     * would otherwise never reach a 10 ms timer, and a pool of such threads would have no
-     * CPU at all; this way each is caught with probability 3/10, for 10 ms. */
-    uint64_t first = 1000 + next_random(&arm_random) % cpu_interval_ns;
     spec.it_value.tv_sec = (time_t)(first / 1000000000ull);
     spec.it_value.tv_nsec = (long)(first % 1000000000ull);
     /* Before the timer runs: on the calling thread its first signal may come at once. */
@@ -652,6 +808,14 @@ arm(ThreadSlot *s, int index)
 static int
 timer_alive(ThreadSlot *s)
 {
+#ifdef HAVE_PERF_EVENTS
+    /* A perf event without a ring buffer polls as hung up, dead thread or not, and the
+     * thread's start time would take three system calls: a thread that ends unseen and
+     * whose tid is taken within a scan (100 ms) is caught when its clock goes back
+     * (collector_tick), as with timers. */
+    if (s->cpu_by_perf)
+        return 1;
+#endif
     struct itimerspec spec;
     if (timer_gettime(s->timer, &spec) != 0)
         return 0;
@@ -739,6 +903,20 @@ on_signal(int signum, siginfo_t *info, void *ucontext)
                 (magic == CPU_MAGIC || magic == WALL_MAGIC)) ||
                (info != NULL && info->si_code == SI_QUEUE && magic == WALL_MAGIC &&
                 info->si_pid == getpid());
+    int perf_index = -1;
+#ifdef HAVE_PERF_EVENTS
+    /* A task-clock event's overflow: SIGPROF with si_code POLL_HUP and its fd. */
+    if (!ours && info != NULL && info->si_code == POLL_HUP && info->si_fd >= 0 &&
+        info->si_fd < PERF_FDS) {
+        int mapped = atomic_load_explicit(&perf_fd_slot[info->si_fd], memory_order_acquire);
+        if (mapped > 0) {
+            ours = 1;
+            magic = CPU_MAGIC;
+            perf_index = mapped - 1;
+            atomic_fetch_add_explicit(&perf_signals, 1, memory_order_relaxed);
+        }
+    }
+#endif
     if (!ours) {
         /* Not ours: hand it to whoever had the signal before us. */
         if ((previous_action.sa_flags & SA_SIGINFO) && previous_action.sa_sigaction != NULL)
@@ -751,7 +929,7 @@ on_signal(int signum, siginfo_t *info, void *ucontext)
     if (!atomic_load_explicit(&sampling_enabled, memory_order_acquire) || ring == NULL)
         return;
     int saved_errno = errno;
-    int index = info->si_value.sival_int & ~MAGIC_MASK;
+    int index = perf_index >= 0 ? perf_index : info->si_value.sival_int & ~MAGIC_MASK;
     ThreadSlot *slot = NULL;
     if (index < MAX_THREADS && atomic_load_explicit(&slots[index].tid, memory_order_acquire) ==
                                    own_tid())
@@ -761,7 +939,15 @@ on_signal(int signum, siginfo_t *info, void *ucontext)
         atomic_store_explicit(&slot->python, ts != NULL ? PY_YES : PY_NO, memory_order_relaxed);
     uint64_t cpu = 0, wall = 0, cpu_now = 0;
     int have_clock = clock_ns(CLOCK_THREAD_CPUTIME_ID, &cpu_now) == 0;
-    if (magic == CPU_MAGIC) {
+    if (magic == CPU_MAGIC && perf_index >= 0) {
+        /* Precise: the CPU since the thread's previous sample (or since it was armed). */
+        cpu = cpu_interval_ns;
+        if (slot != NULL && have_clock) {
+            uint64_t before = atomic_exchange(&slot->cpu_charged_ns, cpu_now);
+            cpu = before != 0 && cpu_now > before ? cpu_now - before : 0;
+        }
+    }
+    else if (magic == CPU_MAGIC) {
         uint64_t nominal =
             cpu_interval_ns * (uint64_t)(1 + (info->si_overrun > 0 ? info->si_overrun : 0));
         cpu = nominal;
@@ -799,6 +985,18 @@ on_signal(int signum, siginfo_t *info, void *ucontext)
         if (slot != NULL && have_clock)
             atomic_store_explicit(&slot->cpu_at_sample_ns, cpu_now, memory_order_release);
     }
+#ifdef HAVE_PERF_EVENTS
+    /* The event disabled itself at the overflow: the next interval starts now. */
+    int fd = perf_index >= 0 ? info->si_fd : -1;
+    if (fd >= 0 && slot != NULL &&
+        atomic_load_explicit(&perf_fd_slot[fd], memory_order_acquire) == perf_index + 1) {
+        if (atomic_exchange(&slot->perf_first, 0)) {
+            uint64_t period = cpu_interval_ns;
+            ioctl(fd, PERF_EVENT_IOC_PERIOD, &period);
+        }
+        ioctl(fd, PERF_EVENT_IOC_REFRESH, 1);
+    }
+#endif
     errno = saved_errno;
 }
 
@@ -1162,6 +1360,9 @@ scan_threads(void)
             if (s->last_wall != NULL)
                 s->last_wall->depth = -1;
         }
+#ifdef HAVE_PERF_EVENTS
+        check_perf_signals(s);
+#endif
         if (atomic_load(&s->python) != PY_NO)
             arm(s, index);
         else
@@ -1665,6 +1866,10 @@ sampler_start(PyObject *mod, PyObject *args, PyObject *kwds)
     window_deadline = monotonic_ns() + window;
     n_excluded = 0; /* the tids of an earlier agent's threads may belong to new threads now */
     reset_threads();
+#ifdef HAVE_PERF_EVENTS
+    const char *trigger = getenv("HOTSPAN_CPU_TRIGGER");
+    perf_state = trigger != NULL && strcmp(trigger, "timer") == 0 ? PERF_OFF : PERF_UNTRIED;
+#endif
     while (done_head != NULL) {
         Window *w = done_head;
         done_head = w->next;
@@ -1919,8 +2124,10 @@ sampler_stats(PyObject *mod, PyObject *unused)
     }
     size_t bytes = window_bytes;
     int pending = n_done;
+    const char *trigger = cpu_trigger_name();
     pthread_mutex_unlock(&threads_mutex);
-    return Py_BuildValue("{s:i,s:i,s:i,s:n,s:i,s:K,s:K}", "threads", threads, "timers", timers,
+    return Py_BuildValue("{s:s,s:i,s:i,s:i,s:n,s:i,s:K,s:K}", "cpu_trigger", trigger,
+                         "threads", threads, "timers", timers,
                          "python_threads", python, "window_bytes", (Py_ssize_t)bytes,
                          "windows_pending", pending, "lost_samples",
                          (unsigned long long)atomic_load(&lost_samples), "windows_dropped",

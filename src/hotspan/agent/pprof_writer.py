@@ -4,11 +4,16 @@ This writes the dozen fields the agent needs directly instead of importing the p
 runtime: loading ``profile_pb2`` costs about 6 MiB of RSS and 7,000 objects the garbage
 collector then tracks in every profiled program, against an RSS budget of 10 MiB.  The test
 suite decodes the output with ``protobuf`` and with ``go tool pprof``.
+
+:class:`ProfileWriter` is the C encoder (``_speedups/pprof_writer.c``) when it is built, else
+:class:`PyProfileWriter`; both give the same bytes for the same calls.
 """
 
 from __future__ import annotations
 
 import zlib
+
+from hotspan._speedups import load_module
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing stays out of the program at run time: see agent/log.py
@@ -20,6 +25,8 @@ if TYPE_CHECKING:  # typing stays out of the program at run time: see agent/log.
 
 
 def _varint(value: int, out: bytearray) -> None:
+    if value < 0:
+        value &= (1 << 64) - 1  # int64 as protobuf writes it: 64-bit two's complement
     while value > 0x7F:
         out.append((value & 0x7F) | 0x80)
         value >>= 7
@@ -68,7 +75,15 @@ def _packed_ids(field: int, ids: Sequence[int], out: bytearray) -> None:
         _bytes(field, body, out)
 
 
-class ProfileWriter:
+def _gzip(raw: bytes) -> bytes:
+    # zlib with gzip framing (wbits 31): the gzip module would bring five more modules.
+    # Level 1: a profile with span labels comes out ~7% larger than at the default 6, for
+    # 40% of the CPU, which is the program's (measured on 2,000 rows: 1.3 vs 3.3 us a row).
+    packer = zlib.compressobj(1, zlib.DEFLATED, 31)
+    return packer.compress(raw) + packer.flush()
+
+
+class PyProfileWriter:
     """One profile: add samples, then :meth:`encode`.
 
     ``sample_type`` is one ``(type, unit)`` pair, or a sequence of them for a profile whose
@@ -164,6 +179,11 @@ class ProfileWriter:
         return len(self._samples)
 
     def encode(self, time_ns: int, duration_ns: int) -> bytes:
+        """The profile, gzipped, as pprof is sent."""
+        return _gzip(self.encode_raw(time_ns, duration_ns))
+
+    def encode_raw(self, time_ns: int, duration_ns: int) -> bytes:
+        """The profile as protobuf bytes, not compressed."""
         out = bytearray()
         for type_name, unit in self.sample_types:
             value_type = bytearray()
@@ -215,6 +235,21 @@ class ProfileWriter:
         _int(10, duration_ns, out)
         _bytes(11, bytes(period_type), out)
         _int(12, self.period, out)
-        # zlib with gzip framing (wbits 31): the gzip module would bring five more modules.
-        packer = zlib.compressobj(6, zlib.DEFLATED, 31)
-        return packer.compress(bytes(out)) + packer.flush()
+        return bytes(out)
+
+
+_native = load_module("_pprof_writer")
+
+if _native is not None:
+
+    class ProfileWriter(_native.ProfileEncoder):  # type: ignore[name-defined,misc]
+        """The C encoder (same interface as :class:`PyProfileWriter`)."""
+
+        __slots__ = ()  # no __dict__: instances stay out of the cyclic GC, as the base is
+
+        def encode(self, time_ns: int, duration_ns: int) -> bytes:
+            """The profile, gzipped, as pprof is sent."""
+            return _gzip(self.encode_raw(time_ns, duration_ns))
+
+else:
+    ProfileWriter = PyProfileWriter  # type: ignore[misc,assignment]
