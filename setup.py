@@ -49,6 +49,13 @@ setup(
             extra_compile_args=["-O2", "-std=c11"],
             optional=True,
         ),
+        # Naming sampled stacks (the twin of agent/symbols.py's Symbolizer.name_stack).
+        Extension(
+            "hotspan._speedups._symbols",
+            ["src/hotspan/_speedups/symbols.c"],
+            extra_compile_args=["-O2", "-std=c11"],
+            optional=True,
+        ),
         # Lock contention: a lock wrapper whose uncontended acquire costs next to nothing.
         Extension(
             "hotspan._speedups._locks",

@@ -631,6 +631,12 @@ static _Atomic int perf_fd_slot[PERF_FDS]; /* fd -> slot index + 1, for the hand
  * signals (valgrind does that), the scan sees a thread burn intervals without a sample and
  * goes back to timers (perf_unproven). */
 static _Atomic unsigned long perf_signals;
+/* The events' own signal, a real-time one, which queues: on SIGPROF an overflow coming while
+ * a wall or timer SIGPROF is pending would be merged into it and lost, and the event, off
+ * until its handler runs, would stay off (measured: a busy event loop lost 80% of its CPU).
+ * 0 when the program has a handler of its own there (then timers). */
+static int perf_signal;
+static struct sigaction previous_perf_action;
 
 /* Under threads_mutex: 0 when `s` now has an enabled task-clock event. */
 static int
@@ -667,7 +673,8 @@ arm_perf(ThreadSlot *s, int index, pid_t tid, uint64_t first)
     if (perf_state == PERF_UNTRIED)
         perf_state = PERF_WITH_KERNEL;
     struct f_owner_ex owner = {F_OWNER_TID, tid};
-    if (fd >= PERF_FDS || fcntl(fd, F_SETFL, O_ASYNC) != 0 || fcntl(fd, F_SETSIG, SIGPROF) != 0 ||
+    if (fd >= PERF_FDS || fcntl(fd, F_SETFL, O_ASYNC) != 0 ||
+        fcntl(fd, F_SETSIG, perf_signal) != 0 ||
         fcntl(fd, F_SETOWN_EX, &owner) != 0) {
         close(fd);
         return -1;
@@ -688,6 +695,33 @@ arm_perf(ThreadSlot *s, int index, pid_t tid, uint64_t first)
 
 static void arm(ThreadSlot *s, int index);
 static void disarm(ThreadSlot *s);
+static void on_signal(int signum, siginfo_t *info, void *ucontext);
+
+/* Ours on the events' signal, unless the program has its own there. */
+static int
+install_perf_handler(void)
+{
+    int sig = SIGRTMAX - 7;
+    struct sigaction now;
+    if (sigaction(sig, NULL, &now) != 0)
+        return -1;
+    if ((now.sa_flags & SA_SIGINFO) && now.sa_sigaction == on_signal)
+        return 0;
+    if (!(now.sa_flags & SA_SIGINFO) && now.sa_handler != SIG_DFL)
+        return -1;
+    if ((now.sa_flags & SA_SIGINFO) && now.sa_sigaction != NULL)
+        return -1;
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_sigaction = on_signal;
+    sa.sa_flags = SA_SIGINFO | SA_RESTART;
+    sigemptyset(&sa.sa_mask);
+    sigaddset(&sa.sa_mask, SIGPROF); /* one sample at a time on a thread */
+    if (sigaction(sig, &sa, &previous_perf_action) != 0)
+        return -1;
+    perf_signal = sig;
+    return 0;
+}
 
 /* Under threads_mutex, from the scan: no overflow has ever come, and this thread's event has
  * seen four intervals of its CPU (the first is up to one): perf does not signal here. */
@@ -905,9 +939,9 @@ on_signal(int signum, siginfo_t *info, void *ucontext)
                 info->si_pid == getpid());
     int perf_index = -1;
 #ifdef HAVE_PERF_EVENTS
-    /* A task-clock event's overflow: SIGPROF with si_code POLL_HUP and its fd. */
-    if (!ours && info != NULL && info->si_code == POLL_HUP && info->si_fd >= 0 &&
-        info->si_fd < PERF_FDS) {
+    /* A task-clock event's overflow: its signal with si_code POLL_HUP and its fd. */
+    if (!ours && signum == perf_signal && perf_signal != 0 && info != NULL &&
+        info->si_code == POLL_HUP && info->si_fd >= 0 && info->si_fd < PERF_FDS) {
         int mapped = atomic_load_explicit(&perf_fd_slot[info->si_fd], memory_order_acquire);
         if (mapped > 0) {
             ours = 1;
@@ -919,11 +953,16 @@ on_signal(int signum, siginfo_t *info, void *ucontext)
 #endif
     if (!ours) {
         /* Not ours: hand it to whoever had the signal before us. */
-        if ((previous_action.sa_flags & SA_SIGINFO) && previous_action.sa_sigaction != NULL)
-            previous_action.sa_sigaction(signum, info, ucontext);
-        else if (previous_action.sa_handler != SIG_DFL && previous_action.sa_handler != SIG_IGN &&
-                 previous_action.sa_handler != NULL)
-            previous_action.sa_handler(signum);
+        const struct sigaction *previous = &previous_action;
+#ifdef HAVE_PERF_EVENTS
+        if (signum != SIGPROF)
+            previous = &previous_perf_action;
+#endif
+        if ((previous->sa_flags & SA_SIGINFO) && previous->sa_sigaction != NULL)
+            previous->sa_sigaction(signum, info, ucontext);
+        else if (previous->sa_handler != SIG_DFL && previous->sa_handler != SIG_IGN &&
+                 previous->sa_handler != NULL)
+            previous->sa_handler(signum);
         return;
     }
     if (!atomic_load_explicit(&sampling_enabled, memory_order_acquire) || ring == NULL)
@@ -1851,6 +1890,7 @@ sampler_start(PyObject *mod, PyObject *args, PyObject *kwds)
         sa.sa_sigaction = on_signal;
         sa.sa_flags = SA_SIGINFO | SA_RESTART;
         sigemptyset(&sa.sa_mask);
+        sigaddset(&sa.sa_mask, SIGRTMAX - 7); /* the perf events' (install_perf_handler) */
         if (sigaction(SIGPROF, &sa, &previous_action) != 0) {
             PyErr_SetFromErrno(PyExc_OSError);
             return NULL;
@@ -1869,6 +1909,8 @@ sampler_start(PyObject *mod, PyObject *args, PyObject *kwds)
 #ifdef HAVE_PERF_EVENTS
     const char *trigger = getenv("HOTSPAN_CPU_TRIGGER");
     perf_state = trigger != NULL && strcmp(trigger, "timer") == 0 ? PERF_OFF : PERF_UNTRIED;
+    if (perf_state != PERF_OFF && install_perf_handler() != 0)
+        perf_state = PERF_OFF;
 #endif
     while (done_head != NULL) {
         Window *w = done_head;

@@ -259,11 +259,7 @@ class Agent:
                 self._uploader.submit(self._params(profile.start_ns, profile.end_ns), body)
 
     def _named(self, stack: Any) -> Tuple[FrameInfo, ...]:
-        frame = self._symbols.frame
-        return tuple(
-            entry if len(entry) == 4 else frame(entry[0], entry[1])  # type: ignore[misc]
-            for entry in stack
-        )
+        return self._symbols.name_stack(stack)
 
     def _encode(self, window: Window, period: int) -> List[bytes]:
         writers = {
@@ -294,16 +290,16 @@ class Agent:
     def _labels(
         self, labels: Tuple[int, int, int, int, int], thread: Optional[str]
     ) -> Tuple[Tuple[str, str], ...]:
+        # Once per span seen in an upload, which is nearly once per sample: kept short.
         span, trace_hi, trace_lo, root, tagset = labels
-        out = list(context.tagset(tagset))
+        out = context.tagset(tagset) if tagset else ()
         if self.config.root_spans_only:
             span = root
         if span:
-            out.append(("span_id", format(span, "016x")))
-            out.append(("trace_id", format(trace_hi, "016x") + format(trace_lo, "016x")))
+            out += (("span_id", f"{span:016x}"), ("trace_id", f"{trace_hi:016x}{trace_lo:016x}"))
         if thread is not None:
-            out.append(("thread_name", thread))
-        return tuple(out)  # a tuple: the writer interns it once (see ProfileWriter.add)
+            out += (("thread_name", thread),)
+        return out  # a tuple: the writer interns it once (see ProfileWriter.add)
 
     def _app_name(self) -> str:
         tags = ",".join(f"{k}={_tag_value(v)}" for k, v in self.config.tags.items())

@@ -6,6 +6,8 @@ import os
 import sys
 from bisect import bisect_right
 
+from hotspan._speedups import load_module
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing stays out of the program at run time: see agent/log.py
     from typing import Any, Dict, List, Optional, Tuple
@@ -33,6 +35,9 @@ class _Named:
         self.line_table: Optional[Tuple[List[int], List[int]]] = None
 
 
+_native = load_module("_symbols")
+
+
 class Symbolizer:
     def __init__(self) -> None:
         # By id(code), not by the code object: in 3.11 hashing a code object hashes its
@@ -40,6 +45,19 @@ class Symbolizer:
         self._names: Dict[int, _Named] = {}
         self._modules: Dict[str, str] = {}
         self._modules_size = -1
+        # (code, offset) -> frame, in C: an upload names each distinct stack it has, and in
+        # Python every frame of it would cost a call (see _speedups/symbols.c).
+        self._stacks = _native.FrameCache(self.frame, 4 * MAX_CACHED) if _native else None
+
+    def name_stack(self, stack: Any) -> Tuple[FrameInfo, ...]:
+        """``stack``: (code object or None, byte offset) entries, or frames already named."""
+        if self._stacks is not None:
+            return self._stacks.name_stack(stack)  # type: ignore[no-any-return]
+        frame = self.frame
+        return tuple(
+            entry if len(entry) == 4 else frame(entry[0], entry[1])  # type: ignore[misc]
+            for entry in stack
+        )
 
     def frame(self, code: Optional[Any], lasti: int) -> FrameInfo:
         if code is None:
