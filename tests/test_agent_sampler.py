@@ -198,3 +198,82 @@ def test_short_lived_and_unmanaged_threads_are_profiled(tmp_path) -> None:  # ty
     assert abs(short / result["short_used"] - 1) < 0.35, result
     # Found within the collector's 100 ms scan, then sampled for the rest of its 0.5 s.
     assert result["cpu"].get("unmanaged", 0.0) >= 0.3, result
+
+
+TRIGGER_PROGRAM = r"""
+import json, signal, sys, threading, time
+from hotspan.agent.sampler import CPU, NativeSampler
+
+if sys.argv[1] == "own-handler":
+    got = []
+    signal.signal(signal.SIGRTMAX - 7, lambda *a: got.append(1))
+
+def bursts():
+    # 1 ms of CPU, then a sleep: where a timer's signal comes late (at a scheduler tick).
+    t0 = time.thread_time()
+    for _ in range(150):
+        end = time.thread_time() + 0.001
+        while time.thread_time() < end:
+            pass
+        time.sleep(0.002)
+    out.append(time.thread_time() - t0)
+
+out = []
+sampler = NativeSampler(sample_rate=100, max_depth=64, cpu=True, wall=True)
+sampler.start(window_ns=0)
+sampler.exclude(threading.get_ident())
+workers = [threading.Thread(target=bursts) for _ in range(3)]
+for t in workers:
+    t.start()
+for t in workers:
+    t.join()
+stats = sampler.stats()
+sampler.stop()
+cpu = sum(
+    s.value for w in sampler.collect(final=True).windows for s in w.samples
+    if s.kind == CPU and any(c is not None and c.co_name == "bursts" for c, _ in s.stack)
+)
+result = {"trigger": stats["cpu_trigger"], "charged": cpu / 1e9, "used": sum(out)}
+if sys.argv[1] == "own-handler":
+    signal.raise_signal(signal.SIGRTMAX - 7)
+    result["program_handler_ran"] = bool(got)
+print(json.dumps(result))
+"""
+
+
+def _run_trigger_program(tmp_path, mode: str, env: dict) -> dict:  # type: ignore[no-untyped-def]
+    script = tmp_path / "trigger.py"
+    script.write_text(TRIGGER_PROGRAM)
+    proc = subprocess.run(
+        [sys.executable, str(script), mode],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**__import__("os").environ, **env},
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return json.loads(proc.stdout.splitlines()[-1])
+
+
+@pytest.mark.skipif(load_sampler() is None, reason="the native sampler is not built here")
+@pytest.mark.parametrize("trigger", ["default", "timer"])
+def test_cpu_trigger_charges_all_of_a_bursty_threads_cpu(tmp_path, trigger) -> None:  # type: ignore[no-untyped-def]
+    """Perf task-clock events where the kernel allows them, timers otherwise (or when asked):
+    either way every bit of a thread's CPU is in the profile, however its bursts fall."""
+    env = {"HOTSPAN_CPU_TRIGGER": "timer"} if trigger == "timer" else {}
+    result = _run_trigger_program(tmp_path, "plain", env)
+    if trigger == "timer":
+        assert result["trigger"] == "timer", result
+    else:
+        assert result["trigger"] in ("perf", "perf (user mode)", "timer"), result
+    assert abs(result["charged"] / result["used"] - 1) < 0.03, result
+
+
+@pytest.mark.skipif(load_sampler() is None, reason="the native sampler is not built here")
+def test_a_program_handler_on_the_perf_signal_is_left_alone(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The perf events signal on SIGRTMAX-7: a program that handles that signal itself keeps
+    its handler, and the sampler uses timers."""
+    result = _run_trigger_program(tmp_path, "own-handler", {})
+    assert result["trigger"] == "timer", result
+    assert result["program_handler_ran"], result
+    assert abs(result["charged"] / result["used"] - 1) < 0.03, result

@@ -48,6 +48,7 @@ class Agent:
             config.sample_rate, config.max_depth, config.cpu, config.wall, config.native
         )
         self._symbols = Symbolizer()
+        self._label_cache: Dict[Tuple[Any, ...], Tuple[Tuple[str, str], ...]] = {}
         self._uploader = Uploader(
             config.server_address,
             request_headers(config),
@@ -192,6 +193,12 @@ class Agent:
                 return
 
     def _collect_profiles(self) -> None:
+        try:
+            self._send_collected()
+        finally:
+            self._label_cache = {}  # the upload is done: next time, fresh thread names
+
+    def _send_collected(self) -> None:
         for collector in list(self._collectors):
             try:
                 profiles = collector.collect(final=False)
@@ -238,7 +245,7 @@ class Agent:
                 continue
             writer = ProfileWriter(profile.sample_types, profile.period_type, profile.period)
             names = _thread_names() if self.config.thread_name_label else {}
-            labels_cache: Dict[Tuple[Any, ...], Tuple[Tuple[str, str], ...]] = {}
+            labels_cache = self._label_sets()
             # One stack stands in many samples (one per span that allocated there, say): it
             # is named once.  By id: the collector hands the same tuple for the same stack,
             # and hashing a stack of code objects costs more than naming it (see Symbolizer).
@@ -258,6 +265,14 @@ class Agent:
                 body = writer.encode(profile.start_ns, duration)
                 self._uploader.submit(self._params(profile.start_ns, profile.end_ns), body)
 
+    def _label_sets(self) -> Dict[Tuple[Any, ...], Tuple[Tuple[str, str], ...]]:
+        """Label tuples by (raw labels, thread), shared by the CPU, wall and collectors'
+        profiles of an upload: a span's samples are in each.  Started afresh as it grows past
+        one upload's worth (thread names change, idents are reused)."""
+        if len(self._label_cache) > 50_000:
+            self._label_cache = {}
+        return self._label_cache
+
     def _named(self, stack: Any) -> Tuple[FrameInfo, ...]:
         return self._symbols.name_stack(stack)
 
@@ -267,7 +282,7 @@ class Agent:
             WALL: ProfileWriter(WALL_TYPE, WALL_TYPE, period),
         }
         names = _thread_names() if self.config.thread_name_label else {}
-        labels_cache: Dict[Tuple[Any, ...], Tuple[Tuple[str, str], ...]] = {}
+        labels_cache = self._label_sets()
         # A stack has CPU and wall samples, and one per span seen there: named once (by id,
         # as in _send_profiles; window.samples keeps the stacks alive meanwhile).
         named_cache: Dict[int, Tuple[FrameInfo, ...]] = {}
