@@ -4,6 +4,7 @@ with every profile type on, at two sizes of work; the cost is the extra instruct
 of work (the difference between the two sizes, so that start-up and the exit upload cancel).
 
     python bench/agent_instructions.py [--workloads cpu_split,alloc,...] [--seconds 0.15]
+                                       [--repeats 3]
 
 Needs Debian's ``valgrind``.  Writes ``bench/results/agent_instructions.{md,json}``.  Under
 valgrind the program runs ~50x slower while the sampler's timers count real CPU time, so the
@@ -11,6 +12,11 @@ sample rate is lowered to 2 Hz (``HOTSPAN_BENCH_SAMPLE_RATE``) to keep samples p
 near a native run at 100 Hz; the per-operation costs (the allocator hook, profiled locks, span
 labels) do not depend on it.  Instruction counts are not time: a cache miss or a mispredicted
 branch costs more than an instruction, so read these beside the timed runs of ``agent.py``.
+
+One count is not a measurement: which sample rows the exit upload encodes, where CPython's
+type cache and pymalloc pools collide and the agent's tick under valgrind's slower clock move
+a count by up to a point.  Each workload is counted ``--repeats`` times (each repeat with its
+own calibration); the table gives the median and the range.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import json
 import os
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -118,6 +125,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--workloads", default=",".join(SCALE))
     ap.add_argument("--seconds", type=float, default=0.15, help="native seconds of the 1x size")
+    ap.add_argument("--repeats", type=int, default=3, help="counts per workload (median)")
     ap.add_argument("--out", default=os.path.join(common.BENCH_DIR, "results"))
     args = ap.parse_args()
     if shutil.which("valgrind") is None:
@@ -125,14 +133,39 @@ def main() -> None:
     machine = common.machine()
     results = []
     for workload in args.workloads.split(","):
-        print(f"{workload} ...", file=sys.stderr, flush=True)
-        results.append(measure(workload, args.seconds))
+        runs = []
+        for k in range(args.repeats):
+            print(f"{workload} {k + 1}/{args.repeats} ...", file=sys.stderr, flush=True)
+            runs.append(measure(workload, args.seconds))
+        results.append(
+            {
+                "workload": workload,
+                "overhead_pct": {
+                    p: statistics.median(r["overhead_pct"][p] for r in runs)  # type: ignore[index]
+                    for p in PROFILERS[1:]
+                },
+                "overhead_range_pct": {
+                    p: [
+                        min(r["overhead_pct"][p] for r in runs),  # type: ignore[index]
+                        max(r["overhead_pct"][p] for r in runs),  # type: ignore[index]
+                    ]
+                    for p in PROFILERS[1:]
+                },
+                "runs": runs,
+            }
+        )
     rows = [
         "| workload | " + " | ".join(LABELS[p] for p in PROFILERS[1:]) + " |",
         "|---|" + "---:|" * (len(PROFILERS) - 1),
     ]
     for r in results:
-        cells = " | ".join(f"{r['overhead_pct'][p]:+.2f} %" for p in PROFILERS[1:])  # type: ignore[index]
+        cells = " | ".join(
+            "{:+.2f} % [{:+.2f}..{:+.2f}]".format(
+                r["overhead_pct"][p],  # type: ignore[index]
+                *r["overhead_range_pct"][p],  # type: ignore[index]
+            )
+            for p in PROFILERS[1:]
+        )
         rows.append(f"| `{r['workload']}` | {cells} |")
     md = "\n".join(
         [
@@ -140,7 +173,8 @@ def main() -> None:
             "",
             "Command: `python bench/agent_instructions.py` "
             f"(1x = {args.seconds} s of native work, 3x its triple; the cost is the extra "
-            "instructions of 3x - 1x against no profiler).",
+            "instructions of 3x - 1x against no profiler; median [range] of "
+            f"{args.repeats} counts).",
             "",
             "Machine: {nproc} CPUs ({cpu_model}), Python {python}, {platform}; hotspan commit "
             "{git_commit}; {date_utc} UTC.".format(**machine),
