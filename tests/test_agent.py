@@ -82,7 +82,8 @@ def run_program(
         capture_output=True,
         text=True,
         timeout=timeout,
-        env={**os.environ, **(env or {})},
+        # A crash prints every thread's Python stack (faulthandler) into the assertion.
+        env={**os.environ, "PYTHONFAULTHANDLER": "1", **(env or {})},
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     for line in proc.stdout.splitlines():

@@ -254,16 +254,28 @@ def load(i):
     conn = socket.create_connection(("127.0.0.1", port))
     end = time.monotonic() + seconds
     buffer = b""
-    while time.monotonic() < end:
-        conn.sendall(request)
-        while b"\\r\\n\\r\\n" not in buffer:
-            buffer += conn.recv(65536)
-        head, _, buffer = buffer.partition(b"\\r\\n\\r\\n")
-        length = int(head.lower().split(b"content-length:")[1].split(b"\\r\\n")[0])
-        while len(buffer) < length:
-            buffer += conn.recv(65536)
-        buffer = buffer[length:]
-        counts[i] += 1
+
+    def more():
+        # The server stops on its own clock (it may close before our end): that ends the
+        # run, rather than a recv loop that spins on b"" forever.
+        chunk = conn.recv(65536)
+        if not chunk:
+            raise EOFError
+        return chunk
+
+    try:
+        while time.monotonic() < end:
+            conn.sendall(request)
+            while b"\\r\\n\\r\\n" not in buffer:
+                buffer += more()
+            head, _, buffer = buffer.partition(b"\\r\\n\\r\\n")
+            length = int(head.lower().split(b"content-length:")[1].split(b"\\r\\n")[0])
+            while len(buffer) < length:
+                buffer += more()
+            buffer = buffer[length:]
+            counts[i] += 1
+    except (EOFError, ConnectionResetError, BrokenPipeError):
+        print("closed early", i, time.monotonic() - end, file=sys.stderr, flush=True)
     conn.close()
 
 threads = [threading.Thread(target=load, args=(i,)) for i in range(len(traces))]
@@ -288,8 +300,13 @@ def run_web_server(tmp_path: Path, service: str, url: str, trace_ids: List[str])
     )
     client = tmp_path / "client.py"
     client.write_text(textwrap.dedent(CLIENT))
+    # A crash prints every thread's Python stack (faulthandler) into the assertion below.
     app = subprocess.Popen(
-        [sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        [sys.executable, str(script)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONFAULTHANDLER": "1"},
     )
     try:
         assert app.stdout is not None
@@ -303,13 +320,13 @@ def run_web_server(tmp_path: Path, service: str, url: str, trace_ids: List[str])
             timeout=60,
             env={k: v for k, v in os.environ.items() if not k.startswith("HOTSPAN_")},
         )
-        assert load.returncode == 0, load.stderr
         out, err = app.communicate(timeout=60)
+        assert load.returncode == 0, (load.stderr, app.returncode, err[-3000:])
     finally:
         if app.poll() is None:
             app.kill()
             app.communicate()
-    assert app.returncode == 0, err
+    assert app.returncode == 0, (app.returncode, err[-6000:])
     result = json.loads(next(x for x in out.splitlines() if x.startswith("RESULT "))[7:])
     result["requests"] = int(load.stdout.split()[-1])
     return result
