@@ -318,7 +318,10 @@ report(cpu_used=sum(used), busy_wall=sum(busy_walls), elapsed=elapsed)
     with module_server.client() as client:
         cpu = service_profile(client, f'{{service_name="{service}"}}')
         wall = service_profile(client, f'{{service_name="{service}"}}', WALL)
-    assert share(cpu, "__main__.busy_part") >= 0.95, cpu
+    # Not 100%: a sleeping thread really burns CPU in its sleep call as it wakes and takes the
+    # GIL back from three others, and the perf trigger puts that CPU there (up to ~6% here on
+    # a loaded machine).  A sampler that charges sleep as CPU puts most of it on idle_part.
+    assert share(cpu, "__main__.busy_part") >= 0.9, cpu
     profiled = cpu[TOTAL] / 1e9
     assert abs(profiled / result["cpu_used"] - 1) < 0.1, (profiled, result["cpu_used"])
     # Wall: each worker's whole life, and its busy part as long as it really took (measured
