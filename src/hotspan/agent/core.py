@@ -220,6 +220,8 @@ class Agent:
             collected = self._sampler.collect(final=final)
             self.dropped_samples += collected.lost
             period = 1_000_000_000 // self.config.sample_rate
+            if collected.windows:
+                self._label_cache = {}  # a new upload: thread names as they are now
             batches = [(w, self._encode(w, period)) for w in collected.windows]
             del collected
         for window, bodies in batches:
