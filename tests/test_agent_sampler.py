@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -249,7 +250,7 @@ def _run_trigger_program(tmp_path, mode: str, env: dict) -> dict:  # type: ignor
         capture_output=True,
         text=True,
         timeout=120,
-        env={**__import__("os").environ, **env},
+        env={**os.environ, **env},
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     return json.loads(proc.stdout.splitlines()[-1])

@@ -42,13 +42,13 @@ def test_c_cache_names_as_the_python_symbolizer_does() -> None:
 
 @needs_c
 def test_a_new_code_object_at_a_dead_ones_address_gets_its_own_name() -> None:
+    symbolizer = Symbolizer()  # one for all: its cache outlives each code object
     names = set()
     for i in range(200):
         # Code objects made and dropped: a later one may well take an earlier one's address.
         namespace: dict = {}
         exec(compile(f"def made_{i}():\n    return {i}\n", f"<made {i}>", "exec"), namespace)
         code = namespace[f"made_{i}"].__code__
-        symbolizer = Symbolizer() if i == 0 else symbolizer  # noqa: F821 - one for all
         names.add(symbolizer.name_stack([(code, 0)])[0][0])
         del namespace, code
         gc.collect()

@@ -442,30 +442,11 @@ pl_repr(ProfiledLock *self)
     return out;
 }
 
+/* Wraps a new inner lock (a new reference, or NULL with the error of its making).  Neither
+ * type can be subclassed and neither is tracked by the GC, so PyObject_New does. */
 static PyObject *
-make_lock(PyTypeObject *type, const LockKind *kind, PyObject *args, PyObject *kwds)
+wrap_inner(PyObject *type, const LockKind *kind, PyObject *inner)
 {
-    PyObject *inner = PyObject_Call(kind->make, args, kwds);
-    if (inner == NULL)
-        return NULL;
-    ProfiledLock *self = (ProfiledLock *)type->tp_alloc(type, 0);
-    if (self == NULL) {
-        Py_DECREF(inner);
-        return NULL;
-    }
-    self->inner = inner;
-    self->kind = kind;
-    self->weakreflist = NULL;
-    return (PyObject *)self;
-}
-
-/* `threading.Lock()`, called for every lock a program makes (OpenTelemetry's SDK makes four
- * per span): a vectorcall, which skips type_call's argument tuple and the generic alloc. */
-static PyObject *
-make_lock_fast(PyObject *type, const LockKind *kind, PyObject *const *args, size_t nargsf,
-               PyObject *kwnames)
-{
-    PyObject *inner = PyObject_Vectorcall(kind->make, args, nargsf, kwnames);
     if (inner == NULL)
         return NULL;
     ProfiledLock *self = PyObject_New(ProfiledLock, (PyTypeObject *)type);
@@ -477,6 +458,21 @@ make_lock_fast(PyObject *type, const LockKind *kind, PyObject *const *args, size
     self->kind = kind;
     self->weakreflist = NULL;
     return (PyObject *)self;
+}
+
+static PyObject *
+make_lock(PyTypeObject *type, const LockKind *kind, PyObject *args, PyObject *kwds)
+{
+    return wrap_inner((PyObject *)type, kind, PyObject_Call(kind->make, args, kwds));
+}
+
+/* `threading.Lock()`, called for every lock a program makes (OpenTelemetry's SDK makes four
+ * per span): a vectorcall, which skips type_call's argument tuple. */
+static PyObject *
+make_lock_fast(PyObject *type, const LockKind *kind, PyObject *const *args, size_t nargsf,
+               PyObject *kwnames)
+{
+    return wrap_inner(type, kind, PyObject_Vectorcall(kind->make, args, nargsf, kwnames));
 }
 
 static PyObject *

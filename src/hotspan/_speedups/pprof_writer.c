@@ -76,6 +76,16 @@ put_varint(char *p, uint64_t v)
     return p;
 }
 
+/* A varint field (field < 16: a one-byte key), left out when zero (proto3). */
+static inline char *
+put_int(char *p, int field, int64_t v)
+{
+    if (v == 0)
+        return p;
+    *p++ = (char)(field << 3);
+    return put_varint(p, (uint64_t)v);
+}
+
 static int
 buf_varint(Buf *b, uint64_t v)
 {
@@ -96,15 +106,13 @@ buf_bytes(Buf *b, const void *p, size_t n)
     return 0;
 }
 
-/* A varint field, left out when zero (proto3). */
 static int
 buf_int(Buf *b, int field, int64_t v)
 {
-    if (v == 0)
-        return 0;
-    if (buf_varint(b, (uint64_t)field << 3) < 0)
+    if (buf_reserve(b, 11) < 0)
         return -1;
-    return buf_varint(b, (uint64_t)v);
+    b->len = (size_t)(put_int(b->data + b->len, field, v) - b->data);
+    return 0;
 }
 
 /* A length-delimited field. */
@@ -442,15 +450,8 @@ encode_labels(Encoder *self, PyObject *labels)
         Py_DECREF(pair);
         if (text < 0)
             goto fail;
-        char msg[24], *p = msg;
-        if (key) {
-            *p++ = (char)(1 << 3);
-            p = put_varint(p, (uint64_t)key);
-        }
-        if (text) {
-            *p++ = (char)(2 << 3);
-            p = put_varint(p, (uint64_t)text);
-        }
+        char msg[24];
+        char *p = put_int(put_int(msg, 1, key), 2, text);
         if (buf_field(&b, 3, msg, (size_t)(p - msg)) < 0)
             goto fail;
     }
@@ -751,18 +752,10 @@ static int
 put_locations(Encoder *self, Buf *out)
 {
     for (size_t i = 0; i < self->n_locs; i++) {
-        char line[24], *p = line;
-        if (self->loc_function[i]) {
-            *p++ = (char)(1 << 3);
-            p = put_varint(p, (uint64_t)self->loc_function[i]);
-        }
-        if (self->loc_line[i]) {
-            *p++ = (char)(2 << 3);
-            p = put_varint(p, (uint64_t)self->loc_line[i]);
-        }
-        char loc[48], *q = loc;
-        *q++ = (char)(1 << 3);
-        q = put_varint(q, (uint64_t)(i + 1));
+        char line[24];
+        char *p = put_int(put_int(line, 1, self->loc_function[i]), 2, self->loc_line[i]);
+        char loc[48];
+        char *q = put_int(loc, 1, (int64_t)(i + 1));
         *q++ = (char)((4 << 3) | 2);
         q = put_varint(q, (uint64_t)(p - line));
         memcpy(q, line, (size_t)(p - line));
@@ -786,22 +779,11 @@ put_functions(Encoder *self, Buf *out)
         int64_t first = as_int64(PyTuple_GET_ITEM(key, 2), "a first line");
         if (first == -1 && PyErr_Occurred())
             return -1;
-        char fn[64], *p = fn;
-        *p++ = (char)(1 << 3);
-        p = put_varint(p, (uint64_t)(i + 1));
-        for (int field = 2; field <= 3; field++)
-            if (name) {
-                *p++ = (char)(field << 3);
-                p = put_varint(p, (uint64_t)name);
-            }
-        if (file) {
-            *p++ = (char)(4 << 3);
-            p = put_varint(p, (uint64_t)file);
-        }
-        if (first) {
-            *p++ = (char)(5 << 3);
-            p = put_varint(p, (uint64_t)first);
-        }
+        char fn[64];
+        char *p = put_int(fn, 1, (int64_t)(i + 1));
+        p = put_int(p, 2, name); /* name and system_name: Python has one */
+        p = put_int(p, 3, name);
+        p = put_int(put_int(p, 4, file), 5, first);
         if (buf_field(out, 5, fn, (size_t)(p - fn)) < 0)
             return -1;
     }

@@ -70,6 +70,8 @@ static inline PyObject *Py_NewRef(PyObject *o) { Py_INCREF(o); return o; }
 #      include <linux/perf_event.h>
 #      include <sys/ioctl.h>
 #      define HAVE_PERF_EVENTS 1
+/* The perf events' signal: a real-time one, which queues (see install_perf_handler). */
+#      define PERF_SIGNAL (SIGRTMAX - 7)
 #    endif
 #  endif
 #endif
@@ -618,7 +620,7 @@ clock_ns(clockid_t clock, uint64_t *out)
  * and their ends get their beginnings' samples: 75/25 split measured as 69/31.  The kernel's
  * task-clock event counts the thread's CPU with an hrtimer armed while it runs, so its
  * overflow interrupts the thread where the interval ends.  The event signals its thread
- * (F_SETOWN_EX) with SIGPROF and disables itself after each overflow (REFRESH 1): the
+ * (F_SETOWN_EX) with PERF_SIGNAL and disables itself after each overflow (REFRESH 1): the
  * handler re-enables it, and charges the thread's CPU since its previous sample.  Where
  * perf_event_open is not allowed (seccomp in containers, perf_event_paranoid > 2) the timer
  * takes over; HOTSPAN_CPU_TRIGGER=timer asks for the timer. */
@@ -629,7 +631,7 @@ static int perf_state = PERF_UNTRIED; /* under threads_mutex */
 static _Atomic int perf_fd_slot[PERF_FDS]; /* fd -> slot index + 1, for the handler */
 /* Overflows handled: proof that the kernel signals.  Where it takes the event but never
  * signals (valgrind does that), the scan sees a thread burn intervals without a sample and
- * goes back to timers (perf_unproven). */
+ * goes back to timers (check_perf_signals). */
 static _Atomic unsigned long perf_signals;
 /* The events' own signal, a real-time one, which queues: on SIGPROF an overflow coming while
  * a wall or timer SIGPROF is pending would be merged into it and lost, and the event, off
@@ -701,15 +703,13 @@ static void on_signal(int signum, siginfo_t *info, void *ucontext);
 static int
 install_perf_handler(void)
 {
-    int sig = SIGRTMAX - 7;
+    int sig = PERF_SIGNAL;
     struct sigaction now;
     if (sigaction(sig, NULL, &now) != 0)
         return -1;
     if ((now.sa_flags & SA_SIGINFO) && now.sa_sigaction == on_signal)
         return 0;
-    if (!(now.sa_flags & SA_SIGINFO) && now.sa_handler != SIG_DFL)
-        return -1;
-    if ((now.sa_flags & SA_SIGINFO) && now.sa_sigaction != NULL)
+    if (now.sa_handler != SIG_DFL) /* sa_handler and sa_sigaction share their storage */
         return -1;
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
@@ -1890,7 +1890,9 @@ sampler_start(PyObject *mod, PyObject *args, PyObject *kwds)
         sa.sa_sigaction = on_signal;
         sa.sa_flags = SA_SIGINFO | SA_RESTART;
         sigemptyset(&sa.sa_mask);
-        sigaddset(&sa.sa_mask, SIGRTMAX - 7); /* the perf events' (install_perf_handler) */
+#ifdef HAVE_PERF_EVENTS
+        sigaddset(&sa.sa_mask, PERF_SIGNAL); /* one sample at a time on a thread */
+#endif
         if (sigaction(SIGPROF, &sa, &previous_action) != 0) {
             PyErr_SetFromErrno(PyExc_OSError);
             return NULL;
