@@ -12,7 +12,7 @@ if TYPE_CHECKING:  # typing stays out of the program at run time: see agent/log.
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__", "configure", "shutdown", "tag_wrapper"]
+__all__ = ["__version__", "configure", "current_agent", "shutdown", "tag_wrapper"]
 
 
 def configure(**settings: Any) -> Any:
@@ -25,6 +25,13 @@ def shutdown(flush: bool = True) -> None:
     from hotspan.agent import shutdown as _shutdown
 
     _shutdown(flush=flush)
+
+
+def current_agent() -> Any:
+    """The running agent (``sampler_stats``, ``collector_stats()``, ...), or None."""
+    from hotspan.agent import current_agent as _current_agent
+
+    return _current_agent()
 
 
 def tag_wrapper(tags: dict) -> Any:
