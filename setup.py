@@ -1,5 +1,7 @@
 """Builds the optional C fast path; without a compiler hotspan installs pure Python."""
 
+import sysconfig
+
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
@@ -18,52 +20,61 @@ class OptionalBuildExt(build_ext):
             print(f"hotspan: C speedups not built ({exc}); using the pure-Python path")
 
 
+# Free-threaded CPython (3.13t, 3.14t): the native sampler, allocator hook and lock wrapper
+# rely on the GIL (one allocation countdown, code objects that no other thread frees while a
+# collect names them), and an extension module that does not declare itself free-threading
+# safe turns the GIL back on for the whole program as it is imported.  There hotspan installs
+# its pure-Python paths, and the agent says so once as it starts.
+FREE_THREADED = bool(sysconfig.get_config_var("Py_GIL_DISABLED"))
+
+EXTENSIONS = [
+    Extension(
+        "hotspan._speedups._pprof",
+        ["src/hotspan/_speedups/pprof.c"],
+        extra_compile_args=["-O3", "-std=c11"],
+        optional=True,
+    ),
+    Extension(
+        "hotspan._speedups._sampler",
+        ["src/hotspan/_speedups/sampler.c"],
+        depends=["src/hotspan/_speedups/sampler_api.h"],
+        extra_compile_args=["-O2", "-std=gnu11"],
+        libraries=["rt"],
+        optional=True,
+    ),
+    # Allocations and live heap: an allocator hook (uses _sampler's stack and labels).
+    Extension(
+        "hotspan._speedups._alloc",
+        ["src/hotspan/_speedups/alloc.c"],
+        depends=["src/hotspan/_speedups/sampler_api.h"],
+        extra_compile_args=["-O2", "-std=gnu11"],
+        optional=True,
+    ),
+    # The agent's pprof encoder (the twin of agent/pprof_writer.py's PyProfileWriter).
+    Extension(
+        "hotspan._speedups._pprof_writer",
+        ["src/hotspan/_speedups/pprof_writer.c"],
+        extra_compile_args=["-O2", "-std=c11"],
+        optional=True,
+    ),
+    # Naming sampled stacks (the twin of agent/symbols.py's Symbolizer.name_stack).
+    Extension(
+        "hotspan._speedups._symbols",
+        ["src/hotspan/_speedups/symbols.c"],
+        extra_compile_args=["-O2", "-std=c11"],
+        optional=True,
+    ),
+    # Lock contention: a lock wrapper whose uncontended acquire costs next to nothing.
+    Extension(
+        "hotspan._speedups._locks",
+        ["src/hotspan/_speedups/locks.c"],
+        depends=["src/hotspan/_speedups/sampler_api.h"],
+        extra_compile_args=["-O2", "-std=gnu11"],
+        optional=True,
+    ),
+]
+
 setup(
-    ext_modules=[
-        Extension(
-            "hotspan._speedups._pprof",
-            ["src/hotspan/_speedups/pprof.c"],
-            extra_compile_args=["-O3", "-std=c11"],
-            optional=True,
-        ),
-        Extension(
-            "hotspan._speedups._sampler",
-            ["src/hotspan/_speedups/sampler.c"],
-            depends=["src/hotspan/_speedups/sampler_api.h"],
-            extra_compile_args=["-O2", "-std=gnu11"],
-            libraries=["rt"],
-            optional=True,
-        ),
-        # Allocations and live heap: an allocator hook (uses _sampler's stack and labels).
-        Extension(
-            "hotspan._speedups._alloc",
-            ["src/hotspan/_speedups/alloc.c"],
-            depends=["src/hotspan/_speedups/sampler_api.h"],
-            extra_compile_args=["-O2", "-std=gnu11"],
-            optional=True,
-        ),
-        # The agent's pprof encoder (the twin of agent/pprof_writer.py's PyProfileWriter).
-        Extension(
-            "hotspan._speedups._pprof_writer",
-            ["src/hotspan/_speedups/pprof_writer.c"],
-            extra_compile_args=["-O2", "-std=c11"],
-            optional=True,
-        ),
-        # Naming sampled stacks (the twin of agent/symbols.py's Symbolizer.name_stack).
-        Extension(
-            "hotspan._speedups._symbols",
-            ["src/hotspan/_speedups/symbols.c"],
-            extra_compile_args=["-O2", "-std=c11"],
-            optional=True,
-        ),
-        # Lock contention: a lock wrapper whose uncontended acquire costs next to nothing.
-        Extension(
-            "hotspan._speedups._locks",
-            ["src/hotspan/_speedups/locks.c"],
-            depends=["src/hotspan/_speedups/sampler_api.h"],
-            extra_compile_args=["-O2", "-std=gnu11"],
-            optional=True,
-        ),
-    ],
+    ext_modules=[] if FREE_THREADED else EXTENSIONS,
     cmdclass={"build_ext": OptionalBuildExt},
 )

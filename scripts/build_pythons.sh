@@ -5,7 +5,10 @@
 # Debian's python3.X source packages carry (the .orig.tar.*, built as python.org ships it, not
 # Debian's patched tree), so this needs Debian's source packages and apt: it is run by hand,
 # not in CI. A line that no Debian suite has is taken from an interpreter already on the
-# machine (pyenv first) and linked into the cache instead.
+# machine (pyenv first) and linked into the cache instead.  A line with neither (3.14 here: its
+# orig tarball is not served) gets Debian sid's own build of it, installed by debootstrap into
+# the root $CACHE/debian-sid with a compiler and the headers; that interpreter needs the root's
+# newer C library, so scripts/matrix.sh runs that line inside the root (chroot, as root).
 #
 # Usage: scripts/build_pythons.sh [NAME...]      (default: all names above)
 #   HOTSPAN_PYTHONS=DIR   cache directory (default ~/.cache/hotspan/pythons)
@@ -16,6 +19,7 @@
 set -euo pipefail
 
 CACHE=${HOTSPAN_PYTHONS:-$HOME/.cache/hotspan/pythons}
+DEBIAN_ROOT=$CACHE/debian-sid
 ALL_NAMES=(3.14 3.14t 3.13 3.13t 3.12 3.10 3.9)
 SUITES=(bookworm bookworm-backports bullseye bullseye-backports trixie trixie-backports sid experimental)
 SRC_LIST=/etc/apt/sources.list.d/hotspan-src.list
@@ -112,6 +116,26 @@ build_one() {
         rm -rf "$work"
 }
 
+# Debian sid's build of python$1 in $DEBIAN_ROOT (made by debootstrap on first use): prints
+# its version.  Needs root and debootstrap.
+debian_root_python() {
+    local line=$1 pkgs="python$1,python$1-dev,python$1-venv,gcc,libc6-dev"
+    is_root || return 1
+    command -v debootstrap >/dev/null 2>&1 ||
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq debootstrap >/dev/null 2>&1 || return 1
+    if [ ! -x "$DEBIAN_ROOT/usr/bin/python$line" ]; then
+        if [ -x "$DEBIAN_ROOT/usr/bin/apt-get" ]; then
+            chroot "$DEBIAN_ROOT" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+                "python$line" "python$line-dev" "python$line-venv" >/dev/null 2>&1 || return 1
+        else
+            rm -rf "$DEBIAN_ROOT"
+            debootstrap --variant=minbase --include="$pkgs" sid "$DEBIAN_ROOT" \
+                http://deb.debian.org/debian >"$CACHE/logs/debian-sid.log" 2>&1 || return 1
+        fi
+    fi
+    chroot "$DEBIAN_ROOT" "/usr/bin/python$line" -c 'import platform; print(platform.python_version())'
+}
+
 check_python() { "$1" -c 'import ssl, zlib, ctypes, sqlite3' >/dev/null 2>&1; }
 py_version() { "$1" -c 'import platform; print(platform.python_version())' 2>/dev/null || echo "?"; }
 
@@ -172,6 +196,10 @@ for name in "${names[@]}"; do
     elif found=$(find_existing "$name"); then
         rm -rf "$prefix" && mkdir -p "$prefix/bin" && ln -s "$found" "$py"
         VERSION[$name]=$(py_version "$found") HOW[$name]="found at $found (not built)"
+    elif [ "$name" = "$line" ] && found=$(debian_root_python "$line"); then
+        VERSION[$name]=$found HOW[$name]="Debian sid's build in $DEBIAN_ROOT (no source tarball${tried:+: $tried})"
+        STATUS[$name]=ok
+        continue
     else
         VERSION[$name]=- HOW[$name]="no Debian source${tried:+ (listed but not downloadable:$tried)}, none on this machine"
         STATUS[$name]=failed failed=1; continue

@@ -32,6 +32,24 @@ def load_sampler() -> Optional[ModuleType]:
     return _sampler
 
 
+def native_unavailable_reason() -> str:
+    """Why :func:`load_sampler` gives None here, in words for a log line."""
+    import sys
+    import sysconfig
+
+    if os.environ.get("HOTSPAN_NO_SPEEDUPS"):
+        return "HOTSPAN_NO_SPEEDUPS is set"
+    if sysconfig.get_config_var("Py_GIL_DISABLED"):
+        return "this is a free-threaded CPython build, where the C extensions are not built"
+    if not sys.platform.startswith("linux"):
+        return f"the native sampler is Linux-only (this is {sys.platform})"
+    try:
+        from hotspan._speedups import _sampler  # noqa: F401
+    except ImportError as exc:
+        return f"the C extension is not built or does not load ({exc})"
+    return "the native sampler is available"
+
+
 def load_module(name: str) -> Optional[ModuleType]:
     """A collector's C module (``_alloc``, ``_locks``), or None when absent or disabled."""
     if os.environ.get("HOTSPAN_NO_SPEEDUPS"):

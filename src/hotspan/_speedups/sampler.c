@@ -29,15 +29,21 @@
  * value, exactly as ContextVar.get() would.
  */
 #ifndef _GNU_SOURCE
-#  define _GNU_SOURCE /* pthread_setname_np */
+#  define _GNU_SOURCE 1 /* pthread_setname_np; 1 as pyconfig.h of 3.9 and 3.10 defines it */
 #endif
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <stddef.h>
 #if PY_VERSION_HEX >= 0x030B0000
 #  ifndef Py_BUILD_CORE
 #    define Py_BUILD_CORE 1
 #  endif
-#  include "internal/pycore_frame.h"
+#  if PY_VERSION_HEX >= 0x030E0000
+/* 3.14 keeps the frame's layout and accessors apart from pycore_frame.h. */
+#    include "internal/pycore_interpframe.h"
+#  else
+#    include "internal/pycore_frame.h"
+#  endif
 #  undef Py_BUILD_CORE
 #else
 #  include <frameobject.h>
@@ -363,7 +369,12 @@ walk_frames(PyThreadState *ts, RawFrame *out, int max_depth)
         }
 #  endif
 #  if PY_VERSION_HEX >= 0x030D0000
+#    if PY_VERSION_HEX >= 0x030E0000
+        /* A tagged reference since 3.14: the low bits say how it is owned. */
+        PyObject *exe = PyStackRef_AsPyObjectBorrow(f->f_executable);
+#    else
         PyObject *exe = f->f_executable;
+#    endif
         if (exe == NULL || ((uintptr_t)exe & 7) || Py_TYPE(exe) != &PyCode_Type) {
             f = f->previous;
             continue;

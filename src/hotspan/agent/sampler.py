@@ -336,7 +336,21 @@ class _ThreadHooks:
 _thread_hooks = _ThreadHooks()
 
 
+_said_fallback = False
+
+
 def make_sampler(sample_rate: int, max_depth: int, cpu: bool, wall: bool, native: bool) -> Any:
+    global _said_fallback
     if native and load_sampler() is not None:
         return NativeSampler(sample_rate, max_depth, cpu, wall)
+    if native and not _said_fallback:
+        # Once a process: the fallback samples less exactly (README, "Profiling a Python
+        # program"), and whoever runs it should know why it is the one running.
+        from hotspan._speedups import native_unavailable_reason
+        from hotspan.agent.log import logger
+
+        _said_fallback = True
+        reason = native_unavailable_reason()
+        if not reason.startswith("HOTSPAN_NO_SPEEDUPS"):  # asked for: nothing to tell
+            logger.warning("hotspan: using the pure-Python sampler: %s", reason)
     return PythonSampler(sample_rate, max_depth, cpu, wall)

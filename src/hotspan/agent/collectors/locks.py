@@ -428,7 +428,8 @@ class LockCollector:
         saved = (threading.Lock, threading.RLock)
         # Only the originals are replaced: a lock library that patched threading (gevent) has
         # locks of its own, which ours would break.
-        if threading.Lock is _allocate_lock:
+        # 3.13 made threading.Lock the lock type itself (_thread.lock), not allocate_lock.
+        if threading.Lock is _allocate_lock or threading.Lock is _thread.LockType:
             threading.Lock = backend.Lock  # type: ignore[misc,assignment]
         if (
             _CRLock is not None
