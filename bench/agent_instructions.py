@@ -4,7 +4,9 @@ with every profile type on, at two sizes of work; the cost is the extra instruct
 of work (the difference between the two sizes, so that start-up and the exit upload cancel).
 
     python bench/agent_instructions.py [--workloads cpu_split,alloc,...] [--seconds 0.15]
-                                       [--repeats 3]
+                                       [--repeats 3] [--name agent_instructions-3.12]
+
+Run by another interpreter (a venv of scripts/matrix.sh, say), it measures the agent there.
 
 Needs Debian's ``valgrind``.  Writes ``bench/results/agent_instructions.{md,json}``.  Under
 valgrind the program runs ~50x slower while the sampler's timers count real CPU time, so the
@@ -68,6 +70,9 @@ def instructions(workload: str, profiler: str, params: Dict[str, object]) -> int
         # has run, so under valgrind it samples far less often than natively.
         env = dict(
             os.environ,
+            # The interpreter itself runs (see python_binary): a venv's packages come along
+            # by path, as they would have through the venv.
+            PYTHONPATH=os.pathsep.join(p for p in sys.path if p),
             HOTSPAN_BENCH_SAMPLE_RATE="2",
             HOTSPAN_CPU_TRIGGER="timer",
             PYTHONHASHSEED="0",
@@ -127,6 +132,11 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=0.15, help="native seconds of the 1x size")
     ap.add_argument("--repeats", type=int, default=3, help="counts per workload (median)")
     ap.add_argument("--out", default=os.path.join(common.BENCH_DIR, "results"))
+    ap.add_argument(
+        "--name",
+        default="agent_instructions",
+        help="results file name (e.g. agent_instructions-3.12 for another interpreter)",
+    )
     args = ap.parse_args()
     if shutil.which("valgrind") is None:
         raise SystemExit("valgrind is not installed: apt-get install valgrind")
@@ -184,9 +194,9 @@ def main() -> None:
         ]
     )
     os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "agent_instructions.md"), "w") as f:
+    with open(os.path.join(args.out, f"{args.name}.md"), "w") as f:
         f.write(md)
-    with open(os.path.join(args.out, "agent_instructions.json"), "w") as f:
+    with open(os.path.join(args.out, f"{args.name}.json"), "w") as f:
         json.dump({"machine": machine, "results": results}, f, indent=1)
     print(md)
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The agent on every CPython found here: for each interpreter, a fresh venv with the project
 # installed (its C extensions built by that interpreter, with the compiler's warnings counted),
-# the agent's tests (sampler, frame lifetimes, span and asyncio labels, allocation/heap/lock/
+# the agent's tests (sampler, frame and code object lifetimes, span and asyncio labels, allocation/heap/lock/
 # thread profiles, fork, the pprof writer, busy programs), and a smoke run of `hotspan run`
 # pushing to a real `hotspan server`.  Interpreters come from the cache that
 # scripts/build_pythons.sh fills ($HOTSPAN_PYTHONS, default ~/.cache/hotspan/pythons/<name>),
@@ -21,7 +21,7 @@ CACHE=${HOTSPAN_PYTHONS:-$HOME/.cache/hotspan/pythons}
 WORK=${HOTSPAN_MATRIX_WORK:-/tmp/hotspan-matrix}
 DEBIAN_ROOT=$CACHE/debian-sid
 AGENT_TESTS=(
-    tests/test_agent_sampler.py tests/test_agent_frame_lifetime.py
+    tests/test_agent_sampler.py tests/test_agent_frame_lifetime.py tests/test_agent_code_lifetime.py
     tests/test_agent_span_linking.py tests/test_agent.py tests/test_agent_alloc.py
     tests/test_agent_locks.py tests/test_agent_threads.py tests/test_agent_pprof.py
     tests/test_agent_symbols.py tests/test_agent_busy.py
@@ -58,17 +58,36 @@ run_line() {
     # pip 26 and setuptools 84 need 3.10+, and an index without Requires-Python offers them to
     # 3.9's old pip anyway: the bound keeps every line on a pip that installs there.  -v shows
     # the compiler's output, whose warnings are counted.
+    local free_threaded="" server_env=()
+    if "$py" -c 'import sys; sys.exit(not (hasattr(sys, "_is_gil_enabled") and not sys._is_gil_enabled()))'; then
+        # Free-threaded: the agent and what its tests import.  The server's DuckDB (and the
+        # Pyroscope SDK the test extra brings) have no free-threaded build, so the tests'
+        # server runs on the machine's python3, which must have hotspan installed.
+        if ! python3 -c 'import hotspan.server, duckdb' 2>/dev/null; then
+            printf 'skipped\t%s\tfree-threaded: its tests need a hotspan server on python3 (pip install -e .)\n' \
+                "$version" >"$WORK/$name.result"
+            return
+        fi
+        server_env=(HOTSPAN_TEST_SERVER_PYTHON="$(command -v python3)")
+        free_threaded=1
+    fi
     if ! { "$py" -m venv "$venv" && "$venv/bin/python" -m pip install -q --upgrade "pip<26" &&
-        "$venv/bin/python" -m pip install -v -e "${ROOT}[test]"; } >>"$log" 2>&1; then
+        if [ -n "$free_threaded" ]; then
+            "$venv/bin/python" -m pip install -v --no-deps -e "$ROOT" &&
+                "$venv/bin/python" -m pip install protobuf pytest httpx opentelemetry-api \
+                    opentelemetry-sdk opentelemetry-exporter-otlp-proto-http
+        else
+            "$venv/bin/python" -m pip install -v -e "${ROOT}[test]"
+        fi; } >>"$log" 2>&1; then
         printf 'failed\t%s\tinstall failed (see %s)\n' "$version" "$log" >"$WORK/$name.result"
         return
     fi
     warnings=$(grep -cE '\.[ch]:[0-9]+:[0-9]+: warning:' "$log")
     native=$("$venv/bin/python" -c 'from hotspan._speedups import load_sampler, load_module, native_unavailable_reason as r; print("native" if load_sampler() and load_module("_alloc") else "pure-Python fallback (" + r() + ")")' 2>>"$log")
-    (cd "$ROOT" && "$venv/bin/python" -m pytest -q -p no:cacheprovider "${AGENT_TESTS[@]}") >>"$log" 2>&1
+    (cd "$ROOT" && env "${server_env[@]}" "$venv/bin/python" -m pytest -q -p no:cacheprovider "${AGENT_TESTS[@]}") >>"$log" 2>&1
     tests=$?
     summary=$(grep -E '^[0-9]+ (passed|failed)|passed|failed' "$log" | tail -1)
-    "$venv/bin/python" "$ROOT/scripts/matrix_smoke.py" >>"$log" 2>&1
+    env "${server_env[@]}" "$venv/bin/python" "$ROOT/scripts/matrix_smoke.py" >>"$log" 2>&1
     smoke=$?
     if [ $tests -eq 0 ] && [ $smoke -eq 0 ] && [ "$warnings" -eq 0 ]; then result=passed; else result=failed; fi
     printf '%s\t%s\t%s; C warnings: %s; tests: %s; hotspan run: %s\n' "$result" "$version" \

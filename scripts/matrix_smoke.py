@@ -36,9 +36,11 @@ def main() -> int:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     with tempfile.TemporaryDirectory() as tmp, open(os.path.join(tmp, "server.log"), "w") as err:
+        # HOTSPAN_TEST_SERVER_PYTHON: the server on another interpreter (see matrix.sh).
+        server_python = os.environ.get("HOTSPAN_TEST_SERVER_PYTHON")
         server = subprocess.Popen(
             [
-                hotspan,
+                *([server_python, "-m", "hotspan"] if server_python else [hotspan]),
                 "server",
                 "--port",
                 str(port),

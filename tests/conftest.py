@@ -52,7 +52,10 @@ class RunningServer:
 def start_server(
     data_dir: Path, extra_args: Optional[List[str]] = None, env: Optional[dict] = None
 ) -> RunningServer:
-    cmd = [sys.executable, "-m", "hotspan", "server", "--port", "0", "--data-dir", str(data_dir)]
+    # HOTSPAN_TEST_SERVER_PYTHON: the server on another interpreter than the agent under test
+    # (scripts/matrix.sh on free-threaded builds, where the server's DuckDB has no wheel).
+    python = os.environ.get("HOTSPAN_TEST_SERVER_PYTHON") or sys.executable
+    cmd = [python, "-m", "hotspan", "server", "--port", "0", "--data-dir", str(data_dir)]
     extra_args = list(extra_args or [])
     # Any free port for the OTLP receivers, so that servers of parallel tests never collide.
     for option in ("--otlp-http-port", "--otlp-grpc-port"):
