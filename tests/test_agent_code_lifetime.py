@@ -59,6 +59,18 @@ print("functions", n)
 """
 
 
+def assert_only_made_functions_named(server, service: str, made: int) -> None:
+    """The functions still alive at a collect are named; the dead ones are not made up."""
+    with server.client() as client:
+        now = int(time.time())
+        graph = flamegraph(
+            client, f'{{service_name="{service}"}}', now - 600, now + 60, profile_type=CPU
+        )
+    named = [name for name in function_totals(graph) if "burn_" in name]
+    assert named, sorted(function_totals(graph))[:50]
+    assert all(int(name.rsplit("_", 1)[1]) < made for name in named)
+
+
 @pytest.mark.skipif(shutil.which("valgrind") is None, reason="valgrind is not installed")
 def test_dead_code_objects_are_not_referenced(module_server, tmp_path: Path) -> None:
     service = f"churn_{uuid.uuid4().hex[:6]}"
@@ -87,15 +99,7 @@ def test_dead_code_objects_are_not_referenced(module_server, tmp_path: Path) -> 
     made = int(proc.stdout.split()[-1])
     assert made > 100, proc.stdout
 
-    # The functions still alive at a collect are named; the dead ones are not made up.
-    with module_server.client() as client:
-        now = int(time.time())
-        graph = flamegraph(
-            client, f'{{service_name="{service}"}}', now - 600, now + 60, profile_type=CPU
-        )
-    named = [name for name in function_totals(graph) if "burn_" in name]
-    assert named, sorted(function_totals(graph))[:50]
-    assert all(int(name.rsplit("_", 1)[1]) < made for name in named)
+    assert_only_made_functions_named(module_server, service, made)
 
 
 def test_dead_code_objects_are_not_referenced_natively(module_server, tmp_path: Path) -> None:
@@ -112,12 +116,4 @@ def test_dead_code_objects_are_not_referenced_natively(module_server, tmp_path: 
         env={**os.environ, "PYTHONFAULTHANDLER": "1"},
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    made = int(proc.stdout.split()[-1])
-    with module_server.client() as client:
-        now = int(time.time())
-        graph = flamegraph(
-            client, f'{{service_name="{service}"}}', now - 600, now + 60, profile_type=CPU
-        )
-    named = [name for name in function_totals(graph) if "burn_" in name]
-    assert named, sorted(function_totals(graph))[:50]
-    assert all(int(name.rsplit("_", 1)[1]) < made for name in named)
+    assert_only_made_functions_named(module_server, service, int(proc.stdout.split()[-1]))
