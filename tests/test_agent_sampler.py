@@ -280,3 +280,27 @@ def test_a_program_handler_on_the_perf_signal_is_left_alone(tmp_path) -> None:  
     assert result["trigger"] == "timer", result
     assert result["program_handler_ran"], result
     assert abs(result["charged"] / result["used"] - 1) < 0.03, result
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux's thread CPU clocks")
+def test_thread_cpu_clock_of_an_ended_thread_is_an_error_not_a_crash() -> None:
+    from hotspan.agent.sampler import thread_cpu_clock
+
+    # A live thread: the very clock pthread_getcpuclockid gives.
+    own = threading.get_ident()
+    assert thread_cpu_clock(own) == time.pthread_getcpuclockid(own)
+    assert time.clock_gettime_ns(thread_cpu_clock(own)) > 0
+
+    # An ended one, still listed as it ends (as a tick may see it): its kernel clock says
+    # EINVAL, where pthread_getcpuclockid would have read its freed pthread struct.
+    seen = {}
+
+    def note() -> None:
+        seen["ident"] = threading.get_ident()
+        seen["clock"] = thread_cpu_clock(seen["ident"])
+
+    t = threading.Thread(target=note)
+    t.start()
+    t.join()
+    with pytest.raises(OSError):
+        time.clock_gettime_ns(seen["clock"])
