@@ -379,5 +379,7 @@ def test_busy_asyncio_loop_python_fallback(module_server, tmp_path: Path) -> Non
         + FINISH
     )
     result = run_program(tmp_path, body, timeout=120)
-    assert result["stats"]["ticks"] >= WORK_SECONDS / 2 * 100 * 0.9, result["stats"]
+    # The handler ticks every 10 ms of the process's CPU: on a loaded machine the program gets
+    # less than the run's wall time of CPU, and the ticks are counted against what it got.
+    assert result["stats"]["ticks"] >= result["cpu"] * 100 * 0.9, (result["stats"], result)
     check_run(module_server, service, result, 0)
