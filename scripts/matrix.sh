@@ -12,6 +12,7 @@
 # only the machine's Python (the others need sources it does not have).
 #
 # Usage: bash scripts/matrix.sh [NAME...]   (default: 3.9 3.10 3.11 3.12 3.13 3.13t 3.14 3.14t)
+#        bash scripts/matrix.sh --table [NAME...]   (the table of the last runs, running nothing)
 # Prints a table (version x passed/failed/skipped) and writes it to bench/results/matrix.md;
 # each line's log is in $WORK/<name>.log (WORK defaults to /tmp/hotspan-matrix).
 set -uo pipefail
@@ -90,9 +91,9 @@ run_line() {
     env "${server_env[@]}" "$venv/bin/python" "$ROOT/scripts/matrix_smoke.py" >>"$log" 2>&1
     smoke=$?
     if [ $tests -eq 0 ] && [ $smoke -eq 0 ] && [ "$warnings" -eq 0 ]; then result=passed; else result=failed; fi
-    printf '%s\t%s\t%s; C warnings: %s; tests: %s; hotspan run: %s\n' "$result" "$version" \
+    printf '%s\t%s\t%s; C warnings: %s; tests: %s; hotspan run: %s%s\n' "$result" "$version" \
         "$native" "$warnings" "${summary:-none ran}" "$([ $smoke -eq 0 ] && echo ok || echo FAILED)" \
-        >"$WORK/$name.result"
+        "${HOTSPAN_MATRIX_IN_ROOT:+ (Debian sid build, in its own root)}" >"$WORK/$name.result"
 }
 
 # Runs line $1 inside the Debian root: this checkout and $WORK mounted at the same paths, in a
@@ -126,17 +127,21 @@ if [ "${1:-}" = "--line" ]; then # one line, inside the Debian root
     exit 0
 fi
 
+TABLE_ONLY=""
+if [ "${1:-}" = "--table" ]; then # the table of the lines' last runs, from $WORK, no run
+    TABLE_ONLY=1
+    shift
+fi
 NAMES=("$@")
 [ ${#NAMES[@]} -gt 0 ] || NAMES=(3.9 3.10 3.11 3.12 3.13 3.13t 3.14 3.14t)
 declare -A RESULT DETAIL VERSION
 for name in "${NAMES[@]}"; do
-    rm -f "$WORK/$name.result"
-    if py=$(interpreter "$name"); then
+    if [ -n "$TABLE_ONLY" ]; then
+        :
+    elif rm -f "$WORK/$name.result" && py=$(interpreter "$name"); then
         run_line "$name" "$py"
-        how=""
     elif [ -x "$DEBIAN_ROOT/usr/bin/python$name" ] && [ "$(id -u)" -eq 0 ]; then
         run_in_root "$name" >>"$WORK/$name.root.log" 2>&1
-        how=" (Debian's build, in $DEBIAN_ROOT)"
     else
         RESULT[$name]=skipped
         DETAIL[$name]="no interpreter (scripts/build_pythons.sh $name builds it)"
@@ -144,7 +149,9 @@ for name in "${NAMES[@]}"; do
     fi
     if [ -f "$WORK/$name.result" ]; then
         IFS=$'\t' read -r RESULT[$name] VERSION[$name] DETAIL[$name] <"$WORK/$name.result"
-        DETAIL[$name]+=$how
+    elif [ -n "$TABLE_ONLY" ]; then
+        RESULT[$name]=skipped
+        DETAIL[$name]="not run (no $WORK/$name.result)"
     else
         RESULT[$name]=failed
         DETAIL[$name]="no result (see $WORK/$name.log and $WORK/$name.root.log)"
