@@ -302,5 +302,11 @@ def test_thread_cpu_clock_of_an_ended_thread_is_an_error_not_a_crash() -> None:
     t = threading.Thread(target=note)
     t.start()
     t.join()
+    # join() returns as the thread's Python part ends; the kernel thread goes a moment later.
+    task = f"/proc/self/task/{t.native_id}"
+    deadline = time.monotonic() + 5
+    while os.path.exists(task) and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert not os.path.exists(task)
     with pytest.raises(OSError):
         time.clock_gettime_ns(seen["clock"])
