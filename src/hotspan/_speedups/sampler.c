@@ -306,7 +306,7 @@ safe_read(const void *address, void *out, size_t size)
 #endif
 }
 
-/* Stacks whose newest frame was not there to read (see newest_frame_readable). */
+/* Stacks whose newest frame was not there to read (see newest_live_frame). */
 static _Atomic uint64_t unreadable_stacks;
 
 #if PY_VERSION_HEX >= 0x030B0000
@@ -319,23 +319,44 @@ static _Atomic uint64_t unreadable_stacks;
  * crashed the program (a busy asyncio program, 3 runs in 4 of 15 s at 1,000 Hz).  The two
  * places a running frame lives are checked without a system call: the thread's current
  * chunk, or the generator whose exception state the thread is using (a running generator's
- * frame is inside it).  Anything else (a frame on the C stack, or a generator between its
- * yield's two stores) is read through process_vm_readv, which fails where the memory is
- * gone. */
+ * frame is inside it).  Anything else is judged by newest_live_frame. */
 static int
-newest_frame_readable(PyThreadState *ts, _PyInterpreterFrame *f)
+frame_is_live(PyThreadState *ts, _PyInterpreterFrame *f)
 {
     const char *p = (const char *)f;
+    /* The current chunk, or the one before it (a frame just pushed may have opened one). */
     const _PyStackChunk *chunk = ts->datastack_chunk;
-    if (chunk != NULL && p >= (const char *)chunk &&
-        p + sizeof(_PyInterpreterFrame) <= (const char *)chunk + chunk->size)
-        return 1;
+    for (int k = 0; chunk != NULL && k < 2; k++, chunk = chunk->previous) {
+        if (p >= (const char *)chunk &&
+            p + sizeof(_PyInterpreterFrame) <= (const char *)chunk + chunk->size)
+            return 1;
+    }
     const char *exc = (const char *)ts->exc_info;
-    if (exc != NULL &&
-        p - offsetof(PyGenObject, gi_iframe) == exc - offsetof(PyGenObject, gi_exc_state))
-        return 1;
+    return exc != NULL &&
+           p - offsetof(PyGenObject, gi_iframe) == exc - offsetof(PyGenObject, gi_exc_state);
+}
+
+/* The thread's newest frame that can be read, or NULL (see frame_is_live). */
+static _PyInterpreterFrame *
+newest_live_frame(PyThreadState *ts, _PyInterpreterFrame *f)
+{
+    if (frame_is_live(ts, f))
+        return f;
+#  if PY_VERSION_HEX < 0x030D0000
+    /* 3.11 and 3.12 enter a C call's eval loop by making its cframe the thread's before they
+     * set that cframe's current frame: a signal in between finds the current frame in
+     * uninitialised stack memory (a crash on 3.12, with a busy uvloop server), and a
+     * 3.12 entry frame on the C stack is current for a moment as it returns.  In both, the
+     * calling cframe's frame is the live one. */
+    _PyCFrame *caller = ts->cframe != NULL ? ts->cframe->previous : NULL;
+    f = caller != NULL ? caller->current_frame : NULL;
+    return f != NULL && frame_is_live(ts, f) ? f : NULL;
+#  else
+    /* A frame on the C stack, or a generator between its yield's two stores: read through
+     * process_vm_readv, which fails where the memory is gone. */
     _PyInterpreterFrame copy;
-    return safe_read(f, &copy, sizeof copy) == 0;
+    return safe_read(f, &copy, sizeof copy) == 0 ? f : NULL;
+#  endif
 }
 #endif
 
@@ -353,7 +374,7 @@ walk_frames(PyThreadState *ts, RawFrame *out, int max_depth)
     PyFrameObject *f = ts->frame;
 #endif
 #if PY_VERSION_HEX >= 0x030B0000
-    if (f != NULL && !newest_frame_readable(ts, f)) {
+    if (f != NULL && (f = newest_live_frame(ts, f)) == NULL) {
         atomic_fetch_add_explicit(&unreadable_stacks, 1, memory_order_relaxed);
         return -1;
     }
