@@ -343,14 +343,14 @@ newest_live_frame(PyThreadState *ts, _PyInterpreterFrame *f)
     if (frame_is_live(ts, f))
         return f;
 #  if PY_VERSION_HEX < 0x030D0000
-    /* 3.11 and 3.12 enter a C call's eval loop by making its cframe the thread's before they
-     * set that cframe's current frame: a signal in between finds the current frame in
-     * uninitialised stack memory (a crash on 3.12, with a busy uvloop server), and a
-     * 3.12 entry frame on the C stack is current for a moment as it returns.  In both, the
-     * calling cframe's frame is the live one. */
-    _PyCFrame *caller = ts->cframe != NULL ? ts->cframe->previous : NULL;
-    f = caller != NULL ? caller->current_frame : NULL;
-    return f != NULL && frame_is_live(ts, f) ? f : NULL;
+    /* 3.11 and 3.12 enter a C call's eval loop by making its cframe (on the C stack) the
+     * thread's before they have set its fields (the compiler orders those stores as it
+     * likes): a signal in between finds the current frame, and the cframe's link to its
+     * caller, in uninitialised stack memory (crashes on 3.12 under a busy uvloop server: a
+     * current frame with f_code 0x100000000, then a caller link of 0x1).  Nothing of that
+     * cframe is read then; the sample is not taken (and a 3.12 entry frame, current for a
+     * moment as it returns, is not taken either). */
+    return NULL;
 #  else
     /* A frame on the C stack, or a generator between its yield's two stores: read through
      * process_vm_readv, which fails where the memory is gone. */
