@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The agent on every CPython found here: for each interpreter, a fresh venv with the project
 # installed (its C extensions built by that interpreter, with the compiler's warnings counted),
-# the agent's tests (sampler, frame and code object lifetimes, span and asyncio labels, allocation/heap/lock/
-# thread profiles, fork, the pprof writer, busy programs), and a smoke run of `hotspan run`
-# pushing to a real `hotspan server`.  Interpreters come from the cache that
+# the agent's tests (sampler, frame and code object lifetimes, span and asyncio labels,
+# allocation/heap/lock/thread profiles, fork, the pprof writer, busy programs), and a smoke run
+# of `hotspan run` pushing to a real `hotspan server`.  Interpreters come from the cache that
 # scripts/build_pythons.sh fills ($HOTSPAN_PYTHONS, default ~/.cache/hotspan/pythons/<name>),
 # the machine's own python3, and, for a line no source tarball could be had for (3.14 here),
 # the Debian root that build_pythons.sh makes with Debian's own build of it: the line's run
@@ -29,6 +29,11 @@ AGENT_TESTS=(
 )
 mkdir -p "$WORK"
 
+# Whether interpreter $1 runs without the GIL (a free-threaded build, GIL not forced back on).
+free_threaded() {
+    "$1" -c 'import sys; sys.exit(not (hasattr(sys, "_is_gil_enabled") and not sys._is_gil_enabled()))'
+}
+
 # The interpreter of line $1: the cache's; inside the Debian root, that root's; else (for the
 # machine's own line) python3.
 interpreter() {
@@ -42,7 +47,7 @@ interpreter() {
         return 0
     fi
     own=$(python3 -c 'import sys; print("%d.%d" % sys.version_info[:2])')
-    if [ "$name" = "$own" ] && python3 -c 'import sys; sys.exit(hasattr(sys, "_is_gil_enabled") and not sys._is_gil_enabled())'; then
+    if [ "$name" = "$own" ] && ! free_threaded python3; then
         command -v python3
         return 0
     fi
@@ -53,14 +58,12 @@ interpreter() {
 run_line() {
     local name=$1 py=$2 log=$WORK/$1.log venv=$WORK/venv-$1 version native warnings tests smoke
     local summary result
-    version=$("$py" -c 'import platform, sys; print(platform.python_version() + ("t" if hasattr(sys, "_is_gil_enabled") and not sys._is_gil_enabled() else ""))')
+    local free_threaded="" server_env=()
+    free_threaded "$py" && free_threaded=1
+    version=$("$py" -c 'import platform; print(platform.python_version())')${free_threaded:+t}
     echo "== $name ($version): $py" | tee "$log"
     rm -rf "$venv"
-    # pip 26 and setuptools 84 need 3.10+, and an index without Requires-Python offers them to
-    # 3.9's old pip anyway: the bound keeps every line on a pip that installs there.  -v shows
-    # the compiler's output, whose warnings are counted.
-    local free_threaded="" server_env=()
-    if "$py" -c 'import sys; sys.exit(not (hasattr(sys, "_is_gil_enabled") and not sys._is_gil_enabled()))'; then
+    if [ -n "$free_threaded" ]; then
         # Free-threaded: the agent and what its tests import.  The server's DuckDB (and the
         # Pyroscope SDK the test extra brings) have no free-threaded build, so the tests'
         # server runs on the machine's python3, which must have hotspan installed.
@@ -70,8 +73,10 @@ run_line() {
             return
         fi
         server_env=(HOTSPAN_TEST_SERVER_PYTHON="$(command -v python3)")
-        free_threaded=1
     fi
+    # pip 26 and setuptools 84 need 3.10+, and an index without Requires-Python offers them to
+    # 3.9's old pip anyway: the bound keeps every line on a pip that installs there.  -v shows
+    # the compiler's output, whose warnings are counted.
     if ! { "$py" -m venv "$venv" && "$venv/bin/python" -m pip install -q --upgrade "pip<26" &&
         if [ -n "$free_threaded" ]; then
             "$venv/bin/python" -m pip install -v --no-deps -e "$ROOT" &&

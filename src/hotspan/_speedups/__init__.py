@@ -11,8 +11,13 @@ if TYPE_CHECKING:  # typing stays out of the program at run time: see agent/log.
     from typing import Optional
 
 
+def speedups_disabled() -> bool:
+    """``HOTSPAN_NO_SPEEDUPS`` is set: the pure-Python paths were asked for."""
+    return bool(os.environ.get("HOTSPAN_NO_SPEEDUPS"))
+
+
 def load() -> Optional[ModuleType]:
-    if os.environ.get("HOTSPAN_NO_SPEEDUPS"):
+    if speedups_disabled():
         return None
     try:
         from hotspan._speedups import _pprof
@@ -23,7 +28,7 @@ def load() -> Optional[ModuleType]:
 
 def load_sampler() -> Optional[ModuleType]:
     """The native sampler, or None (pure-Python sampler) when absent or disabled."""
-    if os.environ.get("HOTSPAN_NO_SPEEDUPS"):
+    if speedups_disabled():
         return None
     try:
         from hotspan._speedups import _sampler
@@ -37,7 +42,7 @@ def native_unavailable_reason() -> str:
     import sys
     import sysconfig
 
-    if os.environ.get("HOTSPAN_NO_SPEEDUPS"):
+    if speedups_disabled():
         return "HOTSPAN_NO_SPEEDUPS is set"
     if sysconfig.get_config_var("Py_GIL_DISABLED"):
         return "this is a free-threaded CPython build, where the C extensions are not built"
@@ -52,7 +57,7 @@ def native_unavailable_reason() -> str:
 
 def load_module(name: str) -> Optional[ModuleType]:
     """A collector's C module (``_alloc``, ``_locks``), or None when absent or disabled."""
-    if os.environ.get("HOTSPAN_NO_SPEEDUPS"):
+    if speedups_disabled():
         return None
     try:
         import importlib

@@ -24,7 +24,7 @@ import threading
 import time
 from collections import namedtuple
 
-from hotspan._speedups import load_sampler
+from hotspan._speedups import load_sampler, speedups_disabled
 from hotspan.agent.context import (
     THREAD_LABELS,
     enable_native_labels,
@@ -381,14 +381,12 @@ def make_sampler(sample_rate: int, max_depth: int, cpu: bool, wall: bool, native
     global _said_fallback
     if native and load_sampler() is not None:
         return NativeSampler(sample_rate, max_depth, cpu, wall)
-    if native and not _said_fallback:
+    if native and not _said_fallback and not speedups_disabled():
         # Once a process: the fallback samples less exactly (README, "Profiling a Python
         # program"), and whoever runs it should know why it is the one running.
         from hotspan._speedups import native_unavailable_reason
         from hotspan.agent.log import logger
 
         _said_fallback = True
-        reason = native_unavailable_reason()
-        if not reason.startswith("HOTSPAN_NO_SPEEDUPS"):  # asked for: nothing to tell
-            logger.warning("hotspan: using the pure-Python sampler: %s", reason)
+        logger.warning("hotspan: using the pure-Python sampler: %s", native_unavailable_reason())
     return PythonSampler(sample_rate, max_depth, cpu, wall)
