@@ -11,10 +11,11 @@ import os
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing stays out of the program at run time: see agent/log.py
-    from typing import Dict, Mapping, Optional
+    from typing import Dict, List, Mapping, Optional
 
 DEFAULT_SERVER_ADDRESS = "http://localhost:4040"
 DEFAULT_BUFFER_BYTES = 16 * 1024 * 1024
+DEFAULT_REDACT = ("password", "secret", "credential", "token")
 
 
 class ConfigError(ValueError):
@@ -67,6 +68,36 @@ class AgentConfig:
     locks: bool = True
     # Threads and tasks: how many threads and pending asyncio tasks stand on each stack.
     threads: bool = True
+    # Start profiling at once (False: the agent runs, idle, until enabled through its control
+    # endpoint or the server's settings).
+    enabled: bool = True
+    # The control endpoint on its own port (0: none; hotspan.control.asgi_app()/wsgi_app() can
+    # be mounted in the program instead), and the token its requests must carry ("": none).
+    control_port: int = 0
+    control_host: str = "127.0.0.1"
+    control_token: str = ""
+    # Follow the settings the server keeps for this service (read in each upload's answer).
+    remote_settings: bool = True
+    # Staying within budget, checked every resource_check_interval seconds: above
+    # cpu_threshold (% of the CPUs the process may use) or mem_threshold (% of its memory
+    # limit) the sample rate halves, down to min_sample_rate; above load_shedding_cpu
+    # sampling and uploads pause; the agent's own CPU stays under max_overhead (% of the
+    # process's CPU) by lowering the rate.  0 turns a threshold off.
+    cpu_threshold: float = 80.0
+    mem_threshold: float = 90.0
+    load_shedding_cpu: float = 90.0
+    max_overhead: float = 1.0
+    min_sample_rate: int = 10
+    resource_check_interval: float = 2.0
+    # Only samples of spans that met a condition (slow, error, high CPU) are uploaded, at
+    # conditional_sample_rate when it is set (more detail on the requests that matter).
+    conditional_only: bool = False
+    conditional_sample_rate: int = 0
+    # Regexes (case-insensitive): function names, file names and label values they match
+    # leave the process as [REDACTED].  None: the default words; [] turns redaction off.
+    redact: Optional[List[str]] = None
+    # Bytes per upload at most: beyond, the smallest stacks fold into one "other" frame.
+    max_profile_size: int = 10 * 1024 * 1024
 
     def __init__(self, **settings: object) -> None:
         unknown = set(settings) - set(SETTINGS)
@@ -74,7 +105,9 @@ class AgentConfig:
             raise TypeError(f"unknown setting(s): {', '.join(sorted(unknown))}")
         for name in SETTINGS:
             value = settings.get(name, getattr(AgentConfig, name))
-            setattr(self, name, dict(value) if isinstance(value, dict) else value)
+            if isinstance(value, (dict, list)):
+                value = type(value)(value)
+            setattr(self, name, value)
 
     def __repr__(self) -> str:
         def shown(name: str) -> str:
@@ -112,9 +145,36 @@ class AgentConfig:
             )
         if self.max_buffer_bytes < 0:
             raise ConfigError("max_buffer_bytes must not be negative")
+        if not 0 <= self.control_port <= 65535:
+            raise ConfigError(f"control_port {self.control_port} must be between 0 and 65535")
+        for name in ("cpu_threshold", "mem_threshold", "load_shedding_cpu"):
+            if not 0 <= getattr(self, name) <= 100:
+                raise ConfigError(f"{name} {getattr(self, name)} must be a percent (0 is off)")
+        if not 0 < self.max_overhead <= 100:
+            raise ConfigError(f"max_overhead {self.max_overhead} must be a percent above 0")
+        if not 1 <= self.min_sample_rate <= 1000:
+            raise ConfigError(f"min_sample_rate {self.min_sample_rate} must be 1 to 1000 Hz")
+        if not 0 <= self.conditional_sample_rate <= 1000:
+            raise ConfigError(
+                f"conditional_sample_rate {self.conditional_sample_rate} must be 0 to 1000 Hz"
+            )
+        if not 0.1 <= self.resource_check_interval <= 3600:
+            raise ConfigError("resource_check_interval must be between 0.1 and 3600 seconds")
+        if self.max_profile_size < 4096:
+            raise ConfigError(f"max_profile_size {self.max_profile_size} must be >= 4096 bytes")
+        import re  # here only: a configured agent checks its patterns once
+
+        for pattern in self.redact_patterns():
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                raise ConfigError(f"redact pattern {pattern!r} is not a regex: {exc}") from None
         for key in self.tags:
             check_tag_key(key)
         return self
+
+    def redact_patterns(self) -> List[str]:
+        return list(DEFAULT_REDACT if self.redact is None else self.redact)
 
 
 # Every setting, in the order the class names them.
@@ -146,6 +206,25 @@ def parse_tags(text: str) -> Dict[str, str]:
             raise ConfigError(f"tag {part!r} is not key=value")
         tags[key.strip()] = value.strip()
     return tags
+
+
+def parse_patterns(text: str) -> List[str]:
+    """HOTSPAN_REDACT: patterns separated by commas, or a JSON array when one has a comma;
+    "none" (or an empty array) turns redaction off."""
+    text = text.strip()
+    if text.lower() == "none":
+        return []
+    if text.startswith("["):
+        import json
+
+        try:
+            patterns = json.loads(text)
+        except ValueError as exc:
+            raise ConfigError(f"not a JSON array of patterns: {exc}") from None
+        if not isinstance(patterns, list) or not all(isinstance(p, str) for p in patterns):
+            raise ConfigError("not a JSON array of strings")
+        return patterns
+    return [p.strip() for p in text.split(",") if p.strip()]
 
 
 def _bool(name: str, text: str) -> bool:
@@ -180,6 +259,24 @@ _ENV_NAMES = {
     "alloc_tracemalloc": "ALLOC_TRACEMALLOC",
     "locks": "LOCKS",
     "threads": "THREADS",
+    "http_headers": "HTTP_HEADERS",
+    "exit_flush_timeout": "EXIT_FLUSH_TIMEOUT",
+    "upload_timeout": "UPLOAD_TIMEOUT",
+    "enabled": "ENABLED",
+    "control_port": "CONTROL_PORT",
+    "control_host": "CONTROL_HOST",
+    "control_token": "CONTROL_TOKEN",
+    "remote_settings": "REMOTE_SETTINGS",
+    "cpu_threshold": "CPU_THRESHOLD",
+    "mem_threshold": "MEM_THRESHOLD",
+    "load_shedding_cpu": "LOAD_SHEDDING_CPU",
+    "max_overhead": "MAX_OVERHEAD",
+    "min_sample_rate": "MIN_SAMPLE_RATE",
+    "resource_check_interval": "RESOURCE_CHECK_INTERVAL",
+    "conditional_only": "CONDITIONAL_ONLY",
+    "conditional_sample_rate": "CONDITIONAL_SAMPLE_RATE",
+    "redact": "REDACT",
+    "max_profile_size": "MAX_PROFILE_SIZE",
 }
 
 
@@ -213,13 +310,17 @@ def from_env(environ: Optional[Mapping[str, str]] = None, **overrides: object) -
             continue
         if name in ("tags", "http_headers"):
             value = {str(k): str(v) for k, v in dict(value).items()}  # type: ignore[call-overload]
+        elif name == "redact":
+            value = [value] if isinstance(value, str) else [str(p) for p in value]  # type: ignore[attr-defined]
         setattr(config, name, value)
     return config
 
 
 def _convert(name: str, var: str, text: str, default: object) -> object:
-    if name == "tags":
+    if name in ("tags", "http_headers"):
         return parse_tags(text)
+    if name == "redact":
+        return parse_patterns(text)
     if isinstance(default, bool):
         return _bool(var, text)
     if isinstance(default, int):

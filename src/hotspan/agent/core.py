@@ -14,18 +14,28 @@ import threading
 import time
 
 from hotspan import __version__
+from hotspan._speedups import load_sampler
 from hotspan.agent import context
 from hotspan.agent.collectors.alloc import exclude_current_thread as exclude_from_alloc_profile
 from hotspan.agent.config import NAME_SYNTAX_CHARS, AgentConfig, request_headers
+from hotspan.agent.governor import Governor, Meter, Reading
+from hotspan.agent.limits import BoundedProfile
+from hotspan.agent.live import LiveSettings, profile_types
 from hotspan.agent.log import logger
-from hotspan.agent.pprof_writer import ProfileWriter
+from hotspan.agent.redaction import Redactor
 from hotspan.agent.sampler import CPU, WALL, PythonSampler, Window, make_sampler
 from hotspan.agent.symbols import Symbolizer
-from hotspan.agent.uploader import Uploader
+from hotspan.agent.uploader import Uploader, query_string
+from hotspan.model.agent_settings import (
+    INSTANCE_HEADER,
+    STATUS_HEADER,
+    SettingsError,
+    validate_settings,
+)
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing stays out of the program at run time: see agent/log.py
-    from typing import Any, Dict, List, Optional, Tuple
+    from typing import Any, Dict, List, Optional, Set, Tuple
 
     from hotspan.agent.collectors import Collector, ProfileData
     from hotspan.agent.symbols import FrameInfo
@@ -42,13 +52,18 @@ COLLECTOR_MODULES = ("alloc", "locks", "threads")
 class Agent:
     def __init__(self, config: AgentConfig) -> None:
         self.config = config
+        self.live = LiveSettings(config)
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
-        self._sampler = make_sampler(
-            config.sample_rate, config.max_depth, config.cpu, config.wall, config.native
-        )
-        self._symbols = Symbolizer()
+        self._rate = config.sample_rate  # in force: the governor lowers it under load
+        self._sampler: Any = None
+        self._sampler_spec: Optional[Tuple[int, bool, bool]] = None  # (rate, cpu, wall) running
+        self._window_ns = int(config.upload_interval * 1e9)
+        self._excluded: Set[int] = set()
+        self._redact = Redactor(config.redact_patterns())
+        self._symbols = Symbolizer(self._redact if self._redact else None)
         self._label_cache: Dict[Tuple[Any, ...], Tuple[Tuple[str, str], ...]] = {}
+        self.instance_id = _instance_id()
         self._uploader = Uploader(
             config.server_address,
             request_headers(config),
@@ -56,58 +71,113 @@ class Agent:
             timeout=config.upload_timeout,
             user_agent=f"hotspan-agent/{__version__}",
         )
+        if config.remote_settings:
+            self._uploader.follow_settings(self._status_headers, self._on_server_settings)
         self._collectors: List[Collector] = []
+        self._collector_specs: Dict[str, Any] = {}  # name -> what it was started with
         self._next_collect = 0.0
         self._lock = threading.Lock()
         self.span_linking = False
         self.dropped_samples = 0  # taken but not kept: the sampler's ring or memory bound
+        # Staying within budget (agent/governor.py).
+        self._governor = Governor(
+            config.cpu_threshold,
+            config.mem_threshold,
+            config.load_shedding_cpu,
+            config.max_overhead,
+            config.min_sample_rate,
+        )
+        self._meter = Meter()
+        self._next_check = 0.0
+        self.shedding = False
+        self.shed_seconds = 0.0
+        self._shed_since = 0.0
+        self.last_reading: Optional[Reading] = None
+        self._applied_generation = -1
+        self._applied = threading.Condition(threading.Lock())
+        self._last_send = time.monotonic()
+        self._control_server: Any = None
 
     # -------------------------------------------------------------- lifecycle
 
     def start(self) -> None:
         if self.config.trace_correlation:
+            native = self.config.native and load_sampler() is not None
             self.span_linking = context.install_span_linking(
-                self.config.root_spans_only, native=self._sampler.name == "native"
+                self.config.root_spans_only, native=native
             )
         self._start_threads()
         atexit.register(self._at_exit)
         _register_fork_handler()
+        if self.config.control_port:
+            from hotspan.agent.control_server import ControlServer
+
+            try:
+                self._control_server = ControlServer(
+                    self, self.config.control_host, self.config.control_port
+                )
+                self._control_server.start()
+            except OSError:
+                logger.warning(
+                    "hotspan: the control endpoint cannot listen on %s:%d",
+                    self.config.control_host,
+                    self.config.control_port,
+                    exc_info=True,
+                )
 
     def _start_threads(self) -> None:
-        window_ns = int(self.config.upload_interval * 1e9)
+        self._uploader.start()
+        ident = self._uploader.thread_ident
+        if ident is not None:
+            self._excluded.add(ident)
+        self._apply_settings()
+        self._start_thread()
+
+    def _start_sampler(self, rate: int, cpu: bool, wall: bool) -> None:
+        config = self.config
+        self._sampler = make_sampler(rate, config.max_depth, cpu, wall, config.native)
         try:
-            self._sampler.start(window_ns)
+            self._sampler.start(self._window_ns)
         except RuntimeError:
             # The native sampler cannot run here (an unknown kernel clock encoding, no thread
             # could be started): the fallback can.
             logger.warning("hotspan: native sampler unavailable; using Python", exc_info=True)
-            config = self.config
-            self._sampler = PythonSampler(
-                config.sample_rate, config.max_depth, config.cpu, config.wall
-            )
-            self._sampler.start(window_ns)
-        self._start_collectors()
-        self._uploader.start()
-        ident = self._uploader.thread_ident
-        if ident is not None:
+            self._sampler = PythonSampler(rate, config.max_depth, cpu, wall)
+            self._sampler.start(self._window_ns)
+        for ident in self._excluded:
             self._sampler.exclude(ident)
-        self._start_thread()
+        self._rate = rate
+        self._sampler_spec = (rate, cpu, wall)
 
-    def _start_collectors(self) -> None:
-        self._next_collect = time.monotonic() + self.config.upload_interval
-        if self._collectors:  # after a fork: the same collectors go on in the child
+    def _stop_sampler(self) -> None:
+        """Stops sampling; what was taken is encoded and queued (at the rate it was taken)."""
+        if self._sampler_spec is None:
             return
+        self._sampler.stop()
+        self._upload(final=True)
+        self._sampler_spec = None
+
+    def _start_collectors(self, specs: Dict[str, Any]) -> None:
+        """Starts the named collectors: alloc with its bytes per sample, the others with
+        True.  One that cannot run here is left out, with a warning."""
+        self._next_collect = time.monotonic() + self.config.upload_interval
+        config = self.config
+        if "alloc" in specs:
+            config = _replace(config, alloc_sample_bytes=specs["alloc"])
         for name in COLLECTOR_MODULES:
+            if name not in specs:
+                continue
             try:
                 module = importlib.import_module(f"hotspan.agent.collectors.{name}")
             except ImportError:  # a build without that collector
                 logger.debug("hotspan: no %s collector", name, exc_info=True)
                 continue
             try:
-                collector = module.make_collector(self.config)
+                collector = module.make_collector(config)
                 if collector is not None:
                     collector.start()
                     self._collectors.append(collector)
+                    self._collector_specs[name] = specs[name]
             except Exception:  # noqa: BLE001 - one profile missing must not stop the others
                 logger.warning("hotspan: the %s profile is unavailable", name, exc_info=True)
 
@@ -119,14 +189,19 @@ class Agent:
     def shutdown(self, flush: bool = True) -> None:
         try:
             atexit.unregister(self._at_exit)
+            if self._control_server is not None:
+                self._control_server.stop()
             self._stop.set()
             thread = self._thread
             if thread is not None and thread is not threading.current_thread():
                 thread.join(timeout=2.0)
-            self._sampler.stop()
+            if self._sampler_spec is not None:
+                self._sampler.stop()
             self._stop_collectors(flush)
-            if flush:
+            if flush and self._sampler_spec is not None:
                 self._upload(final=True)
+            self._sampler_spec = None
+            if flush:
                 self._uploader.flush(self.config.exit_flush_timeout)
             self._uploader.stop(timeout=1.0)
             stats = self._uploader.stats
@@ -140,9 +215,13 @@ class Agent:
         except Exception:  # noqa: BLE001 - never raise into the program
             logger.warning("hotspan: shutdown failed", exc_info=True)
 
-    def _stop_collectors(self, flush: bool) -> None:
-        collectors, self._collectors = self._collectors, []
-        for collector in collectors:
+    def _stop_collectors(self, flush: bool, names: Optional[Set[str]] = None) -> None:
+        keep: List[Collector] = []
+        for collector in self._collectors:
+            if names is not None and collector.name not in names:
+                keep.append(collector)
+                continue
+            self._collector_specs.pop(collector.name, None)
             try:
                 if flush:
                     self._send_profiles(collector.collect(final=True))
@@ -151,6 +230,7 @@ class Agent:
                 logger.warning(
                     "hotspan: stopping the %s profile failed", collector.name, exc_info=True
                 )
+        self._collectors = keep
 
     def _at_exit(self) -> None:
         self.shutdown(flush=True)
@@ -163,34 +243,215 @@ class Agent:
             # The parent's threads are gone, and any lock one of them held (a window being
             # encoded as the fork happened) would stay held here forever.
             self._lock = threading.Lock()
+            self._applied = threading.Condition(threading.Lock())
             self._stop = threading.Event()
-            self._sampler.after_fork()
+            self._excluded = set()
+            self._control_server = None  # the parent's; a worker has none of its own
+            self.instance_id = _instance_id()
+            if self._sampler is not None:
+                self._sampler.after_fork()
             for collector in self._collectors:
                 collector.after_fork()
             self._uploader.reset_after_fork()
             if not running:
                 self._stop.set()
                 return
-            self._start_threads()
+            # The same sampler and collectors go on in the child: started again, not anew.
+            if self._sampler_spec is not None:
+                self._sampler.start(self._window_ns)
+            self._uploader.start()
+            ident = self._uploader.thread_ident
+            if ident is not None:
+                self._excluded.add(ident)
+                self._sampler.exclude(ident)
+            self._start_thread()
         except Exception:  # noqa: BLE001
             logger.debug("hotspan: restart after fork failed", exc_info=True)
+
+    # -------------------------------------------------------------- live settings
+
+    def _apply_settings(self) -> None:
+        """Makes the sampler and collectors what the settings and the governor ask for.
+        Only the agent's loop calls it (and start, before the loop runs)."""
+        generation = self.live.generation
+        self.live.changed.clear()
+        settings = self.live.effective()
+        self._governor.max_overhead = float(settings["max_overhead"])
+        types = set(profile_types(settings))
+        active = bool(settings["enabled"]) and not self.shedding
+        wanted = self.wanted_rate(settings)
+        rate = min(self._governor.rate or wanted, wanted)
+        sampler_spec = (rate, "cpu" in types, "wall" in types)
+        if not active or not (sampler_spec[1] or sampler_spec[2]):
+            sampler_spec = None
+        if sampler_spec != self._sampler_spec:
+            self._stop_sampler()
+            if sampler_spec is not None:
+                self._start_sampler(*sampler_spec)
+        specs: Dict[str, Any] = {}
+        if active:
+            if "alloc" in types:
+                specs["alloc"] = int(settings["alloc_sample_bytes"])
+            for name in ("locks", "threads"):
+                if name in types:
+                    specs[name] = True
+        changed = {n for n in COLLECTOR_MODULES if specs.get(n) != self._collector_specs.get(n)}
+        if changed:
+            self._stop_collectors(flush=True, names=changed)
+            self._start_collectors({n: specs[n] for n in changed if n in specs})
+        with self._applied:
+            self._applied_generation = generation
+            self._applied.notify_all()
+
+    def wanted_rate(self, settings: Optional[Dict[str, Any]] = None) -> int:
+        """The rate asked for, before the governor has its say."""
+        settings = settings if settings is not None else self.live.effective()
+        if settings.get("conditional_only") and self.config.conditional_sample_rate:
+            return int(self.config.conditional_sample_rate)
+        return int(settings["sample_rate"])
+
+    def wait_applied(self, timeout: float = 2.0) -> bool:
+        """Waits until the loop has applied the latest change (the control endpoint's answer
+        then shows its effect)."""
+        deadline = time.monotonic() + timeout
+        with self._applied:
+            while self._applied_generation < self.live.generation:
+                left = deadline - time.monotonic()
+                if left <= 0 or self._stop.is_set():
+                    return False
+                self._applied.wait(min(left, 0.1))
+        return True
+
+    def _check_resources(self) -> None:
+        reading = self._meter.read()
+        if reading is None:
+            return
+        self.last_reading = reading
+        settings = self.live.effective()
+        if not settings["enabled"]:
+            return
+        rate, shed = self._governor.decide(self.wanted_rate(settings), reading)
+        now = time.monotonic()
+        if shed != self.shedding:
+            if shed:
+                self._shed_since = now
+                logger.info("hotspan: load shedding (%s); profiling paused", reading)
+            else:
+                self.shed_seconds += now - self._shed_since
+                logger.info("hotspan: load fell (%s); profiling resumes", reading)
+            self.shedding = shed
+            self._uploader.pause(shed)
+            self.live.changed.set()
+        elif self._sampler_spec is not None and rate != self._sampler_spec[0]:
+            logger.info("hotspan: sample rate %d Hz (%s, %s)", rate, self._governor.reason, reading)
+            self.live.changed.set()
+
+    def shed_total(self) -> float:
+        extra = time.monotonic() - self._shed_since if self.shedding else 0.0
+        return self.shed_seconds + extra
 
     # -------------------------------------------------------------- sampling loop
 
     def _run(self) -> None:
-        self._sampler.exclude(threading.get_ident())
+        self._excluded.add(threading.get_ident())
+        if self._sampler_spec is not None:
+            self._sampler.exclude(threading.get_ident())
         exclude_from_alloc_profile()
-        interval = self._sampler.tick_interval
-        while not self._stop.wait(interval):
+        check_every = self.config.resource_check_interval
+        self._next_check = time.monotonic() + check_every
+        while True:
+            running = self._sampler_spec is not None
+            if self._stop.wait(self._sampler.tick_interval if running else 0.1):
+                return
             try:
-                self._sampler.tick()
-                self._upload(final=False)
+                now = time.monotonic()
+                if now >= self._next_check:
+                    self._next_check = now + check_every
+                    self._check_resources()
+                if self.live.changed.is_set():
+                    self._apply_settings()
+                if self._sampler_spec is not None:
+                    self._sampler.tick()
+                    self._upload(final=False)
                 if self._collectors and time.monotonic() >= self._next_collect:
                     self._next_collect = time.monotonic() + self.config.upload_interval
                     self._collect_profiles()
+                self._poll_if_quiet()
             except Exception:  # noqa: BLE001 - a bug here must not stop the program
                 logger.warning("hotspan: sampling failed; profiling stops", exc_info=True)
                 return
+
+    def _poll_if_quiet(self) -> None:
+        """An agent that uploads nothing (disabled, shedding, idle) asks the server for its
+        settings once an upload interval, so it can be turned back on."""
+        if not self.config.remote_settings:
+            return
+        now = time.monotonic()
+        if now - self._last_send >= self.config.upload_interval:
+            self._last_send = now
+            if self._uploader.idle_for(self.config.upload_interval):
+                self._uploader.poll(
+                    f"/api/v1/agent/settings?{query_string({'name': self._app_name()})}"
+                )
+
+    # -------------------------------------------------------------- talking to the server
+
+    def _status_headers(self) -> Dict[str, str]:
+        import json
+
+        return {
+            INSTANCE_HEADER: self.instance_id,
+            STATUS_HEADER: json.dumps(self.status(), separators=(",", ":")),
+        }
+
+    def _on_server_settings(self, answer: Any) -> None:
+        """The JSON the server answered an upload or poll with (uploader thread)."""
+        if not isinstance(answer, dict):
+            return
+        version = answer.get("version")
+        settings = answer.get("settings")
+        if not isinstance(version, int) or isinstance(version, bool):
+            return
+        try:
+            checked = validate_settings(settings) if settings is not None else None
+        except SettingsError as exc:
+            logger.warning("hotspan: the server's settings were not applied: %s", exc)
+            return
+        if self.live.set_remote(version, checked):
+            logger.info("hotspan: server settings version %d: %s", version, checked)
+
+    def status(self) -> Dict[str, Any]:
+        """What the agent does now: the control endpoint's GET, and each upload's report."""
+        settings = self.live.effective()
+        stats = self._uploader.stats
+        reading = self.last_reading
+        reason = "disabled" if not settings["enabled"] else self._governor.reason
+        running = self._sampler_spec
+        return {
+            "enabled": bool(settings["enabled"]),
+            "profiling": running is not None or bool(self._collectors),
+            "sample_rate": running[0] if running is not None else 0,
+            "configured_rate": self.wanted_rate(settings),
+            "profile_types": profile_types(settings),
+            "alloc_sample_bytes": settings["alloc_sample_bytes"],
+            "conditional_only": bool(settings["conditional_only"]),
+            "slow_request_threshold": settings["slow_request_threshold"],
+            "max_overhead": float(settings["max_overhead"]),
+            "overhead": round(reading.overhead_percent, 4) if reading else 0.0,
+            "cpu_percent": round(reading.cpu_percent, 2) if reading else 0.0,
+            "mem_percent": round(reading.mem_percent, 2) if reading else 0.0,
+            "shedding": self.shedding,
+            "shed_seconds": round(self.shed_total(), 3),
+            "rate_reason": reason,
+            "dropped_samples": self.dropped_samples,
+            "dropped_uploads": stats.dropped_uploads,
+            "settings_version": self.live.remote_version,
+            "local_overrides": sorted(self.live.local),
+            "sampler": self.sampler_name,
+            "hostname": _hostname(),
+            "pid": os.getpid(),
+            "version": __version__,
+        }
 
     def _collect_profiles(self) -> None:
         try:
@@ -219,7 +480,7 @@ class Agent:
         with self._lock:
             collected = self._sampler.collect(final=final)
             self.dropped_samples += collected.lost
-            period = 1_000_000_000 // self.config.sample_rate
+            period = 1_000_000_000 // self._rate
             if collected.windows:
                 self._label_cache = {}  # a new upload: thread names as they are now
             batches = [(w, self._encode(w, period)) for w in collected.windows]
@@ -236,7 +497,7 @@ class Agent:
             "from": str(start_s),
             "until": str(max(end_ns // 1_000_000_000, start_s + 1)),
             "format": "pprof",
-            "sampleRate": str(self.config.sample_rate),
+            "sampleRate": str(self._rate),
             "spyName": "hotspan",
         }
 
@@ -245,7 +506,12 @@ class Agent:
         for profile in profiles:
             if not profile.samples:
                 continue
-            writer = ProfileWriter(profile.sample_types, profile.period_type, profile.period)
+            writer = BoundedProfile(
+                profile.sample_types,
+                profile.period_type,
+                profile.period,
+                self.config.max_profile_size,
+            )
             names = _thread_names() if self.config.thread_name_label else {}
             labels_cache = self._label_sets()
             # One stack stands in many samples (one per span that allocated there, say): it
@@ -279,9 +545,10 @@ class Agent:
         return self._symbols.name_stack(stack)
 
     def _encode(self, window: Window, period: int) -> List[bytes]:
+        limit = self.config.max_profile_size
         writers = {
-            CPU: ProfileWriter(CPU_TYPE, CPU_TYPE, period),
-            WALL: ProfileWriter(WALL_TYPE, WALL_TYPE, period),
+            CPU: BoundedProfile(CPU_TYPE, CPU_TYPE, period, limit),
+            WALL: BoundedProfile(WALL_TYPE, WALL_TYPE, period, limit),
         }
         names = _thread_names() if self.config.thread_name_label else {}
         labels_cache = self._label_sets()
@@ -316,14 +583,19 @@ class Agent:
             out += (("span_id", f"{span:016x}"), ("trace_id", f"{trace_hi:016x}{trace_lo:016x}"))
         if thread is not None:
             out += (("thread_name", thread),)
-        return out  # a tuple: the writer interns it once (see ProfileWriter.add)
+        return self._redact.labels(out)  # a tuple: the writer interns it once (ProfileWriter.add)
 
     def _app_name(self) -> str:
-        tags = ",".join(f"{k}={_tag_value(v)}" for k, v in self.config.tags.items())
+        tags = ",".join(
+            f"{k}={_tag_value(self._redact(v))}" for k, v in self.config.tags.items()
+        )
         return f"{self.config.application_name}{{{tags}}}"
 
     @property
     def sampler_name(self) -> str:
+        if self._sampler is None:  # disabled since the start: the one it would use
+            native = self.config.native and load_sampler() is not None
+            return "native" if native else "python"
         return str(self._sampler.name)
 
     @property
@@ -333,7 +605,8 @@ class Agent:
     @property
     def sampler_stats(self) -> Dict[str, int]:
         """The sampler's own counts: threads sampled, samples lost, windows dropped."""
-        return {**self._sampler.stats(), "dropped_samples": self.dropped_samples}
+        stats = self._sampler.stats() if self._sampler is not None else {}
+        return {**stats, "dropped_samples": self.dropped_samples}
 
     @property
     def collectors(self) -> Dict[str, str]:
@@ -342,6 +615,23 @@ class Agent:
 
     def collector_stats(self) -> Dict[str, Dict[str, int]]:
         return {c.name: dict(c.stats()) for c in self._collectors}
+
+
+def _replace(config: AgentConfig, **changes: Any) -> AgentConfig:
+    from hotspan.agent.config import SETTINGS
+
+    values = {name: getattr(config, name) for name in SETTINGS}
+    values.update(changes)
+    return AgentConfig(**values)
+
+
+def _hostname() -> str:
+    return os.uname().nodename  # socket.gethostname(), without importing socket
+
+
+def _instance_id() -> str:
+    """Tells this process apart from the service's others, and from a restart of itself."""
+    return f"{_hostname()}/{os.getpid()}/{os.urandom(2).hex()}"
 
 
 def _tag_value(value: str) -> str:

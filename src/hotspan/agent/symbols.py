@@ -10,7 +10,7 @@ from hotspan._speedups import load_module
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing stays out of the program at run time: see agent/log.py
-    from typing import Any, Dict, List, Optional, Tuple
+    from typing import Any, Callable, Dict, List, Optional, Tuple
 
     FrameInfo = Tuple[str, str, int, int]  # name, filename, line, first line of the function
 
@@ -26,10 +26,10 @@ class _Named:
 
     __slots__ = ("code", "name", "filename", "first_line", "lines", "line_table")
 
-    def __init__(self, code: Any, name: str) -> None:
+    def __init__(self, code: Any, name: str, filename: str) -> None:
         self.code = code
         self.name = name
-        self.filename = code.co_filename
+        self.filename = filename
         self.first_line = code.co_firstlineno
         self.lines: Dict[int, FrameInfo] = {}
         self.line_table: Optional[Tuple[List[int], List[int]]] = None
@@ -39,7 +39,10 @@ _native = load_module("_symbols")
 
 
 class Symbolizer:
-    def __init__(self) -> None:
+    """``redact``: applied to each function and file name as it is first named."""
+
+    def __init__(self, redact: Optional[Callable[[str], str]] = None) -> None:
+        self._redact = redact
         # By id(code), not by the code object: in 3.11 hashing a code object hashes its
         # bytecode and constants again on every lookup (~600 instructions a frame).
         self._names: Dict[int, _Named] = {}
@@ -68,7 +71,11 @@ class Symbolizer:
                 self._names.clear()
             qualname = getattr(code, "co_qualname", None) or code.co_name
             module = self._module_of(code.co_filename)
-            named = _Named(code, f"{module}.{qualname}" if module else qualname)
+            name = f"{module}.{qualname}" if module else qualname
+            filename = code.co_filename
+            if self._redact is not None:
+                name, filename = self._redact(name), self._redact(filename)
+            named = _Named(code, name, filename)
             self._names[id(code)] = named
         info = named.lines.get(lasti)
         if info is None:

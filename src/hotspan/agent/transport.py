@@ -37,14 +37,21 @@ class PlainConnection:
         self._buffer = b""
         self._deadline = 0.0
 
-    def post(self, path: str, body: bytes, headers: Mapping[str, str], max_body: int) -> Response:
+    def post(
+        self,
+        path: str,
+        body: bytes,
+        headers: Mapping[str, str],
+        max_body: int,
+        method: str = "POST",
+    ) -> Response:
         self._deadline = time.monotonic() + self.timeout
         if self.sock is None:
             self.sock = socket.create_connection(self._resolve(), timeout=self._remaining())
             self._buffer = b""
         host = f"[{self.host}]" if ":" in self.host else self.host
         lines = [
-            f"POST {path} HTTP/1.1",
+            f"{method} {path} HTTP/1.1",
             f"Host: {host}:{self.port}",
             f"Content-Length: {len(body)}",
         ]
@@ -173,11 +180,18 @@ class TLSConnection:
     def sock(self) -> Any:
         return self._conn.sock
 
-    def post(self, path: str, body: bytes, headers: Mapping[str, str], max_body: int) -> Response:
+    def post(
+        self,
+        path: str,
+        body: bytes,
+        headers: Mapping[str, str],
+        max_body: int,
+        method: str = "POST",
+    ) -> Response:
         self._conn.timeout = self.timeout
         if self._conn.sock is not None:
             self._conn.sock.settimeout(self.timeout)
-        self._conn.request("POST", path, body=body, headers=dict(headers))
+        self._conn.request(method, path, body=body, headers=dict(headers))
         response = self._conn.getresponse()
         data = response.read(max_body)
         if not response.isclosed():

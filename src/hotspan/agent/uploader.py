@@ -19,7 +19,7 @@ from hotspan.agent.log import logger as log
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing stays out of the program at run time: see agent/log.py
-    from typing import Any, Deque, Mapping, Optional, Tuple
+    from typing import Any, Callable, Deque, Mapping, Optional, Tuple
 
     _Item = Tuple[str, bytes]  # (path and query, body)
 
@@ -101,6 +101,9 @@ class Uploader:
         self._conn: Optional[Any] = None  # PlainConnection or TLSConnection
         self._ssl_context: Any = None
         self._last_warning: Optional[float] = None
+        # Following the server's settings (see follow_settings): None otherwise.
+        self._status_headers: Optional[Callable[[], Mapping[str, str]]] = None
+        self._on_answer: Optional[Callable[[Any], None]] = None
         self._init_state()
 
     def _init_state(self) -> None:
@@ -118,6 +121,36 @@ class Uploader:
         self._delay = _FIRST_DELAY
         self._retry_at = 0.0
         self._stats = UploadStats()
+        # A settings poll waiting to go (its path), sent even while uploads are paused.
+        self._poll: Optional[str] = None
+        self._paused = False
+        self._last_attempt = time.monotonic()
+
+    def follow_settings(
+        self,
+        status_headers: Callable[[], Mapping[str, str]],
+        on_answer: Callable[[Any], None],
+    ) -> None:
+        """Every request also carries ``status_headers()``, and a JSON answer goes to
+        ``on_answer`` (the server's settings for this agent)."""
+        self._status_headers = status_headers
+        self._on_answer = on_answer
+
+    def pause(self, paused: bool) -> None:
+        """Load shedding: uploads wait (bounded as ever) until resumed; polls still go."""
+        with self._cond:
+            self._paused = paused
+            self._cond.notify_all()
+
+    def poll(self, path: str) -> None:
+        """Ask ``GET path`` once, when nothing else is being sent (one poll waits at most)."""
+        with self._cond:
+            self._poll = path
+            self._cond.notify_all()
+
+    def idle_for(self, seconds: float) -> bool:
+        """Whether no request has been attempted for ``seconds``."""
+        return time.monotonic() - self._last_attempt >= seconds
 
     @property
     def stats(self) -> UploadStats:
@@ -258,9 +291,10 @@ class Uploader:
                 with self._cond:
                     while not self._stopping:
                         wait = self._retry_at - time.monotonic()
-                        if wait <= 0 and (self._pending or self._handoff is not None):
+                        uploads = not self._paused and (self._pending or self._handoff)
+                        if wait <= 0 and (uploads or self._poll is not None):
                             break
-                        self._idle = wait <= 0
+                        self._idle = wait <= 0 and not self._paused
                         self._cond.wait(wait if wait > 0 else None)
                     self._idle = False
                     if self._stopping:
@@ -268,9 +302,17 @@ class Uploader:
                 with self._send_lock:
                     with self._cond:
                         # None if a flush got there first, or if stop() came meanwhile.
-                        item = None if self._stopping else self._take()
+                        poll = None
+                        item = None
+                        if not self._stopping:
+                            if self._paused or not (self._pending or self._handoff):
+                                poll, self._poll = self._poll, None
+                            else:
+                                item = self._take()
                     if item is not None:
                         self._send(item, self._timeout)
+                    elif poll is not None:
+                        self._send_poll(poll)
         except Exception:
             log.debug("hotspan: upload thread failed", exc_info=True)
 
@@ -302,22 +344,52 @@ class Uploader:
             self._warn(f"cannot upload profiles to {self._address} ({error}); will retry")
         return outcome
 
-    def _attempt(self, item: _Item, timeout: float) -> Tuple[str, str, Optional[float]]:
+    def _send_poll(self, path: str) -> None:
+        """A settings poll: answered or not, it is not retried (the next comes soon)."""
+        outcome, error, _ = self._attempt((path, b""), self._timeout, method="GET")
+        if outcome != "sent":
+            with self._cond:
+                self._stats.failed_attempts += 1
+                self._stats.last_error = error
+            log.debug("hotspan: settings poll failed: %s", error)
+
+    def _attempt(
+        self, item: _Item, timeout: float, method: str = "POST"
+    ) -> Tuple[str, str, Optional[float]]:
         """POST one upload: ("sent" | "retry" | "rejected", error, Retry-After seconds)."""
         path, body = item
+        self._last_attempt = time.monotonic()
+        headers = self._headers
+        if self._status_headers is not None:
+            headers = {**headers, **self._status_headers()}
         try:
             conn = self._connection(timeout)
-            status, headers, reason = conn.post(path, body, self._headers, _MAX_ERROR_BODY)
+            status, answer, reason = conn.post(path, body, headers, _MAX_ERROR_BODY, method)
         except Exception as exc:  # refused, reset, timeout, TLS, bad response: all transient
             if self._conn is not None:
                 self._conn.close()
             return "retry", f"{type(exc).__name__}: {exc}", None
         if 200 <= status < 300:
+            self._take_answer(answer, reason)
             return "sent", "", None
         error = f"HTTP {status}: {reason.decode('utf-8', 'replace')[:200].strip()}"
         if status >= 500 or status in (408, 429):
-            return "retry", error, _seconds(headers.get("retry-after"))
+            return "retry", error, _seconds(answer.get("retry-after"))
         return "rejected", error, None
+
+    def _take_answer(self, headers: Mapping[str, str], body: bytes) -> None:
+        """A JSON answer is the server's settings for this agent (hotspan servers send one
+        to agents that announce themselves; other servers answer nothing)."""
+        if self._on_answer is None or not body:
+            return
+        if not headers.get("content-type", "").startswith("application/json"):
+            return
+        try:
+            import json
+
+            self._on_answer(json.loads(body))
+        except Exception:  # noqa: BLE001 - a bad answer changes nothing
+            log.debug("hotspan: the server's answer was not understood", exc_info=True)
 
     def _connection(self, timeout: float) -> Any:
         conn = self._conn

@@ -1,0 +1,66 @@
+"""The control endpoint on its own port (``HOTSPAN_CONTROL_PORT``), for programs that serve
+no HTTP of their own or should not expose it there.  127.0.0.1 unless told otherwise: it
+turns profiling of the process on and off."""
+
+from __future__ import annotations
+
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from hotspan.agent.control import MAX_BODY, handle
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # typing stays out of the program at run time: see agent/log.py
+    from typing import Any, Optional
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server_version = "hotspan-control"
+
+    def _answer(self) -> None:
+        try:
+            length = int(self.headers.get("Content-Length") or 0)
+        except ValueError:
+            length = -1
+        if length < 0 or length > MAX_BODY:
+            status, payload = 413, b'{"error": "body too large or of no length"}\n'
+        else:
+            import json
+
+            body = self.rfile.read(length) if length else b""
+            code, answer = handle(self.command, body, self.headers.get("Authorization", ""))
+            status, payload = code, json.dumps(answer).encode() + b"\n"
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
+
+    do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = _answer  # noqa: N815 - http.server's names
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+        pass  # the program's stderr is not ours to write to on every request
+
+
+class ControlServer:
+    def __init__(self, agent: Any, host: str, port: int) -> None:
+        self._server = ThreadingHTTPServer((host, port), _Handler)
+        self._server.daemon_threads = True
+        self._thread: Optional[threading.Thread] = None
+
+    @property
+    def port(self) -> int:
+        return int(self._server.server_address[1])
+
+    def start(self) -> None:
+        self._thread = threading.Thread(
+            target=self._server.serve_forever,
+            kwargs={"poll_interval": 0.5},
+            name="hotspan-control",
+            daemon=True,
+        )
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
