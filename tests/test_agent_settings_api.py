@@ -397,6 +397,32 @@ def test_redaction_of_pprof_and_folded_uploads(redacting_server: RunningServer) 
     assert leaked == []
 
 
+def test_redaction_of_otlp_profiles_over_http_and_grpc(redacting_server: RunningServer) -> None:
+    from tests.test_otlp_profiles import PERIOD, Builder, grpc_export, http_ok
+
+    srv = redacting_server
+    assert srv.otlp_grpc_address is not None
+    for service, send in [
+        ("otlp-http", lambda b: http_ok(srv.url, b.pb())),
+        ("otlp-grpc", lambda b: grpc_export(srv.otlp_grpc_address, b.msg)),
+    ]:
+        b = Builder()
+        p = b.profile(resource={"service.name": service, "db.user": "the-password-owner"})
+        leaf = b.location(("read_secret", 12), filename="/srv/app.py")
+        main = b.location(("main", 1), filename="/srv/secret_app/main.py")
+        p.samples.add(stack_index=b.stack(leaf, main), values=[2])
+        send(b)
+    with srv.client() as c:
+        for service in ("otlp-http", "otlp-grpc"):
+            graph = flamegraph(c, f'{{service_name="{service}"}}', T0 - 60, T0 + 60)
+            # "main" keeps its name; its file name is redacted (the store check below).
+            assert function_totals(graph) == {"main": 2 * PERIOD, REDACTED: 2 * PERIOD}
+    srv.stop()
+    texts = _stored_texts(srv.data_dir)
+    leaked = [t for t in texts if "secret" in t.lower() or "password" in t.lower()]
+    assert leaked == []
+
+
 def test_a_bad_redaction_pattern_stops_the_server_at_startup(tmp_path: Path) -> None:
     done = subprocess.run(
         [sys.executable, "-m", "hotspan", "server", "--data-dir", str(tmp_path), "--redact", "("],
