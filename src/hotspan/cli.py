@@ -13,7 +13,7 @@ import sys
 import threading
 from typing import Iterator, List, Optional
 
-from hotspan import __version__
+from hotspan import __version__, cli_settings
 
 
 def _tokens(value: Optional[str]) -> frozenset:
@@ -269,9 +269,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument("argv", nargs=argparse.REMAINDER)
     run.set_defaults(func=_run, log_level="warning")
-
-    from hotspan import cli_settings
-
     cli_settings.add_parser(sub)
     return parser
 
