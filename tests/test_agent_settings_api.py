@@ -263,6 +263,12 @@ def test_tokens_and_tenants(tmp_path: Path) -> None:
         assert put(c, "api", {"sample_rate": 5}, headers=b).json()["version"] == 1
         a = c.get(f"{SETTINGS}/api", headers={**query, "X-Scope-OrgID": "team-a"}).json()
         assert [r["settings"] for r in a["rules"]] == [{"enabled": False}]
+        # The CLI sends its token and tenant.
+        done = _cli(srv, "get", "api", "--json", "--token", "q-tok", "--tenant", "team-a")
+        assert done.returncode == 0, done.stderr
+        assert [r["settings"] for r in json.loads(done.stdout)["rules"]] == [{"enabled": False}]
+        done = _cli(srv, "set", "api", "--rate", "9", "--token", "in-tok")
+        assert done.returncode == 1 and "401" in done.stderr
 
 
 def _cli(srv: RunningServer, *args: str) -> subprocess.CompletedProcess:

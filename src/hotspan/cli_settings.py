@@ -59,8 +59,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     common(put)
     put.add_argument("--selector", default="", help='only instances matching {env="prod"}')
     on = put.add_mutually_exclusive_group()
-    on.add_argument("--enable", dest="enabled", action="store_const", const=True)
-    on.add_argument("--disable", dest="enabled", action="store_const", const=False)
+    on.add_argument(
+        "--enable", dest="enabled", action="store_const", const=True, help="profiling on"
+    )
+    on.add_argument(
+        "--disable", dest="enabled", action="store_const", const=False, help="profiling off"
+    )
     put.add_argument("--rate", dest="sample_rate", type=int, metavar="HZ", help="sample rate")
     put.add_argument(
         "--types", dest="profile_types", metavar="LIST", help="profile types: cpu,wall,..."
