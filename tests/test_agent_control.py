@@ -297,3 +297,83 @@ def test_an_unreachable_server_never_blocks_the_app(apps, tmp_path: Path) -> Non
             assert state["profiling"] is True
     finally:
         silent.close()
+
+
+def test_fleet_settings_from_the_server_are_followed(server, apps, tmp_path: Path) -> None:
+    """A rule put on the server reaches the agent in the answer to its next upload (or poll,
+    while it uploads nothing), and the server shows the instance following it."""
+    service = "ctl-fleet"
+    port = free_port()
+    flag = tmp_path / "stop"
+    app = start_app(
+        tmp_path,
+        PLAIN_PROGRAM,
+        server.url,
+        service,
+        env={"HOTSPAN_CONTROL_PORT": str(port)},
+        args=[str(flag)],
+        control_url=f"http://127.0.0.1:{port}/",
+        configure=(
+            f"hotspan.configure(application_name={service!r}, server_address={server.url!r}, "
+            "upload_interval=1, max_overhead=100, tags={'env': 'prod'})\n"
+        ),
+    )
+    apps.append(app)
+
+    def agent() -> dict:
+        return httpx.get(app.control, timeout=10).json()
+
+    def instances(client: httpx.Client) -> list:
+        answer = client.get(f"/api/v1/settings/{service}")
+        assert answer.status_code == 200, answer.text
+        return answer.json()["instances"]
+
+    with server.client() as client:
+        assert wait_for(lambda: len(instances(client)) == 1, 10)
+        (seen,) = instances(client)
+        assert seen["labels"].get("env") == "prod" and seen["status"]["enabled"] is True
+
+        put = client.put(
+            f"/api/v1/settings/{service}",
+            json={"selector": '{env="prod"}', "settings": {"enabled": False}},
+        )
+        assert put.status_code == 200, put.text
+        version = put.json()["version"]
+        # One upload interval (1 s) and the answer to the upload that follows.
+        assert wait_for(lambda: agent()["settings_version"] == version, 4)
+        state = agent()
+        assert state["enabled"] is False and state["profiling"] is False
+        disabled_at = time.time()
+
+        # Disabled, it uploads nothing and polls instead: it still reports, and still follows.
+        def follows() -> bool:
+            (row,) = instances(client)
+            return row["follows"] and row["status"]["enabled"] is False
+
+        assert wait_for(follows, 5)
+        time.sleep(3)
+        assert cpu_between(client, service, disabled_at + 1.5, time.time()) == 0
+
+        put = client.put(
+            f"/api/v1/settings/{service}",
+            json={"settings": {"enabled": True, "sample_rate": 50, "profile_types": ["cpu"]}},
+        )
+        assert put.status_code == 200
+        # The rule for env="prod" is more specific and still says disabled.
+        time.sleep(2.5)
+        assert agent()["enabled"] is False
+        assert client.delete(
+            f"/api/v1/settings/{service}", params={"selector": '{env="prod"}'}
+        ).is_success
+        assert wait_for(lambda: agent()["sample_rate"] == 50, 4)
+        state = agent()
+        assert state["enabled"] and state["profile_types"] == ["cpu"]
+        enabled_at = time.time()
+        assert wait_for(lambda: cpu_between(client, service, enabled_at, time.time() + 1) > 0, 4)
+
+        assert client.delete(f"/api/v1/settings/{service}", params={"selector": ""}).is_success
+        # No rule: the agent goes back to its own configuration.
+        assert wait_for(lambda: agent()["settings_version"] == 0, 4)
+        assert agent()["sample_rate"] == 100, agent()
+    flag.write_text("")
+    assert app.proc.wait(20) == 0

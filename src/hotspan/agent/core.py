@@ -94,6 +94,7 @@ class Agent:
         self._shed_since = 0.0
         self.last_reading: Optional[Reading] = None
         self._applied_generation = -1
+        self.applied_version = 0  # of the server's settings, once the loop has applied them
         self._applied = threading.Condition(threading.Lock())
         self._last_send = time.monotonic()
         self._control_server: Any = None
@@ -273,14 +274,13 @@ class Agent:
     def _apply_settings(self) -> None:
         """Makes the sampler and collectors what the settings and the governor ask for.
         Only the agent's loop calls it (and start, before the loop runs)."""
-        generation = self.live.generation
         self.live.changed.clear()
-        settings = self.live.effective()
+        settings, version, generation = self.live.snapshot()
         self._governor.max_overhead = float(settings["max_overhead"])
         types = set(profile_types(settings))
         active = bool(settings["enabled"]) and not self.shedding
         wanted = self.wanted_rate(settings)
-        rate = min(self._governor.rate or wanted, wanted)
+        rate = self._governor.rate_for(wanted)
         sampler_spec = (rate, "cpu" in types, "wall" in types)
         if not active or not (sampler_spec[1] or sampler_spec[2]):
             sampler_spec = None
@@ -301,6 +301,7 @@ class Agent:
             self._start_collectors({n: specs[n] for n in changed if n in specs})
         with self._applied:
             self._applied_generation = generation
+            self.applied_version = version
             self._applied.notify_all()
 
     def wanted_rate(self, settings: Optional[Dict[str, Any]] = None) -> int:
@@ -341,10 +342,10 @@ class Agent:
                 logger.info("hotspan: load fell (%s); profiling resumes", reading)
             self.shedding = shed
             self._uploader.pause(shed)
-            self.live.changed.set()
+            self._apply_settings()
         elif self._sampler_spec is not None and rate != self._sampler_spec[0]:
             logger.info("hotspan: sample rate %d Hz (%s, %s)", rate, self._governor.reason, reading)
-            self.live.changed.set()
+            self._apply_settings()
 
     def shed_total(self) -> float:
         extra = time.monotonic() - self._shed_since if self.shedding else 0.0
@@ -445,7 +446,7 @@ class Agent:
             "rate_reason": reason,
             "dropped_samples": self.dropped_samples,
             "dropped_uploads": stats.dropped_uploads,
-            "settings_version": self.live.remote_version,
+            "settings_version": self.applied_version,
             "local_overrides": sorted(self.live.local),
             "sampler": self.sampler_name,
             "hostname": _hostname(),

@@ -74,10 +74,16 @@ class Governor:
         self.shedding = False
         self.reason = ""
 
+    def rate_for(self, wanted_rate: int) -> int:
+        """The rate in force for the rate asked for: that one, unless load lowered it."""
+        if not self.reason or not self.rate:
+            return wanted_rate
+        return min(self.rate, wanted_rate)
+
     def decide(self, wanted_rate: int, reading: Reading) -> Tuple[int, bool]:
         """(rate to sample at, shed) for the rate asked for and what was measured."""
         floor = min(self.min_rate, wanted_rate)
-        rate = min(self.rate or wanted_rate, wanted_rate)
+        rate = self.rate_for(wanted_rate)
         cpu, mem = reading.cpu_percent, reading.mem_percent
         shed_at = self.load_shedding_cpu
         if shed_at and (cpu >= shed_at or (self.shedding and cpu >= shed_at - HYSTERESIS)):

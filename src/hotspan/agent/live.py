@@ -18,7 +18,7 @@ from hotspan.model.agent_settings import PROFILE_TYPES
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing stays out of the program at run time: see agent/log.py
-    from typing import Any, Dict, List, Mapping, Optional
+    from typing import Any, Dict, List, Mapping, Optional, Tuple
 
     from hotspan.agent.config import AgentConfig
 
@@ -60,11 +60,15 @@ class LiveSettings:
         self.changed = threading.Event()
 
     def effective(self) -> Dict[str, Any]:
+        return self.snapshot()[0]
+
+    def snapshot(self) -> Tuple[Dict[str, Any], int, int]:
+        """(settings in force, the server's version they include, generation), together."""
         with self._lock:
             out = dict(self._base)
             out.update(self._remote)
             out.update(self._local)
-            return out
+            return out, self.remote_version, self.generation
 
     @property
     def local(self) -> Dict[str, Any]:
