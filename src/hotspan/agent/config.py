@@ -67,6 +67,15 @@ class AgentConfig:
     locks: bool = True
     # Threads and tasks: how many threads and pending asyncio tasks stand on each stack.
     threads: bool = True
+    # Runtime stats on spans: CPU, allocated bytes, GC pauses (and process stats at local root
+    # spans) set as attributes of each OpenTelemetry SDK span at its detach.
+    span_stats: bool = True
+    # Span conditions (agent/spans.py): a span is "slow" at this duration in seconds (0: off),
+    # "error" with an error status (when on), "high_cpu" when its CPU is at least this percent
+    # of its duration (0: off).
+    slow_request_threshold: float = 0.0
+    error_condition: bool = True
+    cpu_threshold_percent: float = 0.0
 
     def __init__(self, **settings: object) -> None:
         unknown = set(settings) - set(SETTINGS)
@@ -112,6 +121,16 @@ class AgentConfig:
             )
         if self.max_buffer_bytes < 0:
             raise ConfigError("max_buffer_bytes must not be negative")
+        if not self.slow_request_threshold >= 0:  # NaN too
+            raise ConfigError(
+                f"slow_request_threshold {self.slow_request_threshold} must not be negative "
+                "(seconds; 0 is off)"
+            )
+        if not self.cpu_threshold_percent >= 0:
+            raise ConfigError(
+                f"cpu_threshold_percent {self.cpu_threshold_percent} must not be negative "
+                "(0 is off)"
+            )
         for key in self.tags:
             check_tag_key(key)
         return self
@@ -180,6 +199,10 @@ _ENV_NAMES = {
     "alloc_tracemalloc": "ALLOC_TRACEMALLOC",
     "locks": "LOCKS",
     "threads": "THREADS",
+    "span_stats": "SPAN_STATS",
+    "slow_request_threshold": "SLOW_REQUEST_THRESHOLD",
+    "error_condition": "ERROR_CONDITION",
+    "cpu_threshold_percent": "CPU_THRESHOLD_PERCENT",
 }
 
 

@@ -67,7 +67,9 @@ class Agent:
     def start(self) -> None:
         if self.config.trace_correlation:
             self.span_linking = context.install_span_linking(
-                self.config.root_spans_only, native=self._sampler.name == "native"
+                self.config.root_spans_only,
+                native=self._sampler.name == "native",
+                span_stats=self.config.span_stats,
             )
         self._start_threads()
         atexit.register(self._at_exit)
