@@ -156,7 +156,7 @@ def test_alloc_bytes(run: Dict[str, Any]) -> None:
     # ~20 MB of bytearrays (plus their objects) at one sample per 512 KiB on average.
     assert 10e6 <= spans["alloc"][ALLOC] <= 60e6
     assert spans["root"][ALLOC] >= spans["alloc"][ALLOC]  # inclusive
-    assert spans["normal"][ALLOC] < 2e6  # asleep (burn() allocates: its ints)
+    assert spans["normal"].get(ALLOC, 0) < 2e6  # asleep (burn() allocates: its ints)
 
 
 def test_gc_during_the_span(run: Dict[str, Any]) -> None:
@@ -164,6 +164,8 @@ def test_gc_during_the_span(run: Dict[str, Any]) -> None:
     assert spans["collect"][GC_PAUSE] > 0
     assert spans["collect"][GC_COUNT] >= 1
     assert spans["root"][GC_COUNT] >= spans["collect"][GC_COUNT]
+    # Left out when no collection ended during the span (a sleep allocates nothing).
+    assert GC_COUNT not in spans["normal"] and GC_PAUSE not in spans["normal"]
 
 
 def test_process_stats_at_root_spans_only(run: Dict[str, Any]) -> None:

@@ -352,10 +352,13 @@ def span_stats_attributes(
         return None
     pause, count = gc_totals()
     attributes = {CPU_TIME_ATTRIBUTE: max(cpu, 0)}
-    if _alloc_sampling():
-        attributes[ALLOC_BYTES_ATTRIBUTE] = labels.alloc_bytes
-    attributes[GC_PAUSE_ATTRIBUTE] = pause - gc_pause
-    attributes[GC_COLLECTIONS_ATTRIBUTE] = count - gc_count
+    # Zero figures are left out, as in C (set_attributes costs ~0.5 us per attribute).
+    alloc = labels.alloc_bytes
+    if alloc and _alloc_sampling():
+        attributes[ALLOC_BYTES_ATTRIBUTE] = alloc
+    if count != gc_count:
+        attributes[GC_PAUSE_ATTRIBUTE] = pause - gc_pause
+        attributes[GC_COLLECTIONS_ATTRIBUTE] = count - gc_count
     if labels.root_span_id == labels.span_id:
         rss, threads, heap = process_stats()
         if rss >= 0:

@@ -29,6 +29,7 @@ import threading
 import time
 
 from hotspan.agent import context
+from hotspan.agent.context import CPU_TIME_ATTRIBUTE
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing stays out of the program at run time: see agent/log.py
@@ -50,10 +51,10 @@ class SpanConditions:
     ``errors``: ``error`` when its status code is ERROR; ``cpu_threshold_percent``:
     ``high_cpu`` when its CPU (``hotspan.cpu_time_ns``, span stats) is at least this percent of
     its duration (0: off).  Verdicts are kept for the most recent ``max_spans`` ended spans at
-    most and ``max_age_s`` seconds at most (two generations: when the newer one holds
-    ``max_spans // 2`` verdicts or is ``max_age_s / 2`` old, the older one is dropped), so a
-    verdict stays at least ``max_spans // 2`` spans or ``max_age_s / 2`` seconds, whichever
-    comes first.
+    most and about ``max_age_s`` seconds at most (two generations: when the newer one holds
+    ``max_spans // 2`` verdicts or is ``max_age_s / 2`` old, looked at every 1,024 span ends,
+    the older one is dropped), so a verdict stays at least ``max_spans // 2`` spans or
+    ``max_age_s / 2`` seconds, whichever comes first.
     """
 
     def __init__(
@@ -146,38 +147,41 @@ class SpanConditions:
         }
 
     def on_end(self, span: Any) -> None:
-        """A span ended (our processor's on_end): its verdict."""
+        """A span ended (our processor's on_end): its verdict.  Runs for every span the
+        program ends: kept to a few attribute reads and one dict store."""
         try:
-            start = span._start_time
-            end = span._end_time
-            duration = end - start if start is not None and end is not None else 0
-            names = []
+            duration = span._end_time - span._start_time
+            verdict = ""
             if self.slow_threshold_ns and duration >= self.slow_threshold_ns:
-                names.append(SLOW)
+                verdict = SLOW
                 self.slow += 1
             if self.errors and span._status.status_code is self._error_code:
-                names.append(ERROR)
+                verdict = verdict + ",error" if verdict else ERROR
                 self.error += 1
             if self.cpu_ratio and duration > 0:
-                cpu = span._attributes.get(context.CPU_TIME_ATTRIBUTE)
+                cpu = span._attributes.get(CPU_TIME_ATTRIBUTE)
                 if cpu is not None and cpu >= self.cpu_ratio * duration:
-                    names.append(HIGH_CPU)
+                    verdict = verdict + ",high_cpu" if verdict else HIGH_CPU
                     self.high_cpu += 1
-            verdict = ",".join(names) if names else ""
             span_id = span._context.span_id
         except (AttributeError, TypeError):
             return  # not the SDK's ReadableSpan as we know it
         self.ended += 1
         current = self._current
         if len(current) >= self._generation_size or (
-            self._generation_ns
-            and time.monotonic_ns() - self._generation_start > self._generation_ns
+            not self.ended & 1023 and self._generation_ns and self._generation_too_old()
         ):
-            self.forgotten += len(self._older)
-            self._older, self._current = current, {}
-            self._generation_start = time.monotonic_ns()
-            current = self._current
+            current = self._rotate()
         current[span_id] = verdict
+
+    def _generation_too_old(self) -> bool:
+        return time.monotonic_ns() - self._generation_start > self._generation_ns
+
+    def _rotate(self) -> Dict[int, str]:
+        self.forgotten += len(self._older)
+        self._older, self._current = self._current, {}
+        self._generation_start = time.monotonic_ns()
+        return self._current
 
 
 def _make_processor(conditions: SpanConditions) -> Any:
