@@ -272,7 +272,9 @@ report(span=span_hex(span), trace=trace_hex(span), attrs=dict(span.attributes),
 """,
     )
     span, trace = result["span"], result["trace"]
-    assert result["attrs"] == {"pyroscope.profile.id": span}
+    assert result["attrs"]["pyroscope.profile.id"] == span
+    # Span stats (on by default): the span's own allocation estimate.
+    assert abs(result["attrs"]["hotspan.alloc_bytes"] / result["truth"] - 1) < 0.15, result
     with module_server.client() as client:
         in_span = profile(
             client, service, ALLOC_SPACE, spanSelector=[span], traceIdSelector=[trace]

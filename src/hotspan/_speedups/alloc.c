@@ -689,6 +689,9 @@ take_sample(PyThreadState *ts, uintptr_t ptr, size_t size, int64_t mean)
         n_dropped_window++;
     }
     live_add(ptr, stack, size, labels);
+    /* The span's own estimate (hotspan.alloc_bytes), counted even when the window is full. */
+    if (labels[0] != 0)
+        api->charge_alloc(ts, (uint64_t)(weight * (double)size));
 }
 
 /* This thread's random stream, seeded on its first sample of each start(). */
@@ -1157,6 +1160,7 @@ alloc_start(PyObject *mod UNUSED, PyObject *args, PyObject *kwds)
     arm_thread(gen);
     hot.countdown = draw_interval((int64_t)bytes);
     atomic_store_explicit(&sampling, 1, memory_order_release);
+    api->set_alloc_sampling(1);
     Py_RETURN_NONE;
 }
 
@@ -1164,6 +1168,8 @@ static PyObject *
 alloc_stop(PyObject *mod UNUSED, PyObject *unused UNUSED)
 {
     atomic_store_explicit(&sampling, 0, memory_order_release);
+    if (api != NULL)
+        api->set_alloc_sampling(0);
     int inert = 0;
     for (int d = 0; d < N_DOMAINS; d++) {
         if (!hooked[d])

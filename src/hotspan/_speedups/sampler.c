@@ -67,6 +67,7 @@ static inline PyObject *Py_NewRef(PyObject *o) { Py_INCREF(o); return o; }
 #endif
 
 #ifdef __linux__
+#  include <fcntl.h>
 #  include <sys/syscall.h>
 #  include <sys/uio.h>
 #  define HAVE_THREAD_TIMERS 1
@@ -122,7 +123,32 @@ typedef struct {
      * span current sets one ContextVar, not two (see linker_attach).  NULL otherwise.  Not
      * followed by the GC: a cycle through it would need a Context holding these labels. */
     PyObject *otel_context;
+    /* Span stats (see "span stats" below).  cpu_ns: the CPU of the samples taken with these
+     * labels current (added by the signal handlers, atomically: a context, and so these
+     * labels, can be current on several threads), plus that of child spans; alloc_bytes: the
+     * allocation sampler's estimate, likewise.  Both are read and added to atomically. */
+    uint64_t cpu_ns;
+    uint64_t alloc_bytes;
+    /* Set by the linker's attach when it measures the span: STATS_THREAD (attach_cpu_ns is
+     * the thread's CPU clock then) or STATS_LOOP (in a running asyncio loop: cpu_ns is the
+     * figure), and the garbage collector's totals then. */
+    int stats;
+    uint64_t attach_cpu_ns;
+    uint64_t attach_gc_pause_ns;
+    uint64_t attach_gc_count;
 } LabelsObject;
+
+#define STATS_THREAD 1
+#define STATS_LOOP 2
+
+static inline void
+labels_charge(LabelsObject *labels, uint64_t cpu_ns, uint64_t alloc_bytes)
+{
+    if (cpu_ns)
+        __atomic_fetch_add(&labels->cpu_ns, cpu_ns, __ATOMIC_RELAXED);
+    if (alloc_bytes)
+        __atomic_fetch_add(&labels->alloc_bytes, alloc_bytes, __ATOMIC_RELAXED);
+}
 
 static PyTypeObject LabelsType;
 
@@ -184,7 +210,34 @@ labels_set_sampled(LabelsObject *self, PyObject *value, void *unused)
     return 0;
 }
 
+static PyObject *
+labels_get_stat(LabelsObject *self, void *which)
+{
+    uint64_t *field = which ? &self->alloc_bytes : &self->cpu_ns;
+    return PyLong_FromUnsignedLongLong(__atomic_load_n(field, __ATOMIC_RELAXED));
+}
+
+/* _charge(cpu_ns, alloc_bytes): adds to the span stats (the Python sampler's CPU, a child's
+ * figures), atomically as the signal handlers do. */
+static PyObject *
+labels_charge_method(LabelsObject *self, PyObject *args)
+{
+    unsigned long long cpu = 0, alloc = 0;
+    if (!PyArg_ParseTuple(args, "KK", &cpu, &alloc))
+        return NULL;
+    labels_charge(self, cpu, alloc);
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef labels_methods[] = {
+    {"_charge", (PyCFunction)labels_charge_method, METH_VARARGS,
+     "_charge(cpu_ns, alloc_bytes): add to this span's stats"},
+    {NULL},
+};
+
 static PyGetSetDef labels_getset[] = {
+    {"cpu_ns", (getter)labels_get_stat, NULL, NULL, (void *)0},
+    {"alloc_bytes", (getter)labels_get_stat, NULL, NULL, (void *)1},
     {"sampled", (getter)labels_get_sampled, (setter)labels_set_sampled, NULL, NULL},
     {"otel_context", (getter)labels_get_otel_context, NULL, NULL, NULL},
     {"span_id", (getter)labels_get, NULL, NULL, (void *)0},
@@ -202,6 +255,7 @@ static PyTypeObject LabelsType = {
     .tp_new = labels_new,
     .tp_dealloc = (destructor)labels_dealloc,
     .tp_getset = labels_getset,
+    .tp_methods = labels_methods,
     .tp_doc = "Span and tag labels of the current context, readable from a signal handler.",
 };
 
@@ -1119,7 +1173,12 @@ on_signal(int signum, siginfo_t *info, void *ucontext)
                 e->cpu_ns = cpu;
                 e->wall_ns = wall;
                 e->seq = slot != NULL ? atomic_fetch_add(&slot->seq, 1) + 1 : 0;
-                copy_labels(find_labels(thread_context(ts)), e->labels);
+                LabelsObject *found = find_labels(thread_context(ts));
+                copy_labels(found, e->labels);
+                /* The span's CPU under asyncio, where tasks interleave on one thread: what
+                 * its samples stand for (see span stats). */
+                if (found != NULL && cpu != 0)
+                    labels_charge(found, cpu, 0);
                 e->depth = depth;
             }
             atomic_store_explicit(&e->state, 2, memory_order_release);
@@ -2363,6 +2422,232 @@ sampler_find_in(PyObject *mod, PyObject *ctx)
 }
 
 
+/* ---------------------------------------------------------------- span stats
+ *
+ * At the detach of a span it made current, the linker sets, in one set_attributes call, what
+ * the span cost (span_stats on):
+ *
+ * - hotspan.cpu_time_ns: on a thread without a running asyncio loop, the thread's CPU clock
+ *   at detach minus at attach (exact).  Inside a running loop, where tasks interleave on the
+ *   thread, the CPU of the samples taken with the span's labels current (Labels.cpu_ns, added
+ *   by the signal handler): each task runs in its own context, so that is the task's own,
+ *   within a sample's CPU.
+ * - hotspan.alloc_bytes: the allocation sampler's estimate of the bytes allocated with the
+ *   span's labels current (Labels.alloc_bytes, added through the capsule API), while it runs;
+ *   left out when 0 (no allocation sample) or when no allocation sampler runs.
+ * - hotspan.gc.pause_ns, hotspan.gc.collections: the garbage collector's pauses during the
+ *   span, process-wide (gc_callback, in gc.callbacks, keeps the totals); left out when no
+ *   collection ended during the span.
+ * - at a local root span: process.memory.usage (RSS bytes), process.thread.count (OpenTelemetry
+ *   semantic-convention names) and hotspan.process.heap_objects (sys.getallocatedblocks()),
+ *   read at most every PROCESS_STATS_TTL_NS.
+ *
+ * A child's CPU samples and allocation estimate are also added to the labels current after
+ * its detach (its parent's) when they are of the same trace, so a span's figures include its
+ * children's, as a profile's total does. */
+
+static uint64_t gc_pause_total_ns; /* atomics: read by any thread */
+static uint64_t gc_collections;
+static uint64_t gc_started_ns;
+static int alloc_sampling;         /* an allocation sampler is running (capsule API) */
+
+static PyObject *
+sampler_gc_callback(PyObject *mod, PyObject *args)
+{
+    (void)mod;
+    PyObject *phase, *info;
+    if (!PyArg_UnpackTuple(args, "gc_callback", 2, 2, &phase, &info))
+        return NULL;
+    if (!PyUnicode_Check(phase))
+        Py_RETURN_NONE;
+    if (PyUnicode_CompareWithASCIIString(phase, "start") == 0) {
+        __atomic_store_n(&gc_started_ns, monotonic_ns(), __ATOMIC_RELAXED);
+    } else if (PyUnicode_CompareWithASCIIString(phase, "stop") == 0) {
+        uint64_t started = __atomic_exchange_n(&gc_started_ns, 0, __ATOMIC_RELAXED);
+        uint64_t now = monotonic_ns();
+        if (started != 0 && now >= started) {
+            __atomic_fetch_add(&gc_pause_total_ns, now - started, __ATOMIC_RELAXED);
+            __atomic_fetch_add(&gc_collections, 1, __ATOMIC_RELAXED);
+        }
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+sampler_gc_totals(PyObject *mod, PyObject *unused)
+{
+    (void)mod; (void)unused;
+    return Py_BuildValue("(KK)",
+                         (unsigned long long)__atomic_load_n(&gc_pause_total_ns, __ATOMIC_RELAXED),
+                         (unsigned long long)__atomic_load_n(&gc_collections, __ATOMIC_RELAXED));
+}
+
+#define PROCESS_STATS_TTL_NS 10000000ull /* 10 ms: a root span per request costs one read */
+static uint64_t process_stats_at_ns;
+static long long process_rss = -1, process_threads = -1, process_heap = -1;
+
+/* With the GIL: RSS bytes, threads and allocated blocks (-1 where unknown), cached briefly. */
+static void
+process_stats(long long *rss, long long *threads, long long *heap)
+{
+    uint64_t now = monotonic_ns();
+    if (process_stats_at_ns == 0 || now - process_stats_at_ns > PROCESS_STATS_TTL_NS) {
+        process_stats_at_ns = now;
+        process_rss = process_threads = -1;
+#ifdef __linux__
+        char buf[1024];
+        int fd = open("/proc/self/stat", O_RDONLY | O_CLOEXEC);
+        if (fd >= 0) {
+            ssize_t n = read(fd, buf, sizeof buf - 1);
+            close(fd);
+            char *p = n > 0 ? (buf[n] = 0, strrchr(buf, ')')) : NULL;
+            /* Fields from the third (state) on, after the command's closing parenthesis. */
+            for (int field = 2; p != NULL && *p; field++) {
+                p = strchr(p, ' ');
+                if (p == NULL)
+                    break;
+                p++;
+                if (field + 1 == 20)
+                    process_threads = strtoll(p, NULL, 10);
+                if (field + 1 == 24) {
+                    process_rss = strtoll(p, NULL, 10) * (long long)sysconf(_SC_PAGESIZE);
+                    break;
+                }
+            }
+        }
+#endif
+        process_heap = -1;
+        PyObject *blocks = PySys_GetObject("getallocatedblocks"); /* borrowed */
+        PyObject *r = blocks != NULL ? PyObject_CallNoArgs(blocks) : NULL;
+        if (r != NULL)
+            process_heap = PyLong_AsLongLong(r);
+        Py_XDECREF(r);
+        if (PyErr_Occurred())
+            PyErr_Clear();
+    }
+    *rss = process_rss;
+    *threads = process_threads;
+    *heap = process_heap;
+}
+
+static PyObject *
+sampler_process_stats(PyObject *mod, PyObject *unused)
+{
+    (void)mod; (void)unused;
+    long long rss, threads, heap;
+    process_stats(&rss, &threads, &heap);
+    return Py_BuildValue("(LLL)", rss, threads, heap);
+}
+
+static PyObject *str_asyncio_events, *str_get_running_loop;
+static PyObject *get_running_loop; /* asyncio.events._get_running_loop, once imported */
+
+/* Whether this thread runs an asyncio loop now (never raises). */
+static int
+in_running_loop(void)
+{
+    if (get_running_loop == NULL) {
+        PyObject *events = PyImport_GetModule(str_asyncio_events);
+        if (events == NULL) {
+            PyErr_Clear();
+            return 0; /* asyncio not imported: no loop */
+        }
+        get_running_loop = PyObject_GetAttr(events, str_get_running_loop);
+        Py_DECREF(events);
+        if (get_running_loop == NULL) {
+            PyErr_Clear();
+            return 0;
+        }
+    }
+    PyObject *loop = PyObject_CallNoArgs(get_running_loop);
+    if (loop == NULL) {
+        PyErr_Clear();
+        return 0;
+    }
+    int running = loop != Py_None;
+    Py_DECREF(loop);
+    return running;
+}
+
+/* At attach: where the span's figures start. */
+static void
+stats_begin(LabelsObject *labels)
+{
+    labels->attach_gc_pause_ns = __atomic_load_n(&gc_pause_total_ns, __ATOMIC_RELAXED);
+    labels->attach_gc_count = __atomic_load_n(&gc_collections, __ATOMIC_RELAXED);
+    uint64_t cpu;
+    if (!in_running_loop() && clock_ns(CLOCK_THREAD_CPUTIME_ID, &cpu) == 0) {
+        labels->attach_cpu_ns = cpu;
+        labels->stats = STATS_THREAD;
+    } else {
+        labels->stats = STATS_LOOP;
+    }
+}
+
+static PyObject *str_is_recording, *str_set_attributes, *str_span_processor;
+static PyObject *key_cpu, *key_alloc, *key_gc_pause, *key_gc_count, *key_rss, *key_threads,
+    *key_heap;
+
+static int
+put_stat(PyObject *dict, PyObject *key, long long value)
+{
+    PyObject *v = PyLong_FromLongLong(value);
+    int r = v == NULL ? -1 : PyDict_SetItem(dict, key, v);
+    Py_XDECREF(v);
+    return r;
+}
+
+/* The span's stats as set_attributes takes them (new reference), or NULL. */
+static PyObject *
+stats_attributes(LabelsObject *labels, uint64_t cpu)
+{
+    PyObject *d = PyDict_New();
+    if (d == NULL)
+        return NULL;
+    uint64_t pause = __atomic_load_n(&gc_pause_total_ns, __ATOMIC_RELAXED);
+    uint64_t count = __atomic_load_n(&gc_collections, __ATOMIC_RELAXED);
+    uint64_t alloc = __atomic_load_n(&labels->alloc_bytes, __ATOMIC_RELAXED);
+    /* Zero figures are left out (most spans see no collection and no allocation sample):
+     * the SDK's set_attributes costs ~0.5 us per attribute. */
+    int failed = put_stat(d, key_cpu, (long long)cpu) < 0;
+    if (!failed && alloc != 0 && __atomic_load_n(&alloc_sampling, __ATOMIC_RELAXED))
+        failed = put_stat(d, key_alloc, (long long)alloc) < 0;
+    if (!failed && count != labels->attach_gc_count)
+        failed = put_stat(d, key_gc_pause, (long long)(pause - labels->attach_gc_pause_ns)) < 0 ||
+                 put_stat(d, key_gc_count, (long long)(count - labels->attach_gc_count)) < 0;
+    if (!failed && labels->root_span_id == labels->span_id) {
+        long long rss, threads, heap;
+        process_stats(&rss, &threads, &heap);
+        failed = (rss >= 0 && put_stat(d, key_rss, rss) < 0) ||
+                 (threads >= 0 && put_stat(d, key_threads, threads) < 0) ||
+                 (heap >= 0 && put_stat(d, key_heap, heap) < 0);
+    }
+    if (failed)
+        Py_CLEAR(d);
+    return d;
+}
+
+static void
+api_charge_alloc(PyThreadState *ts, uint64_t bytes)
+{
+    LabelsObject *labels = find_labels(thread_context(ts));
+    if (labels != NULL)
+        labels_charge(labels, 0, bytes);
+}
+
+static void
+api_set_alloc_sampling(int on)
+{
+    __atomic_store_n(&alloc_sampling, on, __ATOMIC_RELAXED);
+}
+
+static PyObject *
+sampler_alloc_sampling(PyObject *mod, PyObject *unused)
+{
+    (void)mod; (void)unused;
+    return PyBool_FromLong(__atomic_load_n(&alloc_sampling, __ATOMIC_RELAXED));
+}
+
 /* ---------------------------------------------------------------- span linking */
 
 /* OpenTelemetry's runtime context, wrapped: every attach also sets the labels ContextVar to
@@ -2381,6 +2666,13 @@ typedef struct {
      * methods they replace (get_current alone is called four times per span). */
     PyObject *otel_var;
     int root_spans_only;
+    int span_stats;            /* set the span stats at detach (see span stats) */
+    /* (multi span processor): called at the first detach of a span from each SDK
+     * TracerProvider (the SpanConditions hook, agent/spans.py); NULL when none is wanted. */
+    PyObject *on_new_provider;
+#define SEEN_PROVIDERS 8
+    PyObject *providers[SEEN_PROVIDERS]; /* the span processors already handed over */
+    int n_providers;
 } LinkerObject;
 
 static PyObject *str_attach, *str_detach, *str_get_current, *str_get_span_context, *str_parent;
@@ -2458,6 +2750,9 @@ linker_dealloc(LinkerObject *self)
     Py_XDECREF(self->on_profiled);
     Py_XDECREF(self->on_reset_failed);
     Py_XDECREF(self->otel_var);
+    Py_XDECREF(self->on_new_provider);
+    for (int k = 0; k < self->n_providers; k++)
+        Py_DECREF(self->providers[k]);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -2465,11 +2760,11 @@ static PyObject *
 linker_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 {
     static char *kwlist[] = {"inner", "span_key", "var", "on_profiled", "on_reset_failed",
-                             "root_spans_only", NULL};
+                             "root_spans_only", "span_stats", NULL};
     PyObject *inner, *key, *var, *on_profiled, *on_reset_failed;
-    int root_only = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOO|p", kwlist, &inner, &key, &var,
-                                     &on_profiled, &on_reset_failed, &root_only))
+    int root_only = 0, span_stats = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOO|pp", kwlist, &inner, &key, &var,
+                                     &on_profiled, &on_reset_failed, &root_only, &span_stats))
         return NULL;
     if (!PyContextVar_CheckExact(var)) {
         PyErr_SetString(PyExc_TypeError, "var must be a ContextVar");
@@ -2484,6 +2779,7 @@ linker_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     self->on_profiled = Py_NewRef(on_profiled);
     self->on_reset_failed = Py_NewRef(on_reset_failed);
     self->root_spans_only = root_only;
+    self->span_stats = span_stats;
     if (strcmp(Py_TYPE(inner)->tp_name, "ContextVarsRuntimeContext") == 0) {
         PyObject *otel_var = PyObject_GetAttrString(inner, "_current_context");
         if (otel_var != NULL && PyContextVar_CheckExact(otel_var))
@@ -2590,14 +2886,16 @@ linker_attach(LinkerObject *self, PyObject *context)
         Py_INCREF(context); /* labels_for may run Python: the span and its container live */
         Py_XINCREF(span);
         PyObject *previous = current_labels_of(self->var);
-        LabelsObject *labels =
-            (LabelsObject *)labels_for(span, (LabelsObject *)previous, self->root_spans_only);
+        LabelsObject *labels = (LabelsObject *)labels_for(
+            span, (LabelsObject *)previous, self->root_spans_only || self->span_stats);
         Py_XDECREF(previous);
         Py_XDECREF(span);
         if (labels == NULL) {
             Py_DECREF(context);
             return NULL;
         }
+        if (self->span_stats && labels->span_id)
+            stats_begin(labels);
         labels->otel_context = context; /* the reference taken above */
         PyObject *token = PyContextVar_Set(self->var, (PyObject *)labels);
         Py_DECREF(labels);
@@ -2608,13 +2906,16 @@ linker_attach(LinkerObject *self, PyObject *context)
         return NULL;
     Py_XINCREF(span);
     PyObject *previous = current_labels_of(self->var);
-    PyObject *labels = labels_for(span, (LabelsObject *)previous, self->root_spans_only);
+    PyObject *labels =
+        labels_for(span, (LabelsObject *)previous, self->root_spans_only || self->span_stats);
     Py_XDECREF(previous);
     if (labels == NULL) {
         PyErr_Clear();
         Py_XDECREF(span);
         return token; /* never break the program's tracing */
     }
+    if (self->span_stats && ((LabelsObject *)labels)->span_id)
+        stats_begin((LabelsObject *)labels);
     PyObject *ours = PyContextVar_Set(self->var, labels);
     if (ours == NULL) {
         PyErr_Clear();
@@ -2644,6 +2945,87 @@ linker_profiled(LinkerObject *self, PyObject *span, LabelsObject *labels)
     Py_XDECREF(restored);
 }
 
+/* Span types without a `_span_processor` (not the SDK's): not asked again. */
+static PyTypeObject *no_processor_types[SPAN_TYPES];
+
+/* The SDK span's processor (its provider's multi span processor), handed to on_new_provider
+ * the first time it is seen. */
+static void
+watch_provider(LinkerObject *self, PyObject *span)
+{
+    PyTypeObject *type = Py_TYPE(span);
+    int k = 0;
+    for (; k < SPAN_TYPES && no_processor_types[k] != NULL; k++) {
+        if (no_processor_types[k] == type)
+            return;
+    }
+    PyObject *processor = PyObject_GetAttr(span, str_span_processor);
+    if (processor == NULL) {
+        PyErr_Clear();
+        if (k < SPAN_TYPES)
+            no_processor_types[k] = (PyTypeObject *)Py_NewRef((PyObject *)type);
+        return;
+    }
+    for (int i = 0; i < self->n_providers; i++) {
+        if (self->providers[i] == processor) {
+            Py_DECREF(processor);
+            return;
+        }
+    }
+    PyObject *r = PyObject_CallOneArg(self->on_new_provider, processor);
+    if (r == NULL)
+        PyErr_Clear();
+    Py_XDECREF(r);
+    if (self->n_providers < SEEN_PROVIDERS)
+        self->providers[self->n_providers++] = processor; /* the reference taken above */
+    else
+        Py_DECREF(processor); /* beyond: asked each time (the callback does nothing twice) */
+}
+
+/* After the detach of `labels` (its span may be NULL): the span stats, its figures added to
+ * its parent's, and the provider watch. */
+static void
+linker_span_done(LinkerObject *self, PyObject *span, LabelsObject *labels)
+{
+    if (span != NULL && self->on_new_provider != NULL)
+        watch_provider(self, span);
+    if (!labels->stats)
+        return;
+    uint64_t cpu = 0;
+    if (labels->stats == STATS_THREAD) {
+        uint64_t now;
+        if (clock_ns(CLOCK_THREAD_CPUTIME_ID, &now) == 0 && now > labels->attach_cpu_ns)
+            cpu = now - labels->attach_cpu_ns;
+    } else {
+        cpu = __atomic_load_n(&labels->cpu_ns, __ATOMIC_RELAXED);
+    }
+    labels->stats = 0; /* once */
+    PyObject *restored = current_labels_of(self->var);
+    if (restored != NULL && restored != (PyObject *)labels &&
+        ((LabelsObject *)restored)->trace_lo == labels->trace_lo &&
+        ((LabelsObject *)restored)->trace_hi == labels->trace_hi)
+        labels_charge((LabelsObject *)restored, __atomic_load_n(&labels->cpu_ns, __ATOMIC_RELAXED),
+                      __atomic_load_n(&labels->alloc_bytes, __ATOMIC_RELAXED));
+    Py_XDECREF(restored);
+    if (span == NULL)
+        return;
+    PyObject *recording = PyObject_CallMethodNoArgs(span, str_is_recording);
+    int yes = recording != NULL && PyObject_IsTrue(recording) == 1;
+    Py_XDECREF(recording);
+    if (!yes) {
+        PyErr_Clear();
+        return;
+    }
+    PyObject *attributes = stats_attributes(labels, cpu);
+    PyObject *r = attributes != NULL
+                      ? PyObject_CallMethodOneArg(span, str_set_attributes, attributes)
+                      : NULL;
+    if (r == NULL)
+        PyErr_Clear(); /* never break the program's tracing */
+    Py_XDECREF(r);
+    Py_XDECREF(attributes);
+}
+
 static PyObject *
 linker_detach(LinkerObject *self, PyObject *token)
 {
@@ -2668,13 +3050,16 @@ linker_detach(LinkerObject *self, PyObject *token)
             return NULL;
         }
         LabelsObject *labels = (LabelsObject *)leaving;
-        if (labels != NULL && labels->sampled && labels->span_id &&
+        if (labels != NULL && labels->span_id &&
+            (labels->sampled || labels->stats || self->on_new_provider != NULL) &&
             labels->otel_context != NULL && PyDict_Check(labels->otel_context)) {
             PyObject *span = PyDict_GetItemWithError(labels->otel_context, self->span_key);
             if (span == NULL)
                 PyErr_Clear();
             Py_XINCREF(span);
-            linker_profiled(self, span, labels);
+            if (labels->sampled)
+                linker_profiled(self, span, labels);
+            linker_span_done(self, span, labels);
             Py_XDECREF(span);
         }
         Py_XDECREF(leaving);
@@ -2695,10 +3080,11 @@ linker_detach(LinkerObject *self, PyObject *token)
         Py_XDECREF(r);
     }
     LabelsObject *labels = (LabelsObject *)PyTuple_GET_ITEM(token, 2);
-    if (labels->sampled && labels->span_id) {
-        PyObject *span = PyTuple_GET_ITEM(token, 3);
+    PyObject *span = PyTuple_GET_ITEM(token, 3);
+    if (labels->sampled && labels->span_id)
         linker_profiled(self, span == Py_None ? NULL : span, labels);
-    }
+    if (labels->span_id)
+        linker_span_done(self, span == Py_None ? NULL : span, labels);
     Py_RETURN_NONE;
 }
 
@@ -2756,6 +3142,48 @@ linker_set_root_only(LinkerObject *self, PyObject *value, void *unused)
     return 0;
 }
 
+static PyObject *
+linker_get_span_stats(LinkerObject *self, void *unused)
+{
+    (void)unused;
+    return PyBool_FromLong(self->span_stats);
+}
+
+static int
+linker_set_span_stats(LinkerObject *self, PyObject *value, void *unused)
+{
+    (void)unused;
+    int truth = value ? PyObject_IsTrue(value) : 0;
+    if (truth < 0)
+        return -1;
+    self->span_stats = truth;
+    return 0;
+}
+
+static PyObject *
+linker_get_on_new_provider(LinkerObject *self, void *unused)
+{
+    (void)unused;
+    return Py_NewRef(self->on_new_provider ? self->on_new_provider : Py_None);
+}
+
+/* Setting it (None: off) forgets the providers seen: a new hook is told of each again. */
+static int
+linker_set_on_new_provider(LinkerObject *self, PyObject *value, void *unused)
+{
+    (void)unused;
+    if (value != NULL && value != Py_None && !PyCallable_Check(value)) {
+        PyErr_SetString(PyExc_TypeError, "on_new_provider must be callable or None");
+        return -1;
+    }
+    Py_XSETREF(self->on_new_provider,
+               value != NULL && value != Py_None ? Py_NewRef(value) : NULL);
+    for (int k = 0; k < self->n_providers; k++)
+        Py_CLEAR(self->providers[k]);
+    self->n_providers = 0;
+    return 0;
+}
+
 static PyMethodDef linker_methods[] = {
     {"attach", (PyCFunction)linker_attach, METH_O, NULL},
     {"detach", (PyCFunction)linker_detach, METH_O, NULL},
@@ -2768,6 +3196,9 @@ static PyMethodDef linker_methods[] = {
 static PyGetSetDef linker_getset[] = {
     {"inner", (getter)linker_get_inner, NULL, NULL, NULL},
     {"root_spans_only", (getter)linker_get_root_only, (setter)linker_set_root_only, NULL, NULL},
+    {"span_stats", (getter)linker_get_span_stats, (setter)linker_set_span_stats, NULL, NULL},
+    {"on_new_provider", (getter)linker_get_on_new_provider, (setter)linker_set_on_new_provider,
+     NULL, NULL},
     {NULL},
 };
 
@@ -2833,6 +3264,14 @@ static PyMethodDef methods[] = {
     {"after_fork", sampler_after_fork, METH_NOARGS, "reset in a forked child"},
     {"enable_labels", sampler_enable_labels, METH_VARARGS, NULL},
     {"find_in", sampler_find_in, METH_O, NULL},
+    {"gc_callback", sampler_gc_callback, METH_VARARGS,
+     "gc_callback(phase, info): for gc.callbacks; keeps the totals gc_totals() reads"},
+    {"gc_totals", sampler_gc_totals, METH_NOARGS,
+     "gc_totals() -> (pause_ns, collections) since gc_callback was installed"},
+    {"process_stats", sampler_process_stats, METH_NOARGS,
+     "process_stats() -> (rss_bytes, threads, allocated_blocks), -1 where unknown (cached 10 ms)"},
+    {"alloc_sampling", sampler_alloc_sampling, METH_NOARGS,
+     "alloc_sampling() -> bool: whether the allocation sampler runs (spans get alloc_bytes)"},
     {"thread_labels", sampler_thread_labels, METH_NOARGS,
      "thread_labels() -> {ident: (span, trace_hi, trace_lo, root_span, tagset)}: every thread's "
      "current labels"},
@@ -2864,6 +3303,8 @@ static const HotspanSamplerAPI sampler_api = {
     .version = HOTSPAN_SAMPLER_API_VERSION,
     .walk_frames = api_walk_frames,
     .read_labels = api_read_labels,
+    .charge_alloc = api_charge_alloc,
+    .set_alloc_sampling = api_set_alloc_sampling,
 };
 
 PyMODINIT_FUNC
@@ -2879,6 +3320,22 @@ PyInit__sampler(void)
     str_context_attr = PyUnicode_InternFromString("_context");
     if (!str_attach || !str_detach || !str_get_current || !str_get_span_context || !str_parent ||
         !str_context_attr)
+        return NULL;
+    str_asyncio_events = PyUnicode_InternFromString("asyncio.events");
+    str_get_running_loop = PyUnicode_InternFromString("_get_running_loop");
+    str_is_recording = PyUnicode_InternFromString("is_recording");
+    str_set_attributes = PyUnicode_InternFromString("set_attributes");
+    str_span_processor = PyUnicode_InternFromString("_span_processor");
+    key_cpu = PyUnicode_InternFromString("hotspan.cpu_time_ns");
+    key_alloc = PyUnicode_InternFromString("hotspan.alloc_bytes");
+    key_gc_pause = PyUnicode_InternFromString("hotspan.gc.pause_ns");
+    key_gc_count = PyUnicode_InternFromString("hotspan.gc.collections");
+    key_rss = PyUnicode_InternFromString("process.memory.usage");
+    key_threads = PyUnicode_InternFromString("process.thread.count");
+    key_heap = PyUnicode_InternFromString("hotspan.process.heap_objects");
+    if (!str_asyncio_events || !str_get_running_loop || !str_is_recording ||
+        !str_set_attributes || !str_span_processor || !key_cpu || !key_alloc || !key_gc_pause ||
+        !key_gc_count || !key_rss || !key_threads || !key_heap)
         return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL)

@@ -13,7 +13,7 @@
 #include <stdint.h>
 
 #define HOTSPAN_SAMPLER_API_CAPSULE "hotspan._speedups._sampler._C_API"
-#define HOTSPAN_SAMPLER_API_VERSION 1
+#define HOTSPAN_SAMPLER_API_VERSION 2
 
 /* One frame: the code object's address (0: not resolvable), the instruction offset in bytes,
  * and a fingerprint that tells a freed code object's successor at the same address apart. */
@@ -33,6 +33,12 @@ typedef struct {
     /* The labels of `ts`'s current context into out (zeros where there are none); marks
      * them as sampled, so that their span gets its pyroscope.profile.id attribute. */
     void (*read_labels)(PyThreadState *ts, uint64_t out[HOTSPAN_LABEL_WORDS]);
+    /* Span stats: `bytes` (an allocation sample's estimate) added to the alloc_bytes of
+     * `ts`'s current labels, the figure its span gets as hotspan.alloc_bytes. */
+    void (*charge_alloc)(PyThreadState *ts, uint64_t bytes);
+    /* Whether an allocation sampler is running (1) or not (0): spans get hotspan.alloc_bytes
+     * only while one is. */
+    void (*set_alloc_sampling)(int on);
 } HotspanSamplerAPI;
 
 #endif

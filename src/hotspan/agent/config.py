@@ -98,6 +98,15 @@ class AgentConfig:
     redact: Optional[List[str]] = None
     # Bytes per upload at most: beyond, the smallest stacks fold into one "other" frame.
     max_profile_size: int = 10 * 1024 * 1024
+    # Runtime stats on spans: CPU, allocated bytes, GC pauses (and process stats at local root
+    # spans) set as attributes of each OpenTelemetry SDK span at its detach.
+    span_stats: bool = True
+    # Span conditions (agent/spans.py): a span is "slow" at this duration in seconds (0: off),
+    # "error" with an error status (when on), "high_cpu" when its CPU is at least this percent
+    # of its duration (0: off).
+    slow_request_threshold: float = 0.0
+    error_condition: bool = True
+    cpu_threshold_percent: float = 0.0
 
     def __init__(self, **settings: object) -> None:
         unknown = set(settings) - set(SETTINGS)
@@ -169,6 +178,16 @@ class AgentConfig:
                 re.compile(pattern)
             except re.error as exc:
                 raise ConfigError(f"redact pattern {pattern!r} is not a regex: {exc}") from None
+        if not self.slow_request_threshold >= 0:  # NaN too
+            raise ConfigError(
+                f"slow_request_threshold {self.slow_request_threshold} must not be negative "
+                "(seconds; 0 is off)"
+            )
+        if not self.cpu_threshold_percent >= 0:
+            raise ConfigError(
+                f"cpu_threshold_percent {self.cpu_threshold_percent} must not be negative "
+                "(0 is off)"
+            )
         for key in self.tags:
             check_tag_key(key)
         return self
@@ -277,6 +296,10 @@ _ENV_NAMES = {
     "conditional_sample_rate": "CONDITIONAL_SAMPLE_RATE",
     "redact": "REDACT",
     "max_profile_size": "MAX_PROFILE_SIZE",
+    "span_stats": "SPAN_STATS",
+    "slow_request_threshold": "SLOW_REQUEST_THRESHOLD",
+    "error_condition": "ERROR_CONDITION",
+    "cpu_threshold_percent": "CPU_THRESHOLD_PERCENT",
 }
 
 

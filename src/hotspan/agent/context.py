@@ -8,6 +8,11 @@ so the value is a small C object of plain integers; tags are interned into numbe
 Spans: OpenTelemetry makes a span current with ``opentelemetry.context.attach``.  The agent
 wraps the runtime context so every attach/detach also sets/resets :data:`LABELS` in the same
 context, which is what makes a span's samples its own even with many tasks on one loop.
+
+Span stats (``span_stats``): at the detach of a span the linker also sets what the span cost
+as attributes (CPU, allocated bytes, garbage collections, and at a local root span the
+process's RSS, heap blocks and threads); see "span stats" in ``_speedups/sampler.c`` for how
+each is measured, and :func:`span_stats_attributes` for the Python twin.
 """
 
 from __future__ import annotations
@@ -17,13 +22,14 @@ import contextvars
 import functools
 import sys
 import threading
+import time
 
 from hotspan._speedups import load_sampler
 from hotspan.agent.log import logger
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing stays out of the program at run time: see agent/log.py
-    from typing import Any, Callable, Dict, List, Mapping, Tuple
+    from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 
 _native = load_sampler()
@@ -40,6 +46,8 @@ class PyLabels:
         "tagset",
         "sampled",
         "otel_context",
+        "cpu_ns",
+        "alloc_bytes",
     )
 
     def __init__(
@@ -59,6 +67,13 @@ class PyLabels:
         self.sampled = False
         # OpenTelemetry's Context, where the C span linker keeps it (see linker_attach).
         self.otel_context = otel_context
+        # Span stats: CPU of the samples taken with these labels, allocation estimate.
+        self.cpu_ns = 0
+        self.alloc_bytes = 0
+
+    def _charge(self, cpu_ns: int, alloc_bytes: int) -> None:
+        self.cpu_ns += cpu_ns
+        self.alloc_bytes += alloc_bytes
 
 
 Labels: Callable[..., Any] = _native.Labels if _native is not None else PyLabels
@@ -166,13 +181,25 @@ class tag_wrapper:  # noqa: N801 - the name Pyroscope users know
             return  # entered in another context (a generator resumed elsewhere)
         index = mine[-1]
         _TAG_TOKENS.set(stack[:index] + stack[index + 1 :])
+        inner = LABELS.get(None)
         try:
             LABELS.reset(stack[index][1])
         except ValueError:
             # Entered in another context (a generator resumed elsewhere): nothing of ours to
             # undo here, and the program must not see an error from its profiler.
             logger.debug("hotspan: tag_wrapper exited in another context")
-        _publish(LABELS.get(None))
+        outer = LABELS.get(None)
+        _publish(outer)
+        # What ran inside counts in the span's stats (the wrapper's labels took its samples).
+        if (
+            inner is not None
+            and outer is not None
+            and outer is not inner
+            and outer.span_id
+            and outer.trace_lo == inner.trace_lo
+            and (inner.cpu_ns or inner.alloc_bytes)
+        ):
+            outer._charge(inner.cpu_ns, inner.alloc_bytes)
 
     def __call__(self, func: Callable) -> Callable:
         # Imported only here: what the agent imports stays in the program, and the GC walks
@@ -201,18 +228,178 @@ class tag_wrapper:  # noqa: N801 - the name Pyroscope users know
 
 PROFILE_ID_ATTRIBUTE = "pyroscope.profile.id"
 
+# Span stats: the attributes set at a span's detach (OpenTelemetry semantic-convention names
+# where one exists: the process.* metrics of the same meaning).
+CPU_TIME_ATTRIBUTE = "hotspan.cpu_time_ns"
+ALLOC_BYTES_ATTRIBUTE = "hotspan.alloc_bytes"
+GC_PAUSE_ATTRIBUTE = "hotspan.gc.pause_ns"
+GC_COLLECTIONS_ATTRIBUTE = "hotspan.gc.collections"
+RSS_ATTRIBUTE = "process.memory.usage"
+THREADS_ATTRIBUTE = "process.thread.count"
+HEAP_OBJECTS_ATTRIBUTE = "hotspan.process.heap_objects"
+
+
+class _GcTotals:
+    """The pure-Python twin of sampler.c's gc_callback: garbage-collection pauses and
+    collections since it was put in ``gc.callbacks``."""
+
+    __slots__ = ("pause_ns", "collections", "_started")
+
+    def __init__(self) -> None:
+        self.pause_ns = 0
+        self.collections = 0
+        self._started = 0
+
+    def __call__(self, phase: str, info: Any) -> None:
+        if phase == "start":
+            self._started = time.monotonic_ns()
+        elif phase == "stop" and self._started:
+            self.pause_ns += time.monotonic_ns() - self._started
+            self.collections += 1
+            self._started = 0
+
+    def totals(self) -> Tuple[int, int]:
+        return self.pause_ns, self.collections
+
+
+_py_gc_totals = _GcTotals()
+gc_totals: Callable[[], Tuple[int, int]] = (
+    _native.gc_totals if _native is not None else _py_gc_totals.totals
+)
+
+
+def install_gc_callback() -> None:
+    """Puts the garbage-collection counter in ``gc.callbacks`` (once): C where built."""
+    import gc
+
+    callback = _native.gc_callback if _native is not None else _py_gc_totals
+    if callback not in gc.callbacks:
+        gc.callbacks.append(callback)
+
+
+def uninstall_gc_callback() -> None:
+    import gc
+
+    callback = _native.gc_callback if _native is not None else _py_gc_totals
+    with contextlib.suppress(ValueError):
+        gc.callbacks.remove(callback)
+
+
+_process_cache: List[Any] = [0, (-1, -1, -1)]
+
+
+def _py_process_stats() -> Tuple[int, int, int]:
+    """(RSS bytes, threads, allocated blocks), -1 where unknown, read at most every 10 ms (as
+    sampler.c's process_stats)."""
+    now = time.monotonic_ns()
+    if _process_cache[0] and now - _process_cache[0] <= 10_000_000:
+        return _process_cache[1]  # type: ignore[no-any-return]
+    rss = threads = -1
+    try:
+        with open("/proc/self/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        threads = int(fields[17])  # field 20 of the line; fields[0] is field 3
+        rss = int(fields[21]) * _page_size()
+    except (OSError, IndexError, ValueError):
+        threads = threading.active_count()
+    stats = (rss, threads, sys.getallocatedblocks())
+    _process_cache[0], _process_cache[1] = now, stats
+    return stats
+
+
+def _page_size() -> int:
+    import os
+
+    return os.sysconf("SC_PAGESIZE")
+
+
+process_stats: Callable[[], Tuple[int, int, int]] = (
+    _native.process_stats if _native is not None else _py_process_stats
+)
+
+
+def _alloc_sampling() -> bool:
+    return _native is not None and bool(_native.alloc_sampling())
+
+
+def _in_running_loop() -> bool:
+    events = sys.modules.get("asyncio.events")
+    return events is not None and events._get_running_loop() is not None
+
+
+def span_stats_start() -> Tuple[Optional[int], int, int]:
+    """At attach: (the thread's CPU clock, or None in a running asyncio loop, where the
+    sampled CPU of the span's labels is the figure), and the GC totals."""
+    pause, count = gc_totals()
+    return (None if _in_running_loop() else time.thread_time_ns()), pause, count
+
+
+def span_stats_attributes(
+    labels: Any, start: Tuple[Optional[int], int, int], restored: Any, span: Any
+) -> Optional[Dict[str, int]]:
+    """At detach (the Python twin of sampler.c's linker_span_done): adds the span's CPU and
+    allocation figures to its parent's labels, and gives its stats attributes."""
+    thread_cpu, gc_pause, gc_count = start
+    cpu = time.thread_time_ns() - thread_cpu if thread_cpu is not None else labels.cpu_ns
+    if (
+        restored is not None
+        and restored is not labels
+        and restored.trace_lo == labels.trace_lo
+        and restored.trace_hi == labels.trace_hi
+    ):
+        restored._charge(labels.cpu_ns, labels.alloc_bytes)
+    if span is None or not span.is_recording():
+        return None
+    pause, count = gc_totals()
+    attributes = {CPU_TIME_ATTRIBUTE: max(cpu, 0)}
+    # Zero figures are left out, as in C (set_attributes costs ~0.5 us per attribute).
+    alloc = labels.alloc_bytes
+    if alloc and _alloc_sampling():
+        attributes[ALLOC_BYTES_ATTRIBUTE] = alloc
+    if count != gc_count:
+        attributes[GC_PAUSE_ATTRIBUTE] = pause - gc_pause
+        attributes[GC_COLLECTIONS_ATTRIBUTE] = count - gc_count
+    if labels.root_span_id == labels.span_id:
+        rss, threads, heap = process_stats()
+        if rss >= 0:
+            attributes[RSS_ATTRIBUTE] = rss
+        if threads >= 0:
+            attributes[THREADS_ATTRIBUTE] = threads
+        if heap >= 0:
+            attributes[HEAP_OBJECTS_ATTRIBUTE] = heap
+    return attributes
+
+
+# SpanConditions (agent/spans.py): called with an SDK span's processor (its provider's multi
+# span processor) the first time a span of that provider is detached; None: not wanted.
+_on_new_provider: Optional[Callable[[Any], None]] = None
+
+
+def set_provider_hook(callback: Optional[Callable[[Any], None]]) -> None:
+    """Has the span linker (now, or when it is installed) call ``callback(span._span_processor)``
+    once per SDK TracerProvider whose spans it sees detached; None stops it."""
+    global _on_new_provider
+    _on_new_provider = callback
+    module = sys.modules.get("opentelemetry.context")
+    current = getattr(module, "_RUNTIME_CONTEXT", None) if module is not None else None
+    if current is not None and _is_hook(current):
+        current.on_new_provider = callback
+
 
 class _Pair:
     """The token our runtime context hands out: OpenTelemetry's and ours for LABELS, plus what
-    detach needs to tag the span if it got samples."""
+    detach needs to tag the span if it got samples, and where its stats started."""
 
-    __slots__ = ("inner", "ours", "labels", "span")
+    __slots__ = ("inner", "ours", "labels", "span", "stats")
 
-    def __init__(self, inner: Any, ours: contextvars.Token, labels: Any, span: Any) -> None:
+    def __init__(
+        self, inner: Any, ours: contextvars.Token, labels: Any, span: Any, stats: Any
+    ) -> None:
         self.inner = inner
         self.ours = ours
         self.labels = labels
         self.span = span
+        self.stats = stats
 
 
 class SpanLinkingRuntimeContext:
@@ -223,21 +410,25 @@ class SpanLinkingRuntimeContext:
     (the sampler marks their labels), not on the many short spans that never do.
     """
 
-    def __init__(self, inner: Any, root_spans_only: bool) -> None:
+    def __init__(self, inner: Any, root_spans_only: bool, span_stats: bool = False) -> None:
         self.inner = inner
         self.root_spans_only = root_spans_only
+        self.span_stats = span_stats
+        self.on_new_provider: Optional[Callable[[Any], None]] = None
+        self._providers: List[Any] = []
 
     def attach(self, context: Any) -> Any:
         token = self.inner.attach(context)
         try:
             span = context.get(_SPAN_KEY) if _SPAN_KEY is not None else None
             labels = self.labels_for(span)
+            stats = span_stats_start() if self.span_stats and labels.span_id else None
             ours = LABELS.set(labels)
         except Exception:  # noqa: BLE001 - never break the program's tracing
             logger.debug("hotspan: span labels not set", exc_info=True)
             return token
         _publish(labels)
-        return _Pair(token, ours, labels, span)
+        return _Pair(token, ours, labels, span, stats)
 
     def detach(self, token: Any) -> None:
         if not isinstance(token, _Pair):
@@ -256,8 +447,24 @@ class SpanLinkingRuntimeContext:
             labels = token.labels
             if labels.sampled and labels.span_id:
                 mark_profiled(token.span, labels, restored, self.root_spans_only)
+            span = token.span
+            if span is not None and self.on_new_provider is not None:
+                self._watch_provider(span)
+            if token.stats is not None:
+                attributes = span_stats_attributes(labels, token.stats, restored, span)
+                if attributes is not None:
+                    span.set_attributes(attributes)
         except Exception:  # noqa: BLE001
             logger.debug("hotspan: span labels not reset", exc_info=True)
+
+    def _watch_provider(self, span: Any) -> None:
+        processor = getattr(span, "_span_processor", None)
+        if processor is None or any(p is processor for p in self._providers):
+            return
+        self._providers.append(processor)
+        callback = self.on_new_provider
+        if callback is not None:
+            callback(processor)
 
     def get_current(self) -> Any:
         return self.inner.get_current()
@@ -282,6 +489,7 @@ class SpanLinkingRuntimeContext:
 
 
 _SPAN_KEY: Any = None
+_span_stats = False
 
 
 def mark_profiled(span: Any, labels: Any, restored: Any, root_spans_only: bool) -> None:
@@ -293,10 +501,17 @@ def mark_profiled(span: Any, labels: Any, restored: Any, root_spans_only: bool) 
         restored.sampled = True  # the samples belong to the root: it gets the attribute
 
 
-def install_span_linking(root_spans_only: bool, native: bool = True) -> bool:
+def install_span_linking(
+    root_spans_only: bool, native: bool = True, span_stats: bool = False
+) -> bool:
     """Hooks OpenTelemetry when it is installed: now if the program imported it already,
     else when it does (importing it ourselves would cost programs that never trace ~3 MiB).
-    False, and no span labels, when it is not installed."""
+    False, and no span labels, when it is not installed.  ``span_stats``: spans get their
+    stats as attributes at detach (see the module's docstring)."""
+    global _span_stats
+    _span_stats = span_stats
+    if span_stats:
+        install_gc_callback()
     module = sys.modules.get("opentelemetry.context")
     if module is not None:
         return _hook(module, root_spans_only, native)
@@ -372,6 +587,8 @@ def _hook(otel_context: Any, root_spans_only: bool, native: bool) -> bool:
         return False
     if _is_hook(current):
         current.root_spans_only = root_spans_only
+        current.span_stats = _span_stats
+        current.on_new_provider = _on_new_provider
         return True
     try:
         # The key OpenTelemetry stores the current span under; get_current_span() would do
@@ -391,10 +608,11 @@ def _hook(otel_context: Any, root_spans_only: bool, native: bool) -> bool:
             LABELS.set(hook.labels_for(hook.get_current().get(_SPAN_KEY)))
 
         hook = _native.SpanLinker(
-            current, span_key, LABELS, on_profiled, on_reset_failed, root_spans_only
+            current, span_key, LABELS, on_profiled, on_reset_failed, root_spans_only, _span_stats
         )
     else:
-        hook = SpanLinkingRuntimeContext(current, root_spans_only)
+        hook = SpanLinkingRuntimeContext(current, root_spans_only, _span_stats)
+    hook.on_new_provider = _on_new_provider
     otel_context._RUNTIME_CONTEXT = hook
     # A span current before the agent started (hotspan.configure inside a span) counts too.
     try:

@@ -105,7 +105,9 @@ class Agent:
         if self.config.trace_correlation:
             native = self.config.native and load_sampler() is not None
             self.span_linking = context.install_span_linking(
-                self.config.root_spans_only, native=native
+                self.config.root_spans_only,
+                native=native,
+                span_stats=self.config.span_stats,
             )
         self._start_threads()
         atexit.register(self._at_exit)

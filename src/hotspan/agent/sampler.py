@@ -26,6 +26,7 @@ from collections import namedtuple
 
 from hotspan._speedups import load_sampler, speedups_disabled
 from hotspan.agent.context import (
+    LABELS,
     THREAD_LABELS,
     enable_native_labels,
     keep_thread_labels,
@@ -207,11 +208,14 @@ class PythonSampler:
             frames[threading.main_thread().ident] = interrupted  # type: ignore[index]
         cpu_now: Dict[int, int] = {}
         aggregate = self._aggregate
+        # A signal handler runs on the main thread, in the context of the task it interrupted:
+        # there its labels are the task's own, not the thread's last published ones.
+        main_ident = threading.main_thread().ident if interrupted is not None else None
         for ident, frame in frames.items():
             if ident in self._excluded:
                 continue
             stack = self._stack(frame)
-            current = THREAD_LABELS.get(ident)
+            current = LABELS.get(None) if ident == main_ident else THREAD_LABELS.get(ident)
             if current is not None:
                 current.sampled = True
             labels = labels_tuple(current)
@@ -223,6 +227,8 @@ class PythonSampler:
                 if spent > 0:
                     key = (CPU, ident, labels, stack)
                     aggregate[key] = aggregate.get(key, 0) + spent
+                    if current is not None:
+                        current._charge(spent, 0)  # the span's CPU (span stats)
         self._cpu_seen = cpu_now
         self._ticks += 1
         if self._ticks % 1000 == 0:
