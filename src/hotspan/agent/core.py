@@ -42,6 +42,13 @@ if TYPE_CHECKING:  # typing stays out of the program at run time: see agent/log.
 
 
 CPU_TYPE = ("cpu", "nanoseconds")
+CONDITION_LABEL = "hotspan_condition"
+CONDITIONS = ("slow", "error", "high_cpu")  # the order agent/spans.py joins them in
+MAX_SPAN_DEPTH = 256  # parents followed at most (a cycle in broken ids must end)
+# A window waits for its spans to end this many upload intervals, and at least this long.
+HOLD_INTERVALS = 3
+HOLD_MIN_S = 30.0
+_UNSEEN = object()
 WALL_TYPE = ("wall", "nanoseconds")
 
 # Collector modules in hotspan.agent.collectors; each has make_collector(config), which gives
@@ -98,6 +105,13 @@ class Agent:
         self._applied = threading.Condition(threading.Lock())
         self._last_send = time.monotonic()
         self._control_server: Any = None
+        # Span conditions (agent/spans.py), when some rule is on; windows and collectors'
+        # profiles wait in these for their spans to end (see _release).
+        self._conditions: Any = None
+        self._conditional_only = False
+        self.conditional_dropped = 0
+        self._held_windows: List[Any] = []
+        self._held_profiles: List[Any] = []
 
     # -------------------------------------------------------------- lifecycle
 
@@ -201,6 +215,8 @@ class Agent:
             if self._sampler_spec is not None:
                 self._sampler.stop()
             self._stop_collectors(flush)
+            if flush:
+                self._send_profiles([], final=True)  # those still waiting for their spans
             if flush and self._sampler_spec is not None:
                 self._upload(final=True)
             self._sampler_spec = None
@@ -227,7 +243,7 @@ class Agent:
             self._collector_specs.pop(collector.name, None)
             try:
                 if flush:
-                    self._send_profiles(collector.collect(final=True))
+                    self._send_profiles(collector.collect(final=True), final=names is None)
                 collector.stop()
             except Exception:  # noqa: BLE001
                 logger.warning(
@@ -279,6 +295,7 @@ class Agent:
         self.live.changed.clear()
         settings, version, generation = self.live.snapshot()
         self._governor.max_overhead = float(settings["max_overhead"])
+        self._update_conditions(settings)
         types = set(profile_types(settings))
         active = bool(settings["enabled"]) and not self.shedding
         wanted = self.wanted_rate(settings)
@@ -305,6 +322,23 @@ class Agent:
             self._applied_generation = generation
             self.applied_version = version
             self._applied.notify_all()
+
+    def _update_conditions(self, settings: Dict[str, Any]) -> None:
+        config = self.config
+        slow = float(settings["slow_request_threshold"])
+        self._conditional_only = bool(settings["conditional_only"]) and self.span_linking
+        wanted = self.span_linking and (
+            slow > 0 or config.error_condition or config.cpu_threshold_percent > 0
+        )
+        if wanted and self._conditions is None:
+            from hotspan.agent.spans import SpanConditions
+
+            self._conditions = SpanConditions(
+                slow, config.error_condition, config.cpu_threshold_percent
+            )
+            self._conditions.install()
+        if self._conditions is not None:
+            self._conditions.slow_threshold_ns = int(slow * 1e9) if slow > 0 else 0
 
     def wanted_rate(self, settings: Optional[Dict[str, Any]] = None) -> int:
         """The rate asked for, before the governor has its say."""
@@ -479,34 +513,81 @@ class Agent:
 
     def _upload(self, final: bool) -> None:
         """Encodes and queues the windows the sampler has finished (with ``final``, the one
-        in progress too)."""
+        in progress too), once the spans in them have ended (see :meth:`_release`)."""
         with self._lock:
             collected = self._sampler.collect(final=final)
             self.dropped_samples += collected.lost
             period = 1_000_000_000 // self._rate
-            if collected.windows:
+            windows = self._release(
+                self._held_windows, [(w, period) for w in collected.windows], final
+            )
+            if windows:
                 self._label_cache = {}  # a new upload: thread names as they are now
-            batches = [(w, self._encode(w, period)) for w in collected.windows]
-            del collected
-        for window, bodies in batches:
-            params = self._params(window.start_ns, window.end_ns)
+            batches = [(w, self._encode(w, p), p) for w, p in windows]
+            del collected, windows
+        for window, bodies, period in batches:
+            params = self._params(window.start_ns, window.end_ns, period)
             for body in bodies:
                 self._uploader.submit(params, body)
 
-    def _params(self, start_ns: int, end_ns: int) -> Dict[str, str]:
+    def _release(self, held: List[Any], new: List[Any], final: bool) -> List[Any]:
+        """What of ``held`` and ``new`` (windows or collectors' profiles, each with what it
+        needs) can be encoded now; the rest stays in ``held``.
+
+        With span conditions on, a sample gets its span's condition when the span has ended,
+        which is often after the window it was sampled in: a window waits until every span in
+        it (and its local root) has ended, for HOLD_INTERVALS upload intervals at most."""
+        conditions = self._conditions
+        if conditions is None or not conditions.stats().get("providers"):
+            ready = held + new
+            held.clear()
+            return ready
+        now = time.monotonic()
+        wait = max(HOLD_MIN_S, HOLD_INTERVALS * self.config.upload_interval)
+        held.extend([now + wait, item] for item in new)
+        ready, keep = [], []
+        for entry in held:
+            if final or now >= entry[0] or self._settled(entry[1][0].samples, conditions):
+                ready.append(entry[1])
+            else:
+                keep.append(entry)
+        held[:] = keep
+        return ready
+
+    @staticmethod
+    def _settled(samples: Any, conditions: Any) -> bool:
+        """Whether every span of these samples has ended, with its local ancestors."""
+        entry = conditions.entry
+        seen: Set[int] = set()
+        for sample in samples:
+            span = sample.labels[0]
+            depth = 0
+            while span and span not in seen and depth < MAX_SPAN_DEPTH:
+                found = entry(span)
+                if found is None:
+                    return False
+                seen.add(span)
+                span = found[1]
+                depth += 1
+        return True
+
+    def _params(self, start_ns: int, end_ns: int, period: int = 0) -> Dict[str, str]:
         start_s = start_ns // 1_000_000_000
+        rate = 1_000_000_000 // period if period else self._rate
         return {
             "name": self._app_name(),
             "from": str(start_s),
             "until": str(max(end_ns // 1_000_000_000, start_s + 1)),
             "format": "pprof",
-            "sampleRate": str(self._rate),
+            "sampleRate": str(rate),
             "spyName": "hotspan",
         }
 
-    def _send_profiles(self, profiles: List[ProfileData]) -> None:
-        """Encodes a collector's profiles and queues them for upload."""
-        for profile in profiles:
+    def _send_profiles(self, profiles: List[ProfileData], final: bool = False) -> None:
+        """Encodes a collector's profiles (once their spans have ended, see :meth:`_release`)
+        and queues them for upload."""
+        ready = self._release(self._held_profiles, [(p,) for p in profiles], final)
+        for (profile,) in ready:
             if not profile.samples:
                 continue
             writer = BoundedProfile(
@@ -523,10 +604,13 @@ class Agent:
             named_cache: Dict[int, Tuple[FrameInfo, ...]] = {}
             for sample in profile.samples:
                 key = (sample.labels, sample.thread_ident if names else 0)
-                labels = labels_cache.get(key)
-                if labels is None:
+                labels = labels_cache.get(key, _UNSEEN)
+                if labels is _UNSEEN:
                     labels = self._labels(sample.labels, names.get(sample.thread_ident))
                     labels_cache[key] = labels
+                if labels is None:  # conditional_only, and its span met no condition
+                    self.conditional_dropped += 1
+                    continue
                 named = named_cache.get(id(sample.stack))
                 if named is None:
                     named = named_cache[id(sample.stack)] = self._named(sample.stack)
@@ -566,32 +650,55 @@ class Agent:
             if stack is None:
                 stack = named_cache[id(sample.stack)] = self._named(sample.stack)
             key = (sample.labels, sample.thread_ident if names else 0)
-            labels = labels_cache.get(key)
-            if labels is None:
+            labels = labels_cache.get(key, _UNSEEN)
+            if labels is _UNSEEN:
                 labels = self._labels(sample.labels, names.get(sample.thread_ident))
                 labels_cache[key] = labels
+            if labels is None:  # conditional_only, and its span met no condition
+                self.conditional_dropped += 1
+                continue
             writer.add(stack, sample.value, labels, stack_key=id(stack))
         duration = max(window.end_ns - window.start_ns, 0)
         return [w.encode(window.start_ns, duration) for w in writers.values() if len(w)]
 
     def _labels(
         self, labels: Tuple[int, int, int, int, int], thread: Optional[str]
-    ) -> Tuple[Tuple[str, str], ...]:
+    ) -> Optional[Tuple[Tuple[str, str], ...]]:
+        """The labels a sample is uploaded with; None to leave it out (conditional_only)."""
         # Once per span seen in an upload, which is nearly once per sample: kept short.
         span, trace_hi, trace_lo, root, tagset = labels
         out = context.tagset(tagset) if tagset else ()
+        verdict = self._verdict(span) if self._conditions is not None and span else ""
+        if not verdict and self._conditional_only:
+            return None
         if self.config.root_spans_only:
             span = root
         if span:
             out += (("span_id", f"{span:016x}"), ("trace_id", f"{trace_hi:016x}{trace_lo:016x}"))
+        if verdict:
+            out += ((CONDITION_LABEL, verdict),)
         if thread is not None:
             out += (("thread_name", thread),)
         return self._redact.labels(out)  # a tuple: the writer interns it once (ProfileWriter.add)
 
+    def _verdict(self, span: int) -> str:
+        """The conditions a sample's span met, and its local ancestors': a query in a slow
+        request is part of the slow request, however fast the query."""
+        entry = self._conditions.entry  # type: ignore[union-attr]
+        met: Set[str] = set()
+        depth = 0
+        while span and depth < MAX_SPAN_DEPTH:
+            found = entry(span)
+            if found is None:
+                break
+            if found[0]:
+                met.update(found[0].split(","))
+            span = found[1]
+            depth += 1
+        return ",".join(c for c in CONDITIONS if c in met) if met else ""
+
     def _app_name(self) -> str:
-        tags = ",".join(
-            f"{k}={_tag_value(self._redact(v))}" for k, v in self.config.tags.items()
-        )
+        tags = ",".join(f"{k}={_tag_value(self._redact(v))}" for k, v in self.config.tags.items())
         return f"{self.config.application_name}{{{tags}}}"
 
     @property

@@ -33,7 +33,7 @@ from hotspan.agent.context import CPU_TIME_ATTRIBUTE
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing stays out of the program at run time: see agent/log.py
-    from typing import Any, Dict, List, Optional
+    from typing import Any, Dict, List, Optional, Tuple
 
 # condition(span_id) for a span not seen ending (yet, or ever: see the module's docstring).
 PENDING = None
@@ -70,8 +70,8 @@ class SpanConditions:
         self.cpu_ratio = cpu_threshold_percent / 100.0 if cpu_threshold_percent > 0 else 0.0
         self._generation_size = max(1, max_spans // 2)
         self._generation_ns = int(max_age_s * 1e9 / 2)
-        self._current: Dict[int, str] = {}
-        self._older: Dict[int, str] = {}
+        self._current: Dict[int, Tuple[str, int]] = {}
+        self._older: Dict[int, Tuple[str, int]] = {}
         self._generation_start = time.monotonic_ns()
         self._processor: Any = None
         self._error_code: Any = None  # StatusCode.ERROR, once the SDK is loaded
@@ -130,10 +130,16 @@ class SpanConditions:
         """:data:`PENDING` (None) when the span was not seen ending (or its verdict is
         forgotten), ``""`` when it ended meeting no rule, else the rules it met joined by
         ``","`` in the order of :data:`CONDITIONS`."""
-        verdict = self._current.get(span_id)
-        if verdict is None:
-            verdict = self._older.get(span_id)
-        return verdict
+        entry = self.entry(span_id)
+        return entry[0] if entry is not None else PENDING
+
+    def entry(self, span_id: int) -> Optional[Tuple[str, int]]:
+        """(verdict, local parent's span id or 0) of an ended span, or None (pending): the
+        upload path follows parents, so a query in a slow request counts as slow too."""
+        entry = self._current.get(span_id)
+        if entry is None:
+            entry = self._older.get(span_id)
+        return entry
 
     def stats(self) -> Dict[str, int]:
         return {
@@ -164,6 +170,8 @@ class SpanConditions:
                     verdict = verdict + ",high_cpu" if verdict else HIGH_CPU
                     self.high_cpu += 1
             span_id = span._context.span_id
+            parent = span._parent
+            parent_id = parent.span_id if parent is not None and not parent.is_remote else 0
         except (AttributeError, TypeError):
             return  # not the SDK's ReadableSpan as we know it
         self.ended += 1
@@ -172,12 +180,12 @@ class SpanConditions:
             not self.ended & 1023 and self._generation_ns and self._generation_too_old()
         ):
             current = self._rotate()
-        current[span_id] = verdict
+        current[span_id] = (verdict, parent_id)
 
     def _generation_too_old(self) -> bool:
         return time.monotonic_ns() - self._generation_start > self._generation_ns
 
-    def _rotate(self) -> Dict[int, str]:
+    def _rotate(self) -> Dict[int, Tuple[str, int]]:
         self.forgotten += len(self._older)
         self._older, self._current = self._current, {}
         self._generation_start = time.monotonic_ns()
