@@ -76,7 +76,12 @@ function settingText(name, value) {
 }
 
 function settingChips(settings) {
-  const entries = Object.entries(settings || {});
+  // In the form's order (the server may keep them sorted by name); unknown ones last.
+  const order = (name) => {
+    const i = FIELDS.findIndex((f) => f.name === name);
+    return i < 0 ? FIELDS.length : i;
+  };
+  const entries = Object.entries(settings || {}).sort(([a], [b]) => order(a) - order(b));
   if (!entries.length) return el("span", { class: "hs-muted" }, "(no settings: agents keep their own)");
   return el("span", { class: "hs-setting-chips" },
     entries.map(([name, value]) => el("span", { class: "hs-chip hs-setting-chip", dataset: { setting: name } },
@@ -326,10 +331,7 @@ class ServiceSettings {
       clearTimeout(this.confirmTimer);
       this.confirmTimer = setTimeout(() => {
         this.confirming = null;
-        if (button.isConnected) {
-          button.textContent = "Delete";
-          button.classList.remove("hs-danger");
-        }
+        if (this.lastRules) this.renderRules(this.lastRules);
       }, 5000);
       return;
     }
@@ -367,6 +369,7 @@ class ServiceSettings {
   }
 
   renderRules(rules) {
+    this.lastRules = rules;
     if (!rules.length) {
       this.rules.replaceChildren(message("empty", `No rules for ${this.service}: its agents use their own configuration.`,
         "Add one below."));
