@@ -235,7 +235,7 @@ class ServiceSettings {
           el("option", { value: "true" }, "on"),
           el("option", { value: "false" }, "off"));
       } else if (field.kind === "types") {
-        input = el("span", { class: "hs-rule-types" }, PROFILE_TYPES.map((type) =>
+        input = el("span", { class: "hs-rule-types", role: "group", "aria-label": field.label }, PROFILE_TYPES.map((type) =>
           el("label", { class: "hs-check" }, el("input", { type: "checkbox", name: "profile_types", value: type }), type)));
       } else {
         // Text, not type=number: what the person typed goes to the server as typed, so its
