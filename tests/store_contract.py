@@ -354,3 +354,67 @@ class StoreContract:
         stacks = store.stacks(got.stack_ids.tolist())
         assert got.values.tolist() == [8] and len(stacks) == 1
         assert store.delete_before(150 * SEC).samples == 0
+
+    # -- agent settings rules ------------------------------------------------------------------
+
+    def test_settings_rules_put_list_replace_delete(self, store: Store) -> None:
+        assert store.settings_rules("t") == [] and store.settings_version("t") == 0
+        first = store.put_settings_rule("t", "api", "", {"sample_rate": 50})
+        assert (first.service, first.selector, first.version) == ("api", "", 1)
+        assert dict(first.settings) == {"sample_rate": 50} and first.updated_at > 0
+        prod = store.put_settings_rule("t", "api", '{env="prod"}', {"enabled": False})
+        other = store.put_settings_rule("t", "web", "", {"profile_types": ["cpu", "wall"]})
+        assert (prod.version, other.version) == (2, 3)
+        assert [(r.service, r.selector) for r in store.settings_rules("t")] == [
+            ("api", ""),
+            ("api", '{env="prod"}'),
+            ("web", ""),
+        ]
+        assert [r.selector for r in store.settings_rules("t", "api")] == ["", '{env="prod"}']
+        assert store.settings_rules("t", "nobody") == []
+        # The same (service, selector) again: its settings are replaced, not merged.
+        again = store.put_settings_rule("t", "api", "", {"enabled": True})
+        assert again.version == 4 and again.updated_at >= first.updated_at
+        (kept,) = [r for r in store.settings_rules("t", "api") if r.selector == ""]
+        assert dict(kept.settings) == {"enabled": True} and kept.version == 4
+        assert store.settings_version("t") == 4
+        assert store.delete_settings_rule("t", "api", '{env="prod"}') is True
+        assert store.settings_version("t") == 5
+        assert store.delete_settings_rule("t", "api", '{env="prod"}') is False
+        assert store.settings_version("t") == 5
+        assert [(r.service, r.selector) for r in store.settings_rules("t")] == [
+            ("api", ""),
+            ("web", ""),
+        ]
+
+    def test_settings_rules_of_tenants_are_apart(self, store: Store) -> None:
+        store.put_settings_rule("a", "api", "", {"sample_rate": 7})
+        store.put_settings_rule("a", "api", "", {"sample_rate": 8})
+        assert store.settings_rules("b") == [] and store.settings_rules("b", "api") == []
+        assert store.settings_version("b") == 0
+        assert store.delete_settings_rule("b", "api", "") is False
+        mine = store.put_settings_rule("b", "api", "", {"sample_rate": 9})
+        assert mine.version == 1  # per tenant: b's counter ignores a's two changes
+        assert dict(store.settings_rules("a")[0].settings) == {"sample_rate": 8}
+        assert store.settings_version("a") == 2
+
+    def test_settings_rules_survive_reopen(self, store: Store, reopen) -> None:  # type: ignore[no-untyped-def]
+        store.put_settings_rule("t", "api", '{env="prod"}', {"max_overhead": 0.5})
+        store.put_settings_rule("t", "gone", "", {"enabled": False})
+        store.delete_settings_rule("t", "gone", "")
+        store.close()
+        again = reopen()
+        try:
+            (rule,) = again.settings_rules("t")
+            assert (rule.service, rule.selector, rule.version) == ("api", '{env="prod"}', 1)
+            assert dict(rule.settings) == {"max_overhead": 0.5}
+            # The delete's version too, though it left no rule: versions never go back.
+            assert again.settings_version("t") == 3
+            assert again.put_settings_rule("t", "api", "", {}).version == 4
+        finally:
+            again.close()
+
+    def test_settings_rule_put_after_close_fails_cleanly(self, store: Store) -> None:
+        store.close()
+        with pytest.raises(Exception, match="closed"):
+            store.put_settings_rule("t", "api", "", {"enabled": True})

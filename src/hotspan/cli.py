@@ -13,7 +13,7 @@ import sys
 import threading
 from typing import Iterator, List, Optional
 
-from hotspan import __version__
+from hotspan import __version__, cli_settings
 
 
 def _tokens(value: Optional[str]) -> frozenset:
@@ -52,6 +52,15 @@ def _port_or_off(text: str) -> Optional[int]:
     return port
 
 
+def _redact_pattern(text: str) -> str:
+    # Checked while parsing, so that a bad pattern stops the server before it starts.
+    try:
+        re.compile(text, re.IGNORECASE)
+    except re.error as exc:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a regular expression: {exc}") from None
+    return text
+
+
 def _listen(host: str, port: int) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
@@ -70,6 +79,7 @@ def _server(args: argparse.Namespace) -> int:
 
     from hotspan.server import ServerConfig, create_app
     from hotspan.server.app import OTLPPortOnly
+    from hotspan.server.redact import RedactError
     from hotspan.store.base import StoreError
 
     graceful_server = _graceful_server_class()
@@ -85,10 +95,11 @@ def _server(args: argparse.Namespace) -> int:
         otlp_grpc_port=args.otlp_grpc_port,
         retention_ns=int(args.retention * 1e9),
         retention_interval_s=max(args.retention_interval, 1.0),
+        redact_patterns=tuple(args.redact or ()),
     )
     try:
         app = create_app(config)
-    except StoreError as exc:
+    except (StoreError, RedactError) as exc:
         print(f"hotspan: {exc}", file=sys.stderr)
         return 1
     state = app.state.hotspan
@@ -236,6 +247,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="refuse connections beyond this many with 503",
     )
     srv.add_argument(
+        "--redact",
+        action="append",
+        type=_redact_pattern,
+        metavar="PATTERN",
+        help="store frame names, file names and label values matching this case-insensitive "
+        "regular expression as [REDACTED] (repeatable)",
+    )
+    srv.add_argument(
         "--log-level", default="warning", choices=["critical", "error", "warning", "info", "debug"]
     )
     srv.set_defaults(func=_server)
@@ -250,6 +269,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument("argv", nargs=argparse.REMAINDER)
     run.set_defaults(func=_run, log_level="warning")
+    cli_settings.add_parser(sub)
     return parser
 
 

@@ -15,8 +15,9 @@ from starlette.routing import Route
 
 from hotspan.query.engine import QueryEngine
 from hotspan.query.traces import TraceEngine
-from hotspan.server import ingest, otlp, querier, render, span_profiles, tempo
+from hotspan.server import agent_settings, ingest, otlp, querier, render, span_profiles, tempo
 from hotspan.server.config import ServerConfig
+from hotspan.server.redact import Redactor
 from hotspan.server.retention import RetentionLoop
 from hotspan.server.state import ServerState
 from hotspan.store import open_store
@@ -36,13 +37,19 @@ def _with_middleware(route: Route, middleware: list) -> Route:
 
 def create_app(config: Optional[ServerConfig] = None, store: Optional[Store] = None) -> Starlette:
     """The server application.  Without ``store`` it opens (and later closes) the embedded
-    store in ``config.data_dir``."""
+    store in ``config.data_dir``.  RedactError for a bad ``config.redact_patterns``."""
     config = config or ServerConfig()
+    # Before the store opens: a bad pattern must not leave an open store behind.
+    redactor = Redactor(config.redact_patterns) if config.redact_patterns else None
     owns_store = store is None
     store = store if store is not None else open_store(config.data_dir)
     engine = QueryEngine(store)
     state = ServerState(
-        config=config, store=store, engine=engine, traces=TraceEngine(store, engine)
+        config=config,
+        store=store,
+        engine=engine,
+        traces=TraceEngine(store, engine),
+        redactor=redactor,
     )
 
     @contextlib.asynccontextmanager
@@ -72,6 +79,7 @@ def create_app(config: Optional[ServerConfig] = None, store: Optional[Store] = N
         Route("/push.v1.PusherService/Push", ingest.push, methods=["POST"]),
         Route(otlp.PATHS[0], otlp.traces, methods=["POST"]),
         Route(otlp.PATHS[1], otlp.profiles, methods=["POST"]),
+        *agent_settings.routes,
         *(
             _with_middleware(r, compressed)
             for r in querier.routes + render.routes + span_profiles.routes + tempo.routes

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import FrozenSet, Optional
+from typing import FrozenSet, Optional, Tuple
 
 MiB = 1024 * 1024
 DAY_NS = 86400 * 10**9
@@ -29,3 +29,6 @@ class ServerConfig:
     # Samples and spans older than this are deleted (0: kept forever), checked this often.
     retention_ns: int = 7 * DAY_NS
     retention_interval_s: float = 600.0
+    # Case-insensitive regular expressions: frame names, file names and label values (but
+    # __name__ and service_name) of ingested profiles that match one become "[REDACTED]".
+    redact_patterns: Tuple[str, ...] = ()

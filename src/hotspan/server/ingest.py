@@ -8,7 +8,7 @@ import time
 from typing import Dict, Mapping, Optional
 
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import JSONResponse, Response
 
 from hotspan.formats import folded, ingest_params, pprof, speedscope
 from hotspan.formats.compression import maybe_gunzip
@@ -22,6 +22,7 @@ from hotspan.model.profile import (
     IngestBatch,
     ProfileType,
 )
+from hotspan.server.agent_settings import agent_labels, observe_agent
 from hotspan.server.connect import read_message, unary, write_message
 from hotspan.server.errors import HTTPError
 from hotspan.server.request import check_token, read_body, tenant_of
@@ -32,9 +33,12 @@ FOLDED_FORMATS = ("", "folded", "groups", "collapsed")
 
 
 async def commit(state: ServerState, tenant: str, batch: IngestBatch) -> None:
-    """Hand the batch to the store and return once it is durable."""
+    """Hand the batch to the store and return once it is durable.  Every ingest path ends
+    here (or in :func:`commit_sync`), so that is where the server redacts."""
     if not len(batch):
         return
+    if state.redactor is not None:
+        batch = state.redactor.batch(batch)
     try:
         await asyncio.wrap_future(state.store.write(tenant, batch))
     except StoreError as exc:
@@ -44,6 +48,8 @@ async def commit(state: ServerState, tenant: str, batch: IngestBatch) -> None:
 def commit_sync(state: ServerState, tenant: str, batch: IngestBatch, timeout_s: float) -> None:
     """:func:`commit` for callers on a thread of their own (the gRPC receivers)."""
     if len(batch):
+        if state.redactor is not None:
+            batch = state.redactor.batch(batch)
         state.store.write(tenant, batch).result(timeout=timeout_s)
 
 
@@ -68,6 +74,8 @@ async def ingest(request: Request) -> Response:
         if "name" not in params:
             raise HTTPError(400, "query parameter 'name' (app{key=value,...}) is required")
         app = ingest_params.parse_app_name(params["name"])
+        # Before the body: an agent whose upload fails is still alive, and says how it is.
+        answer = observe_agent(request, state, tenant, agent_labels(params["name"]))
         now = time.time_ns()
         start = ingest_params.parse_time(params.get("from"), now)
         try:
@@ -94,6 +102,8 @@ async def ingest(request: Request) -> Response:
         return Response(f"bad profile: {exc}\n", status_code=400)
     except HTTPError as exc:
         return Response(exc.message + "\n", status_code=exc.status)
+    if answer is not None:
+        return JSONResponse(answer)
     return Response(status_code=200)
 
 

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, List
+from typing import Callable, List, Optional
 
 from hotspan.query.engine import QueryEngine
 from hotspan.query.traces import TraceEngine
 from hotspan.server.config import ServerConfig
+from hotspan.server.instances import InstanceRegistry
+from hotspan.server.redact import Redactor
 from hotspan.store.base import Store
 
 
@@ -19,3 +21,7 @@ class ServerState:
     traces: TraceEngine
     # Run when the server stops, before the store closes (the gRPC server, retention).
     on_shutdown: List[Callable[[], None]] = field(default_factory=list)
+    # The last status of each agent instance (X-Hotspan-Instance on uploads and polls).
+    instances: InstanceRegistry = field(default_factory=InstanceRegistry)
+    # From config.redact_patterns; None: profiles are stored as received.
+    redactor: Optional[Redactor] = None

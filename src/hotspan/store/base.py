@@ -4,7 +4,8 @@ A backend stores four things for profiles: series (profile type + labels), frame
 (frame ids, root first) and samples (time, series, stack, value, span id, trace id); and spans
 for traces, with the resource and scope groups they belong to.  Tenants are a column of series,
 samples and spans, never of frames, stacks and span groups: those are content-addressed and
-only reachable through a tenant's own rows.
+only reachable through a tenant's own rows.  It also keeps the agent settings rules operators
+set per tenant and service (:class:`SettingsRule`), with a per-tenant version counter.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import abc
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -64,6 +65,31 @@ class RetentionReport:
         return RetentionReport(
             self.samples + other.samples, self.spans + other.spans, self.series + other.series
         )
+
+
+@dataclass(frozen=True)
+class SettingsRule:
+    """Live agent settings for the instances of a service that match ``selector``.
+
+    ``selector`` is a label selector without a metric name (``{env="prod"}``; ``""`` matches
+    every instance); the store keeps it as given, the server normalises it first.
+    ``version`` is the tenant's settings version at the rule's last change.
+    """
+
+    service: str
+    selector: str
+    settings: Mapping[str, Any]
+    version: int
+    updated_at: int  # unix nanoseconds
+
+    def to_json(self) -> Dict[str, Any]:
+        return {
+            "service": self.service,
+            "selector": self.selector,
+            "settings": dict(self.settings),
+            "version": self.version,
+            "updated_at": self.updated_at,
+        }
 
 
 class SampleFilter(NamedTuple):
@@ -140,6 +166,31 @@ class Store(abc.ABC):
     ) -> List[Tuple[str, str]]:
         """(value, TraceQL type) seen for an attribute (in one scope, or any with None),
         sorted by value."""
+
+    # -- agent settings ------------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def put_settings_rule(
+        self, tenant: str, service: str, selector: str, settings: Mapping[str, Any]
+    ) -> SettingsRule:
+        """Store the rule for (service, selector), replacing the settings of one already
+        there, under a new tenant version (one more than the tenant's current one); returns
+        the stored rule once it is durable.  ``settings`` must be JSON-serialisable."""
+
+    @abc.abstractmethod
+    def settings_rules(self, tenant: str, service: Optional[str] = None) -> List[SettingsRule]:
+        """The tenant's rules (of one service, or all), sorted by service then selector.
+        Called on every upload that carries an agent's status: it must be cheap."""
+
+    @abc.abstractmethod
+    def delete_settings_rule(self, tenant: str, service: str, selector: str) -> bool:
+        """Delete the rule for (service, selector); True if it existed, in which case the
+        tenant's version grows by one (agents that followed it must learn of the change)."""
+
+    @abc.abstractmethod
+    def settings_version(self, tenant: str) -> int:
+        """The tenant's settings version: 0 before any change, then one more per put or
+        delete, never smaller after a restart."""
 
     # -- lifecycle ---------------------------------------------------------------------------
 

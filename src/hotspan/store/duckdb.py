@@ -16,8 +16,9 @@ import json
 import logging
 import os
 import threading
+import time
 from concurrent.futures import Future
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import duckdb
 import numpy as np
@@ -37,6 +38,7 @@ from hotspan.store.base import (
     RetentionReport,
     SampleFilter,
     SeriesRecord,
+    SettingsRule,
     SpanValues,
     StackValues,
     Store,
@@ -109,6 +111,19 @@ CREATE TABLE IF NOT EXISTS span_tags (
     last_seen BIGINT NOT NULL,        -- end of a recent span with it (rewritten hourly)
     PRIMARY KEY (tenant_id, scope, key, value, type)
 );
+CREATE TABLE IF NOT EXISTS settings_rules (
+    tenant VARCHAR NOT NULL,
+    service VARCHAR NOT NULL,
+    selector VARCHAR NOT NULL,
+    settings VARCHAR NOT NULL,        -- JSON object
+    version BIGINT NOT NULL,
+    updated_at BIGINT NOT NULL,       -- unix nanoseconds
+    PRIMARY KEY (tenant, service, selector)
+);
+CREATE TABLE IF NOT EXISTS settings_versions (
+    tenant VARCHAR PRIMARY KEY,
+    version BIGINT NOT NULL           -- also counts deletes, which leave no rule behind
+);
 """
 
 DB_FILE = "hotspan.duckdb"
@@ -155,6 +170,21 @@ class DuckDBStore(Store):
         ).fetchall():
             self._tags[(tid, scope, key, value, kind)] = [seen, seen]
             self._tag_counts[(tid, scope, key)] = self._tag_counts.get((tid, scope, key), 0) + 1
+        # Rules are read on every agent upload: all of them live in memory, replaced (never
+        # changed in place) by the writer thread after each commit.
+        self._rules: Dict[str, Dict[Tuple[str, str], SettingsRule]] = {}
+        self._versions: Dict[str, int] = dict(
+            self._con.execute("SELECT tenant, version FROM settings_versions").fetchall()
+        )
+        for tenant, service, selector, settings, version, updated in self._con.execute(
+            "SELECT tenant, service, selector, settings, version, updated_at FROM settings_rules"
+        ).fetchall():
+            try:
+                rule = SettingsRule(service, selector, json.loads(settings), version, updated)
+            except ValueError as exc:
+                log.error("skipping unreadable settings rule of tenant %s: %s", tenant, exc)
+                continue
+            self._rules.setdefault(tenant, {})[(service, selector)] = rule
         self._writer = GroupCommitWriter(self._commit)
         self._closed = False
 
@@ -655,6 +685,76 @@ class DuckDBStore(Store):
             if key == name and (scope is None or tag_scope == scope)
         }
         return sorted(found)
+
+    # -- agent settings ------------------------------------------------------------------------
+
+    def put_settings_rule(
+        self, tenant: str, service: str, selector: str, settings: Mapping[str, Any]
+    ) -> SettingsRule:
+        text = json.dumps(dict(settings), sort_keys=True)
+        # On the writer thread: the one connection that writes is never used by two threads.
+        return self._writer.run(lambda: self._put_rule(tenant, service, selector, text)).result()
+
+    def _put_rule(self, tenant: str, service: str, selector: str, text: str) -> SettingsRule:
+        version = self._versions.get(tenant, 0) + 1
+        rule = SettingsRule(service, selector, json.loads(text), version, time.time_ns())
+        self._settings_transaction(
+            tenant,
+            version,
+            "INSERT INTO settings_rules VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT DO UPDATE SET "
+            "settings = excluded.settings, version = excluded.version, "
+            "updated_at = excluded.updated_at",
+            [tenant, service, selector, text, version, rule.updated_at],
+        )
+        rules = dict(self._rules.get(tenant, {}))
+        rules[(service, selector)] = rule
+        self._rules[tenant] = rules
+        return rule
+
+    def delete_settings_rule(self, tenant: str, service: str, selector: str) -> bool:
+        return self._writer.run(lambda: self._delete_rule(tenant, service, selector)).result()
+
+    def _delete_rule(self, tenant: str, service: str, selector: str) -> bool:
+        if (service, selector) not in self._rules.get(tenant, {}):
+            return False
+        self._settings_transaction(
+            tenant,
+            self._versions.get(tenant, 0) + 1,
+            "DELETE FROM settings_rules WHERE tenant = ? AND service = ? AND selector = ?",
+            [tenant, service, selector],
+        )
+        rules = dict(self._rules[tenant])
+        del rules[(service, selector)]
+        self._rules[tenant] = rules
+        return True
+
+    def _settings_transaction(self, tenant: str, version: int, sql: str, params: list) -> None:
+        """``sql`` and the tenant's new version in one transaction (writer thread)."""
+        con = self._con
+        con.execute("BEGIN TRANSACTION")
+        try:
+            con.execute(sql, params)
+            con.execute(
+                "INSERT INTO settings_versions VALUES (?, ?) "
+                "ON CONFLICT DO UPDATE SET version = excluded.version",
+                [tenant, version],
+            )
+            con.execute("COMMIT")
+        except Exception:
+            with contextlib.suppress(duckdb.Error):
+                con.execute("ROLLBACK")
+            raise
+        self._versions[tenant] = version
+
+    def settings_rules(self, tenant: str, service: Optional[str] = None) -> List[SettingsRule]:
+        rules = self._rules.get(tenant, {})
+        return sorted(
+            (r for r in rules.values() if service is None or r.service == service),
+            key=lambda r: (r.service, r.selector),
+        )
+
+    def settings_version(self, tenant: str) -> int:
+        return self._versions.get(tenant, 0)
 
     # -- retention ---------------------------------------------------------------------------
 

@@ -1,0 +1,296 @@
+"""Live agent settings for a fleet: rules operators set per service, which agents follow.
+
+Operators put rules through ``/api/v1/settings/{service}`` (query tokens); agents learn the
+rule that matches them in the answer to each upload that carries ``X-Hotspan-Instance``, or
+from ``GET /api/v1/agent/settings`` (ingest tokens), and report what they applied, which the
+operator API shows per instance.  The contract is ``spec-issue14.md``; the settings' checks are
+:func:`hotspan.model.agent_settings.validate_settings`, shared with the agent and the CLI.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import time
+from typing import Any, Dict, Iterable, Mapping, Optional
+
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from hotspan.formats import ingest_params
+from hotspan.formats.errors import FormatError
+from hotspan.model.agent_settings import (
+    INSTANCE_HEADER,
+    STATUS_HEADER,
+    SettingsError,
+    validate_settings,
+)
+from hotspan.model.labels import (
+    METRIC_NAME,
+    SERVICE_NAME,
+    Selector,
+    SelectorError,
+    parse_selector,
+)
+from hotspan.server.errors import HTTPError
+from hotspan.server.instances import Instance, parse_instance, parse_status
+from hotspan.server.request import check_token, tenant_of
+from hotspan.server.state import ServerState
+from hotspan.store.base import SettingsRule, StoreError
+
+MAX_BODY_BYTES = 64 * 1024
+MAX_SELECTOR_CHARS = 1000
+MAX_SERVICE_CHARS = 200
+# The operator API leaves out instances silent for longer than this.
+INSTANCE_SHOWN_NS = 600 * 10**9
+
+
+# -- matching -----------------------------------------------------------------------------------
+
+
+def normalize_selector(text: str) -> str:
+    """The canonical form of a rule's selector: ``""`` or ``{a="1", b!="2"}`` (matchers
+    sorted, spacing and quoting fixed), so that one rule has one spelling.  SelectorError
+    when it is not a label selector."""
+    text = text or ""
+    if len(text) > MAX_SELECTOR_CHARS:
+        raise SelectorError(f"longer than {MAX_SELECTOR_CHARS} characters")
+    sel = parse_selector(text)
+    if sel.metric:
+        raise SelectorError(
+            f'a settings selector has labels only ({{env="prod"}}), not {sel.metric!r}'
+        )
+    if not sel.matchers:
+        return ""
+    return "{" + ", ".join(sorted({str(m) for m in sel.matchers})) + "}"
+
+
+@functools.lru_cache(maxsize=4096)
+def _parsed(selector: str) -> Optional[Selector]:
+    try:
+        return parse_selector(selector)
+    except SelectorError:
+        return None  # stored by an older server or another backend: it matches nothing
+
+
+def matching_rule(
+    rules: Iterable[SettingsRule], labels: Mapping[str, str]
+) -> Optional[SettingsRule]:
+    """The rule an agent with these labels follows: of the rules whose selector matches,
+    the one with the most matchers, ties to the most recently changed (highest version)."""
+    best: Optional[SettingsRule] = None
+    best_key = (-1, -1)
+    for rule in rules:
+        sel = _parsed(rule.selector)
+        if sel is None or not sel.matches(labels):
+            continue
+        key = (len(sel.matchers), rule.version)
+        if key > best_key:
+            best, best_key = rule, key
+    return best
+
+
+def agent_labels(name: str) -> Dict[str, str]:
+    """An agent's labels from its ``name`` parameter (``app.cpu{k=v}``): its tags and the
+    service, named as ``/ingest`` names it.  FormatError for a name that is not one."""
+    app = ingest_params.parse_app_name(name)
+    labels = {k: v for k, v in app.tags.items() if k != METRIC_NAME}
+    if not labels.get(SERVICE_NAME):
+        labels[SERVICE_NAME] = ingest_params.split_suffix(app.name)[0]
+    return labels
+
+
+def answer_for(rule: Optional[SettingsRule]) -> Dict[str, Any]:
+    if rule is None:
+        return {"version": 0, "settings": None}
+    return {"version": rule.version, "settings": dict(rule.settings)}
+
+
+def observe_agent(
+    request: Request, state: ServerState, tenant: str, labels: Mapping[str, str]
+) -> Optional[Dict[str, Any]]:
+    """For a request from a hotspan agent (it has ``X-Hotspan-Instance``): record its status
+    and return the settings answer.  None for any other client, whose answer stays as it was.
+    """
+    header = request.headers.get(INSTANCE_HEADER)
+    if header is None:
+        return None
+    service = labels[SERVICE_NAME]
+    instance = parse_instance(header)
+    if instance is not None:
+        status = parse_status(request.headers.get(STATUS_HEADER))
+        state.instances.record(tenant, service, instance, labels, status)
+    return answer_for(matching_rule(state.store.settings_rules(tenant, service), labels))
+
+
+# -- endpoints ----------------------------------------------------------------------------------
+
+
+def _error(exc: HTTPError) -> Response:
+    return JSONResponse({"error": exc.message}, status_code=exc.status)
+
+
+async def poll(request: Request) -> Response:
+    """``GET /api/v1/agent/settings?name=app{k=v}``: an agent that is not uploading asks."""
+    state: ServerState = request.app.state.hotspan
+    try:
+        check_token(request, state.config.ingest_tokens)
+        tenant = tenant_of(request, state.config)
+        name = request.query_params.get("name")
+        if not name:
+            raise HTTPError(400, "query parameter 'name' (app{key=value,...}) is required")
+        try:
+            labels = agent_labels(name)
+        except FormatError as exc:
+            raise HTTPError(400, str(exc)) from None
+    except HTTPError as exc:
+        return _error(exc)
+    # A poll without the instance header still learns its settings; it is just not recorded.
+    answer = observe_agent(request, state, tenant, labels)
+    if answer is None:
+        rules = state.store.settings_rules(tenant, labels[SERVICE_NAME])
+        answer = answer_for(matching_rule(rules, labels))
+    return JSONResponse(answer)
+
+
+def _operator(request: Request) -> tuple:
+    state: ServerState = request.app.state.hotspan
+    check_token(request, state.config.query_tokens)
+    return state, tenant_of(request, state.config)
+
+
+def _service(request: Request) -> str:
+    service = request.path_params["service"]
+    if not service or len(service) > MAX_SERVICE_CHARS or not service.isprintable():
+        raise HTTPError(400, f"service name must be 1 to {MAX_SERVICE_CHARS} printable characters")
+    return service
+
+
+def _selector_param(text: str) -> str:
+    try:
+        return normalize_selector(text)
+    except SelectorError as exc:
+        raise HTTPError(400, f"bad selector {text[:100]!r}: {exc}") from None
+
+
+def instance_json(inst: Instance, rules: Iterable[SettingsRule]) -> Dict[str, Any]:
+    rule = matching_rule(rules, inst.labels)
+    expected = rule.version if rule is not None else 0
+    return {
+        "instance": inst.instance,
+        "labels": dict(inst.labels),
+        "last_seen": inst.last_seen,
+        "status": dict(inst.status),
+        "rule_selector": rule.selector if rule is not None else None,
+        "expected_version": expected,
+        "follows": inst.status.get("settings_version") == expected,
+    }
+
+
+async def list_rules(request: Request) -> Response:
+    """``GET /api/v1/settings``: every rule of the tenant."""
+    try:
+        state, tenant = _operator(request)
+    except HTTPError as exc:
+        return _error(exc)
+    return JSONResponse({"rules": [r.to_json() for r in state.store.settings_rules(tenant)]})
+
+
+async def get_service(request: Request) -> Response:
+    """``GET /api/v1/settings/{service}``: its rules and the instances seen lately."""
+    try:
+        state, tenant = _operator(request)
+        service = _service(request)
+    except HTTPError as exc:
+        return _error(exc)
+    rules = state.store.settings_rules(tenant, service)
+    since = time.time_ns() - INSTANCE_SHOWN_NS
+    instances = state.instances.instances(tenant, service, since)
+    return JSONResponse(
+        {
+            "service": service,
+            "rules": [r.to_json() for r in rules],
+            "instances": [instance_json(i, rules) for i in instances],
+        }
+    )
+
+
+async def _json_body(request: Request) -> Any:
+    declared = request.headers.get("content-length")
+    if declared and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+        raise HTTPError(413, f"body of {declared} bytes is over the limit of {MAX_BODY_BYTES}")
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > MAX_BODY_BYTES:
+            raise HTTPError(413, f"body is over the limit of {MAX_BODY_BYTES} bytes")
+    try:
+        return json.loads(bytes(body))
+    except (ValueError, RecursionError) as exc:
+        raise HTTPError(400, f"body is not JSON: {exc}") from None
+
+
+async def put_rule(request: Request) -> Response:
+    """``PUT /api/v1/settings/{service}`` with ``{"selector": "...", "settings": {...}}``."""
+    try:
+        state, tenant = _operator(request)
+        service = _service(request)
+        body = await _json_body(request)
+        if not isinstance(body, dict):
+            raise HTTPError(400, 'body must be a JSON object {"selector": ..., "settings": ...}')
+        # "service" is tolerated when it repeats the path; any other key is likely a typo.
+        unknown = sorted(set(body) - {"selector", "settings", "service"})
+        if unknown:
+            raise HTTPError(400, f"unknown field(s) {unknown} (known: selector, settings)")
+        if "service" in body and body["service"] != service:
+            raise HTTPError(400, f"field service {body['service']!r} is not the path's {service!r}")
+        selector = body.get("selector") or ""
+        if not isinstance(selector, str):
+            raise HTTPError(400, f"selector must be a string, not {selector!r}")
+        selector = _selector_param(selector)
+        if "settings" not in body:
+            raise HTTPError(400, "field 'settings' (an object of settings) is required")
+        try:
+            settings = validate_settings(body["settings"])
+        except SettingsError as exc:
+            raise HTTPError(400, str(exc)) from None
+        try:
+            rule = await run_in_threadpool(
+                state.store.put_settings_rule, tenant, service, selector, settings
+            )
+        except StoreError as exc:
+            raise HTTPError(503, f"could not store the rule: {exc}") from None
+    except HTTPError as exc:
+        return _error(exc)
+    return JSONResponse(rule.to_json())
+
+
+async def delete_rule(request: Request) -> Response:
+    """``DELETE /api/v1/settings/{service}?selector=...``"""
+    try:
+        state, tenant = _operator(request)
+        service = _service(request)
+        selector = _selector_param(request.query_params.get("selector", ""))
+        try:
+            deleted = await run_in_threadpool(
+                state.store.delete_settings_rule, tenant, service, selector
+            )
+        except StoreError as exc:
+            raise HTTPError(503, f"could not delete the rule: {exc}") from None
+        if not deleted:
+            shown = selector or "(none)"
+            raise HTTPError(404, f"no rule for service {service!r} with selector {shown}")
+    except HTTPError as exc:
+        return _error(exc)
+    return JSONResponse({"deleted": True})
+
+
+routes = [
+    Route("/api/v1/agent/settings", poll, methods=["GET"]),
+    Route("/api/v1/settings", list_rules, methods=["GET"]),
+    Route("/api/v1/settings/{service}", get_service, methods=["GET"]),
+    Route("/api/v1/settings/{service}", put_rule, methods=["PUT"]),
+    Route("/api/v1/settings/{service}", delete_rule, methods=["DELETE"]),
+]
