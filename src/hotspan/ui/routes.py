@@ -42,7 +42,15 @@ async def page(request: Request) -> Response:
     )
 
 
-PAGES = ["/", "/profiles", "/diff", "/traces", "/traces/{trace_id}"]
+PAGES = [
+    "/",
+    "/profiles",
+    "/diff",
+    "/traces",
+    "/traces/{trace_id}",
+    "/settings",
+    "/settings/{service:path}",
+]
 
 routes: list[BaseRoute] = [
     *(Route(path, page, methods=["GET"]) for path in PAGES),

@@ -1,6 +1,7 @@
 // The only door from the UI to the server.  Every call here is a public API: the Pyroscope
 // querier over Connect (protojson, or protobuf where a binary answer is wanted), the Tempo
-// trace API, and hotspan's /api/traces/{id}/spans|profile.
+// trace API, hotspan's /api/traces/{id}/spans|profile and its operator settings API
+// (/api/v1/settings).
 
 export const CPU = "process_cpu:cpu:nanoseconds:cpu:nanoseconds";
 const QUERIER = "/querier.v1.QuerierService";
@@ -114,6 +115,21 @@ function withQuery(path, params = {}) {
 /** GET a JSON API (the Tempo API, /api/traces/{id}/spans, ...); `params` become the query. */
 export async function getJSON(path, params = {}, { signal } = {}) {
   const response = await send(withQuery(path, params), { method: "GET", signal });
+  return response.json();
+}
+
+/**
+ * PUT, POST or DELETE on a JSON API (the operator settings API): `body` (when given) is sent as
+ * JSON, `params` become the query; the answer's JSON.  A refusal throws an ApiError whose
+ * message is the server's reason.
+ */
+export async function sendJSON(method, path, body = undefined, params = {}, { signal } = {}) {
+  const init = { method, signal };
+  if (body !== undefined) {
+    init.body = JSON.stringify(body);
+    init.headers = { "Content-Type": "application/json" };
+  }
+  const response = await send(withQuery(path, params), init);
   return response.json();
 }
 

@@ -5,12 +5,15 @@ import { el } from "./dom.js";
 import { renderDiff } from "./diff.js";
 import { renderProfiles } from "./profiles.js";
 import { route, start } from "./router.js";
+import { renderServiceSettings, renderSettingsIndex } from "./settings.js";
 import { renderTraceSearch, renderTraceView } from "./traces.js";
 
 route(/^\/(profiles)?$/, renderProfiles);
 route(/^\/diff$/, renderDiff);
 route(/^\/traces\/?$/, renderTraceSearch);
 route(/^\/traces\/([^/]+)$/, renderTraceView);
+route(/^\/settings\/?$/, renderSettingsIndex);
+route(/^\/settings\/(.+)$/, renderServiceSettings);
 
 function openSettings() {
   const current = settings();

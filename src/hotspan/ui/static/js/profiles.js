@@ -11,6 +11,7 @@ import { formatTime, unitOf } from "./format.js";
 import { formatSelector, parseSelector, serviceOf, withService } from "./labels.js";
 import { ProfilePanel } from "./panel.js";
 import { setQuery } from "./router.js";
+import { settingsPath } from "./settings.js";
 import {
   agentHint,
   catalogue,
@@ -53,6 +54,7 @@ class ProfilesView {
 
   build() {
     this.serviceSlot = el("span", { class: "hs-field" });
+    this.settingsSlot = el("span", { class: "hs-field" });
     this.typeSlot = el("span", { class: "hs-field" });
     const rangeSlot = el("span", { class: "hs-field" });
     this.traceInput = el("input", {
@@ -73,6 +75,7 @@ class ProfilesView {
       "section",
       { class: "hs-toolbar" },
       el("label", {}, "Service ", this.serviceSlot),
+      this.settingsSlot,
       el("label", {}, "Profile ", this.typeSlot),
       rangeSlot,
       traceForm,
@@ -195,6 +198,7 @@ class ProfilesView {
       if (!services.size) {
         this.serviceSlot.replaceChildren(el("span", { class: "hs-muted" }, "none"));
         this.typeSlot.replaceChildren();
+        this.settingsSlot.replaceChildren();
         this.timeline.setMessage("no data");
         this.panel.setMessage(
           message("empty", `No profiles in this time range (${describeRange(this.state.from, this.state.until)}).`, agentHint()),
@@ -243,6 +247,13 @@ class ProfilesView {
       selectOf("hs-service", "Service", serviceNames.map((s) => [s, s || "(no service_name)"]),
         service, (value) => this.change({ query: formatSelector(withService(matchers, value)) }, true)),
     );
+    this.settingsSlot.replaceChildren(service
+      ? el("a", {
+        class: "hs-service-settings",
+        href: settingsPath(service),
+        title: `Profiling settings that the agents of ${service} follow, and their instances`,
+      }, "Settings")
+      : "");
     this.typeSlot.replaceChildren(
       selectOf("hs-profile-type", "Profile type", [...types].sort().map((t) => [t, typeLabel(t)]),
         this.state.profileType, (value) => this.change({ profileType: value }, true)),
