@@ -303,18 +303,27 @@ _ENV_NAMES = {
 }
 
 
+# Other names a setting is known by (keyword and variable): the issue and other profilers'
+# documentation call the stack depth limit max_stack_depth.
+ALIASES = {"max_stack_depth": "max_depth"}
+_ENV_ALIASES = {"MAX_DEPTH": "MAX_STACK_DEPTH"}
+
+
 def env_value(suffix: str, environ: Mapping[str, str]) -> Optional[tuple]:
     """(variable name, value) of the first of HOTSPAN_<suffix>, PYROSCOPE_<suffix> set."""
     for prefix in ("HOTSPAN_", "PYROSCOPE_"):
-        name = prefix + suffix
-        if environ.get(name, "") != "":
-            return name, environ[name]
+        for name in (prefix + suffix, prefix + _ENV_ALIASES.get(suffix, suffix)):
+            if environ.get(name, "") != "":
+                return name, environ[name]
     return None
 
 
 def from_env(environ: Optional[Mapping[str, str]] = None, **overrides: object) -> AgentConfig:
     """Settings from ``overrides`` (keyword arguments), then the environment, then defaults."""
     environ = os.environ if environ is None else environ
+    for alias, name in ALIASES.items():
+        if alias in overrides:
+            overrides.setdefault(name, overrides.pop(alias))
     unknown = set(overrides) - set(SETTINGS)
     if unknown:
         raise ConfigError(f"unknown setting(s): {', '.join(sorted(unknown))}")

@@ -266,6 +266,7 @@ class Agent:
             self._stop = threading.Event()
             self._excluded = set()
             self._control_server = None  # the parent's; a worker has none of its own
+            self._meter = Meter()  # the parent's threads and clocks are not this process's
             self.instance_id = _instance_id()
             if self._sampler is not None:
                 self._sampler.after_fork()
@@ -301,7 +302,9 @@ class Agent:
         wanted = self.wanted_rate(settings)
         rate = self._governor.rate_for(wanted)
         sampler_spec = (rate, "cpu" in types, "wall" in types)
-        if not active or not (sampler_spec[1] or sampler_spec[2]):
+        if not active:
+            # Even with neither CPU nor wall wanted the sampler runs: it is what makes span
+            # labels readable for the collectors (enable_native_labels), at no sampling cost.
             sampler_spec = None
         if sampler_spec != self._sampler_spec:
             self._stop_sampler()
