@@ -50,6 +50,21 @@ def test_memory_and_budget_lower_the_rate_too() -> None:
     assert gov.decide(100, idle) == (100, False)
 
 
+def test_a_budget_halving_that_does_not_help_is_undone() -> None:
+    """The agent's cost that is not the sampling's (threads woken by a busy event loop's
+    GIL switches) does not fall with the rate: the rate goes back and the rule rests."""
+    gov = Governor(80, 90, 0, 1.0, 10)
+    assert gov.decide(100, reading(overhead=6.0)) == (50, False) and gov.reason == "budget"
+    assert gov.decide(100, reading(overhead=5.8)) == (100, False)
+    assert gov.reason == "" and gov.futile
+    assert gov.decide(100, reading(overhead=6.0)) == (100, False)  # resting
+    # One that helps stays, and goes on until within budget.
+    gov = Governor(80, 90, 0, 1.0, 10)
+    assert gov.decide(100, reading(overhead=3.0))[0] == 50
+    assert gov.decide(100, reading(overhead=1.6))[0] == 25
+    assert gov.decide(100, reading(overhead=0.8)) == (25, False) and not gov.futile
+
+
 def test_shedding_holds_until_load_falls_below_the_hysteresis() -> None:
     gov = Governor(80, 90, 90, 1.0, 10)
     assert gov.decide(100, reading(cpu=95))[1] is True and gov.reason == "shed"

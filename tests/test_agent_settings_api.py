@@ -478,3 +478,12 @@ def test_instance_registry_is_bounded_per_tenant() -> None:
     assert reg.instances("t", "api", 0)[0].status == {"n": 2}
     assert [i.instance for i in reg.instances("t", "api", 150)] == ["i2", "i5"]
     assert [i.instance for i in reg.instances("u", "api", 0)] == ["other"]
+
+
+def test_a_service_name_with_a_slash(module_server: RunningServer) -> None:
+    with module_server.client() as c:
+        assert put(c, "team/api", {"sample_rate": 20}).status_code == 200
+        got = c.get("/api/v1/settings/team%2Fapi")
+        assert got.status_code == 200, got.text
+        assert got.json()["rules"][0]["settings"] == {"sample_rate": 20}
+        assert c.delete("/api/v1/settings/team%2Fapi", params={"selector": ""}).status_code == 200

@@ -166,13 +166,15 @@ class Agent:
         self._rate = rate
         self._sampler_spec = (rate, cpu, wall)
 
-    def _stop_sampler(self) -> None:
-        """Stops sampling; what was taken is encoded and queued (at the rate it was taken)."""
+    def _stop_sampler(self) -> Optional[Tuple[Any, int]]:
+        """Stops sampling; returns what was taken, with its period, to be encoded (after a
+        new sampler has started, so that the program's CPU meanwhile is not lost)."""
         if self._sampler_spec is None:
-            return
+            return None
         self._sampler.stop()
-        self._upload(final=True)
+        collected = self._sampler.collect(final=True)
         self._sampler_spec = None
+        return collected, 1_000_000_000 // self._rate
 
     def _start_collectors(self, specs: Dict[str, Any]) -> None:
         """Starts the named collectors: alloc with its bytes per sample, the others with
@@ -307,9 +309,11 @@ class Agent:
             # labels readable for the collectors (enable_native_labels), at no sampling cost.
             sampler_spec = None
         if sampler_spec != self._sampler_spec:
-            self._stop_sampler()
+            taken = self._stop_sampler()
             if sampler_spec is not None:
                 self._start_sampler(*sampler_spec)
+            if taken is not None:
+                self._upload(final=False, taken=taken)
         specs: Dict[str, Any] = {}
         if active:
             if "alloc" in types:
@@ -483,6 +487,8 @@ class Agent:
             "shedding": self.shedding,
             "shed_seconds": round(self.shed_total(), 3),
             "rate_reason": reason,
+            # Over budget, but a lower rate did not lower the agent's share (see governor.py).
+            "budget_futile": self._governor.futile,
             "dropped_samples": self.dropped_samples,
             "dropped_uploads": stats.dropped_uploads,
             "settings_version": self.applied_version,
@@ -514,13 +520,18 @@ class Agent:
 
     # -------------------------------------------------------------- uploads
 
-    def _upload(self, final: bool) -> None:
+    def _upload(self, final: bool, taken: Optional[Tuple[Any, int]] = None) -> None:
         """Encodes and queues the windows the sampler has finished (with ``final``, the one
-        in progress too), once the spans in them have ended (see :meth:`_release`)."""
+        in progress too, and what waits for its spans), once the spans in them have ended
+        (see :meth:`_release`).  ``taken``: what a stopped sampler gave, with its period."""
         with self._lock:
-            collected = self._sampler.collect(final=final)
+            if taken is None:
+                collected = self._sampler.collect(final=final)
+                period = 1_000_000_000 // self._rate
+            else:
+                collected, period = taken
+                del taken
             self.dropped_samples += collected.lost
-            period = 1_000_000_000 // self._rate
             windows = self._release(
                 self._held_windows, [(w, period) for w in collected.windows], final
             )

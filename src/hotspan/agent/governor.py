@@ -10,6 +10,8 @@ hovers at a threshold does not restart the sampler every check:
   ``HYSTERESIS`` points below.
 - CPU at or above ``cpu_threshold``, memory at or above ``mem_threshold``, or the agent's own
   CPU above ``max_overhead`` percent of the process's: halve the rate (not below the floor).
+  A halving for the budget that did not lower the agent's share is undone: that cost is not
+  the sampling's, and fewer samples would only make the profile worse.
 - All of them well below (CPU ``HYSTERESIS`` points under, overhead under half the budget):
   double the rate again, up to the rate asked for.
 """
@@ -25,6 +27,10 @@ if TYPE_CHECKING:  # typing stays out of the program at run time: see agent/log.
     from typing import Dict, Iterable, Optional, Tuple
 
 HYSTERESIS = 10.0  # percentage points
+# A budget halving that leaves more than this share of the overhead did not help: undone,
+# and the budget rule rests this long before it tries again.
+FUTILE_SHARE = 0.8
+BUDGET_RETRY_S = 300.0
 # Below this much process CPU over a check (percent of one core), the agent's share of it is
 # noise (an idle service: a few ms of our upload against a few ms of its own), not judged.
 MIN_CPU_FOR_BUDGET = 5.0
@@ -73,6 +79,11 @@ class Governor:
         self.rate = 0  # in force; 0 until the first decision
         self.shedding = False
         self.reason = ""
+        # A halving for the budget is checked at the next reading (see decide): the rate and
+        # overhead before it, and until when the budget rule rests after it did not help.
+        self._probe: Optional[Tuple[int, float]] = None
+        self._budget_off = 0.0
+        self.futile = False  # the last budget halving did not lower the agent's share
 
     def rate_for(self, wanted_rate: int) -> int:
         """The rate in force for the rate asked for: that one, unless load lowered it."""
@@ -91,13 +102,29 @@ class Governor:
             return rate, True
         self.shedding = False
         judged = reading.process_cpu_s / max(reading.wall_s, 1e-9) * 100 >= MIN_CPU_FOR_BUDGET
-        over_budget = judged and reading.overhead_percent > self.max_overhead
+        now = time.monotonic()
+        over_budget = (
+            judged and reading.overhead_percent > self.max_overhead and now >= self._budget_off
+        )
+        probe, self._probe = self._probe, None
+        if probe is not None and self.reason == "budget":
+            before_rate, before_overhead = probe
+            if reading.overhead_percent > FUTILE_SHARE * before_overhead:
+                # Half the samples, about the same cost: what costs is not sampling (a busy
+                # event loop makes every thread that waits for the GIL wake at each switch,
+                # whatever the rate).  Lowering the rate would only blur the profile.
+                self._budget_off = now + BUDGET_RETRY_S
+                self.futile = True
+                self.rate, self.reason = before_rate, ""
+                return before_rate, False
         if self.cpu_threshold and cpu >= self.cpu_threshold:
             rate, self.reason = max(floor, rate // 2), "cpu"
         elif self.mem_threshold and mem >= self.mem_threshold:
             rate, self.reason = max(floor, rate // 2), "memory"
-        elif over_budget:
+        elif over_budget and rate > floor:
+            self._probe = (rate, reading.overhead_percent)
             rate, self.reason = max(floor, rate // 2), "budget"
+            self.futile = False
         elif rate < wanted_rate:
             calm = (not self.cpu_threshold or cpu < self.cpu_threshold - HYSTERESIS) and (
                 not self.mem_threshold or mem < self.mem_threshold - HYSTERESIS

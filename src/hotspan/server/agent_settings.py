@@ -290,7 +290,7 @@ async def delete_rule(request: Request) -> Response:
 routes = [
     Route("/api/v1/agent/settings", poll, methods=["GET"]),
     Route("/api/v1/settings", list_rules, methods=["GET"]),
-    Route("/api/v1/settings/{service}", get_service, methods=["GET"]),
-    Route("/api/v1/settings/{service}", put_rule, methods=["PUT"]),
-    Route("/api/v1/settings/{service}", delete_rule, methods=["DELETE"]),
+    Route("/api/v1/settings/{service:path}", get_service, methods=["GET"]),
+    Route("/api/v1/settings/{service:path}", put_rule, methods=["PUT"]),
+    Route("/api/v1/settings/{service:path}", delete_rule, methods=["DELETE"]),
 ]
