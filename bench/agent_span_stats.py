@@ -1,6 +1,7 @@
 """What runtime stats on spans (``span_stats``) and span conditions cost per span: the same
 asyncio programs without an agent, with the agent and span_stats off, on, and on with a
-``SpanConditions`` watching span ends, side by side.
+the agent's span conditions (slow, error and high CPU rules on) watching span ends, side by
+side.
 
     python bench/agent_span_stats.py            # 5 interleaved rounds (~3 minutes)
     python bench/agent_span_stats.py --quick    # 2 rounds
@@ -50,11 +51,14 @@ import asyncio_spans
 tracer = _harness.otel_tracer()
 if variant != "none":
     import hotspan
+    # Conditions are the agent's own (error_condition is on by default): off but in the
+    # last variant, which turns every rule on.
+    conditions = variant.endswith("+conditions")
     hotspan.configure(application_name="span-stats-bench", server_address="http://127.0.0.1:9",
-                      upload_interval=3600, span_stats=variant != "span_stats=off")
-    if variant.endswith("+conditions"):
-        from hotspan.agent.spans import SpanConditions
-        SpanConditions(slow_threshold_s=1.0, errors=True, cpu_threshold_percent=50).install()
+                      upload_interval=3600, span_stats=variant != "span_stats=off",
+                      error_condition=conditions,
+                      slow_request_threshold=1.0 if conditions else 0.0,
+                      cpu_threshold_percent=50.0 if conditions else 0.0)
 
 async def empty(n):
     for _ in range(n):
