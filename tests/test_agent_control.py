@@ -210,6 +210,9 @@ def check_switching(app: App, client: httpx.Client, service: str) -> None:
         (b'{"sampel_rate": 20}', "unknown setting 'sampel_rate'"),
         (b'{"profile_types": ["cpu", "gpu"]}', "gpu"),
         (b"[1, 2]", "JSON object"),
+        (b'{"sample_rate": Infinity}', "finite"),
+        (b'{"max_overhead": NaN}', "finite"),
+        (b"[" * 60000, "nested too deeply"),
     ):
         bad = httpx.put(app.control, content=body)
         assert bad.status_code == 400, (body, bad.text)
@@ -256,6 +259,7 @@ def test_own_port_with_a_token(server, apps, tmp_path: Path) -> None:
     apps.append(app)
     url = app.control
     assert httpx.get(url).status_code == 401
+    assert httpx.get(url, headers={"Authorization": b"Bearer \xff\xfe"}).status_code == 401
     assert httpx.delete(url, headers={"Authorization": "Bearer wrong"}).status_code == 401
     assert httpx.get(url, headers={"Authorization": "Bearer s3"}).json()["enabled"] is True
     off = httpx.delete(url, headers={"Authorization": "Bearer s3"})
@@ -377,3 +381,54 @@ def test_fleet_settings_from_the_server_are_followed(server, apps, tmp_path: Pat
         assert agent()["sample_rate"] == 100, agent()
     flag.write_text("")
     assert app.proc.wait(20) == 0
+
+
+def test_a_forked_worker_of_a_disabled_agent_can_be_enabled(server, tmp_path: Path) -> None:
+    """gunicorn --preload: the agent starts disabled in the parent; each worker has its own
+    loop, which applies what it is told."""
+    code = textwrap.dedent(
+        f"""
+        import os, sys, time
+        import hotspan
+        agent = hotspan.configure(application_name="ctl-fork", server_address={server.url!r},
+                                  upload_interval=1, enabled=False, max_overhead=100)
+        pid = os.fork()
+        if pid == 0:
+            agent.live.set_enabled(True)
+            applied = agent.wait_applied(10)
+            state = agent.status()
+            hotspan.shutdown()
+            os._exit(0 if applied and state["profiling"] else 3)
+        _, status = os.waitpid(pid, 0)
+        assert agent.status()["profiling"] is False
+        sys.exit(os.waitstatus_to_exitcode(status))
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_the_python_sampler_keeps_its_signal_ticks_across_a_rate_change(tmp_path: Path) -> None:
+    """The fallback's SIGPROF ticks (what keeps it sampling a busy main thread) survive a
+    restart the agent's own thread makes, where no signal handler may be set."""
+    code = textwrap.dedent(
+        """
+        import hotspan
+        agent = hotspan.configure(application_name="ctl-py", native=False,
+                                  server_address="http://127.0.0.1:9", upload_interval=60)
+        assert agent._sampler._signal_ticks
+        agent.live.replace_local({"sample_rate": 50})
+        assert agent.wait_applied(10)
+        assert agent.status()["sample_rate"] == 50, agent.status()
+        assert agent._sampler._signal_ticks, "signal ticks lost"
+        agent.live.set_enabled(False)
+        agent.wait_applied(10)
+        agent.live.set_enabled(True)
+        agent.wait_applied(10)
+        assert agent._sampler._signal_ticks, "signal ticks lost after re-enabling"
+        hotspan.shutdown(flush=False)
+        print("ok")
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == "ok", out.stdout + out.stderr

@@ -175,7 +175,7 @@ class AgentConfig:
 
         for pattern in self.redact_patterns():
             try:
-                re.compile(pattern)
+                re.compile(pattern, re.IGNORECASE)
             except re.error as exc:
                 raise ConfigError(f"redact pattern {pattern!r} is not a regex: {exc}") from None
         if not self.slow_request_threshold >= 0:  # NaN too

@@ -414,8 +414,18 @@ class SpanLinkingRuntimeContext:
         self.inner = inner
         self.root_spans_only = root_spans_only
         self.span_stats = span_stats
-        self.on_new_provider: Optional[Callable[[Any], None]] = None
+        self._on_new_provider: Optional[Callable[[Any], None]] = None
         self._providers: List[Any] = []
+
+    @property
+    def on_new_provider(self) -> Optional[Callable[[Any], None]]:
+        return self._on_new_provider
+
+    @on_new_provider.setter
+    def on_new_provider(self, callback: Optional[Callable[[Any], None]]) -> None:
+        # A new watcher hears of every provider again, as the C linker's setter does.
+        self._on_new_provider = callback
+        self._providers = []
 
     def attach(self, context: Any) -> Any:
         token = self.inner.attach(context)

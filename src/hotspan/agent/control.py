@@ -42,7 +42,9 @@ def handle(method: str, body: bytes, authorization: str, token: Optional[str] = 
     wanted = agent.config.control_token if token is None else token
     if wanted:
         scheme, _, given = authorization.partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip(), wanted):
+        # As bytes: compare_digest refuses str with characters beyond ASCII.
+        given_bytes = given.strip().encode("utf-8", "surrogateescape")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(given_bytes, wanted.encode()):
             return 401, {"error": "missing or invalid token (send Authorization: Bearer <token>)"}
     method = method.upper()
     if method == "GET":
@@ -54,6 +56,8 @@ def handle(method: str, body: bytes, authorization: str, token: Optional[str] = 
             return 413, {"error": f"body over {MAX_BODY} bytes"}
         try:
             settings = validate_settings(json.loads(body or b"null"))
+        except RecursionError:
+            return 400, {"error": "body is not JSON we read: nested too deeply"}
         except ValueError as exc:  # SettingsError, and json's own for what is not JSON
             problem = exc if isinstance(exc, SettingsError) else f"body is not JSON: {exc}"
             return 400, {"error": str(problem)}

@@ -23,7 +23,7 @@ from hotspan.agent.limits import BoundedProfile
 from hotspan.agent.live import LiveSettings, profile_types
 from hotspan.agent.log import logger
 from hotspan.agent.redaction import Redactor
-from hotspan.agent.sampler import CPU, WALL, PythonSampler, Window, make_sampler
+from hotspan.agent.sampler import CPU, WALL, Collected, PythonSampler, Window, make_sampler
 from hotspan.agent.symbols import Symbolizer
 from hotspan.agent.uploader import Uploader, query_string
 from hotspan.model.agent_settings import (
@@ -49,6 +49,7 @@ MAX_SPAN_DEPTH = 256  # parents followed at most (a cycle in broken ids must end
 HOLD_INTERVALS = 3
 HOLD_MIN_S = 30.0
 _UNSEEN = object()
+_NOTHING_TAKEN = Collected([], 0, None)
 WALL_TYPE = ("wall", "nanoseconds")
 
 # Collector modules in hotspan.agent.collectors; each has make_collector(config), which gives
@@ -112,6 +113,7 @@ class Agent:
         self.conditional_dropped = 0
         self._held_windows: List[Any] = []
         self._held_profiles: List[Any] = []
+        self._next_release_check = 0.0
 
     # -------------------------------------------------------------- lifecycle
 
@@ -130,11 +132,10 @@ class Agent:
             from hotspan.agent.control_server import ControlServer
 
             try:
-                self._control_server = ControlServer(
-                    self, self.config.control_host, self.config.control_port
-                )
-                self._control_server.start()
-            except OSError:
+                server = ControlServer(self, self.config.control_host, self.config.control_port)
+                server.start()
+                self._control_server = server
+            except Exception:  # noqa: BLE001 - a port taken, no thread: never the program's
                 logger.warning(
                     "hotspan: the control endpoint cannot listen on %s:%d",
                     self.config.control_host,
@@ -219,9 +220,14 @@ class Agent:
             self._stop_collectors(flush)
             if flush:
                 self._send_profiles([], final=True)  # those still waiting for their spans
-            if flush and self._sampler_spec is not None:
-                self._upload(final=True)
+            if flush:
+                if self._sampler_spec is not None:
+                    self._upload(final=True)
+                else:
+                    self._upload_held(final=True)
             self._sampler_spec = None
+            if self._conditions is not None:
+                self._conditions.uninstall()
             if flush:
                 self._uploader.flush(self.config.exit_flush_timeout)
             self._uploader.stop(timeout=1.0)
@@ -269,6 +275,9 @@ class Agent:
             self._excluded = set()
             self._control_server = None  # the parent's; a worker has none of its own
             self._meter = Meter()  # the parent's threads and clocks are not this process's
+            self.live.reset_after_fork()
+            # What waits for its spans is the parent's to send, as the rest of its data.
+            self._held_windows, self._held_profiles = [], []
             self.instance_id = _instance_id()
             if self._sampler is not None:
                 self._sampler.after_fork()
@@ -285,7 +294,8 @@ class Agent:
             ident = self._uploader.thread_ident
             if ident is not None:
                 self._excluded.add(ident)
-                self._sampler.exclude(ident)
+                if self._sampler_spec is not None:
+                    self._sampler.exclude(ident)
             self._start_thread()
         except Exception:  # noqa: BLE001
             logger.debug("hotspan: restart after fork failed", exc_info=True)
@@ -373,6 +383,10 @@ class Agent:
         self.last_reading = reading
         settings = self.live.effective()
         if not settings["enabled"]:
+            if self.shedding:  # nothing to shed while disabled; the rule starts afresh
+                self.shed_seconds += time.monotonic() - self._shed_since
+                self.shedding = self._governor.shedding = False
+                self._uploader.pause(False)
             return
         rate, shed = self._governor.decide(self.wanted_rate(settings), reading)
         now = time.monotonic()
@@ -417,6 +431,8 @@ class Agent:
                 if self._sampler_spec is not None:
                     self._sampler.tick()
                     self._upload(final=False)
+                elif self._held_windows:
+                    self._upload_held(final=False)
                 if self._collectors and time.monotonic() >= self._next_collect:
                     self._next_collect = time.monotonic() + self.config.upload_interval
                     self._collect_profiles()
@@ -433,7 +449,8 @@ class Agent:
         now = time.monotonic()
         if now - self._last_send >= self.config.upload_interval:
             self._last_send = now
-            if self._uploader.idle_for(self.config.upload_interval):
+            # Not a whole interval: the last poll went a little after its check did.
+            if self._uploader.idle_for(0.9 * self.config.upload_interval):
                 self._uploader.poll(
                     f"/api/v1/agent/settings?{query_string({'name': self._app_name()})}"
                 )
@@ -544,6 +561,10 @@ class Agent:
             for body in bodies:
                 self._uploader.submit(params, body)
 
+    def _upload_held(self, final: bool) -> None:
+        """The windows waiting for their spans, with no sampler running to bring new ones."""
+        self._upload(final, taken=(_NOTHING_TAKEN, 1_000_000_000 // self._rate))
+
     def _release(self, held: List[Any], new: List[Any], final: bool) -> List[Any]:
         """What of ``held`` and ``new`` (windows or collectors' profiles, each with what it
         needs) can be encoded now; the rest stays in ``held``.
@@ -559,6 +580,9 @@ class Agent:
         now = time.monotonic()
         wait = max(HOLD_MIN_S, HOLD_INTERVALS * self.config.upload_interval)
         held.extend([now + wait, item] for item in new)
+        if not final and not new and now < self._next_release_check:
+            return []  # looked at less than a second ago: spans end at their own pace
+        self._next_release_check = now + 1.0
         ready, keep = [], []
         for entry in held:
             if final or now >= entry[0] or self._settled(entry[1][0].samples, conditions):

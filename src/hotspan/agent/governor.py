@@ -81,7 +81,7 @@ class Governor:
         self.reason = ""
         # A halving for the budget is checked at the next reading (see decide): the rate and
         # overhead before it, and until when the budget rule rests after it did not help.
-        self._probe: Optional[Tuple[int, float]] = None
+        self._probe: Optional[Tuple[int, float, str]] = None
         self._budget_off = 0.0
         self.futile = False  # the last budget halving did not lower the agent's share
 
@@ -108,21 +108,23 @@ class Governor:
         )
         probe, self._probe = self._probe, None
         if probe is not None and self.reason == "budget":
-            before_rate, before_overhead = probe
+            before_rate, before_overhead, before_reason = probe
             if reading.overhead_percent > FUTILE_SHARE * before_overhead:
                 # Half the samples, about the same cost: what costs is not sampling (a busy
                 # event loop makes every thread that waits for the GIL wake at each switch,
                 # whatever the rate).  Lowering the rate would only blur the profile.
                 self._budget_off = now + BUDGET_RETRY_S
                 self.futile = True
-                self.rate, self.reason = before_rate, ""
+                # Back to where it was, for the reason it was there (cpu, say), if any.
+                self.rate = before_rate
+                self.reason = before_reason if before_rate < wanted_rate else ""
                 return before_rate, False
         if self.cpu_threshold and cpu >= self.cpu_threshold:
             rate, self.reason = max(floor, rate // 2), "cpu"
         elif self.mem_threshold and mem >= self.mem_threshold:
             rate, self.reason = max(floor, rate // 2), "memory"
         elif over_budget and rate > floor:
-            self._probe = (rate, reading.overhead_percent)
+            self._probe = (rate, reading.overhead_percent, self.reason)
             rate, self.reason = max(floor, rate // 2), "budget"
             self.futile = False
         elif rate < wanted_rate:

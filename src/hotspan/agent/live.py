@@ -80,6 +80,10 @@ class LiveSettings:
         with self._lock:
             return dict(self._remote)
 
+    def reset_after_fork(self) -> None:
+        self._lock = threading.Lock()  # a parent thread may have held it at the fork
+        self.changed = threading.Event()
+
     def set_enabled(self, enabled: bool) -> None:
         """``POST`` / ``DELETE`` on the control endpoint."""
         with self._lock:
@@ -87,13 +91,14 @@ class LiveSettings:
             self._bump()
 
     def replace_local(self, settings: Mapping[str, Any]) -> None:
-        """``PUT`` on the control endpoint: these overrides replace the previous ones (an
-        empty object clears them), except ``enabled``, which stays as the last POST/DELETE
-        left it unless the object names it."""
+        """``PUT`` on the control endpoint: these overrides replace the previous ones, except
+        ``enabled``, which stays as the last POST/DELETE left it unless the object names it.
+        An empty object clears them all, ``enabled`` too: the instance follows the server's
+        settings and its own configuration again."""
         with self._lock:
             enabled = self._local.get("enabled")
             self._local = dict(settings)
-            if "enabled" not in settings and enabled is not None:
+            if settings and "enabled" not in settings and enabled is not None:
                 self._local["enabled"] = enabled
             self._bump()
 

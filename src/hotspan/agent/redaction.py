@@ -20,22 +20,19 @@ class Redactor:
     case-insensitively anywhere in it) finds something there."""
 
     def __init__(self, patterns: Iterable[str]) -> None:
-        patterns = [p for p in patterns if p]
-        self._search = (
-            re.compile("|".join(f"(?:{p})" for p in patterns), re.IGNORECASE).search
-            if patterns
-            else None
-        )
+        # Each compiled alone: joined into one, patterns with inline flags or the same group
+        # names would not compile.  Names are checked once each, so N searches cost little.
+        self._searches = [re.compile(p, re.IGNORECASE).search for p in patterns if p]
 
     def __bool__(self) -> bool:
-        return self._search is not None
+        return bool(self._searches)
 
     def __call__(self, text: str) -> str:
-        if self._search is not None and text and self._search(text):
+        if text and any(search(text) for search in self._searches):
             return REDACTED
         return text
 
     def labels(self, labels: Tuple[Tuple[str, str], ...]) -> Tuple[Tuple[str, str], ...]:
-        if self._search is None:
+        if not self._searches:
             return labels
         return tuple((k, self(v)) for k, v in labels)

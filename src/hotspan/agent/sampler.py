@@ -165,16 +165,28 @@ class PythonSampler:
         runs on the main thread, which is the one holding the GIL then."""
         import signal  # only this fallback needs it
 
-        if (
-            not hasattr(signal, "setitimer")
-            or threading.current_thread() is not threading.main_thread()
-            or signal.getsignal(signal.SIGPROF) not in (signal.SIG_DFL, None)
-        ):
+        global _sigprof_target
+        if not hasattr(signal, "setitimer"):
             return
+        current = signal.getsignal(signal.SIGPROF)
+        if current is not _on_sigprof:
+            # Only the main thread may set a handler; once ours is there it stays, and a
+            # sampler started again later (a new rate, profiling enabled again: from the
+            # agent's thread) only points it at itself and arms the timer.
+            if (
+                threading.current_thread() is not threading.main_thread()
+                or current not in (signal.SIG_DFL, None)
+            ):
+                return
+            try:
+                signal.signal(signal.SIGPROF, _on_sigprof)
+            except (OSError, ValueError):
+                return
+        _sigprof_target = self
         try:
-            signal.signal(signal.SIGPROF, self._on_sigprof)
             signal.setitimer(signal.ITIMER_PROF, self.tick_interval, self.tick_interval)
         except (OSError, ValueError):
+            _sigprof_target = None
             return
         self._signal_ticks = True
 
@@ -290,13 +302,14 @@ class PythonSampler:
             return
         import signal
 
+        global _sigprof_target
         self._signal_ticks = False
+        if _sigprof_target is self:
+            _sigprof_target = None
         with contextlib.suppress(OSError, ValueError):
             signal.setitimer(signal.ITIMER_PROF, 0, 0)
-        # Only the main thread may set a handler; elsewhere ours stays, ticking no more.
-        if threading.current_thread() is threading.main_thread():
-            with contextlib.suppress(OSError, ValueError):
-                signal.signal(signal.SIGPROF, signal.SIG_DFL)
+        # The handler stays (a sampler started again from another thread re-arms it), and
+        # with no target it does nothing.
 
     def after_fork(self) -> None:
         # setitimer is not inherited by a child; the handler is, and stays harmless.
@@ -306,6 +319,15 @@ class PythonSampler:
         self._finished = []
         self._cpu_seen = {}
         self._excluded = set()
+
+
+_sigprof_target: Optional[PythonSampler] = None
+
+
+def _on_sigprof(signum: int, frame: Any) -> None:
+    target = _sigprof_target
+    if target is not None:
+        target._on_sigprof(signum, frame)
 
 
 class _ThreadHooks:

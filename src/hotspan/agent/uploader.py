@@ -145,7 +145,7 @@ class Uploader:
     def poll(self, path: str) -> None:
         """Ask ``GET path`` once, when nothing else is being sent (one poll waits at most)."""
         with self._cond:
-            self._poll = path
+            self._poll = self._prefix + path  # behind a gateway path, as /ingest is
             self._cond.notify_all()
 
     def idle_for(self, seconds: float) -> bool:
@@ -361,7 +361,10 @@ class Uploader:
         self._last_attempt = time.monotonic()
         headers = self._headers
         if self._status_headers is not None:
-            headers = {**headers, **self._status_headers()}
+            try:
+                headers = {**headers, **self._status_headers()}
+            except Exception:  # noqa: BLE001 - the upload goes without its report
+                log.debug("hotspan: no status for this upload", exc_info=True)
         try:
             conn = self._connection(timeout)
             status, answer, reason = conn.post(path, body, headers, _MAX_ERROR_BODY, method)

@@ -71,14 +71,14 @@ def _check(name: str, value: Any, kind: type, low: Any, high: Any) -> Any:
     # JSON has one number type: an int setting takes 50 or 50.0, never 50.5 or true.
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise SettingsError(f"{name} must be a number, not {value!r}")
+    if value != value or value in (float("inf"), float("-inf")):
+        raise SettingsError(f"{name} must be a finite number, not {value!r}")
     if kind is int:
         if value != int(value):
             raise SettingsError(f"{name} must be a whole number, not {value!r}")
         value = int(value)
     else:
         value = float(value)
-        if value != value:  # NaN
-            raise SettingsError(f"{name} must be a number, not NaN")
     if (low is not None and value < low) or (high is not None and value > high):
         raise SettingsError(f"{name} {value!r} must be between {low} and {high}")
     return value
