@@ -228,17 +228,10 @@ def check_switching(app: App, client: httpx.Client, service: str) -> None:
     assert httpx.patch(app.control).status_code == 405
 
 
-def test_asgi_app_switched_off_and_on_under_load(server, apps, tmp_path: Path) -> None:
-    service = "ctl-asgi"
-    app = start_app(tmp_path, ASGI_APP, server.url, service)
-    apps.append(app)
-    with server.client() as client:
-        check_switching(app, client, service)
-
-
-def test_wsgi_app_switched_off_and_on_under_load(server, apps, tmp_path: Path) -> None:
-    service = "ctl-wsgi"
-    app = start_app(tmp_path, WSGI_APP, server.url, service)
+@pytest.mark.parametrize("kind", ["asgi", "wsgi"])
+def test_app_switched_off_and_on_under_load(server, apps, tmp_path: Path, kind: str) -> None:
+    service = f"ctl-{kind}"
+    app = start_app(tmp_path, ASGI_APP if kind == "asgi" else WSGI_APP, server.url, service)
     apps.append(app)
     with server.client() as client:
         check_switching(app, client, service)
