@@ -13,8 +13,8 @@ import pytest
 
 from hotspan.agent.config import ConfigError, from_env
 from hotspan.agent.limits import BoundedProfile
-from hotspan.agent.redaction import REDACTED, Redactor
 from hotspan.formats.proto import profile_pb2
+from hotspan.model.redaction import REDACTED, Redactor
 from tests.helpers import QUERIER
 from tests.test_agent import CPU, TOTAL, run_program, service_profile
 

@@ -54,10 +54,14 @@ def _port_or_off(text: str) -> Optional[int]:
 
 def _redact_pattern(text: str) -> str:
     # Checked while parsing, so that a bad pattern stops the server before it starts.
+    from hotspan.model.redaction import RedactError, Redactor
+
     try:
-        re.compile(text, re.IGNORECASE)
-    except re.error as exc:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a regular expression: {exc}") from None
+        Redactor([text])  # compiled as the server will compile it
+    except RedactError as exc:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a regular expression: {exc.reason}"
+        ) from None
     return text
 
 

@@ -171,13 +171,12 @@ class AgentConfig:
             raise ConfigError("resource_check_interval must be between 0.1 and 3600 seconds")
         if self.max_profile_size < 4096:
             raise ConfigError(f"max_profile_size {self.max_profile_size} must be >= 4096 bytes")
-        import re  # here only: a configured agent checks its patterns once
+        from hotspan.model.redaction import RedactError, Redactor
 
-        for pattern in self.redact_patterns():
-            try:
-                re.compile(pattern, re.IGNORECASE)
-            except re.error as exc:
-                raise ConfigError(f"redact pattern {pattern!r} is not a regex: {exc}") from None
+        try:
+            Redactor(self.redact_patterns())  # compiled as the agent will compile them
+        except RedactError as exc:
+            raise ConfigError(str(exc)) from None
         if not self.slow_request_threshold >= 0:  # NaN too
             raise ConfigError(
                 f"slow_request_threshold {self.slow_request_threshold} must not be negative "

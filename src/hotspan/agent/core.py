@@ -22,7 +22,6 @@ from hotspan.agent.governor import Governor, Meter, Reading
 from hotspan.agent.limits import BoundedProfile
 from hotspan.agent.live import LiveSettings, profile_types
 from hotspan.agent.log import logger
-from hotspan.agent.redaction import Redactor
 from hotspan.agent.sampler import CPU, WALL, Collected, PythonSampler, Window, make_sampler
 from hotspan.agent.symbols import Symbolizer
 from hotspan.agent.uploader import Uploader, query_string
@@ -32,6 +31,7 @@ from hotspan.model.agent_settings import (
     SettingsError,
     validate_settings,
 )
+from hotspan.model.redaction import Redactor
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing stays out of the program at run time: see agent/log.py

@@ -173,9 +173,9 @@ class PythonSampler:
             # Only the main thread may set a handler; once ours is there it stays, and a
             # sampler started again later (a new rate, profiling enabled again: from the
             # agent's thread) only points it at itself and arms the timer.
-            if (
-                threading.current_thread() is not threading.main_thread()
-                or current not in (signal.SIG_DFL, None)
+            if threading.current_thread() is not threading.main_thread() or current not in (
+                signal.SIG_DFL,
+                None,
             ):
                 return
             try:

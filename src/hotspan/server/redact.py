@@ -10,43 +10,35 @@ an honest id.
 
 from __future__ import annotations
 
-import re
-from typing import Dict, List, Mapping, Sequence
+from typing import Dict, Mapping, Sequence
 
 import numpy as np
 
 from hotspan.model.labels import METRIC_NAME, SERVICE_NAME, normalize
 from hotspan.model.profile import Frame, IngestBatch
+from hotspan.model.redaction import REDACTED, RedactError
+from hotspan.model.redaction import Redactor as TextRedactor
 
-REDACTED = "[REDACTED]"
+__all__ = ["REDACTED", "RedactError", "Redactor"]
+
 # Label values kept as they are: the profile's identity, which queries and settings need.
 _KEPT_LABELS = frozenset((METRIC_NAME, SERVICE_NAME))
 # Verdicts remembered per distinct text: the same frame names come in every upload.
 _CACHE_LIMIT = 100_000
 
 
-class RedactError(ValueError):
-    """A pattern that is not a valid regular expression; the message names it."""
-
-
-class Redactor:
-    """Replaces any text in which one of the patterns (case-insensitive Python regular
-    expressions, searched anywhere in the text) matches by ``[REDACTED]``."""
+class Redactor(TextRedactor):
+    """The shared matcher (:mod:`hotspan.model.redaction`), with its verdicts remembered per
+    distinct text, and applied to whole ingest batches."""
 
     def __init__(self, patterns: Sequence[str]) -> None:
-        self.patterns = tuple(patterns)
-        self._regexes: List[re.Pattern[str]] = []
-        for pattern in self.patterns:
-            try:
-                self._regexes.append(re.compile(pattern, re.IGNORECASE))
-            except re.error as exc:
-                raise RedactError(f"invalid redaction pattern {pattern!r}: {exc}") from None
+        super().__init__(patterns)
         self._cache: Dict[str, str] = {}
 
     def text(self, value: str) -> str:
         out = self._cache.get(value)
         if out is None:
-            out = REDACTED if any(r.search(value) for r in self._regexes) else value
+            out = self(value)
             if len(self._cache) >= _CACHE_LIMIT:
                 self._cache = {}
             self._cache[value] = out
