@@ -22,6 +22,9 @@ import contextlib
 import os
 import time
 
+from hotspan.agent.context import process_stats
+from hotspan.agent.sampler import KERNEL_CLOCKS, kernel_cpu_clock
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing stays out of the program at run time: see agent/log.py
     from typing import Dict, Iterable, Optional, Tuple
@@ -176,19 +179,19 @@ def memory_limit() -> int:
 
 
 def rss_bytes() -> int:
-    try:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        return 0
+    """The process's RSS, as span stats read it (C where built, a few reads cached)."""
+    return max(process_stats()[0], 0)
 
 
 def thread_cpu_ns(tids: Iterable[int]) -> int:
-    """CPU time of these kernel threads of this process (ended ones count nothing)."""
+    """CPU time of these kernel threads of this process (ended ones count nothing; 0 where
+    the kernel's per-thread clocks cannot be named)."""
+    if not KERNEL_CLOCKS:
+        return 0
     total = 0
     for tid in tids:
         with contextlib.suppress(OSError, OverflowError):  # ended: counts nothing
-            total += time.clock_gettime_ns(((~tid) << 3) | 6)  # the thread's own CPU clock
+            total += time.clock_gettime_ns(kernel_cpu_clock(tid))
     return total
 
 

@@ -367,7 +367,7 @@ class _ThreadHooks:
 _thread_hooks = _ThreadHooks()
 
 
-def _kernel_clock(native_id: int) -> int:
+def kernel_cpu_clock(native_id: int) -> int:
     # Linux's per-thread CPU clock of a kernel thread id (CPUCLOCK_PERTHREAD | CPUCLOCK_SCHED).
     return ((~native_id) << 3) | 6
 
@@ -379,10 +379,10 @@ def _kernel_clocks_usable() -> bool:
         own = time.pthread_getcpuclockid(threading.get_ident())
     except OSError:
         return False
-    return own == _kernel_clock(threading.get_native_id())
+    return own == kernel_cpu_clock(threading.get_native_id())
 
 
-_KERNEL_CLOCKS = _kernel_clocks_usable()
+KERNEL_CLOCKS = _kernel_clocks_usable()
 _FREE_THREADED = hasattr(sys, "_is_gil_enabled") and not sys._is_gil_enabled()
 
 
@@ -392,11 +392,11 @@ def thread_cpu_clock(ident: int) -> Any:
     ended thread's freed pthread struct.  A thread can end between the listing of threads and
     this call, and on a free-threaded build it often did (the fallback crashed the program in
     9 runs of 15 of tests/test_agent_threads.py's program on 3.13t)."""
-    if _KERNEL_CLOCKS:
+    if KERNEL_CLOCKS:
         thread = threading._active.get(ident)  # type: ignore[attr-defined]
         native = getattr(thread, "native_id", None)
         if native is not None:
-            return _kernel_clock(native)
+            return kernel_cpu_clock(native)
         if _FREE_THREADED:
             return None  # a thread threading does not know: nothing holds it alive meanwhile
     return time.pthread_getcpuclockid(ident)
