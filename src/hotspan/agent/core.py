@@ -97,9 +97,6 @@ class Agent:
         )
         self._meter = Meter()
         self._next_check = 0.0
-        self.shedding = False
-        self.shed_seconds = 0.0
-        self._shed_since = 0.0
         self.last_reading: Optional[Reading] = None
         self._applied_generation = -1
         self.applied_version = 0  # of the server's settings, once the loop has applied them
@@ -383,30 +380,26 @@ class Agent:
         self.last_reading = reading
         settings = self.live.effective()
         if not settings["enabled"]:
-            if self.shedding:  # nothing to shed while disabled; the rule starts afresh
-                self.shed_seconds += time.monotonic() - self._shed_since
-                self.shedding = self._governor.shedding = False
+            if self.shedding:
+                self._governor.stop_shedding()
                 self._uploader.pause(False)
             return
+        was_shedding = self.shedding
         rate, shed = self._governor.decide(self.wanted_rate(settings), reading)
-        now = time.monotonic()
-        if shed != self.shedding:
+        if shed != was_shedding:
             if shed:
-                self._shed_since = now
                 logger.info("hotspan: load shedding (%s); profiling paused", reading)
             else:
-                self.shed_seconds += now - self._shed_since
                 logger.info("hotspan: load fell (%s); profiling resumes", reading)
-            self.shedding = shed
             self._uploader.pause(shed)
             self._apply_settings()
         elif self._sampler_spec is not None and rate != self._sampler_spec[0]:
             logger.info("hotspan: sample rate %d Hz (%s, %s)", rate, self._governor.reason, reading)
             self._apply_settings()
 
-    def shed_total(self) -> float:
-        extra = time.monotonic() - self._shed_since if self.shedding else 0.0
-        return self.shed_seconds + extra
+    @property
+    def shedding(self) -> bool:
+        return bool(self._governor.shedding)
 
     # -------------------------------------------------------------- sampling loop
 
@@ -502,7 +495,7 @@ class Agent:
             "cpu_percent": round(reading.cpu_percent, 2) if reading else 0.0,
             "mem_percent": round(reading.mem_percent, 2) if reading else 0.0,
             "shedding": self.shedding,
-            "shed_seconds": round(self.shed_total(), 3),
+            "shed_seconds": round(self._governor.shed_seconds(), 3),
             "rate_reason": reason,
             # Over budget, but a lower rate did not lower the agent's share (see governor.py).
             "budget_futile": self._governor.futile,

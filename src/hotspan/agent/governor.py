@@ -81,12 +81,34 @@ class Governor:
         self.min_rate = min_rate
         self.rate = 0  # in force; 0 until the first decision
         self.shedding = False
+        self._shed_since = 0.0
+        self._shed_before = 0.0  # seconds shed in the stretches that have ended
         self.reason = ""
         # A halving for the budget is checked at the next reading (see decide): the rate and
         # overhead before it, and until when the budget rule rests after it did not help.
         self._probe: Optional[Tuple[int, float, str]] = None
         self._budget_off = 0.0
         self.futile = False  # the last budget halving did not lower the agent's share
+
+    def _shed(self, on: bool) -> None:
+        if on != self.shedding:
+            now = time.monotonic()
+            if on:
+                self._shed_since = now
+            else:
+                self._shed_before += now - self._shed_since
+            self.shedding = on
+
+    def stop_shedding(self) -> None:
+        """Profiling was disabled meanwhile: nothing to shed, and the rule starts afresh."""
+        self._shed(False)
+        if self.reason == "shed":
+            self.reason = ""
+
+    def shed_seconds(self) -> float:
+        """Seconds shed in all, the current stretch included."""
+        current = time.monotonic() - self._shed_since if self.shedding else 0.0
+        return self._shed_before + current
 
     def rate_for(self, wanted_rate: int) -> int:
         """The rate in force for the rate asked for: that one, unless load lowered it."""
@@ -101,9 +123,10 @@ class Governor:
         cpu, mem = reading.cpu_percent, reading.mem_percent
         shed_at = self.load_shedding_cpu
         if shed_at and (cpu >= shed_at or (self.shedding and cpu >= shed_at - HYSTERESIS)):
-            self.shedding, self.reason = True, "shed"
+            self._shed(True)
+            self.reason = "shed"
             return rate, True
-        self.shedding = False
+        self._shed(False)
         judged = reading.process_cpu_s / max(reading.wall_s, 1e-9) * 100 >= MIN_CPU_FOR_BUDGET
         now = time.monotonic()
         over_budget = (
