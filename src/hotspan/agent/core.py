@@ -43,8 +43,6 @@ if TYPE_CHECKING:  # typing stays out of the program at run time: see agent/log.
 
 CPU_TYPE = ("cpu", "nanoseconds")
 CONDITION_LABEL = "hotspan_condition"
-CONDITIONS = ("slow", "error", "high_cpu")  # the order agent/spans.py joins them in
-MAX_SPAN_DEPTH = 256  # parents followed at most (a cycle in broken ids must end)
 # A window waits for its spans to end this many upload intervals, and at least this long.
 HOLD_INTERVALS = 3
 HOLD_MIN_S = 30.0
@@ -566,7 +564,7 @@ class Agent:
         which is often after the window it was sampled in: a window waits until every span in
         it (and its local root) has ended, for HOLD_INTERVALS upload intervals at most."""
         conditions = self._conditions
-        if conditions is None or not conditions.stats().get("providers"):
+        if conditions is None or not conditions.hooked:
             ready = held + new
             held.clear()
             return ready
@@ -588,18 +586,13 @@ class Agent:
     @staticmethod
     def _settled(samples: Any, conditions: Any) -> bool:
         """Whether every span of these samples has ended, with its local ancestors."""
-        entry = conditions.entry
         seen: Set[int] = set()
         for sample in samples:
             span = sample.labels[0]
-            depth = 0
-            while span and span not in seen and depth < MAX_SPAN_DEPTH:
-                found = entry(span)
-                if found is None:
-                    return False
+            if span and span not in seen:
                 seen.add(span)
-                span = found[1]
-                depth += 1
+                if not conditions.lineage(span)[1]:
+                    return False
         return True
 
     def _params(self, start_ns: int, end_ns: int, period: int = 0) -> Dict[str, str]:
@@ -699,7 +692,8 @@ class Agent:
         # Once per span seen in an upload, which is nearly once per sample: kept short.
         span, trace_hi, trace_lo, root, tagset = labels
         out = context.tagset(tagset) if tagset else ()
-        verdict = self._verdict(span) if self._conditions is not None and span else ""
+        conditions = self._conditions
+        verdict = conditions.lineage(span)[0] if conditions is not None and span else ""
         if not verdict and self._conditional_only:
             return None
         if self.config.root_spans_only:
@@ -711,22 +705,6 @@ class Agent:
         if thread is not None:
             out += (("thread_name", thread),)
         return self._redact.labels(out)  # a tuple: the writer interns it once (ProfileWriter.add)
-
-    def _verdict(self, span: int) -> str:
-        """The conditions a sample's span met, and its local ancestors': a query in a slow
-        request is part of the slow request, however fast the query."""
-        entry = self._conditions.entry  # type: ignore[union-attr]
-        met: Set[str] = set()
-        depth = 0
-        while span and depth < MAX_SPAN_DEPTH:
-            found = entry(span)
-            if found is None:
-                break
-            if found[0]:
-                met.update(found[0].split(","))
-            span = found[1]
-            depth += 1
-        return ",".join(c for c in CONDITIONS if c in met) if met else ""
 
     def _app_name(self) -> str:
         tags = ",".join(f"{k}={_tag_value(self._redact(v))}" for k, v in self.config.tags.items())

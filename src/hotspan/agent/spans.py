@@ -42,6 +42,12 @@ ERROR = "error"
 HIGH_CPU = "high_cpu"
 # The order names are joined in: condition() answers e.g. "slow,error".
 CONDITIONS = (SLOW, ERROR, HIGH_CPU)
+# Parents followed at most by lineage() (broken ids making a cycle must not loop).
+MAX_ANCESTORS = 256
+
+
+def _joined(conditions: List[str]) -> str:
+    return ",".join(c for c in CONDITIONS if c in conditions) if conditions else ""
 
 
 class SpanConditions:
@@ -140,6 +146,27 @@ class SpanConditions:
         if entry is None:
             entry = self._older.get(span_id)
         return entry
+
+    def lineage(self, span_id: int) -> Tuple[str, bool]:
+        """The conditions ``span_id`` and its local ancestors met (joined as
+        :meth:`condition` joins them: a query in a slow request is part of the slow request),
+        and whether all of them have ended (False: one is pending, and the verdict may grow)."""
+        met: List[str] = []
+        depth = 0
+        while span_id and depth < MAX_ANCESTORS:
+            found = self.entry(span_id)
+            if found is None:
+                return _joined(met), False
+            if found[0]:
+                met.extend(found[0].split(","))
+            span_id = found[1]
+            depth += 1
+        return _joined(met), True
+
+    @property
+    def hooked(self) -> bool:
+        """Whether a provider's span ends reach us at all (else every span stays pending)."""
+        return bool(self._multis)
 
     def stats(self) -> Dict[str, int]:
         return {
