@@ -13,7 +13,7 @@ import textwrap
 import threading
 import time
 from pathlib import Path
-from typing import Callable, Dict, Iterator, List, Optional
+from typing import Callable, Dict, Iterator, List, Optional, Tuple
 
 import httpx
 import pytest
@@ -237,18 +237,28 @@ def test_app_switched_off_and_on_under_load(server, apps, tmp_path: Path, kind: 
         check_switching(app, client, service)
 
 
-def test_own_port_with_a_token(server, apps, tmp_path: Path) -> None:
+def start_on_own_port(
+    tmp_path: Path, server_url: str, service: str, env: Dict[str, str], configure: str = ""
+) -> Tuple[App, Path]:
+    """A program that serves no HTTP, with the control endpoint on HOTSPAN_CONTROL_PORT; it
+    runs until the returned file exists."""
     port = free_port()
     flag = tmp_path / "stop"
     app = start_app(
         tmp_path,
         PLAIN_PROGRAM,
-        server.url,
-        "ctl-port",
-        env={"HOTSPAN_CONTROL_PORT": str(port), "HOTSPAN_CONTROL_TOKEN": "s3"},
+        server_url,
+        service,
+        env={"HOTSPAN_CONTROL_PORT": str(port), **env},
         args=[str(flag)],
         control_url=f"http://127.0.0.1:{port}/",
+        configure=configure,
     )
+    return app, flag
+
+
+def test_own_port_with_a_token(server, apps, tmp_path: Path) -> None:
+    app, flag = start_on_own_port(tmp_path, server.url, "ctl-port", {"HOTSPAN_CONTROL_TOKEN": "s3"})
     apps.append(app)
     url = app.control
     assert httpx.get(url).status_code == 401
@@ -300,16 +310,11 @@ def test_fleet_settings_from_the_server_are_followed(server, apps, tmp_path: Pat
     """A rule put on the server reaches the agent in the answer to its next upload (or poll,
     while it uploads nothing), and the server shows the instance following it."""
     service = "ctl-fleet"
-    port = free_port()
-    flag = tmp_path / "stop"
-    app = start_app(
+    app, flag = start_on_own_port(
         tmp_path,
-        PLAIN_PROGRAM,
         server.url,
         service,
-        env={"HOTSPAN_CONTROL_PORT": str(port)},
-        args=[str(flag)],
-        control_url=f"http://127.0.0.1:{port}/",
+        {},
         configure=(
             f"hotspan.configure(application_name={service!r}, server_address={server.url!r}, "
             "upload_interval=1, max_overhead=100, tags={'env': 'prod'})\n"

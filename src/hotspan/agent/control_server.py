@@ -43,7 +43,7 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 class ControlServer:
-    def __init__(self, agent: Any, host: str, port: int) -> None:
+    def __init__(self, host: str, port: int) -> None:
         self._server = ThreadingHTTPServer((host, port), _Handler)
         self._server.daemon_threads = True
         self._thread: Optional[threading.Thread] = None

@@ -127,7 +127,7 @@ class Agent:
             from hotspan.agent.control_server import ControlServer
 
             try:
-                server = ControlServer(self, self.config.control_host, self.config.control_port)
+                server = ControlServer(self.config.control_host, self.config.control_port)
                 server.start()
                 self._control_server = server
             except Exception:  # noqa: BLE001 - a port taken, no thread: never the program's
@@ -214,8 +214,8 @@ class Agent:
                 self._sampler.stop()
             self._stop_collectors(flush)
             if flush:
-                self._send_profiles([], final=True)  # those still waiting for their spans
-            if flush:
+                # With what still waits for its spans: at exit, nothing more will end.
+                self._send_profiles([], final=True)
                 if self._sampler_spec is not None:
                     self._upload(final=True)
                 else:
@@ -246,7 +246,7 @@ class Agent:
             self._collector_specs.pop(collector.name, None)
             try:
                 if flush:
-                    self._send_profiles(collector.collect(final=True), final=names is None)
+                    self._send_profiles(collector.collect(final=True))
                 collector.stop()
             except Exception:  # noqa: BLE001
                 logger.warning(
