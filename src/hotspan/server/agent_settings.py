@@ -3,8 +3,9 @@
 Operators put rules through ``/api/v1/settings/{service}`` (query tokens); agents learn the
 rule that matches them in the answer to each upload that carries ``X-Hotspan-Instance``, or
 from ``GET /api/v1/agent/settings`` (ingest tokens), and report what they applied, which the
-operator API shows per instance.  The contract is ``spec-issue14.md``; the settings' checks are
-:func:`hotspan.model.agent_settings.validate_settings`, shared with the agent and the CLI.
+operator API shows per instance (README, "Steering the agent in production").  The settings'
+checks are :func:`hotspan.model.agent_settings.validate_settings`, shared with the agent and
+the CLI.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from hotspan.model.labels import (
 )
 from hotspan.server.errors import HTTPError
 from hotspan.server.instances import Instance, parse_instance, parse_status
-from hotspan.server.request import check_token, tenant_of
+from hotspan.server.request import check_token, read_body, tenant_of
 from hotspan.server.state import ServerState
 from hotspan.store.base import SettingsRule, StoreError
 
@@ -217,17 +218,10 @@ async def get_service(request: Request) -> Response:
     )
 
 
-async def _json_body(request: Request) -> Any:
-    declared = request.headers.get("content-length")
-    if declared and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
-        raise HTTPError(413, f"body of {declared} bytes is over the limit of {MAX_BODY_BYTES}")
-    body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > MAX_BODY_BYTES:
-            raise HTTPError(413, f"body is over the limit of {MAX_BODY_BYTES} bytes")
+async def _json_body(request: Request, config: Any) -> Any:
+    body = await read_body(request, config, MAX_BODY_BYTES, limit=MAX_BODY_BYTES)
     try:
-        return json.loads(bytes(body))
+        return json.loads(body)
     except (ValueError, RecursionError) as exc:
         raise HTTPError(400, f"body is not JSON: {exc}") from None
 
@@ -237,7 +231,7 @@ async def put_rule(request: Request) -> Response:
     try:
         state, tenant = _operator(request)
         service = _service(request)
-        body = await _json_body(request)
+        body = await _json_body(request, state.config)
         if not isinstance(body, dict):
             raise HTTPError(400, 'body must be a JSON object {"selector": ..., "settings": ...}')
         # "service" is tolerated when it repeats the path; any other key is likely a typo.

@@ -54,11 +54,15 @@ def check_authorization(header: str, tokens: FrozenSet[str]) -> None:
 
 
 async def read_body(
-    request: Request, config: ServerConfig, max_decompressed: Optional[int] = None
+    request: Request,
+    config: ServerConfig,
+    max_decompressed: Optional[int] = None,
+    limit: Optional[int] = None,
 ) -> bytes:
-    """The request body, refused past the size limit, gunzipped if Content-Encoding says so
-    (to at most ``max_decompressed`` bytes, by default the server's limit)."""
-    limit = config.max_body_bytes
+    """The request body, refused past the size limit (``limit``, by default the server's),
+    gunzipped if Content-Encoding says so (to at most ``max_decompressed`` bytes, by default
+    the server's limit)."""
+    limit = config.max_body_bytes if limit is None else limit
     declared = request.headers.get("content-length")
     if declared and declared.isdigit() and int(declared) > limit:
         raise HTTPError(413, f"body of {declared} bytes is over the limit of {limit} bytes")
