@@ -92,6 +92,32 @@ def test_meter_reads_this_process() -> None:
     assert got.overhead_percent == 0  # no agent running here
 
 
+
+def test_a_slow_thread_lookup_is_outside_the_readings_window(monkeypatch) -> None:
+    """Beside a busy program the lookup of the agent's threads waits for the GIL at each file
+    it reads (seconds, measured); the wall and CPU clocks of a reading must cover the same
+    span, or the waiting counts as wall time without the program's CPU."""
+    import hotspan.agent.governor as governor
+
+    real = governor.agent_threads
+
+    def waiting_for_the_gil():
+        time.sleep(0.5)
+        return real()
+
+    monkeypatch.setattr(governor, "agent_threads", waiting_for_the_gil)
+    meter = Meter()
+    assert meter.read() is None  # the baseline, after a slow lookup
+    wall_start, cpu_start = time.monotonic(), time.process_time()
+    end = cpu_start + 0.2
+    while time.process_time() < end:
+        pass
+    wall_stop, cpu_stop = time.monotonic(), time.process_time()
+    got = meter.read()  # no lookup this time (twice a minute)
+    assert got is not None
+    assert abs(got.wall_s - (wall_stop - wall_start)) < 0.1, (got.wall_s, wall_stop - wall_start)
+    assert abs(got.process_cpu_s - (cpu_stop - cpu_start)) < 0.1, got
+
 HOG_PROGRAM = """
 import os, sys, threading, time
 import hotspan

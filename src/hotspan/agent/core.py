@@ -415,8 +415,10 @@ class Agent:
             try:
                 now = time.monotonic()
                 if now >= self._next_check:
-                    self._next_check = now + check_every
                     self._check_resources()
+                    # From the end of the check: beside a busy program it can take seconds
+                    # (the GIL), and the next reading needs a whole interval to mean anything.
+                    self._next_check = time.monotonic() + check_every
                 if self.live.changed.is_set():
                     self._apply_settings()
                 if self._sampler_spec is not None:

@@ -262,11 +262,13 @@ class Meter:
 
     def read(self) -> Optional[Reading]:
         """None on the first call (nothing to compare with yet)."""
-        now = time.monotonic_ns()
-        if now / 1e9 - self._tids_at > 30:  # threads come and go rarely: looked up twice a minute
+        if time.monotonic() - self._tids_at > 30:  # threads come and go rarely: twice a minute
             self._agent_tids = agent_threads()
-            self._tids_at = now / 1e9
-        sample = (now, time.process_time_ns(), thread_cpu_ns(self._agent_tids))
+            self._tids_at = time.monotonic()
+        # The clocks are read together, after the lookup: it reads /proc and gives the GIL up
+        # at each file, so beside a busy program it can take a second, which read between
+        # them would count as wall time without the program's CPU.
+        sample = (time.monotonic_ns(), time.process_time_ns(), thread_cpu_ns(self._agent_tids))
         last, self._last = self._last, sample
         if last is None:
             return None
