@@ -92,7 +92,6 @@ def test_meter_reads_this_process() -> None:
     assert got.overhead_percent == 0  # no agent running here
 
 
-
 def test_a_slow_thread_lookup_is_outside_the_readings_window(monkeypatch) -> None:
     """Beside a busy program the lookup of the agent's threads waits for the GIL at each file
     it reads (seconds, measured); the wall and CPU clocks of a reading must cover the same
@@ -117,6 +116,7 @@ def test_a_slow_thread_lookup_is_outside_the_readings_window(monkeypatch) -> Non
     assert got is not None
     assert abs(got.wall_s - (wall_stop - wall_start)) < 0.1, (got.wall_s, wall_stop - wall_start)
     assert abs(got.process_cpu_s - (cpu_stop - cpu_start)) < 0.1, got
+
 
 HOG_PROGRAM = """
 import os, sys, threading, time
