@@ -35,7 +35,7 @@ from hotspan.model.redaction import Redactor
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing stays out of the program at run time: see agent/log.py
-    from typing import Any, Dict, List, Optional, Set, Tuple
+    from typing import Any, Dict, Iterable, Iterator, List, Optional, Set, Tuple
 
     from hotspan.agent.collectors import Collector, ProfileData
     from hotspan.agent.symbols import FrameInfo
@@ -622,24 +622,7 @@ class Agent:
                 profile.period,
                 self.config.max_profile_size,
             )
-            names = _thread_names() if self.config.thread_name_label else {}
-            labels_cache = self._label_sets()
-            # One stack stands in many samples (one per span that allocated there, say): it
-            # is named once.  By id: the collector hands the same tuple for the same stack,
-            # and hashing a stack of code objects costs more than naming it (see Symbolizer).
-            named_cache: Dict[int, Tuple[FrameInfo, ...]] = {}
-            for sample in profile.samples:
-                key = (sample.labels, sample.thread_ident if names else 0)
-                labels = labels_cache.get(key, _UNSEEN)
-                if labels is _UNSEEN:
-                    labels = self._labels(sample.labels, names.get(sample.thread_ident))
-                    labels_cache[key] = labels
-                if labels is None:  # conditional_only, and its span met no condition
-                    self.conditional_dropped += 1
-                    continue
-                named = named_cache.get(id(sample.stack))
-                if named is None:
-                    named = named_cache[id(sample.stack)] = self._named(sample.stack)
+            for sample, named, labels in self._prepared(profile.samples):
                 writer.add(named, sample.values, labels, stack_key=id(named))
             if len(writer):
                 duration = max(profile.end_ns - profile.start_ns, 0)
@@ -657,24 +640,18 @@ class Agent:
     def _named(self, stack: Any) -> Tuple[FrameInfo, ...]:
         return self._symbols.name_stack(stack)
 
-    def _encode(self, window: Window, period: int) -> List[bytes]:
-        limit = self.config.max_profile_size
-        writers = {
-            CPU: BoundedProfile(CPU_TYPE, CPU_TYPE, period, limit),
-            WALL: BoundedProfile(WALL_TYPE, WALL_TYPE, period, limit),
-        }
+    def _prepared(self, samples: Iterable[Any]) -> Iterator[Tuple[Any, Tuple[FrameInfo, ...], Any]]:
+        """The samples to upload, each with its stack named and its labels; those that
+        conditional_only leaves out are counted, not yielded.  Shared by the sampler's windows
+        and the collectors' profiles."""
         names = _thread_names() if self.config.thread_name_label else {}
         labels_cache = self._label_sets()
-        # A stack has CPU and wall samples, and one per span seen there: named once (by id,
-        # as in _send_profiles; window.samples keeps the stacks alive meanwhile).
+        # A stack stands in many samples (CPU and wall, one per span seen there): it is named
+        # once.  By id: the sampler and collectors hand the same tuple for the same stack (and
+        # keep it alive meanwhile), and hashing a stack of code objects costs more than naming
+        # it (see Symbolizer).
         named_cache: Dict[int, Tuple[FrameInfo, ...]] = {}
-        for sample in window.samples:
-            writer = writers.get(sample.kind)
-            if writer is None:
-                continue
-            stack = named_cache.get(id(sample.stack))
-            if stack is None:
-                stack = named_cache[id(sample.stack)] = self._named(sample.stack)
+        for sample in samples:
             key = (sample.labels, sample.thread_ident if names else 0)
             labels = labels_cache.get(key, _UNSEEN)
             if labels is _UNSEEN:
@@ -683,7 +660,19 @@ class Agent:
             if labels is None:  # conditional_only, and its span met no condition
                 self.conditional_dropped += 1
                 continue
-            writer.add(stack, sample.value, labels, stack_key=id(stack))
+            named = named_cache.get(id(sample.stack))
+            if named is None:
+                named = named_cache[id(sample.stack)] = self._named(sample.stack)
+            yield sample, named, labels
+
+    def _encode(self, window: Window, period: int) -> List[bytes]:
+        limit = self.config.max_profile_size
+        writers = {
+            CPU: BoundedProfile(CPU_TYPE, CPU_TYPE, period, limit),
+            WALL: BoundedProfile(WALL_TYPE, WALL_TYPE, period, limit),
+        }
+        for sample, stack, labels in self._prepared(window.samples):
+            writers[sample.kind].add(stack, sample.value, labels, stack_key=id(stack))
         duration = max(window.end_ns - window.start_ns, 0)
         return [w.encode(window.start_ns, duration) for w in writers.values() if len(w)]
 
