@@ -37,7 +37,7 @@ from hotspan.model.labels import (
 )
 from hotspan.server.errors import HTTPError
 from hotspan.server.instances import Instance, parse_instance, parse_status
-from hotspan.server.request import check_token, read_body, tenant_of
+from hotspan.server.request import check_token, query_state, read_body, tenant_of
 from hotspan.server.state import ServerState
 from hotspan.store.base import SettingsRule, StoreError
 
@@ -156,12 +156,6 @@ async def poll(request: Request) -> Response:
     return JSONResponse(answer)
 
 
-def _operator(request: Request) -> tuple:
-    state: ServerState = request.app.state.hotspan
-    check_token(request, state.config.query_tokens)
-    return state, tenant_of(request, state.config)
-
-
 def _service(request: Request) -> str:
     service = request.path_params["service"]
     if not service or len(service) > MAX_SERVICE_CHARS or not service.isprintable():
@@ -193,7 +187,7 @@ def instance_json(inst: Instance, rules: Iterable[SettingsRule]) -> Dict[str, An
 async def list_rules(request: Request) -> Response:
     """``GET /api/v1/settings``: every rule of the tenant."""
     try:
-        state, tenant = _operator(request)
+        state, tenant = query_state(request)
     except HTTPError as exc:
         return _error(exc)
     return JSONResponse({"rules": [r.to_json() for r in state.store.settings_rules(tenant)]})
@@ -202,7 +196,7 @@ async def list_rules(request: Request) -> Response:
 async def get_service(request: Request) -> Response:
     """``GET /api/v1/settings/{service}``: its rules and the instances seen lately."""
     try:
-        state, tenant = _operator(request)
+        state, tenant = query_state(request)
         service = _service(request)
     except HTTPError as exc:
         return _error(exc)
@@ -229,7 +223,7 @@ async def _json_body(request: Request, config: Any) -> Any:
 async def put_rule(request: Request) -> Response:
     """``PUT /api/v1/settings/{service}`` with ``{"selector": "...", "settings": {...}}``."""
     try:
-        state, tenant = _operator(request)
+        state, tenant = query_state(request)
         service = _service(request)
         body = await _json_body(request, state.config)
         if not isinstance(body, dict):
@@ -264,7 +258,7 @@ async def put_rule(request: Request) -> Response:
 async def delete_rule(request: Request) -> Response:
     """``DELETE /api/v1/settings/{service}?selector=...``"""
     try:
-        state, tenant = _operator(request)
+        state, tenant = query_state(request)
         service = _service(request)
         selector = _selector_param(request.query_params.get("selector", ""))
         try:

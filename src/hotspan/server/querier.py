@@ -18,7 +18,7 @@ from hotspan.query.engine import DEFAULT_MAX_NODES, QueryError
 from hotspan.query.flamegraph import FlameGraph
 from hotspan.server.connect import read_message, unary, write_message
 from hotspan.server.errors import HTTPError
-from hotspan.server.request import check_token, tenant_of
+from hotspan.server.request import query_state
 from hotspan.server.state import ServerState
 from hotspan.store.base import SampleFilter, StackValues
 
@@ -96,12 +96,6 @@ def flamegraph_message(graph: FlameGraph, out) -> None:  # type: ignore[no-untyp
     out.max_self = graph.max_self
 
 
-def _state(request: Request) -> Tuple[ServerState, str]:
-    state: ServerState = request.app.state.hotspan
-    check_token(request, state.config.query_tokens)
-    return state, tenant_of(request, state.config)
-
-
 async def _run(fn: Callable, *args):  # type: ignore[no-untyped-def]
     try:
         return await run_in_threadpool(fn, *args)
@@ -111,7 +105,7 @@ async def _run(fn: Callable, *args):  # type: ignore[no-untyped-def]
 
 @unary
 async def profile_types(request: Request) -> Response:
-    state, tenant = _state(request)
+    state, tenant = query_state(request)
     req = await read_message(request, state.config, querier_pb2.ProfileTypesRequest)
     start, end = time_range(req.start, req.end)
     types = await _run(state.engine.profile_types, tenant, start, end)
@@ -130,7 +124,7 @@ async def profile_types(request: Request) -> Response:
 
 @unary
 async def label_names(request: Request) -> Response:
-    state, tenant = _state(request)
+    state, tenant = query_state(request)
     req = await read_message(request, state.config, types_pb2.LabelNamesRequest)
     start, end = time_range(req.start, req.end)
     names = await _run(state.engine.label_names, tenant, list(req.matchers), start, end)
@@ -139,7 +133,7 @@ async def label_names(request: Request) -> Response:
 
 @unary
 async def label_values(request: Request) -> Response:
-    state, tenant = _state(request)
+    state, tenant = query_state(request)
     req = await read_message(request, state.config, types_pb2.LabelValuesRequest)
     if not req.name:
         raise HTTPError(400, "name is required")
@@ -150,7 +144,7 @@ async def label_values(request: Request) -> Response:
 
 @unary
 async def series(request: Request) -> Response:
-    state, tenant = _state(request)
+    state, tenant = query_state(request)
     req = await read_message(request, state.config, querier_pb2.SeriesRequest)
     start, end = time_range(req.start, req.end)
     found = await _run(
@@ -193,7 +187,7 @@ async def _stack_values(
 
 @unary
 async def select_merge_stacktraces(request: Request) -> Response:
-    state, tenant = _state(request)
+    state, tenant = query_state(request)
     req = await read_message(request, state.config, querier_pb2.SelectMergeStacktracesRequest)
     spans = span_ids(req.span_selector) if req.span_selector else None
     ptype, where, values = await _stack_values(
@@ -216,7 +210,7 @@ async def select_merge_stacktraces(request: Request) -> Response:
 
 @unary
 async def select_merge_span_profile(request: Request) -> Response:
-    state, tenant = _state(request)
+    state, tenant = query_state(request)
     req = await read_message(request, state.config, querier_pb2.SelectMergeSpanProfileRequest)
     if not req.span_selector:
         raise HTTPError(400, "span_selector must list at least one span id")
@@ -234,7 +228,7 @@ async def select_merge_span_profile(request: Request) -> Response:
 
 @unary
 async def select_merge_profile(request: Request) -> Response:
-    state, tenant = _state(request)
+    state, tenant = query_state(request)
     req = await read_message(request, state.config, querier_pb2.SelectMergeProfileRequest)
     ptype, where, values = await _stack_values(
         state, tenant, req.profile_typeID, req.label_selector, req.start, req.end, None, req
@@ -246,7 +240,7 @@ async def select_merge_profile(request: Request) -> Response:
 
 @unary
 async def select_series(request: Request) -> Response:
-    state, tenant = _state(request)
+    state, tenant = query_state(request)
     req = await read_message(request, state.config, querier_pb2.SelectSeriesRequest)
     ptype = profile_type(req.profile_typeID)
     sel = selector(req.label_selector)
@@ -285,7 +279,7 @@ async def select_series(request: Request) -> Response:
 
 @unary
 async def diff(request: Request) -> Response:
-    state, tenant = _state(request)
+    state, tenant = query_state(request)
     req = await read_message(request, state.config, querier_pb2.DiffRequest)
     if not req.left.profile_typeID or not req.right.profile_typeID:
         raise HTTPError(400, "left and right selections both need a profile_typeID")
@@ -321,7 +315,7 @@ async def diff(request: Request) -> Response:
 @unary
 async def get_profile_stats(request: Request) -> Response:
     """Whether the tenant has any data, and its time span (Grafana asks before querying)."""
-    state, tenant = _state(request)
+    state, tenant = query_state(request)
     await read_message(request, state.config, types_pb2.GetProfileStatsRequest)
     records = state.store.series(tenant)
     resp = types_pb2.GetProfileStatsResponse(data_ingested=bool(records))

@@ -17,7 +17,7 @@ from hotspan.model.profile import ProfileType, ProfileTypeError
 from hotspan.query.engine import DEFAULT_MAX_NODES, QueryError
 from hotspan.query.flamegraph import FlameGraph
 from hotspan.server.errors import HTTPError
-from hotspan.server.request import check_token, tenant_of
+from hotspan.server.request import query_state
 from hotspan.server.state import ServerState
 from hotspan.store.base import SampleFilter
 
@@ -123,10 +123,8 @@ def _max_nodes(request: Request) -> int:
 
 def _guard(fn):  # type: ignore[no-untyped-def]
     async def endpoint(request: Request) -> Response:
-        state: ServerState = request.app.state.hotspan
         try:
-            check_token(request, state.config.query_tokens)
-            tenant = tenant_of(request, state.config)
+            state, tenant = query_state(request)
             return JSONResponse(await run_in_threadpool(fn, request, state, tenant))
         except HTTPError as exc:
             return JSONResponse({"error": exc.message}, status_code=exc.status)

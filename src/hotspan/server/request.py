@@ -5,7 +5,7 @@ from __future__ import annotations
 import base64
 import hmac
 import re
-from typing import FrozenSet, Optional
+from typing import TYPE_CHECKING, FrozenSet, Optional, Tuple
 
 from starlette.requests import Request
 
@@ -13,6 +13,9 @@ from hotspan.formats.compression import gunzip
 from hotspan.formats.errors import FormatError
 from hotspan.server.config import ServerConfig
 from hotspan.server.errors import HTTPError
+
+if TYPE_CHECKING:
+    from hotspan.server.state import ServerState
 
 TENANT_HEADER = "X-Scope-OrgID"
 # The characters Cortex/Mimir/Pyroscope accept in a tenant id.
@@ -30,6 +33,13 @@ def tenant_from(tenant: Optional[str], config: ServerConfig) -> str:
     if not _TENANT.fullmatch(tenant) or tenant in (".", ".."):
         raise HTTPError(400, f"invalid tenant id in {TENANT_HEADER}: {tenant[:60]!r}")
     return tenant
+
+
+def query_state(request: Request) -> Tuple[ServerState, str]:
+    """The server's state and the tenant of a query, once its query token is checked."""
+    state: ServerState = request.app.state.hotspan
+    check_token(request, state.config.query_tokens)
+    return state, tenant_of(request, state.config)
 
 
 def check_token(request: Request, tokens: FrozenSet[str]) -> None:

@@ -27,8 +27,9 @@ from hotspan.model.profile import ProfileType, span_id_to_int
 from hotspan.query.engine import QueryError
 from hotspan.server.errors import HTTPError
 from hotspan.server.querier import flamegraph_message, max_nodes_value, profile_type, selector
+from hotspan.server.request import query_state
 from hotspan.server.state import ServerState
-from hotspan.server.tempo import query_state, seconds_param, text_error, trace_id_param
+from hotspan.server.tempo import seconds_param, text_error, trace_id_param
 from hotspan.store.base import SampleFilter
 
 CPU = "process_cpu:cpu:nanoseconds:cpu:nanoseconds"

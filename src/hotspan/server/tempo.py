@@ -28,8 +28,7 @@ from hotspan.model.trace import (
 from hotspan.query.engine import QueryError
 from hotspan.query.traceql import legacy_query, parse_duration, parse_logfmt, parse_traceql
 from hotspan.server.errors import HTTPError
-from hotspan.server.request import check_token, tenant_of
-from hotspan.server.state import ServerState
+from hotspan.server.request import query_state
 
 PROTOBUF = "application/protobuf"
 SEC = 1_000_000_000
@@ -39,12 +38,6 @@ MAX_SPANS_PER_SPANSET = 1_000
 # What Tempo lists in the intrinsic scope that hotspan can search on.
 INTRINSIC_TAGS = ["duration", "kind", "name", "status", *TRACE_INTRINSICS]
 TEMPO_VERSION = "2.1.0"  # below 2.2: Grafana of 2023-24 then does not try gRPC streaming
-
-
-def query_state(request: Request) -> Tuple[ServerState, str]:
-    state: ServerState = request.app.state.hotspan
-    check_token(request, state.config.query_tokens)
-    return state, tenant_of(request, state.config)
 
 
 def text_error(exc: HTTPError) -> Response:
