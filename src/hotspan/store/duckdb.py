@@ -18,7 +18,7 @@ import os
 import threading
 import time
 from concurrent.futures import Future
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import duckdb
 import numpy as np
@@ -138,6 +138,22 @@ _CLAMPED_SUM = f"least(sum(value), {MAX_SUM})::BIGINT"
 log = logging.getLogger(__name__)
 
 
+@contextlib.contextmanager
+def _transaction(con: Any, undo: Optional[Callable[[], None]] = None) -> Iterator[None]:
+    """What the block writes, all or nothing; ``undo`` forgets what the block cached of a
+    transaction that failed."""
+    con.execute("BEGIN TRANSACTION")
+    try:
+        yield
+        con.execute("COMMIT")
+    except Exception:
+        with contextlib.suppress(duckdb.Error):  # a failed COMMIT has already rolled back
+            con.execute("ROLLBACK")
+        if undo is not None:
+            undo()
+        raise
+
+
 class DuckDBStore(Store):
     def __init__(self, data_dir: str, threads: int = 0) -> None:
         os.makedirs(data_dir, exist_ok=True)
@@ -152,9 +168,8 @@ class DuckDBStore(Store):
         self._series_lock = threading.Lock()
         self._series: Dict[str, Dict[int, SeriesRecord]] = {}
         self._load_series()
-        self._tenant_ids: Dict[str, int] = dict(
-            self._con.execute("SELECT tenant, tenant_id FROM tenants").fetchall()
-        )
+        self._tenant_ids: Dict[str, int] = {}
+        self._reload_tenant_ids()
         # Ids already written by this process; a restart only costs redundant no-op inserts.
         self._known_frames: set = set()
         self._known_stacks: set = set()
@@ -223,8 +238,8 @@ class DuckDBStore(Store):
                 tenants.append(tenant)
                 columns.append(cols)
 
-        con.execute("BEGIN TRANSACTION")
-        try:
+        # Tenants numbered in a failed transaction do not exist.
+        with _transaction(con, undo=self._reload_tenant_ids):
             if frames:
                 frame_table = {  # noqa: F841 - read by DuckDB's replacement scan
                     "frame_id": np.fromiter(frames.keys(), dtype=np.int64, count=len(frames)),
@@ -280,13 +295,6 @@ class DuckDBStore(Store):
                     f"span_id, {'trace_id' if traced else 'NULL'} FROM sample_table"
                 )
             new_groups, new_tags, seen_tags = self._insert_spans(con, span_batches)
-            con.execute("COMMIT")
-        except Exception:
-            with contextlib.suppress(duckdb.Error):  # a failed COMMIT has already rolled back
-                con.execute("ROLLBACK")
-            # Tenants numbered in the failed transaction do not exist.
-            self._tenant_ids = dict(con.execute("SELECT tenant, tenant_id FROM tenants").fetchall())
-            raise
         if len(self._known_frames) > 2_000_000:
             self._known_frames.clear()
         if len(self._known_stacks) > 2_000_000:
@@ -400,6 +408,11 @@ class DuckDBStore(Store):
                 "SET last_seen = greatest(span_tags.last_seen, excluded.last_seen)"
             )
         return set(groups), tags, seen_only
+
+    def _reload_tenant_ids(self) -> None:
+        self._tenant_ids = dict(
+            self._con.execute("SELECT tenant, tenant_id FROM tenants").fetchall()
+        )
 
     def _tenant_id(self, con: duckdb.DuckDBPyConnection, tenant: str) -> int:
         """The number of a tenant, created inside the running transaction if new."""
@@ -731,19 +744,13 @@ class DuckDBStore(Store):
     def _settings_transaction(self, tenant: str, version: int, sql: str, params: list) -> None:
         """``sql`` and the tenant's new version in one transaction (writer thread)."""
         con = self._con
-        con.execute("BEGIN TRANSACTION")
-        try:
+        with _transaction(con):
             con.execute(sql, params)
             con.execute(
                 "INSERT INTO settings_versions VALUES (?, ?) "
                 "ON CONFLICT DO UPDATE SET version = excluded.version",
                 [tenant, version],
             )
-            con.execute("COMMIT")
-        except Exception:
-            with contextlib.suppress(duckdb.Error):
-                con.execute("ROLLBACK")
-            raise
         self._versions[tenant] = version
 
     def settings_rules(self, tenant: str, service: Optional[str] = None) -> List[SettingsRule]:
@@ -796,8 +803,7 @@ class DuckDBStore(Store):
             ]
         # By the latest time a tag was seen (the row's last_seen may be an hour behind).
         gone_tags = [tag for tag, (_, latest) in self._tags.items() if latest < cutoff_ns]
-        con.execute("BEGIN TRANSACTION")
-        try:
+        with _transaction(con):
             if gone:
                 gone_table = {  # noqa: F841
                     "tenant": np.array([t for t, _ in gone], dtype=object),
@@ -827,11 +833,6 @@ class DuckDBStore(Store):
             con.execute(
                 "DELETE FROM stacks WHERE stack_id NOT IN (SELECT DISTINCT stack_id FROM samples)"
             )
-            con.execute("COMMIT")
-        except Exception:
-            with contextlib.suppress(duckdb.Error):
-                con.execute("ROLLBACK")
-            raise
         # Stacks and groups deleted above are written again by the next push that has them.
         self._known_stacks.clear()
         self._known_groups.clear()
