@@ -139,12 +139,18 @@ class Agent:
                 )
 
     def _start_threads(self) -> None:
+        self._start_uploader()
+        self._apply_settings()
+        self._start_thread()
+
+    def _start_uploader(self) -> None:
+        """Starts the uploader's thread, which no sampler samples (a running one included)."""
         self._uploader.start()
         ident = self._uploader.thread_ident
         if ident is not None:
             self._excluded.add(ident)
-        self._apply_settings()
-        self._start_thread()
+            if self._sampler_spec is not None:
+                self._sampler.exclude(ident)
 
     def _start_sampler(self, rate: int, cpu: bool, wall: bool) -> None:
         config = self.config
@@ -285,12 +291,7 @@ class Agent:
             # The same sampler and collectors go on in the child: started again, not anew.
             if self._sampler_spec is not None:
                 self._sampler.start(self._window_ns)
-            self._uploader.start()
-            ident = self._uploader.thread_ident
-            if ident is not None:
-                self._excluded.add(ident)
-                if self._sampler_spec is not None:
-                    self._sampler.exclude(ident)
+            self._start_uploader()
             self._start_thread()
         except Exception:  # noqa: BLE001
             logger.debug("hotspan: restart after fork failed", exc_info=True)
