@@ -53,10 +53,6 @@ _VERDICTS = tuple(
 )
 
 
-def _joined(conditions: List[str]) -> str:
-    return ",".join(c for c in CONDITIONS if c in conditions) if conditions else ""
-
-
 class SpanConditions:
     """Watches span ends and keeps each one's verdict for a while.
 
@@ -149,28 +145,27 @@ class SpanConditions:
     def entry(self, span_id: int) -> Optional[Tuple[str, int]]:
         """(verdict, local parent's span id or 0) of an ended span, or None (pending): the
         upload path follows parents, so a query in a slow request counts as slow too."""
+        packed = self._packed(span_id)
+        return (_VERDICTS[packed & 7], packed >> 3) if packed is not None else None
+
+    def _packed(self, span_id: int) -> Optional[int]:
         packed = self._current.get(span_id)
-        if packed is None:
-            packed = self._older.get(span_id)
-            if packed is None:
-                return None
-        return _VERDICTS[packed & 7], packed >> 3
+        return packed if packed is not None else self._older.get(span_id)
 
     def lineage(self, span_id: int) -> Tuple[str, bool]:
         """The conditions ``span_id`` and its local ancestors met (joined as
         :meth:`condition` joins them: a query in a slow request is part of the slow request),
         and whether all of them have ended (False: one is pending, and the verdict may grow)."""
-        met: List[str] = []
+        bits = 0
         depth = 0
         while span_id and depth < MAX_ANCESTORS:
-            found = self.entry(span_id)
-            if found is None:
-                return _joined(met), False
-            if found[0]:
-                met.extend(found[0].split(","))
-            span_id = found[1]
+            packed = self._packed(span_id)
+            if packed is None:
+                return _VERDICTS[bits], False
+            bits |= packed & 7
+            span_id = packed >> 3
             depth += 1
-        return _joined(met), True
+        return _VERDICTS[bits], True
 
     @property
     def hooked(self) -> bool:
