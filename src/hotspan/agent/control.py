@@ -76,6 +76,25 @@ def _encode(answer: Answer) -> Tuple[int, bytes]:
     return status, json.dumps(payload).encode() + b"\n"
 
 
+def handle_stream(
+    method: str,
+    content_length: Optional[str],
+    read: Callable[[int], bytes],
+    authorization: str,
+    token: Optional[str] = None,
+) -> Tuple[int, bytes]:
+    """(HTTP status, JSON bytes) for a request whose body is ``content_length`` bytes to
+    ``read`` (WSGI, http.server): never more than MAX_BODY is read."""
+    try:
+        length = int(content_length or 0)
+    except ValueError:
+        length = -1
+    if length < 0 or length > MAX_BODY:
+        return _encode((413, {"error": f"body over {MAX_BODY} bytes or of no length"}))
+    body = read(length) if length else b""
+    return _encode(handle(method, body, authorization, token))
+
+
 def asgi_app(token: Optional[str] = None) -> Callable[..., Any]:
     """An ASGI application to mount in the program (Starlette ``Mount("/hotspan", app)``,
     FastAPI ``app.mount(...)``).  ``token``: requests must carry ``Authorization: Bearer``
@@ -137,21 +156,13 @@ def wsgi_app(token: Optional[str] = None) -> Callable[..., Iterable[bytes]]:
     ``werkzeug.middleware.dispatcher.DispatcherMiddleware`` under ``/hotspan``)."""
 
     def app(environ: Dict[str, Any], start_response: Callable) -> List[bytes]:
-        try:
-            length = int(environ.get("CONTENT_LENGTH") or 0)
-        except ValueError:
-            length = -1
-        if length < 0 or length > MAX_BODY:
-            answer: Answer = (413, {"error": f"body over {MAX_BODY} bytes or of no length"})
-        else:
-            body = environ["wsgi.input"].read(length) if length else b""
-            answer = handle(
-                environ.get("REQUEST_METHOD", "GET"),
-                body,
-                environ.get("HTTP_AUTHORIZATION", ""),
-                token,
-            )
-        status, data = _encode(answer)
+        status, data = handle_stream(
+            environ.get("REQUEST_METHOD", "GET"),
+            environ.get("CONTENT_LENGTH"),
+            environ["wsgi.input"].read,
+            environ.get("HTTP_AUTHORIZATION", ""),
+            token,
+        )
         start_response(
             f"{status} {_REASONS.get(status, 'Error')}",
             [("Content-Type", "application/json"), ("Content-Length", str(len(data)))],

@@ -7,7 +7,7 @@ from __future__ import annotations
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from hotspan.agent.control import MAX_BODY, handle
+from hotspan.agent.control import handle_stream
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing stays out of the program at run time: see agent/log.py
@@ -18,18 +18,12 @@ class _Handler(BaseHTTPRequestHandler):
     server_version = "hotspan-control"
 
     def _answer(self) -> None:
-        try:
-            length = int(self.headers.get("Content-Length") or 0)
-        except ValueError:
-            length = -1
-        if length < 0 or length > MAX_BODY:
-            status, payload = 413, b'{"error": "body too large or of no length"}\n'
-        else:
-            import json
-
-            body = self.rfile.read(length) if length else b""
-            code, answer = handle(self.command, body, self.headers.get("Authorization", ""))
-            status, payload = code, json.dumps(answer).encode() + b"\n"
+        status, payload = handle_stream(
+            self.command,
+            self.headers.get("Content-Length"),
+            self.rfile.read,
+            self.headers.get("Authorization", ""),
+        )
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(payload)))
