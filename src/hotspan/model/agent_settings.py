@@ -12,7 +12,7 @@ from __future__ import annotations
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing stays out of the program at run time: see agent/log.py
-    from typing import Any, Dict, Mapping
+    from typing import Any, Dict
 
 # What an agent can take: the sampler's two profiles and the collectors'.
 PROFILE_TYPES = ("cpu", "wall", "alloc", "locks", "threads")
@@ -82,10 +82,3 @@ def _check(name: str, value: Any, kind: type, low: Any, high: Any) -> Any:
     if (low is not None and value < low) or (high is not None and value > high):
         raise SettingsError(f"{name} {value!r} must be between {low} and {high}")
     return value
-
-
-def merge(base: Mapping[str, Any], changes: Mapping[str, Any]) -> Dict[str, Any]:
-    """``base`` with ``changes`` (both already validated) applied on top."""
-    out = dict(base)
-    out.update(changes)
-    return out
