@@ -93,10 +93,9 @@ def matching_rule(
     return best
 
 
-def agent_labels(name: str) -> Dict[str, str]:
-    """An agent's labels from its ``name`` parameter (``app.cpu{k=v}``): its tags and the
-    service, named as ``/ingest`` names it.  FormatError for a name that is not one."""
-    app = ingest_params.parse_app_name(name)
+def agent_labels(app: ingest_params.AppName) -> Dict[str, str]:
+    """An agent's labels from its parsed ``name`` parameter (``app.cpu{k=v}``): its tags and
+    the service, named as ``/ingest`` names it."""
     labels = {k: v for k, v in app.tags.items() if k != METRIC_NAME}
     if not labels.get(SERVICE_NAME):
         labels[SERVICE_NAME] = ingest_params.split_suffix(app.name)[0]
@@ -109,21 +108,28 @@ def answer_for(rule: Optional[SettingsRule]) -> Dict[str, Any]:
     return {"version": rule.version, "settings": dict(rule.settings)}
 
 
+def settings_answer(state: ServerState, tenant: str, labels: Mapping[str, str]) -> Dict[str, Any]:
+    """The settings answer for an agent with these labels: its service's rule that matches."""
+    rules = state.store.settings_rules(tenant, labels[SERVICE_NAME])
+    return answer_for(matching_rule(rules, labels))
+
+
 def observe_agent(
-    request: Request, state: ServerState, tenant: str, labels: Mapping[str, str]
+    request: Request, state: ServerState, tenant: str, app: ingest_params.AppName
 ) -> Optional[Dict[str, Any]]:
     """For a request from a hotspan agent (it has ``X-Hotspan-Instance``): record its status
-    and return the settings answer.  None for any other client, whose answer stays as it was.
+    and return the settings answer.  None for any other client (a Pyroscope SDK's upload),
+    whose answer stays as it was.
     """
     header = request.headers.get(INSTANCE_HEADER)
     if header is None:
         return None
-    service = labels[SERVICE_NAME]
+    labels = agent_labels(app)
     instance = parse_instance(header)
     if instance is not None:
         status = parse_status(request.headers.get(STATUS_HEADER))
-        state.instances.record(tenant, service, instance, labels, status)
-    return answer_for(matching_rule(state.store.settings_rules(tenant, service), labels))
+        state.instances.record(tenant, labels[SERVICE_NAME], instance, labels, status)
+    return settings_answer(state, tenant, labels)
 
 
 # -- endpoints ----------------------------------------------------------------------------------
@@ -143,16 +149,15 @@ async def poll(request: Request) -> Response:
         if not name:
             raise HTTPError(400, "query parameter 'name' (app{key=value,...}) is required")
         try:
-            labels = agent_labels(name)
+            app = ingest_params.parse_app_name(name)
         except FormatError as exc:
             raise HTTPError(400, str(exc)) from None
     except HTTPError as exc:
         return _error(exc)
     # A poll without the instance header still learns its settings; it is just not recorded.
-    answer = observe_agent(request, state, tenant, labels)
+    answer = observe_agent(request, state, tenant, app)
     if answer is None:
-        rules = state.store.settings_rules(tenant, labels[SERVICE_NAME])
-        answer = answer_for(matching_rule(rules, labels))
+        answer = settings_answer(state, tenant, agent_labels(app))
     return JSONResponse(answer)
 
 

@@ -22,7 +22,7 @@ from hotspan.model.profile import (
     IngestBatch,
     ProfileType,
 )
-from hotspan.server.agent_settings import agent_labels, observe_agent
+from hotspan.server.agent_settings import observe_agent
 from hotspan.server.connect import read_message, unary, write_message
 from hotspan.server.errors import HTTPError
 from hotspan.server.request import check_token, read_body, tenant_of
@@ -37,10 +37,8 @@ async def commit(state: ServerState, tenant: str, batch: IngestBatch) -> None:
     here (or in :func:`commit_sync`), so that is where the server redacts."""
     if not len(batch):
         return
-    if state.redactor is not None:
-        batch = state.redactor.batch(batch)
     try:
-        await asyncio.wrap_future(state.store.write(tenant, batch))
+        await asyncio.wrap_future(state.store.write(tenant, _stored_form(state, batch)))
     except StoreError as exc:
         raise HTTPError(503, f"could not store the profile: {exc}") from None
 
@@ -48,9 +46,12 @@ async def commit(state: ServerState, tenant: str, batch: IngestBatch) -> None:
 def commit_sync(state: ServerState, tenant: str, batch: IngestBatch, timeout_s: float) -> None:
     """:func:`commit` for callers on a thread of their own (the gRPC receivers)."""
     if len(batch):
-        if state.redactor is not None:
-            batch = state.redactor.batch(batch)
-        state.store.write(tenant, batch).result(timeout=timeout_s)
+        state.store.write(tenant, _stored_form(state, batch)).result(timeout=timeout_s)
+
+
+def _stored_form(state: ServerState, batch: IngestBatch) -> IngestBatch:
+    """The batch as the store keeps it: redacted when the server was told to."""
+    return state.redactor.batch(batch) if state.redactor is not None else batch
 
 
 def _tags(tags: Mapping[str, str]) -> Dict[str, str]:
@@ -75,7 +76,7 @@ async def ingest(request: Request) -> Response:
             raise HTTPError(400, "query parameter 'name' (app{key=value,...}) is required")
         app = ingest_params.parse_app_name(params["name"])
         # Before the body: an agent whose upload fails is still alive, and says how it is.
-        answer = observe_agent(request, state, tenant, agent_labels(params["name"]))
+        answer = observe_agent(request, state, tenant, app)
         now = time.time_ns()
         start = ingest_params.parse_time(params.get("from"), now)
         try:
