@@ -52,7 +52,8 @@ class BoundedProfile:
         # The most rows that fit: fewer rows never make a larger profile (the other frame is
         # one sample), so a binary search finds it in log2(rows) encodes.
         low, high = 0, len(rows) - 1
-        best = self._folded(rows, 0, time_ns, duration_ns)
+        best: Optional[bytes] = None
+        all_folded = b""  # keep = 0: the search always tries it when nothing larger fits
         while low <= high:
             middle = (low + high) // 2
             candidate = self._folded(rows, middle, time_ns, duration_ns)
@@ -60,9 +61,12 @@ class BoundedProfile:
                 best, low = candidate, middle + 1
                 self.folded_stacks = len(rows) - middle
             else:
+                if middle == 0:
+                    all_folded = candidate
                 high = middle - 1
-        if self.folded_stacks == 0:
+        if best is None:  # not even everything folded fits: that is the smallest there is
             self.folded_stacks = len(rows)
+            return all_folded
         return best
 
     def _folded(self, rows: List[Any], keep: int, time_ns: int, duration_ns: int) -> bytes:
