@@ -277,14 +277,6 @@ def install_gc_callback() -> None:
         gc.callbacks.append(callback)
 
 
-def uninstall_gc_callback() -> None:
-    import gc
-
-    callback = _native.gc_callback if _native is not None else _py_gc_totals
-    with contextlib.suppress(ValueError):
-        gc.callbacks.remove(callback)
-
-
 _process_cache: List[Any] = [0, (-1, -1, -1)]
 
 
@@ -520,8 +512,6 @@ def install_span_linking(
     stats as attributes at detach (see the module's docstring)."""
     global _span_stats
     _span_stats = span_stats
-    if span_stats:
-        install_gc_callback()
     module = sys.modules.get("opentelemetry.context")
     if module is not None:
         return _hook(module, root_spans_only, native)
@@ -595,6 +585,10 @@ def _hook(otel_context: Any, root_spans_only: bool, native: bool) -> bool:
     if current is None:
         logger.warning("hotspan: this OpenTelemetry version has no runtime context to hook")
         return False
+    if _span_stats:
+        # Only now: a program that never imports OpenTelemetry has no span to give GC
+        # pauses to, and should not pay a callback on every collection.
+        install_gc_callback()
     if _is_hook(current):
         current.root_spans_only = root_spans_only
         current.span_stats = _span_stats
