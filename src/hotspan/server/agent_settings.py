@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 import json
 import time
-from typing import Any, Dict, Iterable, Mapping, Optional
+from typing import Any, Awaitable, Callable, Dict, Iterable, Mapping, Optional
 
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
@@ -135,25 +135,34 @@ def observe_agent(
 # -- endpoints ----------------------------------------------------------------------------------
 
 
-def _error(exc: HTTPError) -> Response:
-    return JSONResponse({"error": exc.message}, status_code=exc.status)
+def _json_errors(
+    endpoint: Callable[[Request], Awaitable[Response]],
+) -> Callable[[Request], Awaitable[Response]]:
+    """The endpoint, with an HTTPError it raises answered as ``{"error": reason}``."""
+
+    @functools.wraps(endpoint)
+    async def answered(request: Request) -> Response:
+        try:
+            return await endpoint(request)
+        except HTTPError as exc:
+            return JSONResponse({"error": exc.message}, status_code=exc.status)
+
+    return answered
 
 
+@_json_errors
 async def poll(request: Request) -> Response:
     """``GET /api/v1/agent/settings?name=app{k=v}``: an agent that is not uploading asks."""
     state: ServerState = request.app.state.hotspan
+    check_token(request, state.config.ingest_tokens)
+    tenant = tenant_of(request, state.config)
+    name = request.query_params.get("name")
+    if not name:
+        raise HTTPError(400, "query parameter 'name' (app{key=value,...}) is required")
     try:
-        check_token(request, state.config.ingest_tokens)
-        tenant = tenant_of(request, state.config)
-        name = request.query_params.get("name")
-        if not name:
-            raise HTTPError(400, "query parameter 'name' (app{key=value,...}) is required")
-        try:
-            app = ingest_params.parse_app_name(name)
-        except FormatError as exc:
-            raise HTTPError(400, str(exc)) from None
-    except HTTPError as exc:
-        return _error(exc)
+        app = ingest_params.parse_app_name(name)
+    except FormatError as exc:
+        raise HTTPError(400, str(exc)) from None
     # A poll without the instance header still learns its settings; it is just not recorded.
     answer = observe_agent(request, state, tenant, app)
     if answer is None:
@@ -189,22 +198,18 @@ def instance_json(inst: Instance, rules: Iterable[SettingsRule]) -> Dict[str, An
     }
 
 
+@_json_errors
 async def list_rules(request: Request) -> Response:
     """``GET /api/v1/settings``: every rule of the tenant."""
-    try:
-        state, tenant = query_state(request)
-    except HTTPError as exc:
-        return _error(exc)
+    state, tenant = query_state(request)
     return JSONResponse({"rules": [r.to_json() for r in state.store.settings_rules(tenant)]})
 
 
+@_json_errors
 async def get_service(request: Request) -> Response:
     """``GET /api/v1/settings/{service}``: its rules and the instances seen lately."""
-    try:
-        state, tenant = query_state(request)
-        service = _service(request)
-    except HTTPError as exc:
-        return _error(exc)
+    state, tenant = query_state(request)
+    service = _service(request)
     rules = state.store.settings_rules(tenant, service)
     since = time.time_ns() - INSTANCE_SHOWN_NS
     instances = state.instances.instances(tenant, service, since)
@@ -225,58 +230,54 @@ async def _json_body(request: Request, config: Any) -> Any:
         raise HTTPError(400, f"body is not JSON: {exc}") from None
 
 
+@_json_errors
 async def put_rule(request: Request) -> Response:
     """``PUT /api/v1/settings/{service}`` with ``{"selector": "...", "settings": {...}}``."""
+    state, tenant = query_state(request)
+    service = _service(request)
+    body = await _json_body(request, state.config)
+    if not isinstance(body, dict):
+        raise HTTPError(400, 'body must be a JSON object {"selector": ..., "settings": ...}')
+    # "service" is tolerated when it repeats the path; any other key is likely a typo.
+    unknown = sorted(set(body) - {"selector", "settings", "service"})
+    if unknown:
+        raise HTTPError(400, f"unknown field(s) {unknown} (known: selector, settings)")
+    if "service" in body and body["service"] != service:
+        raise HTTPError(400, f"field service {body['service']!r} is not the path's {service!r}")
+    selector = body.get("selector") or ""
+    if not isinstance(selector, str):
+        raise HTTPError(400, f"selector must be a string, not {selector!r}")
+    selector = _selector_param(selector)
+    if "settings" not in body:
+        raise HTTPError(400, "field 'settings' (an object of settings) is required")
     try:
-        state, tenant = query_state(request)
-        service = _service(request)
-        body = await _json_body(request, state.config)
-        if not isinstance(body, dict):
-            raise HTTPError(400, 'body must be a JSON object {"selector": ..., "settings": ...}')
-        # "service" is tolerated when it repeats the path; any other key is likely a typo.
-        unknown = sorted(set(body) - {"selector", "settings", "service"})
-        if unknown:
-            raise HTTPError(400, f"unknown field(s) {unknown} (known: selector, settings)")
-        if "service" in body and body["service"] != service:
-            raise HTTPError(400, f"field service {body['service']!r} is not the path's {service!r}")
-        selector = body.get("selector") or ""
-        if not isinstance(selector, str):
-            raise HTTPError(400, f"selector must be a string, not {selector!r}")
-        selector = _selector_param(selector)
-        if "settings" not in body:
-            raise HTTPError(400, "field 'settings' (an object of settings) is required")
-        try:
-            settings = validate_settings(body["settings"])
-        except SettingsError as exc:
-            raise HTTPError(400, str(exc)) from None
-        try:
-            rule = await run_in_threadpool(
-                state.store.put_settings_rule, tenant, service, selector, settings
-            )
-        except StoreError as exc:
-            raise HTTPError(503, f"could not store the rule: {exc}") from None
-    except HTTPError as exc:
-        return _error(exc)
+        settings = validate_settings(body["settings"])
+    except SettingsError as exc:
+        raise HTTPError(400, str(exc)) from None
+    try:
+        rule = await run_in_threadpool(
+            state.store.put_settings_rule, tenant, service, selector, settings
+        )
+    except StoreError as exc:
+        raise HTTPError(503, f"could not store the rule: {exc}") from None
     return JSONResponse(rule.to_json())
 
 
+@_json_errors
 async def delete_rule(request: Request) -> Response:
     """``DELETE /api/v1/settings/{service}?selector=...``"""
+    state, tenant = query_state(request)
+    service = _service(request)
+    selector = _selector_param(request.query_params.get("selector", ""))
     try:
-        state, tenant = query_state(request)
-        service = _service(request)
-        selector = _selector_param(request.query_params.get("selector", ""))
-        try:
-            deleted = await run_in_threadpool(
-                state.store.delete_settings_rule, tenant, service, selector
-            )
-        except StoreError as exc:
-            raise HTTPError(503, f"could not delete the rule: {exc}") from None
-        if not deleted:
-            shown = selector or "(none)"
-            raise HTTPError(404, f"no rule for service {service!r} with selector {shown}")
-    except HTTPError as exc:
-        return _error(exc)
+        deleted = await run_in_threadpool(
+            state.store.delete_settings_rule, tenant, service, selector
+        )
+    except StoreError as exc:
+        raise HTTPError(503, f"could not delete the rule: {exc}") from None
+    if not deleted:
+        shown = selector or "(none)"
+        raise HTTPError(404, f"no rule for service {service!r} with selector {shown}")
     return JSONResponse({"deleted": True})
 
 
