@@ -351,7 +351,7 @@ class Agent:
             )
             self._conditions.install()
         if self._conditions is not None:
-            self._conditions.slow_threshold_ns = int(slow * 1e9) if slow > 0 else 0
+            self._conditions.set_slow_threshold(slow)
 
     def wanted_rate(self, settings: Optional[Dict[str, Any]] = None) -> int:
         """The rate asked for, before the governor has its say."""

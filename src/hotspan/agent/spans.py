@@ -74,7 +74,8 @@ class SpanConditions:
         max_spans: int = 50_000,
         max_age_s: float = 600.0,
     ) -> None:
-        self.slow_threshold_ns = int(slow_threshold_s * 1e9) if slow_threshold_s > 0 else 0
+        self.slow_threshold_ns = 0
+        self.set_slow_threshold(slow_threshold_s)
         self.errors = bool(errors)
         self.cpu_ratio = cpu_threshold_percent / 100.0 if cpu_threshold_percent > 0 else 0.0
         self._generation_size = max(1, max_spans // 2)
@@ -93,6 +94,10 @@ class SpanConditions:
         self.error = 0
         self.high_cpu = 0
         self.forgotten = 0
+
+    def set_slow_threshold(self, seconds: float) -> None:
+        """Spans of at least ``seconds`` are ``slow`` from now on (0: the rule is off)."""
+        self.slow_threshold_ns = int(seconds * 1e9) if seconds > 0 else 0
 
     # -------------------------------------------------------------- the hook
 
