@@ -11,6 +11,7 @@
 import { getJSON, sendJSON } from "./api.js";
 import { el, message } from "./dom.js";
 import { formatTime } from "./format.js";
+import { formatSelector, withService } from "./labels.js";
 import { navigate } from "./router.js";
 import { catalogue, errorBox } from "./selection.js";
 
@@ -194,7 +195,7 @@ class ServiceSettings {
   }
 
   build() {
-    const profiles = `/profiles?query=${encodeURIComponent(`{service_name="${this.service.replace(/["\\]/g, "\\$&")}"}`)}`;
+    const profiles = `/profiles?query=${encodeURIComponent(formatSelector(withService([], this.service)))}`;
     this.banner = el("div", { class: "hs-banner" });
     this.rules = el("div", { class: "hs-settings-rules" }, el("p", { class: "hs-loading" }, "Loading…"));
     this.instances = el("div", { class: "hs-settings-instances" });
@@ -338,7 +339,7 @@ class ServiceSettings {
     this.confirming = null;
     button.disabled = true;
     try {
-      await sendJSON("DELETE", `${apiPath(this.service)}?selector=${encodeURIComponent(rule.selector || "")}`);
+      await sendJSON("DELETE", apiPath(this.service), undefined, { selector: rule.selector });
       this.banner.replaceChildren(message("info", `Deleted the rule for ${selectorText(rule.selector)}.`,
         "Its instances go back to another matching rule, or to their own configuration."));
     } catch (err) {
