@@ -13,7 +13,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing stays out of the program at run time: see agent/log.py
     from typing import Dict, List, Mapping, Optional
 
-DEFAULT_SERVER_ADDRESS = "http://localhost:4040"
+DEFAULT_SERVER_ADDRESS = "http://127.0.0.1:4040"
 DEFAULT_BUFFER_BYTES = 16 * 1024 * 1024
 DEFAULT_REDACT = ("password", "secret", "credential", "token")
 

@@ -8,8 +8,9 @@ and every other sample label becomes a series label.
 
 from __future__ import annotations
 
+import gzip
 import re
-from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple
+from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple, Union
 
 import numpy as np
 
@@ -27,6 +28,7 @@ from hotspan.model.profile import (
     StackChunk,
     span_id_to_int,
 )
+from hotspan.model.stack_profile import SampleType, StackProfile
 
 Profile = profile_pb2.Profile
 
@@ -233,21 +235,34 @@ def _apply_labels(
 
 
 class ProfileBuilder:
-    """Builds a pprof profile from frames and values (used for query output)."""
+    """Builds a pprof profile from frames and values: query output, and the files the command
+    line writes.  ``sample_types``: (type, unit) pairs, one value per pair in :meth:`add`."""
 
-    def __init__(self, profile_type: ProfileType, period: int = 0) -> None:
+    def __init__(
+        self,
+        sample_types: Sequence[Tuple[str, str]],
+        period_type: Tuple[str, str] = ("", ""),
+        period: int = 0,
+    ) -> None:
         self.profile = Profile()
         self._strings: Dict[str, int] = {}
         self._functions: Dict[Tuple[str, str], int] = {}
         self._locations: Dict[Frame, int] = {}
         self.string("")
-        self.profile.sample_type.add(
-            type=self.string(profile_type.sample_type), unit=self.string(profile_type.sample_unit)
-        )
-        if profile_type.period_type:
-            self.profile.period_type.type = self.string(profile_type.period_type)
-            self.profile.period_type.unit = self.string(profile_type.period_unit)
+        for sample_type, unit in sample_types:
+            self.profile.sample_type.add(type=self.string(sample_type), unit=self.string(unit))
+        if period_type[0]:
+            self.profile.period_type.type = self.string(period_type[0])
+            self.profile.period_type.unit = self.string(period_type[1])
         self.profile.period = period
+
+    @classmethod
+    def of_type(cls, profile_type: ProfileType, period: int = 0) -> ProfileBuilder:
+        return cls(
+            [(profile_type.sample_type, profile_type.sample_unit)],
+            (profile_type.period_type, profile_type.period_unit),
+            period,
+        )
 
     def string(self, text: str) -> int:
         idx = self._strings.get(text)
@@ -274,7 +289,58 @@ class ProfileBuilder:
             loc.line.add(function_id=fn_id, line=frame.line)
         return loc_id
 
-    def add(self, root_first: Iterable[Frame], value: int) -> None:
+    def add(self, root_first: Iterable[Frame], value: Union[int, Sequence[int]]) -> None:
         ids = [self.location(f) for f in root_first]
         ids.reverse()
-        self.profile.sample.add(location_id=ids, value=[value])
+        values = [value] if isinstance(value, int) else list(value)
+        self.profile.sample.add(location_id=ids, value=values)
+
+
+def read_stack_profile(data: bytes, max_size: int = 1 << 31) -> StackProfile:
+    """A whole pprof file (gzip-compressed or not) as a :class:`StackProfile`."""
+    decoded = parse(data, max_size)
+    text = _Text(decoded.strings)
+    types = [text(t) for t in decoded.sample_types[:, 0].tolist()]
+    units = [text(u) for u in decoded.sample_types[:, 1].tolist()]
+    frames: Dict[int, Frame] = {}
+    for fid, fname, ffile, fline in zip(
+        decoded.frame_id.tolist(),
+        decoded.frame_name.tolist(),
+        decoded.frame_file.tolist(),
+        decoded.frame_line.tolist(),
+    ):
+        if fname < 0:  # unsymbolized: the line holds the address
+            frames[fid] = Frame(f"0x{fline:x}")
+        else:
+            frames[fid] = Frame(text(fname), text(ffile), fline)
+    out = StackProfile(
+        [SampleType(t, u, metric_name([t], DEFAULT_DISPLAY_NAMES)) for t, u in zip(types, units)],
+        period_type=(
+            (text(decoded.period_type), text(decoded.period_unit))
+            if decoded.has_period_type
+            else ("", "")
+        ),
+        period=decoded.period,
+        time_ns=decoded.time_nanos,
+        duration_ns=decoded.duration_nanos,
+    )
+    offsets = decoded.frame_off.tolist()
+    all_frames = decoded.frames.tolist()
+    for i, values in enumerate(decoded.values.tolist()):
+        stack = [frames[f] for f in all_frames[offsets[i] : offsets[i + 1]]]
+        out.add(stack, values)
+    return out
+
+
+def write_stack_profile(profile: StackProfile, compress: bool = True) -> bytes:
+    """``profile`` as pprof (gzip-compressed unless ``compress`` is False), every sample type
+    a value column, as ``go tool pprof -sample_index=...`` picks them."""
+    builder = ProfileBuilder(
+        [(st.type, st.unit) for st in profile.sample_types], profile.period_type, profile.period
+    )
+    for stack, values in profile.stacks.items():
+        builder.add(stack, values)
+    builder.profile.time_nanos = profile.time_ns
+    builder.profile.duration_nanos = profile.duration_ns
+    raw = builder.profile.SerializeToString()
+    return gzip.compress(raw, compresslevel=6, mtime=0) if compress else raw

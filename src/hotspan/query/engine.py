@@ -196,7 +196,7 @@ class QueryEngine:
         if max_nodes and len(vals) > max_nodes:
             keep = np.argsort(vals)[::-1][:max_nodes]
             matrix, lengths, vals = matrix[keep], lengths[keep], vals[keep]
-        builder = ProfileBuilder(profile_type)
+        builder = ProfileBuilder.of_type(profile_type)
         frames = self.stacks.frames
         for row, length, value in zip(matrix.tolist(), lengths.tolist(), vals.tolist()):
             builder.add((frames[f] for f in row[:length]), value)

@@ -1,43 +1,22 @@
-"""The ``hotspan`` command."""
+"""``hotspan server``: the server on its embedded store, with the web UI."""
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import logging
 import os
-import re
 import signal
 import socket
 import sys
 import threading
 from typing import Iterator, List, Optional
 
-from hotspan import __version__, cli_settings
+from hotspan import __version__
+from hotspan.cli.client import duration_s
 
 
 def _tokens(value: Optional[str]) -> frozenset:
     return frozenset(t.strip() for t in (value or "").split(",") if t.strip())
-
-
-_DURATION = re.compile(r"(\d+(?:\.\d+)?)(d|h|m|s)")
-_DURATION_UNIT_S = {"d": 86400, "h": 3600, "m": 60, "s": 1}
-
-
-def _duration_s(text: str) -> float:
-    """``7d``, ``12h``, ``90m``, ``30s`` or combinations (``1d12h``); ``0`` or ``off``: 0."""
-    text = text.strip().lower()
-    if text in ("0", "off", "none"):
-        return 0.0
-    total, pos = 0.0, 0
-    for m in _DURATION.finditer(text):
-        if m.start() != pos:
-            break
-        total += float(m.group(1)) * _DURATION_UNIT_S[m.group(2)]
-        pos = m.end()
-    if pos == 0 or pos != len(text):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a duration such as 7d, 12h or 30m")
-    return total
 
 
 def _port_or_off(text: str) -> Optional[int]:
@@ -160,12 +139,6 @@ def _server(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run(args: argparse.Namespace) -> int:
-    from hotspan.agent.run import main as run_main
-
-    return run_main(args.argv)
-
-
 def _graceful_server_class():  # type: ignore[no-untyped-def]
     import uvicorn
 
@@ -190,11 +163,7 @@ def _graceful_server_class():  # type: ignore[no-untyped-def]
     return GracefulServer
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="hotspan", description=__doc__)
-    parser.add_argument("--version", action="version", version=f"hotspan {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True)
-
+def add_parser(sub: argparse._SubParsersAction) -> None:
     srv = sub.add_parser("server", help="run the server on the embedded store")
     srv.add_argument(
         "--host", default="127.0.0.1", help="address to listen on (default %(default)s)"
@@ -234,13 +203,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     srv.add_argument(
         "--retention",
-        type=_duration_s,
+        type=duration_s,
         default="7d",
         help="delete samples and spans older than this (default %(default)s; 0: keep all)",
     )
     srv.add_argument(
         "--retention-interval",
-        type=_duration_s,
+        type=duration_s,
         default="10m",
         help="how often retention runs (default %(default)s)",
     )
@@ -262,23 +231,3 @@ def build_parser() -> argparse.ArgumentParser:
         "--log-level", default="warning", choices=["critical", "error", "warning", "info", "debug"]
     )
     srv.set_defaults(func=_server)
-
-    # hotspan.agent.run parses its own options: everything after `run` goes there untouched
-    # (no '-' prefix here, so `--tag`, `-m` or the program's own options are not ours to take).
-    run = sub.add_parser(
-        "run",
-        help="profile a program: hotspan run [options] -- python app.py [args...]",
-        add_help=False,
-        prefix_chars="\0",
-    )
-    run.add_argument("argv", nargs=argparse.REMAINDER)
-    run.set_defaults(func=_run, log_level="warning")
-    cli_settings.add_parser(sub)
-    return parser
-
-
-def main(argv: Optional[List[str]] = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=getattr(logging, args.log_level.upper(), logging.WARNING))
-    return int(args.func(args))

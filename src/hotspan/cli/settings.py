@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 import urllib.error
@@ -16,18 +15,8 @@ import urllib.parse
 import urllib.request
 from typing import Any, Dict, List, Optional, Sequence
 
+from hotspan.cli.client import Client, CLIError, add_server_options
 from hotspan.model.agent_settings import SettingsError, validate_settings
-
-DEFAULT_SERVER = "http://localhost:4040"
-TIMEOUT_S = 30.0
-
-
-class CLIError(Exception):
-    """A failure to report in one line; ``code`` is the exit status."""
-
-    def __init__(self, message: str, code: int = 1) -> None:
-        super().__init__(message)
-        self.code = code
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -39,13 +28,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
     def common(p: argparse.ArgumentParser) -> None:
         p.add_argument("service", help="the service (service_name) the settings are for")
-        p.add_argument(
-            "--server",
-            default=os.environ.get("HOTSPAN_SERVER") or DEFAULT_SERVER,
-            help="server URL (default %(default)s, or HOTSPAN_SERVER)",
-        )
-        p.add_argument("--token", help="a query token (or HOTSPAN_QUERY_TOKEN)")
-        p.add_argument("--tenant", help="tenant (X-Scope-OrgID; default: the server's)")
+        add_server_options(p)
         p.add_argument("--json", action="store_true", help="print the server's JSON answer")
         p.set_defaults(func=run, log_level="warning")
 
@@ -99,47 +82,14 @@ def run(args: argparse.Namespace) -> int:
 
 
 class _Client:
+    """The settings API of one server."""
+
     def __init__(self, server: str, token: Optional[str], tenant: Optional[str]) -> None:
-        if not server.startswith(("http://", "https://")):
-            raise CLIError(f"--server {server!r} must be an http:// or https:// URL", 2)
-        self.server = server.rstrip("/")
-        self.headers = {"Accept": "application/json"}
-        token = token or os.environ.get("HOTSPAN_QUERY_TOKEN")
-        if token:
-            self.headers["Authorization"] = f"Bearer {token}"
-        if tenant:
-            self.headers["X-Scope-OrgID"] = tenant
+        self.http = Client(server, token, tenant)
 
     def call(self, method: str, service: str, body: Optional[dict] = None, query: str = "") -> Any:
-        url = f"{self.server}/api/v1/settings/{urllib.parse.quote(service, safe='')}"
-        if query:
-            url += "?" + query
-        headers = dict(self.headers)
-        data = None
-        if body is not None:
-            data = json.dumps(body).encode()
-            headers["Content-Type"] = "application/json"
-        request = urllib.request.Request(url, data=data, method=method, headers=headers)
-        try:
-            with urllib.request.urlopen(request, timeout=TIMEOUT_S) as response:
-                return json.loads(response.read() or b"null")
-        except urllib.error.HTTPError as exc:
-            raise CLIError(f"{method} {url}: {exc.code} {_reason(exc)}") from None
-        except urllib.error.URLError as exc:
-            raise CLIError(f"cannot reach {self.server}: {exc.reason}") from None
-        except (OSError, ValueError) as exc:
-            raise CLIError(f"{method} {url}: {exc}") from None
-
-
-def _reason(exc: urllib.error.HTTPError) -> str:
-    try:
-        text = exc.read().decode("utf-8", "replace")
-    except OSError:
-        return exc.reason or ""
-    try:
-        return str(json.loads(text)["error"])
-    except (ValueError, KeyError, TypeError):
-        return text.strip()[:500] or str(exc.reason)
+        path = f"/api/v1/settings/{urllib.parse.quote(service, safe='')}"
+        return self.http.json(method, path, body, dict(urllib.parse.parse_qsl(query)))
 
 
 def _selector(text: str) -> str:

@@ -1,0 +1,44 @@
+"""The hotspan command: the server, profiling a program, and querying a server.
+
+Each command is a module here with ``add_parser(sub)``; :data:`COMMANDS` is their order in
+``hotspan --help``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+from typing import List, Optional
+
+from hotspan import __version__
+
+COMMANDS = ("server", "run", "settings")
+
+DESCRIPTION = """\
+Continuous profiling for Python services, linked to their traces.
+
+examples:
+  hotspan server                                   the server, with its UI on :4040
+  hotspan run --application-name job -- python job.py
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="hotspan",
+        description=DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"hotspan {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name in COMMANDS:
+        importlib.import_module(f"hotspan.cli.{name}").add_parser(sub)
+    return parser
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=getattr(logging, args.log_level.upper(), logging.WARNING))
+    return int(args.func(args))

@@ -1,0 +1,137 @@
+"""One profile held in memory, whole: root-first stacks of frames, each with one value per
+sample type.  What the command line reads from and writes to files (pprof, folded, speedscope,
+HTML) and what ``hotspan record`` and ``hotspan diff`` work on; the server's columnar
+:class:`~hotspan.model.profile.IngestBatch` is for many profiles at once, this is for one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
+
+from hotspan.model.profile import Frame
+
+Stack = Tuple[Frame, ...]  # root first
+
+
+class ProfileSelectError(ValueError):
+    """A sample type asked for that the profile does not have."""
+
+
+@dataclass(frozen=True)
+class SampleType:
+    type: str  # "cpu", "alloc_space", ...
+    unit: str  # "nanoseconds", "bytes", "count"
+    name: str = ""  # the profile's metric name ("process_cpu", "memory"); "" when unknown
+
+    @property
+    def profile_type_id(self) -> str:
+        """The server's id for it, without the period part when unknown."""
+        return f"{self.name}:{self.type}:{self.unit}"
+
+
+@dataclass
+class StackProfile:
+    sample_types: List[SampleType]
+    stacks: Dict[Stack, List[int]] = field(default_factory=dict)
+    period_type: Tuple[str, str] = ("", "")
+    period: int = 0
+    time_ns: int = 0
+    duration_ns: int = 0
+
+    def add(self, stack: Sequence[Frame], values: Sequence[int]) -> None:
+        """Adds ``values`` (one per sample type) to ``stack`` (root first)."""
+        key = tuple(stack)
+        if not key:
+            return
+        current = self.stacks.get(key)
+        if current is None:
+            self.stacks[key] = list(values)
+        else:
+            for i, v in enumerate(values):
+                current[i] += v
+
+    def merge(self, other: StackProfile) -> None:
+        """Adds ``other``'s samples; sample types this profile lacks are appended."""
+        index = []
+        for st in other.sample_types:
+            pos = self.type_position(st)
+            if pos is None:
+                self.sample_types.append(st)
+                for values in self.stacks.values():
+                    values.append(0)
+                pos = len(self.sample_types) - 1
+            index.append(pos)
+        width = len(self.sample_types)
+        for stack, values in other.stacks.items():
+            row = [0] * width
+            for src, dst in enumerate(index):
+                row[dst] = values[src]
+            self.add(stack, row)
+        if other.time_ns and (not self.time_ns or other.time_ns < self.time_ns):
+            end = max(self.time_ns + self.duration_ns, other.time_ns + other.duration_ns)
+            self.time_ns = other.time_ns
+            self.duration_ns = end - other.time_ns
+        elif other.time_ns:
+            end = max(self.time_ns + self.duration_ns, other.time_ns + other.duration_ns)
+            self.duration_ns = end - self.time_ns
+        if not self.period_type[0] and other.period_type[0]:
+            self.period_type, self.period = other.period_type, other.period
+
+    def type_position(self, wanted: SampleType) -> Optional[int]:
+        for i, st in enumerate(self.sample_types):
+            if (
+                st.type == wanted.type
+                and st.unit == wanted.unit
+                and (st.name == wanted.name or not st.name or not wanted.name)
+            ):
+                return i
+        return None
+
+    def select(self, wanted: Optional[str] = None) -> int:
+        """The position of a sample type by what a user types: ``cpu``, ``alloc_space``,
+        ``memory:alloc_space:bytes`` or a full profile type id; None: the first one."""
+        if not self.sample_types:
+            raise ProfileSelectError("the profile has no sample types")
+        if not wanted:
+            return 0
+        parts = wanted.split(":")
+        for i, st in enumerate(self.sample_types):
+            if len(parts) == 1 and parts[0] in (st.type, st.name):
+                return i
+            if len(parts) >= 3 and parts[1:3] == [st.type, st.unit] and parts[0] in (st.name, ""):
+                return i
+        names = ", ".join(st.type for st in self.sample_types)
+        raise ProfileSelectError(f"the profile has no {wanted!r} samples (it has: {names})")
+
+    def values(self, position: int = 0) -> Iterator[Tuple[Stack, int]]:
+        """Stacks with a non-zero value of one sample type."""
+        for stack, values in self.stacks.items():
+            if values[position]:
+                yield stack, values[position]
+
+    def total(self, position: int = 0) -> int:
+        return sum(values[position] for values in self.stacks.values())
+
+    def only(self, position: int) -> StackProfile:
+        """A profile of one sample type."""
+        out = StackProfile(
+            [self.sample_types[position]],
+            period_type=self.period_type,
+            period=self.period,
+            time_ns=self.time_ns,
+            duration_ns=self.duration_ns,
+        )
+        for stack, value in self.values(position):
+            out.stacks[stack] = [value]
+        return out
+
+
+def from_stacks(
+    sample_type: SampleType, stacks: Iterable[Tuple[Sequence[Frame], int]]
+) -> StackProfile:
+    """A one-type profile from (stack, value) pairs."""
+    profile = StackProfile([sample_type])
+    for stack, value in stacks:
+        profile.add(stack, [value])
+    return profile
