@@ -135,3 +135,26 @@ def from_stacks(
     for stack, value in stacks:
         profile.add(stack, [value])
     return profile
+
+
+@dataclass(frozen=True)
+class FunctionValue:
+    name: str
+    self_value: int  # in the innermost frame
+    total_value: int  # anywhere on the stack (once per stack, recursion included)
+
+
+def function_values(profile: StackProfile, position: int = 0) -> Dict[str, FunctionValue]:
+    """Self and total value of every function (by frame name) for one sample type: what a
+    top table shows."""
+    self_values: Dict[str, int] = {}
+    totals: Dict[str, int] = {}
+    for stack, value in profile.values(position):
+        leaf = stack[-1].name
+        self_values[leaf] = self_values.get(leaf, 0) + value
+        for name in {frame.name for frame in stack}:
+            totals[name] = totals.get(name, 0) + value
+    return {
+        name: FunctionValue(name, self_values.get(name, 0), total)
+        for name, total in totals.items()
+    }
