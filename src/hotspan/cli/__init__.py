@@ -13,7 +13,7 @@ from typing import List, Optional
 
 from hotspan import __version__
 
-COMMANDS = ("server", "run", "settings")
+COMMANDS = ("server", "run", "settings", "query", "export", "convert", "view")
 
 DESCRIPTION = """\
 Continuous profiling for Python services, linked to their traces.

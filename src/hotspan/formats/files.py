@@ -43,7 +43,7 @@ def format_for_path(path: PathLike) -> str:
             return fmt
     raise FormatError(
         f"{path}: cannot tell the format from the file name "
-        f"(use .pb.gz, .folded, .speedscope.json or .html, or name the format)"
+        f"(use .pb.gz, .folded, .speedscope.json or .html)"
     )
 
 
