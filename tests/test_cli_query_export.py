@@ -393,3 +393,51 @@ def test_export_progress_on_a_terminal(data: Data, tmp_path: Path) -> None:
     assert f"wrote {out} (pprof" in text
     assert ESC in text  # rich drew on the terminal
     assert read_profile(out).total(0) == 470_000_000
+
+
+def test_view_page_draws_in_chromium(tmp_path: Path) -> None:
+    """The page ``hotspan view`` writes, opened from file:// in Chromium: the flame graph draws
+    from the inlined scripts (no network), with the same frames as the profile, and a diff page
+    from diff_flamegraph_data draws too."""
+    from hotspan.formats.files import read_profile as read
+    from hotspan.ui.standalone import diff_flamegraph_data, standalone_html
+
+    from .ui.conftest import chromium_path
+
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        if os.environ.get("HOTSPAN_REQUIRE_BROWSER") == "1":
+            pytest.fail("Playwright is not installed")
+        pytest.skip("Playwright is not installed")
+    executable = chromium_path()
+    cpu = shared_fixture("og/convert/pprof/testdata/cpu.pb.gz")
+    page_path = tmp_path / "cpu.html"
+    ok(hotspan("view", str(cpu), "--no-browser", "--profile-type", "cpu", "-o", str(page_path)))
+    profile = read(cpu)
+    leaves = {stack[-1].name for stack, _ in profile.values(profile.select("cpu"))}
+    diff_path = tmp_path / "diff.html"
+    diff = diff_flamegraph_data(profile, 0, profile, profile.select("cpu"))
+    diff_path.write_text(standalone_html(diff, title="diff", unit="count"))
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(
+            executable_path=executable, args=["--no-sandbox", "--disable-dev-shm-usage"]
+        )
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 900})
+            errors: list = []
+            requests: list = []
+            page.on("pageerror", lambda exc: errors.append(str(exc)))
+            page.on("request", lambda r: requests.append(r.url))
+            page.goto(page_path.as_uri())
+            drawn = page.evaluate(
+                "() => document.querySelector('#hs-graph').flamegraph.frames().map(f => f.name)"
+            )
+            assert page.locator("#hs-total").inner_text() == "total 470 ms"
+            assert "total" in drawn and leaves & set(drawn), drawn[:20]
+            page.goto(diff_path.as_uri())
+            assert page.locator("#hs-total").inner_text().startswith("baseline 47, comparison")
+            assert not errors, errors
+            assert [u for u in requests if not u.startswith("file:")] == []
+        finally:
+            browser.close()

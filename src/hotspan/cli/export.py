@@ -131,10 +131,13 @@ def _progress(output: str) -> Iterator[Callable[[str], Step]]:
         console=console,
         transient=True,
     ) as progress:
-        task = progress.add_task(f"{output}: connecting", total=None)
+        tasks = [progress.add_task(f"{output}: connecting", total=None)]
 
         def step(label: str) -> Step:
-            progress.update(task, description=f"{output}: {label}", completed=0, total=None)
+            # A task per phase: rich's update cannot set a known total back to unknown.
+            progress.remove_task(tasks.pop())
+            task = progress.add_task(f"{output}: {label}", total=None)
+            tasks.append(task)
 
             def update(read: int, total: Optional[int]) -> None:
                 progress.update(task, completed=read, total=total)
