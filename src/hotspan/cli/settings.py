@@ -10,9 +10,7 @@ import argparse
 import json
 import sys
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
 from typing import Any, Dict, List, Optional, Sequence
 
 from hotspan.cli.client import Client, CLIError, add_server_options
