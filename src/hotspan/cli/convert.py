@@ -18,7 +18,8 @@ Converts a profile file between pprof, folded stacks, speedscope JSON and the st
 HTML flame graph.  The input format is read from the content; the output format follows
 OUT's name (.pb.gz/.pprof, .folded/.txt, .speedscope.json/.json, .html) unless --to says.
 pprof and speedscope keep every sample type; folded and html hold one (--profile-type,
-default the first).  Folded input has one "samples" count type.
+default CPU time, else the last type, as go tool pprof).  Folded input has one
+"samples" count type.
 
 examples:
   hotspan convert cpu.pb.gz cpu.speedscope.json          open it in speedscope.app
