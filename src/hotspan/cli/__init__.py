@@ -13,7 +13,7 @@ from typing import List, Optional
 
 from hotspan import __version__
 
-COMMANDS = ("server", "run", "settings", "diff")
+COMMANDS = ("server", "run", "settings", "query", "export", "convert", "view", "diff")
 
 DESCRIPTION = """\
 Continuous profiling for Python services, linked to their traces.

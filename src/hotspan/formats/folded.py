@@ -3,10 +3,11 @@ folded output) and ``lines`` (one stack per line, each worth one sample)."""
 
 from __future__ import annotations
 
-from typing import Iterator, List, Tuple
+from typing import Dict, Iterator, List, Tuple
 
 from hotspan.formats.errors import FormatError
 from hotspan.model.profile import MAX_SAMPLE_VALUE
+from hotspan.model.stack_profile import StackProfile
 
 Stack = Tuple[List[str], int]  # root-first frame names, value
 
@@ -40,3 +41,14 @@ def parse_lines(data: bytes) -> Iterator[Stack]:
         frames = [f for f in raw.strip().split(";") if f]
         if frames:
             yield frames, 1
+
+
+def write_folded(profile: StackProfile, position: int = 0) -> bytes:
+    """One sample type as ``root;...;leaf value`` lines.  Frame names only (folded text has no
+    place for files or lines), so stacks that differ only there are summed; lines are sorted so
+    the same profile always gives the same bytes."""
+    totals: Dict[str, int] = {}
+    for stack, value in profile.values(position):
+        key = ";".join(frame.name for frame in stack)
+        totals[key] = totals.get(key, 0) + value
+    return "".join(f"{key} {totals[key]}\n" for key in sorted(totals)).encode("utf-8")

@@ -1,13 +1,15 @@
-"""speedscope JSON (https://www.speedscope.app/file-format-schema.json), sampled and evented."""
+"""speedscope JSON (https://www.speedscope.app/file-format-schema.json): read sampled and
+evented profiles, write sampled ones."""
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Dict, List, Tuple
+from typing import Any, Callable, Dict, Hashable, List, Tuple
 
 from hotspan.formats.errors import FormatError
-from hotspan.model.profile import MAX_SAMPLE_VALUE
+from hotspan.model.profile import MAX_SAMPLE_VALUE, Frame
+from hotspan.model.stack_profile import SampleType, StackProfile
 
 TIME_UNITS = {
     "nanoseconds": 1,
@@ -16,6 +18,9 @@ TIME_UNITS = {
     "seconds": 1_000_000_000,
 }
 UNITS = set(TIME_UNITS) | {"bytes", "none"}
+SCHEMA = "https://www.speedscope.app/file-format-schema.json"
+# pprof sample units as speedscope names them; anything else is a plain number.
+_TO_SPEEDSCOPE = {**{u: u for u in TIME_UNITS}, "bytes": "bytes"}
 
 
 @dataclass
@@ -26,13 +31,26 @@ class SpeedscopeProfile:
 
 
 def parse(data: bytes) -> List[SpeedscopeProfile]:
+    return [
+        SpeedscopeProfile(name, unit, stacks)
+        for name, unit, stacks in _parse(data, lambda f: str(f.get("name", "")))
+    ]
+
+
+def _parse(
+    data: bytes, frame_key: Callable[[dict], Hashable]
+) -> List[Tuple[str, str, Dict[tuple, float]]]:
+    """(name, unit, stacks) per profile name and unit; a stack is a root-first tuple of
+    ``frame_key(shared frame)``."""
     try:
         doc = json.loads(data)
-        frames = [str(f.get("name", "")) for f in doc["shared"]["frames"]]
+        frames = [frame_key(f) for f in doc["shared"]["frames"]]
         profiles = doc["profiles"]
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise FormatError(f"not a speedscope file: {exc}") from None
-    out: Dict[Tuple[str, str], SpeedscopeProfile] = {}
+    if not isinstance(profiles, list):
+        raise FormatError("not a speedscope file: profiles is not a list")
+    out: Dict[Tuple[str, str], Tuple[str, str, Dict[tuple, float]]] = {}
     for prof in profiles:
         if not isinstance(prof, dict):
             raise FormatError("speedscope profile is not an object")
@@ -40,13 +58,13 @@ def parse(data: bytes) -> List[SpeedscopeProfile]:
         if unit not in UNITS:
             raise FormatError(f"speedscope unit {unit!r} is not one of {sorted(UNITS)}")
         name = str(prof.get("name", ""))
-        merged = out.setdefault((name, unit), SpeedscopeProfile(name, unit, {}))
+        merged = out.setdefault((name, unit), (name, unit, {}))
         kind = prof.get("type")
         try:
             if kind == "sampled":
-                _sampled(prof, frames, merged.stacks)
+                _sampled(prof, frames, merged[2])
             elif kind == "evented":
-                _evented(prof, frames, merged.stacks)
+                _evented(prof, frames, merged[2])
             else:
                 raise FormatError(f"speedscope profile type {kind!r} is not sampled or evented")
         except (KeyError, IndexError, TypeError, ValueError) as exc:
@@ -56,13 +74,13 @@ def parse(data: bytes) -> List[SpeedscopeProfile]:
     return list(out.values())
 
 
-def _index(i: object, frames: List[str]) -> int:
+def _index(i: object, frames: List[Any]) -> int:
     if not isinstance(i, int) or isinstance(i, bool) or not 0 <= i < len(frames):
         raise FormatError(f"frame index {i!r} is not one of the {len(frames)} frames")
     return i
 
 
-def _sampled(prof: dict, frames: List[str], into: Dict[Tuple[str, ...], float]) -> None:
+def _sampled(prof: dict, frames: List[Any], into: Dict[tuple, float]) -> None:
     samples, weights = prof["samples"], prof["weights"]
     if len(samples) != len(weights):
         raise FormatError(f"{len(samples)} samples but {len(weights)} weights")
@@ -74,7 +92,7 @@ def _sampled(prof: dict, frames: List[str], into: Dict[Tuple[str, ...], float]) 
             into[key] = into.get(key, 0) + weight
 
 
-def _evented(prof: dict, frames: List[str], into: Dict[Tuple[str, ...], float]) -> None:
+def _evented(prof: dict, frames: List[Any], into: Dict[tuple, float]) -> None:
     open_stack: List[int] = []
     last = prof.get("startValue", 0)
     for event in prof["events"]:
@@ -95,3 +113,99 @@ def _evented(prof: dict, frames: List[str], into: Dict[Tuple[str, ...], float]) 
             open_stack.pop()
         else:
             raise FormatError(f"speedscope event type {event['type']!r} is not O or C")
+
+
+def write_speedscope(profile: StackProfile, name: str = "") -> bytes:
+    """Every sample type as one "sampled" profile over shared frames (name, file, line), as
+    speedscope.app opens it.  Each profile is named by its sample type id so that
+    :func:`read_speedscope` gets the sample types back."""
+    frame_index: Dict[Frame, int] = {}
+    frames: List[dict] = []
+    profiles = []
+    for position, st in enumerate(profile.sample_types):
+        samples: List[List[int]] = []
+        weights: List[int] = []
+        for stack, value in sorted(profile.values(position), key=lambda sv: sv[0]):
+            row = []
+            for frame in stack:
+                index = frame_index.get(frame)
+                if index is None:
+                    index = frame_index[frame] = len(frames)
+                    frames.append(_frame_json(frame))
+                row.append(index)
+            samples.append(row)
+            weights.append(value)
+        total = sum(weights)
+        profiles.append(
+            {
+                "type": "sampled",
+                "name": st.profile_type_id if st.name else st.type,
+                "unit": _TO_SPEEDSCOPE.get(st.unit, "none"),
+                "startValue": 0,
+                "endValue": total,
+                "samples": samples,
+                "weights": weights,
+            }
+        )
+    doc = {
+        "$schema": SCHEMA,
+        "name": name or "hotspan profile",
+        "exporter": "hotspan",
+        "activeProfileIndex": 0,
+        "shared": {"frames": frames},
+        "profiles": profiles,
+    }
+    return json.dumps(doc, separators=(",", ":")).encode("utf-8")
+
+
+def _frame_json(frame: Frame) -> dict:
+    out: Dict[str, Any] = {"name": frame.name}
+    if frame.filename:
+        out["file"] = frame.filename
+    if frame.line:
+        out["line"] = frame.line
+    return out
+
+
+def _frame(f: dict) -> Frame:
+    line = f.get("line")
+    return Frame(
+        str(f.get("name", "")),
+        str(f.get("file") or ""),
+        line if isinstance(line, int) and not isinstance(line, bool) and line > 0 else 0,
+    )
+
+
+def read_speedscope(data: bytes) -> StackProfile:
+    """A speedscope file as one profile: a sample type per speedscope profile name and unit.
+    Times become nanoseconds; weights are rounded to integers."""
+    parsed = _parse(data, _frame)
+    if not parsed:
+        raise FormatError("the speedscope file has no profiles")
+    types = [_sample_type(name, unit) for name, unit, _ in parsed]
+    if len(set(types)) != len(types):
+        # Two profiles that map to one sample type: give each its own, by position.
+        types = [SampleType(f"{t.type}_{i}", t.unit, t.name) for i, t in enumerate(types)]
+    out = StackProfile(types)
+    width = len(types)
+    for position, (_, unit, stacks) in enumerate(parsed):
+        scale = TIME_UNITS.get(unit, 1)
+        for stack, weight in stacks.items():
+            value = int(round(weight * scale))
+            if value:
+                row = [0] * width
+                row[position] = value
+                out.add(stack, row)
+    if out.sample_types and out.sample_types[0].unit == "nanoseconds":
+        out.period_type = (out.sample_types[0].type, "nanoseconds")
+    return out
+
+
+def _sample_type(name: str, unit: str) -> SampleType:
+    our_unit = "nanoseconds" if unit in TIME_UNITS else ("bytes" if unit == "bytes" else "count")
+    parts = name.split(":")
+    # Our own files name profiles by sample type id ("process_cpu:cpu:nanoseconds").
+    if len(parts) >= 3 and parts[1] and parts[2] == our_unit:
+        return SampleType(parts[1], our_unit, parts[0])
+    default = {"nanoseconds": "cpu", "bytes": "space", "count": "samples"}[our_unit]
+    return SampleType(name if name and ":" not in name and " " not in name else default, our_unit)

@@ -3,7 +3,9 @@
 //
 // The page's own modules are fetched and inlined as one classic script (module scripts do
 // not load from file://): format.js, flametree.js and flamegraph.js import nothing else and
-// keep their top-level names distinct, so stripping import/export is enough.
+// keep their top-level names distinct, so stripping import/export is enough.  The page itself
+// is static/standalone.html, which the command line (hotspan/ui/standalone.py) fills in the
+// same way: keep the two in step.
 
 const INLINED_SCRIPTS = ["format.js", "flametree.js", "flamegraph.js"];
 const STATIC_ROOT = new URL("../", import.meta.url);
@@ -36,35 +38,11 @@ function escapeHtml(text) {
   return String(text).replace(/[&<>"']/g, (c) => `&#${c.charCodeAt(0)};`);
 }
 
-// Runs in the exported file, after the inlined modules.
-const STANDALONE_MAIN = `
-(function () {
-  var data = JSON.parse(document.getElementById("hs-data").textContent);
-  var tree = decodeFlamegraph(data.flamegraph);
-  var holder = document.getElementById("hs-graph");
-  var graph = new FlameGraph(holder, { unit: data.unit, inverted: data.inverted });
-  graph.setData(tree);
-  var search = document.getElementById("hs-search");
-  var found = document.getElementById("hs-found");
-  search.addEventListener("input", function () {
-    var r = graph.search(search.value);
-    found.textContent = search.value.trim()
-      ? r.matches + (r.matches === 1 ? " frame, " : " frames, ") +
-        formatPercent(r.value, tree.diff ? tree.rightTotal : tree.total) + " of the total"
-      : "";
-  });
-  document.getElementById("hs-total").textContent = tree.diff
-    ? "baseline " + formatValue(tree.leftTotal, data.unit) + ", comparison " + formatValue(tree.rightTotal, data.unit)
-    : "total " + formatValue(tree.total, data.unit);
-  var invert = document.getElementById("hs-invert");
-  invert.textContent = graph.inverted ? "Root: bottom" : "Root: top";
-  invert.addEventListener("click", function () {
-    graph.setInverted(!graph.inverted);
-    invert.textContent = graph.inverted ? "Root: bottom" : "Root: top";
-  });
-  document.getElementById("hs-reset").addEventListener("click", function () { graph.resetZoom(); });
-})();
-`;
+/** The page template (static/standalone.html, shared with the command line) filled in: each
+ * {{name}} replaced once, in one pass, so the inlined sources are never rescanned. */
+export function fillTemplate(template, values) {
+  return template.replace(/\{\{(\w+)\}\}/g, (whole, key) => (key in values ? values[key] : whole));
+}
 
 /**
  * The standalone HTML for a tree (decoded from the JSON it carries in `tree.source`).
@@ -74,42 +52,18 @@ const STANDALONE_MAIN = `
  * @returns {Promise<string>}
  */
 export async function standaloneHtml(tree, { title = "hotspan flame graph", unit = "", inverted = false } = {}) {
-  const [css, ...scripts] = await Promise.all([
+  const [template, css, ...scripts] = await Promise.all([
+    fetchText("standalone.html"),
     fetchText("css/flamegraph.css"),
     ...INLINED_SCRIPTS.map((name) => fetchText(`js/${name}`)),
   ]);
   const code = scripts.map((s, i) => `// --- ${INLINED_SCRIPTS[i]}\n${stripModule(s)}`).join("\n");
   const data = JSON.stringify({ unit, inverted: Boolean(inverted), flamegraph: tree.source });
-  return `<!doctype html>
-<html lang="en">
-<head>
-<meta charset="utf-8">
-<meta name="viewport" content="width=device-width, initial-scale=1">
-<title>${escapeHtml(title)}</title>
-<style>
-body { font: 14px system-ui, -apple-system, "Segoe UI", sans-serif; margin: 16px; color: #1f1f1f; }
-h1 { font-size: 16px; margin: 0 0 4px; }
-.hs-standalone-meta { color: #666; margin: 0 0 10px; font-size: 12px; }
-.hs-standalone-toolbar { display: flex; gap: 8px; align-items: center; margin-bottom: 8px; }
-${css}
-</style>
-</head>
-<body>
-<h1>${escapeHtml(title)}</h1>
-<p class="hs-standalone-meta">Exported from hotspan ${escapeHtml(new Date().toISOString())} — <span id="hs-total"></span>. Click a frame to zoom into it, click the root frame ("total") to zoom out.</p>
-<div class="hs-standalone-toolbar">
-<input id="hs-search" class="hs-search" type="search" placeholder="Search functions" aria-label="Search functions">
-<span id="hs-found"></span>
-<button id="hs-invert" type="button" title="Draw the root frame at the top or at the bottom">Root: top</button>
-<button id="hs-reset" type="button">Reset zoom</button>
-</div>
-<div id="hs-graph"></div>
-<script type="application/json" id="hs-data">${jsonSafe(data)}</script>
-<script>
-${scriptSafe(code)}
-${STANDALONE_MAIN}
-</script>
-</body>
-</html>
-`;
+  return fillTemplate(template, {
+    title: escapeHtml(title),
+    exported: escapeHtml(new Date().toISOString()),
+    css,
+    data: jsonSafe(data),
+    scripts: scriptSafe(code),
+  });
 }

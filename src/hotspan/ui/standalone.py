@@ -1,0 +1,144 @@
+"""The standalone HTML flame graph: one file that opens from file:// with no server.
+
+It is the page the UI's export makes (``static/js/export.js``): the same template
+(``static/standalone.html``), the same inlined ``format.js``, ``flametree.js`` and
+``flamegraph.js`` with their import/export lines stripped the same way, and the same embedded
+data, the protojson ``FlameGraph``/``FlameGraphDiff`` the querier answers, which the page's
+``decodeFlamegraph`` reads.
+"""
+
+from __future__ import annotations
+
+import datetime
+import html
+import json
+import re
+from pathlib import Path
+from typing import Dict, List, Tuple
+
+import numpy as np
+from google.protobuf import json_format
+
+from hotspan.formats.proto import querier_pb2
+from hotspan.model.stack_profile import StackProfile
+from hotspan.query import flamegraph
+
+STATIC_DIR = Path(__file__).parent / "static"
+INLINED_SCRIPTS = ("format.js", "flametree.js", "flamegraph.js")
+
+# The same expressions as stripModule in export.js.
+_IMPORT = re.compile(r"""^\s*import\s[^;]*?from\s*["'][^"']+["'];?[ \t]*$""", re.M)
+_EXPORT = re.compile(r"^export\s+(?=(async\s+)?(function|class|const|let|var)\b)", re.M)
+_PLACEHOLDER = re.compile(r"\{\{(\w+)\}\}")
+
+
+def strip_module(source: str) -> str:
+    """A module's source as classic script text: no import statements, no export keywords."""
+    return _EXPORT.sub("", _IMPORT.sub("", source))
+
+
+def _matrix(
+    stacks: List[Tuple[Tuple[str, ...], List[int]]],
+) -> Tuple[np.ndarray, np.ndarray, np.ndarray, List[str]]:
+    """What :func:`flamegraph.build` takes: name-index rows (root first, -1 padded)."""
+    index: Dict[str, int] = {}
+    depth = max((len(s) for s, _ in stacks), default=0)
+    matrix = np.full((len(stacks), depth), -1, dtype=np.int64)
+    lengths = np.zeros(len(stacks), dtype=np.int64)
+    width = len(stacks[0][1]) if stacks else 1
+    values = np.zeros((len(stacks), width), dtype=np.int64)
+    for row, (names, vals) in enumerate(stacks):
+        matrix[row, : len(names)] = [index.setdefault(n, len(index)) for n in names]
+        lengths[row] = len(names)
+        values[row] = vals
+    return matrix, lengths, values, list(index)
+
+
+def _names(profile: StackProfile, position: int) -> List[Tuple[Tuple[str, ...], int]]:
+    return [(tuple(f.name for f in stack), value) for stack, value in profile.values(position)]
+
+
+def _message(graph: flamegraph.FlameGraph, out) -> None:  # type: ignore[no-untyped-def]
+    # As the querier's flamegraph_message, so that the JSON is the one the UI decodes.
+    out.names.extend(graph.names)
+    for level in graph.levels:
+        out.levels.add().values.extend(level.tolist())
+    out.total = int(sum(graph.totals))
+    out.max_self = graph.max_self
+
+
+def _json(msg) -> dict:  # type: ignore[no-untyped-def]
+    return json_format.MessageToDict(msg, preserving_proto_field_name=False)
+
+
+def flamegraph_data(profile: StackProfile, position: int = 0, max_nodes: int = 8192) -> dict:
+    """One sample type of ``profile`` as the querier's protojson ``FlameGraph``."""
+    stacks = [(names, [value]) for names, value in _names(profile, position)]
+    matrix, lengths, values, names = _matrix(stacks)
+    graph = flamegraph.build(matrix, lengths, values, names, max_nodes)
+    msg = querier_pb2.FlameGraph()
+    _message(graph, msg)
+    return _json(msg)
+
+
+def diff_flamegraph_data(
+    baseline: StackProfile,
+    baseline_position: int,
+    comparison: StackProfile,
+    comparison_position: int,
+    max_nodes: int = 8192,
+) -> dict:
+    """Two profiles as the querier's protojson ``FlameGraphDiff`` (as ``Diff`` answers)."""
+    stacks = [(names, [value, 0]) for names, value in _names(baseline, baseline_position)]
+    stacks += [(names, [0, value]) for names, value in _names(comparison, comparison_position)]
+    matrix, lengths, values, names = _matrix(stacks)
+    if not stacks:
+        values = np.zeros((0, 2), dtype=np.int64)
+    graph = flamegraph.build(matrix, lengths, values, names, max_nodes)
+    msg = querier_pb2.FlameGraphDiff()
+    _message(graph, msg)
+    msg.leftTicks, msg.rightTicks = graph.totals
+    msg.total = sum(graph.totals)
+    return _json(msg)
+
+
+def _static(path: str) -> str:
+    return (STATIC_DIR / path).read_text(encoding="utf-8")
+
+
+def standalone_html(data: dict, *, title: str, unit: str, inverted: bool = False) -> str:
+    """The page for ``data`` (a protojson ``FlameGraph`` or ``FlameGraphDiff``); ``unit`` is
+    the sample unit ("nanoseconds", "bytes", "count") the page formats values in."""
+    code = "\n".join(
+        f"// --- {name}\n{strip_module(_static('js/' + name))}" for name in INLINED_SCRIPTS
+    )
+    doc = json.dumps(
+        {"unit": unit, "inverted": bool(inverted), "flamegraph": data},
+        ensure_ascii=False,
+        separators=(",", ":"),
+    )
+    exported = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="milliseconds")
+    values = {
+        "title": html.escape(title, quote=True),
+        "exported": html.escape(exported.replace("+00:00", "Z")),
+        "css": _static("css/flamegraph.css"),
+        # "<" only occurs inside JSON strings, where \u003c is the same character.
+        "data": doc.replace("<", "\\u003c"),
+        # "</script" would end the element early; "<\/" means the same to JavaScript.
+        "scripts": re.sub(r"</(script)", r"<\\/\1", code, flags=re.I),
+    }
+    return _PLACEHOLDER.sub(
+        lambda m: values.get(m.group(1), m.group(0)), _static("standalone.html")
+    )
+
+
+def embedded_data(page: str) -> dict:
+    """The ``{unit, inverted, flamegraph}`` object a standalone page carries (ValueError when
+    ``page`` is not one)."""
+    match = re.search(r'<script type="application/json" id="hs-data">(.*?)</script>', page, re.S)
+    if not match:
+        raise ValueError("no hotspan flame graph data in the page")
+    doc = json.loads(match.group(1))
+    if not isinstance(doc, dict) or not isinstance(doc.get("flamegraph"), dict):
+        raise ValueError("the page's data has no flame graph")
+    return doc
