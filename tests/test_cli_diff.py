@@ -348,3 +348,22 @@ def test_output_file(runs: Runs, tmp_path: Path) -> None:
     result = diff(runs, "--format", "json", "-o", str(target))
     assert result.returncode == 0 and result.stdout == ""
     assert json.loads(target.read_text())["functions"][0]["name"] == SLOW
+
+
+def test_html_is_the_diff_flame_graph(runs: Runs, tmp_path: Path) -> None:
+    from hotspan.ui.standalone import embedded_data
+
+    target = tmp_path / "diff.html"
+    result = diff(runs, "--format", "html", "-o", str(target))
+    assert result.returncode == 0, result.stderr
+    page = target.read_text()
+    assert page.lstrip().lower().startswith("<!doctype html")
+    assert "<script src=" not in page  # standalone: nothing fetched
+    doc = embedded_data(page)
+    assert doc["unit"] == "nanoseconds"
+    graph = doc["flamegraph"]
+    totals = json.loads(diff(runs, "--format", "json").stdout)
+    # The two sides' totals, as the querier's Diff answers them (protojson: int64 as strings).
+    assert int(graph["leftTicks"]) == totals["baseline"]["total"]
+    assert int(graph["rightTicks"]) == totals["comparison"]["total"]
+    assert SLOW in graph["names"]

@@ -9,7 +9,6 @@ Shares, not absolute values: the two sides cover different durations and request
 from __future__ import annotations
 
 import argparse
-import datetime
 import io
 import json
 import sys
@@ -27,6 +26,7 @@ from hotspan.cli.client import (
     profile_type_id,
     selector_query,
 )
+from hotspan.cli.query import format_value, iso
 from hotspan.model.stack_profile import FunctionValue, StackProfile, function_values
 
 QUERIER = "/querier.v1.QuerierService"
@@ -140,8 +140,8 @@ class Side:
         return {
             "selector": self.selector,
             "query": self.query,
-            "from": _iso(self.range.start_ms),
-            "until": _iso(self.range.end_ms),
+            "from": iso(self.range.start_ms),
+            "until": iso(self.range.end_ms),
             "duration_s": (self.range.end_ms - self.range.start_ms) / 1000,
             "total": self.total,
         }
@@ -171,7 +171,7 @@ def fetch_side(
     if total <= 0:
         raise CLIError(
             f"no {_type_name(type_id)} samples for the {name} {selector} "
-            f"({query}) from {_iso(span.start_ms)} to {_iso(span.end_ms)}; "
+            f"({query}) from {iso(span.start_ms)} to {iso(span.end_ms)}; "
             + what_exists(client, query, type_id, span)
         )
     return Side(name, selector, query, span, profile, total, function_values(profile, 0))
@@ -234,11 +234,6 @@ def _type_name(type_id: str) -> str:
         if full == type_id:
             return alias
     return type_id
-
-
-def _iso(ms: int) -> str:
-    moment = datetime.datetime.fromtimestamp(ms / 1000, datetime.timezone.utc)
-    return moment.isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
 # --- comparing -------------------------------------------------------------------------------
@@ -317,22 +312,6 @@ def compare(baseline: Side, comparison: Side) -> List[Row]:
 # --- output ----------------------------------------------------------------------------------
 
 
-def human_value(value: float, unit: str) -> str:
-    if unit == "nanoseconds":
-        seconds = value / 1e9
-        if seconds >= 60:
-            return _human_duration(seconds)
-        if seconds >= 1:
-            return f"{seconds:.2f} s"
-        return f"{seconds * 1000:.1f} ms"
-    if unit == "bytes":
-        for size, name in ((1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB")):
-            if value >= size:
-                return f"{value / size:.1f} {name}"
-        return f"{int(value)} B"
-    return f"{int(value):,}"
-
-
 def _human_duration(seconds: float) -> str:
     parts = []
     for size, name in ((86400, "d"), (3600, "h"), (60, "m")):
@@ -389,9 +368,9 @@ def write_table(
         seconds = (side.range.end_ms - side.range.start_ms) / 1000
         console.print(
             Text(
-                f"{side.name:<10}  {side.selector}  {_iso(side.range.start_ms)} .. "
-                f"{_iso(side.range.end_ms)} ({_human_duration(seconds)})  "
-                f"total {human_value(side.total, unit)}",
+                f"{side.name:<10}  {side.selector}  {iso(side.range.start_ms)} .. "
+                f"{iso(side.range.end_ms)} ({_human_duration(seconds)})  "
+                f"total {format_value(side.total, unit)}",
             ),
             soft_wrap=True,
         )
