@@ -325,9 +325,9 @@ def _human_duration(seconds: float) -> str:
 
 def left_truncate(text: str, width: int) -> str:
     """``…ule.Class.method`` rather than ``package.mod…``: the end of a name is the function."""
-    if width <= 1 or len(text) <= width:
-        return text if len(text) <= max(width, 1) else text[-max(width, 1) :]
-    return "\u2026" + text[-(width - 1) :]
+    if len(text) <= width:
+        return text
+    return "\u2026" + text[-max(width - 1, 1) :]
 
 
 def _points(delta: float) -> str:
@@ -391,8 +391,8 @@ def write_table(
     if terminal:
         # The function gets what the numbers leave of the terminal's width, cut on the left.
         widths = [
-            max([len(h.split("\n")[-1]) for h in headers[i : i + 1]] + [len(c[i]) for c in cells])
-            for i in range(len(headers))
+            max([len(header.split("\n")[-1])] + [len(c[i]) for c in cells])
+            for i, header in enumerate(headers)
         ]
         name_width = max(8, console.width - sum(widths) - 2 * len(widths) - 1)
     else:
