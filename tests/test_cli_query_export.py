@@ -299,12 +299,13 @@ def test_no_data_names_what_exists(data: Data) -> None:
     err = proc.stderr.decode()
     assert err.count("\n") == 1, err
     assert '{service_name="nosuch", env="prod"}' in err and CPU in err
-    assert "gocpu" in err and "burner" in err and "memory:alloc_space:bytes" in err
+    assert "services with profiles in that range: burner, gocpu, goheap" in err
     proc = hotspan(
         "export", "gocpu", "--profile-type", "wall", "-o", "x.pb.gz", server=data.server.url
     )
     assert proc.returncode == 1 and b"wall:wall:nanoseconds" in proc.stderr
-    assert b"process_cpu:cpu:nanoseconds" in proc.stderr
+    # What gocpu has instead: Go's CPU profile, samples and time.
+    assert b"it has: cpu, process_cpu:samples:count:cpu:nanoseconds" in proc.stderr
     proc = hotspan(
         "query",
         "gocpu",

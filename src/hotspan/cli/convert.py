@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Optional
 
 from hotspan.cli.client import CLIError
+from hotspan.cli.output import write_output
 
 CONVERT_EXAMPLES = """\
 Converts a profile file between pprof, folded stacks, speedscope JSON and the standalone
@@ -123,14 +124,7 @@ def _convert(args: argparse.Namespace) -> int:
             raise CLIError(f"{exc}; or give --to", 2) from None
     profile = _read(args.input, args.from_format)
     data = _write(profile, to, args.profile_type, Path(args.input).name)
-    if args.output == "-":
-        sys.stdout.buffer.write(data)
-        sys.stdout.buffer.flush()
-        return 0
-    try:
-        Path(args.output).write_bytes(data)
-    except OSError as exc:
-        raise CLIError(f"cannot write {args.output}: {exc.strerror or exc}") from None
+    write_output(args.output, data)
     return 0
 
 
@@ -143,10 +137,7 @@ def _view(args: argparse.Namespace) -> int:
         # A directory of its own: the name says what it is and nothing else is overwritten.
         stem = Path(args.file).name.split(".")[0] or "profile"
         out = Path(tempfile.mkdtemp(prefix="hotspan-view-")) / f"{stem}.html"
-    try:
-        out.write_bytes(page)
-    except OSError as exc:
-        raise CLIError(f"cannot write {out}: {exc.strerror or exc}") from None
+    write_output(str(out), page)
     browser = None if args.no_browser else _browser()
     if browser is not None and browser.open(out.resolve().as_uri()):
         print(f"opened {out}")

@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from typing import IO, Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from hotspan.cli.client import (
-    PROFILE_TYPE_ALIASES,
     Client,
     CLIError,
     TimeRange,
@@ -26,10 +25,10 @@ from hotspan.cli.client import (
     profile_type_id,
     selector_query,
 )
-from hotspan.cli.query import format_value, iso
+from hotspan.cli.output import format_value, iso
+from hotspan.cli.profiles import add_profile_type_option, fetch_profile, type_name
 from hotspan.model.stack_profile import FunctionValue, StackProfile, function_values
 
-QUERIER = "/querier.v1.QuerierService"
 FORMATS = ("table", "json", "folded", "html")
 SIDES = ("baseline", "comparison")
 
@@ -86,12 +85,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help='the before side: my-service{commit=abc123} or {service_name="my-service"}',
     )
     parser.add_argument("--comparison", required=True, metavar="SELECTOR", help="the after side")
-    parser.add_argument(
-        "--profile-type",
-        default="cpu",
-        metavar="TYPE",
-        help=f"{', '.join(PROFILE_TYPE_ALIASES)} or a full id (default %(default)s)",
-    )
+    add_profile_type_option(parser)
     add_time_options(parser)
     for side in SIDES:
         group = parser.add_argument_group(
@@ -150,90 +144,9 @@ class Side:
 def fetch_side(
     client: Client, name: str, selector: str, query: str, type_id: str, span: TimeRange
 ) -> Side:
-    from hotspan.formats.errors import FormatError
-    from hotspan.formats.pprof import read_stack_profile
-    from hotspan.formats.proto import querier_pb2
-
-    request = querier_pb2.SelectMergeProfileRequest(
-        profile_typeID=type_id, label_selector=query, start=span.start_ms, end=span.end_ms
-    )
-    raw = client.bytes(
-        "POST",
-        f"{QUERIER}/SelectMergeProfile",
-        request.SerializeToString(),
-        headers={"Content-Type": "application/proto", "Accept": "application/proto"},
-    )
-    try:
-        profile = read_stack_profile(raw)
-    except (FormatError, ValueError) as exc:
-        raise CLIError(f"the {name}'s profile from {client.server} is not pprof: {exc}") from None
-    total = profile.total(0) if profile.sample_types else 0
-    if total <= 0:
-        raise CLIError(
-            f"no {_type_name(type_id)} samples for the {name} {selector} "
-            f"({query}) from {iso(span.start_ms)} to {iso(span.end_ms)}; "
-            + what_exists(client, query, type_id, span)
-        )
+    profile = fetch_profile(client, query, type_id, span, typed=f"the {name} {selector}")
+    total = profile.total(0)
     return Side(name, selector, query, span, profile, total, function_values(profile, 0))
-
-
-def what_exists(client: Client, query: str, type_id: str, span: TimeRange) -> str:
-    """A hint for an empty side: the profile types the selector has in that range, or else
-    the values its labels have there, or else the services there are."""
-    from hotspan.model.labels import PROFILE_TYPE, SERVICE_NAME, parse_selector
-
-    window = {"start": str(span.start_ms), "end": str(span.end_ms)}
-    try:
-        found = client.json(
-            "POST",
-            f"{QUERIER}/Series",
-            {"matchers": [query], "labelNames": [PROFILE_TYPE], **window},
-        )
-        types = sorted(
-            {
-                pair["value"]
-                for labels in (found or {}).get("labelsSet", [])
-                for pair in labels.get("labels", [])
-                if pair.get("name") == PROFILE_TYPE
-            }
-        )
-        if types:
-            return f"it has: {', '.join(_type_name(t) for t in types)}"
-        matchers = parse_selector(query).matchers
-        service = next((m.value for m in matchers if m.name == SERVICE_NAME and m.op == "="), None)
-        services = _label_values(client, SERVICE_NAME, [], window)
-        if service is None or service not in services:
-            if not services:
-                return "the server has no profiles at all in that range"
-            return f"services with profiles in that range: {', '.join(services[:20])}"
-        scope = [selector_query(f"{{{SERVICE_NAME}={json.dumps(service)}}}")]
-        hints = []
-        for m in matchers:
-            if m.name != SERVICE_NAME:
-                values = _label_values(client, m.name, scope, window)
-                shown = ", ".join(values[:20]) if values else "none"
-                hints.append(f"{service} has {m.name}: {shown}")
-        return "; ".join(hints) or f"{service} has no {_type_name(type_id)} profiles there"
-    except CLIError as exc:
-        return f"(what exists is unknown: {exc})"
-
-
-def _label_values(
-    client: Client, name: str, matchers: Sequence[str], window: Dict[str, str]
-) -> List[str]:
-    found = client.json(
-        "POST",
-        f"{QUERIER}/LabelValues",
-        {"name": name, "matchers": list(matchers), **window},
-    )
-    return sorted((found or {}).get("names", []))
-
-
-def _type_name(type_id: str) -> str:
-    for alias, full in PROFILE_TYPE_ALIASES.items():
-        if full == type_id:
-            return alias
-    return type_id
 
 
 # --- comparing -------------------------------------------------------------------------------
@@ -376,7 +289,7 @@ def write_table(
         )
     console.print(
         Text(
-            f"{_type_name(type_id)} ({type_id}): share of each side's total in %, change in "
+            f"{type_name(type_id)} ({type_id}): share of each side's total in %, change in "
             "percentage points, largest change first"
         ),
         soft_wrap=True,
@@ -473,7 +386,7 @@ def diff_html(baseline: Side, comparison: Side, type_id: str, unit: str) -> str:
     from hotspan.ui.standalone import diff_flamegraph_data, standalone_html
 
     data = diff_flamegraph_data(baseline.profile, 0, comparison.profile, 0)
-    title = f"{_type_name(type_id)}: {baseline.selector} vs {comparison.selector}"
+    title = f"{type_name(type_id)}: {baseline.selector} vs {comparison.selector}"
     return standalone_html(data, title=title, unit=unit)
 
 
@@ -529,7 +442,7 @@ def _run(args: argparse.Namespace) -> int:
     if regressions:
         print(
             f"hotspan diff: {len(regressions)} function(s) grew by more than "
-            f"{args.fail_above:g} percentage points of {_type_name(type_id)}:",
+            f"{args.fail_above:g} percentage points of {type_name(type_id)}:",
             file=sys.stderr,
         )
         for r in regressions:

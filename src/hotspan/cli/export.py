@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from typing import Callable, Iterator, Optional
 
 from hotspan.cli.client import (
@@ -22,7 +22,8 @@ from hotspan.cli.client import (
     profile_type_id,
     selector_query,
 )
-from hotspan.cli.query import add_profile_type_option, fetch_profile, iso
+from hotspan.cli.output import iso, write_output
+from hotspan.cli.profiles import add_profile_type_option, fetch_profile
 
 EXAMPLES = """\
 The merged profile of SELECTOR over a time range, written to FILE.  The format follows the
@@ -94,7 +95,7 @@ def _run(args: argparse.Namespace) -> int:
             data = write_profile(profile, fmt, title=title)
         except FormatError as exc:
             raise CLIError(str(exc)) from None
-        _save(args.output, data)
+        write_output(args.output, data)
     if args.output != "-" and sys.stderr.isatty():
         print(f"wrote {args.output} ({fmt}, {len(data):,} bytes)", file=sys.stderr)
     return 0
@@ -149,20 +150,3 @@ def _progress(output: str) -> Iterator[Callable[[str], Step]]:
 
 def _quiet(read: int, total: Optional[int]) -> None:
     pass
-
-
-def _save(path: str, data: bytes) -> None:
-    if path == "-":
-        sys.stdout.buffer.write(data)
-        sys.stdout.buffer.flush()
-        return
-    # Written next to the target and renamed, so a failed export leaves no half file.
-    tmp = f"{path}.{os.getpid()}.tmp"
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except OSError as exc:
-        with suppress(OSError):
-            os.unlink(tmp)
-        raise CLIError(f"cannot write {path}: {exc.strerror or exc}") from None

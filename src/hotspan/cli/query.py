@@ -11,8 +11,7 @@ import argparse
 import io
 import json
 import sys
-from datetime import datetime, timezone
-from typing import IO, Callable, Dict, List, Optional
+from typing import Dict, List
 
 from hotspan.cli.client import (
     Client,
@@ -24,8 +23,9 @@ from hotspan.cli.client import (
     profile_type_id,
     selector_query,
 )
+from hotspan.cli.output import format_value, iso, write_output
+from hotspan.cli.profiles import add_profile_type_option, fetch_profile
 
-QUERIER = "/querier.v1.QuerierService"
 QUERY_FORMATS = ("table", "json", "folded", "pprof")
 
 EXAMPLES = """\
@@ -73,16 +73,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=run, log_level="warning")
 
 
-def add_profile_type_option(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--profile-type",
-        default="cpu",
-        metavar="TYPE",
-        help="cpu (default), wall, alloc_space, alloc_objects, inuse_space, inuse_objects, "
-        "lock_count, lock_time, or a full profile type id",
-    )
-
-
 def run(args: argparse.Namespace) -> int:
     try:
         return _run(args)
@@ -102,87 +92,21 @@ def _run(args: argparse.Namespace) -> int:
     type_id = profile_type_id(args.profile_type)
     window = args_time_range(args)
     client = Client.from_args(args)
-    profile = fetch_profile(client, selector, type_id, window)
+    profile = fetch_profile(client, selector, type_id, window, typed=args.selector)
     if args.format == "table":
         text = top_table(profile, selector, type_id, window, args.top, args.output is None)
         if text:
-            _write_text(args.output, text)
+            write_output(args.output, text.encode())
     elif args.format == "json":
         doc = query_json(profile, selector, type_id, window, args.top)
-        _write_text(args.output, json.dumps(doc, indent=2) + "\n")
+        write_output(args.output, (json.dumps(doc, indent=2) + "\n").encode())
     elif args.format == "folded":
-        _write_bytes(args.output, write_profile(profile, "folded"))
+        write_output(args.output, write_profile(profile, "folded"))
     else:
         if args.output is None and sys.stdout.isatty():
             raise CLIError("pprof is binary: write it with -o FILE or pipe it to a file", 2)
-        _write_bytes(args.output, write_profile(profile, "pprof"))
+        write_output(args.output, write_profile(profile, "pprof"))
     return 0
-
-
-# --- fetching ---------------------------------------------------------------------------------
-
-
-def fetch_profile(
-    client: Client,
-    selector: str,
-    type_id: str,
-    window: TimeRange,
-    progress: Optional[Callable[[int, Optional[int]], None]] = None,
-):  # type: ignore[no-untyped-def]
-    """The merged profile of ``selector`` as a StackProfile; CLIError (exit 1) naming what
-    does exist when nothing matches."""
-    from hotspan.formats.errors import FormatError
-    from hotspan.formats.pprof import read_stack_profile
-    from hotspan.formats.proto import querier_pb2
-
-    request = querier_pb2.SelectMergeProfileRequest(
-        profile_typeID=type_id,
-        label_selector=selector,
-        start=window.start_ms,
-        end=window.end_ms,
-    )
-    body = client.bytes(
-        "POST",
-        f"{QUERIER}/SelectMergeProfile",
-        request.SerializeToString(),
-        headers={"Content-Type": "application/proto", "Accept": "application/proto"},
-        progress=progress,
-    )
-    try:
-        profile = read_stack_profile(body)
-    except FormatError as exc:
-        raise CLIError(f"the server's answer is not a pprof profile: {exc}") from None
-    if not profile.sample_types or profile.total(0) == 0:
-        raise CLIError(no_data_message(client, selector, type_id, window))
-    return profile
-
-
-def no_data_message(client: Client, selector: str, type_id: str, window: TimeRange) -> str:
-    where = f"{selector} ({type_id}) between {iso(window.start_ms)} and {iso(window.end_ms)}"
-    span = {"start": window.start_ms, "end": window.end_ms}
-    try:
-        types = client.json("POST", f"{QUERIER}/ProfileTypes", span)
-        services = client.json(
-            "POST", f"{QUERIER}/LabelValues", {"name": "service_name", "matchers": [], **span}
-        )
-    except CLIError:
-        return f"no profiles match {where}"
-    type_ids = sorted(t.get("ID", "") for t in (types or {}).get("profileTypes", []))
-    names = sorted((services or {}).get("names", []))
-    if not type_ids and not names:
-        return f"no profiles match {where}; the server has no profiles at all in that range"
-    return (
-        f"no profiles match {where}; in that range the server has profile types: "
-        f"{', '.join(type_ids) or 'none'}; services: {', '.join(names) or 'none'}"
-    )
-
-
-def iso(ms: int) -> str:
-    return (
-        datetime.fromtimestamp(ms / 1000, tz=timezone.utc)
-        .isoformat(timespec="seconds")
-        .replace("+00:00", "Z")
-    )
 
 
 # --- output -----------------------------------------------------------------------------------
@@ -269,52 +193,3 @@ def top_table(  # type: ignore[no-untyped-def]
     console.print(header, soft_wrap=True, markup=False, highlight=False)
     console.print(table)
     return "\n".join(line.rstrip() for line in buffer.getvalue().splitlines()) + "\n"
-
-
-_DURATIONS = ((3600e9, "h"), (60e9, "min"), (1e9, "s"), (1e6, "ms"), (1e3, "µs"))
-_BYTES = ((1024**4, "TiB"), (1024**3, "GiB"), (1024**2, "MiB"), (1024, "KiB"))
-_TIME_SCALE = {"nanoseconds": 1, "microseconds": 1e3, "milliseconds": 1e6, "seconds": 1e9}
-
-
-def format_value(value: int, unit: str) -> str:
-    """As the UI's formatValue: ``1.23 ms``, ``4.5 MiB``, ``12.3 k``."""
-    if unit in _TIME_SCALE:
-        ns = value * _TIME_SCALE[unit]
-        for size, name in _DURATIONS:
-            if abs(ns) >= size:
-                return f"{_trim(ns / size)} {name}"
-        return f"{_trim(ns)} ns"
-    if unit == "bytes":
-        for size, name in _BYTES:
-            if abs(value) >= size:
-                return f"{_trim(value / size)} {name}"
-        return f"{value} B"
-    if abs(value) >= 1e9:
-        return f"{_trim(value / 1e9)} G"
-    if abs(value) >= 1e6:
-        return f"{_trim(value / 1e6)} M"
-    if abs(value) >= 1e4:
-        return f"{_trim(value / 1e3)} k"
-    return str(value)
-
-
-def _trim(x: float) -> str:
-    digits = 0 if abs(x) >= 100 else 1 if abs(x) >= 10 else 2
-    return f"{round(x, digits):.{digits}f}".rstrip("0").rstrip(".") if digits else f"{x:.0f}"
-
-
-def _write_text(path: Optional[str], text: str) -> None:
-    _write_bytes(path, text.encode("utf-8"))
-
-
-def _write_bytes(path: Optional[str], data: bytes) -> None:
-    if path is None or path == "-":
-        out: IO[bytes] = sys.stdout.buffer
-        out.write(data)
-        out.flush()
-        return
-    try:
-        with open(path, "wb") as f:
-            f.write(data)
-    except OSError as exc:
-        raise CLIError(f"cannot write {path}: {exc.strerror or exc}") from None
