@@ -9,9 +9,12 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
+import sys
 from typing import List, Optional
 
 from hotspan import __version__
+from hotspan.cli.client import CLIError
 
 COMMANDS = ("server", "run", "settings", "query", "export", "convert", "view", "diff")
 
@@ -42,4 +45,13 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(level=getattr(logging, args.log_level.upper(), logging.WARNING))
-    return int(args.func(args))
+    try:
+        return int(args.func(args))
+    except CLIError as exc:
+        print(f"hotspan {args.command}: {exc}", file=sys.stderr)
+        return exc.code
+    except BrokenPipeError:
+        # `hotspan query ... | head`: the reader has all it wanted.  Python would report the
+        # pipe again when it flushes stdout at exit; point stdout at nothing first.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0

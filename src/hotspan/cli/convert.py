@@ -72,22 +72,6 @@ def add_view_parser(sub: argparse._SubParsersAction) -> None:
     view.set_defaults(func=run_view, log_level="warning")
 
 
-def run_convert(args: argparse.Namespace) -> int:
-    try:
-        return _convert(args)
-    except CLIError as exc:
-        print(f"hotspan convert: {exc}", file=sys.stderr)
-        return exc.code
-
-
-def run_view(args: argparse.Namespace) -> int:
-    try:
-        return _view(args)
-    except CLIError as exc:
-        print(f"hotspan view: {exc}", file=sys.stderr)
-        return exc.code
-
-
 def _read(path: str, fmt: Optional[str] = None):  # type: ignore[no-untyped-def]
     from hotspan.formats.errors import FormatError
     from hotspan.formats.files import read_profile
@@ -110,7 +94,7 @@ def _write(profile, fmt: str, profile_type: Optional[str], title: str) -> bytes:
         raise CLIError(f"--profile-type: {exc}" if profile_type else str(exc), 2) from None
 
 
-def _convert(args: argparse.Namespace) -> int:
+def run_convert(args: argparse.Namespace) -> int:
     from hotspan.formats.errors import FormatError
     from hotspan.formats.files import format_for_path
 
@@ -128,7 +112,7 @@ def _convert(args: argparse.Namespace) -> int:
     return 0
 
 
-def _view(args: argparse.Namespace) -> int:
+def run_view(args: argparse.Namespace) -> int:
     profile = _read(args.file)
     page = _write(profile, "html", args.profile_type, Path(args.file).name)
     if args.output:

@@ -399,8 +399,7 @@ def run(args: argparse.Namespace) -> int:
     except CLIError as exc:
         # 2 for every failure to compare (diff(1)'s "trouble"), so that a CI job can tell a
         # regression (1) from a comparison that could not be made.
-        print(f"hotspan diff: {exc}", file=sys.stderr)
-        return 2
+        raise CLIError(str(exc), 2) from None
 
 
 def _run(args: argparse.Namespace) -> int:

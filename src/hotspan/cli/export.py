@@ -62,14 +62,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        return _run(args)
-    except CLIError as exc:
-        print(f"hotspan export: {exc}", file=sys.stderr)
-        return exc.code
-
-
-def _run(args: argparse.Namespace) -> int:
     from hotspan.formats.errors import FormatError
     from hotspan.formats.files import format_for_path, write_profile
 

@@ -74,16 +74,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        return _run(args)
-    except CLIError as exc:
-        print(f"hotspan query: {exc}", file=sys.stderr)
-        return exc.code
-    except BrokenPipeError:
-        return 0  # `hotspan query ... | head`: the reader has all it wanted
-
-
-def _run(args: argparse.Namespace) -> int:
     from hotspan.formats.files import write_profile
 
     if args.top < 0:

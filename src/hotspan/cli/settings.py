@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 import urllib.parse
 from typing import Any, Dict, List, Optional, Sequence
@@ -84,12 +83,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        client = _Client(args.server, args.token, args.tenant)
-        return {"get": _get, "set": _set, "delete": _delete}[args.settings_command](client, args)
-    except CLIError as exc:
-        print(f"hotspan settings: {exc}", file=sys.stderr)
-        return exc.code
+    client = _Client(args.server, args.token, args.tenant)
+    return {"get": _get, "set": _set, "delete": _delete}[args.settings_command](client, args)
 
 
 class _Client:
