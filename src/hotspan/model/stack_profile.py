@@ -155,6 +155,5 @@ def function_values(profile: StackProfile, position: int = 0) -> Dict[str, Funct
         for name in {frame.name for frame in stack}:
             totals[name] = totals.get(name, 0) + value
     return {
-        name: FunctionValue(name, self_values.get(name, 0), total)
-        for name, total in totals.items()
+        name: FunctionValue(name, self_values.get(name, 0), total) for name, total in totals.items()
     }

@@ -133,7 +133,10 @@ def load_scrape_config(path: str) -> ScrapeConfig:
     except OSError as exc:
         raise ScrapeConfigError(f"{path}: cannot read it: {exc.strerror or exc}") from None
     except yaml.YAMLError as exc:
-        raise ScrapeConfigError(f"{path}: not YAML: {exc}") from None
+        mark = getattr(exc, "problem_mark", None)
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
+        problem = getattr(exc, "problem", None) or " ".join(str(exc).split())
+        raise ScrapeConfigError(f"{path}: not YAML: {problem}{where}") from None
     return parse_scrape_config(doc, path)
 
 
