@@ -16,6 +16,8 @@ if TYPE_CHECKING:  # typing stays out of the program at run time: see agent/log.
 DEFAULT_SERVER_ADDRESS = "http://127.0.0.1:4040"
 DEFAULT_BUFFER_BYTES = 16 * 1024 * 1024
 DEFAULT_REDACT = ("password", "secret", "credential", "token")
+# server_address values that mean "upload nowhere": the pull endpoints serve the profiles.
+PULL_ONLY_ADDRESSES = ("", "none", "off")
 
 
 class ConfigError(ValueError):
@@ -136,9 +138,10 @@ class AgentConfig:
                 "application_name is required (or set HOTSPAN_APPLICATION_NAME / "
                 "PYROSCOPE_APPLICATION_NAME)"
             )
-        if not self.server_address.startswith(("http://", "https://")):
+        if self.uploads() and not self.server_address.startswith(("http://", "https://")):
             raise ConfigError(
-                f"server_address {self.server_address!r} must start with http:// or https://"
+                f"server_address {self.server_address!r} must start with http:// or https:// "
+                "(or be 'none': pull mode only, no uploads)"
             )
         if not 1 <= self.sample_rate <= 1000:
             raise ConfigError(f"sample_rate {self.sample_rate} must be between 1 and 1000 Hz")
@@ -190,6 +193,11 @@ class AgentConfig:
         for key in self.tags:
             check_tag_key(key)
         return self
+
+    def uploads(self) -> bool:
+        """False in pull mode only (``server_address="none"``, or ""): profiles leave the
+        process through the ``/debug/pprof`` endpoints alone (see agent/pull.py)."""
+        return self.server_address.strip().lower() not in PULL_ONLY_ADDRESSES
 
     def redact_patterns(self) -> List[str]:
         return list(DEFAULT_REDACT if self.redact is None else self.redact)

@@ -1,5 +1,6 @@
 """The control endpoint on its own port (``HOTSPAN_CONTROL_PORT``), for programs that serve
-no HTTP of their own or should not expose it there.  127.0.0.1 unless told otherwise: it
+no HTTP of their own or should not expose it there; Go's ``/debug/pprof`` paths are answered
+there too (:mod:`.pull`).  127.0.0.1 unless told otherwise: it
 turns profiling of the process on and off."""
 
 from __future__ import annotations
@@ -7,6 +8,7 @@ from __future__ import annotations
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+from hotspan.agent import pull
 from hotspan.agent.control import handle_stream
 
 TYPE_CHECKING = False
@@ -18,6 +20,10 @@ class _Handler(BaseHTTPRequestHandler):
     server_version = "hotspan-control"
 
     def _answer(self) -> None:
+        path, _, query = self.path.partition("?")
+        if pull.subpath(path) is not None:
+            self._pull(path, query)
+            return
         status, payload = handle_stream(
             self.command,
             self.headers.get("Content-Length"),
@@ -29,6 +35,27 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(payload)))
         self.end_headers()
         self.wfile.write(payload)
+
+    def _pull(self, path: str, query: str) -> None:
+        """Go's /debug/pprof paths (agent/pull.py), beside the control API.  With a
+        control_token they need it too (Bearer, or Basic with it as password)."""
+        from hotspan.agent import current_agent
+
+        agent = current_agent()
+        token = agent.config.control_token if agent is not None else ""
+        if self.command not in ("GET", "HEAD"):
+            status, ctype, body = 405, pull.TEXT, b"use GET\n"
+        elif not pull.authorized(self.headers.get("Authorization", ""), token):
+            status, ctype, body = pull.UNAUTHORIZED
+        else:
+            rest = pull.subpath(path) or ""
+            status, ctype, body = pull.answer(rest, pull.split_query(query))
+        self.send_response(status)
+        for name, value in pull.headers(ctype, body, status):
+            self.send_header(name, value)
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
 
     do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = _answer  # noqa: N815 - http.server's names
 

@@ -16,8 +16,14 @@ import time
 from hotspan import __version__
 from hotspan._speedups import load_sampler
 from hotspan.agent import context
+from hotspan.agent import pull as _pull
 from hotspan.agent.collectors.alloc import exclude_current_thread as exclude_from_alloc_profile
-from hotspan.agent.config import NAME_SYNTAX_CHARS, AgentConfig, request_headers
+from hotspan.agent.config import (
+    DEFAULT_SERVER_ADDRESS,
+    NAME_SYNTAX_CHARS,
+    AgentConfig,
+    request_headers,
+)
 from hotspan.agent.governor import Governor, Meter, Reading
 from hotspan.agent.limits import BoundedProfile
 from hotspan.agent.live import LiveSettings, profile_types
@@ -71,13 +77,19 @@ class Agent:
         self._label_cache: Dict[Tuple[Any, ...], Tuple[Tuple[str, str], ...]] = {}
         self.instance_id = _instance_id()
         self._uploader = Uploader(
-            config.server_address,
+            # Pull mode only: an uploader that is never started stands in (stats, flush).
+            config.server_address if config.uploads() else DEFAULT_SERVER_ADDRESS,
             request_headers(config),
             max_buffer_bytes=config.max_buffer_bytes,
             timeout=config.upload_timeout,
             user_agent=f"hotspan-agent/{__version__}",
         )
-        if config.remote_settings:
+        # Pull mode only (server_address "none"): nothing is uploaded, the endpoints of
+        # agent/pull.py are how profiles leave the process.
+        self._uploading = config.uploads()
+        if not self._uploading:
+            _pull.enable()
+        if config.remote_settings and self._uploading:
             self._uploader.follow_settings(self._status_headers, self._on_server_settings)
         self._collectors: List[Collector] = []
         self._collector_specs: Dict[str, Any] = {}  # name -> what it was started with
@@ -126,6 +138,8 @@ class Agent:
         if self.config.control_port:
             from hotspan.agent.control_server import ControlServer
 
+            _pull.enable()  # the control port answers /debug/pprof too
+
             try:
                 server = ControlServer(self.config.control_host, self.config.control_port)
                 server.start()
@@ -145,6 +159,8 @@ class Agent:
 
     def _start_uploader(self) -> None:
         """Starts the uploader's thread, which no sampler samples (a running one included)."""
+        if not self._uploading:
+            return
         self._uploader.start()
         ident = self._uploader.thread_ident
         if ident is not None:
@@ -279,6 +295,8 @@ class Agent:
             self.live.reset_after_fork()
             # What waits for its spans is the parent's to send, as the rest of its data.
             self._held_windows, self._held_profiles = [], []
+            if _pull.HUB is not None:
+                _pull.HUB.after_fork()
             self.instance_id = _instance_id()
             if self._sampler is not None:
                 self._sampler.after_fork()
@@ -430,6 +448,8 @@ class Agent:
                 if self._collectors and time.monotonic() >= self._next_collect:
                     self._next_collect = time.monotonic() + self.config.upload_interval
                     self._collect_profiles()
+                    if _pull.HUB is not None:
+                        _pull.HUB.collected()
                 self._poll_if_quiet()
             except Exception:  # noqa: BLE001 - a bug here must not stop the program
                 logger.warning("hotspan: sampling failed; profiling stops", exc_info=True)
@@ -438,7 +458,7 @@ class Agent:
     def _poll_if_quiet(self) -> None:
         """An agent that uploads nothing (disabled, shedding, idle) asks the server for its
         settings once an upload interval, so it can be turned back on."""
-        if not self.config.remote_settings:
+        if not self.config.remote_settings or not self._uploading:
             return
         now = time.monotonic()
         if now - self._last_send >= self.config.upload_interval:
@@ -536,13 +556,21 @@ class Agent:
         in progress too, and what waits for its spans), once the spans in them have ended
         (see :meth:`_release`).  ``taken``: what a stopped sampler gave, with its period."""
         with self._lock:
+            hub = _pull.HUB
+            cut = hub.begin_cut() if hub is not None and taken is None else None
             if taken is None:
-                collected = self._sampler.collect(final=final)
+                collected = self._cut() if cut else self._sampler.collect(final=final)
                 period = 1_000_000_000 // self._rate
             else:
                 collected, period = taken
                 del taken
             self.dropped_samples += collected.lost
+            if hub is not None:
+                hub.feed_windows(self, collected.windows, period)
+                if cut:
+                    hub.end_cut(cut)
+            if not self._uploading:
+                return
             windows = self._release(
                 self._held_windows, [(w, period) for w in collected.windows], final
             )
@@ -554,6 +582,21 @@ class Agent:
             params = self._params(window.start_ns, window.end_ns, period)
             for body in bodies:
                 self._uploader.submit(params, body)
+
+    def _cut(self) -> Collected:
+        """What the sampler took, its window closed now (a pull's profile starts or ends)."""
+        sampler = self._sampler
+        if isinstance(sampler, PythonSampler):
+            with sampler._lock:
+                sampler._finish_window()
+            return sampler.collect()  # type: ignore[no-any-return]
+        # The native sampler's final collect closes the window and goes on sampling.
+        return sampler.collect(final=True)  # type: ignore[no-any-return]
+
+    def collect_soon(self) -> None:
+        """The collectors' next round now rather than in up to an upload interval (a pull of
+        heap, allocs or mutex waits for it)."""
+        self._next_collect = 0.0
 
     def _upload_held(self, final: bool) -> None:
         """The windows waiting for their spans, with no sampler running to bring new ones."""
@@ -613,6 +656,10 @@ class Agent:
     def _send_profiles(self, profiles: List[ProfileData], final: bool = False) -> None:
         """Encodes a collector's profiles (once their spans have ended, see :meth:`_release`)
         and queues them for upload."""
+        if _pull.HUB is not None:
+            _pull.HUB.add_profiles(self, profiles)
+        if not self._uploading:
+            return
         ready = self._release(self._held_profiles, [(p,) for p in profiles], final)
         for (profile,) in ready:
             if not profile.samples:

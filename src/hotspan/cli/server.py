@@ -66,6 +66,15 @@ def _server(args: argparse.Namespace) -> int:
     from hotspan.store.base import StoreError
 
     graceful_server = _graceful_server_class()
+    scrape_config = None
+    if args.scrape:
+        from hotspan.server.scrape import ScrapeConfigError, load_scrape_config
+
+        try:
+            scrape_config = load_scrape_config(args.scrape)
+        except ScrapeConfigError as exc:
+            print(f"hotspan: --scrape {exc}", file=sys.stderr)
+            return 1
     config = ServerConfig(
         host=args.host,
         port=args.port,
@@ -79,6 +88,7 @@ def _server(args: argparse.Namespace) -> int:
         retention_ns=int(args.retention * 1e9),
         retention_interval_s=max(args.retention_interval, 1.0),
         redact_patterns=tuple(args.redact or ()),
+        scrape=scrape_config,
     )
     try:
         app = create_app(config)
@@ -120,6 +130,13 @@ def _server(args: argparse.Namespace) -> int:
         return 1
     if receivers:
         print(f"hotspan {__version__} receivers: {', '.join(receivers)}", flush=True)
+    if scrape_config is not None:
+        jobs = sorted({t.job for t in scrape_config.targets})
+        print(
+            f"hotspan {__version__} scraping {len(scrape_config.targets)} target(s) of job(s) "
+            f"{', '.join(jobs)} from {args.scrape} (their state: GET /api/v1/scrape/targets)",
+            flush=True,
+        )
     port = sockets[0].getsockname()[1]
     print(
         f"hotspan {__version__} listening on http://{host}:{port} "
@@ -242,6 +259,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         metavar="PATTERN",
         help="store frame names, file names and label values matching this case-insensitive "
         "regular expression as [REDACTED] (repeatable)",
+    )
+    srv.add_argument(
+        "--scrape",
+        metavar="FILE",
+        help="pull the /debug/pprof endpoints of the targets this YAML file lists "
+        "(scrape_configs: job_name, static_configs targets and labels, as Prometheus) and "
+        "store what they serve",
     )
     srv.add_argument(
         "--log-level",

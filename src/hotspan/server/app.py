@@ -15,7 +15,16 @@ from starlette.routing import Route
 
 from hotspan.query.engine import QueryEngine
 from hotspan.query.traces import TraceEngine
-from hotspan.server import agent_settings, ingest, otlp, querier, render, span_profiles, tempo
+from hotspan.server import (
+    agent_settings,
+    ingest,
+    otlp,
+    querier,
+    render,
+    scrape,
+    span_profiles,
+    tempo,
+)
 from hotspan.server.config import ServerConfig
 from hotspan.server.redact import Redactor
 from hotspan.server.retention import RetentionLoop
@@ -58,6 +67,12 @@ def create_app(config: Optional[ServerConfig] = None, store: Optional[Store] = N
             retention = RetentionLoop(store, config.retention_ns, config.retention_interval_s)
             retention.start()
             state.on_shutdown.append(retention.stop)
+        if config.scrape is not None:
+            from hotspan.server.scrape import Scraper
+
+            scraper = app.state.scraper = Scraper(state, config.scrape)
+            scraper.start()
+            state.on_shutdown.append(scraper.stop)
         yield
         # Runs after the server stopped taking requests: stop the other receivers, then
         # commit what was accepted.
@@ -80,6 +95,7 @@ def create_app(config: Optional[ServerConfig] = None, store: Optional[Store] = N
         Route(otlp.PATHS[0], otlp.traces, methods=["POST"]),
         Route(otlp.PATHS[1], otlp.profiles, methods=["POST"]),
         *agent_settings.routes,
+        *scrape.routes,
         *(
             _with_middleware(r, compressed)
             for r in querier.routes + render.routes + span_profiles.routes + tempo.routes

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import FrozenSet, Optional, Tuple
+from typing import TYPE_CHECKING, FrozenSet, Optional, Tuple
+
+if TYPE_CHECKING:
+    from hotspan.server.scrape import ScrapeConfig
 
 MiB = 1024 * 1024
 DAY_NS = 86400 * 10**9
@@ -32,3 +35,6 @@ class ServerConfig:
     # Case-insensitive regular expressions: frame names, file names and label values (but
     # __name__ and service_name) of ingested profiles that match one become "[REDACTED]".
     redact_patterns: Tuple[str, ...] = ()
+    # ``--scrape FILE``, read and checked: the targets whose /debug/pprof the server pulls
+    # (server/scrape.py); None: none.
+    scrape: Optional[ScrapeConfig] = None

@@ -1,0 +1,572 @@
+"""Pull mode on the server: ``hotspan server --scrape FILE`` reads Go's ``/debug/pprof``
+endpoints of the targets FILE lists (a Go program with ``net/http/pprof``, a Python program
+with :mod:`hotspan.debug_pprof`) and stores what it pulls as a pprof push.
+
+The file is YAML (JSON is YAML too), shaped as Prometheus's and Grafana Alloy's::
+
+    scrape_interval: 15s          # default 15s
+    scrape_timeout: 10s           # beyond the N seconds of a CPU profile; default 10s
+    scrape_configs:
+      - job_name: checkout        # service_name, unless the labels give one
+        scrape_interval: 10s      # the job's own, optional
+        scheme: http              # or https
+        path_prefix: /debug/pprof
+        profiles: [cpu, heap, allocs, mutex, goroutine]   # default: all the target serves
+        tenant: team-a            # optional: X-Scope-OrgID of what is stored
+        bearer_token: secret      # optional: sent as Authorization: Bearer
+        static_configs:
+          - targets: ["127.0.0.1:6060", "10.0.0.7:6060"]
+            labels: {env: prod}
+
+What is stored, per target, with the labels ``service_name``, ``job``, ``instance`` (the
+target) and the configuration's:
+
+- cpu: ``profile?seconds=<interval - 1>`` back to back, as Alloy does: every second counted;
+- heap (its inuse_* sample types) and goroutine: gauges, stored as scraped;
+- allocs (its alloc_* sample types), mutex and block: cumulative since the target started, so
+  what is stored is the difference between two scrapes (Alloy's ``delta``), and a range sums
+  to what happened in it.  The first scrape of a target is the baseline; a counter that went
+  down (the target restarted) starts the count again.
+
+A target that is down is logged once per change of state, counted and tried again at the next
+interval; it never stops the other targets or the server.  ``GET /api/v1/scrape/targets``
+shows each target's state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import ssl
+import time
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Mapping, Optional, Tuple
+from urllib.parse import urlsplit
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from hotspan import __version__
+from hotspan.model.labels import SERVICE_NAME, is_valid_label_name
+from hotspan.model.profile import IngestBatch
+
+log = logging.getLogger(__name__)
+
+DEFAULT_INTERVAL_S = 15.0
+DEFAULT_TIMEOUT_S = 10.0
+DEFAULT_PREFIX = "/debug/pprof"
+# Profile -> (path below the prefix, how it is stored)
+PROFILES: Dict[str, Tuple[str, str]] = {
+    "cpu": ("profile", "as_is"),
+    "heap": ("heap", "gauge"),
+    "allocs": ("allocs", "delta"),
+    "mutex": ("mutex", "delta"),
+    "block": ("block", "delta"),
+    "goroutine": ("goroutine", "as_is"),
+}
+DEFAULT_PROFILES = ("cpu", "heap", "allocs", "mutex", "goroutine")
+ALIASES = {
+    "process_cpu": "cpu",
+    "profile": "cpu",
+    "inuse": "heap",
+    "memory": "heap",
+    "alloc": "allocs",
+    "goroutines": "goroutine",
+    "lock": "mutex",
+    "locks": "mutex",
+}
+# Sample types each stored profile keeps (heap's alloc_* are the allocs profile's business).
+KEEP_TYPES = {"heap": ("inuse_objects", "inuse_space"), "allocs": ("alloc_objects", "alloc_space")}
+TOP_KEYS = {"scrape_interval", "scrape_timeout", "scrape_configs"}
+JOB_KEYS = {
+    "job_name",
+    "static_configs",
+    "scheme",
+    "profiles",
+    "path_prefix",
+    "tenant",
+    "scrape_interval",
+    "scrape_timeout",
+    "bearer_token",
+}
+
+
+class ScrapeConfigError(ValueError):
+    """A scrape file that cannot be used; the message names the file, the job, the problem."""
+
+
+@dataclass(frozen=True)
+class Target:
+    job: str
+    instance: str  # host:port
+    scheme: str
+    path_prefix: str
+    labels: Tuple[Tuple[str, str], ...]  # the stored series' labels, service_name included
+    tenant: str  # "" for the server's default
+    interval_s: float
+    timeout_s: float
+    profiles: Tuple[str, ...]
+    explicit: bool  # profiles listed in the file: a 404 is an error, not "not served"
+    bearer_token: str = ""
+
+    def url(self, profile: str, seconds: int = 0) -> str:
+        path = f"{self.path_prefix.rstrip('/')}/{PROFILES[profile][0]}"
+        query = f"?seconds={seconds}" if seconds else ""
+        return f"{self.scheme}://{self.instance}{path}{query}"
+
+
+@dataclass
+class ScrapeConfig:
+    path: str
+    targets: List[Target]
+
+
+def load_scrape_config(path: str) -> ScrapeConfig:
+    """Reads and checks FILE; ScrapeConfigError names what is wrong."""
+    import yaml
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            doc = yaml.safe_load(f)
+    except OSError as exc:
+        raise ScrapeConfigError(f"{path}: cannot read it: {exc.strerror or exc}") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
+        problem = getattr(exc, "problem", None) or " ".join(str(exc).split())
+        raise ScrapeConfigError(f"{path}: not YAML: {problem}{where}") from None
+    return parse_scrape_config(doc, path)
+
+
+def parse_scrape_config(doc: Any, path: str = "<scrape config>") -> ScrapeConfig:
+    def fail(message: str, job: Optional[str] = None) -> ScrapeConfigError:
+        where = f"{path}: job {job!r}: " if job is not None else f"{path}: "
+        return ScrapeConfigError(where + message)
+
+    if not isinstance(doc, dict):
+        raise fail("must be a mapping with scrape_configs: [...]")
+    unknown = set(doc) - TOP_KEYS
+    if unknown:
+        raise fail(f"unknown key(s) {', '.join(sorted(map(str, unknown)))}")
+    interval = _duration(doc.get("scrape_interval"), DEFAULT_INTERVAL_S, "scrape_interval", fail)
+    timeout = _duration(doc.get("scrape_timeout"), DEFAULT_TIMEOUT_S, "scrape_timeout", fail)
+    jobs = doc.get("scrape_configs")
+    if not isinstance(jobs, list) or not jobs:
+        raise fail("scrape_configs must be a non-empty list of jobs")
+    targets: List[Target] = []
+    seen_jobs = set()
+    for i, job in enumerate(jobs):
+        if not isinstance(job, dict):
+            raise fail(f"scrape_configs[{i}] must be a mapping")
+        name = job.get("job_name")
+        if not isinstance(name, str) or not name:
+            raise fail(f"scrape_configs[{i}] needs a job_name")
+        if name in seen_jobs:
+            raise fail("job_name appears twice", name)
+        seen_jobs.add(name)
+        targets += _job_targets(job, name, interval, timeout, lambda m, n=name: fail(m, n))
+    if not targets:
+        raise fail("no targets (static_configs: [{targets: [host:port]}])")
+    return ScrapeConfig(path, targets)
+
+
+def _job_targets(job: Dict[str, Any], name: str, interval: float, timeout: float, fail: Any):  # type: ignore[no-untyped-def]
+    unknown = set(job) - JOB_KEYS
+    if unknown:
+        raise fail(f"unknown key(s) {', '.join(sorted(map(str, unknown)))}")
+    interval = _duration(job.get("scrape_interval"), interval, "scrape_interval", fail)
+    timeout = _duration(job.get("scrape_timeout"), timeout, "scrape_timeout", fail)
+    scheme = job.get("scheme", "http")
+    if scheme not in ("http", "https"):
+        raise fail(f"scheme {scheme!r} must be http or https")
+    prefix = job.get("path_prefix", DEFAULT_PREFIX)
+    if not isinstance(prefix, str) or not prefix.startswith("/"):
+        raise fail(f"path_prefix {prefix!r} must start with /")
+    tenant = job.get("tenant", "")
+    if not isinstance(tenant, str):
+        raise fail("tenant must be a string")
+    token = job.get("bearer_token", "")
+    if not isinstance(token, str):
+        raise fail("bearer_token must be a string")
+    explicit = "profiles" in job
+    profiles = _profiles(job.get("profiles", list(DEFAULT_PROFILES)), fail)
+    statics = job.get("static_configs")
+    if not isinstance(statics, list) or not statics:
+        raise fail("static_configs must be a non-empty list of {targets: [...], labels: {...}}")
+    out = []
+    for s, static in enumerate(statics):
+        if not isinstance(static, dict) or set(static) - {"targets", "labels"}:
+            raise fail(f"static_configs[{s}] takes targets and labels only")
+        hosts = static.get("targets")
+        if not isinstance(hosts, list) or not hosts:
+            raise fail(f"static_configs[{s}].targets must be a non-empty list of host:port")
+        labels = static.get("labels") or {}
+        if not isinstance(labels, dict):
+            raise fail(f"static_configs[{s}].labels must be a mapping")
+        for key, value in labels.items():
+            if not isinstance(key, str) or not is_valid_label_name(key):
+                raise fail(f"label name {key!r} is not valid")
+            if not isinstance(value, (str, int, float)) or isinstance(value, bool):
+                raise fail(f"label {key!r} must have a string value")
+        for host in hosts:
+            if not isinstance(host, str) or not _host_port(host):
+                raise fail(f"target {host!r} is not host:port")
+            series = {SERVICE_NAME: name, "job": name, "instance": host}
+            series.update({k: str(v) for k, v in labels.items()})
+            out.append(
+                Target(
+                    job=name,
+                    instance=host,
+                    scheme=scheme,
+                    path_prefix=prefix,
+                    labels=tuple(sorted(series.items())),
+                    tenant=tenant,
+                    interval_s=interval,
+                    timeout_s=timeout,
+                    profiles=profiles,
+                    explicit=explicit,
+                    bearer_token=token,
+                )
+            )
+    return out
+
+
+def _profiles(value: Any, fail: Any) -> Tuple[str, ...]:
+    if not isinstance(value, list) or not value:
+        raise fail(f"profiles must be a non-empty list of {', '.join(PROFILES)}")
+    out: List[str] = []
+    for item in value:
+        name = ALIASES.get(str(item).lower(), str(item).lower())
+        if name not in PROFILES:
+            raise fail(f"unknown profile {item!r} (use {', '.join(PROFILES)})")
+        if name not in out:
+            out.append(name)
+    return tuple(out)
+
+
+def _duration(value: Any, default: float, key: str, fail: Any) -> float:
+    if value is None:
+        return default
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        seconds = float(value)
+    elif isinstance(value, str):
+        from hotspan.cli.client import duration_s
+
+        text = value.strip().lower()
+        try:
+            seconds = float(text[:-2]) / 1000 if text.endswith("ms") else duration_s(text)
+        except ValueError:
+            seconds = math.nan
+        except Exception:  # noqa: BLE001 - argparse's error type, for a bad duration
+            seconds = math.nan
+    else:
+        seconds = math.nan
+    if not 0.1 <= seconds <= 86400:  # NaN too
+        raise fail(f"{key} {value!r} must be a duration from 100ms to 24h (e.g. 15s)")
+    return seconds
+
+
+def _host_port(text: str) -> bool:
+    host, _, port = text.rpartition(":")
+    return bool(host) and port.isdigit() and 0 < int(port) < 65536 and "/" not in text
+
+
+# ---------------------------------------------------------------- fetching
+
+
+class FetchError(Exception):
+    def __init__(self, message: str, status: int = 0) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+async def http_get(url: str, timeout: float, limit: int, headers: Mapping[str, str]) -> bytes:
+    """The body of a 200 answer to GET ``url``, else FetchError.  asyncio streams, not a
+    thread: a scrape in progress is cancelled at once when the server stops."""
+    return await asyncio.wait_for(_get(url, limit, headers), timeout)
+
+
+async def _get(url: str, limit: int, headers: Mapping[str, str]) -> bytes:
+    parts = urlsplit(url)
+    https = parts.scheme == "https"
+    port = parts.port or (443 if https else 80)
+    context = ssl.create_default_context() if https else None
+    try:
+        reader, writer = await asyncio.open_connection(parts.hostname, port, ssl=context)
+    except OSError as exc:
+        raise FetchError(f"cannot connect: {exc.strerror or exc}") from None
+    try:
+        target = parts.path + (f"?{parts.query}" if parts.query else "")
+        lines = [f"GET {target} HTTP/1.1", f"Host: {parts.netloc}"]
+        lines += [f"User-Agent: hotspan-scraper/{__version__}", "Connection: close"]
+        lines += [f"{k}: {v}" for k, v in headers.items()]
+        writer.write(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1"))
+        await writer.drain()
+        status_line = await reader.readline()
+        fields = status_line.decode("latin-1").split(" ", 2)
+        if len(fields) < 2 or not fields[1].isdigit():
+            raise FetchError(f"not an HTTP answer: {status_line[:60]!r}")
+        status = int(fields[1])
+        response: Dict[str, str] = {}
+        while True:
+            line = await reader.readline()
+            if line in (b"\r\n", b"\n", b""):
+                break
+            name, _, value = line.decode("latin-1").partition(":")
+            response[name.strip().lower()] = value.strip()
+        body = await _body(reader, response, limit)
+        if status != 200:
+            reason = body[:200].decode("utf-8", "replace").strip()
+            raise FetchError(f"HTTP {status}" + (f": {reason}" if reason else ""), status)
+        return body
+    except (OSError, asyncio.IncompleteReadError) as exc:
+        raise FetchError(f"connection failed: {exc}") from None
+    finally:
+        writer.close()
+
+
+async def _body(reader: asyncio.StreamReader, headers: Dict[str, str], limit: int) -> bytes:
+    if "chunked" in headers.get("transfer-encoding", "").lower():
+        out = bytearray()
+        while True:
+            size = int((await reader.readline()).split(b";")[0].strip() or b"0", 16)
+            if size == 0:
+                return bytes(out)
+            if len(out) + size > limit:
+                raise FetchError(f"answer over {limit} bytes")
+            out += await reader.readexactly(size)
+            await reader.readline()
+    if "content-length" in headers:
+        length = int(headers["content-length"])
+        if length > limit:
+            raise FetchError(f"answer over {limit} bytes")
+        return await reader.readexactly(length)
+    body = await reader.read(limit + 1)
+    if len(body) > limit:
+        raise FetchError(f"answer over {limit} bytes")
+    return body
+
+
+# ---------------------------------------------------------------- scraping
+
+
+@dataclass
+class TargetState:
+    target: Target
+    profile: str
+    health: str = "unknown"  # up, down, not_served (a default profile the target 404s)
+    last_scrape: float = 0.0  # unix seconds
+    last_duration_s: float = 0.0
+    last_error: str = ""
+    scrapes: int = 0
+    failures: int = 0
+    previous: Any = field(default=None, repr=False)  # the last cumulative profile (delta)
+
+    def as_json(self) -> Dict[str, Any]:
+        t = self.target
+        return {
+            "job": t.job,
+            "instance": t.instance,
+            "profile": self.profile,
+            "url": t.url(self.profile),
+            "labels": dict(t.labels),
+            "health": self.health,
+            "last_scrape": self.last_scrape,
+            "last_duration_s": round(self.last_duration_s, 3),
+            "last_error": self.last_error,
+            "interval_s": t.interval_s,
+            "scrapes": self.scrapes,
+            "failures": self.failures,
+        }
+
+
+class Scraper:
+    """One task per (target, profile) on the server's event loop."""
+
+    def __init__(self, state: Any, config: ScrapeConfig) -> None:
+        self.state = state
+        self.config = config
+        self.targets = [TargetState(t, p) for t in config.targets for p in t.profiles]
+        self._tasks: List[asyncio.Task] = []
+        self._unreachable: set = set()  # (job, instance) logged as not reachable
+
+    def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        for target in self.targets:
+            self._tasks.append(loop.create_task(self._run(target)))
+        log.info("scraping %d targets from %s", len(self.config.targets), self.config.path)
+
+    def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+
+    async def _run(self, ts: TargetState) -> None:
+        loop = asyncio.get_running_loop()
+        interval = ts.target.interval_s
+        next_at = loop.time()
+        while True:
+            try:
+                await self.scrape_once(ts)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # noqa: BLE001 - one target's bug must not stop the others
+                t = ts.target
+                log.exception("scrape %s %s %s failed", t.job, t.instance, ts.profile)
+            next_at += interval
+            now = loop.time()
+            if next_at < now:  # a scrape that took longer than the interval: no catching up
+                next_at = now
+            await asyncio.sleep(next_at - now)
+
+    def cpu_seconds(self, target: Target) -> int:
+        # As Alloy: the interval less a second, so that each scrape is done before the next.
+        return max(1, int(target.interval_s) - 1)
+
+    async def scrape_once(self, ts: TargetState) -> None:
+        target = ts.target
+        seconds = self.cpu_seconds(target) if ts.profile == "cpu" else 0
+        url = target.url(ts.profile, seconds)
+        headers = {"Authorization": f"Bearer {target.bearer_token}"} if target.bearer_token else {}
+        started = time.monotonic()
+        ts.last_scrape = time.time()
+        ts.scrapes += 1
+        limit = self.state.config.max_body_bytes
+        try:
+            body = await http_get(url, seconds + target.timeout_s, limit, headers)
+            await self._store(ts, body)
+        except (FetchError, ValueError) as exc:
+            ts.last_duration_s = time.monotonic() - started
+            if isinstance(exc, FetchError) and exc.status == 404 and not target.explicit:
+                self._set_health(ts, "not_served", str(exc))
+                return
+            ts.failures += 1
+            self._set_health(ts, "down", str(exc))
+            return
+        ts.last_duration_s = time.monotonic() - started
+        self._set_health(ts, "up", "")
+
+    def _set_health(self, ts: TargetState, health: str, error: str) -> None:
+        ts.last_error = error
+        if health == ts.health:
+            return
+        was, ts.health = ts.health, health
+        t = ts.target
+        # A target that cannot be reached is one line, not one per profile.
+        unreachable = error.startswith("cannot connect")
+        key = (t.job, t.instance)
+        if unreachable and key in self._unreachable:
+            return
+        if unreachable:
+            self._unreachable.add(key)
+        elif health == "up" and key in self._unreachable:
+            self._unreachable.discard(key)
+            log.warning("scrape %s %s: reachable again", t.job, t.instance)
+            return
+        if health == "down":
+            log.warning("scrape %s %s %s: down: %s", t.job, t.instance, ts.profile, error)
+        elif health == "not_served":
+            log.info("scrape %s %s %s: not served (%s)", t.job, t.instance, ts.profile, error)
+        elif was == "down":
+            log.warning("scrape %s %s %s: up again", t.job, t.instance, ts.profile)
+
+    async def _store(self, ts: TargetState, body: bytes) -> None:
+        from hotspan.server import ingest
+
+        kind = PROFILES[ts.profile][1]
+        now = time.time_ns()
+        if kind != "as_is":
+            body = self._transform(ts, body, kind, now)
+            if body is None:
+                return  # a baseline: nothing happened yet that we could tell
+        state = self.state
+        batch = IngestBatch()
+        # The same path as a pprof pushed to /ingest: decode, label, redact, store.
+        ingest._pprof_to_batch(
+            body, state.config.max_decompressed_bytes, batch, dict(ts.target.labels), now
+        )
+        await ingest.commit(state, ts.target.tenant or state.config.default_tenant, batch)
+
+    def _transform(self, ts: TargetState, body: bytes, kind: str, now: int) -> Optional[bytes]:
+        from hotspan.formats.pprof import read_stack_profile, write_stack_profile
+
+        limit = self.state.config.max_decompressed_bytes
+        profile = _keep(read_stack_profile(body, limit), KEEP_TYPES.get(ts.profile))
+        if not profile.sample_types:
+            raise ValueError(f"the {ts.profile} profile has none of the expected sample types")
+        if kind == "gauge":
+            profile.time_ns = now
+            return write_stack_profile(profile, compress=False)
+        previous, ts.previous = ts.previous, (profile, now)
+        if previous is None or previous[0].sample_types != profile.sample_types:
+            return None
+        delta = _delta(profile, previous[0])
+        delta.time_ns = previous[1]
+        delta.duration_ns = now - previous[1]
+        if not delta.stacks:
+            return None
+        return write_stack_profile(delta, compress=False)
+
+    def snapshot(self) -> List[Dict[str, Any]]:
+        return [ts.as_json() for ts in self.targets]
+
+
+def _keep(profile: Any, names: Optional[Tuple[str, ...]]) -> Any:
+    """``profile`` with only the sample types ``names`` (all when None)."""
+    if names is None:
+        return profile
+    from hotspan.model.stack_profile import StackProfile
+
+    positions = [i for i, st in enumerate(profile.sample_types) if st.type in names]
+    out = StackProfile(
+        [profile.sample_types[i] for i in positions],
+        period_type=profile.period_type,
+        period=profile.period,
+        time_ns=profile.time_ns,
+        duration_ns=profile.duration_ns,
+    )
+    for stack, values in profile.stacks.items():
+        kept = [values[i] for i in positions]
+        if any(kept):
+            out.stacks[stack] = kept
+    return out
+
+
+def _delta(current: Any, previous: Any) -> Any:
+    """What ``current`` (cumulative) counted since ``previous``, per stack.  A stack whose
+    count went down was reset (the target restarted): its whole count is new."""
+    from hotspan.model.stack_profile import StackProfile
+
+    out = StackProfile(
+        list(current.sample_types), period_type=current.period_type, period=current.period
+    )
+    for stack, values in current.stacks.items():
+        old = previous.stacks.get(stack)
+        if old is None or any(v < o for v, o in zip(values, old)):
+            diff = list(values)
+        else:
+            diff = [v - o for v, o in zip(values, old)]
+        if any(diff):
+            out.stacks[stack] = diff
+    return out
+
+
+# ---------------------------------------------------------------- API
+
+
+async def targets(request: Request) -> Response:
+    """``GET /api/v1/scrape/targets``: each (target, profile) with its last scrape."""
+    from hotspan.server.errors import HTTPError
+    from hotspan.server.request import check_token
+
+    state = request.app.state.hotspan
+    try:
+        check_token(request, state.config.query_tokens)
+    except HTTPError as exc:
+        return Response(exc.message + "\n", status_code=exc.status)
+    scraper: Optional[Scraper] = getattr(request.app.state, "scraper", None)
+    return JSONResponse({"targets": scraper.snapshot() if scraper is not None else []})
+
+
+routes = [Route("/api/v1/scrape/targets", targets, methods=["GET"])]
