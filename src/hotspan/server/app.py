@@ -67,13 +67,15 @@ def create_app(config: Optional[ServerConfig] = None, store: Optional[Store] = N
             retention = RetentionLoop(store, config.retention_ns, config.retention_interval_s)
             retention.start()
             state.on_shutdown.append(retention.stop)
+        scraper = None
         if config.scrape is not None:
             from hotspan.server.scrape import Scraper
 
             scraper = app.state.scraper = Scraper(state, config.scrape)
             scraper.start()
-            state.on_shutdown.append(scraper.stop)
         yield
+        if scraper is not None:
+            await scraper.stop()  # before the store closes: a scrape may be storing
         # Runs after the server stopped taking requests: stop the other receivers, then
         # commit what was accepted.
         for stop in reversed(state.on_shutdown):

@@ -38,12 +38,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import ssl
 import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Tuple
-from urllib.parse import urlsplit
 
+import httpx
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -282,71 +281,35 @@ class FetchError(Exception):
         self.status = status
 
 
-async def http_get(url: str, timeout: float, limit: int, headers: Mapping[str, str]) -> bytes:
-    """The body of a 200 answer to GET ``url``, else FetchError.  asyncio streams, not a
-    thread: a scrape in progress is cancelled at once when the server stops."""
-    return await asyncio.wait_for(_get(url, limit, headers), timeout)
-
-
-async def _get(url: str, limit: int, headers: Mapping[str, str]) -> bytes:
-    parts = urlsplit(url)
-    https = parts.scheme == "https"
-    port = parts.port or (443 if https else 80)
-    context = ssl.create_default_context() if https else None
+async def http_get(
+    client: httpx.AsyncClient, url: str, timeout: float, limit: int, headers: Mapping[str, str]
+) -> bytes:
+    """The body of a 200 answer to GET ``url`` within ``timeout`` seconds in all, at most
+    ``limit`` bytes, else FetchError."""
     try:
-        reader, writer = await asyncio.open_connection(parts.hostname, port, ssl=context)
-    except OSError as exc:
-        raise FetchError(f"cannot connect: {exc.strerror or exc}") from None
-    try:
-        target = parts.path + (f"?{parts.query}" if parts.query else "")
-        lines = [f"GET {target} HTTP/1.1", f"Host: {parts.netloc}"]
-        lines += [f"User-Agent: hotspan-scraper/{__version__}", "Connection: close"]
-        lines += [f"{k}: {v}" for k, v in headers.items()]
-        writer.write(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1"))
-        await writer.drain()
-        status_line = await reader.readline()
-        fields = status_line.decode("latin-1").split(" ", 2)
-        if len(fields) < 2 or not fields[1].isdigit():
-            raise FetchError(f"not an HTTP answer: {status_line[:60]!r}")
-        status = int(fields[1])
-        response: Dict[str, str] = {}
-        while True:
-            line = await reader.readline()
-            if line in (b"\r\n", b"\n", b""):
-                break
-            name, _, value = line.decode("latin-1").partition(":")
-            response[name.strip().lower()] = value.strip()
-        body = await _body(reader, response, limit)
-        if status != 200:
-            reason = body[:200].decode("utf-8", "replace").strip()
-            raise FetchError(f"HTTP {status}" + (f": {reason}" if reason else ""), status)
-        return body
-    except (OSError, asyncio.IncompleteReadError) as exc:
-        raise FetchError(f"connection failed: {exc}") from None
-    finally:
-        writer.close()
+        return await asyncio.wait_for(_get(client, url, limit, headers), timeout)
+    except asyncio.TimeoutError:
+        raise FetchError(f"no whole answer within {timeout:g} s") from None
+    except httpx.ConnectError as exc:
+        raise FetchError(f"cannot connect: {exc}") from None
+    except httpx.HTTPError as exc:
+        raise FetchError(f"connection failed: {exc or type(exc).__name__}") from None
 
 
-async def _body(reader: asyncio.StreamReader, headers: Dict[str, str], limit: int) -> bytes:
-    if "chunked" in headers.get("transfer-encoding", "").lower():
-        out = bytearray()
-        while True:
-            size = int((await reader.readline()).split(b";")[0].strip() or b"0", 16)
-            if size == 0:
-                return bytes(out)
-            if len(out) + size > limit:
+async def _get(
+    client: httpx.AsyncClient, url: str, limit: int, headers: Mapping[str, str]
+) -> bytes:
+    async with client.stream("GET", url, headers=headers) as response:
+        body = bytearray()
+        async for chunk in response.aiter_raw():
+            body += chunk
+            if len(body) > limit:
                 raise FetchError(f"answer over {limit} bytes")
-            out += await reader.readexactly(size)
-            await reader.readline()
-    if "content-length" in headers:
-        length = int(headers["content-length"])
-        if length > limit:
-            raise FetchError(f"answer over {limit} bytes")
-        return await reader.readexactly(length)
-    body = await reader.read(limit + 1)
-    if len(body) > limit:
-        raise FetchError(f"answer over {limit} bytes")
-    return body
+        if response.status_code != 200:
+            reason = bytes(body[:200]).decode("utf-8", "replace").strip()
+            status = response.status_code
+            raise FetchError(f"HTTP {status}" + (f": {reason}" if reason else ""), status)
+        return bytes(body)
 
 
 # ---------------------------------------------------------------- scraping
@@ -391,6 +354,10 @@ class Scraper:
         self.targets = [TargetState(t, p) for t in config.targets for p in t.profiles]
         self._tasks: List[asyncio.Task] = []
         self._unreachable: set = set()  # (job, instance) logged as not reachable
+        # One connection pool for all targets; timeouts are per scrape (http_get).
+        self._client = httpx.AsyncClient(
+            timeout=None, headers={"User-Agent": f"hotspan-scraper/{__version__}"}
+        )
 
     def start(self) -> None:
         loop = asyncio.get_running_loop()
@@ -398,9 +365,11 @@ class Scraper:
             self._tasks.append(loop.create_task(self._run(target)))
         log.info("scraping %d targets from %s", len(self.config.targets), self.config.path)
 
-    def stop(self) -> None:
+    async def stop(self) -> None:
         for task in self._tasks:
             task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self._client.aclose()
 
     async def _run(self, ts: TargetState) -> None:
         loop = asyncio.get_running_loop()
@@ -434,7 +403,7 @@ class Scraper:
         ts.scrapes += 1
         limit = self.state.config.max_body_bytes
         try:
-            body = await http_get(url, seconds + target.timeout_s, limit, headers)
+            body = await http_get(self._client, url, seconds + target.timeout_s, limit, headers)
             await self._store(ts, body)
         except (FetchError, ValueError) as exc:
             ts.last_duration_s = time.monotonic() - started
