@@ -136,7 +136,8 @@ class AgentConfig:
                 "application_name is required (or set HOTSPAN_APPLICATION_NAME / "
                 "PYROSCOPE_APPLICATION_NAME)"
             )
-        if not self.server_address.startswith(("http://", "https://")):
+        # file://DIR: no server, uploads become files in DIR (what hotspan record uses).
+        if not self.server_address.startswith(("http://", "https://", "file:///")):
             raise ConfigError(
                 f"server_address {self.server_address!r} must start with http:// or https://"
             )

@@ -91,7 +91,10 @@ class Symbolizer:
             self._index_modules()
             module = self._modules.get(filename)
         if module is None:
-            module = os.path.splitext(os.path.basename(filename))[0]
+            if _is_main_script(filename):
+                module = "__main__"
+            else:
+                module = os.path.splitext(os.path.basename(filename))[0]
             self._modules[filename] = module
         return module
 
@@ -107,6 +110,32 @@ class Symbolizer:
                 filename = filename[:-1]
             self._modules.setdefault(filename, name)
             self._modules.setdefault(os.path.abspath(filename), name)
+
+
+def _is_main_script(filename: str) -> bool:
+    """Whether ``filename`` is the program's main script, whose frames are ``__main__.*``
+    however it was started (``python job.py``, ``-m job``, ``hotspan run``) and whenever
+    they are first named.
+
+    The index above finds it as ``__main__`` only while that module has a ``__file__``, and
+    CPython deletes it when a script (not ``-m``) returns: a frame first named by the exit
+    flush was named after the file instead (``job.*``), so one script had two names, by how
+    long it ran.  ``sys.argv[0]`` names the script (or ``-m``'s file) to the end.  The name
+    stays ``__main__``: it is Python's own (``__name__``), every stored profile already has
+    it, and the service name tells which program it is."""
+    main = getattr(sys.modules.get("__main__"), "__file__", None)
+    if not isinstance(main, str):
+        main = sys.argv[0] if sys.argv else ""
+    if not main or main.startswith("-"):  # -c, or not set yet
+        return False
+    if main == filename:
+        return True
+    if os.path.basename(main) != os.path.basename(filename):
+        return False
+    try:
+        return os.path.samefile(main, filename)
+    except (OSError, ValueError):
+        return False
 
 
 def _line_of(named: _Named, lasti: int) -> int:

@@ -13,7 +13,7 @@ from typing import List, Optional
 
 from hotspan import __version__
 
-COMMANDS = ("server", "run", "settings")
+COMMANDS = ("server", "run", "record", "settings")
 
 DESCRIPTION = """\
 Continuous profiling for Python services, linked to their traces.
@@ -21,6 +21,7 @@ Continuous profiling for Python services, linked to their traces.
 examples:
   hotspan server                                   the server, with its UI on :4040
   hotspan run --application-name job -- python job.py
+  hotspan record -o job.pb.gz -- python job.py     a profile file, no server
 """
 
 
