@@ -10,12 +10,24 @@ from hotspan._speedups import load_module
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing stays out of the program at run time: see agent/log.py
-    from typing import Any, Callable, Dict, List, Optional, Tuple
+    from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
     FrameInfo = Tuple[str, str, int, int]  # name, filename, line, first line of the function
 
 
 UNKNOWN: FrameInfo = ("<unknown>", "", 0, 0)
+# What a hidden frame is named, to be taken out of its stack (compared by identity).
+HIDDEN: FrameInfo = ("<hotspan>", "", 0, 0)
+# Code objects of the agent that run inside the program's own calls (tag_wrapper's wrapper
+# function): left out of stacks, so hotspan's work never poses as the program's.
+HIDDEN_CODE: Set[Any] = set()
+
+
+def hide_code(code: Any) -> None:
+    """Leave frames of ``code`` out of every stack named from now on."""
+    HIDDEN_CODE.add(code)
+
+
 MAX_CACHED = 20_000  # code objects; each entry keeps its code object alive
 
 
@@ -51,22 +63,32 @@ class Symbolizer:
         # (code, offset) -> frame, in C: an upload names each distinct stack it has, and in
         # Python every frame of it would cost a call (see _speedups/symbols.c).
         self._stacks = _native.FrameCache(self.frame, 4 * MAX_CACHED) if _native else None
+        self._hidden_named = False
 
     def name_stack(self, stack: Any) -> Tuple[FrameInfo, ...]:
         """``stack``: (code object or None, byte offset) entries, or frames already named."""
         if self._stacks is not None:
-            return self._stacks.name_stack(stack)  # type: ignore[no-any-return]
-        frame = self.frame
-        return tuple(
-            entry if len(entry) == 4 else frame(entry[0], entry[1])  # type: ignore[misc]
-            for entry in stack
-        )
+            named = self._stacks.name_stack(stack)
+        else:
+            frame = self.frame
+            named = tuple(
+                entry if len(entry) == 4 else frame(entry[0], entry[1])  # type: ignore[misc]
+                for entry in stack
+            )
+        # Only once a hidden frame was named: the other programs pay nothing for it.
+        if self._hidden_named and HIDDEN in named:
+            named = tuple(f for f in named if f is not HIDDEN)
+        return named  # type: ignore[no-any-return]
 
     def frame(self, code: Optional[Any], lasti: int) -> FrameInfo:
         if code is None:
             return UNKNOWN
         named = self._names.get(id(code))
         if named is None or named.code is not code:
+            # Asked once per code object and offset (the frame cache keeps the answer).
+            if code in HIDDEN_CODE:
+                self._hidden_named = True
+                return HIDDEN
             if len(self._names) > MAX_CACHED:
                 self._names.clear()
             qualname = getattr(code, "co_qualname", None) or code.co_name

@@ -354,7 +354,8 @@ def _write(
                 1,
             )
         merged = _ordered(merged)
-        if wanted is not None:
+        if wanted is not None or fmt in ("folded", "html"):
+            # The one type the file holds, so the summary below tells what is in it.
             try:
                 merged = merged.only(merged.select(wanted))
             except ProfileSelectError as exc:
