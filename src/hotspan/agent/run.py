@@ -359,7 +359,15 @@ def bootstrap() -> None:
     _bootstrapped = True
     import hotspan
     from hotspan.agent import batch
+    from hotspan.agent.symbols import agent_code
 
+    # Whatever the agent's start costs in the program's main thread (imports, allocations
+    # the alloc profile sees) is one `hotspan` frame in its profiles: the caller (our
+    # sitecustomize) and this function are hotspan's from the root of the stack.
+    caller = sys._getframe(1).f_code
+    if caller.co_name == "_start_agent":
+        agent_code(caller)
+    agent_code(bootstrap.__code__)
     config = from_env().validate()
     tags = dict(config.tags)
     recorder = batch.ExitCodeRecorder()
@@ -408,6 +416,7 @@ def bootstrap() -> None:
         except Exception as exc:
             warn(f"root span not exported: {exc}")
 
+    agent_code(at_exit.__code__)
     # Registered after configure, so this runs before any exit handler the agent has.
     atexit.register(at_exit)
 

@@ -18,14 +18,25 @@ if TYPE_CHECKING:  # typing stays out of the program at run time: see agent/log.
 UNKNOWN: FrameInfo = ("<unknown>", "", 0, 0)
 # What a hidden frame is named, to be taken out of its stack (compared by identity).
 HIDDEN: FrameInfo = ("<hotspan>", "", 0, 0)
+# The one frame a stack of hotspan's own work becomes (compared by identity when naming).
+AGENT: FrameInfo = ("hotspan", "", 0, 0)
 # Code objects of the agent that run inside the program's own calls (tag_wrapper's wrapper
-# function): left out of stacks, so hotspan's work never poses as the program's.
+# function): left out of stacks.  Code that is hotspan's work from the root of its stack
+# (``hotspan run``'s start and exit in the program's main thread): the whole stack is one
+# ``hotspan`` frame.  Either way hotspan's work never poses as the program's.
 HIDDEN_CODE: Set[Any] = set()
+AGENT_CODE: Set[Any] = set()
 
 
 def hide_code(code: Any) -> None:
     """Leave frames of ``code`` out of every stack named from now on."""
     HIDDEN_CODE.add(code)
+
+
+def agent_code(code: Any) -> None:
+    """Stacks through ``code`` (hotspan's own work from their root) become one ``hotspan``
+    frame."""
+    AGENT_CODE.add(code)
 
 
 MAX_CACHED = 20_000  # code objects; each entry keeps its code object alive
@@ -76,8 +87,11 @@ class Symbolizer:
                 for entry in stack
             )
         # Only once a hidden frame was named: the other programs pay nothing for it.
-        if self._hidden_named and HIDDEN in named:
-            named = tuple(f for f in named if f is not HIDDEN)
+        if self._hidden_named:
+            if AGENT in named:
+                return (AGENT,)
+            if HIDDEN in named:
+                named = tuple(f for f in named if f is not HIDDEN)
         return named  # type: ignore[no-any-return]
 
     def frame(self, code: Optional[Any], lasti: int) -> FrameInfo:
@@ -86,9 +100,9 @@ class Symbolizer:
         named = self._names.get(id(code))
         if named is None or named.code is not code:
             # Asked once per code object and offset (the frame cache keeps the answer).
-            if code in HIDDEN_CODE:
+            if code in HIDDEN_CODE or code in AGENT_CODE:
                 self._hidden_named = True
-                return HIDDEN
+                return HIDDEN if code in HIDDEN_CODE else AGENT
             if len(self._names) > MAX_CACHED:
                 self._names.clear()
             qualname = getattr(code, "co_qualname", None) or code.co_name
