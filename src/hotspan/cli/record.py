@@ -360,8 +360,9 @@ def _write(
                 merged = merged.only(merged.select(wanted))
             except ProfileSelectError as exc:
                 raise CLIError(f"{exc}; {options.output} not written", 1) from None
+        writing = None
         if progress is not None:
-            progress.add_task(f"writing {options.output}", total=None)
+            writing = progress.add_task(f"writing {options.output}", total=1)
         title = f"{options.application_name or _title(options)} (hotspan record)"
         data = (
             encode_pprof(merged, periods)
@@ -372,6 +373,8 @@ def _write(
         with open(temporary, "wb") as f:
             f.write(data)
         os.replace(temporary, options.output)
+        if progress is not None and writing is not None:
+            progress.advance(writing)
     finally:
         if progress is not None:
             progress.stop()
