@@ -13,7 +13,7 @@ from typing import List, Optional
 
 from hotspan import __version__
 
-COMMANDS = ("server", "run", "record", "settings")
+COMMANDS = ("server", "run", "record", "settings", "query", "export", "convert", "view", "diff")
 
 DESCRIPTION = """\
 Continuous profiling for Python services, linked to their traces.
@@ -22,6 +22,7 @@ examples:
   hotspan server                                   the server, with its UI on :4040
   hotspan run --application-name job -- python job.py
   hotspan record -o job.pb.gz -- python job.py     a profile file, no server
+  hotspan diff --baseline 'app{commit=abc}' --comparison 'app{commit=def}' --fail-above 5
 """
 
 

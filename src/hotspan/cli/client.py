@@ -289,12 +289,17 @@ def time_range(
     until_text: Optional[str],
     default: str = "1h",
     now_ms: Optional[int] = None,
+    option_prefix: str = "",
 ) -> TimeRange:
     """The window of ``--time-range`` or ``--from``/``--until`` (CLIError, exit 2, when both
-    are given, or the range is empty)."""
+    are given, or the range is empty); ``option_prefix`` ("baseline-") names a side's own
+    options in those messages."""
     now = int(time.time() * 1000) if now_ms is None else now_ms
+    names = {o: f"--{option_prefix}{o}" for o in ("time-range", "from", "until")}
     if time_range_text and from_text:
-        raise CLIError("give --time-range or --from/--until, not both", 2)
+        raise CLIError(
+            f"give {names['time-range']} or {names['from']}/{names['until']}, not both", 2
+        )
     end = time_ms(until_text, now) if until_text else now
     if from_text:
         start = time_ms(from_text, now)
@@ -302,23 +307,36 @@ def time_range(
         try:
             span = duration_s(time_range_text or default)
         except argparse.ArgumentTypeError as exc:
-            raise CLIError(f"--time-range: {exc}", 2) from None
+            raise CLIError(f"{names['time-range']}: {exc}", 2) from None
         if span <= 0:
-            raise CLIError("--time-range must be longer than 0", 2)
+            raise CLIError(f"{names['time-range']} must be longer than 0", 2)
         start = end - int(span * 1000)
     if start >= end:
-        raise CLIError("the time range is empty: --from must be before --until", 2)
+        raise CLIError(
+            f"the time range is empty: {names['from']} must be before {names['until']}", 2
+        )
     return TimeRange(start, end)
 
 
 def args_time_range(args: argparse.Namespace, prefix: str = "") -> TimeRange:
-    """The range of ``args`` from :func:`add_time_options` (``prefix``: a side's own options,
-    falling back to the shared ones)."""
+    """The range of ``args`` from :func:`add_time_options` (``prefix``: "baseline_" for a
+    side's own ``--baseline-time-range``/``--baseline-from``/``--baseline-until``).
 
-    def pick(name: str) -> Optional[str]:
-        own = getattr(args, prefix + name, None) if prefix else None
-        return own if own is not None else getattr(args, name, None)
+    A side's own start (its time range or its from) replaces the shared start whole, so that
+    ``--time-range 1h --baseline-from now-1d`` is not "both"; its own until replaces the shared
+    until; what the side does not give falls back to the shared options."""
 
-    return time_range(
-        pick("time_range"), pick("from_"), pick("until"), getattr(args, "default_time_range", "1h")
-    )
+    def get(name: str) -> Optional[str]:
+        return getattr(args, name, None)
+
+    span, start, end = get("time_range"), get("from_"), get("until")
+    option_prefix = ""
+    if prefix:
+        own_span, own_start, own_end = (get(prefix + n) for n in ("time_range", "from_", "until"))
+        if own_span is not None or own_start is not None:
+            span, start = own_span, own_start
+            option_prefix = prefix.replace("_", "-")
+        if own_end is not None:
+            end = own_end
+    default = getattr(args, "default_time_range", "1h")
+    return time_range(span, start, end, default, option_prefix=option_prefix)

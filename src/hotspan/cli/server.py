@@ -163,8 +163,24 @@ def _graceful_server_class():  # type: ignore[no-untyped-def]
     return GracefulServer
 
 
+EXAMPLES = """\
+examples:
+  hotspan server                                   UI and APIs on http://127.0.0.1:4040
+  hotspan server --host 0.0.0.0 --retention 30d --data-dir /var/lib/hotspan
+  hotspan server --ingest-token s3cret --query-token r3ad --otlp-grpc-port off
+"""
+
+
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    srv = sub.add_parser("server", help="run the server on the embedded store")
+    srv = sub.add_parser(
+        "server",
+        help="run the server on the embedded store, with the web UI",
+        description="The server: takes pushes (Pyroscope /ingest and push API, OTLP traces\n"
+        "and profiles), keeps them in DuckDB under --data-dir, answers queries and serves\n"
+        "the web UI on the main port.",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     srv.add_argument(
         "--host", default="127.0.0.1", help="address to listen on (default %(default)s)"
     )
@@ -217,7 +233,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--max-connections",
         type=int,
         default=None,
-        help="refuse connections beyond this many with 503",
+        help="answer 503 to connections beyond this many open at once (default: no limit)",
     )
     srv.add_argument(
         "--redact",
@@ -228,6 +244,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "regular expression as [REDACTED] (repeatable)",
     )
     srv.add_argument(
-        "--log-level", default="warning", choices=["critical", "error", "warning", "info", "debug"]
+        "--log-level",
+        default="warning",
+        choices=["critical", "error", "warning", "info", "debug"],
+        help="the server's own log messages (default %(default)s)",
     )
     srv.set_defaults(func=_server)

@@ -10,19 +10,30 @@ import argparse
 import json
 import sys
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
 from typing import Any, Dict, List, Optional, Sequence
 
 from hotspan.cli.client import Client, CLIError, add_server_options
 from hotspan.model.agent_settings import SettingsError, validate_settings
 
+EXAMPLES = """\
+examples:
+  hotspan settings get checkout
+  hotspan settings set checkout --rate 50 --types cpu,wall
+  hotspan settings set checkout --selector '{env="prod"}' --disable
+  hotspan settings delete checkout --selector '{env="prod"}'
+"""
+
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     """Register ``hotspan settings`` and its three commands."""
     parser = sub.add_parser(
-        "settings", help="show or change the live settings agents follow (per service)"
+        "settings",
+        help="show or change the live settings agents follow (per service)",
+        description="The rules a server gives the agents of a service, and what its\n"
+        "instances report (rate, overhead, which rule they follow).",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     commands = parser.add_subparsers(dest="settings_command", required=True)
 

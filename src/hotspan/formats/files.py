@@ -43,7 +43,7 @@ def format_for_path(path: PathLike) -> str:
             return fmt
     raise FormatError(
         f"{path}: cannot tell the format from the file name "
-        f"(use .pb.gz, .folded, .speedscope.json or .html, or name the format)"
+        f"(use .pb.gz, .folded, .speedscope.json or .html)"
     )
 
 
@@ -183,7 +183,7 @@ def write_profile(
     profile: StackProfile, fmt: str, profile_type: Optional[str] = None, title: str = ""
 ) -> bytes:
     """``profile`` in ``fmt``: pprof and speedscope keep every sample type; folded and html
-    hold one, ``profile_type`` (the first when None)."""
+    hold one, ``profile_type`` (by default, CPU time or else the last type)."""
     if fmt == "pprof":
         return pprof.write_stack_profile(profile)
     if fmt == "speedscope":

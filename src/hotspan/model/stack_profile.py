@@ -90,11 +90,17 @@ class StackProfile:
 
     def select(self, wanted: Optional[str] = None) -> int:
         """The position of a sample type by what a user types: ``cpu``, ``alloc_space``,
-        ``memory:alloc_space:bytes`` or a full profile type id; None: the first one."""
+        ``memory:alloc_space:bytes`` or a full profile type id.
+
+        None: CPU time when the profile has it, else the last type, as ``go tool pprof``
+        defaults (Go's CPU profile is samples then cpu; its heap ends with inuse_space)."""
         if not self.sample_types:
             raise ProfileSelectError("the profile has no sample types")
         if not wanted:
-            return 0
+            for i, st in enumerate(self.sample_types):
+                if st.type == "cpu":
+                    return i
+            return len(self.sample_types) - 1
         parts = wanted.split(":")
         for i, st in enumerate(self.sample_types):
             if len(parts) == 1 and parts[0] in (st.type, st.name):
@@ -155,6 +161,5 @@ def function_values(profile: StackProfile, position: int = 0) -> Dict[str, Funct
         for name in {frame.name for frame in stack}:
             totals[name] = totals.get(name, 0) + value
     return {
-        name: FunctionValue(name, self_values.get(name, 0), total)
-        for name, total in totals.items()
+        name: FunctionValue(name, self_values.get(name, 0), total) for name, total in totals.items()
     }
