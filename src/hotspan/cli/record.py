@@ -29,6 +29,14 @@ USAGE = (
 # Sample type -> (period type, period) of the profile it came in.
 Periods = Dict[str, Tuple[Tuple[str, str], int]]
 
+EXAMPLES = """\
+examples:
+  hotspan record -o job.pb.gz -- python job.py --day 2024-05-01
+  go tool pprof -top -sample_index=alloc_space job.pb.gz
+  hotspan record -o job.html --profile-type wall -m jobs.nightly
+  hotspan record -o job.speedscope.json --types cpu,wall --sample-rate 250 job.py
+"""
+
 AGENT_TYPES = ("cpu", "wall", "alloc", "locks", "threads")
 
 # Sample types that are a snapshot at the end of a window, not a sum over it: the live heap
@@ -74,6 +82,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Run a Python program with the hotspan agent and write its profile to a "
         "file: no server is contacted. Every profile type the agent takes is recorded unless "
         "--types says otherwise; the program's exit code is hotspan record's.",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument(
         "-o", "--output", required=True, metavar="FILE", help="the profile file to write"
