@@ -6,6 +6,7 @@ from __future__ import annotations
 import gzip
 import http.server
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -30,6 +31,11 @@ trace_service_pb2 = pytest.importorskip(
 )
 
 HOT_FUNCTION = "burn_cpu_for_hotspan_run"
+CPU_TYPE = "process_cpu:cpu:nanoseconds:cpu:nanoseconds"
+WALL_TYPE = "wall:wall:nanoseconds:wall:nanoseconds"
+# Frames of hotspan's own work: its agent, the root span's export (OpenTelemetry's SDK and
+# exporter, over requests/urllib3), none of which the program calls.
+AGENT_MODULES = ("hotspan.", "opentelemetry.", "requests.", "urllib3.", "tag_wrapper")
 
 # Burns CPU in one named function, then says what it saw of argv and of the bootstrap.
 SCRIPT = textwrap.dedent(
@@ -142,11 +148,14 @@ def hotspan_run(
     args: List[str], env: Optional[Dict[str, str]] = None, timeout: float = 60
 ) -> subprocess.CompletedProcess:
     base = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("HOTSPAN_", "PYROSCOPE_", "OTEL_")) and k != "PYTHONPATH"
+        k: v for k, v in os.environ.items() if not k.startswith(("HOTSPAN_", "PYROSCOPE_", "OTEL_"))
     }
-    base.update({"HOTSPAN_UPLOAD_INTERVAL": "1", **(env or {})})
+    env = dict(env or {})
+    # The hotspan under test (a checkout's src on PYTHONPATH) stays importable in the child.
+    inherited = os.environ.get("PYTHONPATH")
+    if "PYTHONPATH" in env and inherited:
+        env["PYTHONPATH"] = os.pathsep.join([env["PYTHONPATH"], inherited])
+    base.update({"HOTSPAN_UPLOAD_INTERVAL": "1", **env})
     return subprocess.run(
         [sys.executable, "-m", "hotspan", "run", *args],
         env=base,
@@ -188,7 +197,8 @@ def test_script_gets_root_span_and_trace_tags(receiver: Receiver, script: Path) 
     )
     assert result.returncode == 3, result.stderr
     assert "ARGV ['arg1', '--flag']" in result.stdout
-    assert "hotspan:" not in result.stderr, result.stderr
+    # One line of ours: the trace id, to find the job's profile by (checked below).
+    (trace_line,) = [line for line in result.stderr.splitlines() if "hotspan" in line]
     # The bootstrap stays sitecustomize when no other one hides behind it.
     assert "SITECUSTOMIZE " + run_module.BOOTSTRAP_DIR in result.stdout
 
@@ -204,6 +214,7 @@ def test_script_gets_root_span_and_trace_tags(receiver: Receiver, script: Path) 
     assert command[-3:] == [str(script), "arg1", "--flag"]
     trace_id, span_id = span.trace_id.hex(), span.span_id.hex()
     assert f"ROOT {trace_id}-{span_id}" in result.stdout
+    assert trace_line == f"hotspan: trace {trace_id}, its profile: {receiver.url}/traces/{trace_id}"
 
     names = app_names(receiver)
     assert names, "no profile uploaded"
@@ -375,6 +386,12 @@ def test_profile_queryable_by_trace_id(server: RunningServer, script: Path) -> N
     assert "Failed to export" not in result.stderr, result.stderr
     root = next(line.split()[1] for line in result.stdout.splitlines() if line.startswith("ROOT "))
     trace_id, _, span_id = root.partition("-")
+    # What hotspan run printed is the id the server has the job's profile under.
+    printed = re.fullmatch(
+        r"hotspan: trace ([0-9a-f]{32}), its profile: (\S+)", result.stderr.strip()
+    )
+    assert printed is not None, result.stderr
+    assert printed.groups() == (trace_id, f"{server.url}/traces/{trace_id}")
     with server.client() as client:
         graph = flamegraph(
             client, f'{{service_name="gen", trace_id="{trace_id}"}}', start, int(time.time()) + 5
@@ -395,6 +412,12 @@ def test_profile_queryable_by_trace_id(server: RunningServer, script: Path) -> N
         whole = client.get(f"/api/traces/{trace_id}/profile").json()
         names = whole["flamegraph"]["names"]
         assert any(HOT_FUNCTION in name for name in names), names[:20]
+        for profile_type in (CPU_TYPE, WALL_TYPE):
+            query = {"profileType": profile_type}
+            found = client.get(f"/api/traces/{trace_id}/profile", params=query).json()
+            assert not agent_frames(found["flamegraph"]["names"]), profile_type
+        page = client.get(printed.group(2).replace(server.url, ""))
+        assert page.status_code == 200 and "text/html" in page.headers["content-type"]
         per_span = client.get(f"/api/traces/{trace_id}/spans").json()
         (row,) = per_span["spans"]
         # The main thread ran inside the root span: its CPU is the span's own.
@@ -479,3 +502,107 @@ def test_uncaught_exception_marks_the_span(receiver: Receiver, tmp_path: Path) -
     attrs = {a.key: a.value for a in span.attributes}
     assert attrs["process.exit.code"].int_value == 1
     assert span.status.code == span.status.STATUS_CODE_ERROR
+
+
+def agent_frames(names: List[str]) -> List[str]:
+    return [n for n in names if any(m in n for m in AGENT_MODULES)]
+
+
+def function_names(rec: Receiver, service: Optional[str] = None) -> set:
+    """Every function name in the pprof uploads received (of one service)."""
+    out: set = set()
+    for r in rec.ingests():
+        if service is not None and parse_app_name(r.query["name"][0]).name != service:
+            continue
+        body = gzip.decompress(r.body) if r.body[:2] == b"\x1f\x8b" else r.body
+        profile = profile_pb2.Profile()
+        profile.ParseFromString(body)
+        strings = [bytes(s).decode() for s in profile.string_table]
+        out.update(strings[f.name] for f in profile.function)
+    return out
+
+
+def test_agent_work_is_not_in_the_jobs_profile(receiver: Receiver, script: Path) -> None:
+    """The root span's export at exit (OpenTelemetry over HTTP) and the SDK's threads are
+    hotspan's, not the job's: no profile of the job shows them."""
+    result = hotspan_run(["--server-address", receiver.url, str(script)])
+    assert result.returncode == 0, result.stderr
+    assert receiver.spans()  # the span was exported
+    names = function_names(receiver)
+    assert any(HOT_FUNCTION in n for n in names), sorted(names)
+    assert not agent_frames(sorted(names)), sorted(names)
+
+
+def test_missing_opentelemetry_is_said_plainly(receiver: Receiver, script: Path, tmp_path: Path):
+    # A package named opentelemetry without the SDK's modules, first on the path: what an
+    # environment with only some opentelemetry-* distributions looks like.
+    shim = tmp_path / "shim"
+    (shim / "opentelemetry").mkdir(parents=True)
+    (shim / "opentelemetry" / "__init__.py").write_text("")
+    result = hotspan_run(
+        ["--server-address", receiver.url, str(script)],
+        env={"PYTHONPATH": str(shim), "BURN_SECONDS": "0.3"},
+    )
+    assert result.returncode == 0, result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.startswith("hotspan:")]
+    assert len(lines) == 1, result.stderr  # and no trace line: there is no trace
+    assert "the OpenTelemetry SDK is not installed" in lines[0]
+    assert "pip install 'hotspan[otel]'" in lines[0]
+    assert "pip install -e '.[otel]'" in lines[0]
+    assert receiver.ingests()  # profiling went on
+    assert not receiver.spans()
+
+
+NAMING_JOB = textwrap.dedent(
+    """
+    import os, time
+    if os.environ.get("CONFIGURE_ITSELF"):
+        import hotspan
+        hotspan.configure(application_name=os.environ["APP"])
+
+    def work_for_naming():
+        end = time.process_time() + 0.3
+        while time.process_time() < end:
+            pass
+
+    work_for_naming()
+    """
+)
+
+
+@pytest.mark.parametrize("interval", ["10", "0.1"])
+def test_main_script_has_one_name(receiver: Receiver, tmp_path: Path, interval: str) -> None:
+    """The same script's frames are named alike however it starts, and whether first named
+    while it runs (short windows) or by the exit flush (a window longer than the job)."""
+    (tmp_path / "job.py").write_text(NAMING_JOB)
+    env = {"HOTSPAN_UPLOAD_INTERVAL": interval, "HOTSPAN_SERVER_ADDRESS": receiver.url}
+    ways = {
+        "itself": None,
+        "run-python": ["--", "python", "job.py"],
+        "run-script": ["job.py"],
+        "run-module": ["-m", "job"],
+    }
+    for app, args in ways.items():
+        if args is None:
+            base = {k: v for k, v in os.environ.items() if not k.startswith("HOTSPAN_")}
+            done = subprocess.run(
+                [sys.executable, "job.py"],
+                cwd=tmp_path,
+                env={**base, **env, "CONFIGURE_ITSELF": "1", "APP": app},
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+        else:
+            done = subprocess.run(
+                [sys.executable, "-m", "hotspan", "run", "--application-name", app, *args],
+                cwd=tmp_path,
+                env={**os.environ, **env, "PYTHONPATH": os.environ.get("PYTHONPATH", "")},
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+        assert done.returncode == 0, done.stderr
+    for app in ways:
+        named = {n for n in function_names(receiver, app) if n.endswith("work_for_naming")}
+        assert named == {"__main__.work_for_naming"}, (app, named)

@@ -76,7 +76,7 @@ def start_root_span(
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
         from opentelemetry.sdk.resources import Resource
         from opentelemetry.sdk.trace import TracerProvider
-        from opentelemetry.sdk.trace.export import BatchSpanProcessor
+        from opentelemetry.sdk.trace.export import SimpleSpanProcessor
         from opentelemetry.sdk.trace.sampling import ALWAYS_ON
     except ImportError as exc:
         raise OpenTelemetryMissing(
@@ -98,7 +98,9 @@ def start_root_span(
         headers=dict(headers or {}) or {"User-Agent": "hotspan"},
         timeout=EXPORT_TIMEOUT,
     )
-    provider.add_span_processor(BatchSpanProcessor(exporter))
+    # Simple, not batch: one span, exported as it ends (after profiling has stopped, see
+    # run.bootstrap), with no worker thread of ours idling in the program's wall profile.
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
     tracer = provider.get_tracer("hotspan.run")
     args = list(command_args if command_args is not None else _command_args())
     span = tracer.start_span(

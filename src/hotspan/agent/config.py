@@ -138,10 +138,12 @@ class AgentConfig:
                 "application_name is required (or set HOTSPAN_APPLICATION_NAME / "
                 "PYROSCOPE_APPLICATION_NAME)"
             )
-        if self.uploads() and not self.server_address.startswith(("http://", "https://")):
+        # file:///DIR: no server, uploads become files in DIR (what hotspan record uses).
+        uploads_to = ("http://", "https://", "file:///")
+        if self.uploads() and not self.server_address.startswith(uploads_to):
             raise ConfigError(
                 f"server_address {self.server_address!r} must start with http:// or https:// "
-                "(or be 'none': pull mode only, no uploads)"
+                "(or file:///DIR: files, or 'none': pull mode only, no uploads)"
             )
         if not 1 <= self.sample_rate <= 1000:
             raise ConfigError(f"sample_rate {self.sample_rate} must be between 1 and 1000 Hz")

@@ -224,6 +224,21 @@ class tag_wrapper:  # noqa: N801 - the name Pyroscope users know
         return run
 
 
+def _hide_wrapper_frames() -> None:
+    """tag_wrapper's own frames (the decorator's wrapper functions, entering and leaving)
+    are not the program's: stacks leave them out (see Symbolizer.name_stack)."""
+    from hotspan.agent.symbols import hide_code
+
+    for code in tag_wrapper.__call__.__code__.co_consts:
+        if hasattr(code, "co_code"):  # run and run_async, one code object each
+            hide_code(code)
+    hide_code(tag_wrapper.__enter__.__code__)
+    hide_code(tag_wrapper.__exit__.__code__)
+
+
+_hide_wrapper_frames()
+
+
 # ------------------------------------------------------------------ OpenTelemetry
 
 PROFILE_ID_ATTRIBUTE = "pyroscope.profile.id"

@@ -16,10 +16,12 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 from hotspan.agent.config import (
+    AgentConfig,
     ConfigError,
     check_tag_key,
     env_value,
@@ -34,6 +36,9 @@ BOOTSTRAP_DIR = str(Path(__file__).resolve().parent / "bootstrap")
 # processes it starts (inheriting PYTHONPATH, hence profiled too) are tagged with its trace
 # instead of starting their own.
 ROOT_MARKER = "HOTSPAN_RUN_ROOT_SPAN"
+# A file `hotspan run` reads after the program: the root span's trace id, which the process
+# that made the span writes (and takes out of its environment, for its children have none).
+REPORT_VARIABLE = "HOTSPAN_RUN_REPORT"
 
 USAGE = (
     "hotspan run [options] -- python app.py [args...]\n"
@@ -57,6 +62,20 @@ class UsageError(Exception):
     pass
 
 
+def add_program_options(parser: argparse.ArgumentParser) -> None:
+    """The options of every command that starts a profiled program (run and record)."""
+    parser.add_argument(
+        "--application-name",
+        help="service name of the profiles and the root span (default: the script, module "
+        "or command name)",
+    )
+    parser.add_argument("--sample-rate", type=int, metavar="HZ", help="samples per second")
+    parser.add_argument(
+        "--upload-interval", type=float, metavar="SECONDS", help="seconds between uploads"
+    )
+    parser.add_argument("-m", dest="module", metavar="MODULE", help="run a module as a script")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="hotspan run",
@@ -67,11 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
         "Each option can also be set with its HOTSPAN_* (or PYROSCOPE_*) environment "
         "variable; options win.",
     )
-    parser.add_argument(
-        "--application-name",
-        help="service name of the profiles and the root span (default: the script, module "
-        "or command name)",
-    )
+    add_program_options(parser)
     parser.add_argument("--server-address", help="hotspan or Pyroscope server URL")
     parser.add_argument(
         "--tag",
@@ -80,10 +95,6 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="KEY=VALUE",
         help="a tag on every profile; repeatable (added to HOTSPAN_TAGS / PYROSCOPE_TAGS)",
     )
-    parser.add_argument("--sample-rate", type=int, metavar="HZ", help="samples per second")
-    parser.add_argument(
-        "--upload-interval", type=float, metavar="SECONDS", help="seconds between uploads"
-    )
     parser.add_argument("--auth-token", help="bearer token for the server")
     parser.add_argument("--tenant-id", help="tenant (X-Scope-OrgID)")
     parser.add_argument(
@@ -91,7 +102,6 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="no root span, and no span ids on samples",
     )
-    parser.add_argument("-m", dest="module", metavar="MODULE", help="run a module as a script")
     return parser
 
 
@@ -175,27 +185,24 @@ def child_environment(
     PYROSCOPE_* ones) and PYTHONPATH starting with the bootstrap directory."""
     env = dict(environ)
     env.pop(ROOT_MARKER, None)  # a `hotspan run` inside a profiled program starts anew
+    env.pop(REPORT_VARIABLE, None)
     name = options.application_name
     if not name:
         found = env_value("APPLICATION_NAME", env)
         name = found[1] if found else default_application_name(command)
     env["HOTSPAN_APPLICATION_NAME"] = name
-    values = {
-        "SERVER_ADDRESS": options.server_address,
-        "SAMPLE_RATE": options.sample_rate,
-        "UPLOAD_INTERVAL": options.upload_interval,
-        "AUTH_TOKEN": options.auth_token,
-        "TENANT_ID": options.tenant_id,
-    }
-    for suffix, value in values.items():
+    # getattr: hotspan record's options are only some of these.
+    for suffix in ("SERVER_ADDRESS", "SAMPLE_RATE", "UPLOAD_INTERVAL", "AUTH_TOKEN", "TENANT_ID"):
+        value = getattr(options, suffix.lower(), None)
         if value is not None:
             env["HOTSPAN_" + suffix] = str(value)
-    if options.no_trace_correlation:
+    if getattr(options, "no_trace_correlation", False):
         env["HOTSPAN_TRACE_CORRELATION"] = "false"
-    if options.tag:
+    tag_options = getattr(options, "tag", None)
+    if tag_options:
         found = env_value("TAGS", env)
         tags = parse_tags(found[1]) if found else {}
-        tags.update(_parse_tag_options(options.tag))
+        tags.update(_parse_tag_options(tag_options))
         env["HOTSPAN_TAGS"] = ",".join(f"{k}={v}" for k, v in tags.items())
     # Empty entries stay: they mean the current directory.
     existing = env.get("PYTHONPATH")
@@ -217,19 +224,53 @@ def _parse_tag_options(items: List[str]) -> Dict[str, str]:
     return tags
 
 
-def main(argv: Sequence[str]) -> int:
-    """``hotspan run ARGV``: the program's exit code (128+N when signal N ended it)."""
-    parser = build_parser()
+def prepare(
+    parser: argparse.ArgumentParser, argv: Sequence[str]
+) -> Tuple[argparse.Namespace, List[str], Dict[str, str]]:
+    """(options, command, child environment) of ``argv``; bad input exits 2 (parser.error)."""
     own, rest = split_argv(argv, parser)
     options = parser.parse_args(own)
     try:
         command = build_command(options, rest)
         env = child_environment(options, command, dict(os.environ))
-        # Bad settings are the user's to fix now, not a warning the program prints later.
-        from_env(env).validate()
     except (UsageError, ConfigError) as exc:
         parser.error(str(exc))
-    return run_child(command, env)
+    return options, command, env
+
+
+def check_settings(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> AgentConfig:
+    """The child's settings; bad ones are the user's to fix now (exit 2), not a warning the
+    program prints later."""
+    try:
+        return from_env(env).validate()
+    except ConfigError as exc:
+        parser.error(str(exc))
+        raise  # parser.error exits: this is for type checkers
+
+
+def main(argv: Sequence[str]) -> int:
+    """``hotspan run ARGV``: the program's exit code (128+N when signal N ended it)."""
+    parser = build_parser()
+    _options, command, env = prepare(parser, argv)
+    config = check_settings(parser, env)
+    with tempfile.TemporaryDirectory(prefix="hotspan-run-") as scratch:
+        # The child writes its root span's ids here (see bootstrap), for the line below.
+        report = env[REPORT_VARIABLE] = os.path.join(scratch, "root-span")
+        code = run_child(command, env)
+        trace_id = _read_report(report)
+    if trace_id:
+        link = f"{config.server_address.rstrip('/')}/traces/{trace_id}"
+        print(f"hotspan: trace {trace_id}, its profile: {link}", file=sys.stderr)
+    return code
+
+
+def _read_report(path: str) -> str:
+    try:
+        with open(path, encoding="ascii") as f:
+            trace_id = f.read().strip()
+    except (OSError, ValueError):
+        return ""
+    return trace_id if re.fullmatch(r"[0-9a-f]{32}", trace_id) else ""
 
 
 def run_child(command: List[str], env: Dict[str, str]) -> int:
@@ -296,6 +337,14 @@ def warn(message: str) -> None:
 
 _bootstrapped = False
 
+# What to do when the OpenTelemetry SDK is not there: the ImportError alone ("cannot import name
+# 'context' from 'opentelemetry' (unknown location)") says neither what is missing nor why.
+OTEL_MISSING = (
+    "no root span, so no trace id for this run: the OpenTelemetry SDK is not installed. "
+    "Add it with pip install 'hotspan[otel]' (from PyPI) or pip install -e '.[otel]' (in a "
+    "checkout of hotspan). Profiling goes on without it"
+)
+
 
 def bootstrap() -> None:
     """Start the agent in this (child) interpreter from its HOTSPAN_*/PYROSCOPE_* settings.
@@ -310,12 +359,23 @@ def bootstrap() -> None:
     _bootstrapped = True
     import hotspan
     from hotspan.agent import batch
+    from hotspan.agent.symbols import agent_code
 
+    # Whatever the agent's start costs in the program's main thread (imports, allocations
+    # the alloc profile sees) is one `hotspan` frame in its profiles: the caller (our
+    # sitecustomize) and this function are hotspan's from the root of the stack.
+    caller = sys._getframe(1).f_code
+    if caller.co_name == "_start_agent":
+        agent_code(caller)
+    agent_code(bootstrap.__code__)
     config = from_env().validate()
     tags = dict(config.tags)
     recorder = batch.ExitCodeRecorder()
     root: Optional[batch.RootSpan] = None
-    if config.trace_correlation:
+    report = os.environ.pop(REPORT_VARIABLE, "")
+    # file://: hotspan record, which has no server to send a span to.
+    to_server = not config.server_address.startswith("file:")
+    if config.trace_correlation and to_server:
         trace_id, _, span_id = os.environ.get(ROOT_MARKER, "").partition("-")
         if not span_id:
             try:
@@ -323,7 +383,8 @@ def bootstrap() -> None:
                     config.application_name, config.server_address, request_headers(config)
                 )
             except batch.OpenTelemetryMissing as exc:
-                warn(str(exc))
+                # What failed to import, for the rare case that is not the missing SDK.
+                warn(f"{OTEL_MISSING}. ({exc.__context__ or exc})")
             except Exception as exc:
                 # The span is a bonus: profiling goes on without it.
                 warn(f"no root span: {type(exc).__name__}: {exc}")
@@ -331,6 +392,7 @@ def bootstrap() -> None:
                 recorder.install()
                 trace_id, span_id = root.trace_id_hex, root.span_id_hex
                 os.environ[ROOT_MARKER] = f"{trace_id}-{span_id}"
+                _write_report(report, trace_id)
         if span_id:
             tags = batch.with_trace_tags(tags, trace_id, span_id)
     try:
@@ -342,15 +404,28 @@ def bootstrap() -> None:
 
     def at_exit() -> None:
         # The program's own atexit handlers ran already (they were registered later).
+        # Profiling stops first: the span's export (HTTP through the OpenTelemetry SDK) is
+        # hotspan's work, not the program's, and must not show in the program's profile.
+        try:
+            hotspan.shutdown(flush=True)
+        except Exception as exc:
+            warn(f"last profile not sent: {exc}")
         try:
             if root is not None:
                 root.end(recorder.exit_code())
         except Exception as exc:
             warn(f"root span not exported: {exc}")
-        try:
-            hotspan.shutdown(flush=True)
-        except Exception as exc:
-            warn(f"last profile not sent: {exc}")
 
+    agent_code(at_exit.__code__)
     # Registered after configure, so this runs before any exit handler the agent has.
     atexit.register(at_exit)
+
+
+def _write_report(path: str, trace_id: str) -> None:
+    if not path:
+        return
+    try:
+        with open(path, "w", encoding="ascii") as f:
+            f.write(trace_id + "\n")
+    except OSError:
+        pass  # only the line hotspan run prints at the end is lost

@@ -10,12 +10,35 @@ from hotspan._speedups import load_module
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing stays out of the program at run time: see agent/log.py
-    from typing import Any, Callable, Dict, List, Optional, Tuple
+    from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
     FrameInfo = Tuple[str, str, int, int]  # name, filename, line, first line of the function
 
 
 UNKNOWN: FrameInfo = ("<unknown>", "", 0, 0)
+# What a hidden frame is named, to be taken out of its stack (compared by identity).
+HIDDEN: FrameInfo = ("<hotspan>", "", 0, 0)
+# The one frame a stack of hotspan's own work becomes (compared by identity when naming).
+AGENT: FrameInfo = ("hotspan", "", 0, 0)
+# Code objects of the agent that run inside the program's own calls (tag_wrapper's wrapper
+# function): left out of stacks.  Code that is hotspan's work from the root of its stack
+# (``hotspan run``'s start and exit in the program's main thread): the whole stack is one
+# ``hotspan`` frame.  Either way hotspan's work never poses as the program's.
+HIDDEN_CODE: Set[Any] = set()
+AGENT_CODE: Set[Any] = set()
+
+
+def hide_code(code: Any) -> None:
+    """Leave frames of ``code`` out of every stack named from now on."""
+    HIDDEN_CODE.add(code)
+
+
+def agent_code(code: Any) -> None:
+    """Stacks through ``code`` (hotspan's own work from their root) become one ``hotspan``
+    frame."""
+    AGENT_CODE.add(code)
+
+
 MAX_CACHED = 20_000  # code objects; each entry keeps its code object alive
 
 
@@ -51,22 +74,35 @@ class Symbolizer:
         # (code, offset) -> frame, in C: an upload names each distinct stack it has, and in
         # Python every frame of it would cost a call (see _speedups/symbols.c).
         self._stacks = _native.FrameCache(self.frame, 4 * MAX_CACHED) if _native else None
+        self._hidden_named = False
 
     def name_stack(self, stack: Any) -> Tuple[FrameInfo, ...]:
         """``stack``: (code object or None, byte offset) entries, or frames already named."""
         if self._stacks is not None:
-            return self._stacks.name_stack(stack)  # type: ignore[no-any-return]
-        frame = self.frame
-        return tuple(
-            entry if len(entry) == 4 else frame(entry[0], entry[1])  # type: ignore[misc]
-            for entry in stack
-        )
+            named = self._stacks.name_stack(stack)
+        else:
+            frame = self.frame
+            named = tuple(
+                entry if len(entry) == 4 else frame(entry[0], entry[1])  # type: ignore[misc]
+                for entry in stack
+            )
+        # Only once a hidden frame was named: the other programs pay nothing for it.
+        if self._hidden_named:
+            if AGENT in named:
+                return (AGENT,)
+            if HIDDEN in named:
+                named = tuple(f for f in named if f is not HIDDEN)
+        return named  # type: ignore[no-any-return]
 
     def frame(self, code: Optional[Any], lasti: int) -> FrameInfo:
         if code is None:
             return UNKNOWN
         named = self._names.get(id(code))
         if named is None or named.code is not code:
+            # Asked once per code object and offset (the frame cache keeps the answer).
+            if code in HIDDEN_CODE or code in AGENT_CODE:
+                self._hidden_named = True
+                return HIDDEN if code in HIDDEN_CODE else AGENT
             if len(self._names) > MAX_CACHED:
                 self._names.clear()
             qualname = getattr(code, "co_qualname", None) or code.co_name
@@ -91,7 +127,10 @@ class Symbolizer:
             self._index_modules()
             module = self._modules.get(filename)
         if module is None:
-            module = os.path.splitext(os.path.basename(filename))[0]
+            if _is_main_script(filename):
+                module = "__main__"
+            else:
+                module = os.path.splitext(os.path.basename(filename))[0]
             self._modules[filename] = module
         return module
 
@@ -107,6 +146,32 @@ class Symbolizer:
                 filename = filename[:-1]
             self._modules.setdefault(filename, name)
             self._modules.setdefault(os.path.abspath(filename), name)
+
+
+def _is_main_script(filename: str) -> bool:
+    """Whether ``filename`` is the program's main script, whose frames are ``__main__.*``
+    however it was started (``python job.py``, ``-m job``, ``hotspan run``) and whenever
+    they are first named.
+
+    The index above finds it as ``__main__`` only while that module has a ``__file__``, and
+    CPython deletes it when a script (not ``-m``) returns: a frame first named by the exit
+    flush was named after the file instead (``job.*``), so one script had two names, by how
+    long it ran.  ``sys.argv[0]`` names the script (or ``-m``'s file) to the end.  The name
+    stays ``__main__``: it is Python's own (``__name__``), every stored profile already has
+    it, and the service name tells which program it is."""
+    main = getattr(sys.modules.get("__main__"), "__file__", None)
+    if not isinstance(main, str):
+        main = sys.argv[0] if sys.argv else ""
+    if not main or main.startswith("-"):  # -c, or not set yet
+        return False
+    if main == filename:
+        return True
+    if os.path.basename(main) != os.path.basename(filename):
+        return False
+    try:
+        return os.path.samefile(main, filename)
+    except (OSError, ValueError):
+        return False
 
 
 def _line_of(named: _Named, lasti: int) -> int:

@@ -200,3 +200,49 @@ class TLSConnection:
 
     def close(self) -> None:
         self._conn.close()
+
+
+_spool_sequence = [0]  # only the upload thread (or an exit flush, holding its lock) writes
+
+
+class SpoolConnection:
+    """The same interface over a directory: each POSTed body becomes one file there.
+
+    ``hotspan record`` points its program's agent (and every Python process that program
+    starts) at ``file://<directory>``, so nothing leaves the machine and the recording command
+    merges the files when the program has ended.  Files are ``<pid>-<sequence>.pprof``: the
+    pid tells processes apart (a live heap is a per-process snapshot) and the sequence keeps
+    one process's windows in order.  A body is written to a temporary name first and renamed,
+    so a process killed mid-write leaves no half file to read.
+    """
+
+    sock = None  # nothing for the uploader to check for a peer's close
+
+    def __init__(self, directory: str, timeout: float = 0.0) -> None:
+        self.directory = directory
+        self.timeout = timeout
+
+    def post(
+        self,
+        path: str,
+        body: bytes,
+        headers: Mapping[str, str],
+        max_body: int,
+        method: str = "POST",
+    ) -> Response:
+        import os
+
+        if method != "POST":
+            return 404, {}, b""  # a settings poll: there is no server to have settings
+        # Per process, not per connection: the uploader may make a new one after an error.
+        _spool_sequence[0] += 1
+        name = f"{os.getpid()}-{_spool_sequence[0]:08d}.pprof"
+        final = os.path.join(self.directory, name)
+        temporary = os.path.join(self.directory, f".{name}.tmp")
+        with open(temporary, "wb") as f:
+            f.write(body)
+        os.replace(temporary, final)
+        return 200, {}, b""
+
+    def close(self) -> None:
+        pass

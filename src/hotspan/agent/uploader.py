@@ -87,9 +87,11 @@ class Uploader:
         scheme, host, port, path = split_address(server_address)
         self._address = server_address
         self._https = scheme == "https"
+        # file://DIR: each upload becomes a file in DIR (hotspan record; see SpoolConnection).
+        self._spool = path if scheme == "file" else None
         self._host = host or "localhost"
         self._port = port or (443 if self._https else 80)
-        self._prefix = path.rstrip("/")
+        self._prefix = "" if self._spool is not None else path.rstrip("/")
         self._headers = {
             **headers,
             "Content-Type": "application/octet-stream",
@@ -397,9 +399,11 @@ class Uploader:
     def _connection(self, timeout: float) -> Any:
         conn = self._conn
         if conn is None:
-            from hotspan.agent.transport import PlainConnection, TLSConnection
+            from hotspan.agent.transport import PlainConnection, SpoolConnection, TLSConnection
 
-            if self._https:
+            if self._spool is not None:
+                conn = SpoolConnection(self._spool, timeout)
+            elif self._https:
                 # Only https pays for ssl and its CA store (megabytes).
                 import ssl
 

@@ -16,7 +16,7 @@ from typing import List, Optional
 from hotspan import __version__
 from hotspan.cli.client import CLIError
 
-COMMANDS = ("server", "run", "settings", "query", "export", "convert", "view", "diff")
+COMMANDS = ("server", "run", "record", "settings", "query", "export", "convert", "view", "diff")
 
 DESCRIPTION = """\
 Continuous profiling for Python services, linked to their traces.
@@ -24,6 +24,7 @@ Continuous profiling for Python services, linked to their traces.
 examples:
   hotspan server                                   the server, with its UI on :4040
   hotspan run --application-name job -- python job.py
+  hotspan record -o job.pb.gz -- python job.py     a profile file, no server
   hotspan diff --baseline 'app{commit=abc}' --comparison 'app{commit=def}' --fail-above 5
 """
 
