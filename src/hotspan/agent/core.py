@@ -559,7 +559,7 @@ class Agent:
             hub = _pull.HUB
             cut = hub.begin_cut() if hub is not None and taken is None else None
             if taken is None:
-                collected = self._cut() if cut else self._sampler.collect(final=final)
+                collected = self._sampler.cut() if cut else self._sampler.collect(final=final)
                 period = 1_000_000_000 // self._rate
             else:
                 collected, period = taken
@@ -582,16 +582,6 @@ class Agent:
             params = self._params(window.start_ns, window.end_ns, period)
             for body in bodies:
                 self._uploader.submit(params, body)
-
-    def _cut(self) -> Collected:
-        """What the sampler took, its window closed now (a pull's profile starts or ends)."""
-        sampler = self._sampler
-        if isinstance(sampler, PythonSampler):
-            with sampler._lock:
-                sampler._finish_window()
-            return sampler.collect()  # type: ignore[no-any-return]
-        # The native sampler's final collect closes the window and goes on sampling.
-        return sampler.collect(final=True)  # type: ignore[no-any-return]
 
     def collect_soon(self) -> None:
         """The collectors' next round now rather than in up to an upload interval (a pull of

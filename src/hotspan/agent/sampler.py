@@ -103,6 +103,11 @@ class NativeSampler:
             out.append(Window(start_ns, end_ns, rows))
         return Collected(out, lost, codes)
 
+    def cut(self) -> Collected:
+        """What was taken, the window closed now, sampling going on (a pull starts or ends):
+        the native module's final collect does just that."""
+        return self.collect(final=True)
+
     def stats(self) -> Dict[str, int]:
         return dict(self._mod.stats())
 
@@ -290,6 +295,12 @@ class PythonSampler:
                 self._finish_window()
             finished, self._finished = self._finished, []
         return Collected(finished, 0, None)
+
+    def cut(self) -> Collected:
+        """What was taken, the window closed now, sampling going on (a pull starts or ends)."""
+        with self._lock:
+            self._finish_window()
+        return self.collect()
 
     def stats(self) -> Dict[str, int]:
         return {"ticks": self._ticks}
