@@ -26,7 +26,7 @@ def test_every_command_is_registered() -> None:
     assert set(_subparsers()) == set(COMMANDS)
 
 
-@pytest.mark.parametrize("command", [c for c in COMMANDS if c != "run"])
+@pytest.mark.parametrize("command", COMMANDS)
 def test_help_is_plain_text(command: str) -> None:
     out = subprocess.run(
         [sys.executable, "-m", "hotspan", command, "--help"],

@@ -76,6 +76,15 @@ def add_program_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-m", dest="module", metavar="MODULE", help="run a module as a script")
 
 
+EXAMPLES = """\
+examples:
+  hotspan run --application-name nightly -- python job.py --day 2024-05-01
+  hotspan run --tag commit=abc123 -m jobs.nightly
+  hotspan run --server-address http://profiles:4040 -- gunicorn app:app
+After the job: "hotspan: trace <id>, its profile: <server>/traces/<id>" on stderr.
+"""
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="hotspan run",
@@ -85,6 +94,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Run a Python program with the hotspan agent started before its code. "
         "Each option can also be set with its HOTSPAN_* (or PYROSCOPE_*) environment "
         "variable; options win.",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_program_options(parser)
     parser.add_argument("--server-address", help="hotspan or Pyroscope server URL")
