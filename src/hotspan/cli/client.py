@@ -158,13 +158,24 @@ def selector_query(text: str) -> str:
     # Quote bare values, as Pyroscope's own CLI lets users type them.
     rest = _BARE_VALUE.sub(lambda v: f'{v.group(1)}"{_escape(v.group(2))}"', rest)
     if service:
-        inner = rest.strip()[1:-1].strip() if rest.strip() else ""
+        braces = rest.strip()
+        if braces and not braces.endswith("}"):
+            problem = (
+                f"unexpected {braces[braces.rindex('}') + 1 :]!r} after the labels"
+                if "}" in braces
+                else "the labels' '{' has no closing '}'"
+            )
+            raise CLIError(f"bad selector {text!r}: {problem}", 2)
+        inner = braces[1:-1].strip()
         service_matcher = f'service_name="{_escape(service)}"'
         rest = "{" + service_matcher + (", " + inner if inner else "") + "}"
     try:
         selector = parse_selector(rest)
     except SelectorError as exc:
-        raise CLIError(f"bad selector {text!r}: {exc}", 2) from None
+        reason = str(exc)
+        if rest != text:  # positions are in the rewritten text: show that text, not the typed
+            reason += f" of {rest!r}"
+        raise CLIError(f"bad selector {text!r}: {reason}", 2) from None
     if selector.metric:
         raise CLIError(
             f'bad selector {text!r}: write it as service{{label="value"}} or '

@@ -1,0 +1,108 @@
+"""What every client command shares: selectors as users type them, profile type names, and
+time ranges (checked here without a server; the commands' tests use a real one)."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from hotspan.cli.client import (
+    CLIError,
+    add_time_options,
+    args_time_range,
+    profile_type_id,
+    selector_query,
+    time_ms,
+    time_range,
+)
+
+NOW = 1_764_000_000_000  # ms
+
+
+@pytest.mark.parametrize(
+    "typed, sent",
+    [
+        ("my-service{commit=abc123}", '{service_name="my-service", commit="abc123"}'),
+        ("my-service", '{service_name="my-service"}'),
+        ("svc.v2 {env=prod, pod=~web-.*}", '{service_name="svc.v2", env="prod", pod=~"web-.*"}'),
+        ('svc{a!="b c", d!~x}', '{service_name="svc", a!="b c", d!~"x"}'),
+        ('{service_name="x", a=~"b.*"}', '{service_name="x", a=~"b.*"}'),
+        ("{}", "{}"),
+    ],
+)
+def test_selectors_as_users_type_them(typed: str, sent: str) -> None:
+    assert selector_query(typed) == sent
+
+
+@pytest.mark.parametrize(
+    "typed, reason",
+    [
+        ("prog{commit=a", "has no closing '}'"),
+        ('{a="b"', "expected ',' or '}'"),
+        ("{a}", "expected one of"),
+        ("svc{a=1}x", "unexpected"),
+    ],
+)
+def test_bad_selectors_name_the_problem(typed: str, reason: str) -> None:
+    with pytest.raises(CLIError) as caught:
+        selector_query(typed)
+    assert caught.value.code == 2
+    assert typed in str(caught.value) and reason in str(caught.value)
+
+
+def test_profile_types_by_alias_or_id() -> None:
+    assert profile_type_id("cpu") == "process_cpu:cpu:nanoseconds:cpu:nanoseconds"
+    assert profile_type_id("inuse_space") == "memory:inuse_space:bytes:space:bytes"
+    full = "memory:alloc_space:bytes:space:bytes"
+    assert profile_type_id(full) == full
+    with pytest.raises(CLIError) as caught:
+        profile_type_id("cpux")
+    assert caught.value.code == 2 and "'cpux'" in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    "text, ms",
+    [
+        ("now", NOW),
+        ("now-1h", NOW - 3_600_000),
+        ("now-1d12h", NOW - 129_600_000),
+        ("1764000000", NOW),  # unix seconds
+        ("1764000000000", NOW),  # unix milliseconds
+        ("2025-11-24T16:00:00Z", NOW),
+        ("2025-11-24T17:00:00+01:00", NOW),
+    ],
+)
+def test_times(text: str, ms: int) -> None:
+    assert time_ms(text, NOW) == ms
+
+
+def test_ranges() -> None:
+    assert time_range(None, None, None, "1h", now_ms=NOW) == time_range(
+        "1h", None, None, now_ms=NOW
+    )
+    window = time_range(None, "now-2h", "now-1h", now_ms=NOW)
+    assert (window.start_ms, window.end_ms) == (NOW - 7_200_000, NOW - 3_600_000)
+    for bad in (("1h", "now-2h", None), (None, "now", "now-1h"), ("0", None, None)):
+        with pytest.raises(CLIError) as caught:
+            time_range(*bad, now_ms=NOW)
+        assert caught.value.code == 2
+    with pytest.raises(CLIError, match="not a time"):
+        time_range(None, "yesterday", None, now_ms=NOW)
+
+
+def test_a_side_range_replaces_the_shared_start() -> None:
+    parser = argparse.ArgumentParser()
+    add_time_options(parser)
+    for side in ("baseline", "comparison"):
+        parser.add_argument(f"--{side}-time-range")
+        parser.add_argument(f"--{side}-from", dest=f"{side}_from_")
+        parser.add_argument(f"--{side}-until")
+    args = parser.parse_args(["--time-range", "1h", "--baseline-from", "2025-11-23T16:00:00Z"])
+    baseline = args_time_range(args, prefix="baseline_")
+    comparison = args_time_range(args, prefix="comparison_")
+    assert comparison.end_ms - comparison.start_ms == 3_600_000
+    assert baseline.start_ms == NOW - 86_400_000
+    args = parser.parse_args(["--baseline-time-range", "1h", "--baseline-from", "now-2h"])
+    with pytest.raises(CLIError, match="--baseline-time-range"):
+        args_time_range(args, prefix="baseline_")
