@@ -16,6 +16,8 @@ from typing import Iterator, List, Optional
 import httpx
 import pytest
 
+from .helpers import GO, GoProfiles, build_go_profiles
+
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 FIXTURES = SHARED / "fixtures" / "pyroscope-testdata" / "pkg"
 
@@ -121,3 +123,12 @@ def module_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningS
             srv.stop()
         if srv.process.stdout:
             srv.process.stdout.close()
+
+
+@pytest.fixture(scope="session")
+def go_profiles(tmp_path_factory: pytest.TempPathFactory) -> GoProfiles:
+    """Real Go CPU and heap profiles, written by runtime/pprof in a program built once per
+    session (tests.helpers.GO_PROFILES_PROGRAM); skips only where ``go`` is not installed."""
+    if GO is None:
+        pytest.skip("`go` is not on PATH (it builds the program that writes the Go profiles)")
+    return build_go_profiles(tmp_path_factory.mktemp("go-profiles"))

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import gzip
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
 import time
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import httpx
 
@@ -18,6 +19,181 @@ from hotspan.formats.proto import profile_pb2
 
 CPU = "process_cpu:cpu:nanoseconds:cpu:nanoseconds"
 QUERIER = "/querier.v1.QuerierService"
+GO = shutil.which("go")
+
+
+def go_env(tmp: Path) -> Dict[str, str]:
+    """An environment for ``go build``/``go tool pprof`` that needs no network and leaves the
+    user's Go setup alone: a shared build cache (so the stdlib compiles once), GOPATH and HOME
+    in ``tmp``, no modules, no proxy."""
+    cache = Path(os.environ.get("HOTSPAN_TEST_GOCACHE", "/tmp/hotspan-test-gocache"))
+    cache.mkdir(parents=True, exist_ok=True)
+    return {
+        **os.environ,
+        "GOCACHE": str(cache),
+        "GOPATH": str(tmp / "gopath"),
+        "GO111MODULE": "off",
+        "GOFLAGS": "",
+        "GOTOOLCHAIN": "local",
+        "GOPROXY": "off",
+        "PPROF_TMPDIR": str(tmp),
+        "HOME": str(tmp),
+    }
+
+
+# Real Go profiles, written by runtime/pprof, for the file-format and CLI tests (built and run
+# once per session by the ``go_profiles`` fixture).  CPU: about 0.5 s of process CPU time, most
+# in burnHot (sha256), less in burnWarm (sort) and burnCold (fmt), through the standard library
+# so that the profile has well over 20 functions.  Heap: every allocation recorded
+# (MemProfileRate 1), some kept (in use) and some dropped (allocated only), one of them under a
+# long method name, as Go's often are.
+GO_PROFILES_PROGRAM = r"""
+package main
+
+import (
+	"crypto/sha256"
+	"fmt"
+	"os"
+	"path/filepath"
+	"runtime"
+	"runtime/pprof"
+	"sort"
+	"strings"
+	"syscall"
+	"time"
+)
+
+var kept [][]byte
+var sink int
+
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// Each burns until the process has used d more CPU time, so that a busy machine does not
+// shorten the profile.
+//go:noinline
+func burnHot(d time.Duration) {
+	buf := make([]byte, 64<<10)
+	for end := cpuTime() + d; cpuTime() < end; {
+		for i := 0; i < 20; i++ {
+			sum := sha256.Sum256(buf)
+			buf[0] = sum[0]
+		}
+	}
+}
+
+//go:noinline
+func burnWarm(d time.Duration) {
+	xs := make([]int, 20000)
+	for end := cpuTime() + d; cpuTime() < end; {
+		for i := range xs {
+			xs[i] = (i * 7919) % len(xs)
+		}
+		sort.Ints(xs)
+	}
+}
+
+//go:noinline
+func burnCold(d time.Duration) {
+	for end := cpuTime() + d; cpuTime() < end; {
+		var b strings.Builder
+		for i := 0; i < 2000; i++ {
+			fmt.Fprintf(&b, "%d:%x:%q ", i, i*31, "v")
+		}
+		sink += b.Len()
+	}
+}
+
+type requestScopedSessionCacheForTheWholeServiceLifetime struct{ entries [][]byte }
+
+//go:noinline
+func (
+	c *requestScopedSessionCacheForTheWholeServiceLifetime,
+) fillEntriesWithFreshlyAllocatedBuffers() {
+	for i := 0; i < 64; i++ {
+		c.entries = append(c.entries, make([]byte, 16<<10))
+	}
+}
+
+//go:noinline
+func allocKept() {
+	for i := 0; i < 32; i++ {
+		kept = append(kept, make([]byte, 32<<10))
+	}
+}
+
+//go:noinline
+func allocDropped() {
+	for i := 0; i < 2000; i++ {
+		sink += len(fmt.Sprintf("dropped %d", i)) + len(make([]byte, 512))
+	}
+}
+
+func main() {
+	runtime.MemProfileRate = 1
+	dir := os.Args[1]
+	cpu, err := os.Create(filepath.Join(dir, "cpu.pb.gz"))
+	if err != nil {
+		panic(err)
+	}
+	if err := pprof.StartCPUProfile(cpu); err != nil {
+		panic(err)
+	}
+	burnHot(300 * time.Millisecond)
+	burnWarm(150 * time.Millisecond)
+	burnCold(60 * time.Millisecond)
+	pprof.StopCPUProfile()
+	cpu.Close()
+
+	cache := &requestScopedSessionCacheForTheWholeServiceLifetime{}
+	cache.fillEntriesWithFreshlyAllocatedBuffers()
+	allocKept()
+	allocDropped()
+	runtime.GC() // the heap profile is as of the last collection
+	heap, err := os.Create(filepath.Join(dir, "heap.pb.gz"))
+	if err != nil {
+		panic(err)
+	}
+	if err := pprof.WriteHeapProfile(heap); err != nil {
+		panic(err)
+	}
+	heap.Close()
+	runtime.KeepAlive(cache)
+}
+"""
+
+
+class GoProfiles(NamedTuple):
+    cpu: Path  # samples/count and cpu/nanoseconds, as Go writes them
+    heap: Path  # alloc_objects, alloc_space, inuse_objects, inuse_space
+
+
+def build_go_profiles(directory: Path) -> GoProfiles:
+    """Builds and runs GO_PROFILES_PROGRAM in ``directory``."""
+    assert GO is not None
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "main.go").write_text(GO_PROFILES_PROGRAM)
+    env = go_env(directory)
+    built = subprocess.run(
+        [GO, "build", "-o", str(directory / "profiles"), str(directory / "main.go")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert built.returncode == 0, built.stderr
+    ran = subprocess.run(
+        [str(directory / "profiles"), str(directory)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+    assert ran.returncode == 0, ran.stderr
+    return GoProfiles(directory / "cpu.pb.gz", directory / "heap.pb.gz")
 
 
 def make_pprof(
@@ -107,6 +283,31 @@ def _per_function(graph: dict, column: int) -> Dict[str, int]:
 
 def function_totals(graph: dict) -> Dict[str, int]:
     return _per_function(graph, 1)
+
+
+def function_totals_once(graph: dict) -> Dict[str, int]:
+    """Total per function counted once per stack, as ``hotspan query`` and folded files count
+    it: a recursive function's inner nodes are not added again.  Nodes are placed by their
+    absolute x (the encoding's offset is from the end of the node before it in the level)."""
+    names = graph.get("names", [])
+    out: Dict[str, int] = {}
+    above: List[Tuple[int, int, frozenset]] = [(0, 2**63, frozenset())]  # (x, end, ancestors)
+    for level in graph.get("levels", [])[1:]:
+        values = [int(v) for v in level.get("values", [])]
+        nodes: List[Tuple[int, int, frozenset]] = []
+        x, parent = 0, 0
+        for i in range(0, len(values), 4):
+            x += values[i]
+            total, name = values[i + 1], names[values[i + 3]]
+            while not (above[parent][0] <= x < above[parent][1]):
+                parent += 1
+            ancestors = above[parent][2]
+            if name not in ancestors:
+                out[name] = out.get(name, 0) + total
+            nodes.append((x, x + total, ancestors | {name}))
+            x += total
+        above = nodes
+    return out
 
 
 def self_totals(graph: dict) -> Dict[str, int]:

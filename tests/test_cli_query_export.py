@@ -1,7 +1,8 @@
 """``hotspan query``, ``export``, ``convert`` and ``view`` as a user runs them: the real command
-(a subprocess, output through a pipe) against a real server holding real profiles (Go's CPU
-and heap pprof fixtures, and a Python program profiled by the real agent under
-``hotspan run``), with pprof files checked by ``go tool pprof``."""
+(a subprocess, output through a pipe) against a real server holding real profiles (Go CPU and
+heap profiles written by runtime/pprof in a program built for the session, see the
+``go_profiles`` fixture, and a Python program profiled by the real agent under ``hotspan run``),
+with pprof files checked by ``go tool pprof``."""
 
 from __future__ import annotations
 
@@ -22,10 +23,18 @@ import pytest
 from hotspan.formats.files import read_profile
 from hotspan.formats.pprof import read_stack_profile
 from hotspan.formats.proto import profile_pb2
+from hotspan.model.stack_profile import StackProfile, function_values
 from hotspan.ui.standalone import embedded_data
 
-from .conftest import RunningServer, shared_fixture, start_server
-from .helpers import CPU, flamegraph, function_totals, ingest_pprof, self_totals
+from .conftest import RunningServer, start_server
+from .helpers import (
+    CPU,
+    GoProfiles,
+    flamegraph,
+    function_totals_once,
+    ingest_pprof,
+    self_totals,
+)
 from .test_go_pprof import GO, parse_top, pprof_top
 
 ESC = "\x1b"
@@ -51,24 +60,57 @@ main()
 """
 
 
+def go_profile(path: Path) -> StackProfile:
+    return read_stack_profile(path.read_bytes())
+
+
+def cpu_total(path: Path) -> int:
+    """CPU nanoseconds in a Go CPU profile, read from the file itself."""
+    profile = go_profile(path)
+    return profile.total(profile.select("cpu"))
+
+
+def format_duration(ns: int) -> str:
+    """The page's formatDuration (src/hotspan/ui/static/js/format.js), for the expected text."""
+    steps = ((3600e9, "h"), (60e9, "min"), (1e9, "s"), (1e6, "ms"), (1e3, "µs"), (1, "ns"))
+    size, unit = next((step for step in steps if abs(ns) >= step[0]), steps[-1])
+    value = ns / size
+    return f"{trim(value)} {unit}"
+
+
+def format_count(count: int) -> str:
+    """The page's formatCount."""
+    for size, unit in ((1e9, " G"), (1e6, " M"), (1e4, " k")):
+        if abs(count) >= size:
+            return trim(count / size) + unit
+    return trim(count)
+
+
+def trim(value: float) -> str:
+    """The page's trim: 3 significant digits at most, no trailing zeros."""
+    digits = 0 if abs(value) >= 100 else 1 if abs(value) >= 10 else 2
+    text = f"{value:.{digits}f}"
+    return text.rstrip("0").rstrip(".") if "." in text else text
+
+
 class Data:
-    def __init__(self, server: RunningServer, start_s: int) -> None:
+    def __init__(self, server: RunningServer, start_s: int, go: GoProfiles) -> None:
         self.server = server
         self.start_s = start_s
+        self.go = go
+        self.cpu_total = cpu_total(go.cpu)  # what gocpu holds
 
 
 @pytest.fixture(scope="module")
-def data(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Data]:
+def data(tmp_path_factory: pytest.TempPathFactory, go_profiles: GoProfiles) -> Iterator[Data]:
     tmp = tmp_path_factory.mktemp("cli")
     srv = start_server(tmp / "data")
     try:
         start_s = int(time.time()) - 300
         with srv.client() as client:
-            for name, fixture in (("gocpu", "cpu.pb.gz"), ("goheap", "heap.pb.gz")):
+            for name, path in (("gocpu", go_profiles.cpu), ("goheap", go_profiles.heap)):
                 # Stamped now, so that the default range (the last hour) holds them.
-                raw = gzip.decompress(
-                    shared_fixture(f"og/convert/pprof/testdata/{fixture}").read_bytes()
-                )
+                raw = gzip.decompress(path.read_bytes())
                 profile = profile_pb2.Profile.FromString(raw)
                 profile.time_nanos = start_s * 1_000_000_000
                 body = gzip.compress(profile.SerializeToString())
@@ -88,7 +130,7 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Data]:
             timeout=120,
         )
         assert run.returncode == 0, run.stderr
-        yield Data(srv, start_s)
+        yield Data(srv, start_s, go_profiles)
     finally:
         if srv.process.poll() is None:
             srv.stop()
@@ -168,8 +210,8 @@ def test_query_table_is_not_cut_when_piped(data: Data) -> None:
     type_id = "memory:alloc_space:bytes:space:bytes"
     graph = flamegraph(data.server.client(), '{service_name="goheap"}', 1, 2**31, type_id)
     # Every function, each on one line with its name in full, however wide the lines get.
-    assert [r[4] for r in rows if r[4] in function_totals(graph)] == [r[4] for r in rows]
-    assert len(rows) == len(function_totals(graph))
+    assert [r[4] for r in rows if r[4] in function_totals_once(graph)] == [r[4] for r in rows]
+    assert len(rows) == len(function_totals_once(graph))
     assert max(len(line) for line in out.splitlines()) > 120
     assert "…" not in out
     expected = self_totals(graph)
@@ -180,31 +222,40 @@ def test_query_json(data: Data) -> None:
     doc = json.loads(ok(hotspan("query", "gocpu", "--format", "json", server=data.server.url)))
     assert doc["profile_type"] == CPU and doc["unit"] == "nanoseconds"
     assert doc["selector"] == '{service_name="gocpu"}'
-    assert doc["total"] == 470_000_000
+    assert doc["total"] == data.cpu_total > 0
     assert doc["end_ms"] - doc["start_ms"] == 3_600_000
     assert doc["from"].endswith("Z") and doc["until"].endswith("Z")
     functions = doc["functions"]
+    profile = go_profile(data.go.cpu)
+    in_file = function_values(profile, profile.select("cpu"))
+    assert len(in_file) > 20  # so that the default --top 20 cuts
     assert len(functions) == 20
     selfs = [f["self"] for f in functions]
     assert selfs == sorted(selfs, reverse=True)
     graph = flamegraph(data.server.client(), '{service_name="gocpu"}', 1, 2**31)
-    server_self, server_total = self_totals(graph), function_totals(graph)
+    server_self, server_total = self_totals(graph), function_totals_once(graph)
     for f in functions:
         assert f["self"] == server_self[f["name"]] and f["total"] == server_total[f["name"]]
-        assert abs(f["self_percent"] - 100 * f["self"] / 470_000_000) < 0.001
+        assert f["self"] == in_file[f["name"]].self_value
+        assert abs(f["self_percent"] - 100 * f["self"] / data.cpu_total) < 0.001
     every = json.loads(
         ok(hotspan("query", "gocpu", "--format", "json", "--top", "0", server=data.server.url))
     )
-    assert sum(f["self"] for f in every["functions"]) == 470_000_000
+    assert sum(f["self"] for f in every["functions"]) == data.cpu_total
+    totals = {f["name"]: f["total"] for f in every["functions"]}
+    assert totals == {name: v.total_value for name, v in in_file.items()}
+    # The Go program spends most of its CPU time in burnHot, under main.main.
+    assert totals["main.main"] == data.cpu_total
+    assert totals["main.burnHot"] > max(totals["main.burnWarm"], totals["main.burnCold"]) > 0
 
 
 def test_query_folded_and_pprof(data: Data, tmp_path: Path) -> None:
     folded = ok(hotspan("query", "gocpu", "--format", "folded", server=data.server.url)).decode()
-    assert sum(int(line.rsplit(" ", 1)[1]) for line in folded.splitlines()) == 470_000_000
+    assert sum(int(line.rsplit(" ", 1)[1]) for line in folded.splitlines()) == data.cpu_total
     graph = flamegraph(data.server.client(), '{service_name="gocpu"}', 1, 2**31)
-    assert folded_totals(folded) == function_totals(graph)
+    assert folded_totals(folded) == function_totals_once(graph)
     raw = ok(hotspan("query", "gocpu", "--format", "pprof", server=data.server.url, binary=True))
-    assert read_stack_profile(raw).total(0) == 470_000_000
+    assert read_stack_profile(raw).total(0) == data.cpu_total
     out = tmp_path / "q.pb.gz"
     assert (
         ok(
@@ -214,7 +265,7 @@ def test_query_folded_and_pprof(data: Data, tmp_path: Path) -> None:
         )
         == b""
     )
-    assert read_profile(out).total(0) == 470_000_000
+    assert read_profile(out).total(0) == data.cpu_total
 
 
 def test_query_heap_types_in_bytes(data: Data) -> None:
@@ -229,7 +280,7 @@ def test_query_heap_types_in_bytes(data: Data) -> None:
 def test_export_every_format_and_round_trip(data: Data, tmp_path: Path) -> None:
     url = data.server.url
     graph = flamegraph(data.server.client(), '{service_name="gocpu"}', 1, 2**31)
-    expected = function_totals(graph)
+    expected = function_totals_once(graph)
     paths = {
         "pprof": tmp_path / "cpu.pb.gz",
         "folded": tmp_path / "cpu.folded",
@@ -238,17 +289,26 @@ def test_export_every_format_and_round_trip(data: Data, tmp_path: Path) -> None:
     }
     for path in paths.values():
         assert ok(hotspan("export", "gocpu", "-o", str(path), server=url)) == b""
-    # go tool pprof reads the pprof export, with the right total.
+    # go tool pprof reads the pprof export, with the total it reads in the Go program's own
+    # profile (-top prints two decimals in its unit; Go's CPU values are multiples of 10 ms).
     total, unit, rows = parse_top(pprof_top(paths["pprof"], tmp_path))
-    assert (total, unit) == (470_000_000, "ms")
+    go_total, go_unit, go_rows = parse_top(pprof_top(data.go.cpu, tmp_path))
+    assert (total, unit) == (go_total, go_unit) == (data.cpu_total, go_unit), (total, unit)
+
+    # The same flat time per function, for every function with some (the export does not keep
+    # Go's inlining marks, so "f (inline)" is compared as "f").
+    def flat(top_rows: Dict[str, float]) -> Dict[str, float]:
+        return {k.replace(" (inline)", ""): v for k, v in top_rows.items() if v}
+
+    assert unit in ("ms", "s") and flat(rows) == flat(go_rows)
     assert folded_totals(paths["folded"].read_text()) == expected
     doc = json.loads(paths["speedscope"].read_bytes())
     assert doc["$schema"] == "https://www.speedscope.app/file-format-schema.json"
-    assert sum(doc["profiles"][0]["weights"]) == 470_000_000
+    assert sum(doc["profiles"][0]["weights"]) == data.cpu_total
     page = embedded_data(paths["html"].read_text())
     assert page["unit"] == "nanoseconds"
-    assert page["flamegraph"]["total"] == graph["total"] == "470000000"
-    assert function_totals(page["flamegraph"]) == expected
+    assert page["flamegraph"]["total"] == graph["total"] == str(data.cpu_total)
+    assert function_totals_once(page["flamegraph"]) == expected
     # export pprof -> convert to speedscope -> convert to folded: the server's flame graph.
     converted = tmp_path / "again.speedscope.json"
     ok(hotspan("convert", str(paths["pprof"]), str(converted)))
@@ -259,34 +319,38 @@ def test_export_every_format_and_round_trip(data: Data, tmp_path: Path) -> None:
     again = tmp_path / "again.pprof"
     ok(hotspan("convert", str(back), str(again)))
     total, unit, _ = parse_top(pprof_top(again, tmp_path))
-    assert total == 470_000_000 and unit == ""  # folded has counts, no unit
+    assert total == data.cpu_total and unit == ""  # folded has counts, no unit
     # --format wins over the name; stdout with "-".
     text = ok(hotspan("export", "gocpu", "--format", "folded", "-o", "-", server=url)).decode()
     assert folded_totals(text) == expected
 
 
-def test_convert_selects_a_sample_type_for_folded(tmp_path: Path) -> None:
-    heap = shared_fixture("og/convert/pprof/testdata/heap.pb.gz")
+def test_convert_selects_a_sample_type_for_folded(tmp_path: Path, go_profiles: GoProfiles) -> None:
+    heap = go_profiles.heap
     profile = read_profile(heap)
     out = tmp_path / "inuse.folded"
     ok(hotspan("convert", str(heap), str(out), "--profile-type", "inuse_space"))
     total = sum(int(line.rsplit(" ", 1)[1]) for line in out.read_text().splitlines())
-    assert total == profile.total(profile.select("inuse_space"))
+    assert total == profile.total(profile.select("inuse_space")) > 0
+    assert total != profile.total(profile.select("alloc_space"))  # the type chosen, not the first
     proc = hotspan("convert", str(heap), str(out), "--profile-type", "wall")
     assert proc.returncode == 2
     assert b"no 'wall' samples" in proc.stderr and b"alloc_space" in proc.stderr
 
 
-def test_view_prints_the_page_path(tmp_path: Path) -> None:
-    cpu = shared_fixture("og/convert/pprof/testdata/cpu.pb.gz")
+def test_view_prints_the_page_path(tmp_path: Path, go_profiles: GoProfiles) -> None:
+    cpu = go_profiles.cpu
+    profile = go_profile(cpu)
+    samples, nanoseconds = profile.total(profile.select("samples")), cpu_total(cpu)
+    assert nanoseconds == samples * profile.period > 0
     out = ok(hotspan("view", str(cpu), "--no-browser")).decode().strip()
     path = Path(out)
     assert path.is_absolute() and path.suffix == ".html" and path.exists(), out
     # CPU time unless told, as go tool pprof (Go CPU profiles start with the sample count).
     page = embedded_data(path.read_text())
-    assert page["flamegraph"]["total"] == "470000000" and page["unit"] == "nanoseconds"
+    assert page["flamegraph"]["total"] == str(nanoseconds) and page["unit"] == "nanoseconds"
     out = ok(hotspan("view", str(cpu), "--no-browser", "--profile-type", "samples")).decode()
-    assert embedded_data(Path(out.strip()).read_text())["flamegraph"]["total"] == "47"
+    assert embedded_data(Path(out.strip()).read_text())["flamegraph"]["total"] == str(samples)
     # No display and no BROWSER: nothing to open, so the path again.
     chosen = tmp_path / "chosen.html"
     assert ok(hotspan("view", str(cpu), "-o", str(chosen))).decode().strip() == str(chosen)
@@ -393,10 +457,10 @@ def test_export_progress_on_a_terminal(data: Data, tmp_path: Path) -> None:
     assert os.waitstatus_to_exitcode(status) == 0, text
     assert f"wrote {out} (pprof" in text
     assert ESC in text  # rich drew on the terminal
-    assert read_profile(out).total(0) == 470_000_000
+    assert read_profile(out).total(0) == data.cpu_total
 
 
-def test_view_page_draws_in_chromium(tmp_path: Path) -> None:
+def test_view_page_draws_in_chromium(tmp_path: Path, go_profiles: GoProfiles) -> None:
     """The page ``hotspan view`` writes, opened from file:// in Chromium: the flame graph draws
     from the inlined scripts (no network), with the same frames as the profile, and a diff page
     from diff_flamegraph_data draws too."""
@@ -412,7 +476,7 @@ def test_view_page_draws_in_chromium(tmp_path: Path) -> None:
             pytest.fail("Playwright is not installed")
         pytest.skip("Playwright is not installed")
     executable = chromium_path()
-    cpu = shared_fixture("og/convert/pprof/testdata/cpu.pb.gz")
+    cpu = go_profiles.cpu
     page_path = tmp_path / "cpu.html"
     ok(hotspan("view", str(cpu), "--no-browser", "--profile-type", "cpu", "-o", str(page_path)))
     profile = read(cpu)
@@ -434,10 +498,15 @@ def test_view_page_draws_in_chromium(tmp_path: Path) -> None:
             drawn = page.evaluate(
                 "() => document.querySelector('#hs-graph').flamegraph.frames().map(f => f.name)"
             )
-            assert page.locator("#hs-total").inner_text() == "total 470 ms"
+            total = profile.total(profile.select("cpu"))
+            assert page.locator("#hs-total").inner_text() == f"total {format_duration(total)}"
             assert "total" in drawn and leaves & set(drawn), drawn[:20]
             page.goto(diff_path.as_uri())
-            assert page.locator("#hs-total").inner_text().startswith("baseline 47, comparison")
+            samples = profile.total(profile.select("samples"))
+            assert (
+                page.locator("#hs-total").inner_text()
+                == f"baseline {samples}, comparison {format_count(total)}"
+            )
             assert not errors, errors
             assert [u for u in requests if not u.startswith("file:")] == []
         finally:

@@ -1,6 +1,7 @@
 """Profile files: pprof, folded, speedscope and the standalone HTML flame graph, read and
-written through hotspan.formats.files, on real profiles (Go's CPU and heap pprof fixtures,
-speedscope's own examples) and checked with ``go tool pprof``."""
+written through hotspan.formats.files, on real profiles (Go CPU and heap profiles written by
+runtime/pprof, see the ``go_profiles`` fixture, and speedscope's own examples) and checked with
+``go tool pprof``."""
 
 from __future__ import annotations
 
@@ -27,10 +28,9 @@ from hotspan.ui.standalone import (
 )
 
 from .conftest import shared_fixture
+from .helpers import GoProfiles
 from .test_go_pprof import GO, parse_top, pprof_top
 
-CPU_FIXTURE = "og/convert/pprof/testdata/cpu.pb.gz"  # 470 ms of Go CPU samples
-HEAP_FIXTURE = "og/convert/pprof/testdata/heap.pb.gz"  # four sample types
 SUFFIX = {"pprof": ".pb.gz", "folded": ".folded", "speedscope": ".speedscope.json", "html": ".html"}
 
 
@@ -52,12 +52,13 @@ def small() -> StackProfile:
     return p
 
 
-def test_round_trips_keep_totals_and_stacks(tmp_path: Path) -> None:
-    cpu = files.read_profile(shared_fixture(CPU_FIXTURE))
+def test_round_trips_keep_totals_and_stacks(tmp_path: Path, go_profiles: GoProfiles) -> None:
+    cpu = files.read_profile(go_profiles.cpu)
     assert cpu.total(0) > 0 and len(cpu.stacks) > 5
     position = cpu.select("cpu")
     expected = by_names(cpu, position)
-    assert sum(expected.values()) == 470_000_000
+    assert sum(expected.values()) == cpu.total(position) == cpu.total(0) * cpu.period
+    assert any("main.burnHot" in stack for stack in expected)
     # pprof -> speedscope -> folded -> pprof, each through a file and format detection.
     speedscope_file = tmp_path / "a.speedscope.json"
     speedscope_file.write_bytes(files.write_profile(cpu, "speedscope"))
@@ -74,8 +75,8 @@ def test_round_trips_keep_totals_and_stacks(tmp_path: Path) -> None:
     assert by_names(files.read_profile(pprof_file)) == expected
 
 
-def test_speedscope_keeps_every_sample_type_and_frame_files() -> None:
-    heap = files.read_profile(shared_fixture(HEAP_FIXTURE))
+def test_speedscope_keeps_every_sample_type_and_frame_files(go_profiles: GoProfiles) -> None:
+    heap = files.read_profile(go_profiles.heap)
     assert len(heap.sample_types) == 4
     doc = json.loads(write_speedscope(heap, name="heap"))
     assert doc["$schema"] == SCHEMA == "https://www.speedscope.app/file-format-schema.json"
@@ -120,15 +121,19 @@ def test_folded_is_sorted_and_names_only() -> None:
 
 
 @pytest.mark.skipif(GO is None, reason="`go` is not on PATH")
-def test_go_tool_pprof_reads_written_pprof(tmp_path: Path) -> None:
-    heap = files.read_profile(shared_fixture(HEAP_FIXTURE))
+def test_go_tool_pprof_reads_written_pprof(tmp_path: Path, go_profiles: GoProfiles) -> None:
+    heap = files.read_profile(go_profiles.heap)
     out = tmp_path / "heap.pb.gz"
     out.write_bytes(files.write_profile(heap, "pprof"))
     position = heap.select("alloc_space")
     total, unit, rows = parse_top(pprof_top(out, tmp_path, "-sample_index=alloc_space"))
     # -top rounds to 3 significant digits in its unit.
     assert abs(total - heap.total(position)) <= 0.01 * heap.total(position), (total, unit)
-    assert rows
+    # ... and reads the same as from the file Go wrote.
+    go_total, go_unit, go_rows = parse_top(
+        pprof_top(go_profiles.heap, tmp_path, "-sample_index=alloc_space")
+    )
+    assert (total, unit) == (go_total, go_unit) and rows
     # The small profile: exact.
     out = tmp_path / "small.pb.gz"
     out.write_bytes(files.write_profile(small(), "pprof"))

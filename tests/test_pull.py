@@ -4,7 +4,6 @@ in a WSGI app, on the control port) and ``go tool pprof`` reads them."""
 from __future__ import annotations
 
 import os
-import shutil
 import socket
 import subprocess
 import sys
@@ -18,7 +17,8 @@ from typing import Dict, Iterator, List, Optional, Tuple
 
 import pytest
 
-GO = shutil.which("go")
+from .helpers import GO, go_env
+
 needs_go = pytest.mark.skipif(GO is None, reason="`go` is not on PATH (go tool pprof reads them)")
 
 # The program scraped in test_scrape.py too: known functions burn CPU, allocate and keep
@@ -190,22 +190,6 @@ def stop_program(proc: subprocess.Popen) -> str:
         proc.kill()
         _, err = proc.communicate()
     return err or ""
-
-
-def go_env(tmp: Path) -> Dict[str, str]:
-    cache = Path(os.environ.get("HOTSPAN_TEST_GOCACHE", "/tmp/hotspan-test-gocache"))
-    cache.mkdir(parents=True, exist_ok=True)
-    return {
-        **os.environ,
-        "GOCACHE": str(cache),
-        "GOPATH": str(tmp / "gopath"),
-        "GO111MODULE": "off",
-        "GOFLAGS": "",
-        "GOTOOLCHAIN": "local",
-        "GOPROXY": "off",
-        "PPROF_TMPDIR": str(tmp),
-        "HOME": str(tmp),
-    }
 
 
 def pprof_top(tmp: Path, *args: str) -> str:

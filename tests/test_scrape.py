@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 import textwrap
@@ -20,9 +19,9 @@ from hotspan.formats.proto import querier_pb2
 from hotspan.model.stack_profile import function_values
 
 from .conftest import RunningServer, running_server
-from .test_pull import TARGET, free_port, get, go_env, start_program, stop_program
+from .helpers import GO, go_env
+from .test_pull import TARGET, free_port, get, start_program, stop_program
 
-GO = shutil.which("go")
 QUERIER = "/querier.v1.QuerierService"
 CPU = "process_cpu:cpu:nanoseconds:cpu:nanoseconds"
 ALLOC_SPACE = "memory:alloc_space:bytes:space:bytes"
