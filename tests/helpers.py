@@ -144,7 +144,7 @@ func main() {
 	}
 	burnHot(300 * time.Millisecond)
 	burnWarm(150 * time.Millisecond)
-	burnCold(60 * time.Millisecond)
+	burnCold(100 * time.Millisecond)
 	pprof.StopCPUProfile()
 	cpu.Close()
 
