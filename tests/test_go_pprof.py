@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import collections
 import gzip
-import os
 import re
 import shutil
 import subprocess
@@ -20,6 +19,7 @@ import pytest
 from hotspan.formats.proto import profile_pb2, querier_pb2
 
 from .conftest import RunningServer, shared_fixture
+from .helpers import go_env
 
 GO = shutil.which("go")
 pytestmark = pytest.mark.skipif(
@@ -27,22 +27,6 @@ pytestmark = pytest.mark.skipif(
 )
 QUERIER = "/querier.v1.QuerierService"
 CPU = "process_cpu:cpu:nanoseconds:cpu:nanoseconds"
-
-
-def go_env(tmp: Path) -> Dict[str, str]:
-    cache = Path(os.environ.get("HOTSPAN_TEST_GOCACHE", "/tmp/hotspan-test-gocache"))
-    cache.mkdir(parents=True, exist_ok=True)
-    return {
-        **os.environ,
-        "GOCACHE": str(cache),
-        "GOPATH": str(tmp / "gopath"),
-        "GO111MODULE": "off",
-        "GOFLAGS": "",
-        "GOTOOLCHAIN": "local",
-        "GOPROXY": "off",
-        "PPROF_TMPDIR": str(tmp),
-        "HOME": str(tmp),
-    }
 
 
 def load(path: Path) -> profile_pb2.Profile:
