@@ -253,9 +253,9 @@ def merge_spool(spool: str, progress: Optional[Any] = None) -> Tuple[StackProfil
         gauges = [i for i, st in enumerate(profile.sample_types) if st.type in GAUGE_TYPES]
         sums = [i for i in range(len(profile.sample_types)) if i not in gauges]
         if sums:
-            merged.merge(_subset(profile, sums))
+            merged.merge(profile.subset(sums))
         if gauges:
-            snapshot = _subset(profile, gauges)
+            snapshot = profile.subset(gauges)
             names = tuple(st.type for st in snapshot.sample_types)
             key_type = names.index("inuse_space") if "inuse_space" in names else 0
             total = snapshot.total(key_type)
@@ -281,21 +281,6 @@ def _iterate(
         progress.advance(task)
 
 
-def _subset(profile: StackProfile, positions: List[int]) -> StackProfile:
-    out = StackProfile(
-        [profile.sample_types[i] for i in positions],
-        period_type=profile.period_type,
-        period=profile.period,
-        time_ns=profile.time_ns,
-        duration_ns=profile.duration_ns,
-    )
-    for stack, values in profile.stacks.items():
-        row = [values[i] for i in positions]
-        if any(row):
-            out.stacks[stack] = row
-    return out
-
-
 # The order types are written in: pprof's tools show the default (CPU) first.
 _ORDER = ("cpu", "wall", "alloc_space", "alloc_objects", "inuse_space", "inuse_objects")
 _ORDER += ("delay", "contentions", "goroutine")
@@ -305,9 +290,7 @@ def _ordered(profile: StackProfile) -> StackProfile:
     types = profile.sample_types
     rank = {t: i for i, t in enumerate(_ORDER)}
     positions = sorted(range(len(types)), key=lambda i: (rank.get(types[i].type, 99), i))
-    out = _subset(profile, positions)
-    out.time_ns, out.duration_ns = profile.time_ns, profile.duration_ns
-    return out
+    return profile.subset(positions)
 
 
 def encode_pprof(profile: StackProfile, periods: Periods) -> bytes:

@@ -7,7 +7,7 @@ HTML) and what ``hotspan record`` and ``hotspan diff`` work on; the server's col
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 from hotspan.model.profile import Frame
 
@@ -121,26 +121,23 @@ class StackProfile:
 
     def only(self, position: int) -> StackProfile:
         """A profile of one sample type."""
+        return self.subset([position])
+
+    def subset(self, positions: Sequence[int]) -> StackProfile:
+        """A profile of these sample types, in this order (stacks with nothing of them
+        left out)."""
         out = StackProfile(
-            [self.sample_types[position]],
+            [self.sample_types[i] for i in positions],
             period_type=self.period_type,
             period=self.period,
             time_ns=self.time_ns,
             duration_ns=self.duration_ns,
         )
-        for stack, value in self.values(position):
-            out.stacks[stack] = [value]
+        for stack, values in self.stacks.items():
+            row = [values[i] for i in positions]
+            if any(row):
+                out.stacks[stack] = row
         return out
-
-
-def from_stacks(
-    sample_type: SampleType, stacks: Iterable[Tuple[Sequence[Frame], int]]
-) -> StackProfile:
-    """A one-type profile from (stack, value) pairs."""
-    profile = StackProfile([sample_type])
-    for stack, value in stacks:
-        profile.add(stack, [value])
-    return profile
 
 
 @dataclass(frozen=True)

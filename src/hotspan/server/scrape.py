@@ -485,21 +485,7 @@ def _keep(profile: Any, names: Optional[Tuple[str, ...]]) -> Any:
     """``profile`` with only the sample types ``names`` (all when None)."""
     if names is None:
         return profile
-    from hotspan.model.stack_profile import StackProfile
-
-    positions = [i for i, st in enumerate(profile.sample_types) if st.type in names]
-    out = StackProfile(
-        [profile.sample_types[i] for i in positions],
-        period_type=profile.period_type,
-        period=profile.period,
-        time_ns=profile.time_ns,
-        duration_ns=profile.duration_ns,
-    )
-    for stack, values in profile.stacks.items():
-        kept = [values[i] for i in positions]
-        if any(kept):
-            out.stacks[stack] = kept
-    return out
+    return profile.subset([i for i, st in enumerate(profile.sample_types) if st.type in names])
 
 
 def _delta(current: Any, previous: Any) -> Any:
