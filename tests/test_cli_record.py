@@ -286,6 +286,14 @@ def test_text_formats(tmp_path: Path, program: Path) -> None:
     # The wall type: the thread that held the lock sleeping is there (no CPU at all).
     assert any("hold_lock_for_record" in line for line in lines), lines
 
+    # Without --profile-type a one-type file holds the first type recorded, as --help says
+    # (and as the pprof's default type): wall here, not the live heap listed last.
+    first = tmp_path / "first.folded"
+    result = record(["-o", str(first), "--types", "wall,alloc", str(program)], tmp_path, env)
+    assert result.returncode == 0, result.stderr
+    assert "(folded," in result.stderr and "; wall " in result.stderr, result.stderr
+    assert any("hold_lock_for_record" in line for line in first.read_text().splitlines())
+
     speedscope = tmp_path / "p.speedscope.json"
     result = record(["-o", str(speedscope), str(program)], tmp_path, env)
     assert result.returncode == 0, result.stderr

@@ -296,20 +296,14 @@ def _ordered(profile: StackProfile) -> StackProfile:
 def encode_pprof(profile: StackProfile, periods: Periods) -> bytes:
     """pprof with every sample type, CPU (or the first type) the default one, and the period
     of that type (a merged profile has one period field for all)."""
-    import gzip
+    from dataclasses import replace
 
-    from hotspan.formats.pprof import ProfileBuilder
+    from hotspan.formats.pprof import write_stack_profile
 
-    types = profile.sample_types
-    first = types[0].type
+    first = profile.sample_types[0].type
     period_type, period = periods.get(first, (("", ""), 0))
-    builder = ProfileBuilder([(st.type, st.unit) for st in types], period_type, period)
-    for stack, values in profile.stacks.items():
-        builder.add(stack, values)
-    builder.profile.time_nanos = profile.time_ns
-    builder.profile.duration_nanos = profile.duration_ns
-    builder.profile.default_sample_type = builder.string(first)
-    return gzip.compress(builder.profile.SerializeToString(), compresslevel=6, mtime=0)
+    profile = replace(profile, period_type=period_type, period=period)
+    return write_stack_profile(profile, default_sample_type=first)
 
 
 def _write(
@@ -323,6 +317,7 @@ def _write(
     from rich.console import Console
     from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn
 
+    from hotspan.cli.output import write_output
     from hotspan.formats.files import write_profile
     from hotspan.model.stack_profile import ProfileSelectError
 
@@ -348,9 +343,10 @@ def _write(
             )
         merged = _ordered(merged)
         if wanted is not None or fmt in ("folded", "html"):
-            # The one type the file holds, so the summary below tells what is in it.
+            # The one type the file holds, so the summary below tells what is in it: by
+            # default the first recorded (CPU when taken), the pprof's default type too.
             try:
-                merged = merged.only(merged.select(wanted))
+                merged = merged.only(merged.select(wanted) if wanted else 0)
             except ProfileSelectError as exc:
                 raise CLIError(f"{exc}; {options.output} not written", 1) from None
         writing = None
@@ -362,10 +358,7 @@ def _write(
             if fmt == "pprof"
             else write_profile(merged, fmt, wanted, title)
         )
-        temporary = f"{options.output}.hotspan-tmp"
-        with open(temporary, "wb") as f:
-            f.write(data)
-        os.replace(temporary, options.output)
+        write_output(options.output, data)
         if progress is not None and writing is not None:
             progress.advance(writing)
     finally:

@@ -332,9 +332,12 @@ def read_stack_profile(data: bytes, max_size: int = 1 << 31) -> StackProfile:
     return out
 
 
-def write_stack_profile(profile: StackProfile, compress: bool = True) -> bytes:
+def write_stack_profile(
+    profile: StackProfile, compress: bool = True, default_sample_type: Optional[str] = None
+) -> bytes:
     """``profile`` as pprof (gzip-compressed unless ``compress`` is False), every sample type
-    a value column, as ``go tool pprof -sample_index=...`` picks them."""
+    a value column, as ``go tool pprof -sample_index=...`` picks them; ``default_sample_type``
+    the one it shows without that option."""
     builder = ProfileBuilder(
         [(st.type, st.unit) for st in profile.sample_types], profile.period_type, profile.period
     )
@@ -342,5 +345,7 @@ def write_stack_profile(profile: StackProfile, compress: bool = True) -> bytes:
         builder.add(stack, values)
     builder.profile.time_nanos = profile.time_ns
     builder.profile.duration_nanos = profile.duration_ns
+    if default_sample_type:
+        builder.profile.default_sample_type = builder.string(default_sample_type)
     raw = builder.profile.SerializeToString()
     return gzip.compress(raw, compresslevel=6, mtime=0) if compress else raw
