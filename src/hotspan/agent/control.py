@@ -40,12 +40,8 @@ def handle(method: str, body: bytes, authorization: str, token: Optional[str] = 
     if agent is None:
         return 503, {"error": "hotspan is not running in this process (call hotspan.configure)"}
     wanted = agent.config.control_token if token is None else token
-    if wanted:
-        scheme, _, given = authorization.partition(" ")
-        # As bytes: compare_digest refuses str with characters beyond ASCII.
-        given_bytes = given.strip().encode("utf-8", "surrogateescape")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(given_bytes, wanted.encode()):
-            return 401, {"error": "missing or invalid token (send Authorization: Bearer <token>)"}
+    if not authorized(authorization, wanted):
+        return 401, {"error": "missing or invalid token (send Authorization: Bearer <token>)"}
     method = method.upper()
     if method == "GET":
         return 200, agent.status()
@@ -69,6 +65,51 @@ def handle(method: str, body: bytes, authorization: str, token: Optional[str] = 
     if not applied:
         state["pending"] = True  # the loop has not got to it yet (a very busy program)
     return 200, state
+
+
+def authorized(authorization: str, token: Optional[str], basic: bool = False) -> bool:
+    """Whether ``Authorization`` carries ``token`` (anything does when there is none): as
+    ``Bearer <token>``, or with ``basic`` also as Basic auth's password (what ``go tool pprof
+    http://user:TOKEN@host/...`` sends)."""
+    if not token:
+        return True
+    scheme, _, given = authorization.partition(" ")
+    given = given.strip()
+    if basic and scheme.lower() == "basic":
+        import binascii
+
+        try:
+            given = binascii.a2b_base64(given).decode("utf-8").partition(":")[2]
+        except (binascii.Error, UnicodeDecodeError):
+            return False
+    elif scheme.lower() != "bearer":
+        return False
+    # As bytes: compare_digest refuses str with characters beyond ASCII.
+    return hmac.compare_digest(given.encode("utf-8", "surrogateescape"), token.encode())
+
+
+def status_line(status: int) -> str:
+    """``"404 Not Found"``, as WSGI's start_response takes it."""
+    from http import HTTPStatus
+
+    try:
+        return f"{status} {HTTPStatus(status).phrase}"
+    except ValueError:
+        return f"{status} Error"
+
+
+async def serve_lifespan(scope: Dict[str, Any], receive: Callable, send: Callable) -> bool:
+    """Answers an ASGI ``lifespan`` scope (an app mounted at the root gets one); False for
+    any other scope, which the caller serves."""
+    if scope["type"] != "lifespan":
+        return False
+    while True:
+        message = await receive()
+        if message["type"] == "lifespan.startup":
+            await send({"type": "lifespan.startup.complete"})
+        elif message["type"] == "lifespan.shutdown":
+            await send({"type": "lifespan.shutdown.complete"})
+            return True
 
 
 def _encode(answer: Answer) -> Tuple[int, bytes]:
@@ -101,15 +142,7 @@ def asgi_app(token: Optional[str] = None) -> Callable[..., Any]:
     with it (None: the agent's ``control_token``)."""
 
     async def app(scope: Dict[str, Any], receive: Callable, send: Callable) -> None:
-        if scope["type"] == "lifespan":
-            while True:
-                message = await receive()
-                if message["type"] == "lifespan.startup":
-                    await send({"type": "lifespan.startup.complete"})
-                elif message["type"] == "lifespan.shutdown":
-                    await send({"type": "lifespan.shutdown.complete"})
-                    return
-        if scope["type"] != "http":
+        if await serve_lifespan(scope, receive, send) or scope["type"] != "http":
             return
         body = b""
         too_big = False
@@ -164,19 +197,9 @@ def wsgi_app(token: Optional[str] = None) -> Callable[..., Iterable[bytes]]:
             token,
         )
         start_response(
-            f"{status} {_REASONS.get(status, 'Error')}",
+            status_line(status),
             [("Content-Type", "application/json"), ("Content-Length", str(len(data)))],
         )
         return [data]
 
     return app
-
-
-_REASONS = {
-    200: "OK",
-    400: "Bad Request",
-    401: "Unauthorized",
-    405: "Method Not Allowed",
-    413: "Payload Too Large",
-    503: "Service Unavailable",
-}

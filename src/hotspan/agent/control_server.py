@@ -9,7 +9,7 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from hotspan.agent import pull
-from hotspan.agent.control import handle_stream
+from hotspan.agent.control import authorized, handle_stream
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing stays out of the program at run time: see agent/log.py
@@ -45,7 +45,7 @@ class _Handler(BaseHTTPRequestHandler):
         token = agent.config.control_token if agent is not None else ""
         if self.command not in ("GET", "HEAD"):
             status, ctype, body = 405, pull.TEXT, b"use GET\n"
-        elif not pull.authorized(self.headers.get("Authorization", ""), token):
+        elif not authorized(self.headers.get("Authorization", ""), token, basic=True):
             status, ctype, body = pull.UNAUTHORIZED
         else:
             rest = pull.subpath(path) or ""

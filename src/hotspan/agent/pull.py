@@ -512,26 +512,6 @@ async def answer_async(path: str, query: Mapping[str, str]) -> Answer:
             await asyncio.sleep(min(0.05, max(0.0, deadline - loop.time())))
 
 
-def authorized(authorization: str, token: Optional[str]) -> bool:
-    """``Authorization: Bearer <token>``, or Basic with the token as password (what
-    ``go tool pprof http://user:TOKEN@host/...`` sends)."""
-    if not token:
-        return True
-    import binascii
-    import hmac
-
-    scheme, _, given = authorization.partition(" ")
-    given = given.strip()
-    if scheme.lower() == "basic":
-        try:
-            given = binascii.a2b_base64(given).decode("utf-8").partition(":")[2]
-        except (binascii.Error, UnicodeDecodeError):
-            return False
-    elif scheme.lower() != "bearer":
-        return False
-    return hmac.compare_digest(given.encode("utf-8", "surrogateescape"), token.encode())
-
-
 def split_query(text: str) -> Dict[str, str]:
     from urllib.parse import parse_qsl
 
@@ -546,8 +526,6 @@ def subpath(path: str) -> Optional[str]:
 
 
 UNAUTHORIZED: Answer = (401, TEXT, b"missing or invalid token\n")
-_REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found"}
-_REASONS.update({405: "Method Not Allowed", 503: "Service Unavailable"})
 
 
 def headers(content_type: str, body: bytes, status: int) -> List[Tuple[str, str]]:
@@ -563,18 +541,12 @@ def asgi_app(token: Optional[str] = None) -> Any:
     """An ASGI application answering ``/debug/pprof/...``, to mount at ``/debug/pprof``
     (Starlette ``Mount("/debug/pprof", app)``, FastAPI ``app.mount(...)``) or at the root.
     ``token``: requests must carry it (Bearer, or Basic with it as password)."""
+    from hotspan.agent.control import authorized, serve_lifespan
+
     enable()
 
     async def app(scope: Dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] == "lifespan":
-            while True:
-                message = await receive()
-                if message["type"] == "lifespan.startup":
-                    await send({"type": "lifespan.startup.complete"})
-                elif message["type"] == "lifespan.shutdown":
-                    await send({"type": "lifespan.shutdown.complete"})
-                    return
-        if scope["type"] != "http":
+        if await serve_lifespan(scope, receive, send) or scope["type"] != "http":
             return
         path = scope.get("path", "")
         root = scope.get("root_path", "")
@@ -587,7 +559,7 @@ def asgi_app(token: Optional[str] = None) -> Any:
         sent = {k.lower(): v for k, v in scope.get("headers", ())}
         if scope.get("method", "GET") not in ("GET", "HEAD"):
             result: Answer = (405, TEXT, b"use GET\n")
-        elif not authorized(sent.get(b"authorization", b"").decode("latin-1"), token):
+        elif not authorized(sent.get(b"authorization", b"").decode("latin-1"), token, basic=True):
             result = UNAUTHORIZED
         else:
             query = split_query(scope.get("query_string", b"").decode("latin-1"))
@@ -611,6 +583,8 @@ def wsgi_app(token: Optional[str] = None) -> Any:
     """A WSGI application answering ``/debug/pprof/...`` (mounted there, e.g. with werkzeug's
     ``DispatcherMiddleware``, or at the root).  A CPU profile blocks its request's thread for
     the N seconds it covers."""
+    from hotspan.agent.control import authorized, status_line
+
     enable()
 
     def app(environ: Dict[str, Any], start_response: Any) -> List[bytes]:
@@ -620,12 +594,12 @@ def wsgi_app(token: Optional[str] = None) -> Any:
             rest = path
         if environ.get("REQUEST_METHOD", "GET") not in ("GET", "HEAD"):
             result: Answer = (405, TEXT, b"use GET\n")
-        elif not authorized(environ.get("HTTP_AUTHORIZATION", ""), token):
+        elif not authorized(environ.get("HTTP_AUTHORIZATION", ""), token, basic=True):
             result = UNAUTHORIZED
         else:
             result = answer(rest, split_query(environ.get("QUERY_STRING", "")))
         status, ctype, body = result
-        start_response(f"{status} {_REASONS.get(status, 'Error')}", headers(ctype, body, status))
+        start_response(status_line(status), headers(ctype, body, status))
         return [body]
 
     return app
