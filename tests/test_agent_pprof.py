@@ -191,3 +191,15 @@ def test_bad_calls_raise_and_leave_the_profile_usable(ProfileWriter: Any) -> Non
     p = profile_pb2.Profile()
     p.ParseFromString(gzip.decompress(writer.encode(1, 2)))
     assert [list(x.value) for x in p.sample][-1] == [5]
+
+
+def test_default_sample_type(ProfileWriter: Any) -> None:  # noqa: N803
+    # What /debug/pprof/allocs asks for: pprof's tools then show alloc_space, not the last.
+    types = (("alloc_objects", "count"), ("alloc_space", "bytes"))
+    writer = ProfileWriter(types, ("space", "bytes"), 512)
+    writer.add((("f", "a.py", 1, 1),), [1, 100])
+    chosen = profile_pb2.Profile.FromString(gzip.decompress(writer.encode(1, 2, "alloc_space")))
+    assert chosen.string_table[chosen.default_sample_type] == b"alloc_space"
+    assert [list(s.value) for s in chosen.sample] == [[1, 100]]
+    plain = profile_pb2.Profile.FromString(gzip.decompress(writer.encode(1, 2)))
+    assert plain.default_sample_type == 0

@@ -329,10 +329,9 @@ def serve(path: str, query: Mapping[str, str]) -> Generator[Wait, None, Answer]:
     for stack, (io, isp) in heap.items():
         rows.setdefault(stack, [0, 0, 0, 0])[2:] = [io, isp]
     period = hub.alloc_period or int(agent.live.effective()["alloc_sample_bytes"])
-    body = _encode(ALLOC_TYPES, ALLOC_PERIOD_TYPE, period, rows)
-    if name == "allocs":
-        body = _with_default_type(body, "alloc_space")
-    return 200, PPROF, body
+    # Go's allocs profile shows alloc_space first: its heap profile, inuse_space.
+    default = "alloc_space" if name == "allocs" else ""
+    return 200, PPROF, _encode(ALLOC_TYPES, ALLOC_PERIOD_TYPE, period, rows, default)
 
 
 def _collect(agent: Any, hub: PullHub) -> Wait:
@@ -406,71 +405,19 @@ def _goroutine_text(rows: Dict[Tuple[Any, Any], int]) -> bytes:
     return ("\n".join(out) + "\n").encode()
 
 
-def _encode(types: Any, period_type: Any, period: int, rows: Dict[Any, List[int]]) -> bytes:
+def _encode(
+    types: Any,
+    period_type: Any,
+    period: int,
+    rows: Dict[Any, List[int]],
+    default_sample_type: str = "",
+) -> bytes:
     from hotspan.agent.pprof_writer import ProfileWriter
 
     writer = ProfileWriter(types, period_type, period)
     for stack, values in rows.items():
         writer.add(stack, values)
-    return writer.encode(time.time_ns(), 0)
-
-
-def _with_default_type(body: bytes, sample_type: str) -> bytes:
-    """``body`` with ``default_sample_type`` (profile.proto field 14) naming ``sample_type``,
-    as Go's allocs profile has: go tool pprof then shows alloc_space first."""
-    import zlib
-
-    raw = zlib.decompress(body, 47)
-    index = _string_index(raw, sample_type.encode())
-    if index is None:
-        return body
-    extra = bytearray()
-    _varint(14 << 3, extra)
-    _varint(index, extra)
-    packer = zlib.compressobj(1, zlib.DEFLATED, 31)
-    return packer.compress(raw + bytes(extra)) + packer.flush()
-
-
-def _varint(value: int, out: bytearray) -> None:
-    while value > 0x7F:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-
-
-def _read_varint(data: bytes, pos: int) -> Tuple[int, int]:
-    value = shift = 0
-    while True:
-        byte = data[pos]
-        pos += 1
-        value |= (byte & 0x7F) << shift
-        if byte < 0x80:
-            return value, pos
-        shift += 7
-
-
-def _string_index(raw: bytes, wanted: bytes) -> Optional[int]:
-    """The index of ``wanted`` in the string table (field 6) of a profile message."""
-    pos = index = 0
-    while pos < len(raw):
-        key, pos = _read_varint(raw, pos)
-        wire = key & 7
-        if wire == 0:
-            _, pos = _read_varint(raw, pos)
-        elif wire == 2:
-            length, pos = _read_varint(raw, pos)
-            if key >> 3 == 6:
-                if raw[pos : pos + length] == wanted:
-                    return index
-                index += 1
-            pos += length
-        elif wire == 1:
-            pos += 8
-        elif wire == 5:
-            pos += 4
-        else:
-            return None
-    return None
+    return writer.encode(time.time_ns(), 0, default_sample_type)
 
 
 # ---------------------------------------------------------------- drivers and HTTP glue
