@@ -13,7 +13,7 @@ import io
 import json
 import sys
 from dataclasses import dataclass
-from typing import IO, Any, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import IO, Any, Dict, Iterator, List, Optional, Sequence
 
 from hotspan.cli.client import (
     Client,
@@ -25,7 +25,7 @@ from hotspan.cli.client import (
     profile_type_id,
     selector_query,
 )
-from hotspan.cli.output import format_value, iso
+from hotspan.cli.output import format_value, iso, plain_console, plain_text, write_output
 from hotspan.cli.profiles import add_profile_type_option, fetch_profile, type_name
 from hotspan.model.stack_profile import FunctionValue, StackProfile, function_values
 
@@ -266,17 +266,7 @@ def write_table(
     if terminal:
         console = Console(file=out, highlight=False)
     else:
-        # Piped or to a file: no colour, and never wrapped or cut at 80 columns (a pipe has
-        # no width: grep and awk want whole lines); rendered first, to drop the padding.
-        buffer = io.StringIO()
-        console = Console(
-            file=buffer,
-            width=longest + 200,
-            color_system=None,
-            force_terminal=False,
-            highlight=False,
-            emoji=False,
-        )
+        console, buffer = plain_console()
     for side in (baseline, comparison):
         seconds = (side.range.end_ms - side.range.start_ms) / 1000
         console.print(
@@ -318,7 +308,7 @@ def write_table(
         table.add_row(*row)
     console.print(table)
     if not terminal:
-        out.writelines(line.rstrip() + "\n" for line in buffer.getvalue().splitlines())
+        out.write(plain_text(buffer))
 
 
 def _number_cells(r: Row) -> List[str]:
@@ -424,19 +414,23 @@ def _run(args: argparse.Namespace) -> int:
         [r for r in rows if r.crosses(args.fail_above)] if args.fail_above is not None else []
     )
 
-    with _output(args.output) as (out, terminal):
-        if args.format == "table":
-            write_table(out, baseline, comparison, shown, type_id, unit, terminal, args.fail_above)
-        elif args.format == "json":
-            doc = diff_json(
-                baseline, comparison, shown, type_id, unit, args.fail_above, regressions
-            )
-            out.write(json.dumps(doc, indent=2) + "\n")
-        elif args.format == "folded":
-            for line in folded_lines(baseline, comparison, args.normalize):
-                out.write(line + "\n")
-        else:
-            out.write(diff_html(baseline, comparison, type_id, unit))
+    # To a file: written whole once the data is in, or not at all.
+    to_file = bool(args.output) and args.output != "-"
+    buffer = io.StringIO()
+    out: IO[str] = buffer if to_file else sys.stdout
+    terminal = not to_file and sys.stdout.isatty()
+    if args.format == "table":
+        write_table(out, baseline, comparison, shown, type_id, unit, terminal, args.fail_above)
+    elif args.format == "json":
+        doc = diff_json(baseline, comparison, shown, type_id, unit, args.fail_above, regressions)
+        out.write(json.dumps(doc, indent=2) + "\n")
+    elif args.format == "folded":
+        for line in folded_lines(baseline, comparison, args.normalize):
+            out.write(line + "\n")
+    else:
+        out.write(diff_html(baseline, comparison, type_id, unit))
+    if to_file:
+        write_output(args.output, buffer.getvalue().encode())
 
     if regressions:
         print(
@@ -451,25 +445,3 @@ def _run(args: argparse.Namespace) -> int:
             )
         return 1
     return 0
-
-
-class _output:
-    """stdout, or ``-o FILE`` (written whole or not at all: opened only once the data is in);
-    yields the stream and whether it is a terminal."""
-
-    def __init__(self, path: Optional[str]) -> None:
-        self.path = path
-        self.file: Optional[IO[str]] = None
-
-    def __enter__(self) -> Tuple[IO[str], bool]:
-        if not self.path or self.path == "-":
-            return sys.stdout, sys.stdout.isatty()
-        try:
-            self.file = open(self.path, "w", encoding="utf-8")
-        except OSError as exc:
-            raise CLIError(f"cannot write {self.path}: {exc.strerror}", 2) from None
-        return self.file, False
-
-    def __exit__(self, *exc: object) -> None:
-        if self.file is not None:
-            self.file.close()

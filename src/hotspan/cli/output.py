@@ -3,11 +3,12 @@ or not at all."""
 
 from __future__ import annotations
 
+import io
 import os
 import sys
 from contextlib import suppress
 from datetime import datetime, timezone
-from typing import Optional
+from typing import Any, Optional, Tuple
 
 from hotspan.cli.client import CLIError
 
@@ -65,3 +66,26 @@ def write_output(path: Optional[str], data: bytes) -> None:
         with suppress(OSError):
             os.unlink(tmp)
         raise CLIError(f"cannot write {path}: {exc.strerror or exc}") from None
+
+
+def plain_console() -> Tuple[Any, io.StringIO]:
+    """A rich Console for output that is not a terminal, and the buffer it writes: no colour,
+    and a width no line reaches, so nothing is cut or wrapped (a pipe has no width: grep and
+    awk want whole lines).  Read it back with :func:`plain_text`."""
+    from rich.console import Console
+
+    buffer = io.StringIO()
+    console = Console(
+        file=buffer,
+        width=100_000,
+        color_system=None,
+        force_terminal=False,
+        highlight=False,
+        emoji=False,
+    )
+    return console, buffer
+
+
+def plain_text(buffer: io.StringIO) -> str:
+    """What :func:`plain_console` wrote, without the padding rich puts at lines' ends."""
+    return "".join(line.rstrip() + "\n" for line in buffer.getvalue().splitlines())

@@ -8,7 +8,6 @@ range), so the table, the JSON and the files hold the same numbers as ``hotspan 
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import sys
 from typing import Dict, List
@@ -23,7 +22,7 @@ from hotspan.cli.client import (
     profile_type_id,
     selector_query,
 )
-from hotspan.cli.output import format_value, iso, write_output
+from hotspan.cli.output import format_value, iso, plain_console, plain_text, write_output
 from hotspan.cli.profiles import add_profile_type_option, fetch_profile
 
 QUERY_FORMATS = ("table", "json", "folded", "pprof")
@@ -176,10 +175,7 @@ def top_table(  # type: ignore[no-untyped-def]
         console.print(header, soft_wrap=True, markup=False, highlight=False, style="bold")
         console.print(table)
         return ""
-    # Piped or to a file: no colour, and a width no function name reaches, so nothing is cut
-    # or wrapped.
-    buffer = io.StringIO()
-    console = Console(file=buffer, width=100_000, no_color=True, force_terminal=False)
+    console, buffer = plain_console()
     console.print(header, soft_wrap=True, markup=False, highlight=False)
     console.print(table)
-    return "\n".join(line.rstrip() for line in buffer.getvalue().splitlines()) + "\n"
+    return plain_text(buffer)
