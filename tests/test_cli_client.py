@@ -106,3 +106,17 @@ def test_a_side_range_replaces_the_shared_start() -> None:
     args = parser.parse_args(["--baseline-time-range", "1h", "--baseline-from", "now-2h"])
     with pytest.raises(CLIError, match="--baseline-time-range"):
         args_time_range(args, prefix="baseline_")
+
+
+def test_the_top_table_prints_names_as_they_are() -> None:
+    # Frame names are text, not rich markup: "[/b]" raised, "[bold]" would have vanished.
+    from hotspan.cli.client import TimeRange
+    from hotspan.cli.query import top_table
+    from hotspan.model.profile import Frame
+    from hotspan.model.stack_profile import SampleType, StackProfile
+
+    profile = StackProfile([SampleType("cpu", "nanoseconds", "process_cpu")])
+    profile.add([Frame("main"), Frame("parse[/b]")], [30])
+    profile.add([Frame("main"), Frame("[bold]render")], [10])
+    text = top_table(profile, "{}", "cpu", TimeRange(0, 1000), 10, to_stdout=False)
+    assert "parse[/b]" in text and "[bold]render" in text

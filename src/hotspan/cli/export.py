@@ -117,7 +117,7 @@ def _progress(output: str) -> Iterator[Callable[[str], Step]]:
 
     with Progress(
         SpinnerColumn(),
-        TextColumn("{task.description}"),
+        TextColumn("{task.description}", markup=False),  # file names are not markup
         BarColumn(),
         DownloadColumn(),
         TransferSpeedColumn(),

@@ -145,6 +145,7 @@ def top_table(  # type: ignore[no-untyped-def]
     from rich import box
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
     unit = profile.sample_types[0].unit
     total = profile.total(0)
@@ -164,7 +165,7 @@ def top_table(  # type: ignore[no-untyped-def]
             f"{row['self_percent']:.2f}%",
             format_value(int(row["total"]), unit),  # type: ignore[call-overload]
             f"{row['total_percent']:.2f}%",
-            str(row["name"]),
+            Text(str(row["name"])),  # a name is text, never rich markup ("[/b]" would raise)
         )
     header = (
         f"{type_id}  {selector}  {iso(window.start_ms)} .. {iso(window.end_ms)}"

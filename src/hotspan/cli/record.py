@@ -326,7 +326,7 @@ def _write(
     if console.is_terminal:
         progress = Progress(
             SpinnerColumn(),
-            TextColumn("hotspan record: {task.description}"),
+            TextColumn("hotspan record: {task.description}", markup=False),  # a file name
             BarColumn(),
             TextColumn("{task.completed}/{task.total}"),
             console=console,
