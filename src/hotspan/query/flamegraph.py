@@ -183,3 +183,13 @@ def _fold_small(
     ranked[cut_rows] = sub
     lengths[cut_rows] = first_cut + 1
     return ranked, lengths
+
+
+def to_message(graph: FlameGraph, out) -> None:  # type: ignore[no-untyped-def]
+    """Fills ``out``, a querier ``FlameGraph`` or ``FlameGraphDiff`` message: what the
+    querier answers and what the standalone page (ui/standalone.py) embeds."""
+    out.names.extend(graph.names)
+    for level in graph.levels:
+        out.levels.add().values.extend(level.tolist())
+    out.total = int(sum(graph.totals))
+    out.max_self = graph.max_self

@@ -15,7 +15,7 @@ from hotspan.formats.proto import querier_pb2, types_pb2
 from hotspan.model.labels import Selector, SelectorError, parse_selector
 from hotspan.model.profile import MAX_TIME_NS, ProfileType, ProfileTypeError, span_id_to_int
 from hotspan.query.engine import DEFAULT_MAX_NODES, QueryError
-from hotspan.query.flamegraph import FlameGraph
+from hotspan.query.flamegraph import to_message
 from hotspan.server.connect import read_message, unary, write_message
 from hotspan.server.errors import HTTPError
 from hotspan.server.request import query_state
@@ -86,14 +86,6 @@ def span_ids(texts: Sequence[str]) -> List[int]:
         except ValueError:
             raise HTTPError(400, f"span id {text!r} is not 16 hex digits") from None
     return out
-
-
-def flamegraph_message(graph: FlameGraph, out) -> None:  # type: ignore[no-untyped-def]
-    out.names.extend(graph.names)
-    for level in graph.levels:
-        out.levels.add().values.extend(level.tolist())
-    out.total = int(sum(graph.totals))
-    out.max_self = graph.max_self
 
 
 async def _run(fn: Callable, *args):  # type: ignore[no-untyped-def]
@@ -202,7 +194,7 @@ async def select_merge_stacktraces(request: Request) -> Response:
         querier_pb2.PROFILE_FORMAT_FLAMEGRAPH,
     ):
         graph = await _run(state.engine.flamegraph, values, max_nodes(req))
-        flamegraph_message(graph, resp.flamegraph)
+        to_message(graph, resp.flamegraph)
     else:
         raise HTTPError(400, "only the flamegraph and pprof formats are supported", "unimplemented")
     return write_message(request, resp)
@@ -222,7 +214,7 @@ async def select_merge_span_profile(request: Request) -> Response:
     )
     graph = await _run(state.engine.flamegraph, values, max_nodes(req))
     resp = querier_pb2.SelectMergeSpanProfileResponse()
-    flamegraph_message(graph, resp.flamegraph)
+    to_message(graph, resp.flamegraph)
     return write_message(request, resp)
 
 
@@ -306,7 +298,7 @@ async def diff(request: Request) -> Response:
     limit = max(max_nodes(req.left), max_nodes(req.right))
     graph = await _run(state.engine.diff, left, right, limit)
     resp = querier_pb2.DiffResponse()
-    flamegraph_message(graph, resp.flamegraph)
+    to_message(graph, resp.flamegraph)
     resp.flamegraph.leftTicks, resp.flamegraph.rightTicks = graph.totals
     resp.flamegraph.total = sum(graph.totals)
     return write_message(request, resp)

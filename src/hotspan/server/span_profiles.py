@@ -25,8 +25,9 @@ from hotspan.formats.proto import querier_pb2
 from hotspan.model.labels import Selector
 from hotspan.model.profile import ProfileType, span_id_to_int
 from hotspan.query.engine import QueryError
+from hotspan.query.flamegraph import to_message
 from hotspan.server.errors import HTTPError
-from hotspan.server.querier import flamegraph_message, max_nodes_value, profile_type, selector
+from hotspan.server.querier import max_nodes_value, profile_type, selector
 from hotspan.server.request import query_state
 from hotspan.server.state import ServerState
 from hotspan.server.tempo import seconds_param, text_error, trace_id_param
@@ -108,7 +109,7 @@ async def profile(request: Request) -> Response:
     except HTTPError as exc:
         return text_error(exc)
     message = querier_pb2.FlameGraph()
-    flamegraph_message(graph, message)
+    to_message(graph, message)
     return JSONResponse(
         {
             "traceID": trace_id,

@@ -58,15 +58,6 @@ def _names(profile: StackProfile, position: int) -> List[Tuple[Tuple[str, ...], 
     return [(tuple(f.name for f in stack), value) for stack, value in profile.values(position)]
 
 
-def _message(graph: flamegraph.FlameGraph, out) -> None:  # type: ignore[no-untyped-def]
-    # As the querier's flamegraph_message, so that the JSON is the one the UI decodes.
-    out.names.extend(graph.names)
-    for level in graph.levels:
-        out.levels.add().values.extend(level.tolist())
-    out.total = int(sum(graph.totals))
-    out.max_self = graph.max_self
-
-
 def _json(msg) -> dict:  # type: ignore[no-untyped-def]
     return json_format.MessageToDict(msg, preserving_proto_field_name=False)
 
@@ -77,7 +68,7 @@ def flamegraph_data(profile: StackProfile, position: int = 0, max_nodes: int = 8
     matrix, lengths, values, names = _matrix(stacks)
     graph = flamegraph.build(matrix, lengths, values, names, max_nodes)
     msg = querier_pb2.FlameGraph()
-    _message(graph, msg)
+    flamegraph.to_message(graph, msg)
     return _json(msg)
 
 
@@ -96,7 +87,7 @@ def diff_flamegraph_data(
         values = np.zeros((0, 2), dtype=np.int64)
     graph = flamegraph.build(matrix, lengths, values, names, max_nodes)
     msg = querier_pb2.FlameGraphDiff()
-    _message(graph, msg)
+    flamegraph.to_message(graph, msg)
     msg.leftTicks, msg.rightTicks = graph.totals
     msg.total = sum(graph.totals)
     return _json(msg)
