@@ -59,16 +59,14 @@ _TYPE_SOURCE = {
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    # Like run: everything after `record` is parsed by build_parser, which knows where the
-    # program's command line starts.
-    record = sub.add_parser(
+    from hotspan.cli.run import add_program_command
+
+    add_program_command(
+        sub,
         "record",
-        help="profile a program into a file: hotspan record -o out.pb.gz -- python app.py",
-        add_help=False,
-        prefix_chars="\0",
+        "profile a program into a file: hotspan record -o out.pb.gz -- python app.py",
+        main,
     )
-    record.add_argument("argv", nargs=argparse.REMAINDER)
-    record.set_defaults(func=_record, log_level="warning")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -109,10 +107,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_program_options(parser)
     return parser
-
-
-def _record(args: argparse.Namespace) -> int:
-    return main(args.argv)
 
 
 def main(argv: Sequence[str]) -> int:
