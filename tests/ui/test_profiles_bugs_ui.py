@@ -253,7 +253,7 @@ def test_drag_across_empty_stretch_keeps_pickers_and_titles_the_new_range(page, 
     options = service.locator("option").all_inner_texts()
     assert any(o.startswith("aardvark") for o in options), options
     assert page.locator("select.hs-profile-type option").count() >= 1
-    assert "none" != page.locator(".hs-toolbar label").first.inner_text().split()[-1]
+    assert page.locator(".hs-toolbar label").first.inner_text().split()[-1] != "none"
     screenshot(page, "bugs-empty-drag")
 
 

@@ -4,6 +4,7 @@
 //   /profiles?profileType=<id>&query={service_name="api",env="prod"}&from=now-1h&until=now
 //             &groupBy=<label>&groupView=stacked|breakdown&traceId=<32 hex>|spanId=<16 hex>
 //             &search=<flame graph search>&zoom=<flame graph zoom>&sort=<table column:dir>
+//             &sandwich=<function>
 //
 // A shared link is shown as written: a service without data in the range is said to have
 // none (with the nearest range that has some), never replaced by another service.
@@ -67,6 +68,7 @@ class ProfilesView {
       search: params.get("search") || "",
       zoom: params.get("zoom") || "",
       sort: params.get("sort") || "",
+      sandwich: params.get("sandwich") || "",
     };
     this.controller = null;
     this.known = null; // the last catalogue: service -> Set(profile types)
@@ -146,11 +148,13 @@ class ProfilesView {
       exports: () => this.serverExports(),
       search: this.state.search,
       onSearch: (search) => setQuery({ search }),
-      // Zoom and sort are the panel's (B's) opaque strings; the URL only keeps them.
+      // Zoom, sort and sandwich are the panel's strings; the URL only keeps them.
       zoom: this.state.zoom,
       onZoom: (zoom) => this.remember({ zoom }),
       sort: this.state.sort,
       onSort: (sort) => this.remember({ sort }),
+      sandwich: this.state.sandwich,
+      onSandwich: (sandwich) => this.remember({ sandwich }),
     });
     this.renderTraceNote();
   }

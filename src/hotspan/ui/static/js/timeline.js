@@ -237,8 +237,10 @@ export class Timeline {
     ctx.font = "11px system-ui, sans-serif";
     ctx.textBaseline = "middle";
     ctx.textAlign = "right";
-    // Small timelines keep the zero line and the top only.
-    const shown = this.height < 100 ? [ticks[0], ticks[ticks.length - 1]] : ticks;
+    // Small timelines keep the zero line and the top only; a plot without series (a band
+    // alone) has no values to scale.
+    const shown = !this.series.length ? [0]
+      : this.height < 100 ? [ticks[0], ticks[ticks.length - 1]] : ticks;
     this.yLabels = shown.map((v) => tickLabel(v, this.unit));
     shown.forEach((v, i) => {
       ctx.beginPath();
