@@ -314,9 +314,10 @@ def test_timeline_zero_has_no_unit_and_loading_draws_a_skeleton(page, data) -> N
     page.goto(data.server.url + "/profiles?query=" + quote('{service_name="checkout"}'))
     page.locator(".hs-timeline-skeleton").wait_for()
     page.wait_for_function("() => document.querySelector('.hs-timeline').timeline.series.length")
-    assert page.locator(".hs-timeline-skeleton").count() == 0 or not page.locator(
-        ".hs-timeline-skeleton"
-    ).first.is_visible()
+    assert (
+        page.locator(".hs-timeline-skeleton").count() == 0
+        or not page.locator(".hs-timeline-skeleton").first.is_visible()
+    )
     labels = page.evaluate("() => document.querySelector('.hs-timeline').timeline.yLabels")
     assert labels[0] == "0", labels
     assert all(re.search(r"\d (ms|s|min)$", t) for t in labels[1:]), labels

@@ -495,7 +495,8 @@ def test_breakdown_shows_the_largest_values_and_says_how_many_are_left_out(page,
             }));
             b.render(series, { startMs: now - 3600000, endMs: now, stepMs: 15000,
                 unit: 'nanoseconds', label: 'pod' });
-            return { values: [...host.querySelectorAll('.hs-breakdown-card')].map((c) => c.dataset.value),
+            const cards = [...host.querySelectorAll('.hs-breakdown-card')];
+            return { values: cards.map((c) => c.dataset.value),
                 more: host.querySelector('.hs-breakdown-more').textContent };
         }"""
     )
@@ -558,7 +559,9 @@ def test_after_merge_flame_graph_zoom_and_table_sort_live_in_the_url(page, data)
     zoom = query_of(page)["zoom"][0]
     assert "price_cart" in zoom, zoom
     page.locator(".hs-panel-table th", has_text="Total").first.click()
-    page.wait_for_function("() => (new URLSearchParams(location.search).get('sort') || '').startsWith('total')")
+    page.wait_for_function(
+        "() => (new URLSearchParams(location.search).get('sort') || '').startsWith('total')"
+    )
     # A fresh page from the address shows the same zoom and order.
     fresh = page.context.new_page()
     fresh.goto(page.url)
@@ -573,5 +576,6 @@ def test_after_merge_flame_graph_zoom_and_table_sort_live_in_the_url(page, data)
         assert names[0] == MAIN + "<module>", names
     fresh.close()
     # A zoom that does not match the data is the whole graph, without an error.
-    page.goto(data.server.url + "/profiles?zoom=no.such;frame&query=" + quote('{service_name="checkout"}'))
+    query = quote('{service_name="checkout"}')
+    page.goto(data.server.url + "/profiles?zoom=no.such;frame&query=" + query)
     wait_for_frame(page, MAIN + "price_cart")
