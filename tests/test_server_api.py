@@ -143,6 +143,37 @@ def test_every_sample_type_is_a_profile_type_and_spans_stay_on_samples(server) -
         )
         assert function_totals(traced) == {"main": 300, "alloc": 300}
 
+        # The timeline of a trace or a span sums what its flame graph shows.
+        def series_total(**selectors: list) -> float:
+            r = c.post(
+                f"{QUERIER}/SelectSeries",
+                json={
+                    "profileTypeID": space,
+                    "labelSelector": "{}",
+                    "start": (T0 - 60) * 1000,
+                    "end": (T0 + 60) * 1000,
+                    "step": 10,
+                    **selectors,
+                },
+            )
+            assert r.status_code == 200, r.text
+            return sum(p.get("value", 0) for s in r.json().get("series", []) for p in s["points"])
+
+        assert series_total() == 400
+        assert series_total(traceIdSelector=["0af7651916cd43dd8448eb211c80319c"]) == 300
+        assert series_total(spanSelector=["00000000000000a1"]) == 300
+        assert series_total(traceIdSelector=["0" * 32]) == 0
+        r = c.post(
+            f"{QUERIER}/SelectSeries",
+            json={
+                "profileTypeID": space,
+                "labelSelector": "{}",
+                "step": 10,
+                "traceIdSelector": ["nothex"],
+            },
+        )
+        assert r.status_code == 400 and "not 32 hex digits" in r.text
+
 
 def test_connect_proto_codec_select_series_and_diff(server) -> None:  # type: ignore[no-untyped-def]
     with server.client() as c:

@@ -150,6 +150,17 @@ async def series(request: Request) -> Response:
     return write_message(request, resp)
 
 
+def trace_ids(selector: Sequence[str]) -> Optional[List[str]]:
+    """A request's trace id selector, checked: None when it names no trace."""
+    if not len(selector):
+        return None
+    traces = list(selector)
+    for t in traces:
+        if len(t) != 32 or not all(c in "0123456789abcdefABCDEF" for c in t):
+            raise HTTPError(400, f"trace id {t!r} is not 32 hex digits")
+    return traces
+
+
 async def _stack_values(
     state: ServerState,
     tenant: str,
@@ -163,12 +174,7 @@ async def _stack_values(
     ptype = profile_type(type_id)
     sel = selector(label_selector)
     start, end = time_range(start_ms, end_ms)
-    traces = None
-    if req is not None and len(req.trace_id_selector):
-        traces = list(req.trace_id_selector)
-        for t in traces:
-            if len(t) != 32 or not all(c in "0123456789abcdefABCDEF" for c in t):
-                raise HTTPError(400, f"trace id {t!r} is not 32 hex digits")
+    traces = trace_ids(req.trace_id_selector) if req is not None else None
     where = SampleFilter(start, end, span_ids=spans, trace_ids=traces)
     values = await _run(state.engine.stack_values, tenant, ptype, sel, where)
     if req is not None and req.HasField("stack_trace_selector"):
@@ -252,7 +258,13 @@ async def select_series(request: Request) -> Response:
         tenant,
         ptype,
         sel,
-        SampleFilter(start, end),
+        # The UI's timeline of one trace or span plots what its flame graph shows.
+        SampleFilter(
+            start,
+            end,
+            span_ids=span_ids(req.span_selector) if req.span_selector else None,
+            trace_ids=trace_ids(req.trace_id_selector),
+        ),
         step_ns,
         list(req.group_by),
         average,

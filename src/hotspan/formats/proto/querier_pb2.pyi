@@ -230,7 +230,7 @@ class SelectMergeProfileRequest(_message.Message):
     def __init__(self, profile_typeID: _Optional[str] = ..., label_selector: _Optional[str] = ..., start: _Optional[int] = ..., end: _Optional[int] = ..., max_nodes: _Optional[int] = ..., stack_trace_selector: _Optional[_Union[_types_pb2.StackTraceSelector, _Mapping]] = ..., profile_id_selector: _Optional[_Iterable[str]] = ..., trace_id_selector: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class SelectSeriesRequest(_message.Message):
-    __slots__ = ("profile_typeID", "label_selector", "start", "end", "group_by", "step", "aggregation", "stack_trace_selector", "limit", "exemplar_type")
+    __slots__ = ("profile_typeID", "label_selector", "start", "end", "group_by", "step", "aggregation", "stack_trace_selector", "limit", "exemplar_type", "trace_id_selector", "span_selector")
     PROFILE_TYPEID_FIELD_NUMBER: _ClassVar[int]
     LABEL_SELECTOR_FIELD_NUMBER: _ClassVar[int]
     START_FIELD_NUMBER: _ClassVar[int]
@@ -241,6 +241,8 @@ class SelectSeriesRequest(_message.Message):
     STACK_TRACE_SELECTOR_FIELD_NUMBER: _ClassVar[int]
     LIMIT_FIELD_NUMBER: _ClassVar[int]
     EXEMPLAR_TYPE_FIELD_NUMBER: _ClassVar[int]
+    TRACE_ID_SELECTOR_FIELD_NUMBER: _ClassVar[int]
+    SPAN_SELECTOR_FIELD_NUMBER: _ClassVar[int]
     profile_typeID: str
     label_selector: str
     start: int
@@ -251,7 +253,9 @@ class SelectSeriesRequest(_message.Message):
     stack_trace_selector: _types_pb2.StackTraceSelector
     limit: int
     exemplar_type: _types_pb2.ExemplarType
-    def __init__(self, profile_typeID: _Optional[str] = ..., label_selector: _Optional[str] = ..., start: _Optional[int] = ..., end: _Optional[int] = ..., group_by: _Optional[_Iterable[str]] = ..., step: _Optional[float] = ..., aggregation: _Optional[_Union[_types_pb2.TimeSeriesAggregationType, str]] = ..., stack_trace_selector: _Optional[_Union[_types_pb2.StackTraceSelector, _Mapping]] = ..., limit: _Optional[int] = ..., exemplar_type: _Optional[_Union[_types_pb2.ExemplarType, str]] = ...) -> None: ...
+    trace_id_selector: _containers.RepeatedScalarFieldContainer[str]
+    span_selector: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, profile_typeID: _Optional[str] = ..., label_selector: _Optional[str] = ..., start: _Optional[int] = ..., end: _Optional[int] = ..., group_by: _Optional[_Iterable[str]] = ..., step: _Optional[float] = ..., aggregation: _Optional[_Union[_types_pb2.TimeSeriesAggregationType, str]] = ..., stack_trace_selector: _Optional[_Union[_types_pb2.StackTraceSelector, _Mapping]] = ..., limit: _Optional[int] = ..., exemplar_type: _Optional[_Union[_types_pb2.ExemplarType, str]] = ..., trace_id_selector: _Optional[_Iterable[str]] = ..., span_selector: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class SelectSeriesResponse(_message.Message):
     __slots__ = ("series",)
