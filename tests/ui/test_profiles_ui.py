@@ -546,6 +546,28 @@ def test_profile_types_are_named_with_their_units(page, data) -> None:  # type: 
         assert label.startswith(words) and label.endswith(unit), (label, words, unit)
 
 
+def test_timeline_ticks_are_round_in_every_unit(page, data) -> None:  # type: ignore[no-untyped-def]
+    page.goto(data.server.url + "/profiles?query=" + quote('{service_name="checkout"}'))
+    wait_for_frame(page, MAIN + "price_cart")
+    cases = [
+        (2.4e9, "nanoseconds", ["0", "1 s", "2 s", "3 s"]),
+        (340e6, "nanoseconds", ["0", "100 ms", "200 ms", "300 ms", "400 ms"]),
+        (5.5 * 60e9, "nanoseconds", ["0", "2 min", "4 min", "6 min"]),
+        (3.5 * 1024**2, "bytes", ["0", "1 MiB", "2 MiB", "3 MiB", "4 MiB"]),
+        (37, "count", ["0", "10", "20", "30", "40"]),
+        (7, "count", ["0", "2", "4", "6", "8"]),
+        (0, "nanoseconds", ["0", "1 ns"]),
+    ]
+    got = page.evaluate(
+        """async (cases) => {
+            const { niceTicks, tickLabel } = await import('/static/js/timeline.js');
+            return cases.map(([top, unit]) => niceTicks(top, unit).map((v) => tickLabel(v, unit)));
+        }""",
+        [[top, unit] for top, unit, _ in cases],
+    )
+    assert got == [want for _, _, want in cases]
+
+
 # --- after merge with helper B's panel.js: zoom and sort in the URL ---------------------------
 # These need ProfilePanel's zoom/onZoom and sort/onSort (helper B).  On helper A's branch alone
 # they fail (the panel ignores the options); run them once both branches are merged.
