@@ -251,6 +251,9 @@ class ProfilesView {
     const { signal } = controller;
     this.banner.replaceChildren();
     this.renderTraceNote();
+    // The one timeline says what is wrong or loading; a breakdown comes back with its data.
+    this.timelineSlot.hidden = false;
+    this.breakdownSlot.hidden = true;
     let range = null;
     let matchers = null;
     try {
@@ -486,6 +489,7 @@ class ProfilesView {
 
   renderPickers(serviceChoices, types, matchers, range, { traced = false } = {}) {
     const service = traced ? "" : serviceOf(matchers);
+    if (!serviceChoices.length) serviceChoices = [["", "no service has sent data yet"]];
     const select = selectOf("hs-service", "Service", serviceChoices, service,
       (value) => this.change({ query: formatSelector(withService(matchers, value)) }, true));
     if (traced) {
