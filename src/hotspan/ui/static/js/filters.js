@@ -3,10 +3,7 @@
 
 import { querier } from "./api.js";
 import { el } from "./dom.js";
-import { formatSelector, OPERATORS, SERVICE_LABEL } from "./labels.js";
-
-const HIDDEN = new Set([SERVICE_LABEL, "__name__", "__profile_type__", "__type__",
-  "__period_type__", "__period_unit__", "__delta__", "__sample_type__", "__unit__"]);
+import { formatSelector, OPERATORS, SERVICE_LABEL, suggestedLabel } from "./labels.js";
 
 let editors = 0;
 
@@ -122,7 +119,7 @@ export class LabelFilters {
     });
     try {
       const answer = await querier("LabelNames", { matchers: [selector], start: startMs, end: endMs });
-      const names = (answer.names || []).filter((n) => !HIDDEN.has(n) && !n.startsWith("__"));
+      const names = (answer.names || []).filter(suggestedLabel);
       if (!names.length) {
         nameSelect.append(el("option", { value: "" }, "no other labels in this selection"));
       }

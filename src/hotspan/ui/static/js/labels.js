@@ -3,6 +3,24 @@
 export const OPERATORS = ["=", "!=", "=~", "!~"];
 export const SERVICE_LABEL = "service_name";
 
+/**
+ * Labels with one value per run, request or profile (`hotspan run` tags a batch job with its
+ * trace): grouping by one draws a series per execution, so they are not offered as group-by
+ * or filter suggestions.  One given in the URL still works.
+ */
+export const PER_EXECUTION_LABELS = Object.freeze(["trace_id", "span_id", "root_span_id", "profile_id"]);
+
+/** Whether a label name is worth offering for grouping and filtering. */
+export function suggestedLabel(name) {
+  return !name.startsWith("__") && name !== SERVICE_LABEL && !PER_EXECUTION_LABELS.includes(name);
+}
+
+/** `matchers` plus `name="value"`, replacing an exact matcher on the same label. */
+export function withMatcher(matchers, name, value) {
+  const rest = matchers.filter((x) => !(x.name === name && x.op === "="));
+  return [...rest, { name, op: "=", value }];
+}
+
 const MATCHER = /\s*([A-Za-z_.][A-Za-z0-9_.]*)\s*(=~|!~|!=|=)\s*"((?:[^"\\]|\\.)*)"\s*(,|$)/y;
 
 /** `{a="b", c!="d"}` -> [{name, op, value}]; throws an Error naming what is wrong. */

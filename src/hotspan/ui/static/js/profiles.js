@@ -2,13 +2,26 @@
 //
 // URL parameters, as Pyroscope names them where it has a name:
 //   /profiles?profileType=<id>&query={service_name="api",env="prod"}&from=now-1h&until=now
-//             &groupBy=<label>&traceId=<32 hex>|spanId=<16 hex>&search=<flame graph search>
+//             &groupBy=<label>&groupView=stacked|breakdown&traceId=<32 hex>|spanId=<16 hex>
+//             &search=<flame graph search>&zoom=<flame graph zoom>&sort=<table column:dir>
+//             &sandwich=<function>
+//
+// A shared link is shown as written: a service without data in the range is said to have
+// none (with the nearest range that has some), never replaced by another service.
 
 import { CPU, getJSON, querier, querierBinary, selectMergeProfileRequest } from "./api.js";
+import { Breakdown } from "./breakdown.js";
 import { el, message, rejectInput } from "./dom.js";
 import { LabelFilters } from "./filters.js";
 import { formatTime, unitOf } from "./format.js";
-import { formatSelector, parseSelector, serviceOf, withService } from "./labels.js";
+import {
+  formatSelector,
+  parseSelector,
+  serviceOf,
+  suggestedLabel,
+  withMatcher,
+  withService,
+} from "./labels.js";
 import { ProfilePanel } from "./panel.js";
 import { setQuery } from "./router.js";
 import { settingsPath } from "./settings.js";
@@ -19,6 +32,7 @@ import {
   pickType,
   selectOf,
   selectSeries,
+  seriesTotal,
   typeLabel,
 } from "./selection.js";
 import { Timeline, stepFor } from "./timeline.js";
@@ -27,12 +41,17 @@ import {
   DEFAULT_FROM,
   DEFAULT_UNTIL,
   describeRange,
+  PRESETS,
   resolveRange,
   TimeRangePicker,
 } from "./timerange.js";
 
 const TRACE_ID = /^[0-9a-f]{32}$/;
 const SPAN_ID = /^[0-9a-f]{16}$/;
+const GROUP_VIEWS = [["", "Lines"], ["stacked", "Stacked"], ["breakdown", "Breakdown"]];
+// Where to look for data when the range shown has none, nearest first.
+const WIDER_RANGES = ["now-1h", "now-6h", "now-24h", "now-7d", "now-30d"];
+const NO_DATA = "(no data in this range)";
 
 class ProfilesView {
   constructor(root, params) {
@@ -43,11 +62,16 @@ class ProfilesView {
       from: params.get("from") || DEFAULT_FROM,
       until: params.get("until") || DEFAULT_UNTIL,
       groupBy: params.get("groupBy") || "",
+      groupView: params.get("groupView") || "",
       traceId: (params.get("traceId") || "").toLowerCase(),
       spanId: (params.get("spanId") || "").toLowerCase(),
       search: params.get("search") || "",
+      zoom: params.get("zoom") || "",
+      sort: params.get("sort") || "",
+      sandwich: params.get("sandwich") || "",
     };
     this.controller = null;
+    this.known = null; // the last catalogue: service -> Set(profile types)
     this.build();
     this.load();
   }
@@ -56,7 +80,7 @@ class ProfilesView {
     this.serviceSlot = el("span", { class: "hs-field" });
     this.settingsSlot = el("span", { class: "hs-field" });
     this.typeSlot = el("span", { class: "hs-field" });
-    const rangeSlot = el("span", { class: "hs-field" });
+    const rangeSlot = el("span", { class: "hs-field hs-range-field" });
     this.traceInput = el("input", {
       class: "hs-trace-filter",
       "aria-label": "Trace or span id",
@@ -74,16 +98,17 @@ class ProfilesView {
     this.toolbar = el(
       "section",
       { class: "hs-toolbar" },
-      el("label", {}, "Service ", this.serviceSlot),
+      el("label", { class: "hs-picker" }, "Service ", this.serviceSlot),
       this.settingsSlot,
-      el("label", {}, "Profile ", this.typeSlot),
+      el("label", { class: "hs-picker" }, "Profile ", this.typeSlot),
       rangeSlot,
       traceForm,
       this.traceNote,
     );
     this.filterSlot = el("div", { class: "hs-filter-row" });
-    this.groupSlot = el("span", { class: "hs-field" });
+    this.groupSlot = el("span", { class: "hs-field hs-group-controls" });
     this.timelineSlot = el("div", {});
+    this.breakdownSlot = el("div", { class: "hs-breakdown-slot", hidden: true });
     this.banner = el("div", { class: "hs-banner" });
     const panelSlot = el("section", { class: "hs-profile" });
     this.root.append(
@@ -92,7 +117,8 @@ class ProfilesView {
       this.filterSlot,
       el("section", { class: "hs-timeline-section" },
         el("div", { class: "hs-timeline-head" }, el("span", {}, "Over time"), this.groupSlot),
-        this.timelineSlot),
+        this.timelineSlot,
+        this.breakdownSlot),
       this.banner,
       panelSlot,
     );
@@ -101,13 +127,19 @@ class ProfilesView {
       until: this.state.until,
       onChange: (from, until) => this.change({ from, until }, true),
     });
+    const onSelect = (startMs, endMs) => {
+      const { from, until } = absoluteRange(startMs, endMs);
+      this.picker.set(from, until);
+      this.change({ from, until }, true);
+    };
     this.timeline = new Timeline(this.timelineSlot, {
       unit: unitOf(this.state.profileType || CPU),
-      onSelect: (startMs, endMs) => {
-        const { from, until } = absoluteRange(startMs, endMs);
-        this.picker.set(from, until);
-        this.change({ from, until }, true);
-      },
+      onSelect,
+      onLegendPick: (series) => this.narrowTo(series.group, {}),
+    });
+    this.breakdown = new Breakdown(this.breakdownSlot, {
+      onSelect,
+      onPick: (group) => this.narrowTo(group, { groupView: "" }),
     });
     this.panel = new ProfilePanel(panelSlot, {
       unit: unitOf(this.state.profileType || CPU),
@@ -116,6 +148,13 @@ class ProfilesView {
       exports: () => this.serverExports(),
       search: this.state.search,
       onSearch: (search) => setQuery({ search }),
+      // Zoom, sort and sandwich are the panel's strings; the URL only keeps them.
+      zoom: this.state.zoom,
+      onZoom: (zoom) => this.remember({ zoom }),
+      sort: this.state.sort,
+      onSort: (sort) => this.remember({ sort }),
+      sandwich: this.state.sandwich,
+      onSandwich: (sandwich) => this.remember({ sandwich }),
     });
     this.renderTraceNote();
   }
@@ -123,12 +162,31 @@ class ProfilesView {
   destroy() {
     if (this.controller) this.controller.abort();
     this.timeline.destroy();
+    this.breakdown.destroy();
+  }
+
+  /** State that the view does not reload for (the panel applied it already). */
+  remember(changes) {
+    Object.assign(this.state, changes);
+    setQuery(changes);
   }
 
   change(changes, push = false) {
     Object.assign(this.state, changes);
     setQuery(changes, { push });
     this.load();
+  }
+
+  /** Adds `name="value"` to the query: "show only this series". */
+  narrowTo(group, extra) {
+    if (!group) return;
+    let matchers;
+    try {
+      matchers = this.matchers();
+    } catch {
+      return;
+    }
+    this.change({ query: formatSelector(withMatcher(matchers, group.name, group.value)), ...extra }, true);
   }
 
   applyTraceFilter(event) {
@@ -144,7 +202,6 @@ class ProfilesView {
     const traceId = TRACE_ID.test(id) ? id : "";
     const spanId = SPAN_ID.test(id) ? id : "";
     this.change({ traceId, spanId }, true);
-    this.renderTraceNote();
   }
 
   renderTraceNote() {
@@ -168,11 +225,23 @@ class ProfilesView {
   clearTrace() {
     this.traceInput.value = "";
     this.change({ traceId: "", spanId: "" }, true);
-    this.renderTraceNote();
   }
 
   matchers() {
     return parseSelector(this.state.query);
+  }
+
+  traced() {
+    return Boolean(this.state.traceId || this.state.spanId);
+  }
+
+  /** What the panel shows, in its title: follows the range even when there is no data. */
+  title() {
+    const parts = [this.graphSelector(), describeRange(this.state.from, this.state.until)];
+    if (this.state.traceId) parts[0] = "all services";
+    if (this.state.traceId) parts.push(`trace ${this.state.traceId}`);
+    if (this.state.spanId) parts.push(`span ${this.state.spanId}`);
+    return parts.join(" · ");
   }
 
   async load() {
@@ -181,43 +250,45 @@ class ProfilesView {
     this.controller = controller;
     const { signal } = controller;
     this.banner.replaceChildren();
-    let range;
-    let matchers;
+    this.renderTraceNote();
+    // The one timeline says what is wrong or loading; a breakdown comes back with its data.
+    this.timelineSlot.hidden = false;
+    this.breakdownSlot.hidden = true;
+    let range = null;
+    let matchers = null;
     try {
-      range = resolveRange(this.state.from, this.state.until);
       matchers = this.matchers();
+      range = resolveRange(this.state.from, this.state.until);
     } catch (err) {
-      this.panel.setMessage(message("error", err.message, "Fix it in the address bar or pick a preset."));
+      await this.showProblem(err, matchers, signal);
       return;
     }
     this.range = range;
+    this.panel.setTitle(this.title());
     this.panel.setLoading("Loading profiles…");
+    this.timeline.setLoading();
+    this.breakdown.clear();
     try {
       const services = await catalogue(range.startMs, range.endMs, signal);
       if (signal.aborted) return;
-      if (!services.size) {
-        this.serviceSlot.replaceChildren(el("span", { class: "hs-muted" }, "none"));
-        this.typeSlot.replaceChildren();
-        this.settingsSlot.replaceChildren();
-        this.timeline.setMessage("no data");
-        this.panel.setMessage(
-          message("empty", `No profiles in this time range (${describeRange(this.state.from, this.state.until)}).`, agentHint()),
-        );
-        if (this.state.traceId) this.offerTraceRange(this.state.traceId, signal);
+      this.known = services;
+      if (this.traced()) {
+        await this.loadTrace(services, matchers, range, signal);
         return;
       }
       let service = serviceOf(matchers);
       const names = [...services.keys()].sort();
-      if (!service || !services.has(service)) {
-        if (service) {
-          this.banner.replaceChildren(message("info",
-            `Service "${service}" has no profiles in this range; showing "${names[0]}".`,
-            "Pick another service or widen the time range."));
-        }
+      if (!service && names.length) {
+        // No service asked for (the landing page): the first one, written into the URL.
         service = names[0];
         matchers = withService(matchers, service);
         this.state.query = formatSelector(matchers);
         setQuery({ query: this.state.query });
+        this.panel.setTitle(this.title());
+      }
+      if (!services.has(service)) {
+        await this.showNoData(service, services, matchers, range, signal);
+        return;
       }
       const profileType = pickType(services.get(service), this.state.profileType);
       if (this.state.profileType && profileType !== this.state.profileType) {
@@ -229,34 +300,217 @@ class ProfilesView {
         this.state.profileType = profileType;
         setQuery({ profileType });
       }
-      this.renderPickers(names, services.get(service), matchers, range);
+      this.renderPickers(serviceOptions(names, [], service), services.get(service), matchers, range);
       const unit = unitOf(profileType);
       this.timeline.unit = unit;
       await Promise.all([this.loadTimeline(range, signal), this.loadGraph(range, unit, signal)]);
     } catch (err) {
       if (err.name === "AbortError") return;
       this.timeline.setMessage("no answer");
-      this.panel.setTitle("");
       this.panel.setMessage(errorBox(err));
+      if (!this.serviceSlot.firstChild) this.renderFallbackPickers(matchers, range);
     }
   }
 
-  renderPickers(serviceNames, types, matchers, range) {
-    const service = serviceOf(matchers);
-    this.serviceSlot.replaceChildren(
-      selectOf("hs-service", "Service", serviceNames.map((s) => [s, s || "(no service_name)"]),
-        service, (value) => this.change({ query: formatSelector(withService(matchers, value)) }, true)),
-    );
-    this.settingsSlot.replaceChildren(service
+  /**
+   * A range or selector that cannot be read: the panel says why, and the pickers stay (from
+   * the last catalogue, or the last hour's on a fresh page) so the user can go on from here.
+   */
+  async showProblem(err, matchers, signal) {
+    this.panel.setTitle("");
+    this.panel.setMessage(message("error", err.message, "Fix it in the address bar or pick a preset."));
+    this.timeline.setMessage(matchers ? "no time range to show" : "no selection to show");
+    this.breakdown.clear();
+    const fallback = resolveRange(DEFAULT_FROM, DEFAULT_UNTIL);
+    if (!this.known) {
+      try {
+        this.known = await catalogue(fallback.startMs, fallback.endMs, signal);
+      } catch {
+        this.known = new Map();
+      }
+      if (signal.aborted) return;
+    }
+    this.renderFallbackPickers(matchers, fallback);
+  }
+
+  renderFallbackPickers(matchers, range) {
+    const known = this.known || new Map();
+    const service = serviceOf(matchers || []);
+    const names = [...known.keys()].sort();
+    const types = known.get(service) || allTypes(known);
+    this.renderPickers(serviceOptions(names, [], service), types, matchers || [], range || resolveRange(DEFAULT_FROM, DEFAULT_UNTIL));
+  }
+
+  /**
+   * The service asked for has no data in the range (or does not exist): say so, keep the URL,
+   * and look further back for the nearest range that has its data.
+   */
+  async showNoData(service, services, matchers, range, signal) {
+    const names = [...services.keys()].sort();
+    const when = describeRange(this.state.from, this.state.until);
+    const what = service
+      ? `No data for ${service} in this range (${when}).`
+      : `No profiles in this time range (${when}).`;
+    const typesOf = (map) => (map.get(service) || allTypes(map));
+    this.renderPickers(serviceOptions(names, [], service), typesOf(services), matchers, range);
+    this.timeline.setMessage(service ? `no data for ${service} in this range` : "no data");
+    this.panel.setTitle(this.title());
+    const looking = service ? "Looking for the nearest range with its data…" : agentHint();
+    this.panel.setMessage(message("empty", what, looking));
+    const found = await this.nearestRange(service, signal);
+    if (signal.aborted) return;
+    if (!found) {
+      this.panel.setMessage(message("empty", what, service
+        ? `Nothing for ${service} in the last 30 days either: check the service name, or pick another service.`
+        : agentHint()));
+      return;
+    }
+    // The services of the wider range stay pickable, marked: there is nothing of theirs here.
+    const wider = [...found.services.keys()].filter((n) => !services.has(n));
+    this.renderPickers(serviceOptions(names, wider, service), typesOf(found.services), matchers, range);
+    const label = PRESETS.find(([v]) => v === found.from)?.[1] || found.from;
+    this.panel.setMessage(message("empty", what, el("span", {},
+      `${service || "Profiles"}: data in the ${label.toLowerCase()}. `,
+      el("button", {
+        type: "button",
+        class: "hs-primary hs-nearest-range",
+        onclick: () => {
+          this.picker.set(found.from, "now");
+          this.change({ from: found.from, until: "now" }, true);
+        },
+      }, `Show the ${label.toLowerCase()}`))));
+  }
+
+  /** The nearest relative range (1 h, 6 h, ... 30 days) that has data of `service` (or any). */
+  async nearestRange(service, signal) {
+    let shown;
+    try {
+      shown = resolveRange(this.state.from, this.state.until);
+    } catch {
+      return null;
+    }
+    for (const from of WIDER_RANGES) {
+      const range = resolveRange(from, "now");
+      // A range inside the one shown has no data either.
+      if (range.startMs >= shown.startMs && range.endMs <= shown.endMs + 60e3) continue;
+      let services;
+      try {
+        services = await catalogue(range.startMs, range.endMs, signal);
+      } catch {
+        return null;
+      }
+      if (signal.aborted) return null;
+      if (service ? services.has(service) : services.size) return { from, services };
+    }
+    return null;
+  }
+
+  /**
+   * A trace's (or span's) samples across services: the Service picker says so, the Profile
+   * picker lists the types of the services the trace went through, and the timeline shows
+   * the trace's samples when the server can filter the series by trace, else when it ran.
+   */
+  async loadTrace(services, matchers, range, signal) {
+    const { traceId, spanId } = this.state;
+    const spans = traceId ? await this.traceSpans(traceId, signal) : null;
+    if (signal.aborted) return;
+    const through = spans ? new Set(spans.map((s) => s.service)) : null;
+    let types = new Set();
+    for (const [service, ids] of services) {
+      if (!through || through.has(service)) for (const t of ids) types.add(t);
+    }
+    if (!types.size) types = allTypes(services);
+    if (!types.size) types = new Set([this.state.profileType || CPU]);
+    const profileType = pickType(types, this.state.profileType);
+    if (profileType !== this.state.profileType) {
+      this.state.profileType = profileType;
+      setQuery({ profileType });
+    }
+    const what = traceId ? `trace ${traceId.slice(0, 8)}` : `span ${spanId.slice(0, 8)}`;
+    this.renderPickers([["", `all services (${what})`]], types, matchers, range, { traced: true });
+    const unit = unitOf(profileType);
+    this.timeline.unit = unit;
+    this.panel.setTitle(this.title());
+    const [total, series] = await Promise.all([
+      this.loadGraph(range, unit, signal),
+      this.traceSeries(range, signal),
+    ]);
+    if (signal.aborted) return;
+    const { startMs, endMs } = range;
+    const stepMs = stepFor(startMs, endMs);
+    const sum = series ? series.reduce((a, s) => a + seriesTotal(s), 0) : -1;
+    if (series && total > 0 && Math.abs(sum - total) <= 0.01 * total) {
+      this.timeline.setData(series, startMs, endMs, stepMs);
+      this.timeline.setCaption(`The samples of ${what} over time, across services.`);
+      return;
+    }
+    const extent = spans && spanExtent(spans);
+    if (extent && extent.end >= startMs && extent.start <= endMs) {
+      // The server answered for the whole selection (it cannot filter series by trace):
+      // drawing that would show other requests' samples, so mark when the trace ran.
+      this.timeline.setBand(startMs, endMs, stepMs, extent.start, extent.end);
+      this.timeline.setCaption(total > 0
+        ? `The band marks when ${what} ran (from its spans); this server cannot plot one trace's samples over time.`
+        : `The band marks when ${what} ran; none of its samples are in this range.`);
+      return;
+    }
+    this.timeline.setMessage(total > 0
+      ? `this server cannot plot the samples of ${what} over time`
+      : `no samples of ${what} in this range`);
+  }
+
+  async traceSpans(traceId, signal) {
+    try {
+      return (await getJSON(`/api/traces/${traceId}/spans`, {}, { signal })).spans || [];
+    } catch (err) {
+      if (err.name === "AbortError") throw err;
+      return null; // not a trace hotspan received: no spans, no extent
+    }
+  }
+
+  /** The trace's series, or null when the server refused; the caller checks the answer. */
+  async traceSeries(range, signal) {
+    try {
+      return await selectSeries({
+        profileType: this.state.profileType,
+        selector: this.graphSelector(),
+        startMs: range.startMs,
+        endMs: range.endMs,
+        stepMs: stepFor(range.startMs, range.endMs),
+        groupBy: this.state.groupBy,
+        traceIds: this.state.traceId ? [this.state.traceId] : [],
+        spanIds: this.state.spanId ? [this.state.spanId] : [],
+      }, signal);
+    } catch (err) {
+      if (err.name === "AbortError") throw err;
+      return null;
+    }
+  }
+
+  renderPickers(serviceChoices, types, matchers, range, { traced = false } = {}) {
+    const service = traced ? "" : serviceOf(matchers);
+    if (!serviceChoices.length) serviceChoices = [["", "no service has sent data yet"]];
+    const select = selectOf("hs-service", "Service", serviceChoices, service,
+      (value) => this.change({ query: formatSelector(withService(matchers, value)) }, true));
+    if (traced) {
+      select.disabled = true;
+      select.title = "A trace's samples come from every service it went through; clear the trace filter to pick one";
+    }
+    this.serviceSlot.replaceChildren(select);
+    this.settingsSlot.replaceChildren(service && !traced
       ? el("a", {
         class: "hs-service-settings",
         href: settingsPath(service),
         title: `Profiling settings that the agents of ${service} follow, and their instances`,
       }, "Settings")
       : "");
+    const typeIds = new Set(types);
+    if (this.state.profileType) typeIds.add(this.state.profileType);
+    if (!typeIds.size) typeIds.add(CPU);
+    const shownType = this.state.profileType || pickType(typeIds, "");
     this.typeSlot.replaceChildren(
-      selectOf("hs-profile-type", "Profile type", [...types].sort().map((t) => [t, typeLabel(t)]),
-        this.state.profileType, (value) => this.change({ profileType: value }, true)),
+      selectOf("hs-profile-type", "Profile type", [...typeIds].sort().map((t) => [t, typeLabel(t)]),
+        shownType, (value) => this.change({ profileType: value }, true)),
     );
     this.filterSlot.replaceChildren();
     new LabelFilters(this.filterSlot, {
@@ -271,12 +525,15 @@ class ProfilesView {
     const select = el("select", { class: "hs-group-by", "aria-label": "Group by" },
       el("option", { value: "" }, "no grouping"));
     select.addEventListener("change", () => this.change({ groupBy: select.value }, true));
-    this.groupSlot.replaceChildren("Group by ", select);
+    const view = selectOf("hs-group-view", "Grouped view", GROUP_VIEWS, this.state.groupView,
+      (value) => this.change({ groupView: value }, true));
+    view.hidden = !this.state.groupBy;
+    this.groupSlot.replaceChildren(el("label", { class: "hs-field" }, "Group by ", select), view);
     try {
       const answer = await querier("LabelNames", {
         matchers: [formatSelector(matchers)], start: range.startMs, end: range.endMs,
       });
-      const names = (answer.names || []).filter((n) => !n.startsWith("__") && n !== "service_name");
+      const names = (answer.names || []).filter(suggestedLabel);
       select.append(...names.map((n) => el("option", { value: n }, n)));
     } catch {
       // The timeline still works ungrouped; the graph shows the error if the server is away.
@@ -288,21 +545,28 @@ class ProfilesView {
   }
 
   async loadTimeline(range, signal) {
-    const stepMs = stepFor(range.startMs, range.endMs);
+    const { startMs, endMs } = range;
+    const stepMs = stepFor(startMs, endMs);
+    const { groupBy, groupView } = this.state;
     try {
       const series = await selectSeries({
         profileType: this.state.profileType,
         selector: this.state.query,
-        startMs: range.startMs,
-        endMs: range.endMs,
+        startMs,
+        endMs,
         stepMs,
-        groupBy: this.state.groupBy,
+        groupBy,
       }, signal);
       if (signal.aborted) return;
-      this.timeline.setData(series, range.startMs, range.endMs, stepMs);
-      this.timeline.setCaption(this.state.traceId || this.state.spanId
-        ? "The timeline shows the whole selection; only the flame graph is filtered to the trace."
-        : "");
+      const breakdown = Boolean(groupBy) && groupView === "breakdown";
+      this.timelineSlot.hidden = breakdown;
+      this.breakdownSlot.hidden = !breakdown;
+      if (breakdown) {
+        this.breakdown.render(series, { startMs, endMs, stepMs, unit: this.timeline.unit, label: groupBy });
+        return;
+      }
+      this.timeline.stacked = Boolean(groupBy) && groupView === "stacked";
+      this.timeline.setData(series, startMs, endMs, stepMs);
     } catch (err) {
       if (err.name !== "AbortError") this.timeline.setMessage(err.message);
     }
@@ -311,10 +575,15 @@ class ProfilesView {
   /** The selector of the flame graph: a trace spans services, so its filter drops the
    * service matcher and keeps the other filters. */
   graphSelector() {
-    if (!this.state.traceId && !this.state.spanId) return this.state.query;
-    return formatSelector(withService(this.matchers(), ""));
+    if (!this.traced()) return this.state.query;
+    try {
+      return formatSelector(withService(this.matchers(), ""));
+    } catch {
+      return this.state.query;
+    }
   }
 
+  /** Loads and shows the flame graph; its total (0 when empty). */
   async loadGraph(range, unit, signal) {
     const request = {
       profileTypeID: this.state.profileType,
@@ -326,25 +595,24 @@ class ProfilesView {
     if (this.state.traceId) request.traceIdSelector = [this.state.traceId];
     if (this.state.spanId) request.spanSelector = [this.state.spanId];
     const answer = await querier("SelectMergeStacktraces", request, { signal });
-    if (signal.aborted) return;
+    if (signal.aborted) return 0;
     const graph = answer.flamegraph || {};
-    if (!Number(graph.total || 0)) {
+    const total = Number(graph.total || 0);
+    if (!total) {
       const what = this.state.traceId
         ? `No samples carry trace ${this.state.traceId} in ${describeRange(this.state.from, this.state.until)}.`
         : this.state.spanId
           ? `No samples carry span ${this.state.spanId} in ${describeRange(this.state.from, this.state.until)}.`
           : `No data for ${this.state.query} in ${describeRange(this.state.from, this.state.until)}.`;
-      const hint = this.state.traceId || this.state.spanId
+      const hint = this.traced()
         ? "Widen the time range to when the trace ran. Samples carry trace and span ids only when the hotspan agent runs in the process that made the span."
         : "Widen the time range or remove a filter.";
       this.panel.setMessage(message("empty", what, hint));
       if (this.state.traceId) this.offerTraceRange(this.state.traceId, signal);
-      return;
+      return 0;
     }
-    const parts = [this.graphSelector(), describeRange(this.state.from, this.state.until)];
-    if (this.state.traceId) parts.push(`trace ${this.state.traceId}`);
-    if (this.state.spanId) parts.push(`span ${this.state.spanId}`);
-    this.panel.setData(graph, { unit, title: parts.join(" · ") });
+    this.panel.setData(graph, { unit, title: this.title() });
+    return total;
   }
 
   /** When hotspan has the trace's spans, offers the range it ran in (padded by the agent's
@@ -357,8 +625,7 @@ class ProfilesView {
       return; // Not a trace hotspan received: the message above already says what to do.
     }
     if (!spans.length || signal.aborted) return;
-    const start = Math.min(...spans.map((s) => Number(s.startTimeUnixNano) / 1e6));
-    const end = Math.max(...spans.map((s) => (Number(s.startTimeUnixNano) + Number(s.durationNanos)) / 1e6));
+    const { start, end } = spanExtent(spans);
     const range = absoluteRange(start - 5 * 60e3, end + 5 * 60e3);
     this.panel.setMessage(message("empty",
       `No samples carry trace ${traceId} in ${describeRange(this.state.from, this.state.until)}.`,
@@ -391,6 +658,30 @@ class ProfilesView {
       },
     ];
   }
+}
+
+/** [value, text] choices for the Service picker: the services with data, then `wider` ones
+ * (data only in a wider range) and the asked-for service, marked, when they have none here. */
+function serviceOptions(names, wider, service) {
+  const out = names.map((s) => [s, s || "(no service_name)"]);
+  for (const s of wider) if (!names.includes(s)) out.push([s, `${s} ${NO_DATA}`]);
+  if (service && !names.includes(service) && !wider.includes(service)) {
+    out.push([service, `${service} ${NO_DATA}`]);
+  }
+  return out;
+}
+
+function allTypes(services) {
+  const out = new Set();
+  for (const ids of services.values()) for (const t of ids) out.add(t);
+  return out;
+}
+
+function spanExtent(spans) {
+  if (!spans.length) return null;
+  const start = Math.min(...spans.map((s) => Number(s.startTimeUnixNano) / 1e6));
+  const end = Math.max(...spans.map((s) => (Number(s.startTimeUnixNano) + Number(s.durationNanos)) / 1e6));
+  return { start, end };
 }
 
 export function renderProfiles(root, { params }) {

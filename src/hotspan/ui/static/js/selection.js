@@ -42,9 +42,12 @@ export async function catalogue(startMs, endMs, signal) {
   return types;
 }
 
-// What each profile type measures, in words, for the pickers (Pyroscope's Go names).
+// What each profile type measures, in words, for the pickers: Pyroscope's names for Go (which
+// hotspan's agent reuses for Python's allocations, heap, locks and threads), Java's
+// async-profiler types and .NET's exceptions.
 const TYPE_WORDS = {
   "process_cpu:cpu": "CPU time",
+  "process_cpu:samples": "CPU samples",
   "wall:wall": "Wall time",
   "memory:alloc_space": "Allocated bytes",
   "memory:alloc_objects": "Allocated objects",
@@ -54,14 +57,23 @@ const TYPE_WORDS = {
   "mutex:contentions": "Lock contentions",
   "block:delay": "Blocked time",
   "block:contentions": "Blocking events",
-  "goroutines:goroutine": "Threads and tasks",
+  "goroutines:goroutine": "Threads and tasks (goroutines)",
+  "goroutine:goroutine": "Threads and tasks (goroutines)",
+  "memory:alloc_in_new_tlab_bytes": "Allocated bytes (new TLABs)",
+  "memory:alloc_in_new_tlab_objects": "Allocated objects (new TLABs)",
+  "memory:alloc_outside_tlab_bytes": "Allocated bytes (outside TLABs)",
+  "memory:alloc_outside_tlab_objects": "Allocated objects (outside TLABs)",
+  "memory:live": "Live objects",
+  "lock:delay": "Lock wait time",
+  "lock:contentions": "Lock contentions",
+  "exception:exceptions": "Exceptions thrown",
 };
 
 /** The unit a person reads: "ns", "bytes", "objects", "count". */
 export function unitWord(id) {
   const [, sampleType = "", unit = ""] = String(id).split(":");
   if (unit === "nanoseconds") return "ns";
-  if (unit === "count" && sampleType.endsWith("_objects")) return "objects";
+  if (unit === "count" && (sampleType.endsWith("_objects") || sampleType === "live")) return "objects";
   return unit;
 }
 
@@ -95,20 +107,37 @@ export function selectOf(className, label, options, value, onChange) {
  * The timeline of a selection from SelectSeries: one series per value of `groupBy` (or one,
  * "total"), as `{label, points: [[ms, value]]}` for Timeline.setData.
  */
-export async function selectSeries({ profileType, selector, startMs, endMs, stepMs, groupBy = "" }, signal) {
-  const answer = await querier("SelectSeries", {
+export async function selectSeries(
+  { profileType, selector, startMs, endMs, stepMs, groupBy = "", traceIds = [], spanIds = [] },
+  signal,
+) {
+  const request = {
     profileTypeID: profileType,
     labelSelector: selector,
     start: startMs,
     end: endMs,
     step: stepMs / 1000,
     groupBy: groupBy ? [groupBy] : [],
-  }, { signal });
+  };
+  // hotspan's extension of SelectSeriesRequest (fields 100, 101).  A server without it
+  // ignores them and answers for the whole selector, so a caller that passes them checks
+  // the answer against the flame graph before drawing it.
+  if (traceIds.length) request.traceIdSelector = traceIds;
+  if (spanIds.length) request.spanSelector = spanIds;
+  const answer = await querier("SelectSeries", request, { signal });
   return (answer.series || []).map((s) => {
     const labels = Object.fromEntries((s.labels || []).map((l) => [l.name, l.value]));
+    const value = labels[groupBy] ?? "";
     return {
-      label: groupBy ? `${groupBy}=${labels[groupBy] ?? ""}` : "total",
+      label: groupBy ? `${groupBy}=${value}` : "total",
+      // The label and value a grouped series stands for, to narrow the query to it.
+      group: groupBy ? { name: groupBy, value } : null,
       points: (s.points || []).map((p) => [Number(p.timestamp), Number(p.value || 0)]),
     };
   });
+}
+
+/** The sum of a series' points (to rank series and compare with a flame graph's total). */
+export function seriesTotal(series) {
+  return series.points.reduce((sum, [, v]) => sum + v, 0);
 }

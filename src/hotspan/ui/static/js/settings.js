@@ -169,10 +169,15 @@ class SettingsIndex {
         el("td", {}, list.map((r) => el("div", { class: "hs-mono" }, selectorText(r.selector)))),
         el("td", {}, formatTime(nsToMs(latest.updated_at))));
     });
-    this.list.replaceChildren(el("table", { class: "hs-table hs-settings-services" },
+    this.list.replaceChildren(scrolling(el("table", { class: "hs-table hs-settings-services" },
       el("thead", {}, el("tr", {}, el("th", {}, "Service"), el("th", {}, "Rules"), el("th", {}, "Last changed"))),
-      el("tbody", {}, rows)));
+      el("tbody", {}, rows))));
   }
+}
+
+/** A wide table scrolls inside its own box on a narrow screen, never the page. */
+function scrolling(table) {
+  return el("div", { class: "hs-table-scroll" }, table);
 }
 
 // --- /settings/<service> -------------------------------------------------------------------
@@ -392,9 +397,9 @@ class ServiceSettings {
         el("td", { class: "hs-rule-actions" },
           el("button", { type: "button", class: "hs-rule-edit", onclick: () => this.fill(rule) }, "Edit"), " ", del));
     });
-    this.rules.replaceChildren(el("table", { class: "hs-table hs-rules" },
+    this.rules.replaceChildren(scrolling(el("table", { class: "hs-table hs-rules" },
       el("thead", {}, el("tr", {}, ["Selector", "Settings", "Version", "Updated", ""].map((h) => el("th", {}, h)))),
-      el("tbody", {}, rows)));
+      el("tbody", {}, rows))));
   }
 
   renderInstances(instances) {
@@ -407,9 +412,9 @@ class ServiceSettings {
     const sorted = [...instances].sort((a, b) => String(a.instance).localeCompare(String(b.instance)));
     const head = ["Instance", "Labels", "Last seen", "Enabled", "Rate", "Overhead", "Shed", "Dropped",
       "Conditional only", "Follows"];
-    this.instances.replaceChildren(el("table", { class: "hs-table hs-instances" },
+    this.instances.replaceChildren(scrolling(el("table", { class: "hs-table hs-instances" },
       el("thead", {}, el("tr", {}, head.map((h) => el("th", {}, h)))),
-      el("tbody", {}, sorted.map((inst) => this.instanceRow(inst)))));
+      el("tbody", {}, sorted.map((inst) => this.instanceRow(inst))))));
   }
 
   instanceRow(inst) {

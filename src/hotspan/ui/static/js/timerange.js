@@ -11,6 +11,7 @@ export const PRESETS = [
   ["now-6h", "Last 6 hours"],
   ["now-24h", "Last 24 hours"],
   ["now-7d", "Last 7 days"],
+  ["now-30d", "Last 30 days"],
 ];
 export const DEFAULT_FROM = "now-1h";
 export const DEFAULT_UNTIL = "now";
