@@ -211,6 +211,11 @@ def test_profiled_traces_api(shop: RunningServer) -> None:
         for t in found:
             assert totals[t["traceID"]] >= 0.1 * SEC
         assert all(t["traceID"] not in totals for t in health)
+        r = c.get(
+            "/api/v1/traces/profiled",
+            params={"traceID": ",".join(ids), "start": now - 600, "end": now + 60},
+        )
+        assert r.json()["traces"] == totals
         # Short ids are padded as Tempo pads them; other tenants see nothing.
         short = ids[0].lstrip("0")
         r = c.get(
