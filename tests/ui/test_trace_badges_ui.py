@@ -149,6 +149,19 @@ def test_trace_list_marks_traces_with_a_profile(page, bank) -> None:  # type: ig
     assert "no samples" in health.locator(".hs-result-cpu").inner_text()
     assert "CPU" in page.inner_text(".hs-trace-table thead")
     screenshot(page, "trace-list-cpu")
+    # Traces without samples can be left out; the URL keeps the choice.
+    page.check(".hs-only-profiled")
+    assert transfer.is_visible() and not health.is_visible()
+    page.wait_for_function("() => location.search.includes('profiled=1')")
+    page.reload()
+    page.wait_for_selector(".hs-trace-result[data-profiled='yes']")
+    assert page.is_checked(".hs-only-profiled")
+    page.wait_for_function(
+        "() => [...document.querySelectorAll('.hs-trace-result')].every(r => r.dataset.profiled)"
+    )
+    assert not health.is_visible()
+    page.uncheck(".hs-only-profiled")
+    assert health.is_visible()
 
 
 def test_compare_two_spans_and_two_traces(page, bank) -> None:  # type: ignore[no-untyped-def]

@@ -93,10 +93,11 @@ class EndpointEngine:
         orphans = {s.trace_id for s in spans if s.parent_span_id and s.parent_span_id not in ids}
         extra: List[SpanInfo] = []
         if orphans:
-            # Spans whose parent started before the range: the parent may be of the same
-            # service (then they are not requests of their own) or of another one.
+            # A parent not in the range is of another service (then its child is a request)
+            # or of this one, started earlier (then it is not): only the latter are fetched,
+            # which keeps this cheap where every request's parent is another service's span.
             extra = self.store.span_infos(
-                tenant, 0, end_ns, trace_ids=sorted(orphans), limit=MAX_SPANS
+                tenant, 0, start_ns, service=service, trace_ids=sorted(orphans), limit=MAX_SPANS
             )
         in_range = {s.span_id: s for s in spans}
         known = {s.span_id: s for s in extra}

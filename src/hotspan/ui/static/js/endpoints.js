@@ -264,7 +264,7 @@ export function renderEndpoints(root, { params }) {
   let panelController = null;
   async function openEndpoint(name, { push = true } = {}) {
     if (!data) return;
-    if (push && name !== state.name) setQuery({ name, zoom: "", sandwich: "" }, { push: true });
+    if (push && name !== state.name) setQuery({ name }, { push: true });
     state.name = name;
     for (const row of tableBox.querySelectorAll(".hs-ep-row")) row.classList.toggle("hs-selected", row.dataset.name === name);
     panelSection.hidden = false;

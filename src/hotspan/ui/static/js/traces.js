@@ -63,6 +63,7 @@ export function renderTraceSearch(root, { params }) {
     from: params.get("from") || DEFAULT_FROM,
     until: params.get("until") || DEFAULT_UNTIL,
     limit: Math.min(Math.max(parseInt(params.get("limit"), 10) || DEFAULT_LIMIT, 1), MAX_LIMIT),
+    profiled: params.get("profiled") === "1", // hide the traces without samples
   };
   lastSearchUrl = location.pathname + location.search;
   let noServices = false; // the tag API knows no service at all
@@ -164,6 +165,7 @@ export function renderTraceSearch(root, { params }) {
       from: picker.from === DEFAULT_FROM ? "" : picker.from,
       until: picker.until === DEFAULT_UNTIL ? "" : picker.until,
       limit: state.limit === DEFAULT_LIMIT ? "" : state.limit,
+      profiled: state.profiled ? "1" : "",
     };
     const search = new URLSearchParams();
     for (const [key, value] of Object.entries(query)) if (value) search.set(key, value);
@@ -302,9 +304,10 @@ function resultTable(traces, state, q) {
     });
     body.append(row);
   }
-  return el(
+  const onlyProfiled = el("input", { type: "checkbox", class: "hs-only-profiled", checked: state.profiled });
+  const box = el(
     "div",
-    {},
+    { class: state.profiled ? "hs-hide-unprofiled" : "" },
     el(
       "p",
       { class: "hs-result-summary" },
@@ -315,6 +318,9 @@ function resultTable(traces, state, q) {
       state.sort === "duration" ? ", longest first" : ", newest first",
       " · ",
       el("code", { class: "hs-trace-query" }, q),
+      " · ",
+      el("label", { class: "hs-only-profiled-label", title: "Hide the traces that hold no CPU samples" },
+        onlyProfiled, " only traces with a profile"),
     ),
     el(
       "div",
@@ -340,6 +346,12 @@ function resultTable(traces, state, q) {
     ),
     rows.length >= state.limit && state.limit < MAX_LIMIT ? moreLink(state.limit) : null,
   );
+  onlyProfiled.addEventListener("change", () => {
+    state.profiled = onlyProfiled.checked;
+    box.classList.toggle("hs-hide-unprofiled", onlyProfiled.checked);
+    setQuery({ profiled: onlyProfiled.checked ? "1" : "" });
+  });
+  return box;
 }
 
 // Samples are stamped with the start of the agent's upload window: look a little around.
