@@ -18,8 +18,8 @@ const SAMPLE_SLACK_NS = 20e6;
 const MAX_INDENT = 8; // levels (of --hs-wf-indent each): most of the name column stays the name's
 // Below this width the waterfall scrolls sideways inside its box rather than squeeze the time
 // track to nothing; each column of another profile type adds its own width.
-const MIN_WIDTH_PX = 772;
-const EXTRA_WIDTH_PX = 92;
+const MIN_WIDTH_PX = 804; // the sum of the grid's minimum columns and gaps (traces.css)
+const EXTRA_WIDTH_PX = 84;
 // The profile types the waterfall can show beside CPU: their column and unit.
 export const EXTRA_KINDS = {
   alloc: { cls: "hs-wf-alloc", head: "Allocated", format: formatBytes,
