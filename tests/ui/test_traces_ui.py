@@ -197,7 +197,8 @@ def test_a_result_opens_the_waterfall_with_cpu_beside_duration(page, shop) -> No
     assert ms(str(wait["duration"])) >= 150 and ms(str(wait["total"])) <= 20
     assert wait["activity"] == "waiting" and str(wait["label"]).startswith("not on CPU")
     # (How close CPU comes to the duration depends on the machine's load: not "waiting".)
-    assert root["activity"] != "waiting" and template["activity"] != "waiting"
+    # template's 80 ms of CPU may be spread over more wall time on a loaded machine: its CPU.
+    assert root["activity"] != "waiting" and ms(str(template["total"])) >= 40
     assert ms(str(render["self"])) <= 20 and ms(str(render["total"])) >= 40
     # Collapsing "render" hides its child; expanding shows it again.
     page.click(".hs-wf-span[data-name='render'] .hs-wf-toggle")
