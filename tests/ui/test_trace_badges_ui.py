@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import re
 from typing import Dict, Iterator, Tuple
+from urllib.parse import quote
 
 import pytest
 
@@ -294,3 +295,26 @@ def test_trace_view_follows_the_dark_theme(browser, bank) -> None:  # type: igno
     for part in ("head", "selected", "badge"):
         assert luminance(colours["light"][part]) > 0.6, (part, colours)
         assert luminance(colours["dark"][part]) < 0.4, (part, colours)
+
+
+def test_zoom_and_sort_of_the_span_profile_live_in_the_url(page, bank) -> None:  # type: ignore[no-untyped-def]
+    srv, ids = bank
+    with srv.client() as c:
+        if "onZoom" not in c.get("/static/js/panel.js").text:
+            pytest.skip("the panel's zoom/sort URL state (helper B's panel.js) is not merged yet")
+    path = "__main__.<module>;__main__.compute;__main__.burn"
+    page.goto(
+        f"{srv.url}/traces/{ids['trace']}?span={ids['compute']}&zoom={quote(path)}&sort=name%3Aasc"
+    )
+    page.wait_for_function(
+        "() => document.querySelector('.hs-span-profile .hs-panel-graph')"
+        "?.getAttribute('data-zoomed') === '__main__.burn'"
+    )
+    assert page.get_attribute(".hs-span-profile th.hs-toptable-name", "aria-sort") == "ascending"
+    page.click('.hs-span-profile .hs-sort[data-sort="self"]')
+    page.wait_for_function("() => location.search.includes('sort=self%3Adesc')")
+    page.reload()
+    page.wait_for_function(
+        "() => document.querySelector('.hs-span-profile th.hs-toptable-self')"
+        "?.getAttribute('aria-sort') === 'descending'"
+    )
