@@ -118,7 +118,9 @@ export function renderEndpoints(root, { params }) {
         })),
     );
     const types = known.get(state.service) || new Set();
-    if (!types.has(state.type) && types.size) state.type = pickType(types, state.type);
+    // A type the URL names stays (the table then says there is no data); without one, the
+    // service's CPU profile or its first type.
+    if (!params.get("profileType") && !types.has(state.type) && types.size) state.type = pickType(types, state.type);
     const typeList = new Set([...types, state.type]);
     typeBox.replaceChildren(
       el("label", {}, el("span", { class: "hs-ep-label" }, "Profile "),
