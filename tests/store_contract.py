@@ -322,6 +322,57 @@ class StoreContract:
         everything = store.span_values("t", [sid], SampleFilter(0, 100 * SEC))
         assert dict(zip(everything.span_ids.tolist(), everything.values.tolist())) == {5: 3, 0: 4}
 
+    def test_trace_values_sum_per_trace(self, store: Store) -> None:
+        batch, sid = batch_of(
+            [
+                (10, ["a"], 1, 5, TRACE_A),
+                (11, ["b"], 2, 6, TRACE_A),
+                (10, ["c"], 4, 7, TRACE_B),
+                (10, ["d"], 8, 0, None),
+            ]
+        )
+        store.write("t", batch).result(timeout=30)
+
+        def sums(where):  # type: ignore[no-untyped-def]
+            got = store.trace_values("t", [sid], where)
+            return dict(zip(got.trace_ids, got.values.tolist()))
+
+        # One query answers for a list of traces; samples without a trace are left out.
+        assert sums(SampleFilter(0, 100 * SEC)) == {TRACE_A: 3, TRACE_B: 4}
+        assert sums(SampleFilter(0, 100 * SEC, trace_ids=[TRACE_A.upper()])) == {TRACE_A: 3}
+        assert sums(SampleFilter(0, 11 * SEC, trace_ids=[TRACE_A, TRACE_B])) == {
+            TRACE_A: 1,
+            TRACE_B: 4,
+        }
+        assert sums(SampleFilter(0, 100 * SEC, trace_ids=["f" * 32])) == {}
+        assert store.trace_values("other", [sid], SampleFilter(0, 100 * SEC)).trace_ids == []
+        assert store.trace_values("t", [], SampleFilter(0, 100 * SEC)).trace_ids == []
+
+    def test_span_infos_by_time_service_and_trace(self, store: Store) -> None:
+        self._two_traces(store)
+
+        def infos(start=0, end=1000, **kwargs):  # type: ignore[no-untyped-def]
+            return [
+                (i.trace_id, i.span_id, i.parent_span_id, i.name, i.service)
+                for i in store.span_infos("t", start * SEC, end * SEC, **kwargs)
+            ]
+
+        # The latest first; spans that started in the range.
+        assert infos() == [
+            (TRACE_B, 9, 0, "GET /home", "web"),
+            (TRACE_A, 3, 2, "sql", "api"),
+            (TRACE_A, 1, 0, "GET /pay", "api"),
+            (TRACE_A, 2, 1, "charge", "api"),
+        ]
+        assert [i[1] for i in infos(start=101, end=200)] == [3]
+        assert [i[1] for i in infos(service="web")] == [9]
+        assert [i[1] for i in infos(trace_ids=[TRACE_A], service="api")] == [3, 1, 2]
+        assert infos(trace_ids=[]) == []
+        assert [i[1] for i in infos(limit=2)] == [9, 3]
+        (sql,) = store.span_infos("t", 101 * SEC, 102 * SEC)
+        assert (sql.start_ns, sql.end_ns) == (101 * SEC, 102 * SEC)
+        assert store.span_infos("other", 0, 1000 * SEC) == []
+
     def test_spans_survive_reopen(self, store: Store, reopen) -> None:  # type: ignore[no-untyped-def]
         self._two_traces(store)
         store.close()

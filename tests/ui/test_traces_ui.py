@@ -195,9 +195,10 @@ def test_a_result_opens_the_waterfall_with_cpu_beside_duration(page, shop) -> No
     assert 300 <= ms(str(root["self"])) <= ms(str(root["duration"]))
     assert ms(str(root["total"])) >= ms(str(root["self"]))
     assert ms(str(wait["duration"])) >= 150 and ms(str(wait["total"])) <= 20
-    assert wait["activity"] == "waiting" and str(wait["label"]).startswith("waiting")
+    assert wait["activity"] == "waiting" and str(wait["label"]).startswith("not on CPU")
     # (How close CPU comes to the duration depends on the machine's load: not "waiting".)
-    assert root["activity"] != "waiting" and template["activity"] != "waiting"
+    # template's 80 ms of CPU may be spread over more wall time on a loaded machine: its CPU.
+    assert root["activity"] != "waiting" and ms(str(template["total"])) >= 40
     assert ms(str(render["self"])) <= 20 and ms(str(render["total"])) >= 40
     # Collapsing "render" hides its child; expanding shows it again.
     page.click(".hs-wf-span[data-name='render'] .hs-wf-toggle")
@@ -244,7 +245,9 @@ def test_a_span_shows_its_own_profile_and_its_descendants(page, shop) -> None:  
     page.click(".hs-wf-span[data-name='wait'] .hs-wf-span-name")
     page.wait_for_url(re.compile(rf"span={slow['wait']}"))
     page.wait_for_selector(".hs-span-profile .hs-message")
-    assert "waiting" in page.inner_text(".hs-span-profile .hs-message")
+    text = page.inner_text(".hs-span-profile .hs-message")
+    # It says what the data shows (not on CPU), not a cause it cannot know.
+    assert "not on CPU" in text and "I/O" not in text
     # Its facts: no attributes (and no stray text where they would be), its event.
     page.wait_for_selector(".hs-span-events")
     details = page.inner_text(".hs-span-details")

@@ -17,6 +17,7 @@ from hotspan.query.engine import QueryEngine
 from hotspan.query.traces import TraceEngine
 from hotspan.server import (
     agent_settings,
+    endpoints,
     ingest,
     otlp,
     querier,
@@ -100,7 +101,11 @@ def create_app(config: Optional[ServerConfig] = None, store: Optional[Store] = N
         *scrape.routes,
         *(
             _with_middleware(r, compressed)
-            for r in querier.routes + render.routes + span_profiles.routes + tempo.routes
+            for r in querier.routes
+            + render.routes
+            + span_profiles.routes
+            + endpoints.routes
+            + tempo.routes
         ),
         *ui_routes,
     ]

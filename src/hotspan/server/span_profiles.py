@@ -6,7 +6,11 @@
   profile value its samples hold, its own and with its descendants': a span that took 2 s and
   holds 1.9 s of CPU was computing, one that holds 10 ms was waiting.
 
-Both take ``profileType`` (default on-CPU time), ``labelSelector`` and ``start``/``end`` (unix
+- ``GET /api/v1/traces/profiled?traceID=a&traceID=b&start=&end=`` (or ``traceID=a,b``): the
+  profile total of each listed trace (up to MAX_TRACE_IDS, one store query for all), for the
+  trace list's CPU column and its "has profile" mark; traces without samples are left out.
+
+All take ``profileType`` (default on-CPU time), ``labelSelector`` and ``start``/``end`` (unix
 seconds; by default an hour either side of the trace, since samples are stamped with the start
 of their upload window).
 """
@@ -36,6 +40,8 @@ from hotspan.store.base import SampleFilter
 CPU = "process_cpu:cpu:nanoseconds:cpu:nanoseconds"
 HOUR_NS = 3600 * 10**9
 PPROF = "application/vnd.google.protobuf"
+# The trace list shows at most 1000 traces; a longer list is a client's mistake.
+MAX_TRACE_IDS = 1000
 
 
 def _window(request: Request, spans) -> Tuple[int, int]:  # type: ignore[no-untyped-def]
@@ -165,7 +171,40 @@ async def spans(request: Request) -> Response:
     )
 
 
+async def profiled(request: Request) -> Response:
+    try:
+        state, tenant = query_state(request)
+        params = request.query_params
+        # Repeated (traceID=a&traceID=b) or comma-separated (traceID=a,b), as clients build it.
+        texts = [t for value in params.getlist("traceID") for t in value.split(",") if t.strip()]
+        if not texts:
+            raise HTTPError(400, "give the traces as traceID=<id>&traceID=<id>...")
+        if len(texts) > MAX_TRACE_IDS:
+            raise HTTPError(400, f"at most {MAX_TRACE_IDS} traceID values, got {len(texts)}")
+        trace_ids = sorted({trace_id_param(t) for t in texts})
+        ptype = profile_type(params.get("profileType") or CPU)
+        start, end = seconds_param(request, "start"), seconds_param(request, "end")
+        if start is None or end is None:
+            raise HTTPError(400, "start and end (unix seconds) are required")
+        if end <= start:
+            raise HTTPError(400, "end must be after start")
+        series = state.engine.find_series(tenant, [], start, end, ptype)
+        where = SampleFilter(start, end, trace_ids=trace_ids)
+        sums = await run_in_threadpool(
+            state.store.trace_values, tenant, [s.series_id for s in series], where
+        )
+    except HTTPError as exc:
+        return text_error(exc)
+    return JSONResponse(
+        {
+            "profileType": ptype.id,
+            "traces": {t: int(v) for t, v in zip(sums.trace_ids, sums.values.tolist()) if v},
+        }
+    )
+
+
 routes = [
+    Route("/api/v1/traces/profiled", profiled, methods=["GET"]),
     Route("/api/traces/{trace_id}/profile", profile, methods=["GET"]),
     Route("/api/traces/{trace_id}/spans", spans, methods=["GET"]),
 ]

@@ -55,6 +55,26 @@ class SpanValues(NamedTuple):
     values: np.ndarray
 
 
+class TraceValues(NamedTuple):
+    """Per-trace sums: trace ``trace_ids[i]`` (32 lowercase hex digits) had ``values[i]``."""
+
+    trace_ids: List[str]
+    values: np.ndarray
+
+
+class SpanInfo(NamedTuple):
+    """A span's columns without its message and group: what aggregations over many spans
+    read (a span's CPU per endpoint, say)."""
+
+    trace_id: str
+    span_id: int
+    parent_span_id: int  # 0: a root span
+    name: str
+    service: str
+    start_ns: int
+    end_ns: int
+
+
 @dataclass(frozen=True)
 class RetentionReport:
     samples: int = 0
@@ -137,6 +157,13 @@ class Store(abc.ABC):
     ) -> SpanValues:
         """Sum of sample values per span id over the given series and filter."""
 
+    @abc.abstractmethod
+    def trace_values(
+        self, tenant: str, series_ids: Sequence[int], where: SampleFilter
+    ) -> TraceValues:
+        """Sum of sample values per trace id over the given series and filter; samples
+        without a trace id are left out."""
+
     # -- traces ------------------------------------------------------------------------------
 
     @abc.abstractmethod
@@ -155,6 +182,19 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def span_traces(self, tenant: str, span_ids: Sequence[int]) -> Dict[int, str]:
         """The trace id of each known span id."""
+
+    @abc.abstractmethod
+    def span_infos(
+        self,
+        tenant: str,
+        start_ns: int,
+        end_ns: int,
+        service: Optional[str] = None,
+        trace_ids: Optional[Sequence[str]] = None,
+        limit: int = 100_000,
+    ) -> List[SpanInfo]:
+        """Spans that started in [start_ns, end_ns), of one service and of the given traces
+        if asked; the latest ``limit`` (by start), the latest first."""
 
     @abc.abstractmethod
     def tag_names(self, tenant: str, since_ns: int = 0) -> Dict[str, List[str]]:

@@ -39,10 +39,12 @@ from hotspan.store.base import (
     SampleFilter,
     SeriesRecord,
     SettingsRule,
+    SpanInfo,
     SpanValues,
     StackValues,
     Store,
     StoreError,
+    TraceValues,
 )
 from hotspan.store.batching import Batch, GroupCommitWriter
 from hotspan.store.duckdb_search import search_sql
@@ -596,6 +598,13 @@ class DuckDBStore(Store):
         span_ids, values = self._sums_by("span_id", tenant, series_ids, where)
         return SpanValues(span_ids.astype(np.uint64), values)
 
+    def trace_values(
+        self, tenant: str, series_ids: Sequence[int], where: SampleFilter
+    ) -> TraceValues:
+        trace_ids, values = self._sums_by("trace_id", tenant, series_ids, where)
+        keep = [i for i, t in enumerate(trace_ids.tolist()) if t]
+        return TraceValues([str(trace_ids[i]) for i in keep], values[keep])
+
     # -- traces ------------------------------------------------------------------------------
 
     def _span_groups(self, group_ids: Sequence[int]) -> Dict[int, SpanGroup]:
@@ -671,6 +680,33 @@ class DuckDBStore(Store):
             .fetchall()
         )
         return dict(rows)
+
+    def span_infos(
+        self,
+        tenant: str,
+        start_ns: int,
+        end_ns: int,
+        service: Optional[str] = None,
+        trace_ids: Optional[Sequence[str]] = None,
+        limit: int = 100_000,
+    ) -> List[SpanInfo]:
+        sql = (
+            "SELECT DISTINCT ON (trace_id, span_id) trace_id, span_id, parent_span_id, name, "
+            "service, start_ns, end_ns FROM spans "
+            "WHERE tenant_id = ? AND start_ns >= ? AND start_ns < ?"
+        )
+        params: list = [self._tenant_ids.get(tenant, -1), start_ns, end_ns]
+        if service is not None:
+            sql += " AND service = ?"
+            params.append(service)
+        if trace_ids is not None:
+            sql += " AND trace_id IN (SELECT unnest(?::VARCHAR[]))"
+            params.append([t.lower() for t in trace_ids])
+        # DISTINCT ON: an export retried after it landed stores a span twice.
+        sql = f"SELECT * FROM ({sql}) ORDER BY start_ns DESC, span_id LIMIT ?"
+        params.append(int(limit))
+        rows = self._cursor().execute(sql, params).fetchall()
+        return [SpanInfo(*row) for row in rows]
 
     def _tags_of(self, tenant: str, since_ns: int) -> List[Tuple[str, str, str, str]]:
         """(scope, key, value, type) seen for the tenant since the given time, from memory:

@@ -5,15 +5,17 @@
 //          (&q=<TraceQL> replaces the three fields; &sort=recent lists the newest first;
 //          &limit=N, 50 by default)
 //   /traces/<trace id>?span=<span id>&descendants=1&type=<profile type id>
+//          (&zoom=, &sort=, &sandwich=: the span profile's flame graph and table state)
 
 import { ApiError, CPU, getBytes, getJSON } from "./api.js";
 import { el, message, rejectInput } from "./dom.js";
-import { formatDuration, formatTime, unitOf } from "./format.js";
+import { formatBytes, formatDuration, formatTime, unitOf } from "./format.js";
 import { ProfilePanel } from "./panel.js";
 import { catalogue, selectOf, typeLabel } from "./selection.js";
 import { navigate, setQuery } from "./router.js";
 import { DEFAULT_FROM, DEFAULT_UNTIL, TimeRangePicker, absoluteRange, describeRange, resolveRange } from "./timerange.js";
 import { Waterfall, buildTree, serviceColor } from "./waterfall.js";
+import { compareBox, traceRange } from "./compare.js";
 
 const DEFAULT_LIMIT = 50;
 const MAX_LIMIT = 1000; // a page of results the browser still lists at ease (the server allows 10,000)
@@ -61,6 +63,7 @@ export function renderTraceSearch(root, { params }) {
     from: params.get("from") || DEFAULT_FROM,
     until: params.get("until") || DEFAULT_UNTIL,
     limit: Math.min(Math.max(parseInt(params.get("limit"), 10) || DEFAULT_LIMIT, 1), MAX_LIMIT),
+    profiled: params.get("profiled") === "1", // hide the traces without samples
   };
   lastSearchUrl = location.pathname + location.search;
   let noServices = false; // the tag API knows no service at all
@@ -162,6 +165,7 @@ export function renderTraceSearch(root, { params }) {
       from: picker.from === DEFAULT_FROM ? "" : picker.from,
       until: picker.until === DEFAULT_UNTIL ? "" : picker.until,
       limit: state.limit === DEFAULT_LIMIT ? "" : state.limit,
+      profiled: state.profiled ? "1" : "",
     };
     const search = new URLSearchParams();
     for (const [key, value] of Object.entries(query)) if (value) search.set(key, value);
@@ -244,6 +248,7 @@ export function renderTraceSearch(root, { params }) {
         return;
       }
       results.replaceChildren(resultTable(traces, state, q));
+      markProfiled(results, traces, request, signal);
     })
     .catch((err) => {
       if (err.name === "AbortError") return;
@@ -282,6 +287,7 @@ function resultTable(traces, state, q) {
         el("span", { class: "hs-result-duration-text" }, formatDuration(durationNs(t))),
         el("span", { class: "hs-result-track" }, bar),
       ),
+      el("td", { class: "hs-result-cpu" }, el("span", { class: "hs-muted" }, "…")),
       el(
         "td",
         { class: "hs-result-spans" },
@@ -298,9 +304,10 @@ function resultTable(traces, state, q) {
     });
     body.append(row);
   }
-  return el(
+  const onlyProfiled = el("input", { type: "checkbox", class: "hs-only-profiled", checked: state.profiled });
+  const box = el(
     "div",
-    {},
+    { class: state.profiled ? "hs-hide-unprofiled" : "" },
     el(
       "p",
       { class: "hs-result-summary" },
@@ -311,19 +318,78 @@ function resultTable(traces, state, q) {
       state.sort === "duration" ? ", longest first" : ", newest first",
       " · ",
       el("code", { class: "hs-trace-query" }, q),
+      " · ",
+      el("label", { class: "hs-only-profiled-label", title: "Hide the traces that hold no CPU samples" },
+        onlyProfiled, " only traces with a profile"),
     ),
     el(
+      "div",
+      { class: "hs-table-scroll" },
+      el(
       "table",
       { class: "hs-table hs-trace-table" },
       el(
         "thead",
         {},
-        el("tr", {}, el("th", {}, "Trace"), el("th", {}, "Duration"), el("th", {}, "Matching spans"), el("th", {}, "Started")),
+        el(
+          "tr",
+          {},
+          el("th", {}, "Trace"),
+          el("th", {}, "Duration"),
+          el("th", { title: "CPU time of the samples linked to the trace" }, "CPU"),
+          el("th", {}, "Matching spans"),
+          el("th", {}, "Started"),
+        ),
       ),
       body,
+      ),
     ),
     rows.length >= state.limit && state.limit < MAX_LIMIT ? moreLink(state.limit) : null,
   );
+  onlyProfiled.addEventListener("change", () => {
+    state.profiled = onlyProfiled.checked;
+    box.classList.toggle("hs-hide-unprofiled", onlyProfiled.checked);
+    setQuery({ profiled: onlyProfiled.checked ? "1" : "" });
+  });
+  return box;
+}
+
+// Samples are stamped with the start of the agent's upload window: look a little around.
+const SAMPLE_SLACK_S = 300;
+
+/** Fills the CPU column: each trace's CPU (one request for the whole list) and whether it has
+ * a profile at all, so that traces without samples can be skipped. */
+async function markProfiled(results, traces, request, signal) {
+  const cells = new Map(
+    [...results.querySelectorAll(".hs-trace-result")].map((row) => [row.dataset.traceId, row]),
+  );
+  let totals;
+  try {
+    const body = await getJSON(
+      "/api/v1/traces/profiled",
+      { traceID: traces.map((t) => t.traceID), start: request.start - SAMPLE_SLACK_S, end: request.end + SAMPLE_SLACK_S },
+      { signal },
+    );
+    totals = body.traces || {};
+  } catch (err) {
+    if (err.name === "AbortError") return;
+    for (const row of cells.values()) {
+      row.querySelector(".hs-result-cpu").replaceChildren(el("span", { class: "hs-muted", title: String(err.message || err) }, "?"));
+    }
+    return;
+  }
+  for (const [id, row] of cells) {
+    const key = id.toLowerCase().padStart(32, "0");
+    const cpu = Number(totals[key] || 0);
+    row.classList.toggle("hs-no-profile", !cpu);
+    row.dataset.profiled = cpu ? "yes" : "no";
+    row.querySelector(".hs-result-cpu").replaceChildren(
+      cpu
+        ? el("span", { class: "hs-profiled", title: "CPU samples are linked to this trace: its spans have profiles" },
+            el("span", { class: "hs-profiled-mark", "aria-label": "has profile" }, "●"), " ", formatDuration(cpu))
+        : el("span", { class: "hs-muted", title: "no CPU samples are linked to this trace" }, "no samples"),
+    );
+  }
 }
 
 /** A link to the same search with twice as many results (the router opens it in place). */
@@ -399,6 +465,8 @@ export function renderTraceView(root, { params, match }) {
   );
 
   let spans = [];
+  let tree = null;
+  const extras = {}; // kind ("alloc", "locks") -> span id -> {self, total}
   let byId = new Map();
   let waterfall = null;
   let panel = null;
@@ -406,7 +474,14 @@ export function renderTraceView(root, { params, match }) {
 
   function ensurePanel() {
     if (panel) return panel;
+    const urlState = new URLSearchParams(location.search);
     panel = new ProfilePanel(panelBox, {
+      zoom: urlState.get("zoom") || "",
+      onZoom: (zoom) => setQuery({ zoom }),
+      sort: urlState.get("sort") || "",
+      onSort: (sort) => setQuery({ sort }),
+      sandwich: urlState.get("sandwich") || "",
+      onSandwich: (sandwich) => setQuery({ sandwich }),
       unit: unitOf(state.type) || "nanoseconds",
       title: typeLabel(state.type),
       exportName: `trace-${traceId.slice(0, 16)}`,
@@ -441,10 +516,12 @@ export function renderTraceView(root, { params, match }) {
     descendantsLabel.classList.toggle("hs-disabled", !span);
     wholeButton.hidden = !span;
     const what = state.type === CPU ? "CPU profile" : typeLabel(state.type);
+    const compare = tree ? compareBox({ traceId, span, type: state.type, range: traceRange(tree) }) : null;
     if (!span) {
       profileTitle.textContent = `${what} of the whole trace`;
       details.replaceChildren(
         el("p", { class: "hs-note" }, "Click a span in the waterfall to see its own profile."),
+        compare,
       );
       return;
     }
@@ -464,7 +541,9 @@ export function renderTraceView(root, { params, match }) {
         fact("Duration", formatDuration(span.durationNs)),
         fact("CPU (own)", formatDuration(span.self)),
         fact("CPU (with descendants)", formatDuration(span.total)),
-        fact("Activity", span.activity.label),
+        fact("Activity", `${span.activity.label}${span.activity.locks ? `, ${span.activity.locks}` : ""}`),
+        extraFact("alloc", "Allocated (with descendants)", formatBytes),
+        extraFact("locks", "Lock waits (with descendants)", formatDuration),
         isError(span.status) ? fact("Status", `error${span.status.message ? `: ${span.status.message}` : ""}`) : null,
       ),
     ];
@@ -489,7 +568,13 @@ export function renderTraceView(root, { params, match }) {
         ),
       );
     }
+    facts.push(compare);
     details.replaceChildren(...facts);
+
+    function extraFact(kind, term, format) {
+      const v = extras[kind] && extras[kind].get(span.spanID);
+      return v && v.total ? fact(term, `${format(v.total)} (own ${format(v.self)})`) : null;
+    }
   }
 
   async function loadProfile() {
@@ -560,7 +645,7 @@ export function renderTraceView(root, { params, match }) {
       profileSection.hidden = true;
       return;
     }
-    const tree = buildTree(body.spans || []);
+    tree = buildTree(body.spans || []);
     spans = tree.spans;
     byId = new Map(spans.map((s) => [s.spanID, s]));
     showSummary(tree, body);
@@ -590,6 +675,7 @@ export function renderTraceView(root, { params, match }) {
     } catch {
       // CPU is always offered; the other types are a convenience.
     }
+    loadExtras(types);
     typeBox.replaceChildren(
       selectOf("hs-span-profile-type", "Profile type", [...types].sort().map((t) => [t, typeLabel(t)]), state.type,
         (value) => {
@@ -599,6 +685,26 @@ export function renderTraceView(root, { params, match }) {
           loadProfile();
         }),
     );
+  }
+
+  /** Allocations and lock waits per span, beside CPU, for the types the services sent; each
+   * fills its waterfall column when it arrives (after the waterfall is drawn). */
+  function loadExtras(types) {
+    const wanted = { alloc: "memory:alloc_space:", locks: "mutex:delay:" };
+    for (const [kind, prefix] of Object.entries(wanted)) {
+      const type = [...types].find((t) => t.startsWith(prefix));
+      if (!type) continue;
+      getJSON(`/api/traces/${traceId}/spans`, { profileType: type }, { signal })
+        .then((body) => {
+          const values = new Map((body.spans || []).map((s) => [
+            String(s.spanID).toLowerCase(), { self: Number(s.self || 0), total: Number(s.total || 0) }]));
+          if (![...values.values()].some((v) => v.total > 0)) return;
+          extras[kind] = values;
+          if (waterfall) waterfall.setValues(kind, values);
+          showDetails();
+        })
+        .catch(() => {}); // a column less; CPU is what the view is about
+    }
   }
 
   function showSummary(tree, body) {
@@ -720,9 +826,11 @@ function emptyProfileMessage(span, descendants) {
       "The agent samples every 10 ms of CPU (at 100 Hz). Look at its parent, or at the whole trace.",
     );
   }
+  // Off CPU the CPU profile cannot tell why; the lock profile names lock waits when it has them.
   return message(
     "empty",
-    `Span "${span.name}" holds no CPU samples: it was waiting (I/O, sleep, locks, other services), not computing.`,
+    `Span "${span.name}" holds no CPU samples: it was not on CPU` +
+      `${span.activity.locks ? `, ${span.activity.locks}` : ""}.`,
     "CPU is sampled every few milliseconds, so very short spans rarely hold samples. Pick a span with CPU time " +
       "in the waterfall, or look at the whole trace.",
   );

@@ -5,7 +5,7 @@
 
 import { el } from "./dom.js";
 import { fnv1a } from "./flametree.js";
-import { formatDuration } from "./format.js";
+import { formatBytes, formatDuration } from "./format.js";
 
 // The share of a span's duration spent on CPU (its own and its descendants') above which it
 // was computing, and below which it was waiting.
@@ -16,25 +16,47 @@ export const WAITING = 0.2;
 const TOO_SHORT_NS = 20e6;
 const SAMPLE_SLACK_NS = 20e6;
 const MAX_INDENT = 8; // levels (of --hs-wf-indent each): most of the name column stays the name's
+// Below this width the waterfall scrolls sideways inside its box rather than squeeze the time
+// track to nothing; each column of another profile type adds its own width.
+const MIN_WIDTH_PX = 804; // the sum of the grid's minimum columns and gaps (traces.css)
+const EXTRA_WIDTH_PX = 84;
+// The profile types the waterfall can show beside CPU: their column and unit.
+export const EXTRA_KINDS = {
+  alloc: { cls: "hs-wf-alloc", head: "Allocated", format: formatBytes,
+    title: "bytes the span and its descendants allocated (sampled, from the allocation profile)" },
+  locks: { cls: "hs-wf-locks", head: "Lock wait", format: formatDuration,
+    title: "time the span and its descendants waited to acquire locks (from the lock profile)" },
+};
 
 /** A stable colour per service (hue from a hash of the name). */
 export function serviceColor(service) {
   return `hsl(${fnv1a(String(service || "")) % 360} 55% 52%)`;
 }
 
-/** What a span was doing, from its CPU time (with descendants) against its duration. */
-export function activityOf(durationNs, cpuNs) {
+/**
+ * What a span was doing, from its CPU time (with descendants) against its duration. Off CPU
+ * the profile cannot tell why (I/O, sleep, another service, or other threads holding the
+ * GIL look alike), so it says no more than "not on CPU"; only the lock profile
+ * (`lockNs`, its lock waits with descendants') names a cause.
+ */
+export function activityOf(durationNs, cpuNs, lockNs = 0) {
   const ratio = durationNs > 0 ? cpuNs / durationNs : 0;
   // CPU is counted in whole samples (10 ms at 100 Hz), so a busy span can hold a little more
   // CPU than its duration; well past that, several threads worked for it.
   let percent = `${Math.round(100 * ratio)}%`;
   if (ratio > 1) percent = cpuNs - durationNs <= SAMPLE_SLACK_NS ? "≈100%" : `${percent}, several threads`;
-  if (!cpuNs && durationNs < TOO_SHORT_NS) {
-    return { kind: "short", ratio, label: "too short to sample", title: "shorter than a few CPU samples: no CPU seen" };
+  const locks = lockNs > 0 ? `of which ${formatDuration(lockNs)} waiting on locks` : "";
+  const offCpu = `${Math.round(100 * Math.max(0, 1 - ratio))}%`;
+  if (!cpuNs && durationNs < TOO_SHORT_NS && !locks) {
+    return { kind: "short", ratio, label: "too short to sample", title: "shorter than a few CPU samples: no CPU seen", locks };
   }
-  if (ratio >= COMPUTING) return { kind: "computing", ratio, label: `computing ${percent}`, title: "CPU time near its duration" };
-  if (ratio < WAITING) return { kind: "waiting", ratio, label: `waiting ${percent}`, title: "little CPU: waiting on I/O, locks, sleep or other services" };
-  return { kind: "mixed", ratio, label: `mixed ${percent}`, title: "partly computing, partly waiting" };
+  if (ratio >= COMPUTING) return { kind: "computing", ratio, label: `computing ${percent}`, title: "CPU time near its duration", locks: "" };
+  const unknown = "the CPU profile cannot tell why: I/O, sleep, locks, another service, or other threads holding the GIL";
+  const why = locks ? `; ${locks} (lock profile)` : `; ${unknown}`;
+  if (ratio < WAITING) {
+    return { kind: "waiting", ratio, label: `not on CPU ${offCpu}`, title: `on CPU ${percent} of its duration${why}`, locks };
+  }
+  return { kind: "mixed", ratio, label: `mixed ${percent}`, title: `on CPU ${percent} of its duration, off CPU the rest${why}`, locks };
 }
 
 /**
@@ -108,11 +130,15 @@ export class Waterfall {
       el("div", { class: "hs-wf-num", title: "wall-clock time of the span" }, "Duration"),
       el("div", { class: "hs-wf-num", title: "CPU time of the span itself, without its children" }, "CPU own"),
       el("div", { class: "hs-wf-num", title: "CPU time of the span and its descendants" }, "CPU total"),
+      ...Object.values(EXTRA_KINDS).map((k) => el("div", { class: `hs-wf-num ${k.cls}`, title: k.title, hidden: true }, k.head)),
       el("div", { class: "hs-wf-activity", title: "CPU total against duration" }, "Activity"),
     );
+    this.head = head;
+    this.extras = {};
     this.body = el("div", { class: "hs-wf-rows", role: "tree" });
     for (const span of tree.spans) this.body.append(this.row(span));
     this.node = el("div", { class: "hs-waterfall" }, head, this.body);
+    this.layout();
     this.body.addEventListener("keydown", (event) => this.key(event));
     container.replaceChildren(this.node);
   }
@@ -183,15 +209,44 @@ export class Waterfall {
       el("div", { class: "hs-wf-num hs-wf-duration" }, formatDuration(span.durationNs)),
       el("div", { class: "hs-wf-num hs-wf-cpu-self" }, formatDuration(span.self)),
       el("div", { class: "hs-wf-num hs-wf-cpu-total" }, formatDuration(span.total)),
-      el(
-        "div",
-        { class: "hs-wf-activity", title: span.activity.title },
-        el("span", { class: `hs-activity hs-activity-${span.activity.kind}` }, span.activity.label),
-      ),
+      ...Object.values(EXTRA_KINDS).map((k) => el("div", { class: `hs-wf-num ${k.cls}`, hidden: true })),
+      activityCell(span.activity),
     );
     row.style.setProperty("--hs-service", serviceColor(span.service));
     this.rows.set(span.spanID, { row, span });
     return row;
+  }
+
+  /**
+   * Shows another profile type's value per span in its own column (`kind`: a key of
+   * EXTRA_KINDS; `values`: span id -> {self, total}), if any span holds some. Lock waits
+   * also name the cause in the activity badges of spans that were not on CPU.
+   */
+  setValues(kind, values) {
+    const spec = EXTRA_KINDS[kind];
+    const any = [...values.values()].some((v) => v.total > 0);
+    this.extras[kind] = any;
+    this.head.querySelector(`.${spec.cls}`).hidden = !any;
+    for (const { row, span } of this.rows.values()) {
+      const v = values.get(span.spanID) || { self: 0, total: 0 };
+      const cell = row.querySelector(`.${spec.cls}`);
+      cell.hidden = !any;
+      cell.textContent = v.total ? spec.format(v.total) : "–";
+      cell.title = `${spec.head}: ${spec.format(v.self)} own, ${spec.format(v.total)} with descendants`;
+      if (kind === "locks") {
+        span.activity = activityOf(span.durationNs, span.total, v.total);
+        row.className = row.className.replace(/\bhs-(computing|waiting|mixed|short)\b/, `hs-${span.activity.kind}`);
+        row.dataset.activity = span.activity.kind;
+        row.querySelector(".hs-wf-activity").replaceWith(activityCell(span.activity));
+      }
+    }
+    this.layout();
+  }
+
+  layout() {
+    const extra = Object.values(this.extras).filter(Boolean).length;
+    this.node.style.setProperty("--hs-wf-extra", Array(extra).fill(`${EXTRA_WIDTH_PX - 8}px`).join(" "));
+    this.node.style.minWidth = `${MIN_WIDTH_PX + extra * EXTRA_WIDTH_PX}px`;
   }
 
   /** Marks `spanID` selected (or nothing, for ""), and scrolls it into view. */
@@ -254,6 +309,15 @@ export class Waterfall {
   destroy() {
     this.node.remove();
   }
+}
+
+function activityCell(activity) {
+  return el(
+    "div",
+    { class: "hs-wf-activity", title: activity.title },
+    el("span", { class: `hs-activity hs-activity-${activity.kind}` }, activity.label),
+    activity.locks ? el("span", { class: "hs-wf-lock-note" }, activity.locks) : null,
+  );
 }
 
 function countDescendants(span) {

@@ -1,0 +1,155 @@
+"""Per-endpoint profiles: a service's profile split by the requests it served.
+
+An endpoint is the name of a service's local root spans: spans whose parent is absent or in
+another service (the server span of a request, a consumer's span, a batch job's root). A
+request's cost is the samples of its local root and of every span below it in the same
+service (its handler's child spans, the spans of the threads it handed work to); a span the
+service runs for a call from another service (A calls B calls A) is a request of its own.
+Samples reach an endpoint through the span id they carry, and spans through the store.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, Iterable, List, Set, Tuple
+
+from hotspan.model.labels import Matcher, Selector
+from hotspan.model.profile import ProfileType
+from hotspan.query.engine import QueryEngine
+from hotspan.store.base import SampleFilter, SpanInfo, StackValues, Store
+
+# The spans of a service looked at per question: the latest of the range past it (the answer
+# says it was cut). A million spans is ~100 MB of Python objects; this is a tenth of it.
+MAX_SPANS = 100_000
+SERVICE_LABEL = "service_name"
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    name: str
+    requests: int  # local root spans with this name that started in the range
+    total: int  # the profile value of those requests (local roots and their descendants)
+
+
+@dataclass(frozen=True)
+class ServiceEndpoints:
+    service: str
+    profile_type: ProfileType
+    endpoints: Tuple[Endpoint, ...]  # the costliest first
+    total: int  # every sample of the service in the range
+    truncated: bool  # more spans started in the range than were looked at
+
+    @property
+    def unattributed(self) -> int:
+        """Samples of no request of the range: no span, a span not stored (yet), or a
+        request that started before the range."""
+        return self.total - sum(e.total for e in self.endpoints)
+
+
+def service_selector(service: str) -> Selector:
+    return Selector("", (Matcher(SERVICE_LABEL, "=", service),))
+
+
+def local_roots(spans: Iterable[SpanInfo], service: str) -> Dict[int, int]:
+    """The local root of each span of ``service`` (span id to span id), following parents
+    through the given spans; a span whose parent is not given, or of another service, is a
+    local root."""
+    of_service = {s.span_id: s for s in spans if s.service == service}
+    root_of: Dict[int, int] = {}
+    for span in of_service.values():
+        path: List[int] = []
+        seen: Set[int] = set()
+        sid = span.span_id
+        while sid not in root_of:
+            if sid in seen:  # a parent cycle in bad data: its first span is the root
+                root_of[sid] = sid
+                break
+            seen.add(sid)
+            path.append(sid)
+            parent = of_service.get(of_service[sid].parent_span_id)
+            if parent is None or parent.span_id == sid:
+                root_of[sid] = sid
+                break
+            sid = parent.span_id
+        root = root_of[sid]
+        for p in path:
+            root_of[p] = root
+    return root_of
+
+
+class EndpointEngine:
+    def __init__(self, store: Store, engine: QueryEngine) -> None:
+        self.store = store
+        self.engine = engine
+
+    def _requests(
+        self, tenant: str, service: str, start_ns: int, end_ns: int
+    ) -> Tuple[Dict[int, SpanInfo], Dict[int, int], bool]:
+        """The local roots that started in the range (by span id), the local root of every
+        span of the service in the range, and whether the spans were cut at MAX_SPANS."""
+        spans = self.store.span_infos(tenant, start_ns, end_ns, service=service, limit=MAX_SPANS)
+        truncated = len(spans) >= MAX_SPANS
+        ids = {s.span_id for s in spans}
+        orphans = {s.trace_id for s in spans if s.parent_span_id and s.parent_span_id not in ids}
+        extra: List[SpanInfo] = []
+        if orphans:
+            # A parent not in the range is of another service (then its child is a request)
+            # or of this one, started earlier (then it is not): only the latter are fetched,
+            # which keeps this cheap where every request's parent is another service's span.
+            extra = self.store.span_infos(
+                tenant, 0, start_ns, service=service, trace_ids=sorted(orphans), limit=MAX_SPANS
+            )
+        in_range = {s.span_id: s for s in spans}
+        known = {s.span_id: s for s in extra}
+        known.update(in_range)
+        root_of = local_roots(known.values(), service)
+        roots = {sid: s for sid, s in in_range.items() if root_of.get(sid) == sid}
+        members = {sid: root for sid, root in root_of.items() if root in roots}
+        return roots, members, truncated
+
+    def endpoints(
+        self, tenant: str, service: str, profile_type: ProfileType, start_ns: int, end_ns: int
+    ) -> ServiceEndpoints:
+        roots, members, truncated = self._requests(tenant, service, start_ns, end_ns)
+        series = self.engine.find_series(
+            tenant, [service_selector(service)], start_ns, end_ns, profile_type
+        )
+        sums = self.store.span_values(
+            tenant, [s.series_id for s in series], SampleFilter(start_ns, end_ns)
+        )
+        per_root: Dict[int, int] = {}
+        total = 0
+        for sid, value in zip(sums.span_ids.tolist(), sums.values.tolist()):
+            total += value
+            root = members.get(sid)
+            if root is not None:
+                per_root[root] = per_root.get(root, 0) + value
+        requests: Dict[str, int] = {}
+        values: Dict[str, int] = {}
+        for sid, span in roots.items():
+            requests[span.name] = requests.get(span.name, 0) + 1
+            values[span.name] = values.get(span.name, 0) + per_root.get(sid, 0)
+        endpoints = sorted(
+            (Endpoint(name, requests[name], values[name]) for name in requests),
+            key=lambda e: (-e.total, -e.requests, e.name),
+        )
+        return ServiceEndpoints(service, profile_type, tuple(endpoints), total, truncated)
+
+    def endpoint_values(
+        self,
+        tenant: str,
+        service: str,
+        name: str,
+        profile_type: ProfileType,
+        start_ns: int,
+        end_ns: int,
+    ) -> Tuple[StackValues, int]:
+        """The stacks of the requests of one endpoint, and how many requests there were."""
+        roots, members, _ = self._requests(tenant, service, start_ns, end_ns)
+        mine = {sid for sid, s in roots.items() if s.name == name}
+        if not mine:
+            return StackValues.empty(), 0
+        span_ids = sorted(sid for sid, root in members.items() if root in mine)
+        where = SampleFilter(start_ns, end_ns, span_ids=span_ids)
+        values = self.engine.stack_values(tenant, profile_type, service_selector(service), where)
+        return values, len(mine)

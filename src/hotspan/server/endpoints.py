@@ -1,0 +1,122 @@
+"""Per-endpoint profiling (see :mod:`hotspan.query.endpoints`).
+
+- ``GET /api/v1/endpoints?service=&profileType=&start=&end=``: the service's endpoints with
+  their request count and profile value, the costliest first, beside the service's total.
+- ``GET /api/v1/endpoints/flamegraph?...&name=``: the flame graph of one endpoint's requests,
+  ``{"flamegraph": ...}`` as in SelectMergeStacktracesResponse (protojson).
+
+``start``/``end`` are unix milliseconds (the last hour by default); ``profileType`` is on-CPU
+time by default.
+"""
+
+from __future__ import annotations
+
+from typing import Tuple
+
+from google.protobuf import json_format
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from hotspan.formats.proto import querier_pb2
+from hotspan.model.profile import ProfileType
+from hotspan.query.endpoints import EndpointEngine
+from hotspan.query.engine import QueryError
+from hotspan.query.flamegraph import to_message
+from hotspan.server.errors import HTTPError
+from hotspan.server.querier import max_nodes_value, profile_type, time_range
+from hotspan.server.request import query_state
+from hotspan.server.tempo import text_error
+
+CPU = "process_cpu:cpu:nanoseconds:cpu:nanoseconds"
+MAX_NAME = 1000
+
+
+def _millis(request: Request, name: str) -> int:
+    text = request.query_params.get(name) or "0"
+    try:
+        return int(text)
+    except ValueError:
+        raise HTTPError(400, f"{name} must be unix milliseconds, got {text[:40]!r}") from None
+
+
+def _params(request: Request) -> Tuple[str, ProfileType, int, int]:
+    params = request.query_params
+    service = params.get("service") or ""
+    if not service.strip():
+        raise HTTPError(400, "service is required: the service_name whose endpoints to list")
+    ptype = profile_type(params.get("profileType") or CPU)
+    start, end = time_range(_millis(request, "start"), _millis(request, "end"))
+    return service, ptype, start, end
+
+
+async def endpoints(request: Request) -> Response:
+    try:
+        state, tenant = query_state(request)
+        service, ptype, start, end = _params(request)
+        engine = EndpointEngine(state.store, state.engine)
+        found = await run_in_threadpool(engine.endpoints, tenant, service, ptype, start, end)
+    except HTTPError as exc:
+        return text_error(exc)
+    total = found.total
+    return JSONResponse(
+        {
+            "service": service,
+            "profileType": ptype.id,
+            "start": start // 10**6,
+            "end": end // 10**6,
+            "total": total,
+            "unattributed": found.unattributed,
+            "truncated": found.truncated,
+            "endpoints": [
+                {
+                    "name": e.name,
+                    "requests": e.requests,
+                    "total": e.total,
+                    "perRequest": e.total / e.requests if e.requests else 0,
+                    "share": e.total / total if total else 0,
+                }
+                for e in found.endpoints
+            ],
+        }
+    )
+
+
+async def flamegraph(request: Request) -> Response:
+    try:
+        state, tenant = query_state(request)
+        service, ptype, start, end = _params(request)
+        name = request.query_params.get("name")
+        if not name:
+            raise HTTPError(400, "name is required: the span name of the endpoint")
+        if len(name) > MAX_NAME:
+            raise HTTPError(400, f"name is longer than {MAX_NAME} characters")
+        limit = max_nodes_value(request.query_params.get("maxNodes"))
+        engine = EndpointEngine(state.store, state.engine)
+        values, requests = await run_in_threadpool(
+            engine.endpoint_values, tenant, service, name, ptype, start, end
+        )
+        try:
+            graph = await run_in_threadpool(state.engine.flamegraph, values, limit)
+        except QueryError as exc:
+            raise HTTPError(400, str(exc)) from None
+    except HTTPError as exc:
+        return text_error(exc)
+    message = querier_pb2.FlameGraph()
+    to_message(graph, message)
+    return JSONResponse(
+        {
+            "service": service,
+            "name": name,
+            "profileType": ptype.id,
+            "requests": requests,
+            "flamegraph": json_format.MessageToDict(message),
+        }
+    )
+
+
+routes = [
+    Route("/api/v1/endpoints", endpoints, methods=["GET"]),
+    Route("/api/v1/endpoints/flamegraph", flamegraph, methods=["GET"]),
+]

@@ -1,0 +1,313 @@
+// Per-endpoint profiling: for one service, its endpoints (the names of its local root spans:
+// the server span of each request, a consumer's span, a job's root) with their request count,
+// cost per request, total and share of the service's profile; a row opens that endpoint's
+// flame graph below the table.  Every state is in the URL:
+//   /endpoints?query={service_name="shop"}&profileType=<id>&from=now-1h&until=now
+//              &name=<endpoint>&order=<column>:<asc|desc>   (&zoom=, &sort=, &sandwich=: the panel's)
+
+import { CPU, getJSON } from "./api.js";
+import { el, message } from "./dom.js";
+import { formatPercent, formatValue, unitOf } from "./format.js";
+import { ProfilePanel } from "./panel.js";
+import { setQuery } from "./router.js";
+import { agentHint, catalogue, errorBox, pickType, selectOf, typeLabel } from "./selection.js";
+import { DEFAULT_FROM, DEFAULT_UNTIL, TimeRangePicker, describeRange, resolveRange } from "./timerange.js";
+
+const COLUMNS = [
+  ["name", "Endpoint", "the span name of the service's local root spans"],
+  ["requests", "Requests", "local root spans with this name that started in the range"],
+  ["perRequest", "Per request", "mean profile value of one request (its spans in this service)"],
+  ["total", "Total", "profile value of all its requests"],
+  ["share", "Share", "of the service's whole profile in the range"],
+];
+
+/** The service of a `{service_name="x"}` selector ("" if none). */
+export function serviceOf(query) {
+  const m = /service_name\s*=\s*"((?:[^"\\]|\\.)*)"/.exec(query || "");
+  return m ? m[1].replace(/\\(.)/g, "$1") : "";
+}
+
+function selectorOf(service) {
+  return `{service_name="${service.replace(/\\/g, "\\\\").replace(/"/g, '\\"')}"}`;
+}
+
+/** Loads endpoints.css once (the page shell links the shared sheets only). */
+function ensureStyles() {
+  if (document.querySelector("link[data-hs-endpoints]")) return;
+  const shared = document.querySelector('link[rel="stylesheet"][href*="/static/css/"]');
+  const version = shared ? new URL(shared.href, location.href).search : "";
+  document.head.append(el("link", { rel: "stylesheet", href: `/static/css/endpoints.css${version}`, "data-hs-endpoints": "" }));
+}
+
+export function renderEndpoints(root, { params }) {
+  ensureStyles();
+  const state = {
+    service: serviceOf(params.get("query")),
+    type: params.get("profileType") || CPU,
+    from: params.get("from") || DEFAULT_FROM,
+    until: params.get("until") || DEFAULT_UNTIL,
+    name: params.get("name") || "",
+    order: params.get("order") || "total:desc",
+  };
+  const controller = new AbortController();
+  let loadController = null;
+  let panel = null;
+  let data = null;
+
+  const serviceBox = el("span", { class: "hs-ep-service-box" });
+  const typeBox = el("span", { class: "hs-ep-type-box" });
+  const rangeBox = el("div", { class: "hs-ep-range" });
+  const note = el("p", { class: "hs-note hs-ep-note" });
+  const tableBox = el("div", { class: "hs-ep-table-box" }, el("p", { class: "hs-loading" }, "Loading endpoints…"));
+  const panelTitle = el("h2", { class: "hs-ep-panel-title" });
+  const panelBox = el("div", { class: "hs-ep-profile" });
+  const panelSection = el("div", { class: "hs-ep-panel-section", hidden: true }, panelTitle, panelBox);
+  const picker = new TimeRangePicker(rangeBox, {
+    from: state.from,
+    until: state.until,
+    onChange: (from, until) => {
+      state.from = from;
+      state.until = until;
+      setQuery({ from: from === DEFAULT_FROM ? "" : from, until: until === DEFAULT_UNTIL ? "" : until }, { push: true });
+      reload();
+    },
+  });
+  root.append(
+    el(
+      "section",
+      { class: "hs-endpoints" },
+      el("div", { class: "hs-toolbar hs-ep-toolbar" }, el("h1", {}, "Endpoints"), serviceBox, typeBox, el("span", { class: "hs-spacer" }), rangeBox),
+      note,
+      tableBox,
+      panelSection,
+    ),
+  );
+
+  async function reload() {
+    if (loadController) loadController.abort();
+    loadController = new AbortController();
+    const signal = loadController.signal;
+    let range;
+    try {
+      range = resolveRange(state.from, state.until);
+    } catch (err) {
+      tableBox.replaceChildren(message("error", `The time range is wrong: ${err.message}`, "pick a range above"));
+      return;
+    }
+    tableBox.replaceChildren(el("p", { class: "hs-loading" }, "Loading endpoints…"));
+    let known;
+    try {
+      known = await catalogue(range.startMs, range.endMs, signal);
+    } catch (err) {
+      if (err.name === "AbortError") return;
+      tableBox.replaceChildren(errorBox(err));
+      return;
+    }
+    // A service named in the URL stays, with or without data: a shared link never shows
+    // another service than the one it names.
+    if (!state.service) state.service = [...known.keys()].filter(Boolean).sort()[0] || "";
+    const services = new Set([...known.keys()].filter(Boolean));
+    if (state.service) services.add(state.service);
+    serviceBox.replaceChildren(
+      el("label", {}, el("span", { class: "hs-ep-label" }, "Service "),
+        selectOf("hs-ep-service", "Service", [...services].sort().map((s) => [s, s]), state.service, (value) => {
+          state.service = value;
+          state.name = "";
+          setQuery({ query: selectorOf(value), name: "" }, { push: true });
+          reload();
+        })),
+    );
+    const types = known.get(state.service) || new Set();
+    // A type the URL names stays (the table then says there is no data); without one, the
+    // service's CPU profile or its first type.
+    if (!params.get("profileType") && !types.has(state.type) && types.size) state.type = pickType(types, state.type);
+    const typeList = new Set([...types, state.type]);
+    typeBox.replaceChildren(
+      el("label", {}, el("span", { class: "hs-ep-label" }, "Profile "),
+        selectOf("hs-ep-type", "Profile type", [...typeList].sort().map((t) => [t, typeLabel(t)]), state.type, (value) => {
+          state.type = value;
+          setQuery({ profileType: value === CPU ? "" : value });
+          reload();
+        })),
+    );
+    if (!state.service) {
+      tableBox.replaceChildren(message("empty", `No profiles in ${describeRange(state.from, state.until).toLowerCase()}.`, agentHint()));
+      return;
+    }
+    setQuery({ query: selectorOf(state.service) });
+    try {
+      data = await getJSON("/api/v1/endpoints", {
+        service: state.service,
+        profileType: state.type,
+        start: range.startMs,
+        end: range.endMs,
+      }, { signal });
+    } catch (err) {
+      if (err.name === "AbortError") return;
+      tableBox.replaceChildren(errorBox(err));
+      return;
+    }
+    data.range = range;
+    drawTable();
+    if (state.name) openEndpoint(state.name, { push: false });
+    else panelSection.hidden = true;
+  }
+
+  function drawTable() {
+    const unit = unitOf(data.profileType) || "nanoseconds";
+    const where = describeRange(state.from, state.until).toLowerCase();
+    note.textContent = data.truncated
+      ? "Only the latest 100,000 spans of the range are counted: narrow the range for exact figures."
+      : "";
+    if (!data.endpoints.length) {
+      tableBox.replaceChildren(
+        message(
+          "empty",
+          `No endpoints for service "${state.service}" in ${where}.`,
+          data.total
+            ? "The service sent profiles but no spans: instrument it with the OpenTelemetry SDK so that its samples carry span ids."
+            : el("span", {}, `No data for "${state.service}" in this range. `, agentHint()),
+        ),
+      );
+      return;
+    }
+    const [column, direction] = state.order.split(":");
+    const sign = direction === "asc" ? 1 : -1;
+    const rows = [...data.endpoints].sort((a, b) => {
+      const x = a[column];
+      const y = b[column];
+      const cmp = typeof x === "string" ? x.localeCompare(y) : x - y;
+      return sign * cmp || a.name.localeCompare(b.name);
+    });
+    const head = el(
+      "tr",
+      {},
+      COLUMNS.map(([key, text, title]) => {
+        const active = key === column;
+        const th = el(
+          "th",
+          {
+            class: `hs-ep-sort${active ? " hs-ep-sorted" : ""}`,
+            dataset: { column: key },
+            title: `${title}; click to sort`,
+            "aria-sort": active ? (direction === "asc" ? "ascending" : "descending") : "none",
+            tabindex: 0,
+          },
+          text,
+          active ? (direction === "asc" ? " ▲" : " ▼") : "",
+        );
+        const sort = () => {
+          const next = active ? (direction === "asc" ? "desc" : "asc") : key === "name" ? "asc" : "desc";
+          state.order = `${key}:${next}`;
+          setQuery({ order: state.order === "total:desc" ? "" : state.order });
+          drawTable();
+        };
+        th.addEventListener("click", sort);
+        th.addEventListener("keydown", (event) => {
+          if (event.key === "Enter" || event.key === " ") (event.preventDefault(), sort());
+        });
+        return th;
+      }),
+    );
+    const body = el("tbody");
+    for (const e of rows) {
+      const bar = el("span", { class: "hs-ep-share-bar" });
+      bar.style.width = `${Math.min(100, 100 * e.share)}%`;
+      const row = el(
+        "tr",
+        { class: `hs-ep-row${e.name === state.name ? " hs-selected" : ""}`, dataset: { name: e.name }, tabindex: 0 },
+        el("td", { class: "hs-ep-name" }, e.name),
+        el("td", { class: "hs-ep-num hs-ep-requests" }, String(e.requests)),
+        el("td", { class: "hs-ep-num hs-ep-per-request" }, formatValue(e.perRequest, unit)),
+        el("td", { class: "hs-ep-num hs-ep-total" }, formatValue(e.total, unit)),
+        el("td", { class: "hs-ep-num hs-ep-share" }, el("span", { class: "hs-ep-share-text" }, formatPercent(e.total, data.total)),
+          el("span", { class: "hs-ep-share-track" }, bar)),
+      );
+      row.addEventListener("click", () => openEndpoint(e.name));
+      row.addEventListener("keydown", (event) => {
+        if (event.key === "Enter") openEndpoint(e.name);
+      });
+      body.append(row);
+    }
+    body.append(
+      el(
+        "tr",
+        { class: "hs-ep-unattributed", title: "samples without a span, of spans not stored, or of requests that started before the range" },
+        el("td", { class: "hs-ep-name" }, "not attributed to an endpoint"),
+        el("td", {}, ""),
+        el("td", {}, ""),
+        el("td", { class: "hs-ep-num hs-ep-total" }, formatValue(data.unattributed, unit)),
+        el("td", { class: "hs-ep-num hs-ep-share" }, formatPercent(data.unattributed, data.total)),
+      ),
+    );
+    tableBox.replaceChildren(
+      el("p", { class: "hs-note" }, `${data.endpoints.length} endpoint${data.endpoints.length === 1 ? "" : "s"} of "${state.service}" in ${where} · `,
+        `${typeLabel(data.profileType)}: ${formatValue(data.total, unit)} in all. Click a row for its flame graph.`),
+      el("div", { class: "hs-table-scroll" }, el("table", { class: "hs-table hs-ep-table" }, el("thead", {}, head), body)),
+    );
+  }
+
+  function ensurePanel() {
+    if (panel) return panel;
+    const urlState = new URLSearchParams(location.search);
+    panel = new ProfilePanel(panelBox, {
+      zoom: urlState.get("zoom") || "",
+      onZoom: (zoom) => setQuery({ zoom }),
+      sort: urlState.get("sort") || "",
+      onSort: (sort) => setQuery({ sort }),
+      sandwich: urlState.get("sandwich") || "",
+      onSandwich: (sandwich) => setQuery({ sandwich }),
+      unit: unitOf(state.type) || "nanoseconds",
+      exportName: `endpoint-${state.service}`,
+    });
+    return panel;
+  }
+
+  let panelController = null;
+  async function openEndpoint(name, { push = true } = {}) {
+    if (!data) return;
+    if (push && name !== state.name) setQuery({ name }, { push: true });
+    state.name = name;
+    for (const row of tableBox.querySelectorAll(".hs-ep-row")) row.classList.toggle("hs-selected", row.dataset.name === name);
+    panelSection.hidden = false;
+    panelTitle.replaceChildren(`${typeLabel(state.type)} of `, el("span", { class: "hs-ep-panel-name" }, name));
+    const p = ensurePanel();
+    p.setLoading(`Loading the profile of ${name}…`);
+    if (panelController) panelController.abort();
+    panelController = new AbortController();
+    const mine = panelController;
+    try {
+      const body = await getJSON("/api/v1/endpoints/flamegraph", {
+        service: state.service,
+        profileType: state.type,
+        start: data.range.startMs,
+        end: data.range.endMs,
+        name,
+      }, { signal: mine.signal });
+      if (mine.signal.aborted) return;
+      const fg = body.flamegraph || {};
+      if (!Number(fg.total || 0)) {
+        p.setMessage(message(
+          "empty",
+          body.requests ? `The ${body.requests} requests of "${name}" hold no samples of this type.` : `No requests of "${name}" in this range.`,
+          "Short requests that wait rather than compute often hold no CPU sample; pick another endpoint or profile type.",
+        ));
+        return;
+      }
+      const per = body.requests ? ` · ${body.requests} requests` : "";
+      p.setData(fg, { unit: unitOf(body.profileType) || "nanoseconds", title: `${name}${per}` });
+      if (push) panelSection.scrollIntoView({ block: "nearest" });
+    } catch (err) {
+      if (err.name === "AbortError" || mine.signal.aborted) return;
+      p.setMessage(errorBox(err));
+    }
+  }
+
+  reload();
+  return () => {
+    controller.abort();
+    if (loadController) loadController.abort();
+    if (panelController) panelController.abort();
+    if (panel && typeof panel.destroy === "function") panel.destroy();
+  };
+}
