@@ -36,21 +36,8 @@ def shop(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
 
 
 def open_endpoints(page, srv: RunningServer, query: str) -> None:  # type: ignore[no-untyped-def]
-    """Opens /endpoints?<query>.  Until the app registers the page (at merge), the same view
-    is mounted by hand at that URL."""
     response = page.goto(f"{srv.url}/endpoints?{query}")
-    if response is not None and response.status == 404:
-        page.goto(f"{srv.url}/traces/not-a-trace")
-        page.evaluate(
-            """async (query) => {
-                history.replaceState(null, '', '/endpoints?' + query);
-                const app = document.getElementById('app');
-                app.replaceChildren();
-                const {renderEndpoints} = await import('/static/js/endpoints.js');
-                renderEndpoints(app, {params: new URLSearchParams(location.search)});
-            }""",
-            query,
-        )
+    assert response is not None and response.status == 200
     page.wait_for_selector(".hs-ep-row, .hs-endpoints .hs-message")
 
 

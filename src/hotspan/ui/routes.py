@@ -45,6 +45,7 @@ async def page(request: Request) -> Response:
 PAGES = [
     "/",
     "/profiles",
+    "/endpoints",
     "/diff",
     "/traces",
     "/traces/{trace_id}",

@@ -3,12 +3,14 @@
 import { saveSettings, settings } from "./api.js";
 import { el } from "./dom.js";
 import { renderDiff } from "./diff.js";
+import { renderEndpoints } from "./endpoints.js";
 import { renderProfiles } from "./profiles.js";
 import { route, start } from "./router.js";
 import { renderServiceSettings, renderSettingsIndex } from "./settings.js";
 import { renderTraceSearch, renderTraceView } from "./traces.js";
 
 route(/^\/(profiles)?$/, renderProfiles);
+route(/^\/endpoints\/?$/, renderEndpoints);
 route(/^\/diff$/, renderDiff);
 route(/^\/traces\/?$/, renderTraceSearch);
 route(/^\/traces\/([^/]+)$/, renderTraceView);

@@ -31,16 +31,7 @@ function selectorOf(service) {
   return `{service_name="${service.replace(/\\/g, "\\\\").replace(/"/g, '\\"')}"}`;
 }
 
-/** Loads endpoints.css once (the page shell links the shared sheets only). */
-function ensureStyles() {
-  if (document.querySelector("link[data-hs-endpoints]")) return;
-  const shared = document.querySelector('link[rel="stylesheet"][href*="/static/css/"]');
-  const version = shared ? new URL(shared.href, location.href).search : "";
-  document.head.append(el("link", { rel: "stylesheet", href: `/static/css/endpoints.css${version}`, "data-hs-endpoints": "" }));
-}
-
 export function renderEndpoints(root, { params }) {
-  ensureStyles();
   const state = {
     service: serviceOf(params.get("query")),
     type: params.get("profileType") || CPU,
