@@ -24,7 +24,7 @@ PROGRAM = traced_program(
     "shop",
     """
     def render():
-        burn(0.1)
+        burn(0.2)
 
     def price_cart():
         burn(float(sys.argv[2]))
@@ -32,12 +32,16 @@ PROGRAM = traced_program(
     def warm_cache():
         burn(0.3)
 
+    # OpenTelemetry's first spans import and set up what they need: done here, outside the
+    # request, so that no side of the diff holds a one-off start-up frame.
+    with tracer.start_as_current_span("warm-up"):
+        with tracer.start_as_current_span("warm-up child"):
+            pass
     warm_cache()
     with tracer.start_as_current_span("GET /checkout") as request:
-        for _ in range(2):
-            render()
-            with tracer.start_as_current_span("price"):
-                price_cart()
+        render()
+        with tracer.start_as_current_span("price"):
+            price_cart()
         with tracer.start_as_current_span("noop") as noop:
             pass
     print(json.dumps({
@@ -72,7 +76,7 @@ class Data:
 @pytest.fixture(scope="module")
 def data(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Data]:
     with running_server(tmp_path_factory.mktemp("ui-diff") / "data") as srv:
-        runs = {"fast": "0.04", "slow": "0.4"}  # price_cart: ten times slower
+        runs = {"fast": "0.08", "slow": "0.8"}  # price_cart: ten times slower
         outputs = run_programs(
             PROGRAM, tmp_path_factory.mktemp("prog"), *([srv.url, heavy] for heavy in runs.values())
         )
@@ -87,6 +91,13 @@ def panel_rows(page) -> List[str]:  # type: ignore[no-untyped-def]
     return page.locator(".hs-diff-profile .hs-toptable tbody tr[data-name]").evaluate_all(
         "rows => rows.map((r) => r.dataset.name)"
     )
+
+
+def own(rows: List[str]) -> List[str]:
+    """The program's own functions.  The agent also samples at span boundaries, so a sliver
+    of OpenTelemetry's span start can sit on one side only ("new", an infinite change) and
+    rank above everything: library noise, not what the diff is about."""
+    return [r for r in rows if r.startswith(MAIN)]
 
 
 def wait_for_rows(page, name: str) -> None:  # type: ignore[no-untyped-def]
@@ -141,7 +152,7 @@ def test_two_spans_put_the_function_that_slowed_down_first(page, data) -> None: 
     wait_for_rows(page, MAIN + "price_cart")
     sort_by_change(page)
     rows = panel_rows(page)
-    assert rows[0] == MAIN + "price_cart", rows[:5]
+    assert own(rows)[0] == MAIN + "price_cart", rows[:8]
     # The span's descendants are in (price_cart ran in a child span), the rest of the run is not.
     assert MAIN + "render" in rows
     assert MAIN + "warm_cache" not in rows
@@ -152,7 +163,7 @@ def test_two_spans_put_the_function_that_slowed_down_first(page, data) -> None: 
     text = left.inner_text()
     fast = data.fast
     assert f"span GET /checkout ({fast['span'][:8]}…) of trace {fast['trace'][:8]}…" in text
-    assert "with its 3 descendant spans" in text, text  # price twice, noop
+    assert "with its 2 descendant spans" in text, text  # price, noop
     link = left.locator("a.hs-diff-trace-link")
     href = urlparse(link.get_attribute("href"))
     assert href.path == f"/traces/{data.fast['trace']}"
@@ -176,7 +187,7 @@ def test_two_traces_compare_all_of_each_traces_samples(page, data) -> None:  # t
     wait_for_rows(page, MAIN + "price_cart")
     sort_by_change(page)
     rows = panel_rows(page)
-    assert rows[0] == MAIN + "price_cart", rows[:5]
+    assert own(rows)[0] == MAIN + "price_cart", rows[:8]
     assert MAIN + "warm_cache" not in rows
     subject = page.locator(".hs-diff-left .hs-diff-subject").inner_text()
     assert f"trace {data.fast['trace'][:8]}… (GET /checkout)" in subject
