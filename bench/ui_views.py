@@ -42,7 +42,7 @@ FLAME = """(root) => {
 READY: Dict[str, str] = {
     "profiles": f"""() => ({FLAME})('.hs-main') ? "ready" : false""",
     "sandwich": f"""() => {{
-      const callers = document.querySelector('.hs-sandwich-callers .hs-flamegraph');
+      const callers = document.querySelector('.hs-sandwich-callers.hs-flamegraph');
       if (callers && callers.flamegraph && callers.flamegraph.frames().length > 0) return "ready";
       if (({FLAME})('.hs-main') && !document.querySelector('.hs-panel-sandwich')) return "absent";
       return false;
