@@ -11,10 +11,15 @@ the JSON and times, with ``performance.now()`` in the page:
 - top table: ``TopTable.setData`` (aggregation per function, sort, first 200 rows in the DOM);
 - zoom redraw: ``zoomTo(frame)`` + draw, for frames across the graph, and back out;
 - hover: one ``mousemove`` event on the canvas (hit test + tooltip update; hover does not
-  redraw).
+  redraw);
+- sandwich: the sandwich view's two trees (callers and callees) of the function with the most
+  frames, built (``sandwich.js``) and drawn, when this checkout has the sandwich view.
 
 Times are the JavaScript main thread's (canvas commands are recorded there; rasterising is
 Chromium's, off the main thread); medians over several runs, after a warm-up.
+
+Then the heavy views against a real server (``bench/ui_views.py``): profiles, sandwich, label
+breakdown, endpoints and the diff of two spans, API call and page load to drawn.
 
     python bench/run.py --only ui [--quick]
     python bench/ui.py [--quick]          # the same, Markdown on stdout
@@ -38,6 +43,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import common  # noqa: E402
+import ui_views  # noqa: E402
 
 STATIC_DIR = os.path.join(common.REPO_DIR, "src", "hotspan", "ui", "static")
 SIZES = [1_000, 10_000, 50_000]
@@ -127,12 +133,15 @@ async ({url, repeat}) => {
   const { decodeFlamegraph } = await import("/static/js/flametree.js");
   const { FlameGraph } = await import("/static/js/flamegraph.js");
   const { TopTable } = await import("/static/js/toptable.js");
+  // The sandwich view is newer than this benchmark: timed where the checkout has it.
+  const sandwich = await import("/static/js/sandwich.js").then((m) => m.sandwich, () => null);
   const text = await (await fetch(url)).text();
   const holder = document.getElementById("bench");
   const median = (xs) => { const s = [...xs].sort((a, b) => a - b); return s[s.length >> 1]; };
   const timed = (fn) => { const t = performance.now(); fn(); return performance.now() - t; };
   const out = {
     parse: [], decode: [], firstDraw: [], topTable: [], zoom: [], unzoom: [], hover: [],
+    sandwich: [],
   };
   let drawn = 0, nodes = 0, depth = 0, functions = 0, hoverHits = 0;
   for (let run = 0; run <= repeat; run++) {
@@ -175,17 +184,38 @@ async ({url, repeat}) => {
       hover.push(timed(() => graph.canvas.dispatchEvent(ev)));
       if (!graph.tooltip.hidden) hoverHits++;
     }
+    let sandwichMs = null;
+    if (sandwich) {
+      // The function with the most frames: the most work for the sandwich's two trees.
+      const frames = new Map();
+      for (let i = 1; i < tree.nodeCount; i++) {
+        frames.set(tree.name[i], (frames.get(tree.name[i]) || 0) + 1);
+      }
+      const busiest = [...frames].reduce((a, b) => (b[1] > a[1] ? b : a))[0];
+      const boxes = [document.createElement("div"), document.createElement("div")];
+      holder.append(...boxes);
+      const graphs = boxes.map((b) => new FlameGraph(b, { unit: "nanoseconds" }));
+      sandwichMs = timed(() => {
+        const s = sandwich(tree, tree.names[busiest]);
+        graphs[0].setData(s.callers); graphs[0].flush();
+        graphs[1].setData(s.callees); graphs[1].flush();
+      });
+      for (const g of graphs) g.destroy();
+    }
     if (run === 0) {
       graph.destroy();
       continue; // warm-up: JIT and font caches
     }
+    if (sandwichMs !== null) out.sandwich.push(sandwichMs);
     out.parse.push(parse); out.decode.push(decode); out.firstDraw.push(firstDraw);
     out.topTable.push(topTable); out.zoom.push(median(zoom)); out.unzoom.push(median(unzoom));
     out.hover.push(median(hover));
     graph.destroy();
   }
   const result = { nodes, drawn, depth, functions, jsonBytes: text.length, hoverHits };
-  for (const [k, v] of Object.entries(out)) result[k] = Math.round(median(v) * 100) / 100;
+  for (const [k, v] of Object.entries(out)) {
+    result[k] = v.length ? Math.round(median(v) * 100) / 100 : null;
+  }
   return result;
 }
 """
@@ -250,11 +280,18 @@ def run(quick: bool = False, log: Callable[[str], None] = print) -> Dict[str, ob
             browser.close()
     finally:
         httpd.shutdown()
+    log("ui benchmark: heavy views against a server ...")
+    try:
+        views = ui_views.run(quick, log, chromium())
+    except Exception as exc:  # noqa: BLE001 - the flame graph numbers still stand
+        views = {"error": f"{type(exc).__name__}: {exc}"}
+        log(f"  views failed: {views['error']}")
     return {
         "chromium": version,
         "repeat": repeat,
         "viewport": "1400x900, devicePixelRatio 1",
         "rows": rows,
+        "views": views,
     }
 
 
@@ -287,23 +324,31 @@ def markdown(result: Dict[str, object], command: str, m: Dict[str, object], wall
     add(
         "| nodes | depth | functions | JSON bytes | parse ms | decode ms | first draw ms "
         "| top table ms "
-        "| zoom redraw ms | zoom out ms | hover ms | hover hits | frames drawn |"
+        "| zoom redraw ms | zoom out ms | hover ms | hover hits | frames drawn | sandwich ms |"
     )
-    add("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    add("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in result["rows"]:  # type: ignore[union-attr]
         add(
             f"| {r['nodes']:,} | {r['depth']} | {r['functions']:,} | {r['jsonBytes']:,} "
             f"| {r['parse']} | {r['decode']} | "
             f"{r['firstDraw']} | {r['topTable']} | {r['zoom']} | {r['unzoom']} | {r['hover']} "
             f"| {r['hoverHits']}/40 | "
-            f"{r['drawn']:,} |"
+            f"{r['drawn']:,} | {'–' if r.get('sandwich') is None else r['sandwich']} |"
         )
     add("")
     add(
         "A frame at 60 Hz is 16.7 ms: zoom and hover stay well inside it at every size; the "
-        "one-off cost of a new answer (parse + decode + draw + table) is what grows with nodes."
+        "one-off cost of a new answer (parse + decode + draw + table) is what grows with nodes. "
+        '"sandwich" builds and draws the callers and callees of the function with the most '
+        'frames ("–": this checkout has no sandwich view).'
     )
     add("")
+    views = result.get("views") or {}
+    if "error" in views:  # type: ignore[operator]
+        add(f"Heavy views: not measured ({views['error']}).")  # type: ignore[index]
+        add("")
+    elif views:
+        lines.extend(ui_views.markdown(views))  # type: ignore[arg-type]
     return "\n".join(lines)
 
 

@@ -287,26 +287,23 @@ async def diff(request: Request) -> Response:
     req = await read_message(request, state.config, querier_pb2.DiffRequest)
     if not req.left.profile_typeID or not req.right.profile_typeID:
         raise HTTPError(400, "left and right selections both need a profile_typeID")
-    _, _, left = await _stack_values(
-        state,
-        tenant,
-        req.left.profile_typeID,
-        req.left.label_selector,
-        req.left.start,
-        req.left.end,
-        None,
-        req.left,
-    )
-    _, _, right = await _stack_values(
-        state,
-        tenant,
-        req.right.profile_typeID,
-        req.right.label_selector,
-        req.right.start,
-        req.right.end,
-        None,
-        req.right,
-    )
+    # Each side is a SelectMergeStacktracesRequest and is narrowed the same way: by label
+    # selector, trace ids and span ids (the UI compares two spans or two traces this way).
+    sides = []
+    for side in (req.left, req.right):
+        spans = span_ids(side.span_selector) if side.span_selector else None
+        _, _, values = await _stack_values(
+            state,
+            tenant,
+            side.profile_typeID,
+            side.label_selector,
+            side.start,
+            side.end,
+            spans,
+            side,
+        )
+        sides.append(values)
+    left, right = sides
     limit = max(max_nodes(req.left), max_nodes(req.right))
     graph = await _run(state.engine.diff, left, right, limit)
     resp = querier_pb2.DiffResponse()

@@ -1,145 +1,35 @@
-// The diff view (`/diff`): a baseline and a comparison, each a selector and a time range.
+// The diff view (`/diff`): a baseline and a comparison, each a selector and a time range, or
+// a trace (and one of its spans) from the trace view.
 //
 //   /diff?profileType=<id>&leftQuery=...&leftFrom=...&leftUntil=...
-//        &rightQuery=...&rightFrom=...&rightUntil=...&search=<flame graph search>
+//        &rightQuery=...&rightFrom=...&rightUntil=...
+//        &leftTraceId=<32 hex>&leftSpanId=<16 hex>&rightTraceId=...&rightSpanId=...
+//        &search=...&zoom=...&sort=...&sandwich=...   (the flame graph's state)
+//
+// A side with a trace id compares that trace's samples, or with a span id that span's and
+// its descendants'; its selector (leftQuery/rightQuery) still narrows it when given.
 
-import { CPU, querier, querierBinary, selectMergeProfileRequest } from "./api.js";
-import { el, message, rejectInput } from "./dom.js";
-import { LabelFilters } from "./filters.js";
+import { CPU, querier } from "./api.js";
+import { ALL, DiffSide, typeWords } from "./diffside.js";
+import { el, message } from "./dom.js";
 import { unitOf } from "./format.js";
-import { formatSelector, parseSelector, serviceOf } from "./labels.js";
+import { formatSelector } from "./labels.js";
 import { ProfilePanel } from "./panel.js";
 import { setQuery } from "./router.js";
-import {
-  agentHint,
-  catalogue,
-  errorBox,
-  pickType,
-  selectOf,
-  selectSeries,
-  typeLabel,
-} from "./selection.js";
-import { Timeline, stepFor } from "./timeline.js";
-import { absoluteRange, DEFAULT_FROM, DEFAULT_UNTIL, resolveRange, TimeRangePicker } from "./timerange.js";
+import { agentHint, catalogue, errorBox, pickType, selectOf, typeLabel } from "./selection.js";
+import { DEFAULT_FROM, DEFAULT_UNTIL } from "./timerange.js";
 
-/** One side of a comparison: a selector and a time range, with its own small timeline. */
-class DiffSide {
-  constructor(container, { title, className, query, from, until, onChange }) {
-    this.query = query;
-    this.from = from;
-    this.until = until;
-    this.onChange = onChange;
-    this.input = el("input", { class: "hs-diff-query", "aria-label": `${title} selector`, size: 40, value: query });
-    const form = el("form", {
-      class: "hs-diff-form",
-      onsubmit: (event) => {
-        event.preventDefault();
-        try {
-          parseSelector(this.input.value);
-        } catch (err) {
-          rejectInput(this.input, err.message);
-          return;
-        }
-        this.query = this.input.value.trim();
-        this.renderFilters();
-        this.onChange();
-      },
-    }, this.input, el("button", { type: "submit" }, "Apply"));
-    this.title = title;
-    this.filterSlot = el("div", { class: "hs-diff-filters" });
-    const rangeSlot = el("div", {});
-    const timelineSlot = el("div", {});
-    container.append(el("section", { class: `hs-diff-side ${className}` },
-      el("h2", {}, title), form, this.filterSlot, rangeSlot, timelineSlot));
-    this.picker = new TimeRangePicker(rangeSlot, {
-      from, until,
-      onChange: (f, u) => {
-        this.from = f;
-        this.until = u;
-        this.takeTypedSelector();
-        this.onChange();
-      },
-    });
-    this.renderFilters();
-    this.timeline = new Timeline(timelineSlot, {
-      unit: "",
-      onSelect: (startMs, endMs) => {
-        const r = absoluteRange(startMs, endMs);
-        this.from = r.from;
-        this.until = r.until;
-        this.picker.set(r.from, r.until);
-        this.takeTypedSelector();
-        this.onChange();
-      },
-    });
-  }
+const STYLESHEET = "/static/css/diff.css";
 
-  /** Label filters picked from the names and values the server knows, like the explorer's. */
-  renderFilters() {
-    let matchers;
-    try {
-      matchers = parseSelector(this.query);
-    } catch {
-      this.filterSlot.replaceChildren();
-      return;
-    }
-    this.filterSlot.replaceChildren();
-    new LabelFilters(this.filterSlot, {
-      matchers,
-      range: () => this.range(),
-      onChange: (next) => {
-        this.query = formatSelector(next);
-        this.input.value = this.query;
-        this.onChange();
-      },
-    });
-  }
-
-  /** A selector typed but not applied still counts when the range is applied. */
-  takeTypedSelector() {
-    const typed = this.input.value.trim();
-    if (typed === this.query) return;
-    try {
-      parseSelector(typed);
-    } catch {
-      // Not a selector: the field goes back to the one in use, so that both agree.
-      this.input.value = this.query;
-      this.input.setCustomValidity("");
-      return;
-    }
-    this.query = typed;
-    this.renderFilters();
-  }
-
-  range() {
-    try {
-      return resolveRange(this.from, this.until);
-    } catch (err) {
-      throw new Error(`${this.title}: ${err.message}`);
-    }
-  }
-
-  request(profileType) {
-    const { startMs, endMs } = this.range();
-    return { profileTypeID: profileType, labelSelector: this.query, start: startMs, end: endMs };
-  }
-
-  async loadTimeline(profileType, signal) {
-    const { startMs, endMs } = this.range();
-    const stepMs = stepFor(startMs, endMs, 120);
-    this.timeline.unit = unitOf(profileType);
-    try {
-      const series = await selectSeries({ profileType, selector: this.query, startMs, endMs, stepMs }, signal);
-      if (signal.aborted) return;
-      this.timeline.setData(series, startMs, endMs, stepMs);
-    } catch (err) {
-      if (err.name !== "AbortError") this.timeline.setMessage(err.message);
-    }
-  }
+/** The page's own styles (layout of the two sides); a no-op once index.html links them. */
+function linkStylesheet() {
+  if (document.querySelector(`link[href^="${STYLESHEET}"]`)) return;
+  document.head.append(el("link", { rel: "stylesheet", href: STYLESHEET }));
 }
 
 class DiffView {
   constructor(root, params) {
+    linkStylesheet();
     this.root = root;
     this.profileType = params.get("profileType") || "";
     const common = params.get("query") || "";
@@ -147,10 +37,10 @@ class DiffView {
     this.typeSlot = el("span", { class: "hs-field" });
     const sides = el("div", { class: "hs-diff-sides" });
     this.notice = el("div", { class: "hs-banner" });
-    const panelSlot = el("section", { class: "hs-profile" });
+    const panelSlot = el("section", { class: "hs-profile hs-diff-profile" });
     root.append(
       el("h1", { class: "hs-title" }, "Diff"),
-      el("section", { class: "hs-toolbar" }, el("label", {}, "Profile ", this.typeSlot),
+      el("section", { class: "hs-toolbar hs-diff-toolbar" }, el("label", {}, "Profile ", this.typeSlot),
         el("span", { class: "hs-muted" },
           "Red frames grew from baseline to comparison, green ones shrank (each side as a share of its own total).")),
       sides,
@@ -158,25 +48,36 @@ class DiffView {
       panelSlot,
     );
     const onChange = () => this.changed();
-    this.left = new DiffSide(sides, {
-      title: "Baseline", className: "hs-diff-left",
-      query: params.get("leftQuery") || common,
-      from: params.get("leftFrom") || DEFAULT_FROM, until: params.get("leftUntil") || DEFAULT_UNTIL,
-      onChange,
-    });
-    this.right = new DiffSide(sides, {
-      title: "Comparison", className: "hs-diff-right",
-      query: params.get("rightQuery") || common,
-      from: params.get("rightFrom") || DEFAULT_FROM, until: params.get("rightUntil") || DEFAULT_UNTIL,
-      onChange,
-    });
+    const side = (prefix, title, role) => {
+      const traceId = params.get(`${prefix}TraceId`) || "";
+      const spanId = params.get(`${prefix}SpanId`) || "";
+      const from = params.get(`${prefix}From`);
+      const until = params.get(`${prefix}Until`);
+      return new DiffSide(sides, {
+        title, role, className: `hs-diff-${prefix}`,
+        // A trace side without a selector takes every sample of the trace, whatever service.
+        query: params.get(`${prefix}Query`) || common || (traceId || spanId ? ALL : ""),
+        from: from || DEFAULT_FROM, until: until || DEFAULT_UNTIL,
+        traceId, spanId, rangeGiven: Boolean(from || until),
+        onChange,
+      });
+    };
+    this.left = side("left", "Baseline", "baseline");
+    this.right = side("right", "Comparison", "comparison");
     this.panel = new ProfilePanel(panelSlot, {
       unit: unitOf(this.profileType || CPU),
       title: "",
       exportName: "diff",
       exports: () => this.serverExports(),
+      // The flame graph's own state lives in the address too, so a reload reopens it.
       search: params.get("search") || "",
       onSearch: (search) => setQuery({ search }),
+      zoom: params.get("zoom") || "",
+      onZoom: (zoom) => setQuery({ zoom }),
+      sort: params.get("sort") || "",
+      onSort: (sort) => setQuery({ sort }),
+      sandwich: params.get("sandwich") || "",
+      onSandwich: (sandwich) => setQuery({ sandwich }),
     });
     this.load();
   }
@@ -194,11 +95,14 @@ class DiffView {
 
   /** Both sides and the profile type into the address, so that it reopens this comparison. */
   writeAddress({ push = false } = {}) {
-    setQuery({
-      profileType: this.profileType,
-      leftQuery: this.left.query, leftFrom: this.left.from, leftUntil: this.left.until,
-      rightQuery: this.right.query, rightFrom: this.right.from, rightUntil: this.right.until,
-    }, { push });
+    const address = {};
+    for (const [prefix, side] of [["left", this.left], ["right", this.right]]) {
+      Object.assign(address, {
+        [`${prefix}Query`]: side.query, [`${prefix}From`]: side.from, [`${prefix}Until`]: side.until,
+        [`${prefix}TraceId`]: side.traceId, [`${prefix}SpanId`]: side.spanId,
+      });
+    }
+    setQuery({ profileType: this.profileType, ...address }, { push });
   }
 
   async load() {
@@ -206,8 +110,21 @@ class DiffView {
     const controller = new AbortController();
     this.controller = controller;
     const { signal } = controller;
+    const sides = [this.left, this.right];
     this.panel.setLoading("Comparing…");
+    for (const side of sides) side.setNote(null);
     try {
+      for (const side of sides) {
+        try {
+          await side.resolve(signal);
+        } catch (err) {
+          if (err.name === "AbortError") throw err;
+          side.setNote(message("error", err.message));
+          side.renderSubject(this.profileType);
+          throw new Error(`The ${side.role} cannot be compared: ${err.message}.`, { cause: err });
+        }
+        if (signal.aborted) return;
+      }
       const whole = {
         startMs: Math.min(this.left.range().startMs, this.right.range().startMs),
         endMs: Math.max(this.left.range().endMs, this.right.range().endMs),
@@ -219,14 +136,14 @@ class DiffView {
         return;
       }
       const names = [...services.keys()].sort();
-      for (const side of [this.left, this.right]) {
-        if (!side.query || side.query === "{}") {
+      for (const side of sides) {
+        if (!side.isTrace && (!side.query || side.query === ALL)) {
           side.query = formatSelector([{ name: "service_name", op: "=", value: names[0] }]);
           side.input.value = side.query;
           side.renderFilters();
         }
       }
-      const service = serviceOf(parseSelector(this.right.query)) || names[0];
+      const service = this.right.service() || this.left.service() || names[0];
       const types = services.get(service) || services.get(names[0]);
       const wanted = this.profileType;
       this.profileType = pickType(types, wanted);
@@ -237,6 +154,7 @@ class DiffView {
           "Pick another profile type, or widen the time ranges."));
       }
       this.writeAddress();
+      for (const side of sides) side.renderSubject(this.profileType);
       this.typeSlot.replaceChildren(
         selectOf("hs-profile-type", "Profile type", [...types].sort().map((t) => [t, typeLabel(t)]),
           this.profileType, (value) => {
@@ -253,39 +171,39 @@ class DiffView {
       }, { signal });
       if (signal.aborted) return;
       const graph = answer.flamegraph || {};
-      const leftTicks = Number(graph.leftTicks || 0);
-      const rightTicks = Number(graph.rightTicks || 0);
-      if (!leftTicks || !rightTicks) {
-        const empty = !leftTicks && !rightTicks ? "Neither side has data" : !leftTicks
-          ? `The baseline ${this.left.query} has no data in its range` : `The comparison ${this.right.query} has no data in its range`;
-        this.panel.setMessage(message("empty", `${empty}.`,
-          "Widen that side's time range or change its selector; each side needs samples to compare."));
+      const empty = sides.filter((side, i) => !Number([graph.leftTicks, graph.rightTicks][i] || 0));
+      if (empty.length) {
+        this.showEmpty(empty);
         return;
       }
-      this.panel.setData(graph, { unit, title: `${this.left.query} → ${this.right.query}` });
+      this.panel.setData(graph, { unit, title: `${this.left.describe()} → ${this.right.describe()}` });
     } catch (err) {
       if (err.name === "AbortError") return;
       this.panel.setMessage(errorBox(err));
     }
   }
 
+  /** Which side has nothing, and with what; both forms stay, so either can be changed. */
+  showEmpty(empty) {
+    for (const side of empty) {
+      side.setNote(message("empty", `No ${typeWords(this.profileType)} samples here.`));
+    }
+    const texts = empty.map((side) => side.emptyText(this.profileType));
+    const text = empty.length === 2 ? `Neither side has samples. ${texts.join("; ")}.` : `${texts[0]}.`;
+    const hint = empty.length === 2
+      ? "Change either side (a wider range, another selector or profile type); each side needs samples to compare."
+      : empty[0].emptyHint();
+    this.panel.setMessage(message("empty", text, hint));
+  }
+
   serverExports() {
     const out = [];
-    for (const [side, label] of [[this.left, "baseline"], [this.right, "comparison"]]) {
-      let range;
+    for (const side of [this.left, this.right]) {
       try {
-        range = side.range();
+        out.push(side.exportItem(this.profileType));
       } catch {
-        continue;
+        // A side whose range does not parse has nothing to export.
       }
-      out.push({
-        label: `pprof (${label})`,
-        filename: `${label}.pb`,
-        fetch: async () => querierBinary("SelectMergeProfile", selectMergeProfileRequest({
-          profileTypeID: this.profileType, labelSelector: side.query,
-          start: range.startMs, end: range.endMs,
-        })),
-      });
     }
     return out;
   }
