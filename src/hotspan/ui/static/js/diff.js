@@ -19,17 +19,8 @@ import { setQuery } from "./router.js";
 import { agentHint, catalogue, errorBox, pickType, selectOf, typeLabel } from "./selection.js";
 import { DEFAULT_FROM, DEFAULT_UNTIL } from "./timerange.js";
 
-const STYLESHEET = "/static/css/diff.css";
-
-/** The page's own styles (layout of the two sides); a no-op once index.html links them. */
-function linkStylesheet() {
-  if (document.querySelector(`link[href^="${STYLESHEET}"]`)) return;
-  document.head.append(el("link", { rel: "stylesheet", href: STYLESHEET }));
-}
-
 class DiffView {
   constructor(root, params) {
-    linkStylesheet();
     this.root = root;
     this.profileType = params.get("profileType") || "";
     const common = params.get("query") || "";
