@@ -112,7 +112,15 @@ def _request(selector: str) -> Dict[str, object]:
     }
 
 
-def mount(page, data: Data, selector: str = RIGHT, *, pprof: bool = False, width: int = 0, **options: object) -> None:  # type: ignore[no-untyped-def]
+def mount(
+    page,
+    data: Data,
+    selector: str = RIGHT,
+    *,
+    pprof: bool = False,
+    width: int = 0,
+    **options: object,
+) -> None:  # type: ignore[no-untyped-def]
     page.goto(f"{data.server.url}/profiles")
     request = _request(selector)
     nodes = page.evaluate(
@@ -188,12 +196,16 @@ def fits(page) -> bool:  # type: ignore[no-untyped-def]
 
 
 def _open_diff(page, data: Data) -> None:  # type: ignore[no-untyped-def]
-    page.goto(f"{data.server.url}/diff?leftQuery={quote(LEFT)}&rightQuery={quote(RIGHT)}&from=now-1h")
+    page.goto(
+        f"{data.server.url}/diff?leftQuery={quote(LEFT)}&rightQuery={quote(RIGHT)}&from=now-1h"
+    )
     page.wait_for_selector(f'.hs-toptable tbody tr[data-name="{LONG}"]')
 
 
 def _cell(page, name: str, column: str) -> str:  # type: ignore[no-untyped-def]
-    return page.locator(f'.hs-toptable tbody tr[data-name="{name}"] td.hs-toptable-{column}').inner_text()
+    return page.locator(
+        f'.hs-toptable tbody tr[data-name="{name}"] td.hs-toptable-{column}'
+    ).inner_text()
 
 
 def _percent(text: str) -> float:
@@ -209,20 +221,41 @@ def test_diff_table_has_baseline_comparison_and_change_side_by_side(page, data) 
     groups = head.locator("th.hs-toptable-group")
     assert groups.count() == 2
     sorts = head.locator(".hs-sort")
-    labels = {sorts.nth(i).get_attribute("aria-label") or sorts.nth(i).inner_text().strip("▲▼ ") for i in range(sorts.count())}
-    assert labels == {"Function", "Baseline self", "Baseline total", "Comparison self", "Comparison total", "Change"}
-    columns = page.locator(".hs-toptable tbody tr[data-name]").first.locator("td").evaluate_all(
-        "(cells) => cells.map((c) => c.className)"
+    labels = {
+        sorts.nth(i).get_attribute("aria-label") or sorts.nth(i).inner_text().strip("▲▼ ")
+        for i in range(sorts.count())
+    }
+    assert labels == {
+        "Function",
+        "Baseline self",
+        "Baseline total",
+        "Comparison self",
+        "Comparison total",
+        "Change",
+    }
+    columns = (
+        page.locator(".hs-toptable tbody tr[data-name]")
+        .first.locator("td")
+        .evaluate_all("(cells) => cells.map((c) => c.className)")
     )
-    assert columns == [f"hs-toptable-{k}" for k in ("name", "selfLeft", "totalLeft", "selfRight", "totalRight", "change")]
+    assert columns == [
+        f"hs-toptable-{k}"
+        for k in ("name", "selfLeft", "totalLeft", "selfRight", "totalRight", "change")
+    ]
     # The side headers sit over their columns.
     base = groups.nth(0).bounding_box()
     base_self = head.locator("th.hs-toptable-selfLeft").bounding_box()
     base_total = head.locator("th.hs-toptable-totalLeft").bounding_box()
-    assert base["x"] <= base_self["x"] + 1 and base_total["x"] + base_total["width"] <= base["x"] + base["width"] + 1
+    assert (
+        base["x"] <= base_self["x"] + 1
+        and base_total["x"] + base_total["width"] <= base["x"] + base["width"] + 1
+    )
 
     # The heavy function: a small share of the baseline, a large one of the comparison.
-    left_total, right_total = _percent(_cell(page, LONG, "totalLeft")), _percent(_cell(page, LONG, "totalRight"))
+    left_total, right_total = (
+        _percent(_cell(page, LONG, "totalLeft")),
+        _percent(_cell(page, LONG, "totalRight")),
+    )
     assert left_total < right_total / 2, (left_total, right_total)
     assert _cell(page, LONG, "change").startswith("+")
     # The values are each side's own, as the flame graph's tooltip says.
@@ -231,7 +264,9 @@ def test_diff_table_has_baseline_comparison_and_change_side_by_side(page, data) 
             const host = [...document.querySelectorAll('*')].find((e) => e.flamegraph);
             const t = host.flamegraph.tree;
             let l = 0, r = 0;
-            for (let i = 0; i < t.nodeCount; i++) if (t.names[t.name[i]] === name) { l += t.totalLeft[i]; r += t.totalRight[i]; }
+            for (let i = 0; i < t.nodeCount; i++) {
+              if (t.names[t.name[i]] === name) { l += t.totalLeft[i]; r += t.totalRight[i]; }
+            }
             return { l: 100 * l / t.leftTotal, r: 100 * r / t.rightTotal };
         }""",
         LONG,
@@ -251,7 +286,10 @@ def test_diff_table_has_baseline_comparison_and_change_side_by_side(page, data) 
     head.locator('.hs-sort[aria-label="Baseline total"]').click()
     head.locator('.hs-sort[aria-label="Baseline total"]').click()  # ascending, then descending
     rows = page.locator(".hs-toptable tbody tr[data-name]")
-    values = [_percent(rows.nth(i).locator("td.hs-toptable-totalLeft").inner_text()) for i in range(min(rows.count(), 6))]
+    values = [
+        _percent(rows.nth(i).locator("td.hs-toptable-totalLeft").inner_text())
+        for i in range(min(rows.count(), 6))
+    ]
     assert values == sorted(values, reverse=True) or values == sorted(values), values
 
 
@@ -328,9 +366,11 @@ def test_keyboard_moves_between_frames_and_zooms(page, data) -> None:  # type: i
     focus_pixel = page.evaluate(
         """(name) => {
             const g = document.querySelector('#fg-test .hs-panel-graph').flamegraph;
-            const f = g.frames().filter((x) => x.name === name).sort((a, b) => b.width - a.width)[0];
+            const f = g.frames().filter((x) => x.name === name)
+              .sort((a, b) => b.width - a.width)[0];
             const dpr = g.canvas.width / g.canvas.getBoundingClientRect().width;
-            const d = g.ctx.getImageData(Math.round((f.x + f.width / 2) * dpr), Math.round((f.y + 1) * dpr), 1, 1).data;
+            const x = Math.round((f.x + f.width / 2) * dpr);
+            const d = g.ctx.getImageData(x, Math.round((f.y + 1) * dpr), 1, 1).data;
             return [d[0], d[1], d[2]];
         }""",
         HANDLER,
@@ -341,7 +381,7 @@ def test_keyboard_moves_between_frames_and_zooms(page, data) -> None:  # type: i
     holder = page.locator("#fg-test .hs-panel-graph")
     assert holder.get_attribute("data-zoomed") == HANDLER
     zoom = calls(page)["zoom"]
-    assert zoom and zoom[-1].endswith(HANDLER) and ";" in zoom[-1] or zoom[-1] == HANDLER
+    assert zoom[-1].split(";")[-1] == HANDLER and zoom[-1].count(";") >= 1, zoom
     view = frames(page)
     assert abs(frame(view, HANDLER)["width"] - view["width"]) < 1
     assert not page.locator("#fg-test .hs-reset").is_disabled()
@@ -406,11 +446,19 @@ def test_right_click_menu_on_a_frame(browser, data) -> None:  # type: ignore[no-
         menu.wait_for()
         assert menu.locator(".hs-menu-title").inner_text() == LONG
         items = [t.strip() for t in menu.locator("[role=menuitem]").all_inner_texts()]
-        assert items[:4] == ["Focus on subtree", "Sandwich: callers and callees", "Copy function name", "Search for it"]
+        assert items[:4] == [
+            "Focus on subtree",
+            "Sandwich: callers and callees",
+            "Copy function name",
+            "Search for it",
+        ]
         # Keyboard: focus starts on the first item, arrows move it.
         assert page.evaluate("() => document.activeElement.textContent") == "Focus on subtree"
         page.keyboard.press("ArrowDown")
-        assert page.evaluate("() => document.activeElement.textContent") == "Sandwich: callers and callees"
+        assert (
+            page.evaluate("() => document.activeElement.textContent")
+            == "Sandwich: callers and callees"
+        )
         page.keyboard.press("ArrowUp")
         page.keyboard.press("ArrowUp")  # wraps to the last
         assert page.evaluate("() => document.activeElement.closest('.hs-frame-menu') !== null")
@@ -434,7 +482,9 @@ def test_right_click_menu_on_a_frame(browser, data) -> None:  # type: ignore[no-
         # Copy the name.
         page.mouse.click(*point(view, frame(view, LONG)), button="right")
         menu.locator('[data-action="copy"]').click()
-        page.wait_for_function("(n) => navigator.clipboard.readText().then((t) => t === n)", arg=LONG)
+        page.wait_for_function(
+            "(n) => navigator.clipboard.readText().then((t) => t === n)", arg=LONG
+        )
 
         # A click elsewhere closes it.
         page.mouse.click(*point(view, frame(view, LONG)), button="right")
@@ -487,7 +537,10 @@ def test_sandwich_from_the_menu_and_from_the_url(page, data) -> None:  # type: i
     sandwich = page.locator("#fg-test .hs-panel-sandwich")
     assert sandwich.is_visible()
     assert not page.locator("#fg-test .hs-panel-graph").is_visible()
-    assert page.locator('#fg-test .hs-view[data-view="sandwich"]').get_attribute("aria-pressed") == "true"
+    assert (
+        page.locator('#fg-test .hs-view[data-view="sandwich"]').get_attribute("aria-pressed")
+        == "true"
+    )
 
     callers = frames(page, "#fg-test .hs-sandwich-callers")
     callees = frames(page, "#fg-test .hs-sandwich-callees")
@@ -537,7 +590,9 @@ def test_sort_is_reported_and_restored(page, data) -> None:  # type: ignore[no-u
     assert calls(page)["sort"] == ["name:asc", "total:desc"]
 
     mount(page, data, sort="name:desc")
-    names = page.locator("#fg-test tbody tr[data-name]").evaluate_all("(rows) => rows.map((r) => r.dataset.name)")
+    names = page.locator("#fg-test tbody tr[data-name]").evaluate_all(
+        "(rows) => rows.map((r) => r.dataset.name)"
+    )
     assert names == sorted(names, reverse=True)
     assert page.locator("#fg-test th.hs-toptable-name").get_attribute("aria-sort") == "descending"
     # A column this table lacks (a diff's) falls back to self, descending.
@@ -569,9 +624,13 @@ def test_loading_draws_a_skeleton(page, data) -> None:  # type: ignore[no-untype
     assert bars.count() >= 6
     boxes = [bars.nth(i).bounding_box() for i in range(bars.count())]
     assert all(b["height"] >= 10 and b["width"] > 30 for b in boxes)
-    assert page.evaluate(
-        "() => getComputedStyle(document.querySelector('#fg-test .hs-skeleton-bar')).animationName"
-    ) == "hs-skeleton-shine"
+    assert (
+        page.evaluate(
+            "() => getComputedStyle(document.querySelector('#fg-test .hs-skeleton-bar'))"
+            ".animationName"
+        )
+        == "hs-skeleton-shine"
+    )
     screenshot(page, "panel-skeleton")
 
 
@@ -584,14 +643,17 @@ def test_dark_theme(browser, data) -> None:  # type: ignore[no-untyped-def]
         view = frames(page)
         dimmed = [f for f in view["frames"] if f["dimmed"]]
         assert dimmed
-        assert all(f["color"].replace(" ", "") == "rgb(58,62,68)" for f in dimmed), dimmed[0]["color"]
+        assert all(f["color"].replace(" ", "") == "rgb(58,62,68)" for f in dimmed), dimmed[0][
+            "color"
+        ]
         head = page.locator("#fg-test .hs-toptable thead th").first
         bg = head.evaluate("(e) => getComputedStyle(e).backgroundColor")
         rgb = [int(v) for v in bg[bg.index("(") + 1 : bg.index(")")].split(",")[:3]]
         assert max(rgb) < 80, bg
         # The canvas reads its colours when it draws: the focus ring is light on dark.
         focus = page.evaluate(
-            "() => getComputedStyle(document.querySelector('#fg-test .hs-flamegraph')).getPropertyValue('--hs-fg-focus').trim()"
+            "() => getComputedStyle(document.querySelector('#fg-test .hs-flamegraph'))"
+            ".getPropertyValue('--hs-fg-focus').trim()"
         )
         assert focus == "#ffffff"
         screenshot(page, "panel-dark")

@@ -353,14 +353,23 @@ export class ProfilePanel {
       this.view === "sandwich" ? !this.sandwichGraphs().some(zoomed) : !zoomed(this.graph);
   }
 
-  /** The source location of a function, from the view's pprof export (fetched once). */
+  /**
+   * The source location of a function, from the view's pprof exports (fetched once per data;
+   * a diff has one per side, and a function may be on one side only).
+   */
   sourceOf(name) {
-    const pprof = ((this.serverExports && this.serverExports()) || []).find(
+    const pprofs = ((this.serverExports && this.serverExports()) || []).filter(
       (x) => x.key === "pprof" || /^pprof\b/i.test(String(x.label)),
     );
-    if (!pprof || !this.tree) return null;
+    if (!pprofs.length || !this.tree) return null;
     if (!this.sources || this.sources.tree !== this.tree) {
-      const promise = Promise.resolve(pprof.fetch()).then(sourceLocations);
+      const promise = Promise.all(pprofs.map((x) => Promise.resolve(x.fetch()).then(sourceLocations))).then(
+        (maps) => {
+          const merged = new Map();
+          for (const map of maps) for (const [k, v] of map) if (!merged.has(k)) merged.set(k, v);
+          return merged;
+        },
+      );
       this.sources = { tree: this.tree, promise };
       // A failed fetch is tried again at the next menu, not remembered.
       promise.catch(() => {
