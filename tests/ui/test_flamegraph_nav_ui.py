@@ -377,6 +377,15 @@ def test_keyboard_moves_between_frames_and_zooms(page, data) -> None:  # type: i
     )
     assert max(focus_pixel) < 60, focus_pixel  # near-black ring on a pastel frame
 
+    # The menu from the keyboard, on the focused frame; Escape gives the focus back.
+    page.keyboard.press("Shift+F10")
+    menu = page.locator(".hs-frame-menu")
+    menu.wait_for()
+    assert menu.locator(".hs-menu-title").inner_text() == HANDLER
+    page.keyboard.press("Escape")
+    assert menu.count() == 0
+    assert page.evaluate("() => document.activeElement.tagName") == "CANVAS"
+
     page.keyboard.press("Enter")
     holder = page.locator("#fg-test .hs-panel-graph")
     assert holder.get_attribute("data-zoomed") == HANDLER
