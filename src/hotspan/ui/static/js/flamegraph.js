@@ -140,6 +140,10 @@ export class FlameGraph {
       if (node < 0) return;
       if (this.requestMenu(node, e.clientX, e.clientY)) e.preventDefault();
     });
+    // A switch of the system's theme changes the CSS colours; the canvas must redraw to follow.
+    this.schemeQuery = typeof matchMedia === "function" ? matchMedia("(prefers-color-scheme: dark)") : null;
+    this.onScheme = () => this.requestDraw();
+    if (this.schemeQuery) this.schemeQuery.addEventListener("change", this.onScheme);
     if (typeof ResizeObserver !== "undefined") {
       this.resizeObserver = new ResizeObserver(() => {
         if (this.measureWidth() !== this.cssWidth) this.requestDraw();
@@ -338,6 +342,7 @@ export class FlameGraph {
 
   destroy() {
     if (this.resizeObserver) this.resizeObserver.disconnect();
+    if (this.schemeQuery) this.schemeQuery.removeEventListener("change", this.onScheme);
     if (this.pending) cancelAnimationFrame(this.pending);
     this.tooltip.remove();
     this.canvas.remove();
