@@ -134,6 +134,8 @@ def mount(
         },
     )
     assert nodes > 3
+    # Two frames: the panel's width-dependent layout (and any scroll bar) has settled.
+    page.evaluate("() => new Promise((r) => requestAnimationFrame(() => requestAnimationFrame(r)))")
 
 
 FRAMES = """
@@ -160,6 +162,12 @@ def frame(view: dict, name: str) -> dict:
 
 def point(view: dict, f: dict) -> List[float]:
     return [view["left"] + f["x"] + min(f["width"] / 2, 30), view["top"] + f["y"] + f["height"] / 2]
+
+
+def right_click(page, name: str) -> None:  # type: ignore[no-untyped-def]
+    """Right-clicks the widest frame of `name`, where it is drawn now."""
+    view = frames(page)
+    page.mouse.click(*point(view, frame(view, name)), button="right")
 
 
 def calls(page) -> Dict[str, List[str]]:  # type: ignore[no-untyped-def]
@@ -449,8 +457,7 @@ def test_right_click_menu_on_a_frame(browser, data) -> None:  # type: ignore[no-
     page.on("pageerror", lambda e: errors.append(str(e)))
     try:
         mount(page, data, pprof=True)
-        view = frames(page)
-        page.mouse.click(*point(view, frame(view, LONG)), button="right")
+        right_click(page, LONG)
         menu = page.locator(".hs-frame-menu")
         menu.wait_for()
         assert menu.locator(".hs-menu-title").inner_text() == LONG
@@ -489,27 +496,27 @@ def test_right_click_menu_on_a_frame(browser, data) -> None:  # type: ignore[no-
         assert menu.count() == 0
 
         # Copy the name.
-        page.mouse.click(*point(view, frame(view, LONG)), button="right")
+        right_click(page, LONG)
         menu.locator('[data-action="copy"]').click()
         page.wait_for_function(
             "(n) => navigator.clipboard.readText().then((t) => t === n)", arg=LONG
         )
 
         # A click elsewhere closes it.
-        page.mouse.click(*point(view, frame(view, LONG)), button="right")
+        right_click(page, LONG)
         menu.wait_for()
         page.mouse.click(5, 5)
         assert menu.count() == 0
 
         # Search for it fills the search box (and tells the view, for its URL).
-        page.mouse.click(*point(view, frame(view, LONG)), button="right")
+        right_click(page, LONG)
         menu.locator('[data-action="search"]').click()
         assert page.locator("#fg-test .hs-search").input_value() == LONG
         page.wait_for_function("(n) => window.calls.search.includes(n)", arg=LONG)
         page.locator("#fg-test .hs-search").fill("")
 
         # Focus on subtree zooms to that frame.
-        page.mouse.click(*point(view, frame(view, HANDLER)), button="right")
+        right_click(page, HANDLER)
         menu.locator('[data-action="zoom"]').click()
         assert page.locator("#fg-test .hs-panel-graph").get_attribute("data-zoomed") == HANDLER
 
@@ -527,8 +534,7 @@ def test_right_click_menu_on_a_frame(browser, data) -> None:  # type: ignore[no-
 
 def test_menu_without_a_pprof_source_says_so(page, data) -> None:  # type: ignore[no-untyped-def]
     mount(page, data)
-    view = frames(page)
-    page.mouse.click(*point(view, frame(view, LONG)), button="right")
+    right_click(page, LONG)
     menu = page.locator(".hs-frame-menu")
     menu.wait_for()
     assert "Source location not available here" in menu.inner_text()
@@ -539,8 +545,7 @@ def test_menu_without_a_pprof_source_says_so(page, data) -> None:  # type: ignor
 
 def test_sandwich_from_the_menu_and_from_the_url(page, data) -> None:  # type: ignore[no-untyped-def]
     mount(page, data)
-    view = frames(page)
-    page.mouse.click(*point(view, frame(view, LONG)), button="right")
+    right_click(page, LONG)
     page.locator('.hs-frame-menu [data-action="sandwich"]').click()
     assert calls(page)["sandwich"] == [LONG]
     sandwich = page.locator("#fg-test .hs-panel-sandwich")

@@ -1,6 +1,7 @@
 // A popup menu at a point (the flame graph's and top table's right-click menu): keyboard
 // reachable (focus goes to the first item, arrows move, Home/End jump, Escape and Tab close)
-// and closed by a click anywhere else.  Focus goes back where it was when it closes.
+// and closed by a click anywhere else.  Focus goes back where it was when it closes.  Scrolling
+// leaves it open: a table re-rendering under it scrolls too, and that is not the user leaving.
 
 import { el } from "./dom.js";
 
@@ -80,15 +81,11 @@ export function showMenu({ x, y, items, label = "Actions", className = "" }) {
   function onOutside(e) {
     if (!node.contains(e.target)) close();
   }
-  function onScroll(e) {
-    if (!node.contains(e.target)) close();
-  }
   function close() {
     if (openMenu !== menu) return;
     openMenu = null;
     node.remove();
     document.removeEventListener("pointerdown", onOutside, true);
-    window.removeEventListener("scroll", onScroll, true);
     window.removeEventListener("resize", close);
   }
 
@@ -103,7 +100,6 @@ export function showMenu({ x, y, items, label = "Actions", className = "" }) {
   node.style.top = `${top}px`;
   openMenu = menu;
   document.addEventListener("pointerdown", onOutside, true);
-  window.addEventListener("scroll", onScroll, true);
   window.addEventListener("resize", close);
   focusAt(0);
   return menu;
