@@ -5,6 +5,12 @@
 // than half a pixel are skipped (their children are narrower still).  Redraws are coalesced
 // into one per animation frame.  Hover does not redraw at all: it only moves the tooltip.
 //
+// Keyboard: the canvas is focusable; arrows move a focus between frames (up/down: the frame
+// drawn above/below, left/right: the neighbours on the same row), Enter zooms into it, Escape
+// zooms out.  Wheel: plain wheel scrolls the page as everywhere else; ctrl (or cmd) + wheel
+// zooms horizontally around the pointer and shift + wheel pans a zoomed graph, as speedscope
+// does, so scrolling past a graph never gets trapped in it.
+//
 // Inlined into the standalone HTML export with format.js and flametree.js (see export.js):
 // imports only those two, and its top-level names must not collide with theirs.
 
@@ -15,9 +21,34 @@ const FG_FRAME_HEIGHT = 18; // as Pyroscope
 const FG_MIN_WIDTH = 0.5; // CSS px: narrower frames are not drawn
 const FG_LABEL_PAD = 3;
 const FG_FONT = "12px ui-monospace, SFMono-Regular, Menlo, Consolas, monospace";
-const FG_DIMMED = "rgb(228,228,228)";
-const FG_TEXT = "#1f1f1f";
-const FG_TEXT_DIMMED = "#9a9a9a";
+const FG_ZOOM_STEP = 0.0015; // per wheel delta unit: a notch (100) is about 16%
+// Fallbacks when flamegraph.css is not loaded; the CSS variables win (dark theme).
+const FG_THEME_DEFAULTS = {
+  text: ["--hs-fg-frame-text", "#1f1f1f"],
+  textDimmed: ["--hs-fg-frame-text-dimmed", "#9a9a9a"],
+  dimmed: ["--hs-fg-frame-dimmed", "rgb(228,228,228)"],
+  focus: ["--hs-fg-focus", "#1f1f1f"],
+};
+
+/** The canvas colours from the CSS variables in force on `node` (read at draw time). */
+function fgTheme(node) {
+  const style = typeof getComputedStyle === "function" ? getComputedStyle(node) : null;
+  const theme = {};
+  for (const [key, [name, fallback]] of Object.entries(FG_THEME_DEFAULTS)) {
+    const v = style ? style.getPropertyValue(name).trim() : "";
+    theme[key] = v || fallback;
+  }
+  return theme;
+}
+
+/**
+ * A label for a frame `fit` characters wide, cut from the left so that the function name (the
+ * end of "module.Class.method") stays readable, as Grafana cuts them.
+ */
+export function fgLabel(name, fit) {
+  if (fit < 3) return "";
+  return name.length <= fit ? name : `…${name.slice(name.length - (fit - 1))}`;
+}
 
 function fgRgb(c) {
   return `rgb(${c[0]},${c[1]},${c[2]})`;
@@ -72,26 +103,47 @@ export class FlameGraph {
     this.drawn = []; // flat: node, x, y, width, label per drawn frame
     this.pending = 0;
     this.cssWidth = 0;
+    this.range = null; // [v0, v1] from wheel zoom/pan, over the zoomed frame's range
+    this.focused = -1; // the keyboard's frame, -1 = none
+    this.theme = null;
 
     container.classList.add("hs-flamegraph");
     container.flamegraph = this;
     this.canvas = document.createElement("canvas");
     this.canvas.className = "hs-flamegraph-canvas";
     this.canvas.tabIndex = 0;
-    this.canvas.setAttribute("role", "img");
-    this.canvas.setAttribute("aria-label", "Flame graph");
+    this.canvas.setAttribute("role", "application");
+    this.canvas.setAttribute(
+      "aria-label",
+      "Flame graph: arrow keys move between frames, Enter zooms in, Escape zooms out",
+    );
     this.tooltip = document.createElement("div");
     this.tooltip.className = "hs-tooltip";
     this.tooltip.hidden = true;
-    container.append(this.canvas, this.tooltip);
+    // What the keyboard focus is on, for screen readers (the canvas itself has no text).
+    this.announcer = document.createElement("div");
+    this.announcer.className = "hs-fg-announce";
+    this.announcer.setAttribute("aria-live", "polite");
+    container.append(this.canvas, this.tooltip, this.announcer);
     this.ctx = this.canvas.getContext("2d");
 
     this.canvas.addEventListener("mousemove", (e) => this.onMove(e));
     this.canvas.addEventListener("mouseleave", () => this.hideTooltip());
     this.canvas.addEventListener("click", (e) => this.onClick(e));
-    this.canvas.addEventListener("keydown", (e) => {
-      if (e.key === "Escape") this.resetZoom();
+    this.canvas.addEventListener("keydown", (e) => this.onKey(e));
+    this.canvas.addEventListener("blur", () => {
+      if (this.focused >= 0) this.hideTooltip();
     });
+    this.canvas.addEventListener("wheel", (e) => this.onWheel(e), { passive: false });
+    this.canvas.addEventListener("contextmenu", (e) => {
+      const node = this.eventNode(e);
+      if (node < 0) return;
+      if (this.requestMenu(node, e.clientX, e.clientY)) e.preventDefault();
+    });
+    // A switch of the system's theme changes the CSS colours; the canvas must redraw to follow.
+    this.schemeQuery = typeof matchMedia === "function" ? matchMedia("(prefers-color-scheme: dark)") : null;
+    this.onScheme = () => this.requestDraw();
+    if (this.schemeQuery) this.schemeQuery.addEventListener("change", this.onScheme);
     if (typeof ResizeObserver !== "undefined") {
       this.resizeObserver = new ResizeObserver(() => {
         if (this.measureWidth() !== this.cssWidth) this.requestDraw();
@@ -104,6 +156,8 @@ export class FlameGraph {
   setData(tree) {
     this.tree = tree;
     this.zoomed = -1;
+    this.range = null;
+    this.focused = -1;
     this.container.removeAttribute("data-zoomed");
     this.colors = this.computeColors(tree);
     this.markSearch();
@@ -157,17 +211,95 @@ export class FlameGraph {
       return;
     }
     this.zoomed = node;
+    this.range = null;
     this.container.dataset.zoomed = tree.names[tree.name[node]];
+    if (this.focused >= 0 && !this.isVisible(this.focused)) this.focused = node;
     this.notifyZoom();
     this.requestDraw();
   }
 
   resetZoom() {
-    const was = this.zoomed;
+    const was = this.zoomed !== -1 || this.range !== null;
     this.zoomed = -1;
+    this.range = null;
     this.container.removeAttribute("data-zoomed");
-    if (was !== -1) this.notifyZoom();
+    if (was) this.notifyZoom();
     this.requestDraw();
+  }
+
+  /**
+   * The zoomed frame as its root-first path of names joined by ";" ("" = whole graph): what a
+   * URL keeps, so that a reload (or slightly different data) zooms to the same place.
+   */
+  zoomPath() {
+    const tree = this.tree;
+    if (!tree || this.zoomed <= 0) return "";
+    const names = [];
+    for (let n = this.zoomed; n > 0; n = tree.parent[n]) names.push(tree.names[tree.name[n]]);
+    return names.reverse().join(";");
+  }
+
+  /** The frame a zoomPath() names (the widest match at each step), or -1. */
+  findPath(path) {
+    const tree = this.tree;
+    if (!tree || !tree.nodeCount || !path) return -1;
+    let node = 0;
+    for (const name of String(path).split(";")) {
+      let best = -1;
+      const first = tree.firstChild[node];
+      for (let c = first; c >= 0 && c < first + tree.childCount[node]; c++) {
+        if (tree.names[tree.name[c]] === name && (best < 0 || tree.value[c] > tree.value[best])) best = c;
+      }
+      if (best < 0) return -1;
+      node = best;
+    }
+    return node;
+  }
+
+  /** Zooms to a zoomPath() without telling listeners; unknown paths show the whole graph. */
+  restoreZoom(path) {
+    const node = this.findPath(path);
+    this.zoomed = node > 0 ? node : -1;
+    this.range = null;
+    if (this.zoomed > 0) this.container.dataset.zoomed = this.tree.names[this.tree.name[node]];
+    else this.container.removeAttribute("data-zoomed");
+    this.requestDraw();
+    return this.zoomed > 0;
+  }
+
+  /** Moves the keyboard focus to a node (-1 clears) and describes it. */
+  focusFrame(node) {
+    const tree = this.tree;
+    if (!tree || node >= tree.nodeCount) return;
+    this.focused = node;
+    this.requestDraw();
+    if (node < 0) {
+      this.hideTooltip();
+      this.announcer.textContent = "";
+      return;
+    }
+    this.flush();
+    const rect = this.frameRect(node);
+    const box = this.canvas.getBoundingClientRect();
+    if (rect) {
+      const x = box.left + rect.x + Math.min(rect.width, 40);
+      this.showTooltip(node, x, box.top + rect.y + FG_FRAME_HEIGHT);
+      if (this.canvas.scrollIntoView && document.activeElement === this.canvas) {
+        this.scrollFrameIntoView(box.top + rect.y);
+      }
+    }
+    const rows = this.tooltipRows(node).map(([k, v]) => `${k} ${v}`).join(", ");
+    this.announcer.textContent = `${tree.names[tree.name[node]]}: ${rows}`;
+  }
+
+  /** The drawn rectangle of a node (canvas CSS px), or null when it is not drawn. */
+  frameRect(node) {
+    for (let i = 0; i < this.drawn.length; i += 5) {
+      if (this.drawn[i] === node) {
+        return { x: this.drawn[i + 1], y: this.drawn[i + 2], width: this.drawn[i + 3] };
+      }
+    }
+    return null;
   }
 
   /** Visible frames as last drawn (a pending draw is done first). @returns {DrawnFrame[]} */
@@ -210,6 +342,7 @@ export class FlameGraph {
 
   destroy() {
     if (this.resizeObserver) this.resizeObserver.disconnect();
+    if (this.schemeQuery) this.schemeQuery.removeEventListener("change", this.onScheme);
     if (this.pending) cancelAnimationFrame(this.pending);
     this.tooltip.remove();
     this.canvas.remove();
@@ -220,7 +353,158 @@ export class FlameGraph {
 
   notifyZoom() {
     const name = this.container.dataset.zoomed || null;
-    this.container.dispatchEvent(new CustomEvent("hs-zoom", { detail: { name } }));
+    this.container.dispatchEvent(
+      new CustomEvent("hs-zoom", { detail: { name, path: this.zoomPath(), ranged: this.range !== null } }),
+    );
+  }
+
+  /**
+   * Asks the page for a menu on a frame: an "hs-frame-menu" event that a listener takes by
+   * calling preventDefault(); true when one did.  The standalone page has none, so there the
+   * browser's own menu stays.
+   */
+  requestMenu(node, clientX, clientY) {
+    const tree = this.tree;
+    const event = new CustomEvent("hs-frame-menu", {
+      cancelable: true,
+      detail: { node, name: tree.names[tree.name[node]], clientX, clientY, graph: this },
+    });
+    this.container.dispatchEvent(event);
+    return event.defaultPrevented;
+  }
+
+  scrollFrameIntoView(top) {
+    if (top < 0 || top + FG_FRAME_HEIGHT > window.innerHeight) {
+      window.scrollBy(0, top < 0 ? top - 40 : top + FG_FRAME_HEIGHT + 40 - window.innerHeight);
+    }
+  }
+
+  /** Drawn at least half a pixel wide in the current view. */
+  isVisible(node) {
+    const tree = this.tree;
+    const [v0, v1] = this.viewRange();
+    const left = Math.max(tree.x[node], v0);
+    const right = Math.min(tree.x[node] + tree.value[node], v1);
+    return right > left && ((right - left) * (this.cssWidth || 1)) / (v1 - v0) >= FG_MIN_WIDTH;
+  }
+
+  /** Widest visible node in [lo, hi) (a child run), or -1. */
+  widestVisible(lo, hi) {
+    let best = -1;
+    for (let i = lo; i < hi; i++) {
+      if (this.isVisible(i) && (best < 0 || this.tree.value[i] > this.tree.value[best])) best = i;
+    }
+    return best;
+  }
+
+  /** The next visible node on the same row, in x order (`step` +1 or -1), or -1. */
+  neighbour(node, step) {
+    const tree = this.tree;
+    const d = tree.depth[node];
+    for (let i = node + step; i >= tree.levelStart[d] && i < tree.levelStart[d + 1]; i += step) {
+      if (this.isVisible(i)) return i;
+    }
+    return -1;
+  }
+
+  onKey(e) {
+    const tree = this.tree;
+    if (!tree || !tree.nodeCount || e.altKey || e.ctrlKey || e.metaKey) return;
+    const key = e.key === "F10" && e.shiftKey ? "ContextMenu" : e.key;
+    let node = this.focused >= 0 && this.isVisible(this.focused) ? this.focused : -1;
+    const start = this.zoomed > 0 ? this.zoomed : 0;
+    // Up and down follow the picture: the root is drawn at the bottom when inverted.
+    const towardsRoot = this.inverted ? "ArrowDown" : "ArrowUp";
+    let next = -2;
+    switch (key) {
+      case "ArrowUp":
+      case "ArrowDown":
+        if (node < 0) next = start;
+        else if (e.key === towardsRoot) next = node > 0 ? tree.parent[node] : -1;
+        else next = tree.childCount[node] ? this.widestVisible(tree.firstChild[node], tree.firstChild[node] + tree.childCount[node]) : -1;
+        break;
+      case "ArrowLeft":
+      case "ArrowRight":
+        next = node < 0 ? start : this.neighbour(node, e.key === "ArrowRight" ? 1 : -1);
+        break;
+      case "Home":
+        next = start;
+        break;
+      case "Enter":
+      case " ":
+        if (node >= 0) {
+          if (node === 0) this.resetZoom();
+          else this.zoomTo(node);
+          this.focusFrame(node);
+        }
+        e.preventDefault();
+        return;
+      case "Escape":
+        if (this.zoomed > 0 || this.range) {
+          // One step out: a wheel zoom first, then the zoomed frame's parent.
+          if (this.range) {
+            this.range = null;
+            this.notifyZoom();
+            this.requestDraw();
+          } else if (tree.parent[this.zoomed] > 0) this.zoomTo(tree.parent[this.zoomed]);
+          else this.resetZoom();
+          if (node >= 0) this.focusFrame(node);
+          e.preventDefault();
+        } else if (node >= 0) {
+          this.focusFrame(-1);
+          e.preventDefault();
+        }
+        return;
+      case "ContextMenu":
+        if (node >= 0) {
+          const rect = this.frameRect(node);
+          const box = this.canvas.getBoundingClientRect();
+          if (rect && this.requestMenu(node, box.left + rect.x + Math.min(rect.width, 40), box.top + rect.y + FG_FRAME_HEIGHT)) {
+            e.preventDefault();
+          }
+        }
+        return;
+      default:
+        return;
+    }
+    e.preventDefault();
+    if (next >= 0) this.focusFrame(next);
+  }
+
+  onWheel(e) {
+    const tree = this.tree;
+    if (!tree || !tree.nodeCount) return;
+    const zoom = e.ctrlKey || e.metaKey;
+    const [v0, v1] = this.viewRange();
+    const [b0, b1] = this.zoomRange();
+    if (!zoom && !(e.shiftKey && (v0 > b0 || v1 < b1))) return; // the page scrolls
+    e.preventDefault();
+    const width = v1 - v0;
+    let n0;
+    let n1;
+    if (zoom) {
+      const rect = this.canvas.getBoundingClientRect();
+      const at = Math.min(1, Math.max(0, (e.clientX - rect.left) / (rect.width || 1)));
+      const anchor = v0 + at * width;
+      // Not narrower than ~2 px per unit of value, not wider than the zoomed frame.
+      const minWidth = Math.min(b1 - b0, Math.max(1, (b1 - b0) / 1e6));
+      const next = Math.min(b1 - b0, Math.max(minWidth, width * Math.exp(e.deltaY * FG_ZOOM_STEP)));
+      n0 = anchor - at * next;
+      n1 = n0 + next;
+    } else {
+      const delta = (e.deltaX || e.deltaY) * (width / (this.cssWidth || 1));
+      n0 = v0 + delta;
+      n1 = v1 + delta;
+    }
+    if (n0 < b0) [n0, n1] = [b0, b0 + (n1 - n0)];
+    if (n1 > b1) [n0, n1] = [b1 - (n1 - n0), b1];
+    n0 = Math.max(b0, n0);
+    const whole = n0 <= b0 && n1 >= b1;
+    const was = this.range !== null;
+    this.range = whole ? null : [n0, n1];
+    if (was !== (this.range !== null)) this.notifyZoom();
+    this.hideTooltip();
+    this.requestDraw();
   }
 
   widestFrame(name) {
@@ -290,7 +574,8 @@ export class FlameGraph {
     const faded = this.zoomed > 0 && tree.depth[node] < tree.depth[this.zoomed];
     let rgb = tree.diff ? this.colors[node] : this.colors[k];
     if (faded) rgb = fgFade(rgb);
-    return { highlighted, dimmed, faded, color: dimmed ? FG_DIMMED : fgRgb(rgb) };
+    const theme = this.theme || (this.theme = fgTheme(this.container));
+    return { highlighted, dimmed, faded, color: dimmed ? theme.dimmed : fgRgb(rgb) };
   }
 
   measureWidth() {
@@ -299,6 +584,11 @@ export class FlameGraph {
 
   /** The value range [v0, v1) that spans the width. */
   viewRange() {
+    return this.range || this.zoomRange();
+  }
+
+  /** The zoomed frame's range (the whole graph when none). */
+  zoomRange() {
     const tree = this.tree;
     if (this.zoomed > 0) {
       return [tree.x[this.zoomed], tree.x[this.zoomed] + tree.value[this.zoomed]];
@@ -353,6 +643,9 @@ export class FlameGraph {
     this.canvas.style.height = `${height}px`;
     ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
     ctx.clearRect(0, 0, width, height);
+    // Read per draw, so a theme switch (system dark mode) shows at the next redraw.
+    this.theme = fgTheme(this.container);
+    const theme = this.theme;
     if (!rows || width <= 0) return;
 
     const [v0, v1] = this.viewRange();
@@ -381,18 +674,23 @@ export class FlameGraph {
         let label = "";
         const fit = Math.floor((w - 2 * FG_LABEL_PAD) / charWidth);
         if (fit >= 3) {
-          const name = tree.names[tree.name[i]];
-          label = name.length <= fit ? name : `${name.slice(0, fit - 1)}…`;
+          label = fgLabel(tree.names[tree.name[i]], fit);
           labels.push(label, x + FG_LABEL_PAD, y + FG_FRAME_HEIGHT / 2, state.dimmed);
         }
         drawn.push(i, x, y, w, label);
       }
     }
     for (const dimmed of [false, true]) {
-      ctx.fillStyle = dimmed ? FG_TEXT_DIMMED : FG_TEXT;
+      ctx.fillStyle = dimmed ? theme.textDimmed : theme.text;
       for (let j = 0; j < labels.length; j += 4) {
         if (labels[j + 3] === dimmed) ctx.fillText(labels[j], labels[j + 1], labels[j + 2]);
       }
+    }
+    const focus = this.focused >= 0 ? this.frameRect(this.focused) : null;
+    if (focus) {
+      ctx.strokeStyle = theme.focus;
+      ctx.lineWidth = 2;
+      ctx.strokeRect(focus.x + 1, focus.y + 1, Math.max(1, focus.width - 2), FG_FRAME_HEIGHT - 3);
     }
   }
 
@@ -439,6 +737,7 @@ export class FlameGraph {
     } else {
       this.zoomTo(node);
     }
+    if (this.focused >= 0) this.focused = node;
     // The frame under the pointer changed with the zoom: describe the new one.
     const under = this.eventNode(e);
     if (under < 0) this.hideTooltip();

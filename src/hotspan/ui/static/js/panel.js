@@ -1,20 +1,41 @@
 // A profile panel: toolbar (search, root top/bottom, reset zoom, view, export), the top table
-// and the flame graph side by side.  Views (profiles, diff, trace spans) hand it the
-// protojson flame graph the API returned; it decodes, draws and exports it.
+// and the flame graph side by side (stacked on narrow screens).  Views (profiles, diff, trace
+// spans, endpoints) hand it the protojson flame graph the API returned; it decodes, draws and
+// exports it, and offers the sandwich view and a right-click menu on functions.
+//
+// URL state.  What the user does in the panel that a shared link should keep is handed to the
+// view through callbacks, and handed back through options when the page loads (all strings,
+// "" = the default; the callbacks fire on the user's actions only, never for the initial
+// values nor from setData):
+//   search / onSearch       the search box's text
+//   zoom / onZoom           the zoomed frame: root-first frame names joined by ";", without
+//                           the "total" root ("main;app.handle;json.dumps"); a path the data
+//                           lacks shows the whole graph
+//   sort / onSort           the top table's sort, "<column>:<asc|desc>"; columns name, self,
+//                           total, and in a diff name, selfLeft, totalLeft, selfRight,
+//                           totalRight, change
+//   sandwich / onSandwich   the function the sandwich view is on ("" = not in that view)
+// setData keeps zoom and sandwich when the new data still has them (a reload, a new range).
 
 import { debounce, download, el, message } from "./dom.js";
 import { standaloneHtml } from "./export.js";
 import { FlameGraph } from "./flamegraph.js";
+import { openFrameMenu } from "./framemenu.js";
 import { decodeFlamegraph, foldedText } from "./flametree.js";
 import { formatPercent, formatValue } from "./format.js";
+import { closeMenu } from "./menu.js";
+import { sandwich } from "./sandwich.js";
+import { sourceLocations } from "./source.js";
 import { TopTable } from "./toptable.js";
 
 const INVERTED_KEY = "hotspan.flamegraph.inverted";
 const VIEW_KEY = "hotspan.flamegraph.view";
+const NARROW = 1100; // px: below, the table goes above the graph (flamegraph.css)
 const VIEWS = [
   ["both", "Both"],
   ["table", "Top table"],
   ["flamegraph", "Flame graph"],
+  ["sandwich", "Sandwich"],
 ];
 
 function stored(key, fallback) {
@@ -45,13 +66,27 @@ export class ProfilePanel {
   /**
    * @param {HTMLElement} container
    * @param {{unit?: string, title?: string, exportName?: string,
-   *   exports?: () => ServerExport[], search?: string,
-   *   onSearch?: (text: string) => void}} [options] `search`: the search to start with (from
-   *   the view's URL); `onSearch`: told of each change, so the view can keep it in its URL
+   *   exports?: () => ServerExport[], search?: string, onSearch?: (text: string) => void,
+   *   zoom?: string, onZoom?: (zoom: string) => void, sort?: string,
+   *   onSort?: (sort: string) => void, sandwich?: string,
+   *   onSandwich?: (name: string) => void}} [options] the URL state, see the top of the file
    */
   constructor(
     container,
-    { unit = "", title = "", exportName = "flamegraph", exports = null, search = "", onSearch = null } = {},
+    {
+      unit = "",
+      title = "",
+      exportName = "flamegraph",
+      exports = null,
+      search = "",
+      onSearch = null,
+      zoom = "",
+      onZoom = null,
+      sort = "",
+      onSort = null,
+      sandwich: sandwichName = "",
+      onSandwich = null,
+    } = {},
   ) {
     this.container = container;
     this.unit = unit;
@@ -59,8 +94,15 @@ export class ProfilePanel {
     this.exportName = exportName;
     this.serverExports = exports;
     this.tree = null;
+    this.zoomState = zoom || "";
+    this.onZoom = onZoom;
+    this.sandwichName = sandwichName || "";
+    this.onSandwich = onSandwich;
+    this.sources = null; // {tree, promise} of the source lookup for the shown data
     this.inverted = stored(INVERTED_KEY, "false") === "true";
-    this.view = stored(VIEW_KEY, "both");
+    // The sandwich view is only ever entered with a function, from the URL or the menu.
+    this.view = this.sandwichName ? "sandwich" : stored(VIEW_KEY, "both");
+    if (this.view === "sandwich" && !this.sandwichName) this.view = "both";
     container.classList.add("hs-panel");
     container.panel = this;
 
@@ -86,7 +128,7 @@ export class ProfilePanel {
     });
     this.resetButton = el(
       "button",
-      { type: "button", class: "hs-reset", disabled: true, onclick: () => this.graph.resetZoom() },
+      { type: "button", class: "hs-reset", disabled: true, onclick: () => this.activeGraphsResetZoom() },
       "Reset zoom",
     );
     this.viewButtons = VIEWS.map(([key, label]) =>
@@ -122,31 +164,79 @@ export class ProfilePanel {
     );
     this.tableNode = el("div", { class: "hs-panel-table" });
     this.graphNode = el("div", { class: "hs-panel-graph" });
-    this.body = el("div", { class: "hs-panel-body" }, this.tableNode, this.graphNode);
+    this.sandwichTitle = el("h3", { class: "hs-sandwich-title" });
+    this.callersNode = el("div", { class: "hs-sandwich-callers" });
+    this.calleesNode = el("div", { class: "hs-sandwich-callees" });
+    this.sandwichNote = el("div", { class: "hs-sandwich-note" });
+    this.sandwichNode = el(
+      "div",
+      { class: "hs-panel-sandwich", hidden: true },
+      this.sandwichTitle,
+      this.sandwichNote,
+      el("div", { class: "hs-sandwich-label" }, "Callers (who called it, root at the bottom)"),
+      this.callersNode,
+      el("div", { class: "hs-sandwich-label" }, "Callees (what it called)"),
+      this.calleesNode,
+    );
+    this.graphs = el("div", { class: "hs-panel-graphs" }, this.graphNode, this.sandwichNode);
+    this.body = el("div", { class: "hs-panel-body" }, this.tableNode, this.graphs);
     this.messageNode = el("div", { class: "hs-panel-message", hidden: true });
     container.append(el("div", { class: "hs-panel-head" }, this.titleNode), toolbar, this.messageNode, this.body);
 
     this.graph = new FlameGraph(this.graphNode, { unit, inverted: this.inverted });
+    this.callers = null; // the sandwich's graphs, made when first shown
+    this.callees = null;
     this.table = new TopTable(this.tableNode, {
       unit,
-      onSelect: (name) => this.graph.highlight(name),
+      sort,
+      onSort,
+      onSelect: (name) => {
+        if (this.view === "sandwich") {
+          if (name) this.setSandwich(name, { notify: true });
+        } else {
+          this.graph.highlight(name);
+        }
+      },
+      onMenu: (name, x, y) => this.openMenu({ name, x, y }),
     });
     this.graphNode.addEventListener("hs-zoom", (e) => {
-      this.resetButton.disabled = !e.detail.name;
+      this.resetButton.disabled = !e.detail.name && !e.detail.ranged;
+      const path = e.detail.path || "";
+      if (path !== this.zoomState) {
+        this.zoomState = path;
+        if (this.onZoom) this.onZoom(path);
+      }
     });
+    for (const node of [this.graphNode, this.callersNode, this.calleesNode]) {
+      node.addEventListener("hs-frame-menu", (e) => {
+        e.preventDefault();
+        const { node: frame, name, clientX, clientY, graph } = e.detail;
+        this.openMenu({ name, x: clientX, y: clientY, graph, frame });
+      });
+    }
+    for (const node of [this.callersNode, this.calleesNode]) {
+      node.addEventListener("hs-zoom", () => this.updateResetButton());
+    }
+    // The layout follows the panel's own width (a view may give it a narrow column).
+    if (typeof ResizeObserver !== "undefined") {
+      this.resizeObserver = new ResizeObserver(() => this.fitWidth());
+      this.resizeObserver.observe(container);
+    }
+    this.fitWidth();
     this.setInverted(this.inverted);
     this.setView(this.view);
     this.setLoading("Loading…");
   }
 
   /**
-   * Decodes and shows a protojson FlameGraph or FlameGraphDiff.  Search and view are kept;
-   * zoom and the table's selection start afresh.
+   * Decodes and shows a protojson FlameGraph or FlameGraphDiff.  Search, view, sort, zoom
+   * and the sandwich'd function are kept (where the new data has them); the table's
+   * selection starts afresh.
    */
   setData(flamegraphJson, { unit, title } = {}) {
     if (unit !== undefined) {
       this.unit = unit;
-      this.graph.setUnit(unit);
+      for (const g of [this.graph, ...this.sandwichGraphs()]) g.setUnit(unit);
       this.table.setUnit(unit);
     }
     if (title !== undefined) this.setTitle(title);
@@ -165,12 +255,163 @@ export class ProfilePanel {
     this.messageNode.hidden = true;
     this.messageNode.replaceChildren();
     this.body.hidden = false;
+    this.sources = null;
+    closeMenu();
     this.container.classList.toggle("hs-panel-diff", tree.diff);
     this.graph.setData(tree);
+    // The zoom the URL asked for, or the user's, wherever the new data has it.
+    if (this.zoomState) this.graph.restoreZoom(this.zoomState);
     this.table.setData(tree);
-    this.resetButton.disabled = true;
+    this.updateResetButton();
     this.renderExports();
     this.applySearch();
+    this.renderSandwich();
+  }
+
+  /** The zoom as the URL keeps it (see the top of the file); "" = whole graph. */
+  setZoom(path) {
+    this.zoomState = path || "";
+    if (this.tree) {
+      if (this.zoomState) this.graph.restoreZoom(this.zoomState);
+      else this.graph.restoreZoom("");
+      this.updateResetButton();
+    }
+  }
+
+  /** Sorts the table as the URL says ("column:asc|desc"). */
+  setSort(sort) {
+    this.table.setSort(sort);
+  }
+
+  /**
+   * Shows the sandwich view on function `name` ("" leaves it for the flame graph).
+   * `notify`: tell onSandwich (a user's action, not the URL's own state).
+   */
+  setSandwich(name, { notify = false } = {}) {
+    const before = this.sandwichName;
+    this.sandwichName = name || "";
+    if (this.sandwichName) this.showView("sandwich");
+    else if (this.view === "sandwich") this.showView(stored(VIEW_KEY, "both"));
+    this.renderSandwich();
+    if (notify && before !== this.sandwichName && this.onSandwich) this.onSandwich(this.sandwichName);
+  }
+
+  renderSandwich() {
+    if (this.view !== "sandwich" || !this.tree) return;
+    const name = this.sandwichName;
+    this.table.select(name || null);
+    const result = name ? sandwich(this.tree, name) : null;
+    const show = Boolean(result);
+    this.callersNode.hidden = !show;
+    this.calleesNode.hidden = !show;
+    for (const label of this.sandwichNode.querySelectorAll(".hs-sandwich-label")) label.hidden = !show;
+    if (!name) {
+      this.sandwichTitle.textContent = "Sandwich";
+      this.sandwichNote.textContent =
+        "Pick a function: click its row in the table, or right-click a frame and choose Sandwich.";
+      return;
+    }
+    this.sandwichTitle.textContent = name;
+    this.sandwichTitle.title = name;
+    if (!result) {
+      this.sandwichNote.textContent = `${name} is not in this profile.`;
+      return;
+    }
+    this.sandwichNote.textContent = "";
+    if (!this.callers) {
+      this.callers = new FlameGraph(this.callersNode, { unit: this.unit, inverted: true });
+      this.callees = new FlameGraph(this.calleesNode, { unit: this.unit, inverted: false });
+    }
+    this.callers.setData(result.callers);
+    this.callees.setData(result.callees);
+    this.callers.search(this.searchInput.value);
+    this.callees.search(this.searchInput.value);
+  }
+
+  fitWidth() {
+    const width = this.container.getBoundingClientRect().width;
+    if (width > 0) this.container.classList.toggle("hs-panel-narrow", width < NARROW);
+  }
+
+  /** The sandwich view's two graphs, once made. */
+  sandwichGraphs() {
+    return this.callers ? [this.callers, this.callees] : [];
+  }
+
+  activeGraphsResetZoom() {
+    if (this.view === "sandwich") {
+      for (const g of this.sandwichGraphs()) g.resetZoom();
+    } else {
+      this.graph.resetZoom();
+    }
+    this.updateResetButton();
+  }
+
+  updateResetButton() {
+    const zoomed = (g) => g.zoomed > 0 || g.range !== null;
+    this.resetButton.disabled =
+      this.view === "sandwich" ? !this.sandwichGraphs().some(zoomed) : !zoomed(this.graph);
+  }
+
+  /**
+   * The source location of a function, from the view's pprof exports (fetched once per data;
+   * a diff has one per side, and a function may be on one side only).
+   */
+  sourceOf(name) {
+    const pprofs = ((this.serverExports && this.serverExports()) || []).filter(
+      (x) => x.key === "pprof" || /^pprof\b/i.test(String(x.label)),
+    );
+    if (!pprofs.length || !this.tree) return null;
+    if (!this.sources || this.sources.tree !== this.tree) {
+      const promise = Promise.all(pprofs.map((x) => Promise.resolve(x.fetch()).then(sourceLocations))).then(
+        (maps) => {
+          const merged = new Map();
+          for (const map of maps) for (const [k, v] of map) if (!merged.has(k)) merged.set(k, v);
+          return merged;
+        },
+      );
+      this.sources = { tree: this.tree, promise };
+      // A failed fetch is tried again at the next menu, not remembered.
+      promise.catch(() => {
+        if (this.sources && this.sources.promise === promise) this.sources = null;
+      });
+    }
+    return this.sources.promise.then((map) => map.get(name) || null);
+  }
+
+  /** The function menu, for a frame (`graph`, `frame`) or a table row (name only). */
+  openMenu({ name, x, y, graph = null, frame = -1 }) {
+    if (!this.tree) return;
+    const main = graph === null || graph === this.graph;
+    let zoom = null;
+    if (graph && frame > 0) {
+      zoom = () => {
+        if (main && this.view === "sandwich") this.showView(stored(VIEW_KEY, "both"));
+        graph.zoomTo(frame);
+      };
+    } else if (main && this.graph.widestFrame(name) > 0) {
+      zoom = () => {
+        if (this.view === "sandwich") {
+          this.sandwichName = "";
+          this.showView(stored(VIEW_KEY, "both"));
+          if (this.onSandwich) this.onSandwich("");
+        }
+        this.graph.zoomTo(name);
+      };
+    }
+    openFrameMenu({
+      name,
+      x,
+      y,
+      zoom,
+      sandwich: () => this.setSandwich(name, { notify: true }),
+      search: () => {
+        this.searchInput.value = name;
+        this.searchInput.dispatchEvent(new Event("input"));
+        this.searchInput.focus();
+      },
+      source: () => this.sourceOf(name),
+    });
   }
 
   setTitle(title) {
@@ -178,9 +419,32 @@ export class ProfilePanel {
     this.titleNode.textContent = title;
   }
 
-  /** Shows a loading note in place of the graph (the last graph stays until data comes). */
+  /**
+   * Shows that data is on its way: placeholder bars in the shape of a table and a flame
+   * graph, or, while an older graph is shown (it stays until the new data comes), a moving
+   * strip above it.  `text` is read out and shown beside the bars.
+   */
   setLoading(text = "Loading…") {
-    this.setMessage(el("p", { class: "hs-loading" }, text), { keepBody: Boolean(this.tree) });
+    const keep = Boolean(this.tree);
+    const note = el("p", { class: "hs-loading hs-skeleton-text", role: "status" }, text);
+    if (keep) {
+      this.setMessage(el("div", { class: "hs-skeleton hs-skeleton-strip" }, note, el("div", { class: "hs-skeleton-progress" })), { keepBody: true });
+      return;
+    }
+    const bars = (n, cls) => Array.from({ length: n }, () => el("div", { class: `hs-skeleton-bar ${cls}` }));
+    this.setMessage(
+      el(
+        "div",
+        { class: "hs-skeleton", "aria-busy": "true" },
+        note,
+        el(
+          "div",
+          { class: "hs-skeleton-body" },
+          el("div", { class: "hs-skeleton-table" }, bars(8, "hs-skeleton-row")),
+          el("div", { class: "hs-skeleton-graph" }, bars(6, "hs-skeleton-level")),
+        ),
+      ),
+    );
   }
 
   /** Shows a node (usually dom.message(...)) instead of the graph and table. */
@@ -202,24 +466,44 @@ export class ProfilePanel {
     this.invertButton.setAttribute("aria-pressed", String(this.inverted));
   }
 
-  /** "both", "table" or "flamegraph". */
+  /** "both", "table", "flamegraph" or "sandwich" (the user's choice, from the buttons). */
   setView(view) {
     if (!VIEWS.some(([key]) => key === view)) view = "both";
+    const wasSandwich = this.view === "sandwich" && this.sandwichName;
+    if (view !== "sandwich") store(VIEW_KEY, view);
+    this.showView(view);
+    if (view === "sandwich") {
+      // Straight onto the function the table has selected, if any.
+      const picked = this.sandwichName || this.table.selected || "";
+      if (picked && picked !== this.sandwichName) this.setSandwich(picked, { notify: true });
+      else this.renderSandwich();
+    } else if (wasSandwich) {
+      this.sandwichName = "";
+      if (this.onSandwich) this.onSandwich("");
+    }
+  }
+
+  showView(view) {
     this.view = view;
-    store(VIEW_KEY, view);
     this.body.dataset.view = view;
     this.tableNode.hidden = view === "flamegraph";
-    this.graphNode.hidden = view === "table";
+    this.graphs.hidden = view === "table";
+    this.graphNode.hidden = view === "sandwich";
+    this.sandwichNode.hidden = view !== "sandwich";
     for (const b of this.viewButtons) {
       b.classList.toggle("hs-active", b.dataset.view === view);
       b.setAttribute("aria-pressed", String(b.dataset.view === view));
     }
+    this.graph.highlight(view === "sandwich" ? null : this.table.selected);
     this.graph.requestDraw();
+    for (const g of this.sandwichGraphs()) g.requestDraw();
+    if (this.resetButton) this.updateResetButton();
   }
 
   applySearch() {
     const text = this.searchInput.value;
     const result = this.graph.search(text);
+    for (const g of this.sandwichGraphs()) g.search(text);
     this.table.setFilter(text);
     const tree = this.tree;
     if (!text.trim() || !tree) {
@@ -287,6 +571,9 @@ export class ProfilePanel {
   }
 
   destroy() {
+    closeMenu();
+    if (this.resizeObserver) this.resizeObserver.disconnect();
     this.graph.destroy();
+    for (const g of this.sandwichGraphs()) g.destroy();
   }
 }

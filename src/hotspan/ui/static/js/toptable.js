@@ -1,6 +1,10 @@
-// The top table beside the flame graph: one row per function with self and total (and, for
-// a diff, how its share changed), sortable by any column.  A row click selects the function,
-// which the panel passes on to the flame graph as a highlight.
+// The top table beside the flame graph: one row per function with self and total, sortable
+// by any column.  A diff shows both sides next to each other (Baseline self/total, Comparison
+// self/total) and the change of the share.  A row click selects the function, which the panel
+// passes on to the flame graph as a highlight; a right click asks the panel for its menu.
+//
+// Names are cut from the left (CSS, see .hs-toptable-name) so the function, the end of the
+// name, stays readable; the full name is in the title.
 
 import { el } from "./dom.js";
 import { diffColor, shareChange, topTable } from "./flametree.js";
@@ -23,12 +27,17 @@ const PAGE_ROWS = 200;
 export class TopTable {
   /**
    * @param {HTMLElement} container
-   * @param {{unit?: string, onSelect?: (name: string|null) => void}} [options]
+   * @param {{unit?: string, onSelect?: (name: string|null) => void, sort?: string,
+   *   onSort?: (sort: string) => void, onMenu?: (name: string, x: number, y: number) => void}}
+   *   [options] `sort`: "column:asc|desc" to start with; `onSort`: told of the user's sorts
    */
-  constructor(container, { unit = "", onSelect = () => {} } = {}) {
+  constructor(container, { unit = "", onSelect = () => {}, sort = "", onSort = null, onMenu = null } = {}) {
     this.container = container;
     this.unit = unit;
     this.onSelect = onSelect;
+    this.onSort = onSort;
+    this.onMenu = onMenu;
+    this.wantedSort = sort;
     this.rows = [];
     this.tree = null;
     this.sortKey = "self";
@@ -39,8 +48,13 @@ export class TopTable {
     container.classList.add("hs-toptable");
     container.toptable = this;
     this.thead = el("thead");
-    this.tbody = el("tbody", { onclick: (e) => this.onRowClick(e) });
-    this.table = el("table", { class: "hs-toptable-table" }, this.thead, this.tbody);
+    this.tbody = el("tbody", {
+      onclick: (e) => this.onRowClick(e),
+      oncontextmenu: (e) => this.onRowMenu(e),
+      onkeydown: (e) => this.onRowKey(e),
+    });
+    this.colgroup = el("colgroup");
+    this.table = el("table", { class: "hs-toptable-table" }, this.colgroup, this.thead, this.tbody);
     this.more = el("button", { type: "button", class: "hs-toptable-more", hidden: true });
     this.more.addEventListener("click", () => {
       this.limit = Infinity;
@@ -64,9 +78,8 @@ export class TopTable {
           tree.rightTotal ? r.totalRight / tree.rightTotal : 0,
         );
       }
-    } else if (this.sortKey === "change") {
-      this.sortKey = "self";
     }
+    this.applySort(this.wantedSort);
     this.selected = null;
     this.limit = PAGE_ROWS;
     this.renderHead();
@@ -101,6 +114,38 @@ export class TopTable {
     }
     this.sortKey = key;
     this.descending = descending;
+    this.wantedSort = this.sortState();
+    this.renderHead();
+    this.sortRows();
+    this.renderBody();
+  }
+
+  /** The sort as "column:asc|desc" (what the URL keeps). */
+  sortState() {
+    return `${this.sortKey}:${this.descending ? "desc" : "asc"}`;
+  }
+
+  /**
+   * Takes a sortState() string; one that names no column of this table (a diff column on a
+   * single profile, garbage from a URL) falls back to the default, self descending.
+   */
+  applySort(state) {
+    const [key, order] = String(state || "").split(":");
+    const keys = this.columns().map((c) => c.key);
+    if (keys.includes(key)) {
+      this.sortKey = key;
+      this.descending = order !== "asc";
+    } else {
+      this.sortKey = this.tree && this.tree.diff ? "selfRight" : "self";
+      this.descending = true;
+    }
+  }
+
+  /** Sorts as `state` says, keeping it for later data too; does not call onSort. */
+  setSort(state) {
+    this.wantedSort = state;
+    if (!this.tree) return;
+    this.applySort(state);
     this.renderHead();
     this.sortRows();
     this.renderBody();
@@ -121,7 +166,8 @@ export class TopTable {
       key: "name",
       label: "Function",
       sortValue: (r) => r.name,
-      cell: (r) => el("span", { class: "hs-toptable-name", title: r.name }, r.name),
+      cell: (r) =>
+        el("span", { class: "hs-toptable-name", title: r.name }, el("span", { class: "hs-toptable-name-text" }, r.name)),
     };
     const measure = (v, total, title) =>
       el(
@@ -137,27 +183,22 @@ export class TopTable {
         { key: "total", label: "Total", sortValue: (r) => r.total, cell: (r) => measure(r.total, tree.total) },
       ];
     }
-    // Diff: the comparison side's values, with each side's share in the title; the change is
-    // of the total's share, as the flame graph colours it.
-    const sides = (left, right) =>
-      `baseline ${formatValue(left, unit)} (${formatPercent(left, tree.leftTotal)}), ` +
-      `comparison ${formatValue(right, unit)} (${formatPercent(right, tree.rightTotal)})`;
+    // Diff: both sides side by side, each normalised by its own total; the change is of the
+    // total's share, as the flame graph colours it.
+    const side = (key, label, group, value, sideTotal) => ({
+      key,
+      label,
+      group,
+      title: `${group} ${label.toLowerCase()}: share of the ${group.toLowerCase()} total`,
+      sortValue: value,
+      cell: (r) => measure(value(r), sideTotal, `${group} ${label.toLowerCase()}`),
+    });
     return [
       name,
-      {
-        key: "self",
-        label: "Self",
-        title: "comparison side; hover a cell for both sides",
-        sortValue: (r) => r.selfRight,
-        cell: (r) => measure(r.selfRight, tree.rightTotal, sides(r.selfLeft, r.selfRight)),
-      },
-      {
-        key: "total",
-        label: "Total",
-        title: "comparison side; hover a cell for both sides",
-        sortValue: (r) => r.totalRight,
-        cell: (r) => measure(r.totalRight, tree.rightTotal, sides(r.totalLeft, r.totalRight)),
-      },
+      side("selfLeft", "Self", "Baseline", (r) => r.selfLeft, tree.leftTotal),
+      side("totalLeft", "Total", "Baseline", (r) => r.totalLeft, tree.leftTotal),
+      side("selfRight", "Self", "Comparison", (r) => r.selfRight, tree.rightTotal),
+      side("totalRight", "Total", "Comparison", (r) => r.totalRight, tree.rightTotal),
       {
         key: "change",
         label: "Change",
@@ -174,14 +215,17 @@ export class TopTable {
   }
 
   renderHead() {
-    const cells = this.columns().map((col) => {
+    const cols = this.columns();
+    const grouped = cols.some((c) => c.group);
+    const cells = cols.map((col) => {
       const sorted = col.key === this.sortKey;
       return el(
         "th",
         {
-          class: `hs-toptable-${col.key}`,
+          class: `hs-toptable-${col.key}${col.group ? ` hs-toptable-${col.group.toLowerCase()}` : ""}`,
           "aria-sort": sorted ? (this.descending ? "descending" : "ascending") : "none",
           title: col.title || null,
+          rowSpan: grouped && !col.group ? 2 : null,
         },
         el(
           "button",
@@ -189,14 +233,39 @@ export class TopTable {
             type: "button",
             class: "hs-sort",
             dataset: { sort: col.key },
-            onclick: () => this.sortBy(col.key),
+            "aria-label": col.group ? `${col.group} ${col.label.toLowerCase()}` : null,
+            onclick: () => {
+              this.sortBy(col.key);
+              if (this.onSort) this.onSort(this.sortState());
+            },
           },
           col.label,
           el("span", { class: "hs-sort-mark", "aria-hidden": "true" }, sorted ? (this.descending ? "▼" : "▲") : ""),
         ),
       );
     });
-    this.thead.replaceChildren(el("tr", {}, cells));
+    this.colgroup.replaceChildren(...cols.map((col) => el("col", { class: `hs-col-${col.key}` })));
+    if (!grouped) {
+      this.thead.replaceChildren(el("tr", {}, cells));
+      return;
+    }
+    // Two header rows: the side names over their columns, ungrouped columns spanning both.
+    const top = [];
+    const bottom = [];
+    cols.forEach((col, i) => {
+      if (!col.group) {
+        top.push(cells[i]);
+      } else {
+        bottom.push(cells[i]);
+        if (i === 0 || cols[i - 1].group !== col.group) {
+          const span = cols.filter((c) => c.group === col.group).length;
+          top.push(
+            el("th", { class: `hs-toptable-group hs-toptable-${col.group.toLowerCase()}`, colSpan: span, scope: "colgroup" }, col.group),
+          );
+        }
+      }
+    });
+    this.thead.replaceChildren(el("tr", {}, top), el("tr", {}, bottom));
   }
 
   sortRows() {
@@ -222,9 +291,10 @@ export class TopTable {
     const shown = rows.length > this.limit ? rows.slice(0, this.limit) : rows;
     const fragment = document.createDocumentFragment();
     for (const r of shown) {
+      // One row in the tab order; arrows move between rows from there.
       const tr = el(
         "tr",
-        { dataset: { name: r.name }, class: r.name === this.selected ? "hs-selected" : null },
+        { dataset: { name: r.name }, tabIndex: r === shown[0] ? 0 : -1, class: r.name === this.selected ? "hs-selected" : null },
         cols.map((c) => el("td", { class: `hs-toptable-${c.key}` }, c.cell(r))),
       );
       fragment.append(tr);
@@ -245,5 +315,32 @@ export class TopTable {
     const name = tr.dataset.name === this.selected ? null : tr.dataset.name;
     this.select(name);
     this.onSelect(name);
+  }
+
+  onRowMenu(e) {
+    const tr = e.target.closest("tr[data-name]");
+    if (!tr || !this.onMenu) return;
+    e.preventDefault();
+    this.onMenu(tr.dataset.name, e.clientX, e.clientY, tr);
+  }
+
+  onRowKey(e) {
+    const tr = e.target.closest("tr[data-name]");
+    if (!tr) return;
+    if (e.key === "ContextMenu" || (e.key === "F10" && e.shiftKey)) {
+      if (!this.onMenu) return;
+      e.preventDefault();
+      const r = tr.getBoundingClientRect();
+      this.onMenu(tr.dataset.name, r.left + 24, r.bottom, tr);
+    } else if (e.key === "Enter") {
+      e.preventDefault();
+      tr.click();
+    } else if (e.key === "ArrowDown" || e.key === "ArrowUp") {
+      const next = e.key === "ArrowDown" ? tr.nextElementSibling : tr.previousElementSibling;
+      if (next && next.dataset.name) {
+        e.preventDefault();
+        next.focus();
+      }
+    }
   }
 }
