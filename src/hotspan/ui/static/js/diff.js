@@ -15,7 +15,7 @@ import { el, message } from "./dom.js";
 import { unitOf } from "./format.js";
 import { formatSelector } from "./labels.js";
 import { ProfilePanel } from "./panel.js";
-import { setQuery } from "./router.js";
+import { panelState, setQuery } from "./router.js";
 import { agentHint, catalogue, errorBox, pickType, selectOf, typeLabel } from "./selection.js";
 import { DEFAULT_FROM, DEFAULT_UNTIL } from "./timerange.js";
 
@@ -60,15 +60,7 @@ class DiffView {
       title: "",
       exportName: "diff",
       exports: () => this.serverExports(),
-      // The flame graph's own state lives in the address too, so a reload reopens it.
-      search: params.get("search") || "",
-      onSearch: (search) => setQuery({ search }),
-      zoom: params.get("zoom") || "",
-      onZoom: (zoom) => setQuery({ zoom }),
-      sort: params.get("sort") || "",
-      onSort: (sort) => setQuery({ sort }),
-      sandwich: params.get("sandwich") || "",
-      onSandwich: (sandwich) => setQuery({ sandwich }),
+      ...panelState(params),
     });
     this.load();
   }

@@ -9,7 +9,7 @@ import { CPU, getJSON } from "./api.js";
 import { el, message } from "./dom.js";
 import { formatPercent, formatValue, unitOf } from "./format.js";
 import { ProfilePanel } from "./panel.js";
-import { setQuery } from "./router.js";
+import { panelState, setQuery } from "./router.js";
 import { agentHint, catalogue, errorBox, pickType, selectOf, typeLabel } from "./selection.js";
 import { DEFAULT_FROM, DEFAULT_UNTIL, TimeRangePicker, describeRange, resolveRange } from "./timerange.js";
 
@@ -240,14 +240,8 @@ export function renderEndpoints(root, { params }) {
 
   function ensurePanel() {
     if (panel) return panel;
-    const urlState = new URLSearchParams(location.search);
     panel = new ProfilePanel(panelBox, {
-      zoom: urlState.get("zoom") || "",
-      onZoom: (zoom) => setQuery({ zoom }),
-      sort: urlState.get("sort") || "",
-      onSort: (sort) => setQuery({ sort }),
-      sandwich: urlState.get("sandwich") || "",
-      onSandwich: (sandwich) => setQuery({ sandwich }),
+      ...panelState(new URLSearchParams(location.search)),
       unit: unitOf(state.type) || "nanoseconds",
       exportName: `endpoint-${state.service}`,
     });

@@ -23,7 +23,7 @@ import {
   withService,
 } from "./labels.js";
 import { ProfilePanel } from "./panel.js";
-import { setQuery } from "./router.js";
+import { panelState, setQuery } from "./router.js";
 import { settingsPath } from "./settings.js";
 import {
   agentHint,
@@ -65,10 +65,6 @@ class ProfilesView {
       groupView: params.get("groupView") || "",
       traceId: (params.get("traceId") || "").toLowerCase(),
       spanId: (params.get("spanId") || "").toLowerCase(),
-      search: params.get("search") || "",
-      zoom: params.get("zoom") || "",
-      sort: params.get("sort") || "",
-      sandwich: params.get("sandwich") || "",
     };
     this.controller = null;
     this.known = null; // the last catalogue: service -> Set(profile types)
@@ -146,15 +142,7 @@ class ProfilesView {
       title: "",
       exportName: "profile",
       exports: () => this.serverExports(),
-      search: this.state.search,
-      onSearch: (search) => setQuery({ search }),
-      // Zoom, sort and sandwich are the panel's strings; the URL only keeps them.
-      zoom: this.state.zoom,
-      onZoom: (zoom) => this.remember({ zoom }),
-      sort: this.state.sort,
-      onSort: (sort) => this.remember({ sort }),
-      sandwich: this.state.sandwich,
-      onSandwich: (sandwich) => this.remember({ sandwich }),
+      ...panelState(new URLSearchParams(location.search)),
     });
     this.renderTraceNote();
   }
@@ -163,12 +151,6 @@ class ProfilesView {
     if (this.controller) this.controller.abort();
     this.timeline.destroy();
     this.breakdown.destroy();
-  }
-
-  /** State that the view does not reload for (the panel applied it already). */
-  remember(changes) {
-    Object.assign(this.state, changes);
-    setQuery(changes);
   }
 
   change(changes, push = false) {

@@ -40,6 +40,24 @@ export function setQuery(changes, { push = false } = {}) {
   else history.replaceState(null, "", url);
 }
 
+/** What a profile panel keeps in the address: the search, the zoomed frame, the table's sort
+ * and the sandwich view's function. */
+export const PANEL_STATE = ["search", "zoom", "sort", "sandwich"];
+
+/**
+ * ProfilePanel options that restore the panel's state from `params` and write each change the
+ * user makes back with `keep` (by default straight into the address), so a reload or a shared
+ * link reopens the same graph: `{search, onSearch, zoom, onZoom, ...}`.
+ */
+export function panelState(params, keep = (changes) => setQuery(changes)) {
+  const options = {};
+  for (const key of PANEL_STATE) {
+    options[key] = params.get(key) || "";
+    options[`on${key[0].toUpperCase()}${key.slice(1)}`] = (value) => keep({ [key]: value });
+  }
+  return options;
+}
+
 /** Starts routing: renders the current URL, follows in-app links and back/forward. */
 export function start(container) {
   root = container;

@@ -12,7 +12,7 @@ import { el, message, rejectInput } from "./dom.js";
 import { formatBytes, formatDuration, formatTime, unitOf } from "./format.js";
 import { ProfilePanel } from "./panel.js";
 import { catalogue, selectOf, typeLabel } from "./selection.js";
-import { navigate, setQuery } from "./router.js";
+import { navigate, panelState, setQuery } from "./router.js";
 import { DEFAULT_FROM, DEFAULT_UNTIL, TimeRangePicker, absoluteRange, describeRange, resolveRange } from "./timerange.js";
 import { Waterfall, buildTree, serviceColor } from "./waterfall.js";
 import { compareBox, traceRange } from "./compare.js";
@@ -474,14 +474,8 @@ export function renderTraceView(root, { params, match }) {
 
   function ensurePanel() {
     if (panel) return panel;
-    const urlState = new URLSearchParams(location.search);
     panel = new ProfilePanel(panelBox, {
-      zoom: urlState.get("zoom") || "",
-      onZoom: (zoom) => setQuery({ zoom }),
-      sort: urlState.get("sort") || "",
-      onSort: (sort) => setQuery({ sort }),
-      sandwich: urlState.get("sandwich") || "",
-      onSandwich: (sandwich) => setQuery({ sandwich }),
+      ...panelState(new URLSearchParams(location.search)),
       unit: unitOf(state.type) || "nanoseconds",
       title: typeLabel(state.type),
       exportName: `trace-${traceId.slice(0, 16)}`,
