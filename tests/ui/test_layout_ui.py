@@ -107,7 +107,7 @@ STICKING_OUT = """() => {
 
 @pytest.mark.parametrize("width", WIDTHS)
 @pytest.mark.parametrize(
-    "name", ["profiles", "diff", "traces", "trace", "settings", "service-settings"]
+    "name", ["profiles", "endpoints", "diff", "traces", "trace", "settings", "service-settings"]
 )
 def test_page_fits_the_window(browser, site, name: str, width: int) -> None:  # type: ignore[no-untyped-def]
     srv, trace_id = site
