@@ -146,14 +146,7 @@ def test_endpoints_page_fits(browser, shop, width: int) -> None:  # type: ignore
         assert not errors, errors
 
 
-def needs_panel_url_state(srv: RunningServer) -> None:
-    with srv.client() as c:
-        if "onZoom" not in c.get("/static/js/panel.js").text:
-            pytest.skip("the panel's zoom/sort URL state (helper B's panel.js) is not merged yet")
-
-
 def test_zoom_and_sort_of_the_endpoint_profile_live_in_the_url(page, shop) -> None:  # type: ignore[no-untyped-def]
-    needs_panel_url_state(shop)
     path = "__main__.<module>;__main__.checkout;__main__.charge_card"
     query = f"query={quote(SELECTOR)}&name=GET+%2Fcheckout&zoom={quote(path)}&sort=name%3Aasc"
     open_endpoints(page, shop, query)

@@ -20,28 +20,10 @@ import pytest
 from tests.conftest import RunningServer, running_server
 from tests.helpers import run_programs, traced_program
 from tests.ui.conftest import screenshot
+from tests.ui.test_profiles_ui import PROGRAM
 
-CHECKOUT = traced_program(
-    "checkout",
-    """
-    def parse_order():
-        burn(0.05)
-
-    def price_cart():
-        burn(0.2)
-
-    def warm_cache():
-        burn(0.25)
-
-    warm_cache()
-    with tracer.start_as_current_span("nightly-job") as span:
-        for _ in range(4):
-            parse_order()
-            price_cart()
-    print("TRACE " + format(span.get_span_context().trace_id, "032x"))
-    """,
-    tags='{"commit": "def"}',
-)
+# The profile explorer's "checkout" program, run once as commit "def" (the heavy price_cart).
+CHECKOUT_ARGS = ("def", "0.2")
 
 AARDVARK = traced_program(
     "aardvark",
@@ -70,7 +52,9 @@ class Data:
 def data(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Data]:
     with running_server(tmp_path_factory.mktemp("ui-bugs") / "data") as srv:
         run_programs(AARDVARK, tmp_path_factory.mktemp("aardvark"), [srv.url])
-        (out,) = run_programs(CHECKOUT, tmp_path_factory.mktemp("checkout"), [srv.url])
+        (out,) = run_programs(
+            PROGRAM, tmp_path_factory.mktemp("checkout"), [srv.url, *CHECKOUT_ARGS]
+        )
         trace_id = re.search(r"TRACE (\w+)", out).group(1)  # type: ignore[union-attr]
         yield Data(srv, trace_id)
 

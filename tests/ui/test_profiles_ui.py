@@ -568,12 +568,10 @@ def test_timeline_ticks_are_round_in_every_unit(page, data) -> None:  # type: ig
     assert got == [want for _, _, want in cases]
 
 
-# --- after merge with helper B's panel.js: zoom and sort in the URL ---------------------------
-# These need ProfilePanel's zoom/onZoom and sort/onSort (helper B).  On helper A's branch alone
-# they fail (the panel ignores the options); run them once both branches are merged.
+# --- zoom and sort in the URL ----------------------------------------------------------------
 
 
-def test_after_merge_flame_graph_zoom_and_table_sort_live_in_the_url(page, data) -> None:  # type: ignore[no-untyped-def]
+def test_flame_graph_zoom_and_table_sort_live_in_the_url(page, data) -> None:  # type: ignore[no-untyped-def]
     page.goto(data.server.url + "/profiles?query=" + quote('{service_name="checkout"}'))
     price = wait_for_frame(page, MAIN + "price_cart")
     click_frame(page, price)

@@ -299,9 +299,6 @@ def test_trace_view_follows_the_dark_theme(browser, bank) -> None:  # type: igno
 
 def test_zoom_and_sort_of_the_span_profile_live_in_the_url(page, bank) -> None:  # type: ignore[no-untyped-def]
     srv, ids = bank
-    with srv.client() as c:
-        if "onZoom" not in c.get("/static/js/panel.js").text:
-            pytest.skip("the panel's zoom/sort URL state (helper B's panel.js) is not merged yet")
     path = "__main__.<module>;__main__.compute;__main__.burn"
     page.goto(
         f"{srv.url}/traces/{ids['trace']}?span={ids['compute']}&zoom={quote(path)}&sort=name%3Aasc"

@@ -73,10 +73,9 @@ export class TopTable {
     this.rows = topTable(tree);
     if (tree.diff) {
       for (const r of this.rows) {
-        r.change = shareChange(
-          tree.leftTotal ? r.totalLeft / tree.leftTotal : 0,
-          tree.rightTotal ? r.totalRight / tree.rightTotal : 0,
-        );
+        r.shareLeft = tree.leftTotal ? r.totalLeft / tree.leftTotal : 0;
+        r.shareRight = tree.rightTotal ? r.totalRight / tree.rightTotal : 0;
+        r.change = shareChange(r.shareLeft, r.shareRight);
       }
     }
     this.applySort(this.wantedSort);
@@ -202,10 +201,20 @@ export class TopTable {
       {
         key: "change",
         label: "Change",
-        title: "change of the share of the total, each side normalised by its own total",
-        sortValue: (r) => (Number.isNaN(r.change) ? 0 : r.change === Infinity ? 1e12 : r.change),
+        title: "change of the share of the total, each side normalised by its own total; "
+          + "sorted by how many points of the total the share moved",
+        // By points moved, not by the relative change: a function new at 0.01% is "new"
+        // (an infinite change) but explains nothing, while one that went from 5% to 40% of
+        // the total is the regression to look at first (as `hotspan diff` ranks them).
+        sortValue: (r) => r.shareRight - r.shareLeft,
         cell: (r) => {
-          const span = el("span", { class: "hs-toptable-change" }, formatChange(r.change));
+          const points = (r.shareRight - r.shareLeft) * 100;
+          const span = el("span", {
+            class: "hs-toptable-change",
+            title: `share of the total ${formatPercent(r.totalLeft, tree.leftTotal)} → `
+              + `${formatPercent(r.totalRight, tree.rightTotal)} `
+              + `(${points >= 0 ? "+" : ""}${points.toFixed(2)} points)`,
+          }, formatChange(r.change));
           const [red, green, blue] = diffColor(r.change);
           span.style.backgroundColor = `rgb(${red},${green},${blue})`;
           return span;
