@@ -126,8 +126,8 @@ class _Api:
             "/api/v1/endpoints",
             service=service,
             profileType=CPU,
-            start=self.start_ms,
-            end=self.end_ms,
+            start=self.start_ms // 1000,
+            end=-(-self.end_ms // 1000),
         )
 
     def span_with_descendants(self, trace_id: str) -> Optional[Dict[str, object]]:

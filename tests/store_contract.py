@@ -372,6 +372,11 @@ class StoreContract:
         (sql,) = store.span_infos("t", 101 * SEC, 102 * SEC)
         assert (sql.start_ns, sql.end_ns) == (101 * SEC, 102 * SEC)
         assert store.span_infos("other", 0, 1000 * SEC) == []
+        # An export retried after it landed stores a span twice: it is one span still.
+        store.write_spans(
+            "t", spans_of([(TRACE_A, 3, 2, "sql", 101, 102, {"db": "pg", "rows": "7"})])
+        ).result(timeout=30)
+        assert [i[1] for i in infos()] == [9, 3, 1, 2]
 
     def test_spans_survive_reopen(self, store: Store, reopen) -> None:  # type: ignore[no-untyped-def]
         self._two_traces(store)

@@ -57,8 +57,8 @@ def shop(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
 
 
 def window() -> dict:
-    now = int(time.time() * 1000)
-    return {"start": now - 600_000, "end": now + 60_000}
+    now = int(time.time())
+    return {"start": now - 600, "end": now + 60}
 
 
 def get_endpoints(srv: RunningServer, **params) -> dict:  # type: ignore[no-untyped-def]
@@ -145,7 +145,11 @@ def test_endpoints_of_another_tenant_or_service_are_empty(shop: RunningServer) -
     "path, params, fragment",
     [
         ("/api/v1/endpoints", {}, "service is required"),
-        ("/api/v1/endpoints", {"service": "shop", "profileType": "nope"}, "profile"),
+        (
+            "/api/v1/endpoints",
+            {"service": "shop", "profileType": "nope"},
+            "profile type 'nope' is not name:sample_type",
+        ),
         ("/api/v1/endpoints", {"service": "shop", "start": "soon"}, "start"),
         ("/api/v1/endpoints", {"service": "shop", "start": "2000", "end": "1000"}, "range"),
         ("/api/v1/endpoints/flamegraph", {"service": "shop"}, "name is required"),
@@ -207,10 +211,11 @@ def test_profiled_traces_api(shop: RunningServer) -> None:
         )
         assert r.status_code == 200, r.text
         totals = r.json()["traces"]
-        # Every checkout holds its 0.18 s of CPU; a health check sleeps, it holds none.
+        # Every checkout holds its 0.18 s of CPU; a health check sleeps: it holds at most a
+        # sample or two taken while its span started (on a loaded machine).
         for t in found:
             assert totals[t["traceID"]] >= 0.1 * SEC
-        assert all(t["traceID"] not in totals for t in health)
+        assert all(totals.get(t["traceID"], 0) <= 0.03 * SEC for t in health), totals
         r = c.get(
             "/api/v1/traces/profiled",
             params={"traceID": ",".join(ids), "start": now - 600, "end": now + 60},

@@ -67,3 +67,50 @@ def test_requests_are_local_roots_that_started_in_the_range(store: DuckDBStore) 
     early = engine.endpoints("t", "api", CPU, 0, 200 * SEC)
     assert ("GET /old", 1, 100) in [(e.name, e.requests, e.total) for e in early.endpoints]
     assert engine.endpoints("other", "api", CPU, 0, 200 * SEC).endpoints == ()
+
+
+def test_cut_spans_never_make_a_child_a_request(
+    store: DuckDBStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With more spans than are looked at, the latest are kept; a kept child whose parent
+    was cut is looked up, not taken for a request of its own."""
+    rows = []
+    for k in range(10):
+        trace = f"{k + 1:032x}"
+        rows += [
+            (trace, 100 + k, 0, "GET /pay", 100 + 2 * k, 102 + 2 * k, {}),
+            (trace, 200 + k, 100 + k, "sql", 101 + 2 * k, 102 + 2 * k, {}),
+        ]
+    store.write_spans("t", spans_of(rows, "api")).result(30)
+    engine = EndpointEngine(store, QueryEngine(store))
+    whole = engine.endpoints("t", "api", CPU, 100 * SEC, 200 * SEC)
+    assert [(e.name, e.requests) for e in whole.endpoints] == [("GET /pay", 10)]
+    assert not whole.truncated
+
+    # 11 of 20: the last five requests whole, and the sql span of the one before them.
+    monkeypatch.setattr("hotspan.query.endpoints.MAX_SPANS", 11)
+    cut = engine.endpoints("t", "api", CPU, 100 * SEC, 200 * SEC)
+    assert [(e.name, e.requests) for e in cut.endpoints] == [("GET /pay", 5)]
+    assert cut.truncated
+    # Exactly as many spans as are looked at: nothing was cut.
+    monkeypatch.setattr("hotspan.query.endpoints.MAX_SPANS", 20)
+    assert not engine.endpoints("t", "api", CPU, 100 * SEC, 200 * SEC).truncated
+
+
+def test_samples_stamped_before_the_range_still_count_for_its_requests(
+    store: DuckDBStore,
+) -> None:
+    """Samples carry the start of their upload window: a request that began at 105 s can
+    hold samples stamped 100 s, and a range from 102 s still counts them for it."""
+    store.write_spans("t", spans_of([(TRACE_A, 1, 0, "GET /pay", 105, 107, {})], "api")).result(30)
+    batch, _ = batch_of(
+        [(100, ["pay"], 30, 1, TRACE_A), (100, ["before"], 9, 0, None)],
+        labels={"service_name": "api"},
+    )
+    store.write("t", batch).result(30)
+    engine = EndpointEngine(store, QueryEngine(store))
+    found = engine.endpoints("t", "api", CPU, 102 * SEC, 200 * SEC)
+    assert [(e.name, e.requests, e.total) for e in found.endpoints] == [("GET /pay", 1, 30)]
+    assert found.total == 30 and found.unattributed == 0
+    values, requests = engine.endpoint_values("t", "api", "GET /pay", CPU, 102 * SEC, 200 * SEC)
+    assert requests == 1 and int(values.values.sum()) == 30

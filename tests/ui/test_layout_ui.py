@@ -149,17 +149,17 @@ def test_header_fits_at_360_px(browser, site) -> None:  # type: ignore[no-untype
         assert page.evaluate("() => document.documentElement.scrollWidth") <= 361
         button = page.locator("#hs-settings-button").bounding_box()
         assert button and button["x"] + button["width"] <= 361, button
-        # Every nav link can be reached: on screen, or inside the nav's own scroll.
+        # Every nav link can be reached: scrolled to (inside the nav's own scroll), it is on
+        # screen, whole, and the page did not scroll sideways for it.
         reach = page.evaluate(
-            """() => {
-                const nav = document.querySelector('.hs-nav');
-                return [...nav.querySelectorAll('a')].map((a) => {
-                    const r = a.getBoundingClientRect();
-                    return r.right <= window.innerWidth + 1 || nav.scrollWidth > nav.clientWidth;
-                });
-            }"""
+            """() => [...document.querySelectorAll('.hs-nav a')].map((a) => {
+                a.scrollIntoView({ block: 'nearest', inline: 'nearest' });
+                const r = a.getBoundingClientRect();
+                return [a.textContent, r.left >= -1 && r.right <= window.innerWidth + 1,
+                        window.scrollX];
+            })"""
         )
-        assert all(reach), reach
+        assert all(ok and scroll_x == 0 for _, ok, scroll_x in reach), reach
         screenshot(page, "layout-header-360")
     finally:
         context.close()

@@ -599,3 +599,57 @@ def test_flame_graph_zoom_and_table_sort_live_in_the_url(page, data) -> None:  #
     query = quote('{service_name="checkout"}')
     page.goto(data.server.url + "/profiles?zoom=no.such;frame&query=" + query)
     wait_for_frame(page, MAIN + "price_cart")
+
+
+# --- leaving a page ------------------------------------------------------------------------
+
+
+def live_flame_graphs(page) -> int:  # type: ignore[no-untyped-def]
+    """FlameGraph objects still alive in the page after a garbage collection (DevTools)."""
+    cdp = page.context.new_cdp_session(page)
+    try:
+        proto = cdp.send(
+            "Runtime.evaluate",
+            {
+                "expression": "import('/static/js/flamegraph.js')"
+                ".then((m) => m.FlameGraph.prototype)",
+                "awaitPromise": True,
+            },
+        )["result"]["objectId"]
+        cdp.send("HeapProfiler.collectGarbage")
+        found = cdp.send("Runtime.queryObjects", {"prototypeObjectId": proto})["objects"]
+        count = cdp.send(
+            "Runtime.callFunctionOn",
+            {
+                "objectId": found["objectId"],
+                "functionDeclaration": "function () { return this.length; }",
+                "returnByValue": True,
+            },
+        )
+        return int(count["result"]["value"])
+    finally:
+        cdp.detach()
+
+
+def test_leaving_a_page_leaves_nothing_behind(page, data) -> None:  # type: ignore[no-untyped-def]
+    checkout = "/profiles?query=" + quote('{service_name="checkout"}')
+    page.goto(data.server.url + checkout)
+    wait_for_frame(page, MAIN + "price_cart")
+    # A search typed just before leaving must not land in the next page's address.
+    page.locator(".hs-search").fill("price")
+    page.locator('.hs-nav a[data-nav="diff"]').click()
+    page.wait_for_url("**/diff*")
+    page.wait_for_timeout(600)  # past the search box's debounce
+    assert "search" not in parse_qs(urlparse(page.url).query), page.url
+
+    # Back and forth between the views: only the graphs on screen stay alive.
+    for _ in range(4):
+        page.locator('.hs-nav a[data-nav="profiles"]').click()
+        wait_for_frame(page, MAIN + "price_cart")
+        page.locator('.hs-nav a[data-nav="diff"]').click()
+        page.wait_for_url("**/diff*")
+        page.locator(".hs-diff-profile canvas").first.wait_for()
+    shown = page.evaluate(
+        "() => document.querySelectorAll('canvas.flamegraph, .flamegraph canvas').length"
+    )
+    assert live_flame_graphs(page) <= max(shown, 1) + 1

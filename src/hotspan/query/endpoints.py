@@ -21,6 +21,11 @@ from hotspan.store.base import SampleFilter, SpanInfo, StackValues, Store
 # The spans of a service looked at per question: the latest of the range past it (the answer
 # says it was cut). A million spans is ~100 MB of Python objects; this is a tenth of it.
 MAX_SPANS = 100_000
+# Samples carry the start of their agent's upload window (10 s by default, a minute at most
+# for the SDKs people run), so a request's first samples can be stamped before the request
+# began, before the range. They are picked by span id, so looking this far back adds no
+# other request's samples.
+STAMP_SLACK_NS = 5 * 60 * 10**9
 SERVICE_LABEL = "service_name"
 
 
@@ -87,18 +92,31 @@ class EndpointEngine:
     ) -> Tuple[Dict[int, SpanInfo], Dict[int, int], bool]:
         """The local roots that started in the range (by span id), the local root of every
         span of the service in the range, and whether the spans were cut at MAX_SPANS."""
-        spans = self.store.span_infos(tenant, start_ns, end_ns, service=service, limit=MAX_SPANS)
-        truncated = len(spans) >= MAX_SPANS
+        spans = self.store.span_infos(
+            tenant, start_ns, end_ns, service=service, limit=MAX_SPANS + 1
+        )
+        truncated = len(spans) > MAX_SPANS
+        # The latest come first: when cut, what is looked at starts at the last one kept, and
+        # parents before it (in the range or not) are only looked up, never counted.
+        spans = spans[:MAX_SPANS]
+        looked_from = spans[-1].start_ns if truncated else start_ns
         ids = {s.span_id for s in spans}
         orphans = {s.trace_id for s in spans if s.parent_span_id and s.parent_span_id not in ids}
         extra: List[SpanInfo] = []
         if orphans:
-            # A parent not in the range is of another service (then its child is a request)
-            # or of this one, started earlier (then it is not): only the latter are fetched,
-            # which keeps this cheap where every request's parent is another service's span.
+            # A parent not looked at is of another service (then its child is a request) or of
+            # this one, started earlier (then it is not): only the latter are fetched, which
+            # keeps this cheap where every request's parent is another service's span.
             extra = self.store.span_infos(
-                tenant, 0, start_ns, service=service, trace_ids=sorted(orphans), limit=MAX_SPANS
+                tenant,
+                0,
+                looked_from + 1,  # spans that started with the last one kept may have been cut
+                service=service,
+                trace_ids=sorted(orphans),
+                limit=MAX_SPANS + 1,
             )
+            # Parents not found would make their children requests: say the answer is cut.
+            truncated = truncated or len(extra) > MAX_SPANS
         in_range = {s.span_id: s for s in spans}
         known = {s.span_id: s for s in extra}
         known.update(in_range)
@@ -107,23 +125,31 @@ class EndpointEngine:
         members = {sid: root for sid, root in root_of.items() if root in roots}
         return roots, members, truncated
 
+    @staticmethod
+    def _request_filter(start_ns: int, end_ns: int, span_ids: Iterable[int]) -> SampleFilter:
+        """The samples of the given requests' spans, including those stamped before the range
+        with the start of the upload window they were taken in."""
+        return SampleFilter(start_ns - STAMP_SLACK_NS, end_ns, span_ids=sorted(span_ids))
+
     def endpoints(
         self, tenant: str, service: str, profile_type: ProfileType, start_ns: int, end_ns: int
     ) -> ServiceEndpoints:
         roots, members, truncated = self._requests(tenant, service, start_ns, end_ns)
         series = self.engine.find_series(
-            tenant, [service_selector(service)], start_ns, end_ns, profile_type
+            tenant, [service_selector(service)], start_ns - STAMP_SLACK_NS, end_ns, profile_type
         )
-        sums = self.store.span_values(
-            tenant, [s.series_id for s in series], SampleFilter(start_ns, end_ns)
-        )
+        series_ids = [s.series_id for s in series]
+        everything = self.store.span_values(tenant, series_ids, SampleFilter(start_ns, end_ns))
+        total = int(everything.values.sum())
         per_root: Dict[int, int] = {}
-        total = 0
-        for sid, value in zip(sums.span_ids.tolist(), sums.values.tolist()):
-            total += value
-            root = members.get(sid)
-            if root is not None:
-                per_root[root] = per_root.get(root, 0) + value
+        if members:
+            sums = self.store.span_values(
+                tenant, series_ids, self._request_filter(start_ns, end_ns, members)
+            )
+            for sid, value in zip(sums.span_ids.tolist(), sums.values.tolist()):
+                root = members.get(sid)
+                if root is not None:
+                    per_root[root] = per_root.get(root, 0) + value
         requests: Dict[str, int] = {}
         values: Dict[str, int] = {}
         for sid, span in roots.items():
@@ -133,6 +159,9 @@ class EndpointEngine:
             (Endpoint(name, requests[name], values[name]) for name in requests),
             key=lambda e: (-e.total, -e.requests, e.name),
         )
+        # The requests' samples reach a little before the range (STAMP_SLACK_NS): the total
+        # is at least what they hold, so that shares stay within 100%.
+        total = max(total, sum(e.total for e in endpoints))
         return ServiceEndpoints(service, profile_type, tuple(endpoints), total, truncated)
 
     def endpoint_values(
@@ -149,7 +178,7 @@ class EndpointEngine:
         mine = {sid for sid, s in roots.items() if s.name == name}
         if not mine:
             return StackValues.empty(), 0
-        span_ids = sorted(sid for sid, root in members.items() if root in mine)
-        where = SampleFilter(start_ns, end_ns, span_ids=span_ids)
+        span_ids = (sid for sid, root in members.items() if root in mine)
+        where = self._request_filter(start_ns, end_ns, span_ids)
         values = self.engine.stack_values(tenant, profile_type, service_selector(service), where)
         return values, len(mine)

@@ -5,12 +5,13 @@
 - ``GET /api/v1/endpoints/flamegraph?...&name=``: the flame graph of one endpoint's requests,
   ``{"flamegraph": ...}`` as in SelectMergeStacktracesResponse (protojson).
 
-``start``/``end`` are unix milliseconds (the last hour by default); ``profileType`` is on-CPU
-time by default.
+``start``/``end`` are unix seconds, as in hotspan's other ``/api`` endpoints (the last hour by
+default); ``profileType`` is on-CPU time by default.
 """
 
 from __future__ import annotations
 
+import time
 from typing import Tuple
 
 from google.protobuf import json_format
@@ -25,20 +26,13 @@ from hotspan.query.endpoints import EndpointEngine
 from hotspan.query.engine import QueryError
 from hotspan.query.flamegraph import to_message
 from hotspan.server.errors import HTTPError
-from hotspan.server.querier import max_nodes_value, profile_type, time_range
+from hotspan.server.querier import max_nodes_value, profile_type
 from hotspan.server.request import query_state
-from hotspan.server.tempo import text_error
+from hotspan.server.tempo import seconds_param, text_error
 
 CPU = "process_cpu:cpu:nanoseconds:cpu:nanoseconds"
 MAX_NAME = 1000
-
-
-def _millis(request: Request, name: str) -> int:
-    text = request.query_params.get(name) or "0"
-    try:
-        return int(text)
-    except ValueError:
-        raise HTTPError(400, f"{name} must be unix milliseconds, got {text[:40]!r}") from None
+DEFAULT_RANGE_NS = 3600 * 10**9
 
 
 def _params(request: Request) -> Tuple[str, ProfileType, int, int]:
@@ -47,7 +41,12 @@ def _params(request: Request) -> Tuple[str, ProfileType, int, int]:
     if not service.strip():
         raise HTTPError(400, "service is required: the service_name whose endpoints to list")
     ptype = profile_type(params.get("profileType") or CPU)
-    start, end = time_range(_millis(request, "start"), _millis(request, "end"))
+    end = seconds_param(request, "end") or time.time_ns()
+    start = seconds_param(request, "start")
+    if start is None:
+        start = end - DEFAULT_RANGE_NS
+    if start < 0 or end <= start:
+        raise HTTPError(400, "invalid time range: end must be after start (unix seconds)")
     return service, ptype, start, end
 
 
@@ -64,8 +63,8 @@ async def endpoints(request: Request) -> Response:
         {
             "service": service,
             "profileType": ptype.id,
-            "start": start // 10**6,
-            "end": end // 10**6,
+            "start": start // 10**9,
+            "end": end // 10**9,
             "total": total,
             "unattributed": found.unattributed,
             "truncated": found.truncated,

@@ -10,9 +10,9 @@
   profile total of each listed trace (up to MAX_TRACE_IDS, one store query for all), for the
   trace list's CPU column and its "has profile" mark; traces without samples are left out.
 
-All take ``profileType`` (default on-CPU time), ``labelSelector`` and ``start``/``end`` (unix
-seconds; by default an hour either side of the trace, since samples are stamped with the start
-of their upload window).
+All take ``profileType`` (default on-CPU time) and ``start``/``end`` (unix seconds; for one
+trace, by default an hour either side of it, since samples are stamped with the start of their
+upload window); the first two also take ``labelSelector``.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from hotspan.server.querier import max_nodes_value, profile_type, selector
 from hotspan.server.request import query_state
 from hotspan.server.state import ServerState
 from hotspan.server.tempo import seconds_param, text_error, trace_id_param
-from hotspan.store.base import SampleFilter
+from hotspan.store.base import SampleFilter, TraceValues
 
 CPU = "process_cpu:cpu:nanoseconds:cpu:nanoseconds"
 HOUR_NS = 3600 * 10**9
@@ -171,6 +171,13 @@ async def spans(request: Request) -> Response:
     )
 
 
+def _trace_values(
+    state: ServerState, tenant: str, ptype: ProfileType, where: SampleFilter
+) -> TraceValues:
+    series = state.engine.find_series(tenant, [], where.start_ns, where.end_ns, ptype)
+    return state.store.trace_values(tenant, [s.series_id for s in series], where)
+
+
 async def profiled(request: Request) -> Response:
     try:
         state, tenant = query_state(request)
@@ -188,11 +195,8 @@ async def profiled(request: Request) -> Response:
             raise HTTPError(400, "start and end (unix seconds) are required")
         if end <= start:
             raise HTTPError(400, "end must be after start")
-        series = state.engine.find_series(tenant, [], start, end, ptype)
         where = SampleFilter(start, end, trace_ids=trace_ids)
-        sums = await run_in_threadpool(
-            state.store.trace_values, tenant, [s.series_id for s in series], where
-        )
+        sums = await run_in_threadpool(_trace_values, state, tenant, ptype, where)
     except HTTPError as exc:
         return text_error(exc)
     return JSONResponse(

@@ -8,6 +8,7 @@
 import { ApiError, getJSON } from "./api.js";
 import { el, rejectInput } from "./dom.js";
 import { navigate } from "./router.js";
+import { spanExtentMs } from "./spans.js";
 import { absoluteRange } from "./timerange.js";
 
 const BASELINE_KEY = "hotspan.compare.baseline";
@@ -111,11 +112,13 @@ export function compareBox({ traceId, span, type, range }) {
     const other = raw.padStart(32, "0");
     status.textContent = "Looking up the trace…";
     try {
-      const body = await getJSON(`/api/traces/${other}/spans`);
-      const starts = (body.spans || []).map((s) => Number(s.startTimeUnixNano));
-      const ends = (body.spans || []).map((s) => Number(s.startTimeUnixNano) + Number(s.durationNanos));
-      const startNs = Math.min(...starts);
-      const tree = { startNs, durationNs: Math.max(...ends) - startNs };
+      const spans = (await getJSON(`/api/traces/${other}/spans`)).spans || [];
+      if (!spans.length) {
+        status.textContent = `Trace ${other} has no spans on this server.`;
+        return;
+      }
+      const { startMs, endMs } = spanExtentMs(spans);
+      const tree = { startNs: startMs * 1e6, durationNs: (endMs - startMs) * 1e6 };
       const left = { traceId, range };
       navigate(diffUrl(type, left, { traceId: other, range: traceRange(tree) }));
     } catch (err) {

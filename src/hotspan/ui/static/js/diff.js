@@ -69,6 +69,7 @@ class DiffView {
     if (this.controller) this.controller.abort();
     this.left.timeline.destroy();
     this.right.timeline.destroy();
+    this.panel.destroy();
   }
 
   changed() {

@@ -5,6 +5,7 @@
 // spans and sent as the querier's span_selector, so the server's Diff narrows each side the
 // way SelectMergeStacktraces does.
 
+import { spanExtentMs } from "./spans.js";
 import { ApiError, getJSON } from "./api.js";
 
 const TRACE_ID = /^[0-9a-f]{32}$/;
@@ -32,15 +33,15 @@ function descendants(spans, root) {
     if (!children.has(s.parentSpanID)) children.set(s.parentSpanID, []);
     children.get(s.parentSpanID).push(s.spanID);
   }
-  const out = [];
+  const out = new Set();
   const todo = [...(children.get(root) || [])];
   while (todo.length) {
     const id = todo.pop();
-    if (out.includes(id)) continue; // a malformed trace may loop
-    out.push(id);
-    todo.push(...(children.get(id) || []));
+    if (out.has(id) || id === root) continue; // a malformed trace may loop
+    out.add(id);
+    for (const child of children.get(id) || []) todo.push(child);
   }
-  return out;
+  return [...out];
 }
 
 /**
@@ -64,12 +65,12 @@ export async function loadSubject({ traceId, spanId }, signal) {
   if (spanId && stored && !span) {
     throw new Error(`trace ${shortId(traceId)} has no span ${spanId}`);
   }
-  const root = spans.find((s) => !s.parentSpanID || !spans.some((p) => p.spanID === s.parentSpanID));
+  const ids = new Set(spans.map((s) => s.spanID));
+  const root = spans.find((s) => !s.parentSpanID || !ids.has(s.parentSpanID));
   let window = null;
   if (stored) {
-    const starts = spans.map((s) => Number(BigInt(s.startTimeUnixNano) / 1000000n));
-    const ends = spans.map((s, i) => starts[i] + Number(s.durationNanos) / 1e6);
-    window = { startMs: Math.min(...starts) - HOUR_MS, endMs: Math.max(...ends) + HOUR_MS };
+    const { startMs, endMs } = spanExtentMs(spans);
+    window = { startMs: startMs - HOUR_MS, endMs: endMs + HOUR_MS };
   }
   return {
     traceId,

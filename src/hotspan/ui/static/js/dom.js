@@ -60,10 +60,13 @@ export function download(filename, data, type = "application/octet-stream") {
 /** Runs `fn` at most once per `ms`, with the last arguments (for input and resize events). */
 export function debounce(fn, ms) {
   let timer = null;
-  return (...args) => {
+  const call = (...args) => {
     clearTimeout(timer);
     timer = setTimeout(() => fn(...args), ms);
   };
+  // A view that goes away drops the pending call: it would write into the next view's URL.
+  call.cancel = () => clearTimeout(timer);
+  return call;
 }
 
 /**

@@ -42,6 +42,7 @@ export function renderEndpoints(root, { params }) {
   };
   const controller = new AbortController();
   let loadController = null;
+  let panelController = null; // the endpoint flame graph being loaded
   let panel = null;
   let data = null;
 
@@ -76,6 +77,8 @@ export function renderEndpoints(root, { params }) {
 
   async function reload() {
     if (loadController) loadController.abort();
+    // An endpoint's flame graph still loading belongs to the old service, type or range.
+    if (panelController) panelController.abort();
     loadController = new AbortController();
     const signal = loadController.signal;
     let range;
@@ -130,8 +133,8 @@ export function renderEndpoints(root, { params }) {
       data = await getJSON("/api/v1/endpoints", {
         service: state.service,
         profileType: state.type,
-        start: range.startMs,
-        end: range.endMs,
+        start: Math.floor(range.startMs / 1000),
+        end: Math.ceil(range.endMs / 1000),
       }, { signal });
     } catch (err) {
       if (err.name === "AbortError") return;
@@ -248,7 +251,6 @@ export function renderEndpoints(root, { params }) {
     return panel;
   }
 
-  let panelController = null;
   async function openEndpoint(name, { push = true } = {}) {
     if (!data) return;
     if (push && name !== state.name) setQuery({ name }, { push: true });
@@ -265,8 +267,8 @@ export function renderEndpoints(root, { params }) {
       const body = await getJSON("/api/v1/endpoints/flamegraph", {
         service: state.service,
         profileType: state.type,
-        start: data.range.startMs,
-        end: data.range.endMs,
+        start: Math.floor(data.range.startMs / 1000),
+        end: Math.ceil(data.range.endMs / 1000),
         name,
       }, { signal: mine.signal });
       if (mine.signal.aborted) return;
@@ -293,6 +295,6 @@ export function renderEndpoints(root, { params }) {
     controller.abort();
     if (loadController) loadController.abort();
     if (panelController) panelController.abort();
-    if (panel && typeof panel.destroy === "function") panel.destroy();
+    if (panel) panel.destroy();
   };
 }

@@ -572,6 +572,7 @@ export class ProfilePanel {
 
   destroy() {
     closeMenu();
+    if (this.reportSearch) this.reportSearch.cancel();
     if (this.resizeObserver) this.resizeObserver.disconnect();
     this.graph.destroy();
     for (const g of this.sandwichGraphs()) g.destroy();

@@ -25,6 +25,7 @@ import {
 import { ProfilePanel } from "./panel.js";
 import { panelState, setQuery } from "./router.js";
 import { settingsPath } from "./settings.js";
+import { spanExtentMs } from "./spans.js";
 import {
   agentHint,
   catalogue,
@@ -151,6 +152,7 @@ class ProfilesView {
     if (this.controller) this.controller.abort();
     this.timeline.destroy();
     this.breakdown.destroy();
+    this.panel.destroy();
   }
 
   change(changes, push = false) {
@@ -426,11 +428,11 @@ class ProfilesView {
       this.timeline.setCaption(`The samples of ${what} over time, across services.`);
       return;
     }
-    const extent = spans && spanExtent(spans);
-    if (extent && extent.end >= startMs && extent.start <= endMs) {
+    const extent = spans && spanExtentMs(spans);
+    if (extent && extent.endMs >= startMs && extent.startMs <= endMs) {
       // The server answered for the whole selection (it cannot filter series by trace):
       // drawing that would show other requests' samples, so mark when the trace ran.
-      this.timeline.setBand(startMs, endMs, stepMs, extent.start, extent.end);
+      this.timeline.setBand(startMs, endMs, stepMs, extent.startMs, extent.endMs);
       this.timeline.setCaption(total > 0
         ? `The band marks when ${what} ran (from its spans); this server cannot plot one trace's samples over time.`
         : `The band marks when ${what} ran; none of its samples are in this range.`);
@@ -607,7 +609,7 @@ class ProfilesView {
       return; // Not a trace hotspan received: the message above already says what to do.
     }
     if (!spans.length || signal.aborted) return;
-    const { start, end } = spanExtent(spans);
+    const { startMs: start, endMs: end } = spanExtentMs(spans);
     const range = absoluteRange(start - 5 * 60e3, end + 5 * 60e3);
     this.panel.setMessage(message("empty",
       `No samples carry trace ${traceId} in ${describeRange(this.state.from, this.state.until)}.`,
@@ -657,13 +659,6 @@ function allTypes(services) {
   const out = new Set();
   for (const ids of services.values()) for (const t of ids) out.add(t);
   return out;
-}
-
-function spanExtent(spans) {
-  if (!spans.length) return null;
-  const start = Math.min(...spans.map((s) => Number(s.startTimeUnixNano) / 1e6));
-  const end = Math.max(...spans.map((s) => (Number(s.startTimeUnixNano) + Number(s.durationNanos)) / 1e6));
-  return { start, end };
 }
 
 export function renderProfiles(root, { params }) {

@@ -34,6 +34,7 @@ function reader(bytes) {
       if (wire === 0) return [field, wire, varint()];
       if (wire === 2) {
         const n = varint();
+        if (pos + n > bytes.length) throw new Error("truncated protobuf: a field runs past the end");
         const value = bytes.subarray(pos, pos + n);
         pos += n;
         return [field, wire, value];

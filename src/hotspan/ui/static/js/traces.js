@@ -760,7 +760,7 @@ export function renderTraceView(root, { params, match }) {
     controller.abort();
     if (profileController) profileController.abort();
     if (waterfall) waterfall.destroy();
-    if (panel && typeof panel.destroy === "function") panel.destroy();
+    if (panel) panel.destroy();
   };
 }
 
