@@ -152,6 +152,12 @@ def test_endpoints_of_another_tenant_or_service_are_empty(shop: RunningServer) -
         ),
         ("/api/v1/endpoints", {"service": "shop", "start": "soon"}, "start"),
         ("/api/v1/endpoints", {"service": "shop", "start": "2000", "end": "1000"}, "range"),
+        (
+            "/api/v1/endpoints",
+            {"service": "shop", "start": "1764150000000", "end": "1764153600000"},
+            "(milliseconds?)",
+        ),
+        ("/api/v1/traces/profiled", {"traceID": "a" * 32, "start": "-5", "end": "10"}, "seconds"),
         ("/api/v1/endpoints/flamegraph", {"service": "shop"}, "name is required"),
         ("/api/v1/endpoints/flamegraph", {"service": "shop", "name": "x" * 1001}, "longer"),
         ("/api/v1/endpoints/flamegraph", {"name": "GET /x"}, "service is required"),

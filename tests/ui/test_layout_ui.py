@@ -201,3 +201,18 @@ def test_theme_follows_the_system_setting(browser, site, scheme: str, name: str)
             assert luminance(colours["body"]) > 0.9 and luminance(colours["text"]) < 0.2, colours
     finally:
         context.close()
+
+
+def test_a_page_that_does_not_exist_says_so_in_the_ui(page, site) -> None:  # type: ignore[no-untyped-def]
+    srv, _ = site
+    response = page.goto(srv.url + "/nosuchpage?x=1")
+    assert response is not None and response.status == 404
+    assert "No page at /nosuchpage" in page.locator("#app").inner_text()
+    page.locator('.hs-nav a[data-nav="profiles"]').click()
+    page.wait_for_url("**/profiles*")
+    # Programs asking for a path that is not there still get a plain 404.
+    with srv.client() as c:
+        r = c.get("/nosuchpage")
+        assert r.status_code == 404 and r.text == "Not Found"
+        r = c.get("/api/nosuch", headers={"Accept": "text/html"})
+        assert r.status_code == 404 and "<html" not in r.text

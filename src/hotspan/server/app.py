@@ -32,6 +32,7 @@ from hotspan.server.retention import RetentionLoop
 from hotspan.server.state import ServerState
 from hotspan.store import open_store
 from hotspan.store.base import Store
+from hotspan.ui.routes import not_found
 from hotspan.ui.routes import routes as ui_routes
 
 log = logging.getLogger(__name__)
@@ -109,7 +110,7 @@ def create_app(config: Optional[ServerConfig] = None, store: Optional[Store] = N
         ),
         *ui_routes,
     ]
-    app = Starlette(routes=routes, lifespan=lifespan)
+    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={404: not_found})
     app.state.hotspan = state
     return app
 

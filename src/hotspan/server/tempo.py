@@ -19,6 +19,7 @@ from starlette.routing import Route
 
 from hotspan.formats.otlp import encode_json
 from hotspan.formats.otlp_traces import traces_data
+from hotspan.model.profile import MAX_TIME_NS
 from hotspan.model.trace import (
     TRACE_INTRINSICS,
     TRACE_ORDERS,
@@ -57,9 +58,13 @@ def seconds_param(request: Request, name: str) -> Optional[int]:
     if not text:
         return None
     try:
-        return int(text) * SEC
+        seconds = int(text)
     except ValueError:
-        raise HTTPError(400, f"{name} must be unix seconds, got {text!r}") from None
+        raise HTTPError(400, f"{name} must be unix seconds, got {text[:40]!r}") from None
+    # Milliseconds given for seconds would pass for a date thousands of years away.
+    if not 0 <= seconds < MAX_TIME_NS // SEC:
+        raise HTTPError(400, f"{name} must be unix seconds, got {seconds} (milliseconds?)")
+    return seconds * SEC
 
 
 def _int_param(request: Request, name: str, default: int) -> int:

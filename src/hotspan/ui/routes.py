@@ -7,7 +7,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, Response
+from starlette.responses import HTMLResponse, PlainTextResponse, Response
 from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 
@@ -31,15 +31,34 @@ def _shell() -> str:
     )
 
 
-async def page(request: Request) -> Response:
+def _shell_response(status_code: int = 200) -> Response:
     return HTMLResponse(
         _shell(),
+        status_code=status_code,
         headers={
             "Content-Security-Policy": CONTENT_SECURITY_POLICY,
             "Cache-Control": "no-cache",
             "X-Content-Type-Options": "nosniff",
         },
     )
+
+
+async def page(request: Request) -> Response:
+    return _shell_response()
+
+
+async def not_found(request: Request, exc: Exception) -> Response:
+    """A 404 for every path no route takes.  A browser opening a page that does not exist
+    gets the UI's own page (status 404), which names the path and links to the views; API
+    clients get a plain answer."""
+    wants_page = (
+        request.method == "GET"
+        and "text/html" in request.headers.get("accept", "")
+        and not request.url.path.startswith(("/static/", "/api/"))
+    )
+    if wants_page:
+        return _shell_response(404)
+    return PlainTextResponse("Not Found", status_code=404)
 
 
 PAGES = [
