@@ -315,3 +315,18 @@ def test_timeline_zero_has_no_unit_and_loading_draws_a_skeleton(page, data) -> N
     labels = page.evaluate("() => document.querySelector('.hs-timeline').timeline.yLabels")
     assert labels[0] == "0", labels
     assert all(re.search(r"\d (ms|s|min)$", t) for t in labels[1:]), labels
+
+
+# --- review findings: a stopped server, a profile type without data, a trace link ----------
+
+
+def test_a_stopped_server_is_said_in_the_timeline_too(page, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    with running_server(tmp_path / "stopping") as srv:
+        page.goto(srv.url + "/profiles")
+        page.locator(".hs-message.hs-empty").wait_for()
+        srv.stop()
+        page.locator(".hs-range-preset").select_option("now-6h")
+        page.locator(".hs-profile .hs-message.hs-error").wait_for()
+        note = page.locator(".hs-timeline-note")
+        assert "cannot reach the hotspan server" in note.inner_text(), note.inner_text()
+        screenshot(page, "bugs-server-stopped")

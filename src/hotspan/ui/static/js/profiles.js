@@ -290,7 +290,8 @@ class ProfilesView {
       await Promise.all([this.loadTimeline(range, signal), this.loadGraph(range, unit, signal)]);
     } catch (err) {
       if (err.name === "AbortError") return;
-      this.timeline.setMessage("no answer");
+      // The timeline's answer failed with the graph's: it says why, as the panel does.
+      this.timeline.setMessage(err.message || String(err), { error: true });
       this.panel.setMessage(errorBox(err));
       if (!this.serviceSlot.firstChild) this.renderFallbackPickers(matchers, range);
     }
@@ -552,7 +553,7 @@ class ProfilesView {
       this.timeline.stacked = Boolean(groupBy) && groupView === "stacked";
       this.timeline.setData(series, startMs, endMs, stepMs);
     } catch (err) {
-      if (err.name !== "AbortError") this.timeline.setMessage(err.message);
+      if (err.name !== "AbortError") this.timeline.setMessage(err.message, { error: true });
     }
   }
 

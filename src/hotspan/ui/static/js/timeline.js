@@ -126,7 +126,10 @@ export class Timeline {
     this.draw();
   }
 
-  setMessage(text) {
+  /** A line over an empty plot; `error` when the answer failed (it reads as the panel's error,
+   * not as a quiet "nothing here"). */
+  setMessage(text, { error = false } = {}) {
+    this.note.classList.toggle("hs-timeline-error", error);
     this.series = [];
     this.band = null;
     this.startMs = undefined; // no axis for a range that has no answer
