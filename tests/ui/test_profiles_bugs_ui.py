@@ -317,7 +317,37 @@ def test_timeline_zero_has_no_unit_and_loading_draws_a_skeleton(page, data) -> N
     assert all(re.search(r"\d (ms|s|min)$", t) for t in labels[1:]), labels
 
 
-# --- review findings: a stopped server, a profile type without data, a trace link ----------
+# --- review findings: a profile type without data, a stopped server, a trace link ----------
+
+
+def test_unknown_profile_type_is_kept_and_said(page, data) -> None:  # type: ignore[no-untyped-def]
+    # A shared link with a profile type the service has no data of must not show CPU instead.
+    query = quote('{service_name="checkout"}')
+    page.goto(f"{data.server.url}/profiles?query={query}&profileType=foo:bar")
+    box = page.locator(".hs-profile .hs-message.hs-empty")
+    box.wait_for()
+    text = box.inner_text()
+    assert "no data of profile type foo:bar for checkout" in text.lower(), text
+    assert "CPU time" in text, text  # the types checkout has in this range
+    page.wait_for_timeout(300)
+    assert query_of(page)["profileType"] == ["foo:bar"]
+    assert not frame_names(page)
+    state = timeline_state(page)
+    assert state["series"] == 0 and "foo:bar" in state["note"], state
+    # The Profile picker shows the type asked for, marked, and the ones with data.
+    select = page.locator("select.hs-profile-type")
+    assert select.input_value() == "foo:bar"
+    options = select.locator("option").all_inner_texts()
+    assert any("foo" in o and "no data" in o for o in options), options
+    screenshot(page, "bugs-unknown-profile-type")
+    select.select_option(CPU)
+    wait_for_frame(page, MAIN + "price_cart")
+    assert query_of(page)["profileType"] == [CPU]
+    # The same for a trace's samples.
+    page.goto(f"{data.server.url}/profiles?traceId={data.trace_id}&profileType=foo:bar")
+    box.wait_for()
+    assert "no data of profile type foo:bar for trace" in box.inner_text().lower()
+    assert query_of(page)["profileType"] == ["foo:bar"]
 
 
 def test_a_stopped_server_is_said_in_the_timeline_too(page, tmp_path) -> None:  # type: ignore[no-untyped-def]

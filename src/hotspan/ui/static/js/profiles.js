@@ -106,7 +106,6 @@ class ProfilesView {
     this.groupSlot = el("span", { class: "hs-field hs-group-controls" });
     this.timelineSlot = el("div", {});
     this.breakdownSlot = el("div", { class: "hs-breakdown-slot", hidden: true });
-    this.banner = el("div", { class: "hs-banner" });
     const panelSlot = el("section", { class: "hs-profile" });
     this.root.append(
       el("h1", { class: "hs-title" }, "Profiles"),
@@ -116,7 +115,6 @@ class ProfilesView {
         el("div", { class: "hs-timeline-head" }, el("span", {}, "Over time"), this.groupSlot),
         this.timelineSlot,
         this.breakdownSlot),
-      this.banner,
       panelSlot,
     );
     this.picker = new TimeRangePicker(rangeSlot, {
@@ -233,7 +231,6 @@ class ProfilesView {
     const controller = new AbortController();
     this.controller = controller;
     const { signal } = controller;
-    this.banner.replaceChildren();
     this.renderTraceNote();
     // The one timeline says what is wrong or loading; a breakdown comes back with its data.
     this.timelineSlot.hidden = false;
@@ -274,17 +271,11 @@ class ProfilesView {
         await this.showNoData(service, services, matchers, range, signal);
         return;
       }
-      const profileType = pickType(services.get(service), this.state.profileType);
-      if (this.state.profileType && profileType !== this.state.profileType) {
-        this.banner.append(message("info",
-          `Profile type "${this.state.profileType}" has no data for "${service}" in this range; showing ${typeLabel(profileType)}.`,
-          "Pick another profile type, or widen the time range."));
-      }
-      if (profileType !== this.state.profileType) {
-        this.state.profileType = profileType;
-        setQuery({ profileType });
-      }
-      this.renderPickers(serviceOptions(names, [], service), services.get(service), matchers, range);
+      const types = services.get(service);
+      this.defaultType(types);
+      this.renderPickers(serviceOptions(names, [], service), types, matchers, range);
+      if (this.missingType(types, service)) return;
+      const { profileType } = this.state;
       const unit = unitOf(profileType);
       this.timeline.unit = unit;
       await Promise.all([this.loadTimeline(range, signal), this.loadGraph(range, unit, signal)]);
@@ -295,6 +286,38 @@ class ProfilesView {
       this.panel.setMessage(errorBox(err));
       if (!this.serviceSlot.firstChild) this.renderFallbackPickers(matchers, range);
     }
+  }
+
+  /** No profile type asked for (the landing page): CPU (or the first there is), written into
+   * the URL.  One asked for is never replaced: a shared link shows what it names or says why not. */
+  defaultType(types) {
+    if (this.state.profileType) return;
+    this.state.profileType = pickType(types, "");
+    setQuery({ profileType: this.state.profileType });
+  }
+
+  /**
+   * The profile type asked for has no data of `what` (a service, a trace) in the range: like
+   * an unknown service, the shared link is kept and the view says so, with the types there are.
+   * True when it said so.
+   */
+  missingType(types, what) {
+    const wanted = this.state.profileType;
+    if (!wanted || types.has(wanted)) return false;
+    const when = describeRange(this.state.from, this.state.until);
+    this.timeline.setMessage(`no data of profile type ${wanted} in this range`);
+    this.panel.setTitle(this.title());
+    const choices = [...types].sort().map((t) => el("button", {
+      type: "button",
+      class: "hs-link hs-type-choice",
+      onclick: () => this.change({ profileType: t }, true),
+    }, typeLabel(t)));
+    this.panel.setMessage(message("empty",
+      `No data of profile type ${wanted} for ${what} in this range (${when}).`,
+      choices.length
+        ? el("span", {}, `${what} has: `, ...choices.flatMap((c, i) => (i ? [", ", c] : [c])), ".")
+        : "Pick another profile type, or widen the time range."));
+    return true;
   }
 
   /**
@@ -406,13 +429,11 @@ class ProfilesView {
     }
     if (!types.size) types = allTypes(services);
     if (!types.size) types = new Set([this.state.profileType || CPU]);
-    const profileType = pickType(types, this.state.profileType);
-    if (profileType !== this.state.profileType) {
-      this.state.profileType = profileType;
-      setQuery({ profileType });
-    }
     const what = traceId ? `trace ${traceId.slice(0, 8)}` : `span ${spanId.slice(0, 8)}`;
+    this.defaultType(types);
     this.renderPickers([["", `all services (${what})`]], types, matchers, range, { traced: true });
+    if (this.missingType(types, what)) return;
+    const { profileType } = this.state;
     const unit = unitOf(profileType);
     this.timeline.unit = unit;
     this.panel.setTitle(this.title());
@@ -494,7 +515,8 @@ class ProfilesView {
     if (!typeIds.size) typeIds.add(CPU);
     const shownType = this.state.profileType || pickType(typeIds, "");
     this.typeSlot.replaceChildren(
-      selectOf("hs-profile-type", "Profile type", [...typeIds].sort().map((t) => [t, typeLabel(t)]),
+      selectOf("hs-profile-type", "Profile type",
+        [...typeIds].sort().map((t) => [t, types.has(t) ? typeLabel(t) : `${typeLabel(t)} ${NO_DATA}`]),
         shownType, (value) => this.change({ profileType: value }, true)),
     );
     this.filterSlot.replaceChildren();
