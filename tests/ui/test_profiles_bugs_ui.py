@@ -360,3 +360,32 @@ def test_a_stopped_server_is_said_in_the_timeline_too(page, tmp_path) -> None:  
         note = page.locator(".hs-timeline-note")
         assert "cannot reach the hotspan server" in note.inner_text(), note.inner_text()
         screenshot(page, "bugs-server-stopped")
+
+
+def test_trace_link_without_a_range_fits_the_range_to_the_trace(page, data) -> None:  # type: ignore[no-untyped-def]
+    url = f"{data.server.url}/api/traces/{data.trace_id}/spans"
+    with urllib.request.urlopen(url, timeout=30) as r:
+        spans = json.loads(r.read())["spans"]
+    start = min(int(s["startTimeUnixNano"]) for s in spans) / 1e9
+    end = max(int(s["startTimeUnixNano"]) + int(s["durationNanos"]) for s in spans) / 1e9
+    page.goto(f"{data.server.url}/profiles?traceId={data.trace_id}")
+    # The range the trace ran in, written into the address (a reload shows the same).
+    page.wait_for_function("() => /from=\\d+/.test(location.search)")
+    params = query_of(page)
+    frm, until = int(params["from"][0]), int(params["until"][0])
+    assert frm < start and end < until and until - frm <= 15 * 60, (frm, until, start, end)
+    assert re.fullmatch(
+        r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d", page.locator(".hs-range-from").input_value()
+    )
+    wait_for_frame(page, MAIN + "price_cart")
+    # The trace's samples are wider than a one-pixel spike on the timeline.
+    page.wait_for_function("() => document.querySelector('.hs-timeline').timeline.series.length")
+    share = page.evaluate(
+        """() => {
+            const t = document.querySelector('.hs-timeline').timeline;
+            const drawn = t.fill(t.series[0].points);
+            return drawn.filter(([, v]) => v > 0).length / drawn.length;
+        }"""
+    )
+    assert share >= 1 / 80, share
+    screenshot(page, "bugs-trace-range-fitted")

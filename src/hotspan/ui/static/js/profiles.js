@@ -53,6 +53,9 @@ const GROUP_VIEWS = [["", "Lines"], ["stacked", "Stacked"], ["breakdown", "Break
 // Where to look for data when the range shown has none, nearest first.
 const WIDER_RANGES = ["now-1h", "now-6h", "now-24h", "now-7d", "now-30d"];
 const NO_DATA = "(no data in this range)";
+// Around a trace's spans: samples are stamped with the start of the agent's upload window, so
+// some come before the first span.  The trace view's "Profiles" link pads the same.
+const TRACE_PAD_MS = 5 * 60e3;
 
 class ProfilesView {
   constructor(root, params) {
@@ -67,6 +70,9 @@ class ProfilesView {
       traceId: (params.get("traceId") || "").toLowerCase(),
       spanId: (params.get("spanId") || "").toLowerCase(),
     };
+    // A trace link without a range (typed by hand) gets the trace's, not the last hour's,
+    // where a request of a second is a one-pixel spike.
+    this.fitTrace = Boolean(this.state.traceId) && !params.get("from") && !params.get("until");
     this.controller = null;
     this.known = null; // the last catalogue: service -> Set(profile types)
     this.build();
@@ -235,6 +241,11 @@ class ProfilesView {
     // The one timeline says what is wrong or loading; a breakdown comes back with its data.
     this.timelineSlot.hidden = false;
     this.breakdownSlot.hidden = true;
+    if (this.fitTrace) {
+      this.fitTrace = false;
+      await this.fitRangeToTrace(signal);
+      if (signal.aborted) return;
+    }
     let range = null;
     let matchers = null;
     try {
@@ -465,6 +476,23 @@ class ProfilesView {
       : `no samples of ${what} in this range`);
   }
 
+  /** The range around the trace's spans, into the picker and the URL (so a reload keeps it);
+   * the default range stays when hotspan does not have the trace. */
+  async fitRangeToTrace(signal) {
+    let spans;
+    try {
+      spans = await this.traceSpans(this.state.traceId, signal);
+    } catch {
+      return; // aborted: another load took over
+    }
+    const extent = spans && spanExtentMs(spans);
+    if (!extent) return;
+    const range = traceRange(extent);
+    Object.assign(this.state, range);
+    setQuery(range);
+    this.picker.set(range.from, range.until);
+  }
+
   async traceSpans(traceId, signal) {
     try {
       return (await getJSON(`/api/traces/${traceId}/spans`, {}, { signal })).spans || [];
@@ -632,11 +660,11 @@ class ProfilesView {
       return; // Not a trace hotspan received: the message above already says what to do.
     }
     if (!spans.length || signal.aborted) return;
-    const { startMs: start, endMs: end } = spanExtentMs(spans);
-    const range = absoluteRange(start - 5 * 60e3, end + 5 * 60e3);
+    const extent = spanExtentMs(spans);
+    const range = traceRange(extent);
     this.panel.setMessage(message("empty",
       `No samples carry trace ${traceId} in ${describeRange(this.state.from, this.state.until)}.`,
-      el("span", {}, `The trace ran at ${formatTime(start)}. `,
+      el("span", {}, `The trace ran at ${formatTime(extent.startMs)}. `,
         el("button", {
           type: "button",
           class: "hs-primary hs-trace-range",
@@ -676,6 +704,10 @@ function serviceOptions(names, wider, service) {
     out.push([service, `${service} ${NO_DATA}`]);
   }
   return out;
+}
+
+function traceRange({ startMs, endMs }) {
+  return absoluteRange(startMs - TRACE_PAD_MS, endMs + TRACE_PAD_MS);
 }
 
 function allTypes(services) {
