@@ -315,3 +315,77 @@ def test_timeline_zero_has_no_unit_and_loading_draws_a_skeleton(page, data) -> N
     labels = page.evaluate("() => document.querySelector('.hs-timeline').timeline.yLabels")
     assert labels[0] == "0", labels
     assert all(re.search(r"\d (ms|s|min)$", t) for t in labels[1:]), labels
+
+
+# --- review findings: a profile type without data, a stopped server, a trace link ----------
+
+
+def test_unknown_profile_type_is_kept_and_said(page, data) -> None:  # type: ignore[no-untyped-def]
+    # A shared link with a profile type the service has no data of must not show CPU instead.
+    query = quote('{service_name="checkout"}')
+    page.goto(f"{data.server.url}/profiles?query={query}&profileType=foo:bar")
+    box = page.locator(".hs-profile .hs-message.hs-empty")
+    box.wait_for()
+    text = box.inner_text()
+    assert "no data of profile type foo:bar for checkout" in text.lower(), text
+    assert "CPU time" in text, text  # the types checkout has in this range
+    page.wait_for_timeout(300)
+    assert query_of(page)["profileType"] == ["foo:bar"]
+    assert not frame_names(page)
+    state = timeline_state(page)
+    assert state["series"] == 0 and "foo:bar" in state["note"], state
+    # The Profile picker shows the type asked for, marked, and the ones with data.
+    select = page.locator("select.hs-profile-type")
+    assert select.input_value() == "foo:bar"
+    options = select.locator("option").all_inner_texts()
+    assert any("foo" in o and "no data" in o for o in options), options
+    screenshot(page, "bugs-unknown-profile-type")
+    select.select_option(CPU)
+    wait_for_frame(page, MAIN + "price_cart")
+    assert query_of(page)["profileType"] == [CPU]
+    # The same for a trace's samples.
+    page.goto(f"{data.server.url}/profiles?traceId={data.trace_id}&profileType=foo:bar")
+    box.wait_for()
+    assert "no data of profile type foo:bar for trace" in box.inner_text().lower()
+    assert query_of(page)["profileType"] == ["foo:bar"]
+
+
+def test_a_stopped_server_is_said_in_the_timeline_too(page, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    with running_server(tmp_path / "stopping") as srv:
+        page.goto(srv.url + "/profiles")
+        page.locator(".hs-message.hs-empty").wait_for()
+        srv.stop()
+        page.locator(".hs-range-preset").select_option("now-6h")
+        page.locator(".hs-profile .hs-message.hs-error").wait_for()
+        note = page.locator(".hs-timeline-note")
+        assert "cannot reach the hotspan server" in note.inner_text(), note.inner_text()
+        screenshot(page, "bugs-server-stopped")
+
+
+def test_trace_link_without_a_range_fits_the_range_to_the_trace(page, data) -> None:  # type: ignore[no-untyped-def]
+    url = f"{data.server.url}/api/traces/{data.trace_id}/spans"
+    with urllib.request.urlopen(url, timeout=30) as r:
+        spans = json.loads(r.read())["spans"]
+    start = min(int(s["startTimeUnixNano"]) for s in spans) / 1e9
+    end = max(int(s["startTimeUnixNano"]) + int(s["durationNanos"]) for s in spans) / 1e9
+    page.goto(f"{data.server.url}/profiles?traceId={data.trace_id}")
+    # The range the trace ran in, written into the address (a reload shows the same).
+    page.wait_for_function("() => /from=\\d+/.test(location.search)")
+    params = query_of(page)
+    frm, until = int(params["from"][0]), int(params["until"][0])
+    assert frm < start and end < until and until - frm <= 15 * 60, (frm, until, start, end)
+    assert re.fullmatch(
+        r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d", page.locator(".hs-range-from").input_value()
+    )
+    wait_for_frame(page, MAIN + "price_cart")
+    # The trace's samples are wider than a one-pixel spike on the timeline.
+    page.wait_for_function("() => document.querySelector('.hs-timeline').timeline.series.length")
+    share = page.evaluate(
+        """() => {
+            const t = document.querySelector('.hs-timeline').timeline;
+            const drawn = t.fill(t.series[0].points);
+            return drawn.filter(([, v]) => v > 0).length / drawn.length;
+        }"""
+    )
+    assert share >= 1 / 80, share
+    screenshot(page, "bugs-trace-range-fitted")

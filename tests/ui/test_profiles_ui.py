@@ -479,6 +479,52 @@ def test_legend_stacked_and_breakdown_narrow_the_query(page, data) -> None:  # t
     assert page.locator(".hs-legend-pick", has_text="commit=def").count() == 0
 
 
+def legend_colours(page) -> Dict[str, str]:  # type: ignore[no-untyped-def]
+    """The colour of each series as its legend swatch shows it, by label."""
+    return dict(
+        page.locator(".hs-timeline-legend .hs-legend-item").evaluate_all(
+            """(items) => items.map((i) => [i.textContent,
+                getComputedStyle(i.querySelector('.hs-legend-swatch')).backgroundColor])"""
+        )
+    )
+
+
+def rgb(hex_colour: str) -> str:
+    r, g, b = (int(hex_colour[i : i + 2], 16) for i in (1, 3, 5))
+    return f"rgb({r}, {g}, {b})"
+
+
+def test_a_series_keeps_its_colour_when_narrowed_to_and_in_the_breakdown(page, data) -> None:  # type: ignore[no-untyped-def]
+    query = quote('{service_name="checkout"}')
+    page.goto(f"{data.server.url}/profiles?groupBy=commit&groupView=stacked&query={query}")
+    page.locator(".hs-legend-pick", has_text="commit=def").wait_for()
+    page.locator(".hs-legend-pick", has_text="commit=abc").wait_for()
+    colours = legend_colours(page)
+    assert len(set(colours.values())) == 2, colours
+    # The breakdown draws each value in its colour in the grouped timeline.
+    page.locator("select.hs-group-view").select_option("breakdown")
+    page.locator(".hs-breakdown-card").nth(1).wait_for()
+    cards = page.locator(".hs-breakdown-card .hs-timeline").evaluate_all(
+        "(ts) => ts.map((t) => [t.closest('.hs-breakdown-card').dataset.value, t.timeline.colour])"
+    )
+    assert {f"commit={v}": rgb(c) for v, c in cards} == colours, (cards, colours)
+    # Narrowed to the second series (the first's colour would be the palette's first anyway),
+    # it keeps its colour.
+    page.locator("select.hs-group-view").select_option("stacked")
+    second = page.locator(".hs-legend-pick").nth(1)
+    label = second.inner_text()
+    second.click()
+    page.wait_for_function(
+        "(v) => decodeURIComponent(location.search).includes(v)",
+        arg=label.replace("=", '="') + '"',
+    )
+    page.wait_for_function(
+        "() => document.querySelectorAll('.hs-timeline-legend .hs-legend-item').length === 1"
+    )
+    assert legend_colours(page) == {label: colours[label]}
+    screenshot(page, "profiles-series-colour-kept")
+
+
 def test_breakdown_shows_the_largest_values_and_says_how_many_are_left_out(page, data) -> None:  # type: ignore[no-untyped-def]
     page.goto(data.server.url + "/profiles?query=" + quote('{service_name="checkout"}'))
     wait_for_frame(page, MAIN + "price_cart")

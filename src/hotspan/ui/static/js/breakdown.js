@@ -5,7 +5,7 @@
 import { el } from "./dom.js";
 import { formatValue } from "./format.js";
 import { seriesTotal } from "./selection.js";
-import { PALETTE, Timeline } from "./timeline.js";
+import { seriesColours, Timeline } from "./timeline.js";
 
 export const BREAKDOWN_LIMIT = 12;
 const SMALL_HEIGHT = 72;
@@ -35,13 +35,15 @@ export class Breakdown {
 
   render(series, { startMs, endMs, stepMs, unit, label }) {
     this.clear();
+    // In the series' own order, as the grouped timeline colours them: ranking must not repaint.
+    const colours = seriesColours(series);
     const ranked = series
-      .map((s) => ({ series: s, total: seriesTotal(s) }))
+      .map((s, i) => ({ series: s, total: seriesTotal(s), colour: colours[i] }))
       .sort((a, b) => b.total - a.total);
     const shown = ranked.slice(0, BREAKDOWN_LIMIT);
     const left = ranked.length - shown.length;
     const grid = el("div", { class: "hs-breakdown", "aria-label": `Breakdown by ${label}` });
-    shown.forEach(({ series: s, total }, i) => {
+    shown.forEach(({ series: s, total, colour }) => {
       const value = s.group ? s.group.value : "";
       const slot = el("div", { class: "hs-breakdown-plot" });
       const card = el(
@@ -61,10 +63,7 @@ export class Breakdown {
         slot,
       );
       grid.append(card);
-      // Each card keeps the colour its series has in the grouped timeline.
-      const timeline = new Timeline(slot, {
-        unit, onSelect: this.onSelect, height: SMALL_HEIGHT, colour: PALETTE[i % PALETTE.length],
-      });
+      const timeline = new Timeline(slot, { unit, onSelect: this.onSelect, height: SMALL_HEIGHT, colour });
       timeline.setData([{ ...s, group: null }], startMs, endMs, stepMs);
       this.timelines.push(timeline);
     });

@@ -53,6 +53,9 @@ const GROUP_VIEWS = [["", "Lines"], ["stacked", "Stacked"], ["breakdown", "Break
 // Where to look for data when the range shown has none, nearest first.
 const WIDER_RANGES = ["now-1h", "now-6h", "now-24h", "now-7d", "now-30d"];
 const NO_DATA = "(no data in this range)";
+// Around a trace's spans: samples are stamped with the start of the agent's upload window, so
+// some come before the first span.  The trace view's "Profiles" link pads the same.
+const TRACE_PAD_MS = 5 * 60e3;
 
 class ProfilesView {
   constructor(root, params) {
@@ -67,6 +70,9 @@ class ProfilesView {
       traceId: (params.get("traceId") || "").toLowerCase(),
       spanId: (params.get("spanId") || "").toLowerCase(),
     };
+    // A trace link without a range (typed by hand) gets the trace's, not the last hour's,
+    // where a request of a second is a one-pixel spike.
+    this.fitTrace = Boolean(this.state.traceId) && !params.get("from") && !params.get("until");
     this.controller = null;
     this.known = null; // the last catalogue: service -> Set(profile types)
     this.build();
@@ -106,7 +112,6 @@ class ProfilesView {
     this.groupSlot = el("span", { class: "hs-field hs-group-controls" });
     this.timelineSlot = el("div", {});
     this.breakdownSlot = el("div", { class: "hs-breakdown-slot", hidden: true });
-    this.banner = el("div", { class: "hs-banner" });
     const panelSlot = el("section", { class: "hs-profile" });
     this.root.append(
       el("h1", { class: "hs-title" }, "Profiles"),
@@ -116,7 +121,6 @@ class ProfilesView {
         el("div", { class: "hs-timeline-head" }, el("span", {}, "Over time"), this.groupSlot),
         this.timelineSlot,
         this.breakdownSlot),
-      this.banner,
       panelSlot,
     );
     this.picker = new TimeRangePicker(rangeSlot, {
@@ -233,11 +237,15 @@ class ProfilesView {
     const controller = new AbortController();
     this.controller = controller;
     const { signal } = controller;
-    this.banner.replaceChildren();
     this.renderTraceNote();
     // The one timeline says what is wrong or loading; a breakdown comes back with its data.
     this.timelineSlot.hidden = false;
     this.breakdownSlot.hidden = true;
+    if (this.fitTrace) {
+      this.fitTrace = false;
+      await this.fitRangeToTrace(signal);
+      if (signal.aborted) return;
+    }
     let range = null;
     let matchers = null;
     try {
@@ -274,26 +282,53 @@ class ProfilesView {
         await this.showNoData(service, services, matchers, range, signal);
         return;
       }
-      const profileType = pickType(services.get(service), this.state.profileType);
-      if (this.state.profileType && profileType !== this.state.profileType) {
-        this.banner.append(message("info",
-          `Profile type "${this.state.profileType}" has no data for "${service}" in this range; showing ${typeLabel(profileType)}.`,
-          "Pick another profile type, or widen the time range."));
-      }
-      if (profileType !== this.state.profileType) {
-        this.state.profileType = profileType;
-        setQuery({ profileType });
-      }
-      this.renderPickers(serviceOptions(names, [], service), services.get(service), matchers, range);
+      const types = services.get(service);
+      this.defaultType(types);
+      this.renderPickers(serviceOptions(names, [], service), types, matchers, range);
+      if (this.missingType(types, service)) return;
+      const { profileType } = this.state;
       const unit = unitOf(profileType);
       this.timeline.unit = unit;
       await Promise.all([this.loadTimeline(range, signal), this.loadGraph(range, unit, signal)]);
     } catch (err) {
       if (err.name === "AbortError") return;
-      this.timeline.setMessage("no answer");
+      // The timeline's answer failed with the graph's: it says why, as the panel does.
+      this.timeline.setMessage(err.message || String(err), { error: true });
       this.panel.setMessage(errorBox(err));
       if (!this.serviceSlot.firstChild) this.renderFallbackPickers(matchers, range);
     }
+  }
+
+  /** No profile type asked for (the landing page): CPU (or the first there is), written into
+   * the URL.  One asked for is never replaced: a shared link shows what it names or says why not. */
+  defaultType(types) {
+    if (this.state.profileType) return;
+    this.state.profileType = pickType(types, "");
+    setQuery({ profileType: this.state.profileType });
+  }
+
+  /**
+   * The profile type asked for has no data of `what` (a service, a trace) in the range: like
+   * an unknown service, the shared link is kept and the view says so, with the types there are.
+   * True when it said so.
+   */
+  missingType(types, what) {
+    const wanted = this.state.profileType;
+    if (!wanted || types.has(wanted)) return false;
+    const when = describeRange(this.state.from, this.state.until);
+    this.timeline.setMessage(`no data of profile type ${wanted} in this range`);
+    this.panel.setTitle(this.title());
+    const choices = [...types].sort().map((t) => el("button", {
+      type: "button",
+      class: "hs-link hs-type-choice",
+      onclick: () => this.change({ profileType: t }, true),
+    }, typeLabel(t)));
+    this.panel.setMessage(message("empty",
+      `No data of profile type ${wanted} for ${what} in this range (${when}).`,
+      choices.length
+        ? el("span", {}, `${what} has: `, ...choices.flatMap((c, i) => (i ? [", ", c] : [c])), ".")
+        : "Pick another profile type, or widen the time range."));
+    return true;
   }
 
   /**
@@ -405,13 +440,11 @@ class ProfilesView {
     }
     if (!types.size) types = allTypes(services);
     if (!types.size) types = new Set([this.state.profileType || CPU]);
-    const profileType = pickType(types, this.state.profileType);
-    if (profileType !== this.state.profileType) {
-      this.state.profileType = profileType;
-      setQuery({ profileType });
-    }
     const what = traceId ? `trace ${traceId.slice(0, 8)}` : `span ${spanId.slice(0, 8)}`;
+    this.defaultType(types);
     this.renderPickers([["", `all services (${what})`]], types, matchers, range, { traced: true });
+    if (this.missingType(types, what)) return;
+    const { profileType } = this.state;
     const unit = unitOf(profileType);
     this.timeline.unit = unit;
     this.panel.setTitle(this.title());
@@ -441,6 +474,23 @@ class ProfilesView {
     this.timeline.setMessage(total > 0
       ? `this server cannot plot the samples of ${what} over time`
       : `no samples of ${what} in this range`);
+  }
+
+  /** The range around the trace's spans, into the picker and the URL (so a reload keeps it);
+   * the default range stays when hotspan does not have the trace. */
+  async fitRangeToTrace(signal) {
+    let spans;
+    try {
+      spans = await this.traceSpans(this.state.traceId, signal);
+    } catch {
+      return; // aborted: another load took over
+    }
+    const extent = spans && spanExtentMs(spans);
+    if (!extent) return;
+    const range = traceRange(extent);
+    Object.assign(this.state, range);
+    setQuery(range);
+    this.picker.set(range.from, range.until);
   }
 
   async traceSpans(traceId, signal) {
@@ -493,7 +543,8 @@ class ProfilesView {
     if (!typeIds.size) typeIds.add(CPU);
     const shownType = this.state.profileType || pickType(typeIds, "");
     this.typeSlot.replaceChildren(
-      selectOf("hs-profile-type", "Profile type", [...typeIds].sort().map((t) => [t, typeLabel(t)]),
+      selectOf("hs-profile-type", "Profile type",
+        [...typeIds].sort().map((t) => [t, types.has(t) ? typeLabel(t) : `${typeLabel(t)} ${NO_DATA}`]),
         shownType, (value) => this.change({ profileType: value }, true)),
     );
     this.filterSlot.replaceChildren();
@@ -552,7 +603,7 @@ class ProfilesView {
       this.timeline.stacked = Boolean(groupBy) && groupView === "stacked";
       this.timeline.setData(series, startMs, endMs, stepMs);
     } catch (err) {
-      if (err.name !== "AbortError") this.timeline.setMessage(err.message);
+      if (err.name !== "AbortError") this.timeline.setMessage(err.message, { error: true });
     }
   }
 
@@ -609,11 +660,11 @@ class ProfilesView {
       return; // Not a trace hotspan received: the message above already says what to do.
     }
     if (!spans.length || signal.aborted) return;
-    const { startMs: start, endMs: end } = spanExtentMs(spans);
-    const range = absoluteRange(start - 5 * 60e3, end + 5 * 60e3);
+    const extent = spanExtentMs(spans);
+    const range = traceRange(extent);
     this.panel.setMessage(message("empty",
       `No samples carry trace ${traceId} in ${describeRange(this.state.from, this.state.until)}.`,
-      el("span", {}, `The trace ran at ${formatTime(start)}. `,
+      el("span", {}, `The trace ran at ${formatTime(extent.startMs)}. `,
         el("button", {
           type: "button",
           class: "hs-primary hs-trace-range",
@@ -653,6 +704,10 @@ function serviceOptions(names, wider, service) {
     out.push([service, `${service} ${NO_DATA}`]);
   }
   return out;
+}
+
+function traceRange({ startMs, endMs }) {
+  return absoluteRange(startMs - TRACE_PAD_MS, endMs + TRACE_PAD_MS);
 }
 
 function allTypes(services) {

@@ -5,9 +5,38 @@
 import { el } from "./dom.js";
 import { formatTime, formatValue } from "./format.js";
 
-export const PALETTE = ["#3b82f6", "#f97316", "#10b981", "#e11d48", "#8b5cf6", "#eab308",
+const PALETTE = ["#3b82f6", "#f97316", "#10b981", "#e11d48", "#8b5cf6", "#eab308",
   "#06b6d4", "#84cc16", "#ec4899", "#64748b"];
 const HEIGHT = 130;
+// label -> palette index, for the page's life: narrowing the query to a series, or opening
+// the breakdown, must not repaint it (a colour is how the eye follows a series).
+const COLOURS = new Map();
+
+/**
+ * One colour per series label: the one it had before, else one its label hashes to (so a
+ * fresh page mostly agrees with the last), moved on to a free one if a series drawn with it
+ * already has it.  An ungrouped series (the total) is always the first colour.
+ */
+export function seriesColours(series) {
+  const taken = new Set();
+  return series.map((s) => {
+    if (!s.group) return PALETTE[0];
+    let i = COLOURS.get(s.label);
+    if (i === undefined || taken.has(i)) {
+      i = hash(s.label) % PALETTE.length;
+      for (let k = 0; k < PALETTE.length && taken.has(i); k++) i = (i + 1) % PALETTE.length;
+      COLOURS.set(s.label, i);
+    }
+    taken.add(i);
+    return PALETTE[i];
+  });
+}
+
+function hash(text) {
+  let h = 0;
+  for (const c of text) h = (Math.imul(h, 31) + c.codePointAt(0)) >>> 0;
+  return h;
+}
 const PAD = { left: 64, right: 12, top: 10, bottom: 22 };
 const BYTES = new Set(["bytes"]);
 
@@ -36,6 +65,7 @@ export class Timeline {
     this.stacked = stacked;
     this.onLegendPick = onLegendPick;
     this.series = [];
+    this.colours = [];
     this.band = null;
     this.yLabels = [];
     this.canvas = el("canvas", { class: "hs-timeline-canvas", "aria-label": "Timeline" });
@@ -69,6 +99,7 @@ export class Timeline {
    */
   setData(series, startMs, endMs, stepMs) {
     this.series = series;
+    this.colours = seriesColours(series);
     this.startMs = startMs;
     this.endMs = endMs;
     this.stepMs = stepMs;
@@ -80,7 +111,7 @@ export class Timeline {
     this.legend.replaceChildren(
       ...(grouped ? series : []).map((s, i) => {
         const swatch = el("span", { class: "hs-legend-swatch" });
-        swatch.style.background = PALETTE[i % PALETTE.length];
+        swatch.style.background = this.colour || this.colours[i];
         if (!this.onLegendPick || !s.group) {
           return el("span", { class: "hs-legend-item" }, swatch, s.label);
         }
@@ -95,7 +126,10 @@ export class Timeline {
     this.draw();
   }
 
-  setMessage(text) {
+  /** A line over an empty plot; `error` when the answer failed (it reads as the panel's error,
+   * not as a quiet "nothing here"). */
+  setMessage(text, { error = false } = {}) {
+    this.note.classList.toggle("hs-timeline-error", error);
     this.series = [];
     this.band = null;
     this.startMs = undefined; // no axis for a range that has no answer
@@ -174,7 +208,7 @@ export class Timeline {
     this.drawAxes(ctx, width, ticks, y);
     if (this.band) this.drawBand(ctx);
     filled.forEach((points, i) => {
-      const color = this.colour || PALETTE[i % PALETTE.length];
+      const color = this.colour || this.colours[i];
       ctx.beginPath();
       points.forEach(([t, v], j) => {
         const px = this.xOf(t);
