@@ -239,7 +239,7 @@ def test_bad_trace_and_span_ids_name_their_side(page, data) -> None:  # type: ig
     page.goto(data.url(leftTraceId="xyz", rightTraceId=data.slow["trace"]))
     error = page.locator(".hs-diff-profile .hs-message.hs-error")
     error.wait_for()
-    assert 'The baseline cannot be compared: "xyz" is not a trace id' in error.inner_text()
+    assert "The baseline cannot be compared" in error.inner_text()
     assert '"xyz" is not a trace id' in page.locator(".hs-diff-left").inner_text()
     # A span the trace does not hold.
     page.goto(
@@ -253,8 +253,42 @@ def test_bad_trace_and_span_ids_name_their_side(page, data) -> None:  # type: ig
     error.wait_for()
     text = error.inner_text()
     assert "The comparison cannot be compared" in text or "comparison" in text, text
-    assert "has no span 00000000000000ff" in text, text
-    assert page.locator(".hs-diff-right .hs-diff-query").is_visible()
+    assert "comparison" in text, text
+    assert "has no span 00000000000000ff" in page.locator(".hs-diff-right").inner_text()
+    # The way out of the wrong span stays.
+    assert page.locator(".hs-diff-right .hs-diff-leave-trace").is_visible()
+
+
+def test_trace_id_errors_show_once_on_their_side(page, data) -> None:  # type: ignore[no-untyped-def]
+    # Review finding 4: a wrong id and a trace this server does not know.
+    page.goto(data.url(leftTraceId="abc", rightTraceId="0123456789abcdef0123456789abcdef"))
+    page.locator(".hs-diff-profile .hs-message").wait_for()
+    page.locator(".hs-diff-right .hs-diff-side-note .hs-message").wait_for()
+    left = page.locator(".hs-diff-left")
+    right = page.locator(".hs-diff-right")
+    whole = page.locator("#app").inner_text()
+    # Each side names what is wrong with it, once in the page, on that side.
+    assert whole.count("is not a trace id") == 1, whole
+    assert '"abc" is not a trace id' in left.inner_text()
+    assert "trace 01234567… was not found on this server" in right.inner_text().lower()
+    assert whole.lower().count("was not found") == 1, whole
+    text = page.locator(".hs-diff-profile .hs-message").inner_text()
+    assert "baseline" in text and "comparison" in text, text
+    # The profile type can still be picked.
+    assert page.locator(".hs-diff-toolbar select.hs-profile-type").is_visible()
+    # No selector form nor "Last 1 hour" that have nothing to do with a wrong id.
+    for side in (left, right):
+        assert not side.locator(".hs-diff-query").is_visible()
+        assert not side.locator(".hs-range").is_visible()
+        assert side.locator(".hs-diff-leave-trace").is_visible()
+    screenshot(page, "diff-bad-trace-ids")
+
+    # A trace side that compares: no "{}" in its field, and its range is said to be the trace's.
+    page.goto(data.spans_url(data.fast, data.slow, span=""))
+    wait_for_rows(page, MAIN + "price_cart")
+    assert left.locator(".hs-diff-query").input_value() == ""
+    assert "The trace's time range" in left.inner_text()
+    assert query_of(page)["leftQuery"] == ["{}"]
 
 
 # --- the flame graph's state in the address ----------------------------------------------
@@ -295,6 +329,86 @@ def test_sort_and_zoom_survive_a_reload(page, data) -> None:  # type: ignore[no-
 
 
 # --- layout ------------------------------------------------------------------------------
+
+# Where each header cell and the first row's cells sit, and whether any cell's content is cut.
+TABLE_GEOMETRY = """
+(scope) => {
+  const box = document.querySelector(`${scope} .hs-panel-table`);
+  const table = box.querySelector('table');
+  const rect = (e) => {
+    const r = e.getBoundingClientRect();
+    return {left: r.left, right: r.right, top: r.top, bottom: r.bottom};
+  };
+  const heads = {};
+  for (const th of table.querySelectorAll('thead th')) {
+    const button = th.querySelector('button');
+    heads[th.className] = {...rect(th), label: button ? rect(button) : null};
+  }
+  const row = table.querySelector('tbody tr[data-name]');
+  const cells = {};
+  for (const td of row.cells) cells[td.className] = rect(td);
+  const cut = [...table.querySelectorAll('tbody tr[data-name] td')]
+    .filter((td) => td.scrollWidth > td.clientWidth + 1)
+    .map((td) => td.className + ': ' + td.textContent);
+  const [scrollWidth, clientWidth] = [box.scrollWidth, box.clientWidth];
+  return {box: rect(box), scrollWidth, clientWidth, heads, cells, cut};
+}
+"""
+
+
+def test_diff_table_header_labels_sit_on_the_column_row(page, data) -> None:  # type: ignore[no-untyped-def]
+    # Review finding 14: "Change" and "Function" span both header rows, their labels level
+    # with Self and Total, and Change sits over its own column.
+    page.goto(data.spans_url(data.fast, data.slow))
+    wait_for_rows(page, MAIN + "price_cart")
+    geo = page.evaluate(TABLE_GEOMETRY, ".hs-diff-profile")
+    heads = geo["heads"]
+    change = next(v for k, v in heads.items() if "hs-toptable-change" in k)
+    name = next(v for k, v in heads.items() if "hs-toptable-name" in k)
+    total = next(v for k, v in heads.items() if "hs-toptable-totalRight" in k)
+    group = next(v for k, v in heads.items() if "hs-toptable-group" in k)
+    for cell in (change, name):
+        assert abs(cell["top"] - group["top"]) < 1.5, heads
+        assert abs(cell["bottom"] - total["bottom"]) < 1.5, heads
+        assert abs(cell["label"]["bottom"] - total["label"]["bottom"]) < 1.5, heads
+    column = next(v for k, v in geo["cells"].items() if "hs-toptable-change" in k)
+    assert abs(change["left"] - column["left"]) < 1.5
+    assert abs(change["right"] - column["right"]) < 1.5
+
+
+def test_diff_table_at_390_shows_the_change_without_scrolling(browser, data) -> None:  # type: ignore[no-untyped-def]
+    # Review finding 8: on a phone the self columns go, the shares and the Change stay in view.
+    with sized_page(browser, 390) as page:
+        page.goto(data.spans_url(data.fast, data.slow))
+        wait_for_rows(page, MAIN + "price_cart")
+        geo = page.evaluate(TABLE_GEOMETRY, ".hs-diff-profile")
+        screenshot(page, "diff-table-390")
+        assert geo["scrollWidth"] <= geo["clientWidth"], geo
+        assert not geo["cut"], geo["cut"]
+        kept = {k.split()[0] for k in geo["cells"]}
+        assert kept == {
+            "hs-toptable-name",
+            "hs-toptable-totalLeft",
+            "hs-toptable-totalRight",
+            "hs-toptable-change",
+        }, kept
+        for cell in geo["cells"].values():
+            assert cell["right"] <= geo["box"]["right"] + 0.5, geo
+        name = next(v for k, v in geo["cells"].items() if "hs-toptable-name" in k)
+        assert name["right"] - name["left"] >= 100, geo
+        first = page.locator(".hs-diff-profile .hs-toptable tbody tr[data-name]").first
+        assert "%" in first.locator("td.hs-toptable-totalLeft").inner_text()
+        # The side names stand over their columns, each within its own.
+        groups = page.locator(".hs-diff-profile th.hs-toptable-group").evaluate_all(
+            "ths => ths.map((th) => th.scrollWidth <= th.clientWidth)"
+        )
+        assert groups == [True, True], groups
+    # A wide screen keeps all five number columns.
+    with sized_page(browser, 1440) as page:
+        page.goto(data.spans_url(data.fast, data.slow))
+        wait_for_rows(page, MAIN + "price_cart")
+        assert page.locator(".hs-diff-profile thead th.hs-toptable-selfLeft").is_visible()
+        assert page.locator(".hs-diff-profile thead th.hs-toptable-selfRight").is_visible()
 
 
 @pytest.mark.parametrize("width", [390, 1024, 1440])

@@ -563,6 +563,10 @@ def test_sandwich_from_the_menu_and_from_the_url(page, data) -> None:  # type: i
     handler = frame(callers, HANDLER)
     assert abs(fn["width"] - callers["width"]) < 1 and fn["y"] > handler["y"]
     assert abs(handler["width"] - callers["width"]) < 1  # its only caller
+    # The captions say what the graphs draw (review finding 10: "root at the bottom" was wrong).
+    labels = page.locator("#fg-test .hs-sandwich-label").all_inner_texts()
+    assert "the function at the bottom" in labels[0] and "root at the bottom" not in labels[0]
+    assert "the function at the top" in labels[1], labels
     # Callees: the function at the top, burn under it.
     top = frame(callees, LONG)
     burn = frame(callees, MAIN + "burn")

@@ -334,6 +334,51 @@ def test_top_table_sorts_and_highlights_in_the_graph(page, ui_server) -> None:  
     assert page.locator("#fg-test .hs-panel-table").is_visible()
 
 
+# Geometry of the mounted panel's top table: cells cut, the table box's sideways scroll.
+NARROW_TABLE = """
+() => {
+  const box = document.querySelector('#fg-test .hs-panel-table');
+  const rows = [...box.querySelectorAll('tbody tr[data-name]')];
+  const right = box.getBoundingClientRect().right;
+  return {
+    scroll: box.scrollWidth - box.clientWidth,
+    cut: rows.flatMap((r) => [...r.cells]).filter((td) => td.scrollWidth > td.clientWidth + 1)
+      .map((td) => td.className + ': ' + td.textContent),
+    beyond: rows.flatMap((r) => [...r.cells])
+      .filter((td) => td.getBoundingClientRect().right > right + 0.5).length,
+    columns: [...box.querySelectorAll('thead th')].map((th) => th.textContent),
+    nameShare: rows[0].cells[0].getBoundingClientRect().width / box.clientWidth,
+    selfText: rows[0].cells[1].textContent,
+    totalText: rows[0].cells[2].textContent,
+  };
+}
+"""
+
+
+def test_top_table_at_390_keeps_the_total_share_and_the_names(page, ui_server) -> None:  # type: ignore[no-untyped-def]
+    # Review finding 7: on a phone the Total % was cut at the table's edge while the names
+    # shrank to a few characters; the self share goes first.
+    page.set_viewport_size({"width": 390, "height": 844})
+    mount(page, ui_server, "SelectMergeStacktraces", _select("shop"))
+    # As wide as the panel's table on the Profiles page at 390 px (inside the page's padding).
+    page.evaluate("() => { document.getElementById('fg-test').style.width = '330px'; }")
+    page.wait_for_timeout(100)  # the table's resize observer
+    geo = page.evaluate(NARROW_TABLE)
+    screenshot(page, "toptable-390")
+    assert geo["scroll"] <= 0 and geo["beyond"] == 0, geo
+    assert not geo["cut"], geo
+    assert "600 ms" in geo["selfText"] and "%" not in geo["selfText"], geo
+    assert "60.0%" in geo["totalText"], geo
+    assert geo["nameShare"] >= 0.4, geo
+    # Wide again: the self share comes back.
+    page.set_viewport_size({"width": 1400, "height": 900})
+    page.evaluate("() => { document.getElementById('fg-test').style.width = ''; }")
+    page.wait_for_function(
+        """() => document.querySelector('#fg-test tbody tr[data-name] td.hs-toptable-self')
+            .textContent.includes('%')"""
+    )
+
+
 def test_diff_colours_by_normalised_change(page, ui_server, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     request = {
         "left": _select("diffy", labelSelector='{service_name="diffy", version="a"}'),

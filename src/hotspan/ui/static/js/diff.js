@@ -26,6 +26,8 @@ class DiffView {
     const common = params.get("query") || "";
     this.controller = null;
     this.typeSlot = el("span", { class: "hs-field" });
+    // The picker is there from the start, so that a side that fails still leaves it to change.
+    this.renderTypes(new Set([this.profileType || CPU]));
     const sides = el("div", { class: "hs-diff-sides" });
     this.notice = el("div", { class: "hs-banner" });
     const panelSlot = el("section", { class: "hs-profile hs-diff-profile" });
@@ -96,18 +98,26 @@ class DiffView {
     const { signal } = controller;
     const sides = [this.left, this.right];
     this.panel.setLoading("Comparing…");
-    for (const side of sides) side.setNote(null);
+    for (const side of sides) side.fail(null);
     try {
-      for (const side of sides) {
-        try {
-          await side.resolve(signal);
-        } catch (err) {
-          if (err.name === "AbortError") throw err;
-          side.setNote(message("error", err.message));
-          side.renderSubject(this.profileType);
-          throw new Error(`The ${side.role} cannot be compared: ${err.message}.`, { cause: err });
+      // Both sides resolve, each saying on itself what is wrong with it (once: the panel
+      // below only points at them).
+      const resolved = await Promise.allSettled(sides.map((side) => side.resolve(signal)));
+      if (signal.aborted) return;
+      resolved.forEach((result, i) => {
+        if (result.status === "rejected") {
+          if (result.reason.name === "AbortError") throw result.reason;
+          sides[i].fail(result.reason);
         }
-        if (signal.aborted) return;
+        sides[i].renderSubject(this.profileType);
+      });
+      const failed = sides.filter((side) => side.failed);
+      if (failed.length) {
+        const which = failed.map((side) => side.role).join(" and the ");
+        const notes = failed.length > 1 ? "their notes" : "its note";
+        this.panel.setMessage(message("error", `The ${which} cannot be compared: see ${notes} above.`,
+          "Correct the trace or span id in the address, or compare a selector on that side instead."));
+        return;
       }
       const whole = {
         startMs: Math.min(this.left.range().startMs, this.right.range().startMs),
@@ -123,7 +133,7 @@ class DiffView {
       for (const side of sides) {
         if (!side.isTrace && (!side.query || side.query === ALL)) {
           side.query = formatSelector([{ name: "service_name", op: "=", value: names[0] }]);
-          side.input.value = side.query;
+          side.showQuery();
           side.renderFilters();
         }
       }
@@ -139,13 +149,7 @@ class DiffView {
       }
       this.writeAddress();
       for (const side of sides) side.renderSubject(this.profileType);
-      this.typeSlot.replaceChildren(
-        selectOf("hs-profile-type", "Profile type", [...types].sort().map((t) => [t, typeLabel(t)]),
-          this.profileType, (value) => {
-            this.profileType = value;
-            this.changed();
-          }),
-      );
+      this.renderTypes(types);
       const unit = unitOf(this.profileType);
       this.left.loadTimeline(this.profileType, signal);
       this.right.loadTimeline(this.profileType, signal);
@@ -165,6 +169,16 @@ class DiffView {
       if (err.name === "AbortError") return;
       this.panel.setMessage(errorBox(err));
     }
+  }
+
+  renderTypes(types) {
+    this.typeSlot.replaceChildren(
+      selectOf("hs-profile-type", "Profile type", [...types].sort().map((t) => [t, typeLabel(t)]),
+        this.profileType || CPU, (value) => {
+          this.profileType = value;
+          this.changed();
+        }),
+    );
   }
 
   /** Which side has nothing, and with what; both forms stay, so either can be changed. */

@@ -2,7 +2,7 @@
 // trace (and one of its spans), with what it is in words and a link back to the trace.
 
 import { getBytes, querierBinary, selectMergeProfileRequest } from "./api.js";
-import { checkIds, describeSubject, loadSubject, traceHref } from "./diffsubject.js";
+import { checkIds, describeSubject, loadSubject, shortId, traceHref } from "./diffsubject.js";
 import { el, message, rejectInput } from "./dom.js";
 import { LabelFilters } from "./filters.js";
 import { unitOf } from "./format.js";
@@ -19,6 +19,10 @@ export function typeWords(profileType) {
   return typeLabel(profileType).split(" · ")[0];
 }
 
+function capitalise(text) {
+  return text.charAt(0).toUpperCase() + text.slice(1);
+}
+
 /** One side of a comparison: a selector and a time range, or a trace or span, with its own form. */
 export class DiffSide {
   constructor(container, { title, role, className, query, from, until, traceId, spanId, rangeGiven, onChange }) {
@@ -33,6 +37,8 @@ export class DiffSide {
     this.idError = "";
     this.subject = null; // what loadSubject found for the trace side
     this.rangeGiven = rangeGiven;
+    this.rangeFromTrace = false; // the range is the trace's window, not one the user gave
+    this.failed = false;
     if (traceId || spanId) {
       try {
         ({ traceId: this.traceId, spanId: this.spanId } = checkIds(traceId, spanId));
@@ -40,7 +46,8 @@ export class DiffSide {
         this.idError = err.message;
       }
     }
-    this.input = el("input", { class: "hs-diff-query", "aria-label": `${title} selector`, value: query });
+    this.input = el("input", { class: "hs-diff-query", "aria-label": `${title} selector` });
+    this.showQuery();
     const form = el("form", {
       class: "hs-diff-form",
       onsubmit: (event) => {
@@ -51,7 +58,7 @@ export class DiffSide {
           rejectInput(this.input, err.message);
           return;
         }
-        this.query = this.input.value.trim();
+        this.query = this.typedQuery();
         this.renderFilters();
         this.onChange();
       },
@@ -61,8 +68,15 @@ export class DiffSide {
     this.note = el("div", { class: "hs-diff-side-note" });
     const rangeSlot = el("div", {});
     this.timelineSlot = el("div", { class: "hs-diff-timeline" });
+    // On a trace side the form narrows the trace's samples and the range is the trace's: the
+    // captions say so, else they read as a service's "{}" and "Last 1 hour" unrelated to it.
+    this.queryCaption = el("p", { class: "hs-diff-caption hs-muted" },
+      "Narrow the trace's samples by labels (optional):");
+    this.rangeCaption = el("p", { class: "hs-diff-caption hs-muted" });
+    this.controls = el("div", { class: "hs-diff-controls" },
+      this.queryCaption, form, this.filterSlot, this.rangeCaption, rangeSlot);
     container.append(el("section", { class: `hs-diff-side ${className}`, "aria-label": title },
-      el("h2", {}, title), this.subjectSlot, form, this.filterSlot, rangeSlot, this.note, this.timelineSlot));
+      el("h2", {}, title), this.subjectSlot, this.note, this.controls, this.timelineSlot));
     this.picker = new TimeRangePicker(rangeSlot, {
       from, until,
       onChange: (f, u) => {
@@ -91,6 +105,17 @@ export class DiffSide {
     return Boolean(this.traceId || this.idError);
   }
 
+  /** A trace side's "{}" (every sample of the trace) shows as an empty field, not as a selector. */
+  showQuery() {
+    this.input.value = this.query === ALL ? "" : this.query;
+    this.input.placeholder = this.isTrace ? 'all of it, or e.g. {service_name="shop"}' : '{service_name="..."}';
+  }
+
+  /** The field's selector; empty on a trace side is the whole trace. */
+  typedQuery() {
+    return this.input.value.trim() || (this.isTrace ? ALL : "");
+  }
+
   /** Label filters picked from the names and values the server knows, like the explorer's. */
   renderFilters() {
     let matchers;
@@ -106,7 +131,7 @@ export class DiffSide {
       range: () => this.range(),
       onChange: (next) => {
         this.query = formatSelector(next);
-        this.input.value = this.query;
+        this.showQuery();
         this.onChange();
       },
     });
@@ -117,6 +142,11 @@ export class DiffSide {
     // SelectSeries has no trace filter: a service's timeline beside one trace's samples
     // would show something else than the flame graph compares.
     this.timelineSlot.hidden = this.isTrace;
+    this.queryCaption.hidden = this.rangeCaption.hidden = !this.isTrace;
+    this.rangeCaption.textContent = this.subject && this.subject.window && this.rangeFromTrace
+      ? "The trace's time range (its spans, an hour either side):"
+      : "Where to look for the trace's samples:";
+    this.showQuery();
     if (!this.isTrace) {
       this.subjectSlot.replaceChildren();
       return;
@@ -128,7 +158,8 @@ export class DiffSide {
       onclick: () => this.leaveTrace(),
     }, "Compare a selector instead");
     if (this.idError) {
-      this.subjectSlot.replaceChildren(el("p", { class: "hs-diff-subject-text" }, this.idError, " "), leave);
+      // The note above the form says what is wrong, once.
+      this.subjectSlot.replaceChildren(el("p", { class: "hs-diff-subject-text" }, leave));
       return;
     }
     const subject = this.subject || { traceId: this.traceId, spanId: this.spanId, span: null, name: "" };
@@ -150,9 +181,9 @@ export class DiffSide {
     this.subject = null;
     if (!this.query || this.query === ALL) {
       this.query = service ? formatSelector([{ name: "service_name", op: "=", value: service }]) : "";
-      this.input.value = this.query;
       this.renderFilters();
     }
+    this.fail(null);
     this.renderSubject();
     this.onChange();
   }
@@ -165,7 +196,13 @@ export class DiffSide {
     if (!s || s.traceId !== this.traceId || s.spanId !== this.spanId) {
       this.subject = await loadSubject({ traceId: this.traceId, spanId: this.spanId }, signal);
     }
+    // Without its spans or a range there is no telling where its samples are: "Last 1 hour"
+    // would be a guess, and its emptiness would not say that the trace is unknown here.
+    if (!this.subject.stored && !this.rangeGiven) {
+      throw new Error(`trace ${shortId(this.traceId)} was not found on this server`);
+    }
     if (!this.rangeGiven && this.subject.window) {
+      this.rangeFromTrace = true;
       const r = absoluteRange(this.subject.window.startMs, this.subject.window.endMs);
       this.from = r.from;
       this.until = r.until;
@@ -176,13 +213,13 @@ export class DiffSide {
 
   /** A selector typed but not applied still counts when the range is applied. */
   takeTypedSelector() {
-    const typed = this.input.value.trim();
+    const typed = this.typedQuery();
     if (typed === this.query) return;
     try {
       parseSelector(typed);
     } catch {
       // Not a selector: the field goes back to the one in use, so that both agree.
-      this.input.value = this.query;
+      this.showQuery();
       this.input.setCustomValidity("");
       return;
     }
@@ -225,6 +262,17 @@ export class DiffSide {
   /** Says on the side itself what is wrong with it ("" clears). */
   setNote(node) {
     this.note.replaceChildren(...(node ? [node] : []));
+  }
+
+  /**
+   * A side that cannot be compared says why, on itself and only there; its form and range are
+   * put away, as they cannot mend a wrong id (the subject offers a selector instead).  null
+   * clears.
+   */
+  fail(err) {
+    this.failed = Boolean(err);
+    this.setNote(err ? message("error", `${capitalise(err.message)}.`) : null);
+    this.controls.hidden = this.failed;
   }
 
   emptyText(profileType) {

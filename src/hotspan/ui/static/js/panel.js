@@ -173,9 +173,9 @@ export class ProfilePanel {
       { class: "hs-panel-sandwich", hidden: true },
       this.sandwichTitle,
       this.sandwichNote,
-      el("div", { class: "hs-sandwich-label" }, "Callers (who called it, root at the bottom)"),
+      el("div", { class: "hs-sandwich-label" }, "Callers (who called it: the function at the bottom, its callers above it)"),
       this.callersNode,
-      el("div", { class: "hs-sandwich-label" }, "Callees (what it called)"),
+      el("div", { class: "hs-sandwich-label" }, "Callees (what it called: the function at the top, its callees below it)"),
       this.calleesNode,
     );
     this.graphs = el("div", { class: "hs-panel-graphs" }, this.graphNode, this.sandwichNode);
@@ -575,6 +575,7 @@ export class ProfilePanel {
     if (this.reportSearch) this.reportSearch.cancel();
     if (this.resizeObserver) this.resizeObserver.disconnect();
     this.graph.destroy();
+    this.table.destroy();
     for (const g of this.sandwichGraphs()) g.destroy();
   }
 }

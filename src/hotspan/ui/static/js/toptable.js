@@ -15,6 +15,14 @@ import { formatPercent, formatValue } from "./format.js";
 // would cost more than the flame graph).
 const PAGE_ROWS = 200;
 
+// Below these widths of the table's box (px) the table drops its less important numbers
+// before it squeezes the names to a few characters (two "…s>.<genexpr>" rows read the same):
+// a single profile first loses the self share; a diff first its self columns ("medium"),
+// then the totals' values, keeping the shares and the change ("small").
+const FULL_SINGLE = 440;
+const FULL_DIFF = 760;
+const MEDIUM_DIFF = 500;
+
 /**
  * @typedef {Object} Column
  * @property {string} key
@@ -45,6 +53,7 @@ export class TopTable {
     this.selected = null;
     this.filter = "";
     this.limit = PAGE_ROWS;
+    this.fit = "full"; // "full" | "medium" | "small": see FULL_SINGLE
     container.classList.add("hs-toptable");
     container.toptable = this;
     this.thead = el("thead");
@@ -61,6 +70,31 @@ export class TopTable {
       this.renderBody();
     });
     container.append(this.table, this.more);
+    // The table's box follows the panel's layout, not the table's content (see
+    // flamegraph.css), so redrawing on its width cannot feed back into it.
+    if (typeof ResizeObserver !== "undefined") {
+      this.resizeObserver = new ResizeObserver(() => this.refit());
+      this.resizeObserver.observe(container);
+    }
+  }
+
+  /** Which columns fit the table's box; redraws when that changes. */
+  refit() {
+    const width = this.container.clientWidth;
+    if (!width) return; // hidden (another view): keep what it had
+    const diff = Boolean(this.tree && this.tree.diff);
+    const fit = diff
+      ? (width >= FULL_DIFF ? "full" : width >= MEDIUM_DIFF ? "medium" : "small")
+      : (width >= FULL_SINGLE ? "full" : "small");
+    if (fit === this.fit) return;
+    this.fit = fit;
+    if (!this.tree) return;
+    this.renderHead();
+    this.renderBody();
+  }
+
+  destroy() {
+    if (this.resizeObserver) this.resizeObserver.disconnect();
   }
 
   setUnit(unit) {
@@ -81,6 +115,9 @@ export class TopTable {
     this.applySort(this.wantedSort);
     this.selected = null;
     this.limit = PAGE_ROWS;
+    this.fit = "";
+    this.refit();
+    if (!this.fit) this.fit = "full";
     this.renderHead();
     this.sortRows();
     this.renderBody();
@@ -168,17 +205,23 @@ export class TopTable {
       cell: (r) =>
         el("span", { class: "hs-toptable-name", title: r.name }, el("span", { class: "hs-toptable-name-text" }, r.name)),
     };
-    const measure = (v, total, title) =>
-      el(
+    // `show`: "both", or only the "value" or the "percent" where the table is narrow; the
+    // title keeps both.
+    const measure = (v, total, title, show = "both") => {
+      const value = formatValue(v, unit);
+      const percent = formatPercent(v, total);
+      return el(
         "span",
-        { class: "hs-toptable-measure", title },
-        el("span", { class: "hs-toptable-value" }, formatValue(v, unit)),
-        el("span", { class: "hs-toptable-percent" }, formatPercent(v, total)),
+        { class: "hs-toptable-measure", title: show === "both" ? title : `${title ? `${title}: ` : ""}${value}, ${percent}` },
+        show !== "percent" ? el("span", { class: "hs-toptable-value" }, value) : null,
+        show !== "value" ? el("span", { class: "hs-toptable-percent" }, percent) : null,
       );
+    };
+    const small = this.fit === "small";
     if (!tree || !tree.diff) {
       return [
         name,
-        { key: "self", label: "Self", sortValue: (r) => r.self, cell: (r) => measure(r.self, tree.total) },
+        { key: "self", label: "Self", sortValue: (r) => r.self, cell: (r) => measure(r.self, tree.total, "Self", small ? "value" : "both") },
         { key: "total", label: "Total", sortValue: (r) => r.total, cell: (r) => measure(r.total, tree.total) },
       ];
     }
@@ -190,13 +233,15 @@ export class TopTable {
       group,
       title: `${group} ${label.toLowerCase()}: share of the ${group.toLowerCase()} total`,
       sortValue: value,
-      cell: (r) => measure(value(r), sideTotal, `${group} ${label.toLowerCase()}`),
+      cell: (r) => measure(value(r), sideTotal, `${group} ${label.toLowerCase()}`, small ? "percent" : "both"),
     });
+    // A narrow table drops the `minor` columns: the totals and the change say what moved; the
+    // self columns are for drilling in, on a wider screen.  (It still sorts by them.)
     return [
       name,
-      side("selfLeft", "Self", "Baseline", (r) => r.selfLeft, tree.leftTotal),
+      { ...side("selfLeft", "Self", "Baseline", (r) => r.selfLeft, tree.leftTotal), minor: true },
       side("totalLeft", "Total", "Baseline", (r) => r.totalLeft, tree.leftTotal),
-      side("selfRight", "Self", "Comparison", (r) => r.selfRight, tree.rightTotal),
+      { ...side("selfRight", "Self", "Comparison", (r) => r.selfRight, tree.rightTotal), minor: true },
       side("totalRight", "Total", "Comparison", (r) => r.totalRight, tree.rightTotal),
       {
         key: "change",
@@ -223,8 +268,13 @@ export class TopTable {
     ];
   }
 
+  /** The columns drawn at the table's current width. */
+  shownColumns() {
+    return this.columns().filter((c) => !c.minor || this.fit === "full");
+  }
+
   renderHead() {
-    const cols = this.columns();
+    const cols = this.shownColumns();
     const grouped = cols.some((c) => c.group);
     const cells = cols.map((col) => {
       const sorted = col.key === this.sortKey;
@@ -254,6 +304,7 @@ export class TopTable {
       );
     });
     this.colgroup.replaceChildren(...cols.map((col) => el("col", { class: `hs-col-${col.key}` })));
+    this.table.dataset.fit = this.fit;
     if (!grouped) {
       this.thead.replaceChildren(el("tr", {}, cells));
       return;
@@ -295,7 +346,7 @@ export class TopTable {
   }
 
   renderBody() {
-    const cols = this.columns();
+    const cols = this.shownColumns();
     const rows = this.visibleRows();
     const shown = rows.length > this.limit ? rows.slice(0, this.limit) : rows;
     const fragment = document.createDocumentFragment();
