@@ -496,8 +496,12 @@ export function renderTraceView(root, { params, match }) {
     return panel;
   }
 
+  let missingNote = null; // the URL's span is not in the trace: said until a span is picked
+
   function select(spanId, { push = true } = {}) {
     state.span = spanId && byId.has(spanId) ? spanId : "";
+    if (missingNote) missingNote.remove();
+    missingNote = null;
     setQuery({ span: state.span, descendants: state.descendants ? "1" : "" }, { push });
     if (waterfall) waterfall.select(state.span);
     showDetails();
@@ -645,11 +649,22 @@ export function renderTraceView(root, { params, match }) {
     showSummary(tree, body);
     waterfall = new Waterfall(waterfallBox, tree, { onSelect: (id) => select(id === state.span ? "" : id) });
     if (state.span && !byId.has(state.span)) {
-      details.before(
-        message("info", `Span ${state.span} is not in this trace.`, "Showing the whole trace: pick a span in the waterfall."),
+      // The link is left as it was (a shared link must not quietly show something else) and
+      // the note stands above the waterfall, where it is seen before the whole trace is read.
+      missingNote = message(
+        "info",
+        `Span ${state.span} is not in this trace.`,
+        `The waterfall shows the trace's ${spans.length} spans and the profile below is the whole trace's: ` +
+          "check the link, or pick a span in the waterfall.",
       );
+      missingNote.classList.add("hs-missing-span");
+      waterfallBox.before(missingNote);
+      state.span = "";
+      showDetails();
+      loadProfile();
+    } else {
+      select(state.span, { push: false });
     }
-    select(state.span, { push: false });
     loadAttributes();
     loadTypes(tree);
   }
