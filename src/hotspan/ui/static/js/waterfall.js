@@ -127,9 +127,10 @@ export class Waterfall {
       { class: "hs-wf-row hs-wf-head" },
       el("div", { class: "hs-wf-name" }, `Span (${tree.spans.length})`),
       el("div", { class: "hs-wf-track hs-wf-axis" }, ticks(tree.durationNs)),
-      el("div", { class: "hs-wf-num", title: "wall-clock time of the span" }, "Duration"),
-      el("div", { class: "hs-wf-num", title: "CPU time of the span itself, without its children" }, "CPU own"),
-      el("div", { class: "hs-wf-num", title: "CPU time of the span and its descendants" }, "CPU total"),
+      // Classed as their cells, so that the compact (phone) layout places both alike.
+      el("div", { class: "hs-wf-num hs-wf-duration", title: "wall-clock time of the span" }, "Duration"),
+      el("div", { class: "hs-wf-num hs-wf-cpu-self", title: "CPU time of the span itself, without its children" }, "CPU own"),
+      el("div", { class: "hs-wf-num hs-wf-cpu-total", title: "CPU time of the span and its descendants" }, "CPU total"),
       ...Object.values(EXTRA_KINDS).map((k) => el("div", { class: `hs-wf-num ${k.cls}`, title: k.title, hidden: true }, k.head)),
       el("div", { class: "hs-wf-activity", title: "CPU total against duration" }, "Activity"),
     );
@@ -246,7 +247,8 @@ export class Waterfall {
   layout() {
     const extra = Object.values(this.extras).filter(Boolean).length;
     this.node.style.setProperty("--hs-wf-extra", Array(extra).fill(`${EXTRA_WIDTH_PX - 8}px`).join(" "));
-    this.node.style.minWidth = `${MIN_WIDTH_PX + extra * EXTRA_WIDTH_PX}px`;
+    // A variable, not min-width itself: the compact layout of phones (traces.css) needs none.
+    this.node.style.setProperty("--hs-wf-min-width", `${MIN_WIDTH_PX + extra * EXTRA_WIDTH_PX}px`);
   }
 
   /** Marks `spanID` selected (or nothing, for ""), and scrolls it into view. */
