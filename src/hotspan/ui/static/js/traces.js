@@ -541,7 +541,7 @@ export function renderTraceView(root, { params, match }) {
         fact("CPU (with descendants)", formatDuration(span.total)),
         fact("Activity", `${span.activity.label}${span.activity.locks ? `, ${span.activity.locks}` : ""}`),
         extraFact("alloc", "Allocated (with descendants)", formatBytes),
-        extraFact("locks", "Lock waits (with descendants)", formatDuration),
+        extraFact("locks", "Lock waits (with descendants, all threads)", formatDuration),
         isError(span.status) ? fact("Status", `error${span.status.message ? `: ${span.status.message}` : ""}`) : null,
       ),
     ];
@@ -831,8 +831,9 @@ function emptyProfileMessage(span, descendants) {
   if (span.activity.kind === "short") {
     return message(
       "empty",
-      `Span "${span.name}" lasted ${formatDuration(span.durationNs)}: too short to hold a CPU sample.`,
-      "The agent samples every 10 ms of CPU (at 100 Hz). Look at its parent, or at the whole trace.",
+      `Span "${span.name}" lasted ${formatDuration(span.durationNs)}: too few samples to tell whether it was on CPU.`,
+      "The agent takes a CPU sample every 10 ms of CPU (at 100 Hz), so a span this short can compute " +
+        "all along and hold none. Look at its parent, or at the whole trace.",
     );
   }
   // Off CPU the CPU profile cannot tell why; the lock profile names lock waits when it has them.
