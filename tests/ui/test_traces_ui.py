@@ -317,6 +317,28 @@ def test_unknown_and_bad_trace_ids_say_what_to_do(page, shop) -> None:  # type: 
     assert '"xyz" is not a trace id' in text and "32 hex digits" in text
 
 
+def test_an_unknown_span_is_said_and_kept_in_the_url(page, shop) -> None:  # type: ignore[no-untyped-def]
+    srv, ids = shop
+    slow = ids["slow"][0]
+    page.goto(f"{srv.url}/traces/{slow['trace']}?span=deadbeefdeadbeef")
+    page.wait_for_selector(".hs-wf-span")
+    # Said where the eye lands (above the waterfall), and the shared link is left as it was.
+    note = page.locator(".hs-missing-span")
+    note.wait_for()
+    assert "span deadbeefdeadbeef is not in this trace" in note.inner_text().lower()
+    assert note.evaluate(
+        "n => n.compareDocumentPosition(document.querySelector('.hs-waterfall-box'))"
+        " & Node.DOCUMENT_POSITION_FOLLOWING"
+    )
+    assert len(waterfall_rows(page)) == 4  # the whole waterfall still
+    wait_for_frame(page, "__main__.slow_function")  # the whole trace's profile, loaded
+    assert "span=deadbeefdeadbeef" in page.url
+    # Picking a span replaces it, and the note goes.
+    page.click(".hs-wf-span[data-name='wait'] .hs-wf-span-name")
+    page.wait_for_url(re.compile(rf"span={slow['wait']}"))
+    assert page.locator(".hs-missing-span").count() == 0
+
+
 def test_more_results_and_the_way_to_the_explorer(page, shop) -> None:  # type: ignore[no-untyped-def]
     srv, ids = shop
     page.goto(f"{srv.url}/traces?service=shop&limit=4")

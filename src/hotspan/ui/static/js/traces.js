@@ -496,8 +496,12 @@ export function renderTraceView(root, { params, match }) {
     return panel;
   }
 
+  let missingNote = null; // the URL's span is not in the trace: said until a span is picked
+
   function select(spanId, { push = true } = {}) {
     state.span = spanId && byId.has(spanId) ? spanId : "";
+    if (missingNote) missingNote.remove();
+    missingNote = null;
     setQuery({ span: state.span, descendants: state.descendants ? "1" : "" }, { push });
     if (waterfall) waterfall.select(state.span);
     showDetails();
@@ -537,7 +541,7 @@ export function renderTraceView(root, { params, match }) {
         fact("CPU (with descendants)", formatDuration(span.total)),
         fact("Activity", `${span.activity.label}${span.activity.locks ? `, ${span.activity.locks}` : ""}`),
         extraFact("alloc", "Allocated (with descendants)", formatBytes),
-        extraFact("locks", "Lock waits (with descendants)", formatDuration),
+        extraFact("locks", "Lock waits (with descendants, all threads)", formatDuration),
         isError(span.status) ? fact("Status", `error${span.status.message ? `: ${span.status.message}` : ""}`) : null,
       ),
     ];
@@ -645,11 +649,22 @@ export function renderTraceView(root, { params, match }) {
     showSummary(tree, body);
     waterfall = new Waterfall(waterfallBox, tree, { onSelect: (id) => select(id === state.span ? "" : id) });
     if (state.span && !byId.has(state.span)) {
-      details.before(
-        message("info", `Span ${state.span} is not in this trace.`, "Showing the whole trace: pick a span in the waterfall."),
+      // The link is left as it was (a shared link must not quietly show something else) and
+      // the note stands above the waterfall, where it is seen before the whole trace is read.
+      missingNote = message(
+        "info",
+        `Span ${state.span} is not in this trace.`,
+        `The waterfall shows the trace's ${spans.length} spans and the profile below is the whole trace's: ` +
+          "check the link, or pick a span in the waterfall.",
       );
+      missingNote.classList.add("hs-missing-span");
+      waterfallBox.before(missingNote);
+      state.span = "";
+      showDetails();
+      loadProfile();
+    } else {
+      select(state.span, { push: false });
     }
-    select(state.span, { push: false });
     loadAttributes();
     loadTypes(tree);
   }
@@ -816,8 +831,9 @@ function emptyProfileMessage(span, descendants) {
   if (span.activity.kind === "short") {
     return message(
       "empty",
-      `Span "${span.name}" lasted ${formatDuration(span.durationNs)}: too short to hold a CPU sample.`,
-      "The agent samples every 10 ms of CPU (at 100 Hz). Look at its parent, or at the whole trace.",
+      `Span "${span.name}" lasted ${formatDuration(span.durationNs)}: too few samples to tell whether it was on CPU.`,
+      "The agent takes a CPU sample every 10 ms of CPU (at 100 Hz), so a span this short can compute " +
+        "all along and hold none. Look at its parent, or at the whole trace.",
     );
   }
   // Off CPU the CPU profile cannot tell why; the lock profile names lock waits when it has them.

@@ -11,21 +11,27 @@ import { formatBytes, formatDuration } from "./format.js";
 // was computing, and below which it was waiting.
 export const COMPUTING = 0.6;
 export const WAITING = 0.2;
-// The agent samples at 100 Hz by default: a span much shorter than 10 ms rarely holds a
-// sample, so no CPU says nothing about it.
-const TOO_SHORT_NS = 20e6;
-const SAMPLE_SLACK_NS = 20e6;
+// The agent samples CPU at 100 Hz by default (a sample per 10 ms of CPU; the server keeps no
+// period per series, and the agent's governor may lower it). A span shorter than a few
+// periods can compute all along and still hold no sample, so then no CPU says nothing.
+const SAMPLE_PERIOD_NS = 10e6;
+const TOO_FEW_NS = 3 * SAMPLE_PERIOD_NS;
+const SAMPLE_SLACK_NS = 2 * SAMPLE_PERIOD_NS;
 const MAX_INDENT = 8; // levels (of --hs-wf-indent each): most of the name column stays the name's
 // Below this width the waterfall scrolls sideways inside its box rather than squeeze the time
-// track to nothing; each column of another profile type adds its own width.
+// track to nothing (phones get a compact layout instead, in traces.css); each column of
+// another profile type adds its own width.
 const MIN_WIDTH_PX = 804; // the sum of the grid's minimum columns and gaps (traces.css)
 const EXTRA_WIDTH_PX = 84;
 // The profile types the waterfall can show beside CPU: their column and unit.
 export const EXTRA_KINDS = {
-  alloc: { cls: "hs-wf-alloc", head: "Allocated", format: formatBytes,
-    title: "bytes the span and its descendants allocated (sampled, from the allocation profile)" },
-  locks: { cls: "hs-wf-locks", head: "Lock wait", format: formatDuration,
-    title: "time the span and its descendants waited to acquire locks (from the lock profile)" },
+  // The columns show the values with descendants (as "CPU total"); a cell's tooltip has its own.
+  alloc: { cls: "hs-wf-alloc", head: "Allocated total", format: formatBytes,
+    title: "bytes the span and its descendants allocated (sampled, from the allocation profile); " +
+      "hover a cell for the span's own" },
+  locks: { cls: "hs-wf-locks", head: "Lock wait total", format: formatDuration,
+    title: "time the span and its descendants waited to acquire locks, summed over all their threads " +
+      "(so it can exceed the span's duration; from the lock profile); hover a cell for the span's own" },
 };
 
 /** A stable colour per service (hue from a hash of the name). */
@@ -37,26 +43,44 @@ export function serviceColor(service) {
  * What a span was doing, from its CPU time (with descendants) against its duration. Off CPU
  * the profile cannot tell why (I/O, sleep, another service, or other threads holding the
  * GIL look alike), so it says no more than "not on CPU"; only the lock profile
- * (`lockNs`, its lock waits with descendants') names a cause.
+ * (`locks`: the span's lock waits, {self, total} as the spans API gives them) names a cause.
  */
-export function activityOf(durationNs, cpuNs, lockNs = 0) {
+export function activityOf(durationNs, cpuNs, locks = { self: 0, total: 0 }) {
   const ratio = durationNs > 0 ? cpuNs / durationNs : 0;
   // CPU is counted in whole samples (10 ms at 100 Hz), so a busy span can hold a little more
   // CPU than its duration; well past that, several threads worked for it.
   let percent = `${Math.round(100 * ratio)}%`;
   if (ratio > 1) percent = cpuNs - durationNs <= SAMPLE_SLACK_NS ? "≈100%" : `${percent}, several threads`;
-  const locks = lockNs > 0 ? `of which ${formatDuration(lockNs)} waiting on locks` : "";
+  const note = lockNote(durationNs, locks);
   const offCpu = `${Math.round(100 * Math.max(0, 1 - ratio))}%`;
-  if (!cpuNs && durationNs < TOO_SHORT_NS && !locks) {
-    return { kind: "short", ratio, label: "too short to sample", title: "shorter than a few CPU samples: no CPU seen", locks };
+  if (!cpuNs && durationNs < TOO_FEW_NS) {
+    // Never "not on CPU": a span this short can have computed all along between two samples.
+    const title = `lasted ${formatDuration(durationNs)}, under 3 CPU sample periods (10 ms each at 100 Hz): ` +
+      "that it holds no sample does not show it was idle";
+    return { kind: "short", ratio, label: "too few samples", title, locks: note };
   }
   if (ratio >= COMPUTING) return { kind: "computing", ratio, label: `computing ${percent}`, title: "CPU time near its duration", locks: "" };
   const unknown = "the CPU profile cannot tell why: I/O, sleep, locks, another service, or other threads holding the GIL";
-  const why = locks ? `; ${locks} (lock profile)` : `; ${unknown}`;
+  const why = note ? `; ${note} (lock profile)` : `; ${unknown}`;
   if (ratio < WAITING) {
-    return { kind: "waiting", ratio, label: `not on CPU ${offCpu}`, title: `on CPU ${percent} of its duration${why}`, locks };
+    return { kind: "waiting", ratio, label: `not on CPU ${offCpu}`, title: `on CPU ${percent} of its duration${why}`, locks: note };
   }
-  return { kind: "mixed", ratio, label: `mixed ${percent}`, title: `on CPU ${percent} of its duration, off CPU the rest${why}`, locks };
+  return { kind: "mixed", ratio, label: `mixed ${percent}`, title: `on CPU ${percent} of its duration, off CPU the rest${why}`, locks: note };
+}
+
+/**
+ * Lock waits beside a span's badge. "of which" (a part of its wall time) only for its own
+ * waits that fit in its duration: its descendants' run on other threads too, and waits summed
+ * over threads can exceed the span's duration, so those are given apart.
+ */
+function lockNote(durationNs, { self = 0, total = 0 }) {
+  const own = self > 0 && self <= durationNs ? `of which ${formatDuration(self)} waiting on locks` : "";
+  if (total > self) {
+    const sum = `${formatDuration(total)} with descendants (all threads)`;
+    return own ? `${own}; ${sum}` : `lock waits: ${sum}`;
+  }
+  if (own) return own;
+  return self > 0 ? `lock waits: ${formatDuration(self)} across its threads` : "";
 }
 
 /**
@@ -127,9 +151,10 @@ export class Waterfall {
       { class: "hs-wf-row hs-wf-head" },
       el("div", { class: "hs-wf-name" }, `Span (${tree.spans.length})`),
       el("div", { class: "hs-wf-track hs-wf-axis" }, ticks(tree.durationNs)),
-      el("div", { class: "hs-wf-num", title: "wall-clock time of the span" }, "Duration"),
-      el("div", { class: "hs-wf-num", title: "CPU time of the span itself, without its children" }, "CPU own"),
-      el("div", { class: "hs-wf-num", title: "CPU time of the span and its descendants" }, "CPU total"),
+      // Classed as their cells, so that the compact (phone) layout places both alike.
+      el("div", { class: "hs-wf-num hs-wf-duration", title: "wall-clock time of the span" }, "Duration"),
+      el("div", { class: "hs-wf-num hs-wf-cpu-self", title: "CPU time of the span itself, without its children" }, "CPU own"),
+      el("div", { class: "hs-wf-num hs-wf-cpu-total", title: "CPU time of the span and its descendants" }, "CPU total"),
       ...Object.values(EXTRA_KINDS).map((k) => el("div", { class: `hs-wf-num ${k.cls}`, title: k.title, hidden: true }, k.head)),
       el("div", { class: "hs-wf-activity", title: "CPU total against duration" }, "Activity"),
     );
@@ -234,7 +259,7 @@ export class Waterfall {
       cell.textContent = v.total ? spec.format(v.total) : "–";
       cell.title = `${spec.head}: ${spec.format(v.self)} own, ${spec.format(v.total)} with descendants`;
       if (kind === "locks") {
-        span.activity = activityOf(span.durationNs, span.total, v.total);
+        span.activity = activityOf(span.durationNs, span.total, v);
         row.className = row.className.replace(/\bhs-(computing|waiting|mixed|short)\b/, `hs-${span.activity.kind}`);
         row.dataset.activity = span.activity.kind;
         row.querySelector(".hs-wf-activity").replaceWith(activityCell(span.activity));
@@ -246,7 +271,8 @@ export class Waterfall {
   layout() {
     const extra = Object.values(this.extras).filter(Boolean).length;
     this.node.style.setProperty("--hs-wf-extra", Array(extra).fill(`${EXTRA_WIDTH_PX - 8}px`).join(" "));
-    this.node.style.minWidth = `${MIN_WIDTH_PX + extra * EXTRA_WIDTH_PX}px`;
+    // A variable, not min-width itself: the compact layout of phones (traces.css) needs none.
+    this.node.style.setProperty("--hs-wf-min-width", `${MIN_WIDTH_PX + extra * EXTRA_WIDTH_PX}px`);
   }
 
   /** Marks `spanID` selected (or nothing, for ""), and scrolls it into view. */
