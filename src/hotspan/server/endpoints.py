@@ -14,20 +14,18 @@ from __future__ import annotations
 import time
 from typing import Tuple
 
-from google.protobuf import json_format
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from hotspan.formats.proto import querier_pb2
 from hotspan.model.profile import ProfileType
 from hotspan.query.endpoints import EndpointEngine
 from hotspan.query.engine import QueryError
-from hotspan.query.flamegraph import to_message
 from hotspan.server.errors import HTTPError
 from hotspan.server.querier import max_nodes_value, profile_type
 from hotspan.server.request import query_state
+from hotspan.server.span_profiles import flamegraph_json
 from hotspan.server.tempo import seconds_param, text_error
 
 CPU = "process_cpu:cpu:nanoseconds:cpu:nanoseconds"
@@ -102,15 +100,13 @@ async def flamegraph(request: Request) -> Response:
             raise HTTPError(400, str(exc)) from None
     except HTTPError as exc:
         return text_error(exc)
-    message = querier_pb2.FlameGraph()
-    to_message(graph, message)
     return JSONResponse(
         {
             "service": service,
             "name": name,
             "profileType": ptype.id,
             "requests": requests,
-            "flamegraph": json_format.MessageToDict(message),
+            "flamegraph": flamegraph_json(graph),
         }
     )
 

@@ -150,8 +150,13 @@ async def series(request: Request) -> Response:
     return write_message(request, resp)
 
 
-def trace_ids(selector: Sequence[str]) -> Optional[List[str]]:
-    """A request's trace id selector, checked: None when it names no trace."""
+def selected_span_ids(selector: Sequence[str]) -> Optional[List[int]]:
+    """A request's span selector, checked: None when it names no span (no filter)."""
+    return span_ids(selector) if len(selector) else None
+
+
+def selected_trace_ids(selector: Sequence[str]) -> Optional[List[str]]:
+    """A request's trace id selector, checked: None when it names no trace (no filter)."""
     if not len(selector):
         return None
     traces = list(selector)
@@ -174,7 +179,7 @@ async def _stack_values(
     ptype = profile_type(type_id)
     sel = selector(label_selector)
     start, end = time_range(start_ms, end_ms)
-    traces = trace_ids(req.trace_id_selector) if req is not None else None
+    traces = selected_trace_ids(req.trace_id_selector) if req is not None else None
     where = SampleFilter(start, end, span_ids=spans, trace_ids=traces)
     values = await _run(state.engine.stack_values, tenant, ptype, sel, where)
     if req is not None and req.HasField("stack_trace_selector"):
@@ -187,7 +192,7 @@ async def _stack_values(
 async def select_merge_stacktraces(request: Request) -> Response:
     state, tenant = query_state(request)
     req = await read_message(request, state.config, querier_pb2.SelectMergeStacktracesRequest)
-    spans = span_ids(req.span_selector) if req.span_selector else None
+    spans = selected_span_ids(req.span_selector)
     ptype, where, values = await _stack_values(
         state, tenant, req.profile_typeID, req.label_selector, req.start, req.end, spans, req
     )
@@ -262,8 +267,8 @@ async def select_series(request: Request) -> Response:
         SampleFilter(
             start,
             end,
-            span_ids=span_ids(req.span_selector) if req.span_selector else None,
-            trace_ids=trace_ids(req.trace_id_selector),
+            span_ids=selected_span_ids(req.span_selector),
+            trace_ids=selected_trace_ids(req.trace_id_selector),
         ),
         step_ns,
         list(req.group_by),
@@ -291,7 +296,6 @@ async def diff(request: Request) -> Response:
     # selector, trace ids and span ids (the UI compares two spans or two traces this way).
     sides = []
     for side in (req.left, req.right):
-        spans = span_ids(side.span_selector) if side.span_selector else None
         _, _, values = await _stack_values(
             state,
             tenant,
@@ -299,7 +303,7 @@ async def diff(request: Request) -> Response:
             side.label_selector,
             side.start,
             side.end,
-            spans,
+            selected_span_ids(side.span_selector),
             side,
         )
         sides.append(values)

@@ -17,7 +17,7 @@ upload window); the first two also take ``labelSelector``.
 
 from __future__ import annotations
 
-from typing import NamedTuple, Optional, Tuple
+from typing import Any, Dict, NamedTuple, Optional, Tuple
 
 from google.protobuf import json_format
 from starlette.concurrency import run_in_threadpool
@@ -29,7 +29,7 @@ from hotspan.formats.proto import querier_pb2
 from hotspan.model.labels import Selector
 from hotspan.model.profile import ProfileType, span_id_to_int
 from hotspan.query.engine import QueryError
-from hotspan.query.flamegraph import to_message
+from hotspan.query.flamegraph import FlameGraph, to_message
 from hotspan.server.errors import HTTPError
 from hotspan.server.querier import max_nodes_value, profile_type, selector
 from hotspan.server.request import query_state
@@ -42,6 +42,14 @@ HOUR_NS = 3600 * 10**9
 PPROF = "application/vnd.google.protobuf"
 # The trace list shows at most 1000 traces; a longer list is a client's mistake.
 MAX_TRACE_IDS = 1000
+
+
+def flamegraph_json(graph: FlameGraph) -> Dict[str, Any]:
+    """A flame graph as the querier's FlameGraph message in protojson: what the UI decodes,
+    from hotspan's own endpoints as from SelectMergeStacktraces."""
+    message = querier_pb2.FlameGraph()
+    to_message(graph, message)
+    return json_format.MessageToDict(message)
 
 
 def _window(request: Request, spans) -> Tuple[int, int]:  # type: ignore[no-untyped-def]
@@ -114,8 +122,6 @@ async def profile(request: Request) -> Response:
             raise HTTPError(400, str(exc)) from None
     except HTTPError as exc:
         return text_error(exc)
-    message = querier_pb2.FlameGraph()
-    to_message(graph, message)
     return JSONResponse(
         {
             "traceID": trace_id,
@@ -123,7 +129,7 @@ async def profile(request: Request) -> Response:
             "descendants": descendants,
             "spans": [f"{s:016x}" for s in span_ids] if span_ids else None,
             "profileType": ptype.id,
-            "flamegraph": json_format.MessageToDict(message),
+            "flamegraph": flamegraph_json(graph),
         }
     )
 

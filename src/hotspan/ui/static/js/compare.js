@@ -8,7 +8,7 @@
 import { ApiError, getJSON } from "./api.js";
 import { el, rejectInput } from "./dom.js";
 import { navigate } from "./router.js";
-import { spanExtentMs } from "./spans.js";
+import { spanExtentMs, traceIdOf } from "./spans.js";
 import { absoluteRange } from "./timerange.js";
 
 const BASELINE_KEY = "hotspan.compare.baseline";
@@ -104,12 +104,11 @@ export function compareBox({ traceId, span, type, range }) {
 
   /** This whole trace (left) against another whole trace (right), over that one's time. */
   async function compareTrace(input, status) {
-    const raw = input.value.trim().toLowerCase();
-    if (!/^[0-9a-f]{1,32}$/.test(raw)) {
+    const other = traceIdOf(input.value);
+    if (!other) {
       rejectInput(input, "a trace id: up to 32 hex digits");
       return;
     }
-    const other = raw.padStart(32, "0");
     status.textContent = "Looking up the trace…";
     try {
       const spans = (await getJSON(`/api/traces/${other}/spans`)).spans || [];

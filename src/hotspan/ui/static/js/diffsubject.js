@@ -5,11 +5,9 @@
 // spans and sent as the querier's span_selector, so the server's Diff narrows each side the
 // way SelectMergeStacktraces does.
 
-import { spanExtentMs } from "./spans.js";
 import { ApiError, getJSON } from "./api.js";
+import { SPAN_ID, TRACE_ID, spanExtentMs } from "./spans.js";
 
-const TRACE_ID = /^[0-9a-f]{32}$/;
-const SPAN_ID = /^[0-9a-f]{16}$/;
 const HOUR_MS = 3600e3;
 
 /** Lower-cased ids, or throws an Error saying which one is not an id. */

@@ -8,6 +8,7 @@
 import { CPU, getJSON } from "./api.js";
 import { el, message } from "./dom.js";
 import { formatPercent, formatValue, unitOf } from "./format.js";
+import { formatSelector, parseSelector, serviceOf, withService } from "./labels.js";
 import { ProfilePanel } from "./panel.js";
 import { panelState, setQuery } from "./router.js";
 import { agentHint, catalogue, errorBox, pickType, selectOf, typeLabel } from "./selection.js";
@@ -21,19 +22,22 @@ const COLUMNS = [
   ["share", "Share", "of the service's whole profile in the range"],
 ];
 
-/** The service of a `{service_name="x"}` selector ("" if none). */
-export function serviceOf(query) {
-  const m = /service_name\s*=\s*"((?:[^"\\]|\\.)*)"/.exec(query || "");
-  return m ? m[1].replace(/\\(.)/g, "$1") : "";
+/** The service of the page's `{service_name="x"}` selector ("" if none, or unreadable). */
+function serviceOfQuery(query) {
+  try {
+    return serviceOf(parseSelector(query));
+  } catch {
+    return "";
+  }
 }
 
 function selectorOf(service) {
-  return `{service_name="${service.replace(/\\/g, "\\\\").replace(/"/g, '\\"')}"}`;
+  return formatSelector(withService([], service));
 }
 
 export function renderEndpoints(root, { params }) {
   const state = {
-    service: serviceOf(params.get("query")),
+    service: serviceOfQuery(params.get("query")),
     type: params.get("profileType") || CPU,
     from: params.get("from") || DEFAULT_FROM,
     until: params.get("until") || DEFAULT_UNTIL,

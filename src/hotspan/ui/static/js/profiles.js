@@ -25,7 +25,7 @@ import {
 import { ProfilePanel } from "./panel.js";
 import { panelState, setQuery } from "./router.js";
 import { settingsPath } from "./settings.js";
-import { spanExtentMs } from "./spans.js";
+import { SPAN_ID, TRACE_ID, spanExtentMs } from "./spans.js";
 import {
   agentHint,
   catalogue,
@@ -47,8 +47,6 @@ import {
   TimeRangePicker,
 } from "./timerange.js";
 
-const TRACE_ID = /^[0-9a-f]{32}$/;
-const SPAN_ID = /^[0-9a-f]{16}$/;
 const GROUP_VIEWS = [["", "Lines"], ["stacked", "Stacked"], ["breakdown", "Breakdown"]];
 // Where to look for data when the range shown has none, nearest first.
 const WIDER_RANGES = ["now-1h", "now-6h", "now-24h", "now-7d", "now-30d"];
@@ -226,8 +224,10 @@ class ProfilesView {
   /** What the panel shows, in its title: follows the range even when there is no data. */
   title() {
     const parts = [this.graphSelector(), describeRange(this.state.from, this.state.until)];
-    if (this.state.traceId) parts[0] = "all services";
-    if (this.state.traceId) parts.push(`trace ${this.state.traceId}`);
+    if (this.state.traceId) {
+      parts[0] = "all services";
+      parts.push(`trace ${this.state.traceId}`);
+    }
     if (this.state.spanId) parts.push(`span ${this.state.spanId}`);
     return parts.join(" · ");
   }

@@ -13,6 +13,7 @@ import { formatBytes, formatDuration, formatTime, unitOf } from "./format.js";
 import { ProfilePanel } from "./panel.js";
 import { catalogue, selectOf, typeLabel } from "./selection.js";
 import { navigate, panelState, setQuery } from "./router.js";
+import { traceIdOf } from "./spans.js";
 import { DEFAULT_FROM, DEFAULT_UNTIL, TimeRangePicker, absoluteRange, describeRange, resolveRange } from "./timerange.js";
 import { Waterfall, buildTree, serviceColor } from "./waterfall.js";
 import { compareBox, traceRange } from "./compare.js";
@@ -415,7 +416,8 @@ export function renderTraceView(root, { params, match }) {
   const section = el("section", { class: "hs-trace-view" });
   root.append(section);
   const back = el("a", { href: lastSearchUrl, class: "hs-back" }, "← Search traces");
-  if (!/^[0-9a-fA-F]{1,32}$/.test(raw)) {
+  const traceId = traceIdOf(raw);
+  if (!traceId) {
     section.append(
       back,
       message(
@@ -426,7 +428,6 @@ export function renderTraceView(root, { params, match }) {
     );
     return () => controller.abort();
   }
-  const traceId = raw.toLowerCase().padStart(32, "0");
   const state = {
     span: (params.get("span") || "").toLowerCase(),
     descendants: ["1", "true", "yes"].includes(params.get("descendants") || ""),
