@@ -20,7 +20,7 @@ import pytest
 from tests.conftest import RunningServer, running_server
 from tests.helpers import run_programs, traced_program
 from tests.ui.conftest import screenshot
-from tests.ui.test_profiles_ui import PROGRAM
+from tests.ui.test_profiles_ui import PROGRAM, frames, wait_for_frame
 
 # The profile explorer's "checkout" program, run once as commit "def" (the heavy price_cart).
 CHECKOUT_ARGS = ("def", "0.2")
@@ -70,22 +70,7 @@ def querier(server: RunningServer, method: str, body: dict) -> dict:
 
 
 def frame_names(page) -> List[str]:  # type: ignore[no-untyped-def]
-    return page.evaluate(
-        """() => {
-            const host = [...document.querySelectorAll('*')].find((e) => e.flamegraph);
-            return host ? host.flamegraph.frames().map((f) => f.name) : [];
-        }"""
-    )
-
-
-def wait_for_frame(page, name: str) -> None:  # type: ignore[no-untyped-def]
-    page.wait_for_function(
-        """(name) => {
-            const host = [...document.querySelectorAll('*')].find((e) => e.flamegraph);
-            return host && host.flamegraph.frames().some((f) => f.name === name);
-        }""",
-        arg=name,
-    )
+    return [f["name"] for f in frames(page)]
 
 
 def query_of(page) -> Dict[str, List[str]]:  # type: ignore[no-untyped-def]
