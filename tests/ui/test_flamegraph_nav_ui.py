@@ -18,6 +18,7 @@ import pytest
 from tests.conftest import RunningServer, running_server
 from tests.helpers import CPU, run_programs, traced_program
 from tests.ui.conftest import screenshot
+from tests.ui.test_flamegraph_ui import FRAMES, frame
 
 PROGRAM = traced_program(
     "invoice",
@@ -138,26 +139,8 @@ def mount(
     page.evaluate("() => new Promise((r) => requestAnimationFrame(() => requestAnimationFrame(r)))")
 
 
-FRAMES = """
-(selector) => {
-  const holder = document.querySelector(selector);
-  const rect = holder.flamegraph.canvas.getBoundingClientRect();
-  return {
-    left: rect.left, top: rect.top, width: rect.width, height: rect.height,
-    frames: holder.flamegraph.frames(),
-  };
-}
-"""
-
-
 def frames(page, selector: str = "#fg-test .hs-panel-graph") -> dict:  # type: ignore[no-untyped-def]
     return page.evaluate(FRAMES, selector)
-
-
-def frame(view: dict, name: str) -> dict:
-    found = [f for f in view["frames"] if f["name"] == name]
-    assert found, f"{name} is not drawn; drawn: {[f['name'] for f in view['frames']][:30]}"
-    return max(found, key=lambda f: f["width"])
 
 
 def point(view: dict, f: dict) -> List[float]:
