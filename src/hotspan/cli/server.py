@@ -9,10 +9,13 @@ import signal
 import socket
 import sys
 import threading
-from typing import Iterator, List, Optional
+from typing import TYPE_CHECKING, Iterator, List, Optional
 
 from hotspan import __version__
 from hotspan.cli.client import duration_s
+
+if TYPE_CHECKING:
+    from hotspan.server.config import ServerConfig
 
 
 def _tokens(value: Optional[str]) -> frozenset:
@@ -79,6 +82,8 @@ def _server(args: argparse.Namespace) -> int:
         host=args.host,
         port=args.port,
         data_dir=args.data_dir,
+        store_url=args.store or os.environ.get("HOTSPAN_STORE") or None,
+        cluster=args.cluster,
         max_body_bytes=args.max_body_bytes,
         default_tenant=args.default_tenant,
         ingest_tokens=_tokens(args.ingest_token or os.environ.get("HOTSPAN_INGEST_TOKEN")),
@@ -140,7 +145,7 @@ def _server(args: argparse.Namespace) -> int:
     port = sockets[0].getsockname()[1]
     print(
         f"hotspan {__version__} listening on http://{host}:{port} "
-        f"(web UI at that address; data in {os.path.abspath(config.data_dir)})",
+        f"(web UI at that address; data in {_where(config)})",
         flush=True,
     )
     server = graceful_server(
@@ -185,7 +190,16 @@ examples:
   hotspan server                                   UI and APIs on http://127.0.0.1:4040
   hotspan server --host 0.0.0.0 --retention 30d --data-dir /var/lib/hotspan
   hotspan server --ingest-token s3cret --query-token r3ad --otlp-grpc-port off
+  hotspan server --host 0.0.0.0 --store clickhouse://hotspan:pw@ch1:8123/hotspan
 """
+
+
+def _where(config: ServerConfig) -> str:
+    if config.store_url:
+        from hotspan.store.clickhouse import ClickHouseURL
+
+        return ClickHouseURL(config.store_url).redacted()
+    return os.path.abspath(config.data_dir)
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -193,8 +207,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "server",
         help="run the server on the embedded store, with the web UI",
         description="The server: takes pushes (Pyroscope /ingest and push API, OTLP traces\n"
-        "and profiles), keeps them in DuckDB under --data-dir, answers queries and serves\n"
-        "the web UI on the main port.",
+        "and profiles), keeps them in DuckDB under --data-dir (or in ClickHouse with --store),\n"
+        "answers queries and serves the web UI on the main port.",
         epilog=EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -204,6 +218,18 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     srv.add_argument("--port", type=int, default=4040, help="port (default %(default)s, 0: any)")
     srv.add_argument(
         "--data-dir", default="./hotspan-data", help="store directory (default %(default)s)"
+    )
+    srv.add_argument(
+        "--store",
+        metavar="URL",
+        help="keep data in ClickHouse instead: clickhouse://user:password@host:8123/database "
+        "(clickhouses:// for TLS; or HOTSPAN_STORE); any number of servers can share one",
+    )
+    srv.add_argument(
+        "--cluster",
+        metavar="NAME",
+        help="with a ClickHouse --store: create replicated tables and distributed tables over "
+        "them ON CLUSTER NAME",
     )
     srv.add_argument(
         "--max-body-bytes",

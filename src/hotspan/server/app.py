@@ -53,7 +53,12 @@ def create_app(config: Optional[ServerConfig] = None, store: Optional[Store] = N
     # Before the store opens: a bad pattern must not leave an open store behind.
     redactor = Redactor(config.redact_patterns) if config.redact_patterns else None
     owns_store = store is None
-    store = store if store is not None else open_store(config.data_dir)
+    if store is None:
+        store = open_store(
+            config.store_url or config.data_dir,
+            retention_ns=config.retention_ns,
+            cluster=config.cluster,
+        )
     engine = QueryEngine(store)
     state = ServerState(
         config=config,

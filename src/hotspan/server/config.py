@@ -17,6 +17,10 @@ class ServerConfig:
     host: str = "127.0.0.1"
     port: int = 4040
     data_dir: str = "./hotspan-data"
+    # Where data lives when not in ``data_dir``'s embedded store: ``clickhouse://...``; and
+    # the ClickHouse cluster whose nodes get the tables (None: one ClickHouse server).
+    store_url: Optional[str] = None
+    cluster: Optional[str] = None
     max_body_bytes: int = 16 * MiB
     # A compressed body may expand up to this much; beyond it the payload is refused.
     max_decompressed_bytes: int = 128 * MiB

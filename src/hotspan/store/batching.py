@@ -12,13 +12,17 @@ for long.
 
 from __future__ import annotations
 
+import json
 import logging
 import queue
 import threading
+import time
 from concurrent.futures import Future
-from typing import Any, Callable, List, Tuple, TypeVar, Union
+from typing import Any, Callable, Dict, List, Tuple, TypeVar, Union
 
-from hotspan.model.profile import IngestBatch
+import numpy as np
+
+from hotspan.model.profile import IngestBatch, SampleColumns
 from hotspan.model.trace import SpanBatch
 from hotspan.store.base import StoreError
 
@@ -44,9 +48,14 @@ class GroupCommitWriter:
         commit: Callable[[List[Tuple[str, Batch]]], None],
         max_batch_samples: int = 1_000_000,
         name: str = "hotspan-writer",
+        min_interval_s: float = 0.0,
     ) -> None:
         self._commit = commit
         self._max_batch_samples = max_batch_samples
+        # A group waits until this long after the previous commit for more pushes to join
+        # it: a store whose commits cost per statement (ClickHouse's parts) wants fewer.
+        self._min_interval_s = min_interval_s
+        self._last_commit = 0.0
         self._queue: queue.Queue = queue.Queue()
         self._closed = False
         self._lock = threading.Lock()
@@ -92,9 +101,11 @@ class GroupCommitWriter:
             pending: List[Pending] = [item]
             samples = len(item[1])
             job = None
+            gather_until = self._last_commit + self._min_interval_s
             while samples < self._max_batch_samples:
                 try:
-                    item = self._queue.get_nowait()
+                    wait = gather_until - time.monotonic()
+                    item = self._queue.get(timeout=wait) if wait > 0 else self._queue.get_nowait()
                 except queue.Empty:
                     break
                 if item is _STOP:
@@ -105,6 +116,7 @@ class GroupCommitWriter:
                     break
                 pending.append(item)
                 samples += len(item[1])
+            self._last_commit = time.monotonic()
             self._flush(pending)
             if job is not None:
                 self._run_job(job)
@@ -135,3 +147,30 @@ class GroupCommitWriter:
             return
         for _, _, future in pending:
             future.set_result(None)
+
+
+def series_bounds(
+    tenant: str, batch: IngestBatch, cols: SampleColumns, out: Dict[Tuple[str, int], list]
+) -> None:
+    """Add to ``out`` the first and last sample time of every series in the batch, as
+    ``(tenant, series_id) -> [tenant, series_id, profile type, labels JSON, first, last]``."""
+    order = np.argsort(cols.series_id, kind="stable")
+    sids = cols.series_id[order]
+    ts = cols.ts[order]
+    starts = np.flatnonzero(np.concatenate(([True], sids[1:] != sids[:-1])))
+    lows = np.minimum.reduceat(ts, starts)
+    highs = np.maximum.reduceat(ts, starts)
+    for sid, lo, hi in zip(sids[starts].tolist(), lows.tolist(), highs.tolist()):
+        row = out.get((tenant, sid))
+        if row is None:
+            info = batch.series[sid]
+            out[(tenant, sid)] = [
+                tenant,
+                sid,
+                info.profile_type.id,
+                json.dumps(dict(info.labels)),
+                lo,
+                hi,
+            ]
+        else:
+            row[4], row[5] = min(row[4], lo), max(row[5], hi)

@@ -46,7 +46,7 @@ from hotspan.store.base import (
     StoreError,
     TraceValues,
 )
-from hotspan.store.batching import Batch, GroupCommitWriter
+from hotspan.store.batching import Batch, GroupCommitWriter, series_bounds
 from hotspan.store.duckdb_search import search_sql
 
 SCHEMA = """
@@ -236,7 +236,7 @@ class DuckDBStore(Store):
                     stacks.setdefault(sid, frame_ids)
             cols = batch.columns()
             if len(cols.value):
-                self._series_bounds(tenant, batch, cols, series_rows)
+                series_bounds(tenant, batch, cols, series_rows)
                 tenants.append(tenant)
                 columns.append(cols)
 
@@ -424,32 +424,6 @@ class DuckDBStore(Store):
             con.execute("INSERT INTO tenants VALUES (?, ?)", [tid, tenant])
             self._tenant_ids[tenant] = tid
         return tid
-
-    @staticmethod
-    def _series_bounds(
-        tenant: str, batch: IngestBatch, cols: SampleColumns, out: Dict[Tuple[str, int], list]
-    ) -> None:
-        """First and last sample time of every series in the batch."""
-        order = np.argsort(cols.series_id, kind="stable")
-        sids = cols.series_id[order]
-        ts = cols.ts[order]
-        starts = np.flatnonzero(np.concatenate(([True], sids[1:] != sids[:-1])))
-        lows = np.minimum.reduceat(ts, starts)
-        highs = np.maximum.reduceat(ts, starts)
-        for sid, lo, hi in zip(sids[starts].tolist(), lows.tolist(), highs.tolist()):
-            row = out.get((tenant, sid))
-            if row is None:
-                info = batch.series[sid]
-                out[(tenant, sid)] = [
-                    tenant,
-                    sid,
-                    info.profile_type.id,
-                    json.dumps(dict(info.labels)),
-                    lo,
-                    hi,
-                ]
-            else:
-                row[4], row[5] = min(row[4], lo), max(row[5], hi)
 
     # -- reading -----------------------------------------------------------------------------
 

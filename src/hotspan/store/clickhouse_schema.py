@@ -1,0 +1,272 @@
+"""The ClickHouse schema: tables made for hotspan's access paths, migrated by version.
+
+- ``samples``: one row per sample, ``MergeTree`` ordered by (tenant, series, time) so that a
+  flame graph of one service reads only that service's rows of the range; partitioned by day so
+  that retention drops whole partitions; ``TTL`` when the server has a retention period.
+- ``stacks``, ``frames``, ``span_groups``: content-addressed (the id is a hash of the content),
+  written by any server without coordination, duplicates folded by ``ReplacingMergeTree``.
+  Stacks and frames carry the time they were last written so that they expire with the samples
+  that stopped using them: each server writes an id again once a day while it is in use.
+- ``series``: one row per series and commit, folded by ``AggregatingMergeTree`` into the
+  series' labels and first/last sample time.
+- ``spans``: ordered by (tenant, service, start) for search; ``trace_index`` ordered by
+  (tenant, trace id) holds each trace's time bounds, so that a trace by id reads one day's
+  partition of spans and, inside it, the granules its bloom filter points at.
+- ``span_tags``, ``settings_rules``: small tables folded by ``ReplacingMergeTree`` on a version.
+
+With a cluster name every table is a ``Replicated*MergeTree`` named ``<table>_local`` created
+``ON CLUSTER``, with a ``Distributed`` table of the plain name over it: servers write and read
+the distributed tables and run retention on the local ones.
+"""
+
+from __future__ import annotations
+
+from typing import List, NamedTuple, Optional, Tuple
+
+SCHEMA_VERSION = 1
+
+# (name, columns and indexes, engine, ORDER BY, PARTITION BY or "", TTL column or "", settings,
+# sharding key of the Distributed table)
+
+
+class Table(NamedTuple):
+    name: str
+    columns: str
+    engine: str  # MergeTree, ReplacingMergeTree(ver), AggregatingMergeTree, ...
+    order_by: str
+    partition_by: str = ""
+    ttl_column: str = ""  # unix nanoseconds; the row expires ``retention`` after it
+    settings: str = ""
+    shard_by: str = "rand()"
+
+
+# Days since the epoch (UTC): a number, so retention compares partitions without time zones.
+_DAY = "intDiv({}, 86400000000000)"
+
+TABLES = (
+    Table(
+        "samples",
+        """
+    tenant LowCardinality(String),
+    series_id Int64,
+    ts Int64 CODEC(Delta, ZSTD(1)),
+    stack_id Int64 CODEC(ZSTD(1)),
+    value Int64 CODEC(T64, ZSTD(1)),
+    span_id UInt64 CODEC(ZSTD(1)),
+    trace_id String CODEC(ZSTD(1)),  -- 32 hex digits, '' for none
+    INDEX span_idx span_id TYPE bloom_filter(0.01) GRANULARITY 4,
+    INDEX trace_idx trace_id TYPE bloom_filter(0.01) GRANULARITY 4""",
+        "MergeTree",
+        "(tenant, series_id, ts)",
+        _DAY.format("ts"),
+        "ts",
+        shard_by="cityHash64(tenant, series_id)",
+    ),
+    Table(
+        "series",
+        """
+    tenant LowCardinality(String),
+    series_id Int64,
+    profile_type SimpleAggregateFunction(any, String),
+    labels SimpleAggregateFunction(any, String),  -- JSON object
+    first_ts SimpleAggregateFunction(min, Int64),
+    last_ts SimpleAggregateFunction(max, Int64)""",
+        "AggregatingMergeTree",
+        "(tenant, series_id)",
+        shard_by="cityHash64(tenant, series_id)",
+    ),
+    Table(
+        "stacks",
+        """
+    stack_id Int64,
+    frame_ids Array(Int64) CODEC(ZSTD(1)),  -- root first
+    written DateTime""",
+        "ReplacingMergeTree(written)",
+        "stack_id",
+        ttl_column="toInt64(toUnixTimestamp(written)) * 1000000000",
+        shard_by="stack_id",
+    ),
+    Table(
+        "frames",
+        """
+    frame_id Int64,
+    name String CODEC(ZSTD(1)),
+    filename String CODEC(ZSTD(1)),
+    line Int64,
+    written DateTime""",
+        "ReplacingMergeTree(written)",
+        "frame_id",
+        ttl_column="toInt64(toUnixTimestamp(written)) * 1000000000",
+        shard_by="frame_id",
+    ),
+    Table(
+        "spans",
+        """
+    tenant LowCardinality(String),
+    trace_id String,
+    span_id UInt64,
+    parent_span_id UInt64,  -- 0: a root span
+    name LowCardinality(String),
+    kind Int8,
+    service LowCardinality(String),
+    start_ns Int64 CODEC(Delta, ZSTD(1)),
+    end_ns Int64 CODEC(Delta, ZSTD(1)),
+    status_code Int8,
+    attrs String CODEC(ZSTD(1)),  -- span attributes, flattened (model.trace)
+    group_id Int64,
+    raw String CODEC(ZSTD(1)),  -- the OTLP Span message as received
+    INDEX trace_idx trace_id TYPE bloom_filter(0.001) GRANULARITY 1,
+    INDEX span_idx span_id TYPE bloom_filter(0.01) GRANULARITY 4""",
+        "MergeTree",
+        "(tenant, service, start_ns)",
+        _DAY.format("start_ns"),
+        "end_ns",
+        shard_by="cityHash64(trace_id)",
+    ),
+    Table(
+        "trace_index",
+        """
+    tenant LowCardinality(String),
+    trace_id String,
+    start_ns Int64,
+    end_ns Int64""",
+        "MergeTree",
+        "(tenant, trace_id)",
+        _DAY.format("start_ns"),
+        "end_ns",
+        shard_by="cityHash64(trace_id)",
+    ),
+    Table(
+        "span_groups",
+        """
+    group_id Int64,
+    service LowCardinality(String),
+    resource String,  -- OTLP Resource message
+    resource_schema_url String,
+    scope String,  -- OTLP InstrumentationScope message
+    scope_schema_url String,
+    attrs String  -- resource attributes, flattened (model.trace)""",
+        "ReplacingMergeTree",
+        "group_id",
+        shard_by="group_id",
+    ),
+    Table(
+        "span_tags",
+        """
+    tenant LowCardinality(String),
+    scope LowCardinality(String),  -- span, resource or intrinsic
+    key String,
+    value String,
+    type LowCardinality(String),  -- TraceQL's: string, int, float, bool or keyword
+    last_seen Int64  -- end of a recent span with it (written again hourly)""",
+        "ReplacingMergeTree(last_seen)",
+        "(tenant, scope, key, value, type)",
+        shard_by="cityHash64(tenant)",
+    ),
+    Table(
+        "settings_rules",
+        """
+    tenant String,
+    service String,
+    selector String,
+    settings String,  -- JSON object
+    deleted UInt8,  -- a delete leaves a row: it carries the tenant's version forward
+    version Int64,
+    updated_at Int64  -- unix nanoseconds""",
+        "ReplacingMergeTree(version)",
+        "(tenant, service, selector)",
+        shard_by="cityHash64(tenant)",
+    ),
+)
+
+TABLE_NAMES = tuple(t.name for t in TABLES)
+
+
+class Layout(NamedTuple):
+    """Where a store's tables live: one server, or a cluster."""
+
+    database: str
+    cluster: Optional[str] = None
+
+    @property
+    def on_cluster(self) -> str:
+        return f" ON CLUSTER {quote_name(self.cluster)}" if self.cluster else ""
+
+    def local(self, table: str) -> str:
+        """The table that holds the rows (what retention deletes from)."""
+        return f"{table}_local" if self.cluster else table
+
+
+def quote_name(name: str) -> str:
+    return "`" + name.replace("\\", "\\\\").replace("`", "\\`") + "`"
+
+
+def _ttl(table: Table, retention_days: Optional[int]) -> str:
+    if not table.ttl_column or not retention_days:
+        return ""
+    expr = f"toDateTime(intDiv({table.ttl_column}, 1000000000))"
+    return f"\nTTL {expr} + INTERVAL {int(retention_days)} DAY"
+
+
+def create_statements(layout: Layout, retention_days: Optional[int] = None) -> List[str]:
+    """CREATE statements for every table (idempotent: IF NOT EXISTS)."""
+    out = [
+        f"CREATE TABLE IF NOT EXISTS {quote_name('schema_migrations')}{layout.on_cluster} "
+        "(version UInt32, applied_at DateTime DEFAULT now()) "
+        + (
+            "ENGINE = ReplicatedReplacingMergeTree ORDER BY version"
+            if layout.cluster
+            else "ENGINE = ReplacingMergeTree ORDER BY version"
+        )
+    ]
+    for table in TABLES:
+        engine = table.engine
+        if layout.cluster:
+            # Default replication path and replica macros ({database}/{table}, {replica}).
+            engine = "Replicated" + engine
+            if "(" not in engine:
+                engine += "()"
+        elif "(" not in engine:
+            engine += "()"
+        settings = ["index_granularity = 8192"]
+        if table.partition_by:
+            # TTL drops whole parts where it can, rather than rewriting them.
+            settings.append("ttl_only_drop_parts = 1")
+        out.append(
+            f"CREATE TABLE IF NOT EXISTS {quote_name(layout.local(table.name))}"
+            f"{layout.on_cluster} ({table.columns}\n) ENGINE = {engine}"
+            + (f"\nPARTITION BY {table.partition_by}" if table.partition_by else "")
+            + f"\nORDER BY {table.order_by}"
+            + _ttl(table, retention_days)
+            + f"\nSETTINGS {', '.join(settings)}"
+        )
+        if layout.cluster:
+            out.append(
+                f"CREATE TABLE IF NOT EXISTS {quote_name(table.name)}{layout.on_cluster} "
+                f"AS {quote_name(layout.local(table.name))} ENGINE = Distributed("
+                f"{quote_name(layout.cluster)}, {quote_name(layout.database)}, "
+                f"{quote_name(layout.local(table.name))}, {table.shard_by})"
+            )
+    return out
+
+
+def ttl_statements(layout: Layout, retention_days: Optional[int]) -> List[Tuple[str, str]]:
+    """(local table, ALTER statement) that set (or remove) the retention TTL of tables that
+    already exist: a change of ``--retention`` is a metadata change, applied to old parts as
+    they merge."""
+    out = []
+    for table in TABLES:
+        if not table.ttl_column:
+            continue
+        local = layout.local(table.name)
+        name = quote_name(local)
+        ttl = _ttl(table, retention_days).strip()
+        action = f"MODIFY {ttl}" if ttl else "REMOVE TTL"
+        out.append((local, f"ALTER TABLE {name}{layout.on_cluster} {action}"))
+    return out
+
+
+# Version -> statements that bring a database from the version before up to it.  Version 1 is
+# the tables above; a later change appends (ALTER ... ADD COLUMN IF NOT EXISTS, ...) so that
+# every server that starts brings an older database up to date, whichever starts first.
+MIGRATIONS: dict = {1: create_statements}

@@ -1,0 +1,183 @@
+"""The ClickHouse store against the same contract as the embedded store, through the real
+clickhouse-connect client into ClickHouse's engine (``tests/clickhouse_http.py`` serves its HTTP
+interface over chdb); and several ``hotspan server`` processes over one ClickHouse."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Iterator
+
+import httpx
+import pytest
+
+from hotspan.store.base import SampleFilter, StoreError
+from hotspan.store.clickhouse_schema import Layout, create_statements, ttl_statements
+from tests.clickhouse_fixture import clickhouse_server as clickhouse_server
+from tests.clickhouse_fixture import clickhouse_url as clickhouse_url
+from tests.conftest import running_server
+from tests.helpers import flamegraph, function_totals, ingest_pprof, make_pprof
+from tests.store_contract import SEC, TRACE_A, StoreContract, batch_of, spans_of
+from tests.test_traces_api import Tracing, hex_id, http_exporter
+
+
+def _store(url: str, **kwargs):  # type: ignore[no-untyped-def]
+    from hotspan.store.clickhouse import ClickHouseStore
+
+    return ClickHouseStore(url, **kwargs)
+
+
+class TestClickHouseStore(StoreContract):
+    @pytest.fixture
+    def store(self, clickhouse_url: str) -> Iterator:
+        s = _store(clickhouse_url)
+        yield s
+        s.close()
+
+    @pytest.fixture
+    def reopen(self, clickhouse_url: str):  # type: ignore[no-untyped-def]
+        return lambda: _store(clickhouse_url)
+
+
+def test_two_stores_over_one_database_see_each_other(clickhouse_url: str) -> None:
+    a, b = _store(clickhouse_url), _store(clickhouse_url)
+    try:
+        batch, sid = batch_of([(10, ["main", "from_a"], 5, 0, None)])
+        a.write("t", batch).result(timeout=30)
+        batch, _ = batch_of([(11, ["main", "from_b"], 7, 0, None)])
+        b.write("t", batch).result(timeout=30)
+        b.write_spans("t", spans_of([(TRACE_A, 1, 0, "GET /", 10, 12, {})])).result(timeout=30)
+        for store in (a, b):
+            deadline = time.monotonic() + 5  # series are cached for two seconds
+            while [r.series_id for r in store.series("t")] != [sid]:
+                assert time.monotonic() < deadline
+                time.sleep(0.2)
+            got = store.stack_values("t", [sid], SampleFilter(0, 100 * SEC))
+            assert sorted(got.values.tolist()) == [5, 7]
+            assert [s.name for s in store.trace("t", TRACE_A)] == ["GET /"]
+        a.put_settings_rule("t", "api", "", {"sample_rate": 50})
+        deadline = time.monotonic() + 5
+        while b.settings_version("t") != 1:
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+        assert b.put_settings_rule("t", "api", "", {"sample_rate": 10}).version == 2
+    finally:
+        a.close()
+        b.close()
+
+
+def test_schema_is_created_once_and_versioned(clickhouse_url: str) -> None:
+    first = _store(clickhouse_url, retention_ns=3 * 86400 * SEC)
+    try:
+        client = first._client()
+        tables = {r[0] for r in client.query("SHOW TABLES").result_rows}
+        assert {"samples", "series", "stacks", "frames", "spans", "trace_index"} <= tables
+        ddl = client.command("SHOW CREATE TABLE samples")
+        assert "ORDER BY (tenant, series_id, ts)" in ddl and "PARTITION BY" in ddl
+        assert "TTL" in ddl and "toIntervalDay(3)" in ddl
+        assert "LowCardinality(String)" in ddl and "Delta" in ddl
+    finally:
+        first.close()
+    # A second start with another retention changes only the TTL, not the data or version.
+    again = _store(clickhouse_url, retention_ns=10 * 86400 * SEC)
+    try:
+        client = again._client()
+        assert "toIntervalDay(10)" in client.command("SHOW CREATE TABLE samples")
+        versions = client.query("SELECT version FROM schema_migrations FINAL").result_rows
+        assert versions == [(1,)]
+    finally:
+        again.close()
+
+
+def test_retention_with_ttl_drops_whole_days_only(clickhouse_url: str) -> None:
+    day = 86400
+    store = _store(clickhouse_url, retention_ns=30 * day * SEC)
+    try:
+        # Within the TTL (ClickHouse drops rows already expired as they are written).
+        today = int(time.time()) // day * day
+        old, _ = batch_of([(today - 20 * day + 5, ["old"], 1, 0, None)])
+        mid, sid = batch_of(
+            [
+                (today - 10 * day + 5, ["mid"], 2, 0, None),
+                (today - 10 * day + 900, ["x"], 3, 0, None),
+            ]
+        )
+        store.write("t", old).result(timeout=30)
+        store.write("t", mid).result(timeout=30)
+        # The old day goes as a partition; rows of the cutoff's own day are left to the TTL.
+        report = store.delete_before((today - 10 * day + 600) * SEC)
+        assert report.samples == 1
+        left = store.stack_values("t", [sid], SampleFilter(0, (today + day) * SEC))
+        assert sorted(left.values.tolist()) == [2, 3]
+    finally:
+        store.close()
+
+
+def test_unreachable_clickhouse_is_a_store_error() -> None:
+    pytest.importorskip("clickhouse_connect")
+    with pytest.raises(StoreError, match="cannot open clickhouse://default@127.0.0.1:9/"):
+        _store("clickhouse://127.0.0.1:9/hotspan")
+
+
+def test_bad_store_url_is_refused() -> None:
+    from hotspan.store import open_store
+
+    pytest.importorskip("clickhouse_connect")
+    with pytest.raises(StoreError, match="bad port"):
+        open_store("clickhouse://host:notaport/db")
+    with pytest.raises(StoreError, match="--cluster needs a ClickHouse store"):
+        open_store("/tmp/somewhere", cluster="main")
+
+
+def test_cluster_layout_replicates_and_distributes() -> None:
+    """DDL only: no ClickHouse cluster (Keeper and replicas) runs here."""
+    statements = create_statements(Layout("hotspan", "prod"), retention_days=7)
+    text = "\n".join(statements)
+    assert all(" ON CLUSTER `prod`" in s for s in statements)
+    assert "CREATE TABLE IF NOT EXISTS `samples_local` ON CLUSTER `prod`" in text
+    assert "ENGINE = ReplicatedMergeTree()" in text
+    assert "ENGINE = ReplicatedReplacingMergeTree(written)" in text
+    assert (
+        "`samples` ON CLUSTER `prod` AS `samples_local` ENGINE = Distributed(`prod`, "
+        "`hotspan`, `samples_local`, cityHash64(tenant, series_id))" in text
+    )
+    alters = dict(ttl_statements(Layout("hotspan", "prod"), None))
+    assert alters["samples_local"] == "ALTER TABLE `samples_local` ON CLUSTER `prod` REMOVE TTL"
+
+
+def test_two_servers_share_one_clickhouse(tmp_path: Path, clickhouse_url: str) -> None:
+    """Pushes to either server, queries from either: the same answers."""
+    args = ["--store", clickhouse_url]
+    with running_server(tmp_path / "a", args) as a, running_server(tmp_path / "b", args) as b:
+        now = int(time.time())
+        with a.client() as ca, b.client() as cb:
+            for i, (client, fn) in enumerate(((ca, "on_a"), (cb, "on_b"))):
+                body = make_pprof([(["work." + fn, "main.main"], 100 + i, {})])
+                assert ingest_pprof(client, "shop{env=prod}", body, now - 60 + i).status_code == 200
+            for client in (ca, cb):
+                deadline = time.monotonic() + 10
+                while True:
+                    totals = function_totals(
+                        flamegraph(client, '{service_name="shop"}', now - 3600, now + 60)
+                    )
+                    if totals.get("work.on_a") and totals.get("work.on_b"):
+                        break
+                    assert time.monotonic() < deadline, totals
+                    time.sleep(0.3)
+                assert (totals["work.on_a"], totals["work.on_b"]) == (100, 101)
+        # Spans exported by a real OpenTelemetry SDK to one server, the trace read from the
+        # other.
+        tracing = Tracing({"service.name": "shop"}, [http_exporter(a.url)])
+        root = tracing.span("GET /cart", time.time_ns() - 10**9, 10**8, end=False)
+        tracing.span("SELECT cart", time.time_ns() - 10**9, 5 * 10**7, parent=root)
+        root.end()
+        (trace_id,) = {hex_id(s.context.trace_id, 32) for s in tracing.finish()}
+        r = httpx.get(f"{b.url}/api/v2/traces/{trace_id}", timeout=10)
+        assert r.status_code == 200, r.text
+        names = sorted(
+            span["name"]
+            for batch in r.json()["trace"]["resourceSpans"]
+            for scope in batch["scopeSpans"]
+            for span in scope["spans"]
+        )
+        assert names == ["GET /cart", "SELECT cart"]
