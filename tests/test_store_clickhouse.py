@@ -147,8 +147,11 @@ def test_cluster_layout_replicates_and_distributes() -> None:
 
 def test_two_servers_share_one_clickhouse(tmp_path: Path, clickhouse_url: str) -> None:
     """Pushes to either server, queries from either: the same answers."""
-    args = ["--store", clickhouse_url]
-    with running_server(tmp_path / "a", args) as a, running_server(tmp_path / "b", args) as b:
+    # One told by option, the other by environment.
+    with (
+        running_server(tmp_path / "a", ["--store", clickhouse_url]) as a,
+        running_server(tmp_path / "b", env={"HOTSPAN_STORE": clickhouse_url}) as b,
+    ):
         now = int(time.time())
         with a.client() as ca, b.client() as cb:
             for i, (client, fn) in enumerate(((ca, "on_a"), (cb, "on_b"))):
@@ -181,3 +184,64 @@ def test_two_servers_share_one_clickhouse(tmp_path: Path, clickhouse_url: str) -
             for span in scope["spans"]
         )
         assert names == ["GET /cart", "SELECT cart"]
+
+
+def test_server_outlives_clickhouse_going_away(tmp_path: Path) -> None:
+    """ClickHouse stops: pushes and queries get 503 with the reason, the server stays up,
+    and once ClickHouse is back everything acknowledged before is still there."""
+    from tests.clickhouse_fixture import SKIP_REASON, clickhouse_available, start_clickhouse
+
+    if not clickhouse_available():
+        pytest.skip(SKIP_REASON)
+    ch = start_clickhouse(tmp_path / "ch")
+    port = ch.port
+    try:
+        with running_server(tmp_path / "srv", ["--store", ch.url_for("hotspan")]) as srv:
+            now = int(time.time())
+            with srv.client() as c:
+                body = make_pprof([(["work.before", "main.main"], 40, {})])
+                assert ingest_pprof(c, "svc", body, now - 120).status_code == 200
+                ch.stop()
+                body = make_pprof([(["work.during", "main.main"], 50, {})])
+                r = ingest_pprof(c, "svc", body, now - 90)
+                assert r.status_code == 503 and "could not store" in r.text
+                r = c.post(
+                    "/querier.v1.QuerierService/SelectMergeStacktraces",
+                    json={
+                        "profileTypeID": "process_cpu:cpu:nanoseconds:cpu:nanoseconds",
+                        "labelSelector": '{service_name="svc"}',
+                        "start": (now - 3600) * 1000,
+                        "end": (now + 60) * 1000,
+                    },
+                )
+                # Series may still be cached: either the store's 503 or an answer, never a 500.
+                assert r.status_code in (200, 503), r.text
+                if r.status_code == 503:
+                    assert r.json()["code"] == "unavailable"
+                ch = start_clickhouse(tmp_path / "ch", port=port)
+                body = make_pprof([(["work.after", "main.main"], 60, {})])
+                assert ingest_pprof(c, "svc", body, now - 60).status_code == 200
+                totals = function_totals(
+                    flamegraph(c, '{service_name="svc"}', now - 3600, now + 60)
+                )
+                assert (totals.get("work.before"), totals.get("work.after")) == (40, 60)
+                assert "work.during" not in totals
+    finally:
+        ch.stop()
+
+
+def test_server_refuses_to_start_without_its_clickhouse(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    pytest.importorskip("clickhouse_connect")
+    done = subprocess.run(
+        [sys.executable, "-m", "hotspan", "server", "--port", "0", "--otlp-http-port", "off"]
+        + ["--otlp-grpc-port", "off", "--store", "clickhouse://u:secret@127.0.0.1:9/hs"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 1
+    assert "hotspan: cannot open clickhouse://u@127.0.0.1:9/hs" in done.stderr
+    assert "secret" not in done.stderr

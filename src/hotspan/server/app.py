@@ -10,7 +10,7 @@ from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.middleware.gzip import GZipMiddleware
 from starlette.requests import Request
-from starlette.responses import PlainTextResponse, Response
+from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 from hotspan.query.engine import QueryEngine
@@ -31,7 +31,7 @@ from hotspan.server.redact import Redactor
 from hotspan.server.retention import RetentionLoop
 from hotspan.server.state import ServerState
 from hotspan.store import open_store
-from hotspan.store.base import Store
+from hotspan.store.base import Store, StoreError
 from hotspan.ui.routes import not_found
 from hotspan.ui.routes import routes as ui_routes
 
@@ -40,6 +40,17 @@ log = logging.getLogger(__name__)
 
 async def ready(request: Request) -> Response:
     return PlainTextResponse("ready\n")
+
+
+async def store_unavailable(request: Request, exc: Exception) -> Response:
+    """The store failed (ClickHouse away, say): the request may succeed later, so 503 with the
+    reason, shaped as a Connect error (which Grafana and the CLI read) - never a bare 500."""
+    log.warning("%s %s: %s", request.method, request.url.path, exc)
+    return JSONResponse(
+        {"code": "unavailable", "message": f"store unavailable: {exc}"},
+        status_code=503,
+        headers={"Retry-After": "5"},
+    )
 
 
 def _with_middleware(route: Route, middleware: list) -> Route:
@@ -115,7 +126,11 @@ def create_app(config: Optional[ServerConfig] = None, store: Optional[Store] = N
         ),
         *ui_routes,
     ]
-    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={404: not_found})
+    app = Starlette(
+        routes=routes,
+        lifespan=lifespan,
+        exception_handlers={404: not_found, StoreError: store_unavailable},
+    )
     app.state.hotspan = state
     return app
 
