@@ -150,9 +150,11 @@ class ClickHouseStore(Store):
         self._series: Dict[str, Tuple[float, Dict[int, SeriesRecord]]] = {}
         self._rules_lock = threading.Lock()
         self._rules: Dict[str, Tuple[float, Dict[Tuple[str, str], SettingsRule], int]] = {}
-        # What this server wrote lately (id -> monotonic time of the write).
-        self._written_stacks: Dict[int, float] = {}
-        self._written_frames: Dict[int, float] = {}
+        # Stacks and frames this server wrote since ``_written_since`` (forgotten daily, so
+        # that each is written again once a day while in use and its TTL follows the samples).
+        self._written_stacks: Set[int] = set()
+        self._written_frames: Set[int] = set()
+        self._written_since = time.monotonic()
         self._written_groups: Set[int] = set()
         self._written_tags: Dict[Tuple[str, str, str, str, str], int] = {}
         self._tag_counts: Dict[Tuple[str, str, str], int] = {}
@@ -287,23 +289,24 @@ class ClickHouseStore(Store):
         )
 
     def _commit(self, pending: List[Tuple[str, Batch]]) -> None:
-        now = time.monotonic()
+        if time.monotonic() - self._written_since > REWRITE_IDS_S:
+            self._written_stacks, self._written_frames = set(), set()
+            self._written_since = time.monotonic()
+        known_stacks, known_frames = self._written_stacks, self._written_frames
         frames: Dict[int, Frame] = {}
         stacks: Dict[int, Tuple[int, ...]] = {}
         series_rows: Dict[Tuple[str, int], list] = {}
         tenants: List[str] = []
         columns: List[SampleColumns] = []
         span_batches: List[Tuple[str, SpanBatch]] = []
-        fresh_stacks = {s for s, t in self._written_stacks.items() if now - t < REWRITE_IDS_S}
-        fresh_frames = {f for f, t in self._written_frames.items() if now - t < REWRITE_IDS_S}
         for tenant, batch in pending:
             if isinstance(batch, SpanBatch):
                 span_batches.append((tenant, batch))
                 continue
-            new = batch.new_stacks(fresh_stacks | stacks.keys())
+            new = batch.new_stacks(known_stacks)
             if new:
                 wanted = {f for ids in new.values() for f in ids}
-                wanted -= fresh_frames
+                wanted -= known_frames
                 wanted -= frames.keys()
                 if wanted:
                     frames.update(batch.frames_for(wanted))
@@ -369,14 +372,12 @@ class ClickHouseStore(Store):
             )
         new_tags, seen_tags = self._insert_spans(span_batches)
         # Remembered once everything landed: a failed commit is written again in full.
-        for sid in stacks:
-            self._written_stacks[sid] = now
-        for fid in frames:
-            self._written_frames[fid] = now
-        if len(self._written_stacks) > 2_000_000:
-            self._written_stacks = {}
-        if len(self._written_frames) > 2_000_000:
-            self._written_frames = {}
+        if len(known_stacks) > 2_000_000:
+            known_stacks.clear()
+        if len(known_frames) > 2_000_000:
+            known_frames.clear()
+        known_stacks.update(stacks)
+        known_frames.update(frames)
         for tag, seen in new_tags.items():
             if tag not in self._written_tags:
                 key = tag[:3]
