@@ -713,6 +713,9 @@ class ClickHouseStore(Store):
             raise
         except Exception as exc:  # noqa: BLE001
             reason = _reason(exc)
+            if "Code: 427." in reason:
+                # The message shows the pattern as wrapped for a full match: say what it is.
+                raise SearchError(f"invalid regular expression: {reason}") from None
             if any(code in reason for code in _BAD_QUERY_CODES):
                 raise SearchError(reason) from None
             raise StoreError(f"ClickHouse query failed: {reason}") from exc

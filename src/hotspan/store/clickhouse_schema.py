@@ -116,7 +116,9 @@ TABLES = (
     group_id Int64,
     raw String CODEC(ZSTD(1)),  -- the OTLP Span message as received
     INDEX trace_idx trace_id TYPE bloom_filter(0.001) GRANULARITY 1,
-    INDEX span_idx span_id TYPE bloom_filter(0.01) GRANULARITY 4""",
+    INDEX span_idx span_id TYPE bloom_filter(0.01) GRANULARITY 4,
+    -- Search keeps spans that overlap its range: ``end_ns >= start`` skips granules with it.
+    INDEX end_idx end_ns TYPE minmax GRANULARITY 1""",
         "MergeTree",
         "(tenant, service, start_ns)",
         _DAY.format("start_ns"),
