@@ -86,3 +86,38 @@ def test_old_data_goes_while_ingest_goes_on(tmp_path: Path) -> None:
             assert c.get("/api/search/tag/name/values").json()["tagValues"] == ["new"]
     finally:
         assert srv.stop() == 0
+
+
+def test_retention_goes_on_after_the_store_fails_once(tmp_path: Path) -> None:
+    """A store that fails a pass (ClickHouse away for a moment) must not end retention for
+    good: only a closed store does."""
+    from hotspan.server.retention import RetentionLoop
+    from hotspan.store.base import StoreUnavailable
+    from hotspan.store.duckdb import DuckDBStore
+
+    class FlakyStore(DuckDBStore):
+        calls: List[float] = []
+
+        def delete_before(self, cutoff_ns, should_stop=lambda: False):  # type: ignore[no-untyped-def]
+            self.calls.append(time.monotonic())
+            if len(self.calls) == 1:
+                raise StoreUnavailable("ClickHouse away")
+            return super().delete_before(cutoff_ns, should_stop)
+
+    store = FlakyStore(str(tmp_path / "data"))
+    loop = RetentionLoop(store, retention_ns=HOUR * 10**9, interval_s=0.05)
+    loop.start()
+    try:
+        deadline = time.monotonic() + 20
+        while len(store.calls) < 3:
+            assert time.monotonic() < deadline, store.calls
+            time.sleep(0.05)
+    finally:
+        loop.stop()
+        store.close()
+    # Once closed, the loop ends by itself.
+    loop = RetentionLoop(store, retention_ns=HOUR * 10**9, interval_s=0.05)
+    store.calls.clear()
+    loop.start()
+    loop._thread.join(timeout=20)
+    assert not loop._thread.is_alive()

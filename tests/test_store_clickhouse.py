@@ -22,8 +22,11 @@ from tests.test_traces_api import Tracing, hex_id, http_exporter
 
 
 def _store(url: str, **kwargs):  # type: ignore[no-untyped-def]
+    """A store that keeps everything unless told: the contract writes data stamped 1970,
+    which the default retention's TTL would drop as it lands."""
     from hotspan.store.clickhouse import ClickHouseStore
 
+    kwargs.setdefault("retention_ns", 0)
     return ClickHouseStore(url, **kwargs)
 
 
@@ -69,24 +72,39 @@ def test_two_stores_over_one_database_see_each_other(clickhouse_url: str) -> Non
 def test_schema_is_created_once_and_versioned(clickhouse_url: str) -> None:
     first = _store(clickhouse_url, retention_ns=3 * 86400 * SEC)
     try:
-        client = first._client()
+        client = first._clients.get()
         tables = {r[0] for r in client.query("SHOW TABLES").result_rows}
         assert {"samples", "series", "stacks", "frames", "spans", "trace_index"} <= tables
         ddl = client.command("SHOW CREATE TABLE samples")
         assert "ORDER BY (tenant, series_id, ts)" in ddl and "PARTITION BY" in ddl
         assert "TTL" in ddl and "toIntervalDay(3)" in ddl
         assert "LowCardinality(String)" in ddl and "Delta" in ddl
+        # Stacks outlive the samples that name them.
+        assert "toIntervalDay(5)" in client.command("SHOW CREATE TABLE stacks")
     finally:
         first.close()
-    # A second start with another retention changes only the TTL, not the data or version.
+    # A server not told a retention keeps the database's: it is the same for all servers.
+    adopted = _store(clickhouse_url, retention_ns=None)
+    try:
+        assert adopted.retention_days == 3
+        assert adopted.kept_retention_ns(None) == 3 * 86400 * SEC
+    finally:
+        adopted.close()
+    # Told another, it changes the TTL for everyone, not the data or the schema version.
     again = _store(clickhouse_url, retention_ns=10 * 86400 * SEC)
     try:
-        client = again._client()
+        client = again._clients.get()
         assert "toIntervalDay(10)" in client.command("SHOW CREATE TABLE samples")
         versions = client.query("SELECT version FROM schema_migrations FINAL").result_rows
         assert versions == [(1,)]
     finally:
         again.close()
+    forever = _store(clickhouse_url, retention_ns=0)
+    try:
+        assert "TTL" not in forever._clients.get().command("SHOW CREATE TABLE samples")
+        assert forever.kept_retention_ns(None) == 0
+    finally:
+        forever.close()
 
 
 def test_retention_with_ttl_drops_whole_days_only(clickhouse_url: str) -> None:
@@ -141,8 +159,8 @@ def test_cluster_layout_replicates_and_distributes() -> None:
         "`samples` ON CLUSTER `prod` AS `samples_local` ENGINE = Distributed(`prod`, "
         "`hotspan`, `samples_local`, cityHash64(tenant, series_id))" in text
     )
-    alters = dict(ttl_statements(Layout("hotspan", "prod"), None))
-    assert alters["samples_local"] == "ALTER TABLE `samples_local` ON CLUSTER `prod` REMOVE TTL"
+    alters = {t.name: sql for t, sql in ttl_statements(Layout("hotspan", "prod"), None)}
+    assert alters["samples"] == "ALTER TABLE `samples_local` ON CLUSTER `prod` REMOVE TTL"
 
 
 def test_two_servers_share_one_clickhouse(tmp_path: Path, clickhouse_url: str) -> None:
@@ -245,3 +263,43 @@ def test_server_refuses_to_start_without_its_clickhouse(tmp_path: Path) -> None:
     assert done.returncode == 1
     assert "hotspan: cannot open clickhouse://u@127.0.0.1:9/hs" in done.stderr
     assert "secret" not in done.stderr
+
+
+def test_lookups_of_many_ids_stay_under_the_query_size_limit(clickhouse_url: str) -> None:
+    """A day's flame graph of a busy service needs tens of thousands of stacks at once."""
+    store = _store(clickhouse_url)
+    try:
+        rows = [(10 + i % 50, ["main", f"handler_{i}"], 1 + i % 3, 0, None) for i in range(25_000)]
+        batch, sid = batch_of(rows)
+        store.write("t", batch).result(timeout=120)
+        got = store.stack_values("t", [sid], SampleFilter(0, 100 * SEC))
+        assert len(got.stack_ids) == 25_000
+        stacks = store.stacks(got.stack_ids.tolist())
+        assert len(stacks) == 25_000
+        frames = store.frames(sorted({f for fs in stacks.values() for f in fs}))
+        assert len(frames) == 25_001
+        spans = store.span_traces("t", list(range(1, 30_001)))
+        assert spans == {}
+    finally:
+        store.close()
+
+
+def test_spans_that_fail_do_not_fail_the_profiles_of_their_group(clickhouse_url: str) -> None:
+    """One commit, two kinds of pushes: the spans insert fails (its table is gone), the
+    samples land once, and only the span export hears of the failure."""
+    store = _store(clickhouse_url)
+    try:
+        first, sid = batch_of([(5, ["main", "warmup"], 1, 0, None)])
+        store.write("t", first).result(timeout=30)
+        store._clients.command("DROP TABLE spans")
+        # Queued within the group window after the last commit: one group.
+        profile, _ = batch_of([(10, ["main", "work"], 7, 0, None)])
+        samples_done = store.write("t", profile)
+        spans_done = store.write_spans("t", spans_of([(TRACE_A, 1, 0, "GET /", 10, 12, {})]))
+        assert samples_done.result(timeout=30) is None
+        with pytest.raises(StoreError, match="spans"):
+            spans_done.result(timeout=30)
+        got = store.stack_values("t", [sid], SampleFilter(0, 100 * SEC))
+        assert sorted(got.values.tolist()) == [1, 7]
+    finally:
+        store.close()

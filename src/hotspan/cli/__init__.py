@@ -45,7 +45,13 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Optional[List[str]] = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(level=getattr(logging, args.log_level.upper(), logging.WARNING))
+    level = getattr(logging, args.log_level.upper(), logging.WARNING)
+    logging.basicConfig(level=level)
+    # The ClickHouse client logs each failed request on its own, then raises: the store
+    # reports the error once, with what it was doing.
+    if level > logging.DEBUG:
+        for name in ("clickhouse_connect", "urllib3"):
+            logging.getLogger(name).setLevel(logging.ERROR)
     try:
         return int(args.func(args))
     except CLIError as exc:

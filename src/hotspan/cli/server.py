@@ -90,7 +90,7 @@ def _server(args: argparse.Namespace) -> int:
         query_tokens=_tokens(args.query_token or os.environ.get("HOTSPAN_QUERY_TOKEN")),
         otlp_http_port=args.otlp_http_port,
         otlp_grpc_port=args.otlp_grpc_port,
-        retention_ns=int(args.retention * 1e9),
+        retention_ns=None if args.retention is None else int(args.retention * 1e9),
         retention_interval_s=max(args.retention_interval, 1.0),
         redact_patterns=tuple(args.redact or ()),
         scrape=scrape_config,
@@ -195,10 +195,14 @@ examples:
 
 
 def _where(config: ServerConfig) -> str:
-    if config.store_url:
-        from hotspan.store.clickhouse import ClickHouseURL
+    """Where the data lives, for the start message (never a password)."""
+    url = config.store_url
+    if url and url.startswith(("clickhouse://", "clickhouses://")):
+        from hotspan.store.clickhouse_connection import ClickHouseURL
 
-        return ClickHouseURL(config.store_url).redacted()
+        return ClickHouseURL(url).redacted()
+    if url:
+        return os.path.abspath(url[len("duckdb:") :] if url.startswith("duckdb:") else url)
     return os.path.abspath(config.data_dir)
 
 
@@ -263,8 +267,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     srv.add_argument(
         "--retention",
         type=duration_s,
-        default="7d",
-        help="delete samples and spans older than this (default %(default)s; 0: keep all)",
+        default=None,
+        help="delete samples and spans older than this (default 7d; 0: keep all). A ClickHouse "
+        "store keeps its own (whole days): given, it changes it for every server",
     )
     srv.add_argument(
         "--retention-interval",

@@ -31,7 +31,7 @@ from hotspan.server.redact import Redactor
 from hotspan.server.retention import RetentionLoop
 from hotspan.server.state import ServerState
 from hotspan.store import open_store
-from hotspan.store.base import Store, StoreError
+from hotspan.store.base import Store, StoreError, StoreUnavailable
 from hotspan.ui.routes import not_found
 from hotspan.ui.routes import routes as ui_routes
 
@@ -42,15 +42,17 @@ async def ready(request: Request) -> Response:
     return PlainTextResponse("ready\n")
 
 
-async def store_unavailable(request: Request, exc: Exception) -> Response:
-    """The store failed (ClickHouse away, say): the request may succeed later, so 503 with the
-    reason, shaped as a Connect error (which Grafana and the CLI read) - never a bare 500."""
+async def store_failed(request: Request, exc: Exception) -> Response:
+    """The store failed: 503 with the reason when it may work later (ClickHouse away), else
+    500 with the reason; shaped as a Connect error, which Grafana and the CLI read."""
     log.warning("%s %s: %s", request.method, request.url.path, exc)
-    return JSONResponse(
-        {"code": "unavailable", "message": f"store unavailable: {exc}"},
-        status_code=503,
-        headers={"Retry-After": "5"},
-    )
+    if isinstance(exc, StoreUnavailable):
+        return JSONResponse(
+            {"code": "unavailable", "message": f"store unavailable: {exc}"},
+            status_code=503,
+            headers={"Retry-After": "5"},
+        )
+    return JSONResponse({"code": "internal", "message": f"store error: {exc}"}, status_code=500)
 
 
 def _with_middleware(route: Route, middleware: list) -> Route:
@@ -81,8 +83,9 @@ def create_app(config: Optional[ServerConfig] = None, store: Optional[Store] = N
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        if config.retention_ns > 0:
-            retention = RetentionLoop(store, config.retention_ns, config.retention_interval_s)
+        retention_ns = store.kept_retention_ns(config.retention_ns)
+        if retention_ns > 0:
+            retention = RetentionLoop(store, retention_ns, config.retention_interval_s)
             retention.start()
             state.on_shutdown.append(retention.stop)
         scraper = None
@@ -129,7 +132,7 @@ def create_app(config: Optional[ServerConfig] = None, store: Optional[Store] = N
     app = Starlette(
         routes=routes,
         lifespan=lifespan,
-        exception_handlers={404: not_found, StoreError: store_unavailable},
+        exception_handlers={404: not_found, StoreError: store_failed},
     )
     app.state.hotspan = state
     return app

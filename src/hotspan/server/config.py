@@ -34,7 +34,9 @@ class ServerConfig:
     otlp_http_port: Optional[int] = 4318
     otlp_grpc_port: Optional[int] = 4317
     # Samples and spans older than this are deleted (0: kept forever), checked this often.
-    retention_ns: int = 7 * DAY_NS
+    # None: 7 days, or what a store shared by several servers already keeps
+    # (``Store.kept_retention_ns``).
+    retention_ns: Optional[int] = None
     retention_interval_s: float = 600.0
     # Case-insensitive regular expressions: frame names, file names and label values (but
     # __name__ and service_name) of ingested profiles that match one become "[REDACTED]".

@@ -10,7 +10,7 @@ import logging
 import threading
 import time
 
-from hotspan.store.base import Store, StoreError
+from hotspan.store.base import Store, StoreClosed
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +52,7 @@ class RetentionLoop:
             delay = self.interval_s
             try:
                 self.run_once()
-            except StoreError:
-                return  # the store closed: the server is stopping
+            except StoreClosed:
+                return  # the server is stopping
             except Exception:  # noqa: BLE001 - retention must never take the server down
                 log.exception("retention pass failed; trying again later")

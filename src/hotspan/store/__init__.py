@@ -7,11 +7,14 @@ from hotspan.store.base import SeriesRecord, StackValues, Store, StoreError
 __all__ = ["SeriesRecord", "StackValues", "Store", "StoreError", "open_store"]
 
 
-def open_store(url: str, retention_ns: int = 0, cluster: Optional[str] = None) -> Store:
+def open_store(
+    url: str, retention_ns: Optional[int] = None, cluster: Optional[str] = None
+) -> Store:
     """Open a store from a URL-ish string: ``clickhouse://user:password@host:8123/database``
     (``clickhouses://`` for TLS) for ClickHouse; a directory path (or ``duckdb:PATH``) for the
-    embedded DuckDB store.  ``retention_ns`` becomes ClickHouse's TTL (DuckDB deletes on
-    ``Store.delete_before`` only); ``cluster`` creates ClickHouse's tables ``ON CLUSTER``."""
+    embedded DuckDB store.  ``retention_ns`` (None: not given) settles ClickHouse's TTL, which
+    all servers share (DuckDB deletes on ``Store.delete_before`` only); ``cluster`` creates
+    ClickHouse's tables ``ON CLUSTER``."""
     if url.startswith(("clickhouse://", "clickhouses://")):
         from hotspan.store.clickhouse import ClickHouseStore
 

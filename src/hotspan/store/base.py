@@ -20,9 +20,21 @@ import numpy as np
 from hotspan.model.profile import Frame, IngestBatch, ProfileType
 from hotspan.model.trace import SpanBatch, StoredSpan, TraceQuery, TraceSummary
 
+# How long data is kept when the server is not told (``--retention``).
+DEFAULT_RETENTION_NS = 7 * 86400 * 10**9
+
 
 class StoreError(RuntimeError):
     """The store could not complete an operation (disk full, closed, ...)."""
+
+
+class StoreClosed(StoreError):
+    """The store was closed: the server is stopping."""
+
+
+class StoreUnavailable(StoreError):
+    """The store could not be reached (a database server away, a timeout): trying again
+    later may work, and whether the failed write landed is unknown."""
 
 
 @dataclass(frozen=True)
@@ -233,6 +245,11 @@ class Store(abc.ABC):
         delete, never smaller after a restart."""
 
     # -- lifecycle ---------------------------------------------------------------------------
+
+    def kept_retention_ns(self, configured_ns: Optional[int]) -> int:
+        """How long data is kept (0: forever), given the server's ``--retention`` (None when
+        not given).  A store that several servers share keeps its own."""
+        return DEFAULT_RETENTION_NS if configured_ns is None else configured_ns
 
     @abc.abstractmethod
     def delete_before(

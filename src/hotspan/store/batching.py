@@ -18,13 +18,13 @@ import queue
 import threading
 import time
 from concurrent.futures import Future
-from typing import Any, Callable, Dict, List, Tuple, TypeVar, Union
+from typing import Any, Callable, Dict, List, Set, Tuple, TypeVar, Union
 
 import numpy as np
 
 from hotspan.model.profile import IngestBatch, SampleColumns
 from hotspan.model.trace import SpanBatch
-from hotspan.store.base import StoreError
+from hotspan.store.base import StoreClosed, StoreError, StoreUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +76,7 @@ class GroupCommitWriter:
     def _put(self, item: object, future: Future) -> None:
         with self._lock:
             if self._closed:
-                future.set_exception(StoreError("store is closed"))
+                future.set_exception(StoreClosed("store is closed"))
                 return
             self._queue.put(item)
 
@@ -132,21 +132,45 @@ class GroupCommitWriter:
             job.future.set_exception(exc)
 
     def _flush(self, pending: List[Pending]) -> None:
-        # ``commit`` must raise only when nothing was committed: a retry re-writes the group.
+        # ``commit`` must raise only when nothing was committed (a retry re-writes the group),
+        # or PartialCommit naming what was not.
         try:
             self._commit([(tenant, batch) for tenant, batch, _ in pending])
+        except PartialCommit as partial:
+            failed = [pending[i] for i in sorted(partial.failed)]
+            for i, (_, _, future) in enumerate(pending):
+                if i not in partial.failed:
+                    future.set_result(None)
+            self._fail(failed, partial.cause)
+            return
         except Exception as exc:  # noqa: BLE001 - every waiting push must hear about it
-            if len(pending) > 1:
-                # One bad push must not fail its neighbours: retry them one by one.
-                for one in pending:
-                    self._flush([one])
-                return
-            log.exception("commit failed")
-            error = exc if isinstance(exc, StoreError) else StoreError(f"commit failed: {exc}")
-            pending[0][2].set_exception(error)
+            self._fail(pending, exc)
             return
         for _, _, future in pending:
             future.set_result(None)
+
+    def _fail(self, pending: List[Pending], exc: BaseException) -> None:
+        if len(pending) > 1 and not isinstance(exc, StoreUnavailable):
+            # One bad push must not fail its neighbours: retry them one by one.  Not when the
+            # store is away: each retry would wait for it again, and all would fail anyway.
+            for one in pending:
+                self._flush([one])
+            return
+        log.error("commit failed: %s", exc)
+        error = exc if isinstance(exc, StoreError) else StoreError(f"commit failed: {exc}")
+        for _, _, future in pending:
+            future.set_exception(error)
+
+
+class PartialCommit(StoreError):
+    """Raised by a commit when some of its group is durable and the rest is not (a store
+    whose commit is several statements): ``failed`` are the indexes of the batches that were
+    not committed, ``cause`` why."""
+
+    def __init__(self, failed: Set[int], cause: BaseException) -> None:
+        super().__init__(str(cause))
+        self.failed = failed
+        self.cause = cause
 
 
 def series_bounds(

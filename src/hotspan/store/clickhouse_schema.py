@@ -21,12 +21,10 @@ the distributed tables and run retention on the local ones.
 
 from __future__ import annotations
 
+import re
 from typing import List, NamedTuple, Optional, Tuple
 
 SCHEMA_VERSION = 1
-
-# (name, columns and indexes, engine, ORDER BY, PARTITION BY or "", TTL column or "", settings,
-# sharding key of the Distributed table)
 
 
 class Table(NamedTuple):
@@ -36,7 +34,11 @@ class Table(NamedTuple):
     order_by: str
     partition_by: str = ""
     ttl_column: str = ""  # unix nanoseconds; the row expires ``retention`` after it
-    settings: str = ""
+    # Days a row outlives the retention: stacks and frames are written again once a day
+    # while in use, and must outlive the samples that name them.
+    ttl_slack_days: int = 0
+    # Facts, not content-addressed: a retried insert (same token) must not add rows twice.
+    deduplicate: bool = False
     shard_by: str = "rand()"
 
 
@@ -60,6 +62,7 @@ TABLES = (
         "(tenant, series_id, ts)",
         _DAY.format("ts"),
         "ts",
+        deduplicate=True,
         shard_by="cityHash64(tenant, series_id)",
     ),
     Table(
@@ -84,6 +87,7 @@ TABLES = (
         "ReplacingMergeTree(written)",
         "stack_id",
         ttl_column="toInt64(toUnixTimestamp(written)) * 1000000000",
+        ttl_slack_days=2,
         shard_by="stack_id",
     ),
     Table(
@@ -97,6 +101,7 @@ TABLES = (
         "ReplacingMergeTree(written)",
         "frame_id",
         ttl_column="toInt64(toUnixTimestamp(written)) * 1000000000",
+        ttl_slack_days=2,
         shard_by="frame_id",
     ),
     Table(
@@ -123,6 +128,7 @@ TABLES = (
         "(tenant, service, start_ns)",
         _DAY.format("start_ns"),
         "end_ns",
+        deduplicate=True,
         shard_by="cityHash64(trace_id)",
     ),
     Table(
@@ -136,6 +142,7 @@ TABLES = (
         "(tenant, trace_id)",
         _DAY.format("start_ns"),
         "end_ns",
+        deduplicate=True,
         shard_by="cityHash64(trace_id)",
     ),
     Table(
@@ -207,33 +214,47 @@ def _ttl(table: Table, retention_days: Optional[int]) -> str:
     if not table.ttl_column or not retention_days:
         return ""
     expr = f"toDateTime(intDiv({table.ttl_column}, 1000000000))"
-    return f"\nTTL {expr} + INTERVAL {int(retention_days)} DAY"
+    return f"\nTTL {expr} + INTERVAL {int(retention_days) + table.ttl_slack_days} DAY"
+
+
+def ttl_days(engine_full: str) -> Optional[int]:
+    """The retention in days of a table as ``system.tables.engine_full`` shows it (its TTL
+    less the table's slack is the same for every table; samples' has none)."""
+    match = re.search(r"\bTTL\b.*?toIntervalDay\((\d+)\)", engine_full)
+    return int(match.group(1)) if match else None
 
 
 def create_statements(layout: Layout, retention_days: Optional[int] = None) -> List[str]:
     """CREATE statements for every table (idempotent: IF NOT EXISTS)."""
+    if layout.cluster:
+        # One table for the whole cluster (no {shard} in its path): every node reads the
+        # version any node wrote.
+        migrations_engine = (
+            "ReplicatedReplacingMergeTree('/clickhouse/hotspan/{database}/schema_migrations', "
+            "'{replica}')"
+        )
+    else:
+        migrations_engine = "ReplacingMergeTree"
     out = [
         f"CREATE TABLE IF NOT EXISTS {quote_name('schema_migrations')}{layout.on_cluster} "
-        "(version UInt32, applied_at DateTime DEFAULT now()) "
-        + (
-            "ENGINE = ReplicatedReplacingMergeTree ORDER BY version"
-            if layout.cluster
-            else "ENGINE = ReplacingMergeTree ORDER BY version"
-        )
+        f"(version UInt32, applied_at DateTime DEFAULT now()) ENGINE = {migrations_engine} "
+        "ORDER BY version"
     ]
     for table in TABLES:
         engine = table.engine
         if layout.cluster:
-            # Default replication path and replica macros ({database}/{table}, {replica}).
+            # The default replication path and replica macros ({database}/{table}, {shard},
+            # {replica}) of the nodes' configuration.
             engine = "Replicated" + engine
-            if "(" not in engine:
-                engine += "()"
-        elif "(" not in engine:
+        if "(" not in engine:
             engine += "()"
         settings = ["index_granularity = 8192"]
         if table.partition_by:
             # TTL drops whole parts where it can, rather than rewriting them.
             settings.append("ttl_only_drop_parts = 1")
+        if table.deduplicate and not layout.cluster:
+            # Replicated tables deduplicate inserts by default; plain ones need a window.
+            settings.append("non_replicated_deduplication_window = 1000")
         out.append(
             f"CREATE TABLE IF NOT EXISTS {quote_name(layout.local(table.name))}"
             f"{layout.on_cluster} ({table.columns}\n) ENGINE = {engine}"
@@ -252,10 +273,10 @@ def create_statements(layout: Layout, retention_days: Optional[int] = None) -> L
     return out
 
 
-def ttl_statements(layout: Layout, retention_days: Optional[int]) -> List[Tuple[str, str]]:
-    """(local table, ALTER statement) that set (or remove) the retention TTL of tables that
-    already exist: a change of ``--retention`` is a metadata change, applied to old parts as
-    they merge."""
+def ttl_statements(layout: Layout, retention_days: Optional[int]) -> List[Tuple[Table, str]]:
+    """(table, ALTER statement) that set (or remove) the retention TTL of tables that
+    already exist.  Run them with ``materialize_ttl_after_modify = 0``: the new TTL then
+    applies to parts as they merge, rather than by rewriting every part at once."""
     out = []
     for table in TABLES:
         if not table.ttl_column:
@@ -264,7 +285,7 @@ def ttl_statements(layout: Layout, retention_days: Optional[int]) -> List[Tuple[
         name = quote_name(local)
         ttl = _ttl(table, retention_days).strip()
         action = f"MODIFY {ttl}" if ttl else "REMOVE TTL"
-        out.append((local, f"ALTER TABLE {name}{layout.on_cluster} {action}"))
+        out.append((table, f"ALTER TABLE {name}{layout.on_cluster} {action}"))
     return out
 
 

@@ -32,7 +32,9 @@ from hotspan.model.trace import (
 Params = Dict[str, Any]
 _COMPARE = {"=": "=", "!=": "!=", ">": ">", ">=": ">=", "<": "<", "<=": "<="}
 _REGEX = ("=~", "!~")
-_IN_RESOURCE = "group_id IN (SELECT group_id FROM span_groups WHERE {})"
+# GLOBAL: over a cluster, span groups are sharded by their own id, not by trace; the matching
+# groups are gathered once and sent to every shard (on one server it is a plain IN).
+_IN_RESOURCE = "group_id GLOBAL IN (SELECT group_id FROM span_groups WHERE {})"
 
 
 class _Binder:

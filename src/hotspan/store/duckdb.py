@@ -43,6 +43,7 @@ from hotspan.store.base import (
     SpanValues,
     StackValues,
     Store,
+    StoreClosed,
     StoreError,
     TraceValues,
 )
@@ -429,7 +430,7 @@ class DuckDBStore(Store):
 
     def _cursor(self) -> duckdb.DuckDBPyConnection:
         if self._closed:
-            raise StoreError("store is closed")
+            raise StoreClosed("store is closed")
         cur = getattr(self._local, "cursor", None)
         if cur is None:
             cur = self._con.cursor()
