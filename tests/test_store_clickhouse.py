@@ -292,10 +292,12 @@ def test_spans_that_fail_do_not_fail_the_profiles_of_their_group(clickhouse_url:
         first, sid = batch_of([(5, ["main", "warmup"], 1, 0, None)])
         store.write("t", first).result(timeout=30)
         store._clients.command("DROP TABLE spans")
-        # Queued within the group window after the last commit: one group.
+        # Both queued while the writer is busy: they make one group.
+        busy = store._writer.run(lambda: time.sleep(0.5))
         profile, _ = batch_of([(10, ["main", "work"], 7, 0, None)])
         samples_done = store.write("t", profile)
         spans_done = store.write_spans("t", spans_of([(TRACE_A, 1, 0, "GET /", 10, 12, {})]))
+        busy.result(timeout=30)
         assert samples_done.result(timeout=30) is None
         with pytest.raises(StoreError, match="spans"):
             spans_done.result(timeout=30)

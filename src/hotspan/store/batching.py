@@ -16,7 +16,6 @@ import json
 import logging
 import queue
 import threading
-import time
 from concurrent.futures import Future
 from typing import Any, Callable, Dict, List, Set, Tuple, TypeVar, Union
 
@@ -48,14 +47,9 @@ class GroupCommitWriter:
         commit: Callable[[List[Tuple[str, Batch]]], None],
         max_batch_samples: int = 1_000_000,
         name: str = "hotspan-writer",
-        min_interval_s: float = 0.0,
     ) -> None:
         self._commit = commit
         self._max_batch_samples = max_batch_samples
-        # A group waits until this long after the previous commit for more pushes to join
-        # it: a store whose commits cost per statement (ClickHouse's parts) wants fewer.
-        self._min_interval_s = min_interval_s
-        self._last_commit = 0.0
         self._queue: queue.Queue = queue.Queue()
         self._closed = False
         self._lock = threading.Lock()
@@ -101,11 +95,9 @@ class GroupCommitWriter:
             pending: List[Pending] = [item]
             samples = len(item[1])
             job = None
-            gather_until = self._last_commit + self._min_interval_s
             while samples < self._max_batch_samples:
                 try:
-                    wait = gather_until - time.monotonic()
-                    item = self._queue.get(timeout=wait) if wait > 0 else self._queue.get_nowait()
+                    item = self._queue.get_nowait()
                 except queue.Empty:
                     break
                 if item is _STOP:
@@ -116,7 +108,6 @@ class GroupCommitWriter:
                     break
                 pending.append(item)
                 samples += len(item[1])
-            self._last_commit = time.monotonic()
             self._flush(pending)
             if job is not None:
                 self._run_job(job)
@@ -156,7 +147,7 @@ class GroupCommitWriter:
             for one in pending:
                 self._flush([one])
             return
-        log.error("commit failed: %s", exc)
+        log.error("commit failed: %s", exc, exc_info=not isinstance(exc, StoreError))
         error = exc if isinstance(exc, StoreError) else StoreError(f"commit failed: {exc}")
         for _, _, future in pending:
             future.set_exception(error)

@@ -90,8 +90,6 @@ RULES_CACHE_S = 1.0
 TAG_REFRESH_NS = 60 * 10**9
 REWRITE_IDS_S = 86400.0
 MAX_TAG_VALUES = 1000
-# A group commit waits this long for more pushes: ClickHouse wants few large inserts.
-MIN_COMMIT_INTERVAL_S = 0.2
 # A fact insert that could not reach ClickHouse is tried again after these pauses (with the
 # same deduplication token) before its pushes are failed.
 INSERT_RETRY_PAUSES_S = (0.5,)
@@ -166,9 +164,10 @@ class ClickHouseStore(Store):
         self._tags_seen: Dict[Tag, int] = {}
         self._tag_counts: Dict[Tuple[str, str, str], int] = {}
         self._groups: Dict[int, SpanGroup] = {}
-        self._writer = GroupCommitWriter(
-            self._commit, name="hotspan-clickhouse-writer", min_interval_s=MIN_COMMIT_INTERVAL_S
-        )
+        # Commits run back to back, each taking what queued during the one before: under
+        # load a group holds many pushes (a few large inserts a second), and a push alone
+        # waits for no timer.
+        self._writer = GroupCommitWriter(self._commit, name="hotspan-clickhouse-writer")
 
     # -- schema --------------------------------------------------------------------------------
 
