@@ -9,9 +9,10 @@
   that stopped using them: each server writes an id again once a day while it is in use.
 - ``series``: one row per series and commit, folded by ``AggregatingMergeTree`` into the
   series' labels and first/last sample time.
-- ``spans``: ordered by (tenant, service, start) for search; ``trace_index`` ordered by
-  (tenant, trace id) holds each trace's time bounds, so that a trace by id reads one day's
-  partition of spans and, inside it, the granules its bloom filter points at.
+- ``spans``: ordered by (tenant, hour, trace id), so that a trace's spans sit together and a
+  time range narrows by the hour; a projection in (tenant, service, start) order serves
+  search by service.  ``trace_index``, ordered by (tenant, trace id), holds each trace's time
+  bounds: a trace by id is two primary-key lookups.
 - ``span_tags``, ``settings_rules``: small tables folded by ``ReplacingMergeTree`` on a version.
 
 With a cluster name every table is a ``Replicated*MergeTree`` named ``<table>_local`` created
@@ -123,9 +124,17 @@ TABLES = (
     INDEX trace_idx trace_id TYPE bloom_filter(0.001) GRANULARITY 1,
     INDEX span_idx span_id TYPE bloom_filter(0.01) GRANULARITY 4,
     -- Search keeps spans that overlap its range: ``end_ns >= start`` skips granules with it.
-    INDEX end_idx end_ns TYPE minmax GRANULARITY 1""",
+    INDEX end_idx end_ns TYPE minmax GRANULARITY 1,
+    -- Search by service reads this copy (all but the span messages) in service order.
+    PROJECTION by_service (
+        SELECT tenant, trace_id, span_id, parent_span_id, name, kind, service, start_ns,
+               end_ns, status_code, attrs, group_id
+        ORDER BY (tenant, service, start_ns)
+    )""",
         "MergeTree",
-        "(tenant, service, start_ns)",
+        # By hour, then trace: a trace's spans sit together (a trace by id reads a granule or
+        # two, found by the primary key), and a time range still narrows by the hour.
+        "(tenant, intDiv(start_ns, 3600000000000), trace_id)",
         _DAY.format("start_ns"),
         "end_ns",
         deduplicate=True,
@@ -252,6 +261,9 @@ def create_statements(layout: Layout, retention_days: Optional[int] = None) -> L
         if table.partition_by:
             # TTL drops whole parts where it can, rather than rewriting them.
             settings.append("ttl_only_drop_parts = 1")
+        if "PROJECTION" in table.columns:
+            # Retention's row deletes (without a TTL) rebuild the projection's parts.
+            settings.append("lightweight_mutation_projection_mode = 'rebuild'")
         if table.deduplicate and not layout.cluster:
             # Replicated tables deduplicate inserts by default; plain ones need a window.
             settings.append("non_replicated_deduplication_window = 1000")
