@@ -10,6 +10,10 @@
                                    # on 1 M spans, span profiles (~1 min, + ~1.5 min once to
                                    # build the 1 M spans; not in the default run)
     python bench/run.py --only ui [--quick]   # flame graph decode/draw/zoom in Chromium (~5 s)
+    python bench/run.py --only clickhouse [--quick] [--rebuild]   # DuckDB beside ClickHouse:
+                                   # ingest with 1 and 2 servers, queries at 10 M and 100 M
+                                   # samples (~13 min, + ~7 min once to build the data; quick
+                                   # ~1.5 min; not in the default run; see bench/README.md)
 
 Use the project's environment (e.g. ``/tmp/probe/bin/python bench/run.py``).
 """
@@ -282,6 +286,23 @@ def run_traces(args: argparse.Namespace, report: Dict[str, object], t0: float) -
     return 0
 
 
+def run_clickhouse(args: argparse.Namespace, report: Dict[str, object], t0: float) -> int:
+    """The ClickHouse benchmark writes its own files (clickhouse.md/.json), like the traces'."""
+    import clickhouse
+
+    log("clickhouse benchmark ...")
+    result = clickhouse.run(
+        quick=args.quick, log=log, rebuild=args.rebuild, concurrency=args.concurrency
+    )
+    wall = time.perf_counter() - t0
+    result.update(command=report["command"], machine=report["machine"], wall_s=round(wall, 1))
+    md = clickhouse.markdown(result, str(report["command"]), report["machine"], wall)  # type: ignore[arg-type]
+    stem = clickhouse.write(result, args.out, args.quick, md)
+    print(md)
+    log(f"wrote {stem}.md/.json in {wall:.0f} s")
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -289,17 +310,20 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="small, fast version")
     parser.add_argument(
         "--only",
-        choices=["ingest", "query", "agent", "traces", "ui"],
-        help="run one benchmark (agent and traces run only when asked for)",
+        choices=["ingest", "query", "agent", "traces", "ui", "clickhouse"],
+        help="run one benchmark (agent, traces, ui and clickhouse run only when asked for)",
     )
     parser.add_argument(
         "--concurrency",
         type=int,
         default=None,
-        help="in-flight ingest requests (default 32 for ingest, 8 for traces)",
+        help="in-flight ingest requests (default 32 for ingest and clickhouse's pprof pushes, "
+        "8 for traces)",
     )
     parser.add_argument(
-        "--rebuild", action="store_true", help="rebuild the cached query (or traces) data"
+        "--rebuild",
+        action="store_true",
+        help="rebuild the cached query (or traces, or clickhouse) data",
     )
     parser.add_argument("--out", default=RESULTS, help="results directory (default bench/results)")
     args = parser.parse_args()
@@ -316,6 +340,8 @@ def main() -> int:
         return run_agent(args, report, t0)
     if args.only == "traces":
         return run_traces(args, report, t0)
+    if args.only == "clickhouse":
+        return run_clickhouse(args, report, t0)
     if args.only == "ui":  # the flame graph in Chromium; writes ui.md/.json
         import ui
 
