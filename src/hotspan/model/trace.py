@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
-from typing import Dict, Iterable, List, NamedTuple, Sequence, Tuple, Union
+from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 # Separators of the flattened attribute text: a record separator before each pair and after
 # the last, a unit separator between key and value.  ``contains(attrs, RS k US v RS)`` is then
@@ -190,3 +190,21 @@ class TraceSummary:
     span_count: int
     matched: Tuple[MatchedSpan, ...]
     matched_count: int
+
+    @staticmethod
+    def from_rows(rows: Iterable[Sequence[Any]], limit: Optional[int] = None) -> List[TraceSummary]:
+        """Summaries from a search's rows, one per (trace, matched span shown): (trace id,
+        root service, root name, start, end, span count, span id, span name, span start, span
+        end, matched count), traces in order; the first ``limit`` traces."""
+        found: Dict[str, list] = {}
+        for trace_id, service, name, t0, t1, count, span_id, span_name, start, end, n in rows:
+            entry = found.get(trace_id)
+            if entry is None:
+                if limit is not None and len(found) >= limit:
+                    continue
+                entry = found[trace_id] = [trace_id, service, name, t0, t1 - t0, count, [], n]
+            entry[6].append(MatchedSpan(span_id, span_name, start, end - start))
+        return [
+            TraceSummary(*fields[:6], matched=tuple(spans), matched_count=n)
+            for *fields, spans, n in found.values()
+        ]

@@ -32,7 +32,6 @@ import numpy as np
 
 from hotspan.model.profile import MAX_SUM, Frame, IngestBatch, ProfileType, SampleColumns
 from hotspan.model.trace import (
-    MatchedSpan,
     SearchError,
     SpanBatch,
     SpanGroup,
@@ -789,17 +788,8 @@ class ClickHouseStore(Store):
             if code in _BAD_SEARCH_CODES:
                 raise SearchError(reason_of(exc)) from None
             raise store_error(exc, "ClickHouse search failed") from exc
-        found: Dict[str, list] = {}
-        for trace_id, service, name, t0, t1, count, span_id, span_name, start, end, n in rows:
-            entry = found.get(trace_id)
-            if entry is None:
-                entry = found[trace_id] = [trace_id, service, name, t0, t1 - t0, count, [], n]
-            entry[6].append(MatchedSpan(span_id, span_name, start, end - start))
         # Over a cluster each shard picks its own newest traces: keep the newest of all.
-        return [
-            TraceSummary(*fields[:6], matched=tuple(spans), matched_count=n)
-            for *fields, spans, n in list(found.values())[: query.limit]
-        ]
+        return TraceSummary.from_rows(rows, query.limit)
 
     def span_traces(self, tenant: str, span_ids: Sequence[int]) -> Dict[int, str]:
         out: Dict[int, str] = {}

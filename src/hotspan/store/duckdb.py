@@ -25,7 +25,6 @@ import numpy as np
 
 from hotspan.model.profile import MAX_SUM, Frame, IngestBatch, ProfileType, SampleColumns
 from hotspan.model.trace import (
-    MatchedSpan,
     SearchError,
     SpanBatch,
     SpanGroup,
@@ -631,16 +630,7 @@ class DuckDBStore(Store):
             # A regular expression RE2 refuses, a value of the wrong type: the query's fault.
             raise SearchError(str(exc).splitlines()[0]) from None
         # One row per (trace, matched span), traces in order.
-        found: Dict[str, list] = {}
-        for trace_id, service, name, t0, t1, count, span_id, span_name, start, end, n in rows:
-            entry = found.get(trace_id)
-            if entry is None:
-                entry = found[trace_id] = [trace_id, service, name, t0, t1 - t0, count, [], n]
-            entry[6].append(MatchedSpan(span_id, span_name, start, end - start))
-        return [
-            TraceSummary(*fields[:6], matched=tuple(spans), matched_count=n)
-            for *fields, spans, n in found.values()
-        ]
+        return TraceSummary.from_rows(rows)
 
     def span_traces(self, tenant: str, span_ids: Sequence[int]) -> Dict[int, str]:
         if not span_ids:
