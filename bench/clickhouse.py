@@ -404,6 +404,8 @@ def _parts(ch: Any) -> Dict[str, int]:
 # each pushing every 10 s keep hundreds in flight.
 PROFILE_CONCURRENCY = (32, 512)
 SPAN_CONCURRENCY = (8, 32)
+# --quick measures 2 s: 512 uploads in flight take longer than that to come back at all.
+QUICK_FLEET_PROFILE_CONCURRENCY = 128
 
 
 def run_ingest_all(quick: bool, concurrency: Optional[int], log: Log) -> Dict[str, Any]:
@@ -414,7 +416,8 @@ def run_ingest_all(quick: bool, concurrency: Optional[int], log: Log) -> Dict[st
     span_warmup, span_duration = (0.5, 2.0) if quick else (2.0, 15.0)
     n_uploads = 64 if quick else 512
     n_bodies, distinct = (120, 30) if quick else (1200, 100)
-    profile_conc = (concurrency or PROFILE_CONCURRENCY[0], PROFILE_CONCURRENCY[1])
+    fleet = QUICK_FLEET_PROFILE_CONCURRENCY if quick else PROFILE_CONCURRENCY[1]
+    profile_conc = (concurrency or PROFILE_CONCURRENCY[0], fleet)
     t0 = time.perf_counter()
     uploads = ingest.build_uploads(n_uploads)
     bodies = traces.ingest_pool(n_bodies, distinct)

@@ -13,7 +13,7 @@
     python bench/run.py --only clickhouse [--quick] [--rebuild]   # DuckDB beside ClickHouse:
                                    # ingest with 1 and 2 servers, queries at 10 M and 100 M
                                    # samples (~13 min, + ~7 min once to build the data; quick
-                                   # ~1.5 min; not in the default run; see bench/README.md)
+                                   # ~2 min; not in the default run; see bench/README.md)
 
 Use the project's environment (e.g. ``/tmp/probe/bin/python bench/run.py``).
 """

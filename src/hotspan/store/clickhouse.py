@@ -752,16 +752,15 @@ class ClickHouseStore(Store):
 
     def trace(self, tenant: str, trace_id: str) -> List[StoredSpan]:
         params = {"tenant": tenant, "trace": trace_id.lower()}
-        # The trace's bounds from its index first (a primary-key lookup), so that the spans
-        # are read from its days only; ClickHouse runs the scalar subqueries before the scan.
+        # The trace's bounds from its index first (one primary-key lookup, run before the
+        # scan), so that the spans' key narrows to the trace's hours and trace id.
         rows = self._clients.query(
+            "WITH (SELECT (min(start_ns), max(end_ns)) FROM trace_index "
+            "      WHERE tenant = %(tenant)s AND trace_id = %(trace)s) AS bounds "
             "SELECT trace_id, span_id, parent_span_id, name, kind, service, start_ns, end_ns, "
             "status_code, raw, group_id FROM spans "
             "WHERE tenant = %(tenant)s AND trace_id = %(trace)s "
-            "AND start_ns >= (SELECT min(start_ns) FROM trace_index "
-            "                 WHERE tenant = %(tenant)s AND trace_id = %(trace)s) "
-            "AND start_ns <= (SELECT max(end_ns) FROM trace_index "
-            "                 WHERE tenant = %(tenant)s AND trace_id = %(trace)s) "
+            "AND start_ns >= bounds.1 AND start_ns <= bounds.2 "
             "LIMIT 1 BY span_id",
             params,
             binary=("raw",),
