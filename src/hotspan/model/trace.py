@@ -172,6 +172,30 @@ class TraceQuery:
     order: str = "recent"
 
 
+def condition_code(names: Tuple[str, ...], value: object, what: str) -> int:
+    """A condition's status or kind as its OTLP number (given as a number or a name)."""
+    if isinstance(value, int):
+        return value
+    if value in names:
+        return names.index(str(value))
+    raise SearchError(f"{what} must be one of {', '.join(names)}, not {value!r}")
+
+
+def condition_span_id(value: object) -> int:
+    """A ``span:id`` condition's value as a number."""
+    try:
+        return int(str(value), 16)
+    except ValueError:
+        raise SearchError(f"span:id {value!r} is not hex") from None
+
+
+def condition_text(key: str, value: object) -> str:
+    """A condition's value that must be a string."""
+    if not isinstance(value, str):
+        raise SearchError(f'{key} compares with a string, such as {key}="value"')
+    return value
+
+
 @dataclass(frozen=True)
 class MatchedSpan:
     span_id: int

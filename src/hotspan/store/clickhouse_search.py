@@ -27,6 +27,9 @@ from hotspan.model.trace import (
     TraceQuery,
     attribute_pattern,
     clean,
+    condition_code,
+    condition_span_id,
+    condition_text,
 )
 
 Params = Dict[str, Any]
@@ -85,21 +88,6 @@ def _compare_number(key: str, expr: str, op: str, value: object, bind: _Binder) 
     return _compare(expr, op, value, bind)
 
 
-def _code(names: Tuple[str, ...], value: object, what: str) -> int:
-    if isinstance(value, int):
-        return value
-    if value in names:
-        return names.index(str(value))
-    raise SearchError(f"{what} must be one of {', '.join(names)}, not {value!r}")
-
-
-def _hex_id(value: object) -> int:
-    try:
-        return int(str(value), 16)
-    except ValueError:
-        raise SearchError(f"span:id {value!r} is not hex") from None
-
-
 def _duration(key: str, value: object) -> object:
     # DuckDB also reads a numeric string ("5") as a duration; the parser never makes one.
     if not isinstance(value, (int, float)) or isinstance(value, bool):
@@ -152,29 +140,25 @@ def _attribute(key: str, op: str, value: object, bind: _Binder, what: str) -> st
     return f"{has_key()} AND {_compare(extract, op, value, bind)}"
 
 
-def _text(key: str, value: object) -> str:
-    if not isinstance(value, str):
-        raise SearchError(f'{key} compares with a string, such as {key}="value"')
-    return value
-
-
 def span_condition(cond: Condition, bind: _Binder) -> str:
     """SQL over one ``spans`` row."""
     key, op, value = cond.key, cond.op, cond.value
     if key in ("name", "span:name"):
-        return _compare("name", op, _text(key, value), bind)
+        return _compare("name", op, condition_text(key, value), bind)
     if key in ("status", "span:status"):
-        return _compare_number(key, "status_code", op, _code(STATUS_CODES, value, "status"), bind)
+        return _compare_number(
+            key, "status_code", op, condition_code(STATUS_CODES, value, "status"), bind
+        )
     if key in ("kind", "span:kind"):
-        return _compare_number(key, "kind", op, _code(SPAN_KINDS, value, "kind"), bind)
+        return _compare_number(key, "kind", op, condition_code(SPAN_KINDS, value, "kind"), bind)
     if key in ("duration", "span:duration"):
         return _compare_number(key, "(end_ns - start_ns)", op, _duration(key, value), bind)
     if key in ("resource.service.name", ".service.name", "service.name"):
-        return _compare("service", op, _text(key, value), bind)
+        return _compare("service", op, condition_text(key, value), bind)
     if key == "trace:id":
         return _compare("trace_id", op, str(value).lower().rjust(32, "0"), bind)
     if key == "span:id":
-        return _compare_number(key, "span_id", op, _hex_id(value), bind)
+        return _compare_number(key, "span_id", op, condition_span_id(value), bind)
     if key.startswith("span."):
         return _attribute(key[5:], op, value, bind, key)
     if key.startswith("resource."):
@@ -207,7 +191,7 @@ def _trace_condition(cond: Condition, bind: _Binder) -> str:
         if not isinstance(cond.value, int):
             raise SearchError(f"{cond.key} compares with a duration, such as 100ms")
         return _compare_number(cond.key, expr, cond.op, cond.value, bind)
-    return _compare(expr, cond.op, _text(cond.key, cond.value), bind)
+    return _compare(expr, cond.op, condition_text(cond.key, cond.value), bind)
 
 
 def _spanset(conds: Tuple[Condition, ...], base: str, bind: _Binder) -> str:

@@ -23,6 +23,9 @@ from hotspan.model.trace import (
     TraceQuery,
     attribute_pattern,
     clean,
+    condition_code,
+    condition_span_id,
+    condition_text,
 )
 
 SQL = Tuple[str, list]
@@ -37,21 +40,6 @@ def _compare(expr: str, op: str, value: object) -> SQL:
         neg = "NOT " if op == "!~" else ""
         return f"{neg}regexp_full_match({expr}, ?)", [str(value)]
     raise SearchError(f"unknown operator {op!r}")
-
-
-def _code(names: Tuple[str, ...], value: object, what: str) -> int:
-    if isinstance(value, int):
-        return value
-    if value in names:
-        return names.index(str(value))
-    raise SearchError(f"{what} must be one of {', '.join(names)}, not {value!r}")
-
-
-def _hex_id(value: object) -> int:
-    try:
-        return int(str(value), 16)
-    except ValueError:
-        raise SearchError(f"span:id {value!r} is not hex") from None
 
 
 def _attribute(key: str, op: str, value: object) -> SQL:
@@ -72,29 +60,23 @@ def _attribute(key: str, op: str, value: object) -> SQL:
     return f"{has_key} AND {sql}", [clean(key), pattern, *params]
 
 
-def _text(key: str, value: object) -> str:
-    if not isinstance(value, str):
-        raise SearchError(f'{key} compares with a string, such as {key}="value"')
-    return value
-
-
 def span_condition(cond: Condition) -> SQL:
     """SQL over one ``spans`` row."""
     key, op, value = cond.key, cond.op, cond.value
     if key in ("name", "span:name"):
-        return _compare("name", op, _text(key, value))
+        return _compare("name", op, condition_text(key, value))
     if key in ("status", "span:status"):
-        return _compare("status_code", op, _code(STATUS_CODES, value, "status"))
+        return _compare("status_code", op, condition_code(STATUS_CODES, value, "status"))
     if key in ("kind", "span:kind"):
-        return _compare("kind", op, _code(SPAN_KINDS, value, "kind"))
+        return _compare("kind", op, condition_code(SPAN_KINDS, value, "kind"))
     if key in ("duration", "span:duration"):
         return _compare("(end_ns - start_ns)", op, value)
     if key in ("resource.service.name", ".service.name", "service.name"):
-        return _compare("service", op, _text(key, value))
+        return _compare("service", op, condition_text(key, value))
     if key == "trace:id":
         return _compare("trace_id", op, str(value).lower().rjust(32, "0"))
     if key == "span:id":
-        return _compare("span_id", op, _hex_id(value))
+        return _compare("span_id", op, condition_span_id(value))
     if key.startswith("span."):
         return _attribute(key[5:], op, value)
     if key.startswith("resource."):
@@ -128,7 +110,7 @@ def _trace_condition(cond: Condition) -> SQL:
         if not isinstance(cond.value, int):
             raise SearchError(f"{cond.key} compares with a duration, such as 100ms")
         return _compare(expr, cond.op, cond.value)
-    return _compare(expr, cond.op, _text(cond.key, cond.value))
+    return _compare(expr, cond.op, condition_text(cond.key, cond.value))
 
 
 def _spanset(conds: Tuple[Condition, ...], base: str, base_params: list) -> SQL:
