@@ -17,13 +17,13 @@ import logging
 import queue
 import threading
 from concurrent.futures import Future
-from typing import Any, Callable, Dict, List, Set, Tuple, TypeVar, Union
+from typing import Any, Callable, Dict, Iterable, List, Sequence, Set, Tuple, TypeVar, Union
 
 import numpy as np
 
-from hotspan.model.profile import IngestBatch, SampleColumns
+from hotspan.model.profile import IngestBatch, ProfileType, SampleColumns
 from hotspan.model.trace import SpanBatch
-from hotspan.store.base import StoreClosed, StoreError, StoreUnavailable
+from hotspan.store.base import SeriesRecord, StoreClosed, StoreError, StoreUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -189,3 +189,25 @@ def series_bounds(
             ]
         else:
             row[4], row[5] = min(row[4], lo), max(row[5], hi)
+
+
+def remember_series(
+    series: Dict[str, Dict[int, SeriesRecord]], rows: Iterable[Sequence[Any]]
+) -> None:
+    """Merge :func:`series_bounds` rows into ``tenant -> series id -> record``, widening the
+    bounds of series already there; never raises (it runs after a commit, and at open)."""
+    for tenant, sid, ptype, labels, first, last in rows:
+        by_id = series.setdefault(tenant, {})
+        old = by_id.get(sid)
+        try:
+            if old is not None:
+                first, last = min(first, old.first_ts), max(last, old.last_ts)
+                record = SeriesRecord(sid, old.profile_type, old.labels, first, last)
+            else:
+                record = SeriesRecord(
+                    sid, ProfileType.parse(ptype), json.loads(labels), first, last
+                )
+        except (ValueError, TypeError) as exc:
+            log.error("skipping unreadable series %s of tenant %s: %s", sid, tenant, exc)
+            continue
+        by_id[sid] = record

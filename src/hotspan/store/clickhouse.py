@@ -55,7 +55,13 @@ from hotspan.store.base import (
     StoreUnavailable,
     TraceValues,
 )
-from hotspan.store.batching import Batch, GroupCommitWriter, PartialCommit, series_bounds
+from hotspan.store.batching import (
+    Batch,
+    GroupCommitWriter,
+    PartialCommit,
+    remember_series,
+    series_bounds,
+)
 from hotspan.store.clickhouse_connection import (
     ClickHouseURL,
     Clients,
@@ -574,19 +580,7 @@ class ClickHouseStore(Store):
 
     def _remember_series(self, rows: Sequence[list]) -> None:
         with self._series_lock:
-            for tenant, sid, ptype, labels, first, last in rows:
-                by_id = self._own_series.setdefault(tenant, {})
-                old = by_id.get(sid)
-                try:
-                    if old is not None:
-                        first, last = min(first, old.first_ts), max(last, old.last_ts)
-                        by_id[sid] = SeriesRecord(sid, old.profile_type, old.labels, first, last)
-                    else:
-                        by_id[sid] = SeriesRecord(
-                            sid, ProfileType.parse(ptype), json.loads(labels), first, last
-                        )
-                except (ValueError, TypeError):
-                    continue
+            remember_series(self._own_series, rows)
 
     def series(self, tenant: str) -> List[SeriesRecord]:
         with self._series_lock:

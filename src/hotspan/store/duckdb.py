@@ -23,7 +23,7 @@ from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Seque
 import duckdb
 import numpy as np
 
-from hotspan.model.profile import MAX_SUM, Frame, IngestBatch, ProfileType, SampleColumns
+from hotspan.model.profile import MAX_SUM, Frame, IngestBatch, SampleColumns
 from hotspan.model.trace import (
     SearchError,
     SpanBatch,
@@ -46,7 +46,7 @@ from hotspan.store.base import (
     StoreError,
     TraceValues,
 )
-from hotspan.store.batching import Batch, GroupCommitWriter, series_bounds
+from hotspan.store.batching import Batch, GroupCommitWriter, remember_series, series_bounds
 from hotspan.store.duckdb_search import search_sql
 
 SCHEMA = """
@@ -451,21 +451,7 @@ class DuckDBStore(Store):
     def _remember_series(self, rows) -> None:  # type: ignore[no-untyped-def]
         """Update the in-memory series; never raises (it runs after a commit, and at open)."""
         with self._series_lock:
-            for tenant, sid, ptype, labels, first, last in rows:
-                by_id = self._series.setdefault(tenant, {})
-                old = by_id.get(sid)
-                try:
-                    if old is not None:
-                        first, last = min(first, old.first_ts), max(last, old.last_ts)
-                        record = SeriesRecord(sid, old.profile_type, old.labels, first, last)
-                    else:
-                        record = SeriesRecord(
-                            sid, ProfileType.parse(ptype), json.loads(labels), first, last
-                        )
-                except (ValueError, TypeError) as exc:
-                    log.error("skipping unreadable series %s of tenant %s: %s", sid, tenant, exc)
-                    continue
-                by_id[sid] = record
+            remember_series(self._series, rows)
 
     def series(self, tenant: str) -> List[SeriesRecord]:
         with self._series_lock:
