@@ -474,3 +474,57 @@ class StoreContract:
         store.close()
         with pytest.raises(Exception, match="closed"):
             store.put_settings_rule("t", "api", "", {"enabled": True})
+
+    # -- documents -------------------------------------------------------------------------
+
+    def test_documents_put_list_replace_delete(self, store: Store) -> None:
+        assert store.documents("alert_rule") == []
+        first = store.put_document("t", "alert_rule", "b-rule", {"above": 20, "labels": {}})
+        store.put_document("t", "alert_rule", "a-rule", {"above": 5})
+        store.put_document("t", "alert_state", "a-rule", {"state": "firing"})
+        assert first.body == {"above": 20, "labels": {}} and first.updated_at > 0
+        rules = store.documents("alert_rule", "t")
+        assert [(d.tenant, d.kind, d.name) for d in rules] == [
+            ("t", "alert_rule", "a-rule"),
+            ("t", "alert_rule", "b-rule"),
+        ]
+        # A kind is its own namespace: the state named like a rule is not a rule.
+        assert [d.body for d in store.documents("alert_state", "t")] == [{"state": "firing"}]
+        again = store.put_document("t", "alert_rule", "b-rule", {"above": 30})
+        assert again.updated_at >= first.updated_at
+        assert {d.name: dict(d.body) for d in store.documents("alert_rule", "t")} == {
+            "a-rule": {"above": 5},
+            "b-rule": {"above": 30},
+        }
+        assert store.delete_document("t", "alert_rule", "a-rule") is True
+        assert store.delete_document("t", "alert_rule", "a-rule") is False
+        assert [d.name for d in store.documents("alert_rule", "t")] == ["b-rule"]
+        assert [d.name for d in store.documents("alert_state", "t")] == ["a-rule"]
+
+    def test_documents_of_tenants_are_apart(self, store: Store) -> None:
+        store.put_document("a", "recording_rule", "cpu", {"metric": "a_cpu"})
+        store.put_document("b", "recording_rule", "cpu", {"metric": "b_cpu"})
+        assert [d.body["metric"] for d in store.documents("recording_rule", "a")] == ["a_cpu"]
+        assert store.delete_document("c", "recording_rule", "cpu") is False
+        every = store.documents("recording_rule")
+        assert [(d.tenant, d.body["metric"]) for d in every] == [("a", "a_cpu"), ("b", "b_cpu")]
+        assert store.delete_document("a", "recording_rule", "cpu") is True
+        assert [d.tenant for d in store.documents("recording_rule")] == ["b"]
+
+    def test_documents_survive_reopen(self, store: Store, reopen) -> None:  # type: ignore[no-untyped-def]
+        store.put_document("t", "alert_rule", "kept", {"nested": {"list": [1, 2.5, "x"]}})
+        store.put_document("t", "alert_rule", "gone", {})
+        store.delete_document("t", "alert_rule", "gone")
+        store.close()
+        again = reopen()
+        try:
+            (doc,) = again.documents("alert_rule")
+            assert (doc.tenant, doc.name) == ("t", "kept")
+            assert doc.body == {"nested": {"list": [1, 2.5, "x"]}}
+        finally:
+            again.close()
+
+    def test_document_put_after_close_fails_cleanly(self, store: Store) -> None:
+        store.close()
+        with pytest.raises(Exception, match="closed"):
+            store.put_document("t", "alert_rule", "x", {})

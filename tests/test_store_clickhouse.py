@@ -12,7 +12,12 @@ import httpx
 import pytest
 
 from hotspan.store.base import SampleFilter, StoreError
-from hotspan.store.clickhouse_schema import Layout, create_statements, ttl_statements
+from hotspan.store.clickhouse_schema import (
+    TABLE_NAMES,
+    Layout,
+    create_statements,
+    ttl_statements,
+)
 from tests.clickhouse_fixture import clickhouse_server as clickhouse_server
 from tests.clickhouse_fixture import clickhouse_url as clickhouse_url
 from tests.conftest import running_server
@@ -69,12 +74,49 @@ def test_two_stores_over_one_database_see_each_other(clickhouse_url: str) -> Non
         b.close()
 
 
+def test_a_version_1_database_is_brought_up_to_date(clickhouse_url: str) -> None:
+    """A database an older hotspan made (schema 1, no documents table) gets the missing
+    table when a newer server starts, and keeps its data."""
+    from hotspan.store.clickhouse_connection import ClickHouseURL, Clients
+
+    url = ClickHouseURL(clickhouse_url)
+    layout = Layout(url.database)
+    clients = Clients(url, None)
+    try:
+        admin = clients.connect(database="default")
+        admin.command(f"CREATE DATABASE IF NOT EXISTS {url.database}")
+        admin.close()
+        old = [t for t in TABLE_NAMES if t != "documents"]
+        for statement in create_statements(layout, None, only=old):
+            clients.command(statement)
+        clients.command("INSERT INTO schema_migrations (version) VALUES (1)")
+    finally:
+        clients.close()
+    store = _store(clickhouse_url)
+    try:
+        client = store._clients.get()
+        versions = client.query("SELECT version FROM schema_migrations FINAL ORDER BY 1")
+        assert versions.result_rows == [(1,), (2,)]
+        store.put_document("t", "alert_rule", "r", {"above": 1})
+        assert [d.body for d in store.documents("alert_rule", "t")] == [{"above": 1}]
+    finally:
+        store.close()
+
+
 def test_schema_is_created_once_and_versioned(clickhouse_url: str) -> None:
     first = _store(clickhouse_url, retention_ns=3 * 86400 * SEC)
     try:
         client = first._clients.get()
         tables = {r[0] for r in client.query("SHOW TABLES").result_rows}
-        assert {"samples", "series", "stacks", "frames", "spans", "trace_index"} <= tables
+        assert {
+            "samples",
+            "series",
+            "stacks",
+            "frames",
+            "spans",
+            "trace_index",
+            "documents",
+        } <= tables
         ddl = client.command("SHOW CREATE TABLE samples")
         assert "ORDER BY (tenant, series_id, ts)" in ddl and "PARTITION BY" in ddl
         assert "TTL" in ddl and "toIntervalDay(3)" in ddl
@@ -95,8 +137,8 @@ def test_schema_is_created_once_and_versioned(clickhouse_url: str) -> None:
     try:
         client = again._clients.get()
         assert "toIntervalDay(10)" in client.command("SHOW CREATE TABLE samples")
-        versions = client.query("SELECT version FROM schema_migrations FINAL").result_rows
-        assert versions == [(1,)]
+        versions = client.query("SELECT version FROM schema_migrations FINAL ORDER BY 1")
+        assert versions.result_rows == [(1,), (2,)]
     finally:
         again.close()
     forever = _store(clickhouse_url, retention_ns=0)

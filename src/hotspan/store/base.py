@@ -124,6 +124,20 @@ class SettingsRule:
         }
 
 
+@dataclass(frozen=True)
+class Document:
+    """A JSON document the server keeps for a tenant: an alert rule, an alert's state, a
+    recording rule.  ``kind`` says which; ``name`` is unique per (tenant, kind).  The store
+    keeps the body as given and knows nothing of its shape, so a new kind needs no schema
+    change (and every server over a shared store sees the same documents)."""
+
+    tenant: str
+    kind: str
+    name: str
+    body: Mapping[str, Any]
+    updated_at: int  # unix nanoseconds of the last put
+
+
 class SampleFilter(NamedTuple):
     """Which samples of the chosen series count: a time range and optionally spans/a trace."""
 
@@ -243,6 +257,24 @@ class Store(abc.ABC):
     def settings_version(self, tenant: str) -> int:
         """The tenant's settings version: 0 before any change, then one more per put or
         delete, never smaller after a restart."""
+
+    # -- documents (alert rules and states, recording rules) ---------------------------------
+
+    @abc.abstractmethod
+    def put_document(
+        self, tenant: str, kind: str, name: str, body: Mapping[str, Any]
+    ) -> Document:
+        """Store ``body`` (JSON-serialisable) as the document (tenant, kind, name), replacing
+        one already there; returns it once it is durable."""
+
+    @abc.abstractmethod
+    def documents(self, kind: str, tenant: Optional[str] = None) -> List[Document]:
+        """The documents of one kind, of one tenant or (None) of every tenant, sorted by
+        tenant then name.  A put is seen by the next call, from any server of the store."""
+
+    @abc.abstractmethod
+    def delete_document(self, tenant: str, kind: str, name: str) -> bool:
+        """Delete the document; True if it existed."""
 
     # -- lifecycle ---------------------------------------------------------------------------
 

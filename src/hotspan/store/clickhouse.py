@@ -42,6 +42,7 @@ from hotspan.model.trace import (
 )
 from hotspan.store.base import (
     DEFAULT_RETENTION_NS,
+    Document,
     RetentionReport,
     SampleFilter,
     SeriesRecord,
@@ -964,6 +965,63 @@ class ClickHouseStore(Store):
 
     def settings_version(self, tenant: str) -> int:
         return self._load_rules(tenant)[1]
+
+    # -- documents -----------------------------------------------------------------------------
+
+    def put_document(
+        self, tenant: str, kind: str, name: str, body: Mapping[str, Any]
+    ) -> Document:
+        text = json.dumps(dict(body), sort_keys=True)
+        doc = Document(tenant, kind, name, json.loads(text), time.time_ns())
+        self._writer.run(lambda: self._write_document(doc, text, False)).result()
+        return doc
+
+    def _write_document(self, doc: Document, text: str, deleted: bool) -> None:
+        self._insert(
+            _Insert(
+                "documents",
+                {
+                    "tenant": [doc.tenant],
+                    "kind": [doc.kind],
+                    "name": [doc.name],
+                    "body": [text],
+                    "deleted": [int(deleted)],
+                    "updated_at": [doc.updated_at],
+                },
+                ("String", "String", "String", "String", "UInt8", "Int64"),
+            )
+        )
+
+    def documents(self, kind: str, tenant: Optional[str] = None) -> List[Document]:
+        # Rows are folded by the query, not by FINAL: merges happen when ClickHouse likes.
+        where = "kind = %(kind)s" + (" AND tenant = %(tenant)s" if tenant is not None else "")
+        rows = self._clients.query(
+            "SELECT tenant, name, argMax(body, updated_at), argMax(deleted, updated_at), "
+            f"max(updated_at) FROM documents WHERE {where} GROUP BY tenant, name "
+            "ORDER BY tenant, name",
+            {"kind": kind, "tenant": tenant or ""},
+        ).result_rows
+        out = []
+        for doc_tenant, name, body, deleted, updated_at in rows:
+            if deleted:
+                continue
+            try:
+                out.append(Document(doc_tenant, kind, name, json.loads(body), updated_at))
+            except ValueError as exc:
+                log.error("skipping unreadable %s %r of tenant %s: %s", kind, name, tenant, exc)
+        return out
+
+    def delete_document(self, tenant: str, kind: str, name: str) -> bool:
+        def delete() -> bool:
+            found = [d for d in self.documents(kind, tenant) if d.name == name]
+            if not found:
+                return False
+            # Newer than the row it hides, even if this server's clock is behind the writer's.
+            gone = Document(tenant, kind, name, {}, max(time.time_ns(), found[0].updated_at + 1))
+            self._write_document(gone, "{}", True)
+            return True
+
+        return self._writer.run(delete).result()
 
     # -- retention -----------------------------------------------------------------------------
 

@@ -13,7 +13,8 @@
   time range narrows by the hour; a projection in (tenant, service, start) order serves
   search by service.  ``trace_index``, ordered by (tenant, trace id), holds each trace's time
   bounds: a trace by id is two primary-key lookups.
-- ``span_tags``, ``settings_rules``: small tables folded by ``ReplacingMergeTree`` on a version.
+- ``span_tags``, ``settings_rules``, ``documents`` (alert and recording rules, alert states):
+  small tables folded by ``ReplacingMergeTree`` on a version.
 
 With a cluster name every table is a ``Replicated*MergeTree`` named ``<table>_local`` created
 ``ON CLUSTER``, with a ``Distributed`` table of the plain name over it: servers write and read
@@ -23,9 +24,9 @@ the distributed tables and run retention on the local ones.
 from __future__ import annotations
 
 import re
-from typing import List, NamedTuple, Optional, Tuple
+from typing import List, NamedTuple, Optional, Sequence, Tuple
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 
 class Table(NamedTuple):
@@ -195,6 +196,19 @@ TABLES = (
         "(tenant, service, selector)",
         shard_by="cityHash64(tenant)",
     ),
+    Table(
+        "documents",
+        """
+    tenant String,
+    kind LowCardinality(String),
+    name String,
+    body String,  -- JSON
+    deleted UInt8,  -- a delete is a newer row that says so
+    updated_at Int64  -- unix nanoseconds: the newest row of a document wins""",
+        "ReplacingMergeTree(updated_at)",
+        "(tenant, kind, name)",
+        shard_by="cityHash64(tenant)",
+    ),
 )
 
 TABLE_NAMES = tuple(t.name for t in TABLES)
@@ -233,8 +247,11 @@ def ttl_days(engine_full: str) -> Optional[int]:
     return int(match.group(1)) if match else None
 
 
-def create_statements(layout: Layout, retention_days: Optional[int] = None) -> List[str]:
-    """CREATE statements for every table (idempotent: IF NOT EXISTS)."""
+def create_statements(
+    layout: Layout, retention_days: Optional[int] = None, only: Optional[Sequence[str]] = None
+) -> List[str]:
+    """CREATE statements for every table, or the ``only`` ones (idempotent: IF NOT EXISTS);
+    the first creates ``schema_migrations``."""
     if layout.cluster:
         # One table for the whole cluster (no {shard} in its path): every node reads the
         # version any node wrote.
@@ -250,6 +267,8 @@ def create_statements(layout: Layout, retention_days: Optional[int] = None) -> L
         "ORDER BY version"
     ]
     for table in TABLES:
+        if only is not None and table.name not in only:
+            continue
         engine = table.engine
         if layout.cluster:
             # The default replication path and replica macros ({database}/{table}, {shard},
@@ -304,4 +323,8 @@ def ttl_statements(layout: Layout, retention_days: Optional[int]) -> List[Tuple[
 # Version -> statements that bring a database from the version before up to it.  Version 1 is
 # the tables above; a later change appends (ALTER ... ADD COLUMN IF NOT EXISTS, ...) so that
 # every server that starts brings an older database up to date, whichever starts first.
-MIGRATIONS: dict = {1: create_statements}
+def _add_documents(layout: Layout, retention_days: Optional[int] = None) -> List[str]:
+    return create_statements(layout, retention_days, only=("documents",))
+
+
+MIGRATIONS: dict = {1: create_statements, 2: _add_documents}

@@ -34,6 +34,7 @@ from hotspan.model.trace import (
     TraceSummary,
 )
 from hotspan.store.base import (
+    Document,
     RetentionReport,
     SampleFilter,
     SeriesRecord,
@@ -121,6 +122,14 @@ CREATE TABLE IF NOT EXISTS settings_rules (
     version BIGINT NOT NULL,
     updated_at BIGINT NOT NULL,       -- unix nanoseconds
     PRIMARY KEY (tenant, service, selector)
+);
+CREATE TABLE IF NOT EXISTS documents (
+    tenant VARCHAR NOT NULL,
+    kind VARCHAR NOT NULL,            -- alert_rule, alert_state, recording_rule...
+    name VARCHAR NOT NULL,
+    body VARCHAR NOT NULL,            -- JSON
+    updated_at BIGINT NOT NULL,       -- unix nanoseconds
+    PRIMARY KEY (tenant, kind, name)
 );
 CREATE TABLE IF NOT EXISTS settings_versions (
     tenant VARCHAR PRIMARY KEY,
@@ -749,6 +758,41 @@ class DuckDBStore(Store):
 
     def settings_version(self, tenant: str) -> int:
         return self._versions.get(tenant, 0)
+
+    # -- documents ---------------------------------------------------------------------------
+
+    def put_document(
+        self, tenant: str, kind: str, name: str, body: Mapping[str, Any]
+    ) -> Document:
+        text = json.dumps(dict(body), sort_keys=True)
+        doc = Document(tenant, kind, name, json.loads(text), time.time_ns())
+        self._writer.run(
+            lambda: self._con.execute(
+                "INSERT INTO documents VALUES (?, ?, ?, ?, ?) ON CONFLICT DO UPDATE SET "
+                "body = excluded.body, updated_at = excluded.updated_at",
+                [tenant, kind, name, text, doc.updated_at],
+            )
+        ).result()
+        return doc
+
+    def documents(self, kind: str, tenant: Optional[str] = None) -> List[Document]:
+        sql = "SELECT tenant, name, body, updated_at FROM documents WHERE kind = ?"
+        params: List[Any] = [kind]
+        if tenant is not None:
+            sql += " AND tenant = ?"
+            params.append(tenant)
+        rows = self._cursor().execute(sql + " ORDER BY tenant, name", params).fetchall()
+        return [Document(t, kind, name, json.loads(body), at) for t, name, body, at in rows]
+
+    def delete_document(self, tenant: str, kind: str, name: str) -> bool:
+        def delete() -> bool:
+            found = self._con.execute(
+                "DELETE FROM documents WHERE tenant = ? AND kind = ? AND name = ? RETURNING 1",
+                [tenant, kind, name],
+            ).fetchall()
+            return bool(found)
+
+        return self._writer.run(delete).result()
 
     # -- retention ---------------------------------------------------------------------------
 
