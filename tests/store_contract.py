@@ -369,6 +369,9 @@ class StoreContract:
         assert [i[1] for i in infos(trace_ids=[TRACE_A], service="api")] == [3, 1, 2]
         assert infos(trace_ids=[]) == []
         assert [i[1] for i in infos(limit=2)] == [9, 3]
+        # The name filter applies before the limit: the latest spans of that name.
+        assert [i[1] for i in infos(name="GET /pay", limit=1)] == [1]
+        assert [i[1] for i in infos(name="GET /pay", service="web")] == []
         (sql,) = store.span_infos("t", 101 * SEC, 102 * SEC)
         assert (sql.start_ns, sql.end_ns) == (101 * SEC, 102 * SEC)
         assert store.span_infos("other", 0, 1000 * SEC) == []

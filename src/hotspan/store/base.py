@@ -218,9 +218,10 @@ class Store(abc.ABC):
         service: Optional[str] = None,
         trace_ids: Optional[Sequence[str]] = None,
         limit: int = 100_000,
+        name: Optional[str] = None,
     ) -> List[SpanInfo]:
-        """Spans that started in [start_ns, end_ns), of one service and of the given traces
-        if asked; the latest ``limit`` (by start), the latest first."""
+        """Spans that started in [start_ns, end_ns), of one service, of the given traces and
+        with one name if asked; the latest ``limit`` (by start), the latest first."""
 
     @abc.abstractmethod
     def tag_names(self, tenant: str, since_ns: int = 0) -> Dict[str, List[str]]:

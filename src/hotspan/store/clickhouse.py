@@ -804,6 +804,7 @@ class ClickHouseStore(Store):
         service: Optional[str] = None,
         trace_ids: Optional[Sequence[str]] = None,
         limit: int = 100_000,
+        name: Optional[str] = None,
     ) -> List[SpanInfo]:
         sql = (
             "SELECT trace_id, span_id, parent_span_id, name, service, start_ns, end_ns "
@@ -814,6 +815,9 @@ class ClickHouseStore(Store):
         if service is not None:
             sql += " AND service = %(service)s"
             params["service"] = service
+        if name is not None:
+            sql += " AND name = %(name)s"
+            params["name"] = name
         if trace_ids is not None:
             sql += " AND trace_id IN %(traces)s"
             params["traces"] = tuple(t.lower() for t in trace_ids) or ("-",)

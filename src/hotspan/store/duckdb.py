@@ -649,6 +649,7 @@ class DuckDBStore(Store):
         service: Optional[str] = None,
         trace_ids: Optional[Sequence[str]] = None,
         limit: int = 100_000,
+        name: Optional[str] = None,
     ) -> List[SpanInfo]:
         sql = (
             "SELECT DISTINCT ON (trace_id, span_id) trace_id, span_id, parent_span_id, name, "
@@ -659,6 +660,9 @@ class DuckDBStore(Store):
         if service is not None:
             sql += " AND service = ?"
             params.append(service)
+        if name is not None:
+            sql += " AND name = ?"
+            params.append(name)
         if trace_ids is not None:
             sql += " AND trace_id IN (SELECT unnest(?::VARCHAR[]))"
             params.append([t.lower() for t in trace_ids])
