@@ -56,6 +56,8 @@ def pages(trace_id: str) -> dict:
         "endpoints": f"/endpoints?query={query}",
         "traces": "/traces",
         "trace": f"/traces/{trace_id}",
+        "why": f"/traces/{trace_id}?why=1",
+        "alerts": "/alerts",
         "settings": "/settings",
         "service-settings": f"/settings/{SERVICE}",
     }
@@ -107,7 +109,18 @@ STICKING_OUT = """() => {
 
 @pytest.mark.parametrize("width", WIDTHS)
 @pytest.mark.parametrize(
-    "name", ["profiles", "endpoints", "diff", "traces", "trace", "settings", "service-settings"]
+    "name",
+    [
+        "profiles",
+        "endpoints",
+        "diff",
+        "traces",
+        "trace",
+        "why",
+        "alerts",
+        "settings",
+        "service-settings",
+    ],
 )
 def test_page_fits_the_window(browser, site, name: str, width: int) -> None:  # type: ignore[no-untyped-def]
     srv, trace_id = site

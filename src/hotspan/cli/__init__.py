@@ -16,7 +16,19 @@ from typing import List, Optional
 from hotspan import __version__
 from hotspan.cli.client import CLIError
 
-COMMANDS = ("server", "run", "record", "settings", "query", "export", "convert", "view", "diff")
+COMMANDS = (
+    "server",
+    "run",
+    "record",
+    "settings",
+    "query",
+    "export",
+    "convert",
+    "view",
+    "diff",
+    "why",
+    "alerts",
+)
 
 DESCRIPTION = """\
 Continuous profiling for Python services, linked to their traces.

@@ -22,6 +22,17 @@ def _tokens(value: Optional[str]) -> frozenset:
     return frozenset(t.strip() for t in (value or "").split(",") if t.strip())
 
 
+def _interval_s(text: str) -> float:
+    """How often something runs: a duration (``30s``, ``10m``) or a bare number of seconds."""
+    try:
+        seconds = float(text)
+    except ValueError:
+        return duration_s(text)
+    if not 0 <= seconds < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds or a duration")
+    return seconds
+
+
 def _port_or_off(text: str) -> Optional[int]:
     if text.strip().lower() in ("off", "none", "-"):
         return None
@@ -44,6 +55,12 @@ def _redact_pattern(text: str) -> str:
         raise argparse.ArgumentTypeError(
             f"{text!r} is not a regular expression: {exc.reason}"
         ) from None
+    return text
+
+
+def _external_url(text: str) -> str:
+    if not text.startswith(("http://", "https://")):
+        raise argparse.ArgumentTypeError(f"{text!r} is not an http:// or https:// URL")
     return text
 
 
@@ -94,6 +111,9 @@ def _server(args: argparse.Namespace) -> int:
         retention_interval_s=max(args.retention_interval, 1.0),
         redact_patterns=tuple(args.redact or ()),
         scrape=scrape_config,
+        alert_interval_s=args.alert_interval,
+        alert_lag_s=args.alert_lag,
+        external_url=args.external_url.rstrip("/") if args.external_url else None,
     )
     try:
         app = create_app(config)
@@ -143,6 +163,9 @@ def _server(args: argparse.Namespace) -> int:
             flush=True,
         )
     port = sockets[0].getsockname()[1]
+    if config.external_url is None:
+        # Alert notifications link here: the port bound, not the 0 that asked for any.
+        config.external_url = f"http://{host}:{port}"
     print(
         f"hotspan {__version__} listening on http://{host}:{port} "
         f"(web UI at that address; data in {_where(config)})",
@@ -273,7 +296,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     srv.add_argument(
         "--retention-interval",
-        type=duration_s,
+        type=_interval_s,
         default="10m",
         help="how often retention runs (default %(default)s)",
     )
@@ -297,6 +320,28 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="pull the /debug/pprof endpoints of the targets this YAML file lists "
         "(scrape_configs: job_name, static_configs targets and labels, as Prometheus) and "
         "store what they serve",
+    )
+    srv.add_argument(
+        "--alert-interval",
+        type=_interval_s,
+        default="60s",
+        help="evaluate alert rules this often (default %(default)s; 0: not on this server, "
+        "for all but one of the servers over a shared store)",
+    )
+    srv.add_argument(
+        "--alert-lag",
+        type=_interval_s,
+        default="30s",
+        help="alert conditions look at windows ending this long ago, so that samples still "
+        "on their way (uploads are stamped when their window began) count (default "
+        "%(default)s)",
+    )
+    srv.add_argument(
+        "--external-url",
+        type=_external_url,
+        metavar="URL",
+        help="the address people reach the UI at, for links in alert notifications "
+        "(default http://HOST:PORT)",
     )
     srv.add_argument(
         "--log-level",

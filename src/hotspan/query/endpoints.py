@@ -125,6 +125,15 @@ class EndpointEngine:
         members = {sid: root for sid, root in root_of.items() if root in roots}
         return roots, members, truncated
 
+    def requests(
+        self, tenant: str, service: str, start_ns: int, end_ns: int
+    ) -> Tuple[List[SpanInfo], bool]:
+        """The requests of ``service`` that started in the range (its local root spans) and
+        whether the spans looked at were cut at MAX_SPANS (then the requests are a lower
+        bound: those of the latest spans)."""
+        roots, _, truncated = self._requests(tenant, service, start_ns, end_ns)
+        return list(roots.values()), truncated
+
     @staticmethod
     def _request_filter(start_ns: int, end_ns: int, span_ids: Iterable[int]) -> SampleFilter:
         """The samples of the given requests' spans, including those stamped before the range

@@ -152,6 +152,12 @@ class QueryEngine:
         ids = values.stack_ids[known][hit]
         return StackValues(ids, values.values[known][hit])
 
+    def name_matrix(self, values: StackValues) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The known stacks of ``values`` as root-first indexes into ``self.stacks.names``
+        (an (n, depth) matrix padded with -1), each one's length, and its value."""
+        matrix, lengths, known = self._matrix(values.stack_ids)
+        return matrix, lengths, values.values[known]
+
     def _matrix(
         self, stack_ids: np.ndarray, frames: bool = False
     ) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:

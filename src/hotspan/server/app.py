@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from typing import AsyncIterator, Optional
+from typing import AsyncIterator, Callable, Optional
 
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
@@ -13,18 +13,23 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
+from hotspan.metrics.operational import IngestCounter, QueryTimer
 from hotspan.query.engine import QueryEngine
 from hotspan.query.traces import TraceEngine
 from hotspan.server import (
     agent_settings,
+    alerts,
     endpoints,
     ingest,
+    metrics,
     otlp,
     querier,
+    recording_rules,
     render,
     scrape,
     span_profiles,
     tempo,
+    why,
 )
 from hotspan.server.config import ServerConfig
 from hotspan.server.redact import Redactor
@@ -80,9 +85,14 @@ def create_app(config: Optional[ServerConfig] = None, store: Optional[Store] = N
         traces=TraceEngine(store, engine),
         redactor=redactor,
     )
+    state.metrics = metrics.server_metrics(config, store)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        assert state.metrics is not None
+        state.metrics.recorder.refresh()  # before the first push: every batch counts
+        state.metrics.recorder.start()
+        state.on_shutdown.append(state.metrics.recorder.stop)
         retention_ns = store.kept_retention_ns(config.retention_ns)
         if retention_ns > 0:
             retention = RetentionLoop(store, retention_ns, config.retention_interval_s)
@@ -94,6 +104,18 @@ def create_app(config: Optional[ServerConfig] = None, store: Optional[Store] = N
 
             scraper = app.state.scraper = Scraper(state, config.scrape)
             scraper.start()
+        if config.alert_interval_s > 0:
+            from hotspan.alerts.evaluator import AlertLoop
+
+            alerts_loop = AlertLoop(
+                store,
+                engine,
+                config.alert_interval_s,
+                lambda: config.external_url or f"http://{config.host}:{config.port}",
+                lag_s=config.alert_lag_s,
+            )
+            alerts_loop.start()
+            state.on_shutdown.append(alerts_loop.stop)
         yield
         if scraper is not None:
             await scraper.stop()  # before the store closes: a scrape may be storing
@@ -110,22 +132,32 @@ def create_app(config: Optional[ServerConfig] = None, store: Optional[Store] = N
     # Query answers are compressed (level 9, the default, costs 50 ms on a 400 KB flame
     # graph; level 1 costs 2 ms); ingest answers are empty and skip the middleware.
     compressed = [Middleware(GZipMiddleware, minimum_size=4096, compresslevel=1)]
+
+    def counted(path: str, endpoint: Callable, name: str) -> Route:
+        """An ingest route whose requests, bytes and refusals /metrics counts."""
+        counter = Middleware(IngestCounter, state.metrics, name)
+        return Route(path, endpoint, methods=["POST"], middleware=[counter])
+
     routes = [
         Route("/ready", ready, methods=["GET"]),
-        Route("/ingest", ingest.ingest, methods=["POST"]),
-        Route("/pyroscope/ingest", ingest.ingest, methods=["POST"]),
-        Route("/push.v1.PusherService/Push", ingest.push, methods=["POST"]),
-        Route(otlp.PATHS[0], otlp.traces, methods=["POST"]),
-        Route(otlp.PATHS[1], otlp.profiles, methods=["POST"]),
+        counted("/ingest", ingest.ingest, "ingest"),
+        counted("/pyroscope/ingest", ingest.ingest, "pyroscope_ingest"),
+        counted("/push.v1.PusherService/Push", ingest.push, "push"),
+        counted(otlp.PATHS[0], otlp.traces, "otlp_traces"),
+        counted(otlp.PATHS[1], otlp.profiles, "otlp_profiles"),
+        *metrics.routes,
+        *recording_rules.routes,
         *agent_settings.routes,
         *scrape.routes,
+        *alerts.routes,
         *(
-            _with_middleware(r, compressed)
+            _with_middleware(r, [Middleware(QueryTimer, state.metrics, r.path), *compressed])
             for r in querier.routes
             + render.routes
             + span_profiles.routes
             + endpoints.routes
             + tempo.routes
+            + why.routes
         ),
         *ui_routes,
     ]

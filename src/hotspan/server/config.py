@@ -44,3 +44,11 @@ class ServerConfig:
     # ``--scrape FILE``, read and checked: the targets whose /debug/pprof the server pulls
     # (server/scrape.py); None: none.
     scrape: Optional[ScrapeConfig] = None
+    # Alert rules are evaluated this often (0: not by this server, e.g. all but one of the
+    # servers over a shared store); links in notifications start with external_url (None:
+    # http://host:port of this server).
+    alert_interval_s: float = 60.0
+    external_url: Optional[str] = None
+    # Alert conditions look at windows ending this long ago: samples arrive in uploads,
+    # stamped at the start of the agent's upload window.
+    alert_lag_s: float = 30.0

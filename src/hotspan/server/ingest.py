@@ -37,8 +37,14 @@ async def commit(state: ServerState, tenant: str, batch: IngestBatch) -> None:
     here (or in :func:`commit_sync`), so that is where the server redacts."""
     if not len(batch):
         return
+    stored = _stored_form(state, batch)
+    write = state.store.write(tenant, stored)
+    if state.metrics is not None:
+        state.metrics.watch(tenant, stored, write)
     try:
-        await asyncio.wrap_future(state.store.write(tenant, _stored_form(state, batch)))
+        # Shielded: a request cancelled (client gone, timeout) must not cancel the queued
+        # write, which the store completes anyway and /metrics counts.
+        await asyncio.shield(asyncio.wrap_future(write))
     except StoreError as exc:
         raise HTTPError(503, f"could not store the profile: {exc}") from None
 
@@ -46,7 +52,11 @@ async def commit(state: ServerState, tenant: str, batch: IngestBatch) -> None:
 def commit_sync(state: ServerState, tenant: str, batch: IngestBatch, timeout_s: float) -> None:
     """:func:`commit` for callers on a thread of their own (the gRPC receivers)."""
     if len(batch):
-        state.store.write(tenant, _stored_form(state, batch)).result(timeout=timeout_s)
+        stored = _stored_form(state, batch)
+        write = state.store.write(tenant, stored)
+        if state.metrics is not None:
+            state.metrics.watch(tenant, stored, write)
+        write.result(timeout=timeout_s)
 
 
 def _stored_form(state: ServerState, batch: IngestBatch) -> IngestBatch:

@@ -92,8 +92,14 @@ def start(state: ServerState, host: str, port: int) -> Tuple[grpc.Server, int]:
             ("grpc.so_reuseport", 0),
         ],
     )
-    for service, export in ((TRACE_SERVICE, _export_traces), (PROFILES_SERVICE, _export_profiles)):
-        method = grpc.unary_unary_rpc_method_handler(_handler(state, export))
+    for service, export, name in (
+        (TRACE_SERVICE, _export_traces, "otlp_grpc_traces"),
+        (PROFILES_SERVICE, _export_profiles, "otlp_grpc_profiles"),
+    ):
+        handler = _handler(state, export)
+        if state.metrics is not None:
+            handler = state.metrics.grpc_counted(name, handler)
+        method = grpc.unary_unary_rpc_method_handler(handler)
         server.add_generic_rpc_handlers(
             (grpc.method_handlers_generic_handler(service, {"Export": method}),)
         )

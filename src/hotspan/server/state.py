@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, List, Optional
+from typing import TYPE_CHECKING, Callable, List, Optional
 
 from hotspan.query.engine import QueryEngine
 from hotspan.query.traces import TraceEngine
@@ -11,6 +11,9 @@ from hotspan.server.config import ServerConfig
 from hotspan.server.instances import InstanceRegistry
 from hotspan.server.redact import Redactor
 from hotspan.store.base import Store
+
+if TYPE_CHECKING:
+    from hotspan.metrics.operational import ServerMetrics
 
 
 @dataclass
@@ -25,3 +28,5 @@ class ServerState:
     instances: InstanceRegistry = field(default_factory=InstanceRegistry)
     # From config.redact_patterns; None: profiles are stored as received.
     redactor: Optional[Redactor] = None
+    # /metrics: request counters and the recording rules, which see every stored batch.
+    metrics: Optional[ServerMetrics] = None

@@ -68,6 +68,7 @@ PAGES = [
     "/diff",
     "/traces",
     "/traces/{trace_id}",
+    "/alerts",
     "/settings",
     "/settings/{service:path}",
 ]

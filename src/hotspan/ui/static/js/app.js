@@ -1,5 +1,6 @@
 // The UI's entry point: which view answers which path, and the settings dialog.
 
+import { renderAlerts } from "./alerts.js";
 import { saveSettings, settings } from "./api.js";
 import { el } from "./dom.js";
 import { renderDiff } from "./diff.js";
@@ -14,6 +15,7 @@ route(/^\/endpoints\/?$/, renderEndpoints);
 route(/^\/diff$/, renderDiff);
 route(/^\/traces\/?$/, renderTraceSearch);
 route(/^\/traces\/([^/]+)$/, renderTraceView);
+route(/^\/alerts\/?$/, renderAlerts);
 route(/^\/settings\/?$/, renderSettingsIndex);
 route(/^\/settings\/(.+)$/, renderServiceSettings);
 

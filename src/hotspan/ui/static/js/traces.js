@@ -6,6 +6,8 @@
 //          &limit=N, 50 by default)
 //   /traces/<trace id>?span=<span id>&descendants=1&type=<profile type id>
 //          (&zoom=, &sort=, &sandwich=: the span profile's flame graph and table state)
+//          (&why=1: "Why slow?" in place of the span's profile; &whyWindow=, &whyType=: its
+//          baseline window and profile type, see why.js)
 
 import { ApiError, CPU, getBytes, getJSON } from "./api.js";
 import { el, message, rejectInput } from "./dom.js";
@@ -16,6 +18,7 @@ import { navigate, panelState, setQuery } from "./router.js";
 import { traceIdOf } from "./spans.js";
 import { DEFAULT_FROM, DEFAULT_UNTIL, TimeRangePicker, absoluteRange, describeRange, resolveRange } from "./timerange.js";
 import { Waterfall, buildTree, serviceColor } from "./waterfall.js";
+import { DEFAULT_WINDOW, WhyPanel } from "./why.js";
 import { compareBox, traceRange } from "./compare.js";
 
 const DEFAULT_LIMIT = 50;
@@ -432,6 +435,9 @@ export function renderTraceView(root, { params, match }) {
     span: (params.get("span") || "").toLowerCase(),
     descendants: ["1", "true", "yes"].includes(params.get("descendants") || ""),
     type: params.get("type") || CPU,
+    why: params.get("why") === "1",
+    whyWindow: params.get("whyWindow") || DEFAULT_WINDOW,
+    whyType: params.get("whyType") || "",
   };
 
   const header = el("div", { class: "hs-trace-header" }, back, el("h1", {}, "Trace ", el("code", {}, traceId)));
@@ -447,6 +453,17 @@ export function renderTraceView(root, { params, match }) {
     " include descendants",
   );
   const wholeButton = el("button", { type: "button", class: "hs-whole-trace" }, "Whole trace");
+  // The span (or, with none picked, the root span) against others of its operation.
+  const whyButton = el(
+    "button",
+    {
+      type: "button",
+      class: "hs-why-button",
+      title: "Compare this span with others of the same service and name: which functions made it slower",
+    },
+    "Why slow?",
+  );
+  const whyBox = el("div", { class: "hs-why-box", hidden: true });
   // Every profile type the agent links to spans (CPU, wall, allocations, heap, lock waits,
   // threads and tasks) opens here; the picker lists those the trace's services sent.
   const typeBox = el("span", { class: "hs-span-type-box" });
@@ -454,8 +471,10 @@ export function renderTraceView(root, { params, match }) {
   const profileSection = el(
     "div",
     { class: "hs-profile-section" },
-    el("div", { class: "hs-toolbar" }, profileTitle, el("span", { class: "hs-spacer" }), typeBox, descendantsLabel, wholeButton),
+    el("div", { class: "hs-toolbar" }, profileTitle, el("span", { class: "hs-spacer" }), typeBox, descendantsLabel,
+      wholeButton, whyButton),
     details,
+    whyBox,
     panelBox,
   );
   section.append(
@@ -472,6 +491,7 @@ export function renderTraceView(root, { params, match }) {
   let waterfall = null;
   let panel = null;
   let profileController = null;
+  let why = null;
 
   function ensurePanel() {
     if (panel) return panel;
@@ -514,21 +534,38 @@ export function renderTraceView(root, { params, match }) {
     descendantsBox.disabled = !span;
     descendantsLabel.classList.toggle("hs-disabled", !span);
     wholeButton.hidden = !span;
+    // "Why slow?" compares the span with its descendants in every type the answer has.
+    whyButton.classList.toggle("hs-active", state.why);
+    whyButton.setAttribute("aria-pressed", String(state.why));
+    typeBox.hidden = descendantsLabel.hidden = state.why;
     const what = state.type === CPU ? "CPU profile" : typeLabel(state.type);
     const compare = tree ? compareBox({ traceId, span, type: state.type, range: traceRange(tree) }) : null;
+    if (state.why) {
+      const root = tree && tree.roots[0];
+      profileTitle.replaceChildren(
+        "Why is ",
+        span || !root ? "span " : "this trace's root span ",
+        el("span", { class: "hs-span-title" }, (span || root || { name: "the root span" }).name),
+        " slow?",
+      );
+    }
     if (!span) {
-      profileTitle.textContent = `${what} of the whole trace`;
+      if (!state.why) profileTitle.textContent = `${what} of the whole trace`;
       details.replaceChildren(
-        el("p", { class: "hs-note" }, "Click a span in the waterfall to see its own profile."),
+        el("p", { class: "hs-note" }, state.why
+          ? "Click a span in the waterfall to ask about it instead."
+          : "Click a span in the waterfall to see its own profile."),
         compare,
       );
       return;
     }
-    profileTitle.replaceChildren(
-      `${what} of span `,
-      el("span", { class: "hs-span-title" }, span.name),
-      state.descendants && span.children.length ? " and its descendants" : "",
-    );
+    if (!state.why) {
+      profileTitle.replaceChildren(
+        `${what} of span `,
+        el("span", { class: "hs-span-title" }, span.name),
+        state.descendants && span.children.length ? " and its descendants" : "",
+      );
+    }
     const attrs = span.attributes || [];
     const facts = [
       el(
@@ -576,7 +613,30 @@ export function renderTraceView(root, { params, match }) {
     }
   }
 
+  /** The "Why slow?" answer for the picked span (or the root span), in place of its profile. */
+  function loadWhy() {
+    whyBox.hidden = false;
+    panelBox.hidden = true;
+    if (why) {
+      why.setSpan(state.span);
+      return;
+    }
+    why = new WhyPanel(whyBox, {
+      traceId,
+      spanId: state.span,
+      window: state.whyWindow,
+      type: state.whyType,
+      onState: (changes) => setQuery(changes),
+    });
+  }
+
   async function loadProfile() {
+    if (state.why) {
+      loadWhy();
+      return;
+    }
+    whyBox.hidden = true;
+    panelBox.hidden = false;
     if (profileController) profileController.abort();
     profileController = new AbortController();
     const mine = profileController;
@@ -616,6 +676,12 @@ export function renderTraceView(root, { params, match }) {
     loadProfile();
   });
   wholeButton.addEventListener("click", () => select(""));
+  whyButton.addEventListener("click", () => {
+    state.why = !state.why;
+    setQuery({ why: state.why ? "1" : "" }, { push: true });
+    showDetails();
+    loadProfile();
+  });
 
   async function load() {
     let body;
@@ -777,6 +843,7 @@ export function renderTraceView(root, { params, match }) {
     if (profileController) profileController.abort();
     if (waterfall) waterfall.destroy();
     if (panel) panel.destroy();
+    if (why) why.destroy();
   };
 }
 

@@ -1,0 +1,402 @@
+"""What a rule's condition measures, answered by the query engine.
+
+Each condition gives a :class:`Measure`: its value (None when there is no data to judge, which
+leaves the alert's state as it was), whether it breaches the rule's threshold, a sentence for
+people, and the two sides of the diff view that show the cause (:class:`DiffLink`).
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import threading
+import urllib.parse
+import weakref
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Tuple
+
+import numpy as np
+
+from hotspan.alerts.rules import (
+    AlertRule,
+    FunctionShare,
+    LabelPair,
+    PerRequest,
+    ShareGrowth,
+    compile_function,
+    format_duration,
+    selector_text,
+)
+from hotspan.model.labels import Matcher, Selector
+from hotspan.query.endpoints import MAX_SPANS, STAMP_SLACK_NS, EndpointEngine
+from hotspan.query.engine import QueryEngine
+from hotspan.query.stacks import StackTable
+from hotspan.store.base import SampleFilter, SpanInfo, StackValues
+
+SEC = 10**9
+# Function regexes whose matches are remembered per stack table (rules of every tenant).
+MAX_CACHED_PATTERNS = 1024
+
+
+@dataclass(frozen=True)
+class Side:
+    selector: str
+    start_ns: int
+    end_ns: int
+
+
+@dataclass(frozen=True)
+class DiffLink:
+    """The diff view's baseline and comparison (and the function to search for)."""
+
+    profile_type: str
+    baseline: Side
+    comparison: Side
+    search: str = ""
+
+    def url(self, external_url: str) -> str:
+        params = {"profileType": self.profile_type}
+        for prefix, side in (("left", self.baseline), ("right", self.comparison)):
+            params[f"{prefix}Query"] = side.selector
+            # Unix seconds, whole ones covering the window (the UI reads seconds).
+            params[f"{prefix}From"] = str(side.start_ns // SEC)
+            params[f"{prefix}Until"] = str(-(-side.end_ns // SEC))
+        if self.search:
+            params["search"] = self.search
+        return external_url.rstrip("/") + "/diff?" + urllib.parse.urlencode(params)
+
+
+@dataclass(frozen=True)
+class Measure:
+    value: Optional[float]
+    breached: bool
+    summary: str
+    link: DiffLink
+    details: Dict[str, Any]
+
+
+def measure(engine: QueryEngine, tenant: str, rule: AlertRule, now_ns: int) -> Measure:
+    cond = rule.condition
+    if isinstance(cond, FunctionShare):
+        return _function_share(engine, tenant, rule, cond, now_ns)
+    if isinstance(cond, PerRequest):
+        return _per_request(engine, tenant, rule, cond, now_ns)
+    return _share_growth(engine, tenant, rule, cond, now_ns)
+
+
+# -- function share ---------------------------------------------------------------------------
+
+
+def _values(
+    engine: QueryEngine, tenant: str, rule: AlertRule, sel: Selector, side: Side
+) -> StackValues:
+    return engine.stack_values(
+        tenant, rule.profile_type, sel, SampleFilter(side.start_ns, side.end_ns)
+    )
+
+
+@functools.lru_cache(maxsize=MAX_CACHED_PATTERNS)
+def _regex(pattern: str) -> Any:
+    return compile_function(pattern)
+
+
+class _NameHits:
+    """The names of a stack table that match one regex.  A table's names only grow, so each
+    name is tested once: a pass tests only those added since the last."""
+
+    def __init__(self) -> None:
+        self.tested = 0
+        self.hits = np.zeros(0, dtype=np.int64)  # indexes of matching names
+
+
+_name_hits: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_name_hits_lock = threading.Lock()
+
+
+def matching_names(table: StackTable, pattern: str) -> np.ndarray:
+    """A boolean per name of ``table`` (one more, False, for padding): does it match?"""
+    regex = _regex(pattern)
+    with _name_hits_lock:
+        per_table = _name_hits.get(table)
+        if per_table is None:
+            per_table = _name_hits[table] = collections.OrderedDict()
+        entry = per_table.get(pattern)
+        if entry is None:
+            entry = per_table[pattern] = _NameHits()
+            while len(per_table) > MAX_CACHED_PATTERNS:
+                per_table.popitem(last=False)
+        per_table.move_to_end(pattern)
+        # Names are appended under the table's lock; the first len() of them never change.
+        names = table.names
+        count = len(names)
+        if count > entry.tested:
+            new = [i for i in range(entry.tested, count) if regex.search(names[i]) is not None]
+            if new:
+                entry.hits = np.concatenate((entry.hits, np.asarray(new, dtype=np.int64)))
+            entry.tested = count
+        hit = np.zeros(count + 1, dtype=bool)
+        hit[entry.hits] = True
+    return hit
+
+
+def stack_hits(table: StackTable, rows: np.ndarray, name_hit: np.ndarray) -> np.ndarray:
+    """A boolean per row: does the stack hold a frame whose name is hit?  Reads the rows'
+    frame names straight from the table's flat array (no stacks x depth matrix)."""
+    if len(rows) == 0:
+        return np.zeros(0, dtype=bool)
+    # Rows only ever get appended (arrays replaced, never changed), so these reads agree
+    # for rows the table returned, whichever arrays are current.
+    lengths = table._lengths[rows]
+    offsets = table._offsets[rows]
+    flat = table._flat_names
+    count = int(lengths.sum())
+    if count == 0:
+        return np.zeros(len(rows), dtype=bool)
+    firsts = np.cumsum(lengths) - lengths
+    index = np.arange(count, dtype=np.int64) + np.repeat(offsets - firsts, lengths)
+    owner = np.repeat(np.arange(len(rows), dtype=np.int64), lengths)
+    names = flat[index]
+    names = np.where(names < len(name_hit) - 1, names, len(name_hit) - 1)
+    hits = np.bincount(owner, weights=name_hit[names], minlength=len(rows))
+    return hits > 0
+
+
+def function_value(engine: QueryEngine, values: StackValues, pattern: str) -> Tuple[int, int]:
+    """(value of the stacks with a frame whose name matches ``pattern``, total value)."""
+    total = int(values.values.sum()) if len(values.values) else 0
+    if total == 0:
+        return 0, 0
+    table = engine.stacks
+    rows = table.rows(values.stack_ids)
+    known = rows >= 0
+    hit = stack_hits(table, rows[known], matching_names(table, pattern))
+    return int(values.values[known][hit].sum()), total
+
+
+def _share(
+    engine: QueryEngine, tenant: str, rule: AlertRule, sel: Selector, side: Side, function: str
+) -> Tuple[Optional[float], int]:
+    matched, total = function_value(engine, _values(engine, tenant, rule, sel, side), function)
+    return (100.0 * matched / total if total else None), total
+
+
+def _function_share(
+    engine: QueryEngine, tenant: str, rule: AlertRule, cond: FunctionShare, now_ns: int
+) -> Measure:
+    now = Side(rule.selector_text, now_ns - cond.window_ns, now_ns)
+    share, total = _share(engine, tenant, rule, rule.selector, now, cond.function)
+    # The stretch before the window is the baseline: where the function weighed what it did.
+    before = Side(rule.selector_text, now.start_ns - cond.window_ns, now.start_ns)
+    link = DiffLink(rule.profile_type.id, before, now, cond.function)
+    window = format_duration(cond.window_ns)
+    if share is None:
+        summary = (
+            f"no {rule.profile_type.name} samples for {rule.selector_text} in the last {window}"
+        )
+    else:
+        summary = (
+            f"functions matching /{cond.function}/ hold {share:.1f}% of {rule.selector_text} "
+            f"over the last {window} (threshold {cond.above:g}%)"
+        )
+    return Measure(
+        share,
+        share is not None and share > cond.above,
+        summary,
+        link,
+        {"total": total},
+    )
+
+
+# -- CPU per request --------------------------------------------------------------------------
+
+
+def _with_label(sel: Selector, label: str, value: str) -> Tuple[Selector, str]:
+    extra = Matcher(label, "=", value)
+    kept = tuple(m for m in sel.matchers if m.name != label)
+    narrowed = Selector(sel.metric, kept + (extra,))
+    return narrowed, selector_text(Selector(sel.metric, kept), extra)
+
+
+# What "per request" counts.  A request is a local root span of the rule's service that
+# started in the window: a span whose parent is not a span of the same service in its trace
+# (a root span, or the server span of a call from another service), as the endpoints view
+# counts them (hotspan.query.endpoints), so that a service only ever called by others has
+# requests too.  Spans looked at are capped (endpoints.MAX_SPANS, the latest kept): past it,
+# the count is a lower bound and the details say "truncated".
+#
+# - Against an offset: the value is every sample of the selector in the window (the
+#   requests' own and the process's other work) over the requests of the window.
+# - Against two label values: spans carry no profile labels, so a request belongs to the side
+#   whose samples its trace holds (the side holding more, when both do), and a side's total
+#   is the samples of its requests' traces (not the process's start, say, which would weigh
+#   on whichever side started last).  A request shorter than the sampling interval often has
+#   no samples at all: those requests are split between the sides in proportion to the
+#   requests each side has (the same traffic mix on both), and their count is in the details
+#   as "requestsWithoutSamples".
+
+
+def _requests(
+    engine: QueryEngine, tenant: str, service: str, side: Side
+) -> Tuple[List[SpanInfo], bool]:
+    return EndpointEngine(engine.store, engine).requests(
+        tenant, service, side.start_ns, side.end_ns
+    )
+
+
+def _trace_values(
+    engine: QueryEngine, tenant: str, rule: AlertRule, sel: Selector, side: Side
+) -> Dict[str, int]:
+    # Samples carry the start of their upload window: a request's first ones may be stamped
+    # a little before the window began (they are picked by trace, so no other request's).
+    start_ns = side.start_ns - STAMP_SLACK_NS
+    series = engine.find_series(tenant, [sel], start_ns, side.end_ns, rule.profile_type)
+    if not series:
+        return {}
+    found = engine.store.trace_values(
+        tenant, [s.series_id for s in series], SampleFilter(start_ns, side.end_ns)
+    )
+    return dict(zip(found.trace_ids, found.values.tolist()))
+
+
+@dataclass
+class _Count:
+    total: int = 0
+    requests: float = 0.0
+
+    def json(self) -> Dict[str, Any]:
+        per = self.total / self.requests if self.requests else None
+        return {"perRequest": per, "total": self.total, "requests": round(self.requests, 2)}
+
+
+def _count_by_offset(
+    engine: QueryEngine, tenant: str, rule: AlertRule, side: Side
+) -> Tuple[_Count, bool]:
+    roots, truncated = _requests(engine, tenant, rule.service or "", side)
+    values = _values(engine, tenant, rule, rule.selector, side)
+    total = int(values.values.sum()) if len(values.values) else 0
+    return _Count(total, float(len(roots))), truncated
+
+
+def _count_by_label(
+    engine: QueryEngine,
+    tenant: str,
+    rule: AlertRule,
+    sides: Tuple[Tuple[Selector, Side], Tuple[Selector, Side]],
+) -> Tuple[_Count, _Count, int, bool]:
+    """(baseline, comparison, requests without samples, truncated) over the one window both
+    sides share."""
+    roots, truncated = _requests(engine, tenant, rule.service or "", sides[0][1])
+    base_v, cmp_v = (_trace_values(engine, tenant, rule, sel, side) for sel, side in sides)
+    base, cmp_ = _Count(), _Count()
+    seen: set = set()
+    without = 0
+    for span in roots:
+        b, c = base_v.get(span.trace_id, 0), cmp_v.get(span.trace_id, 0)
+        if not b and not c:
+            without += 1
+            continue
+        mine, value = (base, b) if b >= c else (cmp_, c)
+        mine.requests += 1
+        if span.trace_id not in seen:  # a trace with two requests of the service: once
+            seen.add(span.trace_id)
+            mine.total += value
+    sampled = base.requests + cmp_.requests
+    if without and sampled:
+        share = base.requests / sampled
+        base.requests += without * share
+        cmp_.requests += without * (1 - share)
+    return base, cmp_, without, truncated
+
+
+def _per_request(
+    engine: QueryEngine, tenant: str, rule: AlertRule, cond: PerRequest, now_ns: int
+) -> Measure:
+    window = format_duration(cond.window_ns)
+    details: Dict[str, Any] = {}
+    if cond.labels is not None:
+        base_sel, base_text = _with_label(rule.selector, cond.labels.label, cond.labels.baseline)
+        cmp_sel, cmp_text = _with_label(rule.selector, cond.labels.label, cond.labels.comparison)
+        base = Side(base_text, now_ns - cond.window_ns, now_ns)
+        cmp_ = Side(cmp_text, now_ns - cond.window_ns, now_ns)
+        against = _pair_words(cond.labels)
+        base_n, cmp_n, without, truncated = _count_by_label(
+            engine, tenant, rule, ((base_sel, base), (cmp_sel, cmp_))
+        )
+        details["requestsWithoutSamples"] = without
+    else:
+        offset = cond.offset_ns or 0
+        base = Side(rule.selector_text, now_ns - offset - cond.window_ns, now_ns - offset)
+        cmp_ = Side(rule.selector_text, now_ns - cond.window_ns, now_ns)
+        against = f"the same {window} {format_duration(offset)} earlier"
+        base_n, cut_base = _count_by_offset(engine, tenant, rule, base)
+        cmp_n, cut_cmp = _count_by_offset(engine, tenant, rule, cmp_)
+        truncated = cut_base or cut_cmp
+    details.update(baseline=base_n.json(), comparison=cmp_n.json(), truncated=truncated)
+    before = details["baseline"]["perRequest"]
+    after = details["comparison"]["perRequest"]
+    link = DiffLink(rule.profile_type.id, base, cmp_)
+    unit = rule.profile_type.sample_unit
+    cut = (
+        f"; over {MAX_SPANS} spans of {rule.service} in a window: requests counted from the "
+        "latest only"
+        if truncated
+        else ""
+    )
+    if before is None or after is None or before <= 0:
+        missing = "baseline" if before is None or before <= 0 else "comparison"
+        summary = (
+            f"no {missing} to compare: {rule.service} needs profiles and requests (local root "
+            f"spans) on both sides ({against}){cut}"
+        )
+        return Measure(None, False, summary, link, details)
+    increase = 100.0 * (after / before - 1.0)
+    summary = (
+        f"{rule.service}: {rule.profile_type.name} per request {_amount(after, unit)} over the "
+        f"last {window}, {increase:+.1f}% against {against} ({_amount(before, unit)}; "
+        f"threshold +{cond.increase:g}%){cut}"
+    )
+    return Measure(increase, increase > cond.increase, summary, link, details)
+
+
+# -- share growth between two label values ----------------------------------------------------
+
+
+def _share_growth(
+    engine: QueryEngine, tenant: str, rule: AlertRule, cond: ShareGrowth, now_ns: int
+) -> Measure:
+    base_sel, base_text = _with_label(rule.selector, cond.labels.label, cond.labels.baseline)
+    cmp_sel, cmp_text = _with_label(rule.selector, cond.labels.label, cond.labels.comparison)
+    base = Side(base_text, now_ns - cond.window_ns, now_ns)
+    cmp_ = Side(cmp_text, now_ns - cond.window_ns, now_ns)
+    before, _ = _share(engine, tenant, rule, base_sel, base, cond.function)
+    after, _ = _share(engine, tenant, rule, cmp_sel, cmp_, cond.function)
+    link = DiffLink(rule.profile_type.id, base, cmp_, cond.function)
+    details = {"baselineShare": before, "comparisonShare": after}
+    if before is None or after is None:
+        missing = "baseline" if before is None else "comparison"
+        summary = f"no {missing} samples to compare ({_pair_words(cond.labels)})"
+        return Measure(None, False, summary, link, details)
+    growth = after - before
+    summary = (
+        f"functions matching /{cond.function}/ went from {before:.1f}% to {after:.1f}% "
+        f"({growth:+.1f} points, threshold {cond.points:g}) {_pair_words(cond.labels)}"
+    )
+    return Measure(growth, growth > cond.points, summary, link, details)
+
+
+def _pair_words(pair: LabelPair) -> str:
+    return f"{pair.label}={pair.baseline!r} -> {pair.label}={pair.comparison!r}"
+
+
+def _amount(value: float, unit: str) -> str:
+    if unit == "nanoseconds":
+        for size, name in ((SEC, "s"), (10**6, "ms"), (10**3, "µs")):
+            if value >= size:
+                return f"{value / size:.3g} {name}"
+        return f"{value:.0f} ns"
+    if unit == "bytes":
+        for size, name in ((2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB")):
+            if value >= size:
+                return f"{value / size:.3g} {name}"
+        return f"{value:.0f} B"
+    return f"{value:.3g} {unit}"

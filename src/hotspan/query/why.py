@@ -1,0 +1,461 @@
+"""Why is this span slow: its profile beside the profile of the spans like it.
+
+The baseline of a span is the other spans of its service with its name that started in a
+window ending at its end (24 h by default), the ones nearest their median duration (so that
+the slowest and the fastest do not pull the mean), at most ``baseline_spans`` of them.  Each
+span, the one asked about as each baseline span, counts with its descendants: a handler's
+time spent in a child span is its time too.  The span's own ancestors and descendants of that
+name (a proxy's span around the same route, a recursive call) are not in its baseline: their
+samples are its samples.  The candidates are the latest ``CANDIDATE_LIMIT`` spans of that
+service and name in the window: for a very busy span name the baseline comes from the end of
+the window.
+
+Per profile type (CPU first, then wall where stored), each function's self and total value in
+the span is set beside its mean per baseline span; the functions are ranked by the extra self
+value the span holds, and a diff flame graph (baseline mean on the left, the span on the
+right) shows where.  The verdict says whether the span was computing or waiting: a span whose
+CPU is well under its duration spent its time off-CPU (I/O, locks, sleeping), which its CPU
+profile cannot explain but its wall profile can.  Missing data is not waiting: a span without
+a sample of any type is "pending" while its profiles may still be on their way (it ended
+under ``PENDING_NS`` ago), "no-profile" after; a span too short for a few samples
+("too-short") has too few to tell computing from waiting.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Sequence, Set, Tuple
+
+import numpy as np
+
+from hotspan.model.labels import Selector
+from hotspan.model.profile import ProfileType
+from hotspan.model.trace import StoredSpan
+from hotspan.query import flamegraph
+from hotspan.query.engine import DEFAULT_MAX_NODES, QueryEngine
+from hotspan.query.traces import descendants
+from hotspan.store.base import SampleFilter, SpanInfo, StackValues, Store
+
+CPU = ProfileType.parse("process_cpu:cpu:nanoseconds:cpu:nanoseconds")
+# What the hotspan agent sends for wall time (agent.core.WALL_TYPE under the name "wall").
+WALL = ProfileType.parse("wall:wall:nanoseconds:wall:nanoseconds")
+HOUR_NS = 3600 * 10**9
+DEFAULT_WINDOW_NS = 24 * HOUR_NS
+DEFAULT_BASELINE_SPANS = 50
+DEFAULT_FUNCTIONS = 20
+# CPU under this share of the duration: the span was mostly waiting.
+WAITING_CPU_SHARE = 0.3
+# Five sampling periods at the agent's default 100 Hz: a shorter span holds a sample or two
+# at most, and a CPU share read from those says nothing.
+TOO_SHORT_NS = 50 * 10**6
+# The agent uploads every 10 s by default: a span this recent may have samples on the way.
+PENDING_NS = 15 * 10**9
+# Candidates for the baseline are read as the latest spans of that service and name in the
+# window: a busier name gets its baseline from the latest ones.
+CANDIDATE_LIMIT = 20_000
+# The spans of the chosen spans' traces (at most ``baseline_spans`` traces), read to find
+# their descendants.
+TRACE_SPANS_LIMIT = 100_000
+_ANY = Selector(metric="", matchers=())
+
+VERDICTS = ("computing", "waiting", "too-short", "pending", "no-profile", "no-baseline")
+# Code objects Python makes for an expression inside a function: their time is the
+# function's (a slow ``sum(x * x for x in rows)`` must name the function, not ``<genexpr>``).
+_INLINE_CODE = ("<genexpr>", "<listcomp>", "<dictcomp>", "<setcomp>", "<lambda>")
+
+
+class SpanNotFound(LookupError):
+    """The trace, or the span in it, is not stored."""
+
+
+@dataclass(frozen=True)
+class Baseline:
+    spans: Tuple[SpanInfo, ...]  # the chosen spans like the one asked about
+    start_ns: int  # the earliest start among them (the window's start if none)
+    end_ns: int  # the latest end among them (the window's end if none)
+    mean_duration_ns: int
+    median_duration_ns: int
+    span_ids: Tuple[int, ...]  # the chosen spans and their descendants
+    trace_ids: Tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Delta:
+    span: int  # in the span (with its descendants)
+    baseline: float  # mean per baseline span
+
+    @property
+    def extra(self) -> float:
+        return self.span - self.baseline
+
+
+@dataclass(frozen=True)
+class FunctionDelta:
+    name: str
+    self_value: Delta
+    total: Delta
+    # Of the span's extra duration, what this function's extra self value accounts for
+    # (0..1); None for types that are not time, or a span no slower than its baseline.
+    share_of_extra_duration: Optional[float]
+
+
+@dataclass(frozen=True)
+class ProfileComparison:
+    profile_type: ProfileType
+    value: Delta
+    functions: Tuple[FunctionDelta, ...]  # the largest extra self value first
+    # Left: the baseline's mean per span, each stack rounded to whole units but at least 1 if
+    # it has any (a count type's rare stacks must not vanish); right: the span.
+    flamegraph: flamegraph.FlameGraph
+
+
+@dataclass(frozen=True)
+class WhyAnswer:
+    trace_id: str
+    span: StoredSpan
+    window_ns: int
+    baseline: Baseline
+    profiles: Tuple[ProfileComparison, ...]
+    verdict: str
+    summary: str
+
+    @property
+    def extra_duration_ns(self) -> int:
+        """The span's duration beyond its baseline's mean (0 without a baseline)."""
+        if not self.baseline.spans:
+            return 0
+        return self.span.duration_ns - self.baseline.mean_duration_ns
+
+    def profile(self, ptype: ProfileType) -> Optional[ProfileComparison]:
+        return next((p for p in self.profiles if p.profile_type == ptype), None)
+
+
+def ancestors(spans: Sequence[StoredSpan], span: StoredSpan) -> Set[int]:
+    """The ids of the spans above ``span`` in its trace."""
+    parents = {s.span_id: s.parent_span_id for s in spans}
+    out: Set[int] = set()
+    parent = span.parent_span_id
+    while parent in parents and parent not in out:  # a cycle in bad data must not loop
+        out.add(parent)
+        parent = parents[parent]
+    return out
+
+
+def pick_span(spans: Sequence[StoredSpan], span_id: Optional[int]) -> StoredSpan:
+    """The span asked for, or the trace's root: the earliest span without a parent in the
+    trace (the longest of those starting together)."""
+    if span_id is not None:
+        for span in spans:
+            if span.span_id == span_id:
+                return span
+        raise SpanNotFound(f"span {span_id:016x} is not in the trace")
+    ids = {s.span_id for s in spans}
+    roots = [s for s in spans if s.parent_span_id not in ids] or list(spans)
+    return min(roots, key=lambda s: (s.start_ns, -s.end_ns, s.span_id))
+
+
+def choose_baseline(candidates: Sequence[SpanInfo], cap: int) -> List[SpanInfo]:
+    """The ``cap`` candidates nearest their median duration (ties: the latest first)."""
+    if not candidates:
+        return []
+    median = statistics.median(s.end_ns - s.start_ns for s in candidates)
+    ordered = sorted(
+        candidates,
+        key=lambda s: (abs(s.end_ns - s.start_ns - median), -s.start_ns, s.span_id),
+    )
+    return ordered[:cap]
+
+
+def per_function(engine: QueryEngine, values: StackValues) -> Tuple[np.ndarray, np.ndarray]:
+    """Self and total value per name index (into ``engine.stacks.names``).  A function
+    counts once per stack in its total, however often it recurses there."""
+    matrix, lengths, vals = engine.name_matrix(values)
+    keep = lengths > 0
+    matrix, lengths, vals = matrix[keep], lengths[keep], vals[keep].astype(np.float64)
+    if len(vals) == 0:
+        return np.zeros(0), np.zeros(0)
+    size = int(matrix.max()) + 1
+    leaves = matrix[np.arange(len(lengths)), _self_positions(engine, matrix, lengths, size)]
+    self_values = np.bincount(leaves, weights=vals, minlength=size)
+    rows, cols = np.nonzero(matrix >= 0)
+    pairs = np.unique(rows.astype(np.int64) * size + matrix[rows, cols])
+    total = np.bincount(pairs % size, weights=vals[pairs // size], minlength=size)
+    return self_values, total
+
+
+def _self_positions(
+    engine: QueryEngine, matrix: np.ndarray, lengths: np.ndarray, size: int
+) -> np.ndarray:
+    """Per stack, the depth its self time belongs to: the leaf, or the nearest frame above
+    it that is not a comprehension, generator expression or lambda."""
+    valid = matrix >= 0
+    inline = np.zeros(size, dtype=bool)
+    names = engine.stacks.names
+    for idx in np.unique(matrix[valid]).tolist():
+        inline[idx] = names[idx].rsplit(".", 1)[-1] in _INLINE_CODE
+    named = valid & ~inline[np.where(valid, matrix, 0)]
+    from_leaf = named[:, ::-1]
+    last_named = matrix.shape[1] - 1 - from_leaf.argmax(axis=1)
+    return np.where(from_leaf.any(axis=1), last_named, lengths - 1)
+
+
+def _pad(a: np.ndarray, size: int) -> np.ndarray:
+    return np.concatenate([a, np.zeros(size - len(a))]) if len(a) < size else a
+
+
+class WhyEngine:
+    def __init__(self, store: Store, engine: QueryEngine) -> None:
+        self.store = store
+        self.engine = engine
+
+    def explain(
+        self,
+        tenant: str,
+        trace_id: str,
+        span_id: Optional[int] = None,
+        profile_type: Optional[ProfileType] = None,
+        window_ns: int = DEFAULT_WINDOW_NS,
+        baseline_spans: int = DEFAULT_BASELINE_SPANS,
+        limit: int = DEFAULT_FUNCTIONS,
+        max_nodes: Optional[int] = DEFAULT_MAX_NODES,
+    ) -> WhyAnswer:
+        """Compares a span (by default the trace's root) with its baseline, for
+        ``profile_type`` (CPU if None) and then CPU and wall, those stored for it.
+        SpanNotFound when the trace or the span is unknown."""
+        spans = self.store.trace(tenant, trace_id)
+        if not spans:
+            raise SpanNotFound("trace not found")
+        span = pick_span(spans, span_id)
+        span_ids = descendants(spans, [span.span_id])
+        nested = span_ids | ancestors(spans, span)
+        baseline = self.baseline(tenant, span, trace_id, nested, window_ns, baseline_spans)
+        types: List[ProfileType] = []
+        for ptype in (profile_type or CPU, CPU, WALL):
+            if ptype not in types:
+                types.append(ptype)
+        profiles = []
+        for ptype in types:
+            found = self.compare(
+                tenant, ptype, span, trace_id, span_ids, baseline, limit, max_nodes
+            )
+            if found is not None:
+                profiles.append(found)
+        verdict, summary = _verdict(span, baseline, profiles, window_ns, time.time_ns())
+        return WhyAnswer(trace_id, span, window_ns, baseline, tuple(profiles), verdict, summary)
+
+    def baseline(
+        self,
+        tenant: str,
+        span: StoredSpan,
+        trace_id: str,
+        nested: Set[int],
+        window_ns: int,
+        cap: int,
+    ) -> Baseline:
+        """``nested``: the span, its ancestors and its descendants (in ``trace_id``), which
+        share its samples and so are no baseline for it."""
+        start = max(span.end_ns - window_ns, 0)
+        infos = self.store.span_infos(
+            tenant, start, span.end_ns, service=span.service, limit=CANDIDATE_LIMIT, name=span.name
+        )
+        candidates = [s for s in infos if not (s.trace_id == trace_id and s.span_id in nested)]
+        chosen = choose_baseline(candidates, cap)
+        if not chosen:
+            return Baseline((), start, span.end_ns, 0, 0, (), ())
+        traces = sorted({s.trace_id for s in chosen})
+        # One query for every span of the chosen spans' traces: their descendants are there.
+        # Children start after their parent; an hour more keeps late follow-ups.
+        rows = self.store.span_infos(
+            tenant, start, span.end_ns + HOUR_NS, trace_ids=traces, limit=TRACE_SPANS_LIMIT
+        )
+        by_trace: Dict[str, List[SpanInfo]] = {}
+        for row in rows:
+            by_trace.setdefault(row.trace_id, []).append(row)
+        ids: Set[int] = set()
+        for trace in traces:
+            roots = [s.span_id for s in chosen if s.trace_id == trace]
+            ids |= descendants(by_trace.get(trace, []), roots)  # type: ignore[arg-type]
+        durations = [s.end_ns - s.start_ns for s in chosen]
+        return Baseline(
+            tuple(chosen),
+            min(s.start_ns for s in chosen),
+            max(s.end_ns for s in chosen),
+            round(sum(durations) / len(durations)),
+            round(statistics.median(durations)),
+            tuple(sorted(ids)),
+            tuple(traces),
+        )
+
+    def compare(
+        self,
+        tenant: str,
+        ptype: ProfileType,
+        span: StoredSpan,
+        trace_id: str,
+        span_ids: Set[int],
+        baseline: Baseline,
+        limit: int,
+        max_nodes: Optional[int],
+    ) -> Optional[ProfileComparison]:
+        """The span beside its baseline in one profile type; None when neither holds a
+        sample of it (the type is not stored for them)."""
+        # Samples are stamped with the start of their upload window: it may begin before the
+        # span, and end after it.
+        mine = self.engine.stack_values(
+            tenant,
+            ptype,
+            _ANY,
+            SampleFilter(
+                span.start_ns - HOUR_NS,
+                span.end_ns + HOUR_NS,
+                span_ids=sorted(span_ids),
+                trace_ids=[trace_id],
+            ),
+        )
+        theirs = StackValues.empty()
+        if baseline.spans:
+            theirs = self.engine.stack_values(
+                tenant,
+                ptype,
+                _ANY,
+                SampleFilter(
+                    baseline.start_ns - HOUR_NS,
+                    baseline.end_ns + HOUR_NS,
+                    span_ids=list(baseline.span_ids),
+                    trace_ids=list(baseline.trace_ids),
+                ),
+            )
+        if not mine.values.any() and not theirs.values.any():
+            return None
+        n = max(len(baseline.spans), 1)
+        value = Delta(int(mine.values.sum()), float(theirs.values.sum()) / n)
+        functions = self._functions(mine, theirs, n, ptype, span, baseline, limit)
+        means = np.rint(theirs.values / n).astype(np.int64)
+        mean = StackValues(theirs.stack_ids, np.where(theirs.values > 0, np.maximum(means, 1), 0))
+        graph = self.engine.diff(mean, mine, max_nodes)
+        return ProfileComparison(ptype, value, functions, graph)
+
+    def _functions(
+        self,
+        mine: StackValues,
+        theirs: StackValues,
+        n: int,
+        ptype: ProfileType,
+        span: StoredSpan,
+        baseline: Baseline,
+        limit: int,
+    ) -> Tuple[FunctionDelta, ...]:
+        my_self, my_total = per_function(self.engine, mine)
+        their_self, their_total = per_function(self.engine, theirs)
+        size = max(len(my_self), len(their_self))
+        my_self, my_total = _pad(my_self, size), _pad(my_total, size)
+        their_self, their_total = _pad(their_self / n, size), _pad(their_total / n, size)
+        present = np.nonzero((my_total > 0) | (their_total > 0))[0]
+        extra_self = my_self[present] - their_self[present]
+        extra_total = my_total[present] - their_total[present]
+        # Largest extra self first; then by extra total, then by index (stable answers).
+        order = np.lexsort((present, -extra_total, -extra_self))[:limit]
+        extra_ns = span.duration_ns - baseline.mean_duration_ns if baseline.spans else 0
+        is_time = ptype.sample_unit == "nanoseconds"
+        names = self.engine.stacks.names
+        out = []
+        for i in present[order].tolist():
+            self_delta = Delta(int(my_self[i]), float(their_self[i]))
+            share = None
+            if is_time and extra_ns > 0:
+                share = min(max(self_delta.extra / extra_ns, 0.0), 1.0)
+            out.append(
+                FunctionDelta(
+                    names[i], self_delta, Delta(int(my_total[i]), float(their_total[i])), share
+                )
+            )
+        return tuple(out)
+
+
+def duration_text(ns: float) -> str:
+    """``1.2 s``, ``35 ms``, ``800 µs``: a duration as people read it."""
+    for size, unit in ((3600e9, "h"), (60e9, "min"), (1e9, "s"), (1e6, "ms"), (1e3, "µs")):
+        if abs(ns) >= size:
+            return f"{_short(ns / size)} {unit}"
+    return f"{ns:.0f} ns"
+
+
+def _short(x: float) -> str:
+    digits = 0 if abs(x) >= 100 else 1 if abs(x) >= 10 else 2
+    return f"{x:.{digits}f}".rstrip("0").rstrip(".") if digits else f"{x:.0f}"
+
+
+def _top_extra(profile: Optional[ProfileComparison]) -> str:
+    if profile is None or not profile.functions or profile.functions[0].self_value.extra <= 0:
+        return ""
+    top = profile.functions[0]
+    kind = "CPU" if profile.profile_type == CPU else profile.profile_type.sample_type
+    amount = (
+        duration_text(top.self_value.extra)
+        if profile.profile_type.sample_unit == "nanoseconds"
+        else f"{top.self_value.extra:.4g} {profile.profile_type.sample_unit}"
+    )
+    return f"; the most extra {kind} is in {top.name} (+{amount} per request)"
+
+
+def _verdict(
+    span: StoredSpan,
+    baseline: Baseline,
+    profiles: Sequence[ProfileComparison],
+    window_ns: int,
+    now_ns: int,
+) -> Tuple[str, str]:
+    duration = span.duration_ns
+    head = f"{span.service} {span.name} took {duration_text(duration)}"
+    if baseline.spans:
+        extra = duration - baseline.mean_duration_ns
+        more = "more" if extra >= 0 else "less"
+        like = "span" if len(baseline.spans) == 1 else "spans"
+        head += (
+            f", {duration_text(abs(extra))} {more} than the mean of {len(baseline.spans)} "
+            f"{like} like it (median {duration_text(baseline.median_duration_ns)})"
+        )
+    if not any(p.value.span for p in profiles):
+        if now_ns - span.end_ns < PENDING_NS:
+            return "pending", (
+                f"{head}; no profile holds samples of it yet: it ended "
+                f"{duration_text(max(now_ns - span.end_ns, 0))} ago, and its samples may still "
+                "be on their way (ask again in a few seconds)"
+            )
+        return "no-profile", f"{head}; no profile holds samples of it"
+    cpu = next((p for p in profiles if p.profile_type == CPU), None)
+    wall = next((p for p in profiles if p.profile_type == WALL), None)
+    short = duration < TOO_SHORT_NS
+    # A short span that slept may well hold no CPU sample, nor may its like: that is no sign
+    # of a missing CPU profile.
+    if cpu is None and not short:
+        return "no-profile", head + "; no CPU profile holds samples of it or of spans like it"
+    cpu_span = cpu.value.span if cpu is not None else 0
+    cpu_text = "it holds no CPU samples"
+    if cpu is not None:
+        cpu_text = f"its CPU is {duration_text(cpu_span)}"
+    if not baseline.spans:
+        window = duration_text(window_ns)
+        return "no-baseline", (
+            f"{head}; no other {span.service} span named {span.name!r} started in the "
+            f"{window} before it to compare with; {cpu_text}"
+        )
+    if cpu_span >= WAITING_CPU_SHARE * duration:
+        return "computing", f"{head}; {cpu_text}: it was computing{_top_extra(cpu)}"
+    if short:
+        return "too-short", (
+            f"{head}; {cpu_text}, but it is too short to tell computing from waiting: it "
+            "spans fewer than 5 sampling periods at 100 Hz"
+        )
+    text = f"{head}; {cpu_text}: it was waiting"
+    # The wall profile samples the span's thread whether on CPU or not: when it holds little
+    # of the span, part of the time was spent where no thread of it was sampled (an awaiting
+    # coroutine, another process) or its samples are missing.  Say so rather than guess.
+    if wall is not None and wall.value.span < duration / 2:
+        text += (
+            f" (its wall profile holds only {duration_text(wall.value.span)} of it: the rest "
+            "was not spent on a sampled thread, or its samples are missing)"
+        )
+    return "waiting", text + _top_extra(wall)
