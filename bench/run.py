@@ -14,6 +14,9 @@
                                    # ingest with 1 and 2 servers, queries at 10 M and 100 M
                                    # samples (~13 min, + ~7 min once to build the data; quick
                                    # ~2 min; not in the default run; see bench/README.md)
+    python bench/run.py --only rules [--quick]   # issue 18: recording rules' ingest cost,
+                                   # "why is this trace slow?", alert evaluation (~4 min,
+                                   # quick ~1.5 min; not in the default run)
 
 Use the project's environment (e.g. ``/tmp/probe/bin/python bench/run.py``).
 """
@@ -310,8 +313,8 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="small, fast version")
     parser.add_argument(
         "--only",
-        choices=["ingest", "query", "agent", "traces", "ui", "clickhouse"],
-        help="run one benchmark (agent, traces, ui and clickhouse run only when asked for)",
+        choices=["ingest", "query", "agent", "traces", "ui", "clickhouse", "rules"],
+        help="run one benchmark (agent, traces, ui, clickhouse and rules run only when asked for)",
     )
     parser.add_argument(
         "--concurrency",
@@ -346,6 +349,10 @@ def main() -> int:
         import ui
 
         return ui.run_from(args, report, t0, log)
+    if args.only == "rules":  # recording rules, why, alerts; writes rules.md/.json
+        import rules
+
+        return rules.run_from(args, report, t0, log)
     if args.only in (None, "ingest"):
         import ingest
 

@@ -57,9 +57,11 @@ REFRESH_S = 10.0
 MAX_SERIES_PER_RULE = 5_000
 MAX_SERIES_PER_TENANT = 10_000
 MAX_SERIES = 100_000
-# Batches waiting to be counted; past it, batches are not counted (a decoded batch can weigh
-# megabytes, and a worker this far behind will not catch up by holding more).
-QUEUE_BATCHES = 64
+# Sample rows waiting to be counted (about 50 bytes each); past it, batches are not counted.
+# Rows, not batches: under a burst of pushes the worker shares the interpreter with the event
+# loop and falls behind for seconds, then catches up (it counts 1,000+ uploads a second
+# alone, bench/results/rules.md); a queue of 64 batches dropped 13 % of them there.
+QUEUE_ROWS = 2_000_000
 _SERIES_CACHE_LIMIT = 200_000
 _STOP = object()
 
@@ -106,13 +108,15 @@ class _Active:
 class Recorder:
     """The rules of every tenant, their counters, and the worker that feeds them."""
 
-    def __init__(self, store: Store, queue_batches: int = QUEUE_BATCHES) -> None:
+    def __init__(self, store: Store, queue_rows: int = QUEUE_ROWS) -> None:
         self.store = store
         self._lock = threading.Lock()  # _active, values, dropped, series counts
         self._active: Dict[str, List[_Active]] = {}  # tenant -> its rules
         self._series: Dict[str, int] = {}  # tenant -> series recorded
         self._series_total = 0
-        self._queue: queue.Queue = queue.Queue(maxsize=queue_batches)
+        self._queue: queue.Queue = queue.Queue()
+        self._queue_rows = queue_rows
+        self._queued_rows = 0  # under _drops_lock
         # Small locks of their own: taken where the recorder lock must not be.
         self._seq_lock = threading.Lock()
         self._seq = 0
@@ -184,11 +188,13 @@ class Recorder:
         """Queue a durable batch for counting; never blocks (a full queue drops it, counted)."""
         if not self._active.get(tenant):
             return  # a plain read: the common case of a tenant without rules costs nothing
-        try:
-            self._queue.put_nowait((tenant, batch))
-        except queue.Full:
-            with self._drops_lock:
+        rows = len(batch)
+        with self._drops_lock:
+            if self._queued_rows + rows > self._queue_rows:
                 self._dropped_batches[tenant] = self._dropped_batches.get(tenant, 0) + 1
+                return
+            self._queued_rows += rows
+        self._queue.put_nowait((tenant, batch))
 
     def flush(self, timeout_s: float) -> bool:
         """Wait until the batches queued before now are counted (at most ``timeout_s``):
@@ -196,10 +202,7 @@ class Recorder:
         if not self._threads:
             return True
         done = threading.Event()
-        try:
-            self._queue.put(done, timeout=timeout_s)
-        except queue.Full:
-            return False
+        self._queue.put(done)
         return done.wait(timeout_s)
 
     def count(self, tenant: str, batch: IngestBatch) -> None:
@@ -341,10 +344,7 @@ class Recorder:
 
     def stop(self) -> None:
         self._stop.set()
-        try:
-            self._queue.put(_STOP, timeout=30)
-        except queue.Full:
-            log.warning("the recording rules' worker did not stop")
+        self._queue.put(_STOP)
         for thread in self._threads:
             thread.join(timeout=30)
 
@@ -361,6 +361,9 @@ class Recorder:
                 self.count(tenant, batch)
             except Exception:  # noqa: BLE001 - a bug in a rule must not stop the counting
                 log.exception("recording rules could not count a batch")
+            finally:
+                with self._drops_lock:
+                    self._queued_rows -= len(batch)
             del item, batch  # do not hold a decoded batch while waiting for the next
 
     def _reload(self) -> None:
