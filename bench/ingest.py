@@ -9,6 +9,7 @@ runs from a separate process (``bench/loadgen.py``) over keep-alive connections.
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 import shutil
@@ -120,6 +121,49 @@ def ready_request(host: str, port: int, up: Dict[str, object]) -> bytes:
     )
 
 
+def drive_load(
+    server: common.Server, req_file: str, concurrency: int, warmup: float, duration: float
+) -> Tuple[Dict[str, object], Dict[str, float]]:
+    """Runs bench/loadgen.py on the pickled requests against the server: (the load
+    generator's final report, the server's CPU over the measured window only)."""
+    cpu = common.CpuWindow(server.pid)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            os.path.join(common.BENCH_DIR, "loadgen.py"),
+            "--host",
+            server.host,
+            "--port",
+            str(server.port),
+            "--requests",
+            req_file,
+            "--concurrency",
+            str(concurrency),
+            "--warmup",
+            str(warmup),
+            "--duration",
+            str(duration),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    final = None
+    server_cpu: Dict[str, float] = {}
+    for line in proc.stdout:
+        line = line.strip()
+        if line == "measure-start":
+            cpu.start()
+        elif line == "measure-end":
+            server_cpu = cpu.stop()
+        elif line.startswith("{"):
+            final = line
+    proc.wait(timeout=120)
+    if final is None:
+        raise RuntimeError(f"load generator failed (exit {proc.returncode})")
+    return json.loads(final), server_cpu
+
+
 def run_endpoint(
     endpoint: str,
     uploads: List[Dict[str, object]],
@@ -151,44 +195,7 @@ def run_endpoint(
         rss_sampler = common.RssSampler(server.pid)
         rss_sampler.start()
         rss_before = server.memory().get("VmRSS", 0)
-        cpu = common.CpuWindow(server.pid)
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                os.path.join(common.BENCH_DIR, "loadgen.py"),
-                "--host",
-                server.host,
-                "--port",
-                str(server.port),
-                "--requests",
-                req_file,
-                "--concurrency",
-                str(concurrency),
-                "--warmup",
-                str(warmup),
-                "--duration",
-                str(duration),
-            ],
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        assert proc.stdout is not None
-        final = None
-        server_cpu: Dict[str, float] = {}
-        for line in proc.stdout:
-            line = line.strip()
-            if line == "measure-start":
-                cpu.start()
-            elif line == "measure-end":
-                server_cpu = cpu.stop()
-            elif line.startswith("{"):
-                final = line
-        proc.wait(timeout=120)
-        if final is None:
-            raise RuntimeError(f"load generator failed (exit {proc.returncode})")
-        import json
-
-        load = json.loads(final)
+        load, server_cpu = drive_load(server, req_file, concurrency, warmup, duration)
         mem = server.memory()
         peak_sampled = rss_sampler.stop()
         stop = server.stop()

@@ -32,7 +32,6 @@ import pickle
 import random
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -238,43 +237,8 @@ def run_ingest_once(
         req_file = os.path.join(workdir, "requests-push.pickle")
         with open(req_file, "wb") as f:
             pickle.dump(reqs, f)
-        cpu = common.CpuWindow(server.pid)
-        window: Dict[str, float] = {}
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                os.path.join(common.BENCH_DIR, "loadgen.py"),
-                "--host",
-                server.host,
-                "--port",
-                str(server.port),
-                "--requests",
-                req_file,
-                "--concurrency",
-                str(concurrency),
-                "--warmup",
-                str(warmup),
-                "--duration",
-                str(duration),
-            ],
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        assert proc.stdout is not None
-        final = None
-        for line in proc.stdout:
-            line = line.strip()
-            if line == "measure-start":
-                cpu.start()
-            elif line == "measure-end":
-                window = cpu.stop()
-            elif line.startswith("{"):
-                final = line
-        proc.wait(timeout=120)
+        load, window = ingest.drive_load(server, req_file, concurrency, warmup, duration)
         os.unlink(req_file)
-        if final is None:
-            raise RuntimeError(f"load generator failed (exit {proc.returncode})")
-        load = json.loads(final)
         ok = int(load["ok"])
         out.update(
             uploads_ok=ok,

@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 import json
 import time
-from typing import Any, Awaitable, Callable, Dict, Iterable, Mapping, Optional
+from typing import Any, Dict, Iterable, Mapping, Optional
 
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
@@ -35,7 +35,7 @@ from hotspan.model.labels import (
     SelectorError,
     parse_selector,
 )
-from hotspan.server.errors import HTTPError
+from hotspan.server.errors import HTTPError, json_errors
 from hotspan.server.instances import Instance, parse_instance, parse_status
 from hotspan.server.request import check_token, query_state, read_body, tenant_of
 from hotspan.server.state import ServerState
@@ -135,22 +135,8 @@ def observe_agent(
 # -- endpoints ----------------------------------------------------------------------------------
 
 
-def _json_errors(
-    endpoint: Callable[[Request], Awaitable[Response]],
-) -> Callable[[Request], Awaitable[Response]]:
-    """The endpoint, with an HTTPError it raises answered as ``{"error": reason}``."""
 
-    @functools.wraps(endpoint)
-    async def answered(request: Request) -> Response:
-        try:
-            return await endpoint(request)
-        except HTTPError as exc:
-            return JSONResponse({"error": exc.message}, status_code=exc.status)
-
-    return answered
-
-
-@_json_errors
+@json_errors
 async def poll(request: Request) -> Response:
     """``GET /api/v1/agent/settings?name=app{k=v}``: an agent that is not uploading asks."""
     state: ServerState = request.app.state.hotspan
@@ -198,14 +184,14 @@ def instance_json(inst: Instance, rules: Iterable[SettingsRule]) -> Dict[str, An
     }
 
 
-@_json_errors
+@json_errors
 async def list_rules(request: Request) -> Response:
     """``GET /api/v1/settings``: every rule of the tenant."""
     state, tenant = query_state(request)
     return JSONResponse({"rules": [r.to_json() for r in state.store.settings_rules(tenant)]})
 
 
-@_json_errors
+@json_errors
 async def get_service(request: Request) -> Response:
     """``GET /api/v1/settings/{service}``: its rules and the instances seen lately."""
     state, tenant = query_state(request)
@@ -230,7 +216,7 @@ async def _json_body(request: Request, config: Any) -> Any:
         raise HTTPError(400, f"body is not JSON: {exc}") from None
 
 
-@_json_errors
+@json_errors
 async def put_rule(request: Request) -> Response:
     """``PUT /api/v1/settings/{service}`` with ``{"selector": "...", "settings": {...}}``."""
     state, tenant = query_state(request)
@@ -263,7 +249,7 @@ async def put_rule(request: Request) -> Response:
     return JSONResponse(rule.to_json())
 
 
-@_json_errors
+@json_errors
 async def delete_rule(request: Request) -> Response:
     """``DELETE /api/v1/settings/{service}?selector=...``"""
     state, tenant = query_state(request)

@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import functools
+from typing import Awaitable, Callable
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
 
 class HTTPError(Exception):
     def __init__(self, status: int, message: str, code: str = "") -> None:
@@ -44,3 +50,19 @@ CONNECT_STATUS = {
     "data_loss": 500,
     "unauthenticated": 401,
 }
+
+
+def json_errors(
+    endpoint: Callable[[Request], Awaitable[Response]],
+) -> Callable[[Request], Awaitable[Response]]:
+    """The endpoint, with an HTTPError it raises answered as ``{"error": reason}``: the shape
+    of hotspan's own JSON APIs (agent settings, recording rules)."""
+
+    @functools.wraps(endpoint)
+    async def answered(request: Request) -> Response:
+        try:
+            return await endpoint(request)
+        except HTTPError as exc:
+            return JSONResponse({"error": exc.message}, status_code=exc.status)
+
+    return answered

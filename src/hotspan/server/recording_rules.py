@@ -18,12 +18,11 @@ store reads (:mod:`hotspan.metrics.recorder`).
 
 from __future__ import annotations
 
-import functools
 import json
 import random
 import string
 import threading
-from typing import Any, Awaitable, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
@@ -42,7 +41,7 @@ from hotspan.metrics.rules import (
     from_json,
 )
 from hotspan.server.connect import unary
-from hotspan.server.errors import HTTPError
+from hotspan.server.errors import HTTPError, json_errors
 from hotspan.server.request import query_state, read_body
 from hotspan.server.state import ServerState
 from hotspan.store.base import StoreError
@@ -146,27 +145,15 @@ def _rule_id(request: Request) -> str:
 # -- REST -------------------------------------------------------------------------------------
 
 
-def _json_errors(
-    endpoint: Callable[[Request], Awaitable[Response]],
-) -> Callable[[Request], Awaitable[Response]]:
-    @functools.wraps(endpoint)
-    async def answered(request: Request) -> Response:
-        try:
-            return await endpoint(request)
-        except HTTPError as exc:
-            return JSONResponse({"error": exc.message}, status_code=exc.status)
 
-    return answered
-
-
-@_json_errors
+@json_errors
 async def list_rules(request: Request) -> Response:
     state, tenant = query_state(request)
     rules = await _blocking(_rules, state, tenant)
     return JSONResponse({"rules": [r.to_json() for r in rules]})
 
 
-@_json_errors
+@json_errors
 async def get_rule(request: Request) -> Response:
     state, tenant = query_state(request)
     rule_id = _rule_id(request)
@@ -176,7 +163,7 @@ async def get_rule(request: Request) -> Response:
     return JSONResponse(rule.to_json())
 
 
-@_json_errors
+@json_errors
 async def put_rule(request: Request) -> Response:
     state, tenant = query_state(request)
     rule_id = _rule_id(request)
@@ -188,7 +175,7 @@ async def put_rule(request: Request) -> Response:
     return JSONResponse(stored.to_json())
 
 
-@_json_errors
+@json_errors
 async def delete_rule(request: Request) -> Response:
     state, tenant = query_state(request)
     rule_id = _rule_id(request)
