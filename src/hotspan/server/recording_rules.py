@@ -145,7 +145,6 @@ def _rule_id(request: Request) -> str:
 # -- REST -------------------------------------------------------------------------------------
 
 
-
 @json_errors
 async def list_rules(request: Request) -> Response:
     state, tenant = query_state(request)
