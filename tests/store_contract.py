@@ -38,6 +38,7 @@ def batch_of(rows, ptype=CPU, labels=None):  # type: ignore[no-untyped-def]
 
 TRACE_A = "0af7651916cd43dd8448eb211c80319c"
 TRACE_B = "4bf92f3577b34da6a3ce929d0e0e4736"
+TRACE_C = "5b8aa5a2d2c872e8321cf37308d69df2"
 
 
 def spans_of(rows, service="api", resource_attrs=None):  # type: ignore[no-untyped-def]
@@ -531,3 +532,42 @@ class StoreContract:
         store.close()
         with pytest.raises(Exception, match="closed"):
             store.put_document("t", "alert_rule", "x", {})
+
+    # -- requests --------------------------------------------------------------------------
+
+    def test_count_local_roots(self, store: Store) -> None:
+        self._two_traces(store)
+        # Trace C: web calls api (a request of api), whose child calls api again through web
+        # (a second request of api); a span of api whose parent started before the range.
+        store.write_spans(
+            "t", spans_of([(TRACE_C, 20, 0, "GET /", 300, 310, {})], service="web")
+        ).result(timeout=30)
+        store.write_spans(
+            "t",
+            spans_of(
+                [
+                    (TRACE_C, 21, 20, "POST /pay", 301, 309, {}),
+                    (TRACE_C, 22, 21, "charge", 302, 303, {}),
+                    (TRACE_C, 24, 23, "POST /refund", 305, 306, {}),
+                ]
+            ),
+        ).result(timeout=30)
+        store.write_spans(
+            "t", spans_of([(TRACE_C, 23, 22, "call", 304, 307, {})], service="web")
+        ).result(timeout=30)
+
+        def count(service: str, start: int = 0, end: int = 1000) -> int:
+            return store.count_local_roots("t", service, start * SEC, end * SEC)
+
+        # api: GET /pay (no parent), POST /pay (parent of web), POST /refund (parent of web).
+        assert count("api") == 3
+        assert count("web") == 3  # GET /home, GET /, and call (its parent is api's)
+        # charge's parent (POST /pay) started before the range: still not a request.
+        assert count("api", 302, 1000) == 1
+        assert count("api", 100, 101) == 1 and count("nobody") == 0
+        assert store.count_local_roots("other", "api", 0, 1000 * SEC) == 0
+        # An export retried after it landed: one request still.
+        store.write_spans(
+            "t", spans_of([(TRACE_C, 21, 20, "POST /pay", 301, 309, {})])
+        ).result(timeout=30)
+        assert count("api") == 3

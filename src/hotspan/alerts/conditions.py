@@ -221,11 +221,14 @@ def _with_label(sel: Selector, label: str, value: str) -> Tuple[Selector, str]:
 # started in the window: a span whose parent is not a span of the same service in its trace
 # (a root span, or the server span of a call from another service), as the endpoints view
 # counts them (hotspan.query.endpoints), so that a service only ever called by others has
-# requests too.  Spans looked at are capped (endpoints.MAX_SPANS, the latest kept): past it,
-# the count is a lower bound and the details say "truncated".
+# requests too.
 #
 # - Against an offset: the value is every sample of the selector in the window (the
-#   requests' own and the process's other work) over the requests of the window.
+#   requests' own and the process's other work) over the requests of the window, counted
+#   by the store (Store.count_local_roots: no span crosses into Python, and no cap).
+# - Against two label values the requests themselves are needed: spans looked at are capped
+#   (endpoints.MAX_SPANS, the latest kept), past it the count is a lower bound and the
+#   details say "truncated".
 # - Against two label values: spans carry no profile labels, so a request belongs to the side
 #   whose samples its trace holds (the side holding more, when both do), and a side's total
 #   is the samples of its requests' traces (not the process's start, say, which would weigh
@@ -271,10 +274,12 @@ class _Count:
 def _count_by_offset(
     engine: QueryEngine, tenant: str, rule: AlertRule, side: Side
 ) -> Tuple[_Count, bool]:
-    roots, truncated = _requests(engine, tenant, rule.service or "", side)
+    requests = engine.store.count_local_roots(
+        tenant, rule.service or "", side.start_ns, side.end_ns
+    )
     values = _values(engine, tenant, rule, rule.selector, side)
     total = int(values.values.sum()) if len(values.values) else 0
-    return _Count(total, float(len(roots))), truncated
+    return _Count(total, float(requests)), False
 
 
 def _count_by_label(

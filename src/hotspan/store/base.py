@@ -22,6 +22,9 @@ from hotspan.model.trace import SpanBatch, StoredSpan, TraceQuery, TraceSummary
 
 # How long data is kept when the server is not told (``--retention``).
 DEFAULT_RETENTION_NS = 7 * 86400 * 10**9
+# How far before a span its parent is looked for (count_local_roots): a request longer than
+# this whose child starts in the range counts that child as a request of its own.
+PARENT_LOOKBACK_NS = 3600 * 10**9
 
 
 class StoreError(RuntimeError):
@@ -222,6 +225,14 @@ class Store(abc.ABC):
     ) -> List[SpanInfo]:
         """Spans that started in [start_ns, end_ns), of one service, of the given traces and
         with one name if asked; the latest ``limit`` (by start), the latest first."""
+
+    @abc.abstractmethod
+    def count_local_roots(self, tenant: str, service: str, start_ns: int, end_ns: int) -> int:
+        """How many spans of the service that started in [start_ns, end_ns) are its local
+        roots, i.e. its requests: spans without a parent, or whose parent is no span of the
+        same service in their trace (a call from another service or a client).  Parents are
+        looked for from PARENT_LOOKBACK_NS before the range.  A span stored twice (an export
+        retried) counts once."""
 
     @abc.abstractmethod
     def tag_names(self, tenant: str, since_ns: int = 0) -> Dict[str, List[str]]:

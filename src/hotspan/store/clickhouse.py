@@ -42,6 +42,7 @@ from hotspan.model.trace import (
 )
 from hotspan.store.base import (
     DEFAULT_RETENTION_NS,
+    PARENT_LOOKBACK_NS,
     Document,
     RetentionReport,
     SampleFilter,
@@ -825,6 +826,26 @@ class ClickHouseStore(Store):
         sql += " ORDER BY start_ns DESC, span_id LIMIT 1 BY trace_id, span_id LIMIT %(limit)s"
         params["limit"] = int(limit)
         return [SpanInfo(*row) for row in self._clients.query(sql, params).result_rows]
+
+    def count_local_roots(self, tenant: str, service: str, start_ns: int, end_ns: int) -> int:
+        # Spans are sharded by trace: a span's parent is on its shard, so the subquery runs
+        # on each shard's own spans (distributed_product_mode = 'local').
+        rows = self._clients.query(
+            "SELECT count() FROM (SELECT trace_id, span_id, any(parent_span_id) AS parent "
+            "FROM spans WHERE tenant = %(tenant)s AND service = %(service)s "
+            "AND start_ns >= %(start)s AND start_ns < %(end)s GROUP BY trace_id, span_id) "
+            "WHERE parent = 0 OR (trace_id, parent) NOT IN (SELECT trace_id, span_id "
+            "FROM spans WHERE tenant = %(tenant)s AND service = %(service)s "
+            "AND start_ns >= %(lookback)s AND start_ns < %(end)s AND span_id <> parent_span_id)",
+            {
+                "tenant": tenant,
+                "service": service,
+                "start": int(start_ns),
+                "end": int(end_ns),
+                "lookback": int(start_ns) - PARENT_LOOKBACK_NS,
+            },
+        ).result_rows
+        return int(rows[0][0]) if rows else 0
 
     def _tags_of(self, tenant: str, since_ns: int, name: Optional[str] = None) -> List[tuple]:
         """(scope, key, value, type) seen since the given time.  The table's last_seen may be

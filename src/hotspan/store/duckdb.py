@@ -34,6 +34,7 @@ from hotspan.model.trace import (
     TraceSummary,
 )
 from hotspan.store.base import (
+    PARENT_LOOKBACK_NS,
     Document,
     RetentionReport,
     SampleFilter,
@@ -671,6 +672,21 @@ class DuckDBStore(Store):
         params.append(int(limit))
         rows = self._cursor().execute(sql, params).fetchall()
         return [SpanInfo(*row) for row in rows]
+
+    def count_local_roots(self, tenant: str, service: str, start_ns: int, end_ns: int) -> int:
+        tid = self._tenant_ids.get(tenant, -1)
+        row = self._cursor().execute(
+            "WITH mine AS (SELECT DISTINCT trace_id, span_id, parent_span_id FROM spans "
+            "WHERE tenant_id = ? AND service = ? AND start_ns >= ? AND start_ns < ?), "
+            "parents AS (SELECT DISTINCT trace_id, span_id FROM spans "
+            "WHERE tenant_id = ? AND service = ? AND start_ns >= ? AND start_ns < ? "
+            "AND trace_id IN (SELECT trace_id FROM mine WHERE parent_span_id <> 0)) "
+            "SELECT count(*) FROM mine WHERE parent_span_id = 0 OR NOT EXISTS ("
+            "SELECT 1 FROM parents p WHERE p.trace_id = mine.trace_id "
+            "AND p.span_id = mine.parent_span_id AND p.span_id <> mine.span_id)",
+            [tid, service, start_ns, end_ns, tid, service, start_ns - PARENT_LOOKBACK_NS, end_ns],
+        ).fetchone()
+        return int(row[0]) if row else 0
 
     def _tags_of(self, tenant: str, since_ns: int) -> List[Tuple[str, str, str, str]]:
         """(scope, key, value, type) seen for the tenant since the given time, from memory:
