@@ -1,7 +1,8 @@
 """Alerts end to end, nothing faked: a program with the hotspan agent and the OpenTelemetry
-SDK pushes to a real server that evaluates rules every second; one of its functions becomes
-3x slower (the test flips a file the program reads), the rule fires, the fix resolves it, and
-a real HTTP receiver in the test gets Alertmanager's webhook payloads for both, once each.
+SDK pushes to a real server that evaluates rules several times a second; one of its functions
+becomes 3x slower (the test flips a file the program reads), the rule fires, the fix resolves
+it, and a real HTTP receiver in the test gets Alertmanager's webhook payloads for both, once
+each.
 Rules comparing two label values (versions) fire on two programs running side by side; bad
 rules get a 400 naming the problem; the CLI and the /metrics series work on the same data."""
 
@@ -25,9 +26,17 @@ from tests.conftest import RunningServer, running_server
 from tests.helpers import CPU, traced_program
 
 ZERO_TIME = "0001-01-01T00:00:00Z"
-# Windows end 2 s ago: profiles are uploaded every second (the default lag is for real agents).
+# Windows end 2 s ago: profiles are uploaded every second (the default lag is for real agents),
+# so a window's last upload has arrived.  Passes run twice a second, to keep the tests short.
 LAG_S = 2
-ALERT_ARGS = ["--alert-interval", "1s", "--alert-lag", f"{LAG_S}s"]
+ALERT_ARGS = ["--alert-interval", "0.5s", "--alert-lag", f"{LAG_S}s"]
+# A function's share is a ratio within the profiles: a window still missing its last upload
+# measures it as well, so rules on shares alone can look at windows ending 1 s ago.
+SHARE_LAG_S = 1
+SHARE_ARGS = ["--alert-interval", "0.25s", "--alert-lag", f"{SHARE_LAG_S}s"]
+# Spans leave the programs within a fifth of a second (the SDK waits 5 s by default), so that
+# the request counts of windows ending LAG_S ago are complete.
+SPAN_ENV = {"OTEL_BSP_SCHEDULE_DELAY": "200"}
 
 # The request handler does its own work (render) and one step that regresses (checksum):
 # 5 ms of CPU normally, 15 ms when the control file says "slow".  checksum's share of the
@@ -144,6 +153,7 @@ class Program:
         path = directory / "program.py"
         path.write_text(PROGRAM)
         env = {k: v for k, v in os.environ.items() if not k.startswith(("HOTSPAN_", "OTEL_"))}
+        env.update(SPAN_ENV)
         self.proc = subprocess.Popen(
             [
                 sys.executable,
@@ -166,6 +176,9 @@ class Program:
 
     def stop(self) -> None:
         self.mode("stop")
+        self.wait()
+
+    def wait(self) -> None:
         try:
             _, err = self.proc.communicate(timeout=60)
         except subprocess.TimeoutExpired:
@@ -188,7 +201,7 @@ def wait_until(what: str, check: Callable[[], Any], timeout: float = 90) -> Any:
         if found:
             return found
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.3)
+        time.sleep(0.1)
 
 
 def put_rule(srv: RunningServer, name: str, rule: Dict[str, Any]) -> Dict[str, Any]:
@@ -208,7 +221,7 @@ def parse_time(text: str) -> datetime:
 def test_rule_fires_when_a_function_gets_slower_and_resolves_when_fixed(
     tmp_path: Path, receiver: Receiver
 ) -> None:
-    with running_server(tmp_path / "data", ALERT_ARGS) as srv:
+    with running_server(tmp_path / "data", SHARE_ARGS) as srv:
         put_rule(
             srv,
             "checksum-heavy",
@@ -218,7 +231,7 @@ def test_rule_fires_when_a_function_gets_slower_and_resolves_when_fixed(
                     "kind": "function_share",
                     "function": "checksum_orders",
                     "above": 45,
-                    "window": "4s",
+                    "window": "2s",
                 },
                 "labels": {"severity": "page"},
                 "annotations": {"runbook_url": "https://runbooks.example/checksum"},
@@ -314,7 +327,7 @@ def test_rule_fires_when_a_function_gets_slower_and_resolves_when_fixed(
     left = int(params["leftFrom"]), int(params["leftUntil"])
     right = int(params["rightFrom"]), int(params["rightUntil"])
     assert left[0] < left[1] <= right[0] + 1 and right[0] < right[1]
-    assert abs(right[1] + LAG_S - parse_time(fired["startsAt"]).timestamp()) < 5
+    assert abs(right[1] + SHARE_LAG_S - parse_time(fired["startsAt"]).timestamp()) < 5
     assert ended["generatorURL"] == fired["generatorURL"]
 
     # The API kept the story.
@@ -337,7 +350,7 @@ def test_rules_comparing_two_versions(tmp_path: Path, receiver: Receiver) -> Non
                 "condition": {
                     "kind": "per_request",
                     "increase": 30,
-                    "window": "5s",
+                    "window": "3s",
                     "against": common,
                 },
             },
@@ -351,7 +364,7 @@ def test_rules_comparing_two_versions(tmp_path: Path, receiver: Receiver) -> Non
                     "kind": "share_growth",
                     "function": r"\.checksum_orders$",
                     "points": 10,
-                    "window": "5s",
+                    "window": "3s",
                     **common,
                 },
                 "webhooks": [receiver.url + "/grew"],
@@ -365,7 +378,7 @@ def test_rules_comparing_two_versions(tmp_path: Path, receiver: Receiver) -> Non
                 "condition": {
                     "kind": "per_request",
                     "increase": 1,
-                    "window": "5s",
+                    "window": "3s",
                     "against": {"label": "version", "baseline": "0.1", "comparison": "1.3"},
                 },
             },
@@ -378,7 +391,7 @@ def test_rules_comparing_two_versions(tmp_path: Path, receiver: Receiver) -> Non
                 "condition": {
                     "kind": "per_request",
                     "increase": 1,
-                    "window": "5s",
+                    "window": "3s",
                     "against": {"offset": "1h"},
                 },
             },
@@ -392,7 +405,7 @@ def test_rules_comparing_two_versions(tmp_path: Path, receiver: Receiver) -> Non
                     "kind": "share_growth",
                     "function": "checksum_orders",
                     "points": 10,
-                    "window": "5s",
+                    "window": "3s",
                     **common,
                 },
                 "for": "1h",
@@ -411,8 +424,10 @@ def test_rules_comparing_two_versions(tmp_path: Path, receiver: Receiver) -> Non
             an_hour_ago = alert(srv, "vs-an-hour-ago")
             pending = alert(srv, "grew-for-an-hour")
         finally:
-            old.stop()
-            new.stop()
+            old.mode("stop")
+            new.mode("stop")
+            old.wait()
+            new.wait()
         # The deleted rule's alert resolves at its receiver.
         with srv.client() as c:
             assert c.delete("/api/v1/alerts/rules/checksum-grew").status_code == 200
@@ -820,12 +835,12 @@ def test_per_request_of_a_called_service_against_an_earlier_window(tmp_path: Pat
         "condition": {
             "kind": "per_request",
             "increase": 50,
-            "window": "6s",
-            "against": {"offset": "10s"},
+            "window": "2s",
+            "against": {"offset": "2s"},
         },
     }
     # Bare numbers of seconds for --alert-interval and --alert-lag.
-    with running_server(tmp_path / "data", ["--alert-interval", "1", "--alert-lag", "1"]) as srv:
+    with running_server(tmp_path / "data", ["--alert-interval", "0.5", "--alert-lag", "1"]) as srv:
         put_rule(srv, "called", rule)
         with srv.client() as c:
             r = c.put("/api/v1/alerts/rules/called", json=rule, headers={"X-Scope-OrgID": "b"})
@@ -863,7 +878,7 @@ def test_per_request_of_a_called_service_against_an_earlier_window(tmp_path: Pat
             control.write_text("stop")
             _, err = proc.communicate(timeout=60)
         assert proc.returncode == 0, err
-    # 50 ms of CPU per request against 15 ms ten seconds earlier.
+    # 50 ms of CPU per request against 15 ms two seconds earlier.
     assert fired[-1]["value"] > 50, fired
     # The same rule of another tenant sees none of this tenant's data.
     assert other_tenant["evaluations"] > 0 and other_tenant["value"] is None, other_tenant
