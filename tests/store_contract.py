@@ -571,3 +571,12 @@ class StoreContract:
             "t", spans_of([(TRACE_C, 21, 20, "POST /pay", 301, 309, {})])
         ).result(timeout=30)
         assert count("api") == 3
+
+    def test_size_bytes_counts_what_is_stored(self, store: Store) -> None:
+        before = store.size_bytes()
+        batch, _ = batch_of([(10 + i, ["main", f"f{i}"], i + 1, 0, None) for i in range(2000)])
+        store.write("t", batch).result(timeout=30)
+        after = store.size_bytes()
+        # Every backend here knows its size; a backend that cannot tell answers None.
+        assert before is not None and after is not None
+        assert after > before >= 0

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Optional
 
 import httpx
 import pytest
@@ -261,7 +261,11 @@ def test_server_outlives_clickhouse_going_away(tmp_path: Path) -> None:
             with srv.client() as c:
                 body = make_pprof([(["work.before", "main.main"], 40, {})])
                 assert ingest_pprof(c, "svc", body, now - 120).status_code == 200
+                # /metrics shows the size ClickHouse reports for the database.
+                assert _store_size(c) > 0
                 ch.stop()
+                # With ClickHouse away /metrics still answers, without the store's size.
+                assert _store_size(c) is None
                 body = make_pprof([(["work.during", "main.main"], 50, {})])
                 r = ingest_pprof(c, "svc", body, now - 90)
                 assert r.status_code == 503 and "could not store" in r.text
@@ -288,6 +292,17 @@ def test_server_outlives_clickhouse_going_away(tmp_path: Path) -> None:
                 assert "work.during" not in totals
     finally:
         ch.stop()
+
+
+def _store_size(client: httpx.Client) -> Optional[float]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    r = client.get("/metrics")
+    assert r.status_code == 200, r.text
+    for family in text_string_to_metric_families(r.text):
+        if family.name == "hotspan_store_size_bytes":
+            return family.samples[0].value
+    return None
 
 
 def test_server_refuses_to_start_without_its_clickhouse(tmp_path: Path) -> None:

@@ -11,7 +11,6 @@ call :meth:`ServerMetrics.ingest_done` themselves.
 from __future__ import annotations
 
 import logging
-import os
 import time
 from concurrent.futures import Future
 from typing import Any, Callable, Iterable, List, Optional
@@ -23,8 +22,7 @@ from prometheus_client.registry import Collector
 
 from hotspan.metrics.recorder import Recorder
 from hotspan.model.profile import IngestBatch
-from hotspan.server.config import ServerConfig
-from hotspan.store.base import Store, StoreUnavailable
+from hotspan.store.base import Store, StoreError, StoreUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -60,35 +58,6 @@ def reason_of(status: int) -> str:
     return REASONS.get(status, f"http_{status}")
 
 
-def store_path(config: ServerConfig) -> Optional[str]:
-    """The embedded store's directory; None for a ClickHouse store (whose size is
-    ClickHouse's to report: ``system.parts``)."""
-    url = config.store_url
-    if url is None:
-        return config.data_dir
-    if url.startswith("duckdb:"):
-        return url[len("duckdb:") :]
-    if "://" in url:
-        return None
-    return url
-
-
-def directory_size(path: str) -> int:
-    """Bytes of the files in ``path`` (the database and its write-ahead log)."""
-    total = 0
-    try:
-        entries = list(os.scandir(path))
-    except OSError:
-        return 0
-    for entry in entries:
-        try:
-            if entry.is_file(follow_symlinks=False):
-                total += entry.stat(follow_symlinks=False).st_size
-        except OSError:
-            continue  # removed meanwhile (a WAL at checkpoint)
-    return total
-
-
 class _Scrape(Collector):
     """What one read of /metrics shows: the server's own metrics, and the recording rules'
     and alerts' series of every tenant (None) or one."""
@@ -110,11 +79,14 @@ class _Scrape(Collector):
 
     def _bookkeeping(self) -> Iterable[Metric]:
         m, tenant = self.metrics, self.tenant
-        if m.store_dir is not None:
-            size = GaugeMetricFamily(
-                "hotspan_store_size_bytes", "Bytes on disk of the embedded store's files"
-            )
-            size.add_metric([], directory_size(m.store_dir))
+        try:
+            on_disk = m.store.size_bytes()
+        except StoreError as exc:  # ClickHouse away: the other metrics still answer
+            log.warning("/metrics: no store size: %s", exc)
+            on_disk = None
+        if on_disk is not None:
+            size = GaugeMetricFamily("hotspan_store_size_bytes", "Bytes the store takes on disk")
+            size.add_metric([], on_disk)
             yield size
         rules = GaugeMetricFamily(
             "hotspan_recording_rules", "Recording rules loaded, per tenant", labels=["tenant"]
@@ -148,10 +120,10 @@ class _Scrape(Collector):
 
 
 class ServerMetrics:
-    def __init__(self, config: ServerConfig, store: Store) -> None:
+    def __init__(self, store: Store) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         self.recorder = Recorder(store)
-        self.store_dir = store_path(config)
+        self.store = store
         # More metric families per read, of every tenant (None) or one: the alerts' states.
         self.sources: List[Callable[[Optional[str]], Iterable[Metric]]] = []
         r = self.registry

@@ -85,7 +85,7 @@ def create_app(config: Optional[ServerConfig] = None, store: Optional[Store] = N
         traces=TraceEngine(store, engine),
         redactor=redactor,
     )
-    state.metrics = metrics.server_metrics(config, store)
+    state.metrics = metrics.server_metrics(store)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:

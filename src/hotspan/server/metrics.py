@@ -31,11 +31,11 @@ from hotspan.store.base import Store
 FLUSH_TIMEOUT_S = 2.0
 
 
-def server_metrics(config: ServerConfig, store: Store) -> ServerMetrics:
+def server_metrics(store: Store) -> ServerMetrics:
     """The application's metrics, with the alerts' ``hotspan_alert_*`` series."""
     from hotspan.alerts import metrics as alert_metrics
 
-    out = ServerMetrics(config, store)
+    out = ServerMetrics(store)
     out.sources.append(lambda tenant: alert_metrics.collect(store, tenant))
     return out
 

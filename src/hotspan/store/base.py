@@ -290,6 +290,10 @@ class Store(abc.ABC):
 
     # -- lifecycle ---------------------------------------------------------------------------
 
+    def size_bytes(self) -> Optional[int]:
+        """Bytes the store's data takes on disk (what /metrics shows), None when unknown."""
+        return None
+
     def kept_retention_ns(self, configured_ns: Optional[int]) -> int:
         """How long data is kept (0: forever), given the server's ``--retention`` (None when
         not given).  A store that several servers share keeps its own."""

@@ -991,6 +991,15 @@ class ClickHouseStore(Store):
     def settings_version(self, tenant: str) -> int:
         return self._load_rules(tenant)[1]
 
+    def size_bytes(self) -> Optional[int]:
+        # Compressed, as on disk; on a cluster, of the node that answers (each shard's parts
+        # are its own: sum the nodes' metrics in Prometheus).
+        rows = self._clients.query(
+            "SELECT sum(bytes_on_disk) FROM system.parts WHERE database = %(db)s AND active",
+            {"db": self.url.database},
+        ).result_rows
+        return int(rows[0][0] or 0) if rows else 0
+
     # -- documents -----------------------------------------------------------------------------
 
     def put_document(

@@ -779,6 +779,16 @@ class DuckDBStore(Store):
     def settings_version(self, tenant: str) -> int:
         return self._versions.get(tenant, 0)
 
+    def size_bytes(self) -> Optional[int]:
+        # The database file and its write-ahead log, which holds the latest commits.
+        total = 0
+        for path in (self.path, self.path + ".wal"):
+            try:
+                total += os.stat(path).st_size
+            except OSError:
+                continue  # no WAL right after a checkpoint
+        return total
+
     # -- documents ---------------------------------------------------------------------------
 
     def put_document(
