@@ -34,13 +34,13 @@ import urllib.parse
 from dataclasses import dataclass, field, replace
 from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 
-import re2
-
 from hotspan.model.labels import (
     SERVICE_NAME,
     Matcher,
+    RegexError,
     Selector,
     SelectorError,
+    compile_regex,
     is_valid_label_name,
     parse_selector,
 )
@@ -73,8 +73,6 @@ _UNIT_NS = {
 _UID = re.compile(r"[0-9a-f]{16}")
 # Stands for a webhook URL's password and query values wherever a URL is shown or logged.
 REDACTED = "REDACTED"
-_RE2_OPTIONS = re2.Options()
-_RE2_OPTIONS.log_errors = False
 
 KINDS = ("function_share", "per_request", "share_growth")
 _RULE_FIELDS = (
@@ -131,14 +129,11 @@ def compile_function(pattern: Any, what: str = "condition.function") -> Any:
     if len(pattern) > MAX_REGEX_CHARS:
         raise RuleError(f"{what} is longer than {MAX_REGEX_CHARS} characters")
     try:
-        return re2.compile(pattern, _RE2_OPTIONS)
+        return compile_regex(pattern)
     except UnicodeError:
         raise RuleError(f"{what} is not valid UTF-8 text") from None
-    except re2.error as exc:
-        reason = exc.args[0] if exc.args else exc
-        if isinstance(reason, bytes):
-            reason = reason.decode("utf-8", "replace")
-        raise RuleError(f"{what} {pattern!r} is not a regular expression: {reason}") from None
+    except RegexError as exc:
+        raise RuleError(f"{what} {pattern!r} is not a regular expression: {exc}") from None
 
 
 @dataclass(frozen=True)

@@ -41,14 +41,27 @@ def is_valid_label_name(name: str) -> bool:
     return bool(_LABEL_NAME.fullmatch(name))
 
 
-def _compile(pattern: str):  # type: ignore[no-untyped-def]
+class RegexError(ValueError):
+    """A pattern RE2 refuses; the message is RE2's reason."""
+
+
+def compile_regex(pattern: str):  # type: ignore[no-untyped-def]
+    """``pattern`` compiled by RE2: linear time, so no user's pattern can stall the server.
+    RegexError when RE2 refuses it."""
     try:
         return re2.compile(pattern, _RE2_OPTIONS)
     except re2.error as exc:
         reason = exc.args[0] if exc.args else exc
         if isinstance(reason, bytes):
             reason = reason.decode("utf-8", "replace")
-        raise SelectorError(f"invalid regular expression {pattern!r}: {reason}") from None
+        raise RegexError(str(reason)) from None
+
+
+def _compile(pattern: str):  # type: ignore[no-untyped-def]
+    try:
+        return compile_regex(pattern)
+    except RegexError as exc:
+        raise SelectorError(f"invalid regular expression {pattern!r}: {exc}") from None
 
 
 @dataclass(frozen=True)
