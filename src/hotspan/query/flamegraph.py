@@ -186,10 +186,13 @@ def _fold_small(
 
 
 def to_message(graph: FlameGraph, out) -> None:  # type: ignore[no-untyped-def]
-    """Fills ``out``, a querier ``FlameGraph`` or ``FlameGraphDiff`` message: what the
-    querier answers and what the standalone page (ui/standalone.py) embeds."""
+    """Fills ``out``, a querier ``FlameGraph`` or (for a graph of two sides) ``FlameGraphDiff``
+    message: what the querier answers and what the standalone page (ui/standalone.py)
+    embeds."""
     out.names.extend(graph.names)
     for level in graph.levels:
         out.levels.add().values.extend(level.tolist())
     out.total = int(sum(graph.totals))
+    if len(graph.totals) == 2:
+        out.leftTicks, out.rightTicks = graph.totals
     out.max_self = graph.max_self

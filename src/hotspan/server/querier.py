@@ -312,8 +312,6 @@ async def diff(request: Request) -> Response:
     graph = await _run(state.engine.diff, left, right, limit)
     resp = querier_pb2.DiffResponse()
     to_message(graph, resp.flamegraph)
-    resp.flamegraph.leftTicks, resp.flamegraph.rightTicks = graph.totals
-    resp.flamegraph.total = sum(graph.totals)
     return write_message(request, resp)
 
 

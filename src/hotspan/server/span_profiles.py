@@ -64,8 +64,8 @@ def _window(request: Request, spans) -> Tuple[int, int]:  # type: ignore[no-unty
     return start, end
 
 
-def _span_param(request: Request) -> Optional[int]:
-    text = request.query_params.get("spanID")
+def span_id_param(text: Optional[str]) -> Optional[int]:
+    """A ``spanID`` parameter: 16 hex digits as an unsigned span id; None when not given."""
     if not text:
         return None
     if len(text) != 16 or any(c not in "0123456789abcdefABCDEF" for c in text):
@@ -98,7 +98,7 @@ async def profile(request: Request) -> Response:
     try:
         state, tenant, trace_id, ptype, sel = _common(request)
         params = request.query_params
-        span = _span_param(request)
+        span = span_id_param(request.query_params.get("spanID"))
         descendants = params.get("descendants", "").lower() in ("1", "true", "yes")
         limit = max_nodes_value(params.get("maxNodes"))
         fmt = params.get("format") or "json"

@@ -30,7 +30,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from hotspan.formats.proto import querier_pb2
-from hotspan.model.profile import ProfileType, span_id_to_int
+from hotspan.model.profile import ProfileType
 from hotspan.query.engine import QueryError
 from hotspan.query.flamegraph import FlameGraph, to_message
 from hotspan.query.traceql import parse_duration
@@ -47,19 +47,12 @@ from hotspan.query.why import (
 from hotspan.server.errors import HTTPError
 from hotspan.server.querier import max_nodes_value, profile_type
 from hotspan.server.request import query_state
+from hotspan.server.span_profiles import span_id_param
 from hotspan.server.tempo import text_error, trace_id_param
 
 SEC = 10**9
 MAX_WINDOW_NS = 31 * 86400 * SEC
 MAX_COUNT = 1000
-
-
-def _span_id(text: Optional[str]) -> Optional[int]:
-    if not text:
-        return None
-    if len(text) != 16 or any(c not in "0123456789abcdefABCDEF" for c in text):
-        raise HTTPError(400, f"spanID {text[:40]!r} is not 16 hex digits")
-    return span_id_to_int(text)
 
 
 def _window(text: Optional[str]) -> int:
@@ -91,8 +84,6 @@ def diff_json(graph: FlameGraph) -> Dict[str, Any]:
     it): what the UI's diff view draws; left is the baseline, right the span."""
     message = querier_pb2.FlameGraphDiff()
     to_message(graph, message)
-    message.leftTicks, message.rightTicks = graph.totals
-    message.total = sum(graph.totals)
     return json_format.MessageToDict(message)
 
 
@@ -146,7 +137,7 @@ async def why(request: Request) -> Response:
         state, tenant = query_state(request)
         params = request.query_params
         trace_id = trace_id_param(request.path_params["trace_id"])
-        span_id = _span_id(params.get("spanID"))
+        span_id = span_id_param(params.get("spanID"))
         ptype: Optional[ProfileType] = None
         if params.get("profileType"):
             ptype = profile_type(params["profileType"])

@@ -88,8 +88,6 @@ def diff_flamegraph_data(
     graph = flamegraph.build(matrix, lengths, values, names, max_nodes)
     msg = querier_pb2.FlameGraphDiff()
     flamegraph.to_message(graph, msg)
-    msg.leftTicks, msg.rightTicks = graph.totals
-    msg.total = sum(graph.totals)
     return _json(msg)
 
 
