@@ -18,6 +18,7 @@ from hotspan.model.trace import (
     SpanRow,
     TraceQuery,
     flatten_attributes,
+    parse_attributes,
 )
 from hotspan.store.base import SampleFilter, Store
 
@@ -381,6 +382,41 @@ class StoreContract:
             "t", spans_of([(TRACE_A, 3, 2, "sql", 101, 102, {"db": "pg", "rows": "7"})])
         ).result(timeout=30)
         assert [i[1] for i in infos()] == [9, 3, 1, 2]
+
+    def test_span_records_conditions_traces_and_attributes(self, store: Store) -> None:
+        self._two_traces(store)
+
+        def ids(*conditions, start=0, end=1000, **kwargs):  # type: ignore[no-untyped-def]
+            records = store.span_records("t", start * SEC, end * SEC, conditions, **kwargs)
+            return [r.span_id for r in records]
+
+        # The latest first (ties by span id); spans overlapping the range, as search.
+        assert ids() == [9, 3, 1, 2]
+        assert ids(start=102, end=150) == [3, 1, 2]  # 3 ends at 102: it overlaps
+        assert ids(start=103, end=150) == [1]
+        assert ids(Condition(".db", "=", "pg")) == [3, 2]
+        assert ids(Condition("span.rows", ">", 5), Condition("name", "=", "sql")) == [3]
+        assert ids(Condition("resource.region", "=", "eu")) == [9]
+        assert ids(Condition("duration", ">=", 2 * SEC)) == [1, 2]
+        assert ids(Condition("name", "=~", "GET .*"), limit=1) == [9]
+        assert ids(trace_ids=[TRACE_A.upper()]) == [3, 1, 2]
+        assert ids(trace_ids=[]) == []
+        assert store.span_records("other", 0, 1000 * SEC) == []
+        (home,) = store.span_records("t", 0, 1000 * SEC, trace_ids=[TRACE_B])
+        assert (home.trace_id, home.parent_span_id, home.name, home.service) == (
+            TRACE_B,
+            0,
+            "GET /home",
+            "web",
+        )
+        assert (home.kind, home.status_code, home.duration_ns) == (2, 0, 0)
+        assert parse_attributes(home.attrs) == {"http.route": "/home"}
+        assert parse_attributes(home.resource_attrs) == {"service.name": "web", "region": "eu"}
+        # An export retried after it landed stores a span twice: it is one span still.
+        store.write_spans(
+            "t", spans_of([(TRACE_A, 3, 2, "sql", 101, 102, {"db": "pg", "rows": "7"})])
+        ).result(timeout=30)
+        assert ids() == [9, 3, 1, 2]
 
     def test_spans_survive_reopen(self, store: Store, reopen) -> None:  # type: ignore[no-untyped-def]
         self._two_traces(store)

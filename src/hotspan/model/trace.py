@@ -135,6 +135,38 @@ class StoredSpan:
         return self.end_ns - self.start_ns
 
 
+class SpanRecord(NamedTuple):
+    """A span's searchable columns with its own and its resource's attributes (flattened):
+    what TraceQL's engine (``query.traceql``) reads where SQL cannot answer, such as ``||``,
+    structural operators, pipelines and metrics."""
+
+    trace_id: str  # 32 lowercase hex digits
+    span_id: int  # unsigned 64-bit
+    parent_span_id: int  # 0: a root span
+    name: str
+    kind: int  # OTLP SpanKind number
+    service: str
+    start_ns: int
+    end_ns: int
+    status_code: int  # OTLP StatusCode number
+    attrs: str  # the span's attributes, flattened
+    resource_attrs: str  # its resource's attributes, flattened
+
+    @property
+    def duration_ns(self) -> int:
+        return self.end_ns - self.start_ns
+
+
+def parse_attributes(flat: str) -> Dict[str, str]:
+    """A flattened attribute text (:func:`flatten_attributes`) back to a dict."""
+    out: Dict[str, str] = {}
+    for record in flat.split(RS):
+        if record:
+            key, _, value = record.partition(US)
+            out[key] = value
+    return out
+
+
 # Intrinsics that describe a whole trace rather than one span.
 TRACE_INTRINSICS = ("traceDuration", "rootName", "rootServiceName")
 OPERATORS = ("=", "!=", "=~", "!~", ">", ">=", "<", "<=")

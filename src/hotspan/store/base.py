@@ -18,7 +18,14 @@ from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Seq
 import numpy as np
 
 from hotspan.model.profile import Frame, IngestBatch, ProfileType
-from hotspan.model.trace import SpanBatch, StoredSpan, TraceQuery, TraceSummary
+from hotspan.model.trace import (
+    Condition,
+    SpanBatch,
+    SpanRecord,
+    StoredSpan,
+    TraceQuery,
+    TraceSummary,
+)
 
 # How long data is kept when the server is not told (``--retention``).
 DEFAULT_RETENTION_NS = 7 * 86400 * 10**9
@@ -225,6 +232,21 @@ class Store(abc.ABC):
     ) -> List[SpanInfo]:
         """Spans that started in [start_ns, end_ns), of one service, of the given traces and
         with one name if asked; the latest ``limit`` (by start), the latest first."""
+
+    @abc.abstractmethod
+    def span_records(
+        self,
+        tenant: str,
+        start_ns: int,
+        end_ns: int,
+        conditions: Sequence[Condition] = (),
+        trace_ids: Optional[Sequence[str]] = None,
+        limit: int = 100_000,
+    ) -> List[SpanRecord]:
+        """Spans overlapping [start_ns, end_ns) (ending at or after the start, starting before
+        the end: as search) that meet every span-level condition (as a spanset of
+        :meth:`find_traces`), of the given traces if any; the latest ``limit`` by start, the
+        latest first (ties by span id).  A span stored twice (an export retried) comes once."""
 
     @abc.abstractmethod
     def count_local_roots(self, tenant: str, service: str, start_ns: int, end_ns: int) -> int:

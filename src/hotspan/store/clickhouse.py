@@ -32,9 +32,11 @@ import numpy as np
 
 from hotspan.model.profile import MAX_SUM, Frame, IngestBatch, ProfileType, SampleColumns
 from hotspan.model.trace import (
+    Condition,
     SearchError,
     SpanBatch,
     SpanGroup,
+    SpanRecord,
     SpanRow,
     StoredSpan,
     TraceQuery,
@@ -826,6 +828,44 @@ class ClickHouseStore(Store):
         sql += " ORDER BY start_ns DESC, span_id LIMIT 1 BY trace_id, span_id LIMIT %(limit)s"
         params["limit"] = int(limit)
         return [SpanInfo(*row) for row in self._clients.query(sql, params).result_rows]
+
+    def span_records(
+        self,
+        tenant: str,
+        start_ns: int,
+        end_ns: int,
+        conditions: Sequence[Condition] = (),
+        trace_ids: Optional[Sequence[str]] = None,
+        limit: int = 100_000,
+    ) -> List[SpanRecord]:
+        from hotspan.store.clickhouse_search import binder, span_condition
+
+        bind = binder(tenant=tenant, start=int(start_ns), end=int(end_ns), limit=max(int(limit), 0))
+        sql = (
+            "SELECT trace_id, span_id, parent_span_id, name, kind, service, start_ns, end_ns, "
+            "status_code, attrs, group_id FROM spans WHERE tenant = %(tenant)s "
+            "AND start_ns < %(end)s AND end_ns >= %(start)s"
+        )
+        for cond in conditions:
+            sql += f" AND ({span_condition(cond, bind)})"
+        if trace_ids is not None:
+            sql += f" AND trace_id IN {bind(tuple(t.lower() for t in trace_ids) or ('-',))}"
+        # LIMIT 1 BY: an export retried after it landed stores a span twice.
+        sql += " ORDER BY start_ns DESC, span_id LIMIT 1 BY trace_id, span_id LIMIT %(limit)s"
+        try:
+            rows = self._clients.query(sql, bind.params).result_rows
+        except Exception as exc:  # noqa: BLE001
+            code = getattr(exc, "code", None)
+            if code == _CANNOT_COMPILE_REGEXP:
+                raise SearchError(f"invalid regular expression: {reason_of(exc)}") from None
+            if code in _BAD_SEARCH_CODES:
+                raise SearchError(reason_of(exc)) from None
+            raise store_error(exc, "ClickHouse span query failed") from exc
+        groups = self._span_groups([r[-1] for r in rows])
+        return [
+            SpanRecord(*fields, groups[gid].attrs if gid in groups else "")
+            for *fields, gid in rows
+        ]
 
     def count_local_roots(self, tenant: str, service: str, start_ns: int, end_ns: int) -> int:
         # Spans are sharded by trace: a span's parent is on its shard, so the subquery runs

@@ -57,6 +57,11 @@ class _Binder:
         return f"%({name})s"
 
 
+def binder(**fixed: Any) -> _Binder:
+    """A binder for a statement of the store's own that reuses :func:`span_condition`."""
+    return _Binder(**fixed)
+
+
 def _compare(expr: str, op: str, value: object, bind: _Binder) -> str:
     """``expr op value`` for a text ``expr`` (or any, with the comparison operators)."""
     if op in _COMPARE:

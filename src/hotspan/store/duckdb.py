@@ -25,9 +25,11 @@ import numpy as np
 
 from hotspan.model.profile import MAX_SUM, Frame, IngestBatch, SampleColumns
 from hotspan.model.trace import (
+    Condition,
     SearchError,
     SpanBatch,
     SpanGroup,
+    SpanRecord,
     SpanRow,
     StoredSpan,
     TraceQuery,
@@ -49,7 +51,7 @@ from hotspan.store.base import (
     TraceValues,
 )
 from hotspan.store.batching import Batch, GroupCommitWriter, remember_series, series_bounds
-from hotspan.store.duckdb_search import search_sql
+from hotspan.store.duckdb_search import search_sql, span_condition
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS series (
@@ -672,6 +674,40 @@ class DuckDBStore(Store):
         params.append(int(limit))
         rows = self._cursor().execute(sql, params).fetchall()
         return [SpanInfo(*row) for row in rows]
+
+    def span_records(
+        self,
+        tenant: str,
+        start_ns: int,
+        end_ns: int,
+        conditions: Sequence[Condition] = (),
+        trace_ids: Optional[Sequence[str]] = None,
+        limit: int = 100_000,
+    ) -> List[SpanRecord]:
+        sql = (
+            "SELECT DISTINCT ON (trace_id, span_id) trace_id, span_id, parent_span_id, name, "
+            "kind, service, start_ns, end_ns, status_code, attrs, group_id FROM spans "
+            "WHERE tenant_id = ? AND end_ns >= ? AND start_ns < ?"
+        )
+        params: list = [self._tenant_ids.get(tenant, -1), int(start_ns), int(end_ns)]
+        for cond in conditions:
+            cond_sql, cond_params = span_condition(cond)
+            sql += f" AND ({cond_sql})"
+            params.extend(cond_params)
+        if trace_ids is not None:
+            sql += " AND trace_id IN (SELECT unnest(?::VARCHAR[]))"
+            params.append([t.lower() for t in trace_ids])
+        sql = f"SELECT * FROM ({sql}) ORDER BY start_ns DESC, span_id LIMIT ?"
+        params.append(max(int(limit), 0))
+        try:
+            rows = self._cursor().execute(sql, params).fetchall()
+        except (duckdb.InvalidInputException, duckdb.ConversionException) as exc:
+            raise SearchError(str(exc).splitlines()[0]) from None
+        groups = self._span_groups([r[-1] for r in rows])
+        return [
+            SpanRecord(*fields, groups[gid].attrs if gid in groups else "")
+            for *fields, gid in rows
+        ]
 
     def count_local_roots(self, tenant: str, service: str, start_ns: int, end_ns: int) -> int:
         tid = self._tenant_ids.get(tenant, -1)
