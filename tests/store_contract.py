@@ -350,6 +350,55 @@ class StoreContract:
         assert store.trace_values("other", [sid], SampleFilter(0, 100 * SEC)).trace_ids == []
         assert store.trace_values("t", [], SampleFilter(0, 100 * SEC)).trace_ids == []
 
+    def test_profile_values_sum_per_profile_and_per_span(self, store: Store) -> None:
+        big_span = (1 << 64) - 2  # span ids use all 64 bits
+        batch, sid = batch_of(
+            [
+                (10, ["a"], 1, 5, TRACE_A),
+                (10, ["b"], 2, 5, TRACE_A),
+                (10, ["c"], 4, big_span, TRACE_B),
+                (10, ["d"], 8, 0, None),
+                (20, ["a"], 16, 0, None),
+            ]
+        )
+        other, sid2 = batch_of([(10, ["x"], 32, 6, None)], labels={"service_name": "b"})
+        store.write("t", batch).result(timeout=30)
+        store.write("t", other).result(timeout=30)
+
+        def rows(where, by_span=False, limit=1000):  # type: ignore[no-untyped-def]
+            got = store.profile_values("t", [sid, sid2], where, by_span, limit)
+            return list(
+                zip(
+                    (got.times // SEC).tolist(),
+                    got.series_ids.tolist(),
+                    got.span_ids.tolist(),
+                    got.trace_ids,
+                    got.values.tolist(),
+                )
+            )
+
+        # A profile: a series' samples at one time; ordered by time, then series id.
+        first, second = sorted([sid, sid2])
+        per_profile = {(10, sid, 0, None, 15), (10, sid2, 0, None, 32), (20, sid, 0, None, 16)}
+        assert set(rows(SampleFilter(0, 100 * SEC))) == per_profile
+        got = rows(SampleFilter(0, 100 * SEC))
+        assert [(t, s) for t, s, *_ in got] == [(10, first), (10, second), (20, sid)]
+        # Per span within each profile; samples without a span are left out.
+        assert set(rows(SampleFilter(0, 100 * SEC), by_span=True)) == {
+            (10, sid, 5, TRACE_A, 3),
+            (10, sid, big_span, TRACE_B, 4),
+            (10, sid2, 6, None, 32),
+        }
+        # The filter applies (time, traces); the limit keeps the first rows.
+        assert rows(SampleFilter(15 * SEC, 100 * SEC)) == [(20, sid, 0, None, 16)]
+        assert rows(SampleFilter(0, 100 * SEC, trace_ids=[TRACE_B]), by_span=True) == [
+            (10, sid, big_span, TRACE_B, 4)
+        ]
+        assert len(rows(SampleFilter(0, 100 * SEC), limit=2)) == 2
+        assert rows(SampleFilter(0, 100 * SEC), limit=1)[0][:2] == (10, first)
+        assert store.profile_values("other", [sid], SampleFilter(0, 100 * SEC)).values.size == 0
+        assert store.profile_values("t", [], SampleFilter(0, 100 * SEC)).trace_ids == []
+
     def test_span_infos_by_time_service_and_trace(self, store: Store) -> None:
         self._two_traces(store)
 

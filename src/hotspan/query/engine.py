@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
@@ -16,11 +16,14 @@ from hotspan.model.labels import (
     parse_selector,
 )
 from hotspan.model.profile import ProfileType
-from hotspan.query import flamegraph
+from hotspan.query import flamegraph, heatmap
+from hotspan.query.exemplars import Exemplar, Group, group_points, parse_profile_id, top_per_step
 from hotspan.query.stacks import StackTable
 from hotspan.store.base import SampleFilter, SeriesRecord, StackValues, Store
 
 DEFAULT_MAX_NODES = 8192
+# Profiles (or spans in profiles) a heatmap or a timeline's exemplars read at most.
+MAX_PROFILE_POINTS = 1_000_000
 
 
 class QueryError(ValueError):
@@ -50,6 +53,8 @@ class TimeSeries:
     labels: Dict[str, str]
     timestamps_ms: List[int]
     values: List[float]
+    # Per point, the exemplars behind it (when asked for): at most one, the largest.
+    exemplars: List[List[Exemplar]] = field(default_factory=list)
 
 
 class QueryEngine:
@@ -220,7 +225,11 @@ class QueryEngine:
         group_by: Sequence[str],
         average: bool = False,
         limit: Optional[int] = None,
+        exemplars: Optional[str] = None,
     ) -> List[TimeSeries]:
+        """The summed (or per-profile average) value per step of each group of series;
+        with ``exemplars`` ("individual" or "span") each point also names its largest
+        profile or span."""
         series = self.find_series(tenant, [selector], where.start_ns, where.end_ns, profile_type)
         if not series:
             return []
@@ -252,7 +261,110 @@ class QueryEngine:
         out.sort(key=lambda ts: -sum(ts.values))
         if limit:
             out = out[:limit]
+        if exemplars:
+            self._attach_exemplars(tenant, series, where, step_ns, group_by, exemplars, out)
         return out
+
+    def _attach_exemplars(
+        self,
+        tenant: str,
+        series: Sequence[SeriesRecord],
+        where: SampleFilter,
+        step_ns: int,
+        group_by: Sequence[str],
+        kind: str,
+        found: List[TimeSeries],
+    ) -> None:
+        # Past MAX_PROFILE_POINTS the latest points go without: a timeline still draws.
+        groups = self._points(tenant, series, where, group_by, kind == "span", truncate=True)
+        for ts in found:
+            group = tuple((name, ts.labels.get(name, "")) for name in group_by)
+            best = top_per_step(groups.get(group, []), where.start_ns, step_ns)
+            ts.exemplars = [
+                [best[t * 1_000_000]] if t * 1_000_000 in best else [] for t in ts.timestamps_ms
+            ]
+
+    def _points(
+        self,
+        tenant: str,
+        series: Sequence[SeriesRecord],
+        where: SampleFilter,
+        group_by: Sequence[str],
+        by_span: bool,
+        truncate: bool = False,
+    ) -> Dict[Group, List[Exemplar]]:
+        """Each group's profiles (or spans within profiles), see group_points."""
+        if not series:
+            return {}
+        values = self.store.profile_values(
+            tenant, [s.series_id for s in series], where, by_span, MAX_PROFILE_POINTS + 1
+        )
+        if len(values.values) > MAX_PROFILE_POINTS:
+            if not truncate:
+                raise QueryError(
+                    f"over {MAX_PROFILE_POINTS} profiles in the range; narrow the range or "
+                    "the selector"
+                )
+            values = type(values)(*(col[:MAX_PROFILE_POINTS] for col in values))
+        labels_of = {s.series_id: all_labels(s) for s in series}
+        return group_points(values, labels_of, group_by, by_span)
+
+    def heatmap(
+        self,
+        tenant: str,
+        profile_type: ProfileType,
+        selector: Selector,
+        start_ms: int,
+        end_ms: int,
+        step_ms: int,
+        group_by: Sequence[str],
+        by_span: bool,
+        with_exemplars: bool,
+        limit: Optional[int] = None,
+    ) -> Tuple[List[heatmap.Heatmap], List[int]]:
+        """Heatmaps of the profiles (or spans) of each group of series, and the lower bounds
+        of their value buckets.  The slot at ``start`` holds (start - step, start], so the
+        profiles of the step before the range count."""
+        ms = 1_000_000
+        where = SampleFilter(max(start_ms - step_ms, 0) * ms, (end_ms + 1) * ms)
+        series = self.find_series(tenant, [selector], where.start_ns, where.end_ns, profile_type)
+        groups = self._points(tenant, series, where, group_by, by_span)
+        return heatmap.build(groups, start_ms, end_ms, step_ms, with_exemplars, limit)
+
+    def profile_stack_values(
+        self,
+        tenant: str,
+        profile_type: ProfileType,
+        selector: Selector,
+        where: SampleFilter,
+        profile_ids: Sequence[str],
+    ) -> StackValues:
+        """Per-stack sums of the named profiles (ids from exemplars) among the series the
+        selector picks, within the filter."""
+        wanted: Dict[int, List[int]] = {}
+        for text in profile_ids:
+            try:
+                sid, ts = parse_profile_id(text)
+            except ValueError as exc:
+                raise QueryError(str(exc)) from None
+            if where.start_ns <= ts < where.end_ns:
+                wanted.setdefault(sid, []).append(ts)
+        series = self.find_series(tenant, [selector], where.start_ns, where.end_ns, profile_type)
+        parts = []
+        for rec in series:
+            for ts in sorted(set(wanted.get(rec.series_id, ()))):
+                one = SampleFilter(ts, ts + 1, where.span_ids, where.trace_ids)
+                parts.append(self.store.stack_values(tenant, [rec.series_id], one))
+        if not parts:
+            return StackValues.empty()
+        if len(parts) == 1:
+            return parts[0]
+        ids = np.concatenate([p.stack_ids for p in parts])
+        vals = np.concatenate([p.values for p in parts])
+        unique, inverse = np.unique(ids, return_inverse=True)
+        sums = np.zeros(len(unique), dtype=np.int64)
+        np.add.at(sums, inverse, vals)
+        return StackValues(unique, sums)
 
 
 def _check_total(values: StackValues) -> None:

@@ -1,4 +1,9 @@
-"""``querier.v1.QuerierService`` over Connect: what Grafana's Pyroscope data source calls."""
+"""``querier.v1.QuerierService`` over Connect: what Grafana's Pyroscope data source calls.
+
+Exemplars (the profiles or spans behind a timeline point or a heatmap cell) name a profile
+by an id that ``profile_id_selector`` takes back: Grafana's "View profile" link on an exemplar
+asks SelectMergeStacktraces for that one profile (see :mod:`hotspan.query.exemplars`).
+"""
 
 from __future__ import annotations
 
@@ -15,6 +20,7 @@ from hotspan.formats.proto import querier_pb2, types_pb2
 from hotspan.model.labels import Selector, SelectorError, parse_selector
 from hotspan.model.profile import MAX_TIME_NS, ProfileType, ProfileTypeError, span_id_to_int
 from hotspan.query.engine import DEFAULT_MAX_NODES, QueryError
+from hotspan.query.exemplars import Exemplar
 from hotspan.query.flamegraph import to_message
 from hotspan.server.connect import read_message, unary, write_message
 from hotspan.server.errors import HTTPError
@@ -26,6 +32,8 @@ SERVICE = "/querier.v1.QuerierService"
 MS = 1_000_000
 DEFAULT_RANGE_MS = 3600 * 1000
 MAX_NODES_LIMIT = 1_000_000
+# Longer steps than this would carry point times past 64-bit nanoseconds.
+MAX_STEP_S = 10 * 366 * 86400
 
 
 def time_range(start_ms: int, end_ms: int) -> Tuple[int, int]:
@@ -174,14 +182,20 @@ async def _stack_values(
     start_ms: int,
     end_ms: int,
     spans: Optional[List[int]] = None,
-    req=None,  # type: ignore[no-untyped-def]  # the request message: trace ids, call site
+    req=None,  # type: ignore[no-untyped-def]  # the request: trace/profile ids, call site
 ) -> Tuple[ProfileType, SampleFilter, StackValues]:
     ptype = profile_type(type_id)
     sel = selector(label_selector)
     start, end = time_range(start_ms, end_ms)
     traces = selected_trace_ids(req.trace_id_selector) if req is not None else None
     where = SampleFilter(start, end, span_ids=spans, trace_ids=traces)
-    values = await _run(state.engine.stack_values, tenant, ptype, sel, where)
+    profile_ids = list(req.profile_id_selector) if req is not None else []
+    if profile_ids:  # the profiles behind exemplars ("View profile" in Grafana)
+        values = await _run(
+            state.engine.profile_stack_values, tenant, ptype, sel, where, profile_ids
+        )
+    else:
+        values = await _run(state.engine.stack_values, tenant, ptype, sel, where)
     if req is not None and req.HasField("stack_trace_selector"):
         call_site = [loc.name for loc in req.stack_trace_selector.call_site]
         values = await _run(state.engine.filter_call_site, values, call_site)
@@ -241,6 +255,27 @@ async def select_merge_profile(request: Request) -> Response:
     return write_message(request, profile)
 
 
+def exemplar_kind(value: int, allowed: Sequence[str] = ("individual", "span")) -> Optional[str]:
+    """A request's ``exemplar_type``: None (none wanted), "individual" or "span"."""
+    if value in (types_pb2.EXEMPLAR_TYPE_UNSPECIFIED, types_pb2.EXEMPLAR_TYPE_NONE):
+        return None
+    kind = {types_pb2.EXEMPLAR_TYPE_INDIVIDUAL: "individual", types_pb2.EXEMPLAR_TYPE_SPAN: "span"}
+    if value not in kind:
+        raise HTTPError(400, f"unknown exemplar type: {value}")
+    if kind[value] not in allowed:
+        raise HTTPError(400, f"{kind[value]} exemplars only available for {kind[value]} query type")
+    return kind[value]
+
+
+def exemplar_message(ex: Exemplar, out: types_pb2.Exemplar) -> None:
+    out.timestamp = ex.timestamp_ms
+    out.value = ex.value
+    out.profile_id = ex.profile_id
+    out.span_id = ex.span_hex
+    out.trace_id = ex.trace_id or ""
+    out.labels.extend(types_pb2.LabelPair(name=k, value=v) for k, v in sorted(ex.labels.items()))
+
+
 @unary
 async def select_series(request: Request) -> Response:
     state, tenant = query_state(request)
@@ -248,7 +283,7 @@ async def select_series(request: Request) -> Response:
     ptype = profile_type(req.profile_typeID)
     sel = selector(req.label_selector)
     start, end = time_range(req.start, req.end)
-    if not math.isfinite(req.step) or req.step <= 0:
+    if not math.isfinite(req.step) or not 0 < req.step <= MAX_STEP_S:
         raise HTTPError(400, f"step must be a positive number of seconds, got {req.step}")
     step_ns = max(int(req.step * 1e9), 1_000_000)
     if (end - start) // step_ns > 100_000:
@@ -258,6 +293,8 @@ async def select_series(request: Request) -> Response:
         and req.aggregation == types_pb2.TIME_SERIES_AGGREGATION_TYPE_AVERAGE
     )
     limit = req.limit if req.HasField("limit") else None
+    # Pyroscope answers "span" as unimplemented; hotspan names each point's largest span.
+    exemplars = exemplar_kind(req.exemplar_type)
     found = await _run(
         state.engine.select_series,
         tenant,
@@ -274,6 +311,7 @@ async def select_series(request: Request) -> Response:
         list(req.group_by),
         average,
         limit,
+        exemplars,
     )
     resp = querier_pb2.SelectSeriesResponse()
     for ts in found:
@@ -281,8 +319,63 @@ async def select_series(request: Request) -> Response:
         out.labels.extend(
             types_pb2.LabelPair(name=k, value=v) for k, v in sorted(ts.labels.items())
         )
-        for t, v in zip(ts.timestamps_ms, ts.values):
-            out.points.add(timestamp=t, value=v)
+        for i, (t, v) in enumerate(zip(ts.timestamps_ms, ts.values)):
+            point = out.points.add(timestamp=t, value=v)
+            for ex in ts.exemplars[i] if ts.exemplars else ():
+                exemplar_message(ex, point.exemplars.add())
+    return write_message(request, resp)
+
+
+HEATMAP_TYPES = {
+    querier_pb2.HEATMAP_QUERY_TYPE_INDIVIDUAL: "individual",
+    querier_pb2.HEATMAP_QUERY_TYPE_SPAN: "span",
+}
+
+
+@unary
+async def select_heatmap(request: Request) -> Response:
+    """Profiles (or spans within them) counted per time slot and value bucket, with the
+    largest of each cell as its exemplar: Grafana's heatmap and exemplar views."""
+    state, tenant = query_state(request)
+    req = await read_message(request, state.config, querier_pb2.SelectHeatmapRequest)
+    if not math.isfinite(req.step) or req.step < 0.001:
+        raise HTTPError(400, f"step must be >= 1ms, got {req.step}")
+    if req.step > MAX_STEP_S:
+        raise HTTPError(400, f"step must be at most {MAX_STEP_S} seconds, got {req.step}")
+    if req.HasField("limit") and req.limit < 0:
+        raise HTTPError(400, f"limit must be non-negative, got {req.limit}")
+    kind = HEATMAP_TYPES.get(req.query_type)
+    if kind is None:
+        raise HTTPError(400, "valid heatmap query type must be specified")
+    # As Pyroscope: exemplars only of the kind of point the heatmap counts.
+    exemplars = exemplar_kind(req.exemplar_type, (kind,))
+    ptype = profile_type(req.profile_typeID)
+    sel = selector(req.label_selector)
+    start, end = time_range(req.start, req.end)
+    step_ms = int(req.step * 1000)
+    maps, lows = await _run(
+        state.engine.heatmap,
+        tenant,
+        ptype,
+        sel,
+        start // MS,
+        end // MS,
+        step_ms,
+        list(req.group_by),
+        kind == "span",
+        exemplars is not None,
+        req.limit or None,
+    )
+    resp = querier_pb2.SelectHeatmapResponse()
+    for hm in maps:
+        out = resp.series.add()
+        out.labels.extend(
+            types_pb2.LabelPair(name=k, value=v) for k, v in sorted(hm.labels.items())
+        )
+        for slot in hm.slots:
+            msg = out.slots.add(timestamp=slot.timestamp_ms, y_min=lows, counts=slot.counts)
+            for ex in slot.exemplars:
+                exemplar_message(ex, msg.exemplars.add())
     return write_message(request, resp)
 
 
@@ -337,6 +430,7 @@ routes = [
     Route(f"{SERVICE}/SelectMergeSpanProfile", select_merge_span_profile, methods=["POST"]),
     Route(f"{SERVICE}/SelectMergeProfile", select_merge_profile, methods=["POST"]),
     Route(f"{SERVICE}/SelectSeries", select_series, methods=["POST"]),
+    Route(f"{SERVICE}/SelectHeatmap", select_heatmap, methods=["POST"]),
     Route(f"{SERVICE}/Diff", diff, methods=["POST"]),
     Route(f"{SERVICE}/GetProfileStats", get_profile_stats, methods=["POST"]),
 ]

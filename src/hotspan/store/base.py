@@ -84,6 +84,19 @@ class TraceValues(NamedTuple):
     values: np.ndarray
 
 
+class ProfileValues(NamedTuple):
+    """Per-profile sums.  A profile is the samples of one series at one time (one upload's
+    samples share its time): row i is series ``series_ids[i]`` at ``times[i]`` (ns), within
+    it span ``span_ids[i]`` of trace ``trace_ids[i]`` when summed per span (else 0 / None),
+    with ``values[i]`` in total."""
+
+    series_ids: np.ndarray  # int64
+    times: np.ndarray  # int64 nanoseconds
+    span_ids: np.ndarray  # uint64
+    trace_ids: List[Optional[str]]
+    values: np.ndarray  # int64
+
+
 class SpanInfo(NamedTuple):
     """A span's columns without its message and group: what aggregations over many spans
     read (a span's CPU per endpoint, say)."""
@@ -199,6 +212,19 @@ class Store(abc.ABC):
     ) -> TraceValues:
         """Sum of sample values per trace id over the given series and filter; samples
         without a trace id are left out."""
+
+    @abc.abstractmethod
+    def profile_values(
+        self,
+        tenant: str,
+        series_ids: Sequence[int],
+        where: SampleFilter,
+        by_span: bool = False,
+        limit: int = 1_000_000,
+    ) -> ProfileValues:
+        """Sum of sample values per profile (series and sample time) over the given series
+        and filter, or with ``by_span`` per (profile, span id, trace id), leaving out samples
+        without a span; ordered by time, series id, span id, trace id; the first ``limit``."""
 
     # -- traces ------------------------------------------------------------------------------
 

@@ -46,6 +46,7 @@ from hotspan.store.base import (
     DEFAULT_RETENTION_NS,
     PARENT_LOOKBACK_NS,
     Document,
+    ProfileValues,
     RetentionReport,
     SampleFilter,
     SeriesRecord,
@@ -686,6 +687,37 @@ class ClickHouseStore(Store):
     ) -> TraceValues:
         keys, values = self._sums_by("trace_id", tenant, series_ids, where)
         return TraceValues([str(k) for k in keys], values)
+
+    def profile_values(
+        self,
+        tenant: str,
+        series_ids: Sequence[int],
+        where: SampleFilter,
+        by_span: bool = False,
+        limit: int = 1_000_000,
+    ) -> ProfileValues:
+        keys = "ts, series_id, span_id, trace_id" if by_span else "ts, series_id"
+        width = 5 if by_span else 3
+        cols: List[Sequence[Any]] = [[] for _ in range(width)]
+        if series_ids:
+            cond, params = self._sample_where(tenant, series_ids, where)
+            if by_span:
+                cond += " AND span_id != 0"
+            params["limit"] = int(limit)
+            cols = self._columns(
+                f"SELECT {keys}, {_CLAMPED_SUM} FROM samples WHERE {cond} "
+                f"GROUP BY {keys} ORDER BY {keys} LIMIT %(limit)s",
+                width,
+                params,
+            )
+        n = len(cols[0])
+        return ProfileValues(
+            np.asarray(cols[1], dtype=np.int64),
+            np.asarray(cols[0], dtype=np.int64),
+            np.asarray(cols[2], dtype=np.uint64) if by_span else np.zeros(n, dtype=np.uint64),
+            [str(t) or None for t in cols[3]] if by_span else [None] * n,
+            np.asarray(cols[-1], dtype=np.int64),
+        )
 
     def time_series(
         self, tenant: str, series_ids: Sequence[int], where: SampleFilter, step_ns: int

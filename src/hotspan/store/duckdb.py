@@ -38,6 +38,7 @@ from hotspan.model.trace import (
 from hotspan.store.base import (
     PARENT_LOOKBACK_NS,
     Document,
+    ProfileValues,
     RetentionReport,
     SampleFilter,
     SeriesRecord,
@@ -576,6 +577,46 @@ class DuckDBStore(Store):
         trace_ids, values = self._sums_by("trace_id", tenant, series_ids, where)
         keep = [i for i, t in enumerate(trace_ids.tolist()) if t]
         return TraceValues([str(trace_ids[i]) for i in keep], values[keep])
+
+    def profile_values(
+        self,
+        tenant: str,
+        series_ids: Sequence[int],
+        where: SampleFilter,
+        by_span: bool = False,
+        limit: int = 1_000_000,
+    ) -> ProfileValues:
+        if not series_ids:
+            return ProfileValues(
+                np.zeros(0, dtype=np.int64),
+                np.zeros(0, dtype=np.int64),
+                np.zeros(0, dtype=np.uint64),
+                [],
+                np.zeros(0, dtype=np.int64),
+            )
+        cond, params = self._sample_where(tenant, series_ids, where)
+        keys = "ts, series_id, span_id, trace_id" if by_span else "ts, series_id"
+        if by_span:
+            cond += " AND span_id != 0"
+        rows = (
+            self._cursor()
+            .execute(
+                f"SELECT {keys}, {_CLAMPED_SUM} AS v FROM samples WHERE {cond} "
+                f"GROUP BY {keys} ORDER BY {keys} LIMIT ?",
+                [*params, int(limit)],
+            )
+            .fetchnumpy()
+        )
+        n = len(rows["v"])
+        return ProfileValues(
+            np.asarray(rows["series_id"], dtype=np.int64),
+            np.asarray(rows["ts"], dtype=np.int64),
+            np.asarray(rows["span_id"], dtype=np.uint64)
+            if by_span
+            else np.zeros(n, dtype=np.uint64),
+            [t or None for t in rows["trace_id"].tolist()] if by_span else [None] * n,
+            np.asarray(rows["v"], dtype=np.int64),
+        )
 
     # -- traces ------------------------------------------------------------------------------
 

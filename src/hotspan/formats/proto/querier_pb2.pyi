@@ -27,6 +27,12 @@ class AsyncQueryStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     ASYNC_QUERY_STATUS_IN_PROGRESS: _ClassVar[AsyncQueryStatus]
     ASYNC_QUERY_STATUS_SUCCESS: _ClassVar[AsyncQueryStatus]
     ASYNC_QUERY_STATUS_FAILURE: _ClassVar[AsyncQueryStatus]
+
+class HeatmapQueryType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    HEATMAP_QUERY_TYPE_UNSPECIFIED: _ClassVar[HeatmapQueryType]
+    HEATMAP_QUERY_TYPE_INDIVIDUAL: _ClassVar[HeatmapQueryType]
+    HEATMAP_QUERY_TYPE_SPAN: _ClassVar[HeatmapQueryType]
 PROFILE_FORMAT_UNSPECIFIED: ProfileFormat
 PROFILE_FORMAT_FLAMEGRAPH: ProfileFormat
 PROFILE_FORMAT_TREE: ProfileFormat
@@ -38,6 +44,9 @@ ASYNC_QUERY_STATUS_UNKNOWN: AsyncQueryStatus
 ASYNC_QUERY_STATUS_IN_PROGRESS: AsyncQueryStatus
 ASYNC_QUERY_STATUS_SUCCESS: AsyncQueryStatus
 ASYNC_QUERY_STATUS_FAILURE: AsyncQueryStatus
+HEATMAP_QUERY_TYPE_UNSPECIFIED: HeatmapQueryType
+HEATMAP_QUERY_TYPE_INDIVIDUAL: HeatmapQueryType
+HEATMAP_QUERY_TYPE_SPAN: HeatmapQueryType
 
 class ProfileTypesRequest(_message.Message):
     __slots__ = ("start", "end")
@@ -262,3 +271,31 @@ class SelectSeriesResponse(_message.Message):
     SERIES_FIELD_NUMBER: _ClassVar[int]
     series: _containers.RepeatedCompositeFieldContainer[_types_pb2.Series]
     def __init__(self, series: _Optional[_Iterable[_Union[_types_pb2.Series, _Mapping]]] = ...) -> None: ...
+
+class SelectHeatmapRequest(_message.Message):
+    __slots__ = ("profile_typeID", "label_selector", "start", "end", "step", "group_by", "query_type", "exemplar_type", "limit")
+    PROFILE_TYPEID_FIELD_NUMBER: _ClassVar[int]
+    LABEL_SELECTOR_FIELD_NUMBER: _ClassVar[int]
+    START_FIELD_NUMBER: _ClassVar[int]
+    END_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    GROUP_BY_FIELD_NUMBER: _ClassVar[int]
+    QUERY_TYPE_FIELD_NUMBER: _ClassVar[int]
+    EXEMPLAR_TYPE_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    profile_typeID: str
+    label_selector: str
+    start: int
+    end: int
+    step: float
+    group_by: _containers.RepeatedScalarFieldContainer[str]
+    query_type: HeatmapQueryType
+    exemplar_type: _types_pb2.ExemplarType
+    limit: int
+    def __init__(self, profile_typeID: _Optional[str] = ..., label_selector: _Optional[str] = ..., start: _Optional[int] = ..., end: _Optional[int] = ..., step: _Optional[float] = ..., group_by: _Optional[_Iterable[str]] = ..., query_type: _Optional[_Union[HeatmapQueryType, str]] = ..., exemplar_type: _Optional[_Union[_types_pb2.ExemplarType, str]] = ..., limit: _Optional[int] = ...) -> None: ...
+
+class SelectHeatmapResponse(_message.Message):
+    __slots__ = ("series",)
+    SERIES_FIELD_NUMBER: _ClassVar[int]
+    series: _containers.RepeatedCompositeFieldContainer[_types_pb2.HeatmapSeries]
+    def __init__(self, series: _Optional[_Iterable[_Union[_types_pb2.HeatmapSeries, _Mapping]]] = ...) -> None: ...

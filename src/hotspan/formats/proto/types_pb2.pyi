@@ -98,6 +98,26 @@ class Exemplar(_message.Message):
     trace_id: str
     def __init__(self, timestamp: _Optional[int] = ..., profile_id: _Optional[str] = ..., span_id: _Optional[str] = ..., value: _Optional[int] = ..., labels: _Optional[_Iterable[_Union[LabelPair, _Mapping]]] = ..., trace_id: _Optional[str] = ...) -> None: ...
 
+class HeatmapSeries(_message.Message):
+    __slots__ = ("labels", "slots")
+    LABELS_FIELD_NUMBER: _ClassVar[int]
+    SLOTS_FIELD_NUMBER: _ClassVar[int]
+    labels: _containers.RepeatedCompositeFieldContainer[LabelPair]
+    slots: _containers.RepeatedCompositeFieldContainer[HeatmapSlot]
+    def __init__(self, labels: _Optional[_Iterable[_Union[LabelPair, _Mapping]]] = ..., slots: _Optional[_Iterable[_Union[HeatmapSlot, _Mapping]]] = ...) -> None: ...
+
+class HeatmapSlot(_message.Message):
+    __slots__ = ("timestamp", "y_min", "counts", "exemplars")
+    TIMESTAMP_FIELD_NUMBER: _ClassVar[int]
+    Y_MIN_FIELD_NUMBER: _ClassVar[int]
+    COUNTS_FIELD_NUMBER: _ClassVar[int]
+    EXEMPLARS_FIELD_NUMBER: _ClassVar[int]
+    timestamp: int
+    y_min: _containers.RepeatedScalarFieldContainer[float]
+    counts: _containers.RepeatedScalarFieldContainer[int]
+    exemplars: _containers.RepeatedCompositeFieldContainer[Exemplar]
+    def __init__(self, timestamp: _Optional[int] = ..., y_min: _Optional[_Iterable[float]] = ..., counts: _Optional[_Iterable[int]] = ..., exemplars: _Optional[_Iterable[_Union[Exemplar, _Mapping]]] = ...) -> None: ...
+
 class LabelValuesRequest(_message.Message):
     __slots__ = ("name", "matchers", "start", "end")
     NAME_FIELD_NUMBER: _ClassVar[int]
