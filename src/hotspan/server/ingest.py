@@ -10,7 +10,7 @@ from typing import Dict, Mapping, Optional
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from hotspan.formats import folded, ingest_params, pprof, speedscope
+from hotspan.formats import folded, ingest_params, jfr_profiles, pprof, speedscope
 from hotspan.formats.compression import maybe_gunzip
 from hotspan.formats.errors import FormatError
 from hotspan.formats.proto import push_pb2
@@ -100,14 +100,18 @@ async def ingest(request: Request) -> Response:
         labels = _tags(app.tags)
         labels[SPY_NAME] = spy
         batch = IngestBatch()
-        if ctype.startswith("multipart/form-data") or fmt == "pprof":
+        if fmt == "jfr":  # before multipart: the Java SDK sends JFR as multipart too
+            await _ingest_jfr(request, body, ctype, app.name, labels, start, sample_rate, batch)
+        elif ctype.startswith("multipart/form-data") or fmt == "pprof":
             await _ingest_pprof(request, body, ctype, app.name, labels, start, batch, state)
         elif fmt in FOLDED_FORMATS or fmt == "lines" or fmt == "speedscope":
             _ingest_stacks(body, fmt, app.name, labels, start, sample_rate, batch)
-        elif fmt in ("jfr", "trie", "tree"):
+        elif fmt in ("trie", "tree"):
             raise HTTPError(400, f"format {fmt!r} is not supported by hotspan yet")
         else:
-            raise HTTPError(400, f"unknown format {fmt!r} (use folded, lines, pprof or speedscope)")
+            raise HTTPError(
+                400, f"unknown format {fmt!r} (use folded, lines, pprof, jfr or speedscope)"
+            )
         await commit(state, tenant, batch)
     except FormatError as exc:
         return Response(f"bad profile: {exc}\n", status_code=400)
@@ -137,7 +141,8 @@ async def _ingest_pprof(
             raise HTTPError(400, f"malformed multipart body: {exc}") from None
         part = form.get("profile")
         if part is None:
-            raise HTTPError(400, "multipart body has no 'profile' field")
+            hint = " (a JFR upload needs format=jfr)" if "jfr" in form else ""
+            raise HTTPError(400, f"multipart body has no 'profile' field{hint}")
         data = await _field_bytes(part)
         stc = form.get("sample_type_config")
         if stc is not None:
@@ -154,6 +159,48 @@ async def _ingest_pprof(
     base, _ = ingest_params.split_suffix(app_name)
     labels.setdefault(SERVICE_NAME, base)
     _pprof_to_batch(data, config.max_decompressed_bytes, batch, labels, start, sample_type_config)
+
+
+async def _ingest_jfr(
+    request: Request,
+    body: bytes,
+    ctype: str,
+    app_name: str,
+    labels: Dict[str, str],
+    start: int,
+    sample_rate: int,
+    batch: IngestBatch,
+) -> None:
+    """``format=jfr``: a JFR recording, as the whole body or (the Java SDK) as the multipart
+    part ``jfr`` with an optional ``labels`` part naming the events' contexts."""
+    config = request.app.state.hotspan.config
+    labels_part = b""
+    if ctype.startswith("multipart/form-data"):
+        try:
+            form = await request.form(max_part_size=config.max_body_bytes)
+        except Exception as exc:  # noqa: BLE001 - Starlette raises several kinds here
+            raise HTTPError(400, f"malformed multipart body: {exc}") from None
+        part = form.get("jfr")
+        if part is None:
+            raise HTTPError(400, "multipart body has no 'jfr' field (format=jfr)")
+        data = await _field_bytes(part)
+        extra = form.get("labels")
+        if extra is not None:
+            labels_part = await _field_bytes(extra)
+    else:
+        data = body
+    # A thread: a large recording takes a while to decode, and the loop must keep serving.
+    await asyncio.to_thread(
+        jfr_profiles.ingest,
+        data,
+        labels_part,
+        batch,
+        app_name,
+        labels,
+        start,
+        sample_rate if sample_rate > 0 else 100,
+        config.max_decompressed_bytes,
+    )
 
 
 async def _field_bytes(value) -> bytes:  # type: ignore[no-untyped-def]
