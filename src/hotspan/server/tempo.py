@@ -1,16 +1,18 @@
 """Grafana Tempo's HTTP API, as far as Grafana's Tempo data source uses it.
 
-Trace by id (v1 and v2, JSON or protobuf), search (TraceQL spanset filters or the legacy
-``tags``), tag names and values (v1 and v2), ``/api/echo`` and ``/api/status/buildinfo``.
+Trace by id (v1 and v2, JSON or protobuf), search (TraceQL, see query.trace_search, or the
+legacy ``tags``), tag names and values (v1 and v2; ``q=`` narrows them to the spans a partial
+TraceQL query matches, see query.autocomplete), ``/api/echo`` and ``/api/status/buildinfo``.
 Search answers carry only the fields Tempo's own ``SearchResponse`` has: Grafana decodes them
-strictly, and an unknown field would fail the query.
+strictly, and an unknown field would fail the query.  The same search and TraceQL metrics
+also answer over gRPC, on the main port too (server.tempo_grpc, server.h2_sniff).
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import replace
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Mapping, Optional, Set, Tuple
 
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
@@ -24,21 +26,31 @@ from hotspan.model.trace import (
     TRACE_INTRINSICS,
     TRACE_ORDERS,
     SearchError,
+    SpanRecord,
     TraceQuery,
 )
+from hotspan.query import autocomplete, trace_search
+from hotspan.query.autocomplete import narrowing_conditions
 from hotspan.query.engine import QueryError
-from hotspan.query.traceql import legacy_query, parse_duration, parse_logfmt, parse_traceql
+from hotspan.query.trace_search import SearchParams
+from hotspan.query.traceql import Query, legacy_query, parse_duration, parse_logfmt, parse_query
 from hotspan.server.errors import HTTPError
 from hotspan.server.request import query_state
+from hotspan.server.state import ServerState
 
 PROTOBUF = "application/protobuf"
 SEC = 1_000_000_000
 DEFAULT_SEARCH_RANGE_NS = 24 * 3600 * SEC
 MAX_LIMIT = 10_000
 MAX_SPANS_PER_SPANSET = 1_000
+# Spans read to narrow tag names and values by ``q``: the newest of the range.
+MAX_AUTOCOMPLETE_SPANS = 10_000
 # What Tempo lists in the intrinsic scope that hotspan can search on.
 INTRINSIC_TAGS = ["duration", "kind", "name", "status", *TRACE_INTRINSICS]
-TEMPO_VERSION = "2.1.0"  # below 2.2: Grafana of 2023-24 then does not try gRPC streaming
+# Below 2.2: Grafana 10 (traceQLStreaming toggle) then does not try gRPC streaming, which a
+# proxy without HTTP/2 cleartext would break; newer Grafana streams when its data source's
+# streaming options are on, whatever the version (both work on the main port: tempo_grpc).
+TEMPO_VERSION = "2.1.0"
 
 
 def text_error(exc: HTTPError) -> Response:
@@ -124,9 +136,15 @@ async def trace_v1(request: Request) -> Response:
 
 
 async def trace_v2(request: Request) -> Response:
-    """``TraceByIDResponse``; as in Tempo, an unknown trace is a 200 with an empty trace."""
+    """``TraceByIDResponse``; an unknown trace is a 404, as on v1.
+
+    Tempo's own v2 answers a 200 with an empty trace there, which Grafana before 11.3 draws as
+    an empty waterfall; newer Grafana turns both answers into the same "failed to get trace
+    ... 404" message.  The 404 says "not found" to every Grafana and every other client."""
     try:
-        data, _ = await _trace(request)
+        data, found = await _trace(request)
+        if not found:
+            raise HTTPError(404, "trace not found")
     except HTTPError as exc:
         return text_error(exc)
     if _wants_protobuf(request):
@@ -145,86 +163,110 @@ def _varint(value: int) -> bytes:
     return bytes(out)
 
 
-def search_query(request: Request) -> TraceQuery:
-    """The query of a search request; ``sort=duration`` (a hotspan extension, absent from
-    Tempo) keeps the longest traces instead of the newest, longest first."""
-    query = _search_query(request)
-    sort = request.query_params.get("sort") or "recent"
+class _Params:
+    """A parameter mapping where the request helpers look for one (``query_params``)."""
+
+    def __init__(self, params: Mapping[str, str]) -> None:
+        self.query_params = params
+
+
+def search_query(params: Mapping[str, str]) -> Tuple[SearchParams, Optional[Query], TraceQuery]:
+    """What a search asks: its range, limits and order (``sort=duration``, a hotspan extension
+    absent from Tempo, keeps the longest traces instead of the newest, longest first), its
+    TraceQL query if any, and the SQL search that answers it when it is simple enough."""
+    query = _search_query(params)
+    sort = params.get("sort") or "recent"
     if sort not in TRACE_ORDERS:
         raise HTTPError(400, f"sort must be one of {', '.join(TRACE_ORDERS)}, not {sort!r}")
-    return replace(query, order=sort) if sort != query.order else query
+    search_params, traceql, sql = query
+    return replace(search_params, order=sort), traceql, replace(sql, order=sort)
 
 
-def _search_query(request: Request) -> TraceQuery:
-    params = request.query_params
-    start = seconds_param(request, "start")
-    end = seconds_param(request, "end")
+def _search_query(params: Mapping[str, str]) -> Tuple[SearchParams, Optional[Query], TraceQuery]:
+    request = _Params(params)
+    start = seconds_param(request, "start")  # type: ignore[arg-type]
+    end = seconds_param(request, "end")  # type: ignore[arg-type]
     if end is None:
         end = time.time_ns()
     if start is None:
         start = end - DEFAULT_SEARCH_RANGE_NS
     if end <= start:
         raise HTTPError(400, "end must be after start")
-    limit = min(_int_param(request, "limit", 20), MAX_LIMIT)
-    spss = min(_int_param(request, "spss", 3), MAX_SPANS_PER_SPANSET)
+    limit = min(_int_param(request, "limit", 20), MAX_LIMIT)  # type: ignore[arg-type]
+    spss = min(_int_param(request, "spss", 3), MAX_SPANS_PER_SPANSET)  # type: ignore[arg-type]
+    search_params = SearchParams(start, end, limit, spss)
     try:
         if params.get("q") and params.get("tags"):
             raise HTTPError(400, "q and tags cannot be used together")
         if params.get("q"):
-            spansets, trace_conds = parse_traceql(params["q"])
             for name in ("minDuration", "maxDuration"):
                 if params.get(name):
                     raise HTTPError(400, f"{name} goes with tags; in TraceQL use traceDuration")
-            return TraceQuery(start, end, spansets, trace_conds, limit, spss)
+            traceql = parse_query(params["q"])
+            if traceql.metrics is not None:
+                raise HTTPError(
+                    400, "TraceQL metrics queries go to /api/metrics/query_range, not search"
+                )
+            spansets, trace_conds = traceql.simple or ((), ())
+            sql = TraceQuery(start, end, spansets, trace_conds, limit, spss)
+            return search_params, traceql, sql
         low = parse_duration(params["minDuration"]) if params.get("minDuration") else None
         high = parse_duration(params["maxDuration"]) if params.get("maxDuration") else None
         if low and high and high < low:
             raise HTTPError(400, "maxDuration is shorter than minDuration")
         tags = parse_logfmt(params.get("tags", ""))
-        return legacy_query(tags, start, end, low, high, limit)
+        return search_params, None, legacy_query(tags, start, end, low, high, limit)
     except QueryError as exc:
+        raise HTTPError(400, str(exc)) from None
+
+
+def search_json(state: ServerState, tenant: str, params: Mapping[str, str]) -> Dict[str, object]:
+    """Tempo's ``SearchResponse`` for a search's parameters (``q`` or ``tags``, ``start``,
+    ``end``, ``limit``, ``spss``...), in protobuf's JSON mapping; HTTPError (400) when the
+    search cannot run.  Blocking: the store is read here."""
+    search_params, traceql, sql = search_query(params)
+    try:
+        return trace_search.search(state.store, tenant, search_params, traceql, sql)
+    except (SearchError, QueryError) as exc:
         raise HTTPError(400, str(exc)) from None
 
 
 async def search(request: Request) -> Response:
     try:
         state, tenant = query_state(request)
-        query = search_query(request)
-        try:
-            found = await run_in_threadpool(state.store.find_traces, tenant, query)
-        except SearchError as exc:
-            raise HTTPError(400, str(exc)) from None
+        body = await run_in_threadpool(search_json, state, tenant, request.query_params)
     except HTTPError as exc:
         return text_error(exc)
-    traces = []
-    for t in found:
-        spanset = {
-            "spans": [
-                {
-                    "spanID": f"{s.span_id:016x}",
-                    "name": s.name,
-                    "startTimeUnixNano": str(s.start_ns),
-                    "durationNanos": str(s.duration_ns),
-                }
-                for s in t.matched
-            ],
-            "matched": t.matched_count,
-        }
-        traces.append(
-            {
-                "traceID": t.trace_id,
-                "rootServiceName": t.root_service or "<root span not yet received>",
-                "rootTraceName": t.root_name,
-                "startTimeUnixNano": str(t.start_ns),
-                "durationMs": t.duration_ns // 1_000_000,
-                "spanSet": spanset,
-                "spanSets": [spanset],
-            }
-        )
-    body: Dict[str, object] = {"metrics": {"completedJobs": 1, "totalJobs": 1}}
-    if traces:
-        body = {"traces": traces, **body}
     return JSONResponse(body)
+
+
+def _tag_range(request: Request) -> Tuple[int, int]:
+    """The time range of a tag request narrowed by ``q``: start/end, by default the last day."""
+    end = seconds_param(request, "end") or time.time_ns()
+    start = seconds_param(request, "start")
+    if start is None:
+        start = end - DEFAULT_SEARCH_RANGE_NS
+    if end <= start:
+        raise HTTPError(400, "end must be after start")
+    return start, end
+
+
+async def _narrowed(
+    request: Request, state: ServerState, tenant: str
+) -> Optional[List[SpanRecord]]:
+    """The spans ``q`` narrows the autocomplete to (the newest of the range, at most
+    MAX_AUTOCOMPLETE_SPANS), or None when there is no ``q`` or it narrows nothing (see
+    query.autocomplete): then every tag, as Tempo does."""
+    conditions = narrowing_conditions(request.query_params.get("q", ""))
+    if conditions is None:
+        return None
+    start, end = _tag_range(request)
+    try:
+        return await run_in_threadpool(
+            state.store.span_records, tenant, start, end, conditions, limit=MAX_AUTOCOMPLETE_SPANS
+        )
+    except SearchError:
+        return None  # a condition no span can be compared with (status > "x"): as unparsable
 
 
 async def _tag_names(request: Request) -> Tuple[Dict[str, List[str]], Optional[str]]:
@@ -232,14 +274,19 @@ async def _tag_names(request: Request) -> Tuple[Dict[str, List[str]], Optional[s
     scope = request.query_params.get("scope") or None
     if scope not in (None, "span", "resource", "intrinsic", "all"):
         raise HTTPError(400, f"scope must be span, resource or intrinsic, not {scope!r}")
-    since = seconds_param(request, "start") or 0
-    names = await run_in_threadpool(state.store.tag_names, tenant, since)
+    records = await _narrowed(request, state, tenant)
+    if records is not None:
+        names = autocomplete.tag_names(records)
+    else:
+        since = seconds_param(request, "start") or 0
+        names = await run_in_threadpool(state.store.tag_names, tenant, since)
     return names, None if scope == "all" else scope
 
 
 async def tags_v1(request: Request) -> Response:
     try:
         names, scope = await _tag_names(request)
+        limit = _int_param(request, "limit", 0) or None  # Tempo's: at most this many
     except HTTPError as exc:
         return text_error(exc)
     if scope == "intrinsic":
@@ -247,18 +294,21 @@ async def tags_v1(request: Request) -> Response:
     else:
         scopes = [scope] if scope else ["span", "resource"]
         out = sorted({n for s in scopes for n in names.get(s, [])})
-    return JSONResponse({"tagNames": out})
+    return JSONResponse({"tagNames": out[:limit]})
 
 
 async def tags_v2(request: Request) -> Response:
     try:
         names, scope = await _tag_names(request)
+        # Tempo's ``limit`` here: at most this many names per scope (Grafana sends 5000, or
+        # its data source's tag limit).
+        limit = _int_param(request, "limit", 0) or None
     except HTTPError as exc:
         return text_error(exc)
     scopes = []
     for name in ("resource", "span"):
         if scope in (None, name):
-            scopes.append({"name": name, "tags": names.get(name, [])})
+            scopes.append({"name": name, "tags": names.get(name, [])[:limit]})
     if scope in (None, "intrinsic"):
         scopes.insert(0, {"name": "intrinsic", "tags": list(INTRINSIC_TAGS)})
     return JSONResponse({"scopes": scopes})
@@ -279,11 +329,29 @@ def _identifier(tag: str) -> Tuple[Optional[str], str]:
 
 
 async def _values(request: Request, scope: Optional[str], name: str) -> List[Tuple[str, str]]:
+    """(value, TraceQL type) of a tag, sorted, of the spans ``q`` narrows to if it does."""
     state, tenant = query_state(request)
     since = seconds_param(request, "start") or 0
     limit = _int_param(request, "limit", MAX_LIMIT)
+    records = await _narrowed(request, state, tenant)
     values = await run_in_threadpool(state.store.tag_values, tenant, scope, name, since)
+    if records is not None:
+        values = _typed(autocomplete.tag_values(records, scope, name), values, scope, name)
     return values[:limit]
+
+
+def _typed(
+    seen: Set[str], indexed: List[Tuple[str, str]], scope: Optional[str], name: str
+) -> List[Tuple[str, str]]:
+    """Values read from spans (text) with the TraceQL types the tag index recorded for them
+    when they were received (a value stored as int and as string keeps both); a value the
+    index no longer has gets the type of its kind of tag."""
+    kinds: Dict[str, List[str]] = {}
+    for value, kind in indexed:
+        if value in seen:
+            kinds.setdefault(value, []).append(kind)
+    default = "keyword" if scope == "intrinsic" and name in ("status", "kind") else "string"
+    return sorted((value, kind) for value in seen for kind in kinds.get(value, [default]))
 
 
 async def tag_values_v1(request: Request) -> Response:

@@ -1,0 +1,634 @@
+"""TraceQL's engine: a parsed query (``query.traceql``) run on the spans of one trace.
+
+As in Tempo, a query is a pipeline of stages, each taking the trace's spansets to new ones:
+the first input is one spanset holding every span of the trace; a filter ``{...}`` keeps the
+spans it is true for, ``by()`` splits a spanset per value, aggregates (``count() > 2``) drop
+spansets, and spanset operators (``&&``, ``||``, ``>``, ``>>``, ``<``, ``<<``, ``~``, their
+negations and unions) combine what their two sides find in the same input.  Structural
+operators return the right side's spans.
+
+Attribute values come as the store keeps them, flattened to text (``model.trace``), so a value
+compares as a number against a number and as text against text (:class:`traceql_ast.Text`).
+Each field expression is compiled once to a Python closure; each filter is evaluated once per
+span of a trace.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+
+from hotspan.model.labels import RegexError, compile_regex
+from hotspan.model.trace import RS, SPAN_KINDS, STATUS_CODES, US, SpanRecord, clean
+from hotspan.query import traceql_ast as ast
+from hotspan.query.engine import QueryError
+
+Value = ast.Value
+Getter = Callable[[SpanRecord, "_Trace"], object]
+MULTIPLE_SPANSETS = (
+    "TraceQL: spanset operators are not supported for multiple spansets per trace "
+    "(by() made several): consider coalesce() before them"
+)
+
+
+@dataclass(frozen=True)
+class Spanset:
+    """Spans of one trace a query found, with what its pipeline says of them (``by(x)``'s
+    value, aggregates), keyed as Tempo names them (``by(resource.service.name)``, ``count()``)."""
+
+    spans: Tuple[SpanRecord, ...]
+    attributes: Dict[str, object] = field(default_factory=dict)
+
+
+class _Trace:
+    """One trace's spans with their relations, computed once."""
+
+    def __init__(self, spans: Iterable[SpanRecord]) -> None:
+        by_id: Dict[int, SpanRecord] = {}
+        for span in spans:
+            by_id.setdefault(span.span_id, span)
+        self.spans = sorted(by_id.values(), key=lambda s: (s.start_ns, s.span_id))
+        self.by_id = by_id
+        self.children: Dict[int, List[SpanRecord]] = {}
+        for span in self.spans:
+            if span.parent_span_id in by_id and span.parent_span_id != span.span_id:
+                self.children.setdefault(span.parent_span_id, []).append(span)
+        first = self.spans[0] if self.spans else None
+        # The root: the span without a parent, else the earliest (its parent never arrived),
+        # as the SQL search picks it.
+        self.root = next((s for s in self.spans if s.parent_span_id == 0), first)
+        self.start_ns = min((s.start_ns for s in self.spans), default=0)
+        self.end_ns = max((s.end_ns for s in self.spans), default=0)
+        self.filtered: Dict[object, Dict[int, bool]] = {}
+
+    def parent(self, span: SpanRecord) -> Optional[SpanRecord]:
+        if span.parent_span_id == span.span_id:
+            return None
+        return self.by_id.get(span.parent_span_id) if span.parent_span_id else None
+
+    def ancestors(self, span: SpanRecord) -> Iterable[SpanRecord]:
+        seen = {span.span_id}
+        parent = self.parent(span)
+        while parent is not None and parent.span_id not in seen:
+            yield parent
+            seen.add(parent.span_id)
+            parent = self.parent(parent)
+
+
+# -- values -------------------------------------------------------------------------------------
+
+
+def _lookup(flat: str, key: str) -> Optional[ast.Text]:
+    """One attribute's value from a flattened attribute text, without parsing all of it."""
+    needle = f"{RS}{clean(key)}{US}"
+    at = flat.find(needle)
+    if at < 0:
+        return None
+    start = at + len(needle)
+    return ast.Text(flat[start : flat.find(RS, start)])
+
+
+def _number(value: object) -> Optional[float]:
+    """A value as a number, if it is one (attribute text that reads as one included)."""
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, (int, float)):
+        return value
+    if isinstance(value, ast.Text):
+        return _parse_number(value)
+    return None
+
+
+_NUMBER = re.compile(r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?")
+
+
+def _parse_number(text: str) -> Optional[float]:
+    """Text that reads as a decimal number (as an int or double attribute is flattened)."""
+    if not _NUMBER.fullmatch(text):
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        number = float(text)
+    return number if math.isfinite(number) else None
+
+
+def _truth(value: object) -> Optional[bool]:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, ast.Text) and value in ("true", "false"):
+        return value == "true"
+    return None
+
+
+def _attribute_getter(attr: ast.Attribute) -> Getter:
+    name = attr.name
+    if attr.scope == "span":
+        return lambda s, t: _lookup(s.attrs, name)
+    if attr.scope == "resource":
+        if name == "service.name":
+            return lambda s, t: _lookup(s.resource_attrs, name) or ast.Text(s.service)
+        return lambda s, t: _lookup(s.resource_attrs, name)
+    if attr.scope == "":
+        if name == "service.name":
+            return lambda s, t: (
+                _lookup(s.attrs, name) or _lookup(s.resource_attrs, name) or ast.Text(s.service)
+            )
+        return lambda s, t: _lookup(s.attrs, name) or _lookup(s.resource_attrs, name)
+    getter = _INTRINSICS.get(name)
+    if getter is None:
+        raise QueryError(f"TraceQL: {attr.text} is not kept by hotspan's span index")
+    return getter
+
+
+def _status(s: SpanRecord, t: _Trace) -> object:
+    return ast.Status(STATUS_CODES[s.status_code]) if 0 <= s.status_code < 3 else None
+
+
+def _kind(s: SpanRecord, t: _Trace) -> object:
+    return ast.Kind(SPAN_KINDS[s.kind]) if 0 <= s.kind < len(SPAN_KINDS) else None
+
+
+_INTRINSICS: Dict[str, Getter] = {
+    "name": lambda s, t: s.name,
+    "status": _status,
+    "kind": _kind,
+    "duration": lambda s, t: ast.Duration(s.end_ns - s.start_ns),
+    "childCount": lambda s, t: len(t.children.get(s.span_id, ())),
+    "span:id": lambda s, t: f"{s.span_id:016x}",
+    "span:parentID": lambda s, t: f"{s.parent_span_id:016x}" if s.parent_span_id else None,
+    "trace:id": lambda s, t: s.trace_id,
+    "traceDuration": lambda s, t: ast.Duration(t.end_ns - t.start_ns),
+    "rootName": lambda s, t: t.root.name if t.root is not None else None,
+    "rootServiceName": lambda s, t: t.root.service if t.root is not None else None,
+}
+
+# -- comparisons and arithmetic -------------------------------------------------------------------
+
+_ORDER = {"<": lambda a, b: a < b, "<=": lambda a, b: a <= b, ">": lambda a, b: a > b}
+_ORDER[">="] = lambda a, b: a >= b
+
+
+def _comparable(a: object, b: object) -> Optional[Tuple[object, object]]:
+    """``a`` and ``b`` as two values of one type, or None when TraceQL's types do not match
+    (then every comparison is false, as in Tempo)."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        ta, tb = _truth(a), _truth(b)
+        return (ta, tb) if ta is not None and tb is not None else None
+    for x, y, flip in ((a, b, False), (b, a, True)):
+        if isinstance(x, (ast.Status, ast.Kind)):
+            if isinstance(y, ast.Text) or (
+                isinstance(y, (ast.Status, ast.Kind)) and type(x) is not type(y)
+            ):
+                return None
+            if not isinstance(y, str):
+                return None
+            names = STATUS_CODES if isinstance(x, ast.Status) else SPAN_KINDS
+            if y not in names:
+                return None
+            # By code, so that status ordering follows OTLP's numbers.
+            pair = (names.index(x), names.index(y))
+            return (pair[1], pair[0]) if flip else pair
+    na, nb = _number(a), _number(b)
+    a_text, b_text = isinstance(a, ast.Text), isinstance(b, ast.Text)
+    if isinstance(a, (int, float)) or isinstance(b, (int, float)):
+        return (na, nb) if na is not None and nb is not None else None
+    if a_text and b_text and na is not None and nb is not None:
+        return na, nb
+    if isinstance(a, str) and isinstance(b, str):
+        return str(a), str(b)
+    return None
+
+
+@functools.lru_cache(maxsize=256)
+def _regex(pattern: str):  # type: ignore[no-untyped-def]
+    try:
+        return compile_regex(pattern)
+    except RegexError as exc:
+        raise QueryError(f"TraceQL: invalid regular expression {pattern!r}: {exc}") from None
+
+
+def compare(op: str, a: object, b: object) -> bool:
+    """``a op b`` by TraceQL's rules; nil (None) and mismatched types compare false."""
+    if a is None or b is None:
+        return False
+    if op in ("=~", "!~"):
+        if not isinstance(a, str) or not isinstance(b, str):
+            return False
+        hit = _regex(str(b)).fullmatch(str(a)) is not None
+        return hit if op == "=~" else not hit
+    pair = _comparable(a, b)
+    if pair is None:
+        return False
+    x, y = pair
+    if op == "=":
+        return x == y
+    if op == "!=":
+        return x != y
+    return _ORDER[op](x, y)  # type: ignore[operator]
+
+
+def _arithmetic(op: str, a: object, b: object) -> object:
+    x, y = _number(a), _number(b)
+    if x is None or y is None:
+        return None
+    try:
+        if op == "+":
+            out = x + y
+        elif op == "-":
+            out = x - y
+        elif op == "*":
+            out = x * y
+        elif op == "/":
+            if y == 0:
+                return None
+            both_int = isinstance(x, int) and isinstance(y, int)
+            out = int(x / y) if both_int and abs(x) < 2**52 else x // y if both_int else x / y
+        elif op == "%":
+            if y == 0:
+                return None
+            out = (
+                math.fmod(x, y)
+                if isinstance(x, float) or isinstance(y, float)
+                else int(math.fmod(x, y))
+            )
+        else:
+            out = float(x) ** float(y)
+    except (OverflowError, ValueError, ZeroDivisionError):
+        return None
+    if isinstance(out, float) and not math.isfinite(out):
+        return None
+    if isinstance(a, ast.Duration) or isinstance(b, ast.Duration):
+        return ast.Duration(int(out))
+    return out
+
+
+# -- compiling field expressions ------------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=1024)
+def compile_field(expr: ast.Field) -> Getter:
+    """``expr`` as a function of (span, trace); QueryError for what cannot run (a bad
+    regular expression, an intrinsic hotspan does not keep)."""
+    if isinstance(expr, ast.Static):
+        value = expr.value
+        return lambda s, t: value
+    if isinstance(expr, ast.Attribute):
+        return _attribute_getter(expr)
+    if isinstance(expr, ast.Unary):
+        inner = compile_field(expr.expr)
+        if expr.op == "exists":
+            return lambda s, t: inner(s, t) is not None
+        if expr.op == "missing":
+            return lambda s, t: inner(s, t) is None
+        if expr.op == "!":
+
+            def negate(s: SpanRecord, t: _Trace) -> object:
+                truth = _truth(inner(s, t))
+                return None if truth is None else not truth
+
+            return negate
+        return lambda s, t: _arithmetic("-", 0, inner(s, t))
+    lhs, rhs, op = compile_field(expr.lhs), compile_field(expr.rhs), expr.op
+    if op in ("=~", "!~") and isinstance(expr.rhs, ast.Static):
+        _regex(str(expr.rhs.value))  # refuse a bad pattern when the query is read
+    if op == "&&":
+        return lambda s, t: _truth(lhs(s, t)) is True and _truth(rhs(s, t)) is True
+    if op == "||":
+        return lambda s, t: _truth(lhs(s, t)) is True or _truth(rhs(s, t)) is True
+    if op in ("=", "!=", "<", "<=", ">", ">=", "=~", "!~"):
+        return lambda s, t: compare(op, lhs(s, t), rhs(s, t))
+    return lambda s, t: _arithmetic(op, lhs(s, t), rhs(s, t))
+
+
+def check(root: ast.Element) -> None:
+    """Compile every field expression of a query, so its errors show when it is read."""
+    nodes: List[object] = [root]
+    while nodes:
+        node = nodes.pop()
+        if isinstance(node, ast.Pipeline):
+            nodes.extend(node.stages)
+        elif isinstance(node, ast.SpansetOp):
+            nodes.extend((node.lhs, node.rhs))
+        elif isinstance(node, (ast.Filter, ast.GroupBy)):
+            compile_field(node.expr)
+        elif isinstance(node, ast.ScalarFilter) and node.aggregate.expr is not None:
+            compile_field(node.aggregate.expr)
+        elif isinstance(node, ast.Select):
+            for attr in node.attributes:
+                compile_field(attr)
+
+
+# -- running a pipeline ---------------------------------------------------------------------------
+
+
+def evaluate(query: object, spans: Sequence[SpanRecord]) -> List[Spanset]:
+    """The spansets ``query`` (a ``traceql.Query``, or a bare syntax tree) finds among
+    ``spans``: every span of one trace when the query needs whole traces, else any of them."""
+    if not spans:
+        return []
+    root = getattr(query, "root", query)
+    trace = _Trace(spans)
+    try:
+        found = _run(root, [Spanset(tuple(trace.spans), {})], trace)  # type: ignore[arg-type]
+    except RecursionError:
+        raise QueryError("TraceQL: the query is nested too deeply") from None
+    return [ss for ss in found if ss.spans]
+
+
+def _run(node: ast.Element, spansets: List[Spanset], trace: _Trace) -> List[Spanset]:
+    if isinstance(node, ast.Pipeline):
+        for stage in node.stages:
+            spansets = _run(stage, spansets, trace)
+            if not spansets:
+                break
+        return spansets
+    if isinstance(node, ast.Filter):
+        return _filter(node, spansets, trace)
+    if isinstance(node, ast.SpansetOp):
+        return _spanset_op(node, spansets, trace)
+    if isinstance(node, ast.ScalarFilter):
+        return _scalar_filter(node, spansets, trace)
+    if isinstance(node, ast.GroupBy):
+        return _group(node, spansets, trace)
+    if isinstance(node, ast.Coalesce):
+        merged = _ordered(s for ss in spansets for s in ss.spans)
+        return [Spanset(merged, {})] if merged else []
+    if isinstance(node, ast.Select):
+        return spansets
+    raise QueryError(f"TraceQL: cannot run {type(node).__name__}")
+
+
+def _ordered(spans: Iterable[SpanRecord]) -> Tuple[SpanRecord, ...]:
+    unique = {s.span_id: s for s in spans}
+    return tuple(sorted(unique.values(), key=lambda s: (s.start_ns, s.span_id)))
+
+
+def _filter(node: ast.Filter, spansets: List[Spanset], trace: _Trace) -> List[Spanset]:
+    test = compile_field(node.expr)
+    done = trace.filtered.setdefault(node, {})
+    out = []
+    for ss in spansets:
+        kept = []
+        for span in ss.spans:
+            hit = done.get(span.span_id)
+            if hit is None:
+                hit = done[span.span_id] = _truth(test(span, trace)) is True
+            if hit:
+                kept.append(span)
+        if kept:
+            out.append(Spanset(tuple(kept), dict(ss.attributes)))
+    return out
+
+
+def _spanset_op(node: ast.SpansetOp, spansets: List[Spanset], trace: _Trace) -> List[Spanset]:
+    out = []
+    for ss in spansets:
+        lhs = _run(node.lhs, [ss], trace)
+        rhs = _run(node.rhs, [ss], trace)
+        if node.op in ("&&", "||"):
+            if (lhs and rhs) if node.op == "&&" else (lhs or rhs):
+                spans = _ordered(s for part in (lhs, rhs) for x in part for s in x.spans)
+                out.append(Spanset(spans, dict(ss.attributes)))
+            continue
+        if len(lhs) > 1 or len(rhs) > 1:
+            raise QueryError(MULTIPLE_SPANSETS)
+        if not rhs:
+            continue
+        left = lhs[0].spans if lhs else ()
+        matched = _related(node.op, left, rhs[0].spans, trace)
+        if matched:
+            out.append(Spanset(_ordered(matched), dict(ss.attributes)))
+    return out
+
+
+def _related(
+    op: str, left: Sequence[SpanRecord], right: Sequence[SpanRecord], trace: _Trace
+) -> List[SpanRecord]:
+    """The right side's spans in relation ``op`` with a left side's span (without one for
+    ``!`` operators; with those left side's partners too for ``&`` ones).  Linear in the
+    spans (times the depth for ``>>`` and ``<<``): a trace may have thousands of siblings."""
+    relation = op.lstrip("!&")
+    negate, union = op.startswith("!"), op.startswith("&")
+    lset = {s.span_id for s in left}
+    has = _relation_test(relation, left, lset, trace)
+    matched = [r for r in right if has(r) != negate]
+    if not union or not matched:
+        return matched
+    # The left spans on the other end of a relation with a matched span.
+    mset = {r.span_id for r in matched}
+    if relation == ">":
+        partners = {r.parent_span_id for r in matched}
+        return matched + [x for x in left if x.span_id in partners]
+    if relation == "<":
+        return matched + [x for x in left if x.parent_span_id in mset and trace.parent(x)]
+    if relation == ">>":
+        above: set = set()
+        for r in matched:
+            for a in trace.ancestors(r):
+                if a.span_id in above:
+                    break
+                above.add(a.span_id)
+        return matched + [x for x in left if x.span_id in above]
+    if relation == "<<":
+        below = _under(mset, trace)
+        return matched + [x for x in left if below(x)]
+    per_parent = _per_parent(matched, trace)  # ~
+    return matched + [
+        x
+        for x in left
+        if trace.parent(x) is not None
+        and per_parent.get(x.parent_span_id, 0) - (x.span_id in mset) > 0
+    ]
+
+
+def _under(targets: set, trace: _Trace) -> Callable[[SpanRecord], bool]:
+    """Whether a span has an ancestor among ``targets`` (span ids), each answer remembered
+    for every span on the way up, so that a deep trace is walked once, not once per span."""
+    known: Dict[int, bool] = {}
+
+    def test(span: SpanRecord) -> bool:
+        if span.span_id in known:
+            return known[span.span_id]
+        path = [span.span_id]
+        seen = {span.span_id}
+        parent = trace.parent(span)
+        answer = False
+        while parent is not None:
+            if parent.span_id in targets:
+                answer = True
+                break
+            if parent.span_id in known:
+                answer = known[parent.span_id]
+                break
+            if parent.span_id in seen:
+                break  # a cycle of parent ids
+            path.append(parent.span_id)
+            seen.add(parent.span_id)
+            parent = trace.parent(parent)
+        for span_id in path:
+            known[span_id] = answer
+        return answer
+
+    return test
+
+
+def _per_parent(spans: Iterable[SpanRecord], trace: _Trace) -> Dict[int, int]:
+    out: Dict[int, int] = {}
+    for x in spans:
+        if trace.parent(x) is not None:
+            out[x.parent_span_id] = out.get(x.parent_span_id, 0) + 1
+    return out
+
+
+def _relation_test(
+    relation: str, left: Sequence[SpanRecord], lset: set, trace: _Trace
+) -> Callable[[SpanRecord], bool]:
+    """Whether a span is in ``relation`` with one of ``left`` (its span ids: ``lset``)."""
+    if relation == ">":
+        return lambda r: trace.parent(r) is not None and r.parent_span_id in lset
+    if relation == "<":
+        parents = {x.parent_span_id for x in left if trace.parent(x) is not None}
+        return lambda r: r.span_id in parents
+    if relation == ">>":
+        return _under(lset, trace)
+    if relation == "<<":
+        above = set()
+        for x in left:
+            for a in trace.ancestors(x):
+                if a.span_id in above:
+                    break
+                above.add(a.span_id)
+        return lambda r: r.span_id in above
+    per_parent = _per_parent(left, trace)  # ~: another child of the same parent
+    return lambda r: (
+        trace.parent(r) is not None
+        and per_parent.get(r.parent_span_id, 0) - (r.span_id in lset) > 0
+    )
+
+
+def _group(node: ast.GroupBy, spansets: List[Spanset], trace: _Trace) -> List[Spanset]:
+    get = compile_field(node.expr)
+    label = str(node)
+    out = []
+    for ss in spansets:
+        groups: Dict[object, List[SpanRecord]] = {}
+        values: Dict[object, object] = {}
+        for span in ss.spans:
+            value = get(span, trace)
+            key = (
+                (type(value).__name__, value) if not isinstance(value, ast.Text) else ("str", value)
+            )
+            groups.setdefault(key, []).append(span)
+            values.setdefault(key, value)
+        for key, spans in groups.items():
+            out.append(Spanset(tuple(spans), {**ss.attributes, label: values[key]}))
+    return out
+
+
+def _aggregate(agg: ast.Aggregate, spans: Sequence[SpanRecord], trace: _Trace) -> object:
+    if agg.function == "count":
+        return len(spans)
+    get = compile_field(agg.expr)  # type: ignore[arg-type]
+    values = []
+    durations = True
+    for span in spans:
+        raw = get(span, trace)
+        number = _number(raw)
+        if number is None:
+            continue
+        durations = durations and isinstance(raw, ast.Duration)
+        values.append(number)
+    if not values:
+        return None
+    if agg.function == "sum":
+        out: object = sum(values)
+    elif agg.function == "avg":
+        out = sum(values) / len(values)
+    elif agg.function == "min":
+        out = min(values)
+    else:
+        out = max(values)
+    return ast.Duration(int(out)) if durations else out  # type: ignore[call-overload]
+
+
+def _scalar_filter(node: ast.ScalarFilter, spansets: List[Spanset], trace: _Trace) -> List[Spanset]:
+    label = str(node.aggregate)
+    out = []
+    for ss in spansets:
+        value = _aggregate(node.aggregate, ss.spans, trace)
+        if value is None:
+            continue
+        a, b = (node.value, value) if node.flipped else (value, node.value)
+        if compare(node.op, a, b):
+            out.append(Spanset(ss.spans, {**ss.attributes, label: value}))
+    return out
+
+
+# -- one identifier's value -----------------------------------------------------------------------
+
+
+def span_value(
+    span: SpanRecord, key: str, spans: Optional[Sequence[SpanRecord]] = None
+) -> Optional[Value]:
+    """The value of a TraceQL identifier (``name``, ``status``, ``span:duration``,
+    ``span.http.route``, ``resource.service.name``, ``.x``...) for ``span``: intrinsics as
+    their names (status ``error``, kind ``server``) or nanoseconds (durations), attributes
+    as numbers when their text reads as one.  Trace-wide intrinsics (``rootName``,
+    ``traceDuration``, ``span:childCount``) need the trace's ``spans``.  None when absent."""
+    getter = _key_getter(key)
+    trace = _Trace(spans) if spans is not None else _EMPTY
+    try:
+        value = getter(span, trace)
+    except AttributeError:  # a trace-wide intrinsic asked without the trace
+        return None
+    return plain(value)
+
+
+def plain(value: object) -> Optional[Value]:
+    """A runtime value as a plain str, int or float (attribute text that reads as a number
+    becomes one; durations are nanoseconds)."""
+    if value is None or isinstance(value, ast.Nil):
+        return None
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, ast.Text):
+        number = _parse_number(value)
+        return number if number is not None else str(value)
+    if isinstance(value, ast.Duration):
+        return int(value)
+    if isinstance(value, str):
+        return str(value)
+    return value  # type: ignore[return-value]
+
+
+class _NoTrace:
+    """Stands for the trace when span_value is asked without one."""
+
+    root = None
+    start_ns = end_ns = 0
+    children: Dict[int, List[SpanRecord]] = {}
+
+
+_EMPTY = _NoTrace()
+
+
+@functools.lru_cache(maxsize=256)
+def _key_getter(key: str) -> Getter:
+    from hotspan.query.traceql import attribute_ref  # the parser imports this module
+
+    attr = attribute_ref(key)
+    getter = _attribute_getter(attr)
+    if attr.name in ("traceDuration", "rootName", "rootServiceName", "childCount"):
+        inner = getter
+
+        def trace_wide(s: SpanRecord, t: _Trace) -> object:
+            if isinstance(t, _NoTrace):
+                return None
+            return inner(s, t)
+
+        return trace_wide
+    return getter

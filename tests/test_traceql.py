@@ -1,0 +1,820 @@
+"""TraceQL's parser and engine (``hotspan.query.traceql``) on spans as the server stores them.
+
+Spans are made by the real OpenTelemetry SDK, encoded by its OTLP encoder and turned into
+stored columns by hotspan's own ingest (``formats.otlp_traces``), so attribute texts, ids and
+kinds are what the engine meets in production.  Semantics follow Tempo's documentation and
+engine: structural operators return the right side, ``by()`` splits spansets, aggregates
+filter them, ``&&`` and ``||`` share one precedence.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import pytest
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind, Status, StatusCode, set_span_in_context
+
+from hotspan.formats.otlp_traces import to_span_batch
+from hotspan.model.trace import Condition, SpanRecord, flatten_attributes
+from hotspan.query import traceql_ast as ast
+from hotspan.query.engine import QueryError
+from hotspan.query.traceql import (
+    MetricsStage,
+    parse_query,
+    parse_traceql,
+    span_value,
+)
+from hotspan.query.traceql import evaluate as run
+
+MS = 10**6
+BASE = 1_700_000_000 * 10**9
+
+
+class Shop:
+    """One trace through two services, made with the SDK (times in ms after BASE)."""
+
+    def __init__(self) -> None:
+        self.exported: List[ReadableSpan] = []
+        self.providers: Dict[str, TracerProvider] = {}
+        self.memory = InMemorySpanExporter()
+
+    def tracer(self, service: str):  # type: ignore[no-untyped-def]
+        if service not in self.providers:
+            provider = TracerProvider(
+                resource=Resource.create(
+                    {"service.name": service, "deployment.environment": "prod"}
+                )
+            )
+            provider.add_span_processor(SimpleSpanProcessor(self.memory))
+            self.providers[service] = provider
+        return self.providers[service].get_tracer("shop")
+
+    def span(
+        self,
+        service: str,
+        name: str,
+        start_ms: float,
+        end_ms: float,
+        parent=None,  # type: ignore[no-untyped-def]
+        kind: SpanKind = SpanKind.INTERNAL,
+        attributes: Optional[dict] = None,
+        error: bool = False,
+    ):  # type: ignore[no-untyped-def]
+        ctx = set_span_in_context(parent) if parent is not None else None
+        span = self.tracer(service).start_span(
+            name,
+            context=ctx,
+            kind=kind,
+            attributes=attributes,
+            start_time=int(BASE + start_ms * MS),
+        )
+        if error:
+            span.set_status(Status(StatusCode.ERROR, "boom"))
+        span.end(end_time=int(BASE + end_ms * MS))
+        return span
+
+    def records(self) -> List[SpanRecord]:
+        request = encode_spans(self.memory.get_finished_spans())
+        batch = to_span_batch(request).batch
+        return [
+            SpanRecord(
+                r.trace_id,
+                r.span_id,
+                r.parent_span_id,
+                r.name,
+                r.kind,
+                r.service,
+                r.start_ns,
+                r.end_ns,
+                r.status_code,
+                r.attrs,
+                batch.groups[r.group_id].attrs,
+            )
+            for r in batch.rows
+        ]
+
+
+def _shop() -> List[SpanRecord]:
+    """GET /checkout (frontend, server)
+    ├── POST checkout (frontend, client)
+    │   └── POST /pay (checkout, server, error, 500)
+    │       ├── charge card (checkout, client, error, stripe, 300 ms... )
+    │       └── SELECT orders (checkout, client, postgresql)
+    └── cache get (frontend, internal, cache.hit)"""
+    shop = Shop()
+    root = shop.tracer("frontend").start_span(
+        "GET /checkout",
+        kind=SpanKind.SERVER,
+        attributes={"http.method": "GET", "http.status_code": 200, "http.route": "/checkout"},
+        start_time=BASE,
+    )
+    call = shop.span(
+        "frontend", "POST checkout", 5, 90, root, SpanKind.CLIENT, {"http.method": "POST"}
+    )
+    pay = shop.tracer("checkout").start_span(
+        "POST /pay",
+        context=set_span_in_context(call),
+        kind=SpanKind.SERVER,
+        attributes={"http.method": "POST", "http.status_code": 500, "retries": 2},
+        start_time=BASE + 10 * MS,
+    )
+    shop.span(
+        "checkout",
+        "charge card",
+        20,
+        60,
+        pay,
+        SpanKind.CLIENT,
+        {"payment.provider": "stripe", "amount": 12.5, "retries": 3},
+        error=True,
+    )
+    shop.span(
+        "checkout",
+        "SELECT orders",
+        61,
+        70,
+        pay,
+        SpanKind.CLIENT,
+        {"db.system": "postgresql", "db.rows": 7},
+    )
+    pay.set_status(Status(StatusCode.ERROR))
+    pay.end(end_time=BASE + 85 * MS)
+    shop.span("frontend", "cache get", 91, 93, root, attributes={"cache.hit": True})
+    root.end(end_time=BASE + 100 * MS)
+    return shop.records()
+
+
+SPANS = _shop()
+BY_NAME = {s.name: s for s in SPANS}
+
+
+def names(spansets: Sequence) -> List[List[str]]:  # type: ignore[type-arg]
+    return [[s.name for s in ss.spans] for ss in spansets]
+
+
+def found(q: str, spans: Sequence[SpanRecord] = SPANS) -> List[List[str]]:
+    return names(run(parse_query(q), spans))
+
+
+# -- the trace itself, as stored ----------------------------------------------------------------
+
+
+def test_the_shop_trace_is_stored_as_expected() -> None:
+    assert sorted(BY_NAME) == [
+        "GET /checkout",
+        "POST /pay",
+        "POST checkout",
+        "SELECT orders",
+        "cache get",
+        "charge card",
+    ]
+    assert len({s.trace_id for s in SPANS}) == 1
+    assert BY_NAME["POST /pay"].parent_span_id == BY_NAME["POST checkout"].span_id
+    assert BY_NAME["GET /checkout"].parent_span_id == 0
+
+
+# -- spanset filters --------------------------------------------------------------------------
+
+ALL = ["GET /checkout", "POST checkout", "POST /pay", "charge card", "SELECT orders", "cache get"]
+FILTERS = {
+    "{}": [ALL],
+    "{ }": [ALL],
+    "{ true }": [ALL],
+    "{ false }": [],
+    '{ name = "POST /pay" }': [["POST /pay"]],
+    '{ span:name = "POST /pay" }': [["POST /pay"]],
+    '{ name != "POST /pay" && kind = client }': [["POST checkout", "charge card", "SELECT orders"]],
+    "{ status = error }": [["POST /pay", "charge card"]],
+    "{ span:status = error }": [["POST /pay", "charge card"]],
+    '{ status = "error" }': [["POST /pay", "charge card"]],
+    "{ status != error && kind = server }": [["GET /checkout"]],
+    "{ status = unset && kind = internal }": [["cache get"]],
+    "{ kind = client }": [["POST checkout", "charge card", "SELECT orders"]],
+    "{ duration > 40ms }": [["GET /checkout", "POST checkout", "POST /pay"]],
+    "{ span:duration >= 40ms && duration < 80ms }": [["POST /pay", "charge card"]],
+    "{ duration < 2500us }": [["cache get"]],
+    "{ duration = 2ms }": [["cache get"]],
+    "{ span.http.status_code = 200 }": [["GET /checkout"]],
+    "{ span.http.status_code >= 400 }": [["POST /pay"]],
+    '{ span.http.status_code = "500" }': [["POST /pay"]],
+    "{ span.http.status_code != 200 }": [["POST /pay"]],
+    "{ span.http.status_code > 199 && span.http.status_code < 300 }": [["GET /checkout"]],
+    '{ .http.method = "POST" }': [["POST checkout", "POST /pay"]],
+    '{ span.http.method =~ "P.*" }': [["POST checkout", "POST /pay"]],
+    '{ span.http.method =~ "P" }': [],  # anchored, as in Tempo
+    '{ span.http.method !~ "P.*" }': [["GET /checkout"]],
+    '{ name =~ "(GET|POST) /.*" }': [["GET /checkout", "POST /pay"]],
+    "{ span.amount > 12 }": [["charge card"]],
+    "{ span.amount = 12.5 }": [["charge card"]],
+    "{ span.cache.hit = true }": [["cache get"]],
+    "{ span.cache.hit }": [["cache get"]],
+    "{ span.cache.hit != false }": [["cache get"]],
+    "{ !span.cache.hit }": [],
+    "{ span.db.rows * 2 = 14 }": [["SELECT orders"]],
+    "{ span.db.rows + 1 > 7 && span.db.rows - 1 < 7 }": [["SELECT orders"]],
+    "{ span.db.rows % 4 = 3 && span.db.rows / 2 = 3 }": [["SELECT orders"]],
+    "{ span.db.rows ^ 2 = 49 }": [["SELECT orders"]],
+    "{ -span.db.rows < -6 }": [["SELECT orders"]],
+    "{ span.retries > span.db.rows }": [],
+    "{ span.retries = nil }": [["GET /checkout", "POST checkout", "SELECT orders", "cache get"]],
+    "{ span.retries != nil }": [["POST /pay", "charge card"]],
+    "{ nil != span.retries && kind = server }": [["POST /pay"]],
+    '{ resource.service.name = "checkout" }': [["POST /pay", "charge card", "SELECT orders"]],
+    '{ .service.name = "frontend" && kind = internal }': [["cache get"]],
+    '{ resource.deployment.environment = "prod" && span.db.system = "postgresql" }': [
+        ["SELECT orders"]
+    ],
+    '{ span.deployment.environment = "prod" }': [],  # a resource attribute, not the span's
+    '{ .deployment.environment = "prod" && kind = server }': [["GET /checkout", "POST /pay"]],
+    '{ span.payment.provider = "stripe" || span.db.system = "postgresql" }': [
+        ["charge card", "SELECT orders"]
+    ],
+    # && and || share one precedence and associate left, as in Tempo's grammar.
+    "{ kind = internal || kind = server && status = error }": [["POST /pay"]],
+    "{ kind = internal || (kind = server && status = error) }": [["POST /pay", "cache get"]],
+    "{ !(kind = client) && status = error }": [["POST /pay"]],
+    '{ rootName = "GET /checkout" && kind = internal }': [["cache get"]],
+    '{ trace:rootService = "frontend" && status = error }': [["POST /pay", "charge card"]],
+    "{ traceDuration > 99ms && duration < 3ms }": [["cache get"]],
+    "{ trace:duration > 100ms }": [],
+    "{ span:childCount = 2 }": [["GET /checkout", "POST /pay"]],
+    "{ childCount = 0 && kind = client }": [["charge card", "SELECT orders"]],
+    # Values of another type never compare equal: a string attribute against a number.
+    "{ span.http.method > 1 }": [],
+    '{ span.http.status_code =~ "5.." }': [["POST /pay"]],
+    # A literal first.
+    '{ "POST /pay" = name }': [["POST /pay"]],
+    "{ 100ms < duration }": [],
+    "{ 10ms <= duration && 2 < span.retries }": [["charge card"]],
+}
+
+
+@pytest.mark.parametrize("q", list(FILTERS))
+def test_spanset_filters(q: str) -> None:
+    assert found(q) == FILTERS[q]
+
+
+def test_ids_are_intrinsics() -> None:
+    pay = BY_NAME["POST /pay"]
+    assert found(f'{{ span:id = "{pay.span_id:016x}" }}') == [["POST /pay"]]
+    assert found(f'{{ span:parentID = "{pay.parent_span_id:016x}" }}') == [["POST /pay"]]
+    assert found(f'{{ trace:id = "{pay.trace_id}" && kind = server }}') == [
+        ["GET /checkout", "POST /pay"]
+    ]
+
+
+# -- spanset operators ---------------------------------------------------------------------------
+
+OPERATORS = {
+    # && and || between spansets: each side must (may) find spans; both sides' spans come back.
+    '{ name = "cache get" } && { status = error }': [["POST /pay", "charge card", "cache get"]],
+    '{ name = "nope" } && { status = error }': [],
+    '{ name = "nope" } || { status = error }': [["POST /pay", "charge card"]],
+    '{ name = "cache get" } || { span.db.system = "postgresql" }': [["SELECT orders", "cache get"]],
+    # Structural: the right side's spans.
+    '{ resource.service.name = "frontend" } >> { status = error }': [["POST /pay", "charge card"]],
+    '{ name = "POST /pay" } > { }': [["charge card", "SELECT orders"]],
+    "{ kind = server } > { kind = client }": [["POST checkout", "charge card", "SELECT orders"]],
+    '{ name = "GET /checkout" } > { status = error }': [],
+    '{ name = "GET /checkout" } >> { status = error }': [["POST /pay", "charge card"]],
+    '{ name = "charge card" } < { }': [["POST /pay"]],
+    '{ name = "charge card" } << { }': [["GET /checkout", "POST checkout", "POST /pay"]],
+    "{ status = error } << { kind = server }": [["GET /checkout", "POST /pay"]],
+    '{ name = "charge card" } ~ { }': [["SELECT orders"]],
+    "{ kind = client } ~ { kind = client }": [["charge card", "SELECT orders"]],
+    '{ name = "cache get" } ~ { }': [["POST checkout"]],
+    '{ name = "GET /checkout" } ~ { }': [],
+    # Negations: the right side's spans without the relation.
+    "{ } !< { }": [["charge card", "SELECT orders", "cache get"]],
+    '{ } !< { resource.service.name = "frontend" }': [["cache get"]],
+    "{ status = error } !< { status = error }": [["charge card"]],
+    "{ kind = server } !> { }": [["GET /checkout", "POST /pay"]],
+    '{ name = "GET /checkout" } !>> { }': [["GET /checkout"]],
+    "{ status = error } !<< { }": [["charge card", "SELECT orders", "cache get"]],
+    '{ name = "charge card" } !~ { kind = client }': [["POST checkout", "charge card"]],
+    # Unions: both sides' spans in the relation.
+    '{ name = "POST /pay" } &> { }': [["POST /pay", "charge card", "SELECT orders"]],
+    '{ name = "charge card" } &< { }': [["POST /pay", "charge card"]],
+    '{ name = "POST checkout" } &>> { status = error }': [
+        ["POST checkout", "POST /pay", "charge card"]
+    ],
+    '{ name = "SELECT orders" } &<< { kind = server }': [
+        ["GET /checkout", "POST /pay", "SELECT orders"]
+    ],
+    '{ name = "charge card" } &~ { }': [["charge card", "SELECT orders"]],
+    # Precedence: structural operators bind tighter than && and ||.
+    # (an error span whose parent is a server span: charge card, not POST /pay)
+    '{ name = "cache get" } && { kind = server } > { status = error }': [
+        ["charge card", "cache get"]
+    ],
+    '({ name = "nope" } && { kind = server }) > { status = error }': [],
+    '{ kind = server } > { kind = client } > { span.db.system = "postgresql" }': [],
+    "{ kind = server } >> ({ kind = client } > { kind = server })": [["POST /pay"]],
+}
+
+
+@pytest.mark.parametrize("q", list(OPERATORS))
+def test_spanset_operators(q: str) -> None:
+    assert found(q) == OPERATORS[q]
+
+
+def test_structural_operators_ignore_a_missing_parent() -> None:
+    # The client span of the frontend never arrived: POST /pay has a parent id but no parent.
+    partial = [s for s in SPANS if s.name != "POST checkout"]
+    assert found('{ name = "GET /checkout" } >> { status = error }', partial) == []
+    assert found("{ } > { kind = server }", partial) == []
+    assert found("{ } !> { kind = server }", partial) == [["GET /checkout", "POST /pay"]]
+    # Its root is the span without a parent id, whatever came first.
+    assert found('{ rootName = "GET /checkout" && kind = server }', partial) == [
+        ["GET /checkout", "POST /pay"]
+    ]
+
+
+def test_a_parent_cycle_does_not_hang() -> None:
+    a, b = SPANS[0], SPANS[1]
+    looped = [
+        a._replace(parent_span_id=b.span_id),
+        b._replace(parent_span_id=a.span_id),
+    ]
+    assert found("{ } >> { }", looped) == [sorted([a.name, b.name], key=ALL.index)]
+    assert found("{ } << { }", looped) == [sorted([a.name, b.name], key=ALL.index)]
+
+
+# -- pipelines ---------------------------------------------------------------------------------
+
+
+def attrs(q: str) -> List[Tuple[List[str], Dict[str, str]]]:
+    return [
+        ([s.name for s in ss.spans], {k: str(v) for k, v in ss.attributes.items()})
+        for ss in run(parse_query(q), SPANS)
+    ]
+
+
+def test_count_filters_spansets_and_names_its_value() -> None:
+    assert attrs("{ kind = client } | count() > 2") == [
+        (["POST checkout", "charge card", "SELECT orders"], {"count()": "3"})
+    ]
+    assert attrs("{ kind = client } | count() > 3") == []
+    assert attrs("{ kind = client } | count() = 3") == attrs("{ kind = client } | 3 = count()")
+    assert attrs("{ } | count() >= 6") == [(ALL, {"count()": "6"})]
+    assert attrs("count() > 5") == [(ALL, {"count()": "6"})]  # a pipeline may start with it
+
+
+def test_aggregates_over_durations_and_attributes() -> None:
+    # Client spans: 85, 40, 9 ms.
+    assert attrs("{ kind = client } | avg(duration) > 44ms") == [
+        (["POST checkout", "charge card", "SELECT orders"], {"avg(duration)": "44.666666ms"})
+    ]
+    assert attrs("{ kind = client } | avg(duration) > 45ms") == []
+    assert attrs("{ kind = client } | max(duration) = 85ms")[0][1] == {"max(duration)": "85ms"}
+    assert attrs("{ kind = client } | min(duration) < 10ms")[0][1] == {"min(duration)": "9ms"}
+    assert attrs("{ kind = client } | sum(duration) = 134ms")[0][1] == {"sum(duration)": "134ms"}
+    # Attributes: spans without it are left out of the aggregate.
+    assert attrs("{ } | sum(span.retries) = 5")[0][1] == {"sum(span.retries)": "5"}
+    assert attrs("{ } | avg(span.retries) = 2.5")[0][1] == {"avg(span.retries)": "2.5"}
+    assert attrs("{ } | max(span.amount) > 12")[0][1] == {"max(span.amount)": "12.5"}
+    # No span has it: no value, no spanset.
+    assert attrs("{ } | avg(span.nothing) > 0") == []
+    assert attrs("{ } | sum(span.http.method) > 0") == []
+
+
+def test_by_splits_spansets_per_value() -> None:
+    got = attrs("{ } | by(resource.service.name)")
+    assert got == [
+        (
+            ["GET /checkout", "POST checkout", "cache get"],
+            {"by(resource.service.name)": "frontend"},
+        ),
+        (["POST /pay", "charge card", "SELECT orders"], {"by(resource.service.name)": "checkout"}),
+    ]
+    assert attrs("{ status = error } | by(resource.service.name) | count() > 1") == [
+        (
+            ["POST /pay", "charge card"],
+            {"by(resource.service.name)": "checkout", "count()": "2"},
+        )
+    ]
+    by_kind = attrs("{ } | by(kind) | count() < 3")
+    assert sorted((n, a["by(kind)"]) for n, a in by_kind) == [
+        (["GET /checkout", "POST /pay"], "server"),
+        (["cache get"], "internal"),
+    ]
+    # A span without the attribute goes to the nil group.
+    nil = attrs("{ } | by(span.retries)")
+    assert (
+        ["GET /checkout", "POST checkout", "SELECT orders", "cache get"],
+        {"by(span.retries)": "None"},
+    ) in nil
+    # by() of an expression.
+    assert attrs("{ kind = client } | by(duration > 20ms)") == [
+        (["POST checkout", "charge card"], {"by(duration > 20ms)": "True"}),
+        (["SELECT orders"], {"by(duration > 20ms)": "False"}),
+    ]
+
+
+def test_coalesce_merges_spansets_back() -> None:
+    assert attrs("{ } | by(kind) | coalesce()") == [(ALL, {})]
+    assert attrs("{ } | by(kind) | count() < 3 | coalesce() | count() = 3") == [
+        (["GET /checkout", "POST /pay", "cache get"], {"count()": "3"})
+    ]
+
+
+def test_chained_pipelines_and_filters_after_a_pipe() -> None:
+    assert attrs("{ kind = client } | { status = error } | count() = 1") == [
+        (["charge card"], {"count()": "1"})
+    ]
+    assert attrs("{ } | by(resource.service.name) | { status = error } | count() = 2") == [
+        (["POST /pay", "charge card"], {"by(resource.service.name)": "checkout", "count()": "2"})
+    ]
+    assert attrs('({ kind = client } | count() > 2) && { name = "cache get" }') == [
+        (["POST checkout", "charge card", "SELECT orders", "cache get"], {})
+    ]
+
+
+def test_select_keeps_spansets_and_lists_what_to_show() -> None:
+    q = parse_query("{ status = error } | select(span.http.status_code, resource.service.name)")
+    assert names(run(q, SPANS)) == [["POST /pay", "charge card"]]
+    assert [a.text for a in q.shown] == ["status", "span.http.status_code", "resource.service.name"]
+
+
+def test_spanset_operators_refuse_several_spansets() -> None:
+    with pytest.raises(QueryError, match="coalesce"):
+        run(parse_query("({ } | by(kind)) > { }"), SPANS)
+    # One spanset per side is fine, whatever by() did before the operator.
+    assert found("({ } | by(kind) | count() = 3) > { }") == [["POST /pay"]]
+
+
+def test_empty_input_finds_nothing() -> None:
+    assert run(parse_query("{ }"), []) == []
+    assert run(parse_query("{ } | count() >= 0"), []) == []
+
+
+# -- the parse: what search and metrics read of it ---------------------------------------------
+
+
+def test_simple_queries_keep_the_sql_path() -> None:
+    for q in ['{ name = "a" }', '{ name = "a" } && { status = error }', "{}", "{traceDuration>1s}"]:
+        assert parse_query(q).simple == parse_traceql(q)
+    for q in [
+        '{ name = "a" } || { name = "b" }',
+        '{ name = "a" } > { }',
+        "{ } | count() > 1",
+        "{ } | select(span.x)",
+        '{ name = "a" || name = "b" }',
+        "{ } | rate()",
+    ]:
+        assert parse_query(q).simple is None, q
+
+
+PUSHDOWN = {
+    "{ }": (),
+    '{ name = "a" && span.x > 3 }': (Condition("name", "=", "a"), Condition("span.x", ">", 3)),
+    "{ status = error && kind != client && duration >= 1.5s }": (
+        Condition("status", "=", "error"),
+        Condition("kind", "!=", "client"),
+        Condition("duration", ">=", 1_500_000_000),
+    ),
+    '{ resource.service.name =~ "a.*" && .http.method = "GET" && span.ok = true }': (
+        Condition("resource.service.name", "=~", "a.*"),
+        Condition(".http.method", "=", "GET"),
+        Condition("span.ok", "=", "true"),
+    ),
+    "{ 3 < span.x }": (Condition("span.x", ">", 3),),
+    # Not a conjunction of simple conditions: nothing to push.
+    '{ name = "a" || name = "b" }': (),
+    '{ !(name = "a") }': (),
+    "{ span.x = nil }": (),
+    "{ span.x + 1 > 2 }": (),
+    # Trace-wide: not a span's condition.
+    '{ traceDuration > 1s && name = "a" }': (Condition("name", "=", "a"),),
+    # Both sides needed: the side with more conditions; a negation: the right side's.
+    '{ name = "a" } >> { status = error && kind = client }': (
+        Condition("status", "=", "error"),
+        Condition("kind", "=", "client"),
+    ),
+    '{ name = "a" && kind = server } && { status = error }': (
+        Condition("name", "=", "a"),
+        Condition("kind", "=", "server"),
+    ),
+    '{ name = "a" && kind = server } !< { status = error }': (Condition("status", "=", "error"),),
+    # ||: what both sides share.
+    '{ kind = server && name = "a" } || { kind = server }': (Condition("kind", "=", "server"),),
+    # Pipelines: the first stage.
+    '{ name = "a" } | by(kind) | count() > 2': (Condition("name", "=", "a"),),
+    "{ status = error } | rate() by (resource.service.name)": (Condition("status", "=", "error"),),
+}
+
+
+@pytest.mark.parametrize("q", list(PUSHDOWN))
+def test_pushdown(q: str) -> None:
+    assert parse_query(q).pushdown == PUSHDOWN[q]
+
+
+def test_pushdown_never_loses_a_span_the_engine_finds() -> None:
+    from hotspan.query.traceql_eval import compile_field
+
+    for q in list(FILTERS) + list(OPERATORS):
+        query = parse_query(q)
+        if query.needs_traces:
+            continue
+        pushed = [s for s in SPANS if all(_meets(s, c) for c in query.pushdown)]
+        assert names(run(query, pushed)) == names(run(query, SPANS)), q
+    assert compile_field  # the engine's own comparisons decide _meets below
+
+
+def _meets(span: SpanRecord, cond: Condition) -> bool:
+    # What the stores do with a pushed condition, by the engine's rules.
+    from hotspan.query.traceql_eval import compare
+
+    value = span_value(span, cond.key)
+    if value is None:
+        return False
+    literal: object = cond.value
+    if cond.key in ("status", "kind"):
+        literal = (ast.Status if cond.key == "status" else ast.Kind)(str(cond.value))
+        value = type(literal)(value)  # type: ignore[call-arg]
+    elif cond.key == "duration":
+        literal = ast.Duration(int(cond.value))
+    elif isinstance(value, str) and cond.key.startswith(("span.", "resource.", ".")):
+        value = ast.Text(value)
+    elif cond.key.startswith(("span.", "resource.", ".")):
+        value = ast.Text(str(value))
+    return compare(cond.op, value, literal)
+
+
+NEEDS_TRACES = {
+    "{ }": False,
+    '{ name = "a" } | select(span.x)': False,
+    '{ name = "a" } | by(kind)': False,
+    "{ span.x = nil || !(kind = server) }": False,
+    '{ name = "a" } && { }': True,
+    '{ name = "a" } > { }': True,
+    "{ } | count() > 1": True,
+    "{ traceDuration > 1s }": True,
+    '{ rootServiceName = "a" }': True,
+    "{ span:childCount > 1 }": True,
+    "{ } | rate()": False,
+}
+
+
+@pytest.mark.parametrize("q", list(NEEDS_TRACES))
+def test_needs_traces(q: str) -> None:
+    assert parse_query(q).needs_traces is NEEDS_TRACES[q]
+
+
+def test_shown_attributes_are_those_the_query_names() -> None:
+    q = parse_query(
+        '{ span.http.method = "GET" && status = error && name = "x" && duration > 1s } '
+        "| by(resource.service.name) | avg(span.size) > 2 "
+        "| select(span.http.url, kind, .http.method)"
+    )
+    assert [a.text for a in q.shown] == [
+        "span.http.method",
+        "status",
+        "resource.service.name",
+        "span.size",
+        "span.http.url",
+        "kind",
+        ".http.method",
+    ]
+    assert parse_query('{ trace:id = "ab" && span:id = "cd" && traceDuration > 1s }').shown == ()
+
+
+METRICS = {
+    "{ } | rate()": MetricsStage("rate", None, (), ()),
+    "{ status = error } | rate() by (resource.service.name)": MetricsStage(
+        "rate", None, (), ("resource.service.name",)
+    ),
+    "{ } | count_over_time() by (resource.service.name, span.http.route)": MetricsStage(
+        "count_over_time", None, (), ("resource.service.name", "span.http.route")
+    ),
+    "{ } | quantile_over_time(duration, .5, .9, 0.99, 1)": MetricsStage(
+        "quantile_over_time", "duration", (0.5, 0.9, 0.99, 1.0), ()
+    ),
+    "{ kind = server } | histogram_over_time(duration) by (span:name)": MetricsStage(
+        "histogram_over_time", "duration", (), ("span:name",)
+    ),
+    "{ } | min_over_time(span.http.response_size)": MetricsStage(
+        "min_over_time", "span.http.response_size", (), ()
+    ),
+    "{ } | max_over_time(span:duration) by (.x)": MetricsStage(
+        "max_over_time", "span:duration", (), (".x",)
+    ),
+    "{ } | avg_over_time(duration) by (name)": MetricsStage(
+        "avg_over_time", "duration", (), ("name",)
+    ),
+    '{ } | sum_over_time(span."weird name") by (resource.k8s.namespace.name)': MetricsStage(
+        "sum_over_time", 'span."weird name"', (), ("resource.k8s.namespace.name",)
+    ),
+    "{ } | rate() by (resource.service.name) | topk(10)": MetricsStage(
+        "rate", None, (), ("resource.service.name",), (("topk", 10),)
+    ),
+    "{ } | count_over_time() | bottomk(2)": MetricsStage(
+        "count_over_time", None, (), (), (("bottomk", 2),)
+    ),
+}
+
+
+@pytest.mark.parametrize("q", list(METRICS))
+def test_metrics_stage(q: str) -> None:
+    query = parse_query(q)
+    assert query.metrics == METRICS[q]
+    assert query.simple is None
+
+
+def test_metrics_query_runs_its_spanset_part() -> None:
+    q = parse_query("{ status = error } | rate() by (resource.service.name)")
+    assert names(run(q, SPANS)) == [["POST /pay", "charge card"]]
+    for span in run(q, SPANS)[0].spans:
+        assert span_value(span, q.metrics.by[0]) == "checkout"  # type: ignore[union-attr]
+
+
+def test_hints_are_read() -> None:
+    q = parse_query("{ } with (most_recent=true, sample=0.1)")
+    assert q.hints == (("most_recent", True), ("sample", 0.1))
+    assert q.simple is None or q.simple == ((((),), ()))
+
+
+def test_quoted_attribute_names_and_strings() -> None:
+    q = parse_query('{ span."http status" = "a\\"b" && span.x."y z" = `raw\\n` }')
+    assert q.pushdown == (
+        Condition("span.http status", "=", 'a"b'),
+        Condition("span.x.y z", "=", "raw\\n"),
+    )
+    assert [a.text for a in q.shown] == ['span."http status"', 'span."x.y z"']
+
+
+# -- span_value ----------------------------------------------------------------------------------
+
+VALUES = {
+    ("GET /checkout", "name"): "GET /checkout",
+    ("GET /checkout", "span:name"): "GET /checkout",
+    ("POST /pay", "status"): "error",
+    ("GET /checkout", "span:status"): "unset",
+    ("charge card", "kind"): "client",
+    ("cache get", "span:kind"): "internal",
+    ("GET /checkout", "duration"): 100 * MS,
+    ("charge card", "span:duration"): 40 * MS,
+    ("GET /checkout", "span.http.status_code"): 200,
+    ("GET /checkout", ".http.method"): "GET",
+    ("charge card", "span.amount"): 12.5,
+    ("cache get", "span.cache.hit"): "true",
+    ("charge card", "resource.service.name"): "checkout",
+    ("charge card", ".service.name"): "checkout",
+    ("charge card", "resource.deployment.environment"): "prod",
+    ("charge card", ".deployment.environment"): "prod",
+    ("charge card", "span.deployment.environment"): None,
+    ("charge card", "span.nothing"): None,
+    ("GET /checkout", "span:parentID"): None,
+}
+
+
+@pytest.mark.parametrize("name,key", list(VALUES))
+def test_span_value(name: str, key: str) -> None:
+    assert span_value(BY_NAME[name], key) == VALUES[(name, key)]
+
+
+def test_span_value_of_trace_wide_intrinsics_needs_the_trace() -> None:
+    span = BY_NAME["charge card"]
+    assert span_value(span, "rootName") is None
+    assert span_value(span, "rootName", SPANS) == "GET /checkout"
+    assert span_value(span, "trace:rootService", SPANS) == "frontend"
+    assert span_value(span, "traceDuration", SPANS) == 100 * MS
+    assert span_value(BY_NAME["POST /pay"], "span:childCount", SPANS) == 2
+    assert span_value(span, "trace:id") == span.trace_id
+    assert span_value(span, "span:id") == f"{span.span_id:016x}"
+
+
+def test_span_value_refuses_what_is_not_an_identifier() -> None:
+    with pytest.raises(QueryError):
+        span_value(SPANS[0], "span.x = 1")
+    with pytest.raises(QueryError):
+        span_value(SPANS[0], "event:name")
+
+
+# -- errors --------------------------------------------------------------------------------------
+
+ERRORS = {
+    "": "expected a query",
+    "{ name = }": "expected a value, an attribute or an intrinsic at column 10",
+    '{ name = "a" ': "expected '}' or an operator at column 14, found the end of the query",
+    'name = "a"': "a condition goes inside a spanset filter { }",
+    "{ span. = 1 }": "attribute name is missing at column 3",
+    "{ foo = 1 }": "unknown identifier 'foo' at column 3",
+    "{ name = GET }": "unknown identifier 'GET'",
+    '{ span:statusMessage = "x" }': "span:statusMessage (column 3) is not kept",
+    '{ statusMessage = "x" }': "statusMessage (column 3) is not kept",
+    '{ event.exception.message = "x" }': "event. attributes (column 3) are not searchable",
+    '{ link:traceID = "x" }': "link:traceID (column 3) is not kept",
+    '{ span:nonsense = "x" }': "unknown intrinsic 'span:nonsense'",
+    "{ } | count() + 1 > 2": "arithmetic on aggregates is not supported",
+    "{ } | count()": "expected a comparison",
+    "{ } | count(duration) > 1": "count() takes no argument",
+    "{ } | avg() > 1": "expected a value",
+    "{ } | quantile_over_time(duration)": "quantiles",
+    "{ } | quantile_over_time(duration, 2)": "between 0 and 1",
+    "{ } | topk(5)": "topk() goes after a metrics function",
+    "{ } | rate() | topk(0)": "topk() takes a positive integer",
+    "{ } | rate() | count() > 1": "expected topk(n) or bottomk(n)",
+    '{ name =~ "(" }': "invalid regular expression '('",
+    "{ span.x > nil }": "nil compares only with = and !=",
+    "{ } | by()": "expected a value",
+    "{ } | select()": "expected an attribute",
+    '{ "abc }': "cannot read",
+    "{ } )": "unbalanced ')'",
+    "{ } {": "expected '|', an operator or the end of the query",
+    '{ duration > "long" }': 'duration is a duration, it cannot compare with "long"',
+    "{ name = 5 }": "name is a string, it cannot compare with 5",
+    "{ status = fast }": "unknown identifier 'fast'",
+    '{ status = "fast" }': 'status is a status, it cannot compare with "fast"',
+    "{ kind = error }": "kind is a kind, it cannot compare with error",
+    "{ 1 }": "is not a condition",
+    "{ duration > 1e400 }": "out of range",
+    '{ span."unterminated = 1 }': "unterminated quote",
+    '{ name = "\\q" }': "unknown escape",
+    "{ } | coalesce(1)": "coalesce() takes no argument",
+    "{ } with (most_recent)": "expected '='",
+}
+
+
+@pytest.mark.parametrize("q", list(ERRORS))
+def test_errors_say_what_and_where(q: str) -> None:
+    with pytest.raises(QueryError) as caught:
+        parse_query(q)
+    assert ERRORS[q] in str(caught.value)
+    assert str(caught.value).startswith("TraceQL: ")
+
+
+def test_durations_print_as_go_does() -> None:
+    cases = {
+        0: "0s",
+        999: "999ns",
+        1_500: "1.5µs",
+        1_500_000: "1.5ms",
+        44_666_666: "44.666666ms",
+        1_000_000_000: "1s",
+        90 * 10**9: "1m30s",
+        3_600 * 10**9 + 1: "1h0m0.000000001s",
+        -2_000_000: "-2ms",
+    }
+    assert {ns: str(ast.Duration(ns)) for ns in cases} == cases
+
+
+def test_duration_units_as_tempo_reads_them() -> None:
+    units = {"1h30m": 5400 * 10**9, "1.5s": 1_500_000_000, "2d": 2 * 86400 * 10**9}
+    units.update({"250us": 250_000, "250µs": 250_000, "1w": 7 * 86400 * 10**9})
+    for text, ns in units.items():
+        assert parse_query(f"{{ duration > {text} }}").pushdown == (Condition("duration", ">", ns),)
+
+
+def test_deep_nesting_is_an_error_not_a_crash() -> None:
+    for q in ["{" + "(" * 3000 + "true" + ")" * 3000 + "}", "(" * 3000 + "{}" + ")" * 3000]:
+        with pytest.raises(QueryError, match="nested too deeply"):
+            parse_query(q)
+    # Many conditions are fine.
+    many = "{ " + " && ".join(["kind = client"] * 200) + " }"
+    assert found(many) == [["POST checkout", "charge card", "SELECT orders"]]
+
+
+def test_attribute_text_reads_as_a_number_only_when_it_is_one() -> None:
+    spans = [
+        BY_NAME["GET /checkout"]._replace(
+            attrs=flatten_attributes([("a", "1_000"), ("b", " 12"), ("c", "1e3")])
+        )
+    ]
+    assert found("{ span.a = 1000 }", spans) == []
+    assert found('{ span.a = "1_000" }', spans) == [["GET /checkout"]]
+    assert found("{ span.b = 12 }", spans) == []
+    assert found("{ span.c = 1000 }", spans) == [["GET /checkout"]]
+    assert span_value(spans[0], "span.c") == 1000.0 and span_value(spans[0], "span.a") == "1_000"
+
+
+def test_wide_and_deep_traces_stay_linear() -> None:
+    # Quadratic work would take tens of seconds here; linear work takes milliseconds.
+    trace_id = "ab" * 16
+
+    def span(i: int, parent: int) -> SpanRecord:
+        return SpanRecord(trace_id, i, parent, f"s{i}", 3, "svc", i, i + 5, 0, "", "")
+
+    wide = [span(1, 0)] + [span(i, 1) for i in range(2, 20_002)]
+    deep = [span(1, 0)] + [span(i, i - 1) for i in range(2, 8_002)]
+    cases = [
+        (wide, "{ } &~ { }", 20_000),
+        (wide, "{ } ~ { }", 20_000),
+        (wide, "{ } &< { }", 20_001),
+        (deep, '{ name = "s1" } >> { }', 8_000),
+        (deep, '{ name = "s1" } &>> { }', 8_001),
+        (deep, '{ } &<< { name = "s8001" }', 0),
+        (deep, '{ name = "s8001" } << { }', 8_000),
+        (deep, '{ name = "s8001" } &<< { }', 8_001),
+    ]
+    for spans, q, count in cases:
+        started = time.monotonic()
+        got = run(parse_query(q), spans)
+        assert sum(len(ss.spans) for ss in got) == count, q
+        assert time.monotonic() - started < 3, q
