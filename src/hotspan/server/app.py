@@ -7,6 +7,7 @@ import logging
 from typing import AsyncIterator, Callable, Optional
 
 from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
 from starlette.middleware import Middleware
 from starlette.middleware.gzip import GZipMiddleware
 from starlette.requests import Request
@@ -29,6 +30,7 @@ from hotspan.server import (
     scrape,
     span_profiles,
     tempo,
+    tempo_metrics,
     why,
 )
 from hotspan.server.config import ServerConfig
@@ -123,7 +125,9 @@ def create_app(config: Optional[ServerConfig] = None, store: Optional[Store] = N
         # commit what was accepted.
         for stop in reversed(state.on_shutdown):
             try:
-                stop()
+                # Off the event loop: a gRPC stream piped through the main port
+                # (server.h2_sniff) needs the loop to finish within the gRPC server's grace.
+                await run_in_threadpool(stop)
             except Exception:  # noqa: BLE001 - the store must still be closed
                 log.exception("error while stopping")
         if owns_store:
@@ -157,6 +161,7 @@ def create_app(config: Optional[ServerConfig] = None, store: Optional[Store] = N
             + span_profiles.routes
             + endpoints.routes
             + tempo.routes
+            + tempo_metrics.routes
             + why.routes
         ),
         *ui_routes,

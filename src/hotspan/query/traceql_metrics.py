@@ -1,0 +1,816 @@
+"""TraceQL metrics (``{...} | rate() by (...)``): stored spans bucketed into time series.
+
+The semantics are Tempo's (``pkg/traceql/engine_metrics.go``), so that Grafana's panels and
+Traces Drilldown draw the same picture from hotspan as from Tempo:
+
+- a span counts in the step its *start* falls in; a range query is aligned to the step (start
+  rounded down, then one step earlier; end rounded up) and its intervals are right-closed,
+  ``(start + i*step, start + (i+1)*step]``, each stamped with its end;
+- ``rate()`` is the count divided by the step in seconds; counts (``rate``,
+  ``count_over_time``, ``histogram_over_time``) have a sample, maybe 0, in every interval of a
+  series, while ``min/max/sum/avg_over_time`` have none where no span had a value;
+- ``histogram_over_time(duration)`` keys each span by ``__bucket``: its duration rounded up to
+  a power of two nanoseconds, in seconds; ``quantile_over_time`` interpolates the quantile
+  exponentially inside those buckets, one series per quantile labelled ``p`` (0 where an
+  interval has no span);
+- ``by(a, b)`` labels each series with the non-nil values; all nil gives ``a="nil"``; without
+  ``by`` a series is labelled ``__name__=<function>``.
+
+Spans are read newest first, a page at a time, at most ``max_spans`` of them; series stop at
+``max_series``.  A bound hit makes the answer partial, with a message saying which bound.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timezone
+from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+
+import numpy as np
+
+from hotspan.model.trace import SPAN_KINDS, STATUS_CODES, SpanRecord
+from hotspan.query import traceql
+from hotspan.query import traceql_ast as ast
+from hotspan.query.engine import QueryError
+from hotspan.store.base import PARENT_LOOKBACK_NS, Store
+
+SEC = 1_000_000_000
+MS = 1_000_000
+# Bounds: spans read (a page at a time, so memory stays at one page), series answered, and
+# Tempo's defaults for intervals per query and exemplars per query.  A span read costs about
+# 7 us of CPU when the store's conditions are the whole filter, 20 us when the TraceQL engine
+# runs on it, 35 us for structural queries (whole traces): a million stays within Grafana's
+# 30 s data source timeout on one core.
+MAX_SPANS = 1_000_000
+PAGE_SPANS = 50_000
+MAX_SERIES = 1_000
+MAX_INTERVALS = 10_000
+MAX_EXEMPLARS = 100
+MAX_GROUP_BYS = 5
+EXEMPLARS_PER_BUCKET = 2
+TRACES_PER_FETCH = 500
+
+NAME_LABEL = "__name__"
+BUCKET_LABEL = "__bucket"
+QUANTILE_LABEL = "p"
+FUNCTIONS = (
+    "rate",
+    "count_over_time",
+    "min_over_time",
+    "max_over_time",
+    "avg_over_time",
+    "sum_over_time",
+    "quantile_over_time",
+    "histogram_over_time",
+)
+VALUE_FUNCTIONS = ("min_over_time", "max_over_time", "avg_over_time", "sum_over_time")
+HISTOGRAM_FUNCTIONS = ("histogram_over_time", "quantile_over_time")
+_DURATION_KEYS = ("duration", "span:duration")
+_DURATION_LABEL_KEYS = ("duration", "span:duration", "traceDuration", "trace:duration")
+
+# Intrinsics whose value needs the whole trace (canonical names, as traceql.INTRINSICS).
+_TRACE_WIDE = ("traceDuration", "rootName", "rootServiceName", "childCount")
+
+LabelValue = Union[str, int, float, bool]  # an ast.Duration shows as Go prints durations
+Labels = Tuple[Tuple[str, LabelValue], ...]
+Trace = Optional[Sequence[SpanRecord]]  # every span of a span's trace, when read
+# A page of matched spans, with each one's trace when read (else None: not needed).
+Page = Tuple[List[SpanRecord], Optional[List[Trace]]]
+Getter = Callable[[SpanRecord, Trace], object]
+
+
+@dataclass(frozen=True)
+class MetricsRequest:
+    """A query's range in nanoseconds, as asked (alignment is done here)."""
+
+    start_ns: int
+    end_ns: int
+    step_ns: int
+    instant: bool = False
+    exemplars: int = 0
+    max_series: int = MAX_SERIES
+
+
+@dataclass
+class Exemplar:
+    labels: Labels
+    value: float  # NaN: the sample of its interval, filled in at the end (as Tempo)
+    timestamp_ms: int
+
+
+@dataclass
+class Series:
+    labels: Labels
+    values: np.ndarray  # one per interval; NaN: no sample
+    exemplars: List[Exemplar] = field(default_factory=list)
+
+
+@dataclass
+class MetricsResult:
+    timestamps_ms: np.ndarray  # the end of each interval
+    series: List[Series]
+    inspected_spans: int = 0
+    inspected_traces: int = 0
+    partial: Optional[str] = None  # why the answer is incomplete
+
+
+def default_step(start_ns: int, end_ns: int) -> int:
+    """Tempo's step when none is given: about 240 points, rounded down to a round step."""
+    delta = end_ns - start_ns
+    baseline = delta // 240
+    if delta < 60 * SEC:
+        grain = 50 * MS
+        return baseline // grain * grain if baseline > grain else grain
+    for grain in (3600 * SEC, 300 * SEC, 60 * SEC, 15 * SEC, 5 * SEC, SEC):
+        if baseline > grain:
+            return baseline // grain * grain
+    return SEC
+
+
+def aligned_range(req: MetricsRequest) -> Tuple[int, int, int]:
+    """(start, end, intervals) as evaluated: a range query is widened to whole steps, with one
+    more step before (Tempo's AlignRequest); an instant query is one interval, as asked."""
+    if req.instant:
+        return req.start_ns, req.end_ns, 1
+    step = req.step_ns
+    start = req.start_ns - req.start_ns % step
+    end = req.end_ns + (-req.end_ns) % step
+    if start > step:
+        start -= step
+    return start, end, (end - start) // step
+
+
+def log2_bucket(value: int) -> int:
+    """``value`` rounded up to a power of two (Tempo's Log2Bucketize); values below 2 have none."""
+    return 1 << (value - 1).bit_length()
+
+
+def log2_quantile(p: float, maxes: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """Tempo's Log2Quantile for every column of ``counts`` (buckets x intervals, buckets
+    ascending by ``maxes``): the bucket where the p-th sample falls, interpolated
+    exponentially from the previous non-empty bucket (or half the bucket); 0 where empty."""
+    nbuckets, width = counts.shape
+    out = np.zeros(width)
+    if nbuckets == 0 or width == 0:
+        return out
+    total = counts.sum(axis=0)
+    has = total > 0
+    # Rounded up, at least one: percentiles of few samples land on a sample.
+    wanted = np.maximum(np.ceil(p * total), 1)
+    cum = np.cumsum(counts, axis=0)
+    reached = cum >= wanted
+    found = reached.any(axis=0)
+    bucket = np.where(found, reached.argmax(axis=0), nbuckets - 1)
+    cols = np.arange(width)
+    in_bucket = counts[bucket, cols]
+    consumed = np.where(found, cum[bucket, cols] - in_bucket, cum[-1])
+    exact = found & (cum[bucket, cols] == wanted)
+    # The previous non-empty bucket of each interval: the lower end of the interpolation.
+    rows = np.arange(nbuckets)[:, None]
+    last_nonzero = np.maximum.accumulate(np.where(counts > 0, rows, -1), axis=0)
+    prev = np.where(bucket > 0, last_nonzero[np.maximum(bucket - 1, 0), cols], -1)
+    log_max = np.log2(maxes[bucket])
+    log_min = np.where(prev >= 0, np.log2(maxes[np.maximum(prev, 0)]), log_max - 1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        interp = (wanted - consumed) / in_bucket
+        value = np.where(exact, maxes[bucket], np.exp2(log_min + (log_max - log_min) * interp))
+    out[has] = value[has]
+    return out
+
+
+class _ExemplarBuckets:
+    """Tempo's exemplar spread: the range cut into ``limit / 2`` slices of at most two
+    exemplars each, ``limit`` in all."""
+
+    def __init__(self, limit: int, start_ms: int, end_ms: int) -> None:
+        self.limit = limit
+        self.slices = max(limit // EXEMPLARS_PER_BUCKET, 1)
+        self.start_ms, self.end_ms = start_ms, end_ms
+        self.width = max((end_ms - start_ms) // self.slices, 1)
+        self.counts = [0] * self.slices
+        self.total = 0
+
+    def full(self) -> bool:
+        return self.total >= self.limit
+
+    def take(self, ts_ms: int) -> bool:
+        if self.full() or not self.start_ms <= ts_ms <= self.end_ms:
+            return False
+        i = min((ts_ms - self.start_ms) // self.width, self.slices - 1)
+        if self.counts[i] >= EXEMPLARS_PER_BUCKET:
+            return False
+        self.counts[i] += 1
+        self.total += 1
+        return True
+
+
+def _numeric(value: object) -> Optional[float]:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    number = float(value)
+    return None if math.isnan(number) else number
+
+
+class _Aggregator:
+    """Rows (a series, or a series and a bucket) by intervals: span counts, and for the
+    value functions (``min/max/sum/avg_over_time``) the values."""
+
+    def __init__(self, function: str, intervals: int) -> None:
+        self.function = function
+        self.intervals = intervals
+        self.rows: Dict[tuple, int] = {}
+        self.counts = np.zeros((16, intervals))
+        # min and max start from NaN (fmin/fmax then take the first value); sums from 0.
+        self.fill = np.nan if function in ("min_over_time", "max_over_time") else 0.0
+        self.values = np.full((16, intervals), self.fill) if function in VALUE_FUNCTIONS else None
+
+    def row(self, key: tuple) -> int:
+        index = self.rows.get(key)
+        if index is None:
+            index = self.rows[key] = len(self.rows)
+            if index >= len(self.counts):
+                more = len(self.counts)
+                self.counts = np.vstack([self.counts, np.zeros((more, self.intervals))])
+                if self.values is not None:
+                    extra = np.full((more, self.intervals), self.fill)
+                    self.values = np.vstack([self.values, extra])
+        return index
+
+    def add(self, rows: List[int], slots: np.ndarray, values: List[float]) -> None:
+        if not rows:
+            return
+        at = (np.asarray(rows), np.asarray(slots))
+        np.add.at(self.counts, at, 1)
+        if self.values is None:
+            return
+        if self.function == "min_over_time":
+            np.fmin.at(self.values, at, np.asarray(values))
+        elif self.function == "max_over_time":
+            np.fmax.at(self.values, at, np.asarray(values))
+        else:
+            np.add.at(self.values, at, np.asarray(values))
+
+    def samples(self, index: int, step_s: float) -> np.ndarray:
+        counts = self.counts[index]
+        if self.function == "rate":
+            return counts / step_s
+        if self.values is None:
+            return counts.copy()
+        values = self.values[index]
+        if self.function == "avg_over_time":
+            values = values / np.where(counts > 0, counts, 1)
+        return np.where(counts > 0, values, np.nan)
+
+
+@dataclass
+class _Candidates:
+    """What reading the spans came to: how many, of how many traces, and why it stopped
+    early if it did."""
+
+    read: int = 0
+    traces: set = field(default_factory=set)
+    partial: Optional[str] = None
+
+
+def _conjuncts(expr: object) -> List[object]:
+    if isinstance(expr, ast.Binary) and expr.op == "&&":
+        return _conjuncts(expr.lhs) + _conjuncts(expr.rhs)
+    return [expr]
+
+
+def exact_pushdown(query: traceql.Query) -> bool:
+    """Whether the store's conditions are the whole filter (one ``{...}`` whose every
+    ``&&``-joined part became a pushdown condition): then every span read matches, and the
+    engine need not run on it."""
+    if query.needs_traces or not isinstance(query.root, ast.Filter):
+        return False
+    parts = [
+        p
+        for p in _conjuncts(query.root.expr)
+        if not (isinstance(p, ast.Static) and p.value is True)
+    ]
+    return len(parts) == len(query.pushdown)
+
+
+def _by_trace(spans: Sequence[SpanRecord]) -> Dict[str, List[SpanRecord]]:
+    out: Dict[str, List[SpanRecord]] = {}
+    for span in spans:
+        out.setdefault(span.trace_id, []).append(span)
+    return out
+
+
+def _evaluated(query: traceql.Query, spans: Sequence[SpanRecord]) -> List[SpanRecord]:
+    """The spans of ``spans`` (of one trace) in the spansets the query gives, once each."""
+    seen = set()
+    out = []
+    for spanset in traceql.evaluate(query, spans):
+        for span in spanset.spans:
+            if span.span_id not in seen:
+                seen.add(span.span_id)
+                out.append(span)
+    return out
+
+
+def _from(spans: List[SpanRecord], low_ns: int) -> List[SpanRecord]:
+    """The spans of a store page (newest first) that started at ``low_ns`` or later: the
+    store gives also those that started before and were still running."""
+    if spans and spans[-1].start_ns < low_ns:
+        return [s for s in spans if s.start_ns >= low_ns]
+    return spans
+
+
+def _evaluated_page(query: traceql.Query, page: Sequence[SpanRecord]) -> List[SpanRecord]:
+    """The spans of a page a query that needs no whole trace matches.  Such a query judges
+    each span alone, so the page goes in at once (the engine compiles the query once per
+    call); per trace only if two of its spans share an id, which the engine would merge."""
+    if len({s.span_id for s in page}) == len(page):
+        return _evaluated(query, page)
+    return [s for spans in _by_trace(page).values() for s in _evaluated(query, spans)]
+
+
+def matched_spans(
+    store: Store,
+    tenant: str,
+    query: traceql.Query,
+    low_ns: int,
+    high_ns: int,
+    max_spans: int,
+    whole_traces: bool,
+    state: _Candidates,
+) -> Iterator[Page]:
+    """Pages of the spans the query matches that started in [low_ns, high_ns], the newest
+    first, each with its whole trace when ``whole_traces`` (or the query) needs it.  Reads at
+    most ``max_spans`` spans; ``state`` says how many and whether it stopped early."""
+    exact = exact_pushdown(query)
+    whole_traces = whole_traces or query.needs_traces
+    done_traces: set = set()
+    cursor = high_ns + 1  # span_records takes the spans that start before its end
+    while cursor > low_ns:
+        budget = max_spans - state.read
+        if budget <= 0:
+            state.partial = _span_bound_message(max_spans, cursor)
+            return
+        size = min(PAGE_SPANS, budget)
+        # One more than the page: whether more spans follow.
+        page = store.span_records(tenant, low_ns, cursor, query.pushdown, limit=size + 1)
+        more = len(page) > size
+        page = page[:size]
+        state.read += len(page)
+        if not more:
+            cursor = low_ns
+        elif size == budget or page[-1].start_ns == page[0].start_ns:
+            # The last page the bound allows (or one start fills a page): count it and stop.
+            state.partial = _span_bound_message(max_spans, page[-1].start_ns)
+            cursor = low_ns
+        else:
+            # The oldest start may continue on the next page: leave those spans to it.
+            oldest = page[-1].start_ns
+            page = [s for s in page if s.start_ns > oldest]
+            cursor = oldest + 1
+        state.traces.update(s.trace_id for s in page)
+        if whole_traces:
+            new = [t for t in dict.fromkeys(s.trace_id for s in page) if t not in done_traces]
+            done_traces.update(new)
+            yield from _whole_traces(store, tenant, query, new, low_ns, high_ns, max_spans, state)
+            if state.partial:
+                return
+        elif exact:
+            yield _from(page, low_ns), None
+        else:
+            yield _evaluated_page(query, _from(page, low_ns)), None
+
+
+def _whole_traces(
+    store: Store,
+    tenant: str,
+    query: traceql.Query,
+    trace_ids: List[str],
+    low_ns: int,
+    high_ns: int,
+    max_spans: int,
+    state: _Candidates,
+) -> Iterator[Page]:
+    """Matched spans of whole traces (structural operators, pipelines and trace-wide
+    intrinsics need every span of a trace), read around the range: a parent may have started
+    up to an hour earlier."""
+    for i in range(0, len(trace_ids), TRACES_PER_FETCH):
+        budget = max_spans - state.read
+        if budget <= 0:
+            state.partial = _span_bound_message(max_spans, None)
+            return
+        spans = store.span_records(
+            tenant,
+            low_ns - PARENT_LOOKBACK_NS,
+            high_ns + PARENT_LOOKBACK_NS,
+            (),
+            trace_ids=trace_ids[i : i + TRACES_PER_FETCH],
+            limit=budget,
+        )
+        state.read += len(spans)
+        if len(spans) >= budget:
+            state.partial = _span_bound_message(max_spans, None)
+        page: List[SpanRecord] = []
+        traces: List[Trace] = []
+        for trace in _by_trace(spans).values():
+            for s in _evaluated(query, trace):
+                if low_ns <= s.start_ns <= high_ns:
+                    page.append(s)
+                    traces.append(trace)
+        yield page, traces
+
+
+def _span_bound_message(limit: int, oldest_ns: Optional[int]) -> str:
+    counted = "the newest spans"
+    if oldest_ns is not None:
+        when = datetime.fromtimestamp(oldest_ns / SEC, timezone.utc).isoformat()
+        counted = f"the spans that started from {when} on"
+    return (
+        f"the query reads at most {limit} spans and the range has more: the answer counts "
+        f"{counted} (narrow the range or the query)"
+    )
+
+
+def series_bound_message(limit: int) -> str:
+    return (
+        f"Response exceeds maximum series limit of {limit}, a partial response is returned. "
+        "Warning: the accuracy of each individual value is not guaranteed."
+    )
+
+
+def _label_value(key: str, value: object) -> LabelValue:
+    if key in _DURATION_LABEL_KEYS and isinstance(value, int) and not isinstance(value, bool):
+        return ast.Duration(value)
+    if isinstance(value, (str, int, float, bool)):
+        return value
+    return str(value)
+
+
+def _by_labels(by: Sequence[str], values: tuple) -> List[Tuple[str, LabelValue]]:
+    """The by() labels of a group: its non-nil values (Tempo drops nil ones)."""
+    return [(k, _label_value(k, v)) for k, v in zip(by, values) if v is not None]
+
+
+def _series_labels(stage: traceql.MetricsStage, row_key: tuple) -> Labels:
+    """Tempo's labels of a series (quantiles add ``p`` to theirs elsewhere): without by the
+    function's name, histograms add ``__bucket``, and labels all nil become ``<first>="nil"``."""
+    if stage.function == "histogram_over_time":
+        key, bucket = row_key
+        return tuple(_by_labels(stage.by, key) + [(BUCKET_LABEL, bucket)])
+    if not stage.by:
+        return ((NAME_LABEL, stage.function),)
+    return tuple(_by_labels(stage.by, row_key)) or ((stage.by[0], "nil"),)
+
+
+def trace_wide(key: str) -> bool:
+    """Whether an identifier's value needs the span's whole trace (``rootServiceName``)."""
+    return traceql.INTRINSICS.get(key) in _TRACE_WIDE
+
+
+def _getter(key: str) -> Getter:
+    """A TraceQL identifier's value for a span, as ``traceql.span_value`` gives it, with its
+    trace when the value needs it.  Faster where it can be, as it runs for every span: the
+    span's own intrinsics are read directly, a resource attribute is looked up once per
+    resource, a trace-wide value once per trace."""
+    canonical = traceql.INTRINSICS.get(key)
+    if canonical == "name":
+        return lambda span, trace: span.name
+    if canonical == "status":
+        return lambda span, trace: (
+            STATUS_CODES[span.status_code] if 0 <= span.status_code < len(STATUS_CODES) else None
+        )
+    if canonical == "kind":
+        return lambda span, trace: (
+            SPAN_KINDS[span.kind] if 0 <= span.kind < len(SPAN_KINDS) else None
+        )
+    if canonical == "childCount":
+        return lambda span, trace: traceql.span_value(span, key, trace)
+    if canonical in _TRACE_WIDE:
+        return _memoized(lambda span, trace: traceql.span_value(span, key, trace), "trace_id")
+    if key.startswith("resource."):
+        # A resource's attributes are one text shared by its spans (and service.name falls
+        # back to the span's service): one lookup per resource.
+        return _memoized(lambda span, trace: traceql.span_value(span, key), "resource")
+    return lambda span, trace: traceql.span_value(span, key)
+
+
+def _memoized(get: Getter, by: str) -> Getter:
+    cache: Dict[object, object] = {}
+
+    def memo(span: SpanRecord, trace: Trace) -> object:
+        k = span.trace_id if by == "trace_id" else (span.resource_attrs, span.service)
+        try:
+            return cache[k]
+        except KeyError:
+            if len(cache) > 100_000:
+                cache.clear()
+            value = cache[k] = get(span, trace)
+            return value
+
+    return memo
+
+
+def _value_of(stage: traceql.MetricsStage) -> Callable[[SpanRecord, Trace], Optional[float]]:
+    """What ``min/max/sum/avg_over_time`` and the quantile exemplars read from a span:
+    durations in seconds, other attributes as numbers (spans without one are skipped)."""
+    attribute = stage.attribute or "duration"
+    if attribute in _DURATION_KEYS:
+        return lambda s, trace: (s.end_ns - s.start_ns) / SEC
+    get = _getter(attribute)
+    scale = SEC if attribute in _DURATION_LABEL_KEYS else 1
+    return lambda s, trace: _scaled(_numeric(get(s, trace)), scale)
+
+
+def _scaled(value: Optional[float], scale: int) -> Optional[float]:
+    return None if value is None else value / scale
+
+
+def _bucket_of(stage: traceql.MetricsStage) -> Callable[[SpanRecord, Trace], Optional[float]]:
+    """The ``__bucket`` of a span (histograms and quantiles): durations rounded up to a power
+    of two nanoseconds, in seconds; integers rounded up to a power of two; none below 2 or
+    for other values (as Tempo, which skips those spans)."""
+    attribute = stage.attribute or "duration"
+    if attribute in _DURATION_KEYS:
+
+        def duration_bucket(s: SpanRecord, trace: Trace) -> Optional[float]:
+            d = s.end_ns - s.start_ns
+            return log2_bucket(d) / SEC if d >= 2 else None
+
+        return duration_bucket
+    get = _getter(attribute)
+
+    def attribute_bucket(s: SpanRecord, trace: Trace) -> Optional[float]:
+        value = get(s, trace)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 2:
+            return None
+        if isinstance(value, float) and not value.is_integer():
+            return None  # Tempo buckets integers and durations only
+        bucket = log2_bucket(int(value))
+        return bucket / SEC if attribute in _DURATION_LABEL_KEYS else float(bucket)
+
+    return attribute_bucket
+
+
+def validate_stage(stage: traceql.MetricsStage) -> None:
+    """Refuse what Tempo refuses (QueryError with its reason)."""
+    if stage.function not in FUNCTIONS:
+        raise QueryError(f"unsupported metrics function {stage.function}()")
+    # Histograms keep one place of the key for the bucket.
+    limit = MAX_GROUP_BYS - (stage.function in HISTOGRAM_FUNCTIONS)
+    if len(stage.by) > limit:
+        raise QueryError(f"unsupported: metrics group by {len(stage.by)} values (at most {limit})")
+    for q in stage.quantiles:
+        if not 0 <= q <= 1:
+            raise QueryError(f"quantile must be between 0 and 1: {q}")
+    if stage.function == "quantile_over_time" and not stage.quantiles:
+        raise QueryError("quantile_over_time needs at least one quantile")
+
+
+class _SeriesBuilder:
+    """Spans of a metrics query into rows of an aggregator, with exemplars, bounded in
+    series."""
+
+    def __init__(self, stage: traceql.MetricsStage, req: MetricsRequest) -> None:
+        self.stage = stage
+        self.req = req
+        self.start, self.end, intervals = aligned_range(req)
+        self.step = self.end - self.start if req.instant else req.step_ns
+        self.agg = _Aggregator(stage.function, intervals)
+        function = stage.function
+        self.by = [_getter(k) for k in stage.by]
+        self.bucket_of = _bucket_of(stage) if function in HISTOGRAM_FUNCTIONS else None
+        self.value_of = _value_of(stage) if function in VALUE_FUNCTIONS else None
+        quantiles = function == "quantile_over_time"
+        self.exemplar_value = _value_of(stage) if quantiles else self.value_of
+        # A quantile series per group and quantile; a histogram series per group and bucket.
+        self.group_limit = max(req.max_series // len(stage.quantiles), 1) if quantiles else None
+        self.groups: Dict[tuple, None] = {}
+        self.limited = False
+        self.buckets = (
+            _ExemplarBuckets(req.exemplars, self.start // MS, self.end // MS)
+            if req.exemplars and not req.instant
+            else None
+        )
+        self.exemplars: Dict[int, List[Exemplar]] = {}
+        self.exemplar_traces: set = set()
+
+    def observe(self, spans: List[SpanRecord], traces: Optional[List[Trace]]) -> None:
+        rows: List[int] = []
+        starts: List[int] = []
+        values: List[float] = []
+        taken: List[int] = []
+        by = self.by
+        bucket_of, value_of = self.bucket_of, self.value_of
+        histogram_groups = bucket_of is not None and self.group_limit is None
+        limit = self.group_limit or self.req.max_series
+        groups = self.groups
+        for i, span in enumerate(spans):
+            trace = traces[i] if traces is not None else None
+            if not by:
+                row_key: tuple = ()
+            elif len(by) == 1:
+                row_key = (by[0](span, trace),)
+            else:
+                row_key = tuple(get(span, trace) for get in by)
+            group_key = row_key
+            if bucket_of is not None:
+                bucket = bucket_of(span, trace)
+                if bucket is None:
+                    continue
+                row_key = (row_key, bucket)
+                if histogram_groups:
+                    group_key = row_key
+            value = 0.0
+            if value_of is not None:
+                number = value_of(span, trace)
+                if number is None:
+                    continue
+                value = number
+            if group_key not in groups:
+                if len(groups) >= limit:
+                    self.limited = True
+                    continue
+                groups[group_key] = None
+            rows.append(self.agg.row(row_key))
+            starts.append(span.start_ns)
+            values.append(value)
+            taken.append(i)
+        if not rows:
+            return
+        start_ns = np.asarray(starts, dtype=np.int64)
+        if self.req.instant:
+            slots = np.zeros(len(rows), dtype=np.int64)
+        else:
+            slots = (start_ns - self.start - 1) // self.step
+        self.agg.add(rows, slots, values)
+        if self.buckets is not None and not self.buckets.full():
+            self._exemplars(spans, traces, taken, rows, start_ns // MS)
+
+    def _exemplars(
+        self,
+        spans: List[SpanRecord],
+        traces: Optional[List[Trace]],
+        taken: List[int],
+        rows: List[int],
+        ts_ms: np.ndarray,
+    ) -> None:
+        """Exemplars of a page, spread over time as Tempo spreads them, at most one per trace
+        (as Tempo, which picks one span of a spanset).  Per time slice rather than per span:
+        once the slices are full, a span costs nothing."""
+        buckets = self.buckets
+        assert buckets is not None
+        slices = np.clip((ts_ms - buckets.start_ms) // buckets.width, 0, buckets.slices - 1)
+        order = np.argsort(slices, kind="stable")
+        cuts = np.flatnonzero(np.diff(slices[order])) + 1
+        for group in np.split(order, cuts):
+            if buckets.full():
+                return
+            if buckets.counts[int(slices[group[0]])] >= EXEMPLARS_PER_BUCKET:
+                continue
+            for i in group.tolist():
+                span = spans[taken[i]]
+                trace = traces[taken[i]] if traces is not None else None
+                if span.trace_id in self.exemplar_traces:
+                    continue
+                if not buckets.take(int(ts_ms[i])):
+                    break
+                self.exemplar_traces.add(span.trace_id)
+                value = self.exemplar_value(span, trace) if self.exemplar_value else None
+                labels: Labels = (
+                    ("trace:id", span.trace_id),
+                    ("span:id", f"{span.span_id:016x}"),
+                )
+                exemplar = Exemplar(labels, math.nan if value is None else value, int(ts_ms[i]))
+                self.exemplars.setdefault(rows[i], []).append(exemplar)
+
+    def timestamps_ms(self) -> np.ndarray:
+        if self.req.instant:
+            return np.array([self.end // MS], dtype=np.int64)
+        count = self.agg.intervals
+        return (self.start + self.step * np.arange(1, count + 1, dtype=np.int64)) // MS
+
+    def series(self) -> List[Series]:
+        if self.stage.function == "quantile_over_time":
+            out = _quantile_series(self.agg, self.stage, self.exemplars)
+        else:
+            out = [
+                Series(
+                    _series_labels(self.stage, key),
+                    self.agg.samples(i, self.step / SEC),
+                    self.exemplars.get(i, []),
+                )
+                for key, i in self.agg.rows.items()
+            ]
+        for s in out:
+            _attach_exemplars(s, self.start, self.step, self.req.instant)
+        return out
+
+
+def _hinted(query: traceql.Query, req: MetricsRequest) -> MetricsRequest:
+    """``with(exemplars=false)`` or ``with(exemplars=N)`` over the request's exemplars."""
+    hint = dict(query.hints).get("exemplars")
+    if hint is False:
+        return replace(req, exemplars=0)
+    if isinstance(hint, int) and not isinstance(hint, bool):
+        return replace(req, exemplars=max(min(hint, MAX_EXEMPLARS), 0))
+    return req
+
+
+def run_metrics(
+    store: Store,
+    tenant: str,
+    query: traceql.Query,
+    req: MetricsRequest,
+    max_spans: int = MAX_SPANS,
+) -> MetricsResult:
+    """The series of a metrics query over the stored spans (QueryError for a query Tempo
+    refuses; the store's SearchError for a condition it cannot evaluate)."""
+    stage = query.metrics
+    if stage is None:
+        raise QueryError(
+            "not a metrics query: end it with a metrics function, such as "
+            "{ status = error } | rate() by (resource.service.name)"
+        )
+    validate_stage(stage)
+    builder = _SeriesBuilder(stage, _hinted(query, req))
+    if req.instant:
+        low, high = builder.start, builder.end  # Tempo's instant interval is closed
+    else:
+        low, high = builder.start + 1, builder.end  # intervals are right-closed
+    keys = [*stage.by, stage.attribute or ""]
+    whole = any(trace_wide(k) for k in keys)
+    state = _Candidates()
+    for spans, traces in matched_spans(store, tenant, query, low, high, max_spans, whole, state):
+        builder.observe(spans, traces)
+    series = builder.series()
+    for name, limit in stage.second_stage:
+        series = top_k(series, limit, largest=name == "topk")
+    partial = series_bound_message(req.max_series) if builder.limited else state.partial
+    return MetricsResult(builder.timestamps_ms(), series, state.read, len(state.traces), partial)
+
+
+def top_k(series: List[Series], k: int, largest: bool) -> List[Series]:
+    """Tempo's ``topk(k)``/``bottomk(k)``: at each timestamp the k series with the largest
+    (smallest) values keep that sample; a series never among them is dropped."""
+    if len(series) <= k:
+        return series
+    values = np.vstack([s.values for s in series])
+    kept = np.full_like(values, np.nan)
+    order = np.arange(len(series))
+    for j in range(values.shape[1]):
+        column = values[:, j]
+        present = order[~np.isnan(column)]
+        if len(present) == 0:
+            continue
+        ranked = present[np.lexsort((present, -column[present] if largest else column[present]))]
+        top = ranked[:k]
+        kept[top, j] = column[top]
+    out = []
+    for i, s in enumerate(series):
+        if not np.isnan(kept[i]).all():
+            out.append(Series(s.labels, kept[i], s.exemplars))
+    return out
+
+
+def _quantile_series(
+    agg: _Aggregator, stage: traceql.MetricsStage, exemplars: Dict[int, List[Exemplar]]
+) -> List[Series]:
+    """One series per group and quantile, from the group's bucket counts; each exemplar goes
+    to the quantile whose value over all groups and intervals is the closest to its own."""
+    per_group: Dict[tuple, List[Tuple[float, int]]] = {}
+    for (key, bucket), index in agg.rows.items():
+        per_group.setdefault(key, []).append((bucket, index))
+    all_maxes = np.array(sorted({b for (_, b) in agg.rows}), dtype=float)
+    totals = np.zeros((len(all_maxes), 1))
+    for (_, bucket), index in agg.rows.items():
+        totals[np.searchsorted(all_maxes, bucket), 0] += agg.counts[index].sum()
+    overall = [float(log2_quantile(q, all_maxes, totals)[0]) for q in stage.quantiles]
+    out: List[Series] = []
+    for key, rows in per_group.items():
+        rows.sort()
+        maxes = np.array([b for b, _ in rows], dtype=float)
+        counts = agg.counts[[i for _, i in rows]]
+        group_exemplars = [e for _, i in rows for e in exemplars.get(i, [])]
+        base = _by_labels(stage.by, key)
+        for qi, q in enumerate(stage.quantiles):
+            mine = [
+                e
+                for e in group_exemplars
+                if min(range(len(overall)), key=lambda j: abs(e.value - overall[j])) == qi
+            ]
+            labels = tuple(base + [(QUANTILE_LABEL, float(q))])
+            out.append(Series(labels, log2_quantile(q, maxes, counts), mine))
+    return out
+
+
+def _attach_exemplars(series: Series, start: int, step: int, instant: bool) -> None:
+    """Exemplars in an interval with a sample; the placeholders (NaN) take its value."""
+    kept = []
+    for e in series.exemplars:
+        slot = 0 if instant else (e.timestamp_ms * MS - start - 1) // step
+        if not 0 <= slot < len(series.values) or math.isnan(series.values[slot]):
+            continue
+        if math.isnan(e.value):
+            e.value = float(series.values[slot])
+        kept.append(e)
+    series.exemplars = sorted(kept, key=lambda e: e.timestamp_ms)

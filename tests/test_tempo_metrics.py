@@ -1,0 +1,558 @@
+"""TraceQL metrics (Tempo's ``/api/metrics/query_range`` and ``/api/metrics/query``) against a
+real server, with spans sent as real OTLP/HTTP protobuf made by the OpenTelemetry SDK.
+
+Requests are replayed as Grafana's Tempo data source sends them (``pkg/tsdb/tempo``
+``createMetricsQuery``: GET, ``q``, ``start``/``end`` in unix seconds, ``step`` and
+``exemplars`` when set, ``Accept: application/json``, keys sorted as Go's url.Values encodes
+them).  Every expected number is worked out here from the table of spans sent, by the rules
+Tempo documents: a span counts in the step its start falls in, steps are right-closed and
+stamped with their end, the range is widened to whole steps with one more step before.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import urllib.parse
+from datetime import datetime, timezone
+from typing import Dict, Iterator, List, Optional, Tuple
+
+import httpx
+import pytest
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind, Status, StatusCode, set_span_in_context
+
+from hotspan.formats.otlp_traces import to_span_batch
+from hotspan.query.traceql import parse_query
+from hotspan.query.traceql_metrics import MetricsRequest, run_metrics
+from hotspan.store import open_store
+from hotspan.store.base import Store
+from tests.clickhouse_fixture import clickhouse_server as clickhouse_server
+from tests.clickhouse_fixture import clickhouse_url as clickhouse_url
+from tests.conftest import RunningServer, start_server
+
+SEC = 10**9
+MS = 10**6
+STEP_S = 60
+# Two hours ago, on a minute: the range starts on a step, so the widened range is known.
+T0 = (int(time.time()) // 3600 - 2) * 3600
+TENANT = "shop"
+GRAFANA_HEADERS = {"Accept": "application/json", "User-Agent": "Grafana/12.1.0"}
+Sent = Dict[str, ReadableSpan]  # span name -> the span as the SDK made it
+
+# (service, route, status, start offset in seconds, duration in ms)
+SPANS: List[Tuple[str, str, str, float, float]] = [
+    ("payments", "/charge", "ok", -30, 4),  # before start: in the extra step Tempo adds
+    ("checkout", "/pay", "ok", 5, 3),
+    ("checkout", "/pay", "error", 10, 12),
+    ("payments", "/charge", "ok", 20, 2),
+    ("checkout", "/cart", "ok", 30, 100),
+    ("checkout", "/cart", "ok", 60, 20),  # exactly on a step: the step it ends
+    ("checkout", "/pay", "ok", 70, 5),
+    ("payments", "/charge", "ok", 80, 30),
+    ("payments", "/charge", "error", 90, 300),
+    ("checkout", "/cart", "error", 130, 40),
+    ("checkout", "/pay", "ok", 170, 7),
+    ("payments", "/charge", "ok", 179, 1),
+    ("payments", "/charge", "ok", 200, 9),  # after end: left out
+]
+START, END = T0, T0 + 180
+# The widened range: (T0 - 60, T0 + 180] in four right-closed steps, stamped with their ends.
+STAMPS_MS = [(T0 + STEP_S * i) * 1000 for i in range(4)]
+
+
+def step_of(offset_s: float) -> Optional[int]:
+    """The step (index into STAMPS_MS) a span starting at T0 + offset counts in."""
+    for i, stamp in enumerate(STAMPS_MS):
+        if stamp / 1000 - STEP_S < T0 + offset_s <= stamp / 1000:
+            return i
+    return None
+
+
+def log2_bucket_ns(duration_ns: int) -> int:
+    bucket = 1
+    while bucket < duration_ns:
+        bucket *= 2
+    return bucket
+
+
+def tempo_quantile(p: float, buckets: List[Tuple[float, int]]) -> float:
+    """Tempo's Log2Quantile, step by step as its documentation describes it."""
+    if not buckets:
+        return 0.0
+    total = sum(c for _, c in buckets)
+    wanted = max(math.ceil(p * total), 1)
+    consumed, index = 0, 0
+    for top, count in buckets:
+        if consumed + count > wanted:
+            break
+        consumed += count
+        if consumed == wanted:
+            return top
+        index = min(index + 1, len(buckets) - 1)
+    top, count = buckets[index]
+    low = math.log2(buckets[index - 1][0]) if index > 0 else math.log2(top) - 1
+    return 2 ** (low + (math.log2(top) - low) * (wanted - consumed) / count)
+
+
+# -- the server and the spans -----------------------------------------------------------------
+
+
+def sdk_spans() -> Dict[str, ReadableSpan]:
+    """The SPANS table made by the OpenTelemetry SDK, one trace per span: span name -> span."""
+    out: Dict[str, ReadableSpan] = {}
+    for service in ("checkout", "payments"):
+        memory = InMemorySpanExporter()
+        provider = TracerProvider(resource=Resource({"service.name": service, "env": "prod"}))
+        provider.add_span_processor(SimpleSpanProcessor(memory))
+        tracer = provider.get_tracer("hotspan.tests")
+        for n, (svc, route, status, offset, duration_ms) in enumerate(SPANS):
+            if svc != service:
+                continue
+            start = int((T0 + offset) * SEC)
+            span = tracer.start_span(
+                f"span{n}",
+                kind=SpanKind.SERVER,
+                attributes={
+                    "http.route": route,
+                    "http.status_code": 500 if status == "error" else 200,
+                },
+                start_time=start,
+            )
+            if status == "error":
+                span.set_status(Status(StatusCode.ERROR))
+            span.end(end_time=start + int(duration_ms * MS))
+        provider.force_flush()
+        out.update({s.name: s for s in memory.get_finished_spans()})
+        provider.shutdown()
+    return out
+
+
+@pytest.fixture(scope="module")
+def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    s = start_server(tmp_path_factory.mktemp("metrics") / "data")
+    try:
+        yield s
+    finally:
+        if s.process.poll() is None:
+            s.stop()
+        if s.process.stdout:
+            s.process.stdout.close()
+
+
+@pytest.fixture(scope="module")
+def sent(srv: RunningServer) -> Dict[str, ReadableSpan]:
+    spans = sdk_spans()
+    body = encode_spans(list(spans.values())).SerializeToString()
+    r = httpx.post(
+        srv.url + "/v1/traces",
+        content=body,
+        headers={"Content-Type": "application/x-protobuf", "X-Scope-OrgID": TENANT},
+        timeout=30,
+    )
+    assert r.status_code == 200, r.text
+    return spans
+
+
+def grafana_get(
+    srv: RunningServer, path: str, params: Dict[str, str], tenant: str = TENANT
+) -> httpx.Response:
+    """GET as Grafana's backend builds it: Go's url.Values.Encode (sorted keys, ``+``)."""
+    query = urllib.parse.urlencode(sorted(params.items()))
+    headers = {**GRAFANA_HEADERS, "X-Scope-OrgID": tenant}
+    return httpx.get(f"{srv.url}{path}?{query}", headers=headers, timeout=30)
+
+
+def query_range(srv: RunningServer, q: str, **extra: str) -> dict:
+    params = {"q": q, "start": str(START), "end": str(END), "step": "1m", "exemplars": "100"}
+    r = grafana_get(srv, "/api/metrics/query_range", {**params, **extra})
+    assert r.status_code == 200, r.text
+    assert r.headers["content-type"] == "application/json"
+    return r.json()
+
+
+# -- reading answers ----------------------------------------------------------------------------
+
+
+def label_value(value: dict) -> object:
+    (kind, v), *rest = value.items()
+    assert not rest, value
+    if kind == "intValue":
+        assert isinstance(v, str), "int64 is a string in protobuf's JSON mapping"
+        return int(v)
+    return v
+
+
+def labels_of(series: dict) -> Tuple[Tuple[str, object], ...]:
+    return tuple((kv["key"], label_value(kv["value"])) for kv in series["labels"])
+
+
+def samples_of(series: dict) -> Dict[int, float]:
+    """timestamp ms -> value; Tempo's JSON leaves out a value of 0."""
+    out = {}
+    for sample in series["samples"]:
+        assert set(sample) <= {"timestampMs", "value"}, sample
+        assert isinstance(sample["timestampMs"], str)
+        out[int(sample["timestampMs"])] = sample.get("value", 0)
+    return out
+
+
+def by_labels(body: dict) -> Dict[Tuple[Tuple[str, object], ...], dict]:
+    assert set(body) <= {"series", "metrics", "status", "message"}, body.keys()
+    out = {}
+    for series in body.get("series", []):
+        assert set(series) <= {"labels", "samples", "exemplars"}, series.keys()
+        out[labels_of(series)] = series
+    return out
+
+
+def counts(key) -> Dict[object, List[int]]:  # type: ignore[no-untyped-def]
+    """Spans per step, per key(span row), worked out from the table."""
+    out: Dict[object, List[int]] = {}
+    for row in SPANS:
+        i = step_of(row[3])
+        if i is not None:
+            out.setdefault(key(row), [0] * len(STAMPS_MS))[i] += 1
+    return out
+
+
+def check_exemplars(series: dict, sent: Sent, fits) -> None:  # type: ignore[no-untyped-def]
+    """Exemplars name a sent span of the series, in a step the series has, valued as asked."""
+    by_trace = {f"{s.context.trace_id:032x}": s for s in sent.values()}
+    samples = samples_of(series)
+    for ex in series.get("exemplars", []):
+        labels = dict((kv["key"], label_value(kv["value"])) for kv in ex["labels"])
+        span = by_trace[labels["trace:id"]]
+        assert labels["span:id"] == f"{span.context.span_id:016x}"
+        assert int(ex["timestampMs"]) == span.start_time // MS
+        stamp = next(t for t in STAMPS_MS if t - STEP_S * 1000 < int(ex["timestampMs"]) <= t)
+        assert stamp in samples
+        fits(span, ex.get("value", 0), samples[stamp])
+
+
+# -- the tests ------------------------------------------------------------------------------------
+
+
+def test_rate_by_service_as_grafana_asks(srv: RunningServer, sent: Sent) -> None:
+    body = query_range(srv, "{} | rate() by (resource.service.name)")
+    series = by_labels(body)
+    expected = counts(lambda row: row[0])
+    assert set(series) == {(("resource.service.name", svc),) for svc in expected}
+    for svc, per_step in expected.items():
+        s = series[(("resource.service.name", svc),)]
+        # Every step of a count has a sample, 0 included; rate is per second over the step.
+        assert samples_of(s) == {t: c / STEP_S for t, c in zip(STAMPS_MS, per_step)}
+        check_exemplars(s, sent, lambda span, value, sample: value == sample)
+        assert s["exemplars"], "exemplars were asked for"
+    # By hand: checkout started 3 spans in (T0, T0+60] (5 s, 10 s, 30 s) and one at 60 s.
+    checkout = samples_of(series[(("resource.service.name", "checkout"),)])
+    assert checkout[(T0 + 60) * 1000] == 4 / 60
+    payments = samples_of(series[(("resource.service.name", "payments"),)])
+    assert payments[T0 * 1000] == 1 / 60  # the span 30 s before start, in the added step
+    assert sum(payments.values()) * 60 == pytest.approx(5)  # the one after end is left out
+    # Series in Tempo's order: by label value.
+    assert [labels_of(s)[0][1] for s in body["series"]] == ["checkout", "payments"]
+    assert body["metrics"] == {
+        "inspectedTraces": 12,
+        "completedJobs": 1,
+        "totalJobs": 1,
+        "inspectedSpans": "12",
+    }
+    assert "status" not in body and "message" not in body
+
+
+def test_count_over_time_by_two_attributes(srv: RunningServer, sent: Sent) -> None:
+    body = query_range(srv, "{ } | count_over_time() by (resource.service.name, span.http.route)")
+    series = by_labels(body)
+    expected = counts(lambda row: (row[0], row[1]))
+    assert set(series) == {
+        (("resource.service.name", svc), ("span.http.route", route)) for svc, route in expected
+    }
+    for (svc, route), per_step in expected.items():
+        s = series[(("resource.service.name", svc), ("span.http.route", route))]
+        assert samples_of(s) == dict(zip(STAMPS_MS, per_step))
+        check_exemplars(
+            s,
+            sent,
+            lambda span, value, sample, route=route, svc=svc: (
+                span.attributes["http.route"] == route
+                and span.resource.attributes["service.name"] == svc
+                and value == sample
+            ),
+        )
+    # By hand: checkout /pay at 5 s and 10 s, /cart at 30 s and 60 s; then /pay at 70 s.
+    pay = samples_of(series[(("resource.service.name", "checkout"), ("span.http.route", "/pay"))])
+    assert list(pay.values()) == [0, 2, 1, 1]
+
+
+def test_quantile_over_time(srv: RunningServer, sent: Sent) -> None:
+    body = query_range(srv, "{} | quantile_over_time(duration, .5, .9, .99)")
+    series = by_labels(body)
+    assert set(series) == {(("p", 0.5),), (("p", 0.9),), (("p", 0.99),)}
+    per_step: List[Dict[int, int]] = [{} for _ in STAMPS_MS]
+    for _, _, _, offset, duration_ms in SPANS:
+        i = step_of(offset)
+        if i is not None:
+            bucket = log2_bucket_ns(int(duration_ms * MS))
+            per_step[i][bucket] = per_step[i].get(bucket, 0) + 1
+    for p in (0.5, 0.9, 0.99):
+        got = samples_of(series[(("p", p),)])
+        want = [
+            tempo_quantile(p, [(b / SEC, c) for b, c in sorted(buckets.items())])
+            for buckets in per_step
+        ]
+        assert list(got) == STAMPS_MS
+        assert list(got.values()) == pytest.approx(want, rel=1e-12)
+        # Exemplars carry the span's duration in seconds.
+        check_exemplars(
+            series[(("p", p),)],
+            sent,
+            lambda span, value, sample: (
+                value == pytest.approx((span.end_time - span.start_time) / SEC)
+            ),
+        )
+    # By hand: the first step holds one 4 ms span (bucket 2^22 ns): every quantile is the
+    # bucket's top, 4.194304 ms.
+    assert samples_of(series[(("p", 0.5),)])[T0 * 1000] == pytest.approx(0.004194304)
+
+
+def test_histogram_over_time(srv: RunningServer, sent: Sent) -> None:
+    body = query_range(srv, "{} | histogram_over_time(duration)")
+    series = by_labels(body)
+    expected = counts(lambda row: log2_bucket_ns(int(row[4] * MS)) / SEC)
+    assert set(series) == {(("__bucket", b),) for b in expected}
+    for bucket, per_step in expected.items():
+        assert samples_of(series[(("__bucket", bucket),)]) == dict(zip(STAMPS_MS, per_step))
+    # Buckets are powers of two nanoseconds, in seconds: 100 ms falls in 2^27 ns.
+    assert (("__bucket", 0.134217728),) in series
+    for s in body["series"]:
+        assert s["labels"][0]["value"].keys() == {"doubleValue"}
+
+
+def test_value_functions_and_filters(srv: RunningServer, sent: Sent) -> None:
+    errors = by_labels(query_range(srv, "{ status = error } | rate()"))
+    assert list(errors) == [(("__name__", "rate"),)]
+    want = counts(lambda row: row[2])["error"]
+    assert list(samples_of(errors[(("__name__", "rate"),)]).values()) == [c / STEP_S for c in want]
+    slowest = by_labels(
+        query_range(srv, '{ resource.service.name = "payments" } | max_over_time(duration)')
+    )
+    got = samples_of(slowest[(("__name__", "max_over_time"),)])
+    maxima: Dict[int, float] = {}
+    for svc, _, _, offset, duration_ms in SPANS:
+        i = step_of(offset)
+        if svc == "payments" and i is not None:
+            maxima[STAMPS_MS[i]] = max(maxima.get(STAMPS_MS[i], 0), duration_ms / 1000)
+    # Unlike counts, steps without a span have no sample at all.
+    assert got == pytest.approx(maxima)
+    avg = by_labels(query_range(srv, "{} | avg_over_time(duration) by (resource.service.name)"))
+    checkout = samples_of(avg[(("resource.service.name", "checkout"),)])
+    assert checkout[(T0 + 60) * 1000] == pytest.approx((3 + 12 + 100 + 20) / 4 / 1000)
+
+
+def test_instant_query(srv: RunningServer, sent: Sent) -> None:
+    params = {"q": "{} | count_over_time() by (resource.service.name)"}
+    r = grafana_get(srv, "/api/metrics/query", {**params, "start": str(START), "end": str(END)})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert set(body) == {"series", "metrics"}
+    got = {}
+    for s in body["series"]:
+        assert set(s) == {"labels", "value"}, "QueryInstantResponse's InstantSeries"
+        got[labels_of(s)] = s["value"]
+    # One closed interval [start, end], not widened: 7 checkout and 4 payments spans.
+    want: Dict[Tuple[Tuple[str, object], ...], int] = {}
+    for svc, *_, offset, _ in SPANS:
+        if START <= T0 + offset <= END:
+            key = (("resource.service.name", svc),)
+            want[key] = want.get(key, 0) + 1
+    assert (
+        got
+        == want
+        == {
+            (("resource.service.name", "checkout"),): 7,
+            (("resource.service.name", "payments"),): 4,
+        }
+    )
+    rate = grafana_get(
+        srv, "/api/metrics/query", {"q": "{} | rate()", "start": str(START), "end": str(END)}
+    ).json()
+    assert rate["series"] == [
+        {"labels": [{"key": "__name__", "value": {"stringValue": "rate"}}], "value": 11 / 180}
+    ]
+
+
+def test_times_as_tempo_takes_them(srv: RunningServer, sent: Sent) -> None:
+    """Seconds, nanoseconds, RFC 3339 and fractional seconds give one answer; ``step`` as a
+    number of seconds too; without a step Tempo's default (here 15 s for an hour)."""
+    q = "{} | count_over_time()"
+    base = query_range(srv, q)
+    iso = datetime.fromtimestamp(START, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    for start, end, step in [
+        (str(START * SEC), str(END * SEC), "60"),
+        (iso, str(END), "1m0s"),
+        (f"{START}.000", f"{END}.000", "60s"),
+    ]:
+        assert query_range(srv, q, start=start, end=end, step=step)["series"] == base["series"]
+    r = grafana_get(
+        srv, "/api/metrics/query_range", {"q": q, "start": str(T0 - 1800), "end": str(T0 + 1800)}
+    )
+    stamps = list(samples_of(r.json()["series"][0]))
+    assert {b - a for a, b in zip(stamps, stamps[1:])} == {15_000}
+
+
+def test_protobuf_when_asked(srv: RunningServer, sent: Sent) -> None:
+    """Tempo answers ``Accept: application/protobuf`` with its messages: the same content."""
+    from google.protobuf import json_format
+
+    from hotspan.formats.proto import tempo_pb2
+
+    q = "{} | quantile_over_time(duration, .5) by (resource.service.name)"
+    params = {"q": q, "start": str(START), "end": str(END), "step": "1m"}
+    for path, message in [
+        ("/api/metrics/query_range", tempo_pb2.QueryRangeResponse),
+        ("/api/metrics/query", tempo_pb2.QueryInstantResponse),
+    ]:
+        query = urllib.parse.urlencode(sorted(params.items()))
+        r = httpx.get(
+            f"{srv.url}{path}?{query}",
+            headers={"Accept": "application/protobuf", "X-Scope-OrgID": TENANT},
+            timeout=30,
+        )
+        assert r.status_code == 200, r.text
+        assert r.headers["content-type"] == "application/protobuf"
+        got = message.FromString(r.content)
+        assert len(got.series) == 2
+        as_json = grafana_get(srv, path, params).json()
+        assert got == json_format.ParseDict(as_json, message())
+
+
+def test_empty_and_other_tenants(srv: RunningServer, sent: Sent) -> None:
+    body = query_range(srv, '{ name = "nothing-like-it" } | rate()')
+    assert body == {"metrics": {"completedJobs": 1, "totalJobs": 1}}
+    params = {"q": "{} | rate()", "start": str(START), "end": str(END), "step": "1m"}
+    r = grafana_get(srv, "/api/metrics/query_range", params, tenant="another")
+    assert r.status_code == 200 and "series" not in r.json()
+
+
+def test_series_bound_gives_a_partial_answer(srv: RunningServer, sent: Sent) -> None:
+    body = query_range(srv, "{} | rate() by (span.http.route)", maxSeries="2")
+    assert len(body["series"]) == 2
+    assert body["status"] == "PARTIAL"
+    assert "maximum series limit of 2" in body["message"]
+
+
+@pytest.mark.parametrize(
+    "params, reason",
+    [
+        ({"q": "{ status = }"}, "TraceQL"),
+        ({"q": "{ status = error }"}, "not a metrics query"),
+        ({"q": ""}, "q is required"),
+        ({"q": "{} | quantile_over_time(duration, 1.5)"}, "quantile between 0 and 1"),
+        ({"q": "{} | rate()", "start": str(END), "end": str(START)}, "end must be greater"),
+        ({"q": "{} | rate()", "step": "soon"}, 'cannot parse "soon" to a valid duration'),
+        ({"q": "{} | rate()", "step": "1ms"}, "step of 1ms is too small"),
+        ({"q": "{} | rate()", "start": "yesterday"}, "could not parse 'start' parameter"),
+        ({"q": "{} | rate()", "since": "an hour"}, "could not parse 'since' parameter"),
+    ],
+)
+def test_bad_requests(srv: RunningServer, sent: Sent, params: Dict[str, str], reason: str) -> None:
+    full = {"start": str(START), "end": str(END), "step": "1m", **params}
+    r = grafana_get(srv, "/api/metrics/query_range", full)
+    assert r.status_code == 400, r.text
+    assert reason in r.text
+    assert r.headers["content-type"].startswith("text/plain")
+
+
+def nested_traces() -> List[ReadableSpan]:
+    """Two traces across services: checkout calls payments twice (from T0 + 10 s), and a
+    payments root alone at T0 + 70 s."""
+    memory = InMemorySpanExporter()
+    tracers = {}
+    providers = []
+    for service in ("checkout", "payments"):
+        provider = TracerProvider(resource=Resource({"service.name": service}))
+        provider.add_span_processor(SimpleSpanProcessor(memory))
+        providers.append(provider)
+        tracers[service] = provider.get_tracer("hotspan.tests")
+    t = (T0 + 10) * SEC
+    root = tracers["checkout"].start_span("POST /pay", start_time=t)
+    for n in range(2):
+        child = tracers["payments"].start_span(
+            f"charge{n}", context=set_span_in_context(root), start_time=t + (n + 1) * MS
+        )
+        child.end(end_time=t + (n + 2) * MS)
+    root.end(end_time=t + 50 * MS)
+    lone = tracers["payments"].start_span("refund", start_time=(T0 + 70) * SEC)
+    lone.end(end_time=(T0 + 70) * SEC + 5 * MS)
+    for provider in providers:
+        provider.force_flush()
+    spans = list(memory.get_finished_spans())
+    for provider in providers:
+        provider.shutdown()
+    return spans
+
+
+def test_structural_and_trace_wide_queries(srv: RunningServer, sent: Sent) -> None:
+    """Queries that need whole traces: structural operators, and by() a trace's root."""
+    body = encode_spans(nested_traces()).SerializeToString()
+    headers = {"Content-Type": "application/x-protobuf", "X-Scope-OrgID": "nested"}
+    r = httpx.post(srv.url + "/v1/traces", content=body, headers=headers, timeout=30)
+    assert r.status_code == 200, r.text
+    params = {"start": str(START), "end": str(END), "step": "1m"}
+    q = '{resource.service.name="checkout"} >> {resource.service.name="payments"}'
+    q += " | count_over_time()"
+    r = grafana_get(srv, "/api/metrics/query_range", {**params, "q": q}, tenant="nested")
+    assert r.status_code == 200, r.text
+    (series,) = r.json()["series"]
+    # The two calls below checkout, not the lone payments root.
+    assert list(samples_of(series).values()) == [0, 2, 0, 0]
+    q = "{} | count_over_time() by (rootServiceName)"
+    r = grafana_get(srv, "/api/metrics/query_range", {**params, "q": q}, tenant="nested")
+    assert r.status_code == 200, r.text
+    got = {labels_of(s): list(samples_of(s).values()) for s in r.json()["series"]}
+    assert got == {
+        (("rootServiceName", "checkout"),): [0, 3, 0, 0],
+        (("rootServiceName", "payments"),): [0, 0, 1, 0],
+    }
+
+
+@pytest.fixture(params=["duckdb", "clickhouse"])
+def store(request: pytest.FixtureRequest, tmp_path) -> Iterator[Store]:  # type: ignore[no-untyped-def]
+    """Either store, holding the SPANS table (the engine reads both through span_records)."""
+    if request.param == "duckdb":
+        s = open_store(str(tmp_path / "data"))
+    else:
+        from hotspan.store.clickhouse import ClickHouseStore
+
+        s = ClickHouseStore(request.getfixturevalue("clickhouse_url"), retention_ns=0)
+    try:
+        result = to_span_batch(encode_spans(list(sdk_spans().values())))
+        s.write_spans(TENANT, result.batch).result()
+        yield s
+    finally:
+        s.close()
+
+
+def test_engine_on_each_store_and_the_span_bound(store: Store) -> None:
+    """At most ``max_spans`` spans are read, the newest first, and the answer says so."""
+    req = MetricsRequest(START * SEC, END * SEC, STEP_S * SEC)
+    by_service = run_metrics(
+        store, TENANT, parse_query("{} | count_over_time() by (resource.service.name)"), req
+    )
+    got = {s.labels: list(s.values) for s in by_service.series}
+    want = counts(lambda row: row[0])
+    assert got == {(("resource.service.name", k),): v for k, v in want.items()}
+    query = parse_query("{} | count_over_time()")
+    whole = run_metrics(store, TENANT, query, req)
+    assert whole.partial is None and whole.inspected_spans == 12
+    assert list(whole.series[0].values) == [1, 5, 3, 3]
+    bounded = run_metrics(store, TENANT, query, req, max_spans=4)
+    assert bounded.inspected_spans == 4
+    assert bounded.partial and "at most 4 spans" in bounded.partial
+    # The newest four spans (179 s, 170 s, 130 s, 90 s) are those counted.
+    assert list(bounded.series[0].values) == [0, 0, 1, 3]
