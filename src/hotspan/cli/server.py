@@ -140,13 +140,22 @@ def _server(args: argparse.Namespace) -> int:
             grpc_server, grpc_port = otlp_grpc.start(state, config.host, config.otlp_grpc_port)
             state.on_shutdown.append(lambda: grpc_server.stop(grace=5).wait())
             receivers.append(f"OTLP/gRPC on {host}:{grpc_port}")
+        from hotspan.server import tempo_grpc
+
+        # Tempo's streaming queries, which reach it through the main port (server.h2_sniff).
+        listening.append(("gRPC queries", 0))
+        query_server, query_port = tempo_grpc.serve(state)
+        state.on_shutdown.append(lambda: query_server.stop(grace=5).wait())
     except OSError as exc:
         option, port = listening[-1]
-        print(
-            f"hotspan: cannot listen on {config.host}:{port}: {exc} "
-            f"(move it with {option} PORT" + (", or 'off')" if option != "--port" else ")"),
-            file=sys.stderr,
-        )
+        if option.startswith("--"):
+            print(
+                f"hotspan: cannot listen on {config.host}:{port}: {exc} "
+                f"(move it with {option} PORT" + (", or 'off')" if option != "--port" else ")"),
+                file=sys.stderr,
+            )
+        else:
+            print(f"hotspan: cannot start the {option} server: {exc}", file=sys.stderr)
         for stop in state.on_shutdown:
             stop()
         for sock in sockets:
@@ -171,9 +180,16 @@ def _server(args: argparse.Namespace) -> int:
         f"(web UI at that address; data in {_where(config)})",
         flush=True,
     )
+    from uvicorn.protocols.http.auto import AutoHTTPProtocol
+
+    from hotspan.server.h2_sniff import sniffing
+
     server = graceful_server(
         uvicorn.Config(
             app,
+            # uvicorn's HTTP/1.1, except that HTTP/2 connections (gRPC) to the main port go to
+            # the gRPC query server; as many at once as HTTP connections.
+            http=sniffing(AutoHTTPProtocol, query_port, port, args.max_connections),
             log_level=args.log_level,
             access_log=False,
             timeout_graceful_shutdown=30,

@@ -4,6 +4,8 @@ Requests arrive as raw bytes and are decoded here, so that a message that does n
 ``INVALID_ARGUMENT`` with the reason rather than grpcio's generic ``INTERNAL``.  Tokens come
 from the ``authorization`` metadata and the tenant from ``x-scope-orgid``, as over HTTP.
 Handlers run on grpcio's thread pool and wait for the store to make the data durable.
+Tempo's streaming queries have a gRPC server of their own, on loopback (server.tempo_grpc):
+this port takes OTLP only, as the OTLP/HTTP port does, and queries never hold up ingest.
 """
 
 from __future__ import annotations

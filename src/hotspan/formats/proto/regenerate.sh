@@ -25,5 +25,8 @@ cd "$src"
   hotspan/formats/proto/profile.proto \
   hotspan/formats/proto/types.proto \
   hotspan/formats/proto/push.proto \
-  hotspan/formats/proto/querier.proto
+  hotspan/formats/proto/querier.proto \
+  hotspan/formats/proto/tempo_common.proto \
+  hotspan/formats/proto/tempo.proto \
+  hotspan/formats/proto/jfr_labels.proto
 echo "regenerated protobuf modules in $here"

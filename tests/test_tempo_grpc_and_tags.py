@@ -1,0 +1,388 @@
+"""Tempo's tag autocomplete narrowed by ``q=``, and Tempo's streaming gRPC queries on the
+main port, against one real server process.
+
+Requests are replayed as Grafana's Tempo data source sends them: the editor's tag values call
+(``language_provider.ts`` getOptionsV2: ``limit``, ``q`` = the whole text being typed, and
+``start``/``end`` when a tags time range is set), and the backend's streaming calls
+(``pkg/tsdb/tempo`` search_stream.go and metrics_stream.go: a grpc-go client dialing the data
+source's host:port in cleartext, the data source's custom headers as metadata).  Expected
+answers are computed from the spans sent, and gRPC answers are compared with the HTTP
+endpoints' answers to the same query.
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple
+
+import grpc
+import httpx
+import pytest
+from google.protobuf import json_format
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, Span, Status
+
+from hotspan.formats.proto import tempo_pb2
+from tests.conftest import RunningServer, start_server
+
+SEC = 10**9
+MS = 10**6
+TOKEN = "r3ad"
+TENANT = "shop"
+# Grafana's data source: its custom headers (tenant, token), sent as gRPC metadata too.
+HEADERS = {"X-Scope-OrgID": TENANT, "Authorization": f"Bearer {TOKEN}"}
+METADATA = (("x-scope-orgid", TENANT), ("authorization", f"Bearer {TOKEN}"))
+NOW_S = int(time.time())
+T0 = (NOW_S - 1800) * SEC  # half an hour ago: inside the default range of every endpoint
+TAGS_LIMIT = "5000"  # Grafana's TAGS_LIMIT, sent as ``limit``
+
+# Two services; what each sends: resource attributes, then spans (name, kind, status,
+# attributes).  Values are str, int or bool, and keep their type in the tag values API.
+SERVICES: Dict[str, Tuple[Dict[str, object], List[Tuple[str, int, int, Dict[str, object]]]]] = {
+    "api": (
+        {"service.name": "api", "deployment.environment": "prod"},
+        [
+            ("GET /pay", Span.SPAN_KIND_SERVER, 1, {"http.route": "/pay", "http.status_code": 200}),
+            ("GET /cart", Span.SPAN_KIND_SERVER, 0, {"http.route": "/cart", "cache.hit": True}),
+        ],
+    ),
+    "worker": (
+        {"service.name": "worker", "queue.name": "jobs"},
+        [
+            ("send", Span.SPAN_KIND_CONSUMER, 2, {"http.route": "/internal", "retries": 3}),
+        ],
+    ),
+}
+KINDS = {Span.SPAN_KIND_SERVER: "server", Span.SPAN_KIND_CONSUMER: "consumer"}
+STATUSES = ("unset", "ok", "error")
+
+
+def _any(value: object) -> AnyValue:
+    if isinstance(value, bool):
+        return AnyValue(bool_value=value)
+    if isinstance(value, int):
+        return AnyValue(int_value=value)
+    return AnyValue(string_value=str(value))
+
+
+def _type(value: object) -> str:
+    return "bool" if isinstance(value, bool) else "int" if isinstance(value, int) else "string"
+
+
+def _attrs(values: Dict[str, object]) -> List[KeyValue]:
+    return [KeyValue(key=k, value=_any(v)) for k, v in values.items()]
+
+
+def _export() -> ExportTraceServiceRequest:
+    request = ExportTraceServiceRequest()
+    n = 0
+    for resource, spans in SERVICES.values():
+        rs = ResourceSpans()
+        rs.resource.attributes.extend(_attrs(resource))
+        ss = rs.scope_spans.add()
+        for name, kind, status, attrs in spans:
+            n += 1
+            start = T0 + n * 10 * SEC
+            ss.spans.append(
+                Span(
+                    trace_id=n.to_bytes(16, "big"),
+                    span_id=n.to_bytes(8, "big"),
+                    name=name,
+                    kind=kind,
+                    start_time_unix_nano=start,
+                    end_time_unix_nano=start + n * 100 * MS,
+                    attributes=_attrs(attrs),
+                    status=Status(code=status),
+                )
+            )
+        request.resource_spans.append(rs)
+    return request
+
+
+@pytest.fixture(scope="module")
+def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    data: Path = tmp_path_factory.mktemp("tempo-grpc") / "data"
+    # OTLP/gRPC off: the streaming queries must then still answer, through the main port.
+    server = start_server(data, ["--query-token", TOKEN, "--otlp-grpc-port", "off"])
+    try:
+        with server.client() as c:
+            r = c.post(
+                "/v1/traces",
+                content=_export().SerializeToString(),
+                headers={"content-type": "application/x-protobuf", "X-Scope-OrgID": TENANT},
+            )
+            assert r.status_code == 200, r.text
+        yield server
+    finally:
+        if server.process.poll() is None:
+            server.stop()
+        if server.process.stdout:
+            server.process.stdout.close()
+
+
+def get(srv: RunningServer, path: str, **params: str) -> httpx.Response:
+    with srv.client() as c:
+        return c.get(path, params=params, headers=HEADERS)
+
+
+def values_v2(srv: RunningServer, tag: str, q: Optional[str] = None, **extra: str) -> list:
+    """Grafana's editor asking for a tag's values as the user types ``q``."""
+    params = {"limit": TAGS_LIMIT, **extra}
+    if q is not None:
+        params["q"] = q
+    r = get(srv, f"/api/v2/search/tag/{tag}/values", **params)
+    assert r.status_code == 200, r.text
+    return r.json()["tagValues"]
+
+
+def tags_v2(srv: RunningServer, q: Optional[str] = None) -> Dict[str, List[str]]:
+    params = {"limit": TAGS_LIMIT}
+    if q is not None:
+        params["q"] = q
+    r = get(srv, "/api/v2/search/tags", **params)
+    assert r.status_code == 200, r.text
+    return {s["name"]: s["tags"] for s in r.json()["scopes"]}
+
+
+def expected_values(key: str, services: Sequence[str], scope: str = "span") -> list:
+    """What the spans of ``services`` have for an attribute, as Tempo lists it."""
+    found = set()
+    for service in services:
+        resource, spans = SERVICES[service]
+        if scope == "resource" and key in resource:
+            found.add((resource[key], _type(resource[key])))
+        for _, _, _, attrs in spans if scope == "span" else ():
+            if key in attrs:
+                found.add((attrs[key], _type(attrs[key])))
+    text = {(str(v).lower() if isinstance(v, bool) else str(v), t) for v, t in found}
+    return [{"type": t, "value": v} for v, t in sorted(text)]
+
+
+# -- q= narrows the autocomplete ------------------------------------------------------------
+
+
+def test_tag_values_narrowed_by_the_query_being_typed(srv: RunningServer) -> None:
+    everyone = values_v2(srv, "span.http.route")
+    assert everyone == expected_values("http.route", ["api", "worker"])
+    # The cursor after `span.http.route=`: Tempo drops that unfinished matcher.
+    typing = '{resource.service.name="api" && span.http.route=}'
+    assert values_v2(srv, "span.http.route", typing) == expected_values("http.route", ["api"])
+    # The same with the tags time range set (Grafana then sends start and end).
+    window = {"start": str(NOW_S - 3600), "end": str(NOW_S + 60)}
+    assert values_v2(srv, "span.http.route", typing, **window) == expected_values(
+        "http.route", ["api"]
+    )
+    # A window without those spans: nothing.
+    old = {"start": str(NOW_S - 7 * 86400), "end": str(NOW_S - 6 * 86400)}
+    assert values_v2(srv, "span.http.route", typing, **old) == []
+    # Narrowed by a span attribute, a resource attribute's values.
+    by_route = '{span.http.route="/internal" && resource.service.name='
+    assert values_v2(srv, "resource.service.name", by_route) == expected_values(
+        "service.name", ["worker"], "resource"
+    )
+    # An || inside the filter: narrowed by what every branch requires.
+    either = (
+        '{ (name="GET /pay" || name="send") && span.http.route="/pay" && resource.service.name=}'
+    )
+    assert values_v2(srv, "resource.service.name", either) == expected_values(
+        "service.name", ["api"], "resource"
+    )
+
+
+def test_narrowed_values_keep_their_traceql_types(srv: RunningServer) -> None:
+    api = '{resource.service.name="api"}'
+    assert values_v2(srv, "span.http.status_code", api) == [{"type": "int", "value": "200"}]
+    assert values_v2(srv, "span.cache.hit", api) == [{"type": "bool", "value": "true"}]
+    worker = '{resource.service.name="worker"}'
+    assert values_v2(srv, "span.retries", worker) == expected_values("retries", ["worker"])
+    assert values_v2(srv, "span.retries", api) == []
+    # Intrinsics: names are strings, status and kind keywords.
+    names = [{"type": "string", "value": n} for n, *_ in SERVICES["worker"][1]]
+    assert values_v2(srv, "name", worker) == names
+    statuses = sorted({STATUSES[s] for _, _, s, _ in SERVICES["api"][1]})
+    assert values_v2(srv, "status", api) == [{"type": "keyword", "value": s} for s in statuses]
+    assert values_v2(srv, "kind", worker) == [{"type": "keyword", "value": "consumer"}]
+
+
+@pytest.mark.parametrize(
+    "q",
+    [
+        "{}",  # match-all
+        "{ span.http.route = }",  # only an unfinished matcher
+        '{ .a = "x" || span.http.route = }',  # an unfinished matcher in an ||: match-all
+        "{ .a = 1 && }",  # does not parse even leniently
+        '{resource.service.name="api"} && {resource.service.name="worker"}',  # two spansets
+    ],
+)
+def test_queries_that_narrow_nothing_give_every_value(srv: RunningServer, q: str) -> None:
+    assert values_v2(srv, "span.http.route", q) == values_v2(srv, "span.http.route")
+
+
+def test_tag_names_narrowed_by_q(srv: RunningServer) -> None:
+    everyone = tags_v2(srv)
+    api = tags_v2(srv, '{resource.service.name="api" && }')  # dangling &&: unfiltered
+    assert api == everyone
+    resource, spans = SERVICES["api"]
+    api = tags_v2(srv, '{resource.service.name="api"}')
+    assert api["resource"] == sorted(resource)
+    assert api["span"] == sorted({k for *_, attrs in spans for k in attrs})
+    assert api["intrinsic"] == everyone["intrinsic"]
+    assert set(api["span"]) < set(everyone["span"])
+    assert set(api["resource"]) < set(everyone["resource"])
+
+
+# -- gRPC on the main port ---------------------------------------------------------------------
+
+
+def channel(srv: RunningServer) -> grpc.Channel:
+    """grpc-go's Dial(host:port, insecure) of Grafana: the data source's address."""
+    return grpc.insecure_channel(srv.url.removeprefix("http://"))
+
+
+def stream(srv: RunningServer, method: str, request, response_type, metadata=METADATA) -> list:  # type: ignore[no-untyped-def]
+    with channel(srv) as ch:
+        call = ch.unary_stream(
+            f"/tempopb.StreamingQuerier/{method}",
+            request_serializer=type(request).SerializeToString,
+            response_deserializer=response_type.FromString,
+        )
+        md = (*metadata, ("user-agent", "Grafana/12.0.0"))
+        return list(call(request, metadata=md, timeout=30))
+
+
+def merged(messages: list, response_type):  # type: ignore[no-untyped-def]
+    """What Grafana makes of a stream: the traces (series) of every message."""
+    out = response_type()
+    for m in messages:
+        out.MergeFrom(m)
+    return out
+
+
+def test_grpc_search_over_the_main_port_equals_http(srv: RunningServer) -> None:
+    q = '{resource.service.name="api"}'
+    start, end = NOW_S - 3600, NOW_S + 60
+    # Grafana unmarshals its query model into SearchRequest: query, limit; times in seconds.
+    request = tempo_pb2.SearchRequest(Query=q, Limit=20, start=start, end=end)
+    messages = stream(srv, "Search", request, tempo_pb2.SearchResponse)
+    assert messages, "the stream ended without a message"
+    got = merged(messages, tempo_pb2.SearchResponse)
+    r = get(srv, "/api/search", q=q, limit="20", start=str(start), end=str(end))
+    assert r.status_code == 200, r.text
+    want = json_format.ParseDict(r.json(), tempo_pb2.SearchResponse())
+    assert got == want
+    assert len(got.traces) == len(SERVICES["api"][1])
+
+
+def test_grpc_metrics_query_range_over_the_main_port_equals_http(srv: RunningServer) -> None:
+    q = "{} | rate() by (resource.service.name)"
+    start, end = (NOW_S - 3600) * SEC, (NOW_S + 60) * SEC
+    request = tempo_pb2.QueryRangeRequest(query=q, start=start, end=end, step=60 * SEC)
+    messages = stream(srv, "MetricsQueryRange", request, tempo_pb2.QueryRangeResponse)
+    assert messages
+    got = merged(messages, tempo_pb2.QueryRangeResponse)
+    r = get(srv, "/api/metrics/query_range", q=q, start=str(start), end=str(end), step="60s")
+    assert r.status_code == 200, r.text
+    want = json_format.ParseDict(
+        r.json(), tempo_pb2.QueryRangeResponse(), ignore_unknown_fields=True
+    )
+    assert got == want
+    services = {
+        kv.value.string_value for s in got.series for kv in s.labels if kv.key.endswith("name")
+    }
+    assert services == set(SERVICES)
+
+
+def test_grpc_tag_values_v2_equals_http(srv: RunningServer) -> None:
+    q = '{resource.service.name="api" && span.http.route='
+    request = tempo_pb2.SearchTagValuesRequest(tagName="span.http.route", query=q)
+    got = merged(
+        stream(srv, "SearchTagValuesV2", request, tempo_pb2.SearchTagValuesV2Response),
+        tempo_pb2.SearchTagValuesV2Response,
+    )
+    want = json_format.ParseDict(
+        {"tagValues": values_v2(srv, "span.http.route", q)}, tempo_pb2.SearchTagValuesV2Response()
+    )
+    assert got == want
+    assert json_format.MessageToDict(got)["tagValues"] == expected_values("http.route", ["api"])
+
+
+def test_grpc_checks_the_token_and_reads_the_tenant_from_metadata(srv: RunningServer) -> None:
+    request = tempo_pb2.SearchRequest(Query="{}", start=NOW_S - 3600, end=NOW_S + 60)
+    with pytest.raises(grpc.RpcError) as err:
+        stream(
+            srv, "Search", request, tempo_pb2.SearchResponse, metadata=(("x-scope-orgid", TENANT),)
+        )
+    assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    other = (("x-scope-orgid", "someone-else"), ("authorization", f"Bearer {TOKEN}"))
+    got = merged(
+        stream(srv, "Search", request, tempo_pb2.SearchResponse, other), tempo_pb2.SearchResponse
+    )
+    assert list(got.traces) == []
+    mine = merged(
+        stream(srv, "Search", request, tempo_pb2.SearchResponse), tempo_pb2.SearchResponse
+    )
+    assert len(mine.traces) == sum(len(spans) for _, spans in SERVICES.values())
+
+
+def test_bad_query_is_invalid_argument(srv: RunningServer) -> None:
+    request = tempo_pb2.SearchRequest(Query="{ this is not traceql", start=NOW_S - 60, end=NOW_S)
+    with pytest.raises(grpc.RpcError) as err:
+        stream(srv, "Search", request, tempo_pb2.SearchResponse)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_http_still_answers_on_the_port_after_grpc(srv: RunningServer) -> None:
+    request = tempo_pb2.SearchTagsRequest()
+    assert stream(srv, "SearchTagsV2", request, tempo_pb2.SearchTagsV2Response)
+    with srv.client() as c:
+        assert c.get("/api/echo").text == "echo\n"
+        r = c.get("/api/v2/search/tags", headers=HEADERS)
+        assert r.status_code == 200 and r.json()["scopes"]
+        # A request line that starts like HTTP/2's preface but is not it: uvicorn's answer.
+        r = c.request("PRI", "/", headers=HEADERS)
+        assert r.http_version == "HTTP/1.1" and 400 <= r.status_code < 500
+        assert c.get("/api/echo").text == "echo\n"
+
+
+def test_concurrent_grpc_and_http_on_the_main_port(srv: RunningServer) -> None:
+    q = '{resource.service.name="worker"}'
+    request = tempo_pb2.SearchRequest(Query=q, start=NOW_S - 3600, end=NOW_S + 60)
+    r = get(srv, "/api/search", q=q, start=str(NOW_S - 3600), end=str(NOW_S + 60))
+    want = json_format.ParseDict(r.json(), tempo_pb2.SearchResponse())
+    with channel(srv) as ch, ThreadPoolExecutor(8) as pool:
+        call = ch.unary_stream(
+            "/tempopb.StreamingQuerier/Search",
+            request_serializer=tempo_pb2.SearchRequest.SerializeToString,
+            response_deserializer=tempo_pb2.SearchResponse.FromString,
+        )
+        calls = [
+            pool.submit(
+                lambda: merged(
+                    list(call(request, metadata=METADATA, timeout=30)), tempo_pb2.SearchResponse
+                )
+            )
+            for _ in range(16)
+        ]
+        echoes = [pool.submit(lambda: get(srv, "/api/echo").text) for _ in range(8)]
+        assert all(c.result() == want for c in calls)
+        assert all(e.result() == "echo\n" for e in echoes)
+
+
+def test_big_answers_are_sent_in_pieces_under_the_message_limit() -> None:
+    from hotspan.server.tempo_grpc import MAX_MESSAGE_BYTES, _segments
+
+    span = tempo_pb2.Span(spanID="0" * 16, name="x" * 2000, durationNanos=1)
+    whole = tempo_pb2.SearchResponse()
+    for i in range(4000):
+        t = whole.traces.add(traceID=f"{i:032x}", rootServiceName="api")
+        t.spanSet.spans.append(span)
+    whole.metrics.completedJobs = 1
+    assert whole.ByteSize() > 2 * MAX_MESSAGE_BYTES
+    pieces = _segments(whole, "traces")
+    assert len(pieces) > 2
+    assert all(p.ByteSize() <= MAX_MESSAGE_BYTES for p in pieces)
+    assert merged(pieces, tempo_pb2.SearchResponse) == whole
+    assert [p.HasField("metrics") for p in pieces] == [False] * (len(pieces) - 1) + [True]
