@@ -10,13 +10,21 @@ with SelectMergeStacktraces' ``profile_id_selector``: the test follows that link
 from __future__ import annotations
 
 import gzip
+import time
 from collections import Counter
+from pathlib import Path
 from typing import Dict, Iterator, List, Tuple
 
 import httpx
 import pytest
 
 from hotspan.formats.proto import profile_pb2, querier_pb2, types_pb2
+from hotspan.model.labels import normalize, parse_selector
+from hotspan.model.profile import MAX_SUM, Frame, IngestBatch, ProfileType
+from hotspan.query.engine import MAX_PROFILE_IDS, MAX_PROFILE_POINTS, QueryEngine, QueryError
+from hotspan.query.exemplars import profile_id
+from hotspan.store.base import SampleFilter
+from hotspan.store.duckdb import DuckDBStore
 from tests.conftest import RunningServer, shared_fixture, start_server
 from tests.helpers import CPU, QUERIER, function_totals, ingest_pprof, make_pprof
 
@@ -56,6 +64,7 @@ GRAFANA_HEADERS = {
     "Accept-Encoding": "gzip",
     "User-Agent": "connect-go/1.18.1 (go1.24.4)",
 }
+PTYPE = ProfileType.parse(CPU)
 EXEMPLARS_FIXTURE = "og/convert/pprof/testdata/cpu-exemplars.pb.gz"
 
 
@@ -479,3 +488,129 @@ def test_profile_id_selector_rejects_what_is_no_profile_id(srv: RunningServer) -
             },
         )
     assert r.status_code == 400 and "not a UUID" in r.json()["message"]
+
+
+def test_select_series_exemplars_when_the_step_is_no_whole_ms(srv: RunningServer) -> None:
+    # Steps of 1.5 ms put most points between two milliseconds (the point's time is its
+    # millisecond): each point still names its profile.
+    resp = call(srv, "SelectSeries", series_request(step=0.0015), querier_pb2.SelectSeriesResponse)
+    (series,) = resp.series
+    assert len(series.points) == len(PROFILES)  # each profile alone in its step
+    for point in series.points:
+        (ex,) = point.exemplars
+        assert ex.value == point.value
+        assert 0 <= point.timestamp - ex.timestamp < 2
+
+
+# A week of profiles of 2,000 series, one every 2.5 s: what a Grafana heatmap or timeline over
+# a long range reads (the engine reads a million at most).
+MANY_SERIES, MANY_PROFILES = 2_000, 240_000
+
+
+@pytest.fixture(scope="module")
+def many_profiles(tmp_path_factory: pytest.TempPathFactory) -> Iterator[QueryEngine]:
+    store = DuckDBStore(str(tmp_path_factory.mktemp("many") / "data"))
+    batch = IngestBatch()
+    stack = batch.add_stack((batch.add_frame(Frame("main", "main.py", 1)),))
+    series = [
+        batch.add_series(PTYPE, normalize({"service_name": f"svc{i % 20}", "pod": f"p{i}"}))
+        for i in range(MANY_SERIES)
+    ]
+    for i in range(MANY_PROFILES):  # profile i: value i + 1, at T0 + i * 2.5 s
+        batch.add_sample(series[i % MANY_SERIES], T0 * 10**9 + i * 2_500_000_000, stack, i + 1)
+    store.write("t", batch).result(timeout=60)
+    try:
+        yield QueryEngine(store)
+    finally:
+        store.close()
+
+
+def test_heatmap_and_exemplars_of_many_profiles_stay_quick(many_profiles: QueryEngine) -> None:
+    engine, sel = many_profiles, parse_selector("{}")
+    end_ms = (T0 * 10**9 + MANY_PROFILES * 2_500_000_000) // 10**6
+    step_ms = (end_ms - T0 * 1000) // 64
+    began = time.perf_counter()
+    maps, lows = engine.heatmap(
+        "t", PTYPE, sel, T0 * 1000, end_ms, step_ms, ["service_name"], False, True
+    )
+    where = SampleFilter(T0 * 10**9, end_ms * 10**6)
+    found = engine.select_series("t", PTYPE, sel, where, 3600 * 10**9, [], exemplars="individual")
+    took = time.perf_counter() - began
+    # One point per profile, all counted; each cell's exemplar is its largest profile.
+    assert len(maps) == 20 and lows[0] == 1
+    assert sum(sum(s.counts) for m in maps for s in m.slots) == MANY_PROFILES
+    top = max((e for m in maps for s in m.slots for e in s.exemplars), key=lambda e: e.value)
+    assert top.value == MANY_PROFILES and "service_name" not in top.labels
+    # Profile values grow with time: each hour's exemplar is its last profile.
+    (ts,) = found
+    for t, (ex,) in zip(ts.timestamps_ms, ts.exemplars):
+        assert t - 3_600_000 < ex.timestamp_ms <= t
+        assert ex.value == (ex.time_ns - T0 * 10**9) // 2_500_000_000 + 1
+    # Python work per point made this ~10 s; numpy columns take well under a second.
+    assert took < 4.0, took
+
+
+def test_past_the_cap_the_latest_points_keep_their_exemplars(many_profiles: QueryEngine) -> None:
+    engine, sel = many_profiles, parse_selector("{}")
+    end_ns = T0 * 10**9 + MANY_PROFILES * 2_500_000_000
+    where, hour = SampleFilter(T0 * 10**9, end_ns), 3600 * 10**9
+    engine.max_points = 100_000  # of the 240,000 profiles: the cap, made small
+    try:
+        (ts,) = engine.select_series("t", PTYPE, sel, where, hour, [], exemplars="individual")
+        with pytest.raises(QueryError, match="over 100000 profiles"):
+            engine.heatmap("t", PTYPE, sel, T0 * 1000, end_ns // 10**6, 3_600_000, [], False, True)
+    finally:
+        engine.max_points = MAX_PROFILE_POINTS
+    # The timeline draws whole; its latest points (those one looks at) keep their exemplars,
+    # each still the largest profile of its hour; the oldest go without.
+    assert len(ts.timestamps_ms) == 1 + -(-(MANY_PROFILES - 1) * 2_500_000_000 // hour)
+    has = [bool(e) for e in ts.exemplars]
+    first = has.index(True)
+    assert first > 0 and all(has[first:])
+    assert 100_000 // 1440 - 20 <= len(has) - first <= 100_000 // 1440  # 1,440 per hour
+    for t, (ex,) in zip(ts.timestamps_ms[first:], ts.exemplars[first:]):
+        last = (t * 10**6 - T0 * 10**9) // 2_500_000_000  # the hour's last profile
+        assert ex.value == min(last, MANY_PROFILES - 1) + 1
+
+
+def test_profiles_by_id_sum_without_wrapping_and_in_bounded_reads(tmp_path: Path) -> None:
+    store = DuckDBStore(str(tmp_path / "data"))
+    try:
+        batch = IngestBatch()
+        stack = batch.add_stack((batch.add_frame(Frame("main", "main.py", 1)),))
+        sid = batch.add_series(PTYPE, normalize({"service_name": "big"}))
+        huge = (1 << 62) - 1  # the most one profile's stack holds
+        for k in range(3):
+            batch.add_sample(sid, (T0 + k) * 10**9, stack, huge)
+        store.write("t", batch).result(timeout=30)
+        engine, sel = QueryEngine(store), parse_selector('{service_name="big"}')
+        where = SampleFilter(T0 * 10**9, (T0 + 60) * 10**9)
+        ids = [profile_id(sid, (T0 + k) * 10**9) for k in range(3)]
+        # Three such profiles merged: the stack's sum stops at the stores' cap, as a range's
+        # sum does, instead of wrapping round to a negative int64.
+        merged = engine.profile_stack_values("t", PTYPE, sel, where, ids)
+        assert merged.values.tolist() == [MAX_SUM]
+        assert engine.stack_values("t", PTYPE, sel, where).values.tolist() == [MAX_SUM]
+        # Each id is one read: a request naming thousands of profiles is refused up front.
+        many = [profile_id(sid, T0 * 10**9 + k) for k in range(MAX_PROFILE_IDS + 1)]
+        with pytest.raises(QueryError, match=f"at most {MAX_PROFILE_IDS}"):
+            engine.profile_stack_values("t", PTYPE, sel, where, many)
+        assert engine.profile_stack_values("t", PTYPE, sel, where, many[:2]).values.size == 1
+    finally:
+        store.close()
+
+
+def test_heatmap_series_come_in_pyroscopes_order(
+    srv: RunningServer, exemplars_fixture: Tuple[int, profile_pb2.Profile]
+) -> None:
+    # Pyroscope orders series by the group-by labels each has, in group-by order: go-app has
+    # no region, so its key starts at service_name, after the shop series' region=...
+    start = exemplars_fixture[0] // 10**6 - 60_000
+    window = {"label_selector": "{}", "start": start, "end": END_MS, "step": 30 * 86400.0}
+    req = heatmap_request(**window, group_by=["region", "service_name"])
+    resp = call(srv, "SelectHeatmap", req, _HM)
+    assert [labels_of(s.labels) for s in resp.series] == [
+        {"region": "eu", "service_name": "shop"},
+        {"region": "us", "service_name": "shop"},
+        {"service_name": "go-app"},
+    ]

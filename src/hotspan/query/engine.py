@@ -15,15 +15,27 @@ from hotspan.model.labels import (
     SelectorError,
     parse_selector,
 )
-from hotspan.model.profile import ProfileType
+from hotspan.model.profile import MAX_SUM, ProfileType
 from hotspan.query import flamegraph, heatmap
-from hotspan.query.exemplars import Exemplar, Group, group_points, parse_profile_id, top_per_step
+from hotspan.query.exemplars import (
+    Exemplar,
+    Points,
+    concat_values,
+    group_of,
+    group_points,
+    parse_profile_id,
+    top_per_step,
+)
 from hotspan.query.stacks import StackTable
-from hotspan.store.base import SampleFilter, SeriesRecord, StackValues, Store
+from hotspan.store.base import ProfileValues, SampleFilter, SeriesRecord, StackValues, Store
 
 DEFAULT_MAX_NODES = 8192
 # Profiles (or spans in profiles) a heatmap or a timeline's exemplars read at most.
 MAX_PROFILE_POINTS = 1_000_000
+# Profiles a flame graph selects by id (``profile_id_selector``) at most: one read each.
+MAX_PROFILE_IDS = 1_000
+# A timeline's exemplars are read newest first in about this many windows of its steps.
+EXEMPLAR_WINDOWS = 16
 
 
 class QueryError(ValueError):
@@ -61,6 +73,7 @@ class QueryEngine:
     def __init__(self, store: Store) -> None:
         self.store = store
         self.stacks = StackTable(store)
+        self.max_points = MAX_PROFILE_POINTS
 
     # -- series ------------------------------------------------------------------------------
 
@@ -275,14 +288,48 @@ class QueryEngine:
         kind: str,
         found: List[TimeSeries],
     ) -> None:
-        # Past MAX_PROFILE_POINTS the latest points go without: a timeline still draws.
-        groups = self._points(tenant, series, where, group_by, kind == "span", truncate=True)
+        points = self._recent_points(tenant, series, where, step_ns, group_by, kind == "span")
+        best = top_per_step(points, where.start_ns, step_ns)
         for ts in found:
-            group = tuple((name, ts.labels.get(name, "")) for name in group_by)
-            best = top_per_step(groups.get(group, []), where.start_ns, step_ns)
-            ts.exemplars = [
-                [best[t * 1_000_000]] if t * 1_000_000 in best else [] for t in ts.timestamps_ms
-            ]
+            group = group_of(ts.labels, group_by)
+            rows = [best.get((group, t)) for t in ts.timestamps_ms]
+            ts.exemplars = [[points.exemplar(i)] if i is not None else [] for i in rows]
+
+    def _recent_points(
+        self,
+        tenant: str,
+        series: Sequence[SeriesRecord],
+        where: SampleFilter,
+        step_ns: int,
+        group_by: Sequence[str],
+        by_span: bool,
+    ) -> Points:
+        """The points of as many of the timeline's latest steps as ``max_points`` allows: past
+        it, the oldest steps go without exemplars (the recent ones are those looked at), and
+        the timeline still draws.  Then read again newest first, in windows of whole steps, so
+        that every step read is read entire and its exemplar is its largest point."""
+        sids = [s.series_id for s in series]
+        labels_of = {s.series_id: all_labels(s) for s in series}
+        whole = self.store.profile_values(tenant, sids, where, by_span, self.max_points + 1)
+        if len(whole.values) <= self.max_points:  # the usual case: one read
+            return group_points(whole, labels_of, group_by, by_span)
+        del whole  # a million rows: not kept while the windows are read
+        steps = -(-(where.end_ns - where.start_ns) // step_ns)
+        per_window = -(-steps // EXEMPLAR_WINDOWS)
+        parts: List[ProfileValues] = []
+        budget, high, k = self.max_points, where.end_ns, steps
+        while high > where.start_ns and budget > 0:
+            k -= per_window
+            # Step T = start + k * step holds (T - step, T]: a window starts just after a T.
+            low = where.start_ns + k * step_ns + 1 if k > 0 else where.start_ns
+            window = SampleFilter(low, high, where.span_ids, where.trace_ids)
+            part = self.store.profile_values(tenant, sids, window, by_span, budget + 1)
+            if len(part.values) > budget:
+                break
+            parts.append(part)
+            budget, high = budget - len(part.values), low
+        parts.reverse()  # time order, as one read gives
+        return group_points(concat_values(parts), labels_of, group_by, by_span)
 
     def _points(
         self,
@@ -291,21 +338,16 @@ class QueryEngine:
         where: SampleFilter,
         group_by: Sequence[str],
         by_span: bool,
-        truncate: bool = False,
-    ) -> Dict[Group, List[Exemplar]]:
-        """Each group's profiles (or spans within profiles), see group_points."""
-        if not series:
-            return {}
+    ) -> Points:
+        """The profiles (or spans within profiles) of the series, see group_points; a
+        QueryError past ``max_points`` (a heatmap counts them all or says so)."""
         values = self.store.profile_values(
-            tenant, [s.series_id for s in series], where, by_span, MAX_PROFILE_POINTS + 1
+            tenant, [s.series_id for s in series], where, by_span, self.max_points + 1
         )
-        if len(values.values) > MAX_PROFILE_POINTS:
-            if not truncate:
-                raise QueryError(
-                    f"over {MAX_PROFILE_POINTS} profiles in the range; narrow the range or "
-                    "the selector"
-                )
-            values = type(values)(*(col[:MAX_PROFILE_POINTS] for col in values))
+        if len(values.values) > self.max_points:
+            raise QueryError(
+                f"over {self.max_points} profiles in the range; narrow the range or the selector"
+            )
         labels_of = {s.series_id: all_labels(s) for s in series}
         return group_points(values, labels_of, group_by, by_span)
 
@@ -328,8 +370,8 @@ class QueryEngine:
         ms = 1_000_000
         where = SampleFilter(max(start_ms - step_ms, 0) * ms, (end_ms + 1) * ms)
         series = self.find_series(tenant, [selector], where.start_ns, where.end_ns, profile_type)
-        groups = self._points(tenant, series, where, group_by, by_span)
-        return heatmap.build(groups, start_ms, end_ms, step_ms, with_exemplars, limit)
+        points = self._points(tenant, series, where, group_by, by_span)
+        return heatmap.build(points, start_ms, end_ms, step_ms, with_exemplars, limit)
 
     def profile_stack_values(
         self,
@@ -350,11 +392,22 @@ class QueryEngine:
             if where.start_ns <= ts < where.end_ns:
                 wanted.setdefault(sid, []).append(ts)
         series = self.find_series(tenant, [selector], where.start_ns, where.end_ns, profile_type)
-        parts = []
-        for rec in series:
-            for ts in sorted(set(wanted.get(rec.series_id, ()))):
-                one = SampleFilter(ts, ts + 1, where.span_ids, where.trace_ids)
-                parts.append(self.store.stack_values(tenant, [rec.series_id], one))
+        # One read per profile: a bounded number of them (Grafana's link names one).
+        reads = [
+            (rec.series_id, ts)
+            for rec in series
+            for ts in sorted(set(wanted.get(rec.series_id, ())))
+        ]
+        if len(reads) > MAX_PROFILE_IDS:
+            raise QueryError(
+                f"{len(reads)} profiles selected by id; at most {MAX_PROFILE_IDS} at a time"
+            )
+        parts = [
+            self.store.stack_values(
+                tenant, [sid], SampleFilter(ts, ts + 1, where.span_ids, where.trace_ids)
+            )
+            for sid, ts in reads
+        ]
         if not parts:
             return StackValues.empty()
         if len(parts) == 1:
@@ -364,7 +417,10 @@ class QueryEngine:
         unique, inverse = np.unique(ids, return_inverse=True)
         sums = np.zeros(len(unique), dtype=np.int64)
         np.add.at(sums, inverse, vals)
-        return StackValues(unique, sums)
+        # As the stores sum: past MAX_SUM a stack's sum is MAX_SUM, not a wrapped int64.
+        approx = np.zeros(len(unique), dtype=np.float64)
+        np.add.at(approx, inverse, vals.astype(np.float64))
+        return StackValues(unique, np.where(approx >= MAX_SUM, MAX_SUM, sums))
 
 
 def _check_total(values: StackValues) -> None:

@@ -5,15 +5,26 @@ in a time slot and a value bucket; a cell counts its points and keeps its larges
 exemplar.  The value axis is cut into 20 equal buckets between the smallest and the largest
 value of all series, so that every series and slot shares them; the time slot of a point at t
 is the one whose right edge T = start + k * step has T - step < t <= T, clamped to the range.
-All times here are milliseconds, as in the API.
+All times here are milliseconds, as in the API.  The points are counted in numpy: only the
+cells (at most groups x slots x 20) become Python objects.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Tuple
 
-from hotspan.query.exemplars import Exemplar, Group
+import numpy as np
+
+from hotspan.query.exemplars import (
+    MS,
+    Exemplar,
+    Points,
+    best_per_run,
+    group_sort_key,
+    lex_key,
+    run_starts,
+)
 
 Y_BUCKETS = 20
 
@@ -39,71 +50,71 @@ def y_buckets(low: int, high: int, n: int = Y_BUCKETS) -> List[int]:
     return [low + int(i * width) for i in range(n)]
 
 
-def bucket_of(value: int, lows: Sequence[int], high: int) -> int:
-    """The bucket a value falls in: the first whose [low, next low) holds it, the last for the
-    largest values; -1 below the first."""
-    for i, low in enumerate(lows):
-        upper = lows[i + 1] if i + 1 < len(lows) else high
-        if low <= value < upper:
-            return i
-    return len(lows) - 1 if lows and value >= lows[-1] else -1
+def bucket_of(values: np.ndarray, lows: List[int]) -> np.ndarray:
+    """The bucket of each value: the last whose lower bound it reaches.  That is Pyroscope's
+    first bucket with low <= value < next low (empty buckets, whose bounds are equal, skipped),
+    the last one holding the largest values; -1 below the first."""
+    return np.searchsorted(np.asarray(lows, dtype=np.int64), values, side="right") - 1
 
 
-def _round_up(t: int, start: int, step: int) -> int:
+def _round_up(t, start: int, step: int):  # type: ignore[no-untyped-def]
+    # To the next T = start + k * step at or after t (ints or int64 arrays alike).
     offset = start % step
-    t -= offset
-    if t % step:
-        t = (t // step + 1) * step
-    return t + offset
+    return -((offset - t) // step) * step + offset
 
 
-def slot_of(t_ms: int, start_ms: int, end_ms: int, step_ms: int) -> int:
-    """The right edge of the slot holding time ``t_ms``: slots are (start - step, start],
-    (start, start + step], ... and times outside go to the first or the last one."""
+def slot_of(t_ms, start_ms: int, end_ms: int, step_ms: int):  # type: ignore[no-untyped-def]
+    """The right edge of the slot holding time ``t_ms`` (an int or an int64 array): slots are
+    (start - step, start], (start, start + step], ... and times outside go to the first or
+    the last one."""
     last = _round_up(end_ms, start_ms, step_ms)
-    return min(max(_round_up(t_ms, start_ms, step_ms), start_ms), last)
+    return np.clip(_round_up(t_ms, start_ms, step_ms), start_ms, last)
 
 
 def build(
-    groups: Dict[Group, List[Exemplar]],
+    points: Points,
     start_ms: int,
     end_ms: int,
     step_ms: int,
     with_exemplars: bool,
     limit: Optional[int] = None,
 ) -> Tuple[List[Heatmap], List[int]]:
-    """One heatmap per group (sorted by labels; the ``limit`` with most points when given)
-    and the lower bounds of the value buckets they share."""
-    values = [p.value for points in groups.values() for p in points]
-    if not values:
+    """One heatmap per group (ordered by labels; the ``limit`` with most points, then by
+    labels, when given) and the lower bounds of the value buckets they share."""
+    if not len(points):
         return [], []
-    low, high = min(values), max(values)
-    if high == low:
-        high = low + 1
-    lows = y_buckets(low, high)
-    out: List[Tuple[Group, Heatmap, int]] = []
-    for group, points in sorted(groups.items()):
-        cells: Dict[Tuple[int, int], List] = {}  # (slot, bucket) -> [count, best point]
-        for point in points:
-            bucket = bucket_of(point.value, lows, high)
-            if bucket < 0:
-                continue
-            cell = cells.setdefault(
-                (slot_of(point.timestamp_ms, start_ms, end_ms, step_ms), bucket), [0, point]
-            )
-            cell[0] += 1
-            if point.value > cell[1].value:
-                cell[1] = point
-        slots: Dict[int, Slot] = {}
-        for (ts, bucket), (count, best) in sorted(cells.items()):
-            slot = slots.setdefault(ts, Slot(ts, [0] * len(lows)))
-            slot.counts[bucket] = count
-            if with_exemplars:
-                slot.exemplars.append(best)
-        labels = {k: v for k, v in group if v}
-        out.append((group, Heatmap(labels, [slots[t] for t in sorted(slots)]), len(points)))
-    if limit and len(out) > limit:
+    lows = y_buckets(int(points.value.min()), int(points.value.max()))
+    bucket = bucket_of(points.value, lows)
+    slot = slot_of(points.time_ns // MS, start_ms, end_ms, step_ms)
+    # A cell is a run of (group, slot, bucket) in the stable order by them; its exemplar the
+    # largest point, the earliest of equals.
+    key = lex_key(points.group, slot, bucket)
+    order = np.argsort(key, kind="stable")
+    starts = run_starts(key[order])
+    counts = np.diff(np.append(starts, len(order)))
+    best = best_per_run(order, starts, points.value)
+    slots: Dict[int, Dict[int, Slot]] = {}
+    for g, ts, b, count, i in zip(
+        points.group[best].tolist(),
+        slot[best].tolist(),
+        bucket[best].tolist(),
+        counts.tolist(),
+        best.tolist(),
+    ):
+        cell = slots.setdefault(g, {}).setdefault(ts, Slot(ts, [0] * len(lows)))
+        cell.counts[b] = count
+        if with_exemplars:
+            cell.exemplars.append(points.exemplar(i))
+    per_group = np.bincount(points.group, minlength=len(points.groups)).tolist()
+    ranked = sorted(slots, key=lambda g: group_sort_key(points.groups[g]))
+    if limit and len(ranked) > limit:
         # Pyroscope's top series: the most points, then the labels.
-        out.sort(key=lambda g: -g[2])
-        out = out[:limit]
-    return [h for _, h, _ in out], lows
+        ranked = sorted(ranked, key=lambda g: -per_group[g])[:limit]
+    out = [
+        Heatmap(
+            {k: v for k, v in points.groups[g] if v},
+            [slots[g][ts] for ts in sorted(slots[g])],
+        )
+        for g in ranked
+    ]
+    return out, lows
