@@ -58,7 +58,7 @@ INGEST_CASES = {
     "bad from": ({"from": "yesterday"}, b"a;b 1\n", {}),
     "bad tag name": ({"name": "app{bad-name=1}"}, b"a;b 1\n", {}),
     "no name": ({"name": None}, b"a;b 1\n", {}),
-    "unsupported jfr": ({"format": "jfr"}, b"\x00", {}),
+    "garbage jfr": ({"format": "jfr"}, b"\x00", {}),
 }
 
 
