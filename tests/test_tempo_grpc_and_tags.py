@@ -105,8 +105,9 @@ def _export() -> ExportTraceServiceRequest:
 @pytest.fixture(scope="module")
 def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     data: Path = tmp_path_factory.mktemp("tempo-grpc") / "data"
-    # OTLP/gRPC off: the streaming queries must then still answer, through the main port.
-    server = start_server(data, ["--query-token", TOKEN, "--otlp-grpc-port", "off"])
+    # OTLP/HTTP and OTLP/gRPC on (any free ports): both must take OTLP only, the streaming
+    # queries answering through the main port.
+    server = start_server(data, ["--query-token", TOKEN])
     try:
         with server.client() as c:
             r = c.post(
@@ -138,8 +139,10 @@ def values_v2(srv: RunningServer, tag: str, q: Optional[str] = None, **extra: st
     return r.json()["tagValues"]
 
 
-def tags_v2(srv: RunningServer, q: Optional[str] = None) -> Dict[str, List[str]]:
-    params = {"limit": TAGS_LIMIT}
+def tags_v2(
+    srv: RunningServer, q: Optional[str] = None, limit: str = TAGS_LIMIT
+) -> Dict[str, List[str]]:
+    params = {"limit": limit}
     if q is not None:
         params["q"] = q
     r = get(srv, "/api/v2/search/tags", **params)
@@ -215,6 +218,10 @@ def test_narrowed_values_keep_their_traceql_types(srv: RunningServer) -> None:
         '{ .a = "x" || span.http.route = }',  # an unfinished matcher in an ||: match-all
         "{ .a = 1 && }",  # does not parse even leniently
         '{resource.service.name="api"} && {resource.service.name="worker"}',  # two spansets
+        # Structural operators, sibling and negated ones included: Tempo does not narrow.
+        '{resource.service.name="api"} ~ {span.http.route="/internal"}',
+        '{resource.service.name="api"} &>> {span.http.route="/internal"}',
+        '{resource.service.name="api"} !> {span.http.route="/internal"}',
     ],
 )
 def test_queries_that_narrow_nothing_give_every_value(srv: RunningServer, q: str) -> None:
@@ -232,6 +239,32 @@ def test_tag_names_narrowed_by_q(srv: RunningServer) -> None:
     assert api["intrinsic"] == everyone["intrinsic"]
     assert set(api["span"]) < set(everyone["span"])
     assert set(api["resource"]) < set(everyone["resource"])
+
+
+def test_tag_names_limit_is_per_scope(srv: RunningServer) -> None:
+    """Tempo's ``limit`` on tag names: at most that many per scope (Grafana sends its tag
+    limit); the intrinsic scope is Tempo's fixed list."""
+    everyone = tags_v2(srv)
+    assert len(everyone["span"]) > 1 and len(everyone["resource"]) > 1
+    one = tags_v2(srv, limit="1")
+    assert one == {**everyone, "span": everyone["span"][:1], "resource": everyone["resource"][:1]}
+    r = get(srv, "/api/search/tags", limit="2")
+    assert r.status_code == 200, r.text
+    names = get(srv, "/api/search/tags").json()["tagNames"]
+    assert r.json()["tagNames"] == names[:2] and len(names) > 2
+    assert get(srv, "/api/v2/search/tags", limit="0").status_code == 400
+
+
+@pytest.mark.parametrize("scope", ["event", "link", "instrumentation"])
+def test_tag_scopes_hotspan_keeps_nothing_of_answer_empty(srv: RunningServer, scope: str) -> None:
+    """TraceQL's other scopes (Tempo's API takes them): no names, rather than a 400."""
+    r = get(srv, "/api/v2/search/tags", scope=scope)
+    assert r.status_code == 200, r.text
+    assert r.json()["scopes"] == [{"name": scope, "tags": []}]
+    r = get(srv, "/api/search/tags", scope=scope)
+    assert r.status_code == 200, r.text
+    assert r.json()["tagNames"] == []
+    assert get(srv, "/api/v2/search/tags", scope="events").status_code == 400
 
 
 # -- gRPC on the main port ---------------------------------------------------------------------
@@ -386,3 +419,58 @@ def test_big_answers_are_sent_in_pieces_under_the_message_limit() -> None:
     assert all(p.ByteSize() <= MAX_MESSAGE_BYTES for p in pieces)
     assert merged(pieces, tempo_pb2.SearchResponse) == whole
     assert [p.HasField("metrics") for p in pieces] == [False] * (len(pieces) - 1) + [True]
+
+
+def test_grpc_tags_v2_max_tags_per_scope(srv: RunningServer) -> None:
+    request = tempo_pb2.SearchTagsRequest(maxTagsPerScope=1)
+    got = merged(
+        stream(srv, "SearchTagsV2", request, tempo_pb2.SearchTagsV2Response),
+        tempo_pb2.SearchTagsV2Response,
+    )
+    scopes = {s.name: list(s.tags) for s in got.scopes}
+    assert scopes == tags_v2(srv, limit="1")
+    assert len(scopes["span"]) == len(scopes["resource"]) == 1
+
+
+def test_legacy_tags_of_a_grpc_search_keep_quotes_and_backslashes() -> None:
+    from hotspan.query.traceql import parse_logfmt
+    from hotspan.server.tempo_grpc import search_params
+
+    tags = {"a": "plain", "b": 'say "hi"', "c": "C:\\dir\\", "d": "x=y", "e": "two words"}
+    params = search_params(tempo_pb2.SearchRequest(Tags=tags))
+    assert dict(parse_logfmt(params["tags"])) == tags
+
+
+def test_otlp_ports_take_otlp_only(srv: RunningServer) -> None:
+    """Tempo's queries answer on the main port only: the OTLP ports may be open to collectors
+    that must not read traces (the OTLP/HTTP port answers 404 to anything but OTLP)."""
+    assert srv.otlp_grpc_address and srv.otlp_http_url
+    request = tempo_pb2.SearchRequest(Query="{}", start=NOW_S - 3600, end=NOW_S + 60)
+    for address, code in (
+        (srv.otlp_grpc_address, grpc.StatusCode.UNIMPLEMENTED),
+        (srv.otlp_http_url.removeprefix("http://"), grpc.StatusCode.UNAVAILABLE),
+    ):
+        with grpc.insecure_channel(address) as ch:
+            call = ch.unary_stream(
+                "/tempopb.StreamingQuerier/Search",
+                request_serializer=tempo_pb2.SearchRequest.SerializeToString,
+                response_deserializer=tempo_pb2.SearchResponse.FromString,
+            )
+            with pytest.raises(grpc.RpcError) as err:
+                list(call(request, metadata=METADATA, timeout=10))
+            assert err.value.code() == code, address
+    # OTLP/gRPC still takes spans there (another tenant, so as not to change the others'
+    # counts), and the main port's gRPC finds them.
+    tenant = "ingested-over-grpc"
+    with grpc.insecure_channel(srv.otlp_grpc_address) as ch:
+        export = ch.unary_unary(
+            "/opentelemetry.proto.collector.trace.v1.TraceService/Export",
+            request_serializer=ExportTraceServiceRequest.SerializeToString,
+            response_deserializer=lambda b: b,
+        )
+        export(_export(), metadata=(("x-scope-orgid", tenant),), timeout=30)
+    md = (("x-scope-orgid", tenant), ("authorization", f"Bearer {TOKEN}"))
+    got = merged(
+        stream(srv, "Search", request, tempo_pb2.SearchResponse, md), tempo_pb2.SearchResponse
+    )
+    assert len(got.traces) == sum(len(spans) for _, spans in SERVICES.values())

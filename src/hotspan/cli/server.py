@@ -320,7 +320,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--max-connections",
         type=int,
         default=None,
-        help="answer 503 to connections beyond this many open at once (default: no limit)",
+        help="answer 503 to connections beyond this many open at once, and refuse gRPC "
+        "(HTTP/2) connections to the main port beyond as many again (default: no limit)",
     )
     srv.add_argument(
         "--redact",

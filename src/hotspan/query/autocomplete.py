@@ -44,24 +44,31 @@ _ENDS_MATCHER = {None, "}", ")", "&&", "||"}
 _TRACE_KEYS = {*TRACE_INTRINSICS, "trace:duration", "trace:rootName", "trace:rootService"}
 
 
-def _tokens(text: str) -> List[str]:
+def _tokens(text: str) -> Tuple[List[str], bool]:
+    """The tokens of ``text``, and whether they are all of it (False: a character none of
+    them takes stopped the reading, such as those of ``~``, ``&>>``, ``!>``)."""
     out: List[str] = []
     pos = 0
     while pos < len(text):
         m = _TOKEN.match(text, pos)
         if m is None or m.end() == pos:
-            break  # trailing blanks, or a stray character: keep what was read
+            return out, not text[pos:].strip()  # trailing blanks, or a stray character
         out.append(m.group(m.lastgroup or ""))
         pos = m.end()
-    return out
+    return out, True
 
 
 def complete_query(text: str) -> Optional[str]:
     """The query with its unfinished matchers dropped and its brace closed, or None when what
     remains cannot narrow anything (a matcher dropped beside ``||`` matches every span)."""
-    tokens = _tokens(text)
+    tokens, whole = _tokens(text)
     if "|" in tokens:
         tokens = tokens[: tokens.index("|")]
+    elif not whole:
+        # What was read is only the start of the query: the part before a structural
+        # operator (``{a} ~ {b}``) would narrow to the spans of ``{a}``, where Tempo does not
+        # narrow at all.
+        return None
     kept: List[str] = []
     i = 0
     while i < len(tokens):

@@ -49,10 +49,11 @@ class _End(asyncio.Protocol):
         self.transport = transport  # type: ignore[assignment]
 
     def data_received(self, data: bytes) -> None:
-        if self.linked():
-            self.peer.transport.write(data)  # type: ignore[union-attr]
-        else:
+        if not self.linked():
             self.pending += data
+        elif not self.peer.transport.is_closing():  # type: ignore[union-attr]
+            # (uvloop raises on a write to a closed transport; asyncio drops it)
+            self.peer.transport.write(data)  # type: ignore[union-attr]
 
     def eof_received(self) -> bool:
         # A transport whose reading is paused and resumed after its end of stream reports
@@ -66,15 +67,20 @@ class _End(asyncio.Protocol):
         """Tell the peer this side is done; False (close this side) when both are."""
         peer = self.peer
         assert peer is not None and peer.transport is not None
-        if peer.eof or not peer.transport.can_write_eof():
+        if peer.eof or peer.transport.is_closing() or not peer.transport.can_write_eof():
             # Nothing more will flow either way: close both (each after what it buffered).
-            # Left open, each half-closed pair would hold two sockets for good.
+            # Left open, a pair ended both ways would hold its two sockets until the garbage
+            # collector happened to find them.
             peer.transport.close()
             if self.transport is not None:
                 self.transport.close()
             return False
         if first:
-            peer.transport.write_eof()
+            try:
+                peer.transport.write_eof()
+            except (OSError, RuntimeError):  # its socket is gone already (reset): as lost
+                peer.transport.close()
+                return False
         return True  # the other direction may still carry data
 
     def pause_writing(self) -> None:

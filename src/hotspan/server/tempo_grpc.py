@@ -94,7 +94,9 @@ def search_params(request: tempo_pb2.SearchRequest) -> Params:
     params: Params = {}
     _put(params, "q", request.Query)
     if request.Tags:
-        params["tags"] = " ".join(f"{k}={_logfmt_value(v)}" for k, v in sorted(request.Tags.items()))
+        params["tags"] = " ".join(
+            f"{k}={_logfmt_value(v)}" for k, v in sorted(request.Tags.items())
+        )
     _put(params, "minDuration", request.MinDurationMs and f"{request.MinDurationMs}ms")
     _put(params, "maxDuration", request.MaxDurationMs and f"{request.MaxDurationMs}ms")
     _put(params, "limit", request.Limit)
