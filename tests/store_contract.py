@@ -448,6 +448,10 @@ class StoreContract:
         assert ids(Condition("resource.region", "=", "eu")) == [9]
         assert ids(Condition("duration", ">=", 2 * SEC)) == [1, 2]
         assert ids(Condition("name", "=~", "GET .*"), limit=1) == [9]
+        # Root spans (TraceQL's nestedSetParent<0), and children of one span.
+        assert ids(Condition("span:parentID", "=", "0000000000000000")) == [9, 1]
+        assert ids(Condition("span:parentID", "=", "0000000000000001")) == [2]
+        assert ids(Condition("span:parentID", "!=", "0000000000000000")) == [3, 2]
         assert ids(trace_ids=[TRACE_A.upper()]) == [3, 1, 2]
         assert ids(trace_ids=[]) == []
         assert store.span_records("other", 0, 1000 * SEC) == []

@@ -391,6 +391,25 @@ def test_union_finds_traces_with_either_side(srv, data: Data) -> None:  # type: 
     assert spans_of(got[tid(data.failed["root"])]["spanSet"]) == ["charge card"]
 
 
+def test_and_between_spansets_shows_both_sides(srv, data: Data) -> None:  # type: ignore[no-untyped-def]
+    # As Tempo: the spans of each side, not only the first's (the SQL path and the engine's).
+    for q in [
+        '{name="POST /pay"} && {name="cache get"}',
+        '{name="POST /pay"} && {name="cache get"} | select(name)',
+    ]:
+        got = traces(answer(srv, q))
+        assert list(got) == [tid(data.ok["root"]), tid(data.failed["root"])], q
+        for trace in got.values():
+            assert spans_of(trace["spanSet"]) == ["POST /pay", "cache get"], q
+            assert trace["spanSet"]["matched"] == 2, q
+    simple = answer(srv, "{kind=server} && {kind=client}")
+    engine = answer(srv, "{kind=server} && {kind=client} | select(name)")
+    failed = traces(simple)[tid(data.failed["root"])]["spanSet"]
+    assert failed["matched"] == 5  # 2 server spans, 3 client spans
+    assert spans_of(failed) == ["GET /checkout", "POST checkout", "POST /pay"]  # spss 3
+    assert [t["spanSet"] for t in simple["traces"]] == [t["spanSet"] for t in engine["traces"]]
+
+
 def test_or_inside_a_filter(srv, data: Data) -> None:  # type: ignore[no-untyped-def]
     got = traces(answer(srv, '{name="SELECT cart" || (name="charge card" && status=error)}'))
     assert list(got) == [tid(data.cart["root"]), tid(data.failed["root"])]
@@ -462,6 +481,62 @@ def test_select_shows_typed_attributes(srv, data: Data) -> None:  # type: ignore
     }
 
 
+# -- Traces Drilldown: root spans and the structure tab -----------------------------------------
+
+# Traces Drilldown's structure tab, as it sends it (limit 200, spss 20).
+STRUCTURE = (
+    "({nestedSetParent<0 && true } &>> { kind = server }) || ({nestedSetParent<0 && true }) "
+    "| select(status, resource.service.name, name, nestedSetParent, nestedSetLeft, nestedSetRight)"
+)
+
+
+def test_root_spans_as_drilldown_asks_for_them(srv, data: Data) -> None:  # type: ignore[no-untyped-def]
+    roots = [data.ok["root"], data.cart["root"], data.failed["root"]]
+    for q in ["{nestedSetParent<0}", "{nestedSetParent<0 && true}", "{nestedSetParent=-1}"]:
+        got = traces(answer(srv, q))
+        assert list(got) == [tid(r) for r in roots], q
+        for root in roots:
+            assert [s["spanID"] for s in got[tid(root)]["spanSet"]["spans"]] == [sid(root)], q
+    failed = traces(answer(srv, "{nestedSetParent<0 && status = error}"))
+    assert failed == {}  # the failed checkout's root did not fail, its payment did
+    got = traces(answer(srv, "{nestedSetParent>=0 && kind = server}"))
+    assert [s["name"] for s in got[tid(data.cart["root"])]["spanSet"]["spans"]] == [
+        "GET /cart/items"
+    ]
+
+
+def test_structure_tab_gets_the_nested_set_of_each_span(srv, data: Data) -> None:  # type: ignore[no-untyped-def]
+    got = traces(answer(srv, STRUCTURE, limit=200, spss=20))
+    assert list(got) == [tid(data.ok["root"]), tid(data.cart["root"]), tid(data.failed["root"])]
+    spans = got[tid(data.failed["root"])]["spanSet"]["spans"]
+    assert [s["name"] for s in spans] == ["GET /checkout", "POST /pay"]
+    # Depth first from the root in start order: GET /checkout (1) → POST checkout (2) →
+    # POST /pay (3) → charge card (4, 5), SELECT orders (6, 7); POST /pay closes at 8.
+    assert [attributes(s) for s in spans] == [
+        {
+            "kind": {"stringValue": "server"},  # the query names it
+            "status": {"stringValue": "unset"},
+            "service.name": {"stringValue": "frontend"},
+            "nestedSetParent": {"intValue": "-1"},
+            "nestedSetLeft": {"intValue": "1"},
+            "nestedSetRight": {"intValue": "12"},
+        },
+        {
+            "kind": {"stringValue": "server"},
+            "status": {"stringValue": "error"},
+            "service.name": {"stringValue": "checkout"},
+            "nestedSetParent": {"intValue": "2"},
+            "nestedSetLeft": {"intValue": "3"},
+            "nestedSetRight": {"intValue": "8"},
+        },
+    ]
+    cart = got[tid(data.cart["root"])]["spanSet"]["spans"]
+    assert [(s["name"], attributes(s)["nestedSetParent"]) for s in cart] == [
+        ("GET /cart", {"intValue": "-1"}),
+        ("GET /cart/items", {"intValue": "1"}),
+    ]
+
+
 # -- attributes on the SQL path ------------------------------------------------------------------
 
 
@@ -527,6 +602,10 @@ SAME_ON_CLICKHOUSE = [
     '{name="GET /cart/items"} || {span.payment.provider="stripe" && status=error}',
     "{span.http.status_code >= 500 && kind = server}",
     '{} !< {resource.service.name="checkout"}',
+    "{nestedSetParent<0}",
+    "{nestedSetParent<0 && true}",
+    STRUCTURE,
+    "{kind=server} && {kind=client}",
 ]
 
 

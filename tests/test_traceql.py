@@ -9,6 +9,7 @@ filter them, ``&&`` and ``||`` share one precedence.
 
 from __future__ import annotations
 
+import re
 import time
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -252,6 +253,13 @@ FILTERS = {
     '{ "POST /pay" = name }': [["POST /pay"]],
     "{ 100ms < duration }": [],
     "{ 10ms <= duration && 2 < span.retries }": [["charge card"]],
+    # Tempo's nested set numbering: root spans (as Traces Drilldown asks for them).
+    "{ nestedSetParent < 0 && true }": [["GET /checkout"]],
+    "{ nestedSetParent = -1 }": [["GET /checkout"]],
+    "{ -1 = nestedSetParent }": [["GET /checkout"]],
+    "{ nestedSetParent >= 0 && kind = server }": [["POST /pay"]],
+    "{ nestedSetParent = 3 }": [["charge card", "SELECT orders"]],
+    "{ nestedSetLeft > 2 && nestedSetRight < 9 }": [["POST /pay", "charge card", "SELECT orders"]],
 }
 
 
@@ -504,6 +512,13 @@ PUSHDOWN = {
     '{ name = "a" && kind = server } !< { status = error }': (Condition("status", "=", "error"),),
     # ||: what both sides share.
     '{ kind = server && name = "a" } || { kind = server }': (Condition("kind", "=", "server"),),
+    # ||: the alternative both sides share (Traces Drilldown's structure tab: root spans).
+    '({ name = "a" } &>> { kind = server }) || ({ name = "a" }) | select(status)': (
+        Condition("name", "=", "a"),
+    ),
+    '({ kind = server } > { name = "a" && status = error }) || { name = "a" }': (
+        Condition("name", "=", "a"),
+    ),
     # Pipelines: the first stage.
     '{ name = "a" } | by(kind) | count() > 2': (Condition("name", "=", "a"),),
     "{ status = error } | rate() by (resource.service.name)": (Condition("status", "=", "error"),),
@@ -531,6 +546,9 @@ def _meets(span: SpanRecord, cond: Condition) -> bool:
     # What the stores do with a pushed condition, by the engine's rules.
     from hotspan.query.traceql_eval import compare
 
+    if cond.key == "span:parentID":  # the stores compare the parent's id as a number
+        wanted = int(str(cond.value), 16)
+        return (span.parent_span_id == wanted) == (cond.op == "=")
     value = span_value(span, cond.key)
     if value is None:
         return False
@@ -559,6 +577,12 @@ NEEDS_TRACES = {
     '{ rootServiceName = "a" }': True,
     "{ span:childCount > 1 }": True,
     "{ } | rate()": False,
+    # The root test needs only the span; other nested set values need the trace.
+    "{ nestedSetParent < 0 && true }": False,
+    "{ nestedSetParent != -1 }": False,
+    "{ nestedSetParent < 1 }": True,
+    "{ nestedSetParent > 0 }": True,
+    "{ nestedSetLeft = 1 }": True,
 }
 
 
@@ -634,6 +658,62 @@ def test_metrics_query_runs_its_spanset_part() -> None:
         assert span_value(span, q.metrics.by[0]) == "checkout"  # type: ignore[union-attr]
 
 
+DRILLDOWN_COMPARE = "{nestedSetParent<0 && true} | compare({status = error}, 10, START, END)"
+
+
+def test_compare_reads_the_selection_top_n_and_window() -> None:
+    from hotspan.query.traceql import in_selection, matches
+
+    # As Traces Drilldown's comparison tab sends it (its selection window in unix ns).
+    start, end = BASE + 15 * MS, BASE + 80 * MS
+    query = parse_query(DRILLDOWN_COMPARE.replace("START", str(start)).replace("END", str(end)))
+    stage = query.metrics
+    assert stage is not None and stage.function == "compare"
+    assert (stage.top_n, stage.compare_start_ns, stage.compare_end_ns) == (10, start, end)
+    assert str(stage.compare_filter) == "(status = error)"
+    assert query.pushdown == (Condition("span:parentID", "=", "0000000000000000"),)
+    assert not query.needs_traces
+    errors = sorted(s.name for s in SPANS if matches(stage.compare_filter, s))
+    assert errors == ["POST /pay", "charge card"]
+    # The window: start < span start <= end (POST /pay starts at 10 ms, charge card at 20).
+    assert [s.name for s in SPANS if in_selection(stage, s)] == ["charge card"]
+    # Defaults as Tempo's grammar: topN 10, no window; 0, 0 is no window.
+    plain = parse_query("{ } | compare({ span.http.status_code >= 500 })").metrics
+    assert plain is not None and (plain.top_n, plain.compare_start_ns) == (10, None)
+    assert [s.name for s in SPANS if in_selection(plain, s)] == ["POST /pay"]
+    zero = parse_query("{ } | compare({ kind = client }, 3, 0, 0)").metrics
+    assert zero is not None and (zero.top_n, zero.compare_end_ns) == (3, None)
+    # Trace-wide intrinsics in the selection need the trace (then the query says so).
+    wide = parse_query('{ } | compare({ rootName = "GET /checkout" && kind = client })')
+    assert wide.needs_traces
+    selection = wide.metrics.compare_filter  # type: ignore[union-attr]
+    assert not any(matches(selection, s) for s in SPANS)
+    assert sorted(s.name for s in SPANS if matches(selection, s, SPANS)) == [
+        "POST checkout",
+        "SELECT orders",
+        "charge card",
+    ]
+
+
+@pytest.mark.parametrize(
+    "q,message",
+    [
+        ("{ } | compare(status = error)", "takes a spanset filter first"),
+        ("{ } | compare({ } > { })", "closing compare("),
+        ("{ } | compare({ }, 10, 5)", "then optionally start and end"),
+        ("{ } | compare({ }, 0)", "topN must be positive"),
+        ("{ } | compare({ }, 10, 20, 10)", "end must be after its start"),
+        ("{ } | compare({ }, 10, 0, 10)", "positive unix nanoseconds"),
+        ('{ } | compare({ name =~ "(" })', "invalid regular expression"),
+        ("{ } | compare({ name = 5 })", "name is a string"),
+        ("{ } | compare({ }, 1.5)", "takes integers"),
+    ],
+)
+def test_compare_errors(q: str, message: str) -> None:
+    with pytest.raises(QueryError, match=re.escape(message)):
+        parse_query(q)
+
+
 def test_hints_are_read() -> None:
     q = parse_query("{ } with (most_recent=true, sample=0.1)")
     assert q.hints == (("most_recent", True), ("sample", 0.1))
@@ -688,6 +768,94 @@ def test_span_value_of_trace_wide_intrinsics_needs_the_trace() -> None:
     assert span_value(BY_NAME["POST /pay"], "span:childCount", SPANS) == 2
     assert span_value(span, "trace:id") == span.trace_id
     assert span_value(span, "span:id") == f"{span.span_id:016x}"
+
+
+def test_nested_set_numbers_the_trace_as_tempo() -> None:
+    # Depth first from the root, siblings in start order: left on the way down, right on
+    # the way up; the parent is the parent's left, -1 for the root.
+    expected = {
+        "GET /checkout": (1, 12, -1),
+        "POST checkout": (2, 9, 1),
+        "POST /pay": (3, 8, 2),
+        "charge card": (4, 5, 3),
+        "SELECT orders": (6, 7, 3),
+        "cache get": (10, 11, 1),
+    }
+    keys = ("nestedSetLeft", "nestedSetRight", "nestedSetParent")
+    got = {s.name: tuple(span_value(s, k, SPANS) for k in keys) for s in SPANS}
+    assert got == expected
+    # Spans cut off from the root (their parent never arrived) are 0, as in Tempo.
+    broken = [s for s in SPANS if s.name != "POST checkout"]
+    got = {s.name: tuple(span_value(s, k, broken) for k in keys) for s in broken}
+    assert got["POST /pay"] == got["charge card"] == (0, 0, 0)
+    assert got["GET /checkout"] == (1, 4, -1) and got["cache get"] == (2, 3, 1)
+    assert found("{ nestedSetParent = 0 }", broken) == [
+        ["POST /pay", "charge card", "SELECT orders"]
+    ]
+    # A root is known without its trace; the rest needs it.
+    assert span_value(BY_NAME["GET /checkout"], "nestedSetParent") == -1
+    assert span_value(BY_NAME["POST /pay"], "nestedSetParent") is None
+    assert span_value(BY_NAME["GET /checkout"], "nestedSetLeft") is None
+
+
+def test_root_spans_are_one_store_condition() -> None:
+    root = Condition("span:parentID", "=", "0000000000000000")
+    for q in [
+        "{ nestedSetParent < 0 && true }",
+        "{ nestedSetParent <= -1 }",
+        "{ 0 > nestedSetParent }",
+    ]:
+        assert parse_query(q).pushdown == (root,), q
+    assert parse_query("{ nestedSetParent < 0 }").simple == (((root,),), ())
+    assert parse_query("{ nestedSetParent > -1 }").pushdown == (
+        Condition("span:parentID", "!=", "0000000000000000"),
+    )
+    query = parse_query("{ nestedSetParent < 0 && true } | rate() by (resource.service.name)")
+    assert query.pushdown == (root,) and not query.needs_traces
+    for q in ["{ nestedSetParent < 1 }", "{ nestedSetParent = 2 }", "{ nestedSetLeft > 0 }"]:
+        assert parse_query(q).pushdown == () and parse_query(q).simple is None, q
+
+
+def test_literal_comparisons_compile_to_what_compare_decides() -> None:
+    # Comparisons with a literal skip compare()'s type dispatch per span: same answers.
+    from hotspan.query.traceql_eval import _compare_static, _Trace, compare, compile_field
+
+    attrs = ["span.http.status_code", "span.http.method", "span.cache.hit", "span.amount"]
+    attrs += ["name", "duration", "status", "kind", "span.nothing", "childCount", "span:id"]
+    literals = [200, 12.5, "GET", "200", "true", True, ast.Duration(40 * MS), -1]
+    literals += [ast.Status("error"), ast.Status("unset"), ast.Kind("client"), "error"]
+    trace = _Trace(SPANS)
+    checked = 0
+    for key in attrs:
+        attr = parse_query(f"{{ {key} != nil }}").root.expr.expr  # type: ignore[attr-defined]
+        get = compile_field(attr)
+        for literal in literals:
+            for op in ("=", "!=", "<", "<=", ">", ">=", "=~", "!~"):
+                for expr in (ast.Binary(op, attr, ast.Static(literal)),):
+                    fast = _compare_static(expr)
+                    if fast is None:
+                        continue
+                    for span in SPANS:
+                        want = compare(op, get(span, trace), literal)
+                        assert fast(span, trace) == want, (key, op, literal, span.name)
+                        checked += 1
+    assert checked > 3000
+
+
+def test_evaluating_a_parsed_query_compiles_nothing() -> None:
+    from hotspan.query.traceql_eval import compile_field
+
+    query = parse_query(
+        '{ resource.service.name = "checkout" } >> { status = error } | by(kind) | count() > 0'
+    )
+    assert len(query.plan) == 3  # two filters, by()'s expression
+    before = compile_field.cache_info()
+    got = [names(run(query, SPANS)) for _ in range(3)]
+    after = compile_field.cache_info()
+    assert after.hits + after.misses == before.hits + before.misses
+    assert got[0] == [["charge card"]]  # by(kind): client
+    # A bare syntax tree still runs (compiled through the cache), alike.
+    assert names(run(query.root, SPANS)) == got[0]
 
 
 def test_span_value_refuses_what_is_not_an_identifier() -> None:
@@ -768,6 +936,8 @@ def test_durations_print_as_go_does() -> None:
 def test_duration_units_as_tempo_reads_them() -> None:
     units = {"1h30m": 5400 * 10**9, "1.5s": 1_500_000_000, "2d": 2 * 86400 * 10**9}
     units.update({"250us": 250_000, "250µs": 250_000, "1w": 7 * 86400 * 10**9})
+    # Go's time.ParseDuration (Tempo's fallback) reads a leading or trailing dot too.
+    units.update({".5s": 500_000_000, "1.s": 10**9, "1h1.5m": 3690 * 10**9})
     for text, ns in units.items():
         assert parse_query(f"{{ duration > {text} }}").pushdown == (Condition("duration", ">", ns),)
 

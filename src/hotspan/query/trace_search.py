@@ -35,7 +35,7 @@ from hotspan.model.trace import (
 from hotspan.query import traceql_ast as ast
 from hotspan.query.engine import QueryError
 from hotspan.query.traceql import Query, Spanset, evaluate
-from hotspan.query.traceql_eval import plain
+from hotspan.query.traceql_eval import nested_set, plain
 
 # How far the engine looks: the newest candidate spans, the traces they belong to, and the
 # spans of those traces fetched per query.
@@ -86,6 +86,8 @@ def search(
             raise ValueError("search needs a TraceQL query or a legacy one")
         found = store.find_traces(tenant, legacy)
         traces = [_summary_json(t) for t in found]
+        if query is not None and len(legacy.spansets) > 1 and traces:
+            _all_sides(store, tenant, params, legacy.spansets, traces)
         shown = query.shown if query is not None else ()
         if shown:
             _add_attributes(store, tenant, traces, shown)
@@ -118,6 +120,33 @@ def _summary_json(t: TraceSummary) -> Dict[str, Any]:
         "spanSet": spanset,
         "spanSets": [spanset],
     }
+
+
+def _all_sides(
+    store: Any,
+    tenant: str,
+    params: SearchParams,
+    spansets: Sequence[Sequence[Condition]],
+    traces: List[Dict[str, Any]],
+) -> None:
+    """``{a} && {b}``: the SQL finds traces by the spans of ``a`` (with one of ``b``); Tempo
+    shows the spans of both sides.  One read per side of the few traces found."""
+    ids = [t["traceID"] for t in traces]
+    union: Dict[str, Dict[int, SpanRecord]] = {t: {} for t in ids}
+    for conds in spansets:
+        records = store.span_records(
+            tenant, params.start_ns, params.end_ns, conds, trace_ids=ids, limit=MAX_SPANS_PER_BATCH
+        )
+        for span in records:
+            union.setdefault(span.trace_id, {}).setdefault(span.span_id, span)
+    for trace in traces:
+        spans = sorted(union[trace["traceID"]].values(), key=lambda s: (s.start_ns, s.span_id))
+        if not spans:
+            continue
+        shown = spans[: max(params.spans_per_spanset, 1)]
+        spanset = {"spans": [_span_json(s) for s in shown], "matched": len(spans)}
+        trace["spanSet"] = spanset
+        trace["spanSets"] = [spanset]
 
 
 def _response(
@@ -335,6 +364,12 @@ def _add_attributes(
             for s in stored.values():
                 if s.parent_span_id in stored:
                     children[s.parent_span_id] = children.get(s.parent_span_id, 0) + 1
+        # Traces Drilldown's structure tab draws the tree from these three.
+        nested = (
+            nested_set(list(stored.values()))  # type: ignore[arg-type]
+            if any(a.name.startswith("nestedSet") for a in shown)
+            else {}
+        )
         for span_id, span in wanted.items():
             item = stored.get(span_id)
             if item is None:
@@ -347,7 +382,7 @@ def _add_attributes(
                 }
             out = []
             for attr in shown:
-                value = _shown_value(attr, item, attrs, resource, children)
+                value = _shown_value(attr, item, attrs, resource, children, nested)
                 if value is not None:
                     out.append({"key": _shown_key(attr), "value": value})
             if out:
@@ -367,7 +402,11 @@ def _shown_value(
     attrs: Dict[str, Any],
     resource: Dict[str, Any],
     children: Dict[int, int],
+    nested: Dict[int, Tuple[int, int, int]],
 ) -> Optional[Dict[str, Any]]:
+    if attr.scope == "intrinsic" and attr.name.startswith("nestedSet"):
+        place = ("nestedSetLeft", "nestedSetRight", "nestedSetParent").index(attr.name)
+        return {"intValue": str(nested.get(span.span_id, (0, 0, 0))[place])}
     if attr.scope == "intrinsic":
         if attr.name == "status":
             code = span.status_code

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence, Tuple, Union
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from hotspan.model.trace import (
     OPERATORS,
@@ -130,6 +130,13 @@ def _condition(tokens: _Tokens) -> Condition:
     value = _value(value_kind, text, key)
     if key in _DURATION_KEYS and not isinstance(value, int):
         raise QueryError(f"TraceQL: {key} compares with a duration such as 100ms, not {text}")
+    if key.startswith("nestedSet"):
+        # Only the root test is a column the stores have (parent_span_id = 0).
+        attr = ast.Attribute(key, "intrinsic", key)
+        cond = _condition_of(ast.Binary(op, attr, ast.Static(value)))
+        if cond is None or not isinstance(value, int):
+            raise QueryError(f"TraceQL: {key} {op} {text} needs whole traces")
+        return cond
     return Condition(key, op, value)
 
 
@@ -256,7 +263,7 @@ def legacy_query(
 
 _QUERY_TOKEN = re.compile(
     r"""(?P<string>"(?:[^"\\]|\\.)*"|`[^`]*`)
-    | (?P<duration>(?:\d+(?:\.\d+)?(?:ns|us|µs|ms|s|m|h|d|w|y))+(?![A-Za-z0-9_.]))
+    | (?P<duration>(?:(?:\d+(?:\.\d*)?|\.\d+)(?:ns|us|µs|ms|s|m|h|d|w|y))+(?![A-Za-z0-9_.]))
     | (?P<number>(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?)
     | (?P<scoped>(?:span|resource|parent|event|link|instrumentation)\.)
     | (?P<colon>(?:span|trace|event|link|instrumentation):[A-Za-z_][A-Za-z0-9_]*)
@@ -273,7 +280,8 @@ _DURATION_UNITS = {
     "w": 7 * 86_400 * 10**9,
     "y": 365 * 86_400 * 10**9,
 }
-_QUERY_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ns|us|µs|ms|s|m|h|d|w|y)")
+# Go's time.ParseDuration takes ".5s" and "1.s" too (Tempo reads durations with it).
+_QUERY_DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h|d|w|y)")
 # What ends an attribute name (Tempo's isAttributeRune): spaces and TraceQL's punctuation.
 _ATTRIBUTE_END = set(" \t\r\n{}()=~!<>&|^,")
 _STRING_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", '"': '"', "\\": "\\", "'": "'", "0": "\0"}
@@ -299,11 +307,15 @@ INTRINSICS = {
     "trace:rootName": "rootName",
     "rootServiceName": "rootServiceName",
     "trace:rootService": "rootServiceName",
+    # Tempo's nested set numbering of a trace (see traceql_eval.nested_set): the parent of a
+    # root is -1, of a span cut off from the roots 0.
+    "nestedSetParent": "nestedSetParent",
+    "nestedSetLeft": "nestedSetLeft",
+    "nestedSetRight": "nestedSetRight",
 }
 _KNOWN_ELSEWHERE = {
-    "statusMessage", "span:statusMessage", "nestedSetLeft", "nestedSetRight", "nestedSetParent",
-    "parent", "event:name", "event:timeSinceStart", "link:spanID", "link:traceID",
-    "instrumentation:name", "instrumentation:version",
+    "statusMessage", "span:statusMessage", "parent", "event:name", "event:timeSinceStart",
+    "link:spanID", "link:traceID", "instrumentation:name", "instrumentation:version",
 }  # fmt: skip
 _STATIC_WORDS = {
     "true": True,
@@ -323,6 +335,7 @@ METRICS_FUNCTIONS = (
     "max_over_time",
     "avg_over_time",
     "sum_over_time",
+    "compare",
 )
 _NO_ARGUMENT = ("rate", "count_over_time")
 _STRUCTURAL = (
@@ -367,6 +380,13 @@ class MetricsStage:
     by: Tuple[str, ...]  # by(resource.service.name, span.http.route)
     # Second-stage functions after it, in order: ("topk", 10), ("bottomk", 5).
     second_stage: Tuple[Tuple[str, int], ...] = ()
+    # compare({filter}, topN, start, end): the selection's filter (test a span with
+    # ``matches``), how many values per attribute, and the selection's window (unix ns; a
+    # span is in it when start < its start <= end, as in Tempo), None when not given.
+    compare_filter: Optional[ast.Field] = None
+    top_n: int = 10
+    compare_start_ns: Optional[int] = None
+    compare_end_ns: Optional[int] = None
 
 
 @dataclass(frozen=True)
@@ -386,6 +406,11 @@ class Query:
     # by(), aggregates, select()), but for the intrinsics a result has fields for.
     shown: Tuple[ast.Attribute, ...] = ()
     hints: Tuple[Tuple[str, object], ...] = ()
+    # Every field expression of the query compiled, by id (see traceql_eval.check): kept here
+    # so that evaluating the query, once per trace, compiles nothing.
+    plan: Dict[int, Callable[..., object]] = field(
+        default_factory=dict, compare=False, hash=False, repr=False
+    )
 
 
 class _Lexer:
@@ -567,7 +592,7 @@ class _Parser:
             if self.peek()[0] == "word" and self.peek()[1] in METRICS_FUNCTIONS:
                 metrics = self.metrics()
                 break
-            if self.peek()[0] == "word" and self.peek()[1] in ("topk", "bottomk", "compare"):
+            if self.peek()[0] == "word" and self.peek()[1] in ("topk", "bottomk"):
                 self.fail(f"{self.peek()[1]}() goes after a metrics function such as rate()")
             stages.append(self.stage())
         hints: Tuple[Tuple[str, object], ...] = ()
@@ -797,6 +822,8 @@ class _Parser:
     def metrics(self) -> MetricsStage:
         function = str(self.take()[1])
         self.expect("(")
+        if function == "compare":
+            return self.compare()
         attribute: Optional[str] = None
         quantiles: List[float] = []
         if function not in _NO_ARGUMENT:
@@ -837,6 +864,53 @@ class _Parser:
             self.expect(")")
             second.append((name, int(value)))  # type: ignore[call-overload]
         return MetricsStage(function, attribute, tuple(quantiles), tuple(by), tuple(second))
+
+    def compare(self) -> MetricsStage:
+        """``compare({filter})``, ``compare({filter}, topN)``, ``compare({filter}, topN,
+        start, end)`` (Tempo's grammar: a spanset filter and integers), after ``compare(``."""
+        if not self.at("{"):
+            self.fail("compare() takes a spanset filter first, such as compare({status = error})")
+        selection = self.spanset_operand()
+        if not isinstance(selection, ast.Filter):
+            self.fail("compare() takes one spanset filter { }")
+        numbers: List[int] = []
+        while self.at(","):
+            self.take()
+            kind, value, _ = self.take()
+            if kind != "int":
+                self.pos -= 1
+                self.fail("compare() takes integers after its filter (topN, start, end)")
+            numbers.append(int(value))  # type: ignore[call-overload]
+        self.expect(")", " closing compare(")
+        if len(numbers) not in (0, 1, 3):
+            raise QueryError(
+                "TraceQL: compare() takes a filter, then topN, then optionally start and end "
+                "(unix nanoseconds): compare({status = error}, 10, start, end)"
+            )
+        top_n = numbers[0] if numbers else 10
+        if top_n <= 0:
+            raise QueryError("TraceQL: compare()'s topN must be positive")
+        start = end = None
+        if len(numbers) == 3 and (numbers[1] or numbers[2]):  # 0, 0: no window, as in Tempo
+            start, end = numbers[1], numbers[2]
+            if start <= 0 or end <= 0:
+                raise QueryError("TraceQL: compare() timestamps are positive unix nanoseconds")
+            if end <= start:
+                raise QueryError("TraceQL: compare()'s end must be after its start")
+        second: List[Tuple[str, int]] = []
+        if self.at("|"):
+            self.fail("compare() takes no second stage")
+        return MetricsStage(
+            "compare",
+            None,
+            (),
+            (),
+            tuple(second),
+            compare_filter=selection.expr,
+            top_n=top_n,
+            compare_start_ns=start,
+            compare_end_ns=end,
+        )
 
     def hints(self) -> Tuple[Tuple[str, object], ...]:
         self.take()
@@ -880,7 +954,10 @@ def parse_query(text: str) -> Query:
     try:
         root, metrics, hints = _Parser(text).query()
         _check_types(root)
-        check(root)
+        selection = metrics.compare_filter if metrics is not None else None
+        if selection is not None:
+            _check_types(ast.Filter(selection))
+        plan = check(root, () if selection is None else (selection,))
     except RecursionError:
         raise QueryError("TraceQL: the query is nested too deeply") from None
     simple = None
@@ -893,11 +970,13 @@ def parse_query(text: str) -> Query:
         text=text,
         simple=simple,
         pushdown=_pushdown(root),
-        needs_traces=_needs_traces(root),
+        needs_traces=_needs_traces(root)
+        or (selection is not None and field_needs_trace(selection)),
         metrics=metrics,
         root=root,
         shown=_shown(root),
         hints=hints,
+        plan=plan,
     )
 
 
@@ -914,6 +993,9 @@ _INTRINSIC_TYPES = {
     "duration": "duration",
     "traceDuration": "duration",
     "childCount": "number",
+    "nestedSetParent": "number",
+    "nestedSetLeft": "number",
+    "nestedSetRight": "number",
 }
 
 
@@ -987,17 +1069,37 @@ def _walk(node: object) -> List[object]:
     return out
 
 
-_TRACE_WIDE = {"traceDuration", "rootName", "rootServiceName", "childCount"}
+_TRACE_WIDE = {
+    "traceDuration",
+    "rootName",
+    "rootServiceName",
+    "childCount",
+    "nestedSetParent",
+    "nestedSetLeft",
+    "nestedSetRight",
+}
 
 
 def _needs_traces(root: ast.Element) -> bool:
     """Whether the query reads more of a trace than the spans its first filter finds."""
+    root_tests = set()
     for node in _walk(root):
         if isinstance(node, (ast.SpansetOp, ast.ScalarFilter)):
             return True
-        if isinstance(node, ast.Attribute) and node.name in _TRACE_WIDE:
+        if isinstance(node, ast.Binary) and root_test(node) is not None:
+            # nestedSetParent<0 asks only whether the span is a root: the span itself says.
+            root_tests.add(id(node.lhs if isinstance(node.lhs, ast.Attribute) else node.rhs))
+        elif (
+            isinstance(node, ast.Attribute)
+            and node.name in _TRACE_WIDE
+            and id(node) not in root_tests
+        ):
             return True
     return False
+
+
+ROOT_CONDITION = Condition("span:parentID", "=", "0000000000000000")
+NOT_ROOT_CONDITION = Condition("span:parentID", "!=", "0000000000000000")
 
 
 def _shown(root: ast.Element) -> Tuple[ast.Attribute, ...]:
@@ -1010,21 +1112,36 @@ def _shown(root: ast.Element) -> Tuple[ast.Attribute, ...]:
 
 def _pushdown(node: ast.Element) -> Tuple[Condition, ...]:
     """Conditions every span the query starts from meets: the first stage's, through spanset
-    operators that need both sides (then the side with more conditions)."""
+    operators that need both sides (then the side with more conditions), and what both sides
+    of ``||`` share."""
+    options = _pushdown_options(node)
+    return max(options, key=len) if options else ()
+
+
+_MAX_OPTIONS = 16
+
+
+def _pushdown_options(node: ast.Element) -> List[Tuple[Condition, ...]]:
+    """Alternative pushdowns, each met by a span of every trace the query finds (the right
+    side's first, so that a tie keeps it).  Operators that need both sides have both sides'
+    alternatives, so that ``||`` can pick the one it shares with its other side: Traces
+    Drilldown's ``({root} &>> {kind = server}) || ({root})`` starts from root spans."""
     if isinstance(node, ast.Pipeline):
-        return _pushdown(node.stages[0]) if node.stages else ()
+        return _pushdown_options(node.stages[0]) if node.stages else []
     if isinstance(node, ast.Filter):
-        return tuple(c for c in (_condition_of(e) for e in _conjuncts(node.expr)) if c is not None)
-    if isinstance(node, ast.SpansetOp):
-        if node.op == "||":
-            left = _pushdown(node.lhs)
-            return tuple(c for c in _pushdown(node.rhs) if c in left)
-        rhs = _pushdown(node.rhs)
-        if node.op.startswith("!"):  # the right side's spans without a relation to the left's
-            return rhs
-        lhs = _pushdown(node.lhs)
-        return lhs if len(lhs) > len(rhs) else rhs
-    return ()
+        conds = (_condition_of(e) for e in _conjuncts(node.expr))
+        return [tuple(c for c in conds if c is not None)]
+    if not isinstance(node, ast.SpansetOp):
+        return []
+    rhs = _pushdown_options(node.rhs)
+    if node.op.startswith("!"):  # the right side's spans without a relation to the left's
+        return rhs
+    lhs = _pushdown_options(node.lhs)
+    if node.op != "||":
+        return (rhs + lhs)[:_MAX_OPTIONS]
+    shared = [tuple(c for c in b if c in a) for b in rhs for a in lhs]
+    shared.sort(key=len, reverse=True)
+    return shared[:_MAX_OPTIONS]
 
 
 def _conjuncts(expr: ast.Field) -> List[ast.Field]:
@@ -1038,6 +1155,11 @@ def _condition_of(expr: ast.Field) -> Optional[Condition]:
     """``expr`` as a condition the stores filter spans on, if it is one exactly."""
     if not isinstance(expr, ast.Binary) or expr.op not in OPERATORS:
         return None
+    root = root_test(expr)
+    if root is not None:
+        if root == (True, False):
+            return ROOT_CONDITION
+        return NOT_ROOT_CONDITION if root == (False, True) else None
     attr, static, op = expr.lhs, expr.rhs, expr.op
     if isinstance(attr, ast.Static) and isinstance(static, ast.Attribute):
         attr, static = static, attr
@@ -1073,7 +1195,16 @@ def _condition_of(expr: ast.Field) -> Optional[Condition]:
 
 
 # The evaluator, re-exported: ``query.traceql`` is where callers find the whole language.
-from hotspan.query.traceql_eval import Spanset, check, evaluate, span_value  # noqa: E402
+from hotspan.query.traceql_eval import (  # noqa: E402
+    Spanset,
+    check,
+    evaluate,
+    field_needs_trace,
+    in_selection,
+    matches,
+    root_test,
+    span_value,
+)
 
 __all__ = [
     "INTRINSICS",
@@ -1083,7 +1214,10 @@ __all__ = [
     "Query",
     "Spanset",
     "evaluate",
+    "field_needs_trace",
+    "in_selection",
     "legacy_query",
+    "matches",
     "parse_duration",
     "parse_logfmt",
     "parse_query",

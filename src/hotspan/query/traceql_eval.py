@@ -9,14 +9,16 @@ operators return the right side's spans.
 
 Attribute values come as the store keeps them, flattened to text (``model.trace``), so a value
 compares as a number against a number and as text against text (:class:`traceql_ast.Text`).
-Each field expression is compiled once to a Python closure; each filter is evaluated once per
-span of a trace.
+Each field expression is compiled once, when the query is read, to a Python closure the query
+keeps (``Query.plan``); comparisons with a literal compile to a direct test (no type dispatch
+per span); each filter is evaluated once per span of a trace.
 """
 
 from __future__ import annotations
 
 import functools
 import math
+import operator
 import re
 from dataclasses import dataclass, field
 from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
@@ -44,7 +46,8 @@ class Spanset:
 
 
 class _Trace:
-    """One trace's spans with their relations, computed once."""
+    """One trace's spans with their relations, each computed once, when first needed (a
+    filter reads none of them)."""
 
     def __init__(self, spans: Iterable[SpanRecord]) -> None:
         by_id: Dict[int, SpanRecord] = {}
@@ -52,17 +55,38 @@ class _Trace:
             by_id.setdefault(span.span_id, span)
         self.spans = sorted(by_id.values(), key=lambda s: (s.start_ns, s.span_id))
         self.by_id = by_id
-        self.children: Dict[int, List[SpanRecord]] = {}
+        self.filtered: Dict[int, Dict[int, bool]] = {}  # id(filter) -> span id -> kept
+        self.plan: Dict[int, Getter] = {}  # id(expression) -> compiled, of the query
+        self._nested: Optional[Dict[int, Tuple[int, int, int]]] = None
+
+    @functools.cached_property
+    def children(self) -> Dict[int, List[SpanRecord]]:
+        out: Dict[int, List[SpanRecord]] = {}
         for span in self.spans:
-            if span.parent_span_id in by_id and span.parent_span_id != span.span_id:
-                self.children.setdefault(span.parent_span_id, []).append(span)
+            if span.parent_span_id in self.by_id and span.parent_span_id != span.span_id:
+                out.setdefault(span.parent_span_id, []).append(span)
+        return out
+
+    @functools.cached_property
+    def root(self) -> Optional[SpanRecord]:
+        # The span without a parent, else the earliest (its parent never arrived), as the
+        # SQL search picks it.
         first = self.spans[0] if self.spans else None
-        # The root: the span without a parent, else the earliest (its parent never arrived),
-        # as the SQL search picks it.
-        self.root = next((s for s in self.spans if s.parent_span_id == 0), first)
-        self.start_ns = min((s.start_ns for s in self.spans), default=0)
-        self.end_ns = max((s.end_ns for s in self.spans), default=0)
-        self.filtered: Dict[object, Dict[int, bool]] = {}
+        return next((s for s in self.spans if s.parent_span_id == 0), first)
+
+    @functools.cached_property
+    def start_ns(self) -> int:
+        return min((s.start_ns for s in self.spans), default=0)
+
+    @functools.cached_property
+    def end_ns(self) -> int:
+        return max((s.end_ns for s in self.spans), default=0)
+
+    def nested(self, span: SpanRecord) -> Tuple[int, int, int]:
+        """(nestedSetLeft, nestedSetRight, nestedSetParent) of a span, numbered once."""
+        if self._nested is None:
+            self._nested = nested_set(self.spans)
+        return self._nested.get(span.span_id, (0, 0, 0))
 
     def parent(self, span: SpanRecord) -> Optional[SpanRecord]:
         if span.parent_span_id == span.span_id:
@@ -76,6 +100,93 @@ class _Trace:
             yield parent
             seen.add(parent.span_id)
             parent = self.parent(parent)
+
+
+def nested_set(spans: Sequence[SpanRecord]) -> Dict[int, Tuple[int, int, int]]:
+    """Tempo's nested set model of a trace: span id -> (left, right, parent).  Walking depth
+    first from each root (a span without a parent), a span's left is numbered on the way
+    down and its right on the way up, one counter for the trace, from 1; its parent is its
+    parent's left, -1 for a root.  Spans not under a root keep (0, 0, 0), as in Tempo.
+    Siblings go in start order (Tempo takes them in the order it stored them)."""
+    ordered = sorted(spans, key=lambda s: (s.start_ns, s.span_id))
+    ids = {s.span_id for s in ordered}
+    children: Dict[int, List[SpanRecord]] = {}
+    for s in ordered:
+        if s.parent_span_id and s.parent_span_id in ids and s.parent_span_id != s.span_id:
+            children.setdefault(s.parent_span_id, []).append(s)
+    out: Dict[int, Tuple[int, int, int]] = {}
+    bound = 1
+    for root in ordered:
+        if root.parent_span_id != 0 or root.span_id in out:
+            continue
+        # An explicit stack (a trace may be thousands of spans deep): (span, its parent's
+        # left, its left, index of the next child to visit).
+        left = bound
+        bound += 1
+        stack = [[root, _NESTED_SET_ROOT, left, 0]]
+        out[root.span_id] = (left, 0, _NESTED_SET_ROOT)
+        while stack:
+            top = stack[-1]
+            kids = children.get(top[0].span_id, ())
+            if top[3] < len(kids):
+                child = kids[top[3]]
+                top[3] += 1
+                if child.span_id in out:
+                    continue  # a cycle of parent ids
+                out[child.span_id] = (bound, 0, top[2])
+                stack.append([child, top[2], bound, 0])
+                bound += 1
+            else:
+                out[top[0].span_id] = (top[2], bound, top[1])
+                bound += 1
+                stack.pop()
+    return out
+
+
+_NESTED_SET_ROOT = -1  # Tempo's nestedSetParent of a root span
+
+
+def root_test(expr: ast.Field) -> Optional[Tuple[bool, bool]]:
+    """For ``nestedSetParent op N`` (or ``N op nestedSetParent``) whose truth depends only on
+    whether the span is a root (``nestedSetParent<0``, ``=-1``, ``>=0``): (its truth for a
+    root, for any other span).  A root's nestedSetParent is -1, another span's is 0 (cut off
+    from the roots) or its parent's nestedSetLeft (positive): = and != with a negative
+    number, and orderings that 0 and a huge number answer alike (they are monotonic)."""
+    if not isinstance(expr, ast.Binary) or expr.op not in ("=", "!=", "<", "<=", ">", ">="):
+        return None
+    attr, static, op = expr.lhs, expr.rhs, expr.op
+    if isinstance(attr, ast.Static):
+        attr, static = static, attr
+        op = {">": "<", "<": ">", ">=": "<=", "<=": ">="}.get(op, op)
+    if not (
+        isinstance(attr, ast.Attribute)
+        and attr.scope == "intrinsic"
+        and attr.name == "nestedSetParent"
+        and isinstance(static, ast.Static)
+        and isinstance(static.value, (int, float))
+        and not isinstance(static.value, (bool, ast.Duration))
+    ):
+        return None
+    n = static.value
+    test = {
+        "=": lambda v: v == n,
+        "!=": lambda v: v != n,
+        "<": lambda v: v < n,
+        "<=": lambda v: v <= n,
+        ">": lambda v: v > n,
+        ">=": lambda v: v >= n,
+    }[op]
+    if op in ("=", "!=") and n >= 0:
+        return None  # some non-root spans have the value, others not
+    if test(0) != test(2**62):
+        return None
+    return test(_NESTED_SET_ROOT), test(0)
+
+
+def _nested_parent(s: SpanRecord, t: _Trace) -> object:
+    # A root's is known without the rest of its trace (the root test nestedSetParent<0 runs
+    # on spans read alone); another span's needs the trace (trace-wide).
+    return _NESTED_SET_ROOT if s.parent_span_id == 0 else t.nested(s)[2]
 
 
 # -- values -------------------------------------------------------------------------------------
@@ -164,6 +275,9 @@ _INTRINSICS: Dict[str, Getter] = {
     "traceDuration": lambda s, t: ast.Duration(t.end_ns - t.start_ns),
     "rootName": lambda s, t: t.root.name if t.root is not None else None,
     "rootServiceName": lambda s, t: t.root.service if t.root is not None else None,
+    "nestedSetLeft": lambda s, t: t.nested(s)[0],
+    "nestedSetRight": lambda s, t: t.nested(s)[1],
+    "nestedSetParent": _nested_parent,
 }
 
 # -- comparisons and arithmetic -------------------------------------------------------------------
@@ -295,6 +409,9 @@ def compile_field(expr: ast.Field) -> Getter:
     lhs, rhs, op = compile_field(expr.lhs), compile_field(expr.rhs), expr.op
     if op in ("=~", "!~") and isinstance(expr.rhs, ast.Static):
         _regex(str(expr.rhs.value))  # refuse a bad pattern when the query is read
+    fast = _compare_static(expr)
+    if fast is not None:
+        return fast
     if op == "&&":
         return lambda s, t: _truth(lhs(s, t)) is True and _truth(rhs(s, t)) is True
     if op == "||":
@@ -304,9 +421,83 @@ def compile_field(expr: ast.Field) -> Getter:
     return lambda s, t: _arithmetic(op, lhs(s, t), rhs(s, t))
 
 
-def check(root: ast.Element) -> None:
-    """Compile every field expression of a query, so its errors show when it is read."""
+_OPERATORS = {
+    "=": operator.eq,
+    "!=": operator.ne,
+    "<": operator.lt,
+    "<=": operator.le,
+    ">": operator.gt,
+    ">=": operator.ge,
+}
+_FLIPPED = {"<": ">", ">": "<", "<=": ">=", ">=": "<="}
+
+
+def _compare_static(expr: ast.Binary) -> Optional[Getter]:
+    """A comparison with a literal, compiled to what :func:`compare` would decide for it,
+    without its type dispatch per span (the common case: ``status = error``,
+    ``span.http.status_code >= 500``, ``resource.service.name = "api"``)."""
+    root = root_test(expr)
+    if root is not None:
+        when_root, otherwise = root
+        return lambda s, t: when_root if s.parent_span_id == 0 else otherwise
+    if expr.op in ("=~", "!~") and isinstance(expr.rhs, ast.Static):
+        if not isinstance(expr.rhs.value, str):
+            return lambda s, t: False
+        get, pattern, hit = compile_field(expr.lhs), _regex(expr.rhs.value), expr.op == "=~"
+
+        def regex(s: SpanRecord, t: _Trace) -> bool:
+            got = get(s, t)
+            return isinstance(got, str) and (pattern.fullmatch(got) is not None) == hit
+
+        return regex
+    if expr.op not in _OPERATORS:
+        return None
+    attr, static, op = expr.lhs, expr.rhs, expr.op
+    if isinstance(attr, ast.Static):
+        attr, static, op = static, attr, _FLIPPED.get(op, op)
+    if not isinstance(attr, ast.Attribute) or not isinstance(static, ast.Static):
+        return None
+    value, test = static.value, _OPERATORS[op]
+    if attr.scope == "intrinsic" and attr.name in ("status", "kind"):
+        names = STATUS_CODES if attr.name == "status" else SPAN_KINDS
+        wanted = ast.Status if attr.name == "status" else ast.Kind
+        if not isinstance(value, str) or value not in names:
+            return None
+        if isinstance(value, (ast.Status, ast.Kind)) and not isinstance(value, wanted):
+            return lambda s, t: False  # a kind against a status: never true
+        code, count = names.index(value), len(names)
+        if attr.name == "status":
+            return lambda s, t: 0 <= s.status_code < count and test(s.status_code, code)
+        return lambda s, t: 0 <= s.kind < count and test(s.kind, code)
+    get = compile_field(attr)
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        # A number against a number (attribute text that reads as one, a duration).
+        def numeric(s: SpanRecord, t: _Trace) -> bool:
+            number = _number(get(s, t))
+            return number is not None and test(number, value)
+
+        return numeric
+    if isinstance(value, str) and not isinstance(value, (ast.Status, ast.Kind, ast.Text)):
+        # Text against text; a status or kind name (a str too) never equals a string literal.
+        def text(s: SpanRecord, t: _Trace) -> bool:
+            got = get(s, t)
+            return (
+                isinstance(got, str)
+                and not isinstance(got, (ast.Status, ast.Kind))
+                and test(str(got), value)
+            )
+
+        return text
+    return None
+
+
+def check(root: ast.Element, extra: Sequence[ast.Field] = ()) -> Dict[int, Getter]:
+    """Compile every field expression of a query (and ``extra`` ones, compare()'s filter), so
+    its errors show when it is read: the compiled forms by ``id`` of their expression, which
+    the query keeps (``Query.plan``) so that evaluating it compiles nothing."""
+    plan: Dict[int, Getter] = {}
     nodes: List[object] = [root]
+    fields: List[ast.Field] = list(extra)
     while nodes:
         node = nodes.pop()
         if isinstance(node, ast.Pipeline):
@@ -314,12 +505,19 @@ def check(root: ast.Element) -> None:
         elif isinstance(node, ast.SpansetOp):
             nodes.extend((node.lhs, node.rhs))
         elif isinstance(node, (ast.Filter, ast.GroupBy)):
-            compile_field(node.expr)
+            fields.append(node.expr)
         elif isinstance(node, ast.ScalarFilter) and node.aggregate.expr is not None:
-            compile_field(node.aggregate.expr)
+            fields.append(node.aggregate.expr)
         elif isinstance(node, ast.Select):
-            for attr in node.attributes:
-                compile_field(attr)
+            fields.extend(node.attributes)
+    for expr in fields:
+        plan[id(expr)] = compile_field(expr)
+    return plan
+
+
+def _compiled(expr: ast.Field, trace: _Trace) -> Getter:
+    got = trace.plan.get(id(expr))
+    return got if got is not None else compile_field(expr)
 
 
 # -- running a pipeline ---------------------------------------------------------------------------
@@ -332,6 +530,7 @@ def evaluate(query: object, spans: Sequence[SpanRecord]) -> List[Spanset]:
         return []
     root = getattr(query, "root", query)
     trace = _Trace(spans)
+    trace.plan = getattr(query, "plan", None) or {}
     try:
         found = _run(root, [Spanset(tuple(trace.spans), {})], trace)  # type: ignore[arg-type]
     except RecursionError:
@@ -368,8 +567,8 @@ def _ordered(spans: Iterable[SpanRecord]) -> Tuple[SpanRecord, ...]:
 
 
 def _filter(node: ast.Filter, spansets: List[Spanset], trace: _Trace) -> List[Spanset]:
-    test = compile_field(node.expr)
-    done = trace.filtered.setdefault(node, {})
+    test = _compiled(node.expr, trace)
+    done = trace.filtered.setdefault(id(node), {})
     out = []
     for ss in spansets:
         kept = []
@@ -511,7 +710,7 @@ def _relation_test(
 
 
 def _group(node: ast.GroupBy, spansets: List[Spanset], trace: _Trace) -> List[Spanset]:
-    get = compile_field(node.expr)
+    get = _compiled(node.expr, trace)
     label = str(node)
     out = []
     for ss in spansets:
@@ -532,7 +731,7 @@ def _group(node: ast.GroupBy, spansets: List[Spanset], trace: _Trace) -> List[Sp
 def _aggregate(agg: ast.Aggregate, spans: Sequence[SpanRecord], trace: _Trace) -> object:
     if agg.function == "count":
         return len(spans)
-    get = compile_field(agg.expr)  # type: ignore[arg-type]
+    get = _compiled(agg.expr, trace)  # type: ignore[arg-type]
     values = []
     durations = True
     for span in spans:
@@ -606,11 +805,11 @@ def plain(value: object) -> Optional[Value]:
 
 
 class _NoTrace:
-    """Stands for the trace when span_value is asked without one."""
+    """Stands for the trace when a span is judged without it: what needs the trace raises
+    AttributeError (callers make it nil)."""
 
-    root = None
-    start_ns = end_ns = 0
-    children: Dict[int, List[SpanRecord]] = {}
+    def __getattr__(self, name: str) -> object:
+        raise AttributeError(f"{name} needs the trace")
 
 
 _EMPTY = _NoTrace()
@@ -622,7 +821,14 @@ def _key_getter(key: str) -> Getter:
 
     attr = attribute_ref(key)
     getter = _attribute_getter(attr)
-    if attr.name in ("traceDuration", "rootName", "rootServiceName", "childCount"):
+    if attr.name in (
+        "traceDuration",
+        "rootName",
+        "rootServiceName",
+        "childCount",
+        "nestedSetLeft",
+        "nestedSetRight",
+    ):
         inner = getter
 
         def trace_wide(s: SpanRecord, t: _Trace) -> object:
@@ -632,3 +838,75 @@ def _key_getter(key: str) -> Getter:
 
         return trace_wide
     return getter
+
+
+# -- one filter on one span (compare()'s selection) ------------------------------------------------
+
+_TRACE_WIDE = (
+    "traceDuration",
+    "rootName",
+    "rootServiceName",
+    "childCount",
+    "nestedSetParent",
+    "nestedSetLeft",
+    "nestedSetRight",
+)
+
+
+def field_needs_trace(expr: ast.Field) -> bool:
+    """Whether ``expr`` reads more of a trace than the span (``rootName``, ``childCount``...);
+    the root test ``nestedSetParent < 0`` does not."""
+    if isinstance(expr, ast.Attribute):
+        return expr.scope == "intrinsic" and expr.name in _TRACE_WIDE
+    if isinstance(expr, ast.Binary):
+        if root_test(expr) is not None:
+            return False
+        return field_needs_trace(expr.lhs) or field_needs_trace(expr.rhs)
+    if isinstance(expr, ast.Unary):
+        return field_needs_trace(expr.expr)
+    return False
+
+
+# Compiled selections by id of their expression (each kept alive with it, so that its id is
+# not reused), and the trace last asked with: a metrics query tests every span it reads.
+_SELECTIONS: Dict[int, Tuple[ast.Field, Getter]] = {}
+_LAST_TRACE: List[Tuple[object, _Trace]] = []
+
+
+def matches(
+    expr: ast.Field, span: SpanRecord, spans: Optional[Sequence[SpanRecord]] = None
+) -> bool:
+    """Whether the filter expression ``expr`` (what ``{ }`` holds) is true for ``span``.
+    ``spans``, the span's whole trace, is read only for trace-wide intrinsics (without it
+    they are nil); pass the same list for every span of a trace (it is remembered)."""
+    entry = _SELECTIONS.get(id(expr))
+    if entry is None or entry[0] is not expr:
+        if len(_SELECTIONS) > 256:
+            _SELECTIONS.clear()
+        entry = _SELECTIONS[id(expr)] = (expr, compile_field(expr))
+    trace: object = _EMPTY
+    if spans is not None:
+        last = _LAST_TRACE[0] if _LAST_TRACE else None
+        if last is not None and last[0] is spans:
+            trace = last[1]
+        else:
+            trace = _Trace(spans)
+            _LAST_TRACE[:] = [(spans, trace)]
+    try:
+        return _truth(entry[1](span, trace)) is True  # type: ignore[arg-type]
+    except AttributeError:  # a trace-wide intrinsic asked without the trace: nil
+        return False
+
+
+def in_selection(
+    stage: object, span: SpanRecord, spans: Optional[Sequence[SpanRecord]] = None
+) -> bool:
+    """Whether ``span`` is in a ``compare()`` stage's selection: its filter is true and, when
+    the stage has a window, the span started in it (start < span start <= end, as Tempo)."""
+    expr = getattr(stage, "compare_filter", None)
+    if expr is None:
+        return False
+    start, end = getattr(stage, "compare_start_ns", None), getattr(stage, "compare_end_ns", None)
+    if start is not None and end is not None and not start < span.start_ns <= end:
+        return False
+    return matches(expr, span, spans)

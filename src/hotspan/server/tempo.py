@@ -272,8 +272,15 @@ async def _narrowed(
 async def _tag_names(request: Request) -> Tuple[Dict[str, List[str]], Optional[str]]:
     state, tenant = query_state(request)
     scope = request.query_params.get("scope") or None
-    if scope not in (None, "span", "resource", "intrinsic", "all"):
-        raise HTTPError(400, f"scope must be span, resource or intrinsic, not {scope!r}")
+    # TraceQL's scopes; hotspan keeps no event, link or instrumentation attributes: their
+    # names are none (Tempo's 400 is for a scope TraceQL does not have).
+    scopes = ("all", "span", "resource", "intrinsic", "event", "link", "instrumentation")
+    if scope is not None and scope not in scopes:
+        raise HTTPError(
+            400,
+            "scope must be resource, span, intrinsic, event, link or instrumentation, "
+            f"not {scope!r}",
+        )
     records = await _narrowed(request, state, tenant)
     if records is not None:
         names = autocomplete.tag_names(records)
@@ -311,6 +318,8 @@ async def tags_v2(request: Request) -> Response:
             scopes.append({"name": name, "tags": names.get(name, [])[:limit]})
     if scope in (None, "intrinsic"):
         scopes.insert(0, {"name": "intrinsic", "tags": list(INTRINSIC_TAGS)})
+    if scope in ("event", "link", "instrumentation"):
+        scopes.append({"name": scope, "tags": []})
     return JSONResponse({"scopes": scopes})
 
 

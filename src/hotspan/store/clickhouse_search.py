@@ -164,6 +164,8 @@ def span_condition(cond: Condition, bind: _Binder) -> str:
         return _compare("trace_id", op, str(value).lower().rjust(32, "0"), bind)
     if key == "span:id":
         return _compare_number(key, "span_id", op, condition_span_id(value), bind)
+    if key == "span:parentID":  # "0000000000000000": a root span (TraceQL's nestedSetParent<0)
+        return _compare_number(key, "parent_span_id", op, condition_span_id(value), bind)
     if key.startswith("span."):
         return _attribute(key[5:], op, value, bind, key)
     if key.startswith("resource."):

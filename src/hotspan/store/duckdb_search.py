@@ -77,6 +77,8 @@ def span_condition(cond: Condition) -> SQL:
         return _compare("trace_id", op, str(value).lower().rjust(32, "0"))
     if key == "span:id":
         return _compare("span_id", op, condition_span_id(value))
+    if key == "span:parentID":  # "0000000000000000": a root span (TraceQL's nestedSetParent<0)
+        return _compare("parent_span_id", op, condition_span_id(value))
     if key.startswith("span."):
         return _attribute(key[5:], op, value)
     if key.startswith("resource."):
