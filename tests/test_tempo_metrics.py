@@ -458,6 +458,7 @@ def test_series_bound_gives_a_partial_answer(srv: RunningServer, sent: Sent) -> 
         ({"q": "{} | rate()", "step": "1ms"}, "step of 1ms is too small"),
         ({"q": "{} | rate()", "start": "yesterday"}, "could not parse 'start' parameter"),
         ({"q": "{} | rate()", "since": "an hour"}, "could not parse 'since' parameter"),
+        ({"q": "{} | compare({status = error}, 1001)"}, "integer between 1 and 1000"),
     ],
 )
 def test_bad_requests(srv: RunningServer, sent: Sent, params: Dict[str, str], reason: str) -> None:
@@ -497,12 +498,19 @@ def nested_traces() -> List[ReadableSpan]:
     return spans
 
 
-def test_structural_and_trace_wide_queries(srv: RunningServer, sent: Sent) -> None:
-    """Queries that need whole traces: structural operators, and by() a trace's root."""
-    body = encode_spans(nested_traces()).SerializeToString()
+@pytest.fixture(scope="module")
+def nested(srv: RunningServer) -> List[ReadableSpan]:
+    """:func:`nested_traces`, sent to the server as tenant ``nested``."""
+    spans = nested_traces()
+    body = encode_spans(spans).SerializeToString()
     headers = {"Content-Type": "application/x-protobuf", "X-Scope-OrgID": "nested"}
     r = httpx.post(srv.url + "/v1/traces", content=body, headers=headers, timeout=30)
     assert r.status_code == 200, r.text
+    return spans
+
+
+def test_structural_and_trace_wide_queries(srv: RunningServer, nested: List[ReadableSpan]) -> None:
+    """Queries that need whole traces: structural operators, and by() a trace's root."""
     params = {"start": str(START), "end": str(END), "step": "1m"}
     q = '{resource.service.name="checkout"} >> {resource.service.name="payments"}'
     q += " | count_over_time()"
@@ -519,6 +527,13 @@ def test_structural_and_trace_wide_queries(srv: RunningServer, sent: Sent) -> No
         (("rootServiceName", "checkout"),): [0, 3, 0, 0],
         (("rootServiceName", "payments"),): [0, 0, 1, 0],
     }
+    # Tempo's nested set numbers need the whole trace: -1 for a root, the parent's left
+    # number (1, its trace's root) for the two calls.
+    q = "{} | count_over_time() by (nestedSetParent)"
+    r = grafana_get(srv, "/api/metrics/query_range", {**params, "q": q}, tenant="nested")
+    assert r.status_code == 200, r.text
+    got = {labels_of(s): sum(samples_of(s).values()) for s in r.json()["series"]}
+    assert got == {(("nestedSetParent", -1),): 2, (("nestedSetParent", 1),): 2}
 
 
 @pytest.fixture(params=["duckdb", "clickhouse"])
@@ -556,3 +571,258 @@ def test_engine_on_each_store_and_the_span_bound(store: Store) -> None:
     assert bounded.partial and "at most 4 spans" in bounded.partial
     # The newest four spans (179 s, 170 s, 130 s, 90 s) are those counted.
     assert list(bounded.series[0].values) == [0, 0, 1, 3]
+
+
+# -- Traces Drilldown ---------------------------------------------------------------------------
+# Its queries as it builds them (grafana/traces-drilldown: generateMetricsQuery.ts, histogram.ts,
+# comparisonQuery.ts, AttributesComparisonScene.tsx), sent as Grafana's backend sends them:
+# start/end in unix seconds, the panel's step, no exemplars parameter (Drilldown sets none).
+ROOTS = "nestedSetParent<0"  # Drilldown's default primary signal, "Root spans"
+
+
+def drilldown(
+    srv: RunningServer, q: str, step: str, tenant: str = TENANT, path: str = "query_range"
+) -> dict:
+    params = {"q": q, "start": str(START), "end": str(END), "step": step}
+    r = grafana_get(srv, f"/api/metrics/{path}", params, tenant)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def stamps_for(step_s: int) -> List[int]:
+    """The interval ends (ms) of [START, END] with a step, widened as Tempo aligns it."""
+    start = START - START % step_s - step_s
+    end = END + (-END % step_s)
+    return [(start + step_s * (i + 1)) * 1000 for i in range((end - start) // step_s)]
+
+
+def slot_of(offset_s: float, step_s: int) -> Optional[int]:
+    for i, stamp in enumerate(stamps_for(step_s)):
+        if stamp / 1000 - step_s < T0 + offset_s <= stamp / 1000:
+            return i
+    return None
+
+
+def test_drilldown_red_panels(srv: RunningServer, sent: Sent, nested: List[ReadableSpan]) -> None:
+    """The RED panels (rate and errors: 64 data points; duration: a heatmap of 24) and the
+    breakdown by service, with Drilldown's steps for a 3-minute range (range / data points,
+    in whole seconds: 2 s and 7 s) and its query text to the space."""
+    step_s = (END - START) // 64
+    step = f"{step_s}s"
+    stamps = stamps_for(step_s)
+    by = "resource.service.name"
+
+    def want(selected, key=lambda row: row[0]) -> Dict[object, Dict[int, float]]:  # type: ignore[no-untyped-def]
+        out: Dict[object, List[float]] = {}
+        for row in SPANS:
+            i = slot_of(row[3], step_s)
+            if i is not None and selected(row):
+                out.setdefault(key(row), [0.0] * len(stamps))[i] += 1
+        return {k: dict(zip(stamps, [c / step_s for c in v])) for k, v in out.items()}
+
+    # The RED panel without breakdown: sampled (a hint hotspan takes, and counts every span).
+    red = drilldown(srv, f"{{{ROOTS}}} | rate()  with(sample=true)", step)
+    got = {labels_of(s): samples_of(s) for s in red["series"]}
+    assert got == {(("__name__", "rate"),): want(lambda row: True, lambda row: "all")["all"]}
+    red_errors = drilldown(srv, f"{{{ROOTS} && status=error}} | rate()  with(sample=true)", step)
+    (series,) = red_errors["series"]
+    assert samples_of(series) == want(lambda row: row[2] == "error", lambda row: "all")["all"]
+    rate = drilldown(srv, f"{{{ROOTS} && {by} != nil}} | rate() by({by})", step)
+    got = {labels_of(s)[0][1]: samples_of(s) for s in rate["series"]}
+    assert got == want(lambda row: True)
+    errors = drilldown(srv, f"{{{ROOTS} && status=error && {by} != nil}} | rate() by({by})", step)
+    got = {labels_of(s)[0][1]: samples_of(s) for s in errors["series"]}
+    assert got == want(lambda row: row[2] == "error")
+    # A breakdown tile: its value pinned in the filter, no nil guard.
+    tile = drilldown(srv, f'{{{ROOTS} && {by}="payments"}} | rate() by({by})', step)
+    got = {labels_of(s)[0][1]: samples_of(s) for s in tile["series"]}
+    assert got == {"payments": want(lambda row: True)["payments"]}
+    # No breakdown: "by" is left out, the function keeps its trailing space.
+    p90 = drilldown(srv, f"{{{ROOTS}}} | quantile_over_time(duration, 0.9) ", step)
+    (series,) = p90["series"]
+    assert labels_of(series) == (("p", 0.9),)
+    one_span = {i: d for _, _, _, off, d in SPANS if (i := slot_of(off, step_s)) is not None}
+    # Every step here holds at most one span: its quantile is its bucket's top.
+    assert samples_of(series) == pytest.approx(
+        {
+            t: (log2_bucket_ns(int(one_span[i] * MS)) / SEC if i in one_span else 0)
+            for i, t in enumerate(stamps)
+        }
+    )
+    step_s = (END - START) // 24
+    step = f"{step_s}s"
+    heatmap = drilldown(srv, f"{{{ROOTS}}} | histogram_over_time(duration) with(sample=true)", step)
+    assert {labels_of(s) for s in heatmap["series"]} == {
+        (("__bucket", log2_bucket_ns(int(d * MS)) / SEC),)
+        for _, _, _, off, d in SPANS
+        if slot_of(off, step_s) is not None
+    }
+    # Root spans only: tenant "nested" has two roots (checkout's POST /pay, payments' refund)
+    # and two payments spans under checkout's root, which count in "All spans" (true) only.
+    for signal, payments in ((ROOTS, 1), ("true", 3)):
+        body = drilldown(srv, f"{{{signal}}} | count_over_time() by({by})", "1m", "nested")
+        got = {labels_of(s)[0][1]: sum(samples_of(s).values()) for s in body["series"]}
+        assert got == {"checkout": 1, "payments": payments}
+
+
+def compare_table(
+    selected, step_s: int, top_n: int = 10
+) -> Dict[Tuple[Tuple[str, object], ...], List[int]]:  # type: ignore[no-untyped-def]
+    """compare()'s series worked out from the SPANS table (each span is its trace's root):
+    spans per interval for each side and attribute value, and each side's totals."""
+    values: Dict[Tuple[str, str], Dict[object, List[int]]] = {}
+    stamps = stamps_for(step_s)
+    for n, row in enumerate(SPANS):
+        svc, route, status, offset, _ = row
+        i = slot_of(offset, step_s)
+        if i is None:
+            continue
+        side = "selection" if selected(row) else "baseline"
+        attributes = {
+            "name": f"span{n}",
+            "status": "error" if status == "error" else "unset",
+            "kind": "server",
+            "span.http.route": route,
+            "span.http.status_code": 500 if status == "error" else 200,
+            "resource.service.name": svc,
+            "resource.env": "prod",
+            "rootName": f"span{n}",
+            "rootServiceName": svc,
+        }
+        for attribute, value in attributes.items():
+            per_value = values.setdefault((side, attribute), {})
+            per_value.setdefault(value, [0] * len(stamps))[i] += 1
+    out: Dict[Tuple[Tuple[str, object], ...], List[int]] = {}
+    for (side, attribute), per_value in values.items():
+        top = sorted(per_value, key=lambda v: -sum(per_value[v]))[:top_n]
+        for value in top:
+            out[(("__meta_type", side), (attribute, value))] = per_value[value]
+        totals = [sum(counts) for counts in zip(*per_value.values())]
+        out[(("__meta_type", f"{side}_total"), (attribute, "nil"))] = totals
+    return out
+
+
+def test_compare_as_drilldown_asks(srv: RunningServer, sent: Sent) -> None:
+    """The comparison tab: ``{filters} | compare({status = error}, 10)`` over the range picked,
+    as one step (``${to - from}s``): per attribute value, spans of the selection (errors) and
+    of the baseline (the rest), with each side's totals."""
+    step_s = END - START
+    body = drilldown(srv, f"{{{ROOTS}}} | compare({{status = error}}, 10)", f"{step_s}s")
+    got = {labels_of(s): s for s in body["series"]}
+    want = compare_table(lambda row: row[2] == "error", step_s)
+    assert set(got) == set(want)
+    stamps = stamps_for(step_s)
+    for labels, counts in want.items():
+        # Every interval has a sample (0 left out of the JSON as protobuf leaves it out).
+        assert samples_of(got[labels]) == dict(zip(stamps, counts)), labels
+        assert "exemplars" not in got[labels]
+    # Label values typed as Tempo types them: the nil of totals is the string "nil".
+    total = got[(("__meta_type", "baseline_total"), ("span.http.status_code", "nil"))]
+    assert total["labels"][1]["value"] == {"stringValue": "nil"}
+    code = got[(("__meta_type", "selection"), ("span.http.status_code", 500))]
+    assert code["labels"][1]["value"] == {"intValue": "500"}
+    # What Drilldown draws: a value's share of its side, e.g. checkout has 2 of the 3 errors.
+    selection = samples_of(
+        got[(("__meta_type", "selection"), ("resource.service.name", "checkout"))]
+    )
+    errors = samples_of(got[(("__meta_type", "selection_total"), ("resource.service.name", "nil"))])
+    assert sum(selection.values()) / sum(errors.values()) == 2 / 3
+
+
+def test_compare_window_and_top_n(srv: RunningServer, sent: Sent) -> None:
+    """A brushed time window (compare's 3rd and 4th arguments, unix ns) narrows the selection
+    to spans started in it; topN keeps the values with the most spans per side."""
+    window = ((T0 + 60) * SEC, (T0 + 180) * SEC)
+    q = f"{{{ROOTS}}} | compare({{status = error}}, 1, {window[0]}, {window[1]})"
+    body = drilldown(srv, q, "1m")
+    got = {labels_of(s): list(samples_of(s).values()) for s in body["series"]}
+
+    def selected(row) -> bool:  # type: ignore[no-untyped-def]
+        return row[2] == "error" and window[0] < (T0 + row[3]) * SEC <= window[1]
+
+    want = compare_table(selected, STEP_S, top_n=10)
+    # Totals are whole; of the values, each side keeps one per attribute, its most frequent
+    # where there is one (baseline: 6 checkout spans against 4 payments ones).
+    totals = {k: v for k, v in want.items() if k[0][1].endswith("_total")}
+    assert {k: v for k, v in got.items() if k[0][1].endswith("_total")} == totals
+    kept = [k for k in got if not k[0][1].endswith("_total")]
+    assert sorted((k[0][1], k[1][0]) for k in kept) == sorted(
+        (k[0][1][: -len("_total")], k[1][0]) for k in totals
+    )
+    for k in kept:
+        assert got[k] == want[k]
+    assert (("__meta_type", "baseline"), ("resource.service.name", "checkout")) in got
+    assert got[(("__meta_type", "selection_total"), ("status", "nil"))] == [0, 0, 1, 1]
+
+
+def test_compare_root_attributes_of_child_spans(
+    srv: RunningServer, nested: List[ReadableSpan]
+) -> None:
+    """rootName and rootServiceName of spans below another service's root: read from the
+    stored root span of each trace."""
+    q = '{resource.service.name="payments"} | compare({name="charge0"}, 10)'
+    body = drilldown(srv, q, "1m", "nested")
+    got = {labels_of(s): sum(samples_of(s).values()) for s in body["series"]}
+    roots = {k: v for k, v in got.items() if k[1][0] in ("rootName", "rootServiceName")}
+    assert roots == {
+        (("__meta_type", "selection"), ("rootName", "POST /pay")): 1,  # charge0
+        (("__meta_type", "baseline"), ("rootName", "POST /pay")): 1,  # charge1
+        (("__meta_type", "baseline"), ("rootName", "refund")): 1,  # refund is its own root
+        (("__meta_type", "selection_total"), ("rootName", "nil")): 1,
+        (("__meta_type", "baseline_total"), ("rootName", "nil")): 2,
+        (("__meta_type", "selection"), ("rootServiceName", "checkout")): 1,
+        (("__meta_type", "baseline"), ("rootServiceName", "checkout")): 1,
+        (("__meta_type", "baseline"), ("rootServiceName", "payments")): 1,
+        (("__meta_type", "selection_total"), ("rootServiceName", "nil")): 1,
+        (("__meta_type", "baseline_total"), ("rootServiceName", "nil")): 2,
+    }
+
+
+def test_small_pages_read_each_span_once(store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Spans are read a page at a time, over time slices, the newest first: with pages of 3
+    spans each span is still read once (the answer says 12 inspected, not more), the counts
+    are those of one read, and the span bound cuts at the newest spans."""
+    from hotspan.query import traceql_metrics
+
+    req = MetricsRequest(START * SEC, END * SEC, STEP_S * SEC)
+    query = parse_query("{} | count_over_time() by (resource.service.name)")
+    at_once = run_metrics(store, TENANT, query, req)
+    monkeypatch.setattr(traceql_metrics, "PAGE_SPANS", 3)
+    paged = run_metrics(store, TENANT, query, req)
+    assert paged.inspected_spans == at_once.inspected_spans == 12
+    assert paged.partial is None
+    assert {s.labels: list(s.values) for s in paged.series} == {
+        s.labels: list(s.values) for s in at_once.series
+    }
+    bounded = run_metrics(store, TENANT, parse_query("{} | count_over_time()"), req, max_spans=5)
+    assert bounded.inspected_spans == 5 and bounded.partial
+    # The newest five: 179 s, 170 s and 130 s in the last step, 90 s and 80 s before it.
+    assert list(bounded.series[0].values) == [0, 0, 2, 3]
+
+
+def test_presence_tests_keep_spans_with_the_attribute(
+    srv: RunningServer, sent: Sent, nested: List[ReadableSpan]
+) -> None:
+    """``x != nil`` (Drilldown adds one for the attribute it breaks down by) keeps the spans
+    that have x: read as lookups beside the store's conditions, as the engine would judge."""
+    for tenant, q, want in [
+        (TENANT, "{nestedSetParent<0 && span.http.route != nil && resource.env != nil}", 12),
+        (TENANT, "{status = error && .http.route != nil}", 3),
+        (TENANT, "{span.http.route != nil && span.nothing != nil}", 0),
+        ("nested", "{resource.service.name != nil && kind != nil}", 4),
+        ("nested", "{span.http.route != nil}", 0),
+    ]:
+        body = drilldown(srv, q + " | count_over_time()", "1m", tenant)
+        got = sum(sum(samples_of(s).values()) for s in body.get("series", []))
+        assert got == want, q
+
+
+def test_compare_on_each_store(store: Store) -> None:
+    """compare() reads both stores alike (root spans through the store's root test)."""
+    req = MetricsRequest(START * SEC, END * SEC, STEP_S * SEC)
+    result = run_metrics(
+        store, TENANT, parse_query(f"{{{ROOTS}}} | compare({{status=error}})"), req
+    )
+    got = {s.labels: [int(v) for v in s.values] for s in result.series}
+    assert got == compare_table(lambda row: row[2] == "error", STEP_S)
+    assert result.inspected_spans == 12

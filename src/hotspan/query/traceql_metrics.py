@@ -16,20 +16,24 @@ Traces Drilldown draw the same picture from hotspan as from Tempo:
 - ``by(a, b)`` labels each series with the non-nil values; all nil gives ``a="nil"``; without
   ``by`` a series is labelled ``__name__=<function>``.
 
-Spans are read newest first, a page at a time, at most ``max_spans`` of them; series stop at
-``max_series``.  A bound hit makes the answer partial, with a message saying which bound.
+Spans are read newest first, a page at a time over time slices sized from the spans seen so
+far (each span read once), at most ``max_spans`` of them; series stop at ``max_series``.  A
+bound hit makes the answer partial, with a message saying which bound.  A root-span filter
+(``{nestedSetParent<0}``, Traces Drilldown's default) is the store's condition, so only roots
+are read.  ``compare()`` is in :mod:`hotspan.query.traceql_compare`.
 """
 
 from __future__ import annotations
 
 import math
+import operator
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from hotspan.model.trace import SPAN_KINDS, STATUS_CODES, SpanRecord
+from hotspan.model.trace import SPAN_KINDS, STATUS_CODES, Condition, SpanRecord
 from hotspan.query import traceql
 from hotspan.query import traceql_ast as ast
 from hotspan.query.engine import QueryError
@@ -70,7 +74,17 @@ _DURATION_KEYS = ("duration", "span:duration")
 _DURATION_LABEL_KEYS = ("duration", "span:duration", "traceDuration", "trace:duration")
 
 # Intrinsics whose value needs the whole trace (canonical names, as traceql.INTRINSICS).
-_TRACE_WIDE = ("traceDuration", "rootName", "rootServiceName", "childCount")
+_TRACE_WIDE = (
+    "traceDuration",
+    "rootName",
+    "rootServiceName",
+    "childCount",
+    "nestedSetParent",
+    "nestedSetLeft",
+    "nestedSetRight",
+)
+# Of those, the ones that differ span to span (the others are one value per trace).
+_PER_SPAN_OF_TRACE = ("childCount", "nestedSetParent", "nestedSetLeft", "nestedSetRight")
 
 LabelValue = Union[str, int, float, bool]  # an ast.Duration shows as Go prints durations
 Labels = Tuple[Tuple[str, LabelValue], ...]
@@ -78,6 +92,8 @@ Trace = Optional[Sequence[SpanRecord]]  # every span of a span's trace, when rea
 # A page of matched spans, with each one's trace when read (else None: not needed).
 Page = Tuple[List[SpanRecord], Optional[List[Trace]]]
 Getter = Callable[[SpanRecord, Trace], object]
+_START_NS = operator.itemgetter(SpanRecord._fields.index("start_ns"))
+_END_NS = operator.itemgetter(SpanRecord._fields.index("end_ns"))
 
 
 @dataclass(frozen=True)
@@ -237,12 +253,12 @@ class _Aggregator:
                     self.values = np.vstack([self.values, extra])
         return index
 
-    def add(self, rows: List[int], slots: np.ndarray, values: List[float]) -> None:
-        if not rows:
+    def add(self, rows: np.ndarray, slots: np.ndarray, values: Optional[np.ndarray]) -> None:
+        if len(rows) == 0:
             return
         at = (np.asarray(rows), np.asarray(slots))
         np.add.at(self.counts, at, 1)
-        if self.values is None:
+        if self.values is None or values is None:
             return
         if self.function == "min_over_time":
             np.fmin.at(self.values, at, np.asarray(values))
@@ -279,18 +295,41 @@ def _conjuncts(expr: object) -> List[object]:
     return [expr]
 
 
-def exact_pushdown(query: traceql.Query) -> bool:
-    """Whether the store's conditions are the whole filter (one ``{...}`` whose every
-    ``&&``-joined part became a pushdown condition): then every span read matches, and the
-    engine need not run on it."""
+def _filter_parts(query: traceql.Query) -> Optional[List[object]]:
+    """The ``&&``-joined parts of a query that is one ``{...}`` judging each span alone
+    (``true`` left out), or None."""
     if query.needs_traces or not isinstance(query.root, ast.Filter):
-        return False
-    parts = [
+        return None
+    return [
         p
         for p in _conjuncts(query.root.expr)
         if not (isinstance(p, ast.Static) and p.value is True)
     ]
-    return len(parts) == len(query.pushdown)
+
+
+def exact_pushdown(query: traceql.Query) -> bool:
+    """Whether the store's conditions are the whole filter (one ``{...}`` whose every
+    ``&&``-joined part became a pushdown condition): then every span read matches, and the
+    engine need not run on it."""
+    parts = _filter_parts(query)
+    return parts is not None and len(parts) == len(query.pushdown)
+
+
+def presence_tests(query: traceql.Query) -> Optional[List[str]]:
+    """When the store's conditions are the whole filter but for ``x != nil`` parts (Traces
+    Drilldown adds one for the attribute it breaks down by): those attributes, whose presence
+    is then all a span read must show (no engine).  None when the engine must run."""
+    parts = _filter_parts(query)
+    if parts is None:
+        return None
+    present = [
+        p.expr.text
+        for p in parts
+        if isinstance(p, ast.Unary) and p.op == "exists" and isinstance(p.expr, ast.Attribute)
+    ]
+    if len(parts) - len(present) != len(query.pushdown) or any(map(trace_wide, present)):
+        return None
+    return present
 
 
 def _by_trace(spans: Sequence[SpanRecord]) -> Dict[str, List[SpanRecord]]:
@@ -329,6 +368,60 @@ def _evaluated_page(query: traceql.Query, page: Sequence[SpanRecord]) -> List[Sp
     return [s for spans in _by_trace(page).values() for s in _evaluated(query, spans)]
 
 
+def _slices(
+    store: Store,
+    tenant: str,
+    conditions: Sequence[Condition],
+    low_ns: int,
+    high_ns: int,
+    max_spans: int,
+    state: _Candidates,
+) -> Iterator[List[SpanRecord]]:
+    """The spans meeting ``conditions`` that started in [low_ns, high_ns], newest first, a
+    page of at most ``PAGE_SPANS`` at a time, at most ``max_spans`` in all.
+
+    Each page is read over a time slice below the previous one rather than over all the rest
+    of the range: a store query costs about the spans in its range (DuckDB deduplicates them
+    before it sorts), so the slices keep the whole read at one pass.  A slice's width is
+    guessed from the spans per second seen so far, to hold about 80 % of a page."""
+    cursor = high_ns + 1  # exclusive: span_records takes the spans that start before its end
+    width = max((high_ns - low_ns) // 8, 1)
+    while cursor > low_ns:
+        budget = max_spans - state.read
+        if budget <= 0:
+            # Spans started before the range (still running in it) sort last: the first row
+            # says whether any span of the range is left.
+            left = store.span_records(tenant, low_ns, cursor, conditions, limit=1)
+            if left and left[0].start_ns >= low_ns:
+                state.partial = _span_bound_message(max_spans, cursor)
+            return
+        size = min(PAGE_SPANS, budget)
+        lo = max(low_ns, cursor - width)
+        # One more than the page: whether the slice holds more.
+        rows = store.span_records(tenant, lo, cursor, conditions, limit=size + 1)
+        whole = len(rows) <= size or rows[size].start_ns < lo
+        page = _from(rows[:size], lo)
+        if whole:
+            seen, next_cursor = cursor - lo, lo
+        elif size == budget or page[-1].start_ns == page[0].start_ns:
+            # The last page the bound allows (or one start fills a page): count it, stop.
+            state.read += len(page)
+            state.partial = _span_bound_message(max_spans, page[-1].start_ns)
+            yield page
+            return
+        else:
+            # The oldest start may continue past the page: leave those spans to the next.
+            oldest = page[-1].start_ns
+            page = [s for s in page if s.start_ns > oldest]
+            seen, next_cursor = cursor - oldest - 1, oldest + 1
+        state.read += len(page)
+        if page:
+            yield page
+        cursor = next_cursor
+        # Spans per ns so far -> the next slice's width (grown at most 8-fold at a time).
+        width = min(max(seen * (PAGE_SPANS * 8 // 10) // max(len(page), 1), 1), width * 8)
+
+
 def matched_spans(
     store: Store,
     tenant: str,
@@ -342,32 +435,12 @@ def matched_spans(
     """Pages of the spans the query matches that started in [low_ns, high_ns], the newest
     first, each with its whole trace when ``whole_traces`` (or the query) needs it.  Reads at
     most ``max_spans`` spans; ``state`` says how many and whether it stopped early."""
-    exact = exact_pushdown(query)
+    # The store's conditions and x != nil tests (cheaper as lookups) can be the whole filter.
+    tests = presence_tests(query)
+    present = [_getter(k) for k in tests or ()]
     whole_traces = whole_traces or query.needs_traces
     done_traces: set = set()
-    cursor = high_ns + 1  # span_records takes the spans that start before its end
-    while cursor > low_ns:
-        budget = max_spans - state.read
-        if budget <= 0:
-            state.partial = _span_bound_message(max_spans, cursor)
-            return
-        size = min(PAGE_SPANS, budget)
-        # One more than the page: whether more spans follow.
-        page = store.span_records(tenant, low_ns, cursor, query.pushdown, limit=size + 1)
-        more = len(page) > size
-        page = page[:size]
-        state.read += len(page)
-        if not more:
-            cursor = low_ns
-        elif size == budget or page[-1].start_ns == page[0].start_ns:
-            # The last page the bound allows (or one start fills a page): count it and stop.
-            state.partial = _span_bound_message(max_spans, page[-1].start_ns)
-            cursor = low_ns
-        else:
-            # The oldest start may continue on the next page: leave those spans to it.
-            oldest = page[-1].start_ns
-            page = [s for s in page if s.start_ns > oldest]
-            cursor = oldest + 1
+    for page in _slices(store, tenant, query.pushdown, low_ns, high_ns, max_spans, state):
         state.traces.update(s.trace_id for s in page)
         if whole_traces:
             new = [t for t in dict.fromkeys(s.trace_id for s in page) if t not in done_traces]
@@ -375,10 +448,12 @@ def matched_spans(
             yield from _whole_traces(store, tenant, query, new, low_ns, high_ns, max_spans, state)
             if state.partial:
                 return
-        elif exact:
-            yield _from(page, low_ns), None
+        elif tests is not None:
+            if present:
+                page = [s for s in page if all(get(s, None) is not None for get in present)]
+            yield page, None
         else:
-            yield _evaluated_page(query, _from(page, low_ns)), None
+            yield _evaluated_page(query, page), None
 
 
 def _whole_traces(
@@ -483,7 +558,7 @@ def _getter(key: str) -> Getter:
         return lambda span, trace: (
             SPAN_KINDS[span.kind] if 0 <= span.kind < len(SPAN_KINDS) else None
         )
-    if canonical == "childCount":
+    if canonical in _PER_SPAN_OF_TRACE:
         return lambda span, trace: traceql.span_value(span, key, trace)
     if canonical in _TRACE_WIDE:
         return _memoized(lambda span, trace: traceql.span_value(span, key, trace), "trace_id")
@@ -593,58 +668,88 @@ class _SeriesBuilder:
         )
         self.exemplars: Dict[int, List[Exemplar]] = {}
         self.exemplar_traces: set = set()
+        self.row_of: Dict[tuple, int] = {}  # row key -> aggregator row (-1: over the bound)
+        # Durations are read straight from the spans, for all of a page at once.
+        self.duration_attribute = (stage.attribute or "duration") in _DURATION_KEYS and (
+            function in HISTOGRAM_FUNCTIONS or function in VALUE_FUNCTIONS
+        )
 
     def observe(self, spans: List[SpanRecord], traces: Optional[List[Trace]]) -> None:
-        rows: List[int] = []
-        starts: List[int] = []
-        values: List[float] = []
-        taken: List[int] = []
-        by = self.by
-        bucket_of, value_of = self.bucket_of, self.value_of
-        histogram_groups = bucket_of is not None and self.group_limit is None
-        limit = self.group_limit or self.req.max_series
-        groups = self.groups
-        for i, span in enumerate(spans):
-            trace = traces[i] if traces is not None else None
-            if not by:
-                row_key: tuple = ()
-            elif len(by) == 1:
-                row_key = (by[0](span, trace),)
-            else:
-                row_key = tuple(get(span, trace) for get in by)
-            group_key = row_key
-            if bucket_of is not None:
-                bucket = bucket_of(span, trace)
-                if bucket is None:
-                    continue
-                row_key = (row_key, bucket)
-                if histogram_groups:
-                    group_key = row_key
-            value = 0.0
-            if value_of is not None:
-                number = value_of(span, trace)
-                if number is None:
-                    continue
-                value = number
-            if group_key not in groups:
-                if len(groups) >= limit:
-                    self.limited = True
-                    continue
-                groups[group_key] = None
-            rows.append(self.agg.row(row_key))
-            starts.append(span.start_ns)
-            values.append(value)
-            taken.append(i)
-        if not rows:
+        """Count a page of matched spans.  Column at a time (a list comprehension per key,
+        numpy for the rest): this runs for every span a query reads."""
+        n = len(spans)
+        if n == 0:
             return
-        start_ns = np.asarray(starts, dtype=np.int64)
+
+        def column(get: Getter) -> list:
+            if traces is None:
+                return [get(s, None) for s in spans]
+            return [get(s, t) for s, t in zip(spans, traces)]
+
+        starts = np.fromiter(map(_START_NS, spans), np.int64, n)
+        valid = np.ones(n, dtype=bool)
+        durations_s: Optional[np.ndarray] = None
+        if self.duration_attribute:
+            durations = np.fromiter(map(_END_NS, spans), np.int64, n) - starts
+            durations_s = durations / SEC
+        buckets: Optional[list] = None
+        if self.bucket_of is not None:
+            if durations_s is not None:
+                # Rounded up to a power of two ns: 2 ** bit_length(d - 1); none below 2.
+                bits = np.frexp(np.maximum(durations - 1, 1).astype(np.float64))[1]
+                valid &= durations >= 2
+                buckets = (np.ldexp(1.0, bits) / SEC).tolist()
+            else:
+                buckets = column(self.bucket_of)
+                valid &= np.fromiter((b is not None for b in buckets), bool, n)
+        values: Optional[np.ndarray] = None
+        if self.value_of is not None:
+            if durations_s is not None:
+                values = durations_s
+            else:
+                raw = column(self.value_of)
+                valid &= np.fromiter((v is not None for v in raw), bool, n)
+                values = np.array([0.0 if v is None else v for v in raw], dtype=np.float64)
+        if not self.by:
+            keys: list = [()] * n
+        elif len(self.by) == 1:
+            keys = [(v,) for v in column(self.by[0])]
+        else:
+            keys = list(zip(*(column(get) for get in self.by)))
+        taken = np.flatnonzero(valid)
+        if buckets is not None:
+            row_keys = [(keys[i], buckets[i]) for i in taken.tolist()]
+        else:
+            row_keys = keys if len(taken) == n else [keys[i] for i in taken.tolist()]
+        lookup = self.row_of
+        for key in dict.fromkeys(row_keys):
+            if key not in lookup:
+                lookup[key] = self._new_row(key)
+        rows = np.array([lookup[k] for k in row_keys], dtype=np.int64)
+        kept = rows >= 0
+        if not kept.all():
+            taken, rows = taken[kept], rows[kept]
+        if len(rows) == 0:
+            return
+        start_ns = starts[taken]
         if self.req.instant:
             slots = np.zeros(len(rows), dtype=np.int64)
         else:
             slots = (start_ns - self.start - 1) // self.step
-        self.agg.add(rows, slots, values)
+        self.agg.add(rows, slots, values[taken] if values is not None else None)
         if self.buckets is not None and not self.buckets.full():
-            self._exemplars(spans, traces, taken, rows, start_ns // MS)
+            self._exemplars(spans, traces, taken.tolist(), rows.tolist(), start_ns // MS)
+
+    def _new_row(self, key: tuple) -> int:
+        """The aggregator's row of a new row key, or -1 when its group is one too many
+        (groups: by() values, and for histograms the bucket too)."""
+        group = key[0] if self.bucket_of is not None and self.group_limit is not None else key
+        if group not in self.groups:
+            if len(self.groups) >= (self.group_limit or self.req.max_series):
+                self.limited = True
+                return -1
+            self.groups[group] = None
+        return self.agg.row(key)
 
     def _exemplars(
         self,
@@ -731,6 +836,10 @@ def run_metrics(
             "not a metrics query: end it with a metrics function, such as "
             "{ status = error } | rate() by (resource.service.name)"
         )
+    if stage.function == "compare":
+        from hotspan.query.traceql_compare import run_compare  # it builds on this module
+
+        return run_compare(store, tenant, query, req, max_spans)
     validate_stage(stage)
     builder = _SeriesBuilder(stage, _hinted(query, req))
     if req.instant:

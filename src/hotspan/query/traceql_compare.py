@@ -1,0 +1,284 @@
+"""TraceQL's ``compare()``: how the attribute values of a selection of spans differ from the
+rest (Traces Drilldown's comparison tab and its "highest difference" panels).
+
+``{ <filter> } | compare({ <selection> }, topN, start, end)`` splits the spans the filter
+matches in two: the *selection* (spans the selection's expression is true for and, when
+``start``/``end`` are given, that started in ``(start, end]``) and the *baseline* (the other
+ones).  As Tempo (``pkg/traceql/engine_metrics_compare.go``), for each side and each attribute a
+span has, it counts the spans per interval of the (aligned) range:
+
+- ``{__meta_type="baseline", <attribute>=<value>}`` (and ``"selection"``): spans with that
+  value, for the ``topN`` values with the most spans over the range, per side and attribute;
+- ``{__meta_type="baseline_total", <attribute>="nil"}`` (and ``"selection_total"``): spans with
+  any value of the attribute.
+
+A span's attributes are its span and resource attributes (``span.x``, ``resource.x``, values
+read as numbers when their text is one, as ``by()`` reads them), its ``name``, ``status`` and
+``kind``, and its trace's ``rootName`` and ``rootServiceName`` when the root span is stored.
+Durations and ids are not counted (Tempo leaves them out: every value differs). Tempo also
+counts ``statusMessage``, event, link and instrumentation-scope attributes, which hotspan's span
+records do not hold, and ``span:childCount``, which would need every span of every trace read.
+Tempo's ``__meta_error="__too_many_values__"`` series carry no samples, so its answer never
+shows them; neither does this one. No exemplars.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import Counter
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from hotspan.model.trace import RS, SPAN_KINDS, STATUS_CODES, US, Condition, SearchError, SpanRecord
+from hotspan.query import traceql
+from hotspan.query import traceql_ast as ast
+from hotspan.query.engine import QueryError
+from hotspan.query.traceql_eval import plain
+from hotspan.query.traceql_metrics import (
+    MS,
+    LabelValue,
+    MetricsRequest,
+    MetricsResult,
+    Series,
+    Trace,
+    _Candidates,
+    aligned_range,
+    matched_spans,
+)
+from hotspan.store.base import PARENT_LOOKBACK_NS, Store
+
+META_TYPE = "__meta_type"
+BASELINE, SELECTION = "baseline", "selection"
+MAX_TOP_N = 1000  # Tempo's maxCompareTopN
+NIL = "nil"  # how Tempo writes the nil value of a *_total series' attribute
+# The store's root test (what {nestedSetParent<0} pushes down).
+ROOT = Condition("span:parentID", "=", "0000000000000000")
+_MEMO_LIMIT = 100_000
+
+# (side, interval, attribute, value) -> spans
+Counts = Dict[Tuple[str, int, str, LabelValue], int]
+
+
+def validate(stage: traceql.MetricsStage) -> None:
+    """Refuse what Tempo refuses (QueryError with its reason)."""
+    if stage.compare_filter is None:
+        raise QueryError("compare() needs a filter, such as compare({status = error})")
+    if not 1 <= stage.top_n <= MAX_TOP_N:
+        raise QueryError(
+            f"compare() top number of values must be an integer between 1 and {MAX_TOP_N}"
+        )
+
+
+class _Attributes:
+    """The (attribute, value) pairs of a flattened attribute text, read once per text (a
+    resource's), each key and value text converted once (values repeat across spans)."""
+
+    def __init__(self, prefix: str, memo: bool) -> None:
+        self.prefix = prefix
+        self.remember = memo  # span attribute texts rarely repeat (ids, urls): no memo
+        self.memo: Dict[str, Tuple[Tuple[str, LabelValue], ...]] = {}
+        self.keys: Dict[str, str] = {}
+        self.values: Dict[str, LabelValue] = {}
+
+    def __call__(self, flat: str) -> Tuple[Tuple[str, LabelValue], ...]:
+        pairs = self.memo.get(flat)
+        if pairs is not None:
+            return pairs
+        if len(self.memo) > _MEMO_LIMIT:
+            self.memo.clear()
+        if len(self.values) > _MEMO_LIMIT:
+            self.values.clear()
+        keys, values = self.keys, self.values
+        out = []
+        for record in flat.split(RS):
+            if record:
+                key, _, text = record.partition(US)
+                name = keys.get(key)
+                if name is None:
+                    name = keys[key] = self.prefix + key
+                value = values.get(text)
+                if value is None:
+                    value = values[text] = _value(text)
+                out.append((name, value))
+        pairs = tuple(out)
+        if self.remember:
+            self.memo[flat] = pairs
+        return pairs
+
+
+def _value(text: str) -> LabelValue:
+    value = plain(ast.Text(text))
+    return value if isinstance(value, (str, int, float)) else text
+
+
+def _intrinsics(name: str, status: int, kind: int) -> Tuple[Tuple[str, LabelValue], ...]:
+    out: List[Tuple[str, LabelValue]] = [("name", name)]
+    if 0 <= status < len(STATUS_CODES):
+        out.append(("status", STATUS_CODES[status]))
+    if 0 <= kind < len(SPAN_KINDS):
+        out.append(("kind", SPAN_KINDS[kind]))
+    return tuple(out)
+
+
+class _Compare:
+    """Counts of a compare() query, page by page."""
+
+    def __init__(self, stage: traceql.MetricsStage, req: MetricsRequest) -> None:
+        self.stage = stage
+        self.req = req
+        self.start, self.end, self.intervals = aligned_range(req)
+        self.step = self.end - self.start if req.instant else req.step_ns
+        self.counts: Counts = Counter()
+        self.span_attributes = _Attributes("span.", memo=False)
+        self.resource_attributes = _Attributes("resource.", memo=True)
+        self.roots: Dict[str, Tuple[str, str]] = {}  # trace id -> (root name, root service)
+        self.whole = traceql.field_needs_trace(stage.compare_filter)  # type: ignore[arg-type]
+
+    def observe(self, spans: List[SpanRecord], traces: Optional[List[Trace]]) -> None:
+        if not spans:
+            return
+        stage = self.stage
+        if traces is not None:
+            sides = [
+                SELECTION if traceql.in_selection(stage, s, t) else BASELINE
+                for s, t in zip(spans, traces)
+            ]
+        else:
+            sides = [SELECTION if traceql.in_selection(stage, s) else BASELINE for s in spans]
+        starts = np.fromiter((s.start_ns for s in spans), np.int64, len(spans))
+        if self.req.instant:
+            slots = [0] * len(spans)
+        else:
+            slots = ((starts - self.start - 1) // self.step).tolist()
+        counts = self.counts
+        # Spans of a side and interval share their resources, names and attribute texts:
+        # count those first, then spread each over its attributes once.
+        ones: List[Tuple[str, int, str, LabelValue]] = []
+        span_attributes = self.span_attributes
+        for (side, slot, flat), n in Counter(zip(sides, slots, (s.attrs for s in spans))).items():
+            if n == 1:
+                ones.extend([(side, slot, a, v) for a, v in span_attributes(flat)])
+            else:
+                for attribute, value in span_attributes(flat):
+                    counts[(side, slot, attribute, value)] += n
+        counts.update(ones)  # type: ignore[attr-defined]
+        for (side, slot, flat, service), n in Counter(
+            zip(sides, slots, (s.resource_attrs for s in spans), (s.service for s in spans))
+        ).items():
+            pairs = self.resource_attributes(flat)
+            for attribute, value in pairs:
+                counts[(side, slot, attribute, value)] += n
+            if service and not any(a == "resource.service.name" for a, _ in pairs):
+                counts[(side, slot, "resource.service.name", service)] += n
+        for (side, slot, name, status, kind), n in Counter(
+            zip(sides, slots, *zip(*((s.name, s.status_code, s.kind) for s in spans)))
+        ).items():
+            for attribute, value in _intrinsics(name, status, kind):
+                counts[(side, slot, attribute, value)] += n
+        for (side, slot, trace_id), n in Counter(
+            zip(sides, slots, (s.trace_id for s in spans))
+        ).items():
+            root = self.roots.get(trace_id)
+            if root is not None:
+                counts[(side, slot, "rootName", root[0])] += n
+                if root[1]:
+                    counts[(side, slot, "rootServiceName", root[1])] += n
+
+    def learn_roots(
+        self, store: Store, tenant: str, spans: Sequence[SpanRecord], low: int, high: int
+    ) -> None:
+        """The root spans of the page's traces (a root span is its own), read from the store
+        for the traces whose root is not on the page."""
+        if len(self.roots) > _MEMO_LIMIT:
+            self.roots.clear()
+        for s in spans:
+            if s.parent_span_id == 0:
+                self.roots.setdefault(s.trace_id, (s.name, s.service))
+        missing = list(dict.fromkeys(s.trace_id for s in spans if s.trace_id not in self.roots))
+        if not missing:
+            return
+        try:
+            roots = store.span_records(
+                tenant,
+                low - PARENT_LOOKBACK_NS,
+                high + PARENT_LOOKBACK_NS,
+                (ROOT,),
+                trace_ids=missing,
+                limit=len(missing) * 2,
+            )
+        except SearchError:  # a store without the root test: no root attributes
+            return
+        for r in roots:
+            self.roots.setdefault(r.trace_id, (r.name, r.service))
+
+    def series(self) -> List[Series]:
+        """The topN values per side and attribute, and each side's totals per attribute."""
+        intervals = self.intervals
+        sums: Dict[Tuple[str, str], Dict[LabelValue, int]] = {}
+        totals: Dict[Tuple[str, str], List[int]] = {}
+        for (side, slot, attribute, value), n in self.counts.items():
+            if 0 <= slot < intervals:
+                per_value = sums.setdefault((side, attribute), {})
+                per_value[value] = per_value.get(value, 0) + n
+                total = totals.get((side, attribute))
+                if total is None:
+                    total = totals[(side, attribute)] = [0] * intervals
+                total[slot] += n
+        kept = {
+            (side, attribute, value)
+            for (side, attribute), per_value in sums.items()
+            for value in _top(per_value, self.stage.top_n)
+        }
+        rows: Dict[Tuple[str, str, LabelValue], np.ndarray] = {}
+        for (side, slot, attribute, value), n in self.counts.items():
+            if 0 <= slot < intervals and (side, attribute, value) in kept:
+                row = rows.get((side, attribute, value))
+                if row is None:
+                    row = rows[(side, attribute, value)] = np.zeros(intervals)
+                row[slot] += n
+        out = [
+            Series(((META_TYPE, side), (attribute, value)), row)
+            for (side, attribute, value), row in rows.items()
+        ]
+        out.extend(
+            Series(((META_TYPE, side + "_total"), (attribute, NIL)), np.array(total, dtype=float))
+            for (side, attribute), total in totals.items()
+        )
+        return out
+
+
+def _top(per_value: Dict[LabelValue, int], n: int) -> Iterable[LabelValue]:
+    """The n values with the most spans (ties: in the order of their text, to be stable)."""
+    if len(per_value) <= n:
+        return per_value.keys()
+    return heapq.nsmallest(n, per_value, key=lambda v: (-per_value[v], str(v)))
+
+
+def run_compare(
+    store: Store,
+    tenant: str,
+    query: traceql.Query,
+    req: MetricsRequest,
+    max_spans: int,
+) -> MetricsResult:
+    """The series of a ``compare()`` query over the stored spans."""
+    stage = query.metrics
+    assert stage is not None
+    validate(stage)
+    builder = _Compare(stage, req)
+    if req.instant:
+        low, high = builder.start, builder.end
+    else:
+        low, high = builder.start + 1, builder.end
+    state = _Candidates()
+    pages = matched_spans(store, tenant, query, low, high, max_spans, builder.whole, state)
+    for spans, traces in pages:
+        builder.learn_roots(store, tenant, spans, low, high)
+        builder.observe(spans, traces)
+    timestamps = (
+        np.array([builder.end // MS], dtype=np.int64)
+        if req.instant
+        else (builder.start + builder.step * np.arange(1, builder.intervals + 1)) // MS
+    )
+    return MetricsResult(timestamps, builder.series(), state.read, len(state.traces), state.partial)
