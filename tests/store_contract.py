@@ -13,6 +13,7 @@ from hotspan.model.labels import normalize
 from hotspan.model.profile import Frame, IngestBatch, ProfileType
 from hotspan.model.trace import (
     Condition,
+    SearchError,
     SpanBatch,
     SpanGroup,
     SpanRow,
@@ -454,6 +455,9 @@ class StoreContract:
         assert ids(Condition("span:parentID", "!=", "0000000000000000")) == [3, 2]
         assert ids(trace_ids=[TRACE_A.upper()]) == [3, 1, 2]
         assert ids(trace_ids=[]) == []
+        # A pattern the regular-expression engine refuses is the query's fault.
+        with pytest.raises(SearchError):
+            ids(Condition("name", "=~", "(unclosed"))
         assert store.span_records("other", 0, 1000 * SEC) == []
         (home,) = store.span_records("t", 0, 1000 * SEC, trace_ids=[TRACE_B])
         assert (home.trace_id, home.parent_span_id, home.name, home.service) == (

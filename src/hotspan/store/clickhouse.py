@@ -802,13 +802,13 @@ class ClickHouseStore(Store):
             if gid in groups  # else a group lost to a failed commit
         ]
 
-    def find_traces(self, tenant: str, query: TraceQuery) -> List[TraceSummary]:
-        from hotspan.store.clickhouse_search import search_sql
-
-        sql, params = search_sql(tenant, query)
-        client = self._clients.get()
+    def _search_rows(self, sql: str, params: Dict[str, Any]) -> List[tuple]:
+        """Rows of a statement built from search conditions: what the conditions got wrong
+        (a regular expression, a value of the wrong type) is a SearchError, the rest a
+        StoreError."""
+        client = self._clients.get()  # not _clients.query: it hides ClickHouse's error code
         try:
-            rows = client.query(sql, parameters=params).result_rows
+            return client.query(sql, parameters=params).result_rows
         except Exception as exc:  # noqa: BLE001
             code = getattr(exc, "code", None)
             if code == _CANNOT_COMPILE_REGEXP:
@@ -817,6 +817,12 @@ class ClickHouseStore(Store):
             if code in _BAD_SEARCH_CODES:
                 raise SearchError(reason_of(exc)) from None
             raise store_error(exc, "ClickHouse search failed") from exc
+
+    def find_traces(self, tenant: str, query: TraceQuery) -> List[TraceSummary]:
+        from hotspan.store.clickhouse_search import search_sql
+
+        sql, params = search_sql(tenant, query)
+        rows = self._search_rows(sql, params)
         # Over a cluster each shard picks its own newest traces: keep the newest of all.
         return TraceSummary.from_rows(rows, query.limit)
 
@@ -884,15 +890,7 @@ class ClickHouseStore(Store):
             sql += f" AND trace_id IN {bind(tuple(t.lower() for t in trace_ids) or ('-',))}"
         # LIMIT 1 BY: an export retried after it landed stores a span twice.
         sql += " ORDER BY start_ns DESC, span_id LIMIT 1 BY trace_id, span_id LIMIT %(limit)s"
-        try:
-            rows = self._clients.query(sql, bind.params).result_rows
-        except Exception as exc:  # noqa: BLE001
-            code = getattr(exc, "code", None)
-            if code == _CANNOT_COMPILE_REGEXP:
-                raise SearchError(f"invalid regular expression: {reason_of(exc)}") from None
-            if code in _BAD_SEARCH_CODES:
-                raise SearchError(reason_of(exc)) from None
-            raise store_error(exc, "ClickHouse span query failed") from exc
+        rows = self._search_rows(sql, bind.params)
         groups = self._span_groups([r[-1] for r in rows])
         return [
             SpanRecord(*fields, groups[gid].attrs if gid in groups else "")
