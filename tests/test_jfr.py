@@ -24,6 +24,7 @@ import httpx
 import pytest
 
 from hotspan.formats import jfr_profiles as jp
+from hotspan.formats.errors import FormatError
 from hotspan.formats.jfr import JfrError, Recording
 from hotspan.formats.proto import jfr_labels_pb2, profile_pb2, querier_pb2
 from hotspan.model.profile import IngestBatch
@@ -294,7 +295,9 @@ class Enc:
         return varint(n) if self.compressed else struct.pack(">I", n)
 
     def long(self, n: int) -> bytes:
-        return varint(n) if self.compressed else struct.pack(">Q", n)
+        if self.compressed:
+            return varint(n) if n < 1 << 63 else long9(n)  # JFR's 9th byte holds 8 bits
+        return struct.pack(">Q", n)
 
     def string(self, s: str) -> bytes:
         raw = s.encode()
@@ -759,3 +762,93 @@ def test_hostile_structures_are_refused() -> None:
     assert "undeclared type" in parse_or_error(chunk(STACKS, events, types=undeclared))
     good = chunk(STACKS, events)
     assert f"chunk at offset {len(good)}" in parse_or_error(good + b"trailing garbage" * 8)
+
+
+def _padded_size(n: int) -> bytes:
+    """A size as the JDK writes it: a varint padded to 4 bytes."""
+    b = [(n >> s) & 0x7F for s in (0, 7, 14, 21)]
+    return bytes([b[0] | 0x80, b[1] | 0x80, b[2] | 0x80, b[3]])
+
+
+def test_constant_pools_nested_in_each_other_are_refused() -> None:
+    """A pool chain leading into the middle of a pool event already read (each would decode
+    the bytes of the ones inside it again: quadratic work) is refused."""
+    enc = Enc()
+    meta = metadata_event(enc, TYPES)
+    pad = 4096
+
+    def pool_head(size: int, delta: int) -> bytes:
+        body = enc.long(1) + enc.long(0) + enc.long(0) + long9(delta) + b"\x00" + enc.int(0)
+        return _padded_size(size) + body
+
+    head_len = len(pool_head(0, 0))
+    inner = pool_head(head_len + pad, 0)  # reaches the end of the chunk...
+    outer = pool_head(2 * head_len + pad, head_len)  # ...and so does the pool around it
+    size = 68 + len(meta) + len(outer) + len(inner) + pad
+    header = b"FLR\x00" + struct.pack(
+        ">HHqqqqqqqI", 2, 1, size, 68 + len(meta), 68, T0 * 10**9, 10**10, 0, 10**9, 1
+    )
+    message = parse_or_error(header + meta + outer + inner + bytes(pad))
+    assert message is not None and "overlaps another pool" in message
+
+
+def test_values_a_recording_may_hold_are_capped() -> None:
+    """Pool values, frames and events cost ~50-300 bytes of memory each, however few bytes they
+    took: a recording holding more than the cap is refused, whatever its size, and the cap
+    counts every chunk of it."""
+    events = [(EXEC, (1, 0, 0, 0, 0))] * 3
+    one = chunk(STACKS, events)
+    frames = sum(len(f) for f in STACKS.values())
+    symbols = len({t for f in STACKS.values() for c, m, _ in f for t in (c, m)})
+    classes = len({c for f in STACKS.values() for c, _, _ in f})
+    methods = len({(c, m) for f in STACKS.values() for c, m, _ in f})
+    pooled = symbols + classes + methods + len(STACKS) + len(STATES)
+    needed = pooled + frames + len(events) + 1  # + the ActiveSetting event
+    assert jp.parse(one, 100, max_values=needed).samples
+    with pytest.raises(JfrError, match=f"more than {needed - 1} constant-pool values"):
+        jp.parse(one, 100, max_values=needed - 1)  # the last event is one too many
+    with pytest.raises(JfrError, match="constant-pool values"):
+        jp.parse(one + one, 100, max_values=2 * needed - 1)  # both chunks count
+    assert jp.parse(one + one, 100, max_values=2 * needed).samples
+
+
+def test_ids_above_2_63_name_negative_snapshot_keys(client: httpx.Client) -> None:
+    """contextId, spanId and spanName are unsigned 64-bit; the LabelsSnapshot's keys are int64,
+    and Pyroscope looks an id up as int64(id)."""
+    context, span_name, span = (1 << 64) - 1, (1 << 64) - 2, (1 << 64) - 3
+    snap = jfr_labels_pb2.LabelsSnapshot()
+    snap.strings[1], snap.strings[2], snap.strings[-2] = "region", "ap", "GET /big"
+    snap.contexts[-1].labels[1] = 2
+    events = [(EXEC, (1, 0, context, span, span_name)), (EXEC, (2, 0, 0, 0, 0))]
+    r = upload(client, "bigids", chunk(STACKS, events), snap.SerializeToString())
+    assert r.status_code == 200, r.text
+    ap = flamegraph(
+        client, '{service_name="bigids", region="ap", span_name="GET /big"}', T0 - 60, T0 + 60
+    )
+    assert function_totals(ap) == {
+        "java/lang/Thread.run": PERIOD,
+        "app/Api.handle": PERIOD,
+        "app/Cart.total": PERIOD,
+    }
+    r = client.post(
+        f"{QUERIER}/SelectMergeSpanProfile",
+        json={
+            "profileTypeID": CPU,
+            "labelSelector": '{service_name="bigids"}',
+            "spanSelector": [f"{span:016x}"],
+            "start": (T0 - 60) * 1000,
+            "end": (T0 + 60) * 1000,
+        },
+    )
+    assert r.status_code == 200, r.text
+    assert function_totals(r.json()["flamegraph"])["app/Cart.total"] == PERIOD
+
+
+def test_gzip_bombs_in_either_part_stop_at_the_limit() -> None:
+    """Both parts are gunzipped to at most the server's max_decompressed_bytes."""
+    limit = 1 << 20
+    bomb = gzip.compress(bytes(limit + 1), 9)
+    good = chunk(STACKS, [(EXEC, (1, 0, 0, 0, 0))])
+    for jfr_part, labels_part in ((bomb, b""), (gzip.compress(good), bomb)):
+        with pytest.raises(FormatError, match="larger than the limit"):
+            jp.ingest(jfr_part, labels_part, IngestBatch(), "a", {}, T0 * 10**9, 100, limit)

@@ -14,8 +14,11 @@ value.  Each chunk is self-contained: its own metadata and pools.
 
 Only the events a profile needs are decoded (see :data:`PROFILE_EVENTS`); the rest are skipped
 by their size.  Work is bounded by the input: every loop consumes input bytes, counts are checked
-against the bytes left, and any inconsistency raises :class:`JfrError` naming the problem and
-where it is, never anything else.
+against the bytes left, constant-pool events together span no more than their chunk (so none
+is decoded again inside another), and a recording holds at most :data:`MAX_VALUES` pool
+values, array elements and profile events (memory: each costs far more than the byte or two it
+may take).  Any inconsistency raises :class:`JfrError` naming the problem and where it is,
+never anything else.
 """
 
 from __future__ import annotations
@@ -68,10 +71,32 @@ PROFILE_EVENTS: Dict[str, Tuple[str, ...]] = {
 # metadata can make a small input expensive (legitimate types cost about one read per byte).
 _MAX_READS_PER_BYTE = 16
 _MAX_ELEMENT_DEPTH = 64  # metadata element tree
+# Constant-pool values, array elements and profile events one recording may hold.  Each costs
+# ~50-300 bytes of memory (decoded, or summed into a sample) however few bytes it took (a pool
+# entry can be 2 bytes), so without a cap a recording of the largest size accepted would take
+# gigabytes.  The Pyroscope fixture with cpu, alloc and lock events (10 s of a Kafka broker,
+# every lock and allocation recorded) holds 62 000 in 685 KB: the cap is ~40 MB of that.
+MAX_VALUES = 4_000_000
 
 
 class JfrError(FormatError):
     """The payload is not a JFR recording we can read; the message says what and where."""
+
+
+class _Budget:
+    """What is left of a recording's :data:`MAX_VALUES`."""
+
+    def __init__(self, max_values: int) -> None:
+        self.max_values = max_values
+        self.left = max_values
+
+    def charge(self, n: int) -> None:
+        self.left -= n
+        if self.left < 0:
+            raise JfrError(
+                f"the recording holds more than {self.max_values} constant-pool values, array "
+                "elements and profile events (the most hotspan reads of one upload)"
+            )
 
 
 class _StringRef(int):
@@ -203,7 +228,7 @@ _VARINT_TYPES = ("short", "char", "int", "long")
 class _Types:
     """A chunk's metadata: its types, and value readers built from them on demand."""
 
-    def __init__(self, types: Dict[int, TypeInfo], codec: _Codec) -> None:
+    def __init__(self, types: Dict[int, TypeInfo], codec: _Codec, budget: _Budget) -> None:
         self.by_id = types
         self.by_name = {t.name: t for t in types.values()}
         self.codec = codec
@@ -211,6 +236,7 @@ class _Types:
         self._shape: Dict[int, Tuple[int, int]] = {}  # type id -> (min bytes, reads)
         self._building: set = set()
         self._varint_width: Dict[int, int] = {}  # all-varint struct type -> its field count
+        self.charge = budget.charge  # pool values and array elements count against it
 
     def type_named(self, name: str) -> Optional[TypeInfo]:
         return self.by_name.get(name)
@@ -308,6 +334,7 @@ class _Types:
             return one
         min_size = 1 if f.constant_pool else self.shape(f.type_id)[0]
         count_reader = self.codec.int
+        charge = self.charge
         name = f.name
         width = 0 if f.constant_pool else self._varint_width.get(f.type_id, 0)
         if width:
@@ -318,6 +345,7 @@ class _Types:
                 n, pos = count_reader(buf, pos)
                 if n * width > len(buf) - pos:
                     raise JfrError(f"array {name!r} of {n} values runs past the end of its chunk")
+                charge(n)
                 flat: List[int] = []
                 append = flat.append
                 for _ in range(n * width):
@@ -338,6 +366,7 @@ class _Types:
                 raise JfrError(f"array {name!r} of a type that occupies no bytes")
             if n * min_size > len(buf) - pos:
                 raise JfrError(f"array {name!r} of {n} values runs past the end of its chunk")
+            charge(n)
             out = []
             for _ in range(n):
                 v, pos = one(buf, pos)
@@ -639,6 +668,10 @@ def _constant_pools(chunk: Chunk, first: int, codec: _Codec) -> None:
     types = chunk.types
     seen = set()
     pos = first
+    # Pool events are distinct events of the chunk, so their sizes add up to less than it.
+    # Checked because a chain may lead into the middle of an event already read: pools nested
+    # in pools would have each byte decoded once per pool around it (quadratic work).
+    total = 0
     while True:
         if pos in seen:
             raise JfrError(f"constant pools chain back to offset {pos}")
@@ -649,6 +682,9 @@ def _constant_pools(chunk: Chunk, first: int, codec: _Codec) -> None:
         size, pos = codec.int(buf, pos)
         if size <= 0 or here + size > len(buf):
             raise JfrError(f"constant pool event at {here} of {size} bytes does not fit its chunk")
+        total += size
+        if total > len(buf) - HEADER_SIZE:
+            raise JfrError(f"constant pool event at {here} overlaps another pool event")
         end = here + size  # checked, not sliced: a chunk may hold many pools
         kind, pos = codec.long(buf, pos)
         if kind != 1:
@@ -667,6 +703,7 @@ def _constant_pools(chunk: Chunk, first: int, codec: _Codec) -> None:
             count, pos = codec.int(buf, pos)
             if count * (1 + min_size) > end - pos:
                 raise JfrError(f"constant pool of {count} values runs past its event at {here}")
+            types.charge(count)
             pool = chunk.pools.setdefault(type_id, {})
             for _ in range(count):
                 key, pos = codec.long(buf, pos)
@@ -681,18 +718,22 @@ def _constant_pools(chunk: Chunk, first: int, codec: _Codec) -> None:
 class Recording:
     """A JFR recording: iterate :meth:`events` for the profile events of every chunk."""
 
-    def __init__(self, data: bytes) -> None:
+    def __init__(self, data: bytes, max_values: int = MAX_VALUES) -> None:
+        """``max_values``: constant-pool values, array elements and profile events the
+        recording may hold (each :meth:`events` call counts afresh)."""
         if len(data) < HEADER_SIZE or data[:4] != MAGIC:
             raise JfrError("not a JFR recording: no 'FLR' magic at the start")
         self.data = data
+        self.max_values = max_values
 
     def events(self, wanted: Mapping[str, Sequence[str]] = PROFILE_EVENTS) -> Iterator[Event]:
         offset = 0
         data = self.data
+        budget = _Budget(self.max_values)
         while offset < len(data):
             header = _header(data, offset)
             try:
-                yield from self._chunk_events(offset, header, wanted)
+                yield from self._chunk_events(offset, header, wanted, budget)
             except (IndexError, struct.error):
                 raise JfrError(
                     f"chunk at offset {offset}: a value runs past the end of its chunk "
@@ -703,11 +744,15 @@ class Recording:
             offset += header.size
 
     def _chunk_events(
-        self, offset: int, header: ChunkHeader, wanted: Mapping[str, Sequence[str]]
+        self,
+        offset: int,
+        header: ChunkHeader,
+        wanted: Mapping[str, Sequence[str]],
+        budget: _Budget,
     ) -> Iterator[Event]:
         buf = self.data[offset : offset + header.size]
         codec = _Codec(header.compressed_ints)
-        types = _Types(_metadata(buf, header.metadata_offset, codec), codec)
+        types = _Types(_metadata(buf, header.metadata_offset, codec), codec, budget)
         chunk = Chunk(offset, buf, types)
         _constant_pools(chunk, header.constant_pool_offset, codec)
         readers = {}
@@ -716,6 +761,7 @@ class Recording:
             if t is not None:
                 readers[t.id] = (type_name, types.event_reader(t, fields))
         read_int, read_long = codec.int, codec.long
+        charge = budget.charge
         end = len(buf)
         pos = HEADER_SIZE
         while pos < end:
@@ -731,5 +777,6 @@ class Recording:
                 values, read_to = reader[1](buf, pos)
                 if read_to > start + size:
                     raise JfrError(f"event at offset {offset + start} overruns its size {size}")
+                charge(1)  # each may become a sample of its own (a context or span of its own)
                 yield Event(reader[0], values, chunk)
             pos = start + size

@@ -34,7 +34,7 @@ from typing import Dict, List, Mapping, Optional, Tuple
 from google.protobuf.message import DecodeError
 
 from hotspan.formats.compression import maybe_gunzip
-from hotspan.formats.jfr import JfrError, Recording, StackFrames
+from hotspan.formats.jfr import MAX_VALUES, JfrError, Recording, StackFrames
 from hotspan.formats.pprof import sanitize_label_name
 from hotspan.formats.proto import jfr_labels_pb2
 from hotspan.model.labels import METRIC_NAME, SERVICE_NAME, normalize
@@ -122,11 +122,12 @@ def _id(value: object) -> int:
     return value if isinstance(value, int) and 0 <= value < 1 << 64 else 0
 
 
-def parse(data: bytes, sample_rate: int) -> JfrProfiles:
-    """Sum a recording's profile events (``data``: the JFR bytes, not compressed)."""
+def parse(data: bytes, sample_rate: int, max_values: int = MAX_VALUES) -> JfrProfiles:
+    """Sum a recording's profile events (``data``: the JFR bytes, not compressed;
+    ``max_values``: see :data:`hotspan.formats.jfr.MAX_VALUES`)."""
     period = 1_000_000_000 // sample_rate if sample_rate > 0 else 0
     out = JfrProfiles()
-    for ev in Recording(data).events():
+    for ev in Recording(data, max_values).events():
         v = ev.values
         name = ev.type_name
         if name == "jdk.ActiveSetting":
@@ -190,6 +191,11 @@ def series_labels(app_name: str, labels: Mapping[str, str], event: str) -> Dict[
     return out
 
 
+def _signed(n: int) -> int:
+    """An unsigned 64-bit id as the int64 with the same bits."""
+    return n - (1 << 64) if n >= 1 << 63 else n
+
+
 class _Context:
     """Resolves an event's (contextId, spanId, spanName) to sample labels and a span id."""
 
@@ -205,6 +211,9 @@ class _Context:
         pairs: Dict[str, str] = {}
         snap = self.snapshot
         if snap is not None:
+            # The events' ids are unsigned 64-bit, the snapshot's keys int64: Pyroscope casts
+            # (int64(contextId)), so an id above 2^63 names a negative key.
+            context_id, span_name = _signed(context_id), _signed(span_name)
             strings = snap.strings
             if context_id in snap.contexts:
                 for k, v in snap.contexts[context_id].labels.items():
