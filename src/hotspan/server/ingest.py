@@ -7,6 +7,7 @@ import json
 import time
 from typing import Dict, Mapping, Optional
 
+from starlette.datastructures import FormData
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
@@ -122,6 +123,14 @@ async def ingest(request: Request) -> Response:
     return Response(status_code=200)
 
 
+async def _form(request: Request, max_part_bytes: int) -> FormData:
+    """The multipart body's parts, or a 400 saying why they cannot be read."""
+    try:
+        return await request.form(max_part_size=max_part_bytes)
+    except Exception as exc:  # noqa: BLE001 - Starlette raises several kinds here
+        raise HTTPError(400, f"malformed multipart body: {exc}") from None
+
+
 async def _ingest_pprof(
     request: Request,
     body: bytes,
@@ -135,10 +144,7 @@ async def _ingest_pprof(
     config = state.config
     sample_type_config: Optional[dict] = None
     if ctype.startswith("multipart/form-data"):
-        try:
-            form = await request.form(max_part_size=config.max_body_bytes)
-        except Exception as exc:  # noqa: BLE001 - Starlette raises several kinds here
-            raise HTTPError(400, f"malformed multipart body: {exc}") from None
+        form = await _form(request, config.max_body_bytes)
         part = form.get("profile")
         if part is None:
             hint = " (a JFR upload needs format=jfr)" if "jfr" in form else ""
@@ -176,10 +182,7 @@ async def _ingest_jfr(
     config = request.app.state.hotspan.config
     labels_part = b""
     if ctype.startswith("multipart/form-data"):
-        try:
-            form = await request.form(max_part_size=config.max_body_bytes)
-        except Exception as exc:  # noqa: BLE001 - Starlette raises several kinds here
-            raise HTTPError(400, f"malformed multipart body: {exc}") from None
+        form = await _form(request, config.max_body_bytes)
         part = form.get("jfr")
         if part is None:
             raise HTTPError(400, "multipart body has no 'jfr' field (format=jfr)")
