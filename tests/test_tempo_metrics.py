@@ -459,6 +459,10 @@ def test_series_bound_gives_a_partial_answer(srv: RunningServer, sent: Sent) -> 
         ({"q": "{} | rate()", "start": "yesterday"}, "could not parse 'start' parameter"),
         ({"q": "{} | rate()", "since": "an hour"}, "could not parse 'since' parameter"),
         ({"q": "{} | compare({status = error}, 1001)"}, "integer between 1 and 1000"),
+        # As Tempo: 5 by() labels, 4 where a place of the key is taken (bucket, count).
+        ({"q": "{} | rate() by (.a, .b, .c, .d, .e, .f)"}, "group by 6 values (at most 5)"),
+        ({"q": "{} | avg_over_time(duration) by (.a, .b, .c, .d, .e)"}, "by 5 values (at most 4)"),
+        ({"q": "{} | histogram_over_time(duration) by (.a, .b, .c, .d, .e)"}, "(at most 4)"),
     ],
 )
 def test_bad_requests(srv: RunningServer, sent: Sent, params: Dict[str, str], reason: str) -> None:
@@ -826,3 +830,135 @@ def test_compare_on_each_store(store: Store) -> None:
     got = {s.labels: [int(v) for v in s.values] for s in result.series}
     assert got == compare_table(lambda row: row[2] == "error", STEP_S)
     assert result.inspected_spans == 12
+
+
+# -- bounds on memory and time ------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def duck(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Store]:
+    """A DuckDB store holding the SPANS table, shared by the tests of bounds."""
+    s = open_store(str(tmp_path_factory.mktemp("bounds") / "data"))
+    try:
+        s.write_spans(
+            TENANT, to_span_batch(encode_spans(list(sdk_spans().values()))).batch
+        ).result()
+        yield s
+    finally:
+        s.close()
+
+
+def series_of(result) -> Dict[Tuple[Tuple[str, object], ...], List[float]]:  # type: ignore[no-untyped-def]
+    return {s.labels: list(s.values) for s in result.series}
+
+
+def test_cell_bound_gives_a_partial_answer(duck: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    """maxSeries bounds groups, but a histogram group has a row per bucket: the cells (rows x
+    intervals) are bounded too, and an answer past the bound is partial, its series whole."""
+    from hotspan.query import traceql_metrics
+
+    req = MetricsRequest(START * SEC, END * SEC, STEP_S * SEC)  # 4 intervals
+    histogram = parse_query("{} | histogram_over_time(duration) by (name)")
+    whole = run_metrics(duck, TENANT, histogram, req)
+    assert whole.partial is None and len(whole.series) == 12  # a span per name
+    monkeypatch.setattr(traceql_metrics, "MAX_CELLS", 5 * len(STAMPS_MS))
+    bounded = run_metrics(duck, TENANT, histogram, req)
+    assert bounded.partial and "at most 20 values" in bounded.partial
+    assert len(bounded.series) == 5
+    complete = series_of(whole)
+    assert all(complete[k] == v for k, v in series_of(bounded).items())
+    # Quantiles: a service's buckets (checkout's spans fall in 6) are its rows.
+    quantiles = parse_query("{} | quantile_over_time(duration, .5) by (resource.service.name)")
+    monkeypatch.setattr(traceql_metrics, "MAX_CELLS", 3 * len(STAMPS_MS))
+    bounded = run_metrics(duck, TENANT, quantiles, req)
+    assert bounded.partial and "at most 12 values" in bounded.partial
+    monkeypatch.setattr(traceql_metrics, "MAX_CELLS", 20_000_000)
+    assert run_metrics(duck, TENANT, quantiles, req).partial is None
+
+
+def test_deadline_gives_a_partial_answer(duck: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A query stops reading when its time is up (checked between pages) and says so."""
+    from hotspan.query import traceql_metrics
+
+    req = MetricsRequest(START * SEC, END * SEC, STEP_S * SEC)
+    monkeypatch.setattr(traceql_metrics, "PAGE_SPANS", 3)
+    queries = ["{} | count_over_time()", "{} >> {} | rate()", "{} | compare({status=error})"]
+    for q in queries:
+        assert run_metrics(duck, TENANT, parse_query(q), req).partial is None, q
+    monkeypatch.setattr(traceql_metrics, "DEADLINE_S", 0.0)
+    for q in queries:
+        result = run_metrics(duck, TENANT, parse_query(q), req)
+        assert result.partial and "took longer than 0 s" in result.partial, q
+        assert result.inspected_spans < 12, q
+
+
+def test_compare_series_bound(duck: Store, srv: RunningServer, sent: Sent) -> None:
+    """compare() answers at most maxSeries series: whole attributes (both totals, then the
+    values by rank), partial past the bound; each series kept is exact."""
+    want = compare_table(lambda row: row[2] == "error", STEP_S)
+    query = parse_query(f"{{{ROOTS}}} | compare({{status=error}})")
+    req = MetricsRequest(START * SEC, END * SEC, STEP_S * SEC, max_series=10)
+    bounded = run_metrics(duck, TENANT, query, req)
+    got = series_of(bounded)
+    assert len(got) == 10 and len(want) > 10
+    assert bounded.partial and "maximum series limit of 10" in bounded.partial
+    assert all(want[k] == v for k, v in got.items())
+    for attribute in {k[1][0] for k in got}:
+        for side in ("baseline_total", "selection_total"):
+            assert (("__meta_type", side), (attribute, "nil")) in got
+    # As Grafana asks, with maxSeries.
+    params = {"q": query.text, "start": str(START), "end": str(END), "step": "1m"}
+    r = grafana_get(srv, "/api/metrics/query_range", {**params, "maxSeries": "10"})
+    assert r.status_code == 200, r.text
+    assert len(r.json()["series"]) == 10 and r.json()["status"] == "PARTIAL"
+
+
+def test_compare_memory_bounds(duck: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    """compare() counts the first values of an attribute (the rest in its totals only), a
+    bounded number of attributes and of counts: totals stay exact."""
+    from hotspan.query import traceql_compare
+
+    def selected(row) -> bool:  # type: ignore[no-untyped-def]
+        return row[2] == "error"
+
+    every = compare_table(selected, STEP_S, top_n=1000)
+    totals = {k: v for k, v in every.items() if k[0][1].endswith("_total")}
+    req = MetricsRequest(START * SEC, END * SEC, STEP_S * SEC)
+    query = parse_query(f"{{{ROOTS}}} | compare({{status=error}}, 2)")
+
+    # Values: each span has its own name; with a bound of one value per side and attribute,
+    # the name counted is the newest span's (read first), the others are in the totals only.
+    # As Tempo, the answer is not partial for it.
+    monkeypatch.setattr(traceql_compare, "MAX_COMPARE_VALUES", 1)
+    result = run_metrics(
+        duck, TENANT, parse_query(f"{{{ROOTS}}} | compare({{status=error}}, 1)"), req
+    )
+    got = series_of(result)
+    assert result.partial is None
+    for side, in_side in (("baseline", lambda r: not selected(r)), ("selection", selected)):
+        rows = [n for n, r in enumerate(SPANS) if step_of(r[3]) is not None and in_side(r)]
+        newest = f"span{max(rows, key=lambda n: SPANS[n][3])}"
+        names = [k for k in got if k[0][1] == side and k[1][0] == "name"]
+        assert names == [(("__meta_type", side), ("name", newest))]
+        assert got[names[0]] == every[names[0]]
+    assert {k: v for k, v in got.items() if k in totals} == totals
+    monkeypatch.setattr(traceql_compare, "MAX_COMPARE_VALUES", 1000)
+
+    # Attributes: three of the nine.
+    monkeypatch.setattr(traceql_compare, "MAX_COMPARE_ATTRIBUTES", 3)
+    result = run_metrics(duck, TENANT, query, req)
+    got = series_of(result)
+    assert result.partial and "at most 3 attributes" in result.partial
+    assert len({k[1][0] for k in got}) == 3
+    assert all(every[k] == v for k, v in got.items())
+    monkeypatch.setattr(traceql_compare, "MAX_COMPARE_ATTRIBUTES", 250)
+
+    # Counts: ten (side, interval, attribute, value) cells.
+    monkeypatch.setattr(traceql_compare, "MAX_COMPARE_CELLS", 10)
+    result = run_metrics(duck, TENANT, query, req)
+    got = series_of(result)
+    assert result.partial and "at most 10 counts" in result.partial
+    assert {k: v for k, v in got.items() if k in totals} == totals
+    values = [k for k in got if k not in totals]
+    assert sum(1 for k in values for v in got[k] if v) <= 10
+    assert all(v <= w for k in values for v, w in zip(got[k], every[k]))

@@ -20,6 +20,16 @@ counts ``statusMessage``, event, link and instrumentation-scope attributes, whic
 records do not hold, and ``span:childCount``, which would need every span of every trace read.
 Tempo's ``__meta_error="__too_many_values__"`` series carry no samples, so its answer never
 shows them; neither does this one. No exemplars.
+
+Bounds: reading stops as for the other metrics functions (spans read, wall time: see
+:mod:`hotspan.query.traceql_metrics`).  Of memory and answer size: at most
+``MAX_COMPARE_ATTRIBUTES`` attributes are counted (about Tempo's, which stops reading at
+``maxSeries`` / 4 of them); per side and attribute, the first ``max(MAX_COMPARE_VALUES, topN)``
+values seen (newest spans first; later values are in the totals only: ids and urls have a
+value per span, and Tempo marks such an attribute ``__too_many_values__`` anyway); at most
+``MAX_COMPARE_CELLS`` (side, interval, attribute, value) counts; and at most ``maxSeries``
+series in the answer, whole attributes first, those with the most spans first.  Hitting a
+bound other than the values' makes the answer partial, with a message.
 """
 
 from __future__ import annotations
@@ -30,21 +40,22 @@ from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from hotspan.model.trace import RS, SPAN_KINDS, STATUS_CODES, US, Condition, SearchError, SpanRecord
+from hotspan.model.trace import RS, SPAN_KINDS, STATUS_CODES, US, SearchError, SpanRecord
 from hotspan.query import traceql
 from hotspan.query import traceql_ast as ast
 from hotspan.query.engine import QueryError
-from hotspan.query.traceql_eval import plain
+from hotspan.query.traceql_eval import ROOT_CONDITION, plain
 from hotspan.query.traceql_metrics import (
     MS,
+    Candidates,
     LabelValue,
     MetricsRequest,
     MetricsResult,
     Series,
     Trace,
-    _Candidates,
     aligned_range,
     matched_spans,
+    series_bound_message,
 )
 from hotspan.store.base import PARENT_LOOKBACK_NS, Store
 
@@ -52,9 +63,12 @@ META_TYPE = "__meta_type"
 BASELINE, SELECTION = "baseline", "selection"
 MAX_TOP_N = 1000  # Tempo's maxCompareTopN
 NIL = "nil"  # how Tempo writes the nil value of a *_total series' attribute
-# The store's root test (what {nestedSetParent<0} pushes down).
-ROOT = Condition("span:parentID", "=", "0000000000000000")
 _MEMO_LIMIT = 100_000
+# Bounds (see the module's doc): attributes counted, values per side and attribute (at least
+# topN), counts kept (a count and its keys cost about 300 bytes: 150 MB).
+MAX_COMPARE_ATTRIBUTES = 250
+MAX_COMPARE_VALUES = 1_000
+MAX_COMPARE_CELLS = 500_000
 
 # (side, interval, attribute, value) -> spans
 Counts = Dict[Tuple[str, int, str, LabelValue], int]
@@ -129,7 +143,16 @@ class _Compare:
         self.req = req
         self.start, self.end, self.intervals = aligned_range(req)
         self.step = self.end - self.start if req.instant else req.step_ns
-        self.counts: Counts = Counter()
+        self.counts: Counts = {}
+        # Spans with each attribute, per side and interval (values past the bound included).
+        self.totals: Dict[Tuple[str, str], List[int]] = {}
+        self.attributes: Dict[str, None] = {}  # those counted
+        self.tracked: set = set()  # (side, attribute, value) counted
+        self.values: Counter = Counter()  # (side, attribute) -> values counted
+        self.value_limit = max(MAX_COMPARE_VALUES, stage.top_n)
+        self.attributes_limited = False
+        self.cells_limited = False
+        self.series_limited = False
         self.span_attributes = _Attributes("span.", memo=False)
         self.resource_attributes = _Attributes("resource.", memo=True)
         self.roots: Dict[str, Tuple[str, str]] = {}  # trace id -> (root name, root service)
@@ -151,7 +174,7 @@ class _Compare:
             slots = [0] * len(spans)
         else:
             slots = ((starts - self.start - 1) // self.step).tolist()
-        counts = self.counts
+        counts: Counts = Counter()
         # Spans of a side and interval share their resources, names and attribute texts:
         # count those first, then spread each over its attributes once.
         ones: List[Tuple[str, int, str, LabelValue]] = []
@@ -184,6 +207,38 @@ class _Compare:
                 counts[(side, slot, "rootName", root[0])] += n
                 if root[1]:
                     counts[(side, slot, "rootServiceName", root[1])] += n
+        self._merge(counts)
+
+    def _merge(self, page: Counts) -> None:
+        """A page's counts into the query's, within the bounds."""
+        counts, totals, tracked, values = self.counts, self.totals, self.tracked, self.values
+        intervals = self.intervals
+        for key, n in page.items():
+            side, slot, attribute, value = key
+            if not 0 <= slot < intervals:
+                continue
+            total = totals.get((side, attribute))
+            if total is None:
+                if attribute not in self.attributes:
+                    if len(self.attributes) >= MAX_COMPARE_ATTRIBUTES:
+                        self.attributes_limited = True
+                        continue
+                    self.attributes[attribute] = None
+                total = totals[(side, attribute)] = [0] * intervals
+            total[slot] += n
+            old = counts.get(key)
+            if old is not None:
+                counts[key] = old + n
+                continue
+            if len(counts) >= MAX_COMPARE_CELLS:
+                self.cells_limited = True
+                continue
+            if (side, attribute, value) not in tracked:
+                if values[(side, attribute)] >= self.value_limit:
+                    continue  # one value too many: in the totals only
+                tracked.add((side, attribute, value))
+                values[(side, attribute)] += 1
+            counts[key] = n
 
     def learn_roots(
         self, store: Store, tenant: str, spans: Sequence[SpanRecord], low: int, high: int
@@ -203,7 +258,7 @@ class _Compare:
                 tenant,
                 low - PARENT_LOOKBACK_NS,
                 high + PARENT_LOOKBACK_NS,
-                (ROOT,),
+                (ROOT_CONDITION,),
                 trace_ids=missing,
                 limit=len(missing) * 2,
             )
@@ -213,26 +268,42 @@ class _Compare:
             self.roots.setdefault(r.trace_id, (r.name, r.service))
 
     def series(self) -> List[Series]:
-        """The topN values per side and attribute, and each side's totals per attribute."""
+        """The topN values per side and attribute, and each side's totals per attribute: at
+        most ``maxSeries``, whole attributes first, the attributes with most spans first."""
         intervals = self.intervals
         sums: Dict[Tuple[str, str], Dict[LabelValue, int]] = {}
-        totals: Dict[Tuple[str, str], List[int]] = {}
-        for (side, slot, attribute, value), n in self.counts.items():
-            if 0 <= slot < intervals:
-                per_value = sums.setdefault((side, attribute), {})
-                per_value[value] = per_value.get(value, 0) + n
-                total = totals.get((side, attribute))
-                if total is None:
-                    total = totals[(side, attribute)] = [0] * intervals
-                total[slot] += n
-        kept = {
-            (side, attribute, value)
-            for (side, attribute), per_value in sums.items()
-            for value in _top(per_value, self.stage.top_n)
-        }
+        for (side, _, attribute, value), n in self.counts.items():
+            per_value = sums.setdefault((side, attribute), {})
+            per_value[value] = per_value.get(value, 0) + n
+        spans: Counter = Counter()
+        for (_, attribute), total in self.totals.items():
+            spans[attribute] += sum(total)
+        budget = self.req.max_series
+        shown: List[Tuple[str, str]] = []  # (side, attribute) totals shown
+        kept = set()
+        for attribute in sorted(spans, key=lambda a: (-spans[a], a)):
+            sides = [side for side in (SELECTION, BASELINE) if (side, attribute) in self.totals]
+            tops = [list(_top(sums.get((side, attribute), {}), self.stage.top_n)) for side in sides]
+            # Totals, then the values of both sides by rank (the most frequent first).
+            wanted = [(side, attribute, None) for side in sides] + [
+                (side, attribute, top[rank])
+                for rank in range(max(map(len, tops), default=0))
+                for side, top in zip(sides, tops)
+                if rank < len(top)
+            ]
+            if len(wanted) > budget:
+                self.series_limited = True
+                # Part of an attribute: its totals and some of its values, or nothing.
+                wanted = wanted[:budget] if budget > len(sides) else []
+            budget -= len(wanted)
+            for side, _, value in wanted:
+                if value is None:
+                    shown.append((side, attribute))
+                else:
+                    kept.add((side, attribute, value))
         rows: Dict[Tuple[str, str, LabelValue], np.ndarray] = {}
         for (side, slot, attribute, value), n in self.counts.items():
-            if 0 <= slot < intervals and (side, attribute, value) in kept:
+            if (side, attribute, value) in kept:
                 row = rows.get((side, attribute, value))
                 if row is None:
                     row = rows[(side, attribute, value)] = np.zeros(intervals)
@@ -242,9 +313,30 @@ class _Compare:
             for (side, attribute, value), row in rows.items()
         ]
         out.extend(
-            Series(((META_TYPE, side + "_total"), (attribute, NIL)), np.array(total, dtype=float))
-            for (side, attribute), total in totals.items()
+            Series(
+                ((META_TYPE, side + "_total"), (attribute, NIL)),
+                np.array(self.totals[(side, attribute)], dtype=float),
+            )
+            for side, attribute in shown
         )
+        return out
+
+    def partial(self) -> List[str]:
+        """Messages of the bounds the answer hit (call after ``series()``)."""
+        out = []
+        if self.series_limited:
+            out.append(series_bound_message(self.req.max_series))
+        if self.attributes_limited:
+            out.append(
+                f"compare() counts at most {MAX_COMPARE_ATTRIBUTES} attributes: the spans' "
+                "other attributes are left out"
+            )
+        if self.cells_limited:
+            out.append(
+                f"compare() keeps at most {MAX_COMPARE_CELLS} counts (attribute values by "
+                "interval): values met after that are in the totals only (use a larger step "
+                "or a narrower query)"
+            )
         return out
 
 
@@ -271,7 +363,7 @@ def run_compare(
         low, high = builder.start, builder.end
     else:
         low, high = builder.start + 1, builder.end
-    state = _Candidates()
+    state = Candidates()
     pages = matched_spans(store, tenant, query, low, high, max_spans, builder.whole, state)
     for spans, traces in pages:
         builder.learn_roots(store, tenant, spans, low, high)
@@ -281,4 +373,7 @@ def run_compare(
         if req.instant
         else (builder.start + builder.step * np.arange(1, builder.intervals + 1)) // MS
     )
-    return MetricsResult(timestamps, builder.series(), state.read, len(state.traces), state.partial)
+    series = builder.series()
+    messages = ([state.partial] if state.partial else []) + builder.partial()
+    partial = "; ".join(messages) or None
+    return MetricsResult(timestamps, series, state.read, len(state.traces), partial)

@@ -17,8 +17,10 @@ Traces Drilldown draw the same picture from hotspan as from Tempo:
   ``by`` a series is labelled ``__name__=<function>``.
 
 Spans are read newest first, a page at a time over time slices sized from the spans seen so
-far (each span read once), at most ``max_spans`` of them; series stop at ``max_series``.  A
-bound hit makes the answer partial, with a message saying which bound.  A root-span filter
+far (each span read once), at most ``max_spans`` of them, for at most ``DEADLINE_S`` seconds
+(checked between pages); series stop at ``max_series``, and rows (a series, or a bucket of
+a histogram's group) once rows x intervals would pass ``MAX_CELLS``.  A bound hit makes the
+answer partial, with a message saying which bound.  A root-span filter
 (``{nestedSetParent<0}``, Traces Drilldown's default) is the store's condition, so only roots
 are read.  ``compare()`` is in :mod:`hotspan.query.traceql_compare`.
 """
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import math
 import operator
+import time
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
@@ -37,6 +40,7 @@ from hotspan.model.trace import SPAN_KINDS, STATUS_CODES, Condition, SpanRecord
 from hotspan.query import traceql
 from hotspan.query import traceql_ast as ast
 from hotspan.query.engine import QueryError
+from hotspan.query.traceql_eval import TRACE_WIDE, conjuncts
 from hotspan.store.base import PARENT_LOOKBACK_NS, Store
 
 SEC = 1_000_000_000
@@ -52,6 +56,13 @@ MAX_SERIES = 1_000
 MAX_INTERVALS = 10_000
 MAX_EXEMPLARS = 100
 MAX_GROUP_BYS = 5
+# Cells (rows x intervals, 8 bytes each) an answer may hold: 160 MB.  maxSeries bounds the
+# groups, but a histogram or quantile group has a row per power-of-two bucket (up to ~64).
+MAX_CELLS = 20_000_000
+# Wall time a query may read for: checked between pages (a page takes 2 s at most),
+# so the partial answer, with the spans counted so far, comes before Grafana's data source
+# gives up (30 s by default).
+DEADLINE_S = 25.0
 EXEMPLARS_PER_BUCKET = 2
 TRACES_PER_FETCH = 500
 
@@ -70,20 +81,15 @@ FUNCTIONS = (
 )
 VALUE_FUNCTIONS = ("min_over_time", "max_over_time", "avg_over_time", "sum_over_time")
 HISTOGRAM_FUNCTIONS = ("histogram_over_time", "quantile_over_time")
-_DURATION_KEYS = ("duration", "span:duration")
-_DURATION_LABEL_KEYS = ("duration", "span:duration", "traceDuration", "trace:duration")
-
-# Intrinsics whose value needs the whole trace (canonical names, as traceql.INTRINSICS).
-_TRACE_WIDE = (
-    "traceDuration",
-    "rootName",
-    "rootServiceName",
-    "childCount",
-    "nestedSetParent",
-    "nestedSetLeft",
-    "nestedSetRight",
+# The names of the span's own duration (read from its start and end), and of every duration
+# (labels show those as durations), from TraceQL's table of intrinsics.
+_SPAN_DURATION_KEYS = tuple(k for k, v in traceql.INTRINSICS.items() if v == "duration")
+_DURATION_LABEL_KEYS = tuple(
+    k for k, v in traceql.INTRINSICS.items() if v in ("duration", "traceDuration")
 )
-# Of those, the ones that differ span to span (the others are one value per trace).
+
+# Of the trace-wide intrinsics (traceql_eval.TRACE_WIDE), the ones that differ span to span
+# (the others are one value per trace).
 _PER_SPAN_OF_TRACE = ("childCount", "nestedSetParent", "nestedSetLeft", "nestedSetRight")
 
 LabelValue = Union[str, int, float, bool]  # an ast.Duration shows as Go prints durations
@@ -230,23 +236,32 @@ def _numeric(value: object) -> Optional[float]:
 
 class _Aggregator:
     """Rows (a series, or a series and a bucket) by intervals: span counts, and for the
-    value functions (``min/max/sum/avg_over_time``) the values."""
+    value functions (``min/max/sum/avg_over_time``) the values.  At most ``max_rows`` rows
+    (allocated as they come, doubling, never past it)."""
 
-    def __init__(self, function: str, intervals: int) -> None:
+    def __init__(self, function: str, intervals: int, max_rows: int) -> None:
         self.function = function
         self.intervals = intervals
+        self.max_rows = max_rows
         self.rows: Dict[tuple, int] = {}
-        self.counts = np.zeros((16, intervals))
+        first = min(16, max_rows)
+        self.counts = np.zeros((first, intervals))
         # min and max start from NaN (fmin/fmax then take the first value); sums from 0.
         self.fill = np.nan if function in ("min_over_time", "max_over_time") else 0.0
-        self.values = np.full((16, intervals), self.fill) if function in VALUE_FUNCTIONS else None
+        self.values = (
+            np.full((first, intervals), self.fill) if function in VALUE_FUNCTIONS else None
+        )
+
+    def full(self) -> bool:
+        return len(self.rows) >= self.max_rows
 
     def row(self, key: tuple) -> int:
+        """The row of a key, a new one if need be (the caller checks ``full()`` first)."""
         index = self.rows.get(key)
         if index is None:
             index = self.rows[key] = len(self.rows)
             if index >= len(self.counts):
-                more = len(self.counts)
+                more = min(len(self.counts), self.max_rows - len(self.counts))
                 self.counts = np.vstack([self.counts, np.zeros((more, self.intervals))])
                 if self.values is not None:
                     extra = np.full((more, self.intervals), self.fill)
@@ -280,19 +295,22 @@ class _Aggregator:
 
 
 @dataclass
-class _Candidates:
+class Candidates:
     """What reading the spans came to: how many, of how many traces, and why it stopped
-    early if it did."""
+    early if it did; and until when (``time.monotonic()``) reading may go on."""
 
     read: int = 0
     traces: set = field(default_factory=set)
     partial: Optional[str] = None
+    deadline: float = field(default_factory=lambda: time.monotonic() + DEADLINE_S)
 
-
-def _conjuncts(expr: object) -> List[object]:
-    if isinstance(expr, ast.Binary) and expr.op == "&&":
-        return _conjuncts(expr.lhs) + _conjuncts(expr.rhs)
-    return [expr]
+    def out_of_time(self, oldest_ns: Optional[int]) -> bool:
+        """Whether the time is up; if so the answer is partial, counting the spans that
+        started from ``oldest_ns`` on."""
+        if time.monotonic() < self.deadline:
+            return False
+        self.partial = _deadline_message(oldest_ns)
+        return True
 
 
 def _filter_parts(query: traceql.Query) -> Optional[List[object]]:
@@ -301,9 +319,7 @@ def _filter_parts(query: traceql.Query) -> Optional[List[object]]:
     if query.needs_traces or not isinstance(query.root, ast.Filter):
         return None
     return [
-        p
-        for p in _conjuncts(query.root.expr)
-        if not (isinstance(p, ast.Static) and p.value is True)
+        p for p in conjuncts(query.root.expr) if not (isinstance(p, ast.Static) and p.value is True)
     ]
 
 
@@ -375,7 +391,7 @@ def _slices(
     low_ns: int,
     high_ns: int,
     max_spans: int,
-    state: _Candidates,
+    state: Candidates,
 ) -> Iterator[List[SpanRecord]]:
     """The spans meeting ``conditions`` that started in [low_ns, high_ns], newest first, a
     page of at most ``PAGE_SPANS`` at a time, at most ``max_spans`` in all.
@@ -387,6 +403,9 @@ def _slices(
     cursor = high_ns + 1  # exclusive: span_records takes the spans that start before its end
     width = max((high_ns - low_ns) // 8, 1)
     while cursor > low_ns:
+        # Between pages (the first is always read): the time a query takes is bounded.
+        if cursor <= high_ns and state.out_of_time(cursor):
+            return
         budget = max_spans - state.read
         if budget <= 0:
             # Spans started before the range (still running in it) sort last: the first row
@@ -430,7 +449,7 @@ def matched_spans(
     high_ns: int,
     max_spans: int,
     whole_traces: bool,
-    state: _Candidates,
+    state: Candidates,
 ) -> Iterator[Page]:
     """Pages of the spans the query matches that started in [low_ns, high_ns], the newest
     first, each with its whole trace when ``whole_traces`` (or the query) needs it.  Reads at
@@ -446,6 +465,7 @@ def matched_spans(
             new = [t for t in dict.fromkeys(s.trace_id for s in page) if t not in done_traces]
             done_traces.update(new)
             yield from _whole_traces(store, tenant, query, new, low_ns, high_ns, max_spans, state)
+            # A bound hit there ends the read (counting spans later than the cut is wrong).
             if state.partial:
                 return
         elif tests is not None:
@@ -464,12 +484,14 @@ def _whole_traces(
     low_ns: int,
     high_ns: int,
     max_spans: int,
-    state: _Candidates,
+    state: Candidates,
 ) -> Iterator[Page]:
     """Matched spans of whole traces (structural operators, pipelines and trace-wide
     intrinsics need every span of a trace), read around the range: a parent may have started
     up to an hour earlier."""
     for i in range(0, len(trace_ids), TRACES_PER_FETCH):
+        if i and state.out_of_time(None):
+            return
         budget = max_spans - state.read
         if budget <= 0:
             state.partial = _span_bound_message(max_spans, None)
@@ -506,6 +528,25 @@ def _span_bound_message(limit: int, oldest_ns: Optional[int]) -> str:
     )
 
 
+def _deadline_message(oldest_ns: Optional[int]) -> str:
+    counted = "the newest spans"
+    if oldest_ns is not None:
+        when = datetime.fromtimestamp(oldest_ns / SEC, timezone.utc).isoformat()
+        counted = f"the spans that started from {when} on"
+    return (
+        f"the query took longer than {DEADLINE_S:g} s: the answer counts {counted} "
+        "(narrow the range or the query)"
+    )
+
+
+def cell_bound_message(limit: int) -> str:
+    return (
+        f"the answer holds at most {limit} values (series x intervals) and this query needs "
+        "more: series past the bound are left out (use a larger step, fewer by() labels or "
+        "a narrower query)"
+    )
+
+
 def series_bound_message(limit: int) -> str:
     return (
         f"Response exceeds maximum series limit of {limit}, a partial response is returned. "
@@ -539,7 +580,7 @@ def _series_labels(stage: traceql.MetricsStage, row_key: tuple) -> Labels:
 
 def trace_wide(key: str) -> bool:
     """Whether an identifier's value needs the span's whole trace (``rootServiceName``)."""
-    return traceql.INTRINSICS.get(key) in _TRACE_WIDE
+    return traceql.INTRINSICS.get(key) in TRACE_WIDE
 
 
 def _getter(key: str) -> Getter:
@@ -560,7 +601,7 @@ def _getter(key: str) -> Getter:
         )
     if canonical in _PER_SPAN_OF_TRACE:
         return lambda span, trace: traceql.span_value(span, key, trace)
-    if canonical in _TRACE_WIDE:
+    if canonical in TRACE_WIDE:
         return _memoized(lambda span, trace: traceql.span_value(span, key, trace), "trace_id")
     if key.startswith("resource."):
         # A resource's attributes are one text shared by its spans (and service.name falls
@@ -589,7 +630,7 @@ def _value_of(stage: traceql.MetricsStage) -> Callable[[SpanRecord, Trace], Opti
     """What ``min/max/sum/avg_over_time`` and the quantile exemplars read from a span:
     durations in seconds, other attributes as numbers (spans without one are skipped)."""
     attribute = stage.attribute or "duration"
-    if attribute in _DURATION_KEYS:
+    if attribute in _SPAN_DURATION_KEYS:
         return lambda s, trace: (s.end_ns - s.start_ns) / SEC
     get = _getter(attribute)
     scale = SEC if attribute in _DURATION_LABEL_KEYS else 1
@@ -605,7 +646,7 @@ def _bucket_of(stage: traceql.MetricsStage) -> Callable[[SpanRecord, Trace], Opt
     of two nanoseconds, in seconds; integers rounded up to a power of two; none below 2 or
     for other values (as Tempo, which skips those spans)."""
     attribute = stage.attribute or "duration"
-    if attribute in _DURATION_KEYS:
+    if attribute in _SPAN_DURATION_KEYS:
 
         def duration_bucket(s: SpanRecord, trace: Trace) -> Optional[float]:
             d = s.end_ns - s.start_ns
@@ -630,8 +671,9 @@ def validate_stage(stage: traceql.MetricsStage) -> None:
     """Refuse what Tempo refuses (QueryError with its reason)."""
     if stage.function not in FUNCTIONS:
         raise QueryError(f"unsupported metrics function {stage.function}()")
-    # Histograms keep one place of the key for the bucket.
-    limit = MAX_GROUP_BYS - (stage.function in HISTOGRAM_FUNCTIONS)
+    # As Tempo: histograms keep one place of the key for the bucket, averages one for the
+    # count they carry, so they take one by() label less.
+    limit = MAX_GROUP_BYS - (stage.function in (*HISTOGRAM_FUNCTIONS, "avg_over_time"))
     if len(stage.by) > limit:
         raise QueryError(f"unsupported: metrics group by {len(stage.by)} values (at most {limit})")
     for q in stage.quantiles:
@@ -650,7 +692,8 @@ class _SeriesBuilder:
         self.req = req
         self.start, self.end, intervals = aligned_range(req)
         self.step = self.end - self.start if req.instant else req.step_ns
-        self.agg = _Aggregator(stage.function, intervals)
+        # Tempo bounds series only; the cells bound memory too (by(span.id) histograms).
+        self.agg = _Aggregator(stage.function, intervals, max(MAX_CELLS // intervals, 1))
         function = stage.function
         self.by = [_getter(k) for k in stage.by]
         self.bucket_of = _bucket_of(stage) if function in HISTOGRAM_FUNCTIONS else None
@@ -661,6 +704,7 @@ class _SeriesBuilder:
         self.group_limit = max(req.max_series // len(stage.quantiles), 1) if quantiles else None
         self.groups: Dict[tuple, None] = {}
         self.limited = False
+        self.cells_limited = False
         self.buckets = (
             _ExemplarBuckets(req.exemplars, self.start // MS, self.end // MS)
             if req.exemplars and not req.instant
@@ -670,7 +714,7 @@ class _SeriesBuilder:
         self.exemplar_traces: set = set()
         self.row_of: Dict[tuple, int] = {}  # row key -> aggregator row (-1: over the bound)
         # Durations are read straight from the spans, for all of a page at once.
-        self.duration_attribute = (stage.attribute or "duration") in _DURATION_KEYS and (
+        self.duration_attribute = (stage.attribute or "duration") in _SPAN_DURATION_KEYS and (
             function in HISTOGRAM_FUNCTIONS or function in VALUE_FUNCTIONS
         )
 
@@ -744,11 +788,15 @@ class _SeriesBuilder:
         """The aggregator's row of a new row key, or -1 when its group is one too many
         (groups: by() values, and for histograms the bucket too)."""
         group = key[0] if self.bucket_of is not None and self.group_limit is not None else key
-        if group not in self.groups:
-            if len(self.groups) >= (self.group_limit or self.req.max_series):
-                self.limited = True
-                return -1
-            self.groups[group] = None
+        if group not in self.groups and len(self.groups) >= (
+            self.group_limit or self.req.max_series
+        ):
+            self.limited = True
+            return -1
+        if self.agg.full():
+            self.cells_limited = True
+            return -1
+        self.groups[group] = None
         return self.agg.row(key)
 
     def _exemplars(
@@ -848,13 +896,17 @@ def run_metrics(
         low, high = builder.start + 1, builder.end  # intervals are right-closed
     keys = [*stage.by, stage.attribute or ""]
     whole = any(trace_wide(k) for k in keys)
-    state = _Candidates()
+    state = Candidates()
     for spans, traces in matched_spans(store, tenant, query, low, high, max_spans, whole, state):
         builder.observe(spans, traces)
     series = builder.series()
     for name, limit in stage.second_stage:
         series = top_k(series, limit, largest=name == "topk")
-    partial = series_bound_message(req.max_series) if builder.limited else state.partial
+    partial = state.partial
+    if builder.limited:
+        partial = series_bound_message(req.max_series)
+    elif builder.cells_limited:
+        partial = cell_bound_message(MAX_CELLS)
     return MetricsResult(builder.timestamps_ms(), series, state.read, len(state.traces), partial)
 
 
