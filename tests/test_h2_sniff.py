@@ -14,6 +14,7 @@ import gc
 import os
 import socket
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import AsyncIterator, Awaitable, Callable, List, Optional
 
 import pytest
@@ -258,7 +259,13 @@ def test_only_the_main_port_hands_over(run: Runner) -> None:
     run(main)
 
 
-def test_piped_connections_are_limited(run: Runner) -> None:
+@pytest.mark.parametrize("given", [True, False], ids=["max_connections", "default"])
+def test_piped_connections_are_limited(
+    run: Runner, given: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """At most --max-connections piped connections, or DEFAULT_MAX_PIPES without it (set
+    to 1 here: the cap must not be "none" when the option is not given)."""
+    monkeypatch.setattr(h2_sniff, "DEFAULT_MAX_PIPES", 1 if not given else 1000)
     release = asyncio.Event()
 
     async def held(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -267,7 +274,7 @@ def test_piped_connections_are_limited(run: Runner) -> None:
         writer.close()
 
     async def main() -> None:
-        async with harness(held, max_connections=1) as h:
+        async with harness(held, max_connections=1 if given else None) as h:
             first_reader, first = await h.open()
             first.write(PREFACE)
             await first.drain()
@@ -405,3 +412,48 @@ def test_client_reads_stay_paused_while_the_grpc_side_backs_up_from_the_start(ru
         backend.close()
 
     run(main)
+
+
+# An empty SETTINGS frame: what an HTTP/2 client sends after the preface.
+SETTINGS = b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
+GOAWAY = 7
+
+
+def _frame_types(data: bytes) -> List[int]:
+    types, at = [], 0
+    while at + 9 <= len(data):
+        types.append(data[at + 3])
+        at += 9 + int.from_bytes(data[at : at + 3], "big")
+    return types
+
+
+def test_an_idle_grpc_connection_is_closed_and_frees_its_pipe(run: Runner, tmp_path: Path) -> None:
+    """The real query gRPC server behind the pipe, its idle time made short: a client that
+    opens HTTP/2 and makes no call is sent GOAWAY and closed, and its pipe counts no more."""
+    from hotspan.server import tempo_grpc
+    from hotspan.server.app import create_app
+    from hotspan.server.config import ServerConfig
+
+    idle_s = 0.3
+    state = create_app(ServerConfig(data_dir=str(tmp_path))).state.hotspan
+    grpc_server, grpc_port = tempo_grpc.serve(state, idle_ms=int(idle_s * 1000))
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        async with harness(grpc_port=grpc_port, max_connections=1) as h:
+            for _ in range(2):  # the second gets the one pipe once the first is closed
+                reader, writer = await h.open()
+                began = loop.time()
+                writer.write(PREFACE + SETTINGS)
+                data = await asyncio.wait_for(reader.read(), 3)  # to the end: closed
+                waited = loop.time() - began
+                assert _frame_types(data)[0] == 4  # the server's SETTINGS: it was piped
+                assert _frame_types(data)[-1] == GOAWAY and b"idle" in data
+                assert idle_s * 0.6 < waited < idle_s + 2
+                writer.close()
+
+    try:
+        run(main)
+    finally:
+        grpc_server.stop(None)
+        state.store.close()

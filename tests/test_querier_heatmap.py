@@ -328,6 +328,9 @@ def test_heatmap_without_exemplars_and_in_json(srv: RunningServer) -> None:
         ({"exemplar_type": 42}, "unknown exemplar type"),
         ({"limit": -1}, "limit must be non-negative"),
         ({"profile_typeID": "nope"}, "profile type"),
+        # 1 ms over the 2 minutes: 120,000 slots, over SelectSeries' limit of points.
+        ({"step": 0.001}, "step is too small for the time range (over 100,000 points)"),
+        ({"step": 0.001, "start": 0, "end": 0}, "step is too small for the time range"),
     ],
 )
 def test_heatmap_bad_requests(srv: RunningServer, fields: dict, message: str) -> None:
@@ -340,6 +343,24 @@ def test_heatmap_bad_requests(srv: RunningServer, fields: dict, message: str) ->
     assert r.status_code == 400, r.text
     assert r.json()["code"] == "invalid_argument"
     assert message in r.json()["message"]
+
+
+def test_heatmap_and_series_steps_up_to_the_limit(srv: RunningServer) -> None:
+    """2 ms over the 2 minutes: 60,000 steps, within the limit; 1 ms is refused for
+    SelectSeries as for SelectHeatmap."""
+    resp = call(
+        srv, "SelectHeatmap", heatmap_request(step=0.002), querier_pb2.SelectHeatmapResponse
+    )
+    assert sum(sum(s.counts) for hm in resp.series for s in hm.slots) == len(PROFILES)
+    with srv.client() as c:
+        r = c.post(
+            f"{QUERIER}/SelectSeries",
+            content=series_request(step=0.001).SerializeToString(),
+            headers=GRAFANA_HEADERS,
+        )
+    assert r.status_code == 400, r.text
+    assert r.json()["code"] == "invalid_argument"
+    assert r.json()["message"] == "step is too small for the time range (over 100,000 points)"
 
 
 def series_request(**fields) -> querier_pb2.SelectSeriesRequest:  # type: ignore[no-untyped-def]
@@ -548,6 +569,28 @@ def test_heatmap_and_exemplars_of_many_profiles_stay_quick(many_profiles: QueryE
         assert ex.value == (ex.time_ns - T0 * 10**9) // 2_500_000_000 + 1
     # Python work per point made this ~10 s; numpy columns take well under a second.
     assert took < 4.0, took
+
+
+def test_heatmaps_past_the_cell_cap_are_refused(many_profiles: QueryEngine) -> None:
+    """Cells are the non-empty slots of every series times the value buckets; past the cap,
+    a 400 that says what to narrow."""
+    from hotspan.query.heatmap import Y_BUCKETS
+    from hotspan.server.errors import HTTPError
+    from hotspan.server.querier import check_heatmap_cells
+
+    engine, sel = many_profiles, parse_selector('{service_name="svc3"}')
+    end_ms = (T0 * 10**9 + MANY_PROFILES * 2_500_000_000) // 10**6
+    maps, lows = engine.heatmap("t", PTYPE, sel, T0 * 1000, end_ms, 25_000, ["pod"], False, False)
+    # svc3's profiles, a slot each: a pod's are MANY_SERIES * 2.5 s apart, slots 25 s wide.
+    profiles = MANY_PROFILES // 20
+    assert len(maps) == MANY_SERIES // 20 and len(lows) == Y_BUCKETS
+    assert sum(len(m.slots) for m in maps) == profiles
+    cells = profiles * Y_BUCKETS
+    check_heatmap_cells(maps, lows, cells)  # at the cap: answered
+    with pytest.raises(HTTPError) as err:
+        check_heatmap_cells(maps, lows, cells - 1)
+    assert err.value.status == 400
+    assert f"too many cells ({cells:,}, over {cells - 1:,})" in err.value.message
 
 
 def test_past_the_cap_the_latest_points_keep_their_exemplars(many_profiles: QueryEngine) -> None:

@@ -474,3 +474,124 @@ def test_otlp_ports_take_otlp_only(srv: RunningServer) -> None:
         stream(srv, "Search", request, tempo_pb2.SearchResponse, md), tempo_pb2.SearchResponse
     )
     assert len(got.traces) == sum(len(spans) for _, spans in SERVICES.values())
+
+
+API_ONLY = '{resource.service.name="api"}'
+WINDOW = {"start": NOW_S - 3600, "end": NOW_S + 60}
+
+
+@pytest.mark.parametrize(
+    "method, request_, response_type, path, params",
+    [
+        (
+            "SearchTags",
+            tempo_pb2.SearchTagsRequest(scope="resource"),
+            tempo_pb2.SearchTagsResponse,
+            "/api/search/tags",
+            {"scope": "resource"},
+        ),
+        (
+            "SearchTags",
+            tempo_pb2.SearchTagsRequest(query=API_ONLY, maxTagsPerScope=2),
+            tempo_pb2.SearchTagsResponse,
+            "/api/search/tags",
+            {"q": API_ONLY, "limit": "2"},
+        ),
+        (
+            "SearchTagsV2",
+            tempo_pb2.SearchTagsRequest(query='{resource.service.name="worker"}', **WINDOW),
+            tempo_pb2.SearchTagsV2Response,
+            "/api/v2/search/tags",
+            {"q": '{resource.service.name="worker"}', **{k: str(v) for k, v in WINDOW.items()}},
+        ),
+        (
+            "SearchTagValues",
+            tempo_pb2.SearchTagValuesRequest(tagName="http.route", query=API_ONLY),
+            tempo_pb2.SearchTagValuesResponse,
+            "/api/search/tag/http.route/values",
+            {"q": API_ONLY},
+        ),
+        (
+            "SearchTagValuesV2",
+            tempo_pb2.SearchTagValuesRequest(tagName="resource.service.name", maxTagValues=1),
+            tempo_pb2.SearchTagValuesV2Response,
+            "/api/v2/search/tag/resource.service.name/values",
+            {"limit": "1"},
+        ),
+    ],
+)
+def test_grpc_tag_calls_answer_as_http(  # type: ignore[no-untyped-def]
+    srv: RunningServer, method: str, request_, response_type, path: str, params: Dict[str, str]
+) -> None:
+    """Each tag call gives what its HTTP endpoint gives for the same parameters."""
+    got = merged(stream(srv, method, request_, response_type), response_type)
+    r = get(srv, path, **params)
+    assert r.status_code == 200, r.text
+    assert got == json_format.ParseDict(r.json(), response_type())
+    assert got.ByteSize() > 0  # something to compare
+
+
+@pytest.mark.parametrize(
+    "method, request_, path, params",
+    [
+        (
+            "SearchTagsV2",
+            tempo_pb2.SearchTagsRequest(scope="events"),
+            "/api/v2/search/tags",
+            {"scope": "events"},
+        ),
+        (
+            "SearchTagValuesV2",
+            tempo_pb2.SearchTagValuesRequest(
+                tagName="span.http.route", query=API_ONLY, start=NOW_S + 60, end=NOW_S - 3600
+            ),
+            "/api/v2/search/tag/span.http.route/values",
+            {"q": API_ONLY, "start": str(NOW_S + 60), "end": str(NOW_S - 3600)},
+        ),
+    ],
+)
+def test_grpc_tag_calls_refuse_as_http(  # type: ignore[no-untyped-def]
+    srv: RunningServer, method: str, request_, path: str, params: Dict[str, str]
+) -> None:
+    with pytest.raises(grpc.RpcError) as err:
+        stream(srv, method, request_, tempo_pb2.SearchTagsV2Response)
+    r = get(srv, path, **params)
+    assert r.status_code == 400
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert err.value.details() == r.text.strip()
+
+
+def test_duration_values_need_the_token_too(srv: RunningServer) -> None:
+    path = "/api/v2/search/tag/duration/values"
+    with srv.client() as c:
+        assert c.get(path, headers={"X-Scope-OrgID": TENANT}).status_code == 401
+    r = get(srv, path)
+    assert r.status_code == 200 and r.json() == {"tagValues": []}
+
+
+def test_grpc_metrics_query_range_instant_is_one_step(srv: RunningServer) -> None:
+    """QueryRangeRequest.instant (Tempo passes it on as ``instant=``): true makes the range
+    one step from start to end; false, as unset, a range of ``step``."""
+    q = "{} | count_over_time() by (resource.service.name)"
+    start, end = (NOW_S - 3600) * SEC, (NOW_S + 60) * SEC
+    step = 60 * SEC
+    answers = {}
+    for instant in (True, False, None):
+        request = tempo_pb2.QueryRangeRequest(query=q, start=start, end=end, step=step)
+        if instant is not None:
+            request.instant = instant
+        answers[instant] = merged(
+            stream(srv, "MetricsQueryRange", request, tempo_pb2.QueryRangeResponse),
+            tempo_pb2.QueryRangeResponse,
+        )
+    params = {"q": q, "start": str(start), "end": str(end), "step": "60s", "instant": "true"}
+    r = get(srv, "/api/metrics/query_range", **params)
+    assert r.status_code == 200, r.text
+    want = json_format.ParseDict(r.json(), tempo_pb2.QueryRangeResponse())
+    assert answers[True] == want
+    counts = {
+        s.labels[0].value.string_value: [p.value for p in s.samples] for s in answers[True].series
+    }
+    assert counts == {name: [len(spans)] for name, (_, spans) in SERVICES.items()}
+    assert answers[False] == answers[None] != answers[True]
+    assert all(len(s.samples) > 1 for s in answers[False].series)

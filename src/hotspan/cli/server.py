@@ -321,7 +321,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         type=int,
         default=None,
         help="answer 503 to connections beyond this many open at once, and refuse gRPC "
-        "(HTTP/2) connections to the main port beyond as many again (default: no limit)",
+        "(HTTP/2) connections to the main port beyond as many again (default: no limit for "
+        "HTTP/1.1, 256 gRPC connections)",
     )
     srv.add_argument(
         "--redact",

@@ -12,7 +12,9 @@ The hand-over is a transport-level pipe in the event loop, both ways, with backp
 side whose writes back up stops the other side's reads until they drain.  An end of stream
 (half-close) is passed on to the other side; once both sides have ended, or either is lost,
 both connections are closed.  Piped connections leave uvicorn's connection count
-(``--max-connections``) and have a limit of their own, the same number.
+(``--max-connections``) and have a limit of their own, the same number, or DEFAULT_MAX_PIPES
+when it is not set; the gRPC server closes idle and old connections (tempo_grpc.serve), and
+their pipes with them.
 """
 
 from __future__ import annotations
@@ -26,6 +28,9 @@ log = logging.getLogger(__name__)
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 # The gRPC server is on loopback: it answers at once, or its accept queue is full.
 CONNECT_TIMEOUT_S = 10.0
+# Piped connections at once without --max-connections: each holds two sockets and a gRPC
+# transport, and Grafana needs one per data source.
+DEFAULT_MAX_PIPES = 256
 # Tasks connecting pipes, kept referenced until done (the loop holds only weak references).
 _PENDING: set[asyncio.Task[None]] = set()
 
@@ -175,8 +180,9 @@ def sniffing(
 ) -> Type[asyncio.Protocol]:
     """uvicorn's HTTP protocol ``base``, handing HTTP/2 connections to the gRPC server on
     127.0.0.1:``grpc_port`` (pass it to ``uvicorn.Config(http=...)``): those to
-    ``main_port`` only when given, at most ``max_connections`` at once when given."""
-    pipes = _Pipes(max_connections)
+    ``main_port`` only when given, at most ``max_connections`` at once (DEFAULT_MAX_PIPES
+    when not given)."""
+    pipes = _Pipes(DEFAULT_MAX_PIPES if max_connections is None else max_connections)
 
     class H2Sniffing(base):  # type: ignore[valid-type, misc]
         _sniffed = b""

@@ -22,6 +22,7 @@ from hotspan.model.profile import MAX_TIME_NS, ProfileType, ProfileTypeError, sp
 from hotspan.query.engine import DEFAULT_MAX_NODES, QueryError
 from hotspan.query.exemplars import Exemplar
 from hotspan.query.flamegraph import to_message
+from hotspan.query.heatmap import Heatmap
 from hotspan.server.connect import read_message, unary, write_message
 from hotspan.server.errors import HTTPError
 from hotspan.server.request import query_state
@@ -34,6 +35,32 @@ DEFAULT_RANGE_MS = 3600 * 1000
 MAX_NODES_LIMIT = 1_000_000
 # Longer steps than this would carry point times past 64-bit nanoseconds.
 MAX_STEP_S = 10 * 366 * 86400
+# Points of a series (time slots of a heatmap) in one answer.
+MAX_STEPS = 100_000
+# Cells (time slots x value buckets, over every series) of one heatmap answer.
+MAX_HEATMAP_CELLS = 2_000_000
+
+
+def check_steps(start_ns: int, end_ns: int, step_ns: int) -> None:
+    """A 400 when a range has over MAX_STEPS steps: its answer would be that many points
+    (and a heatmap 20 cells for each)."""
+    if (end_ns - start_ns) // step_ns > MAX_STEPS:
+        raise HTTPError(400, f"step is too small for the time range (over {MAX_STEPS:,} points)")
+
+
+def check_heatmap_cells(
+    maps: Sequence[Heatmap], lows: Sequence[int], max_cells: int = MAX_HEATMAP_CELLS
+) -> None:
+    """A 400 when heatmaps have over ``max_cells`` cells: each non-empty slot of a series is
+    sent with a count per value bucket.  Within MAX_STEPS, many series (``group_by``) still
+    make many: ``limit`` or a longer step narrows them."""
+    cells = sum(len(hm.slots) for hm in maps) * len(lows)
+    if cells > max_cells:
+        raise HTTPError(
+            400,
+            f"the heatmap has too many cells ({cells:,}, over {max_cells:,}): use a longer "
+            "step, a shorter range, a limit or fewer group_by labels",
+        )
 
 
 def time_range(start_ms: int, end_ms: int) -> Tuple[int, int]:
@@ -286,8 +313,7 @@ async def select_series(request: Request) -> Response:
     if not math.isfinite(req.step) or not 0 < req.step <= MAX_STEP_S:
         raise HTTPError(400, f"step must be a positive number of seconds, got {req.step}")
     step_ns = max(int(req.step * 1e9), 1_000_000)
-    if (end - start) // step_ns > 100_000:
-        raise HTTPError(400, "step is too small for the time range (over 100,000 points)")
+    check_steps(start, end, step_ns)
     average = (
         req.HasField("aggregation")
         and req.aggregation == types_pb2.TIME_SERIES_AGGREGATION_TYPE_AVERAGE
@@ -353,6 +379,7 @@ async def select_heatmap(request: Request) -> Response:
     sel = selector(req.label_selector)
     start, end = time_range(req.start, req.end)
     step_ms = int(req.step * 1000)
+    check_steps(start, end, step_ms * MS)
     maps, lows = await _run(
         state.engine.heatmap,
         tenant,
@@ -366,6 +393,7 @@ async def select_heatmap(request: Request) -> Response:
         exemplars is not None,
         req.limit or None,
     )
+    check_heatmap_cells(maps, lows)
     resp = querier_pb2.SelectHeatmapResponse()
     for hm in maps:
         out = resp.series.add()

@@ -21,18 +21,13 @@ and with its own threads, so that slow queries never hold up ingest.
 
 from __future__ import annotations
 
-import asyncio
-import json
 import logging
-import urllib.parse
 from concurrent import futures
-from types import SimpleNamespace
 from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple, Type
 
 import grpc
 from google.protobuf import json_format
 from google.protobuf.message import Message
-from starlette.requests import Request
 
 from hotspan.formats.proto import tempo_pb2
 from hotspan.server import tempo, tempo_metrics
@@ -47,6 +42,10 @@ SERVICE = "tempopb.StreamingQuerier"
 SEC = 1_000_000_000
 # Below the 4 MiB a Go gRPC client takes by default in one message.
 MAX_MESSAGE_BYTES = 3 * 1024 * 1024
+# Connections are closed once idle this long, or this old (see serve).
+MAX_CONNECTION_IDLE_MS = 5 * 60 * 1000
+MAX_CONNECTION_AGE_MS = 60 * 60 * 1000
+MAX_CONNECTION_AGE_GRACE_MS = 5 * 60 * 1000
 
 STATUS_OF_HTTP = {
     400: grpc.StatusCode.INVALID_ARGUMENT,
@@ -59,7 +58,8 @@ STATUS_OF_HTTP = {
 }
 
 Params = Dict[str, str]
-Answer = Callable[[ServerState, str, Message, Mapping[str, str]], Dict[str, Any]]
+# A call's answer (JSON of the response message) from the state, its tenant and its request.
+Answer = Callable[[ServerState, str, Message], Dict[str, Any]]
 
 
 def _metadata(context: grpc.ServicerContext) -> Dict[str, str]:
@@ -117,6 +117,10 @@ def metrics_params(request: Message) -> Params:
         _put(params, "step", request.step and _duration(request.step))
         _put(params, "exemplars", request.exemplars)
         _put(params, "maxSeries", request.maxSeries)
+        # Tempo's frontend passes the flag on when it is set (false too): true makes the
+        # range one step from start to end, as an instant query is computed.
+        if request.HasField("instant"):
+            params["instant"] = str(request.instant).lower()
     return params
 
 
@@ -134,43 +138,28 @@ def tag_params(request: Message) -> Params:
     return params
 
 
-def _search(state: ServerState, tenant: str, request: Message, meta: Mapping[str, str]) -> dict:
+def _search(state: ServerState, tenant: str, request: Message) -> Dict[str, Any]:
     return tempo.search_json(state, tenant, search_params(request))
 
 
-def _metrics_range(
-    state: ServerState, tenant: str, request: Message, meta: Mapping[str, str]
-) -> dict:
+def _metrics_range(state: ServerState, tenant: str, request: Message) -> Dict[str, Any]:
     return tempo_metrics.query_range_json(state, tenant, metrics_params(request))
 
 
-def _metrics_instant(
-    state: ServerState, tenant: str, request: Message, meta: Mapping[str, str]
-) -> dict:
+def _metrics_instant(state: ServerState, tenant: str, request: Message) -> Dict[str, Any]:
     return tempo_metrics.query_instant_json(state, tenant, metrics_params(request))
 
 
-def _through_http(endpoint: str, path: str) -> Answer:
-    """An answer from one of the HTTP tag endpoints of server.tempo, given the call's
-    fields as its query parameters and its metadata as its headers."""
+def _tag_names(version: int) -> Answer:
+    def answer(state: ServerState, tenant: str, request: Message) -> Dict[str, Any]:
+        return tempo.tag_names_json(state, tenant, tag_params(request), version)
 
-    def answer(state: ServerState, tenant: str, request: Message, meta: Mapping[str, str]) -> dict:
-        path_params = {"tag": request.tagName} if hasattr(request, "tagName") else {}
-        http_request = Request(
-            {
-                "type": "http",
-                "method": "GET",
-                "path": path.format(**path_params),
-                "headers": [(k.encode(), v.encode()) for k, v in meta.items()],
-                "query_string": urllib.parse.urlencode(tag_params(request)).encode(),
-                "path_params": path_params,
-                "app": SimpleNamespace(state=SimpleNamespace(hotspan=state)),
-            }
-        )
-        response = asyncio.run(getattr(tempo, endpoint)(http_request))
-        if response.status_code != 200:
-            raise HTTPError(response.status_code, bytes(response.body).decode().strip())
-        return json.loads(bytes(response.body))
+    return answer
+
+
+def _tag_values(version: int) -> Answer:
+    def answer(state: ServerState, tenant: str, request: Message) -> Dict[str, Any]:
+        return tempo.tag_values_json(state, tenant, request.tagName, tag_params(request), version)
 
     return answer
 
@@ -198,9 +187,8 @@ def _handler(
 ) -> Callable[[Message, grpc.ServicerContext], Iterator[Message]]:
     def handle(request: Message, context: grpc.ServicerContext) -> Iterator[Message]:
         try:
-            meta = _metadata(context)
-            tenant = _caller(state, meta)
-            body = answer(state, tenant, request, meta)
+            tenant = _caller(state, _metadata(context))
+            body = answer(state, tenant, request)
         except HTTPError as exc:
             context.abort(STATUS_OF_HTTP.get(exc.status, grpc.StatusCode.INTERNAL), exc.message)
         except StoreError as exc:
@@ -230,25 +218,25 @@ def service_handler(state: ServerState) -> grpc.GenericRpcHandler:
         "SearchTags": (
             tempo_pb2.SearchTagsRequest,
             tempo_pb2.SearchTagsResponse,
-            _through_http("tags_v1", "/api/search/tags"),
+            _tag_names(1),
             None,
         ),
         "SearchTagsV2": (
             tempo_pb2.SearchTagsRequest,
             tempo_pb2.SearchTagsV2Response,
-            _through_http("tags_v2", "/api/v2/search/tags"),
+            _tag_names(2),
             None,
         ),
         "SearchTagValues": (
             tempo_pb2.SearchTagValuesRequest,
             tempo_pb2.SearchTagValuesResponse,
-            _through_http("tag_values_v1", "/api/search/tag/{tag}/values"),
+            _tag_values(1),
             None,
         ),
         "SearchTagValuesV2": (
             tempo_pb2.SearchTagValuesRequest,
             tempo_pb2.SearchTagValuesV2Response,
-            _through_http("tag_values_v2", "/api/v2/search/tag/{tag}/values"),
+            _tag_values(2),
             "tagValues",
         ),
     }
@@ -263,9 +251,16 @@ def service_handler(state: ServerState) -> grpc.GenericRpcHandler:
     return grpc.method_handlers_generic_handler(SERVICE, handlers)
 
 
-def serve(state: ServerState) -> Tuple[grpc.Server, int]:
+def serve(
+    state: ServerState,
+    idle_ms: int = MAX_CONNECTION_IDLE_MS,
+    age_ms: int = MAX_CONNECTION_AGE_MS,
+) -> Tuple[grpc.Server, int]:
     """Start a gRPC server answering the service on a free port of 127.0.0.1; returns it
-    and the port (OSError if no port can be bound)."""
+    and the port (OSError if no port can be bound).  A connection without a call for
+    ``idle_ms`` is closed (GOAWAY, then close), and so is any connection after ``age_ms``, its
+    calls given MAX_CONNECTION_AGE_GRACE_MS more to finish: each holds one of the main port's
+    pipes (server.h2_sniff), which end with it, and gRPC clients reconnect on their own."""
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="hotspan-tempo-grpc"),
         # Beyond this many calls in progress, RESOURCE_EXHAUSTED rather than a queue.
@@ -273,6 +268,9 @@ def serve(state: ServerState) -> Tuple[grpc.Server, int]:
         options=[
             ("grpc.max_receive_message_length", state.config.max_body_bytes),
             ("grpc.so_reuseport", 0),
+            ("grpc.max_connection_idle_ms", idle_ms),
+            ("grpc.max_connection_age_ms", age_ms),
+            ("grpc.max_connection_age_grace_ms", MAX_CONNECTION_AGE_GRACE_MS),
         ],
     )
     server.add_generic_rpc_handlers((service_handler(state),))
