@@ -475,6 +475,31 @@ class StoreContract:
         ).result(timeout=30)
         assert ids() == [9, 3, 1, 2]
 
+    def test_unscoped_attribute_is_the_spans_else_the_resources(self, store: Store) -> None:
+        # Tempo's meaning of `.x` (and query.traceql_eval's): the span's value when the span
+        # has the attribute, even empty, else the resource's.  Resource x=b on every span.
+        rows = [
+            (TRACE_A, 1, 0, "own", 100, 101, {"x": "a", "n": "5", "service.name": "other"}),
+            (TRACE_A, 2, 1, "inherits", 100, 101, {}),
+            (TRACE_A, 3, 1, "empty", 100, 101, {"x": ""}),
+        ]
+        resource = {"x": "b", "n": "50"}
+        store.write_spans("t", spans_of(rows, resource_attrs=resource)).result(timeout=30)
+
+        def ids(key, op, value):  # type: ignore[no-untyped-def]
+            conds = (Condition(key, op, value),)
+            return sorted(r.span_id for r in store.span_records("t", 0, 1000 * SEC, conds))
+
+        assert ids(".x", "=", "b") == [2]
+        assert ids(".x", "=", "a") == [1]
+        assert ids(".x", "=", "") == [3]
+        assert ids(".x", "!=", "b") == [1, 3]
+        assert ids(".x", "=~", "a|b") == [1, 2]
+        assert ids(".n", ">", 10) == [2, 3]
+        assert ids(".n", "<", 10) == [1]
+        assert ids(".service.name", "=", "api") == [2, 3]
+        assert ids(".service.name", "=", "other") == [1]
+
     def test_spans_survive_reopen(self, store: Store, reopen) -> None:  # type: ignore[no-untyped-def]
         self._two_traces(store)
         store.close()

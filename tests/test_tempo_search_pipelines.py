@@ -209,7 +209,15 @@ def _cart(shop: Shop, base: int) -> Dict[str, object]:
         base=base,
     )
     select = shop.span(
-        "cart", "SELECT cart", 3, 8, items, SpanKind.CLIENT, {"db.system": "postgresql"}, base=base
+        "cart",
+        "SELECT cart",
+        3,
+        8,
+        items,
+        SpanKind.CLIENT,
+        # The span's own value of an attribute its resource has too (prod): `.x` reads this.
+        {"db.system": "postgresql", "deployment.environment": "canary"},
+        base=base,
     )
     items.end(end_time=base + 9 * MS)
     root.end(end_time=base + 10 * MS)
@@ -566,6 +574,58 @@ def test_names_durations_and_empty_filters_show_no_attributes(srv, data: Data) -
                 assert "attributes" not in span, q
 
 
+# -- the SQL path and the engine agree --------------------------------------------------------
+
+# Filters the SQL path runs alone; with `| select(span:id)` the engine runs them.  `.x` is the
+# span's attribute when the span has it, else its resource's (Tempo's AttributeFor).
+BOTH_PATHS = [
+    '{.deployment.environment = "prod"}',
+    '{.deployment.environment = "canary"}',
+    '{.deployment.environment != "prod"}',
+    '{.deployment.environment =~ "p.*"}',
+    '{.service.name = "cart"}',
+    "{.http.status_code >= 500}",
+    '{resource.deployment.environment = "prod" && .db.system = "postgresql"}',
+    '{span.deployment.environment = "canary"}',
+    '{kind = client && .deployment.environment != "canary"}',
+]
+
+
+def found_spans(body: dict) -> Dict[str, tuple]:  # type: ignore[type-arg]
+    return {
+        t["traceID"]: (sorted(s["spanID"] for s in t["spanSet"]["spans"]), t["spanSet"]["matched"])
+        for t in body.get("traces", [])
+    }
+
+
+def test_sql_and_engine_find_the_same_spans(servers: Dict[str, RunningServer], data: Data) -> None:
+    canary = data.cart["select"]
+    for name, server in servers.items():
+        for q in BOTH_PATHS:
+            sql = found_spans(answer(server, q, spss=100))
+            engine = found_spans(answer(server, q + " | select(span:id)", spss=100))
+            assert sql == engine, (name, q)
+        # The span's own value wins over its resource's: found as canary only.
+        prod = found_spans(answer(server, '{.deployment.environment = "prod"}', spss=100))
+        assert sid(canary) not in prod[tid(data.cart["root"])][0], name
+        assert found_spans(answer(server, '{.deployment.environment = "canary"}', spss=100)) == {
+            tid(data.cart["root"]): ([sid(canary)], 1)
+        }, name
+
+
+def test_tags_search_reads_go_durations(srv, data: Data) -> None:  # type: ignore[no-untyped-def]
+    # Tempo reads minDuration with Go's time.ParseDuration: ".05s" is 50ms (a TraceQL
+    # duration literal reads the same).  Checkouts take 100ms, the cart 10ms.
+    params = {"tags": "", "start": str(BASE_S - 60), "end": str(BASE_S + 3600)}
+    with srv.client() as c:
+        r = c.get("/api/search", params={**params, "minDuration": ".05s"}, headers=GRAFANA_HEADERS)
+        negative = c.get("/api/search", params={**params, "minDuration": "-1s"})
+    assert r.status_code == 200, r.text
+    assert sorted(traces(r.json())) == sorted([tid(data.ok["root"]), tid(data.failed["root"])])
+    assert sorted(traces(answer(srv, "{traceDuration > .05s}"))) == sorted(traces(r.json()))
+    assert negative.status_code == 400
+
+
 # -- errors --------------------------------------------------------------------------------------
 
 
@@ -576,6 +636,8 @@ def test_names_durations_and_empty_filters_show_no_attributes(srv, data: Data) -
         ("{} | rate() by (resource.service.name)", "/api/metrics/query_range"),
         ('{name="a"} | count(', "expected"),
         ("{span.x = 1} >>> {}", "TraceQL"),
+        ("{}" + " | count() > 0" * 2000, "parts, more than"),
+        ("{}" + " | count() > 0" * 40, "pipeline stages"),
     ],
 )
 def test_errors_are_400_with_the_reason(srv, q: str, message: str) -> None:  # type: ignore[no-untyped-def]

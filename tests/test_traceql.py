@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 import time
+from dataclasses import replace
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import pytest
@@ -27,6 +28,7 @@ from hotspan.query import traceql_ast as ast
 from hotspan.query.engine import QueryError
 from hotspan.query.traceql import (
     MetricsStage,
+    parse_duration,
     parse_query,
     parse_traceql,
     span_value,
@@ -988,3 +990,129 @@ def test_wide_and_deep_traces_stay_linear() -> None:
         got = run(parse_query(q), spans)
         assert sum(len(ss.spans) for ss in got) == count, q
         assert time.monotonic() - started < 3, q
+
+
+def test_parse_duration_reads_what_go_reads() -> None:
+    # Go's time.ParseDuration, which Tempo reads minDuration/maxDuration with.
+    ok = {".5s": 500_000_000, "1.s": 10**9, "0": 0, "-1.5ms": -1_500_000, "+2m": 120 * 10**9}
+    ok.update({"1μs": 1_000, "1µs": 1_000, "2h45m0.5s": 9_900_500_000_000, "300ms": 300 * MS})
+    assert {text: parse_duration(text) for text in ok} == ok
+    for bad in ["", ".", ".s", "1", "s", "1d", "1x", "0s0", "--1s", "1 s"]:
+        with pytest.raises(QueryError, match="invalid duration"):
+            parse_duration(bad)
+    # TraceQL's lexer reads its durations with it, adding days and weeks.
+    assert parse_duration("1d", {"d": 86400 * 10**9}) == 86400 * 10**9
+
+
+def test_query_size_is_bounded() -> None:
+    with pytest.raises(QueryError, match="pipeline stages"):
+        parse_query("{ }" + " | count() > 0" * 33)
+    parse_query("{ }" + " | count() > 0" * 31)
+    with pytest.raises(QueryError, match="parts, more than"):
+        parse_query("{ " + " && ".join(["kind = client"] * 300) + " }")
+    with pytest.raises(QueryError):
+        parse_query("{ }" + " | count() > 0" * 2000)
+
+
+# -- the engine search's bounds (a real DuckDB store) ---------------------------------------------
+
+
+def _search_store(tmp_path, traces: Dict[str, int]):  # type: ignore[no-untyped-def]
+    """A DuckDB store holding, per trace id, a root and that many children."""
+    from hotspan.store.duckdb import DuckDBStore
+    from tests.store_contract import SEC, spans_of
+
+    store = DuckDBStore(str(tmp_path / "data"))
+    rows = []
+    for n, (trace_id, children) in enumerate(traces.items()):
+        rows.append((trace_id, 1, 0, "root", 100 + n, 200 + n, {}))
+        rows += [(trace_id, 2 + i, 1, f"child{i}", 101 + n, 102 + n, {}) for i in range(children)]
+    store.write_spans("t", spans_of(rows)).result(timeout=30)
+    return store, SEC
+
+
+def test_search_stops_at_its_span_budget_and_deadline(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from hotspan.query import trace_search
+    from hotspan.query.trace_search import SearchParams, search
+
+    count = 2 * trace_search.TRACES_PER_BATCH + 50
+    store, sec = _search_store(tmp_path, {f"{i + 1:032x}": 2 for i in range(count)})
+    try:
+        query = parse_query('{ name = "root" } >> { }')
+        params = SearchParams(0, 1000 * sec, limit=10_000, spans_per_spanset=1)
+        full = search(store, "t", params, query)
+        assert len(full["traces"]) == count
+        assert full["metrics"]["inspectedTraces"] == count
+        assert "additionalMetrics" not in full["metrics"]
+        # The candidates (one root per trace) and the first batch's whole traces exceed it.
+        per_batch = trace_search.TRACES_PER_BATCH * 3
+        budget = count + per_batch - 1
+        part = search(store, "t", replace(params, max_spans=budget), query)
+        assert part["metrics"]["inspectedTraces"] == trace_search.TRACES_PER_BATCH
+        assert part["metrics"]["inspectedSpans"] == str(per_batch)
+        assert part["metrics"]["additionalMetrics"] == {"partial": "1", "spanBudgetExceeded": "1"}
+        assert len(part["traces"]) == trace_search.TRACES_PER_BATCH
+        late = search(store, "t", replace(params, deadline_s=0.0), query)
+        assert late["metrics"]["additionalMetrics"] == {"partial": "1", "deadlineExceeded": "1"}
+        assert late["metrics"]["inspectedTraces"] == 0 and "traces" not in late
+    finally:
+        store.close()
+
+
+def test_search_never_judges_a_trace_it_read_in_part(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from hotspan.query import trace_search
+    from hotspan.query.trace_search import SearchParams, search
+
+    small, big, other = "a" * 32, "b" * 32, "c" * 32
+    store, sec = _search_store(tmp_path, {small: 2, big: 6, other: 2})
+    monkeypatch.setattr(trace_search, "MAX_SPANS_PER_BATCH", 5)
+    try:
+        # The batch (13 spans) is cut: read again trace by trace; the 7-span one is still cut.
+        got = search(store, "t", SearchParams(0, 1000 * sec, limit=20), parse_query("{ } >> { }"))
+        assert sorted(t["traceID"] for t in got["traces"]) == [small, other]
+        assert got["metrics"]["additionalMetrics"] == {"tracesTooLarge": "1"}
+        assert got["metrics"]["inspectedSpans"] == "6"
+    finally:
+        store.close()
+
+
+def test_attributes_typed_from_the_index_text_as_from_the_raw_spans(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    # Only the first RAW_TYPED_TRACES traces of an answer read their raw spans: the others'
+    # values, typed from the span index's text, must come out the same.
+    from hotspan.query import trace_search
+    from hotspan.query.trace_search import SearchParams, search
+    from hotspan.store.duckdb import DuckDBStore
+
+    shop = Shop()
+    for i in range(3):
+        attributes = {"http.status_code": 200 + i, "cache.hit": i % 2 == 0, "ratio": 0.5 + i}
+        root = shop.span(
+            "frontend",
+            "GET /x",
+            i * 100,
+            i * 100 + 50,
+            None,
+            SpanKind.SERVER,
+            {**attributes, "http.route": f"/r{i}"},
+        )
+        shop.span("backend", "db", i * 100 + 1, i * 100 + 9, root, SpanKind.CLIENT, {"db.rows": i})
+    store = DuckDBStore(str(tmp_path / "data"))
+    batch = to_span_batch(encode_spans(shop.memory.get_finished_spans())).batch
+    store.write_spans("t", batch).result(timeout=30)
+    params = SearchParams(BASE - 10**9, BASE + 10 * 10**9, limit=20, spans_per_spanset=5)
+    queries = [
+        "{span.http.status_code >= 200 && span.ratio > 0 && .cache.hit != false}",
+        "{span.http.status_code >= 200} | select(span.http.route, resource.deployment.environment)",
+        "{kind = server} > {kind = client} | select(span.db.rows, childCount, nestedSetLeft)",
+    ]
+    try:
+        typed = [search(store, "t", params, parse_query(q)) for q in queries]
+        monkeypatch.setattr(trace_search, "RAW_TYPED_TRACES", 0)
+        for q, want in zip(queries, typed):
+            assert search(store, "t", params, parse_query(q)) == want, q
+        first = typed[0]["traces"][0]["spanSet"]["spans"][0]["attributes"]
+        assert [list(a["value"]) for a in first] == [["intValue"], ["doubleValue"], ["boolValue"]]
+        db = typed[2]["traces"][0]["spanSet"]["spans"][0]["attributes"]
+        assert [a["key"] for a in db] == ["kind", "db.rows", "childCount", "nestedSetLeft"]
+    finally:
+        store.close()

@@ -6,19 +6,25 @@ legacy ``tags`` search are one SQL statement (``store.find_traces``).  Everythin
 meeting the query's pushdown conditions, newest first, name candidate traces (at most
 MAX_CANDIDATE_TRACES, newest first); their spans are fetched by batches and evaluated trace by
 trace until ``limit`` traces are found.  ``metrics.inspectedTraces`` says how many were looked
-at, so a search that stopped at the bound says so.
+at, so a search that stopped at the bound says so.  The engine's work is bounded too: the spans
+it reads in all (``SearchParams.max_spans``) and its time (``deadline_s``); a search stopped by
+either answers what it found, with ``metrics.additionalMetrics`` saying ``partial`` and why.
+A trace is judged only whole: one with more spans than a read returns is left out, and counted
+(``tracesTooLarge``).
 
 Both paths answer with the attributes Tempo shows on each span: the ones the query names
-(conditions, by(), aggregates, select()), typed as received (the raw OTLP span), so Grafana
-shows them as columns.  The answer is Tempo's protobuf JSON mapping (camelCase, 64-bit
-integers as strings), so the gRPC API converts it with ``json_format`` as it is.
+(conditions, by(), aggregates, select()), so Grafana shows them as columns; typed as received
+(the raw OTLP span) for the first RAW_TYPED_TRACES traces, then as their text reads.  The
+answer is Tempo's protobuf JSON mapping (camelCase, 64-bit integers as strings), so the gRPC
+API converts it with ``json_format`` as it is.
 """
 
 from __future__ import annotations
 
 import base64
+import time
 from dataclasses import dataclass
-from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
@@ -27,10 +33,12 @@ from hotspan.model.trace import (
     SPAN_KINDS,
     STATUS_CODES,
     Condition,
+    MatchedSpan,
     SearchError,
     SpanRecord,
     TraceQuery,
     TraceSummary,
+    parse_attributes,
 )
 from hotspan.query import traceql_ast as ast
 from hotspan.query.engine import QueryError
@@ -43,6 +51,11 @@ MAX_CANDIDATE_SPANS = 50_000
 MAX_CANDIDATE_TRACES = 2_000
 TRACES_PER_BATCH = 100
 MAX_SPANS_PER_BATCH = 200_000
+# The work of one engine search: the spans it reads in all (candidates, traces, batches) and the
+# time it runs, checked per trace; past either it answers with what it found, marked partial in
+# ``metrics.additionalMetrics``.
+MAX_SEARCH_SPANS = 1_000_000
+SEARCH_DEADLINE_S = 30.0
 # Spans of a trace may start before the search range or end after it: whole traces are read
 # this far around it.
 TRACE_MARGIN_NS = 3600 * 10**9
@@ -59,6 +72,8 @@ class SearchParams:
     limit: int = 20
     spans_per_spanset: int = 3
     order: str = "recent"
+    max_spans: int = MAX_SEARCH_SPANS
+    deadline_s: float = SEARCH_DEADLINE_S
 
 
 def search(
@@ -90,7 +105,7 @@ def search(
             _all_sides(store, tenant, params, legacy.spansets, traces)
         shown = query.shown if query is not None else ()
         if shown:
-            _add_attributes(store, tenant, traces, shown)
+            _add_attributes(store, tenant, params, traces, shown)
         return _response(traces)
     return _pipeline_search(store, tenant, params, query)
 
@@ -99,18 +114,7 @@ def search(
 
 
 def _summary_json(t: TraceSummary) -> Dict[str, Any]:
-    spanset = {
-        "spans": [
-            {
-                "spanID": f"{s.span_id:016x}",
-                "name": s.name,
-                "startTimeUnixNano": str(s.start_ns),
-                "durationNanos": str(s.duration_ns),
-            }
-            for s in t.matched
-        ],
-        "matched": t.matched_count,
-    }
+    spanset = {"spans": [_span_json(s) for s in t.matched], "matched": t.matched_count}
     return {
         "traceID": t.trace_id,
         "rootServiceName": t.root_service or NO_ROOT,
@@ -149,14 +153,14 @@ def _all_sides(
         trace["spanSets"] = [spanset]
 
 
-def _response(
-    traces: List[Dict[str, Any]], inspected: Optional[Tuple[int, int]] = None
-) -> Dict[str, object]:
-    # SearchMetrics in protobuf's JSON mapping: uint32 as numbers, uint64 as strings.
+def _response(traces: List[Dict[str, Any]], work: Optional[_Work] = None) -> Dict[str, object]:
+    # SearchMetrics in protobuf's JSON mapping: uint32 as numbers, (u)int64 as strings.
     metrics: Dict[str, object] = {}
-    if inspected is not None:
-        metrics = {"inspectedTraces": inspected[0], "inspectedSpans": str(inspected[1])}
+    if work is not None:
+        metrics = {"inspectedTraces": work.traces, "inspectedSpans": str(work.spans)}
     metrics.update(completedJobs=1, totalJobs=1)
+    if work is not None and work.notes:
+        metrics["additionalMetrics"] = {k: str(v) for k, v in work.notes.items()}
     body: Dict[str, object] = {"metrics": metrics}
     if traces:
         body = {"traces": traces, **body}
@@ -166,12 +170,42 @@ def _response(
 # -- the engine path -----------------------------------------------------------------------------
 
 
+class _Work:
+    """What an engine search read and whether it stopped short: ``notes`` go to
+    ``metrics.additionalMetrics`` (``partial`` when a bound stopped it, with the bound:
+    ``deadlineExceeded``, ``spanBudgetExceeded``; ``tracesTooLarge``: traces not judged
+    because their spans were more than one read returns)."""
+
+    def __init__(self, params: SearchParams) -> None:
+        self.traces = 0
+        self.spans = 0
+        self.read = 0  # spans read from the store, candidates and whole traces
+        self.max_spans = params.max_spans
+        self.deadline = time.monotonic() + params.deadline_s
+        self.notes: Dict[str, int] = {}
+
+    def stop(self, reading: bool = True) -> bool:
+        """Whether a bound is reached (and the answer is partial): the time, and the spans
+        when about to read more (``reading``: spans read already are judged)."""
+        if reading and self.read >= self.max_spans:
+            self.notes.update(partial=1, spanBudgetExceeded=1)
+        elif time.monotonic() > self.deadline:
+            self.notes.update(partial=1, deadlineExceeded=1)
+        return "partial" in self.notes
+
+    def too_large(self) -> None:
+        self.notes["tracesTooLarge"] = self.notes.get("tracesTooLarge", 0) + 1
+
+
 def _pipeline_search(
     store: Any, tenant: str, params: SearchParams, query: Query
 ) -> Dict[str, object]:
+    work = _Work(params)
+    limit = min(MAX_CANDIDATE_SPANS, params.max_spans)
     candidates = store.span_records(
-        tenant, params.start_ns, params.end_ns, query.pushdown, limit=MAX_CANDIDATE_SPANS
+        tenant, params.start_ns, params.end_ns, query.pushdown, limit=limit
     )
+    work.read += len(candidates)
     by_trace: Dict[str, List[SpanRecord]] = {}
     for span in candidates:
         spans = by_trace.get(span.trace_id)
@@ -182,36 +216,45 @@ def _pipeline_search(
         spans.append(span)
     trace_ids = list(by_trace)
     # Every candidate span was read: a query that needs no more than them has them already.
-    complete = not query.needs_traces and len(candidates) < MAX_CANDIDATE_SPANS
+    complete = not query.needs_traces and len(candidates) < limit
     by_duration = params.order == "duration"
     found: List[Tuple[List[SpanRecord], List[Spanset]]] = []
-    inspected_traces = inspected_spans = 0
     for batch_start in range(0, len(trace_ids), TRACES_PER_BATCH):
+        if work.stop():
+            break
         batch = trace_ids[batch_start : batch_start + TRACES_PER_BATCH]
         if complete:
             batch_spans: Iterable[List[SpanRecord]] = (by_trace[t] for t in batch)
         else:
-            batch_spans = _trace_spans(store, tenant, params, query, batch)
+            batch_spans = _trace_spans(store, tenant, params, query, batch, work)
         for spans in batch_spans:
-            inspected_traces += 1
-            inspected_spans += len(spans)
+            if work.stop(reading=False):
+                break
+            work.traces += 1
+            work.spans += len(spans)
             spansets = evaluate(query, spans)
             if spansets:
                 found.append((spans, spansets))
         if not by_duration and len(found) >= params.limit:
             break
     wholes = _whole_traces(store, tenant, params, query, [spans for spans, _ in found])
-    traces = [_trace_json(params, whole, sets) for whole, (_, sets) in zip(wholes, found)]
+    traces = []
+    for spans, sets in found:
+        whole = wholes.get(spans[0].trace_id, spans)
+        traces.append((_trace_json(params, whole, sets), whole))
     if by_duration:
-        traces.sort(key=lambda t: (-int(t["_duration"]), t["traceID"]))
+        traces.sort(key=lambda t: (-_duration_ns(t[1]), t[0]["traceID"]))
     else:
-        traces.sort(key=lambda t: (-int(t["startTimeUnixNano"]), t["traceID"]))
-    traces = traces[: params.limit]
-    for t in traces:
-        t.pop("_duration")
+        traces.sort(key=lambda t: (-int(t[0]["startTimeUnixNano"]), t[0]["traceID"]))
+    shown = [t for t, _ in traces[: params.limit]]
     if query.shown:
-        _add_attributes(store, tenant, traces, query.shown)
-    return _response(traces, (inspected_traces, inspected_spans))
+        known = {t["traceID"]: wholes[t["traceID"]] for t in shown if t["traceID"] in wholes}
+        _add_attributes(store, tenant, params, shown, query.shown, known)
+    return _response(shown, work)
+
+
+def _duration_ns(spans: Sequence[SpanRecord]) -> int:
+    return max(s.end_ns for s in spans) - min(s.start_ns for s in spans)
 
 
 def _window(params: SearchParams) -> Tuple[int, int]:
@@ -220,39 +263,65 @@ def _window(params: SearchParams) -> Tuple[int, int]:
 
 
 def _trace_spans(
-    store: Any, tenant: str, params: SearchParams, query: Query, batch: Sequence[str]
+    store: Any,
+    tenant: str,
+    params: SearchParams,
+    query: Query,
+    batch: Sequence[str],
+    work: _Work,
 ) -> Iterable[List[SpanRecord]]:
     """The spans of each trace of ``batch`` the query reads: all of them (within a margin
-    around the range) when it needs whole traces, else those meeting its pushdown."""
+    around the range) when it needs whole traces, else those meeting its pushdown.  A read
+    the store cut (``MAX_SPANS_PER_BATCH``) is done again trace by trace, and a trace still
+    cut is not judged (counted in ``tracesTooLarge``): the engine never sees part of one."""
     if query.needs_traces:
         start, end = _window(params)
         conditions: Sequence[Condition] = ()
     else:
         start, end, conditions = params.start_ns, params.end_ns, query.pushdown
-    records = store.span_records(
-        tenant, start, end, conditions, trace_ids=list(batch), limit=MAX_SPANS_PER_BATCH
-    )
-    by_trace: Dict[str, List[SpanRecord]] = {t: [] for t in batch}
-    for span in records:
-        by_trace.setdefault(span.trace_id, []).append(span)
+
+    def read(ids: Sequence[str]) -> Optional[Dict[str, List[SpanRecord]]]:
+        records = store.span_records(
+            tenant, start, end, conditions, trace_ids=list(ids), limit=MAX_SPANS_PER_BATCH
+        )
+        work.read += len(records)
+        if len(records) >= MAX_SPANS_PER_BATCH:
+            return None
+        by_trace: Dict[str, List[SpanRecord]] = {t: [] for t in ids}
+        for span in records:
+            by_trace.setdefault(span.trace_id, []).append(span)
+        return by_trace
+
+    whole = read(batch)
     for trace_id in batch:
-        if by_trace[trace_id]:
-            yield by_trace[trace_id]
+        if whole is not None:
+            spans = whole[trace_id]
+        elif work.stop():
+            return
+        else:
+            alone = read([trace_id]) if len(batch) > 1 else None
+            if alone is None:
+                work.too_large()
+                continue
+            spans = alone[trace_id]
+        if spans:
+            yield spans
 
 
 def _whole_traces(
     store: Any, tenant: str, params: SearchParams, query: Query, found: List[List[SpanRecord]]
-) -> List[List[SpanRecord]]:
-    """Every span of each found trace, for its root and bounds: the query read them all when
-    it needs whole traces, else one more read (of the few traces found) gets them."""
-    if query.needs_traces or not found:
-        return found
-    start, end = _window(params)
+) -> Dict[str, List[SpanRecord]]:
+    """Every span of each found trace, by trace id, for its root, bounds and attributes: the
+    query read them all when it needs whole traces, else more reads (TRACES_PER_BATCH traces
+    each) get them; a trace too large for one read is left out (its caller keeps the spans
+    it has)."""
+    if query.needs_traces:
+        return {spans[0].trace_id: spans for spans in found}
     ids = [spans[0].trace_id for spans in found]
-    by_trace: Dict[str, List[SpanRecord]] = {t: [] for t in ids}
-    for span in store.span_records(tenant, start, end, trace_ids=ids, limit=MAX_SPANS_PER_BATCH):
-        by_trace.setdefault(span.trace_id, []).append(span)
-    return [by_trace[t] or spans for t, spans in zip(ids, found)]
+    out: Dict[str, List[SpanRecord]] = {}
+    for i in range(0, len(ids), TRACES_PER_BATCH):
+        out.update(_read_whole(store, tenant, params, ids[i : i + TRACES_PER_BATCH]))
+    return out
 
 
 def _trace_json(
@@ -280,16 +349,16 @@ def _trace_json(
         "durationMs": (end - start) // 1_000_000,
         "spanSet": out_sets[0],
         "spanSets": out_sets,
-        "_duration": end - start,
     }
 
 
-def _span_json(span: SpanRecord) -> Dict[str, Any]:
+def _span_json(span: Union[SpanRecord, MatchedSpan]) -> Dict[str, Any]:
+    """A span the search found (either path), as Tempo's Span message."""
     return {
         "spanID": f"{span.span_id:016x}",
         "name": span.name,
         "startTimeUnixNano": str(span.start_ns),
-        "durationNanos": str(span.end_ns - span.start_ns),
+        "durationNanos": str(span.duration_ns),
     }
 
 
@@ -344,49 +413,112 @@ def _otlp_value(value: Any) -> Optional[Dict[str, Any]]:
     return {"kvlistValue": {"values": items}}
 
 
+# Values typed as received come from the raw OTLP spans, which the store gives only a whole
+# trace at a time: the first RAW_TYPED_TRACES traces of an answer get them (what Grafana shows
+# first); the others' are typed from the span index's text (a string "200" shows as a number),
+# read for TRACES_PER_BATCH traces per statement, or taken from the spans the engine read.
+RAW_TYPED_TRACES = 100
+
+
 def _add_attributes(
     store: Any,
     tenant: str,
+    params: SearchParams,
     traces: List[Dict[str, Any]],
     shown: Sequence[ast.Attribute],
+    known: Optional[Dict[str, List[SpanRecord]]] = None,
 ) -> None:
-    """Put on each span of ``traces`` the ``shown`` attributes it has, typed as received."""
-    needs_raw = any(a.scope != "intrinsic" for a in shown)
+    """Put on each span of ``traces`` the ``shown`` attributes it has; ``known``: every span
+    of some of the traces, by trace id, when the caller has them."""
+    wanted = []
     for trace in traces:
-        wanted = {
-            int(span["spanID"], 16): span
-            for spanset in trace["spanSets"]
-            for span in spanset["spans"]
-        }
-        stored = {s.span_id: s for s in store.trace(tenant, trace["traceID"])} if wanted else {}
-        children: Dict[int, int] = {}
-        if any(a.name == "childCount" for a in shown):
-            for s in stored.values():
-                if s.parent_span_id in stored:
-                    children[s.parent_span_id] = children.get(s.parent_span_id, 0) + 1
-        # Traces Drilldown's structure tab draws the tree from these three.
-        nested = (
-            nested_set(list(stored.values()))  # type: ignore[arg-type]
-            if any(a.name.startswith("nestedSet") for a in shown)
-            else {}
-        )
-        for span_id, span in wanted.items():
-            item = stored.get(span_id)
-            if item is None:
-                continue
-            attrs, resource = ({}, {})
-            if needs_raw:
-                attrs = {kv.key: kv.value for kv in Span.FromString(item.raw).attributes}
-                resource = {
-                    kv.key: kv.value for kv in Resource.FromString(item.group.resource).attributes
-                }
-            out = []
-            for attr in shown:
-                value = _shown_value(attr, item, attrs, resource, children, nested)
-                if value is not None:
-                    out.append({"key": _shown_key(attr), "value": value})
-            if out:
-                span["attributes"] = out
+        spans = {int(s["spanID"], 16): s for ss in trace["spanSets"] for s in ss["spans"]}
+        if spans:
+            wanted.append((trace["traceID"], spans))
+    raw = RAW_TYPED_TRACES if any(a.scope != "intrinsic" for a in shown) else 0
+    for trace_id, spans in wanted[:raw]:
+        _label(spans, store.trace(tenant, trace_id), shown, typed=True)
+    rest = wanted[raw:]
+    known = known or {}
+    unknown = [t for t, _ in rest if t not in known]
+    for i in range(0, len(unknown), TRACES_PER_BATCH):
+        known.update(_read_whole(store, tenant, params, unknown[i : i + TRACES_PER_BATCH]))
+    for trace_id, spans in rest:
+        if trace_id in known:
+            _label(spans, known[trace_id], shown, typed=False)
+
+
+def _read_whole(
+    store: Any, tenant: str, params: SearchParams, ids: Sequence[str]
+) -> Dict[str, List[SpanRecord]]:
+    """The spans of traces ``ids`` (in the margin around the range), leaving out a trace the
+    store cut (read again alone): a cut trace would number its tree wrong."""
+    start, end = _window(params)
+    records = store.span_records(tenant, start, end, trace_ids=list(ids), limit=MAX_SPANS_PER_BATCH)
+    if len(records) >= MAX_SPANS_PER_BATCH:
+        if len(ids) == 1:
+            return {}
+        out: Dict[str, List[SpanRecord]] = {}
+        for trace_id in ids:
+            out.update(_read_whole(store, tenant, params, [trace_id]))
+        return out
+    by_trace: Dict[str, List[SpanRecord]] = {}
+    for span in records:
+        by_trace.setdefault(span.trace_id, []).append(span)
+    return by_trace
+
+
+def _label(
+    wanted: Dict[int, Dict[str, Any]],
+    trace: Sequence[Any],
+    shown: Sequence[ast.Attribute],
+    typed: bool,
+) -> None:
+    """Label the ``wanted`` spans (JSON, by span id) of one trace, whose spans are ``trace``:
+    StoredSpans with their raw messages when ``typed``, else SpanRecords."""
+    stored = {s.span_id: s for s in trace}
+    children: Dict[int, int] = {}
+    if any(a.name == "childCount" for a in shown):
+        for s in stored.values():
+            if s.parent_span_id in stored:
+                children[s.parent_span_id] = children.get(s.parent_span_id, 0) + 1
+    # Traces Drilldown's structure tab draws the tree from these three.
+    nested = (
+        nested_set(list(stored.values()))
+        if any(a.name.startswith("nestedSet") for a in shown)
+        else {}
+    )
+    needs_values = any(a.scope != "intrinsic" for a in shown)
+    for span_id, span in wanted.items():
+        item = stored.get(span_id)
+        if item is None:
+            continue
+        attrs: Dict[str, Dict[str, Any]] = {}
+        resource: Dict[str, Dict[str, Any]] = {}
+        if needs_values and typed:
+            attrs = _typed(Span.FromString(item.raw).attributes)
+            resource = _typed(Resource.FromString(item.group.resource).attributes)
+        elif needs_values:
+            attrs = {k: _any_value(ast.Text(v)) for k, v in parse_attributes(item.attrs).items()}
+            resource = {
+                k: _any_value(ast.Text(v)) for k, v in parse_attributes(item.resource_attrs).items()
+            }
+        out = []
+        for attr in shown:
+            value = _shown_value(attr, item, attrs, resource, children, nested)
+            if value is not None:
+                out.append({"key": _shown_key(attr), "value": value})
+        if out:
+            span["attributes"] = out
+
+
+def _typed(attributes: Iterable[Any]) -> Dict[str, Dict[str, Any]]:
+    out: Dict[str, Dict[str, Any]] = {}
+    for kv in attributes:
+        value = _otlp_value(kv.value)
+        if value is not None:
+            out[kv.key] = value
+    return out
 
 
 def _shown_key(attr: ast.Attribute) -> str:
@@ -421,9 +553,9 @@ def _shown_value(
             return {"stringValue": f"{parent:016x}"} if parent else None
         return None
     if attr.scope in ("span", "") and attr.name in attrs:
-        return _otlp_value(attrs[attr.name])
+        return attrs[attr.name]
     if attr.scope in ("resource", "") and attr.name in resource:
-        return _otlp_value(resource[attr.name])
+        return resource[attr.name]
     return None
 
 

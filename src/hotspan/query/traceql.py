@@ -1,9 +1,15 @@
-"""The part of TraceQL that trace search understands, and Tempo's legacy ``tags`` search.
+"""TraceQL, read: Tempo's query language (and its legacy ``tags`` search) into what runs it.
 
-Grafana's Tempo search builder writes spanset filters such as
-``{resource.service.name="api" && name="GET /pay" && traceDuration>1s}``; those, and several
-of them joined by ``&&`` (``{a} && {b}``: a span matching each), are what this parser takes.
-Anything else (``||``, pipelines, structural operators) is refused with a message saying so.
+``parse_query`` reads any query hotspan runs: spanset filters with every operator, ``&&`` and
+``||`` between spansets, structural operators, pipelines (``by``, ``select``, ``coalesce``,
+aggregates), a metrics function at the end (``| rate() by (...)``, ``compare()``) and hints.
+It gives a :class:`Query`: the syntax tree (``query.traceql_ast``) with its compiled plan,
+which ``query.traceql_eval`` runs on one trace's spans (re-exported here), the conditions
+every span a query starts from meets (``pushdown``, for ``store.span_records``), and
+``simple`` when the query is only conjunctive spanset filters, which ``parse_traceql`` turns
+into one SQL search (``store.find_traces``), the fast path.  Query size is bounded
+(MAX_QUERY_NODES, MAX_PIPELINE_STAGES).  ``legacy_query``/``parse_logfmt`` read Tempo's tags
+search, and ``parse_duration`` Go's durations, as Tempo reads them.
 """
 
 from __future__ import annotations
@@ -36,11 +42,14 @@ _TOKEN = re.compile(
     )""",
     re.VERBOSE,
 )
-_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ns|us|µs|ms|s|m|h)")
+# Go's time.ParseDuration: an optional sign, then one or more "number unit" parts, where the
+# number may lack either side of its point (".5s", "1.s") but not both; "0" alone is zero.
+_DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)([a-zµμ]+)")
 _UNIT_NS = {
     "ns": 1,
     "us": 1_000,
-    "µs": 1_000,
+    "µs": 1_000,  # U+00B5 micro sign
+    "μs": 1_000,  # U+03BC Greek mu: Go takes both
     "ms": 1_000_000,
     "s": 1_000_000_000,
     "m": 60_000_000_000,
@@ -54,21 +63,27 @@ _ESCAPE = re.compile(r"\\(.)")
 _ESCAPES = {"n": "\n", "t": "\t"}
 
 
-def parse_duration(text: str) -> int:
-    """A Go duration (``300ms``, ``1.5s``, ``2h45m``) in nanoseconds."""
+def parse_duration(text: str, units: Optional[Dict[str, int]] = None) -> int:
+    """A Go duration (``300ms``, ``.5s``, ``1.5s``, ``2h45m``, ``-1s``, ``0``) in nanoseconds,
+    as Go's ``time.ParseDuration`` reads it (Tempo reads ``minDuration`` and TraceQL's
+    durations with it); ``units`` replaces Go's units (TraceQL adds ``d``, ``w``, ``y``)."""
+    units = _UNIT_NS if units is None else units
     text = text.strip()
+    body = text[1:] if text[:1] in ("-", "+") else text
+    if body == "0":
+        return 0
     pos, total = 0, 0.0
-    while pos < len(text):
-        m = _DURATION_PART.match(text, pos)
-        if m is None:
+    while pos < len(body):
+        m = _DURATION_PART.match(body, pos)
+        if m is None or m.group(2) not in units:
             break
-        total += float(m.group(1)) * _UNIT_NS[m.group(2)]
+        total += float(m.group(1)) * units[m.group(2)]
         pos = m.end()
-    if pos == 0 or pos != len(text):
-        raise QueryError(f"invalid duration {text!r} (use for example 100ms, 1.5s, 2m)")
+    if pos == 0 or pos != len(body):
+        raise QueryError(f"invalid duration {text[:40]!r} (use for example 100ms, 1.5s, 2m)")
     if not total < MAX_DURATION_NS:
         raise QueryError(f"duration {text[:40]!r} is too long")
-    return int(total)
+    return -int(total) if text.startswith("-") else int(total)
 
 
 class _Tokens:
@@ -263,7 +278,7 @@ def legacy_query(
 
 _QUERY_TOKEN = re.compile(
     r"""(?P<string>"(?:[^"\\]|\\.)*"|`[^`]*`)
-    | (?P<duration>(?:(?:\d+(?:\.\d*)?|\.\d+)(?:ns|us|µs|ms|s|m|h|d|w|y))+(?![A-Za-z0-9_.]))
+    | (?P<duration>(?:(?:\d+(?:\.\d*)?|\.\d+)(?:ns|us|µs|μs|ms|s|m|h|d|w|y))+(?![A-Za-z0-9_.]))
     | (?P<number>(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?)
     | (?P<scoped>(?:span|resource|parent|event|link|instrumentation)\.)
     | (?P<colon>(?:span|trace|event|link|instrumentation):[A-Za-z_][A-Za-z0-9_]*)
@@ -280,8 +295,6 @@ _DURATION_UNITS = {
     "w": 7 * 86_400 * 10**9,
     "y": 365 * 86_400 * 10**9,
 }
-# Go's time.ParseDuration takes ".5s" and "1.s" too (Tempo reads durations with it).
-_QUERY_DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h|d|w|y)")
 # What ends an attribute name (Tempo's isAttributeRune): spaces and TraceQL's punctuation.
 _ATTRIBUTE_END = set(" \t\r\n{}()=~!<>&|^,")
 _STRING_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", '"': '"', "\\": "\\", "'": "'", "0": "\0"}
@@ -515,12 +528,10 @@ def _unquote(raw: str, pos: int) -> str:
 
 
 def _query_duration(raw: str, pos: int) -> int:
-    total = 0.0
-    for m in _QUERY_DURATION_PART.finditer(raw):
-        total += float(m.group(1)) * _DURATION_UNITS[m.group(2)]
-    if not total < MAX_DURATION_NS:
-        raise QueryError(f"TraceQL: the duration {raw[:40]} at column {pos + 1} is too long")
-    return int(total)
+    try:
+        return parse_duration(raw, _DURATION_UNITS)
+    except QueryError as exc:
+        raise QueryError(f"TraceQL: {exc} at column {pos + 1}") from None
 
 
 _ATTRIBUTE_QUOTE = re.compile(r"[\s{}()=~!<>&|^,\"]")
@@ -953,6 +964,7 @@ def parse_query(text: str) -> Query:
         raise QueryError("TraceQL: the query is longer than 100000 characters")
     try:
         root, metrics, hints = _Parser(text).query()
+        _check_size(root, metrics)
         _check_types(root)
         selection = metrics.compare_filter if metrics is not None else None
         if selection is not None:
@@ -978,6 +990,29 @@ def parse_query(text: str) -> Query:
         hints=hints,
         plan=plan,
     )
+
+
+# A query's work is about its size times the spans it reads: bound the size (Tempo's queries,
+# Grafana's and Traces Drilldown's included, are a few dozen nodes).
+MAX_QUERY_NODES = 1024
+MAX_PIPELINE_STAGES = 32
+
+
+def _check_size(root: ast.Element, metrics: Optional[MetricsStage]) -> None:
+    nodes = _walk(root)
+    if metrics is not None and metrics.compare_filter is not None:
+        nodes += _walk(metrics.compare_filter)
+    if len(nodes) > MAX_QUERY_NODES:
+        raise QueryError(
+            f"TraceQL: the query has {len(nodes)} parts, more than the {MAX_QUERY_NODES} "
+            "hotspan runs: split it or simplify it"
+        )
+    stages = sum(len(n.stages) for n in nodes if isinstance(n, ast.Pipeline))
+    if stages > MAX_PIPELINE_STAGES:
+        raise QueryError(
+            f"TraceQL: the query has {stages} pipeline stages, more than the "
+            f"{MAX_PIPELINE_STAGES} hotspan runs"
+        )
 
 
 # The type of each intrinsic's values, for refusing comparisons that can never be true.
@@ -1069,17 +1104,6 @@ def _walk(node: object) -> List[object]:
     return out
 
 
-_TRACE_WIDE = {
-    "traceDuration",
-    "rootName",
-    "rootServiceName",
-    "childCount",
-    "nestedSetParent",
-    "nestedSetLeft",
-    "nestedSetRight",
-}
-
-
 def _needs_traces(root: ast.Element) -> bool:
     """Whether the query reads more of a trace than the spans its first filter finds."""
     root_tests = set()
@@ -1091,15 +1115,11 @@ def _needs_traces(root: ast.Element) -> bool:
             root_tests.add(id(node.lhs if isinstance(node.lhs, ast.Attribute) else node.rhs))
         elif (
             isinstance(node, ast.Attribute)
-            and node.name in _TRACE_WIDE
+            and node.name in TRACE_WIDE
             and id(node) not in root_tests
         ):
             return True
     return False
-
-
-ROOT_CONDITION = Condition("span:parentID", "=", "0000000000000000")
-NOT_ROOT_CONDITION = Condition("span:parentID", "!=", "0000000000000000")
 
 
 def _shown(root: ast.Element) -> Tuple[ast.Attribute, ...]:
@@ -1129,7 +1149,7 @@ def _pushdown_options(node: ast.Element) -> List[Tuple[Condition, ...]]:
     if isinstance(node, ast.Pipeline):
         return _pushdown_options(node.stages[0]) if node.stages else []
     if isinstance(node, ast.Filter):
-        conds = (_condition_of(e) for e in _conjuncts(node.expr))
+        conds = (_condition_of(e) for e in conjuncts(node.expr))
         return [tuple(c for c in conds if c is not None)]
     if not isinstance(node, ast.SpansetOp):
         return []
@@ -1142,13 +1162,6 @@ def _pushdown_options(node: ast.Element) -> List[Tuple[Condition, ...]]:
     shared = [tuple(c for c in b if c in a) for b in rhs for a in lhs]
     shared.sort(key=len, reverse=True)
     return shared[:_MAX_OPTIONS]
-
-
-def _conjuncts(expr: ast.Field) -> List[ast.Field]:
-    if isinstance(expr, ast.Binary) and expr.op == "&&":
-        # `a || b && c` is `(a || b) && c` in TraceQL: only a top-level && chain is a conjunction.
-        return _conjuncts(expr.lhs) + _conjuncts(expr.rhs)
-    return [expr]
 
 
 def _condition_of(expr: ast.Field) -> Optional[Condition]:
@@ -1196,8 +1209,12 @@ def _condition_of(expr: ast.Field) -> Optional[Condition]:
 
 # The evaluator, re-exported: ``query.traceql`` is where callers find the whole language.
 from hotspan.query.traceql_eval import (  # noqa: E402
+    NOT_ROOT_CONDITION,
+    ROOT_CONDITION,
+    TRACE_WIDE,
     Spanset,
     check,
+    conjuncts,
     evaluate,
     field_needs_trace,
     in_selection,

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from hotspan.model.labels import RegexError, compile_regex
-from hotspan.model.trace import RS, SPAN_KINDS, STATUS_CODES, US, SpanRecord, clean
+from hotspan.model.trace import RS, SPAN_KINDS, STATUS_CODES, US, Condition, SpanRecord, clean
 from hotspan.query import traceql_ast as ast
 from hotspan.query.engine import QueryError
 
@@ -202,6 +202,10 @@ def _lookup(flat: str, key: str) -> Optional[ast.Text]:
     return ast.Text(flat[start : flat.find(RS, start)])
 
 
+def _first(*values: Optional[ast.Text]) -> Optional[ast.Text]:
+    return next((v for v in values if v is not None), None)
+
+
 def _number(value: object) -> Optional[float]:
     """A value as a number, if it is one (attribute text that reads as one included)."""
     if isinstance(value, bool) or value is None:
@@ -244,11 +248,13 @@ def _attribute_getter(attr: ast.Attribute) -> Getter:
             return lambda s, t: _lookup(s.resource_attrs, name) or ast.Text(s.service)
         return lambda s, t: _lookup(s.resource_attrs, name)
     if attr.scope == "":
+        # Tempo's AttributeFor: the span's attribute when the span has it (even empty), else
+        # the resource's.  The stores' span_condition means the same for ``.x``.
         if name == "service.name":
-            return lambda s, t: (
-                _lookup(s.attrs, name) or _lookup(s.resource_attrs, name) or ast.Text(s.service)
+            return lambda s, t: _first(
+                _lookup(s.attrs, name), _lookup(s.resource_attrs, name), ast.Text(s.service)
             )
-        return lambda s, t: _lookup(s.attrs, name) or _lookup(s.resource_attrs, name)
+        return lambda s, t: _first(_lookup(s.attrs, name), _lookup(s.resource_attrs, name))
     getter = _INTRINSICS.get(name)
     if getter is None:
         raise QueryError(f"TraceQL: {attr.text} is not kept by hotspan's span index")
@@ -842,22 +848,36 @@ def _key_getter(key: str) -> Getter:
 
 # -- one filter on one span (compare()'s selection) ------------------------------------------------
 
-_TRACE_WIDE = (
-    "traceDuration",
-    "rootName",
-    "rootServiceName",
-    "childCount",
-    "nestedSetParent",
-    "nestedSetLeft",
-    "nestedSetRight",
+# Intrinsics (canonical names) a span's record alone cannot say: they need its whole trace.
+TRACE_WIDE = frozenset(
+    (
+        "traceDuration",
+        "rootName",
+        "rootServiceName",
+        "childCount",
+        "nestedSetParent",
+        "nestedSetLeft",
+        "nestedSetRight",
+    )
 )
+# The store condition of "a root span" (``{nestedSetParent < 0}``) and of its negation.
+ROOT_CONDITION = Condition("span:parentID", "=", "0000000000000000")
+NOT_ROOT_CONDITION = Condition("span:parentID", "!=", "0000000000000000")
+
+
+def conjuncts(expr: ast.Field) -> List[ast.Field]:
+    """The parts of a top-level ``&&`` chain (``a || b && c`` is ``(a || b) && c`` in
+    TraceQL, so only the top level is a conjunction)."""
+    if isinstance(expr, ast.Binary) and expr.op == "&&":
+        return conjuncts(expr.lhs) + conjuncts(expr.rhs)
+    return [expr]
 
 
 def field_needs_trace(expr: ast.Field) -> bool:
     """Whether ``expr`` reads more of a trace than the span (``rootName``, ``childCount``...);
     the root test ``nestedSetParent < 0`` does not."""
     if isinstance(expr, ast.Attribute):
-        return expr.scope == "intrinsic" and expr.name in _TRACE_WIDE
+        return expr.scope == "intrinsic" and expr.name in TRACE_WIDE
     if isinstance(expr, ast.Binary):
         if root_test(expr) is not None:
             return False

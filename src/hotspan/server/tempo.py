@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import replace
-from typing import Dict, List, Mapping, Optional, Set, Tuple
+from typing import Callable, Dict, List, Mapping, Optional, Set, Tuple
 
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
@@ -66,7 +66,13 @@ def trace_id_param(text: str) -> str:
 
 
 def seconds_param(request: Request, name: str) -> Optional[int]:
-    text = request.query_params.get(name)
+    """``seconds_value`` of a request's query string, for the endpoints that hold a Request."""
+    return seconds_value(request.query_params, name)
+
+
+def seconds_value(params: Mapping[str, str], name: str) -> Optional[int]:
+    """A parameter in unix seconds, as nanoseconds; None when absent or empty."""
+    text = params.get(name)
     if not text:
         return None
     try:
@@ -79,8 +85,8 @@ def seconds_param(request: Request, name: str) -> Optional[int]:
     return seconds * SEC
 
 
-def _int_param(request: Request, name: str, default: int) -> int:
-    text = request.query_params.get(name)
+def _int_param(params: Mapping[str, str], name: str, default: int) -> int:
+    text = params.get(name)
     if text is None or text == "":
         return default
     try:
@@ -163,13 +169,6 @@ def _varint(value: int) -> bytes:
     return bytes(out)
 
 
-class _Params:
-    """A parameter mapping where the request helpers look for one (``query_params``)."""
-
-    def __init__(self, params: Mapping[str, str]) -> None:
-        self.query_params = params
-
-
 def search_query(params: Mapping[str, str]) -> Tuple[SearchParams, Optional[Query], TraceQuery]:
     """What a search asks: its range, limits and order (``sort=duration``, a hotspan extension
     absent from Tempo, keeps the longest traces instead of the newest, longest first), its
@@ -183,17 +182,16 @@ def search_query(params: Mapping[str, str]) -> Tuple[SearchParams, Optional[Quer
 
 
 def _search_query(params: Mapping[str, str]) -> Tuple[SearchParams, Optional[Query], TraceQuery]:
-    request = _Params(params)
-    start = seconds_param(request, "start")  # type: ignore[arg-type]
-    end = seconds_param(request, "end")  # type: ignore[arg-type]
+    start = seconds_value(params, "start")
+    end = seconds_value(params, "end")
     if end is None:
         end = time.time_ns()
     if start is None:
         start = end - DEFAULT_SEARCH_RANGE_NS
     if end <= start:
         raise HTTPError(400, "end must be after start")
-    limit = min(_int_param(request, "limit", 20), MAX_LIMIT)  # type: ignore[arg-type]
-    spss = min(_int_param(request, "spss", 3), MAX_SPANS_PER_SPANSET)  # type: ignore[arg-type]
+    limit = min(_int_param(params, "limit", 20), MAX_LIMIT)
+    spss = min(_int_param(params, "spss", 3), MAX_SPANS_PER_SPANSET)
     search_params = SearchParams(start, end, limit, spss)
     try:
         if params.get("q") and params.get("tags"):
@@ -212,6 +210,8 @@ def _search_query(params: Mapping[str, str]) -> Tuple[SearchParams, Optional[Que
             return search_params, traceql, sql
         low = parse_duration(params["minDuration"]) if params.get("minDuration") else None
         high = parse_duration(params["maxDuration"]) if params.get("maxDuration") else None
+        if (low or 0) < 0 or (high or 0) < 0:
+            raise HTTPError(400, "minDuration and maxDuration are at least 0")
         if low and high and high < low:
             raise HTTPError(400, "maxDuration is shorter than minDuration")
         tags = parse_logfmt(params.get("tags", ""))
@@ -240,10 +240,10 @@ async def search(request: Request) -> Response:
     return JSONResponse(body)
 
 
-def _tag_range(request: Request) -> Tuple[int, int]:
+def _tag_range(params: Mapping[str, str]) -> Tuple[int, int]:
     """The time range of a tag request narrowed by ``q``: start/end, by default the last day."""
-    end = seconds_param(request, "end") or time.time_ns()
-    start = seconds_param(request, "start")
+    end = seconds_value(params, "end") or time.time_ns()
+    start = seconds_value(params, "start")
     if start is None:
         start = end - DEFAULT_SEARCH_RANGE_NS
     if end <= start:
@@ -251,27 +251,28 @@ def _tag_range(request: Request) -> Tuple[int, int]:
     return start, end
 
 
-async def _narrowed(
-    request: Request, state: ServerState, tenant: str
+def _narrowed(
+    state: ServerState, tenant: str, params: Mapping[str, str]
 ) -> Optional[List[SpanRecord]]:
     """The spans ``q`` narrows the autocomplete to (the newest of the range, at most
     MAX_AUTOCOMPLETE_SPANS), or None when there is no ``q`` or it narrows nothing (see
     query.autocomplete): then every tag, as Tempo does."""
-    conditions = narrowing_conditions(request.query_params.get("q", ""))
+    conditions = narrowing_conditions(params.get("q", ""))
     if conditions is None:
         return None
-    start, end = _tag_range(request)
+    start, end = _tag_range(params)
     try:
-        return await run_in_threadpool(
-            state.store.span_records, tenant, start, end, conditions, limit=MAX_AUTOCOMPLETE_SPANS
+        return state.store.span_records(
+            tenant, start, end, conditions, limit=MAX_AUTOCOMPLETE_SPANS
         )
     except SearchError:
         return None  # a condition no span can be compared with (status > "x"): as unparsable
 
 
-async def _tag_names(request: Request) -> Tuple[Dict[str, List[str]], Optional[str]]:
-    state, tenant = query_state(request)
-    scope = request.query_params.get("scope") or None
+def _tag_names(
+    state: ServerState, tenant: str, params: Mapping[str, str]
+) -> Tuple[Dict[str, List[str]], Optional[str]]:
+    scope = params.get("scope") or None
     # TraceQL's scopes; hotspan keeps no event, link or instrumentation attributes: their
     # names are none (Tempo's 400 is for a scope TraceQL does not have).
     scopes = ("all", "span", "resource", "intrinsic", "event", "link", "instrumentation")
@@ -281,38 +282,32 @@ async def _tag_names(request: Request) -> Tuple[Dict[str, List[str]], Optional[s
             "scope must be resource, span, intrinsic, event, link or instrumentation, "
             f"not {scope!r}",
         )
-    records = await _narrowed(request, state, tenant)
+    records = _narrowed(state, tenant, params)
     if records is not None:
         names = autocomplete.tag_names(records)
     else:
-        since = seconds_param(request, "start") or 0
-        names = await run_in_threadpool(state.store.tag_names, tenant, since)
+        names = state.store.tag_names(tenant, seconds_value(params, "start") or 0)
     return names, None if scope == "all" else scope
 
 
-async def tags_v1(request: Request) -> Response:
-    try:
-        names, scope = await _tag_names(request)
-        limit = _int_param(request, "limit", 0) or None  # Tempo's: at most this many
-    except HTTPError as exc:
-        return text_error(exc)
-    if scope == "intrinsic":
-        out = list(INTRINSIC_TAGS)
-    else:
-        scopes = [scope] if scope else ["span", "resource"]
-        out = sorted({n for s in scopes for n in names.get(s, [])})
-    return JSONResponse({"tagNames": out[:limit]})
-
-
-async def tags_v2(request: Request) -> Response:
-    try:
-        names, scope = await _tag_names(request)
-        # Tempo's ``limit`` here: at most this many names per scope (Grafana sends 5000, or
-        # its data source's tag limit).
-        limit = _int_param(request, "limit", 0) or None
-    except HTTPError as exc:
-        return text_error(exc)
-    scopes = []
+def tag_names_json(
+    state: ServerState, tenant: str, params: Mapping[str, str], version: int
+) -> Dict[str, object]:
+    """Tempo's ``SearchTagsResponse`` (version 1) or ``SearchTagsV2Response`` (2) for the tag
+    endpoints' parameters (``scope``, ``limit``, ``q``, ``start``, ``end``), in protobuf's
+    JSON mapping; HTTPError (400) for a bad parameter.  Blocking: the store is read here."""
+    names, scope = _tag_names(state, tenant, params)
+    # Tempo's ``limit``: at most this many names (v2: per scope; Grafana sends 5000, or its
+    # data source's tag limit).
+    limit = _int_param(params, "limit", 0) or None
+    if version == 1:
+        if scope == "intrinsic":
+            out = list(INTRINSIC_TAGS)
+        else:
+            wanted = [scope] if scope else ["span", "resource"]
+            out = sorted({n for s in wanted for n in names.get(s, [])})
+        return {"tagNames": out[:limit]}
+    scopes: List[Dict[str, object]] = []
     for name in ("resource", "span"):
         if scope in (None, name):
             scopes.append({"name": name, "tags": names.get(name, [])[:limit]})
@@ -320,7 +315,28 @@ async def tags_v2(request: Request) -> Response:
         scopes.insert(0, {"name": "intrinsic", "tags": list(INTRINSIC_TAGS)})
     if scope in ("event", "link", "instrumentation"):
         scopes.append({"name": scope, "tags": []})
-    return JSONResponse({"scopes": scopes})
+    return {"scopes": scopes}
+
+
+async def _answer(
+    request: Request, answer: Callable[..., Dict[str, object]], *args: object
+) -> Response:
+    """The JSON of ``answer(state, tenant, *args)``, on a worker thread (it reads the store),
+    or its HTTPError as text."""
+    try:
+        state, tenant = query_state(request)
+        body = await run_in_threadpool(answer, state, tenant, *args)
+    except HTTPError as exc:
+        return text_error(exc)
+    return JSONResponse(body)
+
+
+async def tags_v1(request: Request) -> Response:
+    return await _answer(request, tag_names_json, request.query_params, 1)
+
+
+async def tags_v2(request: Request) -> Response:
+    return await _answer(request, tag_names_json, request.query_params, 2)
 
 
 def _identifier(tag: str) -> Tuple[Optional[str], str]:
@@ -337,13 +353,14 @@ def _identifier(tag: str) -> Tuple[Optional[str], str]:
     return None, tag
 
 
-async def _values(request: Request, scope: Optional[str], name: str) -> List[Tuple[str, str]]:
+def _values(
+    state: ServerState, tenant: str, params: Mapping[str, str], scope: Optional[str], name: str
+) -> List[Tuple[str, str]]:
     """(value, TraceQL type) of a tag, sorted, of the spans ``q`` narrows to if it does."""
-    state, tenant = query_state(request)
-    since = seconds_param(request, "start") or 0
-    limit = _int_param(request, "limit", MAX_LIMIT)
-    records = await _narrowed(request, state, tenant)
-    values = await run_in_threadpool(state.store.tag_values, tenant, scope, name, since)
+    since = seconds_value(params, "start") or 0
+    limit = _int_param(params, "limit", MAX_LIMIT)
+    records = _narrowed(state, tenant, params)
+    values = state.store.tag_values(tenant, scope, name, since)
     if records is not None:
         values = _typed(autocomplete.tag_values(records, scope, name), values, scope, name)
     return values[:limit]
@@ -363,22 +380,29 @@ def _typed(
     return sorted((value, kind) for value in seen for kind in kinds.get(value, [default]))
 
 
+def tag_values_json(
+    state: ServerState, tenant: str, tag: str, params: Mapping[str, str], version: int
+) -> Dict[str, object]:
+    """Tempo's ``SearchTagValuesResponse`` (version 1: any attribute of that name, values
+    only) or ``SearchTagValuesV2Response`` (2: a TraceQL identifier, typed values) for the tag
+    values endpoints' parameters (``limit``, ``q``, ``start``, ``end``), in protobuf's JSON
+    mapping; HTTPError (400) for a bad parameter.  Blocking: the store is read here."""
+    if version == 1:
+        values = _values(state, tenant, params, None, tag)
+        return {"tagValues": sorted({value for value, _ in values})}
+    scope, name = _identifier(tag)
+    values = _values(state, tenant, params, scope, name) if tag not in ("duration",) else []
+    return {"tagValues": [{"type": kind, "value": value} for value, kind in values]}
+
+
 async def tag_values_v1(request: Request) -> Response:
-    try:
-        values = await _values(request, None, request.path_params["tag"])
-    except HTTPError as exc:
-        return text_error(exc)
-    return JSONResponse({"tagValues": sorted({value for value, _ in values})})
+    tag = request.path_params["tag"]
+    return await _answer(request, tag_values_json, tag, request.query_params, 1)
 
 
 async def tag_values_v2(request: Request) -> Response:
     tag = request.path_params["tag"]
-    scope, name = _identifier(tag)
-    try:
-        values = await _values(request, scope, name) if tag not in ("duration",) else []
-    except HTTPError as exc:
-        return text_error(exc)
-    return JSONResponse({"tagValues": [{"type": kind, "value": value} for value, kind in values]})
+    return await _answer(request, tag_values_json, tag, request.query_params, 2)
 
 
 routes = [

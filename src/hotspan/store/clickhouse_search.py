@@ -158,7 +158,7 @@ def span_condition(cond: Condition, bind: _Binder) -> str:
         return _compare_number(key, "kind", op, condition_code(SPAN_KINDS, value, "kind"), bind)
     if key in ("duration", "span:duration"):
         return _compare_number(key, "(end_ns - start_ns)", op, _duration(key, value), bind)
-    if key in ("resource.service.name", ".service.name", "service.name"):
+    if key in ("resource.service.name", "service.name"):
         return _compare("service", op, condition_text(key, value), bind)
     if key == "trace:id":
         return _compare("trace_id", op, str(value).lower().rjust(32, "0"), bind)
@@ -176,10 +176,16 @@ def span_condition(cond: Condition, bind: _Binder) -> str:
             "trace:id, span:id, traceDuration, rootName, rootServiceName, or an attribute "
             "(span.x, resource.x, .x)"
         )
+    # Unscoped, as Tempo reads it (and query.traceql_eval): the span's attribute when the span
+    # has it, else the resource's (for service.name, the span's service).
     name = key[1:]
     span_sql = _attribute(name, op, value, bind, key)
-    res_sql = _attribute(name, op, value, bind, key)
-    return f"(({span_sql}) OR {_IN_RESOURCE.format(res_sql)})"
+    if name == "service.name":
+        res_sql = _compare("service", op, condition_text(key, value), bind)
+    else:
+        res_sql = _IN_RESOURCE.format(_attribute(name, op, value, bind, key))
+    has_key = f"position(attrs, {bind(RS + clean(name) + US)}) > 0"
+    return f"(({has_key} AND {span_sql}) OR (NOT {has_key} AND {res_sql}))"
 
 
 def _trace_condition(cond: Condition, bind: _Binder) -> str:

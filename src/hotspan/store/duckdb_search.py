@@ -71,7 +71,7 @@ def span_condition(cond: Condition) -> SQL:
         return _compare("kind", op, condition_code(SPAN_KINDS, value, "kind"))
     if key in ("duration", "span:duration"):
         return _compare("(end_ns - start_ns)", op, value)
-    if key in ("resource.service.name", ".service.name", "service.name"):
+    if key in ("resource.service.name", "service.name"):
         return _compare("service", op, condition_text(key, value))
     if key == "trace:id":
         return _compare("trace_id", op, str(value).lower().rjust(32, "0"))
@@ -90,10 +90,20 @@ def span_condition(cond: Condition) -> SQL:
             "trace:id, span:id, traceDuration, rootName, rootServiceName, or an attribute "
             "(span.x, resource.x, .x)"
         )
+    # Unscoped, as Tempo reads it (and query.traceql_eval): the span's attribute when the span
+    # has it, else the resource's (for service.name, the span's service).
     name = key[1:]
     span_sql, span_params = _attribute(name, op, value)
-    res_sql, res_params = _attribute(name, op, value)
-    return f"(({span_sql}) OR {_IN_RESOURCE.format(res_sql)})", [*span_params, *res_params]
+    if name == "service.name":
+        res_sql, res_params = _compare("service", op, condition_text(key, value))
+    else:
+        sql, res_params = _attribute(name, op, value)
+        res_sql = _IN_RESOURCE.format(sql)
+    has_key = f"contains(attrs, '{RS}' || ? || '{US}')"
+    return (
+        f"(({has_key} AND {span_sql}) OR (NOT {has_key} AND {res_sql}))",
+        [clean(name), *span_params, clean(name), *res_params],
+    )
 
 
 def _trace_condition(cond: Condition) -> SQL:
