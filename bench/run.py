@@ -17,6 +17,10 @@
     python bench/run.py --only rules [--quick]   # issue 18: recording rules' ingest cost,
                                    # "why is this trace slow?", alert evaluation (~4 min,
                                    # quick ~1.5 min; not in the default run)
+    python bench/run.py --only grafana [--quick]   # issue 19: JFR ingest beside pprof,
+                                   # TraceQL search and metrics, SelectHeatmap beside
+                                   # SelectSeries (~4-5 min, quick ~1-1.5 min; not in the
+                                   # default run)
 
 Use the project's environment (e.g. ``/tmp/probe/bin/python bench/run.py``).
 """
@@ -313,8 +317,9 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="small, fast version")
     parser.add_argument(
         "--only",
-        choices=["ingest", "query", "agent", "traces", "ui", "clickhouse", "rules"],
-        help="run one benchmark (agent, traces, ui, clickhouse and rules run only when asked for)",
+        choices=["ingest", "query", "agent", "traces", "ui", "clickhouse", "rules", "grafana"],
+        help="run one benchmark (agent, traces, ui, clickhouse, rules and grafana run only when "
+        "asked for)",
     )
     parser.add_argument(
         "--concurrency",
@@ -353,6 +358,10 @@ def main() -> int:
         import rules
 
         return rules.run_from(args, report, t0, log)
+    if args.only == "grafana":  # JFR, TraceQL search and metrics, heatmaps; grafana.md/.json
+        import grafana
+
+        return grafana.run_from(args, report, t0, log)
     if args.only in (None, "ingest"):
         import ingest
 

@@ -10,6 +10,7 @@ milliseconds that make a client's writes arrive as separate reads.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import gc
 import os
 import socket
@@ -109,17 +110,24 @@ def run(request: pytest.FixtureRequest) -> Runner:
     """Run a test's coroutine on asyncio's loop, and on uvloop's (what uvicorn picks when
     it is installed, as hotspan's dependencies have it outside Windows)."""
     if request.param == "asyncio":
-        return lambda main: asyncio.run(main())
-    uvloop = pytest.importorskip("uvloop")
+        new_loop: Callable[[], asyncio.AbstractEventLoop] = asyncio.new_event_loop
+    else:
+        new_loop = pytest.importorskip("uvloop").new_event_loop
 
-    def on_uvloop(main: Callable[[], Awaitable[None]]) -> None:
-        loop = uvloop.new_event_loop()
-        try:
-            loop.run_until_complete(main())
-        finally:
-            loop.close()
+    def on_its_own_thread(main: Callable[[], Awaitable[None]]) -> None:
+        # A thread of its own: the test process's main thread may already run a loop (the UI
+        # tests' Playwright does, and a worker of pytest -n runs them before these).
+        def run_loop() -> None:
+            loop = new_loop()
+            try:
+                loop.run_until_complete(main())
+            finally:
+                loop.close()
 
-    return on_uvloop
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            pool.submit(run_loop).result()
+
+    return on_its_own_thread
 
 
 def _fds() -> int:
