@@ -273,7 +273,11 @@ def test_tag_wrapper_frames_are_left_out(tmp_path: Path) -> None:
     assert lines
     stacks = [line.rsplit(" ", 1)[0] for line in lines]
     assert "__main__.<module>;__main__.parse_for_record" in stacks, stacks
-    assert not [s for s in stacks if "hotspan" in s or "tag_wrapper" in s], stacks
+    # A lone "hotspan" stack is hotspan's own start and exit in the main thread, named so on
+    # purpose (agent.symbols.AGENT): a busy machine stretches them enough to be sampled.
+    # The wrapper's frames must never show inside the program's stacks.
+    program_stacks = [s for s in stacks if s != "hotspan"]
+    assert not [s for s in program_stacks if "hotspan" in s or "tag_wrapper" in s], stacks
 
 
 def test_text_formats(tmp_path: Path, program: Path) -> None:
