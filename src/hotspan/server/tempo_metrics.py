@@ -52,17 +52,6 @@ if TYPE_CHECKING:
 
 SEC = 1_000_000_000
 DEFAULT_SINCE_NS = 3600 * SEC
-_GO_UNITS_NS = {
-    "ns": 1,
-    "us": 1_000,
-    "µs": 1_000,
-    "μs": 1_000,
-    "ms": 1_000_000,
-    "s": SEC,
-    "m": 60 * SEC,
-    "h": 3600 * SEC,
-}
-_GO_DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|μs|ms|s|m|h)")
 _PROM_DURATION = re.compile(
     r"(?:(\d+)y)?(?:(\d+)w)?(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?(?:(\d+)ms)?"
 )
@@ -119,24 +108,6 @@ def parse_timestamp(name: str, text: str) -> int:
     )
 
 
-def parse_go_duration(text: str) -> int:
-    """A Go duration (``15s``, ``1m30s``, ``1.5h``) in nanoseconds; ValueError if not one."""
-    sign = -1 if text.startswith("-") else 1
-    body = text.lstrip("+-")
-    if body == "0":
-        return 0
-    pos, total = 0, 0.0
-    while pos < len(body):
-        m = _GO_DURATION_PART.match(body, pos)
-        if m is None:
-            raise ValueError(text)
-        total += float(m.group(1)) * _GO_UNITS_NS[m.group(2)]
-        pos = m.end()
-    if not body or total >= 2.0**63:
-        raise ValueError(text)
-    return sign * int(total)
-
-
 def parse_step(text: str) -> int:
     """Tempo's ``step``: seconds (a number) or a Go duration, in nanoseconds."""
     try:
@@ -149,8 +120,10 @@ def parse_step(text: str) -> int:
         step = int(seconds * SEC)
     else:
         try:
-            step = parse_go_duration(text)
-        except ValueError:
+            if text != text.strip():
+                raise QueryError("Go reads no spaces around a duration")
+            step = traceql.parse_duration(text)
+        except QueryError:
             raise HTTPError(400, f'cannot parse "{text[:60]}" to a valid duration') from None
     if step < 0:
         raise HTTPError(400, f'cannot parse "{text}": step must be positive')
