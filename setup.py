@@ -64,6 +64,13 @@ EXTENSIONS = [
         extra_compile_args=["-O2", "-std=c11"],
         optional=True,
     ),
+    # Span conditions: the span processor that judges every ended span (agent/spans.py's twin).
+    Extension(
+        "hotspan._speedups._spans",
+        ["src/hotspan/_speedups/spans.c"],
+        extra_compile_args=["-O2", "-std=gnu11"],
+        optional=True,
+    ),
     # Lock contention: a lock wrapper whose uncontended acquire costs next to nothing.
     Extension(
         "hotspan._speedups._locks",

@@ -11,6 +11,10 @@ programs that starve a sampler thread of the GIL (``--workloads busy``).
                                           # ddtrace's profiler and tracemalloc, and each
                                           # profile type against a truth the workload
                                           # measures (~20 min, quick ~5 min): agent-profiles.*
+    python bench/agent.py --workloads defaults [--quick] [--only W,W] [--profilers P,P]
+                                          # every profiler with its defaults (and hotspan and
+                                          # ddtrace as stack samplers) on six workloads
+                                          # (~21 min, quick ~5 min): agent-defaults.*
 
 Every measurement is a fresh process.  In each round every workload runs once under every
 profiler, in a shuffled order, and a profiler's slowdown is the median over rounds of
@@ -23,7 +27,10 @@ Correctness is read from the profiles themselves: hotspan and pyroscope-io push 
 from __future__ import annotations
 
 import argparse
+import array
+import contextlib
 import glob
+import gzip
 import http.client
 import json
 import os
@@ -36,11 +43,16 @@ import tempfile
 import threading
 import time
 import uuid
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Collection, Dict, List, Optional, Set, Tuple
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import common  # noqa: E402
+from google.protobuf.message import DecodeError  # noqa: E402
+
+sys.path.insert(0, common.AGENT_WORKLOAD_DIR)
+
+import _harness  # noqa: E402
 
 WORKLOAD_DIR = common.AGENT_WORKLOAD_DIR
 WORKLOADS = ["cpu_split", "threads", "alloc", "asyncio_spans"]
@@ -56,7 +68,17 @@ PROFILE_WORKLOADS = ["cpu_split", "threads", "alloc", "gc_containers", "asyncio_
 # (bursty_threads: CPU, against no profiler too, since its CPU time is what the issue saw rise).
 TRUTH_WORKLOADS = ["alloc_split", "heap_leak", "lock_contention", "threads_tasks", "bursty_threads"]
 TRUTH_PROFILERS = {"bursty_threads": ["none", "hotspan"]}
-ALL_WORKLOADS = WORKLOADS + BUSY_WORKLOADS + ["gc_containers"] + TRUTH_WORKLOADS
+# ``--workloads defaults``: every profiler with its defaults (and a stack-only setting of
+# hotspan and ddtrace) on six workloads a service is made of.
+DEFAULTS_WORKLOADS = [
+    "cpu_split",
+    "threads",
+    "gc_containers",
+    "asyncio_spans",
+    "web_server",
+    "wsgi_threaded",
+]
+ALL_WORKLOADS = WORKLOADS + BUSY_WORKLOADS + ["gc_containers", "wsgi_threaded"] + TRUTH_WORKLOADS
 # "none-again" is a second no-profiler run per round, compared with the first like any
 # profiler: its "slowdown" is what noise alone gives (an A/A test), the scale to read the
 # other rows against.
@@ -72,7 +94,19 @@ EXTRA_PROFILERS = [
     "hotspan-python",
     "hotspan-cpuonly",
 ]
-ALL_PROFILERS = PROFILERS + ["ddtrace", "tracemalloc"] + EXTRA_PROFILERS
+DEFAULTS_PROFILERS = [
+    "none",
+    "none-again",
+    "hotspan",
+    "hotspan-cpuwall",
+    "pyroscope",
+    "pyspy",
+    "ddtrace-stack",
+    "ddtrace",
+]
+ALL_PROFILERS = (
+    PROFILERS + ["hotspan-cpuwall", "ddtrace-stack", "ddtrace", "tracemalloc"] + EXTRA_PROFILERS
+)
 # ... except that blocking py-spy runs on the threads workload by default: that is where its
 # attribution goes wrong, and the issue quotes it.
 DEFAULT_EXTRA = {"threads": ["pyspy-blocking"]}
@@ -81,10 +115,15 @@ QUICK = {"rounds": 3, "seconds": 1.0}
 # 5 s of work: the CPU targets of the profiles run hold for runs of 5 s or more.
 PROFILES_FULL = {"rounds": 4, "seconds": 5.0}
 PROFILES_QUICK = {"rounds": 2, "seconds": 1.0}
+# 8 runs per workload and round, 48 per round: ~3 min a round at 3 s of work (a run takes
+# ~0.35 s more than its work), ~20 min in all; quick ~5 min.
+DEFAULTS_FULL = {"rounds": 7, "seconds": 3.0}
+DEFAULTS_QUICK = {"rounds": 3, "seconds": 1.5}
 # threads_tasks only starts its threads and tasks and waits: a second is plenty.
 FIXED_SECONDS = {"threads_tasks": 1.0}
 RATE_HZ = 100
 CPU_TYPE = "process_cpu:cpu:nanoseconds:cpu:nanoseconds"
+DDTRACE_CPU_TYPE = "cpu-time"  # nanoseconds
 WALL_TYPE = "wall:wall:nanoseconds:wall:nanoseconds"
 ALLOC_SPACE_TYPE = "memory:alloc_space:bytes:space:bytes"
 ALLOC_OBJECTS_TYPE = "memory:alloc_objects:count:space:bytes"
@@ -116,6 +155,12 @@ TARGET_LOCK_DELAY_PCT = 10.0
 TARGET_PROFILES_CPU_PCT = 2.0
 TARGET_PROFILES_SPLIT_PP = 1.0
 MIN_CPU_RUN_S = 5.0
+# The defaults run's targets, for hotspan with its defaults on every workload.
+TARGET_DEFAULTS_SLOWDOWN_PCT = 2.0
+TARGET_DEFAULTS_CPU_PCT = 3.0
+TARGET_DEFAULTS_RSS_MIB = 8.0
+TARGET_CPU_SEEN = (0.97, 1.03)
+TARGET_SPAN_LABELLED_PCT = 90.0
 
 Log = Callable[[str], None]
 
@@ -198,9 +243,9 @@ def run_one(
         ]
     env = None
     dd_output = ""
-    if profiler == "ddtrace":
+    if profiler in DDTRACE_VARIANTS:
         dd_output = os.path.join(tmp, f"{app}.pprof")
-        env = dict(os.environ, **_ddtrace_env(app, dd_output))
+        env = dict(os.environ, **_ddtrace_env(app, dd_output, profiler))
     err_path = os.path.join(tmp, f"{app}.stderr")
     with open(err_path, "w") as err:
         t0 = time.perf_counter()
@@ -242,12 +287,13 @@ def run_one(
         # A profiler that cannot send complains here: a profiler must not be loud.
         result["stderr_lines"] = sum(1 for line in f if line.strip())
     if dd_output:
-        # Proof that ddtrace profiled: what its file exporter wrote (then removed).
+        # Proof that ddtrace profiled: what its file exporter wrote.  Its profiles are read
+        # with the others' (``cpu_profile``), the rest is removed now.
         written = glob.glob(dd_output + ".*")
-        result["ddtrace_pprof_bytes"] = sum(
-            os.path.getsize(p) for p in written if p.endswith(".pprof")
-        )
-        for path in written:
+        pprofs = [p for p in written if p.endswith(".pprof")]
+        result["ddtrace_pprof_bytes"] = sum(os.path.getsize(p) for p in pprofs)
+        result["pprof"] = pprofs
+        for path in set(written) - set(pprofs):
             os.remove(path)
     result["rusage_cpu_s"] = ru.ru_utime + ru.ru_stime
     if folded:
@@ -284,20 +330,37 @@ def _unused_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _ddtrace_env(app: str, output: str) -> Dict[str, str]:
-    """ddtrace's profiler as its documentation sets it up, memory and lock collectors on;
-    profiles go to its file exporter (there is no Datadog agent here), and the agent URL is
-    a closed local port, so that nothing else it might send waits on a timeout.  Telemetry
-    and remote configuration, which are not the profiler, are off."""
+# ddtrace's profiler: "ddtrace" as it ships (in ddtrace 4.x its stack, memory, heap, lock
+# and exception collectors are on by default), "ddtrace-stack" with every collector but the
+# stack sampler off and without the per-sample timestamps (timeline) and the endpoint counts
+# it adds beside them: a plain stack sampler, as hotspan-cpuwall is for hotspan.
+DDTRACE_VARIANTS: Dict[str, Dict[str, str]] = {
+    "ddtrace": {},
+    "ddtrace-stack": {
+        "DD_PROFILING_MEMORY_ENABLED": "false",
+        "DD_PROFILING_HEAP_ENABLED": "false",
+        "DD_PROFILING_LOCK_ENABLED": "false",
+        "DD_PROFILING_EXCEPTION_ENABLED": "false",
+        "DD_PROFILING_PYTORCH_ENABLED": "false",
+        "DD_PROFILING_TIMELINE_ENABLED": "false",
+        "DD_PROFILING_ENDPOINT_COLLECTION_ENABLED": "false",
+    },
+}
+
+
+def _ddtrace_env(app: str, output: str, profiler: str = "ddtrace") -> Dict[str, str]:
+    """ddtrace's profiler as its documentation sets it up (``DDTRACE_VARIANTS``); profiles go
+    to its file exporter (there is no Datadog agent here), and the agent URL is a closed local
+    port, so that nothing else it might send waits on a timeout.  Telemetry and remote
+    configuration, which are not the profiler, are off."""
     return {
         "DD_PROFILING_ENABLED": "true",
-        "DD_PROFILING_MEMORY_ENABLED": "true",
-        "DD_PROFILING_LOCK_ENABLED": "true",
         "DD_PROFILING_OUTPUT_PPROF": output,
         "DD_SERVICE": app,
         "DD_TRACE_AGENT_URL": f"http://127.0.0.1:{_unused_port()}",
         "DD_INSTRUMENTATION_TELEMETRY_ENABLED": "false",
         "DD_REMOTE_CONFIGURATION_ENABLED": "false",
+        **DDTRACE_VARIANTS[profiler],
     }
 
 
@@ -325,31 +388,70 @@ def _base_name(name: str) -> str:
     return name.rsplit(".", 1)[-1].rsplit(":", 1)[-1]
 
 
-def _flamegraph_totals(graph: Dict[str, Any]) -> Tuple[int, Dict[str, int]]:
+# The per-function totals' key for the CPU of the stacks that hold any of a run's
+# ``work_functions`` (each stack once).
+WORK = "<work>"
+
+
+def _add_stack(out: Dict[str, int], names: Set[str], value: int, work: Collection[str]) -> None:
+    """One stack's value, to each function on it (once) and to WORK if it holds any of
+    ``work``."""
+    for name in names:
+        out[name] = out.get(name, 0) + value
+    if not names.isdisjoint(work):
+        out[WORK] = out.get(WORK, 0) + value
+
+
+def _flamegraph_totals(
+    graph: Dict[str, Any], work: Collection[str] = ()
+) -> Tuple[int, Dict[str, int]]:
     """Total and per-function totals (ns) of a querier flame graph (``names`` + ``levels`` of
-    [offset, total, self, name index] quadruples); a function counted once per node, which is
-    once per stack as long as it does not recurse (the workloads' functions do not)."""
+    [x offset from the previous node's end, total, self, name index] quadruples); a function
+    counted once per node, which is once per stack as long as it does not recurse (the
+    workloads' functions do not); WORK: the nodes of ``work`` under no other node of it."""
     names = graph.get("names", [])
     out: Dict[str, int] = {}
+    found: List[Tuple[int, int]] = []  # [x, x + total) of the WORK nodes counted
     for level in graph.get("levels", [])[1:]:
         values = [int(v) for v in level.get("values", [])]
+        end = 0
         for i in range(0, len(values), 4):
+            x, total = end + values[i], values[i + 1]
+            end = x + total
             key = _base_name(names[values[i + 3]])
-            out[key] = out.get(key, 0) + values[i + 1]
+            out[key] = out.get(key, 0) + total
+            if key in work and not any(lo <= x < hi for lo, hi in found):
+                found.append((x, end))
+                out[WORK] = out.get(WORK, 0) + total
     return int(graph.get("total", 0) or 0), out
 
 
-def _query(server: common.Server, app: str, ptype: str, start_ns: int, end_ns: int) -> Any:
-    body = json.dumps(
-        {
-            "profileTypeID": ptype,
-            "labelSelector": f'{{service_name="{app}"}}',
-            # The whole process lifetime and some slack: uploads are stamped with their
-            # collection window, which starts before the work and ends at the exit flush.
-            "start": start_ns // 1_000_000 - 120_000,
-            "end": end_ns // 1_000_000 + 120_000,
-        }
-    )
+def _query(
+    server: common.Server,
+    app: str,
+    ptype: str,
+    start_ns: int,
+    end_ns: int,
+    spans: Optional[List[str]] = None,
+    traces: Optional[List[str]] = None,
+    work: Collection[str] = (),
+) -> Any:
+    """The flame graph totals of an app's profile (``_flamegraph_totals``); of its samples
+    labelled with one of ``spans`` (span ids) or ``traces`` (trace ids, 32 hex digits) when
+    given."""
+    request: Dict[str, Any] = {
+        "profileTypeID": ptype,
+        "labelSelector": f'{{service_name="{app}"}}',
+        # The whole process lifetime and some slack: uploads are stamped with their
+        # collection window, which starts before the work and ends at the exit flush.
+        "start": start_ns // 1_000_000 - 120_000,
+        "end": end_ns // 1_000_000 + 120_000,
+    }
+    if spans is not None:
+        request["spanSelector"] = spans
+    if traces is not None:
+        request["traceIdSelector"] = traces
+    body = json.dumps(request)
     conn = http.client.HTTPConnection(server.host, server.port, timeout=60)
     try:
         conn.request(
@@ -364,7 +466,7 @@ def _query(server: common.Server, app: str, ptype: str, start_ns: int, end_ns: i
         conn.close()
     if resp.status != 200:
         raise RuntimeError(f"query {app} {ptype}: HTTP {resp.status} {data[:300]!r}")
-    return _flamegraph_totals(json.loads(data).get("flamegraph", {}))
+    return _flamegraph_totals(json.loads(data).get("flamegraph", {}), work)
 
 
 def unavailable(profilers: List[str], server_url: str, log: Log) -> Dict[str, str]:
@@ -379,12 +481,13 @@ def unavailable(profilers: List[str], server_url: str, log: Log) -> Dict[str, st
         why = _probe_pyroscope()
         if why:
             skipped["pyroscope"] = why
-    if "ddtrace" in profilers:
+    dd = [p for p in profilers if p in DDTRACE_VARIANTS]
+    if dd:
         r = subprocess.run(
             [sys.executable, "-c", "import ddtrace.profiling"], capture_output=True, text=True
         )
         if r.returncode != 0:
-            skipped["ddtrace"] = "ddtrace is not installed (pip install ddtrace)"
+            skipped.update({p: "ddtrace is not installed (pip install ddtrace)" for p in dd})
     if any(p.startswith("pyspy") for p in profilers) and not _pyspy_path():
         for p in profilers:
             if p.startswith("pyspy"):
@@ -395,16 +498,75 @@ def unavailable(profilers: List[str], server_url: str, log: Log) -> Dict[str, st
 
 
 def cpu_profile(server: common.Server, run: Dict[str, Any]) -> Tuple[int, Dict[str, int]]:
-    """A run's CPU profile, total and per function (ns): py-spy's folded file (removed from
-    the run, which is kept in the results), else what the server stored for the run's app."""
+    """A run's CPU profile, total and per function (ns), with WORK for the run's
+    ``work_functions`` if it names them: py-spy's folded file or ddtrace's pprof files
+    (removed from the run, which is kept in the results, and from the disk), else what the
+    server stored for the run's app."""
+    work = run.get("work_functions", ())
     if "folded" in run:
-        return _folded_totals(run.pop("folded"))
-    return _query(server, run["app"], CPU_TYPE, run["start_ns"], run["end_ns"])
+        return _folded_totals(run.pop("folded"), work)
+    if "pprof" in run:
+        paths = run.pop("pprof")
+        try:
+            return _pprof_totals(paths, DDTRACE_CPU_TYPE, work)
+        finally:
+            for path in paths:
+                _remove(path)
+    return _query(server, run["app"], CPU_TYPE, run["start_ns"], run["end_ns"], work=work)
 
 
-def _folded_totals(path: str) -> Tuple[int, Dict[str, int]]:
+def _zstd_decompress(data: bytes) -> bytes:
+    """ddtrace writes its pprof files zstd-compressed: the standard library's zstd (3.14),
+    else backports.zstd (which clickhouse-connect, a test dependency, brings), else the
+    ``zstd`` command."""
+    try:
+        from compression import zstd  # type: ignore[import-not-found]
+    except ImportError:
+        try:
+            from backports import zstd  # type: ignore[no-redef]
+        except ImportError:
+            return subprocess.run(
+                ["zstd", "-dc"], input=data, capture_output=True, check=True
+            ).stdout
+    return zstd.decompress(data)  # type: ignore[no-any-return]
+
+
+def _pprof_totals(
+    paths: List[str], sample_type: str, work: Collection[str] = ()
+) -> Tuple[int, Dict[str, int]]:
+    """Total and per-function totals of one sample type of pprof files (each function counted
+    once per stack; WORK as ``_add_stack``)."""
+    from hotspan.formats.proto import profile_pb2
+
+    total = 0
+    out: Dict[str, int] = {}
+    for path in paths:
+        with open(path, "rb") as f:
+            data = f.read()
+        if data[:4] == b"\x28\xb5\x2f\xfd":  # zstd's magic number
+            data = _zstd_decompress(data)
+        elif data[:2] == b"\x1f\x8b":
+            data = gzip.decompress(data)
+        prof = profile_pb2.Profile()
+        prof.ParseFromString(data)
+        names = [t.decode("utf-8", "replace") for t in prof.string_table]  # bytes here
+        types = [names[t.type] for t in prof.sample_type]
+        if sample_type not in types:
+            continue
+        col = types.index(sample_type)
+        func = {fu.id: _base_name(names[fu.name]) for fu in prof.function}
+        at = {lo.id: {func[line.function_id] for line in lo.line} for lo in prof.location}
+        for sample in prof.sample:
+            value = sample.value[col]
+            total += value
+            _add_stack(out, set().union(*(at[i] for i in sample.location_id)), value, work)
+    return total, out
+
+
+def _folded_totals(path: str, work: Collection[str] = ()) -> Tuple[int, Dict[str, int]]:
     """py-spy ``--format raw``: ``frame;frame;... count`` lines, root first, each frame
-    ``func (file.py:line)``; samples at RATE_HZ become nanoseconds."""
+    ``func (file.py:line)``; samples at RATE_HZ become nanoseconds (WORK as
+    ``_add_stack``)."""
     per_sample = 1_000_000_000 // RATE_HZ
     total = 0
     out: Dict[str, int] = {}
@@ -419,16 +581,15 @@ def _folded_totals(path: str) -> Tuple[int, Dict[str, int]]:
             continue
         ns = int(count_text) * per_sample
         total += ns
-        for fn in {_base_name(fr) for fr in stack.split(";") if fr}:
-            out[fn] = out.get(fn, 0) + ns
+        _add_stack(out, {_base_name(fr) for fr in stack.split(";") if fr}, ns, work)
     return total, out
 
 
 def correctness(workload: str, run: Dict[str, Any], fn: Dict[str, int]) -> Dict[str, Any]:
     """Per-run correctness numbers from per-function CPU totals (ns)."""
     out: Dict[str, Any] = {}
-    work_fn = run["work_function"]
-    seen = fn.get(work_fn, 0) / 1e9
+    # The work's CPU: in any of its work_functions where the workload names several.
+    seen = fn.get(WORK if "work_functions" in run else run["work_function"], 0) / 1e9
     # Workloads whose own threads do the work count their CPU themselves.
     truth = run.get("threads_cpu_total_s", run["main_thread_cpu_s"])
     if workload == "threads":
@@ -447,6 +608,49 @@ def correctness(workload: str, run: Dict[str, Any], fn: Dict[str, int]) -> Dict[
             out["share_a_pct"] = share
             out["true_share_a_pct"] = run["true_share_a_pct"]
             out["split_error_pp"] = share - run["true_share_a_pct"]
+    return out
+
+
+# asyncio_spans' CPU steps, each inside a span of its own (parse, db, render).
+SPAN_STEP_FUNCTIONS = ("parse", "query", "render")
+
+
+def _remove(path: Optional[str]) -> None:
+    if path:
+        with contextlib.suppress(OSError):
+            os.remove(path)
+
+
+def _span_ids(path: str, spans: int) -> Tuple[List[str], List[str]]:
+    """asyncio_spans' ``span_ids_file``: its steps' span ids and its requests' trace ids, in
+    hex."""
+    ids = array.array("Q")
+    with open(path, "rb") as f:
+        ids.frombytes(f.read())
+    halves = ids[spans:]
+    return (
+        [f"{x:016x}" for x in ids[:spans]],
+        [f"{hi:016x}{lo:016x}" for hi, lo in zip(halves[::2], halves[1::2])],
+    )
+
+
+def span_labels(
+    server: common.Server, run: Dict[str, Any], fn: Dict[str, int], ids_file: str
+) -> Dict[str, Any]:
+    """Span linking, checked: the share of the CPU profile of asyncio_spans' steps (``fn``,
+    per function) whose samples carry the span id of the step's own span, and the trace id of
+    its request (the ids from the run's ``span_ids_file``)."""
+    steps = sum(fn.get(f, 0) for f in SPAN_STEP_FUNCTIONS)
+    if not steps:
+        return {}
+    spans, traces = _span_ids(ids_file, run["span_ids"])
+    out: Dict[str, Any] = {}
+    for key, selector in (
+        ("span_labelled_pct", {"spans": spans}),
+        ("trace_labelled_pct", {"traces": traces}),
+    ):
+        _, sel = _query(server, run["app"], CPU_TYPE, run["start_ns"], run["end_ns"], **selector)
+        out[key] = 100.0 * sum(sel.get(f, 0) for f in SPAN_STEP_FUNCTIONS) / steps
     return out
 
 
@@ -580,6 +784,7 @@ def summarize(
     cut: List[float] = []
     stderr_lines: List[float] = []
     dd_bytes: List[float] = []
+    dd_collectors: Set[str] = set()
     exit_residual = _med(
         [
             r["rusage_cpu_s"] - r["process_cpu_s"]
@@ -611,6 +816,7 @@ def summarize(
         stderr_lines.append(r.get("stderr_lines", 0))
         if "ddtrace_pprof_bytes" in r:
             dd_bytes.append(r["ddtrace_pprof_bytes"] / 1024)
+        dd_collectors.update(r.get("ddtrace_collectors", []))
         if base is None or "error" in base or not r.get("units", 1) or not base.get("units", 1):
             continue
         slow.append(_unit_ratio_pct(r, base, "work_s"))
@@ -657,6 +863,7 @@ def summarize(
         "profiles_received": received,
         "stderr_lines": _spread(stderr_lines, 0),
         "ddtrace_pprof_kib": _spread(dd_bytes, 0),
+        "ddtrace_collectors": sorted(dd_collectors),
         "errors": errors,
     }
 
@@ -673,17 +880,23 @@ def run(
     workloads: Optional[List[str]] = None,
     seed: int = 1,
     profiles: bool = False,
+    defaults: bool = False,
 ) -> Dict[str, Any]:
     """The interleaved rounds.  ``profiles``: the profiles run (every profile type on, against
-    ddtrace and tracemalloc, and the truth workloads), whose workloads and profilers are its
-    own unless given."""
+    ddtrace and tracemalloc, and the truth workloads); ``defaults``: the defaults run (every
+    profiler as it ships, and stack-only hotspan and ddtrace, on DEFAULTS_WORKLOADS); each has
+    its own workloads and profilers unless given."""
     if profiles:
         cfg = dict(PROFILES_QUICK if quick else PROFILES_FULL)
+        default_workloads = PROFILE_WORKLOADS + TRUTH_WORKLOADS
+    elif defaults:
+        cfg = dict(DEFAULTS_QUICK if quick else DEFAULTS_FULL)
+        default_workloads = DEFAULTS_WORKLOADS
     else:
         cfg = dict(QUICK if quick else FULL)
+        default_workloads = WORKLOADS
     n_rounds = int(rounds or cfg["rounds"])
     secs = float(seconds or cfg["seconds"])
-    default_workloads = PROFILE_WORKLOADS + TRUTH_WORKLOADS if profiles else WORKLOADS
     workloads = list(workloads or default_workloads)
     # A workload another change has not written yet is named in the results, not faked.
     missing = [w for w in workloads if not os.path.exists(_workload_path(w))]
@@ -696,6 +909,8 @@ def run(
             per_workload[w] = list(TRUTH_PROFILERS.get(w, ["hotspan"]))
             if w in PROFILE_WORKLOADS:
                 per_workload[w] = list(PROFILE_PROFILERS)
+        elif defaults:
+            per_workload[w] = list(DEFAULTS_PROFILERS)
         else:
             per_workload[w] = PROFILERS + DEFAULT_EXTRA.get(w, [])
         # The truth workloads compare a profile with the workload's own count, not with a
@@ -716,11 +931,13 @@ def run(
             "profilers": profilers,
             "seed": seed,
             "profiles": profiles,
+            "defaults": defaults,
         },
         "missing_workloads": missing,
         # Which collector modules exist in the tree measured (a missing one sends nothing).
         "collectors": _collector_modules(),
         "versions": _versions(),
+        "hotspan_defaults": _hotspan_defaults(),
         # Other work on the machine during the bench shows up as noise; this says if there was.
         "loadavg_start": [round(x, 2) for x in os.getloadavg()],
     }
@@ -732,6 +949,8 @@ def run(
         for w in workloads:
             work_s = FIXED_SECONDS.get(w, secs) if profiles else secs
             params[w] = common.calibrate_agent_workload(w, work_s)
+            if defaults and w == "asyncio_spans":
+                params[w]["span_ids"] = True  # the truth for the span labels check
             log(f"  calibrated {w}: {params[w]}")
         report["workload_params"] = params
 
@@ -762,9 +981,10 @@ def run(
         # Profiles are read after all runs, so that no query competes with a measured run.
         for w in workloads:
             for (p, _), r in runs[w].items():
-                if "error" in r or p.startswith("none"):
-                    continue
+                ids_file = r.pop("span_ids_file", None)
                 try:
+                    if "error" in r or p.startswith("none"):
+                        continue
                     if profiles:
                         if p.startswith("hotspan"):
                             profiles_readback(server, w, r)
@@ -772,11 +992,20 @@ def run(
                     total_ns, fn = cpu_profile(server, r)
                     r["profile_cpu_total_s"] = total_ns / 1e9
                     r["correctness"] = correctness(w, r, fn)
-                    if p.startswith("hotspan"):
+                    if ids_file and p.startswith("hotspan"):
+                        r["correctness"].update(span_labels(server, r, fn, ids_file))
+                    if p.startswith("hotspan") and not defaults:
                         _, wall_fn = _query(server, r["app"], WALL_TYPE, r["start_ns"], r["end_ns"])
                         r["wall"] = wall_info(w, r, wall_fn)
-                except (OSError, RuntimeError, KeyError, ValueError) as exc:
+                except (OSError, RuntimeError, KeyError, ValueError, DecodeError) as exc:
                     r["correctness"] = {"error": str(exc)}
+                except subprocess.SubprocessError as exc:  # zstd, for ddtrace's profiles
+                    r["correctness"] = {"error": str(exc)}
+                finally:
+                    # What was not read: the span ids but for hotspan, ddtrace's profiles in the
+                    # profiles run.
+                    for path in [ids_file, *r.pop("pprof", [])]:
+                        _remove(path)
         report["skipped"] = skipped
         report["results"] = {
             w: {p: summarize(w, p, runs[w], n_rounds) for p in active[w] if p != "none"}
@@ -789,7 +1018,12 @@ def run(
         }
         # Again at the end: a collector written while the bench ran sent in the later runs.
         report["collectors"] = _collector_modules()
-        report["targets"] = profiles_targets(report) if profiles else targets(report)
+        if profiles:
+            report["targets"] = profiles_targets(report)
+        elif defaults:
+            report["targets"] = defaults_targets(report)
+        else:
+            report["targets"] = targets(report)
         report["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
     finally:
         server.stop()
@@ -808,6 +1042,29 @@ def _baseline(runs: Dict[Tuple[str, int], Dict[str, Any]]) -> Dict[str, Any]:
     if any("requests_per_s" in r for r in base):
         out["requests_per_s"] = _spread([r.get("requests_per_s") for r in base], 0)
     return out
+
+
+# The settings of hotspan's that say what its defaults profile.
+_HOTSPAN_SETTINGS = (
+    "cpu",
+    "wall",
+    "trace_correlation",
+    "alloc_sample_bytes",
+    "locks",
+    "threads",
+    "span_stats",
+    "error_condition",
+    "max_overhead",
+)
+
+
+def _hotspan_defaults() -> Dict[str, Any]:
+    """What hotspan profiles by default, in the tree measured (none where it does not say)."""
+    try:
+        from hotspan.agent.config import AgentConfig
+    except ImportError:
+        return {}
+    return {k: getattr(AgentConfig, k) for k in _HOTSPAN_SETTINGS if hasattr(AgentConfig, k)}
 
 
 def _versions() -> Dict[str, str]:
@@ -892,11 +1149,24 @@ def _worst_abs(values: List[float], centre: float = 0.0) -> Optional[float]:
     return max(vals) if vals else None
 
 
+def _per_run(
+    report: Dict[str, Any], w: str, key: str, min_work_s: float = 0.0, profiler: str = "hotspan"
+) -> List[float]:
+    """A correctness number of each run of ``profiler`` on ``w`` that has it."""
+    return [
+        r["correctness"][key]
+        for r in report.get("runs", {}).get(w, [])
+        if r.get("profiler") == profiler
+        and "error" not in r
+        and r.get("work_s", 0) >= min_work_s
+        and r.get("correctness", {}).get(key) is not None
+    ]
+
+
 def profiles_targets(report: Dict[str, Any]) -> List[Dict[str, Any]]:
     """Issue 12's budget and correctness targets, for hotspan with every profile type on.  A
     row whose profile type has no collector in the tree says so ("missing")."""
     res = report["results"]
-    runs = report.get("runs", {})
     have = set(report.get("collectors", []))
     rows: List[Dict[str, Any]] = []
 
@@ -906,14 +1176,7 @@ def profiles_targets(report: Dict[str, Any]) -> List[Dict[str, Any]]:
         rows.append({"target": what, "measured": measured, "unit": unit, "ok": ok, "note": note})
 
     def per_run(w: str, key: str, min_work_s: float = 0.0) -> List[float]:
-        return [
-            r["correctness"][key]
-            for r in runs.get(w, [])
-            if r.get("profiler") == "hotspan"
-            and "error" not in r
-            and r.get("work_s", 0) >= min_work_s
-            and r.get("correctness", {}).get(key) is not None
-        ]
+        return _per_run(report, w, key, min_work_s)
 
     for w in report.get("missing_workloads", []):
         add(f"{w}: workload", None, None, "", f"missing: bench/agent_workloads/{w}.py")
@@ -1012,6 +1275,68 @@ def profiles_targets(report: Dict[str, Any]) -> List[Dict[str, Any]]:
     return rows
 
 
+def defaults_targets(report: Dict[str, Any]) -> List[Dict[str, Any]]:
+    """The defaults run's targets, for hotspan with its defaults: its budget on every
+    workload (medians over rounds) and its accuracy (every run)."""
+    rows: List[Dict[str, Any]] = []
+
+    def add(what: str, measured: Optional[float], ok: Optional[bool], unit: str) -> None:
+        rows.append({"target": what, "measured": measured, "unit": unit, "ok": ok})
+
+    def at_most(what: str, measured: Optional[float], limit: float, unit: str) -> None:
+        add(what, measured, None if measured is None else measured <= limit, unit)
+
+    lo, hi = TARGET_CPU_SEEN
+    for w, per in report["results"].items():
+        h = per.get("hotspan")
+        if not h:
+            continue
+        at_most(
+            f"{w}: slowdown, median <= {TARGET_DEFAULTS_SLOWDOWN_PCT:g}%",
+            h["slowdown_pct"]["median"],
+            TARGET_DEFAULTS_SLOWDOWN_PCT,
+            "%",
+        )
+        at_most(
+            f"{w}: process CPU, median <= +{TARGET_DEFAULTS_CPU_PCT:g}%",
+            h["cpu_time_slowdown_pct"]["median"],
+            TARGET_DEFAULTS_CPU_PCT,
+            "%",
+        )
+        at_most(
+            f"{w}: peak RSS, median <= +{TARGET_DEFAULTS_RSS_MIB:g} MiB",
+            h["rss_overhead_mib"]["median"],
+            TARGET_DEFAULTS_RSS_MIB,
+            "MiB",
+        )
+        seen = [v / 100 for v in _per_run(report, w, "cpu_seen_pct")]
+        worst = max(seen, key=lambda v: abs(v - 1), default=None)
+        add(
+            f"{w}: CPU seen {lo:g}-{hi:g} (worst of {len(seen)} runs)",
+            worst,
+            None if worst is None else lo <= worst <= hi,
+            "",
+        )
+        if w == "cpu_split":
+            at_most(
+                f"cpu_split: 75/25 split within {TARGET_SPLIT_PP} pp (worst run)",
+                _worst_abs(_per_run(report, w, "split_error_pp")),
+                TARGET_SPLIT_PP,
+                "pp",
+            )
+        if w == "asyncio_spans":
+            for key, what in (("span_labelled_pct", "span"), ("trace_labelled_pct", "trace")):
+                least = min(_per_run(report, w, key), default=None)
+                add(
+                    f"asyncio_spans: >= {TARGET_SPAN_LABELLED_PCT:g}% of the CPU in "
+                    f"parse/query/render labelled with its {what} (worst run)",
+                    least,
+                    None if least is None else least >= TARGET_SPAN_LABELLED_PCT,
+                    "%",
+                )
+    return rows
+
+
 # -- report ----------------------------------------------------------------------------------
 
 
@@ -1038,12 +1363,16 @@ _WORKLOAD_TITLES = {
     "socket_pingpong": "a loop: ~0.1 ms pure-Python calls, a 32-byte send/recv to an echo "
     "process between",
     "web_server": "Starlette on uvicorn under load from another process (8 keep-alive connections)",
+    "wsgi_threaded": "a WSGI app on wsgiref's server, a thread per connection, under load from "
+    "another process (8 keep-alive connections)",
 }
 _PROFILER_TITLES = {
     # The agent's defaults: since issue 12 every profile type is on.
     "hotspan": "hotspan, every profile type on",
     "hotspan-cpuonly": "hotspan, CPU and wall only",
-    "ddtrace": "ddtrace profiler (memory + lock collectors on)",
+    "hotspan-cpuwall": "hotspan, CPU and wall only (and span linking)",
+    "ddtrace": "ddtrace profiler as it ships",
+    "ddtrace-stack": "ddtrace profiler, stack sampler only",
     "tracemalloc": "tracemalloc, 25 frames",
     "none-again": "*no profiler, again (A/A: the noise)*",
     "pyspy": "py-spy `record --nonblocking`",
@@ -1053,6 +1382,47 @@ _PROFILER_TITLES = {
     "hotspan-nowall": "hotspan, `wall=False`",
     "hotspan-python": "hotspan, `native=False` (pure-Python sampler)",
 }
+
+
+def _head(
+    title: str,
+    a: Dict[str, Any],
+    command: str,
+    machine: Dict[str, Any],
+    wall_s: float,
+    more: str = "",
+) -> List[str]:
+    """A report's first lines: title, command, the machine, the versions measured and the load
+    average around the run (and ``more`` after them)."""
+    return [
+        f"# {title}{' (quick)' * a['params']['quick']}",
+        "",
+        f"Command: `{command}` — total wall time {wall_s:.0f} s.",
+        "",
+        f"Machine: {machine['nproc']} CPUs ({machine['cpu_model']}), Python {machine['python']} "
+        f"({machine['implementation']}), {machine['platform']}; hotspan commit "
+        f"{machine['git_commit']} (imported from `{machine['hotspan_src']}`); "
+        + ", ".join(f"{k} {v}" for k, v in a["versions"].items())
+        + f"; {machine['date_utc']} UTC. Load average (1/5/15 min) at start "
+        f"{a['loadavg_start']}, at end {a.get('loadavg_end')}.{more}",
+        "",
+    ]
+
+
+def _targets_table(a: Dict[str, Any], what: str) -> List[str]:
+    """The report's targets, checked: a section of its own (none without targets)."""
+    rows = a.get("targets") or []
+    if not rows:
+        return []
+    out = ["", f"## Targets ({what})", "", "| target | measured | verdict |", "|---|---:|---|"]
+    for r in rows:
+        if r["ok"] is None:
+            verdict = r.get("note") or "–"
+        else:
+            verdict = "meets target" if r["ok"] else "**misses**"
+        digits = 2 if r["unit"] else 3  # a ratio (CPU seen) has no unit
+        out.append(f"| {r['target']} | {_f(r['measured'], digits)} {r['unit']} | {verdict} |")
+    return out
 
 
 def _correctness_text(workload: str, c: Dict[str, Any]) -> str:
@@ -1096,21 +1466,8 @@ def _correctness_text(workload: str, c: Dict[str, Any]) -> str:
 def markdown(report: Dict[str, Any], command: str, machine: Dict[str, Any], wall_s: float) -> str:
     a = report
     p = a["params"]
-    lines: List[str] = []
+    lines = _head("hotspan agent overhead and correctness", a, command, machine, wall_s)
     add = lines.append
-    add(f"# hotspan agent overhead and correctness{' (quick)' if p['quick'] else ''}")
-    add("")
-    add(f"Command: `{command}` — total wall time {wall_s:.0f} s.")
-    add("")
-    add(
-        f"Machine: {machine['nproc']} CPUs ({machine['cpu_model']}), Python {machine['python']} "
-        f"({machine['implementation']}), {machine['platform']}; hotspan commit "
-        f"{machine['git_commit']} (imported from `{machine['hotspan_src']}`); "
-        + ", ".join(f"{k} {v}" for k, v in a["versions"].items())
-        + f"; {machine['date_utc']} UTC. Load average (1/5/15 min) at start "
-        f"{a['loadavg_start']}, at end {a.get('loadavg_end')}."
-    )
-    add("")
     add(
         f"Every profiler samples at {p['rate_hz']} Hz. {p['rounds']} rounds; in each, every "
         f"workload runs once per profiler, in a shuffled order, each run a fresh process doing "
@@ -1179,16 +1536,7 @@ def markdown(report: Dict[str, Any], command: str, machine: Dict[str, Any], wall
             )
             if s["errors"]:
                 add(f"| | {len(s['errors'])} failed run(s): `{s['errors'][0][-200:]!r}` ||||||||")
-    rows = a.get("targets") or []
-    if rows:
-        add("")
-        add("## Targets (hotspan)")
-        add("")
-        add("| target | measured | verdict |")
-        add("|---|---:|---|")
-        for r in rows:
-            verdict = "–" if r["ok"] is None else ("meets target" if r["ok"] else "**misses**")
-            add(f"| {r['target']} | {_f(r['measured'], 2)} {r['unit']} | {verdict} |")
+    lines += _targets_table(a, "hotspan")
     add("")
     add(
         "Notes: shutdown includes the final upload (hotspan runs with `upload_interval=3600` so "
@@ -1270,32 +1618,26 @@ def markdown_profiles(
 ) -> str:
     a = report
     p = a["params"]
-    lines: List[str] = []
-    add = lines.append
-    add(f"# hotspan agent: every profile type, overhead and correctness{' (quick)' * p['quick']}")
-    add("")
-    add(f"Command: `{command}` — total wall time {wall_s:.0f} s.")
-    add("")
-    add(
-        f"Machine: {machine['nproc']} CPUs ({machine['cpu_model']}), Python {machine['python']} "
-        f"({machine['implementation']}), {machine['platform']}; hotspan commit "
-        f"{machine['git_commit']} (imported from `{machine['hotspan_src']}`); "
-        + ", ".join(f"{k} {v}" for k, v in a["versions"].items())
-        + f"; {machine['date_utc']} UTC. Load average (1/5/15 min) at start "
-        f"{a['loadavg_start']}, at end {a.get('loadavg_end')}. Collector modules present: "
-        + (", ".join(a.get("collectors", [])) or "none")
-        + "."
+    collectors = ", ".join(a.get("collectors", [])) or "none"
+    lines = _head(
+        "hotspan agent: every profile type, overhead and correctness",
+        a,
+        command,
+        machine,
+        wall_s,
+        f" Collector modules present: {collectors}.",
     )
-    add("")
+    add = lines.append
     add(
         f"{p['rounds']} interleaved rounds; in each, every workload runs once per profiler in "
         f"a shuffled order, each run a fresh process doing ~{p['seconds_of_work']:g} s of "
         "identical work. **hotspan** runs with its defaults: CPU and wall at "
         f"{p['rate_hz']} Hz, allocations and live heap sampled every 512 KiB on average, "
         "lock contention, threads and tasks. **ddtrace** is `import ddtrace.profiling.auto` "
-        "with `DD_PROFILING_ENABLED`, `DD_PROFILING_MEMORY_ENABLED` and "
-        "`DD_PROFILING_LOCK_ENABLED` true (its stack collector is on by default), writing "
-        "its profiles with its file exporter (`DD_PROFILING_OUTPUT_PPROF`; no Datadog agent "
+        "with `DD_PROFILING_ENABLED` true and its defaults (its stack, memory and lock "
+        "collectors are on by default in ddtrace 4.x; `agent-profiles.json` lists the "
+        "collectors that ran, `ddtrace_collectors`), writing its profiles with its file "
+        "exporter (`DD_PROFILING_OUTPUT_PPROF`; no Datadog agent "
         "here). **tracemalloc** is `tracemalloc.start(25)`, a snapshot taken at the end. "
         "**Slowdown** = median over rounds of work time / no-profiler work time of the same "
         "round, minus 1 [min..max]; **CPU time** = the same for the CPU time of the work (all "
@@ -1387,19 +1729,7 @@ def markdown_profiles(
                         f"{_range(h['cpu_time_slowdown_pct'])}%, extra CPU "
                         f"{_f(h['profiler_cpu_pct_of_core']['median'])}% of a core | | | | |"
                     )
-    rows = a.get("targets") or []
-    if rows:
-        add("")
-        add("## Targets (hotspan, every profile type on)")
-        add("")
-        add("| target | measured | verdict |")
-        add("|---|---:|---|")
-        for r in rows:
-            if r["ok"] is None:
-                verdict = r.get("note") or "–"
-            else:
-                verdict = "meets target" if r["ok"] else "**misses**"
-            add(f"| {r['target']} | {_f(r['measured'], 2)} {r['unit']} | {verdict} |")
+    lines += _targets_table(a, "hotspan, every profile type on")
     add("")
     add(
         "Notes: every run's upload interval is 3600 s, so hotspan sends once, at shutdown "
@@ -1414,11 +1744,183 @@ def markdown_profiles(
     return "\n".join(lines)
 
 
+# The defaults run's summary columns.
+_DEFAULTS_COLUMNS = {
+    "none-again": "A/A noise",
+    "hotspan": "hotspan defaults",
+    "hotspan-cpuwall": "hotspan CPU+wall",
+    "pyroscope": "pyroscope-io",
+    "pyspy": "py-spy",
+    "ddtrace-stack": "ddtrace stack",
+    "ddtrace": "ddtrace default",
+}
+
+
+def _ratio(s: Dict[str, Any]) -> str:
+    """A spread of percentages (CPU seen) as ratios."""
+    if not s or s.get("median") is None:
+        return "–"
+    return f"{s['median'] / 100:.3f} [{s['min'] / 100:.3f}..{s['max'] / 100:.3f}]"
+
+
+def _defaults_accuracy(s: Dict[str, Any]) -> str:
+    """The defaults run's accuracy column: what else the workload can tell of the profile."""
+    c = s["correctness"]
+    parts = []
+    if c.get("split_error_pp", {}).get("n"):
+        parts.append(f"75/25 error {_range(c['split_error_pp'], 2)} pp")
+    if c.get("busy_share_pct", {}).get("n"):
+        parts.append(f"busy_part {_range(c['busy_share_pct'], 1, False)}% of worker")
+    if c.get("span_labelled_pct", {}).get("n"):
+        parts.append(
+            f"span labels {_range(c['span_labelled_pct'], 1, False)}%, trace labels "
+            f"{_range(c['trace_labelled_pct'], 1, False)}%"
+        )
+    if c.get("requests_per_s", {}).get("n"):
+        parts.append(f"{_f(c['requests_per_s']['median'], 0)} req/s")
+    if "error" in c:
+        parts.append(f"error: {c['error']}")
+    names = s.get("ddtrace_collectors") or []
+    if names:
+        # Its lock collectors are one per kind of lock: counted, not named.
+        locks = [n for n in names if n.startswith(("Threading", "Asyncio"))]
+        shown = [n.replace("Collector", "") for n in names if n not in locks]
+        shown += [f"{len(locks)} lock"] if locks else []
+        parts.append(
+            f"pprof written {_f(s['ddtrace_pprof_kib']['median'], 0)} KiB; collectors: "
+            + ", ".join(shown)
+        )
+    lines = s.get("stderr_lines", {}).get("max")
+    if lines:
+        parts.append(f"stderr lines up to {lines:.0f}")
+    return "; ".join(parts) or "–"
+
+
+def markdown_defaults(
+    report: Dict[str, Any], command: str, machine: Dict[str, Any], wall_s: float
+) -> str:
+    a = report
+    p = a["params"]
+    lines = _head(
+        "Profilers with their defaults: overhead and accuracy", a, command, machine, wall_s
+    )
+    add = lines.append
+    add(
+        f"{p['rounds']} interleaved rounds; in each, every workload runs once per profiler in "
+        f"a shuffled order, each run a fresh process doing ~{p['seconds_of_work']:g} s of "
+        "identical work (the web servers: serving for that long). Sampling at "
+        f"{p['rate_hz']} Hz where it can be set (hotspan, pyroscope-io, py-spy; ddtrace "
+        "chooses its own, adaptively). **hotspan defaults**: nothing set but the rate and an "
+        "upload interval of 3600 s; its defaults in the tree measured: "
+        + ", ".join(f"`{k}={v!r}`" for k, v in a.get("hotspan_defaults", {}).items())
+        + ". **hotspan CPU+wall**: "
+        + ", ".join(f"`{k}={v!r}`" for k, v in _harness.HOTSPAN_VARIANTS["hotspan-cpuwall"].items())
+        + ": the CPU and wall profiles and span linking only. **pyroscope-io**: its defaults "
+        "(`gil_only=True`). **py-spy**: "
+        "`py-spy record --nonblocking` from outside. **ddtrace**: `import "
+        "ddtrace.profiling.auto` with `DD_PROFILING_ENABLED=true` and nothing else set (the "
+        "collectors that ran are listed in its rows); **ddtrace stack**: the same with "
+        + ", ".join(f"`{k}={v}`" for k, v in DDTRACE_VARIANTS["ddtrace-stack"].items())
+        + ". ddtrace writes its profiles with its file exporter (no Datadog agent here); its "
+        "CPU profile is their `cpu-time`. "
+        "**Slowdown** = median over rounds of work time / the same round's no-profiler work "
+        "time, minus 1 [min..max]; for the web servers, time per request. **Process CPU** = "
+        "the same for the CPU the process used during the work (all its threads; per request "
+        "for the web servers; py-spy's own process is not in it). **Peak RSS** = peak RSS "
+        "minus the no-profiler run's (py-spy: plus its own peak RSS). **Profiler CPU** = CPU "
+        "beyond the no-profiler run per second of work, in % of one core, py-spy's own "
+        "process included. **CPU seen** = CPU the profile puts in the work (the stacks through "
+        "the workload's work function; for `asyncio_spans` also those through `serve` or "
+        "`handle_request` alone, as ddtrace shows each task's stack) / CPU its threads "
+        "really used (`time.thread_time`), a ratio. The "
+        "*no profiler, again* row is a second no-profiler run per round: the noise."
+    )
+    for prof, why in (a.get("skipped") or {}).items():
+        add("")
+        add(f"Not measured: {prof} — {why}")
+    for w in a.get("missing_workloads", []):
+        add("")
+        add(f"Not measured: `{w}` — `bench/agent_workloads/{w}.py` does not exist.")
+    for w, per in a["results"].items():
+        base = a["baseline"][w]
+        add("")
+        add(f"## {_WORKLOAD_TITLES.get(w, w)} (`bench/agent_workloads/{w}.py`)")
+        add("")
+        rate = base.get("requests_per_s")
+        add(
+            f"No profiler: work {_range(base['work_s'], 2, False)} s, CPU "
+            f"{_f(base['work_cpu_s']['median'], 2)} s, peak RSS "
+            f"{_f(base['maxrss_mib']['median'])} MiB"
+            + (f", {_range(rate, 0, False)} requests/s." if rate else ".")
+        )
+        add("")
+        add(
+            "| profiler | slowdown % | process CPU % | peak RSS MiB | profiler CPU, % of a "
+            "core | CPU seen | accuracy | import+start ms | shutdown ms |"
+        )
+        add("|---|---:|---:|---:|---:|---:|---|---:|---:|")
+        for prof, st in per.items():
+            add(
+                f"| {_PROFILER_TITLES.get(prof, prof)} | {_range(st['slowdown_pct'])} | "
+                f"{_range(st['cpu_time_slowdown_pct'])} | {_range(st['rss_overhead_mib'])} | "
+                f"{_f(st['profiler_cpu_pct_of_core']['median'])} | "
+                f"{_ratio(st['correctness'].get('cpu_seen_pct', {}))} | "
+                f"{_defaults_accuracy(st)} | {_f(st['import_start_ms']['median'])} | "
+                f"{_f(st['shutdown_ms']['median'])} |"
+            )
+            if st["errors"]:
+                add(f"| | {len(st['errors'])} failed run(s): `{st['errors'][0][-200:]!r}` |||||||")
+    columns = [c for c in _DEFAULTS_COLUMNS if c in p["profilers"]]
+    add("")
+    add("## Summary (medians over rounds)")
+    add("")
+    add("| workload | " + " | ".join(_DEFAULTS_COLUMNS[c] for c in columns) + " |")
+    add("|---|" + "---:|" * len(columns))
+    for title, key, digits, sign in (
+        ("slowdown %", "slowdown_pct", 1, True),
+        ("process CPU %", "cpu_time_slowdown_pct", 1, True),
+        ("peak RSS MiB", "rss_overhead_mib", 1, True),
+        ("profiler CPU, % of a core", "profiler_cpu_pct_of_core", 1, False),
+        ("CPU seen", "cpu_seen_pct", 3, False),
+    ):
+        add(f"| **{title}** |" + " |" * len(columns))
+        for w, per in a["results"].items():
+            cells = []
+            for c in columns:
+                st = per.get(c, {})
+                m = (st.get("correctness", {}) if key == "cpu_seen_pct" else st).get(key, {})
+                m = (m or {}).get("median")
+                if m is not None and key == "cpu_seen_pct":
+                    m /= 100
+                cells.append(_f(m, digits, sign))
+            add(f"| {w} | " + " | ".join(cells) + " |")
+    lines += _targets_table(a, "hotspan defaults")
+    add("")
+    add(
+        "Notes: hotspan runs with `upload_interval=3600`, so its one upload is the exit flush "
+        "(in shutdown ms); pyroscope-io keeps its 10 s interval, ddtrace its 60 s. CPU seen "
+        "and the split come from each profiler's own CPU profile: hotspan's and "
+        "pyroscope-io's as stored by the bench's hotspan server, py-spy's folded output, "
+        "ddtrace's pprof files. "
+        "Span labels: the CPU profile of `parse`, `query` and `render` with only the samples "
+        "labelled with one of those steps' own span ids (trace labels: the requests' trace "
+        "ids), over all of it; only hotspan's is checked: pyroscope-io and py-spy do not "
+        "link samples to spans, ddtrace only to its own tracer's. On a 2-core VM single runs "
+        "vary by several percent: read the rows against the A/A row."
+    )
+    add("")
+    return "\n".join(lines)
+
+
 def write(report: Dict[str, Any], out_dir: str, quick: bool, md: str) -> str:
-    """``agent[-quick].*``; ``agent-busy[-quick].*`` when only busy programs ran, so that they
-    never overwrite the default run's numbers."""
+    """``agent[-quick].*``; ``agent-busy[-quick].*`` when only busy programs ran,
+    ``agent-profiles[-quick].*`` and ``agent-defaults[-quick].*`` for those runs, so that none
+    overwrites another's numbers."""
     busy = set(report["params"]["workloads"]) <= set(BUSY_WORKLOADS)
-    kind = "-profiles" if report["params"].get("profiles") else ("-busy" if busy else "")
+    kind = "-busy" if busy else ""
+    for mode in ("profiles", "defaults"):
+        if report["params"].get(mode):
+            kind = f"-{mode}"
     return save(report, md, out_dir, "agent" + kind + ("-quick" if quick else ""))
 
 
@@ -1446,9 +1948,18 @@ def main() -> int:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument("--quick", action="store_true", help="3 rounds x ~1 s of work")
-    ap.add_argument("--rounds", type=int, help="interleaved rounds (default 7, quick 3)")
-    ap.add_argument("--seconds", type=float, help="seconds of work per run (default 4)")
+    ap.add_argument("--quick", action="store_true", help="fewer rounds of less work")
+    ap.add_argument(
+        "--rounds",
+        type=int,
+        help="interleaved rounds (default 7, quick 3; profiles 4, quick 2; defaults 7, quick 3)",
+    )
+    ap.add_argument(
+        "--seconds",
+        type=float,
+        help="seconds of work per run (default 4, quick 1; profiles 5, quick 1; defaults 3, "
+        "quick 1.5)",
+    )
     ap.add_argument(
         "--profilers",
         default="",
@@ -1460,19 +1971,29 @@ def main() -> int:
         default=",".join(WORKLOADS),
         help=f"comma-separated, from {','.join(ALL_WORKLOADS)}; 'busy' = "
         f"{','.join(BUSY_WORKLOADS)}; 'profiles' = the profiles run "
-        f"({','.join(PROFILE_WORKLOADS + TRUTH_WORKLOADS)}) (default: {','.join(WORKLOADS)})",
+        f"({','.join(PROFILE_WORKLOADS + TRUTH_WORKLOADS)}); 'defaults' = the defaults run "
+        f"({','.join(DEFAULTS_WORKLOADS)} under {','.join(DEFAULTS_PROFILERS)}) (default: "
+        f"{','.join(WORKLOADS)})",
+    )
+    ap.add_argument(
+        "--only",
+        default="",
+        help="with 'profiles' or 'defaults': comma-separated, only these of its workloads",
     )
     ap.add_argument("--out", default=os.path.join(common.BENCH_DIR, "results"))
     args = ap.parse_args()
     profilers = comma_list(ap, args.profilers, ALL_PROFILERS, "profiler")
     profiles = args.workloads == "profiles"
-    workloads = (
-        []
-        if profiles
-        else comma_list(
+    defaults = args.workloads == "defaults"
+    if profiles or defaults:
+        mode_workloads = PROFILE_WORKLOADS + TRUTH_WORKLOADS if profiles else DEFAULTS_WORKLOADS
+        workloads = comma_list(ap, args.only, mode_workloads, "workload")
+    else:
+        if args.only:
+            ap.error("--only goes with --workloads profiles or defaults")
+        workloads = comma_list(
             ap, args.workloads.replace("busy", ",".join(BUSY_WORKLOADS)), ALL_WORKLOADS, "workload"
         )
-    )
     t0 = time.perf_counter()
     command = "python bench/agent.py" + "".join(f" {a}" for a in sys.argv[1:])
     machine = common.machine()
@@ -1483,10 +2004,12 @@ def main() -> int:
         profilers=profilers or None,
         workloads=workloads or None,
         profiles=profiles,
+        defaults=defaults,
     )
     wall = time.perf_counter() - t0
     report.update(command=command, machine=machine, wall_s=round(wall, 1))
-    md = (markdown_profiles if profiles else markdown)(report, command, machine, wall)
+    render = markdown_profiles if profiles else markdown_defaults if defaults else markdown
+    md = render(report, command, machine, wall)
     stem = write(report, args.out, args.quick, md)
     print(md)
     _stderr(f"wrote {stem}.md/.json in {wall:.0f} s")

@@ -205,8 +205,9 @@ def test_no_tracemalloc_unless_asked(tmp_path: Path) -> None:
     from hotspan.agent.collectors.alloc import make_collector
     from hotspan.agent.config import AgentConfig
 
-    assert make_collector(AgentConfig(application_name="x", native=False)) is None
-    twin = make_collector(AgentConfig(application_name="x", native=False, alloc_tracemalloc=True))
+    on = {"application_name": "x", "native": False, "alloc_sample_bytes": 512 * 1024}
+    assert make_collector(AgentConfig(**on)) is None
+    twin = make_collector(AgentConfig(**on, alloc_tracemalloc=True))
     assert twin is not None and twin.implementation == "python"
 
 

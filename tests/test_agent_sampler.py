@@ -84,6 +84,63 @@ def test_cpu_and_wall_with_exact_lines(sampler_class: type) -> None:
     assert collected.lost == 0
 
 
+def _callers() -> list:
+    """The frames under the caller, as (code, offset), leaf first: a stack as a sampler takes it."""
+    out = []
+    frame = sys._getframe(2)
+    while frame is not None:
+        out.append((frame.f_code, frame.f_lasti))
+        frame = frame.f_back
+    return out
+
+
+@pytest.mark.skipif(load_sampler() is None, reason="the native sampler is not built here")
+def test_a_threads_stacks_hold_no_agent_frame() -> None:
+    """The native sampler registers each thread as it starts by wrapping threading's
+    ``_bootstrap_inner``, a frame under all the thread runs.  It is not the program's: a
+    thread's stacks are what they are without the agent, threading's own frames under the
+    thread's function, each at its line."""
+    symbols = Symbolizer()
+    stock: list = []
+    plain = threading.Thread(target=lambda: stock.extend(_callers()))
+    plain.start()
+    plain.join()
+    expected = [(name, line) for name, _, line, _ in symbols.name_stack(stock)]
+    assert expected[0][0] == "threading.Thread.run", expected
+
+    sampler = NativeSampler(sample_rate=100, max_depth=64, cpu=True)
+    sampler.start(window_ns=0)
+    sampler.exclude(threading.get_ident())
+    stop = threading.Event()
+    thread = threading.Thread(target=wait, args=(stop,))
+    thread.start()
+    try:
+        for _ in range(30):
+            time.sleep(0.01)
+            sampler.tick()
+    finally:
+        stop.set()
+        thread.join()
+        sampler.stop()
+    collected = sampler.collect(final=True)
+    stacks = [
+        symbols.name_stack(sample.stack)
+        for window in collected.windows
+        for sample in window.samples
+        if sample.thread_ident == thread.ident
+    ]
+    # A thread's end charges its last moments to its function alone (sampler.c's
+    # unregister_thread: its frames are gone by then); the stacks walked are the others.
+    waiting = [s for s in stacks if len(s) > 1 and any(f[0] == f"{__name__}.wait" for f in s)]
+    assert waiting, stacks
+    agent = [f[0] for s in stacks for f in s if f[0].startswith("hotspan.")]
+    assert not agent, agent
+    for stack in waiting:
+        names = [f[0] for f in stack]
+        below = stack[names.index(f"{__name__}.wait") + 1 :]
+        assert [(name, line) for name, _, line, _ in below] == expected, stack
+
+
 FREED_CODE_PROGRAM = '''
 import collections, gc, sys, threading
 from hotspan.agent.sampler import NativeSampler

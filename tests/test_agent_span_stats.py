@@ -1,9 +1,11 @@
-"""Runtime stats on spans and span conditions (issue 14), with the real OpenTelemetry SDK.
+"""Runtime stats on spans and span conditions, with the real OpenTelemetry SDK.
 
-One real program per sampler (the C one, the pure-Python one with native=False, and the
-pure-Python one with HOTSPAN_NO_SPEEDUPS=1, where the GC counter, the process stats and the
-labels are Python too) makes spans with an InMemorySpanExporter and a real agent uploading to
-a real server, and reports what each span got; the tests below read that report.
+With ``span_stats`` on, one real program per sampler (the C one, the pure-Python one with
+native=False, and the pure-Python one with HOTSPAN_NO_SPEEDUPS=1, where the GC counter, the
+process stats and the labels are Python too) makes spans with an InMemorySpanExporter and a
+real agent uploading to a real server, and reports what each span got; the tests below read
+that report.  Without it (the default), only spans that saw a collection or an allocation
+sample get figures.
 """
 
 from __future__ import annotations
@@ -118,7 +120,14 @@ def run(request: Any, module_server: Any, tmp_path_factory: pytest.TempPathFacto
     if request.param == "native" and load_sampler() is None:
         pytest.skip("the C sampler is not built")
     # 1,000 Hz: the sampled (task) figures carry ~1 ms per sample.
-    configure = configure_line(module_server.url, "span_stats", sample_rate=1000, **kwargs)
+    configure = configure_line(
+        module_server.url,
+        "span_stats",
+        sample_rate=1000,
+        span_stats=True,
+        alloc_sample_bytes=512 * 1024,
+        **kwargs,
+    )
     result = run_program(
         tmp_path_factory.mktemp("span_stats"), PROGRAM.replace("{configure}", configure), env=env
     )
@@ -193,27 +202,59 @@ def test_span_conditions(run: Dict[str, Any]) -> None:
     assert run["stats"]["error"] == 1
 
 
-SPAN_STATS_OFF = """
+DEFAULT_STATS = """
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 exporter = InMemorySpanExporter()
 trace.get_tracer_provider().add_span_processor(SimpleSpanProcessor(exporter))
 {configure}
+gc.disable()  # only the collection the program asks for
 with tracer.start_as_current_span("root"):
-    with tracer.start_as_current_span("child"):
-        burn(0.02)
+    with tracer.start_as_current_span("plain"):
+        time.sleep(0.02)  # allocates nothing
+    with tracer.start_as_current_span("collect"):
+        gc.collect()
+    with tracer.start_as_current_span("alloc"):
+        keep = [bytearray(1000) for _ in range(20000)]
+        del keep
+gc.enable()
 spans = {s.name: dict(s.attributes) for s in exporter.get_finished_spans()}
 hotspan.shutdown()
 report(spans=spans)
 """
 
 
+def _ours(attributes: Dict[str, Any]) -> Dict[str, Any]:
+    return {k: v for k, v in attributes.items() if k.startswith(("hotspan.", "process."))}
+
+
 @pytest.mark.parametrize("native", [True, False], ids=["c-linker", "python-linker"])
-def test_span_stats_off(module_server: Any, tmp_path: Path, native: bool) -> None:
+@pytest.mark.parametrize("alloc", [True, False], ids=["alloc-on", "alloc-off"])
+def test_default_stats_only_on_spans_with_figures(
+    module_server: Any, tmp_path: Path, native: bool, alloc: bool
+) -> None:
+    """By default no span pays set_attributes for its CPU: only a span that saw a garbage
+    collection (on its own thread) gets its pause, and one with an allocation sample its
+    bytes (when the allocation profile runs); each figure includes its children's."""
     if native and load_sampler() is None:
         pytest.skip("the C sampler is not built")
-    configure = configure_line(module_server.url, "span_stats", native=native, span_stats=False)
-    result = run_program(tmp_path, SPAN_STATS_OFF.replace("{configure}", configure))
-    for attributes in result["spans"].values():
-        assert not [k for k in attributes if k.startswith(("hotspan.", "process."))]
+    configure = configure_line(
+        module_server.url,
+        "span_stats",
+        native=native,
+        alloc_sample_bytes=64 * 1024 if alloc else 0,
+    )
+    program = "import gc\n" + DEFAULT_STATS.replace("{configure}", configure)
+    spans = run_program(tmp_path, program)["spans"]
+    assert all(CPU not in attributes for attributes in spans.values())
+    assert _ours(spans["plain"]) == {}
+    collect = _ours(spans["collect"])
+    assert collect.get(GC_COUNT) == 1 and collect[GC_PAUSE] > 0
+    assert set(collect) == {GC_COUNT, GC_PAUSE}
+    assert spans["root"][GC_COUNT] == 1 and spans["root"][GC_PAUSE] == collect[GC_PAUSE]
+    if alloc and native:
+        assert 10e6 <= spans["alloc"][ALLOC] <= 60e6
+        assert spans["root"][ALLOC] >= spans["alloc"][ALLOC]
+    else:
+        assert _ours(spans["alloc"]) == {}

@@ -18,9 +18,10 @@ import os
 import subprocess
 import sys
 import threading
+import time
 import uuid
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import httpx
 
@@ -31,9 +32,10 @@ from hotspan.agent.collectors import threads as threads_module
 from hotspan.agent.collectors.threads import TASK_ROOT, TASKS_NOT_WALKED, make_collector
 from hotspan.agent.config import AgentConfig
 from hotspan.agent.symbols import Symbolizer
-from tests.helpers import QUERIER, function_totals
+from tests.helpers import CPU, QUERIER, flamegraph, function_totals
 
 GOROUTINES = "goroutines:goroutine:count:goroutine:count"
+WALL = "wall:wall:nanoseconds:wall:nanoseconds"
 THREADS, SPAN_THREADS, TASKS, SPAN_TASKS = 7, 2, 13, 5
 
 PROGRAM = """
@@ -118,9 +120,13 @@ print("RESULT " + json.dumps({{
 """
 
 
-def _run(server_url: str, tmp_path: Path, variants: List[str]) -> Dict[str, Tuple[str, dict]]:
+def _run(
+    server_url: str, tmp_path: Path, variants: List[str], source: Optional[str] = None
+) -> Dict[str, Tuple[str, dict]]:
     path = tmp_path / "threads_program.py"
-    path.write_text(PROGRAM.format(counts=(THREADS, SPAN_THREADS, TASKS, SPAN_TASKS)))
+    if source is None:
+        source = PROGRAM.format(counts=(THREADS, SPAN_THREADS, TASKS, SPAN_TASKS))
+    path.write_text(source)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HOTSPAN_", "OTEL_"))}
     services = {v: f"threads_{v}_{uuid.uuid4().hex[:6]}" for v in variants}
     procs = {
@@ -202,6 +208,75 @@ def test_threads_and_tasks_counted_exactly(module_server, tmp_path: Path) -> Non
             waiting = _query(client, service, result, result["ids"]["threads"])
             assert waiting["__main__.park"] == SPAN_THREADS * snapshots, (variant, waiting)
             assert waiting["<total>"] == SPAN_THREADS * snapshots, (variant, waiting)
+
+
+SHORT_PROGRAM = """
+import json, sys, threading, time
+import hotspan
+
+server, service, native = sys.argv[1], sys.argv[2], sys.argv[3] == "native"
+agent = hotspan.configure(
+    application_name=service, server_address=server, upload_interval=10,
+    alloc_sample_bytes=0, locks=False, native=native,
+)
+started = threading.Barrier(3)
+
+def work(seconds):
+    started.wait()
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        time.sleep(0.01)
+        sum(range(20000))
+
+start = time.time()
+workers = [threading.Thread(target=work, args=(1.5,)) for _ in range(2)]
+for t in workers:
+    t.start()
+started.wait()
+time.sleep(0.5)
+print("RESULT " + json.dumps({
+    "start": start, "sampler": agent.sampler_name, "collectors": agent.collectors,
+}), flush=True)
+# The main thread ends with its workers still working: the interpreter joins them, then the
+# agent shuts down.
+"""
+
+
+def test_a_program_shorter_than_an_upload_interval_sends_its_threads(
+    module_server, tmp_path: Path
+) -> None:
+    """A program of 2 s with an upload interval of 10 s never reaches its first upload: all
+    it sends, it sends at exit, and by the agent's shutdown the interpreter has joined its
+    threads.  Its threads profile is the look taken as its main thread finished: the two
+    workers, nothing of the main thread (done) or of the agent's threads.  And no stack of
+    it holds a frame of the agent's."""
+    results = _run(module_server.url, tmp_path, VARIANTS, SHORT_PROGRAM)
+    with module_server.client() as client:
+        for variant, (service, result) in results.items():
+            assert result["collectors"].get("threads") == "python", result
+            assert result["sampler"] == variant, result
+            window = {"start": result["start"] - 1, "end": time.time() + 1}
+            got = _query(client, service, window)
+            assert got.get("__main__.work") == 2, (variant, got)
+            assert got["<total>"] == 2, (variant, got)
+            profiles = {GOROUTINES: got}
+            if variant == "native":
+                # Its thread hook wraps every thread's bootstrap: the frame left out here.
+                for profile_type in (CPU, WALL):
+                    profiles[profile_type] = function_totals(
+                        flamegraph(
+                            client,
+                            f'{{service_name="{service}"}}',
+                            int(window["start"]),
+                            int(window["end"]) + 1,
+                            profile_type,
+                        )
+                    )
+                assert profiles[CPU].get("__main__.work", 0) > 0, (variant, profiles)
+                assert profiles[WALL].get("__main__.work", 0) > 0, (variant, profiles)
+            for profile_type, totals in profiles.items():
+                agent = [name for name in totals if name.startswith("hotspan.")]
+                assert not agent, (variant, profile_type, agent)
 
 
 # ------------------------------------------------------------------ in process

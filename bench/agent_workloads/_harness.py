@@ -50,6 +50,15 @@ HOTSPAN_VARIANTS: Dict[str, Dict[str, Any]] = {
     "hotspan-python": {"native": False},
     # The CPU and wall profiles alone: what the allocation, lock and thread profiles add.
     "hotspan-cpuonly": {"alloc_sample_bytes": 0, "locks": False, "threads": False},
+    # The same, and no runtime stats or error conditions on spans: the CPU and wall profiles
+    # and span linking alone.
+    "hotspan-cpuwall": {
+        "alloc_sample_bytes": 0,
+        "locks": False,
+        "threads": False,
+        "span_stats": False,
+        "error_condition": False,
+    },
 }
 
 
@@ -171,9 +180,9 @@ def _start_profiler(profiler: str, app: str, server: str) -> Optional[Callable[[
             pyroscope.shutdown()  # flushes the last partial upload before it returns
 
         return stop
-    if profiler == "ddtrace":
-        # The profiler starts on import, with its defaults plus what DD_PROFILING_* asks for
-        # (the bench turns the memory and lock collectors on explicitly).
+    if profiler.startswith("ddtrace"):
+        # The profiler starts on import, with its defaults and what DD_PROFILING_* asks for
+        # (ddtrace-stack: every collector but the stack sampler off).
         import ddtrace.profiling.auto  # noqa: F401
         from ddtrace.profiling import bootstrap
 
@@ -226,9 +235,111 @@ def _tick_counter(profiler: str) -> Callable[[], Optional[int]]:
     return lambda: count[0]
 
 
+def _profiler_info(profiler: str) -> Dict[str, Any]:
+    """What the profiler really ran, where it tells: ddtrace's collectors (which of them
+    DD_PROFILING_* left on; a private attribute, so nothing where it is gone)."""
+    if not profiler.startswith("ddtrace"):
+        return {}
+    from ddtrace.profiling import bootstrap
+
+    try:
+        collectors = bootstrap.profiler._collectors  # type: ignore[attr-defined]
+    except AttributeError:
+        return {}
+    return {"ddtrace_collectors": sorted({type(c).__name__ for c in collectors})}
+
+
 @contextlib.contextmanager
 def _no_setup(params: Params) -> Iterator[Params]:
     yield params
+
+
+# -- web servers under load (web_server.py, wsgi_threaded.py) ----------------------------------
+
+RENDER_MS = 0.5  # CPU per request
+CONNECTIONS = 8  # keep-alive connections of the load generator, one request in flight each
+PAGES = 64  # distinct request paths, so that no layer can answer from a cache
+LOADGEN = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "loadgen.py")
+
+
+def render_page(rows: int, page: int) -> str:
+    """A request's work: an HTML table of ``rows`` rows, in pure Python."""
+    parts = ["<table><tr><th>#</th><th>item</th><th>price</th></tr>"]
+    for i in range(rows):
+        code = (page * 7919 + i * 31) & 0xFFFF
+        parts.append(f"<tr><td>{i}</td><td>item-{code:05d}</td><td>{code / 7:.2f}</td></tr>")
+    parts.append("</table>")
+    return "".join(parts)
+
+
+def calibrate_server(seconds: float, render_ms: float = RENDER_MS) -> Params:
+    """A server workload's params: its fixed ``seconds`` and the rows of ``render_page`` that
+    take ``render_ms`` of CPU."""
+    rows = 200
+    best = float("inf")
+    for _ in range(5):
+        t0 = time.thread_time()
+        for page in range(20):
+            render_page(rows, page)
+        best = min(best, (time.thread_time() - t0) / 20)
+    return {"seconds": seconds, "rows": max(1, int(rows * render_ms / 1000 / best))}
+
+
+@contextlib.contextmanager
+def http_load(params: Params) -> Iterator[Params]:
+    """A server workload's setup: a listening socket on 127.0.0.1 (``params["listener"]``)
+    and ``bench/loadgen.py``, a process of its own, already connecting to it: CONNECTIONS
+    keep-alive connections, one ``GET /page?page=N`` in flight each, as fast as the server
+    answers, until the server closes them (bounded by ``seconds`` + 15 s in any case)."""
+    import pickle
+    import socket
+    import subprocess
+    import tempfile
+
+    requests = [
+        (f"GET /page?page={i} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode(), 0, 0)
+        for i in range(PAGES)
+    ]
+    listener = socket.create_server(("127.0.0.1", 0), backlog=CONNECTIONS * 2)
+    fd, path = tempfile.mkstemp(prefix="hotspan-bench-web-", suffix=".pickle")
+    with os.fdopen(fd, "wb") as f:
+        pickle.dump(requests, f)
+    cmd = [
+        sys.executable,
+        LOADGEN,
+        "--port",
+        str(listener.getsockname()[1]),
+        "--requests",
+        path,
+        "--concurrency",
+        str(CONNECTIONS),
+        "--warmup",
+        "0",
+        "--duration",
+        str(params["seconds"] + 15),
+    ]
+    gen = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        # "measure-start" comes once its connections are being opened: they complete in the
+        # listen backlog, and their first requests wait there until the server accepts them.
+        assert gen.stdout is not None
+        gen.stdout.readline()
+        yield {**params, "listener": listener}
+    finally:
+        gen.terminate()
+        gen.wait(30)
+        listener.close()
+        os.unlink(path)
+
+
+def served(requests: int, seconds: float) -> Dict[str, Any]:
+    """A server workload's result: ``units`` = requests served, so that the bench's slowdown
+    is time per request (the inverse of requests/s) against the no-profiler run."""
+    return {
+        "requests": requests,
+        "requests_per_s": requests / seconds if seconds else 0.0,
+        "units": requests,
+    }
 
 
 def main(
@@ -270,9 +381,15 @@ def main(
         main_cpu = time.thread_time() - main0
         ticks1 = ticks()
         cpu = _rusage_cpu() - cpu0
+        # A thread the work joined can stay in /proc a moment after join() returned: wait for
+        # it (50 ms at most, untimed), or its CPU would count as the profiler's below.
+        settle = time.perf_counter() + 0.05
+        while len(_thread_cpu()) > len(threads0) and time.perf_counter() < settle:
+            time.sleep(0.001)
         threads1 = _thread_cpu()
         wall1_ns = time.time_ns()
         maxrss_work = _maxrss_bytes()
+        extra.update(_profiler_info(args.profiler))
 
         # Threads alive before and after the work that are not the main thread belong to the
         # profiler (the workloads' own threads are joined inside the work).

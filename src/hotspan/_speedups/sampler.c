@@ -134,8 +134,11 @@ typedef struct {
      * figure), and the garbage collector's totals then. */
     int stats;
     uint64_t attach_cpu_ns;
-    uint64_t attach_gc_pause_ns;
-    uint64_t attach_gc_count;
+    /* The garbage collections that ran on a thread while these labels were current there,
+     * and their pauses (gc_callback adds them), plus those of child spans: read and added to
+     * atomically, as cpu_ns. */
+    uint64_t gc_pause_ns;
+    uint64_t gc_count;
 } LabelsObject;
 
 #define STATS_THREAD 1
@@ -148,6 +151,15 @@ labels_charge(LabelsObject *labels, uint64_t cpu_ns, uint64_t alloc_bytes)
         __atomic_fetch_add(&labels->cpu_ns, cpu_ns, __ATOMIC_RELAXED);
     if (alloc_bytes)
         __atomic_fetch_add(&labels->alloc_bytes, alloc_bytes, __ATOMIC_RELAXED);
+}
+
+static inline void
+labels_charge_gc(LabelsObject *labels, uint64_t pause_ns, uint64_t count)
+{
+    if (count) {
+        __atomic_fetch_add(&labels->gc_pause_ns, pause_ns, __ATOMIC_RELAXED);
+        __atomic_fetch_add(&labels->gc_count, count, __ATOMIC_RELAXED);
+    }
 }
 
 static PyTypeObject LabelsType;
@@ -213,31 +225,34 @@ labels_set_sampled(LabelsObject *self, PyObject *value, void *unused)
 static PyObject *
 labels_get_stat(LabelsObject *self, void *which)
 {
-    uint64_t *field = which ? &self->alloc_bytes : &self->cpu_ns;
-    return PyLong_FromUnsignedLongLong(__atomic_load_n(field, __ATOMIC_RELAXED));
+    uint64_t *fields[] = {&self->cpu_ns, &self->alloc_bytes, &self->gc_pause_ns, &self->gc_count};
+    return PyLong_FromUnsignedLongLong(__atomic_load_n(fields[(intptr_t)which], __ATOMIC_RELAXED));
 }
 
-/* _charge(cpu_ns, alloc_bytes): adds to the span stats (the Python sampler's CPU, a child's
- * figures), atomically as the signal handlers do. */
+/* _charge(cpu_ns, alloc_bytes, gc_pause_ns=0, gc_count=0): adds to the span stats (the Python
+ * sampler's CPU, a child's figures), atomically as the signal handlers do. */
 static PyObject *
 labels_charge_method(LabelsObject *self, PyObject *args)
 {
-    unsigned long long cpu = 0, alloc = 0;
-    if (!PyArg_ParseTuple(args, "KK", &cpu, &alloc))
+    unsigned long long cpu = 0, alloc = 0, pause = 0, count = 0;
+    if (!PyArg_ParseTuple(args, "KK|KK", &cpu, &alloc, &pause, &count))
         return NULL;
     labels_charge(self, cpu, alloc);
+    labels_charge_gc(self, pause, count);
     Py_RETURN_NONE;
 }
 
 static PyMethodDef labels_methods[] = {
     {"_charge", (PyCFunction)labels_charge_method, METH_VARARGS,
-     "_charge(cpu_ns, alloc_bytes): add to this span's stats"},
+     "_charge(cpu_ns, alloc_bytes, gc_pause_ns=0, gc_count=0): add to this span's stats"},
     {NULL},
 };
 
 static PyGetSetDef labels_getset[] = {
     {"cpu_ns", (getter)labels_get_stat, NULL, NULL, (void *)0},
     {"alloc_bytes", (getter)labels_get_stat, NULL, NULL, (void *)1},
+    {"gc_pause_ns", (getter)labels_get_stat, NULL, NULL, (void *)2},
+    {"gc_count", (getter)labels_get_stat, NULL, NULL, (void *)3},
     {"sampled", (getter)labels_get_sampled, (setter)labels_set_sampled, NULL, NULL},
     {"otel_context", (getter)labels_get_otel_context, NULL, NULL, NULL},
     {"span_id", (getter)labels_get, NULL, NULL, (void *)0},
@@ -1066,6 +1081,8 @@ exclude_tid(pid_t tid)
 #ifdef HAVE_THREAD_TIMERS
 static struct sigaction previous_action;
 static int handler_installed;
+static _Atomic uint64_t handler_ns;    /* CPU the handler used on our signals, all threads */
+static _Atomic uint64_t handler_calls; /* and how many it handled */
 
 /* SIGPROF from one of the thread's timers: its CPU timer (CPU_MAGIC), its wall timer
  * (WALL_MAGIC), or (SI_QUEUE) the collector asking a thread whether it has Python yet.  One
@@ -1202,6 +1219,13 @@ on_signal(int signum, siginfo_t *info, void *ucontext)
         ioctl(fd, PERF_EVENT_IOC_REFRESH, 1);
     }
 #endif
+    /* The handler's own cost, from the thread's CPU clock it read as it began: what every
+     * sample takes from the program, reported by stats(). */
+    uint64_t cpu_end;
+    if (have_clock && clock_ns(CLOCK_THREAD_CPUTIME_ID, &cpu_end) == 0 && cpu_end >= cpu_now) {
+        atomic_fetch_add_explicit(&handler_ns, cpu_end - cpu_now, memory_order_relaxed);
+        atomic_fetch_add_explicit(&handler_calls, 1, memory_order_relaxed);
+    }
     errno = saved_errno;
 }
 
@@ -2332,14 +2356,16 @@ sampler_stats(PyObject *mod, PyObject *unused)
     int pending = n_done;
     const char *trigger = cpu_trigger_name();
     pthread_mutex_unlock(&threads_mutex);
-    return Py_BuildValue("{s:s,s:i,s:i,s:i,s:n,s:i,s:K,s:K,s:K}", "cpu_trigger", trigger,
+    return Py_BuildValue("{s:s,s:i,s:i,s:i,s:n,s:i,s:K,s:K,s:K,s:K,s:K}", "cpu_trigger", trigger,
                          "threads", threads, "timers", timers,
                          "python_threads", python, "window_bytes", (Py_ssize_t)bytes,
                          "windows_pending", pending, "lost_samples",
                          (unsigned long long)atomic_load(&lost_samples), "windows_dropped",
                          (unsigned long long)atomic_load(&windows_dropped),
                          "unreadable_stacks",
-                         (unsigned long long)atomic_load(&unreadable_stacks));
+                         (unsigned long long)atomic_load(&unreadable_stacks), "handler_ns",
+                         (unsigned long long)atomic_load(&handler_ns), "handler_signals",
+                         (unsigned long long)atomic_load(&handler_calls));
 }
 
 static PyObject *
@@ -2424,27 +2450,32 @@ sampler_find_in(PyObject *mod, PyObject *ctx)
 
 /* ---------------------------------------------------------------- span stats
  *
- * At the detach of a span it made current, the linker sets, in one set_attributes call, what
- * the span cost (span_stats on):
+ * What a span cost, as attributes set at the detach of a span the linker made current.  Two
+ * modes, because the SDK's set_attributes costs several microseconds a call:
  *
- * - hotspan.cpu_time_ns: on a thread without a running asyncio loop, the thread's CPU clock
- *   at detach minus at attach (exact).  Inside a running loop, where tasks interleave on the
- *   thread, the CPU of the samples taken with the span's labels current (Labels.cpu_ns, added
- *   by the signal handler): each task runs in its own context, so that is the task's own,
- *   within a sample's CPU.
- * - hotspan.alloc_bytes: the allocation sampler's estimate of the bytes allocated with the
- *   span's labels current (Labels.alloc_bytes, added through the capsule API), while it runs;
- *   left out when 0 (no allocation sample) or when no allocation sampler runs.
- * - hotspan.gc.pause_ns, hotspan.gc.collections: the garbage collector's pauses during the
- *   span, process-wide (gc_callback, in gc.callbacks, keeps the totals); left out when no
- *   collection ended during the span.
- * - at a local root span: process.memory.usage (RSS bytes), process.thread.count (OpenTelemetry
- *   semantic-convention names) and hotspan.process.heap_objects (sys.getallocatedblocks()),
- *   read at most every PROCESS_STATS_TTL_NS.
+ * - By default (span_stats off) nothing is measured at attach, and at detach only a span that
+ *   saw a garbage collection on its thread, or an allocation sample, gets its figures
+ *   (most spans see neither, and pay two loads):
+ *   - hotspan.gc.pause_ns, hotspan.gc.collections: the collections that ran on the span's
+ *     thread (its task, in an asyncio loop) while its labels were current (gc_callback
+ *     charges each pause to the labels current where it ran), its children's included;
+ *   - hotspan.alloc_bytes: the allocation sampler's estimate of the bytes allocated with the
+ *     span's labels current (Labels.alloc_bytes, added through the capsule API), while one
+ *     runs.
+ *   The span's CPU is in its CPU samples, which carry its span id: the server sums them.
+ * - With span_stats on, every span also gets:
+ *   - hotspan.cpu_time_ns: on a thread without a running asyncio loop, the thread's CPU clock
+ *     at detach minus at attach (exact).  Inside a running loop, where tasks interleave on
+ *     the thread, the CPU of the samples taken with the span's labels current (Labels.cpu_ns,
+ *     added by the signal handler): each task runs in its own context, so that is the task's
+ *     own, within a sample's CPU.
+ *   - at a local root span: process.memory.usage (RSS bytes), process.thread.count
+ *     (OpenTelemetry semantic-convention names) and hotspan.process.heap_objects
+ *     (sys.getallocatedblocks()), read at most every PROCESS_STATS_TTL_NS.
  *
- * A child's CPU samples and allocation estimate are also added to the labels current after
- * its detach (its parent's) when they are of the same trace, so a span's figures include its
- * children's, as a profile's total does. */
+ * A child's figures are also added to the labels current after its detach (its parent's)
+ * when they are of the same trace, so a span's figures include its children's, as a
+ * profile's total does. */
 
 static uint64_t gc_pause_total_ns; /* atomics: read by any thread */
 static uint64_t gc_collections;
@@ -2460,14 +2491,21 @@ sampler_gc_callback(PyObject *mod, PyObject *args)
         return NULL;
     if (!PyUnicode_Check(phase))
         Py_RETURN_NONE;
-    if (PyUnicode_CompareWithASCIIString(phase, "start") == 0) {
+    /* "start" and "stop": compared by their first letters, the rest is CPython's promise. */
+    Py_UCS4 first = PyUnicode_GET_LENGTH(phase) > 2 ? PyUnicode_READ_CHAR(phase, 2) : 0;
+    if (first == 'a') {
         __atomic_store_n(&gc_started_ns, monotonic_ns(), __ATOMIC_RELAXED);
-    } else if (PyUnicode_CompareWithASCIIString(phase, "stop") == 0) {
+    } else if (first == 'o') {
         uint64_t started = __atomic_exchange_n(&gc_started_ns, 0, __ATOMIC_RELAXED);
         uint64_t now = monotonic_ns();
         if (started != 0 && now >= started) {
             __atomic_fetch_add(&gc_pause_total_ns, now - started, __ATOMIC_RELAXED);
             __atomic_fetch_add(&gc_collections, 1, __ATOMIC_RELAXED);
+            /* The collection ran on this thread, inside whatever its context has current. */
+            PyThreadState *ts = PyThreadState_Get();
+            LabelsObject *labels = find_labels(thread_context(ts));
+            if (labels != NULL && labels->span_id)
+                labels_charge_gc(labels, now - started, 1);
         }
     }
     Py_RETURN_NONE;
@@ -2569,12 +2607,10 @@ in_running_loop(void)
     return running;
 }
 
-/* At attach: where the span's figures start. */
+/* At attach, with span_stats on: where the span's CPU starts. */
 static void
 stats_begin(LabelsObject *labels)
 {
-    labels->attach_gc_pause_ns = __atomic_load_n(&gc_pause_total_ns, __ATOMIC_RELAXED);
-    labels->attach_gc_count = __atomic_load_n(&gc_collections, __ATOMIC_RELAXED);
     uint64_t cpu;
     if (!in_running_loop() && clock_ns(CLOCK_THREAD_CPUTIME_ID, &cpu) == 0) {
         labels->attach_cpu_ns = cpu;
@@ -2597,25 +2633,26 @@ put_stat(PyObject *dict, PyObject *key, long long value)
     return r;
 }
 
-/* The span's stats as set_attributes takes them (new reference), or NULL. */
+/* The span's stats as set_attributes takes them (new reference), or NULL.  `full`: span_stats
+ * is on, and `cpu` is the span's CPU. */
 static PyObject *
-stats_attributes(LabelsObject *labels, uint64_t cpu)
+stats_attributes(LabelsObject *labels, int full, uint64_t cpu)
 {
     PyObject *d = PyDict_New();
     if (d == NULL)
         return NULL;
-    uint64_t pause = __atomic_load_n(&gc_pause_total_ns, __ATOMIC_RELAXED);
-    uint64_t count = __atomic_load_n(&gc_collections, __ATOMIC_RELAXED);
+    uint64_t pause = __atomic_load_n(&labels->gc_pause_ns, __ATOMIC_RELAXED);
+    uint64_t count = __atomic_load_n(&labels->gc_count, __ATOMIC_RELAXED);
     uint64_t alloc = __atomic_load_n(&labels->alloc_bytes, __ATOMIC_RELAXED);
     /* Zero figures are left out (most spans see no collection and no allocation sample):
      * the SDK's set_attributes costs ~0.5 us per attribute. */
-    int failed = put_stat(d, key_cpu, (long long)cpu) < 0;
+    int failed = full && put_stat(d, key_cpu, (long long)cpu) < 0;
     if (!failed && alloc != 0 && __atomic_load_n(&alloc_sampling, __ATOMIC_RELAXED))
         failed = put_stat(d, key_alloc, (long long)alloc) < 0;
-    if (!failed && count != labels->attach_gc_count)
-        failed = put_stat(d, key_gc_pause, (long long)(pause - labels->attach_gc_pause_ns)) < 0 ||
-                 put_stat(d, key_gc_count, (long long)(count - labels->attach_gc_count)) < 0;
-    if (!failed && labels->root_span_id == labels->span_id) {
+    if (!failed && count != 0)
+        failed = put_stat(d, key_gc_pause, (long long)pause) < 0 ||
+                 put_stat(d, key_gc_count, (long long)count) < 0;
+    if (!failed && full && labels->root_span_id == labels->span_id) {
         long long rss, threads, heap;
         process_stats(&rss, &threads, &heap);
         failed = (rss >= 0 && put_stat(d, key_rss, rss) < 0) ||
@@ -2659,7 +2696,6 @@ typedef struct {
     PyObject *inner;           /* the runtime context being wrapped */
     PyObject *span_key;        /* the key OpenTelemetry keeps the current span under */
     PyObject *var;             /* the labels ContextVar */
-    PyObject *on_profiled;     /* (span, labels, restored labels): a sampled span's detach */
     PyObject *on_reset_failed; /* (): our token was made in another context */
     /* OpenTelemetry's own ContextVar when `inner` is its stock ContextVarsRuntimeContext:
      * then attach/detach/get_current use it directly, which costs less than the Python
@@ -2747,7 +2783,6 @@ linker_dealloc(LinkerObject *self)
     Py_XDECREF(self->inner);
     Py_XDECREF(self->span_key);
     Py_XDECREF(self->var);
-    Py_XDECREF(self->on_profiled);
     Py_XDECREF(self->on_reset_failed);
     Py_XDECREF(self->otel_var);
     Py_XDECREF(self->on_new_provider);
@@ -2759,12 +2794,12 @@ linker_dealloc(LinkerObject *self)
 static PyObject *
 linker_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 {
-    static char *kwlist[] = {"inner", "span_key", "var", "on_profiled", "on_reset_failed",
+    static char *kwlist[] = {"inner", "span_key", "var", "on_reset_failed",
                              "root_spans_only", "span_stats", NULL};
-    PyObject *inner, *key, *var, *on_profiled, *on_reset_failed;
+    PyObject *inner, *key, *var, *on_reset_failed;
     int root_only = 0, span_stats = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOO|pp", kwlist, &inner, &key, &var,
-                                     &on_profiled, &on_reset_failed, &root_only, &span_stats))
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOO|pp", kwlist, &inner, &key, &var,
+                                     &on_reset_failed, &root_only, &span_stats))
         return NULL;
     if (!PyContextVar_CheckExact(var)) {
         PyErr_SetString(PyExc_TypeError, "var must be a ContextVar");
@@ -2776,7 +2811,6 @@ linker_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     self->inner = Py_NewRef(inner);
     self->span_key = Py_NewRef(key);
     self->var = Py_NewRef(var);
-    self->on_profiled = Py_NewRef(on_profiled);
     self->on_reset_failed = Py_NewRef(on_reset_failed);
     self->root_spans_only = root_only;
     self->span_stats = span_stats;
@@ -2931,17 +2965,36 @@ linker_attach(LinkerObject *self, PyObject *context)
     return pair;
 }
 
-/* A detached span whose labels got samples: tagged for traces-to-profiles (in Python). */
+static PyObject *str_set_attribute, *key_profile_id;
+
+/* A detached span whose labels got samples: tagged for traces-to-profiles (context.py's
+ * mark_profiled is the twin).  In C, so that no frame of the agent's stands in the program's
+ * stacks while it runs. */
 static void
 linker_profiled(LinkerObject *self, PyObject *span, LabelsObject *labels)
 {
+    if (!self->root_spans_only || labels->root_span_id == labels->span_id) {
+        if (span == NULL)
+            return;
+        PyObject *recording = PyObject_CallMethodNoArgs(span, str_is_recording);
+        int yes = recording != NULL && PyObject_IsTrue(recording) == 1;
+        Py_XDECREF(recording);
+        char hex[17];
+        snprintf(hex, sizeof hex, "%016llx", (unsigned long long)labels->span_id);
+        PyObject *id = yes ? PyUnicode_FromString(hex) : NULL;
+        PyObject *r = id != NULL ? PyObject_CallMethodObjArgs(span, str_set_attribute,
+                                                              key_profile_id, id, NULL)
+                                 : NULL;
+        Py_XDECREF(id);
+        Py_XDECREF(r);
+        if (r == NULL)
+            PyErr_Clear(); /* never break the program's tracing */
+        return;
+    }
+    /* The samples belong to the root: it gets the attribute at its own detach. */
     PyObject *restored = current_labels_of(self->var);
-    PyObject *r = PyObject_CallFunctionObjArgs(self->on_profiled, span ? span : Py_None,
-                                               (PyObject *)labels,
-                                               restored ? restored : Py_None, NULL);
-    if (r == NULL)
-        PyErr_Clear();
-    Py_XDECREF(r);
+    if (restored != NULL && ((LabelsObject *)restored)->root_span_id == labels->root_span_id)
+        ((LabelsObject *)restored)->sampled = 1;
     Py_XDECREF(restored);
 }
 
@@ -2982,6 +3035,16 @@ watch_provider(LinkerObject *self, PyObject *span)
         Py_DECREF(processor); /* beyond: asked each time (the callback does nothing twice) */
 }
 
+/* Whether a span's labels hold figures for its attributes without span_stats (see span
+ * stats): a collection ran inside, or an allocation was sampled. */
+static inline int
+has_figures(LabelsObject *labels)
+{
+    return __atomic_load_n(&labels->gc_count, __ATOMIC_RELAXED) != 0 ||
+           (__atomic_load_n(&labels->alloc_bytes, __ATOMIC_RELAXED) != 0 &&
+            __atomic_load_n(&alloc_sampling, __ATOMIC_RELAXED));
+}
+
 /* After the detach of `labels` (its span may be NULL): the span stats, its figures added to
  * its parent's, and the provider watch. */
 static void
@@ -2989,8 +3052,9 @@ linker_span_done(LinkerObject *self, PyObject *span, LabelsObject *labels)
 {
     if (span != NULL && self->on_new_provider != NULL)
         watch_provider(self, span);
-    if (!labels->stats)
-        return;
+    int full = labels->stats != 0;
+    if (!full && !has_figures(labels))
+        return; /* nearly every span, by default */
     uint64_t cpu = 0;
     if (labels->stats == STATS_THREAD) {
         uint64_t now;
@@ -3003,9 +3067,13 @@ linker_span_done(LinkerObject *self, PyObject *span, LabelsObject *labels)
     PyObject *restored = current_labels_of(self->var);
     if (restored != NULL && restored != (PyObject *)labels &&
         ((LabelsObject *)restored)->trace_lo == labels->trace_lo &&
-        ((LabelsObject *)restored)->trace_hi == labels->trace_hi)
-        labels_charge((LabelsObject *)restored, __atomic_load_n(&labels->cpu_ns, __ATOMIC_RELAXED),
+        ((LabelsObject *)restored)->trace_hi == labels->trace_hi) {
+        LabelsObject *parent = (LabelsObject *)restored;
+        labels_charge(parent, __atomic_load_n(&labels->cpu_ns, __ATOMIC_RELAXED),
                       __atomic_load_n(&labels->alloc_bytes, __ATOMIC_RELAXED));
+        labels_charge_gc(parent, __atomic_load_n(&labels->gc_pause_ns, __ATOMIC_RELAXED),
+                         __atomic_load_n(&labels->gc_count, __ATOMIC_RELAXED));
+    }
     Py_XDECREF(restored);
     if (span == NULL)
         return;
@@ -3016,7 +3084,7 @@ linker_span_done(LinkerObject *self, PyObject *span, LabelsObject *labels)
         PyErr_Clear();
         return;
     }
-    PyObject *attributes = stats_attributes(labels, cpu);
+    PyObject *attributes = stats_attributes(labels, full, cpu);
     PyObject *r = attributes != NULL
                       ? PyObject_CallMethodOneArg(span, str_set_attributes, attributes)
                       : NULL;
@@ -3051,7 +3119,8 @@ linker_detach(LinkerObject *self, PyObject *token)
         }
         LabelsObject *labels = (LabelsObject *)leaving;
         if (labels != NULL && labels->span_id &&
-            (labels->sampled || labels->stats || self->on_new_provider != NULL) &&
+            (labels->sampled || labels->stats || self->on_new_provider != NULL ||
+             has_figures(labels)) &&
             labels->otel_context != NULL && PyDict_Check(labels->otel_context)) {
             PyObject *span = PyDict_GetItemWithError(labels->otel_context, self->span_key);
             if (span == NULL)
@@ -3325,6 +3394,8 @@ PyInit__sampler(void)
     str_get_running_loop = PyUnicode_InternFromString("_get_running_loop");
     str_is_recording = PyUnicode_InternFromString("is_recording");
     str_set_attributes = PyUnicode_InternFromString("set_attributes");
+    str_set_attribute = PyUnicode_InternFromString("set_attribute");
+    key_profile_id = PyUnicode_InternFromString("pyroscope.profile.id");
     str_span_processor = PyUnicode_InternFromString("_span_processor");
     key_cpu = PyUnicode_InternFromString("hotspan.cpu_time_ns");
     key_alloc = PyUnicode_InternFromString("hotspan.alloc_bytes");
@@ -3335,7 +3406,8 @@ PyInit__sampler(void)
     key_heap = PyUnicode_InternFromString("hotspan.process.heap_objects");
     if (!str_asyncio_events || !str_get_running_loop || !str_is_recording ||
         !str_set_attributes || !str_span_processor || !key_cpu || !key_alloc || !key_gc_pause ||
-        !key_gc_count || !key_rss || !key_threads || !key_heap)
+        !key_gc_count || !key_rss || !key_threads || !key_heap || !str_set_attribute ||
+        !key_profile_id)
         return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL)

@@ -62,7 +62,11 @@ class AgentConfig:
     # Use the C sampler when it is built (False forces the pure-Python one).
     native: bool = True
     # Allocations and live heap: one sample per this many bytes allocated on average (0: off).
-    alloc_sample_bytes: int = 512 * 1024
+    # Off by default: the allocator hook sits on every allocation the program makes, which
+    # costs 3-7% where Python code allocates as it computes (integer arithmetic, small
+    # objects).  Turned on live (the control endpoint, the server's settings), it samples one
+    # allocation per live.DEFAULT_ALLOC_SAMPLE_BYTES unless told otherwise.
+    alloc_sample_bytes: int = 0
     # Where the C allocator hook is not built: take the allocation profile with tracemalloc,
     # which traces every allocation (often 2x slower): off unless asked for.
     alloc_tracemalloc: bool = False
@@ -100,9 +104,12 @@ class AgentConfig:
     redact: Optional[List[str]] = None
     # Bytes per upload at most: beyond, the smallest stacks fold into one "other" frame.
     max_profile_size: int = 10 * 1024 * 1024
-    # Runtime stats on spans: CPU, allocated bytes, GC pauses (and process stats at local root
-    # spans) set as attributes of each OpenTelemetry SDK span at its detach.
-    span_stats: bool = True
+    # Runtime stats on every span: its CPU (and process stats at local root spans) set as
+    # attributes of each OpenTelemetry SDK span at its detach, which costs a few microseconds
+    # a span (the SDK's set_attributes).  Off, only spans that saw a garbage collection or an
+    # allocation sample get those figures, and a span's CPU is read from its CPU samples.
+    # A cpu_threshold_percent turns it on (high_cpu needs each span's CPU).
+    span_stats: bool = False
     # Span conditions (agent/spans.py): a span is "slow" at this duration in seconds (0: off),
     # "error" with an error status (when on), "high_cpu" when its CPU is at least this percent
     # of its duration (0: off).

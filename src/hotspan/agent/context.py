@@ -9,10 +9,11 @@ Spans: OpenTelemetry makes a span current with ``opentelemetry.context.attach``.
 wraps the runtime context so every attach/detach also sets/resets :data:`LABELS` in the same
 context, which is what makes a span's samples its own even with many tasks on one loop.
 
-Span stats (``span_stats``): at the detach of a span the linker also sets what the span cost
-as attributes (CPU, allocated bytes, garbage collections, and at a local root span the
-process's RSS, heap blocks and threads); see "span stats" in ``_speedups/sampler.c`` for how
-each is measured, and :func:`span_stats_attributes` for the Python twin.
+Span stats: at the detach of a span that saw a garbage collection or an allocation sample the
+linker sets those figures as attributes; with ``span_stats`` on, every span also gets its CPU
+(and a local root span the process's RSS, heap blocks and threads).  See "span stats" in
+``_speedups/sampler.c`` for how each is measured, and :func:`span_stats_attributes` for the
+Python twin.
 """
 
 from __future__ import annotations
@@ -48,6 +49,8 @@ class PyLabels:
         "otel_context",
         "cpu_ns",
         "alloc_bytes",
+        "gc_pause_ns",
+        "gc_count",
     )
 
     def __init__(
@@ -70,10 +73,17 @@ class PyLabels:
         # Span stats: CPU of the samples taken with these labels, allocation estimate.
         self.cpu_ns = 0
         self.alloc_bytes = 0
+        # Garbage collections that ran while these labels were current, and their pauses.
+        self.gc_pause_ns = 0
+        self.gc_count = 0
 
-    def _charge(self, cpu_ns: int, alloc_bytes: int) -> None:
+    def _charge(
+        self, cpu_ns: int, alloc_bytes: int, gc_pause_ns: int = 0, gc_count: int = 0
+    ) -> None:
         self.cpu_ns += cpu_ns
         self.alloc_bytes += alloc_bytes
+        self.gc_pause_ns += gc_pause_ns
+        self.gc_count += gc_count
 
 
 Labels: Callable[..., Any] = _native.Labels if _native is not None else PyLabels
@@ -225,15 +235,19 @@ class tag_wrapper:  # noqa: N801 - the name Pyroscope users know
 
 
 def _hide_wrapper_frames() -> None:
-    """tag_wrapper's own frames (the decorator's wrapper functions, entering and leaving)
-    are not the program's: stacks leave them out (see Symbolizer.name_stack)."""
-    from hotspan.agent.symbols import hide_code
+    """tag_wrapper's own frames (the decorator's wrapper functions, making, entering and
+    leaving one, and what those call) run in the program's calls but are not the program's:
+    stacks leave them out (see Symbolizer.name_stack)."""
+    from hotspan.agent.config import check_tag_key
+    from hotspan.agent.symbols import hide_code, hide_code_tree
 
+    for method in (tag_wrapper.__init__, tag_wrapper.__enter__, tag_wrapper.__exit__):
+        hide_code_tree(method.__code__)
     for code in tag_wrapper.__call__.__code__.co_consts:
         if hasattr(code, "co_code"):  # run and run_async, one code object each
             hide_code(code)
-    hide_code(tag_wrapper.__enter__.__code__)
-    hide_code(tag_wrapper.__exit__.__code__)
+    for function in (tagset_id, tagset, labels_tuple, _publish, check_tag_key):
+        hide_code_tree(function.__code__)
 
 
 _hide_wrapper_frames()
@@ -269,9 +283,13 @@ class _GcTotals:
         if phase == "start":
             self._started = time.monotonic_ns()
         elif phase == "stop" and self._started:
-            self.pause_ns += time.monotonic_ns() - self._started
+            pause = time.monotonic_ns() - self._started
+            self.pause_ns += pause
             self.collections += 1
             self._started = 0
+            labels = LABELS.get(None)
+            if labels is not None and labels.span_id:
+                labels._charge(0, 0, pause, 1)
 
     def totals(self) -> Tuple[int, int]:
         return self.pause_ns, self.collections
@@ -283,11 +301,12 @@ gc_totals: Callable[[], Tuple[int, int]] = (
 )
 
 
-def install_gc_callback() -> None:
-    """Puts the garbage-collection counter in ``gc.callbacks`` (once): C where built."""
+def install_gc_callback(native: bool = True) -> None:
+    """Puts the garbage-collection counter in ``gc.callbacks`` (once): C with the C linker
+    (which finds the current labels as its sampler does), else Python."""
     import gc
 
-    callback = _native.gc_callback if _native is not None else _py_gc_totals
+    callback = _native.gc_callback if native and _native is not None else _py_gc_totals
     if callback not in gc.callbacks:
         gc.callbacks.append(callback)
 
@@ -334,39 +353,46 @@ def _in_running_loop() -> bool:
     return events is not None and events._get_running_loop() is not None
 
 
-def span_stats_start() -> Tuple[Optional[int], int, int]:
-    """At attach: (the thread's CPU clock, or None in a running asyncio loop, where the
-    sampled CPU of the span's labels is the figure), and the GC totals."""
-    pause, count = gc_totals()
-    return (None if _in_running_loop() else time.thread_time_ns()), pause, count
+def span_stats_start() -> Tuple[Optional[int]]:
+    """At attach, with span stats on: (the thread's CPU clock, or None in a running asyncio
+    loop, where the sampled CPU of the span's labels is the figure)."""
+    return (None if _in_running_loop() else time.thread_time_ns(),)
+
+
+def has_figures(labels: Any) -> bool:
+    """Whether a span's labels hold figures worth attributes without span stats: a garbage
+    collection ran inside, or an allocation was sampled (sampler.c's has_figures)."""
+    return bool(labels.gc_count or (labels.alloc_bytes and _alloc_sampling()))
 
 
 def span_stats_attributes(
-    labels: Any, start: Tuple[Optional[int], int, int], restored: Any, span: Any
+    labels: Any, start: Optional[Tuple[Optional[int]]], restored: Any, span: Any
 ) -> Optional[Dict[str, int]]:
-    """At detach (the Python twin of sampler.c's linker_span_done): adds the span's CPU and
-    allocation figures to its parent's labels, and gives its stats attributes."""
-    thread_cpu, gc_pause, gc_count = start
-    cpu = time.thread_time_ns() - thread_cpu if thread_cpu is not None else labels.cpu_ns
+    """At detach (the Python twin of sampler.c's linker_span_done): adds the span's figures to
+    its parent's labels, and gives its stats attributes.  ``start``: where span stats started
+    (``span_stats`` on), or None: then only the garbage collection and allocation figures."""
     if (
         restored is not None
         and restored is not labels
         and restored.trace_lo == labels.trace_lo
         and restored.trace_hi == labels.trace_hi
     ):
-        restored._charge(labels.cpu_ns, labels.alloc_bytes)
+        restored._charge(labels.cpu_ns, labels.alloc_bytes, labels.gc_pause_ns, labels.gc_count)
     if span is None or not span.is_recording():
         return None
-    pause, count = gc_totals()
-    attributes = {CPU_TIME_ATTRIBUTE: max(cpu, 0)}
+    attributes: Dict[str, int] = {}
+    if start is not None:
+        thread_cpu = start[0]
+        cpu = time.thread_time_ns() - thread_cpu if thread_cpu is not None else labels.cpu_ns
+        attributes[CPU_TIME_ATTRIBUTE] = max(cpu, 0)
     # Zero figures are left out, as in C (set_attributes costs ~0.5 us per attribute).
     alloc = labels.alloc_bytes
     if alloc and _alloc_sampling():
         attributes[ALLOC_BYTES_ATTRIBUTE] = alloc
-    if count != gc_count:
-        attributes[GC_PAUSE_ATTRIBUTE] = pause - gc_pause
-        attributes[GC_COLLECTIONS_ATTRIBUTE] = count - gc_count
-    if labels.root_span_id == labels.span_id:
+    if labels.gc_count:
+        attributes[GC_PAUSE_ATTRIBUTE] = labels.gc_pause_ns
+        attributes[GC_COLLECTIONS_ATTRIBUTE] = labels.gc_count
+    if start is not None and labels.root_span_id == labels.span_id:
         rss, threads, heap = process_stats()
         if rss >= 0:
             attributes[RSS_ATTRIBUTE] = rss
@@ -467,9 +493,9 @@ class SpanLinkingRuntimeContext:
             span = token.span
             if span is not None and self.on_new_provider is not None:
                 self._watch_provider(span)
-            if token.stats is not None:
+            if labels.span_id and (token.stats is not None or has_figures(labels)):
                 attributes = span_stats_attributes(labels, token.stats, restored, span)
-                if attributes is not None:
+                if attributes:
                     span.set_attributes(attributes)
         except Exception:  # noqa: BLE001
             logger.debug("hotspan: span labels not reset", exc_info=True)
@@ -510,7 +536,8 @@ _span_stats = False
 
 
 def mark_profiled(span: Any, labels: Any, restored: Any, root_spans_only: bool) -> None:
-    """At the detach of a span whose labels got samples: tag it for traces-to-profiles."""
+    """At the detach of a span whose labels got samples: tag it for traces-to-profiles (the
+    twin of sampler.c's linker_profiled)."""
     if not root_spans_only or labels.root_span_id == labels.span_id:
         if span is not None and span.is_recording():
             span.set_attribute(PROFILE_ID_ATTRIBUTE, format(labels.span_id, "016x"))
@@ -600,10 +627,9 @@ def _hook(otel_context: Any, root_spans_only: bool, native: bool) -> bool:
     if current is None:
         logger.warning("hotspan: this OpenTelemetry version has no runtime context to hook")
         return False
-    if _span_stats:
-        # Only now: a program that never imports OpenTelemetry has no span to give GC
-        # pauses to, and should not pay a callback on every collection.
-        install_gc_callback()
+    # Only now: a program that never imports OpenTelemetry has no span to give GC pauses to,
+    # and should not pay a callback on every collection.
+    install_gc_callback(native)
     if _is_hook(current):
         current.root_spans_only = root_spans_only
         current.span_stats = _span_stats
@@ -620,14 +646,11 @@ def _hook(otel_context: Any, root_spans_only: bool, native: bool) -> bool:
     hook: Any
     if native and _native is not None:
         # The C twin of SpanLinkingRuntimeContext (thread labels are the Python sampler's).
-        def on_profiled(span: Any, labels: Any, restored: Any) -> None:
-            mark_profiled(span, labels, restored, hook.root_spans_only)
-
         def on_reset_failed() -> None:
             LABELS.set(hook.labels_for(hook.get_current().get(_SPAN_KEY)))
 
         hook = _native.SpanLinker(
-            current, span_key, LABELS, on_profiled, on_reset_failed, root_spans_only, _span_stats
+            current, span_key, LABELS, on_reset_failed, root_spans_only, _span_stats
         )
     else:
         hook = SpanLinkingRuntimeContext(current, root_spans_only, _span_stats)

@@ -55,6 +55,8 @@ HOLD_MIN_S = 30.0
 _UNSEEN = object()
 _NOTHING_TAKEN = Collected([], 0, None)
 WALL_TYPE = ("wall", "nanoseconds")
+# With the native sampler the agent's loop wakes at most this often (see _wake_interval).
+QUIET_WAKE_S = 1.0
 
 # Collector modules in hotspan.agent.collectors; each has make_collector(config), which gives
 # None when its profile is turned off or cannot be taken here.
@@ -130,7 +132,7 @@ class Agent:
             self.span_linking = context.install_span_linking(
                 self.config.root_spans_only,
                 native=native,
-                span_stats=self.config.span_stats,
+                span_stats=self.config.span_stats or self.config.cpu_threshold_percent > 0,
             )
         self._start_threads()
         atexit.register(self._at_exit)
@@ -229,6 +231,7 @@ class Agent:
             if self._control_server is not None:
                 self._control_server.stop()
             self._stop.set()
+            self.live.changed.set()  # wakes the loop, which sees the stop first
             thread = self._thread
             if thread is not None and thread is not threading.current_thread():
                 thread.join(timeout=2.0)
@@ -420,6 +423,16 @@ class Agent:
 
     # -------------------------------------------------------------- sampling loop
 
+    def _wake_interval(self) -> float:
+        """How long the loop sleeps: the Python sampler ticks from here at its rate; with the
+        native one there is nothing to do between windows but pin the code objects sampled
+        (so short-lived code keeps its name), so the loop wakes rarely, and a busy program
+        does not hand it the GIL ten times a second for nothing."""
+        sampler = self._sampler
+        if self._sampler_spec is not None and isinstance(sampler, PythonSampler):
+            return float(sampler.tick_interval)
+        return min(QUIET_WAKE_S, max(self.config.upload_interval / 2, 0.05))
+
     def _run(self) -> None:
         self._excluded.add(threading.get_ident())
         if self._sampler_spec is not None:
@@ -427,9 +440,12 @@ class Agent:
         exclude_from_alloc_profile()
         check_every = self.config.resource_check_interval
         self._next_check = time.monotonic() + check_every
+        changed = self.live.changed
         while True:
-            running = self._sampler_spec is not None
-            if self._stop.wait(self._sampler.tick_interval if running else 0.1):
+            # A settings change (the control endpoint, the server's answer) or shutdown wakes
+            # the loop at once; nothing else needs it before its interval.
+            changed.wait(self._wake_interval())
+            if self._stop.is_set():
                 return
             try:
                 now = time.monotonic()

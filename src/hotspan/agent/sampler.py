@@ -32,6 +32,7 @@ from hotspan.agent.context import (
     keep_thread_labels,
     labels_tuple,
 )
+from hotspan.agent.symbols import hide_code
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing stays out of the program at run time: see agent/log.py
@@ -345,7 +346,11 @@ class _ThreadHooks:
     """Makes every thread started through :mod:`threading` call ``on_start`` before it runs
     anything and ``on_end(code it ran)`` as it finishes, so that a thread's CPU timer exists
     from its first instruction to its last (a thread per request can live a few
-    milliseconds)."""
+    milliseconds).
+
+    The wrapper stays on the thread's stack under everything it runs, so its frame is hidden
+    (see :func:`_hide_hook_frames`), and it calls nothing in Python but threading's own
+    ``_bootstrap_inner``: what is left of a thread's stack is what it is without the agent."""
 
     def __init__(self) -> None:
         self._original: Optional[Callable[[Any], None]] = None
@@ -354,17 +359,23 @@ class _ThreadHooks:
         original = self._original or threading.Thread._bootstrap_inner  # type: ignore[attr-defined]
 
         def _bootstrap_inner(thread: threading.Thread) -> None:
+            # try/except rather than contextlib.suppress: no frame of contextlib's in the
+            # thread's first samples, and a thread's start costs less.
             code = None
-            with contextlib.suppress(Exception):  # never break the program's threads
+            try:
                 on_start()
                 # What the thread runs, named before run() deletes its target.
                 target = getattr(thread, "_target", None) or thread.run
                 code = getattr(target, "__code__", None)
+            except Exception:  # noqa: BLE001 - never break the program's threads
+                pass
             try:
                 original(thread)
             finally:
-                with contextlib.suppress(Exception):
+                try:  # noqa: SIM105 - see above: no contextlib frame
                     on_end(code)
+                except Exception:  # noqa: BLE001
+                    pass
 
         self._original = original
         threading.Thread._bootstrap_inner = _bootstrap_inner  # type: ignore[attr-defined]
@@ -375,6 +386,15 @@ class _ThreadHooks:
             self._original = None
 
 
+def _hide_hook_frames() -> None:
+    """The wrapper's code object is one constant of ``install``, shared by every wrapper it
+    makes: hidden once, it is left out of every stack (see Symbolizer.name_stack)."""
+    for code in _ThreadHooks.install.__code__.co_consts:
+        if hasattr(code, "co_code"):
+            hide_code(code)
+
+
+_hide_hook_frames()
 _thread_hooks = _ThreadHooks()
 
 

@@ -1,4 +1,4 @@
-"""Span conditions: which ended spans were slow, failed, or burnt CPU (issue 14, "Profiling what
+"""Span conditions: which ended spans were slow, failed, or burnt CPU ("profiling what
 matters").  The hook only: :class:`SpanConditions` records a verdict per ended span, and the
 upload path asks :meth:`SpanConditions.condition` for a sample's span id.
 
@@ -28,6 +28,7 @@ from __future__ import annotations
 import threading
 import time
 
+from hotspan._speedups import load_module
 from hotspan.agent import context
 from hotspan.agent.context import CPU_TIME_ATTRIBUTE
 
@@ -52,6 +53,100 @@ _VERDICTS = tuple(
     ",".join(c for i, c in enumerate(CONDITIONS) if bits & (1 << i)) for bits in range(8)
 )
 
+_native = load_module("_spans")
+
+
+class PyVerdicts:
+    """The pure-Python twin of ``_speedups/spans.c``'s ``Verdicts``: a span processor whose
+    ``on_end`` judges each ended span, and the table of verdicts it keeps (two generations:
+    see :class:`SpanConditions`).  ``entry`` and ``lineage`` answer in condition bits."""
+
+    def __init__(
+        self,
+        slow_ns: int,
+        errors: bool,
+        cpu_ratio: float,
+        max_spans: int = 50_000,
+        max_age_ns: int = 600_000_000_000,
+    ) -> None:
+        self.slow_ns = slow_ns
+        self.errors = bool(errors)
+        self.cpu_ratio = cpu_ratio if cpu_ratio > 0 else 0.0
+        self.error_code: Any = None
+        self.cpu_key: Any = None
+        self._generation_size = max(1, max_spans // 2)
+        self._generation_ns = max_age_ns // 2
+        # (span id) -> (local parent's span id, condition bits)
+        self._current: Dict[int, Tuple[int, int]] = {}
+        self._older: Dict[int, Tuple[int, int]] = {}
+        self._generation_start = time.monotonic_ns()
+        self._counts = {"ended": 0, "slow": 0, "error": 0, "high_cpu": 0, "forgotten": 0}
+
+    def on_start(self, span: Any, parent_context: Any = None) -> None:
+        pass
+
+    def _on_ending(self, span: Any) -> None:
+        pass
+
+    def shutdown(self) -> None:
+        pass
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return True
+
+    def on_end(self, span: Any) -> None:
+        try:
+            duration = span._end_time - span._start_time
+            bits = 0
+            if self.slow_ns and duration >= self.slow_ns:
+                bits = _SLOW_BIT
+            if self.errors and span._status.status_code is self.error_code is not None:
+                bits |= _ERROR_BIT
+            if self.cpu_ratio and duration > 0 and self.cpu_key is not None:
+                cpu = span._attributes.get(self.cpu_key)
+                if cpu is not None and cpu >= self.cpu_ratio * duration:
+                    bits |= _HIGH_CPU_BIT
+            span_id = span._context.span_id
+            parent = span._parent
+            parent_id = parent.span_id if parent is not None and not parent.is_remote else 0
+        except (AttributeError, TypeError):
+            return  # not the SDK's ReadableSpan as we know it
+        counts = self._counts
+        counts["ended"] += 1
+        for bit, name in ((_SLOW_BIT, SLOW), (_ERROR_BIT, ERROR), (_HIGH_CPU_BIT, HIGH_CPU)):
+            if bits & bit:
+                counts[name] += 1
+        if len(self._current) >= self._generation_size or (
+            not counts["ended"] & 1023
+            and self._generation_ns
+            and time.monotonic_ns() - self._generation_start > self._generation_ns
+        ):
+            counts["forgotten"] += len(self._older)
+            self._older, self._current = self._current, {}
+            self._generation_start = time.monotonic_ns()
+        self._current[span_id] = (parent_id, bits)
+
+    def entry(self, span_id: int) -> Optional[Tuple[int, int]]:
+        found = self._current.get(span_id)
+        if found is None:
+            found = self._older.get(span_id)
+        return (found[1], found[0]) if found is not None else None
+
+    def lineage(self, span_id: int) -> Tuple[int, bool]:
+        bits = 0
+        depth = 0
+        while span_id and depth < MAX_ANCESTORS:
+            found = self.entry(span_id)
+            if found is None:
+                return bits, False
+            bits |= found[0]
+            span_id = found[1]
+            depth += 1
+        return bits, True
+
+    def stats(self) -> Dict[str, int]:
+        return {**self._counts, "kept": len(self._current) + len(self._older)}
+
 
 class SpanConditions:
     """Watches span ends and keeps each one's verdict for a while.
@@ -63,7 +158,8 @@ class SpanConditions:
     most and about ``max_age_s`` seconds at most (two generations: when the newer one holds
     ``max_spans // 2`` verdicts or is ``max_age_s / 2`` old, looked at every 1,024 span ends,
     the older one is dropped), so a verdict stays at least ``max_spans // 2`` spans or
-    ``max_age_s / 2`` seconds, whichever comes first.
+    ``max_age_s / 2`` seconds, whichever comes first.  The table is C where built (24 bytes a
+    verdict, 2.4 MiB at most with the default bound), else a dict.
     """
 
     def __init__(
@@ -73,31 +169,24 @@ class SpanConditions:
         cpu_threshold_percent: float,
         max_spans: int = 50_000,
         max_age_s: float = 600.0,
+        native: bool = True,
     ) -> None:
-        self.slow_threshold_ns = 0
+        cpu_ratio = cpu_threshold_percent / 100.0 if cpu_threshold_percent > 0 else 0.0
+        make = _native.Verdicts if native and _native is not None else PyVerdicts
+        self._verdicts: Any = make(0, bool(errors), cpu_ratio, max_spans, int(max_age_s * 1e9))
+        self._verdicts.cpu_key = CPU_TIME_ATTRIBUTE
         self.set_slow_threshold(slow_threshold_s)
-        self.errors = bool(errors)
-        self.cpu_ratio = cpu_threshold_percent / 100.0 if cpu_threshold_percent > 0 else 0.0
-        self._generation_size = max(1, max_spans // 2)
-        self._generation_ns = int(max_age_s * 1e9 / 2)
-        self._current: Dict[int, int] = {}
-        self._older: Dict[int, int] = {}
-        self._generation_start = time.monotonic_ns()
-        self._processor: Any = None
-        self._error_code: Any = None  # StatusCode.ERROR, once the SDK is loaded
         self._multis: List[Any] = []
         self._lock = threading.Lock()
         self.installed = False
-        # Counters (approximate under concurrent span ends: no lock on the hot path).
-        self.ended = 0
-        self.slow = 0
-        self.error = 0
-        self.high_cpu = 0
-        self.forgotten = 0
+
+    @property
+    def native(self) -> bool:
+        return not isinstance(self._verdicts, PyVerdicts)
 
     def set_slow_threshold(self, seconds: float) -> None:
         """Spans of at least ``seconds`` are ``slow`` from now on (0: the rule is off)."""
-        self.slow_threshold_ns = int(seconds * 1e9) if seconds > 0 else 0
+        self._verdicts.slow_ns = int(seconds * 1e9) if seconds > 0 else 0
 
     # -------------------------------------------------------------- the hook
 
@@ -120,7 +209,7 @@ class SpanConditions:
                 continue
             with lock:
                 multi._span_processors = tuple(
-                    p for p in multi._span_processors if p is not self._processor
+                    p for p in multi._span_processors if p is not self._verdicts
                 )
 
     def _on_new_provider(self, multi: Any) -> None:
@@ -131,14 +220,21 @@ class SpanConditions:
             add = getattr(multi, "add_span_processor", None)
             if add is None:
                 return
-            if self._processor is None:
-                self._processor = _make_processor(self)
-            if any(p is self._processor for p in getattr(multi, "_span_processors", ())):
+            if self._verdicts.error_code is None:
+                # Only now: a span of the SDK was seen, so importing this costs nothing new.
+                from opentelemetry.trace import StatusCode
+
+                self._verdicts.error_code = StatusCode.ERROR
+            if any(p is self._verdicts for p in getattr(multi, "_span_processors", ())):
                 return
-            add(self._processor)
+            add(self._verdicts)
             self._multis.append(multi)
 
     # -------------------------------------------------------------- verdicts
+
+    def on_end(self, span: Any) -> None:
+        """A span ended: its verdict (what our processor does for each span the SDK ends)."""
+        self._verdicts.on_end(span)
 
     def condition(self, span_id: int) -> Optional[str]:
         """:data:`PENDING` (None) when the span was not seen ending (or its verdict is
@@ -150,27 +246,15 @@ class SpanConditions:
     def entry(self, span_id: int) -> Optional[Tuple[str, int]]:
         """(verdict, local parent's span id or 0) of an ended span, or None (pending): the
         upload path follows parents, so a query in a slow request counts as slow too."""
-        packed = self._packed(span_id)
-        return (_VERDICTS[packed & 7], packed >> 3) if packed is not None else None
-
-    def _packed(self, span_id: int) -> Optional[int]:
-        packed = self._current.get(span_id)
-        return packed if packed is not None else self._older.get(span_id)
+        found = self._verdicts.entry(span_id)
+        return (_VERDICTS[found[0]], found[1]) if found is not None else None
 
     def lineage(self, span_id: int) -> Tuple[str, bool]:
         """The conditions ``span_id`` and its local ancestors met (joined as
         :meth:`condition` joins them: a query in a slow request is part of the slow request),
         and whether all of them have ended (False: one is pending, and the verdict may grow)."""
-        bits = 0
-        depth = 0
-        while span_id and depth < MAX_ANCESTORS:
-            packed = self._packed(span_id)
-            if packed is None:
-                return _VERDICTS[bits], False
-            bits |= packed & 7
-            span_id = packed >> 3
-            depth += 1
-        return _VERDICTS[bits], True
+        bits, complete = self._verdicts.lineage(span_id)
+        return _VERDICTS[bits], complete
 
     @property
     def hooked(self) -> bool:
@@ -178,70 +262,4 @@ class SpanConditions:
         return bool(self._multis)
 
     def stats(self) -> Dict[str, int]:
-        return {
-            "ended": self.ended,
-            "slow": self.slow,
-            "error": self.error,
-            "high_cpu": self.high_cpu,
-            "kept": len(self._current) + len(self._older),
-            "forgotten": self.forgotten,
-            "providers": len(self._multis),
-        }
-
-    def on_end(self, span: Any) -> None:
-        """A span ended (our processor's on_end): its verdict.  Runs for every span the
-        program ends: kept to a few attribute reads and one dict store."""
-        try:
-            duration = span._end_time - span._start_time
-            met = 0
-            if self.slow_threshold_ns and duration >= self.slow_threshold_ns:
-                met = _SLOW_BIT
-                self.slow += 1
-            if self.errors and span._status.status_code is self._error_code:
-                met |= _ERROR_BIT
-                self.error += 1
-            if self.cpu_ratio and duration > 0:
-                cpu = span._attributes.get(CPU_TIME_ATTRIBUTE)
-                if cpu is not None and cpu >= self.cpu_ratio * duration:
-                    met |= _HIGH_CPU_BIT
-                    self.high_cpu += 1
-            span_id = span._context.span_id
-            parent = span._parent
-            parent_id = parent.span_id if parent is not None and not parent.is_remote else 0
-        except (AttributeError, TypeError):
-            return  # not the SDK's ReadableSpan as we know it
-        self.ended += 1
-        current = self._current
-        if len(current) >= self._generation_size or (
-            not self.ended & 1023 and self._generation_ns and self._generation_too_old()
-        ):
-            current = self._rotate()
-        # One int per span, (parent << 3) | conditions: a root span that met none stores the
-        # shared 0, and no span a tuple and a string (at 50,000 spans that was 7 MiB).
-        current[span_id] = (parent_id << 3) | met
-
-    def _generation_too_old(self) -> bool:
-        return time.monotonic_ns() - self._generation_start > self._generation_ns
-
-    def _rotate(self) -> Dict[int, int]:
-        self.forgotten += len(self._older)
-        self._older, self._current = self._current, {}
-        self._generation_start = time.monotonic_ns()
-        return self._current
-
-
-def _make_processor(conditions: SpanConditions) -> Any:
-    """Our SpanProcessor: the SDK's base class (its other hooks do nothing), made when the SDK
-    is known to be loaded (a span of it was seen), so importing this module imports no
-    OpenTelemetry."""
-    from opentelemetry.sdk.trace import SpanProcessor
-    from opentelemetry.trace import StatusCode
-
-    conditions._error_code = StatusCode.ERROR
-
-    class _ConditionsProcessor(SpanProcessor):  # type: ignore[misc]
-        def __init__(self) -> None:
-            # The bound method itself: one call per span end, not two.
-            self.on_end = conditions.on_end  # type: ignore[method-assign]
-
-    return _ConditionsProcessor()
+        return {**self._verdicts.stats(), "providers": len(self._multis)}

@@ -33,6 +33,15 @@ def hide_code(code: Any) -> None:
     HIDDEN_CODE.add(code)
 
 
+def hide_code_tree(code: Any) -> None:
+    """:func:`hide_code` for ``code`` and every code object defined in it (closures,
+    comprehensions, which are code objects of their own before 3.12)."""
+    hide_code(code)
+    for const in code.co_consts:
+        if hasattr(const, "co_code"):
+            hide_code_tree(const)
+
+
 def agent_code(code: Any) -> None:
     """Stacks through ``code`` (hotspan's own work from their root) become one ``hotspan``
     frame."""

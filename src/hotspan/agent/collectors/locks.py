@@ -45,6 +45,7 @@ from hotspan.agent.collectors import (
     StackSample,
 )
 from hotspan.agent.config import AgentConfig
+from hotspan.agent.symbols import hide_code_tree
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing stays out of the program at run time: see agent/log.py
@@ -363,6 +364,21 @@ def _record_task_wait(record_here: Any, delay: int, aenter: Any) -> None:
         record_here(delay, skip + 1)
     except Exception:  # noqa: BLE001 - a profiler must not break the program's locking
         pass
+
+
+def _hide_own_frames() -> None:
+    """The lock wrappers run inside the program's calls (a task awaiting a contended
+    asyncio lock has ``timed`` in its stack; the Python twin's acquire sits under every
+    blocked thread), but are not the program's: stacks leave them out."""
+    codes = [_AsyncioPatch.install.__code__, _record_task_wait.__code__, _Recorder.record.__code__]
+    codes += [_PythonBackend.record_here.__code__, _plain_timeout.__code__]
+    for cls in (_PyProfiled, PyProfiledLock, PyProfiledRLock):
+        codes += [f.__code__ for f in vars(cls).values() if hasattr(f, "__code__")]
+    for code in codes:
+        hide_code_tree(code)
+
+
+_hide_own_frames()
 
 
 class _AsyncioImportHook:

@@ -5,6 +5,10 @@ A snapshot, not a rate: every ``collect`` looks once at every thread (``sys._cur
 and every pending task of every event loop, and counts them per (stack, span labels).  It runs
 once per upload on the agent's thread, so it is plain Python.
 
+The last window's look is the one taken as the main thread finishes, before the interpreter
+joins the other threads: by the agent's shutdown (an ``atexit`` handler) they are gone, and a
+program shorter than an upload interval would have had no look at them at all.
+
 A suspended task's frames are on no thread's stack: its stack is its chain of awaiting
 coroutines (``cr_await``), innermost first, under a synthetic ``<asyncio task>`` root so tasks
 group apart from threads in a flame graph.  A task that is running at the moment is on its
@@ -35,6 +39,7 @@ from hotspan.agent.collectors import (
     StackSample,
 )
 from hotspan.agent.log import logger
+from hotspan.agent.symbols import agent_code
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing stays out of the program at run time: see agent/log.py
@@ -75,6 +80,7 @@ class ThreadsCollector:
         self._max_depth = max(1, max_depth)
         self._max_tasks = max(0, max_tasks)
         self._running = False
+        self._last_look: Optional[ProfileData] = None
         self._native = load_sampler()
         self._logged: Set[str] = set()
         self._snapshots = 0
@@ -88,13 +94,18 @@ class ThreadsCollector:
 
     def start(self) -> None:
         self._running = True
+        self._last_look = None
+        _watch_main_end(self)
 
     def stop(self) -> None:
         self._running = False
+        self._last_look = None
+        if self in _WATCHING:
+            _WATCHING.remove(self)
 
     def after_fork(self) -> None:
-        # A snapshot holds nothing between calls: the child's first one sees its own threads.
-        pass
+        # The child's first snapshot sees its own threads; a look at the parent's is not its.
+        self._last_look = None
 
     def stats(self) -> Dict[str, int]:
         return {
@@ -107,17 +118,32 @@ class ThreadsCollector:
         }
 
     def collect(self, final: bool = False) -> List[ProfileData]:
-        # ``final`` takes one too: a program that lives less than an upload interval has no
-        # other.  At exit the interpreter has joined the non-daemon threads already, and the
-        # thread shutting the agent down is the one collecting: what is left is counted.
+        # One look per window.  The last window's is the look taken as the main thread
+        # finished, when there was one since the last collect: by the agent's shutdown the
+        # interpreter has joined the program's other threads, and the thread shutting the
+        # agent down is this one, so a look then finds only the daemon threads left.
         if not self._running:
             return []
+        last, self._last_look = self._last_look, None
+        if final and last is not None:
+            return [last]
         try:
             return [self.snapshot()]
         except Exception:  # noqa: BLE001 - never raise into the agent's loop or the program
             self._errors += 1
             self._log_once("snapshot", "hotspan: threads snapshot failed", exc_info=True)
             return []
+
+    def _look_at_main_end(self) -> None:
+        """On the main thread as it finishes (threading's shutdown), before the interpreter
+        joins the program's other threads: the last look at them."""
+        if not self._running:
+            return
+        try:
+            self._last_look = self.snapshot()
+        except Exception:  # noqa: BLE001 - never raise into the program's exit
+            self._errors += 1
+            self._log_once("snapshot", "hotspan: threads snapshot failed", exc_info=True)
 
     # -------------------------------------------------------------- the snapshot
 
@@ -255,6 +281,42 @@ class ThreadsCollector:
         if key not in self._logged:
             self._logged.add(key)
             logger.debug(message, exc_info=exc_info)
+
+
+# The collectors running, each to take its last look as the main thread finishes.
+_WATCHING: List[ThreadsCollector] = []
+_hooked = False
+
+
+def _watch_main_end(collector: ThreadsCollector) -> None:
+    global _hooked
+    if collector not in _WATCHING:
+        _WATCHING.append(collector)
+    if _hooked:
+        return
+    # threading's own hook (3.9+) for what must run before the non-daemon threads are
+    # joined (concurrent.futures uses it); none on other Pythons, nor once shutting down.
+    register = getattr(threading, "_register_atexit", None)
+    if register is None:
+        return
+    try:
+        register(_main_ends)
+    except RuntimeError:
+        return
+    _hooked = True
+
+
+def _main_ends() -> None:
+    try:
+        for collector in list(_WATCHING):
+            collector._look_at_main_end()
+    except Exception:  # noqa: BLE001 - an exception here would stop threading's shutdown
+        pass
+
+
+# The look runs on the program's main thread, after its last line: hotspan's work, one
+# ``hotspan`` frame in any sample taken meanwhile, not the program's.
+agent_code(_main_ends.__code__)
 
 
 def _frame_stack(frame: Any, depth: int) -> Stack:
