@@ -55,8 +55,13 @@ HOLD_MIN_S = 30.0
 _UNSEEN = object()
 _NOTHING_TAKEN = Collected([], 0, None)
 WALL_TYPE = ("wall", "nanoseconds")
-# With the native sampler the agent's loop wakes at most this often (see _wake_interval).
+# With the native sampler the agent's loop wakes at most this often (see _wake_interval),
+# except for the first START_PIN_S of sampling, when it pins every START_WAKE_S: a program
+# shorter than a second (a script under `hotspan run`) has its module's code object freed
+# before the exit's collect could name it, unless pinned while it ran.
 QUIET_WAKE_S = 1.0
+START_WAKE_S = 0.1
+START_PIN_S = 2.0
 
 # Collector modules in hotspan.agent.collectors; each has make_collector(config), which gives
 # None when its profile is turned off or cannot be taken here.
@@ -68,10 +73,14 @@ class Agent:
         self.config = config
         self.live = LiveSettings(config)
         self._stop = threading.Event()
+        # What wakes the agent's loop before its interval: a stop, a change of settings.
+        self._wake = threading.Event()
+        self.live.on_change = self._wake.set
         self._thread: Optional[threading.Thread] = None
         self._rate = config.sample_rate  # in force: the governor lowers it under load
         self._sampler: Any = None
         self._sampler_spec: Optional[Tuple[int, bool, bool]] = None  # (rate, cpu, wall) running
+        self._pin_often_until = 0.0
         self._window_ns = int(config.upload_interval * 1e9)
         self._excluded: Set[int] = set()
         self._redact = Redactor(config.redact_patterns())
@@ -183,6 +192,7 @@ class Agent:
             self._sampler.start(self._window_ns)
         for ident in self._excluded:
             self._sampler.exclude(ident)
+        self._pin_often_until = time.monotonic() + START_PIN_S
         self._rate = rate
         self._sampler_spec = (rate, cpu, wall)
 
@@ -231,7 +241,7 @@ class Agent:
             if self._control_server is not None:
                 self._control_server.stop()
             self._stop.set()
-            self.live.changed.set()  # wakes the loop, which sees the stop first
+            self._wake.set()
             thread = self._thread
             if thread is not None and thread is not threading.current_thread():
                 thread.join(timeout=2.0)
@@ -292,6 +302,8 @@ class Agent:
             self._lock = threading.Lock()
             self._applied = threading.Condition(threading.Lock())
             self._stop = threading.Event()
+            self._wake = threading.Event()
+            self.live.on_change = self._wake.set
             self._excluded = set()
             self._control_server = None  # the parent's; a worker has none of its own
             self._meter = Meter()  # the parent's threads and clocks are not this process's
@@ -431,6 +443,8 @@ class Agent:
         sampler = self._sampler
         if self._sampler_spec is not None and isinstance(sampler, PythonSampler):
             return float(sampler.tick_interval)
+        if time.monotonic() < self._pin_often_until:
+            return START_WAKE_S
         return min(QUIET_WAKE_S, max(self.config.upload_interval / 2, 0.05))
 
     def _run(self) -> None:
@@ -440,11 +454,12 @@ class Agent:
         exclude_from_alloc_profile()
         check_every = self.config.resource_check_interval
         self._next_check = time.monotonic() + check_every
-        changed = self.live.changed
+        wake = self._wake
         while True:
             # A settings change (the control endpoint, the server's answer) or shutdown wakes
             # the loop at once; nothing else needs it before its interval.
-            changed.wait(self._wake_interval())
+            wake.wait(self._wake_interval())
+            wake.clear()  # before the stop is read: a stop after it wakes the next wait
             if self._stop.is_set():
                 return
             try:

@@ -18,7 +18,7 @@ from hotspan.model.agent_settings import PROFILE_TYPES
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing stays out of the program at run time: see agent/log.py
-    from typing import Any, Dict, List, Mapping, Optional, Tuple
+    from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
     from hotspan.agent.config import AgentConfig
 
@@ -58,6 +58,8 @@ class LiveSettings:
         # Bumped by every change; the loop compares it with the one it applied last.
         self.generation = 0
         self.changed = threading.Event()
+        # Called after each change (the agent's loop sleeps until one, or its interval).
+        self.on_change: Optional[Callable[[], None]] = None
 
     def effective(self) -> Dict[str, Any]:
         return self.snapshot()[0]
@@ -115,6 +117,8 @@ class LiveSettings:
     def _bump(self) -> None:
         self.generation += 1
         self.changed.set()
+        if self.on_change is not None:
+            self.on_change()
 
 
 def profile_types(settings: Mapping[str, Any]) -> List[str]:
