@@ -316,13 +316,13 @@ def _run_trigger_program(tmp_path, mode: str, env: dict) -> dict:  # type: ignor
 
 
 @pytest.mark.skipif(load_sampler() is None, reason="the native sampler is not built here")
-@pytest.mark.parametrize("trigger", ["default", "timer"])
+@pytest.mark.parametrize("trigger", ["default", "perf"])
 def test_cpu_trigger_charges_all_of_a_bursty_threads_cpu(tmp_path, trigger) -> None:  # type: ignore[no-untyped-def]
-    """Perf task-clock events where the kernel allows them, timers otherwise (or when asked):
+    """Timers by default; perf task-clock events when asked for and the kernel allows them:
     either way every bit of a thread's CPU is in the profile, however its bursts fall."""
-    env = {"HOTSPAN_CPU_TRIGGER": "timer"} if trigger == "timer" else {}
+    env = {"HOTSPAN_CPU_TRIGGER": "perf"} if trigger == "perf" else {}
     result = _run_trigger_program(tmp_path, "plain", env)
-    if trigger == "timer":
+    if trigger == "default":
         assert result["trigger"] == "timer", result
     else:
         assert result["trigger"] in ("perf", "perf (user mode)", "timer"), result
@@ -332,8 +332,8 @@ def test_cpu_trigger_charges_all_of_a_bursty_threads_cpu(tmp_path, trigger) -> N
 @pytest.mark.skipif(load_sampler() is None, reason="the native sampler is not built here")
 def test_a_program_handler_on_the_perf_signal_is_left_alone(tmp_path) -> None:  # type: ignore[no-untyped-def]
     """The perf events signal on SIGRTMAX-7: a program that handles that signal itself keeps
-    its handler, and the sampler uses timers."""
-    result = _run_trigger_program(tmp_path, "own-handler", {})
+    its handler, and the sampler uses timers even when perf is asked for."""
+    result = _run_trigger_program(tmp_path, "own-handler", {"HOTSPAN_CPU_TRIGGER": "perf"})
     assert result["trigger"] == "timer", result
     assert result["program_handler_ran"], result
     assert abs(result["charged"] / result["used"] - 1) < 0.03, result

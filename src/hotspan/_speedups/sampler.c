@@ -768,7 +768,8 @@ clock_ns(clockid_t clock, uint64_t *out)
     return 0;
 }
 
-/* ---- the CPU trigger: a perf task-clock event where the kernel allows it, else a timer.
+/* ---- the CPU trigger: a POSIX CPU timer, or (HOTSPAN_CPU_TRIGGER=perf) a perf task-clock
+ * event where the kernel allows it.
  *
  * A POSIX CPU timer's expiry is only noticed at a scheduler tick (4 ms at HZ=250) on which
  * the thread is running, so its signal lands where the thread is at that tick, not where
@@ -780,7 +781,7 @@ clock_ns(clockid_t clock, uint64_t *out)
  * (F_SETOWN_EX) with PERF_SIGNAL and disables itself after each overflow (REFRESH 1): the
  * handler re-enables it, and charges the thread's CPU since its previous sample.  Where
  * perf_event_open is not allowed (seccomp in containers, perf_event_paranoid > 2) the timer
- * takes over; HOTSPAN_CPU_TRIGGER=timer asks for the timer. */
+ * takes over.  Timers are the default: the event costs every context switch of its thread. */
 #ifdef HAVE_PERF_EVENTS
 enum { PERF_UNTRIED, PERF_WITH_KERNEL, PERF_USER_ONLY, PERF_OFF };
 static int perf_state = PERF_UNTRIED; /* under threads_mutex */
@@ -2093,7 +2094,11 @@ sampler_start(PyObject *mod, PyObject *args, PyObject *kwds)
     reset_threads();
 #ifdef HAVE_PERF_EVENTS
     const char *trigger = getenv("HOTSPAN_CPU_TRIGGER");
-    perf_state = trigger != NULL && strcmp(trigger, "timer") == 0 ? PERF_OFF : PERF_UNTRIED;
+    /* Timers unless perf is asked for: a task-clock event is switched in and out with its
+     * thread, an hrtimer armed and cancelled at every context switch, and a threaded server
+     * whose threads hand the GIL to each other switches tens of thousands of times a second
+     * (+2-4% of its time, bench/results/agent-defaults.md). */
+    perf_state = trigger != NULL && strcmp(trigger, "perf") == 0 ? PERF_UNTRIED : PERF_OFF;
     if (perf_state != PERF_OFF && install_perf_handler() != 0)
         perf_state = PERF_OFF;
 #endif
