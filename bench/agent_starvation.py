@@ -158,7 +158,7 @@ def run(
         active = [p for p in report["params"]["profilers"] if p not in skipped]
         params = {}
         for prog in chosen:
-            params[prog.key] = agent.calibrate(prog.workload, secs, prog.variant)
+            params[prog.key] = common.calibrate_agent_workload(prog.workload, secs, prog.variant)
             log(f"  calibrated {prog.key}: {params[prog.key]}")
         report["workload_params"] = params
 

@@ -768,8 +768,9 @@ clock_ns(clockid_t clock, uint64_t *out)
     return 0;
 }
 
-/* ---- the CPU trigger: a POSIX CPU timer, or (HOTSPAN_CPU_TRIGGER=perf) a perf task-clock
- * event where the kernel allows it.
+/* ---- the CPU trigger: a perf task-clock event for the main thread where the kernel allows
+ * it, a POSIX CPU timer for the others (HOTSPAN_CPU_TRIGGER=perf: events for every thread,
+ * =timer: timers only).
  *
  * A POSIX CPU timer's expiry is only noticed at a scheduler tick (4 ms at HZ=250) on which
  * the thread is running, so its signal lands where the thread is at that tick, not where
@@ -781,10 +782,11 @@ clock_ns(clockid_t clock, uint64_t *out)
  * (F_SETOWN_EX) with PERF_SIGNAL and disables itself after each overflow (REFRESH 1): the
  * handler re-enables it, and charges the thread's CPU since its previous sample.  Where
  * perf_event_open is not allowed (seccomp in containers, perf_event_paranoid > 2) the timer
- * takes over.  Timers are the default: the event costs every context switch of its thread. */
+ * takes over.  An event costs every context switch of its thread: see sampler_start. */
 #ifdef HAVE_PERF_EVENTS
 enum { PERF_UNTRIED, PERF_WITH_KERNEL, PERF_USER_ONLY, PERF_OFF };
 static int perf_state = PERF_UNTRIED; /* under threads_mutex */
+static int perf_main_only = 1;        /* events for the main thread only, timers for others */
 #define PERF_FDS 4096
 static _Atomic int perf_fd_slot[PERF_FDS]; /* fd -> slot index + 1, for the handler */
 /* Overflows handled: proof that the kernel signals.  Where it takes the event but never
@@ -905,6 +907,9 @@ check_perf_signals(ThreadSlot *s)
 static const char *
 cpu_trigger_name(void)
 {
+    if (perf_main_only && (perf_state == PERF_WITH_KERNEL || perf_state == PERF_USER_ONLY))
+        return perf_state == PERF_WITH_KERNEL ? "perf (main thread), timer"
+                                              : "perf (main thread, user mode), timer";
     return perf_state == PERF_WITH_KERNEL ? "perf"
            : perf_state == PERF_USER_ONLY ? "perf (user mode)"
            : perf_state == PERF_UNTRIED   ? "untried"
@@ -971,7 +976,7 @@ arm(ThreadSlot *s, int index)
      * CPU since the last sample (set before the event is enabled: it may fire at once). */
     atomic_store_explicit(&s->cpu_charged_ns, cpu_now, memory_order_release);
     atomic_store_explicit(&s->cpu_expiry_ns, 0, memory_order_release);
-    if (arm_perf(s, index, tid, first) == 0) {
+    if ((!perf_main_only || tid == getpid()) && arm_perf(s, index, tid, first) == 0) {
         s->has_timer = 1;
         return;
     }
@@ -2094,11 +2099,14 @@ sampler_start(PyObject *mod, PyObject *args, PyObject *kwds)
     reset_threads();
 #ifdef HAVE_PERF_EVENTS
     const char *trigger = getenv("HOTSPAN_CPU_TRIGGER");
-    /* Timers unless perf is asked for: a task-clock event is switched in and out with its
-     * thread, an hrtimer armed and cancelled at every context switch, and a threaded server
-     * whose threads hand the GIL to each other switches tens of thousands of times a second
-     * (+2-4% of its time, bench/results/agent-defaults.md). */
-    perf_state = trigger != NULL && strcmp(trigger, "perf") == 0 ? PERF_UNTRIED : PERF_OFF;
+    /* A task-clock event is switched in and out with its thread, an hrtimer armed and
+     * cancelled at every context switch, and the threads of a threaded server, handing the
+     * GIL to each other, switch tens of thousands of times a second (+2-4% of its time with
+     * an event each, bench/results/agent-defaults.md).  So by default only the main thread,
+     * where a CPU-bound program or an event loop runs, gets one; "perf": every thread;
+     * "timer": none. */
+    perf_state = trigger != NULL && strcmp(trigger, "timer") == 0 ? PERF_OFF : PERF_UNTRIED;
+    perf_main_only = trigger == NULL || strcmp(trigger, "perf") != 0;
     if (perf_state != PERF_OFF && install_perf_handler() != 0)
         perf_state = PERF_OFF;
 #endif
@@ -2714,6 +2722,7 @@ typedef struct {
 #define SEEN_PROVIDERS 8
     PyObject *providers[SEEN_PROVIDERS]; /* the span processors already handed over */
     int n_providers;
+    unsigned watched; /* detaches that asked for a provider, once one was found */
 } LinkerObject;
 
 static PyObject *str_attach, *str_detach, *str_get_current, *str_get_span_context, *str_parent;
@@ -3011,6 +3020,10 @@ static PyTypeObject *no_processor_types[SPAN_TYPES];
 static void
 watch_provider(LinkerObject *self, PyObject *span)
 {
+    /* Programs make their providers at start, nearly always one: once one is known, a span
+     * in 64 is asked (a provider made later is hooked within its first 64 spans). */
+    if (self->n_providers > 0 && (self->watched++ & 63) != 0)
+        return;
     PyTypeObject *type = Py_TYPE(span);
     int k = 0;
     for (; k < SPAN_TYPES && no_processor_types[k] != NULL; k++) {
