@@ -328,7 +328,7 @@ provider = TracerProvider(resource=Resource.create({{"service.name": "{service}"
 provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=server + "/v1/traces")))
 trace.set_tracer_provider(provider)
 hotspan.configure(
-    application_name="{service}", server_address=server, upload_interval=1, tags={tags}
+    application_name="{service}", server_address=server, upload_interval=1, tags={tags}{agent}
 )
 tracer = trace.get_tracer("{service}")
 
@@ -347,12 +347,13 @@ hotspan.shutdown()
 """
 
 
-def traced_program(service: str, body: str, tags: str = "{}") -> str:
+def traced_program(service: str, body: str, tags: str = "{}", agent: str = "") -> str:
     """A program that sends its spans (OpenTelemetry SDK, OTLP/HTTP) and its profiles (the
     hotspan agent, uploading every second) to the server whose URL is its first argument.
     ``body`` runs with ``tracer``, ``burn(seconds)``, ``json``, ``sys`` and ``time`` in scope;
-    both are flushed after it.  ``tags``: a Python expression for the agent's tags."""
-    head = _TRACED_HEAD.format(service=service, tags=tags)
+    both are flushed after it.  ``tags``: a Python expression for the agent's tags; ``agent``:
+    more of its settings, as keyword arguments (``"alloc_sample_bytes=512 * 1024"``)."""
+    head = _TRACED_HEAD.format(service=service, tags=tags, agent=", " + agent if agent else "")
     return head + textwrap.dedent(body) + _TRACED_TAIL
 
 

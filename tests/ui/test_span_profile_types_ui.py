@@ -56,6 +56,8 @@ PROGRAM = traced_program(
         "locked": format(locked.get_span_context().span_id, "016x"),
     }))
     """,
+    # The allocation profile is off by default (it costs every allocation): on here.
+    agent="alloc_sample_bytes=512 * 1024",
 )
 
 

@@ -87,6 +87,8 @@ PROGRAM = traced_program(
         "sleep": sid(sleeping), "locked": sid(locked), "compute": sid(computing),
     }))
     """,
+    # The allocation profile is off by default (it costs every allocation): on here.
+    agent="alloc_sample_bytes=512 * 1024",
 )
 
 
