@@ -37,7 +37,7 @@ from starlette.routing import Route
 trace.set_tracer_provider(TracerProvider())
 tracer = trace.get_tracer("app")
 hotspan.configure(application_name=sys.argv[2], server_address=sys.argv[3], upload_interval=1,
-                  max_overhead=100, slow_request_threshold=0.05,
+                  max_overhead=100, slow_request_threshold=0.05, error_condition=True,
                   conditional_only=sys.argv[4] == "1")
 
 def burn(seconds):
