@@ -113,7 +113,7 @@ class AgentConfig:
     # Span conditions (agent/spans.py): a span is "slow" at this duration in seconds (0: off),
     # "error" with an error status (when on), "high_cpu" when its CPU is at least this percent
     # of its duration (0: off).  All off by default: a rule on judges every span the program
-    # ends (a C span processor, ~0.3 us a span, and up to 3 MiB of verdicts: +3% on asyncio
+    # ends (a C span processor, ~1 us a span, and up to 3 MiB of verdicts: +3% on asyncio
     # requests of four spans per 100 us), and holds each window until its spans have ended.
     slow_request_threshold: float = 0.0
     error_condition: bool = False
