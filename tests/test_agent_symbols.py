@@ -86,3 +86,17 @@ def test_symbolizer_and_cache_are_collected_together() -> None:
 def test_bad_stacks_raise_type_errors() -> None:
     with pytest.raises(TypeError):
         Symbolizer().name_stack([("not", "a frame", 1)])
+
+
+def test_the_agents_start_and_stop_are_one_hotspan_frame() -> None:
+    """configure's start and shutdown run on the program's thread: a stack through them is
+    hotspan's work, one ``hotspan`` frame, not the program's caller."""
+    from hotspan.agent.core import Agent
+    from hotspan.agent.symbols import AGENT, Symbolizer
+
+    def caller() -> None:
+        pass
+
+    for method in (Agent.start, Agent.shutdown, Agent._at_exit):
+        stack = ((method.__code__, 0), (caller.__code__, 0))
+        assert Symbolizer().name_stack(stack) == (AGENT,), method

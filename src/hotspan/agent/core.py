@@ -29,7 +29,7 @@ from hotspan.agent.limits import BoundedProfile
 from hotspan.agent.live import LiveSettings, profile_types
 from hotspan.agent.log import logger
 from hotspan.agent.sampler import CPU, WALL, Collected, PythonSampler, Window, make_sampler
-from hotspan.agent.symbols import Symbolizer
+from hotspan.agent.symbols import Symbolizer, agent_code
 from hotspan.agent.uploader import Uploader, query_string
 from hotspan.model.agent_settings import (
     INSTANCE_HEADER,
@@ -840,3 +840,11 @@ def _after_fork_in_child() -> None:
     agent = agent_module.current_agent()
     if agent is not None:
         agent.after_fork_in_child()
+
+
+# The agent's start and stop run on the program's thread (configure, shutdown, the atexit
+# handler, with a join of up to 2 s): hotspan's work, one ``hotspan`` frame in any sample
+# taken meanwhile, not the program's.
+for _method in (Agent.start, Agent.shutdown, Agent._at_exit):
+    agent_code(_method.__code__)
+del _method
