@@ -129,9 +129,9 @@ typedef struct {
      * allocation sampler's estimate, likewise.  Both are read and added to atomically. */
     uint64_t cpu_ns;
     uint64_t alloc_bytes;
-    /* Set by the linker's attach when it measures the span: STATS_THREAD (attach_cpu_ns is
-     * the thread's CPU clock then) or STATS_LOOP (in a running asyncio loop: cpu_ns is the
-     * figure), and the garbage collector's totals then. */
+    /* Set by the linker's attach when it measures the span (span_stats): STATS_THREAD
+     * (attach_cpu_ns is the thread's CPU clock then) or STATS_LOOP (in a running asyncio
+     * loop: cpu_ns is the figure). */
     int stats;
     uint64_t attach_cpu_ns;
     /* The garbage collections that ran on a thread while these labels were current there,
@@ -2490,9 +2490,7 @@ sampler_find_in(PyObject *mod, PyObject *ctx)
  * when they are of the same trace, so a span's figures include its children's, as a
  * profile's total does. */
 
-static uint64_t gc_pause_total_ns; /* atomics: read by any thread */
-static uint64_t gc_collections;
-static uint64_t gc_started_ns;
+static uint64_t gc_started_ns;    /* the collection running now (with the GIL) */
 static int alloc_sampling;         /* an allocation sampler is running (capsule API) */
 
 static PyObject *
@@ -2512,8 +2510,6 @@ sampler_gc_callback(PyObject *mod, PyObject *args)
         uint64_t started = __atomic_exchange_n(&gc_started_ns, 0, __ATOMIC_RELAXED);
         uint64_t now = monotonic_ns();
         if (started != 0 && now >= started) {
-            __atomic_fetch_add(&gc_pause_total_ns, now - started, __ATOMIC_RELAXED);
-            __atomic_fetch_add(&gc_collections, 1, __ATOMIC_RELAXED);
             /* The collection ran on this thread, inside whatever its context has current. */
             PyThreadState *ts = PyThreadState_Get();
             LabelsObject *labels = find_labels(thread_context(ts));
@@ -2522,15 +2518,6 @@ sampler_gc_callback(PyObject *mod, PyObject *args)
         }
     }
     Py_RETURN_NONE;
-}
-
-static PyObject *
-sampler_gc_totals(PyObject *mod, PyObject *unused)
-{
-    (void)mod; (void)unused;
-    return Py_BuildValue("(KK)",
-                         (unsigned long long)__atomic_load_n(&gc_pause_total_ns, __ATOMIC_RELAXED),
-                         (unsigned long long)__atomic_load_n(&gc_collections, __ATOMIC_RELAXED));
 }
 
 #define PROCESS_STATS_TTL_NS 10000000ull /* 10 ms: a root span per request costs one read */
@@ -2981,6 +2968,18 @@ linker_attach(LinkerObject *self, PyObject *context)
 
 static PyObject *str_set_attribute, *key_profile_id;
 
+/* span.is_recording(), false on any error (cleared): attributes go only to recording spans. */
+static int
+span_recording(PyObject *span)
+{
+    PyObject *recording = PyObject_CallMethodNoArgs(span, str_is_recording);
+    int yes = recording != NULL && PyObject_IsTrue(recording) == 1;
+    Py_XDECREF(recording);
+    if (!yes)
+        PyErr_Clear();
+    return yes;
+}
+
 /* A detached span whose labels got samples: tagged for traces-to-profiles (context.py's
  * mark_profiled is the twin).  In C, so that no frame of the agent's stands in the program's
  * stacks while it runs. */
@@ -2988,21 +2987,18 @@ static void
 linker_profiled(LinkerObject *self, PyObject *span, LabelsObject *labels)
 {
     if (!self->root_spans_only || labels->root_span_id == labels->span_id) {
-        if (span == NULL)
+        if (span == NULL || !span_recording(span))
             return;
-        PyObject *recording = PyObject_CallMethodNoArgs(span, str_is_recording);
-        int yes = recording != NULL && PyObject_IsTrue(recording) == 1;
-        Py_XDECREF(recording);
         char hex[17];
         snprintf(hex, sizeof hex, "%016llx", (unsigned long long)labels->span_id);
-        PyObject *id = yes ? PyUnicode_FromString(hex) : NULL;
+        PyObject *id = PyUnicode_FromString(hex);
         PyObject *r = id != NULL ? PyObject_CallMethodObjArgs(span, str_set_attribute,
                                                               key_profile_id, id, NULL)
                                  : NULL;
         Py_XDECREF(id);
-        Py_XDECREF(r);
         if (r == NULL)
             PyErr_Clear(); /* never break the program's tracing */
+        Py_XDECREF(r);
         return;
     }
     /* The samples belong to the root: it gets the attribute at its own detach. */
@@ -3093,15 +3089,8 @@ linker_span_done(LinkerObject *self, PyObject *span, LabelsObject *labels)
                          __atomic_load_n(&labels->gc_count, __ATOMIC_RELAXED));
     }
     Py_XDECREF(restored);
-    if (span == NULL)
+    if (span == NULL || !span_recording(span))
         return;
-    PyObject *recording = PyObject_CallMethodNoArgs(span, str_is_recording);
-    int yes = recording != NULL && PyObject_IsTrue(recording) == 1;
-    Py_XDECREF(recording);
-    if (!yes) {
-        PyErr_Clear();
-        return;
-    }
     PyObject *attributes = stats_attributes(labels, full, cpu);
     PyObject *r = attributes != NULL
                       ? PyObject_CallMethodOneArg(span, str_set_attributes, attributes)
@@ -3352,9 +3341,7 @@ static PyMethodDef methods[] = {
     {"enable_labels", sampler_enable_labels, METH_VARARGS, NULL},
     {"find_in", sampler_find_in, METH_O, NULL},
     {"gc_callback", sampler_gc_callback, METH_VARARGS,
-     "gc_callback(phase, info): for gc.callbacks; keeps the totals gc_totals() reads"},
-    {"gc_totals", sampler_gc_totals, METH_NOARGS,
-     "gc_totals() -> (pause_ns, collections) since gc_callback was installed"},
+     "gc_callback(phase, info): for gc.callbacks; charges each pause to the span current"},
     {"process_stats", sampler_process_stats, METH_NOARGS,
      "process_stats() -> (rss_bytes, threads, allocated_blocks), -1 where unknown (cached 10 ms)"},
     {"alloc_sampling", sampler_alloc_sampling, METH_NOARGS,

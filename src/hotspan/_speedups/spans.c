@@ -16,6 +16,7 @@
  * extensions are not built for free-threaded CPython. */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <structmember.h> /* T_OBJECT, T_ULONGLONG: the same on 3.9 to 3.14 */
 
 #include <stdint.h>
 #include <string.h>
@@ -224,7 +225,7 @@ judge(VerdictsObject *self, PyObject *span, uint64_t *span_id, uint64_t *parent_
     int bits = 0;
     if (self->slow_ns && duration >= (int64_t)self->slow_ns)
         bits |= SLOW_BIT;
-    if (self->errors && self->error_code != NULL) {
+    if (self->errors && self->error_code != NULL && self->error_code != Py_None) {
         PyObject *status = PyObject_GetAttr(span, str_status);
         PyObject *code = status != NULL ? PyObject_GetAttr(status, str_status_code) : NULL;
         Py_XDECREF(status);
@@ -236,7 +237,8 @@ judge(VerdictsObject *self, PyObject *span, uint64_t *span_id, uint64_t *parent_
             bits |= ERROR_BIT;
         Py_DECREF(code);
     }
-    if (self->cpu_ratio > 0 && duration > 0 && self->cpu_key != NULL) {
+    if (self->cpu_ratio > 0 && duration > 0 && self->cpu_key != NULL &&
+        self->cpu_key != Py_None) {
         PyObject *attributes = PyObject_GetAttr(span, str_attributes);
         PyObject *cpu = attributes != NULL ? PyObject_GetItem(attributes, self->cpu_key) : NULL;
         Py_XDECREF(attributes);
@@ -358,59 +360,6 @@ verdicts_stats(VerdictsObject *self, PyObject *unused)
                          self->forgotten);
 }
 
-static PyObject *
-verdicts_get_slow_ns(VerdictsObject *self, void *unused)
-{
-    (void)unused;
-    return PyLong_FromUnsignedLongLong(self->slow_ns);
-}
-
-static int
-verdicts_set_slow_ns(VerdictsObject *self, PyObject *value, void *unused)
-{
-    (void)unused;
-    unsigned long long v = value != NULL ? PyLong_AsUnsignedLongLong(value) : 0;
-    if (PyErr_Occurred())
-        return -1;
-    self->slow_ns = v;
-    return 0;
-}
-
-static int
-set_ref(PyObject **where, PyObject *value)
-{
-    Py_XSETREF(*where, value != NULL && value != Py_None ? Py_NewRef(value) : NULL);
-    return 0;
-}
-
-static PyObject *
-verdicts_get_error_code(VerdictsObject *self, void *unused)
-{
-    (void)unused;
-    return Py_NewRef(self->error_code ? self->error_code : Py_None);
-}
-
-static int
-verdicts_set_error_code(VerdictsObject *self, PyObject *value, void *unused)
-{
-    (void)unused;
-    return set_ref(&self->error_code, value);
-}
-
-static PyObject *
-verdicts_get_cpu_key(VerdictsObject *self, void *unused)
-{
-    (void)unused;
-    return Py_NewRef(self->cpu_key ? self->cpu_key : Py_None);
-}
-
-static int
-verdicts_set_cpu_key(VerdictsObject *self, PyObject *value, void *unused)
-{
-    (void)unused;
-    return set_ref(&self->cpu_key, value);
-}
-
 static PyMethodDef verdicts_methods[] = {
     {"on_start", (PyCFunction)(void (*)(void))verdicts_nothing, METH_FASTCALL | METH_KEYWORDS,
      NULL},
@@ -429,10 +378,12 @@ static PyMethodDef verdicts_methods[] = {
     {NULL},
 };
 
-static PyGetSetDef verdicts_getset[] = {
-    {"slow_ns", (getter)verdicts_get_slow_ns, (setter)verdicts_set_slow_ns, NULL, NULL},
-    {"error_code", (getter)verdicts_get_error_code, (setter)verdicts_set_error_code, NULL, NULL},
-    {"cpu_key", (getter)verdicts_get_cpu_key, (setter)verdicts_set_cpu_key, NULL, NULL},
+/* Set by the agent: the slow rule's threshold (0: off), StatusCode.ERROR once the SDK is
+ * loaded, and the attribute with a span's CPU time (None or unset: that rule judges nothing). */
+static PyMemberDef verdicts_members[] = {
+    {"slow_ns", T_ULONGLONG, offsetof(VerdictsObject, slow_ns), 0, NULL},
+    {"error_code", T_OBJECT, offsetof(VerdictsObject, error_code), 0, NULL},
+    {"cpu_key", T_OBJECT, offsetof(VerdictsObject, cpu_key), 0, NULL},
     {NULL},
 };
 
@@ -444,7 +395,7 @@ static PyTypeObject VerdictsType = {
     .tp_init = (initproc)verdicts_init,
     .tp_dealloc = (destructor)verdicts_dealloc,
     .tp_methods = verdicts_methods,
-    .tp_getset = verdicts_getset,
+    .tp_members = verdicts_members,
     .tp_doc = "Verdicts(slow_ns, errors, cpu_ratio, max_spans=50000, max_age_ns=600e9): "
               "a span processor that keeps which ended spans were slow, failed or high-CPU.",
 };

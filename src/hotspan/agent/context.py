@@ -239,13 +239,11 @@ def _hide_wrapper_frames() -> None:
     leaving one, and what those call) run in the program's calls but are not the program's:
     stacks leave them out (see Symbolizer.name_stack)."""
     from hotspan.agent.config import check_tag_key
-    from hotspan.agent.symbols import hide_code, hide_code_tree
+    from hotspan.agent.symbols import hide_code_tree
 
     for method in (tag_wrapper.__init__, tag_wrapper.__enter__, tag_wrapper.__exit__):
         hide_code_tree(method.__code__)
-    for code in tag_wrapper.__call__.__code__.co_consts:
-        if hasattr(code, "co_code"):  # run and run_async, one code object each
-            hide_code(code)
+    hide_code_tree(tag_wrapper.__call__.__code__)  # and run and run_async, made in it
     for function in (tagset_id, tagset, labels_tuple, _publish, check_tag_key):
         hide_code_tree(function.__code__)
 
@@ -268,15 +266,13 @@ THREADS_ATTRIBUTE = "process.thread.count"
 HEAP_OBJECTS_ATTRIBUTE = "hotspan.process.heap_objects"
 
 
-class _GcTotals:
-    """The pure-Python twin of sampler.c's gc_callback: garbage-collection pauses and
-    collections since it was put in ``gc.callbacks``."""
+class _GcCharge:
+    """The pure-Python twin of sampler.c's gc_callback: each collection's pause is charged to
+    the span current where it ran."""
 
-    __slots__ = ("pause_ns", "collections", "_started")
+    __slots__ = ("_started",)
 
     def __init__(self) -> None:
-        self.pause_ns = 0
-        self.collections = 0
         self._started = 0
 
     def __call__(self, phase: str, info: Any) -> None:
@@ -284,29 +280,21 @@ class _GcTotals:
             self._started = time.monotonic_ns()
         elif phase == "stop" and self._started:
             pause = time.monotonic_ns() - self._started
-            self.pause_ns += pause
-            self.collections += 1
             self._started = 0
             labels = LABELS.get(None)
             if labels is not None and labels.span_id:
                 labels._charge(0, 0, pause, 1)
 
-    def totals(self) -> Tuple[int, int]:
-        return self.pause_ns, self.collections
 
-
-_py_gc_totals = _GcTotals()
-gc_totals: Callable[[], Tuple[int, int]] = (
-    _native.gc_totals if _native is not None else _py_gc_totals.totals
-)
+_py_gc_charge = _GcCharge()
 
 
 def install_gc_callback(native: bool = True) -> None:
-    """Puts the garbage-collection counter in ``gc.callbacks`` (once): C with the C linker
+    """Puts the garbage-collection charge in ``gc.callbacks`` (once): C with the C linker
     (which finds the current labels as its sampler does), else Python."""
     import gc
 
-    callback = _native.gc_callback if native and _native is not None else _py_gc_totals
+    callback = _native.gc_callback if native and _native is not None else _py_gc_charge
     if callback not in gc.callbacks:
         gc.callbacks.append(callback)
 

@@ -32,7 +32,7 @@ from hotspan.agent.context import (
     keep_thread_labels,
     labels_tuple,
 )
-from hotspan.agent.symbols import hide_code
+from hotspan.agent.symbols import hide_code_tree
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing stays out of the program at run time: see agent/log.py
@@ -349,7 +349,7 @@ class _ThreadHooks:
     milliseconds).
 
     The wrapper stays on the thread's stack under everything it runs, so its frame is hidden
-    (see :func:`_hide_hook_frames`), and it calls nothing in Python but threading's own
+    (see below), and it calls nothing in Python but threading's own
     ``_bootstrap_inner``: what is left of a thread's stack is what it is without the agent."""
 
     def __init__(self) -> None:
@@ -386,15 +386,9 @@ class _ThreadHooks:
             self._original = None
 
 
-def _hide_hook_frames() -> None:
-    """The wrapper's code object is one constant of ``install``, shared by every wrapper it
-    makes: hidden once, it is left out of every stack (see Symbolizer.name_stack)."""
-    for code in _ThreadHooks.install.__code__.co_consts:
-        if hasattr(code, "co_code"):
-            hide_code(code)
-
-
-_hide_hook_frames()
+# The wrapper's code object is one constant of ``install``, shared by every wrapper it makes:
+# hidden once, it is left out of every stack (see Symbolizer.name_stack).
+hide_code_tree(_ThreadHooks.install.__code__)
 _thread_hooks = _ThreadHooks()
 
 
