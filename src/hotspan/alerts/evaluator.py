@@ -106,8 +106,10 @@ class AlertLoop:
         external_url: Callable[[], str],
         lag_s: float = LAG_S,
         resend_s: float = RESEND_S,
+        webhook_allow: Tuple[str, ...] = (),
     ) -> None:
         self.store = store
+        self.webhook_allow = webhook_allow
         self.engine = engine
         self.interval_s = interval_s
         self.external_url = external_url

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import ipaddress
 import os
 import signal
 import socket
@@ -64,6 +65,13 @@ def _external_url(text: str) -> str:
     return text
 
 
+def _cidr(text: str) -> str:
+    try:
+        return str(ipaddress.ip_network(text.strip(), strict=False))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a network (CIDR)") from None
+
+
 def _listen(host: str, port: int) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
@@ -114,6 +122,8 @@ def _server(args: argparse.Namespace) -> int:
         alert_interval_s=args.alert_interval,
         alert_lag_s=args.alert_lag,
         external_url=args.external_url.rstrip("/") if args.external_url else None,
+        alert_webhook_allow=tuple(args.alert_webhook_allow or ()),
+        header_timeout_s=args.header_timeout,
     )
     try:
         app = create_app(config)
@@ -189,7 +199,13 @@ def _server(args: argparse.Namespace) -> int:
             app,
             # uvicorn's HTTP/1.1, except that HTTP/2 connections (gRPC) to the main port go to
             # the gRPC query server; as many at once as HTTP connections.
-            http=sniffing(AutoHTTPProtocol, query_port, port, args.max_connections),
+            http=sniffing(
+                AutoHTTPProtocol,
+                query_port,
+                port,
+                args.max_connections,
+                header_timeout_s=config.header_timeout_s,
+            ),
             log_level=args.log_level,
             access_log=False,
             timeout_graceful_shutdown=30,
@@ -325,6 +341,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "HTTP/1.1, 256 gRPC connections)",
     )
     srv.add_argument(
+        "--header-timeout",
+        type=_interval_s,
+        default="10s",
+        help="close connections that have not sent a whole request head (or HTTP/2's "
+        "preface) this long after they opened or after their last response; they do not "
+        "count against --max-connections meanwhile (default %(default)s)",
+    )
+    srv.add_argument(
         "--redact",
         action="append",
         type=_redact_pattern,
@@ -353,6 +377,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="alert conditions look at windows ending this long ago, so that samples still "
         "on their way (uploads are stamped when their window began) count (default "
         "%(default)s)",
+    )
+    srv.add_argument(
+        "--alert-webhook-allow",
+        action="append",
+        type=_cidr,
+        metavar="CIDR",
+        help="let alert webhooks reach this network although it is loopback, link-local or "
+        "private (refused otherwise; repeatable)",
     )
     srv.add_argument(
         "--external-url",

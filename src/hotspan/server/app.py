@@ -115,6 +115,7 @@ def create_app(config: Optional[ServerConfig] = None, store: Optional[Store] = N
                 config.alert_interval_s,
                 lambda: config.external_url or f"http://{config.host}:{config.port}",
                 lag_s=config.alert_lag_s,
+                webhook_allow=config.alert_webhook_allow,
             )
             alerts_loop.start()
             state.on_shutdown.append(alerts_loop.stop)

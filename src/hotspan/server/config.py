@@ -52,3 +52,9 @@ class ServerConfig:
     # Alert conditions look at windows ending this long ago: samples arrive in uploads,
     # stamped at the start of the agent's upload window.
     alert_lag_s: float = 30.0
+    # Alert webhooks may reach these networks (CIDRs) though they are loopback, link-local
+    # or private addresses, which are refused otherwise.
+    alert_webhook_allow: Tuple[str, ...] = ()
+    # A connection that has not sent a whole request head (or HTTP/2's preface) this long
+    # after it opened, or after its previous response, is closed.
+    header_timeout_s: float = 10.0

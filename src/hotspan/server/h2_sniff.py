@@ -177,6 +177,7 @@ def sniffing(
     grpc_port: int,
     main_port: Optional[int] = None,
     max_connections: Optional[int] = None,
+    header_timeout_s: Optional[float] = None,
 ) -> Type[asyncio.Protocol]:
     """uvicorn's HTTP protocol ``base``, handing HTTP/2 connections to the gRPC server on
     127.0.0.1:``grpc_port`` (pass it to ``uvicorn.Config(http=...)``): those to
