@@ -10,13 +10,13 @@ from __future__ import annotations
 import atexit
 import importlib
 import os
+import sys
 import threading
 import time
 
 from hotspan import __version__
 from hotspan._speedups import load_sampler
 from hotspan.agent import context
-from hotspan.agent import pull as _pull
 from hotspan.agent.collectors.alloc import exclude_current_thread as exclude_from_alloc_profile
 from hotspan.agent.config import (
     DEFAULT_SERVER_ADDRESS,
@@ -68,6 +68,20 @@ START_PIN_S = 2.0
 COLLECTOR_MODULES = ("alloc", "locks", "threads")
 
 
+def _enable_pull() -> None:
+    from hotspan.agent import pull
+
+    pull.enable()
+
+
+def _pull_hub() -> Any:
+    """Pull mode's hub, when its endpoints exist.  The module is imported only by what serves
+    them: its functions and classes would otherwise be objects that every full collection of
+    the program's garbage collector walks."""
+    pull = sys.modules.get("hotspan.agent.pull")
+    return None if pull is None else pull.HUB
+
+
 class Agent:
     def __init__(self, config: AgentConfig) -> None:
         self.config = config
@@ -99,7 +113,7 @@ class Agent:
         # agent/pull.py are how profiles leave the process.
         self._uploading = config.uploads()
         if not self._uploading:
-            _pull.enable()
+            _enable_pull()
         if config.remote_settings and self._uploading:
             self._uploader.follow_settings(self._status_headers, self._on_server_settings)
         self._collectors: List[Collector] = []
@@ -149,7 +163,7 @@ class Agent:
         if self.config.control_port:
             from hotspan.agent.control_server import ControlServer
 
-            _pull.enable()  # the control port answers /debug/pprof too
+            _enable_pull()  # the control port answers /debug/pprof too
 
             try:
                 server = ControlServer(self.config.control_host, self.config.control_port)
@@ -310,8 +324,9 @@ class Agent:
             self.live.reset_after_fork()
             # What waits for its spans is the parent's to send, as the rest of its data.
             self._held_windows, self._held_profiles = [], []
-            if _pull.HUB is not None:
-                _pull.HUB.after_fork()
+            hub = _pull_hub()
+            if hub is not None:
+                hub.after_fork()
             self.instance_id = _instance_id()
             if self._sampler is not None:
                 self._sampler.after_fork()
@@ -479,8 +494,9 @@ class Agent:
                 if self._collectors and time.monotonic() >= self._next_collect:
                     self._next_collect = time.monotonic() + self.config.upload_interval
                     self._collect_profiles()
-                    if _pull.HUB is not None:
-                        _pull.HUB.collected()
+                    hub = _pull_hub()
+                    if hub is not None:
+                        hub.collected()
                 self._poll_if_quiet()
             except Exception:  # noqa: BLE001 - a bug here must not stop the program
                 logger.warning("hotspan: sampling failed; profiling stops", exc_info=True)
@@ -587,7 +603,7 @@ class Agent:
         in progress too, and what waits for its spans), once the spans in them have ended
         (see :meth:`_release`).  ``taken``: what a stopped sampler gave, with its period."""
         with self._lock:
-            hub = _pull.HUB
+            hub = _pull_hub()
             cut = hub.begin_cut() if hub is not None and taken is None else None
             if taken is None:
                 collected = self._sampler.cut() if cut else self._sampler.collect(final=final)
@@ -677,8 +693,9 @@ class Agent:
     def _send_profiles(self, profiles: List[ProfileData], final: bool = False) -> None:
         """Encodes a collector's profiles (once their spans have ended, see :meth:`_release`)
         and queues them for upload."""
-        if _pull.HUB is not None:
-            _pull.HUB.add_profiles(self, profiles)
+        hub = _pull_hub()
+        if hub is not None:
+            hub.add_profiles(self, profiles)
         if not self._uploading:
             return
         ready = self._release(self._held_profiles, [(p,) for p in profiles], final)
