@@ -15,6 +15,10 @@ both connections are closed.  Piped connections leave uvicorn's connection count
 (``--max-connections``) and have a limit of their own, the same number, or DEFAULT_MAX_PIPES
 when it is not set; the gRPC server closes idle and old connections (tempo_grpc.serve), and
 their pipes with them.
+
+On every port, a connection that has not sent a whole request head (nor the HTTP/2 preface)
+within ``--header-timeout`` of its opening or of its last response is closed, and does not
+count against ``--max-connections`` meanwhile (server.header_deadline).
 """
 
 from __future__ import annotations
@@ -22,6 +26,8 @@ from __future__ import annotations
 import asyncio
 import logging
 from typing import Callable, Optional, Type
+
+from hotspan.server.header_deadline import with_header_deadline
 
 log = logging.getLogger(__name__)
 
@@ -182,7 +188,9 @@ def sniffing(
     """uvicorn's HTTP protocol ``base``, handing HTTP/2 connections to the gRPC server on
     127.0.0.1:``grpc_port`` (pass it to ``uvicorn.Config(http=...)``): those to
     ``main_port`` only when given, at most ``max_connections`` at once (DEFAULT_MAX_PIPES
-    when not given)."""
+    when not given); connections without a whole request head (or preface) within
+    ``header_timeout_s`` of opening or of their last response are closed (None or 0: no
+    deadline)."""
     pipes = _Pipes(DEFAULT_MAX_PIPES if max_connections is None else max_connections)
 
     class H2Sniffing(base):  # type: ignore[valid-type, misc]
@@ -211,4 +219,5 @@ def sniffing(
             super().data_received(data)
 
     H2Sniffing.__name__ = H2Sniffing.__qualname__ = f"H2Sniffing{base.__name__}"
-    return H2Sniffing
+    # Outermost, so that it sees the bytes of a preface still being sniffed as well.
+    return with_header_deadline(H2Sniffing, header_timeout_s)
