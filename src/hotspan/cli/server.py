@@ -346,7 +346,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         default="10s",
         help="close connections that have not sent a whole request head (or HTTP/2's "
         "preface) this long after they opened or after their last response; they do not "
-        "count against --max-connections meanwhile (default %(default)s)",
+        "count against --max-connections meanwhile (default %(default)s; 0: no deadline)",
     )
     srv.add_argument(
         "--redact",
