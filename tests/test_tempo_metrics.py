@@ -962,3 +962,24 @@ def test_compare_memory_bounds(duck: Store, monkeypatch: pytest.MonkeyPatch) -> 
     values = [k for k in got if k not in totals]
     assert sum(1 for k in values for v in got[k] if v) <= 10
     assert all(v <= w for k in values for v, w in zip(got[k], every[k]))
+
+
+def test_a_filter_after_the_function_keeps_the_points_that_pass(
+    srv: RunningServer, sent: Sent
+) -> None:
+    # Tempo's metricsFilter: a point that fails the comparison is dropped, a series left with
+    # none is dropped; the others keep their labels and their passing points.
+    q = "{ } | count_over_time() by (resource.service.name, span.http.route)"
+    whole = by_labels(query_range(srv, q))
+    cases = [("> 1", lambda v: v > 1), ("<= 1", lambda v: v <= 1), ("!= 2", lambda v: v != 2)]
+    for suffix, test in cases:
+        body = query_range(srv, f"{q} {suffix}")
+        got = {labels: samples_of(s) for labels, s in by_labels(body).items()}
+        want = {}
+        for labels, s in whole.items():
+            # Tempo's JSON leaves out zeros; a point absent here was a NaN (no sample).
+            kept = {t: v for t, v in samples_of(s).items() if test(v)}
+            if kept:
+                want[labels] = kept
+        assert got == want, suffix
+        assert want and want != {k: samples_of(s) for k, s in whole.items()}, suffix

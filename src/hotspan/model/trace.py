@@ -10,15 +10,23 @@ search only ever reads the columns.  Spans of one resource and instrumentation s
 from __future__ import annotations
 
 import hashlib
+import re
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 # Separators of the flattened attribute text: a record separator before each pair and after
 # the last, a unit separator between key and value.  ``contains(attrs, RS k US v RS)`` is then
-# an exact match on one pair.  The two characters are removed from keys and values first.
+# an exact match on one pair.  The separators are removed from keys and values first.
 RS = "\x1e"
 US = "\x1f"
-_STRIP = str.maketrans({RS: " ", US: " "})
+# In place of US before a string value that reads as a number or a boolean ("200", "true"):
+# TraceQL, as Tempo, never finds the string "200" with the int 200, nor the int with "200".
+# Other values read as their type: a number's text is the number, "true" the boolean.
+STRING_US = "\x1c"
+_STRIP = str.maketrans({RS: " ", US: " ", STRING_US: " "})
+# A number's text (RE2's syntax too: the SQL stores read it alike), or a boolean's.
+NUMBER_PATTERN = r"[-+]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][-+]?[0-9]+)?"
+_TYPED_TEXT = re.compile(NUMBER_PATTERN + "|true|false")
 
 # Tag values longer than this are searchable but not offered by the tag-values API.
 MAX_TAG_VALUE_LENGTH = 200
@@ -30,18 +38,35 @@ STATUS_CODES = ("unset", "ok", "error")
 def clean(text: str) -> str:
     # The test first: translate() costs a microsecond per call, and it is called for every
     # attribute key and value of every span.
-    return text.translate(_STRIP) if RS in text or US in text else text
+    if RS in text or US in text or STRING_US in text:
+        return text.translate(_STRIP)
+    return text
+
+
+def reads_typed(text: str) -> bool:
+    """Whether ``text`` reads as a number or a boolean (as an int, double or bool is written)."""
+    return _TYPED_TEXT.fullmatch(text) is not None
 
 
 def flatten_attributes(pairs: Iterable[Sequence[str]]) -> str:
-    """``(key, value, ...)`` pairs as one searchable text (see :data:`RS`)."""
-    parts = [f"{RS}{clean(p[0])}{US}{clean(p[1])}" for p in pairs]
+    """``(key, value, type)`` pairs (or ``(key, value)``: typed as the text reads) as one
+    searchable text (see :data:`RS` and :data:`STRING_US`)."""
+    parts = []
+    for p in pairs:
+        value = clean(p[1])
+        string = len(p) > 2 and p[2] == "string"
+        sep = STRING_US if string and value[:1] in _TYPED_START and reads_typed(value) else US
+        parts.append(f"{RS}{clean(p[0])}{sep}{value}")
     return "".join(parts) + RS if parts else ""
 
 
+_TYPED_START = frozenset("0123456789+-.tf")
+
+
 def attribute_pattern(key: str, value: str) -> str:
-    """What a flattened text contains exactly when it has the pair ``key=value``."""
-    return f"{RS}{clean(key)}{US}{clean(value)}{RS}"
+    """What a flattened text contains exactly when it has the string attribute ``key=value``."""
+    value = clean(value)
+    return f"{RS}{clean(key)}{STRING_US if reads_typed(value) else US}{value}{RS}"
 
 
 def group_id(*parts: bytes) -> int:
@@ -162,8 +187,12 @@ def parse_attributes(flat: str) -> Dict[str, str]:
     out: Dict[str, str] = {}
     for record in flat.split(RS):
         if record:
-            key, _, value = record.partition(US)
-            out[key] = value
+            at = record.find(US)
+            at = record.find(STRING_US) if at < 0 else at
+            if at < 0:
+                out[record] = ""
+            else:
+                out[record[:at]] = record[at + 1 :]
     return out
 
 

@@ -26,6 +26,7 @@ from hotspan.model.trace import (
     TRACE_INTRINSICS,
     Condition,
     TraceQuery,
+    reads_typed,
 )
 from hotspan.query import traceql_ast as ast
 from hotspan.query.engine import QueryError
@@ -59,6 +60,12 @@ _TRACE_KEYS = set(TRACE_INTRINSICS) | {"trace:duration", "trace:rootName", "trac
 MAX_DURATION_NS = 2.0**63
 _DURATION_KEYS = {"duration", "span:duration", "traceDuration", "trace:duration"}
 _KEYWORDS = {"true": True, "false": False}
+# What the SQL search (store.find_traces) has columns for; anything else runs in the engine.
+_SQL_ATTRIBUTE_PREFIXES = ("span.", "resource.", ".")
+_SQL_INTRINSICS = _TRACE_KEYS | {
+    "name", "span:name", "status", "span:status", "kind", "span:kind", "duration",
+    "span:duration", "trace:id", "span:id", "span:parentID", "nestedSetParent",
+}  # fmt: skip
 _ESCAPE = re.compile(r"\\(.)")
 _ESCAPES = {"n": "\n", "t": "\t"}
 
@@ -130,7 +137,7 @@ def _value(kind: str, text: str, key: str) -> Value:
     if kind == "ident" and (text in STATUS_CODES or text in SPAN_KINDS):
         return text
     if kind == "ident" and text in _KEYWORDS:
-        return "true" if _KEYWORDS[text] else "false"
+        return _KEYWORDS[text]
     raise QueryError(f"TraceQL: {text!r} is not a value")
 
 
@@ -145,6 +152,9 @@ def _condition(tokens: _Tokens) -> Condition:
     value = _value(value_kind, text, key)
     if key in _DURATION_KEYS and not isinstance(value, int):
         raise QueryError(f"TraceQL: {key} compares with a duration such as 100ms, not {text}")
+    if not key.startswith(_SQL_ATTRIBUTE_PREFIXES) and key not in _SQL_INTRINSICS:
+        # span:childCount, event:name...: the engine reads what SQL cannot.
+        raise QueryError(f"TraceQL: {key} is not a column of the SQL search")
     if key.startswith("nestedSet"):
         # Only the root test is a column the stores have (parent_span_id = 0).
         attr = ast.Attribute(key, "intrinsic", key)
@@ -240,6 +250,18 @@ _LEGACY_KEYS = {
 }
 
 
+def _legacy_value(text: str) -> Value:
+    """A tag's value as TraceQL types it: ``http.status_code=200`` finds the int 200 (as
+    Tempo's tags search does), ``ok=true`` the boolean, anything else a string."""
+    if text in _KEYWORDS:
+        return _KEYWORDS[text]
+    if reads_typed(text):
+        number = float(text)
+        if math.isfinite(number) and abs(number) < 2.0**63:
+            return int(text) if re.fullmatch(r"[-+]?[0-9]+", text) else number
+    return text
+
+
 def legacy_query(
     tags: Sequence[Tuple[str, str]],
     start_ns: int,
@@ -254,7 +276,7 @@ def legacy_query(
     trace_conds = []
     for key, value in tags:
         mapped = _LEGACY_KEYS.get(key, "." + key)
-        cond = Condition(mapped, "=", value)
+        cond = Condition(mapped, "=", _legacy_value(value) if mapped[0] == "." else value)
         (trace_conds if mapped in _TRACE_KEYS else spansets).append(cond)
     if min_duration_ns:
         trace_conds.append(Condition("traceDuration", ">=", min_duration_ns))
@@ -351,6 +373,8 @@ METRICS_FUNCTIONS = (
     "compare",
 )
 _NO_ARGUMENT = ("rate", "count_over_time")
+# Comparisons after a metrics function: its series' points for which it holds are kept.
+_METRICS_FILTERS = ("=", "!=", "<", "<=", ">", ">=")
 _STRUCTURAL = (
     ">",
     "<",
@@ -391,8 +415,9 @@ class MetricsStage:
     attribute: Optional[str]  # what *_over_time reads, as written canonically: "duration"...
     quantiles: Tuple[float, ...]  # quantile_over_time(duration, .5, .99)
     by: Tuple[str, ...]  # by(resource.service.name, span.http.route)
-    # Second-stage functions after it, in order: ("topk", 10), ("bottomk", 5).
-    second_stage: Tuple[Tuple[str, int], ...] = ()
+    # Second-stage functions after it, in order: ("topk", 10), ("bottomk", 5), and filters
+    # of the series' values (``> 3``): (">", 3.0).
+    second_stage: Tuple[Tuple[str, float], ...] = ()
     # compare({filter}, topN, start, end): the selection's filter (test a span with
     # ``matches``), how many values per attribute, and the selection's window (unix ns; a
     # span is in it when start < its start <= end, as in Tempo), None when not given.
@@ -861,8 +886,11 @@ class _Parser:
                 self.take()
                 by.append(self.attribute_ref().text)
             self.expect(")", " closing by(")
-        second: List[Tuple[str, int]] = []
-        while self.at("|"):
+        second: List[Tuple[str, float]] = []
+        while self.at("|", *_METRICS_FILTERS):
+            if not self.at("|"):
+                second.append(self.metrics_filter())
+                continue
             self.take()
             if not self.at("topk", "bottomk"):
                 self.fail("expected topk(n) or bottomk(n) after a metrics function")
@@ -875,6 +903,20 @@ class _Parser:
             self.expect(")")
             second.append((name, int(value)))  # type: ignore[call-overload]
         return MetricsStage(function, attribute, tuple(quantiles), tuple(by), tuple(second))
+
+    def metrics_filter(self) -> Tuple[str, float]:
+        """``> 3`` after a metrics function (Tempo's metricsFilter): (operator, value), a
+        duration in seconds, as Tempo reads it."""
+        op = str(self.take()[1])
+        negative = self.at("-")
+        if negative:
+            self.take()
+        kind, value, _ = self.peek()
+        if kind not in ("int", "float", "duration"):
+            self.fail(f"expected a number after {op!r}")
+        self.take()
+        number = float(value) / 1e9 if kind == "duration" else float(value)  # type: ignore[arg-type]
+        return op, -number if negative else number
 
     def compare(self) -> MetricsStage:
         """``compare({filter})``, ``compare({filter}, topN)``, ``compare({filter}, topN,
@@ -1185,7 +1227,7 @@ def _condition_of(expr: ast.Field) -> Optional[Condition]:
     if attr.scope in ("span", "resource", ""):
         key = f"{attr.scope}.{attr.name}" if attr.scope else f".{attr.name}"
         if isinstance(value, bool):
-            return Condition(key, op, "true" if value else "false") if op in ("=", "!=") else None
+            return Condition(key, op, value) if op in ("=", "!=") else None
         if isinstance(value, (ast.Status, ast.Kind, ast.Nil)):
             return None
         if op in ("=~", "!~") and not isinstance(value, str):

@@ -40,7 +40,15 @@ from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from hotspan.model.trace import RS, SPAN_KINDS, STATUS_CODES, US, SearchError, SpanRecord
+from hotspan.model.trace import (
+    RS,
+    SPAN_KINDS,
+    STATUS_CODES,
+    STRING_US,
+    US,
+    SearchError,
+    SpanRecord,
+)
 from hotspan.query import traceql
 from hotspan.query import traceql_ast as ast
 from hotspan.query.engine import QueryError
@@ -107,13 +115,18 @@ class _Attributes:
         out = []
         for record in flat.split(RS):
             if record:
-                key, _, text = record.partition(US)
+                key, sep, text = record.partition(US)
+                if not sep:  # a string that reads as a number or a boolean stays a string
+                    key, _, text = record.partition(STRING_US)
+                    text_key = STRING_US + text
+                else:
+                    text_key = text
                 name = keys.get(key)
                 if name is None:
                     name = keys[key] = self.prefix + key
-                value = values.get(text)
+                value = values.get(text_key)
                 if value is None:
-                    value = values[text] = _value(text)
+                    value = values[text_key] = _value(text) if sep else text
                 out.append((name, value))
         pairs = tuple(out)
         if self.remember:

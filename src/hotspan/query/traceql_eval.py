@@ -24,7 +24,17 @@ from dataclasses import dataclass, field
 from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from hotspan.model.labels import RegexError, compile_regex
-from hotspan.model.trace import RS, SPAN_KINDS, STATUS_CODES, US, Condition, SpanRecord, clean
+from hotspan.model.trace import (
+    NUMBER_PATTERN,
+    RS,
+    SPAN_KINDS,
+    STATUS_CODES,
+    STRING_US,
+    US,
+    Condition,
+    SpanRecord,
+    clean,
+)
 from hotspan.query import traceql_ast as ast
 from hotspan.query.engine import QueryError
 
@@ -192,14 +202,21 @@ def _nested_parent(s: SpanRecord, t: _Trace) -> object:
 # -- values -------------------------------------------------------------------------------------
 
 
-def _lookup(flat: str, key: str) -> Optional[ast.Text]:
-    """One attribute's value from a flattened attribute text, without parsing all of it."""
+def _lookup(flat: str, key: str) -> Optional[str]:
+    """One attribute's value from a flattened attribute text, without parsing all of it: an
+    :class:`ast.Text` (typed as its text reads), or a ``str`` for a string that reads as a
+    number or a boolean (stored after STRING_US)."""
     needle = f"{RS}{clean(key)}{US}"
+    at = flat.find(needle)
+    if at >= 0:
+        start = at + len(needle)
+        return ast.Text(flat[start : flat.find(RS, start)])
+    needle = f"{RS}{clean(key)}{STRING_US}"
     at = flat.find(needle)
     if at < 0:
         return None
     start = at + len(needle)
-    return ast.Text(flat[start : flat.find(RS, start)])
+    return flat[start : flat.find(RS, start)]
 
 
 def _first(*values: Optional[ast.Text]) -> Optional[ast.Text]:
@@ -217,7 +234,7 @@ def _number(value: object) -> Optional[float]:
     return None
 
 
-_NUMBER = re.compile(r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?")
+_NUMBER = re.compile(NUMBER_PATTERN)
 
 
 def _parse_number(text: str) -> Optional[float]:
@@ -292,12 +309,37 @@ _ORDER = {"<": lambda a, b: a < b, "<=": lambda a, b: a <= b, ">": lambda a, b: 
 _ORDER[">="] = lambda a, b: a >= b
 
 
+def _type_of(value: object) -> str:
+    """TraceQL's type of a runtime value: number (int, float, duration), boolean, string,
+    status or kind.  Attribute text is of the type it reads as (see ``model.trace``)."""
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, (int, float)):
+        return "number"
+    if isinstance(value, ast.Status):
+        return "status"
+    if isinstance(value, ast.Kind):
+        return "kind"
+    if isinstance(value, ast.Text):
+        if value in ("true", "false"):
+            return "boolean"
+        return "number" if _parse_number(value) is not None else "string"
+    return "string"
+
+
+def is_string(value: object) -> bool:
+    """Whether ``value`` is a TraceQL string (attribute text that reads as a number is not)."""
+    return isinstance(value, str) and _type_of(value) == "string"
+
+
 def _comparable(a: object, b: object) -> Optional[Tuple[object, object]]:
     """``a`` and ``b`` as two values of one type, or None when TraceQL's types do not match
-    (then every comparison is false, as in Tempo)."""
+    (then every comparison is false, as in Tempo: a string never equals a number or a
+    boolean, whatever its text; int, float and duration compare as numbers)."""
     if isinstance(a, bool) or isinstance(b, bool):
-        ta, tb = _truth(a), _truth(b)
-        return (ta, tb) if ta is not None and tb is not None else None
+        if _type_of(a) != "boolean" or _type_of(b) != "boolean":
+            return None
+        return _truth(a), _truth(b)
     for x, y, flip in ((a, b, False), (b, a, True)):
         if isinstance(x, (ast.Status, ast.Kind)):
             if isinstance(y, ast.Text) or (
@@ -312,15 +354,14 @@ def _comparable(a: object, b: object) -> Optional[Tuple[object, object]]:
             # By code, so that status ordering follows OTLP's numbers.
             pair = (names.index(x), names.index(y))
             return (pair[1], pair[0]) if flip else pair
-    na, nb = _number(a), _number(b)
-    a_text, b_text = isinstance(a, ast.Text), isinstance(b, ast.Text)
-    if isinstance(a, (int, float)) or isinstance(b, (int, float)):
-        return (na, nb) if na is not None and nb is not None else None
-    if a_text and b_text and na is not None and nb is not None:
-        return na, nb
-    if isinstance(a, str) and isinstance(b, str):
-        return str(a), str(b)
-    return None
+    ta, tb = _type_of(a), _type_of(b)
+    if ta != tb:
+        return None
+    if ta == "number":
+        return _number(a), _number(b)
+    if ta == "boolean":
+        return _truth(a), _truth(b)
+    return str(a), str(b)
 
 
 @functools.lru_cache(maxsize=256)
@@ -336,7 +377,7 @@ def compare(op: str, a: object, b: object) -> bool:
     if a is None or b is None:
         return False
     if op in ("=~", "!~"):
-        if not isinstance(a, str) or not isinstance(b, str):
+        if not is_string(a) or not is_string(b):
             return False
         hit = _regex(str(b)).fullmatch(str(a)) is not None
         return hit if op == "=~" else not hit
@@ -447,13 +488,13 @@ def _compare_static(expr: ast.Binary) -> Optional[Getter]:
         when_root, otherwise = root
         return lambda s, t: when_root if s.parent_span_id == 0 else otherwise
     if expr.op in ("=~", "!~") and isinstance(expr.rhs, ast.Static):
-        if not isinstance(expr.rhs.value, str):
+        if not is_string(expr.rhs.value):
             return lambda s, t: False
         get, pattern, hit = compile_field(expr.lhs), _regex(expr.rhs.value), expr.op == "=~"
 
         def regex(s: SpanRecord, t: _Trace) -> bool:
             got = get(s, t)
-            return isinstance(got, str) and (pattern.fullmatch(got) is not None) == hit
+            return is_string(got) and (pattern.fullmatch(got) is not None) == hit
 
         return regex
     if expr.op not in _OPERATORS:
@@ -484,13 +525,15 @@ def _compare_static(expr: ast.Binary) -> Optional[Getter]:
 
         return numeric
     if isinstance(value, str) and not isinstance(value, (ast.Status, ast.Kind, ast.Text)):
-        # Text against text; a status or kind name (a str too) never equals a string literal.
+        # Text against text; a status or kind name (a str too) never equals a string literal,
+        # nor does attribute text that reads as a number or a boolean.
         def text(s: SpanRecord, t: _Trace) -> bool:
             got = get(s, t)
             return (
                 isinstance(got, str)
                 and not isinstance(got, (ast.Status, ast.Kind))
                 and test(str(got), value)
+                and (not isinstance(got, ast.Text) or _type_of(got) == "string")
             )
 
         return text

@@ -900,14 +900,44 @@ def run_metrics(
     for spans, traces in matched_spans(store, tenant, query, low, high, max_spans, whole, state):
         builder.observe(spans, traces)
     series = builder.series()
-    for name, limit in stage.second_stage:
-        series = top_k(series, limit, largest=name == "topk")
+    for name, arg in stage.second_stage:
+        if name in ("topk", "bottomk"):
+            series = top_k(series, int(arg), largest=name == "topk")
+        else:
+            series = filter_values(series, name, arg)
     partial = state.partial
     if builder.limited:
         partial = series_bound_message(req.max_series)
     elif builder.cells_limited:
         partial = cell_bound_message(MAX_CELLS)
     return MetricsResult(builder.timestamps_ms(), series, state.read, len(state.traces), partial)
+
+
+_FILTER_TESTS = {
+    "=": np.equal,
+    "!=": np.not_equal,
+    "<": np.less,
+    "<=": np.less_equal,
+    ">": np.greater,
+    ">=": np.greater_equal,
+}
+
+
+def filter_values(series: List[Series], op: str, value: float) -> List[Series]:
+    """Tempo's metrics filter (``| rate() > 3``): a point for which ``point op value`` does
+    not hold is dropped (NaN), and so is a series left without points, with the exemplars
+    of the points dropped."""
+    test = _FILTER_TESTS[op]
+    out = []
+    for s in series:
+        values = np.asarray(s.values, dtype=float)
+        with np.errstate(invalid="ignore"):
+            kept = np.where(test(values, value), values, np.nan)
+        if np.isnan(kept).all():
+            continue
+        exemplars = [e for e in s.exemplars if math.isnan(e.value) or bool(test(e.value, value))]
+        out.append(Series(s.labels, kept, exemplars))
+    return out
 
 
 def top_k(series: List[Series], k: int, largest: bool) -> List[Series]:

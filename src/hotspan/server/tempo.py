@@ -124,7 +124,17 @@ async def buildinfo(request: Request) -> Response:
 async def _trace(request: Request):  # type: ignore[no-untyped-def]
     state, tenant = query_state(request)
     trace_id = trace_id_param(request.path_params["trace_id"])
+    start = seconds_param(request, "start")
+    end = seconds_param(request, "end")
+    if start is not None and end is not None and end <= start:
+        raise HTTPError(400, "end must be after start")
     spans = await run_in_threadpool(state.store.trace, tenant, trace_id)
+    # As Tempo, which reads only the blocks of the window: a trace none of whose spans is in
+    # it is not found (and one that is comes whole).
+    if spans and (start is not None or end is not None):
+        low, high = start or 0, end if end is not None else MAX_TIME_NS
+        if not any(s.end_ns >= low and s.start_ns <= high for s in spans):
+            spans = []
     return traces_data(spans), bool(spans)
 
 
@@ -360,6 +370,10 @@ def _values(
     since = seconds_value(params, "start") or 0
     limit = _int_param(params, "limit", MAX_LIMIT)
     records = _narrowed(state, tenant, params)
+    if records is None and (params.get("start") or params.get("end")):
+        # As Tempo: the values of the spans of the range, not of any span since its start.
+        start, end = _tag_range(params)
+        records = state.store.span_records(tenant, start, end, (), limit=MAX_AUTOCOMPLETE_SPANS)
     values = state.store.tag_values(tenant, scope, name, since)
     if records is not None:
         values = _typed(autocomplete.tag_values(records, scope, name), values, scope, name)

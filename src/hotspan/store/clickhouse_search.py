@@ -17,9 +17,11 @@ import re
 from typing import Any, Dict, List, Tuple
 
 from hotspan.model.trace import (
+    NUMBER_PATTERN,
     RS,
     SPAN_KINDS,
     STATUS_CODES,
+    STRING_US,
     TRACE_ORDERS,
     US,
     Condition,
@@ -122,27 +124,47 @@ def _number(text: str) -> str:
     return f"if(isNaN({value}), inf, {value})"
 
 
+def _has_key(key: str, bind: _Binder) -> str:
+    """Whether ``attrs`` has the attribute, of any type (see ``model.trace.STRING_US``)."""
+    k = clean(key)
+    return (
+        f"(position(attrs, {bind(RS + k + US)}) > 0 "
+        f"OR position(attrs, {bind(RS + k + STRING_US)}) > 0)"
+    )
+
+
 def _attribute(key: str, op: str, value: object, bind: _Binder, what: str) -> str:
-    """A condition on the flattened text in ``attrs`` (a span's or a resource's); ``what``
-    names it in errors."""
-
-    def has_key() -> str:
-        return f"position(attrs, {bind(RS + clean(key) + US)}) > 0"
-
+    """A condition on the flattened text in ``attrs`` (a span's or a resource's), typed as
+    TraceQL types it (as :func:`hotspan.store.duckdb_search._attribute`); ``what`` names it
+    in errors."""
+    if isinstance(value, bool):
+        if op not in ("=", "!="):
+            return "0"
+        wanted = "true" if value == (op == "=") else "false"
+        return f"position(attrs, {bind(RS + clean(key) + US + wanted + RS)}) > 0"
+    if isinstance(value, (int, float)):
+        # The text after US that reads as a number (strictly, as the engine reads it).
+        pattern = f"{RS}{re.escape(clean(key))}{US}([^{RS}]*){RS}"
+        extract = f"extract(attrs, {bind(pattern)})"
+        number = _compare_number(what, _number(extract), op, float(value), bind)
+        strict = f"match({extract}, {bind('^(?:' + NUMBER_PATTERN + ')$')})"
+        return f"position(attrs, {bind(RS + clean(key) + US)}) > 0 AND {strict} AND {number}"
     if op == "=" and isinstance(value, str):
         return f"position(attrs, {bind(attribute_pattern(key, value))}) > 0"
-    if op == "!=" and isinstance(value, str):
-        return f"{has_key()} AND position(attrs, {bind(attribute_pattern(key, value))}) = 0"
-    pattern = f"{RS}{re.escape(clean(key))}{US}([^{RS}]*){RS}"
-    extract = f"extract(attrs, {bind(pattern)})"
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        # has_key() first, though an absent key reads as NULL anyway: rows without it skip
-        # the number's reading.
-        number = _compare_number(what, _number(extract), op, float(value), bind)
-        return f"{has_key()} AND {number}"
-    if isinstance(value, bool):
-        value = "true" if value else "false"
-    return f"{has_key()} AND {_compare(extract, op, value, bind)}"
+    # Any other comparison with a string: the value of a string attribute, after STRING_US,
+    # or after US when it does not read as a number or a boolean.
+    typed = f"{RS}{re.escape(clean(key))}{US}([^{RS}]*){RS}"
+    stringly = f"{RS}{re.escape(clean(key))}{STRING_US}([^{RS}]*){RS}"
+    us_text = f"extract(attrs, {bind(typed)})"
+    text = f"if(position(attrs, {bind(RS + clean(key) + US)}) > 0, {us_text}, " + (
+        f"extract(attrs, {bind(stringly)}))"
+    )
+    string = (
+        f"(position(attrs, {bind(RS + clean(key) + STRING_US)}) > 0 OR "
+        f"(position(attrs, {bind(RS + clean(key) + US)}) > 0 AND NOT "
+        f"match({us_text}, {bind('^(?:' + NUMBER_PATTERN + '|true|false)$')})))"
+    )
+    return f"{string} AND {_compare(text, op, value, bind)}"
 
 
 def span_condition(cond: Condition, bind: _Binder) -> str:
@@ -184,7 +206,7 @@ def span_condition(cond: Condition, bind: _Binder) -> str:
         res_sql = _compare("service", op, condition_text(key, value), bind)
     else:
         res_sql = _IN_RESOURCE.format(_attribute(name, op, value, bind, key))
-    has_key = f"position(attrs, {bind(RS + clean(name) + US)}) > 0"
+    has_key = _has_key(name, bind)
     return f"(({has_key} AND {span_sql}) OR (NOT {has_key} AND {res_sql}))"
 
 

@@ -13,9 +13,11 @@ import re
 from typing import List, Tuple
 
 from hotspan.model.trace import (
+    NUMBER_PATTERN,
     RS,
     SPAN_KINDS,
     STATUS_CODES,
+    STRING_US,
     TRACE_ORDERS,
     US,
     Condition,
@@ -42,22 +44,43 @@ def _compare(expr: str, op: str, value: object) -> SQL:
     raise SearchError(f"unknown operator {op!r}")
 
 
+def _has_key(key: str) -> SQL:
+    """Whether ``attrs`` has the attribute, of any type (see ``model.trace.STRING_US``)."""
+    one = "contains(attrs, '" + RS + "' || ? || '{}')"
+    return f"({one.format(US)} OR {one.format(STRING_US)})", [clean(key), clean(key)]
+
+
 def _attribute(key: str, op: str, value: object) -> SQL:
-    """A condition on the flattened text in ``attrs`` (a span's or a resource's)."""
-    has_key = f"contains(attrs, '{RS}' || ? || '{US}')"
+    """A condition on the flattened text in ``attrs`` (a span's or a resource's), typed as
+    TraceQL types it: a string never meets a number or a boolean, whatever its text (a
+    string that reads as one is stored after STRING_US); numbers compare as numbers."""
+    if isinstance(value, bool):
+        if op not in ("=", "!="):
+            return "FALSE", []
+        # != true: the boolean false, not an attribute of another type.
+        wanted = "true" if value == (op == "=") else "false"
+        return "contains(attrs, ?)", [f"{RS}{clean(key)}{US}{wanted}{RS}"]
+    typed = f"{RS}{re.escape(clean(key))}{US}([^{RS}]*){RS}"
+    if isinstance(value, (int, float)):
+        # The text after US that reads as a number (strict: TRY_CAST would take " 1" or "nan").
+        extract = "regexp_extract(attrs, ?, 1)"
+        sql, params = _compare(f"TRY_CAST({extract} AS DOUBLE)", op, float(value))
+        return (
+            f"regexp_full_match({extract}, '{NUMBER_PATTERN}') AND {sql}",
+            [typed, typed, *params],
+        )
     if op == "=" and isinstance(value, str):
         return "contains(attrs, ?)", [attribute_pattern(key, value)]
-    if op == "!=" and isinstance(value, str):
-        return f"{has_key} AND NOT contains(attrs, ?)", [clean(key), attribute_pattern(key, value)]
-    extract = "regexp_extract(attrs, ?, 1)"
-    pattern = f"{RS}{re.escape(clean(key))}{US}([^{RS}]*){RS}"
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        sql, params = _compare(f"TRY_CAST({extract} AS DOUBLE)", op, float(value))
-        return sql, [pattern, *params]
-    if isinstance(value, bool):
-        value = "true" if value else "false"
-    sql, params = _compare(extract, op, value)
-    return f"{has_key} AND {sql}", [clean(key), pattern, *params]
+    # Any other comparison with a string: the value of a string attribute, after STRING_US,
+    # or after US when it does not read as a number or a boolean.
+    either = f"{RS}{re.escape(clean(key))}([{US}{STRING_US}])([^{RS}]*){RS}"
+    sep, text = "regexp_extract(attrs, ?, 1)", "regexp_extract(attrs, ?, 2)"
+    string = (
+        f"({sep} = '{STRING_US}' OR ({sep} = '{US}' AND NOT regexp_full_match({text}, "
+        f"'{NUMBER_PATTERN}|true|false')))"
+    )
+    sql, params = _compare(text, op, value)
+    return f"{string} AND {sql}", [either, either, either, either, *params]
 
 
 def span_condition(cond: Condition) -> SQL:
@@ -99,10 +122,10 @@ def span_condition(cond: Condition) -> SQL:
     else:
         sql, res_params = _attribute(name, op, value)
         res_sql = _IN_RESOURCE.format(sql)
-    has_key = f"contains(attrs, '{RS}' || ? || '{US}')"
+    has_key, key_params = _has_key(name)
     return (
         f"(({has_key} AND {span_sql}) OR (NOT {has_key} AND {res_sql}))",
-        [clean(name), *span_params, clean(name), *res_params],
+        [*key_params, *span_params, *key_params, *res_params],
     )
 
 

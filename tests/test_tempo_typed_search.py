@@ -1,0 +1,215 @@
+"""TraceQL answers as Tempo's do where types and intrinsics decide, end to end.
+
+Real servers (DuckDB, and ClickHouse when its fixture runs), spans made by the OpenTelemetry
+SDK and sent by its OTLP/HTTP protobuf exporter, searches replayed as Grafana's Tempo data
+source sends them (GET ``/api/search`` with ``q``, ``limit``, ``spss``, ``start``, ``end``).
+Tempo's static types decide comparisons (pkg/traceql/enum_statics.go, isMatchingOperand): a
+string never meets an int or a boolean, whatever its text; ints, floats and durations compare
+as numbers.  Each query runs both on the SQL path and on the engine (the same filter after
+``| select(name)``, which only the engine runs), which must agree.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Dict, Iterator, List
+
+import httpx
+import pytest
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.trace import SpanKind, set_span_in_context
+
+from tests.clickhouse_fixture import clickhouse_available
+from tests.clickhouse_fixture import clickhouse_server as clickhouse_server
+from tests.conftest import RunningServer, start_server
+
+SEC = 10**9
+MS = 10**6
+TENANT = "typed"
+BASE_S = int(time.time()) - 2 * 3600
+BASE = BASE_S * SEC
+GRAFANA_HEADERS = {"Accept": "application/json, text/plain, */*", "X-Scope-OrgID": TENANT}
+
+# One span per attribute value, each its own trace: its name says what it holds.
+VALUES: Dict[str, object] = {
+    "int 200": 200,
+    "string 200": "200",
+    "float 200": 200.0,
+    "float 2.5": 2.5,
+    "bool true": True,
+    "string true": "true",
+    "string ok": "ok",
+}
+
+
+@pytest.fixture(scope="module")
+def servers(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Dict[str, RunningServer]]:
+    out = {"duckdb": start_server(tmp_path_factory.mktemp("duckdb") / "data")}
+    try:
+        if clickhouse_available():
+            clickhouse = request.getfixturevalue("clickhouse_server")
+            database = f"hotspan_test_{uuid.uuid4().hex}"
+            clickhouse.command(f"CREATE DATABASE {database}")
+            args = ["--store", clickhouse.url_for(database)]
+            out["clickhouse"] = start_server(tmp_path_factory.mktemp("ch") / "data", args)
+        _send(list(out.values()))
+        yield out
+    finally:
+        for server in out.values():
+            if server.process.poll() is None:
+                server.stop()
+            if server.process.stdout:
+                server.process.stdout.close()
+
+
+def _send(servers: List[RunningServer]) -> None:
+    provider = TracerProvider(resource=Resource.create({"service.name": "typed"}))
+    for server in servers:
+        exporter = OTLPSpanExporter(
+            endpoint=server.url + "/v1/traces", headers={"X-Scope-OrgID": TENANT}, timeout=10
+        )
+        provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracer = provider.get_tracer("typed")
+    for i, (name, value) in enumerate(VALUES.items()):
+        t0 = BASE + i * SEC
+        span = tracer.start_span(name, kind=SpanKind.SERVER, attributes={"v": value}, start_time=t0)
+        span.end(end_time=t0 + 5 * MS)
+    # A root with three children, one of them with a child of its own.
+    t0 = BASE + 30 * SEC
+    root = tracer.start_span("parent of three", start_time=t0)
+    ctx = set_span_in_context(root)
+    for i in range(3):
+        child = tracer.start_span(f"child {i}", context=ctx, start_time=t0 + i * MS)
+        if i == 0:
+            grandchild = tracer.start_span(
+                "grandchild", context=set_span_in_context(child), start_time=t0 + MS
+            )
+            grandchild.end(end_time=t0 + 2 * MS)
+        child.end(end_time=t0 + (i + 3) * MS)
+    root.end(end_time=t0 + 10 * MS)
+    provider.shutdown()
+
+
+def grafana_search(srv: RunningServer, q: str) -> httpx.Response:
+    params = {
+        "q": q,
+        "limit": "50",
+        "spss": "10",
+        "start": str(BASE_S - 60),
+        "end": str(BASE_S + 3600),
+    }
+    with srv.client() as c:
+        return c.get("/api/search", params=params, headers=GRAFANA_HEADERS)
+
+
+def matched(srv: RunningServer, q: str) -> List[str]:
+    r = grafana_search(srv, q)
+    assert r.status_code == 200, (q, r.text)
+    names = {s["name"] for t in r.json().get("traces", []) for s in t["spanSet"]["spans"]}
+    return sorted(names)
+
+
+TYPED = {
+    # A string literal finds strings only, whatever their text.
+    '{span.v = "200"}': ["string 200"],
+    '{span.v != "200"}': ["string ok", "string true"],
+    '{span.v = "true"}': ["string true"],
+    '{span.v =~ "2.*"}': ["string 200"],
+    '{span.v !~ "x.*"}': ["string 200", "string ok", "string true"],
+    '{span.v > "1"}': ["string 200", "string ok", "string true"],
+    # Numbers find ints and floats alike, never strings.
+    "{span.v = 200}": ["float 200", "int 200"],
+    "{span.v = 200.0}": ["float 200", "int 200"],
+    "{span.v != 200}": ["float 2.5"],
+    "{span.v > 2}": ["float 2.5", "float 200", "int 200"],
+    "{span.v < 100}": ["float 2.5"],
+    # Booleans find booleans only.
+    "{span.v = true}": ["bool true"],
+    "{span.v != false}": ["bool true"],
+    "{span.v = false}": [],
+    # Unscoped: the same rules.
+    '{.v = "200"}': ["string 200"],
+    "{.v = 200}": ["float 200", "int 200"],
+}
+
+
+@pytest.mark.parametrize("q", list(TYPED))
+def test_comparisons_follow_tempos_types(servers: Dict[str, RunningServer], q: str) -> None:
+    for name, srv in servers.items():
+        assert matched(srv, q) == TYPED[q], (name, q)
+        # The engine (a pipeline runs there) answers as the SQL does.
+        assert matched(srv, q + " | select(name)") == TYPED[q], (name, q)
+
+
+def test_legacy_tags_search_finds_the_number(servers: Dict[str, RunningServer]) -> None:
+    # Grafana's search form sends tags=; a number-like value finds the number, as Tempo's
+    # http.status_code column does.
+    for srv in servers.values():
+        params = {"tags": "v=200", "start": str(BASE_S - 60), "end": str(BASE_S + 3600)}
+        with srv.client() as c:
+            r = c.get("/api/search", params=params, headers=GRAFANA_HEADERS)
+        assert r.status_code == 200, r.text
+        roots = sorted(t["rootTraceName"] for t in r.json().get("traces", []))
+        assert roots == ["float 200", "int 200"]
+
+
+@pytest.mark.parametrize(
+    "q, expected",
+    [
+        ("{span:childCount = 3}", ["parent of three"]),
+        ("{childCount = 1}", ["child 0"]),
+        ("{span:childCount > 0 && span:childCount < 3}", ["child 0"]),
+    ],
+)
+def test_child_count_at_top_level(
+    servers: Dict[str, RunningServer], q: str, expected: List[str]
+) -> None:
+    for name, srv in servers.items():
+        assert matched(srv, q) == expected, (name, q)
+
+
+# -- time windows: trace by id, tag values ------------------------------------------------------
+
+
+def _trace_id(srv: RunningServer, root: str) -> str:
+    r = grafana_search(srv, f'{{name = "{root}"}}')
+    return r.json()["traces"][0]["traceID"]
+
+
+def test_trace_by_id_is_found_only_in_its_window(servers: Dict[str, RunningServer]) -> None:
+    # Grafana's trace view with "time shift" set: /api/v2/traces/<id>?start=&end= (seconds).
+    for name, srv in servers.items():
+        trace_id = _trace_id(srv, "parent of three")
+        around = {"start": str(BASE_S + 29), "end": str(BASE_S + 31)}
+        before = {"start": str(BASE_S - 7200), "end": str(BASE_S - 3600)}
+        with srv.client() as c:
+            for path in (f"/api/v2/traces/{trace_id}", f"/api/traces/{trace_id}"):
+                r = c.get(path, params=around, headers=GRAFANA_HEADERS)
+                assert r.status_code == 200, (name, path, r.text)
+                r = c.get(path, params=before, headers=GRAFANA_HEADERS)
+                assert r.status_code == 404, (name, path, r.text)
+                assert c.get(path, headers=GRAFANA_HEADERS).status_code == 200
+
+
+def test_tag_values_are_those_of_the_range(servers: Dict[str, RunningServer]) -> None:
+    # Grafana's tag value lookups send start and end with no q: only values of spans in it.
+    window = {"start": str(BASE_S - 60), "end": str(BASE_S + 20)}
+    for name, srv in servers.items():
+        with srv.client() as c:
+            r = c.get("/api/v2/search/tag/name/values", params=window, headers=GRAFANA_HEADERS)
+            assert r.status_code == 200, r.text
+            got = sorted(v["value"] for v in r.json()["tagValues"])
+            assert got == sorted(VALUES), name
+            r = c.get("/api/search/tag/v/values", params=window, headers=GRAFANA_HEADERS)
+            assert sorted(r.json()["tagValues"]) == ["2.5", "200", "ok", "true"], name
+            later = {"start": str(BASE_S + 20), "end": str(BASE_S + 60)}
+            r = c.get("/api/search/tag/v/values", params=later, headers=GRAFANA_HEADERS)
+            assert r.json()["tagValues"] == [], name
+            r = c.get("/api/v2/search/tag/span.v/values", params=later, headers=GRAFANA_HEADERS)
+            assert r.json()["tagValues"] == [], name
