@@ -1,0 +1,1 @@
+"""Coverage-guided fuzzing of the decoders of untrusted uploads (see run.py)."""
