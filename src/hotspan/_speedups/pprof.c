@@ -106,7 +106,11 @@ static PyObject *vec_bytes(const Vec *v) {
 
 typedef struct {
     const uint8_t *p, *end;
+    int depth; /* messages around this one: 0 for the Profile, 1 for a Sample, ... */
 } Reader;
+
+/* upb (the Python decoder) allows 100 levels of messages and groups together. */
+#define MAX_NESTING 100
 
 static int read_varint(Reader *r, uint64_t *out) {
     uint64_t v = 0;
@@ -142,22 +146,24 @@ static int read_len(Reader *r, Reader *sub) {
     if (n > (uint64_t)(r->end - r->p)) return fail("length past the end");
     sub->p = r->p;
     sub->end = r->p + n;
+    sub->depth = r->depth + 1;
     r->p += n;
     return 0;
 }
 
 static int skip(Reader *r, uint32_t field, uint32_t wire);
 
-/* A group (deprecated wire types 3/4): skip fields until the matching end-group key. */
-static int skip_group(Reader *r, uint32_t field, int depth) {
+/* A group (deprecated wire types 3/4): skip fields until the matching end-group key.
+ * ``level``: the messages and groups around it, itself included. */
+static int skip_group(Reader *r, uint32_t field, int level) {
     uint32_t f, w;
-    if (depth > 64) return fail("groups nested too deep");
+    if (level > MAX_NESTING) return fail("groups nested too deep");
     for (;;) {
         if (read_key(r, &f, &w) < 0) return -1;
         if (f == 0) return fail("unterminated group");
         if (w == 4) return f == field ? 0 : fail("mismatched end of group");
         if (w == 3) {
-            if (skip_group(r, f, depth + 1) < 0) return -1;
+            if (skip_group(r, f, level + 1) < 0) return -1;
         } else if (skip(r, f, w) < 0) {
             return -1;
         }
@@ -168,7 +174,7 @@ static int skip(Reader *r, uint32_t field, uint32_t wire) {
     uint64_t v;
     Reader sub;
     switch (wire) {
-        case 3: return skip_group(r, field, 0);
+        case 3: return skip_group(r, field, r->depth + 1);
         case 0: return read_varint(r, &v);
         case 1:
             if (r->end - r->p < 8) return fail("truncated fixed64");
@@ -371,7 +377,7 @@ static int decode_top(Decoder *d, const uint8_t *base, Reader *r) {
 
 static int decode_functions(Decoder *d, const uint8_t *base) {
     for (Py_ssize_t i = 0; i < d->function_pos.len; i += 2) {
-        Reader r = {base + d->function_pos.data[i], base + d->function_pos.data[i] + d->function_pos.data[i + 1]};
+        Reader r = {base + d->function_pos.data[i], base + d->function_pos.data[i] + d->function_pos.data[i + 1], 1};
         int64_t id = 0, name = 0, system_name = 0, file = 0;
         uint32_t f, w;
         for (;;) {
@@ -394,7 +400,7 @@ static int decode_functions(Decoder *d, const uint8_t *base) {
 
 static int decode_mappings(Decoder *d, const uint8_t *base) {
     for (Py_ssize_t i = 0; i < d->mapping_pos.len; i += 2) {
-        Reader r = {base + d->mapping_pos.data[i], base + d->mapping_pos.data[i] + d->mapping_pos.data[i + 1]};
+        Reader r = {base + d->mapping_pos.data[i], base + d->mapping_pos.data[i] + d->mapping_pos.data[i + 1], 1};
         int64_t id = 0, file = 0;
         uint32_t f, w;
         for (;;) {
@@ -417,7 +423,7 @@ static int repair_function_ids(Decoder *d, const uint8_t *base) {
     for (Py_ssize_t i = 0; i < d->fn_id.len; i++)
         if (d->fn_id.data[i] != 0) return 0;
     for (Py_ssize_t i = 0; i < d->location_pos.len; i += 2) {
-        Reader r = {base + d->location_pos.data[i], base + d->location_pos.data[i] + d->location_pos.data[i + 1]};
+        Reader r = {base + d->location_pos.data[i], base + d->location_pos.data[i] + d->location_pos.data[i + 1], 1};
         int64_t id = 0;
         uint32_t f, w;
         for (;;) {
@@ -453,7 +459,7 @@ static int decode_locations(Decoder *d, const uint8_t *base) {
     if (build_lookup(&fn_index, &d->fn_id) < 0 || build_lookup(&map_index, &d->map_id) < 0) goto done;
     if (vec_push(&d->loc_frame_off, 0) < 0) goto done;
     for (Py_ssize_t i = 0; i < d->location_pos.len; i += 2) {
-        Reader r = {base + d->location_pos.data[i], base + d->location_pos.data[i] + d->location_pos.data[i + 1]};
+        Reader r = {base + d->location_pos.data[i], base + d->location_pos.data[i] + d->location_pos.data[i + 1], 1};
         int64_t id = 0, mapping = 0, address = 0;
         uint32_t f, w;
         lines.len = 0;
@@ -508,7 +514,7 @@ static int decode_samples(Decoder *d, const uint8_t *base) {
     if (build_lookup(&loc_index, &d->loc_id) < 0) goto done;
     if (vec_push(&d->frame_off, 0) < 0) goto done;
     for (Py_ssize_t i = 0; i < d->sample_pos.len; i += 2) {
-        Reader r = {base + d->sample_pos.data[i], base + d->sample_pos.data[i] + d->sample_pos.data[i + 1]};
+        Reader r = {base + d->sample_pos.data[i], base + d->sample_pos.data[i] + d->sample_pos.data[i + 1], 1};
         Py_ssize_t sample = i / 2;
         uint32_t f, w;
         d->tmp_locs.len = 0;

@@ -115,6 +115,9 @@ def to_batch(
     sample_types = [text(t) for t in profile.sample_types[:, 0].tolist()]
     if "dotnet" in spy:
         sample_types = [t.replace("-", "_") for t in sample_types]  # old .NET agents
+    if not all(sample_types):
+        # It would name a profile type no query can ask for (``name::unit:...``).
+        raise FormatError("malformed pprof: a sample type without a name")
     sample_units = [text(u) for u in profile.sample_types[:, 1].tolist()]
     if sample_type_config is None:
         display = DEFAULT_DISPLAY_NAMES
@@ -220,7 +223,7 @@ def _apply_labels(
         elif key == TRACE_LABEL:
             if _HEX32.fullmatch(value):
                 trace[sample] = value.lower()
-        elif value:
+        elif value and key:  # a label without a name names no series label
             per_sample.setdefault(sample, []).append((sanitize_label_name(key), value))
     groups: List[Tuple[Tuple[str, str], ...]] = [()]
     index: Dict[Tuple[Tuple[str, str], ...], int] = {(): 0}
