@@ -114,12 +114,14 @@ def _int(value: object) -> int:
     """An event's integer field; absent or malformed counts as 0, huge ones are capped."""
     if not isinstance(value, int):
         return 0
-    return min(value, MAX_SAMPLE_VALUE)
+    return min(int(value), MAX_SAMPLE_VALUE)
 
 
 def _id(value: object) -> int:
-    """An id field (context, span, string); 0 when absent."""
-    return value if isinstance(value, int) and 0 <= value < 1 << 64 else 0
+    """An id field (context, span, string); 0 when absent.  A field the metadata declares
+    ``boolean`` reads as a bool: as an id it is the integer, not a bool (which the labels
+    snapshot's maps refuse as a key)."""
+    return int(value) if isinstance(value, int) and 0 <= value < 1 << 64 else 0
 
 
 def parse(data: bytes, sample_rate: int, max_values: int = MAX_VALUES) -> JfrProfiles:
