@@ -15,7 +15,7 @@ from hotspan.model.labels import (
     SelectorError,
     parse_selector,
 )
-from hotspan.model.profile import MAX_SUM, ProfileType
+from hotspan.model.profile import MAX_SUM, Frame, ProfileType
 from hotspan.query import flamegraph, heatmap
 from hotspan.query.exemplars import (
     Exemplar,
@@ -67,6 +67,17 @@ class TimeSeries:
     values: List[float]
     # Per point, the exemplars behind it (when asked for): at most one, the largest.
     exemplars: List[List[Exemplar]] = field(default_factory=list)
+
+
+@dataclass
+class QueryAnalysis:
+    """What a query over a time range reads, for AnalyzeQuery: the tenant's series, profiles
+    and an estimate of their bytes in the range, and the series the query selects."""
+
+    series: int
+    profiles: int
+    bytes: int
+    queried_series: int
 
 
 class QueryEngine:
@@ -141,6 +152,37 @@ class QueryEngine:
                 out.append(dict(key))
         return sorted(out, key=lambda d: sorted(d.items()))
 
+    def analyze(
+        self, tenant: str, selector: Optional[Selector], start_ns: int, end_ns: int
+    ) -> QueryAnalysis:
+        """Figures for AnalyzeQuery.  Profiles are counted per series and distinct sample
+        time, as the store keeps them; the bytes are the store's size times the share of the
+        tenant's profiles that fall in the range."""
+        in_range = self.find_series(tenant, [], start_ns, end_ns)
+        queried = self.find_series(tenant, [selector] if selector else [], start_ns, end_ns)
+        profiles = self._profile_count(tenant, in_range, start_ns, end_ns)
+        size = self.store.size_bytes() or 0
+        estimate = 0
+        if profiles and size:
+            every = self.store.series(tenant)
+            first = min(rec.first_ts for rec in every)
+            last = max(rec.last_ts for rec in every) + 1
+            total = self._profile_count(tenant, every, first, last)
+            estimate = size * min(profiles, total) // max(total, 1)
+        return QueryAnalysis(len(in_range), profiles, estimate, len(queried))
+
+    def _profile_count(
+        self, tenant: str, series: Sequence[SeriesRecord], start_ns: int, end_ns: int
+    ) -> int:
+        if not series:
+            return 0
+        where = SampleFilter(start_ns, end_ns)
+        # One step for the whole range: the store counts each series' distinct sample times.
+        _, _, _, counts = self.store.time_series(
+            tenant, [s.series_id for s in series], where, max(end_ns - start_ns, 1)
+        )
+        return int(np.asarray(counts, dtype=np.int64).sum())
+
     # -- profiles ----------------------------------------------------------------------------
 
     def stack_values(
@@ -206,6 +248,14 @@ class QueryEngine:
         matrix, lengths, known = self._matrix(ids)
         return flamegraph.build(matrix, lengths, both[known], self.stacks.names, max_nodes)
 
+    def tree(self, values: StackValues, max_nodes: Optional[int] = DEFAULT_MAX_NODES) -> bytes:
+        """The stacks as Pyroscope's serialized tree (``format=PROFILE_FORMAT_TREE``)."""
+        _check_total(values)
+        matrix, lengths, known = self._matrix(values.stack_ids)
+        return flamegraph.tree_bytes(
+            matrix, lengths, values.values[known], self.stacks.names, max_nodes
+        )
+
     def pprof(
         self,
         profile_type: ProfileType,
@@ -213,17 +263,29 @@ class QueryEngine:
         where: SampleFilter,
         max_nodes: Optional[int] = None,
     ) -> Profile:
+        """The stacks as a pprof profile.  With ``max_nodes``, as Pyroscope truncates one:
+        the frames of nodes lighter than the ``max_nodes``-th heaviest of the call tree
+        become one frame named ``other`` under their parent, so no value is lost."""
         rows = self.stacks.rows(values.stack_ids)
         known = rows >= 0
         matrix, lengths = self.stacks.matrix(rows[known], frames=True)
         vals = values.values[known]
-        if max_nodes and len(vals) > max_nodes:
-            keep = np.argsort(vals)[::-1][:max_nodes]
-            matrix, lengths, vals = matrix[keep], lengths[keep], vals[keep]
-        builder = ProfileBuilder.of_type(profile_type)
         frames = self.stacks.frames
-        for row, length, value in zip(matrix.tolist(), lengths.tolist(), vals.tolist()):
-            builder.add((frames[f] for f in row[:length]), value)
+        cols = np.arange(matrix.shape[1])
+        valid = cols[None, :] < lengths[:, None]
+        # Dense indexes instead of frame ids (signed hashes): -1 pads, len(ids) is "other".
+        ids, dense = np.unique(matrix[valid], return_inverse=True)
+        stacks = np.full(matrix.shape, -1, dtype=np.int64)
+        stacks[valid] = dense.reshape(-1)
+        frame_of = [frames[f] for f in ids.tolist()] + [Frame(flamegraph.OTHER)]
+        if max_nodes:
+            _check_total(values)
+            stacks, lengths, vals = flamegraph.truncated_stacks(
+                stacks, lengths, vals, max_nodes, len(ids)
+            )
+        builder = ProfileBuilder.of_type(profile_type)
+        for row, length, value in zip(stacks.tolist(), lengths.tolist(), vals.tolist()):
+            builder.add((frame_of[f] for f in row[:length]), value)
         builder.profile.time_nanos = where.start_ns
         builder.profile.duration_nanos = max(where.end_ns - where.start_ns, 0)
         return builder.profile

@@ -14,9 +14,11 @@ named ``other``.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List, Optional, Sequence
+from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
+
+from hotspan.formats import pyroscope_tree
 
 TOTAL = "total"
 OTHER = "other"
@@ -41,19 +43,19 @@ class _Level:
     name: np.ndarray  # (m,) name ranks
 
 
-def build(
+def _prepare(
     stacks: np.ndarray,
     lengths: np.ndarray,
     values: np.ndarray,
     names: Sequence[str],
-    max_nodes: Optional[int] = None,
-) -> FlameGraph:
-    """``stacks``: (n, depth) name indexes into ``names``, root first, -1 padded;
-    ``values``: (n,) or (n, k) non-negative sample values."""
+    max_nodes: Optional[int],
+    pyroscope_ties: bool,
+):  # type: ignore[no-untyped-def]
+    """Rows ranked by name, sorted, with the smallest nodes folded into ``other``: returns
+    (ranked, lengths, values, starts, names of the ranks, rank of ``other``, totals)."""
     values = np.asarray(values, dtype=np.int64)
     if values.ndim == 1:
         values = values[:, None]
-    k = values.shape[1]
     keep = values.any(axis=1) & (lengths > 0)
     stacks, lengths, values = stacks[keep], lengths[keep], values[keep]
     totals = values.sum(axis=0)
@@ -69,11 +71,30 @@ def build(
 
     ranked, lengths, values = _sort(ranked, lengths, values)
     starts = _boundaries(ranked)
-    if max_nodes and max_nodes > 0 and int((starts & (ranked != _PAD)).sum()) + 1 > max_nodes:
-        ranked, lengths = _fold_small(ranked, lengths, values, starts, max_nodes, other_rank)
-        # Folding moves "other" after its siblings: sort again (the only second sort).
-        ranked, lengths, values = _sort(ranked, lengths, values)
-        starts = _boundaries(ranked)
+    # A flame graph's root counts as one of its nodes; a tree has no such node.
+    nodes = int((starts & (ranked != _PAD)).sum()) + (0 if pyroscope_ties else 1)
+    if max_nodes and 0 < max_nodes < nodes:
+        folded = _fold_small(ranked, lengths, values, starts, max_nodes, other_rank, pyroscope_ties)
+        if folded is not None:
+            # Folding moves "other" after its siblings: sort again (the only second sort).
+            ranked, lengths, values = _sort(folded[0], folded[1], values)
+            starts = _boundaries(ranked)
+    return ranked, lengths, values, starts, out_names, other_rank, totals
+
+
+def build(
+    stacks: np.ndarray,
+    lengths: np.ndarray,
+    values: np.ndarray,
+    names: Sequence[str],
+    max_nodes: Optional[int] = None,
+) -> FlameGraph:
+    """``stacks``: (n, depth) name indexes into ``names``, root first, -1 padded;
+    ``values``: (n,) or (n, k) non-negative sample values."""
+    ranked, lengths, values, starts, out_names, other_rank, totals = _prepare(
+        stacks, lengths, values, names, max_nodes, False
+    )
+    k = values.shape[1]
     levels = _levels(ranked, lengths, values, starts)
 
     root = np.concatenate([[0, int(t), 0] for t in totals] + [[0]]).astype(np.int64)
@@ -93,6 +114,90 @@ def build(
     if not (ranked == other_rank).any():
         out_names.pop()
     return FlameGraph(out_names, encoded, [int(t) for t in totals], max_self)
+
+
+def tree_bytes(
+    stacks: np.ndarray,
+    lengths: np.ndarray,
+    values: np.ndarray,
+    names: Sequence[str],
+    max_nodes: Optional[int] = None,
+) -> bytes:
+    """The stacks as Pyroscope's serialized tree (:mod:`hotspan.formats.pyroscope_tree`).
+    As Pyroscope truncates a tree: when it has over ``max_nodes`` nodes, those lighter than
+    the ``max_nodes``-th heaviest are folded, per parent, into a node named ``other``."""
+    ranked, lengths, values, starts, out_names, _, _ = _prepare(
+        stacks, lengths, values, names, max_nodes, True
+    )
+    n = len(ranked)
+    if n == 0:
+        return b""
+    weight = values[:, 0]
+    firsts, depths, own, name_ranks, children = [], [], [], [], []
+    prev: Optional[Tuple[np.ndarray, np.ndarray]] = None
+    for d in range(ranked.shape[1]):
+        group_first = np.flatnonzero(starts[:, d])
+        group_last = np.append(group_first[1:], n)
+        real = ranked[group_first, d] != _PAD
+        first, last = group_first[real], group_last[real]
+        if len(first) == 0:
+            break
+        ends_here = np.concatenate([[0], np.cumsum(np.where(lengths == d + 1, weight, 0))])
+        own.append(ends_here[last] - ends_here[first])
+        firsts.append(first)
+        depths.append(np.full(len(first), d, dtype=np.int64))
+        name_ranks.append(ranked[first, d])
+        if prev is not None:
+            children.append(_child_counts(prev[0], prev[1], first))
+        prev = (first, last)
+    if prev is not None:
+        children.append(np.zeros(len(prev[0]), dtype=np.int64))
+    first_all = np.concatenate(firsts)
+    depth_all = np.concatenate(depths)
+    order = np.lexsort((depth_all, first_all))
+    return pyroscope_tree.encode(
+        out_names,
+        np.concatenate(name_ranks)[order].tolist(),
+        np.concatenate(own)[order].tolist(),
+        np.concatenate(children)[order].tolist(),
+    )
+
+
+def _child_counts(first: np.ndarray, last: np.ndarray, child_first: np.ndarray) -> np.ndarray:
+    """How many of the nodes one level down (by first row) start within each [first, last)."""
+    return np.searchsorted(child_first, last) - np.searchsorted(child_first, first)
+
+
+def truncated_stacks(
+    stacks: np.ndarray,
+    lengths: np.ndarray,
+    values: np.ndarray,
+    max_nodes: int,
+    other: int,
+) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Stacks of ids (root first, -1 padded) cut as Pyroscope cuts a profile to ``max_nodes``
+    nodes: in the tree of the stacks, every node lighter than the ``max_nodes``-th heaviest
+    (with its subtree) becomes the id ``other`` under its parent.  Identical stacks are then
+    merged, so the values' total is unchanged.  Returns (stacks, lengths, values)."""
+    values = np.asarray(values, dtype=np.int64)
+    keep = (values != 0) & (lengths > 0)
+    stacks, lengths, values = stacks[keep], lengths[keep], values[keep][:, None]
+    ranked = np.where(stacks >= 0, stacks.astype(np.int64), _PAD)
+    ranked, lengths, values = _sort(ranked, lengths, values)
+    starts = _boundaries(ranked)
+    folded = _fold_small(ranked, lengths, values, starts, max_nodes, other, True)
+    if folded is not None:
+        ranked, lengths = folded
+    out = np.where(ranked == _PAD, -1, ranked)
+    if len(out) == 0:
+        return out, lengths, values[:, 0]
+    unique, inverse = np.unique(out, axis=0, return_inverse=True)
+    inverse = inverse.reshape(-1)
+    sums = np.zeros(len(unique), dtype=np.int64)
+    np.add.at(sums, inverse, values[:, 0])
+    unique_lengths = np.zeros(len(unique), dtype=np.int64)
+    unique_lengths[inverse] = lengths
+    return unique, unique_lengths, sums
 
 
 def _sort(ranked: np.ndarray, lengths: np.ndarray, values: np.ndarray):  # type: ignore[no-untyped-def]
@@ -151,9 +256,16 @@ def _fold_small(
     starts: np.ndarray,
     max_nodes: int,
     other_rank: int,
+    pyroscope_ties: bool = False,
 ):  # type: ignore[no-untyped-def]
-    """Replace every node smaller than the ``max_nodes``-th largest (and its subtree) by
-    ``other`` under its parent.  Takes sorted rows; returns (ranked, lengths), unsorted."""
+    """Replace every node too small to be among the ``max_nodes`` largest (and its subtree)
+    by ``other`` under its parent.  Takes sorted rows; returns (ranked, lengths), unsorted,
+    or None when the rows have no more than ``max_nodes`` nodes.
+
+    A flame graph counts its root among the nodes and keeps only nodes heavier than the
+    first one that does not fit, so that ties at the boundary cannot push the count over the
+    limit.  With ``pyroscope_ties`` (trees and pprof, as Pyroscope truncates them) the root
+    is not counted and nodes as heavy as the ``max_nodes``-th heaviest are kept."""
     weight = values.sum(axis=1)
     n, depth = ranked.shape
     csum = np.concatenate([[0], np.cumsum(weight)])
@@ -165,11 +277,17 @@ def _fold_small(
         group_total = csum[last] - csum[first]
         node_weight[:, d] = group_total[np.cumsum(starts[:, d]) - 1]
         all_weights.append(group_total[ranked[first, d] != _PAD])
-    weights = np.sort(np.concatenate(all_weights))[::-1]
-    # Keep only nodes heavier than the first one that does not fit, so that ties at the
-    # boundary cannot push the count over the limit.
-    keep = max(max_nodes - 1, 1)  # the root counts too
-    threshold = weights[keep] + 1 if len(weights) > keep else 0
+    weights = np.sort(np.concatenate(all_weights) if all_weights else np.zeros(0, np.int64))
+    weights = weights[::-1]
+    if pyroscope_ties:
+        if len(weights) <= max_nodes:
+            return None
+        threshold = weights[max_nodes - 1]
+    else:
+        if len(weights) + 1 <= max_nodes:
+            return None
+        keep = max(max_nodes - 1, 1)  # the root counts too
+        threshold = weights[keep] + 1 if len(weights) > keep else 0
     cols = np.arange(depth)
     small = (node_weight < threshold) & (cols[None, :] < lengths[:, None])
     cut_rows = np.flatnonzero(small.any(axis=1))

@@ -33,6 +33,20 @@ from hotspan.store.base import StoreError
 FOLDED_FORMATS = ("", "folded", "groups", "collapsed")
 
 
+class PreviousProfileError(Exception):
+    """An upload with a ``prev_profile`` part: older pyroscope-go agents send their mutex and
+    block profiles cumulative, with the previous upload beside the current one for the server
+    to subtract.  Pyroscope refuses such uploads (422) rather than store counts that only
+    grow, and so does hotspan, with the same message."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            "parsing IngestInput-pprof failed failed to parse pprof /ingest multipart form "
+            "unsupported client version. Please update github.com/grafana/pyroscope-go to "
+            "the latest version"
+        )
+
+
 async def commit(state: ServerState, tenant: str, batch: IngestBatch) -> None:
     """Hand the batch to the store and return once it is durable.  Every ingest path ends
     here (or in :func:`commit_sync`), so that is where the server redacts."""
@@ -114,6 +128,9 @@ async def ingest(request: Request) -> Response:
                 400, f"unknown format {fmt!r} (use folded, lines, pprof, jfr or speedscope)"
             )
         await commit(state, tenant, batch)
+    except PreviousProfileError as exc:
+        # Pyroscope's answer, word for word, so that an old agent logs what to do.
+        return JSONResponse({"code": "unknown", "message": str(exc)}, status_code=422)
     except FormatError as exc:
         return Response(f"bad profile: {exc}\n", status_code=400)
     except HTTPError as exc:
@@ -145,6 +162,9 @@ async def _ingest_pprof(
     sample_type_config: Optional[dict] = None
     if ctype.startswith("multipart/form-data"):
         form = await _form(request, config.max_body_bytes)
+        previous = form.get("prev_profile")
+        if previous is not None and await _field_bytes(previous):
+            raise PreviousProfileError()
         part = form.get("profile")
         if part is None:
             hint = " (a JFR upload needs format=jfr)" if "jfr" in form else ""

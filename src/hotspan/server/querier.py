@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Callable, List, Optional, Sequence, Tuple
+from typing import Callable, List, Optional, Sequence, Tuple, TypeVar
 
+from google.protobuf.message import Message
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import Response
@@ -21,7 +22,7 @@ from hotspan.model.labels import Selector, SelectorError, parse_selector
 from hotspan.model.profile import MAX_TIME_NS, ProfileType, ProfileTypeError, span_id_to_int
 from hotspan.query.engine import DEFAULT_MAX_NODES, QueryError
 from hotspan.query.exemplars import Exemplar
-from hotspan.query.flamegraph import to_message
+from hotspan.query.flamegraph import FlameGraph, to_message
 from hotspan.query.heatmap import Heatmap
 from hotspan.server.connect import read_message, unary, write_message
 from hotspan.server.errors import HTTPError
@@ -30,9 +31,12 @@ from hotspan.server.state import ServerState
 from hotspan.store.base import SampleFilter, StackValues
 
 SERVICE = "/querier.v1.QuerierService"
+M = TypeVar("M", bound=Message)
 MS = 1_000_000
 DEFAULT_RANGE_MS = 3600 * 1000
-MAX_NODES_LIMIT = 1_000_000
+# As Pyroscope's -querier.max-flamegraph-nodes-max: a request for more nodes is refused
+# (-querier.max-flamegraph-nodes-default is DEFAULT_MAX_NODES, 8192).
+MAX_NODES_LIMIT = 1 << 20
 # Longer steps than this would carry point times past 64-bit nanoseconds.
 MAX_STEP_S = 10 * 366 * 86400
 # Points of a series (time slots of a heatmap) in one answer.
@@ -89,26 +93,37 @@ def selector(text: str) -> Selector:
         raise HTTPError(400, f"bad label selector {text!r}: {exc}") from None
 
 
+def check_max_nodes(value: int) -> int:
+    """A request's max nodes as Pyroscope's querier takes it: 0 is the default
+    (DEFAULT_MAX_NODES), over MAX_NODES_LIMIT or negative is an invalid_argument that names
+    the limit."""
+    if value == 0:
+        return DEFAULT_MAX_NODES
+    if value > MAX_NODES_LIMIT:
+        raise HTTPError(
+            400, f"max flamegraph nodes limit {value} is greater than allowed {MAX_NODES_LIMIT}"
+        )
+    if value < 0:
+        raise HTTPError(
+            400, f"max flamegraph nodes limit must be set (max allowed {MAX_NODES_LIMIT})"
+        )
+    return value
+
+
 def max_nodes(msg, field: str = "max_nodes") -> int:  # type: ignore[no-untyped-def]
-    if msg.HasField(field):
-        value = getattr(msg, field)
-        if value < 0:
-            raise HTTPError(400, f"max_nodes must not be negative, got {value}")
-        return min(value, MAX_NODES_LIMIT) or DEFAULT_MAX_NODES
-    return DEFAULT_MAX_NODES
+    """A message's ``max_nodes``: absent or 0 is the default."""
+    return check_max_nodes(getattr(msg, field) if msg.HasField(field) else 0)
 
 
-def max_nodes_value(text: Optional[str]) -> int:
-    """``maxNodes`` from a query string: absent or 0 is the default."""
+def max_nodes_value(text: Optional[str], name: str = "maxNodes") -> int:
+    """``maxNodes`` (or ``max-nodes``) from a query string: absent or 0 is the default."""
     if not text:
         return DEFAULT_MAX_NODES
     try:
         value = int(text)
     except ValueError:
-        raise HTTPError(400, f"maxNodes must be an integer, got {text!r}") from None
-    if value < 0:
-        raise HTTPError(400, f"maxNodes must not be negative, got {value}")
-    return min(value, MAX_NODES_LIMIT) or DEFAULT_MAX_NODES
+        raise HTTPError(400, f"{name} must be an integer, got {text!r}") from None
+    return check_max_nodes(value)
 
 
 def span_ids(texts: Sequence[str]) -> List[int]:
@@ -229,33 +244,60 @@ async def _stack_values(
     return ptype, where, values
 
 
+async def _answer(request: Request, build: Callable[[], Message]) -> Response:
+    """The message built and serialized on a worker thread: a flame graph of many nodes
+    takes long enough to encode (protojson above all) to stall every other request."""
+    return await run_in_threadpool(lambda: write_message(request, build()))
+
+
+def _flamegraph_message(graph: FlameGraph, cls: Callable[[], M]) -> Callable[[], M]:
+    def build() -> M:
+        resp = cls()
+        to_message(graph, resp.flamegraph)  # type: ignore[attr-defined]
+        return resp
+
+    return build
+
+
 @unary
 async def select_merge_stacktraces(request: Request) -> Response:
     state, tenant = query_state(request)
     req = await read_message(request, state.config, querier_pb2.SelectMergeStacktracesRequest)
+    fmt = req.format
+    if fmt not in (
+        querier_pb2.PROFILE_FORMAT_UNSPECIFIED,
+        querier_pb2.PROFILE_FORMAT_FLAMEGRAPH,
+        querier_pb2.PROFILE_FORMAT_TREE,
+        querier_pb2.PROFILE_FORMAT_PPROF,
+    ):
+        raise HTTPError(
+            400, "only the flamegraph, tree and pprof formats are supported", "unimplemented"
+        )
+    # Checked before any data is read, as Pyroscope does (pprof takes its own limit).
+    limit = max_nodes(req) if fmt != querier_pb2.PROFILE_FORMAT_PPROF else None
     spans = selected_span_ids(req.span_selector)
     ptype, where, values = await _stack_values(
         state, tenant, req.profile_typeID, req.label_selector, req.start, req.end, spans, req
     )
     resp = querier_pb2.SelectMergeStacktracesResponse()
-    if req.format == querier_pb2.PROFILE_FORMAT_PPROF:
+    if fmt == querier_pb2.PROFILE_FORMAT_PPROF:
         profile = await _run(state.engine.pprof, ptype, values, where, None)
         resp.pprof.profile.CopyFrom(profile)
-    elif req.format in (
-        querier_pb2.PROFILE_FORMAT_UNSPECIFIED,
-        querier_pb2.PROFILE_FORMAT_FLAMEGRAPH,
-    ):
-        graph = await _run(state.engine.flamegraph, values, max_nodes(req))
-        to_message(graph, resp.flamegraph)
-    else:
-        raise HTTPError(400, "only the flamegraph and pprof formats are supported", "unimplemented")
-    return write_message(request, resp)
+        return await _answer(request, lambda: resp)
+    if fmt == querier_pb2.PROFILE_FORMAT_TREE:
+        resp.tree = await _run(state.engine.tree, values, limit)
+        return await _answer(request, lambda: resp)
+    graph = await _run(state.engine.flamegraph, values, limit)
+    return await _answer(
+        request, _flamegraph_message(graph, querier_pb2.SelectMergeStacktracesResponse)
+    )
 
 
 @unary
 async def select_merge_span_profile(request: Request) -> Response:
     state, tenant = query_state(request)
     req = await read_message(request, state.config, querier_pb2.SelectMergeSpanProfileRequest)
+    limit = max_nodes(req)
     if not req.span_selector:
         raise HTTPError(400, "span_selector must list at least one span id")
     spans = span_ids(req.span_selector)
@@ -264,22 +306,28 @@ async def select_merge_span_profile(request: Request) -> Response:
     _, _, values = await _stack_values(
         state, tenant, req.profile_typeID, req.label_selector, req.start, req.end, spans
     )
-    graph = await _run(state.engine.flamegraph, values, max_nodes(req))
-    resp = querier_pb2.SelectMergeSpanProfileResponse()
-    to_message(graph, resp.flamegraph)
-    return write_message(request, resp)
+    # As Pyroscope: the tree when asked for, a flame graph for every other format.
+    if req.format == querier_pb2.PROFILE_FORMAT_TREE:
+        tree = await _run(state.engine.tree, values, limit)
+        return await _answer(request, lambda: querier_pb2.SelectMergeSpanProfileResponse(tree=tree))
+    graph = await _run(state.engine.flamegraph, values, limit)
+    return await _answer(
+        request, _flamegraph_message(graph, querier_pb2.SelectMergeSpanProfileResponse)
+    )
 
 
 @unary
 async def select_merge_profile(request: Request) -> Response:
     state, tenant = query_state(request)
     req = await read_message(request, state.config, querier_pb2.SelectMergeProfileRequest)
+    # Absent or 0: the whole profile (a pprof export must not be cut); otherwise checked
+    # against the same limit as every flame graph, and truncated into "other" nodes.
+    limit = max_nodes(req) if req.HasField("max_nodes") and req.max_nodes != 0 else None
     ptype, where, values = await _stack_values(
         state, tenant, req.profile_typeID, req.label_selector, req.start, req.end, None, req
     )
-    limit = max_nodes(req) if req.HasField("max_nodes") else None
     profile = await _run(state.engine.pprof, ptype, values, where, limit)
-    return write_message(request, profile)
+    return await _answer(request, lambda: profile)
 
 
 def exemplar_kind(value: int, allowed: Sequence[str] = ("individual", "span")) -> Optional[str]:
@@ -413,6 +461,8 @@ async def diff(request: Request) -> Response:
     req = await read_message(request, state.config, querier_pb2.DiffRequest)
     if not req.left.profile_typeID or not req.right.profile_typeID:
         raise HTTPError(400, "left and right selections both need a profile_typeID")
+    # As Pyroscope: the larger of the two sides' max nodes, checked before any data is read.
+    limit = check_max_nodes(max(req.left.max_nodes, req.right.max_nodes))
     # Each side is a SelectMergeStacktracesRequest and is narrowed the same way: by label
     # selector, trace ids and span ids (the UI compares two spans or two traces this way).
     sides = []
@@ -429,11 +479,8 @@ async def diff(request: Request) -> Response:
         )
         sides.append(values)
     left, right = sides
-    limit = max(max_nodes(req.left), max_nodes(req.right))
     graph = await _run(state.engine.diff, left, right, limit)
-    resp = querier_pb2.DiffResponse()
-    to_message(graph, resp.flamegraph)
-    return write_message(request, resp)
+    return await _answer(request, _flamegraph_message(graph, querier_pb2.DiffResponse))
 
 
 @unary
@@ -449,6 +496,36 @@ async def get_profile_stats(request: Request) -> Response:
     return write_message(request, resp)
 
 
+# The scope AnalyzeQuery names per store: hotspan reads one store, no blocks or replicas.
+_STORE_SCOPES = {"DuckDBStore": "Embedded store (DuckDB)", "ClickHouseStore": "ClickHouse"}
+
+
+@unary
+async def analyze_query(request: Request) -> Response:
+    """What a query would read, in Pyroscope's shape: one scope for hotspan's store (series,
+    profiles and the bytes they take in the range) and the query's impact.  As Pyroscope, no
+    range (start or end 0) answers an empty analysis."""
+    state, tenant = query_state(request)
+    req = await read_message(request, state.config, querier_pb2.AnalyzeQueryRequest)
+    resp = querier_pb2.AnalyzeQueryResponse()
+    if req.start == 0 or req.end == 0:
+        return write_message(request, resp)
+    start, end = time_range(req.start, req.end)
+    sel = selector(req.query) if req.query.strip() else None
+    found = await _run(state.engine.analyze, tenant, sel, start, end)
+    store = type(state.store).__name__
+    resp.query_scopes.add(
+        component_type=_STORE_SCOPES.get(store, store),
+        component_count=1,
+        series_count=found.series,
+        profile_count=found.profiles,
+        profile_bytes=found.bytes,
+    )
+    resp.query_impact.total_bytes_in_time_range = found.bytes
+    resp.query_impact.total_queried_series = found.queried_series
+    return write_message(request, resp)
+
+
 routes = [
     Route(f"{SERVICE}/ProfileTypes", profile_types, methods=["POST"]),
     Route(f"{SERVICE}/LabelNames", label_names, methods=["POST"]),
@@ -461,4 +538,5 @@ routes = [
     Route(f"{SERVICE}/SelectHeatmap", select_heatmap, methods=["POST"]),
     Route(f"{SERVICE}/Diff", diff, methods=["POST"]),
     Route(f"{SERVICE}/GetProfileStats", get_profile_stats, methods=["POST"]),
+    Route(f"{SERVICE}/AnalyzeQuery", analyze_query, methods=["POST"]),
 ]

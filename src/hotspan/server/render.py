@@ -14,9 +14,10 @@ from hotspan.formats import ingest_params
 from hotspan.formats.errors import FormatError
 from hotspan.model.labels import SERVICE_NAME, Matcher, Selector, SelectorError, parse_selector
 from hotspan.model.profile import ProfileType, ProfileTypeError
-from hotspan.query.engine import DEFAULT_MAX_NODES, QueryError
+from hotspan.query.engine import QueryError
 from hotspan.query.flamegraph import FlameGraph
 from hotspan.server.errors import HTTPError
+from hotspan.server.querier import max_nodes_value
 from hotspan.server.request import query_state
 from hotspan.server.state import ServerState
 from hotspan.store.base import SampleFilter
@@ -113,12 +114,10 @@ def _timeline(
 
 
 def _max_nodes(request: Request) -> int:
-    raw = request.query_params.get("max-nodes") or request.query_params.get("maxNodes")
-    if not raw:
-        return DEFAULT_MAX_NODES
-    if not raw.isdigit():
-        raise HTTPError(400, f"max-nodes must be a positive integer, got {raw!r}")
-    return int(raw) or DEFAULT_MAX_NODES
+    """``max-nodes`` (or ``maxNodes``), with the querier's default and limit."""
+    params = request.query_params
+    name = "maxNodes" if params.get("maxNodes") else "max-nodes"
+    return max_nodes_value(params.get(name), name)
 
 
 def _guard(fn):  # type: ignore[no-untyped-def]
@@ -167,6 +166,7 @@ def render(request: Request, state: ServerState, tenant: str) -> Dict[str, Any]:
 
 @_guard
 def render_diff(request: Request, state: ServerState, tenant: str) -> Dict[str, Any]:
+    limit = _max_nodes(request)
     left_start, left_end = _params_range(request, "left")
     right_start, right_end = _params_range(request, "right")
     left_query = request.query_params.get("leftQuery", "")
@@ -178,7 +178,7 @@ def render_diff(request: Request, state: ServerState, tenant: str) -> Dict[str, 
     engine = state.engine
     left = engine.stack_values(tenant, left_type, left_sel, SampleFilter(left_start, left_end))
     right = engine.stack_values(tenant, right_type, right_sel, SampleFilter(right_start, right_end))
-    graph = engine.diff(left, right, _max_nodes(request))
+    graph = engine.diff(left, right, limit)
     units, rate = _units(left_type)
     bearer = flamebearer(graph)
     bearer["leftTicks"], bearer["rightTicks"] = graph.totals

@@ -299,3 +299,53 @@ class SelectHeatmapResponse(_message.Message):
     SERIES_FIELD_NUMBER: _ClassVar[int]
     series: _containers.RepeatedCompositeFieldContainer[_types_pb2.HeatmapSeries]
     def __init__(self, series: _Optional[_Iterable[_Union[_types_pb2.HeatmapSeries, _Mapping]]] = ...) -> None: ...
+
+class AnalyzeQueryRequest(_message.Message):
+    __slots__ = ("start", "end", "query")
+    START_FIELD_NUMBER: _ClassVar[int]
+    END_FIELD_NUMBER: _ClassVar[int]
+    QUERY_FIELD_NUMBER: _ClassVar[int]
+    start: int
+    end: int
+    query: str
+    def __init__(self, start: _Optional[int] = ..., end: _Optional[int] = ..., query: _Optional[str] = ...) -> None: ...
+
+class AnalyzeQueryResponse(_message.Message):
+    __slots__ = ("query_scopes", "query_impact")
+    QUERY_SCOPES_FIELD_NUMBER: _ClassVar[int]
+    QUERY_IMPACT_FIELD_NUMBER: _ClassVar[int]
+    query_scopes: _containers.RepeatedCompositeFieldContainer[QueryScope]
+    query_impact: QueryImpact
+    def __init__(self, query_scopes: _Optional[_Iterable[_Union[QueryScope, _Mapping]]] = ..., query_impact: _Optional[_Union[QueryImpact, _Mapping]] = ...) -> None: ...
+
+class QueryScope(_message.Message):
+    __slots__ = ("component_type", "component_count", "block_count", "series_count", "profile_count", "sample_count", "index_bytes", "profile_bytes", "symbol_bytes")
+    COMPONENT_TYPE_FIELD_NUMBER: _ClassVar[int]
+    COMPONENT_COUNT_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_COUNT_FIELD_NUMBER: _ClassVar[int]
+    SERIES_COUNT_FIELD_NUMBER: _ClassVar[int]
+    PROFILE_COUNT_FIELD_NUMBER: _ClassVar[int]
+    SAMPLE_COUNT_FIELD_NUMBER: _ClassVar[int]
+    INDEX_BYTES_FIELD_NUMBER: _ClassVar[int]
+    PROFILE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    SYMBOL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    component_type: str
+    component_count: int
+    block_count: int
+    series_count: int
+    profile_count: int
+    sample_count: int
+    index_bytes: int
+    profile_bytes: int
+    symbol_bytes: int
+    def __init__(self, component_type: _Optional[str] = ..., component_count: _Optional[int] = ..., block_count: _Optional[int] = ..., series_count: _Optional[int] = ..., profile_count: _Optional[int] = ..., sample_count: _Optional[int] = ..., index_bytes: _Optional[int] = ..., profile_bytes: _Optional[int] = ..., symbol_bytes: _Optional[int] = ...) -> None: ...
+
+class QueryImpact(_message.Message):
+    __slots__ = ("total_bytes_in_time_range", "total_queried_series", "deduplication_needed")
+    TOTAL_BYTES_IN_TIME_RANGE_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_QUERIED_SERIES_FIELD_NUMBER: _ClassVar[int]
+    DEDUPLICATION_NEEDED_FIELD_NUMBER: _ClassVar[int]
+    total_bytes_in_time_range: int
+    total_queried_series: int
+    deduplication_needed: bool
+    def __init__(self, total_bytes_in_time_range: _Optional[int] = ..., total_queried_series: _Optional[int] = ..., deduplication_needed: bool = ...) -> None: ...
