@@ -21,6 +21,7 @@ from hotspan.formats.proto import profile_pb2
 from hotspan.model.labels import METRIC_NAME, SPY_NAME, normalize
 from hotspan.model.profile import (
     MAX_SAMPLE_VALUE,
+    MAX_TIME_NS,
     Frame,
     IngestBatch,
     ProfileType,
@@ -140,6 +141,9 @@ def to_batch(
     # Old py-spy/rbspy/pyroscope-rs builds wrote microseconds, or nothing, here.
     if ts < 365 * 86400 * 10**9:
         ts = default_ts_ns
+    elif ts >= MAX_TIME_NS:
+        # No query reaches it, and no retention would ever delete it.
+        raise FormatError(f"profile time {ts} ns is past the year 2116")
 
     batch.frame_sources.append(_frame_source(profile, text))
     n = len(profile.stack)
