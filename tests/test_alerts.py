@@ -29,11 +29,13 @@ ZERO_TIME = "0001-01-01T00:00:00Z"
 # Windows end 2 s ago: profiles are uploaded every second (the default lag is for real agents),
 # so a window's last upload has arrived.  Passes run twice a second, to keep the tests short.
 LAG_S = 2
-ALERT_ARGS = ["--alert-interval", "0.5s", "--alert-lag", f"{LAG_S}s"]
+# The receivers listen on loopback, which webhooks reach only when the operator allows it.
+ALLOW = ["--alert-webhook-allow", "127.0.0.0/8"]
+ALERT_ARGS = ["--alert-interval", "0.5s", "--alert-lag", f"{LAG_S}s", *ALLOW]
 # A function's share is a ratio within the profiles: a window still missing its last upload
 # measures it as well, so rules on shares alone can look at windows ending 1 s ago.
 SHARE_LAG_S = 1
-SHARE_ARGS = ["--alert-interval", "0.25s", "--alert-lag", f"{SHARE_LAG_S}s"]
+SHARE_ARGS = ["--alert-interval", "0.25s", "--alert-lag", f"{SHARE_LAG_S}s", *ALLOW]
 # Spans leave the programs within a fifth of a second (the SDK waits 5 s by default), so that
 # the request counts of windows ending LAG_S ago are complete.
 SPAN_ENV = {"OTEL_BSP_SCHEDULE_DELAY": "200"}
@@ -649,10 +651,15 @@ def hotspan_cli(*args: str, stdin: str = "") -> subprocess.CompletedProcess:
     )
 
 
+# A globally reachable address (loopback ones are refused without --alert-webhook-allow); the
+# rule has no data, so nothing is ever sent there.
+CLI_HOOK = "http://8.8.8.8:9/hook"
+
+
 def test_cli(module_server: RunningServer, tmp_path: Path) -> None:
     server = ["--server", module_server.url, "--tenant", "cli"]
     rule = tmp_path / "rule.json"
-    rule.write_text(json.dumps({**GOOD, "webhooks": ["http://127.0.0.1:9/hook"]}))
+    rule.write_text(json.dumps({**GOOD, "webhooks": [CLI_HOOK]}))
     done = hotspan_cli("set", "json-heavy", "--file", str(rule), "--profile-type", "wall", *server)
     assert done.returncode == 0, done.stderr
     assert "json-heavy" in done.stdout
@@ -666,9 +673,9 @@ def test_cli(module_server: RunningServer, tmp_path: Path) -> None:
     shown = hotspan_cli("get", "json-heavy", "--json", *server)
     doc = json.loads(shown.stdout)
     assert doc["rule"]["profileType"] == "wall:wall:nanoseconds:wall:nanoseconds"
-    assert doc["webhooks"] == [{"url": "http://127.0.0.1:9/hook", "delivered": None, "error": None}]
+    assert doc["webhooks"] == [{"url": CLI_HOOK, "delivered": None, "error": None}]
     detail = hotspan_cli("get", "json-heavy", *server)
-    assert "function_share" in detail.stdout and "http://127.0.0.1:9/hook" in detail.stdout
+    assert "function_share" in detail.stdout and CLI_HOOK in detail.stdout
     bad = hotspan_cli("set", "broken", *server, stdin=json.dumps(_with(condition_above=-1)))
     assert bad.returncode == 1 and "condition.above" in bad.stderr
     assert hotspan_cli("set", "broken", *server, stdin="nope").returncode == 2
@@ -726,7 +733,7 @@ SHOWN_HOOK = "http://alerts:REDACTED@127.0.0.1:9/hook?token=REDACTED&team=REDACT
 
 
 def test_webhook_secrets_are_redacted_and_kept_on_save(tmp_path: Path) -> None:
-    with running_server(tmp_path / "data") as srv:
+    with running_server(tmp_path / "data", ALLOW) as srv:
         with srv.client() as c:
             put = c.put("/api/v1/alerts/rules/hooked", json={**GOOD, "webhooks": [SECRET_HOOK]})
             assert put.status_code == 201, put.text

@@ -20,12 +20,15 @@ import pytest
 
 from hotspan.alerts.delivery import post
 from hotspan.alerts.state import FIRING, AlertState
+from hotspan.alerts.targets import parse_allow
 from tests.clickhouse_fixture import clickhouse_server as clickhouse_server  # noqa: F401
 from tests.clickhouse_fixture import clickhouse_url as clickhouse_url  # noqa: F401
 from tests.conftest import RunningServer, running_server
 
 INTERVAL_S = 0.25
-ARGS = ["--alert-interval", f"{INTERVAL_S}s", "--alert-lag", "0s"]
+# The receivers listen on loopback, which webhooks reach only when the operator allows it.
+ALLOW = ["--alert-webhook-allow", "127.0.0.0/8"]
+ARGS = ["--alert-interval", f"{INTERVAL_S}s", "--alert-lag", "0s", *ALLOW]
 WINDOW_S = 2
 HOT = b"main;handle;hot_loop 90\nmain;handle;render 10\n"
 COOL = b"main;handle;hot_loop 10\nmain;handle;render 90\n"
@@ -270,7 +273,12 @@ def test_a_trickling_receiver_is_cut_off_at_the_deadline() -> None:
     result: List[Optional[str]] = []
     sender = threading.Thread(
         target=lambda: result.append(
-            post(f"http://127.0.0.1:{listener.getsockname()[1]}/hook", b"{}", deadline_s=1.0)
+            post(
+                f"http://127.0.0.1:{listener.getsockname()[1]}/hook",
+                b"{}",
+                deadline_s=1.0,
+                allow=parse_allow(["127.0.0.1/32"]),
+            )
         ),
         daemon=True,
     )
@@ -417,7 +425,7 @@ def test_two_servers_over_one_clickhouse_notify_once(
 ) -> None:
     # Passes twice a second here: the lease then runs 1.5 s, well beyond a pass over ClickHouse
     # on a busy machine, so that it never changes hands (which would send twice).
-    args = ["--alert-interval", "0.5s", "--alert-lag", "0s", "--store", clickhouse_url]
+    args = ["--alert-interval", "0.5s", "--alert-lag", "0s", "--store", clickhouse_url, *ALLOW]
     with running_server(tmp_path / "a", args) as a, running_server(tmp_path / "b", args) as b:
         pusher = Pusher(a.url)
         try:
@@ -493,7 +501,7 @@ def test_windows_end_alert_lag_ago(tmp_path: Path, receiver: Receiver) -> None:
     """Uploads stamped 3 s before they arrive: with --alert-lag 4s the 2 s window sees them
     (a window ending now never would)."""
     lag_s = 4
-    args = ["--alert-interval", f"{INTERVAL_S}s", "--alert-lag", f"{lag_s}s"]
+    args = ["--alert-interval", f"{INTERVAL_S}s", "--alert-lag", f"{lag_s}s", *ALLOW]
     with running_server(tmp_path / "data", args) as srv:
         pusher = Pusher(srv.url, ago_s=3)
         try:

@@ -29,6 +29,7 @@ from hotspan.alerts.delivery import DEADLINE_S, Dispatcher, Outcome, Send
 from hotspan.alerts.lease import Lease
 from hotspan.alerts.rules import AlertRule, RuleError, parse_rule, redact_url
 from hotspan.alerts.state import FIRING, RULE_DELETED, AlertState, Notice, is_alertmanager_api
+from hotspan.alerts.targets import parse_allow
 from hotspan.alerts.webhook import api_payload, payload
 from hotspan.query.engine import QueryEngine, QueryError
 from hotspan.store.base import Store, StoreClosed
@@ -118,7 +119,9 @@ class AlertLoop:
         self._stop = threading.Event()
         # A POST's deadline follows the interval (2 to 10 s): sends do not hold passes up, but
         # a receiver that takes longer than a pass is as good as down.
-        self._dispatcher = Dispatcher(deadline_s=min(max(interval_s, 2.0), DEADLINE_S))
+        self._dispatcher = Dispatcher(
+            deadline_s=min(max(interval_s, 2.0), DEADLINE_S), allow=parse_allow(webhook_allow)
+        )
         self.lease = Lease(
             store,
             LEASE_INTERVALS * interval_s,

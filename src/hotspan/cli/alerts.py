@@ -1,8 +1,8 @@
 """``hotspan alerts list|get|set|delete``: a server's alert rules and their state.
 
 Talks to ``/api/v1/alerts`` with the standard library only (urllib).  Webhook URLs are shown
-with their password and query values redacted, as the server shows them (an older server's
-answers are redacted here too).
+with their password and query values redacted, and delivery errors as a status or a kind of
+failure, as the server shows them (an older server's answers are cut here too).
 """
 
 from __future__ import annotations
@@ -124,8 +124,10 @@ def _print_json(answer: Any) -> int:
 
 
 def _redacted(answer: Any) -> Any:
-    """An answer (an alert, a list of them, or a rule) with webhook URLs redacted."""
+    """An answer (an alert, a list of them, or a rule) with webhook URLs redacted, and
+    delivery errors cut to their status or kind (an older server kept receivers' bodies)."""
     from hotspan.alerts.rules import redact_rule, redact_url
+    from hotspan.alerts.targets import public_error
 
     if isinstance(answer, list):
         return [_redacted(a) for a in answer]
@@ -141,7 +143,13 @@ def _redacted(answer: Any) -> Any:
     hooks = out.get("webhooks")
     if isinstance(hooks, list):
         out["webhooks"] = [
-            {**h, "url": redact_url(h["url"])}
+            {
+                **h,
+                "url": redact_url(h["url"]),
+                "error": public_error(h["error"])
+                if isinstance(h.get("error"), str)
+                else h.get("error"),
+            }
             if isinstance(h, dict) and isinstance(h.get("url"), str)
             else redact_url(h)
             if isinstance(h, str)

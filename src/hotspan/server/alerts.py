@@ -19,6 +19,11 @@ An alert: ``{"name", "rule": {...}, "state": "inactive|pending|firing", "value",
 first), "webhooks": [{"url", "delivered", "error"}]}``; times are RFC 3339 (UTC) or null.
 Errors are ``{"error": reason}``.
 
+A rule whose webhook is, or resolves to, a loopback, link-local, private or otherwise not
+globally reachable address gets a 400 naming ``--alert-webhook-allow`` (the networks the
+operator lets through): see hotspan.alerts.targets.  A webhook's ``error`` is a status
+(``HTTP 500``) or the kind of failure, never what the receiver answered.
+
 Webhook URLs are shown with their password and query values as ``REDACTED``
 (``http://user:REDACTED@host/hook?token=REDACTED``); a PUT whose webhook is exactly the
 redacted form of one of the stored rule's URLs keeps the stored URL, so a rule read from the
@@ -39,6 +44,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from hotspan.alerts import RULE_KIND, STATE_KIND
+from hotspan.alerts.delivery import check_urls
 from hotspan.alerts.rules import (
     RuleError,
     check_name,
@@ -49,6 +55,7 @@ from hotspan.alerts.rules import (
     redact_url,
 )
 from hotspan.alerts.state import AlertState
+from hotspan.alerts.targets import WebhookRefused, parse_allow, public_error
 from hotspan.server.errors import HTTPError
 from hotspan.server.request import query_state, read_body
 from hotspan.server.state import ServerState
@@ -107,6 +114,8 @@ def _alert(rule: Mapping[str, Any], state_body: Optional[Mapping[str, Any]]) -> 
     if not state.webhooks:
         state.webhooks = list(rule.get("webhooks") or [])
     api = _redact_all(state.to_api(), _webhook_urls(rule, state))
+    for hook in api["webhooks"]:
+        hook["error"] = public_error(hook["error"])
     return {"name": rule.get("name"), "rule": redact_rule(rule), **api}
 
 
@@ -223,6 +232,11 @@ async def put_rule(request: Request) -> Response:
         try:
             rule = parse_rule(name, body)
         except RuleError as exc:
+            raise HTTPError(400, str(exc)) from None
+        try:
+            allow = parse_allow(state.config.alert_webhook_allow)
+            await run_in_threadpool(check_urls, rule.webhooks, allow)
+        except WebhookRefused as exc:
             raise HTTPError(400, str(exc)) from None
         created, alert = await run_in_threadpool(_put, state, tenant, rule)
     except HTTPError as exc:
