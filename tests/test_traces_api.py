@@ -942,10 +942,10 @@ def test_traceql_spanset_shows_the_matching_spans(srv, sd: SearchData) -> None:
     "q",
     [
         # Pipelines and structural operators run (tests/test_tempo_search_pipelines.py);
-        # what hotspan does not keep, or a metrics query sent to search, is refused.
-        '{span:statusMessage="a"}',
-        '{event.exception.message="a"}',
+        # a metrics query sent to search, or what TraceQL does not read, is refused.
         "{} | rate()",
+        '{parent.x="a"}',
+        '{span:nothing="a"}',
         "{name=}",
         "{name=GET}",
         '{name="a"',

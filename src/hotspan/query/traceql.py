@@ -348,10 +348,18 @@ INTRINSICS = {
     "nestedSetLeft": "nestedSetLeft",
     "nestedSetRight": "nestedSetRight",
 }
-_KNOWN_ELSEWHERE = {
-    "statusMessage", "span:statusMessage", "parent", "event:name", "event:timeSinceStart",
-    "link:spanID", "link:traceID", "instrumentation:name", "instrumentation:version",
-}  # fmt: skip
+# Intrinsics of what hotspan keeps only in the raw span (status message, events, links) and
+# its span group (instrumentation scope), which its search does not read: they parse, as in
+# Tempo, and are nil on every span (``x = "a"`` finds nothing, ``x = nil`` every span).
+UNSEARCHED = (
+    "statusMessage", "event:name", "event:timeSinceStart", "link:spanID", "link:traceID",
+    "instrumentation:name", "instrumentation:version",
+)  # fmt: skip
+INTRINSICS.update({name: name for name in UNSEARCHED})
+INTRINSICS["span:statusMessage"] = "statusMessage"
+# Attribute scopes of the same: event.x, link.x, instrumentation.x are nil too.
+UNSEARCHED_SCOPES = ("event", "link", "instrumentation")
+_KNOWN_ELSEWHERE = {"parent"}
 _STATIC_WORDS = {
     "true": True,
     "false": False,
@@ -564,7 +572,7 @@ _ATTRIBUTE_QUOTE = re.compile(r"[\s{}()=~!<>&|^,\"]")
 
 def _attribute(prefix: str, name: str, pos: int) -> ast.Attribute:
     scope = prefix[:-1]
-    if scope not in ("span", "resource", ""):
+    if scope not in ("span", "resource", "", *UNSEARCHED_SCOPES):
         raise QueryError(
             f"TraceQL: {scope}. attributes (column {pos + 1}) are not searchable in hotspan; "
             "use span., resource. or ."
@@ -1070,6 +1078,13 @@ _INTRINSIC_TYPES = {
     "duration": "duration",
     "traceDuration": "duration",
     "childCount": "number",
+    "statusMessage": "string",
+    "event:name": "string",
+    "event:timeSinceStart": "duration",
+    "link:spanID": "string",
+    "link:traceID": "string",
+    "instrumentation:name": "string",
+    "instrumentation:version": "string",
     "nestedSetParent": "number",
     "nestedSetLeft": "number",
     "nestedSetRight": "number",
@@ -1235,6 +1250,8 @@ def _condition_of(expr: ast.Field) -> Optional[Condition]:
         if isinstance(value, (str, int, float)):
             return Condition(key, op, int(value) if isinstance(value, ast.Duration) else value)
         return None
+    if attr.scope != "intrinsic":
+        return None  # event.x, link.x, instrumentation.x: not in the stores' columns
     name = attr.name
     if name == "name" and isinstance(value, str) and not isinstance(value, (ast.Status, ast.Kind)):
         return Condition("name", op, str(value))

@@ -272,6 +272,8 @@ def _attribute_getter(attr: ast.Attribute) -> Getter:
                 _lookup(s.attrs, name), _lookup(s.resource_attrs, name), ast.Text(s.service)
             )
         return lambda s, t: _first(_lookup(s.attrs, name), _lookup(s.resource_attrs, name))
+    if attr.scope in ("event", "link", "instrumentation"):
+        return _nil  # kept in the raw span and its group only, which search does not read
     getter = _INTRINSICS.get(name)
     if getter is None:
         raise QueryError(f"TraceQL: {attr.text} is not kept by hotspan's span index")
@@ -284,6 +286,10 @@ def _status(s: SpanRecord, t: _Trace) -> object:
 
 def _kind(s: SpanRecord, t: _Trace) -> object:
     return ast.Kind(SPAN_KINDS[s.kind]) if 0 <= s.kind < len(SPAN_KINDS) else None
+
+
+def _nil(s: SpanRecord, t: _Trace) -> object:
+    return None
 
 
 _INTRINSICS: Dict[str, Getter] = {
@@ -301,6 +307,15 @@ _INTRINSICS: Dict[str, Getter] = {
     "nestedSetLeft": lambda s, t: t.nested(s)[0],
     "nestedSetRight": lambda s, t: t.nested(s)[1],
     "nestedSetParent": _nested_parent,
+    # Kept in the raw span (status message, events, links) and its group (instrumentation
+    # scope), which search does not read: nil, as for a span without them.
+    "statusMessage": _nil,
+    "event:name": _nil,
+    "event:timeSinceStart": _nil,
+    "link:spanID": _nil,
+    "link:traceID": _nil,
+    "instrumentation:name": _nil,
+    "instrumentation:version": _nil,
 }
 
 # -- comparisons and arithmetic -------------------------------------------------------------------
