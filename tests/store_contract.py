@@ -21,7 +21,7 @@ from hotspan.model.trace import (
     flatten_attributes,
     parse_attributes,
 )
-from hotspan.store.base import SampleFilter, Store
+from hotspan.store.base import SampleFilter, Store, StoredToken
 
 CPU = ProfileType.parse("process_cpu:cpu:nanoseconds:cpu:nanoseconds")
 ALLOC = ProfileType.parse("memory:alloc_space:bytes:space:bytes")
@@ -651,6 +651,40 @@ class StoreContract:
         with pytest.raises(Exception, match="closed"):
             store.put_document("t", "alert_rule", "x", {})
 
+    # -- API tokens ------------------------------------------------------------------------
+
+    def test_tokens_put_list_revoke_survive_reopen(self, store: Store, reopen) -> None:  # type: ignore[no-untyped-def]
+        assert store.tokens() == []
+        a = StoredToken("team-a", "id-a", "ingest", "a" * 64, "ci", 5)
+        store.put_token(a)
+        store.put_token(StoredToken("team-b", "id-b", "admin", "b" * 64))
+        store.put_token(StoredToken("team-a", "id-c", "query", "c" * 64, "grafana"))
+        # An alert rule is no token, whatever its name.
+        store.put_document("team-a", "alert_rule", "id-d", {"role": "admin", "sha256": "d" * 64})
+        assert store.tokens("team-a")[0] == a
+        assert [(t.tenant, t.token_id, t.role) for t in store.tokens()] == [
+            ("team-a", "id-a", "ingest"),
+            ("team-a", "id-c", "query"),
+            ("team-b", "id-b", "admin"),
+        ]
+        with pytest.raises(ValueError, match="role"):
+            store.put_token(StoredToken("team-a", "id-e", "root", "e" * 64))
+        # Revoking is per tenant: another tenant cannot revoke it by its id.
+        assert store.delete_token("team-b", "id-a") is False
+        assert store.delete_token("team-a", "id-a") is True
+        assert store.delete_token("team-a", "id-a") is False
+        assert [t.token_id for t in store.tokens()] == ["id-c", "id-b"]
+        store.close()
+        again = reopen()
+        try:
+            kept = again.tokens()
+            assert [(t.tenant, t.token_id, t.sha256, t.name) for t in kept] == [
+                ("team-a", "id-c", "c" * 64, "grafana"),
+                ("team-b", "id-b", "b" * 64, ""),
+            ]
+        finally:
+            again.close()
+
     # -- requests --------------------------------------------------------------------------
 
     def test_count_local_roots(self, store: Store) -> None:
@@ -685,9 +719,9 @@ class StoreContract:
         assert count("api", 100, 101) == 1 and count("nobody") == 0
         assert store.count_local_roots("other", "api", 0, 1000 * SEC) == 0
         # An export retried after it landed: one request still.
-        store.write_spans(
-            "t", spans_of([(TRACE_C, 21, 20, "POST /pay", 301, 309, {})])
-        ).result(timeout=30)
+        store.write_spans("t", spans_of([(TRACE_C, 21, 20, "POST /pay", 301, 309, {})])).result(
+            timeout=30
+        )
         assert count("api") == 3
 
     def test_size_bytes_counts_what_is_stored(self, store: Store) -> None:

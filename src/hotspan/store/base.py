@@ -5,7 +5,9 @@ A backend stores four things for profiles: series (profile type + labels), frame
 for traces, with the resource and scope groups they belong to.  Tenants are a column of series,
 samples and spans, never of frames, stacks and span groups: those are content-addressed and
 only reachable through a tenant's own rows.  It also keeps the agent settings rules operators
-set per tenant and service (:class:`SettingsRule`), with a per-tenant version counter.
+set per tenant and service (:class:`SettingsRule`), with a per-tenant version counter, JSON
+documents (:class:`Document`: alert and recording rules) and the API tokens of tenants
+(:class:`StoredToken`, kept as documents: only their hash, never the token).
 """
 
 from __future__ import annotations
@@ -159,6 +161,51 @@ class Document:
     name: str
     body: Mapping[str, Any]
     updated_at: int  # unix nanoseconds of the last put
+
+
+TOKEN_KIND = "token"
+TOKEN_ROLES = ("ingest", "query", "admin")
+
+
+@dataclass(frozen=True)
+class StoredToken:
+    """An API token of a tenant, as the store keeps it: ``sha256`` is the hex SHA-256 of the
+    token, which only its holder knows.  ``token_id`` names it (unique per tenant) for
+    listing and revoking; ``role`` is one of :data:`TOKEN_ROLES`."""
+
+    tenant: str
+    token_id: str
+    role: str
+    sha256: str
+    name: str = ""
+    created_at: int = 0  # unix nanoseconds
+
+    def to_json(self) -> Dict[str, Any]:
+        """What may be shown of it: everything but the hash."""
+        return {
+            "id": self.token_id,
+            "tenant": self.tenant,
+            "role": self.role,
+            "name": self.name,
+            "created_at": self.created_at,
+        }
+
+
+def _token_of(doc: Document) -> Optional[StoredToken]:
+    body = doc.body
+    role, digest = body.get("role"), body.get("sha256")
+    if role not in TOKEN_ROLES or not isinstance(digest, str) or len(digest) != 64:
+        return None
+    name = body.get("name")
+    created = body.get("created_at")
+    return StoredToken(
+        doc.tenant,
+        doc.name,
+        role,
+        digest,
+        name if isinstance(name, str) else "",
+        created if isinstance(created, int) else doc.updated_at,
+    )
 
 
 class SampleFilter(NamedTuple):
@@ -321,9 +368,7 @@ class Store(abc.ABC):
     # -- documents (alert rules and states, recording rules) ---------------------------------
 
     @abc.abstractmethod
-    def put_document(
-        self, tenant: str, kind: str, name: str, body: Mapping[str, Any]
-    ) -> Document:
+    def put_document(self, tenant: str, kind: str, name: str, body: Mapping[str, Any]) -> Document:
         """Store ``body`` (JSON-serialisable) as the document (tenant, kind, name), replacing
         one already there; returns it once it is durable."""
 
@@ -335,6 +380,30 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def delete_document(self, tenant: str, kind: str, name: str) -> bool:
         """Delete the document; True if it existed."""
+
+    # -- API tokens (documents of kind TOKEN_KIND) --------------------------------------------
+
+    def put_token(self, token: StoredToken) -> None:
+        """Store the token (replacing one of the same tenant and id); returns once durable."""
+        if token.role not in TOKEN_ROLES:
+            raise ValueError(f"role {token.role!r} is not one of {', '.join(TOKEN_ROLES)}")
+        body = {
+            "role": token.role,
+            "sha256": token.sha256,
+            "name": token.name,
+            "created_at": token.created_at,
+        }
+        self.put_document(token.tenant, TOKEN_KIND, token.token_id, body)
+
+    def tokens(self, tenant: Optional[str] = None) -> List[StoredToken]:
+        """The tokens of one tenant or (None) of every tenant, sorted by tenant then id.  A
+        put or delete is seen by the next call, from any server of the store."""
+        found = (_token_of(doc) for doc in self.documents(TOKEN_KIND, tenant))
+        return [t for t in found if t is not None]
+
+    def delete_token(self, tenant: str, token_id: str) -> bool:
+        """Revoke the token; True if it existed."""
+        return self.delete_document(tenant, TOKEN_KIND, token_id)
 
     # -- lifecycle ---------------------------------------------------------------------------
 
