@@ -278,10 +278,11 @@ def _excerpt(log: Path, artifact: str) -> str:
     lines = log.read_text(errors="replace").splitlines()
     end = next((i for i, line in enumerate(lines) if artifact in line), len(lines) - 1)
     start = end
-    while start > max(0, end - 80) and not re.search(
-        r"=== Uncaught|ERROR: (libFuzzer|AddressSanitizer)|==ERROR", lines[start]
-    ):
-        start -= 1
+    for marker in (r"=== Uncaught", r"ERROR: AddressSanitizer", r"ERROR: libFuzzer"):
+        found = [i for i in range(max(0, end - 80), end + 1) if re.search(marker, lines[i])]
+        if found:
+            start = found[-1]
+            break
     return "\n".join("    " + line for line in lines[start : end + 1])
 
 

@@ -81,8 +81,10 @@ def metric_name(sample_types: Sequence[str], display_names: Mapping[str, str]) -
 
 
 def sanitize_label_name(name: str) -> str:
+    """A label name from any text: what is not a letter, digit, '_' or '.' becomes '_', and a
+    name that cannot start a label name (a digit, a '.') gets a '_' in front."""
     name = _BAD_LABEL_CHARS.sub("_", name)
-    return "_" + name if name[:1].isdigit() else name
+    return "_" + name if name[:1].isdigit() or name[:1] == "." else name
 
 
 class _Text:
