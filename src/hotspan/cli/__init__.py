@@ -28,6 +28,7 @@ COMMANDS = (
     "diff",
     "why",
     "alerts",
+    "tokens",
 )
 
 DESCRIPTION = """\

@@ -31,8 +31,10 @@ from hotspan.server import (
     span_profiles,
     tempo,
     tempo_metrics,
+    tokens,
     why,
 )
+from hotspan.server.auth import Authenticator, AuthMiddleware
 from hotspan.server.config import ServerConfig
 from hotspan.server.redact import Redactor
 from hotspan.server.retention import RetentionLoop
@@ -88,6 +90,7 @@ def create_app(config: Optional[ServerConfig] = None, store: Optional[Store] = N
         redactor=redactor,
     )
     state.metrics = metrics.server_metrics(store)
+    state.auth = Authenticator(store, config)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -155,6 +158,7 @@ def create_app(config: Optional[ServerConfig] = None, store: Optional[Store] = N
         *agent_settings.routes,
         *scrape.routes,
         *alerts.routes,
+        *tokens.routes,
         *(
             _with_middleware(r, [Middleware(QueryTimer, state.metrics, r.path), *compressed])
             for r in querier.routes
@@ -170,6 +174,8 @@ def create_app(config: Optional[ServerConfig] = None, store: Optional[Store] = N
     app = Starlette(
         routes=routes,
         lifespan=lifespan,
+        # Every request's token and tenant, resolved before any route runs.
+        middleware=[Middleware(AuthMiddleware, state=state)],
         exception_handlers={404: not_found, StoreError: store_failed},
     )
     app.state.hotspan = state

@@ -18,10 +18,10 @@ import grpc
 
 from hotspan.formats.errors import FormatError
 from hotspan.formats.otlp import TooLarge
+from hotspan.server.auth import INGEST, TENANT_HEADER, authenticate
 from hotspan.server.errors import HTTPError
 from hotspan.server.ingest import commit_sync
 from hotspan.server.otlp import convert_profiles, convert_traces
-from hotspan.server.request import TENANT_HEADER, check_authorization, tenant_from
 from hotspan.server.state import ServerState
 from hotspan.store.base import StoreError
 
@@ -34,6 +34,7 @@ WRITE_TIMEOUT_S = 60
 _STATUS_OF_HTTP = {
     400: grpc.StatusCode.INVALID_ARGUMENT,
     401: grpc.StatusCode.UNAUTHENTICATED,
+    403: grpc.StatusCode.PERMISSION_DENIED,
     413: grpc.StatusCode.RESOURCE_EXHAUSTED,
     503: grpc.StatusCode.UNAVAILABLE,
 }
@@ -41,8 +42,8 @@ _STATUS_OF_HTTP = {
 
 def _caller(state: ServerState, context: grpc.ServicerContext) -> str:
     metadata = {k.lower(): v for k, v in context.invocation_metadata()}
-    check_authorization(str(metadata.get("authorization", "")), state.config.ingest_tokens)
-    return tenant_from(metadata.get(TENANT_HEADER.lower()), state.config)
+    named = metadata.get(TENANT_HEADER.lower())
+    return authenticate(state, INGEST, metadata.get("authorization"), named).tenant
 
 
 def _handler(

@@ -1,66 +1,61 @@
-"""What every endpoint does first: authenticate, name the tenant, read a bounded body."""
+"""What every endpoint does first: authenticate, name the tenant, read a bounded body.
+
+Authentication and the tenant are resolved once per request, before the endpoint runs, by
+server.auth's middleware; these helpers read what it resolved."""
 
 from __future__ import annotations
 
-import base64
-import hmac
-import re
 from typing import TYPE_CHECKING, FrozenSet, Optional, Tuple
 
 from starlette.requests import Request
 
 from hotspan.formats.compression import gunzip
 from hotspan.formats.errors import FormatError
+from hotspan.server.auth import SCOPE_KEY, TENANT_HEADER, Principal, tenant_from
 from hotspan.server.config import ServerConfig
 from hotspan.server.errors import HTTPError
 
 if TYPE_CHECKING:
     from hotspan.server.state import ServerState
 
-TENANT_HEADER = "X-Scope-OrgID"
-# The characters Cortex/Mimir/Pyroscope accept in a tenant id.
-_TENANT = re.compile(r"[a-zA-Z0-9!\-_.*'()]{1,150}")
+__all__ = [
+    "TENANT_HEADER",
+    "check_token",
+    "principal_of",
+    "query_state",
+    "read_body",
+    "tenant_from",
+    "tenant_of",
+]
+
+
+def principal_of(request: Request) -> Principal:
+    """Who made the request; raises the middleware's refusal (401, 403, 400 for a malformed
+    tenant).  A request the middleware did not resolve is refused: never open by mistake."""
+    found = request.scope.get(SCOPE_KEY)
+    if isinstance(found, Principal):
+        return found
+    if isinstance(found, HTTPError):
+        raise HTTPError(found.status, found.message, found.code)
+    raise HTTPError(401, "this request was not authenticated")
 
 
 def tenant_of(request: Request, config: ServerConfig) -> str:
-    return tenant_from(request.headers.get(TENANT_HEADER), config)
-
-
-def tenant_from(tenant: Optional[str], config: ServerConfig) -> str:
-    """The tenant named by an ``X-Scope-OrgID`` value (HTTP header or gRPC metadata)."""
-    if tenant is None or tenant == "":
-        return config.default_tenant
-    if not _TENANT.fullmatch(tenant) or tenant in (".", ".."):
-        raise HTTPError(400, f"invalid tenant id in {TENANT_HEADER}: {tenant[:60]!r}")
-    return tenant
+    """The tenant the request reads or writes (its token's, or the one it names)."""
+    return principal_of(request).tenant
 
 
 def query_state(request: Request) -> Tuple[ServerState, str]:
-    """The server's state and the tenant of a query, once its query token is checked."""
+    """The server's state and the tenant of a request the middleware let in."""
     state: ServerState = request.app.state.hotspan
-    check_token(request, state.config.query_tokens)
-    return state, tenant_of(request, state.config)
+    return state, principal_of(request).tenant
 
 
 def check_token(request: Request, tokens: FrozenSet[str]) -> None:
-    check_authorization(request.headers.get("authorization", ""), tokens)
-
-
-def check_authorization(header: str, tokens: FrozenSet[str]) -> None:
-    """Refuse (401) unless ``header`` (an Authorization value) carries one of the tokens."""
-    if not tokens:
-        return
-    scheme, _, credential = header.partition(" ")
-    token = ""
-    if scheme.lower() == "bearer":
-        token = credential.strip()
-    elif scheme.lower() == "basic":
-        try:
-            token = base64.b64decode(credential.strip()).decode().partition(":")[2]
-        except (ValueError, UnicodeDecodeError):
-            token = ""
-    if not token or not any(hmac.compare_digest(token, t) for t in tokens):
-        raise HTTPError(401, "missing or invalid token (send Authorization: Bearer <token>)")
+    """Refuse the request unless the middleware let it in.  The role it needs comes from the
+    route (server.auth.route_access); ``tokens`` are the operator's of that side, which the
+    middleware checked already."""
+    principal_of(request)
 
 
 async def read_body(

@@ -50,6 +50,7 @@ from starlette.routing import Route
 from hotspan import __version__
 from hotspan.model.labels import SERVICE_NAME, is_valid_label_name
 from hotspan.model.profile import IngestBatch
+from hotspan.server.auth import is_tenant
 
 log = logging.getLogger(__name__)
 
@@ -186,6 +187,8 @@ def _job_targets(job: Dict[str, Any], name: str, interval: float, timeout: float
     tenant = job.get("tenant", "")
     if not isinstance(tenant, str):
         raise fail("tenant must be a string")
+    if tenant and not is_tenant(tenant):
+        raise fail(f"tenant {tenant[:60]!r} is not a tenant id (letters, digits, !-_.*'())")
     token = job.get("bearer_token", "")
     if not isinstance(token, str):
         raise fail("bearer_token must be a string")
@@ -477,8 +480,10 @@ class Scraper:
             return None
         return write_stack_profile(delta, compress=False)
 
-    def snapshot(self) -> List[Dict[str, Any]]:
-        return [ts.as_json() for ts in self.targets]
+    def snapshot(self, tenant: str) -> List[Dict[str, Any]]:
+        """The targets whose profiles go to ``tenant``, with their last scrape."""
+        default = self.state.config.default_tenant
+        return [ts.as_json() for ts in self.targets if (ts.target.tenant or default) == tenant]
 
 
 def _keep(profile: Any, names: Optional[Tuple[str, ...]]) -> Any:
@@ -511,17 +516,18 @@ def _delta(current: Any, previous: Any) -> Any:
 
 
 async def targets(request: Request) -> Response:
-    """``GET /api/v1/scrape/targets``: each (target, profile) with its last scrape."""
+    """``GET /api/v1/scrape/targets``: each (target, profile) of the caller's tenant with its
+    last scrape."""
     from hotspan.server.errors import HTTPError
-    from hotspan.server.request import check_token
+    from hotspan.server.request import tenant_of
 
     state = request.app.state.hotspan
     try:
-        check_token(request, state.config.query_tokens)
+        tenant = tenant_of(request, state.config)
     except HTTPError as exc:
         return Response(exc.message + "\n", status_code=exc.status)
     scraper: Optional[Scraper] = getattr(request.app.state, "scraper", None)
-    return JSONResponse({"targets": scraper.snapshot() if scraper is not None else []})
+    return JSONResponse({"targets": scraper.snapshot(tenant) if scraper is not None else []})
 
 
 routes = [Route("/api/v1/scrape/targets", targets, methods=["GET"])]

@@ -14,6 +14,7 @@ from hotspan.store.base import Store
 
 if TYPE_CHECKING:
     from hotspan.metrics.operational import ServerMetrics
+    from hotspan.server.auth import Authenticator
 
 
 @dataclass
@@ -30,3 +31,5 @@ class ServerState:
     redactor: Optional[Redactor] = None
     # /metrics: request counters and the recording rules, which see every stored batch.
     metrics: Optional[ServerMetrics] = None
+    # Resolves requests and gRPC calls to their tenant and role (server.auth).
+    auth: Optional[Authenticator] = None

@@ -31,8 +31,8 @@ from google.protobuf.message import Message
 
 from hotspan.formats.proto import tempo_pb2
 from hotspan.server import tempo, tempo_metrics
+from hotspan.server.auth import QUERY, TENANT_HEADER, authenticate
 from hotspan.server.errors import HTTPError
-from hotspan.server.request import TENANT_HEADER, check_authorization, tenant_from
 from hotspan.server.state import ServerState
 from hotspan.store.base import StoreError
 
@@ -50,6 +50,7 @@ MAX_CONNECTION_AGE_GRACE_MS = 5 * 60 * 1000
 STATUS_OF_HTTP = {
     400: grpc.StatusCode.INVALID_ARGUMENT,
     401: grpc.StatusCode.UNAUTHENTICATED,
+    403: grpc.StatusCode.PERMISSION_DENIED,
     404: grpc.StatusCode.NOT_FOUND,
     413: grpc.StatusCode.RESOURCE_EXHAUSTED,
     429: grpc.StatusCode.RESOURCE_EXHAUSTED,
@@ -67,9 +68,9 @@ def _metadata(context: grpc.ServicerContext) -> Dict[str, str]:
 
 
 def _caller(state: ServerState, metadata: Mapping[str, str]) -> str:
-    """The tenant of a call, once its query token is checked (as query_state over HTTP)."""
-    check_authorization(metadata.get("authorization", ""), state.config.query_tokens)
-    return tenant_from(metadata.get(TENANT_HEADER.lower()), state.config)
+    """The tenant of a call, once its token is checked (as query_state over HTTP)."""
+    named = metadata.get(TENANT_HEADER.lower())
+    return authenticate(state, QUERY, metadata.get("authorization"), named).tenant
 
 
 def _put(params: Params, name: str, value: object) -> None:
