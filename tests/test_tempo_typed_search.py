@@ -21,7 +21,7 @@ from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExport
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-from opentelemetry.trace import SpanKind, set_span_in_context
+from opentelemetry.trace import Link, SpanKind, Status, StatusCode, set_span_in_context
 
 from tests.clickhouse_fixture import clickhouse_available
 from tests.clickhouse_fixture import clickhouse_server as clickhouse_server
@@ -76,10 +76,13 @@ def _send(servers: List[RunningServer]) -> None:
         )
         provider.add_span_processor(SimpleSpanProcessor(exporter))
     tracer = provider.get_tracer("typed")
+    first = None
     for i, (name, value) in enumerate(VALUES.items()):
         t0 = BASE + i * SEC
         span = tracer.start_span(name, kind=SpanKind.SERVER, attributes={"v": value}, start_time=t0)
         span.end(end_time=t0 + 5 * MS)
+        first = first or span
+    assert first is not None
     # A root with three children, one of them with a child of its own.
     t0 = BASE + 30 * SEC
     root = tracer.start_span("parent of three", start_time=t0)
@@ -93,6 +96,16 @@ def _send(servers: List[RunningServer]) -> None:
             grandchild.end(end_time=t0 + 2 * MS)
         child.end(end_time=t0 + (i + 3) * MS)
     root.end(end_time=t0 + 10 * MS)
+    # A payment with an exception event, a retry event, a status message, a link to the
+    # "int 200" span, from its own instrumentation scope.
+    t0 = BASE + 40 * SEC
+    lib = provider.get_tracer("payments-lib", "1.2.3", attributes={"team": "pay"})
+    linked = Link(first.get_span_context(), {"opentracing.ref_type": "follows_from"})
+    pay = lib.start_span("charge", kind=SpanKind.CLIENT, links=[linked], start_time=t0)
+    pay.add_event("retry", {"attempt": 2}, timestamp=t0 + 2 * MS)
+    pay.record_exception(ValueError("card declined"), timestamp=t0 + 5 * MS)
+    pay.set_status(Status(StatusCode.ERROR, "card declined"))
+    pay.end(end_time=t0 + 8 * MS)
     provider.shutdown()
 
 
@@ -215,30 +228,42 @@ def test_tag_values_are_those_of_the_range(servers: Dict[str, RunningServer]) ->
             assert r.json()["tagValues"] == [], name
 
 
-# -- what Grafana's editor offers that hotspan does not search ---------------------------------
+# -- what only the stored OTLP span holds: status message, events, links, scope ---------------
 
-UNSEARCHED = [
-    '{event:name = "exception"}',
-    '{statusMessage = "x"}',
-    '{span:statusMessage = "x"}',
-    '{instrumentation:name = "typed"}',
-    '{instrumentation:version != "1"}',
-    '{link:traceID = "0123456789abcdef0123456789abcdef"}',
-    '{link:spanID = "0123456789abcdef"}',
-    "{event:timeSinceStart > 1ms}",
-    '{event.exception.message = "boom"}',
-    '{link.opentracing.ref_type = "child_of"}',
-    '{instrumentation.x = "a"}',
-]
+RAW_FIELDS = {
+    '{event:name = "exception"}': ["charge"],
+    '{event:name = "retry" && kind = client}': ["charge"],
+    '{event:name = "nothing"}': [],
+    '{event.exception.message = "card declined"}': ["charge"],
+    "{event.attempt = 2}": ["charge"],
+    '{event.attempt = "2"}': [],  # an int, not a string
+    "{event:timeSinceStart > 4ms}": ["charge"],
+    "{event:timeSinceStart > 6ms}": [],
+    '{statusMessage = "card declined"}': ["charge"],
+    '{span:statusMessage =~ "card.*"}': ["charge"],
+    '{statusMessage = "x"}': [],
+    '{instrumentation:name = "payments-lib"}': ["charge"],
+    '{instrumentation:version = "1.2.3" && instrumentation.team = "pay"}': ["charge"],
+    '{instrumentation:name = "typed" && span.v = 200}': ["float 200", "int 200"],
+    '{link.opentracing.ref_type = "follows_from"}': ["charge"],
+    "{link:spanID != nil}": ["charge"],
+    '{link:traceID = "0123456789abcdef0123456789abcdef"}': [],
+    '{event:name = nil && name = "charge"}': [],
+    '{event:name = nil && name = "parent of three"}': ["parent of three"],
+}
 
 
-@pytest.mark.parametrize("q", UNSEARCHED)
-def test_unsearched_fields_parse_and_find_nothing(
-    servers: Dict[str, RunningServer], q: str
-) -> None:
-    # Tempo reads them; hotspan keeps them in the raw span only: an answer without traces.
+@pytest.mark.parametrize("q", list(RAW_FIELDS))
+def test_status_message_events_links_and_scope(servers: Dict[str, RunningServer], q: str) -> None:
+    # Grafana's editor offers them (Tempo's intrinsics and scopes); hotspan reads them from
+    # the OTLP spans it stored.
     for name, srv in servers.items():
-        assert matched(srv, q) == [], (name, q)
-        # nil on every span, as for spans without events, links or a scope.
-        nil = q.split(" ")[0] + " = nil && name = " + '"parent of three"}'
-        assert matched(srv, nil) == ["parent of three"], (name, nil)
+        assert matched(srv, q) == RAW_FIELDS[q], (name, q)
+
+
+def test_link_ids_are_the_linked_span(servers: Dict[str, RunningServer]) -> None:
+    for name, srv in servers.items():
+        target = grafana_search(srv, '{name = "int 200"}').json()["traces"][0]
+        span_id = target["spanSet"]["spans"][0]["spanID"]
+        q = f'{{link:traceID = "{target["traceID"]}" && link:spanID = "{span_id}"}}'
+        assert matched(srv, q) == ["charge"], name

@@ -232,7 +232,8 @@ def _pipeline_search(
                 break
             work.traces += 1
             work.spans += len(spans)
-            spansets = evaluate(query, spans)
+            raw = _stored(store, tenant, spans[0].trace_id) if query.needs_raw else None
+            spansets = evaluate(query, spans, raw)
             if spansets:
                 found.append((spans, spansets))
         if not by_duration and len(found) >= params.limit:
@@ -251,6 +252,11 @@ def _pipeline_search(
         known = {t["traceID"]: wholes[t["traceID"]] for t in shown if t["traceID"] in wholes}
         _add_attributes(store, tenant, params, shown, query.shown, known)
     return _response(shown, work)
+
+
+def _stored(store: Any, tenant: str, trace_id: str) -> Dict[int, Any]:
+    """A trace's stored spans (with their OTLP messages and scopes), by span id."""
+    return {s.span_id: s for s in store.trace(tenant, trace_id)}
 
 
 def _duration_ns(spans: Sequence[SpanRecord]) -> int:

@@ -348,16 +348,16 @@ INTRINSICS = {
     "nestedSetLeft": "nestedSetLeft",
     "nestedSetRight": "nestedSetRight",
 }
-# Intrinsics of what hotspan keeps only in the raw span (status message, events, links) and
-# its span group (instrumentation scope), which its search does not read: they parse, as in
-# Tempo, and are nil on every span (``x = "a"`` finds nothing, ``x = nil`` every span).
+# Intrinsics of what hotspan keeps only in the stored OTLP span (status message, events,
+# links) and its span group (instrumentation scope): search reads them there
+# (traceql_eval.RAW_ONLY); metrics and autocomplete, which read the span index only, see nil.
 UNSEARCHED = (
     "statusMessage", "event:name", "event:timeSinceStart", "link:spanID", "link:traceID",
     "instrumentation:name", "instrumentation:version",
 )  # fmt: skip
 INTRINSICS.update({name: name for name in UNSEARCHED})
 INTRINSICS["span:statusMessage"] = "statusMessage"
-# Attribute scopes of the same: event.x, link.x, instrumentation.x are nil too.
+# Attribute scopes of the same: event.x, link.x, instrumentation.x.
 UNSEARCHED_SCOPES = ("event", "link", "instrumentation")
 _KNOWN_ELSEWHERE = {"parent"}
 _STATIC_WORDS = {
@@ -457,6 +457,9 @@ class Query:
     plan: Dict[int, Callable[..., object]] = field(
         default_factory=dict, compare=False, hash=False, repr=False
     )
+    # Whether it names what only the stored OTLP spans hold (statusMessage, event:name,
+    # link:traceID, instrumentation:name, event.x...): search then reads them.
+    needs_raw: bool = False
 
 
 class _Lexer:
@@ -1039,6 +1042,7 @@ def parse_query(text: str) -> Query:
         shown=_shown(root),
         hints=hints,
         plan=plan,
+        needs_raw=any(reads_raw(n) for n in _walk(root)),
     )
 
 
@@ -1278,6 +1282,7 @@ from hotspan.query.traceql_eval import (  # noqa: E402
     field_needs_trace,
     in_selection,
     matches,
+    reads_raw,
     root_test,
     span_value,
 )

@@ -36,6 +36,11 @@ class Text(str):
     """An attribute's value as stored (the flattened text keeps no type)."""
 
 
+class Many(tuple):
+    """The values of a field a span holds several of (its events' names, its links' trace
+    ids): a comparison holds when it holds for one of them."""
+
+
 class Nil:
     """TraceQL's ``nil``: in ``x = nil`` and ``x != nil``, whether ``x`` is absent."""
 

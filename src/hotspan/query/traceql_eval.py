@@ -21,8 +21,12 @@ import math
 import operator
 import re
 from dataclasses import dataclass, field
-from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
+from opentelemetry.proto.common.v1.common_pb2 import InstrumentationScope
+from opentelemetry.proto.trace.v1.trace_pb2 import Span
+
+from hotspan.formats.otlp import any_value_text
 from hotspan.model.labels import RegexError, compile_regex
 from hotspan.model.trace import (
     NUMBER_PATTERN,
@@ -57,9 +61,13 @@ class Spanset:
 
 class _Trace:
     """One trace's spans with their relations, each computed once, when first needed (a
-    filter reads none of them)."""
+    filter reads none of them); ``raw``: the stored spans (``StoredSpan``, by span id) for
+    what only the OTLP message says (status message, events, links, scope)."""
 
-    def __init__(self, spans: Iterable[SpanRecord]) -> None:
+    def __init__(self, spans: Iterable[SpanRecord], raw: Optional[Dict[int, Any]] = None) -> None:
+        self.raw = raw or {}
+        self._messages: Dict[int, Optional[Span]] = {}
+        self._scopes: Dict[bytes, InstrumentationScope] = {}
         by_id: Dict[int, SpanRecord] = {}
         for span in spans:
             by_id.setdefault(span.span_id, span)
@@ -91,6 +99,24 @@ class _Trace:
     @functools.cached_property
     def end_ns(self) -> int:
         return max((s.end_ns for s in self.spans), default=0)
+
+    def message(self, span: SpanRecord) -> Optional[Span]:
+        """The span's OTLP message, when the trace came with its stored spans."""
+        if span.span_id not in self._messages:
+            stored = self.raw.get(span.span_id)
+            self._messages[span.span_id] = None if stored is None else Span.FromString(stored.raw)
+        return self._messages[span.span_id]
+
+    def scope(self, span: SpanRecord) -> Optional[InstrumentationScope]:
+        """The instrumentation scope of the span, when the trace came with its stored spans."""
+        stored = self.raw.get(span.span_id)
+        if stored is None:
+            return None
+        data = stored.group.scope
+        scope = self._scopes.get(data)
+        if scope is None:
+            scope = self._scopes[data] = InstrumentationScope.FromString(data)
+        return scope
 
     def nested(self, span: SpanRecord) -> Tuple[int, int, int]:
         """(nestedSetLeft, nestedSetRight, nestedSetParent) of a span, numbered once."""
@@ -272,8 +298,17 @@ def _attribute_getter(attr: ast.Attribute) -> Getter:
                 _lookup(s.attrs, name), _lookup(s.resource_attrs, name), ast.Text(s.service)
             )
         return lambda s, t: _first(_lookup(s.attrs, name), _lookup(s.resource_attrs, name))
-    if attr.scope in ("event", "link", "instrumentation"):
-        return _nil  # kept in the raw span and its group only, which search does not read
+    if attr.scope == "event":
+        return lambda s, t: _many(_attribute_of(e.attributes, name) for e in _events(s, t))
+    if attr.scope == "link":
+        return lambda s, t: _many(_attribute_of(x.attributes, name) for x in _links(s, t))
+    if attr.scope == "instrumentation":
+
+        def scoped(s: SpanRecord, t: _Trace) -> object:
+            scope = t.scope(s)
+            return None if scope is None else _attribute_of(scope.attributes, name)
+
+        return scoped
     getter = _INTRINSICS.get(name)
     if getter is None:
         raise QueryError(f"TraceQL: {attr.text} is not kept by hotspan's span index")
@@ -288,8 +323,53 @@ def _kind(s: SpanRecord, t: _Trace) -> object:
     return ast.Kind(SPAN_KINDS[s.kind]) if 0 <= s.kind < len(SPAN_KINDS) else None
 
 
-def _nil(s: SpanRecord, t: _Trace) -> object:
+# -- what only the OTLP message says: read when the trace came with its stored spans ----------
+
+
+def _events(s: SpanRecord, t: _Trace) -> Sequence[Any]:
+    message = t.message(s)
+    return () if message is None else message.events
+
+
+def _links(s: SpanRecord, t: _Trace) -> Sequence[Any]:
+    message = t.message(s)
+    return () if message is None else message.links
+
+
+def _many(values: Iterable[object]) -> Optional[ast.Many]:
+    """The values found (a span with no event has no event name: nil)."""
+    found = ast.Many(v for v in values if v is not None)
+    return found if found else None
+
+
+def _typed_value(value: Any) -> object:
+    """An OTLP AnyValue as TraceQL types it (arrays and maps as their text: strings)."""
+    kind = value.WhichOneof("value")
+    if kind is None:
+        return None
+    if kind in ("string_value", "bool_value", "int_value", "double_value"):
+        return getattr(value, kind)
+    return any_value_text(value)
+
+
+def _attribute_of(attributes: Iterable[Any], name: str) -> object:
+    for kv in attributes:
+        if kv.key == name:
+            return _typed_value(kv.value)
     return None
+
+
+def _status_message(s: SpanRecord, t: _Trace) -> object:
+    message = t.message(s)
+    return None if message is None else message.status.message
+
+
+def _scope_field(field_name: str) -> Getter:
+    def get(s: SpanRecord, t: _Trace) -> object:
+        scope = t.scope(s)
+        return None if scope is None else getattr(scope, field_name)
+
+    return get
 
 
 _INTRINSICS: Dict[str, Getter] = {
@@ -307,16 +387,39 @@ _INTRINSICS: Dict[str, Getter] = {
     "nestedSetLeft": lambda s, t: t.nested(s)[0],
     "nestedSetRight": lambda s, t: t.nested(s)[1],
     "nestedSetParent": _nested_parent,
-    # Kept in the raw span (status message, events, links) and its group (instrumentation
-    # scope), which search does not read: nil, as for a span without them.
-    "statusMessage": _nil,
-    "event:name": _nil,
-    "event:timeSinceStart": _nil,
-    "link:spanID": _nil,
-    "link:traceID": _nil,
-    "instrumentation:name": _nil,
-    "instrumentation:version": _nil,
+    # The OTLP message's (nil when the trace came without it: see RAW_ONLY).
+    "statusMessage": _status_message,
+    "event:name": lambda s, t: _many(e.name for e in _events(s, t)),
+    "event:timeSinceStart": lambda s, t: _many(
+        ast.Duration(e.time_unix_nano - s.start_ns) for e in _events(s, t)
+    ),
+    "link:spanID": lambda s, t: _many(x.span_id.hex() for x in _links(s, t)),
+    "link:traceID": lambda s, t: _many(x.trace_id.hex() for x in _links(s, t)),
+    "instrumentation:name": _scope_field("name"),
+    "instrumentation:version": _scope_field("version"),
 }
+# Intrinsics (canonical names) and attribute scopes only the stored OTLP message holds: a
+# query naming one is evaluated with its traces' stored spans (``evaluate``'s ``raw``).
+RAW_ONLY = frozenset(
+    (
+        "statusMessage",
+        "event:name",
+        "event:timeSinceStart",
+        "link:spanID",
+        "link:traceID",
+        "instrumentation:name",
+        "instrumentation:version",
+    )
+)
+RAW_SCOPES = ("event", "link", "instrumentation")
+
+
+def reads_raw(expr: object) -> bool:
+    """Whether an attribute or intrinsic is one only the stored OTLP message holds."""
+    if not isinstance(expr, ast.Attribute):
+        return False
+    return expr.scope in RAW_SCOPES or (expr.scope == "intrinsic" and expr.name in RAW_ONLY)
+
 
 # -- comparisons and arithmetic -------------------------------------------------------------------
 
@@ -391,6 +494,10 @@ def compare(op: str, a: object, b: object) -> bool:
     """``a op b`` by TraceQL's rules; nil (None) and mismatched types compare false."""
     if a is None or b is None:
         return False
+    if isinstance(a, ast.Many):
+        return any(compare(op, x, b) for x in a)
+    if isinstance(b, ast.Many):
+        return any(compare(op, a, x) for x in b)
     if op in ("=~", "!~"):
         if not is_string(a) or not is_string(b):
             return False
@@ -498,6 +605,8 @@ def _compare_static(expr: ast.Binary) -> Optional[Getter]:
     """A comparison with a literal, compiled to what :func:`compare` would decide for it,
     without its type dispatch per span (the common case: ``status = error``,
     ``span.http.status_code >= 500``, ``resource.service.name = "api"``)."""
+    if reads_raw(expr.lhs) or reads_raw(expr.rhs):
+        return None  # several values (events, links): compare() tries each
     root = root_test(expr)
     if root is not None:
         when_root, otherwise = root
@@ -587,13 +696,17 @@ def _compiled(expr: ast.Field, trace: _Trace) -> Getter:
 # -- running a pipeline ---------------------------------------------------------------------------
 
 
-def evaluate(query: object, spans: Sequence[SpanRecord]) -> List[Spanset]:
+def evaluate(
+    query: object, spans: Sequence[SpanRecord], raw: Optional[Dict[int, Any]] = None
+) -> List[Spanset]:
     """The spansets ``query`` (a ``traceql.Query``, or a bare syntax tree) finds among
-    ``spans``: every span of one trace when the query needs whole traces, else any of them."""
+    ``spans``: every span of one trace when the query needs whole traces, else any of them.
+    ``raw``: the trace's stored spans by span id, for what only their OTLP messages hold
+    (statusMessage, events, links, instrumentation scope; nil without them)."""
     if not spans:
         return []
     root = getattr(query, "root", query)
-    trace = _Trace(spans)
+    trace = _Trace(spans, raw)
     trace.plan = getattr(query, "plan", None) or {}
     try:
         found = _run(root, [Spanset(tuple(trace.spans), {})], trace)  # type: ignore[arg-type]

@@ -283,8 +283,9 @@ def _tag_names(
     state: ServerState, tenant: str, params: Mapping[str, str]
 ) -> Tuple[Dict[str, List[str]], Optional[str]]:
     scope = params.get("scope") or None
-    # TraceQL's scopes; hotspan keeps no event, link or instrumentation attributes: their
-    # names are none (Tempo's 400 is for a scope TraceQL does not have).
+    # TraceQL's scopes; event, link and instrumentation attributes are only in the stored
+    # OTLP spans, which the tag index does not read: their names are none (Tempo's 400 is
+    # for a scope TraceQL does not have).
     scopes = ("all", "span", "resource", "intrinsic", "event", "link", "instrumentation")
     if scope is not None and scope not in scopes:
         raise HTTPError(
