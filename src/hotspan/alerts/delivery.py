@@ -82,8 +82,6 @@ class _Deadline:
         self._done = False
         self._timer = threading.Timer(seconds, self._cut)
         self._timer.daemon = True
-
-    def start(self) -> None:
         self._timer.start()
 
     def left(self) -> float:
@@ -309,27 +307,20 @@ def post(
         auth = httpx.BasicAuth(target.username, target.password)
         target = target.copy_with(userinfo=b"")
     deadline = _Deadline(deadline_s)
-    transport = _CheckedTransport(_CheckedBackend(allow, deadline, resolver))
     try:
-        with httpx.Client(
-            transport=transport,
+        client = httpx.Client(
+            transport=_CheckedTransport(_CheckedBackend(allow, deadline, resolver)),
             timeout=deadline_s,
             follow_redirects=False,
             trust_env=False,  # no proxy from the environment: the address checked is the peer
-        ) as client:
-            deadline.start()
-            with client.stream(
-                "POST",
-                target,
-                content=body,
-                auth=auth,
-                headers={
-                    "Content-Type": "application/json",
-                    "User-Agent": f"hotspan/{__version__}",
-                },
-            ) as response:
-                # The body is not read: nothing of it is kept or shown.
-                status = response.status_code
+        )
+        headers = {"Content-Type": "application/json", "User-Agent": f"hotspan/{__version__}"}
+        with (
+            client,
+            client.stream("POST", target, content=body, auth=auth, headers=headers) as response,
+        ):
+            # The body is not read: nothing of it is kept or shown.
+            status = response.status_code
     except Exception as exc:  # noqa: BLE001 - any failure of a receiver is its answer
         return _failure(exc, deadline)
     finally:

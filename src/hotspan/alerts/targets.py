@@ -168,7 +168,7 @@ def permitted(ip: IPAddress, allow: Sequence[IPNetwork]) -> Optional[str]:
     return kind
 
 
-def refusal(host: str, kind: str, literal: bool) -> str:
+def _refusal(host: str, kind: str, literal: bool) -> str:
     what = f"host {host!r} is" if literal else f"host {host!r} resolves to"
     article = "an" if kind[0] in "aeiou" else "a"
     return (
@@ -205,7 +205,7 @@ def resolve(host: str, port: int, timeout: float) -> List[IPAddress]:
         raise answer[0]
     found: List[IPAddress] = []
     for *_, sockaddr in answer[0]:  # type: ignore[attr-defined]
-        ip = ipaddress.ip_address(str(sockaddr[0]).split("%", 1)[0])
+        ip = ipaddress.ip_address(str(sockaddr[0]))  # a link-local one keeps its scope
         if ip not in found:
             found.append(ip)
     if not found:
@@ -219,7 +219,7 @@ def check_addresses(host: str, addresses: Sequence[IPAddress], allow: Sequence[I
     for ip in addresses:
         kind = permitted(ip, allow)
         if kind is not None:
-            raise WebhookRefused(refusal(host, kind, literal), kind)
+            raise WebhookRefused(_refusal(host, kind, literal), kind)
 
 
 def check_webhook(
