@@ -17,12 +17,14 @@ import pytest
 from starlette.routing import Route
 
 from hotspan.formats.proto import tempo_pb2
-from hotspan.server.auth import INGEST, Authenticator, credential_of, token_hash
+from hotspan.server.auth import CACHE_TTL_S, INGEST, Authenticator, credential_of, token_hash
 from hotspan.server.config import ServerConfig
 from hotspan.server.errors import HTTPError
 from hotspan.server.scrape import ScrapeConfigError, parse_scrape_config
 from hotspan.store.base import StoredToken
 from hotspan.store.duckdb import DuckDBStore
+from tests.clickhouse_fixture import clickhouse_server as clickhouse_server  # noqa: F401
+from tests.clickhouse_fixture import clickhouse_url as clickhouse_url  # noqa: F401
 from tests.conftest import RunningServer, running_server
 from tests.helpers import QUERIER, flamegraph, function_totals, ingest_pprof, make_pprof
 from tests.test_otlp_profiles import cpu_request, grpc_error, grpc_export
@@ -411,6 +413,35 @@ def test_tokens_are_read_from_the_store_once_per_ttl(tmp_path: Path) -> None:
         assert refused.value.status == 403
     finally:
         store.close()
+
+
+def _seconds_until(client: httpx.Client, token: str, status: int) -> float:
+    start = time.monotonic()
+    while client.get("/api/v1/alerts", headers=bearer(token)).status_code != status:
+        assert time.monotonic() - start < 20, f"still not {status}"
+        time.sleep(0.1)
+    return time.monotonic() - start
+
+
+def test_servers_over_one_clickhouse_share_tokens(tmp_path: Path, clickhouse_url: str) -> None:
+    """A token made through one server opens the other; revoked through one, it stops at once
+    there and within the cache's TTL on the other."""
+    args = ["--store", clickhouse_url, "--query-token", "op-q"]
+    with (
+        running_server(tmp_path / "a", args) as a,
+        running_server(tmp_path / "b", args) as b,
+        a.client() as ca,
+        b.client() as cb,
+    ):
+        assert cb.get("/api/v1/alerts", headers=OP_Q).status_code == 200  # b reads the tokens
+        token, token_id = create_token(ca, "query", {**OP_Q, "X-Scope-OrgID": "shared"})
+        assert ca.get("/api/v1/alerts", headers=bearer(token)).status_code == 200
+        assert _seconds_until(cb, token, 200) <= CACHE_TTL_S + 1
+        assert ca.delete(f"/api/v1/tokens/{token_id}", headers=bearer(token)).status_code == 403
+        r = ca.delete(f"/api/v1/tokens/{token_id}", headers={**OP_Q, "X-Scope-OrgID": "shared"})
+        assert r.status_code == 200
+        assert ca.get("/api/v1/alerts", headers=bearer(token)).status_code == 401
+        assert _seconds_until(cb, token, 401) <= CACHE_TTL_S + 1
 
 
 # -- scrape targets -------------------------------------------------------------------------
