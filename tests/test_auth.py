@@ -27,7 +27,7 @@ from tests.clickhouse_fixture import clickhouse_server as clickhouse_server  # n
 from tests.clickhouse_fixture import clickhouse_url as clickhouse_url  # noqa: F401
 from tests.conftest import RunningServer, running_server
 from tests.helpers import QUERIER, flamegraph, function_totals, ingest_pprof, make_pprof
-from tests.test_otlp_profiles import cpu_request, grpc_error, grpc_export
+from tests.test_otlp_profiles import cpu_request, grpc_error, grpc_export, http_status, post
 
 T0 = 1_700_000_000
 OPERATOR = ["--ingest-token", "op-in", "--query-token", "op-q"]
@@ -191,6 +191,13 @@ def test_tokens_over_grpc(srv: RunningServer, team_a: Dict[str, str]) -> None:
     assert err.code() == grpc.StatusCode.PERMISSION_DENIED
     err = grpc_error(address, cpu_request("grpc-q", T0).pb(), [query])
     assert err.code() == grpc.StatusCode.PERMISSION_DENIED
+    # OTLP/HTTP says so in its own google.rpc.Status, as gRPC does.
+    body = cpu_request("http-b", T0).pb()
+    headers = {"Authorization": f"Bearer {team_a['ingest']}", "X-Scope-OrgID": "team-b"}
+    r = post(srv.otlp_http_url or "", body, headers=headers)
+    assert (
+        r.status_code == 403 and http_status(r).code == grpc.StatusCode.PERMISSION_DENIED.value[0]
+    )
     with srv.client() as c:
         r = c.get(
             "/pyroscope/label-values",

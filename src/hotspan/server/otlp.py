@@ -31,7 +31,7 @@ PROTOBUF = "application/x-protobuf"
 JSON = "application/json"
 PATHS = ("/v1/traces", "/v1development/profiles")
 # google.rpc.Code of an HTTP status, for the Status in error answers.
-_RPC_CODE = {401: 16, 413: 8, 429: 8, 503: 14}
+_RPC_CODE = {401: 16, 403: 7, 413: 8, 429: 8, 503: 14}
 INVALID_ARGUMENT = 3
 
 
