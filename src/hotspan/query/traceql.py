@@ -1254,8 +1254,8 @@ def _condition_of(expr: ast.Field) -> Optional[Condition]:
         if isinstance(value, (str, int, float)):
             return Condition(key, op, int(value) if isinstance(value, ast.Duration) else value)
         return None
-    if attr.scope != "intrinsic":
-        return None  # event.x, link.x, instrumentation.x: not in the stores' columns
+    if attr.scope != "intrinsic" or attr.name in RAW_ONLY:
+        return _raw_condition(attr, op, value)
     name = attr.name
     if name == "name" and isinstance(value, str) and not isinstance(value, (ast.Status, ast.Kind)):
         return Condition("name", op, str(value))
@@ -1270,9 +1270,28 @@ def _condition_of(expr: ast.Field) -> Optional[Condition]:
     return None
 
 
+def _raw_condition(attr: ast.Attribute, op: str, value: object) -> Optional[Condition]:
+    """For what only the stored OTLP message holds (``event:name = "exception"``): bytes the
+    span's message (``raw:span``) or its scope's (``raw:scope``) must contain, in hex, for
+    the stores to narrow the spans the engine reads (it decides)."""
+    if op != "=" or not isinstance(value, str) or isinstance(value, (ast.Status, ast.Kind)):
+        return None
+    needle = value.encode()
+    if attr.name in ("link:traceID", "link:spanID"):
+        digits = 32 if attr.name == "link:traceID" else 16
+        if not re.fullmatch(f"[0-9a-fA-F]{{{digits}}}", value):
+            return None
+        needle = bytes.fromhex(value)
+    if not needle:
+        return None
+    scoped = attr.scope == "instrumentation" or attr.name.startswith("instrumentation:")
+    return Condition("raw:scope" if scoped else "raw:span", "=", needle.hex().upper())
+
+
 # The evaluator, re-exported: ``query.traceql`` is where callers find the whole language.
 from hotspan.query.traceql_eval import (  # noqa: E402
     NOT_ROOT_CONDITION,
+    RAW_ONLY,
     ROOT_CONDITION,
     TRACE_WIDE,
     Spanset,

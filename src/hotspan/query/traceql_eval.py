@@ -23,6 +23,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
+from google.protobuf.message import DecodeError
 from opentelemetry.proto.common.v1.common_pb2 import InstrumentationScope
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
@@ -104,7 +105,13 @@ class _Trace:
         """The span's OTLP message, when the trace came with its stored spans."""
         if span.span_id not in self._messages:
             stored = self.raw.get(span.span_id)
-            self._messages[span.span_id] = None if stored is None else Span.FromString(stored.raw)
+            message = None
+            if stored is not None:
+                try:
+                    message = Span.FromString(stored.raw)
+                except DecodeError:
+                    message = None  # what no OTLP ingest stores: as a span without them
+            self._messages[span.span_id] = message
         return self._messages[span.span_id]
 
     def scope(self, span: SpanRecord) -> Optional[InstrumentationScope]:
@@ -115,7 +122,11 @@ class _Trace:
         data = stored.group.scope
         scope = self._scopes.get(data)
         if scope is None:
-            scope = self._scopes[data] = InstrumentationScope.FromString(data)
+            try:
+                scope = InstrumentationScope.FromString(data)
+            except DecodeError:
+                scope = InstrumentationScope()
+            self._scopes[data] = scope
         return scope
 
     def nested(self, span: SpanRecord) -> Tuple[int, int, int]:

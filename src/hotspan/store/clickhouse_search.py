@@ -188,6 +188,10 @@ def span_condition(cond: Condition, bind: _Binder) -> str:
         return _compare_number(key, "span_id", op, condition_span_id(value), bind)
     if key == "span:parentID":  # "0000000000000000": a root span (TraceQL's nestedSetParent<0)
         return _compare_number(key, "parent_span_id", op, condition_span_id(value), bind)
+    if key == "raw:span":  # bytes (hex) of the span's OTLP message: a necessary condition
+        return f"position(hex(raw), {bind(str(value))}) > 0"
+    if key == "raw:scope":
+        return _IN_RESOURCE.format(f"position(hex(scope), {bind(str(value))}) > 0")
     if key.startswith("span."):
         return _attribute(key[5:], op, value, bind, key)
     if key.startswith("resource."):

@@ -102,6 +102,10 @@ def span_condition(cond: Condition) -> SQL:
         return _compare("span_id", op, condition_span_id(value))
     if key == "span:parentID":  # "0000000000000000": a root span (TraceQL's nestedSetParent<0)
         return _compare("parent_span_id", op, condition_span_id(value))
+    if key == "raw:span":  # bytes (hex) of the span's OTLP message: a necessary condition
+        return "contains(hex(raw), ?)", [str(value)]
+    if key == "raw:scope":
+        return _IN_RESOURCE.format("contains(hex(scope), ?)"), [str(value)]
     if key.startswith("span."):
         return _attribute(key[5:], op, value)
     if key.startswith("resource."):
