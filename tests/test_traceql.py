@@ -1097,7 +1097,8 @@ def test_attributes_typed_from_the_index_text_as_from_the_raw_spans(tmp_path, mo
             i * 100 + 50,
             None,
             SpanKind.SERVER,
-            {**attributes, "http.route": f"/r{i}"},
+            # A string that reads as a number stays a string, from the index too.
+            {**attributes, "http.route": f"/r{i}", "build": str(40 + i)},
         )
         shop.span("backend", "db", i * 100 + 1, i * 100 + 9, root, SpanKind.CLIENT, {"db.rows": i})
     store = DuckDBStore(str(tmp_path / "data"))
@@ -1107,6 +1108,7 @@ def test_attributes_typed_from_the_index_text_as_from_the_raw_spans(tmp_path, mo
     queries = [
         "{span.http.status_code >= 200 && span.ratio > 0 && .cache.hit != false}",
         "{span.http.status_code >= 200} | select(span.http.route, resource.deployment.environment)",
+        '{span.build != "x"} | select(span.build)',
         "{kind = server} > {kind = client} | select(span.db.rows, childCount, nestedSetLeft)",
     ]
     try:
@@ -1116,7 +1118,9 @@ def test_attributes_typed_from_the_index_text_as_from_the_raw_spans(tmp_path, mo
             assert search(store, "t", params, parse_query(q)) == want, q
         first = typed[0]["traces"][0]["spanSet"]["spans"][0]["attributes"]
         assert [list(a["value"]) for a in first] == [["intValue"], ["doubleValue"], ["boolValue"]]
-        db = typed[2]["traces"][0]["spanSet"]["spans"][0]["attributes"]
+        build = typed[2]["traces"][0]["spanSet"]["spans"][0]["attributes"]
+        assert [a["value"] for a in build] == [{"stringValue": "42"}]
+        db = typed[3]["traces"][0]["spanSet"]["spans"][0]["attributes"]
         assert [a["key"] for a in db] == ["kind", "db.rows", "childCount", "nestedSetLeft"]
     finally:
         store.close()

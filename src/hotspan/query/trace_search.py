@@ -30,15 +30,17 @@ from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
 from hotspan.model.trace import (
+    RS,
     SPAN_KINDS,
     STATUS_CODES,
+    STRING_US,
+    US,
     Condition,
     MatchedSpan,
     SearchError,
     SpanRecord,
     TraceQuery,
     TraceSummary,
-    parse_attributes,
 )
 from hotspan.query import traceql_ast as ast
 from hotspan.query.engine import QueryError
@@ -505,10 +507,8 @@ def _label(
             attrs = _typed(Span.FromString(item.raw).attributes)
             resource = _typed(Resource.FromString(item.group.resource).attributes)
         elif needs_values:
-            attrs = {k: _any_value(ast.Text(v)) for k, v in parse_attributes(item.attrs).items()}
-            resource = {
-                k: _any_value(ast.Text(v)) for k, v in parse_attributes(item.resource_attrs).items()
-            }
+            attrs = _index_values(item.attrs)
+            resource = _index_values(item.resource_attrs)
         out = []
         for attr in shown:
             value = _shown_value(attr, item, attrs, resource, children, nested)
@@ -516,6 +516,21 @@ def _label(
                 out.append({"key": _shown_key(attr), "value": value})
         if out:
             span["attributes"] = out
+
+
+def _index_values(flat: str) -> Dict[str, Dict[str, Any]]:
+    """A flattened attribute text's values as AnyValues: typed as their text reads, but for
+    strings that read as a number or a boolean (kept after STRING_US)."""
+    out: Dict[str, Dict[str, Any]] = {}
+    for record in flat.split(RS):
+        key, sep, value = record.partition(US)
+        if sep:
+            out[key] = _any_value(ast.Text(value))
+            continue
+        key, sep, value = record.partition(STRING_US)
+        if sep:
+            out[key] = {"stringValue": value}
+    return out
 
 
 def _typed(attributes: Iterable[Any]) -> Dict[str, Dict[str, Any]]:
