@@ -383,8 +383,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         action="append",
         type=_cidr,
         metavar="CIDR",
-        help="let alert webhooks reach this network although it is loopback, link-local or "
-        "private (refused otherwise; repeatable)",
+        help="let alert webhooks reach this network although it is loopback, link-local, "
+        "private, multicast or reserved (refused otherwise; repeatable)",
     )
     srv.add_argument(
         "--external-url",
