@@ -180,7 +180,7 @@ def run_target(
             if proc.returncode == 0 or not args.keep_going:
                 break
     text = log.read_text(errors="replace")
-    for m in re.finditer(r"Done (\d+) runs", text):
+    for m in re.finditer(r"stat::number_of_executed_units: *(\d+)", text):
         runs += int(m.group(1))
     stats = re.findall(r"cov: (\d+) ft: (\d+) corp: (\d+)", text)
     if stats:

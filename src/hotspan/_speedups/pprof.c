@@ -112,12 +112,14 @@ typedef struct {
 /* upb (the Python decoder) allows 100 levels of messages and groups together. */
 #define MAX_NESTING 100
 
-static int read_varint(Reader *r, uint64_t *out) {
+/* A varint of at most ``max_bytes`` bytes.  upb (the Python decoder) reads values of up to 10
+ * bytes but tags and lengths of up to 5, and refuses longer ones; so does this. */
+static int read_varint_upto(Reader *r, uint64_t *out, int max_bytes) {
     uint64_t v = 0;
-    for (int shift = 0; shift < 64; shift += 7) {
+    for (int i = 0; i < max_bytes; i++) {
         if (r->p >= r->end) return fail("truncated varint");
         uint8_t b = *r->p++;
-        v |= (uint64_t)(b & 0x7f) << shift;
+        v |= (uint64_t)(b & 0x7f) << (7 * i);
         if (!(b & 0x80)) {
             *out = v;
             return 0;
@@ -126,23 +128,32 @@ static int read_varint(Reader *r, uint64_t *out) {
     return fail("varint too long");
 }
 
-/* Reads a field key; *field = 0 at the end of the message. */
-static int read_key(Reader *r, uint32_t *field, uint32_t *wire) {
+static int read_varint(Reader *r, uint64_t *out) { return read_varint_upto(r, out, 10); }
+
+/* A field's tag: field number and wire type; the number may be 0 (see read_key). */
+static int read_tag(Reader *r, uint32_t *field, uint32_t *wire) {
     uint64_t key;
-    if (r->p >= r->end) {
-        *field = 0;
-        return 0;
-    }
-    if (read_varint(r, &key) < 0) return -1;
-    if ((key >> 3) == 0 || (key >> 3) > 0x1FFFFFFF) return fail("invalid field number");
+    if (read_varint_upto(r, &key, 5) < 0) return -1;
+    if (key > 0xFFFFFFFFULL) return fail("invalid field number");
     *field = (uint32_t)(key >> 3);
     *wire = (uint32_t)(key & 7);
     return 0;
 }
 
+/* Reads a field key; *field = 0 at the end of the message. */
+static int read_key(Reader *r, uint32_t *field, uint32_t *wire) {
+    if (r->p >= r->end) {
+        *field = 0;
+        return 0;
+    }
+    if (read_tag(r, field, wire) < 0) return -1;
+    if (*field == 0) return fail("invalid field number");
+    return 0;
+}
+
 static int read_len(Reader *r, Reader *sub) {
     uint64_t n;
-    if (read_varint(r, &n) < 0) return -1;
+    if (read_varint_upto(r, &n, 5) < 0) return -1;
     if (n > (uint64_t)(r->end - r->p)) return fail("length past the end");
     sub->p = r->p;
     sub->end = r->p + n;
@@ -159,8 +170,9 @@ static int skip_group(Reader *r, uint32_t field, int level) {
     uint32_t f, w;
     if (level > MAX_NESTING) return fail("groups nested too deep");
     for (;;) {
-        if (read_key(r, &f, &w) < 0) return -1;
-        if (f == 0) return fail("unterminated group");
+        /* Inside a group upb takes field number 0 as any other unknown field. */
+        if (r->p >= r->end) return fail("unterminated group");
+        if (read_tag(r, &f, &w) < 0) return -1;
         if (w == 4) return f == field ? 0 : fail("mismatched end of group");
         if (w == 3) {
             if (skip_group(r, f, level + 1) < 0) return -1;
