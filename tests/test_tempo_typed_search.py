@@ -146,6 +146,9 @@ TYPED = {
     "{span.v = true}": ["bool true"],
     "{span.v != false}": ["bool true"],
     "{span.v = false}": [],
+    # A status or a kind is no string: not the string "ok".
+    "{span.v = ok}": [],
+    "{span.v != error}": [],
     # Unscoped: the same rules.
     '{.v = "200"}': ["string 200"],
     "{.v = 200}": ["float 200", "int 200"],

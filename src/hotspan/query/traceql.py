@@ -150,6 +150,10 @@ def _condition(tokens: _Tokens) -> Condition:
         raise QueryError(f"TraceQL: {op!r} is not a comparison ({' '.join(OPERATORS)})")
     value_kind, text = tokens.take()
     value = _value(value_kind, text, key)
+    if value_kind == "ident" and text not in _KEYWORDS and key.startswith(_SQL_ATTRIBUTE_PREFIXES):
+        # A status or kind against an attribute never holds (an attribute is no status): the
+        # engine says so, where SQL would compare the name as a string.
+        raise QueryError(f"TraceQL: {key} {op} {text} compares an attribute with a {text}")
     if key in _DURATION_KEYS and not isinstance(value, int):
         raise QueryError(f"TraceQL: {key} compares with a duration such as 100ms, not {text}")
     if not key.startswith(_SQL_ATTRIBUTE_PREFIXES) and key not in _SQL_INTRINSICS:
