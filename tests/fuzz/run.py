@@ -150,7 +150,7 @@ def run_target(
             left = int(deadline - time.monotonic())
             if left < 1:
                 break
-            before = set(artifacts.iterdir())
+            launched = time.time()
             cmd = [
                 sys.executable,
                 str(HERE / "worker.py"),
@@ -172,12 +172,19 @@ def run_target(
                 cwd=ROOT,
                 timeout=left + args.timeout + 120,
             )
-            new = sorted(p for p in set(artifacts.iterdir()) - before if ARTIFACT.match(p.name))
+            # By time, not name: an input found again is written over its earlier file.
+            written = [
+                p
+                for p in sorted(artifacts.iterdir())
+                if ARTIFACT.match(p.name) and p.stat().st_mtime >= launched - 1
+            ]
+            new = [p for p in written if p not in findings]
             findings.extend(new)
-            if proc.returncode != 0 and not new:
+            if proc.returncode != 0 and not written:
                 error = f"worker exited with status {proc.returncode} without a finding"
                 break
-            if proc.returncode == 0 or not args.keep_going:
+            # Again an input it found before: one the seeds hold (it fails as they are read).
+            if proc.returncode == 0 or not args.keep_going or not new:
                 break
     text = log.read_text(errors="replace")
     for m in re.finditer(r"stat::number_of_executed_units: *(\d+)", text):
