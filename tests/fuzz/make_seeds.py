@@ -186,6 +186,38 @@ def pprof_seeds_small() -> bytes:
     return make_pprof([(["b", "a"], 3, {"k": "v"})], compress=False, time_ns=1_700_000_000 * 10**9)
 
 
+def json_dictionary(message_class) -> bytes:  # type: ignore[no-untyped-def]
+    """A libFuzzer dictionary of the JSON names of a message's fields, nested ones included:
+    byte mutations alone rarely spell ``"resourceSpans"``."""
+    names = set()
+    todo = [message_class.DESCRIPTOR]
+    seen = set()
+    while todo:
+        descriptor = todo.pop()
+        if descriptor.full_name in seen:
+            continue
+        seen.add(descriptor.full_name)
+        for f in descriptor.fields:
+            names.add(f.json_name)
+            if f.message_type is not None:
+                todo.append(f.message_type)
+    return "".join(f'"\\"{name}\\":"\n' for name in sorted(names)).encode()
+
+
+def dictionaries() -> Dict[str, bytes]:
+    from opentelemetry.proto.collector.profiles.v1development.profiles_service_pb2 import (
+        ExportProfilesServiceRequest,
+    )
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+        ExportTraceServiceRequest,
+    )
+
+    return {
+        "otlp_traces": json_dictionary(ExportTraceServiceRequest),
+        "otlp_profiles": json_dictionary(ExportProfilesServiceRequest),
+    }
+
+
 def main() -> None:
     sys.path.insert(0, str(ROOT))
     seeds = {
@@ -205,6 +237,9 @@ def main() -> None:
                 continue
             (directory / name).write_bytes(data)
             print(f"{target}/{name}: {len(data)} bytes")
+    for target, text in dictionaries().items():
+        (HERE / "dicts").mkdir(exist_ok=True)
+        (HERE / "dicts" / f"{target}.dict").write_bytes(text)
 
 
 if __name__ == "__main__":

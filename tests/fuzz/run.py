@@ -4,7 +4,8 @@
     python3 tests/fuzz/run.py --seconds 3600 --work ~/.cache/hotspan-fuzz   # longer, resumable
     python3 tests/fuzz/run.py --targets jfr,pprof_c --seconds 600 --instrumented-c
 
-Targets are in tests/fuzz/targets.py; seeds in tests/fuzz/corpus/<target>/.  ``--seconds`` is
+Targets are in tests/fuzz/targets.py; seeds in tests/fuzz/corpus/<target>/ (and libFuzzer
+dictionaries in tests/fuzz/dicts/), both written by make_seeds.py.  ``--seconds`` is
 the wall time of the whole run: the targets share it, ``--jobs`` at a time.  Each input must
 finish within ``--timeout`` seconds and the worker stay under ``--rss-limit-mb``; an input
 that crashes, hangs, blows the memory up or raises anything but the server's 4xx errors is a
@@ -137,6 +138,7 @@ def run_target(
     corpus.mkdir(parents=True, exist_ok=True)
     artifacts.mkdir(parents=True, exist_ok=True)
     log = work / f"{target}.log"
+    dictionary = HERE / "dicts" / f"{target}.dict"  # tokens of a text format (make_seeds.py)
     started = time.monotonic()
     deadline = started + seconds
     runs = 0
@@ -161,6 +163,7 @@ def run_target(
                 f"-max_len={args.max_len}",
                 f"-artifact_prefix={artifacts}/",
                 "-print_final_stats=1",
+                *([f"-dict={dictionary}"] if dictionary.is_file() else []),
                 str(corpus),
                 *map(str, seed_dirs(target, extra, work)),
             ]
