@@ -36,8 +36,26 @@ EXTENSIONS = [
     ),
     Extension(
         "hotspan._speedups._sampler",
-        ["src/hotspan/_speedups/sampler.c"],
-        depends=["src/hotspan/_speedups/sampler_api.h"],
+        [
+            f"src/hotspan/_speedups/sampler/{name}.c"
+            for name in (
+                "labels",
+                "frames",
+                "threads",
+                "handler",
+                "windows",
+                "collector",
+                "codes",
+                "control",
+                "span_stats",
+                "linker",
+                "module",
+            )
+        ],
+        depends=[
+            "src/hotspan/_speedups/sampler_api.h",
+            "src/hotspan/_speedups/sampler/internal.h",
+        ],
         extra_compile_args=["-O2", "-std=gnu11"],
         libraries=["rt"],
         optional=True,

@@ -1,0 +1,350 @@
+/* The collector: a native thread that never takes the GIL.  It drains the ring into the
+ * current window, scans for new and ended threads, charges wall time (asking running threads
+ * for a sample, charging idle ones at their last stack) and closes windows.  Apart because it
+ * is the one thread of its own, with its own wake-up and shutdown. */
+#include "internal.h"
+
+static void
+keep_copy(WallCopy **where, const Entry *e)
+{
+    if (*where == NULL)
+        *where = malloc(sizeof(WallCopy) + (size_t)max_depth * sizeof(RawFrame));
+    WallCopy *c = *where;
+    if (c == NULL)
+        return;
+    c->ident = e->ident;
+    memcpy(c->labels, e->labels, sizeof c->labels);
+    c->seq = e->seq;
+    c->depth = e->depth;
+    memcpy(c->frames, e->frames, (size_t)e->depth * sizeof(RawFrame));
+}
+
+/* Under threads_mutex: what the handlers recorded goes into the current window. */
+void
+drain_ring(void)
+{
+    if (ring == NULL)
+        return;
+    /* From where the last drain stopped to the last position handed out: touching only those
+     * entries (the ring is a megabyte; scanning it all each tick cost 0.5% of a core). */
+    unsigned long end = atomic_load_explicit(&ring_pos, memory_order_acquire);
+    if (end - drain_pos > RING_CAPACITY)
+        drain_pos = end - RING_CAPACITY;
+    for (; drain_pos != end; drain_pos++) {
+        Entry *e = entry_at(drain_pos);
+        int state = atomic_load_explicit(&e->state, memory_order_acquire);
+        if (state != 2) {
+            /* Being written, or about to be (its position was just taken): the next tick
+             * reads it.  Unless the writer has been held up for long (a descheduled
+             * thread), then the ring must go on: it is read on the next lap. */
+            if (end - drain_pos < RING_CAPACITY / 2 && (state == 1 || end - drain_pos <= 8))
+                break;
+            continue;
+        }
+        if (e->cpu_ns) {
+            add_or_count(KIND_CPU, e->ident, e->labels, e->frames, e->depth, e->cpu_ns);
+            /* Kept, so that the CPU the thread uses after its last sample (it ends, or
+             * sampling stops) goes where its CPU was going. */
+            if (e->slot >= 0 && e->depth > 0)
+                keep_copy(&slots[e->slot].last_cpu, e);
+        }
+        if (e->wall_ns && e->depth > 0) {
+            add_or_count(KIND_WALL, e->ident, e->labels, e->frames, e->depth, e->wall_ns);
+            /* Kept, so that while the thread does not run its wall time is charged here
+             * without interrupting it. */
+            if (e->slot >= 0)
+                keep_copy(&slots[e->slot].last_wall, e);
+        }
+        atomic_store_explicit(&e->state, 0, memory_order_release);
+    }
+}
+
+#ifdef HAVE_THREAD_TIMERS
+unsigned scan_generation;
+
+/* Under threads_mutex: a slot (and a CPU timer) for every thread the process has, none for
+ * threads gone.  Threads started through `threading` made theirs as they started. */
+void
+scan_threads(void)
+{
+    DIR *dir = opendir("/proc/self/task");
+    if (dir == NULL)
+        return;
+    unsigned mark = ++scan_generation;
+    if (mark == 0)
+        mark = ++scan_generation;
+    struct dirent *d;
+    while ((d = readdir(dir)) != NULL) {
+        if (d->d_name[0] < '0' || d->d_name[0] > '9')
+            continue;
+        pid_t tid = (pid_t)atoi(d->d_name);
+        if (tid <= 0 || is_excluded(tid))
+            continue;
+        int index = slot_for(tid, PY_UNKNOWN);
+        if (index < 0)
+            continue;
+        ThreadSlot *s = &slots[index];
+        s->scan_mark = mark;
+        /* Once a second (a system call per thread): a timer of a thread that died, whose tid
+         * another thread has now. */
+        if (mark % 10 == 0 && s->has_timer && !timer_alive(s)) {
+            /* The thread that had this tid died and another got the number. */
+            disarm(s);
+            atomic_store(&s->python, PY_UNKNOWN);
+            if (s->last_wall != NULL)
+                s->last_wall->depth = -1;
+        }
+#ifdef HAVE_PERF_EVENTS
+        check_perf_signals(s);
+#endif
+        if (atomic_load(&s->python) != PY_NO)
+            arm(s, index);
+        else
+            disarm(s);
+    }
+    closedir(dir);
+    for (int k = n_used_slots - 1; k >= 0; k--) {
+        int index = used_slots[k];
+        if (k < n_used_slots && slots[index].scan_mark != mark)
+            slot_release(index);
+    }
+}
+
+/* Under threads_mutex.  Each Python thread's wall time since the last tick is charged to
+ * where it is: a thread that ran since its last sample is asked (by signal) to take one, a
+ * thread that did not (asleep, blocked) is charged at its last sample's stack again, which is
+ * exact, because a thread that does not run cannot change its stack, and leaves idle threads
+ * undisturbed. */
+/* Returns when it next needs to run (monotonic ns). */
+static uint64_t
+wall_tick(uint64_t now_ns, uint64_t *random)
+{
+    /* Reading another thread's CPU clock is a system call (~1 us), and so is every wake-up of
+     * this thread: a thread found idle again and again is looked at less often, at least every
+     * 100 ms, and when all are idle the collector sleeps that long.  What a thread owes
+     * meanwhile is charged at the check, still exactly when it has not run since. */
+    uint64_t next_run = now_ns + IDLE_CHECK_NS;
+    for (int k = 0; k < n_used_slots; k++) {
+        int index = used_slots[k];
+        ThreadSlot *s = &slots[index];
+        pid_t tid = atomic_load(&s->tid);
+        int python = atomic_load(&s->python);
+        if (python == PY_NO && now_ns < s->next_probe_ns)
+            continue;
+        if (now_ns < s->next_check_ns) {
+            if (s->next_check_ns < next_run)
+                next_run = s->next_check_ns;
+            continue;
+        }
+        uint64_t cpu;
+        if (clock_ns(thread_clock(tid), &cpu) != 0)
+            continue; /* gone: the next scan frees the slot */
+        /* Late (a stopped process: SIGSTOP) is not all wall time. */
+        uint64_t owed = now_ns - s->wall_since_ns;
+        if (owed > MAX_WALL_PER_TICK_NS)
+            owed = MAX_WALL_PER_TICK_NS;
+        s->wall_since_ns = now_ns;
+        if (cpu < s->cpu_at_tick) {
+            /* Its clock went back: another thread has the tid now, and the timers made for
+             * the old one signal nobody.  Start afresh (the next scan arms a CPU timer). */
+            disarm(s);
+            atomic_store(&s->python, PY_UNKNOWN);
+            python = PY_UNKNOWN;
+            s->idle_checks = 0;
+            if (s->last_wall != NULL)
+                s->last_wall->depth = -1;
+        }
+        if (python == PY_NO) {
+            /* A thread without Python may get it later (PyGILState_Ensure): ask now and then. */
+            s->next_probe_ns = now_ns + 1000000000ull;
+            if (cpu > s->cpu_at_tick + REPEAT_CPU_NS)
+                ask_for_sample(tid, index);
+            s->cpu_at_tick = cpu;
+            continue;
+        }
+        WallCopy *c = s->last_wall;
+        int have_stack = c != NULL && c->depth > 0 && c->seq == atomic_load(&s->seq) &&
+                         atomic_load(&s->pending_wall_ns) == 0;
+        uint64_t at_sample = atomic_load_explicit(&s->cpu_at_sample_ns, memory_order_acquire);
+        uint64_t ran = cpu - s->cpu_at_tick;
+        /* Exact only if it did not run during the whole time charged, nor since the stack
+         * was taken (which may be earlier, or inside that time). */
+        int frozen = ran < REPEAT_CPU_NS && cpu < at_sample + REPEAT_CPU_NS;
+        s->cpu_at_tick = cpu;
+        if (frozen && have_stack) {
+            add_or_count(KIND_WALL, c->ident, c->labels, c->frames, c->depth, owed);
+            if (s->idle_checks < 1000)
+                s->idle_checks++;
+            uint64_t wait = (uint64_t)s->idle_checks * cpu_interval_ns;
+            s->next_check_ns = now_ns + (wait < IDLE_CHECK_NS ? wait : IDLE_CHECK_NS);
+            if (s->next_check_ns < next_run)
+                next_run = s->next_check_ns;
+            continue;
+        }
+        if (s->idle_checks > 0 && have_stack) {
+            /* It woke while it was not looked at: all but the time it may have been running
+             * (its CPU, at least one interval) goes where it had been waiting. */
+            uint64_t recent = ran > cpu_interval_ns ? ran : cpu_interval_ns;
+            if (owed > recent) {
+                add_or_count(KIND_WALL, c->ident, c->labels, c->frames, c->depth, owed - recent);
+                owed = recent;
+            }
+        }
+        s->idle_checks = 0;
+        s->next_check_ns = 0;
+        next_run = now_ns; /* a running thread is looked at every interval */
+        /* Where it is at a random moment of the next interval stands for this time. */
+        atomic_fetch_add(&s->pending_wall_ns, owed);
+        if (schedule_wall_sample(s, index, 1000 + next_random(random) % cpu_interval_ns) != 0)
+            ask_for_sample(tid, index);
+    }
+    return next_run;
+}
+
+/* Under threads_mutex, after drain_ring: the CPU a thread used since its last CPU sample
+ * (`cpu_now` is its clock now), charged to that sample's stack, or to `fallback` (depth
+ * frames) when it has none.  Without this every thread would lose, on average, half an
+ * interval as it ends and as sampling stops: with many short threads, percents. */
+void
+charge_cpu_tail(ThreadSlot *s, uint64_t cpu_now, uint64_t ident, const uint64_t *labels,
+                const RawFrame *fallback, int depth)
+{
+    uint64_t before = atomic_exchange(&s->cpu_charged_ns, cpu_now);
+    if (before == 0 || cpu_now <= before || !cpu_on)
+        return;
+    uint64_t tail = cpu_now - before;
+    WallCopy *c = s->last_cpu;
+    if (c != NULL && c->depth > 0 && (ident == 0 || c->ident == ident))
+        add_or_count(KIND_CPU, c->ident, c->labels, c->frames, c->depth, tail);
+    else if (depth > 0 && ident != 0)
+        add_or_count(KIND_CPU, ident, labels, fallback, depth, tail);
+}
+
+/* Under threads_mutex, as sampling stops: every thread's CPU since its last sample. */
+void
+charge_cpu_tails(void)
+{
+    for (int k = 0; k < n_used_slots; k++) {
+        ThreadSlot *s = &slots[used_slots[k]];
+        uint64_t cpu;
+        if (!s->has_timer || atomic_load(&s->python) != PY_YES ||
+            clock_ns(thread_clock(atomic_load(&s->tid)), &cpu) != 0)
+            continue;
+        charge_cpu_tail(s, cpu, 0, NULL, NULL, 0);
+    }
+}
+
+/* Under threads_mutex, as sampling stops: the wall time of threads not looked at lately
+ * goes where they last were (they were idle when last looked at). */
+void
+charge_owed(void)
+{
+    uint64_t now = monotonic_ns();
+    for (int k = 0; k < n_used_slots; k++) {
+        ThreadSlot *s = &slots[used_slots[k]];
+        WallCopy *c = s->last_wall;
+        /* And what a sample not taken yet would have stood for. */
+        uint64_t owed = now - s->wall_since_ns + atomic_exchange(&s->pending_wall_ns, 0);
+        if (c != NULL && c->depth > 0 && owed < 2 * MAX_WALL_PER_TICK_NS)
+            add_or_count(KIND_WALL, c->ident, c->labels, c->frames, c->depth, owed);
+        s->wall_since_ns = now;
+    }
+}
+
+static pthread_t collector;
+pthread_cond_t collector_wake;
+int collector_started;
+static _Atomic int collector_stop;
+static uint64_t scan_every_ns = 100000000ull;
+
+static void *
+collector_main(void *unused)
+{
+    (void)unused;
+    pid_t me = own_tid();
+    pthread_setname_np(pthread_self(), "hotspan-native"); /* what `top -H` shows */
+    pthread_mutex_lock(&threads_mutex);
+    exclude_tid(me);
+    uint64_t interval = cpu_interval_ns;
+    uint64_t now = monotonic_ns(), next = now + interval, next_scan = now + scan_every_ns;
+    uint64_t random = mix64(now ^ (uint64_t)me) | 1;
+    while (!atomic_load(&collector_stop)) {
+        struct timespec until = {(time_t)(next / 1000000000ull), (long)(next % 1000000000ull)};
+        /* threads_mutex is released while it waits; stop() signals to end the wait. */
+        while (!atomic_load(&collector_stop) &&
+               pthread_cond_timedwait(&collector_wake, &threads_mutex, &until) == 0) {
+        }
+        if (atomic_load(&collector_stop))
+            break;
+        now = monotonic_ns();
+        if (now >= next_scan) {
+            scan_threads();
+            next_scan = now + scan_every_ns;
+        }
+        drain_ring();
+        uint64_t wanted = wall_on ? wall_tick(now, &random) : now + IDLE_CHECK_NS;
+        if (window_ns && now >= window_deadline) {
+            finish_window();
+            window_deadline = now + window_ns;
+        }
+        if (wanted > next_scan)
+            wanted = next_scan;
+        if (window_ns && wanted > window_deadline)
+            wanted = window_deadline;
+        /* On the interval grid while threads run (a late tick does not shift the next). */
+        next += interval;
+        if (next < now)
+            next = now + interval;
+        if (wanted > next)
+            next = wanted;
+    }
+    pthread_mutex_unlock(&threads_mutex);
+    return NULL;
+}
+
+int
+start_collector(void)
+{
+    pthread_condattr_t attr;
+    pthread_condattr_init(&attr);
+    pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
+    pthread_cond_init(&collector_wake, &attr);
+    pthread_condattr_destroy(&attr);
+    sigset_t all, old;
+    sigfillset(&all);
+    /* The thread inherits this mask: no signal meant for the program lands on it (a SIGINT
+     * must interrupt the main thread's sleep, not ours). */
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    atomic_store(&collector_stop, 0);
+    int rc = pthread_create(&collector, NULL, collector_main, NULL);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    collector_started = rc == 0;
+    return rc;
+}
+
+void
+stop_collector(void)
+{
+    if (!collector_started)
+        return;
+    Py_BEGIN_ALLOW_THREADS
+    pthread_mutex_lock(&threads_mutex);
+    atomic_store(&collector_stop, 1);
+    pthread_cond_signal(&collector_wake);
+    pthread_mutex_unlock(&threads_mutex);
+    pthread_join(collector, NULL);
+    Py_END_ALLOW_THREADS
+    collector_started = 0;
+}
+#endif
+
+/* Takes threads_mutex without holding up every Python thread while the collector has it. */
+void
+lock_threads(void)
+{
+    if (pthread_mutex_trylock(&threads_mutex) == 0)
+        return;
+    Py_BEGIN_ALLOW_THREADS
+    pthread_mutex_lock(&threads_mutex);
+    Py_END_ALLOW_THREADS
+}
