@@ -13,6 +13,7 @@ from collections import defaultdict
 from typing import Dict, List, Tuple
 
 import httpx
+from google.protobuf import json_format
 
 from hotspan.formats.proto import profile_pb2, querier_pb2
 from tests.helpers import CPU, QUERIER, ingest_pprof, make_pprof
@@ -180,6 +181,14 @@ def test_select_merge_profile_folds_into_other_and_keeps_the_total(server) -> No
         profile = profile_pb2.Profile.FromString(r.content)
         assert pprof_stacks(profile) == TRUNCATED
         assert sum(s.value[0] for s in profile.sample) == TOTAL
+
+        # SelectMergeStacktraces's pprof format truncates alike.
+        body = query("merge", format="PROFILE_FORMAT_PPROF", maxNodes=8)
+        r = c.post(f"{QUERIER}/SelectMergeStacktraces", json=body)
+        assert r.status_code == 200, r.text
+        resp = querier_pb2.SelectMergeStacktracesResponse()
+        json_format.Parse(r.text, resp)
+        assert pprof_stacks(resp.pprof.profile) == TRUNCATED
 
 
 def test_tree_format_is_pyroscope_serialized_tree(server) -> None:  # type: ignore[no-untyped-def]

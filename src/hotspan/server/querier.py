@@ -115,6 +115,15 @@ def max_nodes(msg, field: str = "max_nodes") -> int:  # type: ignore[no-untyped-
     return check_max_nodes(getattr(msg, field) if msg.HasField(field) else 0)
 
 
+def pprof_max_nodes(msg) -> Optional[int]:  # type: ignore[no-untyped-def]
+    """A pprof request's ``max_nodes``: absent or 0 is the whole profile (a pprof export
+    must not be cut, which is why Pyroscope leaves this limit off by default); otherwise
+    checked as every max nodes, and the profile truncated into ``other`` nodes."""
+    if not msg.HasField("max_nodes") or msg.max_nodes == 0:
+        return None
+    return check_max_nodes(msg.max_nodes)
+
+
 def max_nodes_value(text: Optional[str], name: str = "maxNodes") -> int:
     """``maxNodes`` (or ``max-nodes``) from a query string: absent or 0 is the default."""
     if not text:
@@ -273,15 +282,16 @@ async def select_merge_stacktraces(request: Request) -> Response:
         raise HTTPError(
             400, "only the flamegraph, tree and pprof formats are supported", "unimplemented"
         )
-    # Checked before any data is read, as Pyroscope does (pprof takes its own limit).
-    limit = max_nodes(req) if fmt != querier_pb2.PROFILE_FORMAT_PPROF else None
+    # Checked before any data is read, as Pyroscope does; pprof is whole unless asked.
+    pprof = fmt == querier_pb2.PROFILE_FORMAT_PPROF
+    limit = pprof_max_nodes(req) if pprof else max_nodes(req)
     spans = selected_span_ids(req.span_selector)
     ptype, where, values = await _stack_values(
         state, tenant, req.profile_typeID, req.label_selector, req.start, req.end, spans, req
     )
     resp = querier_pb2.SelectMergeStacktracesResponse()
-    if fmt == querier_pb2.PROFILE_FORMAT_PPROF:
-        profile = await _run(state.engine.pprof, ptype, values, where, None)
+    if pprof:
+        profile = await _run(state.engine.pprof, ptype, values, where, limit)
         resp.pprof.profile.CopyFrom(profile)
         return await _answer(request, lambda: resp)
     if fmt == querier_pb2.PROFILE_FORMAT_TREE:
@@ -320,9 +330,7 @@ async def select_merge_span_profile(request: Request) -> Response:
 async def select_merge_profile(request: Request) -> Response:
     state, tenant = query_state(request)
     req = await read_message(request, state.config, querier_pb2.SelectMergeProfileRequest)
-    # Absent or 0: the whole profile (a pprof export must not be cut); otherwise checked
-    # against the same limit as every flame graph, and truncated into "other" nodes.
-    limit = max_nodes(req) if req.HasField("max_nodes") and req.max_nodes != 0 else None
+    limit = pprof_max_nodes(req)
     ptype, where, values = await _stack_values(
         state, tenant, req.profile_typeID, req.label_selector, req.start, req.end, None, req
     )
