@@ -16,6 +16,9 @@ import httpx
 from google.protobuf import json_format
 
 from hotspan.formats.proto import profile_pb2, querier_pb2
+from tests.clickhouse_fixture import clickhouse_server as clickhouse_server
+from tests.clickhouse_fixture import clickhouse_url as clickhouse_url
+from tests.conftest import running_server
 from tests.helpers import CPU, QUERIER, ingest_pprof, make_pprof
 
 T0 = 1_700_100_000
@@ -234,6 +237,21 @@ def test_tree_format_is_pyroscope_serialized_tree(server) -> None:  # type: igno
 
 
 def test_analyze_query(server) -> None:  # type: ignore[no-untyped-def]
+    analyze_query(server, "Embedded store (DuckDB)")
+
+
+def test_analyze_query_and_truncation_on_clickhouse(tmp_path, clickhouse_url) -> None:  # type: ignore[no-untyped-def]
+    with running_server(tmp_path / "data", ["--store", clickhouse_url]) as srv:
+        analyze_query(srv, "ClickHouse")
+        with srv.client() as c:
+            ingest(c, "chtree")
+            body = query("chtree", format="PROFILE_FORMAT_TREE", maxNodes=8)
+            r = c.post(f"{QUERIER}/SelectMergeStacktraces", json=body)
+            assert r.status_code == 200, r.text
+            assert decode_tree(base64.b64decode(r.json()["tree"])) == TRUNCATED
+
+
+def analyze_query(server, component: str) -> None:  # type: ignore[no-untyped-def]
     with server.client() as c:
         ingest(c, "shop", T0)
         ingest(c, "shop", T0 + 20)
@@ -247,7 +265,7 @@ def test_analyze_query(server) -> None:  # type: ignore[no-untyped-def]
         assert r.status_code == 200, r.text
         found = r.json()
         (scope,) = found["queryScopes"]
-        assert scope["componentType"] == "Embedded store (DuckDB)"
+        assert scope["componentType"] == component
         assert int(scope["componentCount"]) == 1
         assert int(scope["seriesCount"]) == 2
         assert int(scope["profileCount"]) == 3
