@@ -292,8 +292,12 @@ async def select_merge_stacktraces(request: Request) -> Response:
     resp = querier_pb2.SelectMergeStacktracesResponse()
     if pprof:
         profile = await _run(state.engine.pprof, ptype, values, where, limit)
-        resp.pprof.profile.CopyFrom(profile)
-        return await _answer(request, lambda: resp)
+
+        def with_profile() -> Message:
+            resp.pprof.profile.CopyFrom(profile)  # a copy of every message in it
+            return resp
+
+        return await _answer(request, with_profile)
     if fmt == querier_pb2.PROFILE_FORMAT_TREE:
         resp.tree = await _run(state.engine.tree, values, limit)
         return await _answer(request, lambda: resp)
