@@ -63,8 +63,14 @@ EXTENSIONS = [
     # Allocations and live heap: an allocator hook (uses _sampler's stack and labels).
     Extension(
         "hotspan._speedups._alloc",
-        ["src/hotspan/_speedups/alloc.c"],
-        depends=["src/hotspan/_speedups/sampler_api.h"],
+        [
+            f"src/hotspan/_speedups/alloc/{name}.c"
+            for name in ("hooks", "sampling", "probe", "live", "stacks", "window", "module")
+        ],
+        depends=[
+            "src/hotspan/_speedups/sampler_api.h",
+            "src/hotspan/_speedups/alloc/internal.h",
+        ],
         extra_compile_args=["-O2", "-std=gnu11"],
         optional=True,
     ),
