@@ -23,7 +23,7 @@ INUSE_SPACE = "memory:inuse_space:bytes:space:bytes"
 
 native_only = pytest.mark.skipif(
     load_sampler() is None or load_module("_alloc") is None,
-    reason="the allocator hook (_speedups/alloc.c) is not built",
+    reason="the allocator hook (_speedups/alloc/) is not built",
 )
 
 

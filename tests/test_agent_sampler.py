@@ -129,7 +129,7 @@ def test_a_threads_stacks_hold_no_agent_frame() -> None:
         for sample in window.samples
         if sample.thread_ident == thread.ident
     ]
-    # A thread's end charges its last moments to its function alone (sampler.c's
+    # A thread's end charges its last moments to its function alone (sampler/control.c's
     # unregister_thread: its frames are gone by then); the stacks walked are the others.
     waiting = [s for s in stacks if len(s) > 1 and any(f[0] == f"{__name__}.wait" for f in s)]
     assert waiting, stacks

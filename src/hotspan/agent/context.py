@@ -2,7 +2,7 @@
 
 Every thread and every asyncio task runs in its own ``contextvars.Context``, so one
 ContextVar, :data:`LABELS`, holds what a sample taken there must carry.  The native sampler
-reads it from a signal handler by walking the context's HAMT (see ``_speedups/sampler.c``),
+reads it from a signal handler by walking the context's HAMT (see ``_speedups/sampler/labels.c``),
 so the value is a small C object of plain integers; tags are interned into numbered tag sets.
 
 Spans: OpenTelemetry makes a span current with ``opentelemetry.context.attach``.  The agent
@@ -11,9 +11,9 @@ context, which is what makes a span's samples its own even with many tasks on on
 
 Span stats: at the detach of a span that saw a garbage collection or an allocation sample the
 linker sets those figures as attributes; with ``span_stats`` on, every span also gets its CPU
-(and a local root span the process's RSS, heap blocks and threads).  See "span stats" in
-``_speedups/sampler.c`` for how each is measured, and :func:`span_stats_attributes` for the
-Python twin.
+(and a local root span the process's RSS, heap blocks and threads).  See
+``_speedups/sampler/span_stats.c`` for how each is measured, and :func:`span_stats_attributes`
+for the Python twin.
 """
 
 from __future__ import annotations
@@ -267,7 +267,7 @@ HEAP_OBJECTS_ATTRIBUTE = "hotspan.process.heap_objects"
 
 
 class _GcCharge:
-    """The pure-Python twin of sampler.c's gc_callback: each collection's pause is charged to
+    """The pure-Python twin of span_stats.c's gc_callback: each collection's pause is charged to
     the span current where it ran."""
 
     __slots__ = ("_started",)
@@ -304,7 +304,7 @@ _process_cache: List[Any] = [0, (-1, -1, -1)]
 
 def _py_process_stats() -> Tuple[int, int, int]:
     """(RSS bytes, threads, allocated blocks), -1 where unknown, read at most every 10 ms (as
-    sampler.c's process_stats)."""
+    span_stats.c's process_stats)."""
     now = time.monotonic_ns()
     if _process_cache[0] and now - _process_cache[0] <= 10_000_000:
         return _process_cache[1]  # type: ignore[no-any-return]
@@ -349,14 +349,14 @@ def span_stats_start() -> Tuple[Optional[int]]:
 
 def has_figures(labels: Any) -> bool:
     """Whether a span's labels hold figures worth attributes without span stats: a garbage
-    collection ran inside, or an allocation was sampled (sampler.c's has_figures)."""
+    collection ran inside, or an allocation was sampled (linker.c's has_figures)."""
     return bool(labels.gc_count or (labels.alloc_bytes and _alloc_sampling()))
 
 
 def span_stats_attributes(
     labels: Any, start: Optional[Tuple[Optional[int]]], restored: Any, span: Any
 ) -> Optional[Dict[str, int]]:
-    """At detach (the Python twin of sampler.c's linker_span_done): adds the span's figures to
+    """At detach (the Python twin of linker.c's linker_span_done): adds the span's figures to
     its parent's labels, and gives its stats attributes.  ``start``: where span stats started
     (``span_stats`` on), or None: then only the garbage collection and allocation figures."""
     if (
@@ -525,7 +525,7 @@ _span_stats = False
 
 def mark_profiled(span: Any, labels: Any, restored: Any, root_spans_only: bool) -> None:
     """At the detach of a span whose labels got samples: tag it for traces-to-profiles (the
-    twin of sampler.c's linker_profiled)."""
+    twin of linker.c's linker_profiled)."""
     if not root_spans_only or labels.root_span_id == labels.span_id:
         if span is not None and span.is_recording():
             span.set_attribute(PROFILE_ID_ATTRIBUTE, format(labels.span_id, "016x"))

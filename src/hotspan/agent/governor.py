@@ -220,7 +220,7 @@ def thread_cpu_ns(tids: Iterable[int]) -> int:
 
 def named_threads(prefix: str) -> Dict[int, str]:
     """Kernel thread ids of this process whose name starts with ``prefix``: the agent's own
-    threads, the C ones included (they name themselves, see sampler.c)."""
+    threads, the C ones included (they name themselves, see sampler/collector.c)."""
     out: Dict[int, str] = {}
     try:
         tids = os.listdir("/proc/self/task")

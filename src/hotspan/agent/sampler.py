@@ -1,6 +1,6 @@
 """Taking samples: CPU and wall time of every thread, with the labels of its context.
 
-Two implementations with one interface.  :class:`NativeSampler` (C, ``_speedups/sampler.c``)
+Two implementations with one interface.  :class:`NativeSampler` (C, ``_speedups/sampler/``)
 samples from signal handlers on each thread, driven by per-thread CPU timers and a native
 thread that never needs the GIL, so a busy program (an event loop, many short system calls)
 cannot starve it; it reads span labels per thread and per asyncio task.

@@ -4,7 +4,7 @@ now), per stack and span/tag labels.
 
 Two implementations with one interface:
 
-* :class:`NativeAllocCollector` (``_speedups/alloc.c``): a hook on CPython's allocators that
+* :class:`NativeAllocCollector` (``_speedups/alloc/``): a hook on CPython's allocators that
   samples one allocation per ``alloc_sample_bytes`` bytes on average, at random (exponential)
   intervals, and scales each sample to an unbiased estimate of all allocations, as Go does.
   Each sample carries the stack and the span/trace/tag labels of the allocating thread or
