@@ -109,7 +109,7 @@ def check_spans(batch: SpanBatch) -> None:
         _check(len(row.trace_id) == 32, f"trace id {row.trace_id!r}")
         _check(0 < row.span_id < 1 << 64, f"span id {row.span_id}")
         _check(0 <= row.parent_span_id < 1 << 64, f"parent span id {row.parent_span_id}")
-        _check(0 <= row.start_ns <= row.end_ns < 1 << 63, "span times out of order or range")
+        _check(0 <= row.start_ns <= row.end_ns < MAX_TIME_NS, "span times out of order or range")
         _check(row.group_id in batch.groups, "a span of an unknown group")
         for text, what in ((row.name, "span name"), (row.service, "service"), (row.attrs, "attrs")):
             _text(text, what)

@@ -178,5 +178,5 @@ def attribute_pairs(attributes: Iterable[Any]) -> List[Tuple[str, str, str]]:
 
 
 def check_time(ns: int, what: str) -> None:
-    if ns < MIN_TIME_NS or ns > MAX_TIME_NS:
+    if ns < MIN_TIME_NS or ns >= MAX_TIME_NS:  # as everywhere: times end before MAX_TIME_NS
         raise FormatError(f"{what} {ns} ns is not a time between the years 2000 and 2116")
