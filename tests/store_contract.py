@@ -433,6 +433,29 @@ class StoreContract:
         ).result(timeout=30)
         assert [i[1] for i in infos()] == [9, 3, 1, 2]
 
+    @pytest.mark.parametrize(
+        "cond",
+        [
+            Condition("status", "=~", "error"),
+            Condition("duration", "!~", 5),
+            Condition("span.rows", "=~", 5),
+            Condition("span:id", "=~", "3"),
+        ],
+    )
+    def test_a_regular_expression_on_a_number_is_the_querys_fault(
+        self, store: Store, cond: Condition
+    ) -> None:
+        self._two_traces(store)
+        with pytest.raises(SearchError, match="compares text"):
+            store.find_traces("t", TraceQuery(0, 1000 * SEC, ((cond,),)))
+        with pytest.raises(SearchError, match="compares text"):
+            store.span_records("t", 0, 1000 * SEC, [cond])
+
+    def test_a_negative_search_limit_is_the_querys_fault(self, store: Store) -> None:
+        self._two_traces(store)
+        with pytest.raises(SearchError, match="negative"):
+            store.find_traces("t", TraceQuery(0, 1000 * SEC, ((),), limit=-1))
+
     def test_span_records_conditions_traces_and_attributes(self, store: Store) -> None:
         self._two_traces(store)
 

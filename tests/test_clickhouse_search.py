@@ -1,4 +1,5 @@
-"""ClickHouse's trace search (``store/clickhouse_search.py``) run by ClickHouse's own engine.
+"""ClickHouse's trace search (``store/search_sql.py``, its ClickHouse dialect) run by
+ClickHouse's own engine.
 
 chdb is ClickHouse in process.  The spans are written to it (the ClickHouse store's two tables)
 and to a DuckDB store; each search's SQL is bound as clickhouse-connect binds it on the client
@@ -26,8 +27,8 @@ from hotspan.model.trace import (
     flatten_attributes,
 )
 from hotspan.query.traceql import legacy_query, parse_duration, parse_logfmt, parse_traceql
-from hotspan.store.clickhouse_search import _number, search_sql
 from hotspan.store.duckdb import DuckDBStore
+from hotspan.store.search_sql import CLICKHOUSE, search_sql
 from tests.store_contract import TRACE_A, TRACE_B, spans_of
 
 chdb_session = pytest.importorskip(
@@ -249,7 +250,7 @@ def ch_query(session: Any, sql: str, params: Dict[str, Any]) -> List[Row]:
 
 
 def ch_rows(session: Any, tenant: str, query: TraceQuery) -> List[Row]:
-    return ch_query(session, *search_sql(tenant, query))
+    return ch_query(session, *search_sql(CLICKHOUSE, tenant, query))
 
 
 def duck_rows(duck: DuckDBStore, tenant: str, query: TraceQuery) -> List[Row]:
@@ -576,7 +577,7 @@ def test_numbers_are_read_as_duckdb_reads_them(stores) -> None:  # type: ignore[
     # toString(): JSON has no infinities.
     got = ch_query(
         stores[0],
-        f"SELECT toString({_number('x')}) FROM (SELECT arrayJoin(%(texts)s) AS x)",
+        f"SELECT toString({CLICKHOUSE.number('x')}) FROM (SELECT arrayJoin(%(texts)s) AS x)",
         {"texts": texts},
     )
     want = (
@@ -622,7 +623,7 @@ def test_refused_as_duckdb_refuses(stores, query: TraceQuery) -> None:  # type: 
     with pytest.raises(SearchError) as duck:
         stores[1].find_traces("t", query)
     with pytest.raises(SearchError) as click:
-        search_sql("t", query)
+        search_sql(CLICKHOUSE, "t", query)
     assert str(click.value) == str(duck.value)
 
 
@@ -635,7 +636,7 @@ def test_integers_past_128_bits_are_refused(stores, cond: Condition) -> None:  #
     with pytest.raises(SearchError):
         stores[1].find_traces("t", _q([cond]))
     with pytest.raises(SearchError, match="out of range"):
-        search_sql("t", _q([cond]))
+        search_sql(CLICKHOUSE, "t", _q([cond]))
 
 
 BAD_PATTERNS = ["(", "a)|(b", "a)", ")", "[z-a]", "x**", "\\8", "(?P<n"]
@@ -674,12 +675,14 @@ def test_a_bad_regular_expression_fails_with_no_span_to_read(stores, pattern: st
 def test_a_regular_expression_on_a_number_is_refused(stores, cond: Condition) -> None:  # type: ignore[no-untyped-def]
     # DuckDB fails to bind the SQL (a server error); here the query is at fault.
     with pytest.raises(SearchError, match="compares text"):
-        search_sql("t", _q([cond]))
+        search_sql(CLICKHOUSE, "t", _q([cond]))
 
 
 def test_values_are_bound_into_the_text_safely() -> None:
     sql, params = search_sql(
-        "it's %(tenant)s", _q([C("name", "=", "x' OR 1=1 --"), C("span.q", "=~", "\\d+'")])
+        CLICKHOUSE,
+        "it's %(tenant)s",
+        _q([C("name", "=", "x' OR 1=1 --"), C("span.q", "=~", "\\d+'")]),
     )
     text, server_side = binding.bind_query(sql, params)
     assert server_side == {}

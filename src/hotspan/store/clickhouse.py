@@ -86,6 +86,7 @@ from hotspan.store.clickhouse_schema import (
     ttl_days,
     ttl_statements,
 )
+from hotspan.store.search_sql import CLICKHOUSE, Binder, search_sql, span_condition
 
 log = logging.getLogger(__name__)
 
@@ -819,9 +820,7 @@ class ClickHouseStore(Store):
             raise store_error(exc, "ClickHouse search failed") from exc
 
     def find_traces(self, tenant: str, query: TraceQuery) -> List[TraceSummary]:
-        from hotspan.store.clickhouse_search import search_sql
-
-        sql, params = search_sql(tenant, query)
+        sql, params = search_sql(CLICKHOUSE, tenant, query)
         rows = self._search_rows(sql, params)
         # Over a cluster each shard picks its own newest traces: keep the newest of all.
         return TraceSummary.from_rows(rows, query.limit)
@@ -876,9 +875,13 @@ class ClickHouseStore(Store):
         trace_ids: Optional[Sequence[str]] = None,
         limit: int = 100_000,
     ) -> List[SpanRecord]:
-        from hotspan.store.clickhouse_search import binder, span_condition
-
-        bind = binder(tenant=tenant, start=int(start_ns), end=int(end_ns), limit=max(int(limit), 0))
+        bind = Binder(
+            CLICKHOUSE,
+            tenant=tenant,
+            start=int(start_ns),
+            end=int(end_ns),
+            limit=max(int(limit), 0),
+        )
         sql = (
             "SELECT trace_id, span_id, parent_span_id, name, kind, service, start_ns, end_ns, "
             "status_code, attrs, group_id FROM spans WHERE tenant = %(tenant)s "
@@ -893,8 +896,7 @@ class ClickHouseStore(Store):
         rows = self._search_rows(sql, bind.params)
         groups = self._span_groups([r[-1] for r in rows])
         return [
-            SpanRecord(*fields, groups[gid].attrs if gid in groups else "")
-            for *fields, gid in rows
+            SpanRecord(*fields, groups[gid].attrs if gid in groups else "") for *fields, gid in rows
         ]
 
     def count_local_roots(self, tenant: str, service: str, start_ns: int, end_ns: int) -> int:
@@ -1072,9 +1074,7 @@ class ClickHouseStore(Store):
 
     # -- documents -----------------------------------------------------------------------------
 
-    def put_document(
-        self, tenant: str, kind: str, name: str, body: Mapping[str, Any]
-    ) -> Document:
+    def put_document(self, tenant: str, kind: str, name: str, body: Mapping[str, Any]) -> Document:
         text = json.dumps(dict(body), sort_keys=True)
         doc = Document(tenant, kind, name, json.loads(text), time.time_ns())
         self._writer.run(lambda: self._write_document(doc, text, False)).result()

@@ -52,7 +52,7 @@ from hotspan.store.base import (
     TraceValues,
 )
 from hotspan.store.batching import Batch, GroupCommitWriter, remember_series, series_bounds
-from hotspan.store.duckdb_search import search_sql, span_condition
+from hotspan.store.search_sql import DUCKDB, Binder, search_sql, span_condition
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS series (
@@ -662,7 +662,7 @@ class DuckDBStore(Store):
         return out
 
     def find_traces(self, tenant: str, query: TraceQuery) -> List[TraceSummary]:
-        sql, params = search_sql(self._tenant_ids.get(tenant, -1), query)
+        sql, params = search_sql(DUCKDB, self._tenant_ids.get(tenant, -1), query)
         try:
             rows = self._cursor().execute(sql, params).fetchall()
         except (duckdb.InvalidInputException, duckdb.ConversionException) as exc:
@@ -725,44 +725,59 @@ class DuckDBStore(Store):
         trace_ids: Optional[Sequence[str]] = None,
         limit: int = 100_000,
     ) -> List[SpanRecord]:
+        bind = Binder(
+            DUCKDB,
+            tenant=self._tenant_ids.get(tenant, -1),
+            start=int(start_ns),
+            end=int(end_ns),
+            limit=max(int(limit), 0),
+        )
         sql = (
             "SELECT DISTINCT ON (trace_id, span_id) trace_id, span_id, parent_span_id, name, "
             "kind, service, start_ns, end_ns, status_code, attrs, group_id FROM spans "
-            "WHERE tenant_id = ? AND end_ns >= ? AND start_ns < ?"
+            "WHERE tenant_id = $tenant AND end_ns >= $start AND start_ns < $end"
         )
-        params: list = [self._tenant_ids.get(tenant, -1), int(start_ns), int(end_ns)]
         for cond in conditions:
-            cond_sql, cond_params = span_condition(cond)
-            sql += f" AND ({cond_sql})"
-            params.extend(cond_params)
+            sql += f" AND ({span_condition(cond, bind)})"
         if trace_ids is not None:
-            sql += " AND trace_id IN (SELECT unnest(?::VARCHAR[]))"
-            params.append([t.lower() for t in trace_ids])
-        sql = f"SELECT * FROM ({sql}) ORDER BY start_ns DESC, span_id LIMIT ?"
-        params.append(max(int(limit), 0))
+            traces = bind([t.lower() for t in trace_ids])
+            sql += f" AND trace_id IN (SELECT unnest({traces}::VARCHAR[]))"
+        sql = f"SELECT * FROM ({sql}) ORDER BY start_ns DESC, span_id LIMIT $limit"
         try:
-            rows = self._cursor().execute(sql, params).fetchall()
+            rows = self._cursor().execute(sql, bind.params).fetchall()
         except (duckdb.InvalidInputException, duckdb.ConversionException) as exc:
             raise SearchError(str(exc).splitlines()[0]) from None
         groups = self._span_groups([r[-1] for r in rows])
         return [
-            SpanRecord(*fields, groups[gid].attrs if gid in groups else "")
-            for *fields, gid in rows
+            SpanRecord(*fields, groups[gid].attrs if gid in groups else "") for *fields, gid in rows
         ]
 
     def count_local_roots(self, tenant: str, service: str, start_ns: int, end_ns: int) -> int:
         tid = self._tenant_ids.get(tenant, -1)
-        row = self._cursor().execute(
-            "WITH mine AS (SELECT DISTINCT trace_id, span_id, parent_span_id FROM spans "
-            "WHERE tenant_id = ? AND service = ? AND start_ns >= ? AND start_ns < ?), "
-            "parents AS (SELECT DISTINCT trace_id, span_id FROM spans "
-            "WHERE tenant_id = ? AND service = ? AND start_ns >= ? AND start_ns < ? "
-            "AND trace_id IN (SELECT trace_id FROM mine WHERE parent_span_id <> 0)) "
-            "SELECT count(*) FROM mine WHERE parent_span_id = 0 OR NOT EXISTS ("
-            "SELECT 1 FROM parents p WHERE p.trace_id = mine.trace_id "
-            "AND p.span_id = mine.parent_span_id AND p.span_id <> mine.span_id)",
-            [tid, service, start_ns, end_ns, tid, service, start_ns - PARENT_LOOKBACK_NS, end_ns],
-        ).fetchone()
+        row = (
+            self._cursor()
+            .execute(
+                "WITH mine AS (SELECT DISTINCT trace_id, span_id, parent_span_id FROM spans "
+                "WHERE tenant_id = ? AND service = ? AND start_ns >= ? AND start_ns < ?), "
+                "parents AS (SELECT DISTINCT trace_id, span_id FROM spans "
+                "WHERE tenant_id = ? AND service = ? AND start_ns >= ? AND start_ns < ? "
+                "AND trace_id IN (SELECT trace_id FROM mine WHERE parent_span_id <> 0)) "
+                "SELECT count(*) FROM mine WHERE parent_span_id = 0 OR NOT EXISTS ("
+                "SELECT 1 FROM parents p WHERE p.trace_id = mine.trace_id "
+                "AND p.span_id = mine.parent_span_id AND p.span_id <> mine.span_id)",
+                [
+                    tid,
+                    service,
+                    start_ns,
+                    end_ns,
+                    tid,
+                    service,
+                    start_ns - PARENT_LOOKBACK_NS,
+                    end_ns,
+                ],
+            )
+            .fetchone()
+        )
         return int(row[0]) if row else 0
 
     def _tags_of(self, tenant: str, since_ns: int) -> List[Tuple[str, str, str, str]]:
@@ -868,9 +883,7 @@ class DuckDBStore(Store):
 
     # -- documents ---------------------------------------------------------------------------
 
-    def put_document(
-        self, tenant: str, kind: str, name: str, body: Mapping[str, Any]
-    ) -> Document:
+    def put_document(self, tenant: str, kind: str, name: str, body: Mapping[str, Any]) -> Document:
         text = json.dumps(dict(body), sort_keys=True)
         doc = Document(tenant, kind, name, json.loads(text), time.time_ns())
         self._writer.run(

@@ -1,0 +1,399 @@
+"""Trace search as SQL: a :class:`TraceQuery` as one statement, for DuckDB and ClickHouse.
+
+Each spanset needs one span of the trace that started in the range and meets all of its
+conditions; the first spanset's spans are the ones shown with each trace.  Attribute
+conditions work on the flattened attribute text (``hotspan.model.trace``): an equality finds
+the exact ``key=value`` record, anything else extracts the value with a regular expression
+(RE2 in both engines, so no pattern can stall the server).
+
+The two engines share the statement; a :class:`Dialect` spells what they write differently
+(placeholders, substring and regular-expression functions, reading text as a number, keeping
+one row per span, the tenant's column).  Every value is a named parameter, bound by the
+client: a ClickHouse statement then holds no ``%`` but its placeholders, and no value is
+written into the text by hand.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List, Tuple
+
+from hotspan.model.trace import (
+    NUMBER_PATTERN,
+    RS,
+    SPAN_KINDS,
+    STATUS_CODES,
+    STRING_US,
+    TRACE_ORDERS,
+    US,
+    Condition,
+    SearchError,
+    TraceQuery,
+    attribute_pattern,
+    clean,
+    condition_code,
+    condition_span_id,
+    condition_text,
+)
+
+Params = Dict[str, Any]
+
+
+class Binder:
+    """Names the values of one statement: ``v0``, ``v1``... spelled as the dialect spells a
+    parameter; a value bound twice (an attribute of ``.x`` looked up in the span and in its
+    resource) is bound once."""
+
+    def __init__(self, dialect: Dialect, **fixed: Any) -> None:
+        self.dialect = dialect
+        self.params: Params = dict(fixed)
+        self._names: Dict[Tuple[type, Any], str] = {}
+
+    def __call__(self, value: Any) -> str:
+        try:
+            key = (type(value), value)
+            name = self._names.get(key)
+        except TypeError:  # a list: never shared
+            key, name = None, None
+        if name is None:
+            name = f"v{len(self.params)}"
+            while name in self.params:
+                name += "_"
+            self.params[name] = value
+            if key is not None:
+                self._names[key] = name
+        return self.dialect.placeholder.format(name)
+
+    def name(self, fixed: str) -> str:
+        """The placeholder of a value given when the binder was made."""
+        return self.dialect.placeholder.format(fixed)
+
+
+@dataclass(frozen=True)
+class Dialect:
+    """What DuckDB and ClickHouse spell differently, as SQL templates and functions."""
+
+    # A named parameter, from its name.
+    placeholder: str
+    # The spans' column that holds the tenant (DuckDB numbers its tenants).
+    tenant: str
+    # ``{0}`` holds the text ``{1}``.
+    contains: str
+    # The first group of the pattern ``{1}`` in the text ``{0}``; '' when it does not match.
+    extract: str
+    # Whether the whole text ``expr`` matches the pattern (given as a binder returns it).
+    full_match: Callable[[str, str, Binder], str]
+    # The text ``expr`` read as a number (NULL when it is none).
+    number: Callable[[str], str]
+    # Rows of ``{table}`` that meet ``{where}``, one per (trace_id, span_id): an export
+    # retried after it landed stores its spans twice.
+    one_per_span: str
+    # Membership in the span groups found by a subquery.
+    in_groups: str
+
+
+def _duckdb_full_match(expr: str, pattern: str, bind: Binder) -> str:
+    return f"regexp_full_match({expr}, {bind(pattern)})"
+
+
+def _clickhouse_full_match(expr: str, pattern: str, bind: Binder) -> str:
+    # match() finds a pattern anywhere and lets "." match a newline: anchored here, with
+    # (?-s).  Anchoring could pair up the parentheses of a pattern that is none ("a)|(b"):
+    # the pattern is also compiled alone, in a constant that ClickHouse folds while planning,
+    # so that a bad one fails the query even when no row is read.  Alone, it gets the (?-s)
+    # too: without it, match() lets "a)" through, as it does not compile a pattern that looks
+    # like plain text.  A pattern RE2 refuses fails with error 427, CANNOT_COMPILE_REGEXP.
+    return (
+        f"(match('', {bind('(?-s)' + pattern)}) IN (0, 1) AND "
+        f"match({expr}, {bind('(?-s)^(?:' + pattern + ')$')}))"
+    )
+
+
+# DuckDB's TRY_CAST(text AS DOUBLE) trims these and takes "_" between digits ("1_000");
+# toFloat64OrNull() reads neither, and is the fast path.
+_SPACE = "' \\t\\n\\x0b\\f\\r'"
+_BAD_UNDERSCORE = "'(^|[^0-9])_|_($|[^0-9])'"
+
+
+def _clickhouse_number(text: str) -> str:
+    """``text`` as DuckDB's ``TRY_CAST(text AS DOUBLE)``, except NaN, which is +inf here.
+
+    DuckDB orders NaN above every number (and equal to itself), ClickHouse as IEEE does (no
+    comparison holds): as +inf, a NaN compares with any finite value as it does in DuckDB.
+    """
+    fast = f"toFloat64OrNull({text})"
+    trimmed = f"trim(BOTH {_SPACE} FROM {text})"
+    slow = (
+        f"if(match({trimmed}, {_BAD_UNDERSCORE}), NULL, "
+        f"toFloat64OrNull(replaceAll({trimmed}, '_', '')))"
+    )
+    value = f"if(isNull({fast}), {slow}, {fast})"
+    return f"if(isNaN({value}), inf, {value})"
+
+
+DUCKDB = Dialect(
+    placeholder="${}",
+    tenant="tenant_id",
+    contains="contains({}, {})",
+    extract="regexp_extract({}, {}, 1)",
+    full_match=_duckdb_full_match,
+    number="TRY_CAST({} AS DOUBLE)".format,
+    one_per_span="SELECT DISTINCT ON (trace_id, span_id) * FROM {table} WHERE {where}",
+    in_groups="IN",
+)
+
+# Values are clickhouse-connect's client-side bindings, quoted into the text by the client.
+CLICKHOUSE = Dialect(
+    placeholder="%({})s",
+    tenant="tenant",
+    contains="position({}, {}) > 0",
+    extract="extract({}, {})",
+    full_match=_clickhouse_full_match,
+    number=_clickhouse_number,
+    one_per_span="SELECT * FROM {table} WHERE {where} LIMIT 1 BY trace_id, span_id",
+    # Over a cluster, span groups are sharded by their own id, not by trace: the matching
+    # groups are gathered once and sent to every shard (on one server it is a plain IN).
+    in_groups="GLOBAL IN",
+)
+
+_COMPARE = {"=": "=", "!=": "!=", ">": ">", ">=": ">=", "<": "<", "<=": "<="}
+_REGEX = ("=~", "!~")
+
+
+def _in_resource(sql: str, bind: Binder) -> str:
+    return f"group_id {bind.dialect.in_groups} (SELECT group_id FROM span_groups WHERE {sql})"
+
+
+def _compare(expr: str, op: str, value: object, bind: Binder) -> str:
+    """``expr op value`` for a text ``expr`` (or any, with the comparison operators)."""
+    if op in _COMPARE:
+        return f"{expr} {_COMPARE[op]} {bind(value)}"
+    if op in _REGEX:
+        match = bind.dialect.full_match(expr, str(value), bind)
+        return f"NOT {match}" if op == "!~" else match
+    raise SearchError(f"unknown operator {op!r}")
+
+
+def _compare_number(key: str, expr: str, op: str, value: object, bind: Binder) -> str:
+    """``expr op value`` for a numeric ``expr``, which no regular expression applies to."""
+    if op in _REGEX:
+        raise SearchError(f"{key} is a number: {op} compares text (names and attributes)")
+    if isinstance(value, int) and not -(1 << 127) <= value < 1 << 128:
+        # Past what either engine holds: DuckDB refuses it, ClickHouse fails to parse it.
+        raise SearchError(f"{key}: {value} is out of range")
+    return _compare(expr, op, value, bind)
+
+
+def _duration(key: str, value: object) -> object:
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        raise SearchError(f"{key} compares with a duration, such as 100ms")
+    return value
+
+
+def _contains(needle: str, bind: Binder) -> str:
+    return bind.dialect.contains.format("attrs", bind(needle))
+
+
+def _has_key(key: str, bind: Binder) -> str:
+    """Whether ``attrs`` has the attribute, of any type (see ``model.trace.STRING_US``)."""
+    k = clean(key)
+    return f"({_contains(RS + k + US, bind)} OR {_contains(RS + k + STRING_US, bind)})"
+
+
+def _attribute(key: str, op: str, value: object, bind: Binder, what: str) -> str:
+    """A condition on the flattened text in ``attrs`` (a span's or a resource's), typed as
+    TraceQL types it: a string never meets a number or a boolean, whatever its text (a
+    string that reads as one is stored after STRING_US); numbers compare as numbers.
+    ``what`` names the attribute in errors."""
+    d = bind.dialect
+    k = clean(key)
+    if isinstance(value, bool):
+        if op not in ("=", "!="):
+            return "FALSE"
+        # != true: the boolean false, not an attribute of another type.
+        wanted = "true" if value == (op == "=") else "false"
+        return _contains(RS + k + US + wanted + RS, bind)
+    if op == "=" and isinstance(value, str):
+        return _contains(attribute_pattern(key, value), bind)
+    # (Bound only when used: DuckDB refuses a parameter that the statement does not use.)
+    typed = f"{RS}{re.escape(k)}{US}([^{RS}]*){RS}"
+    us_text = d.extract.format("attrs", bind(typed))
+    if isinstance(value, (int, float)):
+        # The text after US that reads as a number (strictly: both engines' casts read more,
+        # such as " 1" or "nan").
+        strict = d.full_match(us_text, NUMBER_PATTERN, bind)
+        number = _compare_number(what, d.number(us_text), op, float(value), bind)
+        return f"{_contains(RS + k + US, bind)} AND {strict} AND {number}"
+    # Any other comparison with a string: the value of a string attribute, after STRING_US,
+    # or after US when it does not read as a number or a boolean.
+    stringly = f"{RS}{re.escape(k)}{STRING_US}([^{RS}]*){RS}"
+    has_us = _contains(RS + k + US, bind)
+    text = (
+        f"(CASE WHEN {has_us} THEN {us_text} ELSE {d.extract.format('attrs', bind(stringly))} END)"
+    )
+    typed_text = d.full_match(us_text, NUMBER_PATTERN + "|true|false", bind)
+    string = f"({_contains(RS + k + STRING_US, bind)} OR ({has_us} AND NOT {typed_text}))"
+    return f"{string} AND {_compare(text, op, value, bind)}"
+
+
+def span_condition(cond: Condition, bind: Binder) -> str:
+    """SQL over one ``spans`` row."""
+    key, op, value = cond.key, cond.op, cond.value
+    if key in ("name", "span:name"):
+        return _compare("name", op, condition_text(key, value), bind)
+    if key in ("status", "span:status"):
+        code = condition_code(STATUS_CODES, value, "status")
+        return _compare_number(key, "status_code", op, code, bind)
+    if key in ("kind", "span:kind"):
+        return _compare_number(key, "kind", op, condition_code(SPAN_KINDS, value, "kind"), bind)
+    if key in ("duration", "span:duration"):
+        return _compare_number(key, "(end_ns - start_ns)", op, _duration(key, value), bind)
+    if key in ("resource.service.name", "service.name"):
+        return _compare("service", op, condition_text(key, value), bind)
+    if key == "trace:id":
+        return _compare("trace_id", op, str(value).lower().rjust(32, "0"), bind)
+    if key == "span:id":
+        return _compare_number(key, "span_id", op, condition_span_id(value), bind)
+    if key == "span:parentID":  # "0000000000000000": a root span (TraceQL's nestedSetParent<0)
+        return _compare_number(key, "parent_span_id", op, condition_span_id(value), bind)
+    if key == "raw:span":  # bytes (hex) of the span's OTLP message: a necessary condition
+        return bind.dialect.contains.format("hex(raw)", bind(str(value)))
+    if key == "raw:scope":
+        return _in_resource(bind.dialect.contains.format("hex(scope)", bind(str(value))), bind)
+    if key.startswith("span."):
+        return _attribute(key[5:], op, value, bind, key)
+    if key.startswith("resource."):
+        return _in_resource(_attribute(key[9:], op, value, bind, key), bind)
+    if not key.startswith("."):
+        raise SearchError(
+            f"{key!r} is not something hotspan searches on: use name, status, kind, duration, "
+            "trace:id, span:id, traceDuration, rootName, rootServiceName, or an attribute "
+            "(span.x, resource.x, .x)"
+        )
+    # Unscoped, as Tempo reads it (and the TraceQL engine): the span's attribute when the span
+    # has it, else the resource's (for service.name, the span's service).
+    name = key[1:]
+    span_sql = _attribute(name, op, value, bind, key)
+    if name == "service.name":
+        res_sql = _compare("service", op, condition_text(key, value), bind)
+    else:
+        res_sql = _in_resource(_attribute(name, op, value, bind, key), bind)
+    has_key = _has_key(name, bind)
+    return f"(({has_key} AND {span_sql}) OR (NOT {has_key} AND {res_sql}))"
+
+
+def _trace_condition(cond: Condition, bind: Binder) -> str:
+    """SQL over one row of the per-trace aggregate."""
+    expr = {
+        "traceDuration": "(t1 - t0)",
+        "trace:duration": "(t1 - t0)",
+        "rootName": "root_name",
+        "trace:rootName": "root_name",
+        "rootServiceName": "root_service",
+        "trace:rootService": "root_service",
+    }.get(cond.key)
+    if expr is None:
+        raise SearchError(f"{cond.key!r} is not a trace-wide intrinsic")
+    if expr == "(t1 - t0)":
+        if not isinstance(cond.value, int):
+            raise SearchError(f"{cond.key} compares with a duration, such as 100ms")
+        return _compare_number(cond.key, expr, cond.op, cond.value, bind)
+    return _compare(expr, cond.op, condition_text(cond.key, cond.value), bind)
+
+
+def _spanset(conds: Tuple[Condition, ...], base: str, bind: Binder) -> str:
+    where = [base]
+    for cond in conds:
+        where.append(f"({span_condition(cond, bind)})")
+    return " AND ".join(where)
+
+
+# The root is the span without a parent, else the earliest (its parent never arrived); the
+# span id settles ties.  (argMin: ClickHouse's name, which DuckDB reads as its arg_min.)
+_ROOT_COLUMNS = (
+    "argMin(service, (parent_span_id != 0, start_ns, span_id)) AS root_service, "
+    "argMin(name, (parent_span_id != 0, start_ns, span_id)) AS root_name"
+)
+
+
+def search_sql(dialect: Dialect, tenant: object, query: TraceQuery) -> Tuple[str, Params]:
+    """The statement and its named parameters: rows of (trace_id, root_service, root_name,
+    t0, t1, spans, span_id, span_name, start_ns, end_ns, n), one per (trace, shown matched
+    span), in the order of the answer.  ``tenant`` is the value of the dialect's tenant
+    column."""
+    bind = Binder(
+        dialect,
+        tenant=tenant,
+        start_ns=query.start_ns,
+        end_ns=query.end_ns,
+        limit=query.limit,
+        spans_per_trace=max(query.spans_per_trace, 1),
+    )
+    p = bind.name
+    of_tenant = f"{dialect.tenant} = {p('tenant')}"
+    # As in Tempo, a span counts when it overlaps the range.  ClickHouse's primary key
+    # (tenant, service, start_ns) and its parts' start_ns bounds use the bound on start_ns.
+    base = f"{of_tenant} AND start_ns < {p('end_ns')} AND end_ns >= {p('start_ns')}"
+    spansets = query.spansets or ((),)
+    first_where = _spanset(spansets[0], base, bind)
+    others = []
+    for conds in spansets[1:]:
+        where = _spanset(conds, base, bind)
+        others.append(f"AND trace_id IN (SELECT trace_id FROM spans WHERE {where})")
+    having: List[str] = [_trace_condition(cond, bind) for cond in query.trace_conditions]
+    if query.order not in TRACE_ORDERS:
+        orders = ", ".join(TRACE_ORDERS)
+        raise SearchError(f"order must be one of {orders}, not {query.order!r}")
+    if query.limit < 0:
+        # DuckDB refuses a negative LIMIT; ClickHouse would take it as "all but the last".
+        raise SearchError(f"limit must not be negative, not {query.limit}")
+    by_duration = query.order == "duration"
+    if having or by_duration:
+        # Trace-wide conditions, and the longest first, need every matching trace's bounds
+        # and root.
+        candidates = f"""
+    SELECT trace_id FROM (
+        SELECT trace_id, {_ROOT_COLUMNS}, min(start_ns) AS t0, max(end_ns) AS t1
+        FROM spans
+        WHERE {of_tenant} AND trace_id IN (SELECT trace_id FROM matched)
+        GROUP BY trace_id
+    )
+    WHERE {" AND ".join(having) or "TRUE"}
+    ORDER BY {"t1 - t0" if by_duration else "t0"} DESC, trace_id
+    LIMIT {p("limit")}"""
+    else:
+        # Otherwise the newest traces can be picked from the matching spans alone, and only
+        # those few aggregated in full: 10x less work over a day of spans.
+        candidates = f"""
+    SELECT trace_id FROM matched GROUP BY trace_id
+    ORDER BY min(start_ns) DESC, trace_id
+    LIMIT {p("limit")}"""
+    shown = dialect.one_per_span.format(
+        table="matched", where="trace_id IN (SELECT trace_id FROM candidates)"
+    )
+    # count(DISTINCT ...) here and one row per span below: an export retried after it landed
+    # stores its spans twice.  Only the few traces found pay for it.
+    sql = f"""
+WITH matched AS (
+    SELECT trace_id, span_id, name, start_ns, end_ns FROM spans
+    WHERE {first_where} {" ".join(others)}
+), candidates AS ({candidates}
+), found AS (
+    SELECT trace_id, {_ROOT_COLUMNS},
+           min(start_ns) AS t0, max(end_ns) AS t1, count(DISTINCT span_id) AS spans
+    FROM spans
+    WHERE {of_tenant} AND trace_id IN (SELECT trace_id FROM candidates)
+    GROUP BY trace_id
+), shown AS (
+    SELECT *, row_number() OVER (PARTITION BY trace_id ORDER BY start_ns, span_id) AS rn,
+           count(*) OVER (PARTITION BY trace_id) AS n
+    FROM ({shown})
+)
+SELECT f.trace_id, f.root_service, f.root_name, f.t0, f.t1, f.spans,
+       s.span_id, s.name, s.start_ns, s.end_ns, s.n
+FROM found AS f INNER JOIN shown AS s ON s.trace_id = f.trace_id
+WHERE s.rn <= {p("spans_per_trace")}
+ORDER BY {"f.t1 - f.t0" if by_duration else "f.t0"} DESC, f.trace_id, s.rn
+"""
+    return sql, bind.params
