@@ -27,8 +27,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind, Status, StatusCode, set_span_in_context
 
 from hotspan.formats.otlp_traces import to_span_batch
-from hotspan.query.traceql import parse_query
-from hotspan.query.traceql_metrics import MetricsRequest, run_metrics
+from hotspan.query.traceql import MetricsRequest, parse_query, run_metrics
 from hotspan.store import open_store
 from hotspan.store.base import Store
 from tests.clickhouse_fixture import clickhouse_server as clickhouse_server
@@ -786,12 +785,12 @@ def test_small_pages_read_each_span_once(store: Store, monkeypatch: pytest.Monke
     """Spans are read a page at a time, over time slices, the newest first: with pages of 3
     spans each span is still read once (the answer says 12 inspected, not more), the counts
     are those of one read, and the span bound cuts at the newest spans."""
-    from hotspan.query import traceql_metrics
+    from hotspan.query.traceql import candidates
 
     req = MetricsRequest(START * SEC, END * SEC, STEP_S * SEC)
     query = parse_query("{} | count_over_time() by (resource.service.name)")
     at_once = run_metrics(store, TENANT, query, req)
-    monkeypatch.setattr(traceql_metrics, "PAGE_SPANS", 3)
+    monkeypatch.setattr(candidates, "PAGE_SPANS", 3)
     paged = run_metrics(store, TENANT, query, req)
     assert paged.inspected_spans == at_once.inspected_spans == 12
     assert paged.partial is None
@@ -855,13 +854,13 @@ def series_of(result) -> Dict[Tuple[Tuple[str, object], ...], List[float]]:  # t
 def test_cell_bound_gives_a_partial_answer(duck: Store, monkeypatch: pytest.MonkeyPatch) -> None:
     """maxSeries bounds groups, but a histogram group has a row per bucket: the cells (rows x
     intervals) are bounded too, and an answer past the bound is partial, its series whole."""
-    from hotspan.query import traceql_metrics
+    from hotspan.query.traceql import metrics
 
     req = MetricsRequest(START * SEC, END * SEC, STEP_S * SEC)  # 4 intervals
     histogram = parse_query("{} | histogram_over_time(duration) by (name)")
     whole = run_metrics(duck, TENANT, histogram, req)
     assert whole.partial is None and len(whole.series) == 12  # a span per name
-    monkeypatch.setattr(traceql_metrics, "MAX_CELLS", 5 * len(STAMPS_MS))
+    monkeypatch.setattr(metrics, "MAX_CELLS", 5 * len(STAMPS_MS))
     bounded = run_metrics(duck, TENANT, histogram, req)
     assert bounded.partial and "at most 20 values" in bounded.partial
     assert len(bounded.series) == 5
@@ -869,23 +868,23 @@ def test_cell_bound_gives_a_partial_answer(duck: Store, monkeypatch: pytest.Monk
     assert all(complete[k] == v for k, v in series_of(bounded).items())
     # Quantiles: a service's buckets (checkout's spans fall in 6) are its rows.
     quantiles = parse_query("{} | quantile_over_time(duration, .5) by (resource.service.name)")
-    monkeypatch.setattr(traceql_metrics, "MAX_CELLS", 3 * len(STAMPS_MS))
+    monkeypatch.setattr(metrics, "MAX_CELLS", 3 * len(STAMPS_MS))
     bounded = run_metrics(duck, TENANT, quantiles, req)
     assert bounded.partial and "at most 12 values" in bounded.partial
-    monkeypatch.setattr(traceql_metrics, "MAX_CELLS", 20_000_000)
+    monkeypatch.setattr(metrics, "MAX_CELLS", 20_000_000)
     assert run_metrics(duck, TENANT, quantiles, req).partial is None
 
 
 def test_deadline_gives_a_partial_answer(duck: Store, monkeypatch: pytest.MonkeyPatch) -> None:
     """A query stops reading when its time is up (checked between pages) and says so."""
-    from hotspan.query import traceql_metrics
+    from hotspan.query.traceql import candidates
 
     req = MetricsRequest(START * SEC, END * SEC, STEP_S * SEC)
-    monkeypatch.setattr(traceql_metrics, "PAGE_SPANS", 3)
+    monkeypatch.setattr(candidates, "PAGE_SPANS", 3)
     queries = ["{} | count_over_time()", "{} >> {} | rate()", "{} | compare({status=error})"]
     for q in queries:
         assert run_metrics(duck, TENANT, parse_query(q), req).partial is None, q
-    monkeypatch.setattr(traceql_metrics, "DEADLINE_S", 0.0)
+    monkeypatch.setattr(candidates, "DEADLINE_S", 0.0)
     for q in queries:
         result = run_metrics(duck, TENANT, parse_query(q), req)
         assert result.partial and "took longer than 0 s" in result.partial, q
@@ -916,7 +915,7 @@ def test_compare_series_bound(duck: Store, srv: RunningServer, sent: Sent) -> No
 def test_compare_memory_bounds(duck: Store, monkeypatch: pytest.MonkeyPatch) -> None:
     """compare() counts the first values of an attribute (the rest in its totals only), a
     bounded number of attributes and of counts: totals stay exact."""
-    from hotspan.query import traceql_compare
+    from hotspan.query.traceql import metrics_compare
 
     def selected(row) -> bool:  # type: ignore[no-untyped-def]
         return row[2] == "error"
@@ -929,7 +928,7 @@ def test_compare_memory_bounds(duck: Store, monkeypatch: pytest.MonkeyPatch) -> 
     # Values: each span has its own name; with a bound of one value per side and attribute,
     # the name counted is the newest span's (read first), the others are in the totals only.
     # As Tempo, the answer is not partial for it.
-    monkeypatch.setattr(traceql_compare, "MAX_COMPARE_VALUES", 1)
+    monkeypatch.setattr(metrics_compare, "MAX_COMPARE_VALUES", 1)
     result = run_metrics(
         duck, TENANT, parse_query(f"{{{ROOTS}}} | compare({{status=error}}, 1)"), req
     )
@@ -942,19 +941,19 @@ def test_compare_memory_bounds(duck: Store, monkeypatch: pytest.MonkeyPatch) -> 
         assert names == [(("__meta_type", side), ("name", newest))]
         assert got[names[0]] == every[names[0]]
     assert {k: v for k, v in got.items() if k in totals} == totals
-    monkeypatch.setattr(traceql_compare, "MAX_COMPARE_VALUES", 1000)
+    monkeypatch.setattr(metrics_compare, "MAX_COMPARE_VALUES", 1000)
 
     # Attributes: three of the nine.
-    monkeypatch.setattr(traceql_compare, "MAX_COMPARE_ATTRIBUTES", 3)
+    monkeypatch.setattr(metrics_compare, "MAX_COMPARE_ATTRIBUTES", 3)
     result = run_metrics(duck, TENANT, query, req)
     got = series_of(result)
     assert result.partial and "at most 3 attributes" in result.partial
     assert len({k[1][0] for k in got}) == 3
     assert all(every[k] == v for k, v in got.items())
-    monkeypatch.setattr(traceql_compare, "MAX_COMPARE_ATTRIBUTES", 250)
+    monkeypatch.setattr(metrics_compare, "MAX_COMPARE_ATTRIBUTES", 250)
 
     # Counts: ten (side, interval, attribute, value) cells.
-    monkeypatch.setattr(traceql_compare, "MAX_COMPARE_CELLS", 10)
+    monkeypatch.setattr(metrics_compare, "MAX_COMPARE_CELLS", 10)
     result = run_metrics(duck, TENANT, query, req)
     got = series_of(result)
     assert result.partial and "at most 10 counts" in result.partial

@@ -24,7 +24,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode, set_span_in_contex
 
 from hotspan.formats.otlp_traces import to_span_batch
 from hotspan.model.trace import Condition, SpanRecord, flatten_attributes
-from hotspan.query import traceql_ast as ast
+from hotspan.query import traceql
 from hotspan.query.engine import QueryError
 from hotspan.query.traceql import (
     MetricsStage,
@@ -535,7 +535,7 @@ def test_pushdown(q: str) -> None:
 
 
 def test_pushdown_never_loses_a_span_the_engine_finds() -> None:
-    from hotspan.query.traceql_eval import compile_field
+    from hotspan.query.traceql import compile_field
 
     for q in list(FILTERS) + list(OPERATORS):
         query = parse_query(q)
@@ -548,7 +548,7 @@ def test_pushdown_never_loses_a_span_the_engine_finds() -> None:
 
 def _meets(span: SpanRecord, cond: Condition) -> bool:
     # What the stores do with a pushed condition, by the engine's rules.
-    from hotspan.query.traceql_eval import compare
+    from hotspan.query.traceql import compare
 
     if cond.key == "span:parentID":  # the stores compare the parent's id as a number
         wanted = int(str(cond.value), 16)
@@ -558,14 +558,14 @@ def _meets(span: SpanRecord, cond: Condition) -> bool:
         return False
     literal: object = cond.value
     if cond.key in ("status", "kind"):
-        literal = (ast.Status if cond.key == "status" else ast.Kind)(str(cond.value))
+        literal = (traceql.Status if cond.key == "status" else traceql.Kind)(str(cond.value))
         value = type(literal)(value)  # type: ignore[call-arg]
     elif cond.key == "duration":
-        literal = ast.Duration(int(cond.value))
+        literal = traceql.Duration(int(cond.value))
     elif isinstance(value, str) and cond.key.startswith(("span.", "resource.", ".")):
-        value = ast.Text(value)
+        value = traceql.Text(value)
     elif cond.key.startswith(("span.", "resource.", ".")):
-        value = ast.Text(str(value))
+        value = traceql.Text(str(value))
     return compare(cond.op, value, literal)
 
 
@@ -822,20 +822,23 @@ def test_root_spans_are_one_store_condition() -> None:
 
 def test_literal_comparisons_compile_to_what_compare_decides() -> None:
     # Comparisons with a literal skip compare()'s type dispatch per span: same answers.
-    from hotspan.query.traceql_eval import _compare_static, _Trace, compare, compile_field
+    # The compiled fast path is internal to the engine: its own module is tested.
+    from hotspan.query.traceql import compare, compile_field
+    from hotspan.query.traceql.fields import _compare_static
+    from hotspan.query.traceql.trace_view import TraceView
 
     attrs = ["span.http.status_code", "span.http.method", "span.cache.hit", "span.amount"]
     attrs += ["name", "duration", "status", "kind", "span.nothing", "childCount", "span:id"]
-    literals = [200, 12.5, "GET", "200", "true", True, ast.Duration(40 * MS), -1]
-    literals += [ast.Status("error"), ast.Status("unset"), ast.Kind("client"), "error"]
-    trace = _Trace(SPANS)
+    literals = [200, 12.5, "GET", "200", "true", True, traceql.Duration(40 * MS), -1]
+    literals += [traceql.Status("error"), traceql.Status("unset"), traceql.Kind("client"), "error"]
+    trace = TraceView(SPANS)
     checked = 0
     for key in attrs:
         attr = parse_query(f"{{ {key} != nil }}").root.expr.expr  # type: ignore[attr-defined]
         get = compile_field(attr)
         for literal in literals:
             for op in ("=", "!=", "<", "<=", ">", ">=", "=~", "!~"):
-                for expr in (ast.Binary(op, attr, ast.Static(literal)),):
+                for expr in (traceql.Binary(op, attr, traceql.Static(literal)),):
                     fast = _compare_static(expr)
                     if fast is None:
                         continue
@@ -847,7 +850,7 @@ def test_literal_comparisons_compile_to_what_compare_decides() -> None:
 
 
 def test_evaluating_a_parsed_query_compiles_nothing() -> None:
-    from hotspan.query.traceql_eval import compile_field
+    from hotspan.query.traceql import compile_field
 
     query = parse_query(
         '{ resource.service.name = "checkout" } >> { status = error } | by(kind) | count() > 0'
@@ -936,7 +939,7 @@ def test_durations_print_as_go_does() -> None:
         3_600 * 10**9 + 1: "1h0m0.000000001s",
         -2_000_000: "-2ms",
     }
-    assert {ns: str(ast.Duration(ns)) for ns in cases} == cases
+    assert {ns: str(traceql.Duration(ns)) for ns in cases} == cases
 
 
 def test_duration_units_as_tempo_reads_them() -> None:

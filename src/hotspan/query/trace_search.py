@@ -2,7 +2,7 @@
 
 Two paths.  Spanset filters joined by ``&&`` (what ``traceql.parse_traceql`` reads) and the
 legacy ``tags`` search are one SQL statement (``store.find_traces``).  Everything else
-(``||``, structural operators, pipelines, select()) runs in ``traceql_eval``: candidate spans
+(``||``, structural operators, pipelines, select()) runs in TraceQL's engine: candidate spans
 meeting the query's pushdown conditions, newest first, name candidate traces (at most
 MAX_CANDIDATE_TRACES, newest first); their spans are fetched by batches and evaluated trace by
 trace until ``limit`` traces are found.  ``metrics.inspectedTraces`` says how many were looked
@@ -42,10 +42,18 @@ from hotspan.model.trace import (
     TraceQuery,
     TraceSummary,
 )
-from hotspan.query import traceql_ast as ast
 from hotspan.query.engine import QueryError
-from hotspan.query.traceql import Query, Spanset, evaluate
-from hotspan.query.traceql_eval import nested_set, plain
+from hotspan.query.traceql import (
+    Attribute,
+    Duration,
+    Nil,
+    Query,
+    Spanset,
+    Text,
+    evaluate,
+    nested_set,
+    plain,
+)
 
 # How far the engine looks: the newest candidate spans, the traces they belong to, and the
 # spans of those traces fetched per query.
@@ -379,13 +387,13 @@ def _key_value(key: str, value: object) -> Dict[str, Any]:
 
 def _any_value(value: object) -> Dict[str, Any]:
     """A spanset attribute (by()'s value, an aggregate) as an OTLP AnyValue in JSON."""
-    if value is None or isinstance(value, ast.Nil):
+    if value is None or isinstance(value, Nil):
         return {"stringValue": "nil"}
     if isinstance(value, bool):
         return {"boolValue": value}
-    if isinstance(value, ast.Duration):
+    if isinstance(value, Duration):
         return {"stringValue": str(value)}
-    if isinstance(value, ast.Text):
+    if isinstance(value, Text):
         # Stored as text: typed back as it reads, as an attribute of that type would be.
         if value in ("true", "false"):
             return {"boolValue": value == "true"}
@@ -433,7 +441,7 @@ def _add_attributes(
     tenant: str,
     params: SearchParams,
     traces: List[Dict[str, Any]],
-    shown: Sequence[ast.Attribute],
+    shown: Sequence[Attribute],
     known: Optional[Dict[str, List[SpanRecord]]] = None,
 ) -> None:
     """Put on each span of ``traces`` the ``shown`` attributes it has; ``known``: every span
@@ -479,7 +487,7 @@ def _read_whole(
 def _label(
     wanted: Dict[int, Dict[str, Any]],
     trace: Sequence[Any],
-    shown: Sequence[ast.Attribute],
+    shown: Sequence[Attribute],
     typed: bool,
 ) -> None:
     """Label the ``wanted`` spans (JSON, by span id) of one trace, whose spans are ``trace``:
@@ -525,7 +533,7 @@ def _index_values(flat: str) -> Dict[str, Dict[str, Any]]:
     for record in flat.split(RS):
         key, sep, value = record.partition(US)
         if sep:
-            out[key] = _any_value(ast.Text(value))
+            out[key] = _any_value(Text(value))
             continue
         key, sep, value = record.partition(STRING_US)
         if sep:
@@ -542,7 +550,7 @@ def _typed(attributes: Iterable[Any]) -> Dict[str, Dict[str, Any]]:
     return out
 
 
-def _shown_key(attr: ast.Attribute) -> str:
+def _shown_key(attr: Attribute) -> str:
     """The key Tempo gives an attribute in search results: its name, without scope."""
     if attr.scope != "intrinsic":
         return attr.name
@@ -550,7 +558,7 @@ def _shown_key(attr: ast.Attribute) -> str:
 
 
 def _shown_value(
-    attr: ast.Attribute,
+    attr: Attribute,
     span: Any,
     attrs: Dict[str, Any],
     resource: Dict[str, Any],

@@ -2,7 +2,7 @@
 
 Trace by id (v1 and v2, JSON or protobuf), search (TraceQL, see query.trace_search, or the
 legacy ``tags``), tag names and values (v1 and v2; ``q=`` narrows them to the spans a partial
-TraceQL query matches, see query.autocomplete), ``/api/echo`` and ``/api/status/buildinfo``.
+TraceQL query matches, see query.traceql.autocomplete), ``/api/echo`` and ``/api/status/buildinfo``.
 Search answers carry only the fields Tempo's own ``SearchResponse`` has: Grafana decodes them
 strictly, and an unknown field would fail the query.  The same search and TraceQL metrics
 also answer over gRPC, on the main port too (server.tempo_grpc, server.h2_sniff).
@@ -29,11 +29,19 @@ from hotspan.model.trace import (
     SpanRecord,
     TraceQuery,
 )
-from hotspan.query import autocomplete, trace_search
-from hotspan.query.autocomplete import narrowing_conditions
+from hotspan.query import trace_search
 from hotspan.query.engine import QueryError
 from hotspan.query.trace_search import SearchParams
-from hotspan.query.traceql import Query, legacy_query, parse_duration, parse_logfmt, parse_query
+from hotspan.query.traceql import (
+    Query,
+    legacy_query,
+    narrowing_conditions,
+    parse_duration,
+    parse_logfmt,
+    parse_query,
+    tag_names,
+    tag_values,
+)
 from hotspan.server.errors import HTTPError
 from hotspan.server.request import query_state
 from hotspan.server.state import ServerState
@@ -269,7 +277,7 @@ def _narrowed(
 ) -> Optional[List[SpanRecord]]:
     """The spans ``q`` narrows the autocomplete to (the newest of the range, at most
     MAX_AUTOCOMPLETE_SPANS), or None when there is no ``q`` or it narrows nothing (see
-    query.autocomplete): then every tag, as Tempo does."""
+    query.traceql.autocomplete): then every tag, as Tempo does."""
     conditions = narrowing_conditions(params.get("q", ""))
     if conditions is None:
         return None
@@ -298,7 +306,7 @@ def _tag_names(
         )
     records = _narrowed(state, tenant, params)
     if records is not None:
-        names = autocomplete.tag_names(records)
+        names = tag_names(records)
     else:
         names = state.store.tag_names(tenant, seconds_value(params, "start") or 0)
     return names, None if scope == "all" else scope
@@ -382,7 +390,7 @@ def _values(
         records = state.store.span_records(tenant, start, end, (), limit=MAX_AUTOCOMPLETE_SPANS)
     values = state.store.tag_values(tenant, scope, name, since)
     if records is not None:
-        values = _typed(autocomplete.tag_values(records, scope, name), values, scope, name)
+        values = _typed(tag_values(records, scope, name), values, scope, name)
     return values[:limit]
 
 

@@ -31,16 +31,17 @@ from hotspan.model.profile import MAX_TIME_NS
 from hotspan.model.trace import SearchError
 from hotspan.query import traceql
 from hotspan.query.engine import QueryError
-from hotspan.query.traceql_ast import Duration, go_duration
-from hotspan.query.traceql_metrics import (
+from hotspan.query.traceql import (
     MAX_EXEMPLARS,
     MAX_INTERVALS,
     MAX_SERIES,
+    Duration,
     Labels,
     LabelValue,
     MetricsRequest,
     MetricsResult,
     default_step,
+    go_duration,
     run_metrics,
 )
 from hotspan.server.errors import HTTPError

@@ -27,9 +27,10 @@ from hotspan.model.trace import (
     SpanRecord,
     parse_attributes,
 )
-from hotspan.query import traceql_ast as ast
 from hotspan.query.engine import QueryError
-from hotspan.query.traceql import parse_query, parse_traceql
+from hotspan.query.traceql import ast
+from hotspan.query.traceql.plan import parse_query
+from hotspan.query.traceql.search import parse_traceql
 
 _TOKEN = re.compile(
     r"""\s*(?:

@@ -1,4 +1,4 @@
-"""TraceQL metrics (``{...} | rate() by (...)``): stored spans bucketed into time series.
+"""The time series of TraceQL's metrics functions: the math of the answer.
 
 The semantics are Tempo's (``pkg/traceql/engine_metrics.go``), so that Grafana's panels and
 Traces Drilldown draw the same picture from hotspan as from Tempo:
@@ -16,55 +16,34 @@ Traces Drilldown draw the same picture from hotspan as from Tempo:
 - ``by(a, b)`` labels each series with the non-nil values; all nil gives ``a="nil"``; without
   ``by`` a series is labelled ``__name__=<function>``.
 
-Spans are read newest first, a page at a time over time slices sized from the spans seen so
-far (each span read once), at most ``max_spans`` of them, for at most ``DEADLINE_S`` seconds
-(checked between pages); series stop at ``max_series``, and rows (a series, or a bucket of
-a histogram's group) once rows x intervals would pass ``MAX_CELLS``.  A bound hit makes the
-answer partial, with a message saying which bound.  A root-span filter
-(``{nestedSetParent<0}``, Traces Drilldown's default) is the store's condition, so only roots
-are read.  ``compare()`` is in :mod:`hotspan.query.traceql_compare`.
+Rows stop at ``max_series`` series, and at the cells (rows x intervals) the caller allows.
 """
 
 from __future__ import annotations
 
 import math
 import operator
-import time
-from dataclasses import dataclass, field, replace
-from datetime import datetime, timezone
-from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from hotspan.model.trace import SPAN_KINDS, STATUS_CODES, Condition, SpanRecord
-from hotspan.query import traceql
-from hotspan.query import traceql_ast as ast
+from hotspan.model.trace import SPAN_KINDS, STATUS_CODES, SpanRecord
 from hotspan.query.engine import QueryError
-from hotspan.query.traceql_eval import TRACE_WIDE, conjuncts
-from hotspan.store.base import PARENT_LOOKBACK_NS, Store
+from hotspan.query.traceql import ast
+from hotspan.query.traceql.fields import TRACE_WIDE, span_value
+from hotspan.query.traceql.names import INTRINSICS
+from hotspan.query.traceql.parser import MetricsStage
 
 SEC = 1_000_000_000
 MS = 1_000_000
-# Bounds: spans read (a page at a time, so memory stays at one page), series answered, and
-# Tempo's defaults for intervals per query and exemplars per query.  A span read costs about
-# 7 us of CPU when the store's conditions are the whole filter, 20 us when the TraceQL engine
-# runs on it, 35 us for structural queries (whole traces): a million stays within Grafana's
-# 30 s data source timeout on one core.
-MAX_SPANS = 1_000_000
-PAGE_SPANS = 50_000
+# Bounds of an answer: series, Tempo's defaults for intervals per query and exemplars per
+# query.
 MAX_SERIES = 1_000
 MAX_INTERVALS = 10_000
 MAX_EXEMPLARS = 100
 MAX_GROUP_BYS = 5
-# Cells (rows x intervals, 8 bytes each) an answer may hold: 160 MB.  maxSeries bounds the
-# groups, but a histogram or quantile group has a row per power-of-two bucket (up to ~64).
-MAX_CELLS = 20_000_000
-# Wall time a query may read for: checked between pages (a page takes 2 s at most),
-# so the partial answer, with the spans counted so far, comes before Grafana's data source
-# gives up (30 s by default).
-DEADLINE_S = 25.0
 EXEMPLARS_PER_BUCKET = 2
-TRACES_PER_FETCH = 500
 
 NAME_LABEL = "__name__"
 BUCKET_LABEL = "__bucket"
@@ -83,12 +62,10 @@ VALUE_FUNCTIONS = ("min_over_time", "max_over_time", "avg_over_time", "sum_over_
 HISTOGRAM_FUNCTIONS = ("histogram_over_time", "quantile_over_time")
 # The names of the span's own duration (read from its start and end), and of every duration
 # (labels show those as durations), from TraceQL's table of intrinsics.
-_SPAN_DURATION_KEYS = tuple(k for k, v in traceql.INTRINSICS.items() if v == "duration")
-_DURATION_LABEL_KEYS = tuple(
-    k for k, v in traceql.INTRINSICS.items() if v in ("duration", "traceDuration")
-)
+_SPAN_DURATION_KEYS = tuple(k for k, v in INTRINSICS.items() if v == "duration")
+_DURATION_LABEL_KEYS = tuple(k for k, v in INTRINSICS.items() if v in ("duration", "traceDuration"))
 
-# Of the trace-wide intrinsics (traceql_eval.TRACE_WIDE), the ones that differ span to span
+# Of the trace-wide intrinsics (fields.TRACE_WIDE), the ones that differ span to span
 # (the others are one value per trace).
 _PER_SPAN_OF_TRACE = ("childCount", "nestedSetParent", "nestedSetLeft", "nestedSetRight")
 
@@ -294,266 +271,6 @@ class _Aggregator:
         return np.where(counts > 0, values, np.nan)
 
 
-@dataclass
-class Candidates:
-    """What reading the spans came to: how many, of how many traces, and why it stopped
-    early if it did; and until when (``time.monotonic()``) reading may go on."""
-
-    read: int = 0
-    traces: set = field(default_factory=set)
-    partial: Optional[str] = None
-    deadline: float = field(default_factory=lambda: time.monotonic() + DEADLINE_S)
-
-    def out_of_time(self, oldest_ns: Optional[int]) -> bool:
-        """Whether the time is up; if so the answer is partial, counting the spans that
-        started from ``oldest_ns`` on."""
-        if time.monotonic() < self.deadline:
-            return False
-        self.partial = _deadline_message(oldest_ns)
-        return True
-
-
-def _filter_parts(query: traceql.Query) -> Optional[List[object]]:
-    """The ``&&``-joined parts of a query that is one ``{...}`` judging each span alone
-    (``true`` left out), or None."""
-    if query.needs_traces or not isinstance(query.root, ast.Filter):
-        return None
-    return [
-        p for p in conjuncts(query.root.expr) if not (isinstance(p, ast.Static) and p.value is True)
-    ]
-
-
-def exact_pushdown(query: traceql.Query) -> bool:
-    """Whether the store's conditions are the whole filter (one ``{...}`` whose every
-    ``&&``-joined part became a pushdown condition): then every span read matches, and the
-    engine need not run on it."""
-    parts = _filter_parts(query)
-    return parts is not None and len(parts) == len(query.pushdown)
-
-
-def presence_tests(query: traceql.Query) -> Optional[List[str]]:
-    """When the store's conditions are the whole filter but for ``x != nil`` parts (Traces
-    Drilldown adds one for the attribute it breaks down by): those attributes, whose presence
-    is then all a span read must show (no engine).  None when the engine must run."""
-    parts = _filter_parts(query)
-    if parts is None:
-        return None
-    present = [
-        p.expr.text
-        for p in parts
-        if isinstance(p, ast.Unary) and p.op == "exists" and isinstance(p.expr, ast.Attribute)
-    ]
-    if len(parts) - len(present) != len(query.pushdown) or any(map(trace_wide, present)):
-        return None
-    return present
-
-
-def _by_trace(spans: Sequence[SpanRecord]) -> Dict[str, List[SpanRecord]]:
-    out: Dict[str, List[SpanRecord]] = {}
-    for span in spans:
-        out.setdefault(span.trace_id, []).append(span)
-    return out
-
-
-def _evaluated(query: traceql.Query, spans: Sequence[SpanRecord]) -> List[SpanRecord]:
-    """The spans of ``spans`` (of one trace) in the spansets the query gives, once each."""
-    seen = set()
-    out = []
-    for spanset in traceql.evaluate(query, spans):
-        for span in spanset.spans:
-            if span.span_id not in seen:
-                seen.add(span.span_id)
-                out.append(span)
-    return out
-
-
-def _from(spans: List[SpanRecord], low_ns: int) -> List[SpanRecord]:
-    """The spans of a store page (newest first) that started at ``low_ns`` or later: the
-    store gives also those that started before and were still running."""
-    if spans and spans[-1].start_ns < low_ns:
-        return [s for s in spans if s.start_ns >= low_ns]
-    return spans
-
-
-def _evaluated_page(query: traceql.Query, page: Sequence[SpanRecord]) -> List[SpanRecord]:
-    """The spans of a page a query that needs no whole trace matches.  Such a query judges
-    each span alone, so the page goes in at once (the engine compiles the query once per
-    call); per trace only if two of its spans share an id, which the engine would merge."""
-    if len({s.span_id for s in page}) == len(page):
-        return _evaluated(query, page)
-    return [s for spans in _by_trace(page).values() for s in _evaluated(query, spans)]
-
-
-def _slices(
-    store: Store,
-    tenant: str,
-    conditions: Sequence[Condition],
-    low_ns: int,
-    high_ns: int,
-    max_spans: int,
-    state: Candidates,
-) -> Iterator[List[SpanRecord]]:
-    """The spans meeting ``conditions`` that started in [low_ns, high_ns], newest first, a
-    page of at most ``PAGE_SPANS`` at a time, at most ``max_spans`` in all.
-
-    Each page is read over a time slice below the previous one rather than over all the rest
-    of the range: a store query costs about the spans in its range (DuckDB deduplicates them
-    before it sorts), so the slices keep the whole read at one pass.  A slice's width is
-    guessed from the spans per second seen so far, to hold about 80 % of a page."""
-    cursor = high_ns + 1  # exclusive: span_records takes the spans that start before its end
-    width = max((high_ns - low_ns) // 8, 1)
-    while cursor > low_ns:
-        # Between pages (the first is always read): the time a query takes is bounded.
-        if cursor <= high_ns and state.out_of_time(cursor):
-            return
-        budget = max_spans - state.read
-        if budget <= 0:
-            # Spans started before the range (still running in it) sort last: the first row
-            # says whether any span of the range is left.
-            left = store.span_records(tenant, low_ns, cursor, conditions, limit=1)
-            if left and left[0].start_ns >= low_ns:
-                state.partial = _span_bound_message(max_spans, cursor)
-            return
-        size = min(PAGE_SPANS, budget)
-        lo = max(low_ns, cursor - width)
-        # One more than the page: whether the slice holds more.
-        rows = store.span_records(tenant, lo, cursor, conditions, limit=size + 1)
-        whole = len(rows) <= size or rows[size].start_ns < lo
-        page = _from(rows[:size], lo)
-        if whole:
-            seen, next_cursor = cursor - lo, lo
-        elif size == budget or page[-1].start_ns == page[0].start_ns:
-            # The last page the bound allows (or one start fills a page): count it, stop.
-            state.read += len(page)
-            state.partial = _span_bound_message(max_spans, page[-1].start_ns)
-            yield page
-            return
-        else:
-            # The oldest start may continue past the page: leave those spans to the next.
-            oldest = page[-1].start_ns
-            page = [s for s in page if s.start_ns > oldest]
-            seen, next_cursor = cursor - oldest - 1, oldest + 1
-        state.read += len(page)
-        if page:
-            yield page
-        cursor = next_cursor
-        # Spans per ns so far -> the next slice's width (grown at most 8-fold at a time).
-        width = min(max(seen * (PAGE_SPANS * 8 // 10) // max(len(page), 1), 1), width * 8)
-
-
-def matched_spans(
-    store: Store,
-    tenant: str,
-    query: traceql.Query,
-    low_ns: int,
-    high_ns: int,
-    max_spans: int,
-    whole_traces: bool,
-    state: Candidates,
-) -> Iterator[Page]:
-    """Pages of the spans the query matches that started in [low_ns, high_ns], the newest
-    first, each with its whole trace when ``whole_traces`` (or the query) needs it.  Reads at
-    most ``max_spans`` spans; ``state`` says how many and whether it stopped early."""
-    # The store's conditions and x != nil tests (cheaper as lookups) can be the whole filter.
-    tests = presence_tests(query)
-    present = [_getter(k) for k in tests or ()]
-    whole_traces = whole_traces or query.needs_traces
-    done_traces: set = set()
-    for page in _slices(store, tenant, query.pushdown, low_ns, high_ns, max_spans, state):
-        state.traces.update(s.trace_id for s in page)
-        if whole_traces:
-            new = [t for t in dict.fromkeys(s.trace_id for s in page) if t not in done_traces]
-            done_traces.update(new)
-            yield from _whole_traces(store, tenant, query, new, low_ns, high_ns, max_spans, state)
-            # A bound hit there ends the read (counting spans later than the cut is wrong).
-            if state.partial:
-                return
-        elif tests is not None:
-            if present:
-                page = [s for s in page if all(get(s, None) is not None for get in present)]
-            yield page, None
-        else:
-            yield _evaluated_page(query, page), None
-
-
-def _whole_traces(
-    store: Store,
-    tenant: str,
-    query: traceql.Query,
-    trace_ids: List[str],
-    low_ns: int,
-    high_ns: int,
-    max_spans: int,
-    state: Candidates,
-) -> Iterator[Page]:
-    """Matched spans of whole traces (structural operators, pipelines and trace-wide
-    intrinsics need every span of a trace), read around the range: a parent may have started
-    up to an hour earlier."""
-    for i in range(0, len(trace_ids), TRACES_PER_FETCH):
-        if i and state.out_of_time(None):
-            return
-        budget = max_spans - state.read
-        if budget <= 0:
-            state.partial = _span_bound_message(max_spans, None)
-            return
-        spans = store.span_records(
-            tenant,
-            low_ns - PARENT_LOOKBACK_NS,
-            high_ns + PARENT_LOOKBACK_NS,
-            (),
-            trace_ids=trace_ids[i : i + TRACES_PER_FETCH],
-            limit=budget,
-        )
-        state.read += len(spans)
-        if len(spans) >= budget:
-            state.partial = _span_bound_message(max_spans, None)
-        page: List[SpanRecord] = []
-        traces: List[Trace] = []
-        for trace in _by_trace(spans).values():
-            for s in _evaluated(query, trace):
-                if low_ns <= s.start_ns <= high_ns:
-                    page.append(s)
-                    traces.append(trace)
-        yield page, traces
-
-
-def _span_bound_message(limit: int, oldest_ns: Optional[int]) -> str:
-    counted = "the newest spans"
-    if oldest_ns is not None:
-        when = datetime.fromtimestamp(oldest_ns / SEC, timezone.utc).isoformat()
-        counted = f"the spans that started from {when} on"
-    return (
-        f"the query reads at most {limit} spans and the range has more: the answer counts "
-        f"{counted} (narrow the range or the query)"
-    )
-
-
-def _deadline_message(oldest_ns: Optional[int]) -> str:
-    counted = "the newest spans"
-    if oldest_ns is not None:
-        when = datetime.fromtimestamp(oldest_ns / SEC, timezone.utc).isoformat()
-        counted = f"the spans that started from {when} on"
-    return (
-        f"the query took longer than {DEADLINE_S:g} s: the answer counts {counted} "
-        "(narrow the range or the query)"
-    )
-
-
-def cell_bound_message(limit: int) -> str:
-    return (
-        f"the answer holds at most {limit} values (series x intervals) and this query needs "
-        "more: series past the bound are left out (use a larger step, fewer by() labels or "
-        "a narrower query)"
-    )
-
-
-def series_bound_message(limit: int) -> str:
-    return (
-        f"Response exceeds maximum series limit of {limit}, a partial response is returned. "
-        "Warning: the accuracy of each individual value is not guaranteed."
-    )
-
-
 def _label_value(key: str, value: object) -> LabelValue:
     if key in _DURATION_LABEL_KEYS and isinstance(value, int) and not isinstance(value, bool):
         return ast.Duration(value)
@@ -567,7 +284,7 @@ def _by_labels(by: Sequence[str], values: tuple) -> List[Tuple[str, LabelValue]]
     return [(k, _label_value(k, v)) for k, v in zip(by, values) if v is not None]
 
 
-def _series_labels(stage: traceql.MetricsStage, row_key: tuple) -> Labels:
+def _series_labels(stage: MetricsStage, row_key: tuple) -> Labels:
     """Tempo's labels of a series (quantiles add ``p`` to theirs elsewhere): without by the
     function's name, histograms add ``__bucket``, and labels all nil become ``<first>="nil"``."""
     if stage.function == "histogram_over_time":
@@ -580,15 +297,15 @@ def _series_labels(stage: traceql.MetricsStage, row_key: tuple) -> Labels:
 
 def trace_wide(key: str) -> bool:
     """Whether an identifier's value needs the span's whole trace (``rootServiceName``)."""
-    return traceql.INTRINSICS.get(key) in TRACE_WIDE
+    return INTRINSICS.get(key) in TRACE_WIDE
 
 
-def _getter(key: str) -> Getter:
-    """A TraceQL identifier's value for a span, as ``traceql.span_value`` gives it, with its
+def value_getter(key: str) -> Getter:
+    """A TraceQL identifier's value for a span, as ``span_value`` gives it, with its
     trace when the value needs it.  Faster where it can be, as it runs for every span: the
     span's own intrinsics are read directly, a resource attribute is looked up once per
     resource, a trace-wide value once per trace."""
-    canonical = traceql.INTRINSICS.get(key)
+    canonical = INTRINSICS.get(key)
     if canonical == "name":
         return lambda span, trace: span.name
     if canonical == "status":
@@ -600,14 +317,14 @@ def _getter(key: str) -> Getter:
             SPAN_KINDS[span.kind] if 0 <= span.kind < len(SPAN_KINDS) else None
         )
     if canonical in _PER_SPAN_OF_TRACE:
-        return lambda span, trace: traceql.span_value(span, key, trace)
+        return lambda span, trace: span_value(span, key, trace)
     if canonical in TRACE_WIDE:
-        return _memoized(lambda span, trace: traceql.span_value(span, key, trace), "trace_id")
+        return _memoized(lambda span, trace: span_value(span, key, trace), "trace_id")
     if key.startswith("resource."):
         # A resource's attributes are one text shared by its spans (and service.name falls
         # back to the span's service): one lookup per resource.
-        return _memoized(lambda span, trace: traceql.span_value(span, key), "resource")
-    return lambda span, trace: traceql.span_value(span, key)
+        return _memoized(lambda span, trace: span_value(span, key), "resource")
+    return lambda span, trace: span_value(span, key)
 
 
 def _memoized(get: Getter, by: str) -> Getter:
@@ -626,13 +343,13 @@ def _memoized(get: Getter, by: str) -> Getter:
     return memo
 
 
-def _value_of(stage: traceql.MetricsStage) -> Callable[[SpanRecord, Trace], Optional[float]]:
+def _value_of(stage: MetricsStage) -> Callable[[SpanRecord, Trace], Optional[float]]:
     """What ``min/max/sum/avg_over_time`` and the quantile exemplars read from a span:
     durations in seconds, other attributes as numbers (spans without one are skipped)."""
     attribute = stage.attribute or "duration"
     if attribute in _SPAN_DURATION_KEYS:
         return lambda s, trace: (s.end_ns - s.start_ns) / SEC
-    get = _getter(attribute)
+    get = value_getter(attribute)
     scale = SEC if attribute in _DURATION_LABEL_KEYS else 1
     return lambda s, trace: _scaled(_numeric(get(s, trace)), scale)
 
@@ -641,7 +358,7 @@ def _scaled(value: Optional[float], scale: int) -> Optional[float]:
     return None if value is None else value / scale
 
 
-def _bucket_of(stage: traceql.MetricsStage) -> Callable[[SpanRecord, Trace], Optional[float]]:
+def _bucket_of(stage: MetricsStage) -> Callable[[SpanRecord, Trace], Optional[float]]:
     """The ``__bucket`` of a span (histograms and quantiles): durations rounded up to a power
     of two nanoseconds, in seconds; integers rounded up to a power of two; none below 2 or
     for other values (as Tempo, which skips those spans)."""
@@ -653,7 +370,7 @@ def _bucket_of(stage: traceql.MetricsStage) -> Callable[[SpanRecord, Trace], Opt
             return log2_bucket(d) / SEC if d >= 2 else None
 
         return duration_bucket
-    get = _getter(attribute)
+    get = value_getter(attribute)
 
     def attribute_bucket(s: SpanRecord, trace: Trace) -> Optional[float]:
         value = get(s, trace)
@@ -667,7 +384,7 @@ def _bucket_of(stage: traceql.MetricsStage) -> Callable[[SpanRecord, Trace], Opt
     return attribute_bucket
 
 
-def validate_stage(stage: traceql.MetricsStage) -> None:
+def validate_stage(stage: MetricsStage) -> None:
     """Refuse what Tempo refuses (QueryError with its reason)."""
     if stage.function not in FUNCTIONS:
         raise QueryError(f"unsupported metrics function {stage.function}()")
@@ -683,19 +400,19 @@ def validate_stage(stage: traceql.MetricsStage) -> None:
         raise QueryError("quantile_over_time needs at least one quantile")
 
 
-class _SeriesBuilder:
+class SeriesBuilder:
     """Spans of a metrics query into rows of an aggregator, with exemplars, bounded in
     series."""
 
-    def __init__(self, stage: traceql.MetricsStage, req: MetricsRequest) -> None:
+    def __init__(self, stage: MetricsStage, req: MetricsRequest, max_cells: int) -> None:
         self.stage = stage
         self.req = req
         self.start, self.end, intervals = aligned_range(req)
         self.step = self.end - self.start if req.instant else req.step_ns
         # Tempo bounds series only; the cells bound memory too (by(span.id) histograms).
-        self.agg = _Aggregator(stage.function, intervals, max(MAX_CELLS // intervals, 1))
+        self.agg = _Aggregator(stage.function, intervals, max(max_cells // intervals, 1))
         function = stage.function
-        self.by = [_getter(k) for k in stage.by]
+        self.by = [value_getter(k) for k in stage.by]
         self.bucket_of = _bucket_of(stage) if function in HISTOGRAM_FUNCTIONS else None
         self.value_of = _value_of(stage) if function in VALUE_FUNCTIONS else None
         quantiles = function == "quantile_over_time"
@@ -859,60 +576,6 @@ class _SeriesBuilder:
         return out
 
 
-def _hinted(query: traceql.Query, req: MetricsRequest) -> MetricsRequest:
-    """``with(exemplars=false)`` or ``with(exemplars=N)`` over the request's exemplars."""
-    hint = dict(query.hints).get("exemplars")
-    if hint is False:
-        return replace(req, exemplars=0)
-    if isinstance(hint, int) and not isinstance(hint, bool):
-        return replace(req, exemplars=max(min(hint, MAX_EXEMPLARS), 0))
-    return req
-
-
-def run_metrics(
-    store: Store,
-    tenant: str,
-    query: traceql.Query,
-    req: MetricsRequest,
-    max_spans: int = MAX_SPANS,
-) -> MetricsResult:
-    """The series of a metrics query over the stored spans (QueryError for a query Tempo
-    refuses; the store's SearchError for a condition it cannot evaluate)."""
-    stage = query.metrics
-    if stage is None:
-        raise QueryError(
-            "not a metrics query: end it with a metrics function, such as "
-            "{ status = error } | rate() by (resource.service.name)"
-        )
-    if stage.function == "compare":
-        from hotspan.query.traceql_compare import run_compare  # it builds on this module
-
-        return run_compare(store, tenant, query, req, max_spans)
-    validate_stage(stage)
-    builder = _SeriesBuilder(stage, _hinted(query, req))
-    if req.instant:
-        low, high = builder.start, builder.end  # Tempo's instant interval is closed
-    else:
-        low, high = builder.start + 1, builder.end  # intervals are right-closed
-    keys = [*stage.by, stage.attribute or ""]
-    whole = any(trace_wide(k) for k in keys)
-    state = Candidates()
-    for spans, traces in matched_spans(store, tenant, query, low, high, max_spans, whole, state):
-        builder.observe(spans, traces)
-    series = builder.series()
-    for name, arg in stage.second_stage:
-        if name in ("topk", "bottomk"):
-            series = top_k(series, int(arg), largest=name == "topk")
-        else:
-            series = filter_values(series, name, arg)
-    partial = state.partial
-    if builder.limited:
-        partial = series_bound_message(req.max_series)
-    elif builder.cells_limited:
-        partial = cell_bound_message(MAX_CELLS)
-    return MetricsResult(builder.timestamps_ms(), series, state.read, len(state.traces), partial)
-
-
 _FILTER_TESTS = {
     "=": np.equal,
     "!=": np.not_equal,
@@ -964,7 +627,7 @@ def top_k(series: List[Series], k: int, largest: bool) -> List[Series]:
 
 
 def _quantile_series(
-    agg: _Aggregator, stage: traceql.MetricsStage, exemplars: Dict[int, List[Exemplar]]
+    agg: _Aggregator, stage: MetricsStage, exemplars: Dict[int, List[Exemplar]]
 ) -> List[Series]:
     """One series per group and quantile, from the group's bucket counts; each exemplar goes
     to the quantile whose value over all groups and intervals is the closest to its own."""

@@ -1,4 +1,4 @@
-"""The syntax tree of a TraceQL query, as ``query.traceql`` parses it and ``traceql_eval`` runs it.
+"""The syntax tree of a TraceQL query, as ``parser`` builds it and ``pipeline`` runs it.
 
 Values carry TraceQL's types where Python's would lose them: a :class:`Duration` is an ``int``
 of nanoseconds that prints as Go does (``1.5s``), :class:`Status` and :class:`Kind` are the
@@ -10,7 +10,7 @@ number and as text against text.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Tuple, Union
+from typing import List, Optional, Tuple, Union
 
 Value = Union[str, int, float]
 
@@ -224,3 +224,23 @@ def _bare(expr: Field) -> str:
     """A field expression as Tempo names it in spanset attributes (``by(resource.x)``)."""
     text = str(expr)
     return text[1:-1] if isinstance(expr, Binary) else text
+
+
+def walk(node: object) -> List[object]:
+    """Every node under ``node`` (itself included), depth first, in query order."""
+    out = [node]
+    if isinstance(node, Pipeline):
+        for stage in node.stages:
+            out.extend(walk(stage))
+    elif isinstance(node, (SpansetOp, Binary)):
+        out.extend(walk(node.lhs))
+        out.extend(walk(node.rhs))
+    elif isinstance(node, (Filter, GroupBy, Unary)):
+        out.extend(walk(node.expr))
+    elif isinstance(node, ScalarFilter):
+        out.extend(walk(node.aggregate))
+    elif isinstance(node, Aggregate) and node.expr is not None:
+        out.extend(walk(node.expr))
+    elif isinstance(node, Select):
+        out.extend(node.attributes)
+    return out

@@ -22,7 +22,7 @@ Tempo's ``__meta_error="__too_many_values__"`` series carry no samples, so its a
 shows them; neither does this one. No exemplars.
 
 Bounds: reading stops as for the other metrics functions (spans read, wall time: see
-:mod:`hotspan.query.traceql_metrics`).  Of memory and answer size: at most
+:mod:`hotspan.query.traceql.candidates`).  Of memory and answer size: at most
 ``MAX_COMPARE_ATTRIBUTES`` attributes are counted (about Tempo's, which stops reading at
 ``maxSeries`` / 4 of them); per side and attribute, the first ``max(MAX_COMPARE_VALUES, topN)``
 values seen (newest spans first; later values are in the totals only: ids and urls have a
@@ -49,21 +49,20 @@ from hotspan.model.trace import (
     SearchError,
     SpanRecord,
 )
-from hotspan.query import traceql
-from hotspan.query import traceql_ast as ast
 from hotspan.query.engine import QueryError
-from hotspan.query.traceql_eval import ROOT_CONDITION, plain
-from hotspan.query.traceql_metrics import (
+from hotspan.query.traceql import ast
+from hotspan.query.traceql.candidates import Candidates, matched_spans, series_bound_message
+from hotspan.query.traceql.fields import ROOT_CONDITION, field_needs_trace, in_selection, plain
+from hotspan.query.traceql.parser import MetricsStage
+from hotspan.query.traceql.plan import Query
+from hotspan.query.traceql.series import (
     MS,
-    Candidates,
     LabelValue,
     MetricsRequest,
     MetricsResult,
     Series,
     Trace,
     aligned_range,
-    matched_spans,
-    series_bound_message,
 )
 from hotspan.store.base import PARENT_LOOKBACK_NS, Store
 
@@ -82,7 +81,7 @@ MAX_COMPARE_CELLS = 500_000
 Counts = Dict[Tuple[str, int, str, LabelValue], int]
 
 
-def validate(stage: traceql.MetricsStage) -> None:
+def validate(stage: MetricsStage) -> None:
     """Refuse what Tempo refuses (QueryError with its reason)."""
     if stage.compare_filter is None:
         raise QueryError("compare() needs a filter, such as compare({status = error})")
@@ -151,7 +150,7 @@ def _intrinsics(name: str, status: int, kind: int) -> Tuple[Tuple[str, LabelValu
 class _Compare:
     """Counts of a compare() query, page by page."""
 
-    def __init__(self, stage: traceql.MetricsStage, req: MetricsRequest) -> None:
+    def __init__(self, stage: MetricsStage, req: MetricsRequest) -> None:
         self.stage = stage
         self.req = req
         self.start, self.end, self.intervals = aligned_range(req)
@@ -169,7 +168,7 @@ class _Compare:
         self.span_attributes = _Attributes("span.", memo=False)
         self.resource_attributes = _Attributes("resource.", memo=True)
         self.roots: Dict[str, Tuple[str, str]] = {}  # trace id -> (root name, root service)
-        self.whole = traceql.field_needs_trace(stage.compare_filter)  # type: ignore[arg-type]
+        self.whole = field_needs_trace(stage.compare_filter)  # type: ignore[arg-type]
 
     def observe(self, spans: List[SpanRecord], traces: Optional[List[Trace]]) -> None:
         if not spans:
@@ -177,11 +176,10 @@ class _Compare:
         stage = self.stage
         if traces is not None:
             sides = [
-                SELECTION if traceql.in_selection(stage, s, t) else BASELINE
-                for s, t in zip(spans, traces)
+                SELECTION if in_selection(stage, s, t) else BASELINE for s, t in zip(spans, traces)
             ]
         else:
-            sides = [SELECTION if traceql.in_selection(stage, s) else BASELINE for s in spans]
+            sides = [SELECTION if in_selection(stage, s) else BASELINE for s in spans]
         starts = np.fromiter((s.start_ns for s in spans), np.int64, len(spans))
         if self.req.instant:
             slots = [0] * len(spans)
@@ -363,7 +361,7 @@ def _top(per_value: Dict[LabelValue, int], n: int) -> Iterable[LabelValue]:
 def run_compare(
     store: Store,
     tenant: str,
-    query: traceql.Query,
+    query: Query,
     req: MetricsRequest,
     max_spans: int,
 ) -> MetricsResult:

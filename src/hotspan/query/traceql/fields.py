@@ -1,17 +1,12 @@
-"""TraceQL's engine: a parsed query (``query.traceql``) run on the spans of one trace.
-
-As in Tempo, a query is a pipeline of stages, each taking the trace's spansets to new ones:
-the first input is one spanset holding every span of the trace; a filter ``{...}`` keeps the
-spans it is true for, ``by()`` splits a spanset per value, aggregates (``count() > 2``) drop
-spansets, and spanset operators (``&&``, ``||``, ``>``, ``>>``, ``<``, ``<<``, ``~``, their
-negations and unions) combine what their two sides find in the same input.  Structural
-operators return the right side's spans.
+"""TraceQL's field expressions on one span: values, comparisons, arithmetic.
 
 Attribute values come as the store keeps them, flattened to text (``model.trace``), so a value
-compares as a number against a number and as text against text (:class:`traceql_ast.Text`).
-Each field expression is compiled once, when the query is read, to a Python closure the query
+compares as a number against a number and as text against text (:class:`ast.Text`).  Each
+field expression is compiled once, when the query is read, to a Python closure the query
 keeps (``Query.plan``); comparisons with a literal compile to a direct test (no type dispatch
-per span); each filter is evaluated once per span of a trace.
+per span).  Also here: one identifier's value on a span (``span_value``, for metrics'
+``by()``), and one filter on one span (``matches``, ``in_selection``: ``compare()``'s
+selection).
 """
 
 from __future__ import annotations
@@ -20,12 +15,7 @@ import functools
 import math
 import operator
 import re
-from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
-
-from google.protobuf.message import DecodeError
-from opentelemetry.proto.common.v1.common_pb2 import InstrumentationScope
-from opentelemetry.proto.trace.v1.trace_pb2 import Span
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from hotspan.formats.otlp import any_value_text
 from hotspan.model.labels import RegexError, compile_regex
@@ -40,201 +30,10 @@ from hotspan.model.trace import (
     SpanRecord,
     clean,
 )
-from hotspan.query import traceql_ast as ast
 from hotspan.query.engine import QueryError
-
-Value = ast.Value
-Getter = Callable[[SpanRecord, "_Trace"], object]
-MULTIPLE_SPANSETS = (
-    "TraceQL: spanset operators are not supported for multiple spansets per trace "
-    "(by() made several): consider coalesce() before them"
-)
-
-
-@dataclass(frozen=True)
-class Spanset:
-    """Spans of one trace a query found, with what its pipeline says of them (``by(x)``'s
-    value, aggregates), keyed as Tempo names them (``by(resource.service.name)``, ``count()``)."""
-
-    spans: Tuple[SpanRecord, ...]
-    attributes: Dict[str, object] = field(default_factory=dict)
-
-
-class _Trace:
-    """One trace's spans with their relations, each computed once, when first needed (a
-    filter reads none of them); ``raw``: the stored spans (``StoredSpan``, by span id) for
-    what only the OTLP message says (status message, events, links, scope)."""
-
-    def __init__(self, spans: Iterable[SpanRecord], raw: Optional[Dict[int, Any]] = None) -> None:
-        self.raw = raw or {}
-        self._messages: Dict[int, Optional[Span]] = {}
-        self._scopes: Dict[bytes, InstrumentationScope] = {}
-        by_id: Dict[int, SpanRecord] = {}
-        for span in spans:
-            by_id.setdefault(span.span_id, span)
-        self.spans = sorted(by_id.values(), key=lambda s: (s.start_ns, s.span_id))
-        self.by_id = by_id
-        self.filtered: Dict[int, Dict[int, bool]] = {}  # id(filter) -> span id -> kept
-        self.plan: Dict[int, Getter] = {}  # id(expression) -> compiled, of the query
-        self._nested: Optional[Dict[int, Tuple[int, int, int]]] = None
-
-    @functools.cached_property
-    def children(self) -> Dict[int, List[SpanRecord]]:
-        out: Dict[int, List[SpanRecord]] = {}
-        for span in self.spans:
-            if span.parent_span_id in self.by_id and span.parent_span_id != span.span_id:
-                out.setdefault(span.parent_span_id, []).append(span)
-        return out
-
-    @functools.cached_property
-    def root(self) -> Optional[SpanRecord]:
-        # The span without a parent, else the earliest (its parent never arrived), as the
-        # SQL search picks it.
-        first = self.spans[0] if self.spans else None
-        return next((s for s in self.spans if s.parent_span_id == 0), first)
-
-    @functools.cached_property
-    def start_ns(self) -> int:
-        return min((s.start_ns for s in self.spans), default=0)
-
-    @functools.cached_property
-    def end_ns(self) -> int:
-        return max((s.end_ns for s in self.spans), default=0)
-
-    def message(self, span: SpanRecord) -> Optional[Span]:
-        """The span's OTLP message, when the trace came with its stored spans."""
-        if span.span_id not in self._messages:
-            stored = self.raw.get(span.span_id)
-            message = None
-            if stored is not None:
-                try:
-                    message = Span.FromString(stored.raw)
-                except DecodeError:
-                    message = None  # what no OTLP ingest stores: as a span without them
-            self._messages[span.span_id] = message
-        return self._messages[span.span_id]
-
-    def scope(self, span: SpanRecord) -> Optional[InstrumentationScope]:
-        """The instrumentation scope of the span, when the trace came with its stored spans."""
-        stored = self.raw.get(span.span_id)
-        if stored is None:
-            return None
-        data = stored.group.scope
-        scope = self._scopes.get(data)
-        if scope is None:
-            try:
-                scope = InstrumentationScope.FromString(data)
-            except DecodeError:
-                scope = InstrumentationScope()
-            self._scopes[data] = scope
-        return scope
-
-    def nested(self, span: SpanRecord) -> Tuple[int, int, int]:
-        """(nestedSetLeft, nestedSetRight, nestedSetParent) of a span, numbered once."""
-        if self._nested is None:
-            self._nested = nested_set(self.spans)
-        return self._nested.get(span.span_id, (0, 0, 0))
-
-    def parent(self, span: SpanRecord) -> Optional[SpanRecord]:
-        if span.parent_span_id == span.span_id:
-            return None
-        return self.by_id.get(span.parent_span_id) if span.parent_span_id else None
-
-    def ancestors(self, span: SpanRecord) -> Iterable[SpanRecord]:
-        seen = {span.span_id}
-        parent = self.parent(span)
-        while parent is not None and parent.span_id not in seen:
-            yield parent
-            seen.add(parent.span_id)
-            parent = self.parent(parent)
-
-
-def nested_set(spans: Sequence[SpanRecord]) -> Dict[int, Tuple[int, int, int]]:
-    """Tempo's nested set model of a trace: span id -> (left, right, parent).  Walking depth
-    first from each root (a span without a parent), a span's left is numbered on the way
-    down and its right on the way up, one counter for the trace, from 1; its parent is its
-    parent's left, -1 for a root.  Spans not under a root keep (0, 0, 0), as in Tempo.
-    Siblings go in start order (Tempo takes them in the order it stored them)."""
-    ordered = sorted(spans, key=lambda s: (s.start_ns, s.span_id))
-    ids = {s.span_id for s in ordered}
-    children: Dict[int, List[SpanRecord]] = {}
-    for s in ordered:
-        if s.parent_span_id and s.parent_span_id in ids and s.parent_span_id != s.span_id:
-            children.setdefault(s.parent_span_id, []).append(s)
-    out: Dict[int, Tuple[int, int, int]] = {}
-    bound = 1
-    for root in ordered:
-        if root.parent_span_id != 0 or root.span_id in out:
-            continue
-        # An explicit stack (a trace may be thousands of spans deep): (span, its parent's
-        # left, its left, index of the next child to visit).
-        left = bound
-        bound += 1
-        stack = [[root, _NESTED_SET_ROOT, left, 0]]
-        out[root.span_id] = (left, 0, _NESTED_SET_ROOT)
-        while stack:
-            top = stack[-1]
-            kids = children.get(top[0].span_id, ())
-            if top[3] < len(kids):
-                child = kids[top[3]]
-                top[3] += 1
-                if child.span_id in out:
-                    continue  # a cycle of parent ids
-                out[child.span_id] = (bound, 0, top[2])
-                stack.append([child, top[2], bound, 0])
-                bound += 1
-            else:
-                out[top[0].span_id] = (top[2], bound, top[1])
-                bound += 1
-                stack.pop()
-    return out
-
-
-_NESTED_SET_ROOT = -1  # Tempo's nestedSetParent of a root span
-
-
-def root_test(expr: ast.Field) -> Optional[Tuple[bool, bool]]:
-    """For ``nestedSetParent op N`` (or ``N op nestedSetParent``) whose truth depends only on
-    whether the span is a root (``nestedSetParent<0``, ``=-1``, ``>=0``): (its truth for a
-    root, for any other span).  A root's nestedSetParent is -1, another span's is 0 (cut off
-    from the roots) or its parent's nestedSetLeft (positive): = and != with a negative
-    number, and orderings that 0 and a huge number answer alike (they are monotonic)."""
-    if not isinstance(expr, ast.Binary) or expr.op not in ("=", "!=", "<", "<=", ">", ">="):
-        return None
-    attr, static, op = expr.lhs, expr.rhs, expr.op
-    if isinstance(attr, ast.Static):
-        attr, static = static, attr
-        op = {">": "<", "<": ">", ">=": "<=", "<=": ">="}.get(op, op)
-    if not (
-        isinstance(attr, ast.Attribute)
-        and attr.scope == "intrinsic"
-        and attr.name == "nestedSetParent"
-        and isinstance(static, ast.Static)
-        and isinstance(static.value, (int, float))
-        and not isinstance(static.value, (bool, ast.Duration))
-    ):
-        return None
-    n = static.value
-    test = {
-        "=": lambda v: v == n,
-        "!=": lambda v: v != n,
-        "<": lambda v: v < n,
-        "<=": lambda v: v <= n,
-        ">": lambda v: v > n,
-        ">=": lambda v: v >= n,
-    }[op]
-    if op in ("=", "!=") and n >= 0:
-        return None  # some non-root spans have the value, others not
-    if test(0) != test(2**62):
-        return None
-    return test(_NESTED_SET_ROOT), test(0)
-
-
-def _nested_parent(s: SpanRecord, t: _Trace) -> object:
-    # A root's is known without the rest of its trace (the root test nestedSetParent<0 runs
-    # on spans read alone); another span's needs the trace (trace-wide).
-    return _NESTED_SET_ROOT if s.parent_span_id == 0 else t.nested(s)[2]
-
+from hotspan.query.traceql import ast
+from hotspan.query.traceql.parser import attribute_ref
+from hotspan.query.traceql.trace_view import Getter, TraceView, Value, nested_parent, root_test
 
 # -- values -------------------------------------------------------------------------------------
 
@@ -260,7 +59,7 @@ def _first(*values: Optional[ast.Text]) -> Optional[ast.Text]:
     return next((v for v in values if v is not None), None)
 
 
-def _number(value: object) -> Optional[float]:
+def to_number(value: object) -> Optional[float]:
     """A value as a number, if it is one (attribute text that reads as one included)."""
     if isinstance(value, bool) or value is None:
         return None
@@ -285,7 +84,7 @@ def _parse_number(text: str) -> Optional[float]:
     return number if math.isfinite(number) else None
 
 
-def _truth(value: object) -> Optional[bool]:
+def to_truth(value: object) -> Optional[bool]:
     if isinstance(value, bool):
         return value
     if isinstance(value, ast.Text) and value in ("true", "false"):
@@ -315,7 +114,7 @@ def _attribute_getter(attr: ast.Attribute) -> Getter:
         return lambda s, t: _many(_attribute_of(x.attributes, name) for x in _links(s, t))
     if attr.scope == "instrumentation":
 
-        def scoped(s: SpanRecord, t: _Trace) -> object:
+        def scoped(s: SpanRecord, t: TraceView) -> object:
             scope = t.scope(s)
             return None if scope is None else _attribute_of(scope.attributes, name)
 
@@ -326,23 +125,23 @@ def _attribute_getter(attr: ast.Attribute) -> Getter:
     return getter
 
 
-def _status(s: SpanRecord, t: _Trace) -> object:
+def _status(s: SpanRecord, t: TraceView) -> object:
     return ast.Status(STATUS_CODES[s.status_code]) if 0 <= s.status_code < 3 else None
 
 
-def _kind(s: SpanRecord, t: _Trace) -> object:
+def _kind(s: SpanRecord, t: TraceView) -> object:
     return ast.Kind(SPAN_KINDS[s.kind]) if 0 <= s.kind < len(SPAN_KINDS) else None
 
 
 # -- what only the OTLP message says: read when the trace came with its stored spans ----------
 
 
-def _events(s: SpanRecord, t: _Trace) -> Sequence[Any]:
+def _events(s: SpanRecord, t: TraceView) -> Sequence[Any]:
     message = t.message(s)
     return () if message is None else message.events
 
 
-def _links(s: SpanRecord, t: _Trace) -> Sequence[Any]:
+def _links(s: SpanRecord, t: TraceView) -> Sequence[Any]:
     message = t.message(s)
     return () if message is None else message.links
 
@@ -370,13 +169,13 @@ def _attribute_of(attributes: Iterable[Any], name: str) -> object:
     return None
 
 
-def _status_message(s: SpanRecord, t: _Trace) -> object:
+def _status_message(s: SpanRecord, t: TraceView) -> object:
     message = t.message(s)
     return None if message is None else message.status.message
 
 
 def _scope_field(field_name: str) -> Getter:
-    def get(s: SpanRecord, t: _Trace) -> object:
+    def get(s: SpanRecord, t: TraceView) -> object:
         scope = t.scope(s)
         return None if scope is None else getattr(scope, field_name)
 
@@ -397,7 +196,7 @@ _INTRINSICS: Dict[str, Getter] = {
     "rootServiceName": lambda s, t: t.root.service if t.root is not None else None,
     "nestedSetLeft": lambda s, t: t.nested(s)[0],
     "nestedSetRight": lambda s, t: t.nested(s)[1],
-    "nestedSetParent": _nested_parent,
+    "nestedSetParent": nested_parent,
     # The OTLP message's (nil when the trace came without it: see RAW_ONLY).
     "statusMessage": _status_message,
     "event:name": lambda s, t: _many(e.name for e in _events(s, t)),
@@ -468,7 +267,7 @@ def _comparable(a: object, b: object) -> Optional[Tuple[object, object]]:
     if isinstance(a, bool) or isinstance(b, bool):
         if _type_of(a) != "boolean" or _type_of(b) != "boolean":
             return None
-        return _truth(a), _truth(b)
+        return to_truth(a), to_truth(b)
     for x, y, flip in ((a, b, False), (b, a, True)):
         if isinstance(x, (ast.Status, ast.Kind)):
             if isinstance(y, ast.Text) or (
@@ -487,9 +286,9 @@ def _comparable(a: object, b: object) -> Optional[Tuple[object, object]]:
     if ta != tb:
         return None
     if ta == "number":
-        return _number(a), _number(b)
+        return to_number(a), to_number(b)
     if ta == "boolean":
-        return _truth(a), _truth(b)
+        return to_truth(a), to_truth(b)
     return str(a), str(b)
 
 
@@ -526,7 +325,7 @@ def compare(op: str, a: object, b: object) -> bool:
 
 
 def _arithmetic(op: str, a: object, b: object) -> object:
-    x, y = _number(a), _number(b)
+    x, y = to_number(a), to_number(b)
     if x is None or y is None:
         return None
     try:
@@ -580,8 +379,8 @@ def compile_field(expr: ast.Field) -> Getter:
             return lambda s, t: inner(s, t) is None
         if expr.op == "!":
 
-            def negate(s: SpanRecord, t: _Trace) -> object:
-                truth = _truth(inner(s, t))
+            def negate(s: SpanRecord, t: TraceView) -> object:
+                truth = to_truth(inner(s, t))
                 return None if truth is None else not truth
 
             return negate
@@ -593,9 +392,9 @@ def compile_field(expr: ast.Field) -> Getter:
     if fast is not None:
         return fast
     if op == "&&":
-        return lambda s, t: _truth(lhs(s, t)) is True and _truth(rhs(s, t)) is True
+        return lambda s, t: to_truth(lhs(s, t)) is True and to_truth(rhs(s, t)) is True
     if op == "||":
-        return lambda s, t: _truth(lhs(s, t)) is True or _truth(rhs(s, t)) is True
+        return lambda s, t: to_truth(lhs(s, t)) is True or to_truth(rhs(s, t)) is True
     if op in ("=", "!=", "<", "<=", ">", ">=", "=~", "!~"):
         return lambda s, t: compare(op, lhs(s, t), rhs(s, t))
     return lambda s, t: _arithmetic(op, lhs(s, t), rhs(s, t))
@@ -627,7 +426,7 @@ def _compare_static(expr: ast.Binary) -> Optional[Getter]:
             return lambda s, t: False
         get, pattern, hit = compile_field(expr.lhs), _regex(expr.rhs.value), expr.op == "=~"
 
-        def regex(s: SpanRecord, t: _Trace) -> bool:
+        def regex(s: SpanRecord, t: TraceView) -> bool:
             got = get(s, t)
             return is_string(got) and (pattern.fullmatch(got) is not None) == hit
 
@@ -654,15 +453,15 @@ def _compare_static(expr: ast.Binary) -> Optional[Getter]:
     get = compile_field(attr)
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         # A number against a number (attribute text that reads as one, a duration).
-        def numeric(s: SpanRecord, t: _Trace) -> bool:
-            number = _number(get(s, t))
+        def numeric(s: SpanRecord, t: TraceView) -> bool:
+            number = to_number(get(s, t))
             return number is not None and test(number, value)
 
         return numeric
     if isinstance(value, str) and not isinstance(value, (ast.Status, ast.Kind, ast.Text)):
         # Text against text; a status or kind name (a str too) never equals a string literal,
         # nor does attribute text that reads as a number or a boolean.
-        def text(s: SpanRecord, t: _Trace) -> bool:
+        def text(s: SpanRecord, t: TraceView) -> bool:
             got = get(s, t)
             return (
                 isinstance(got, str)
@@ -699,260 +498,9 @@ def check(root: ast.Element, extra: Sequence[ast.Field] = ()) -> Dict[int, Gette
     return plan
 
 
-def _compiled(expr: ast.Field, trace: _Trace) -> Getter:
+def compiled(expr: ast.Field, trace: TraceView) -> Getter:
     got = trace.plan.get(id(expr))
     return got if got is not None else compile_field(expr)
-
-
-# -- running a pipeline ---------------------------------------------------------------------------
-
-
-def evaluate(
-    query: object, spans: Sequence[SpanRecord], raw: Optional[Dict[int, Any]] = None
-) -> List[Spanset]:
-    """The spansets ``query`` (a ``traceql.Query``, or a bare syntax tree) finds among
-    ``spans``: every span of one trace when the query needs whole traces, else any of them.
-    ``raw``: the trace's stored spans by span id, for what only their OTLP messages hold
-    (statusMessage, events, links, instrumentation scope; nil without them)."""
-    if not spans:
-        return []
-    root = getattr(query, "root", query)
-    trace = _Trace(spans, raw)
-    trace.plan = getattr(query, "plan", None) or {}
-    try:
-        found = _run(root, [Spanset(tuple(trace.spans), {})], trace)  # type: ignore[arg-type]
-    except RecursionError:
-        raise QueryError("TraceQL: the query is nested too deeply") from None
-    return [ss for ss in found if ss.spans]
-
-
-def _run(node: ast.Element, spansets: List[Spanset], trace: _Trace) -> List[Spanset]:
-    if isinstance(node, ast.Pipeline):
-        for stage in node.stages:
-            spansets = _run(stage, spansets, trace)
-            if not spansets:
-                break
-        return spansets
-    if isinstance(node, ast.Filter):
-        return _filter(node, spansets, trace)
-    if isinstance(node, ast.SpansetOp):
-        return _spanset_op(node, spansets, trace)
-    if isinstance(node, ast.ScalarFilter):
-        return _scalar_filter(node, spansets, trace)
-    if isinstance(node, ast.GroupBy):
-        return _group(node, spansets, trace)
-    if isinstance(node, ast.Coalesce):
-        merged = _ordered(s for ss in spansets for s in ss.spans)
-        return [Spanset(merged, {})] if merged else []
-    if isinstance(node, ast.Select):
-        return spansets
-    raise QueryError(f"TraceQL: cannot run {type(node).__name__}")
-
-
-def _ordered(spans: Iterable[SpanRecord]) -> Tuple[SpanRecord, ...]:
-    unique = {s.span_id: s for s in spans}
-    return tuple(sorted(unique.values(), key=lambda s: (s.start_ns, s.span_id)))
-
-
-def _filter(node: ast.Filter, spansets: List[Spanset], trace: _Trace) -> List[Spanset]:
-    test = _compiled(node.expr, trace)
-    done = trace.filtered.setdefault(id(node), {})
-    out = []
-    for ss in spansets:
-        kept = []
-        for span in ss.spans:
-            hit = done.get(span.span_id)
-            if hit is None:
-                hit = done[span.span_id] = _truth(test(span, trace)) is True
-            if hit:
-                kept.append(span)
-        if kept:
-            out.append(Spanset(tuple(kept), dict(ss.attributes)))
-    return out
-
-
-def _spanset_op(node: ast.SpansetOp, spansets: List[Spanset], trace: _Trace) -> List[Spanset]:
-    out = []
-    for ss in spansets:
-        lhs = _run(node.lhs, [ss], trace)
-        rhs = _run(node.rhs, [ss], trace)
-        if node.op in ("&&", "||"):
-            if (lhs and rhs) if node.op == "&&" else (lhs or rhs):
-                spans = _ordered(s for part in (lhs, rhs) for x in part for s in x.spans)
-                out.append(Spanset(spans, dict(ss.attributes)))
-            continue
-        if len(lhs) > 1 or len(rhs) > 1:
-            raise QueryError(MULTIPLE_SPANSETS)
-        if not rhs:
-            continue
-        left = lhs[0].spans if lhs else ()
-        matched = _related(node.op, left, rhs[0].spans, trace)
-        if matched:
-            out.append(Spanset(_ordered(matched), dict(ss.attributes)))
-    return out
-
-
-def _related(
-    op: str, left: Sequence[SpanRecord], right: Sequence[SpanRecord], trace: _Trace
-) -> List[SpanRecord]:
-    """The right side's spans in relation ``op`` with a left side's span (without one for
-    ``!`` operators; with those left side's partners too for ``&`` ones).  Linear in the
-    spans (times the depth for ``>>`` and ``<<``): a trace may have thousands of siblings."""
-    relation = op.lstrip("!&")
-    negate, union = op.startswith("!"), op.startswith("&")
-    lset = {s.span_id for s in left}
-    has = _relation_test(relation, left, lset, trace)
-    matched = [r for r in right if has(r) != negate]
-    if not union or not matched:
-        return matched
-    # The left spans on the other end of a relation with a matched span.
-    mset = {r.span_id for r in matched}
-    if relation == ">":
-        partners = {r.parent_span_id for r in matched}
-        return matched + [x for x in left if x.span_id in partners]
-    if relation == "<":
-        return matched + [x for x in left if x.parent_span_id in mset and trace.parent(x)]
-    if relation == ">>":
-        above: set = set()
-        for r in matched:
-            for a in trace.ancestors(r):
-                if a.span_id in above:
-                    break
-                above.add(a.span_id)
-        return matched + [x for x in left if x.span_id in above]
-    if relation == "<<":
-        below = _under(mset, trace)
-        return matched + [x for x in left if below(x)]
-    per_parent = _per_parent(matched, trace)  # ~
-    return matched + [
-        x
-        for x in left
-        if trace.parent(x) is not None
-        and per_parent.get(x.parent_span_id, 0) - (x.span_id in mset) > 0
-    ]
-
-
-def _under(targets: set, trace: _Trace) -> Callable[[SpanRecord], bool]:
-    """Whether a span has an ancestor among ``targets`` (span ids), each answer remembered
-    for every span on the way up, so that a deep trace is walked once, not once per span."""
-    known: Dict[int, bool] = {}
-
-    def test(span: SpanRecord) -> bool:
-        if span.span_id in known:
-            return known[span.span_id]
-        path = [span.span_id]
-        seen = {span.span_id}
-        parent = trace.parent(span)
-        answer = False
-        while parent is not None:
-            if parent.span_id in targets:
-                answer = True
-                break
-            if parent.span_id in known:
-                answer = known[parent.span_id]
-                break
-            if parent.span_id in seen:
-                break  # a cycle of parent ids
-            path.append(parent.span_id)
-            seen.add(parent.span_id)
-            parent = trace.parent(parent)
-        for span_id in path:
-            known[span_id] = answer
-        return answer
-
-    return test
-
-
-def _per_parent(spans: Iterable[SpanRecord], trace: _Trace) -> Dict[int, int]:
-    out: Dict[int, int] = {}
-    for x in spans:
-        if trace.parent(x) is not None:
-            out[x.parent_span_id] = out.get(x.parent_span_id, 0) + 1
-    return out
-
-
-def _relation_test(
-    relation: str, left: Sequence[SpanRecord], lset: set, trace: _Trace
-) -> Callable[[SpanRecord], bool]:
-    """Whether a span is in ``relation`` with one of ``left`` (its span ids: ``lset``)."""
-    if relation == ">":
-        return lambda r: trace.parent(r) is not None and r.parent_span_id in lset
-    if relation == "<":
-        parents = {x.parent_span_id for x in left if trace.parent(x) is not None}
-        return lambda r: r.span_id in parents
-    if relation == ">>":
-        return _under(lset, trace)
-    if relation == "<<":
-        above = set()
-        for x in left:
-            for a in trace.ancestors(x):
-                if a.span_id in above:
-                    break
-                above.add(a.span_id)
-        return lambda r: r.span_id in above
-    per_parent = _per_parent(left, trace)  # ~: another child of the same parent
-    return lambda r: (
-        trace.parent(r) is not None
-        and per_parent.get(r.parent_span_id, 0) - (r.span_id in lset) > 0
-    )
-
-
-def _group(node: ast.GroupBy, spansets: List[Spanset], trace: _Trace) -> List[Spanset]:
-    get = _compiled(node.expr, trace)
-    label = str(node)
-    out = []
-    for ss in spansets:
-        groups: Dict[object, List[SpanRecord]] = {}
-        values: Dict[object, object] = {}
-        for span in ss.spans:
-            value = get(span, trace)
-            key = (
-                (type(value).__name__, value) if not isinstance(value, ast.Text) else ("str", value)
-            )
-            groups.setdefault(key, []).append(span)
-            values.setdefault(key, value)
-        for key, spans in groups.items():
-            out.append(Spanset(tuple(spans), {**ss.attributes, label: values[key]}))
-    return out
-
-
-def _aggregate(agg: ast.Aggregate, spans: Sequence[SpanRecord], trace: _Trace) -> object:
-    if agg.function == "count":
-        return len(spans)
-    get = _compiled(agg.expr, trace)  # type: ignore[arg-type]
-    values = []
-    durations = True
-    for span in spans:
-        raw = get(span, trace)
-        number = _number(raw)
-        if number is None:
-            continue
-        durations = durations and isinstance(raw, ast.Duration)
-        values.append(number)
-    if not values:
-        return None
-    if agg.function == "sum":
-        out: object = sum(values)
-    elif agg.function == "avg":
-        out = sum(values) / len(values)
-    elif agg.function == "min":
-        out = min(values)
-    else:
-        out = max(values)
-    return ast.Duration(int(out)) if durations else out  # type: ignore[call-overload]
-
-
-def _scalar_filter(node: ast.ScalarFilter, spansets: List[Spanset], trace: _Trace) -> List[Spanset]:
-    label = str(node.aggregate)
-    out = []
-    for ss in spansets:
-        value = _aggregate(node.aggregate, ss.spans, trace)
-        if value is None:
-            continue
-        a, b = (node.value, value) if node.flipped else (value, node.value)
-        if compare(node.op, a, b):
-            out.append(Spanset(ss.spans, {**ss.attributes, label: value}))
-    return out
 
 
 # -- one identifier's value -----------------------------------------------------------------------
@@ -967,7 +515,7 @@ def span_value(
     as numbers when their text reads as one.  Trace-wide intrinsics (``rootName``,
     ``traceDuration``, ``span:childCount``) need the trace's ``spans``.  None when absent."""
     getter = _key_getter(key)
-    trace = _Trace(spans) if spans is not None else _EMPTY
+    trace = TraceView(spans) if spans is not None else _EMPTY
     try:
         value = getter(span, trace)
     except AttributeError:  # a trace-wide intrinsic asked without the trace
@@ -1005,8 +553,6 @@ _EMPTY = _NoTrace()
 
 @functools.lru_cache(maxsize=256)
 def _key_getter(key: str) -> Getter:
-    from hotspan.query.traceql import attribute_ref  # the parser imports this module
-
     attr = attribute_ref(key)
     getter = _attribute_getter(attr)
     if attr.name in (
@@ -1019,7 +565,7 @@ def _key_getter(key: str) -> Getter:
     ):
         inner = getter
 
-        def trace_wide(s: SpanRecord, t: _Trace) -> object:
+        def trace_wide(s: SpanRecord, t: TraceView) -> object:
             if isinstance(t, _NoTrace):
                 return None
             return inner(s, t)
@@ -1072,7 +618,7 @@ def field_needs_trace(expr: ast.Field) -> bool:
 # Compiled selections by id of their expression (each kept alive with it, so that its id is
 # not reused), and the trace last asked with: a metrics query tests every span it reads.
 _SELECTIONS: Dict[int, Tuple[ast.Field, Getter]] = {}
-_LAST_TRACE: List[Tuple[object, _Trace]] = []
+_LAST_TRACE: List[Tuple[object, TraceView]] = []
 
 
 def matches(
@@ -1092,10 +638,10 @@ def matches(
         if last is not None and last[0] is spans:
             trace = last[1]
         else:
-            trace = _Trace(spans)
+            trace = TraceView(spans)
             _LAST_TRACE[:] = [(spans, trace)]
     try:
-        return _truth(entry[1](span, trace)) is True  # type: ignore[arg-type]
+        return to_truth(entry[1](span, trace)) is True  # type: ignore[arg-type]
     except AttributeError:  # a trace-wide intrinsic asked without the trace: nil
         return False
 
