@@ -39,8 +39,8 @@ status=0
 # Python twin), JFR, OTLP traces and profiles, and the gzip, multipart and Connect bodies in
 # front of them.  Its own step, not a pytest test: the fuzzer wants the cores for a fixed wall
 # time (60 s here, two targets at a time, before the suite starts), and a finding should read
-# as one.  A finding lands in tests/fuzz/crashes/<target>/, which tests/test_fuzz_crashes.py
-# replays on every run once the bug is fixed.  atheris comes with the test extra where it has
+# as one.  A finding lands in tests/fuzz/crashes/<target>/ (commit it with the fix), which
+# tests/test_fuzz_crashes.py replays on every run.  atheris comes with the test extra where it has
 # wheels (CPython 3.11-3.13 on x86-64 Linux); elsewhere the step says it is skipped.
 if python3 -c "import atheris" 2>/dev/null || python3 -m pip install -q "atheris>=2.3"; then
     python3 tests/fuzz/run.py --seconds 60 --jobs 2 || status=$?
