@@ -35,7 +35,6 @@ from hotspan.query.traceql.autocomplete import narrowing_conditions, tag_names, 
 from hotspan.query.traceql.fields import (
     compare,
     compile_field,
-    field_needs_trace,
     in_selection,
     matches,
     plain,
@@ -43,8 +42,7 @@ from hotspan.query.traceql.fields import (
 )
 from hotspan.query.traceql.lexer import parse_duration
 from hotspan.query.traceql.metrics import run_metrics
-from hotspan.query.traceql.names import INTRINSICS
-from hotspan.query.traceql.parser import METRICS_FUNCTIONS, MetricsStage, attribute_ref
+from hotspan.query.traceql.parser import MetricsStage
 from hotspan.query.traceql.pipeline import Spanset, evaluate
 from hotspan.query.traceql.plan import Query, parse_query
 from hotspan.query.traceql.search import legacy_query, parse_logfmt, parse_traceql
@@ -61,11 +59,9 @@ from hotspan.query.traceql.series import (
 from hotspan.query.traceql.trace_view import nested_set
 
 __all__ = [
-    "INTRINSICS",
     "MAX_EXEMPLARS",
     "MAX_INTERVALS",
     "MAX_SERIES",
-    "METRICS_FUNCTIONS",
     "Attribute",
     "Binary",
     "Duration",
@@ -81,12 +77,10 @@ __all__ = [
     "Static",
     "Status",
     "Text",
-    "attribute_ref",
     "compare",
     "compile_field",
     "default_step",
     "evaluate",
-    "field_needs_trace",
     "go_duration",
     "in_selection",
     "legacy_query",
