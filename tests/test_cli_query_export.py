@@ -20,7 +20,7 @@ from typing import Dict, Iterator, Optional, Tuple
 
 import pytest
 
-from hotspan.formats.files import read_profile
+from hotspan.cli.profile_files import read_profile
 from hotspan.formats.pprof import read_stack_profile
 from hotspan.formats.proto import profile_pb2
 from hotspan.model.stack_profile import StackProfile, function_values
@@ -474,7 +474,7 @@ def test_view_page_draws_in_chromium(tmp_path: Path, go_profiles: GoProfiles) ->
     """The page ``hotspan view`` writes, opened from file:// in Chromium: the flame graph draws
     from the inlined scripts (no network), with the same frames as the profile, and a diff page
     from diff_flamegraph_data draws too."""
-    from hotspan.formats.files import read_profile as read
+    from hotspan.cli.profile_files import read_profile as read
     from hotspan.ui.standalone import diff_flamegraph_data, standalone_html
 
     from .ui.conftest import chromium_path

@@ -1,5 +1,5 @@
 """Profile files: pprof, folded, speedscope and the standalone HTML flame graph, read and
-written through hotspan.formats.files, on real profiles (Go CPU and heap profiles written by
+written through hotspan.cli.profile_files, on real profiles (Go CPU and heap profiles written by
 runtime/pprof, see the ``go_profiles`` fixture, and speedscope's own examples) and checked with
 ``go tool pprof``."""
 
@@ -13,6 +13,7 @@ from typing import Dict, Tuple
 
 import pytest
 
+from hotspan.cli import profile_files
 from hotspan.formats import files
 from hotspan.formats.errors import FormatError
 from hotspan.formats.folded import parse_folded, write_folded
@@ -23,6 +24,7 @@ from hotspan.ui.standalone import (
     diff_flamegraph_data,
     embedded_data,
     flamegraph_data,
+    page_profile,
     standalone_html,
     strip_module,
 )
@@ -53,7 +55,7 @@ def small() -> StackProfile:
 
 
 def test_round_trips_keep_totals_and_stacks(tmp_path: Path, go_profiles: GoProfiles) -> None:
-    cpu = files.read_profile(go_profiles.cpu)
+    cpu = profile_files.read_profile(go_profiles.cpu)
     assert cpu.total(0) > 0 and len(cpu.stacks) > 5
     position = cpu.select("cpu")
     expected = by_names(cpu, position)
@@ -61,22 +63,22 @@ def test_round_trips_keep_totals_and_stacks(tmp_path: Path, go_profiles: GoProfi
     assert any("main.burnHot" in stack for stack in expected)
     # pprof -> speedscope -> folded -> pprof, each through a file and format detection.
     speedscope_file = tmp_path / "a.speedscope.json"
-    speedscope_file.write_bytes(files.write_profile(cpu, "speedscope"))
-    from_speedscope = files.read_profile(speedscope_file)
+    speedscope_file.write_bytes(profile_files.write_profile(cpu, "speedscope"))
+    from_speedscope = profile_files.read_profile(speedscope_file)
     assert [st.type for st in from_speedscope.sample_types] == [st.type for st in cpu.sample_types]
     assert by_names(from_speedscope, position) == expected
     folded_file = tmp_path / "b.txt"
-    folded_file.write_bytes(files.write_profile(from_speedscope, "folded", "cpu"))
-    from_folded = files.read_profile(folded_file)
+    folded_file.write_bytes(profile_files.write_profile(from_speedscope, "folded", "cpu"))
+    from_folded = profile_files.read_profile(folded_file)
     assert from_folded.sample_types == [SampleType("samples", "count")]
     assert by_names(from_folded) == expected
     pprof_file = tmp_path / "c.pb.gz"
-    pprof_file.write_bytes(files.write_profile(from_folded, "pprof"))
-    assert by_names(files.read_profile(pprof_file)) == expected
+    pprof_file.write_bytes(profile_files.write_profile(from_folded, "pprof"))
+    assert by_names(profile_files.read_profile(pprof_file)) == expected
 
 
 def test_speedscope_keeps_every_sample_type_and_frame_files(go_profiles: GoProfiles) -> None:
-    heap = files.read_profile(go_profiles.heap)
+    heap = profile_files.read_profile(go_profiles.heap)
     assert len(heap.sample_types) == 4
     doc = json.loads(write_speedscope(heap, name="heap"))
     assert doc["$schema"] == SCHEMA == "https://www.speedscope.app/file-format-schema.json"
@@ -98,10 +100,10 @@ def test_speedscope_reads_speedscope_examples() -> None:
     # Files from speedscope's own test data: evented and sampled, seconds become nanoseconds.
     path = shared_fixture("og/convert/speedscope/testdata/simple.speedscope.json")
     assert files.detect_format(path, path.read_bytes()) == "speedscope"
-    evented = files.read_profile(path)
+    evented = profile_files.read_profile(path)
     assert evented.sample_types[0].unit == "count" and evented.total(0) == 14
     path = shared_fixture("og/convert/speedscope/testdata/two-sampled.speedscope.json")
-    sampled = files.read_profile(path)
+    sampled = profile_files.read_profile(path)
     assert sampled.sample_types == [
         SampleType("one", "nanoseconds"),
         SampleType("two", "nanoseconds"),
@@ -122,9 +124,9 @@ def test_folded_is_sorted_and_names_only() -> None:
 
 @pytest.mark.skipif(GO is None, reason="`go` is not on PATH")
 def test_go_tool_pprof_reads_written_pprof(tmp_path: Path, go_profiles: GoProfiles) -> None:
-    heap = files.read_profile(go_profiles.heap)
+    heap = profile_files.read_profile(go_profiles.heap)
     out = tmp_path / "heap.pb.gz"
-    out.write_bytes(files.write_profile(heap, "pprof"))
+    out.write_bytes(profile_files.write_profile(heap, "pprof"))
     position = heap.select("alloc_space")
     total, unit, rows = parse_top(pprof_top(out, tmp_path, "-sample_index=alloc_space"))
     # -top rounds to 3 significant digits in its unit.
@@ -136,14 +138,14 @@ def test_go_tool_pprof_reads_written_pprof(tmp_path: Path, go_profiles: GoProfil
     assert (total, unit) == (go_total, go_unit) and rows
     # The small profile: exact.
     out = tmp_path / "small.pb.gz"
-    out.write_bytes(files.write_profile(small(), "pprof"))
+    out.write_bytes(profile_files.write_profile(small(), "pprof"))
     total, unit, rows = parse_top(pprof_top(out, tmp_path, "-sample_index=cpu"))
     assert (total, unit) == (45_000_000, "ms")
     assert rows["work"] == 30_000_000 and rows["main"] == 5_000_000
 
 
 def test_html_has_the_data_and_the_inlined_scripts() -> None:
-    page = files.write_profile(small(), "html", "cpu", title="small <cpu>").decode()
+    page = profile_files.write_profile(small(), "html", "cpu", title="small <cpu>").decode()
     assert page.startswith("<!doctype html>")
     assert "<title>small &lt;cpu&gt;</title>" in page
     data = embedded_data(page)
@@ -159,7 +161,7 @@ def test_html_has_the_data_and_the_inlined_scripts() -> None:
     assert not re.search(r"\{\{\w+\}\}", page)
     assert "src=" not in page
     # And reading it back gives the same stacks.
-    back = files.read_html(page.encode())
+    back = page_profile(page.encode())
     assert by_names(back) == by_names(small())
 
 
@@ -168,7 +170,7 @@ def test_html_escapes_data_that_would_end_the_script() -> None:
     p.add([Frame("</script><b>x"), Frame("f")], [7])
     page = standalone_html(flamegraph_data(p), title="t", unit="nanoseconds")
     assert "</script><b>" not in page
-    assert by_names(files.read_html(page.encode())) == {("</script><b>x", "f"): 7}
+    assert by_names(page_profile(page.encode())) == {("</script><b>x", "f"): 7}
 
 
 def test_strip_module_matches_the_ui_export() -> None:
@@ -212,7 +214,7 @@ def test_bad_files_give_a_reason(tmp_path: Path, name: str, content: bytes, reas
     if content is not None:
         path.write_bytes(content)
     with pytest.raises(FormatError) as exc:
-        files.read_profile(path)
+        profile_files.read_profile(path)
     assert reason in str(exc.value) and name in str(exc.value)
 
 
@@ -228,8 +230,8 @@ def test_format_for_path_and_detection(tmp_path: Path) -> None:
     # Content wins over the name.
     folded_named_pprof = tmp_path / "oops.pb.gz"
     folded_named_pprof.write_bytes(b"a;b 3\n")
-    assert files.read_profile(folded_named_pprof).total() == 3
+    assert profile_files.read_profile(folded_named_pprof).total() == 3
     with pytest.raises(FormatError, match="no 'wall' samples"):
-        files.write_profile(small(), "folded", "wall")
+        profile_files.write_profile(small(), "folded", "wall")
     with pytest.raises(FormatError, match="not a profile format"):
-        files.write_profile(small(), "svg")
+        profile_files.write_profile(small(), "svg")

@@ -73,8 +73,8 @@ def add_view_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _read(path: str, fmt: Optional[str] = None):  # type: ignore[no-untyped-def]
+    from hotspan.cli.profile_files import read_profile
     from hotspan.formats.errors import FormatError
-    from hotspan.formats.files import read_profile
 
     if not os.path.exists(path):
         raise CLIError(f"{path}: no such file", 2)
@@ -85,8 +85,8 @@ def _read(path: str, fmt: Optional[str] = None):  # type: ignore[no-untyped-def]
 
 
 def _write(profile, fmt: str, profile_type: Optional[str], title: str) -> bytes:  # type: ignore[no-untyped-def]
+    from hotspan.cli.profile_files import write_profile
     from hotspan.formats.errors import FormatError
-    from hotspan.formats.files import write_profile
 
     try:
         return write_profile(profile, fmt, profile_type, title=title)

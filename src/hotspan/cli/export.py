@@ -62,8 +62,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from hotspan.cli.profile_files import write_profile
     from hotspan.formats.errors import FormatError
-    from hotspan.formats.files import format_for_path, write_profile
+    from hotspan.formats.files import format_for_path
 
     fmt = args.format
     if fmt is None:

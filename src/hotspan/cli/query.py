@@ -73,7 +73,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from hotspan.formats.files import write_profile
+    from hotspan.cli.profile_files import write_profile
 
     if args.top < 0:
         raise CLIError("--top must be 0 (all) or more", 2)

@@ -312,7 +312,7 @@ def _write(
     from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn
 
     from hotspan.cli.output import write_output
-    from hotspan.formats.files import write_profile
+    from hotspan.cli.profile_files import write_profile
     from hotspan.model.stack_profile import ProfileSelectError
 
     console = Console(stderr=True)

@@ -19,8 +19,10 @@ from typing import Dict, List, Tuple
 import numpy as np
 from google.protobuf import json_format
 
+from hotspan.formats.errors import FormatError
 from hotspan.formats.proto import querier_pb2
-from hotspan.model.stack_profile import StackProfile
+from hotspan.model.profile import Frame
+from hotspan.model.stack_profile import SampleType, StackProfile
 from hotspan.query import flamegraph
 
 STATIC_DIR = Path(__file__).parent / "static"
@@ -131,3 +133,58 @@ def embedded_data(page: str) -> dict:
     if not isinstance(doc, dict) or not isinstance(doc.get("flamegraph"), dict):
         raise ValueError("the page's data has no flame graph")
     return doc
+
+
+def page_profile(data: bytes) -> StackProfile:
+    """The flame graph a standalone page carries, back as stacks (diff pages: the comparison
+    side).  Node names are all it keeps, and nodes folded into "other" stay "other"."""
+    try:
+        doc = embedded_data(data.decode("utf-8", "replace"))
+    except ValueError as exc:
+        raise FormatError(
+            f"HTML is an output format; only pages hotspan wrote can be read back ({exc})"
+        ) from None
+    unit = str(doc.get("unit") or "count")
+    st = {
+        "nanoseconds": SampleType("cpu", unit),
+        "bytes": SampleType("space", unit),
+    }.get(unit, SampleType("samples", unit))
+    profile = StackProfile([st])
+    for stack, value in _flamegraph_stacks(doc["flamegraph"]):
+        profile.add([Frame(n) for n in stack], [value])
+    return profile
+
+
+def _flamegraph_stacks(fg: dict) -> List[Tuple[List[str], int]]:
+    """Pyroscope's level encoding back to (root-first names, self value) pairs."""
+    names = [str(n) for n in fg.get("names", [])]
+    levels = [[int(v) for v in (lv or {}).get("values", [])] for lv in fg.get("levels", [])]
+    diff = "leftTicks" in fg or "rightTicks" in fg
+    stride = 7 if diff else 4
+    out: List[Tuple[List[str], int]] = []
+    previous: List[Tuple[int, int, List[str]]] = []  # (x, total, path) of the level above
+    try:
+        for depth, values in enumerate(levels):
+            current: List[Tuple[int, int, List[str]]] = []
+            end = 0
+            p = 0
+            for i in range(0, len(values) - stride + 1, stride):
+                if diff:  # the comparison side: right x delta, total, self
+                    x, total, self_value = end + values[i + 3], values[i + 4], values[i + 5]
+                else:
+                    x, total, self_value = end + values[i], values[i + 1], values[i + 2]
+                end = x + total
+                name = names[values[i + stride - 1]]
+                if depth == 0:
+                    path: List[str] = []
+                else:
+                    while p < len(previous) - 1 and previous[p][0] + previous[p][1] <= x:
+                        p += 1
+                    path = previous[p][2] + [name]
+                current.append((x, total, path))
+                if path and self_value:
+                    out.append((path, self_value))
+            previous = current
+    except (IndexError, ValueError, TypeError) as exc:
+        raise FormatError(f"malformed flame graph levels: {exc!r}") from None
+    return out
