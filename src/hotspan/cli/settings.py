@@ -101,7 +101,7 @@ class _Client:
 def _selector(text: str) -> str:
     # The server's canonical spelling, so that the rule to merge into is found by its text.
     from hotspan.model.labels import SelectorError
-    from hotspan.server.agent_settings import normalize_selector
+    from hotspan.model.settings_rules import normalize_selector
 
     try:
         return normalize_selector(text)

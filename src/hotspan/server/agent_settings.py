@@ -10,7 +10,6 @@ the CLI.
 
 from __future__ import annotations
 
-import functools
 import json
 import time
 from typing import Any, Dict, Iterable, Mapping, Optional
@@ -28,13 +27,8 @@ from hotspan.model.agent_settings import (
     SettingsError,
     validate_settings,
 )
-from hotspan.model.labels import (
-    METRIC_NAME,
-    SERVICE_NAME,
-    Selector,
-    SelectorError,
-    parse_selector,
-)
+from hotspan.model.labels import METRIC_NAME, SERVICE_NAME, SelectorError
+from hotspan.model.settings_rules import matching_rule, normalize_selector
 from hotspan.server.errors import HTTPError, json_errors
 from hotspan.server.instances import Instance, parse_instance, parse_status
 from hotspan.server.request import check_token, query_state, read_body, tenant_of
@@ -42,55 +36,9 @@ from hotspan.server.state import ServerState
 from hotspan.store.base import SettingsRule, StoreError
 
 MAX_BODY_BYTES = 64 * 1024
-MAX_SELECTOR_CHARS = 1000
 MAX_SERVICE_CHARS = 200
 # The operator API leaves out instances silent for longer than this.
 INSTANCE_SHOWN_NS = 600 * 10**9
-
-
-# -- matching -----------------------------------------------------------------------------------
-
-
-def normalize_selector(text: str) -> str:
-    """The canonical form of a rule's selector: ``""`` or ``{a="1", b!="2"}`` (matchers
-    sorted, spacing and quoting fixed), so that one rule has one spelling.  SelectorError
-    when it is not a label selector."""
-    text = text or ""
-    if len(text) > MAX_SELECTOR_CHARS:
-        raise SelectorError(f"longer than {MAX_SELECTOR_CHARS} characters")
-    sel = parse_selector(text)
-    if sel.metric:
-        raise SelectorError(
-            f'a settings selector has labels only ({{env="prod"}}), not {sel.metric!r}'
-        )
-    if not sel.matchers:
-        return ""
-    return "{" + ", ".join(sorted({str(m) for m in sel.matchers})) + "}"
-
-
-@functools.lru_cache(maxsize=4096)
-def _parsed(selector: str) -> Optional[Selector]:
-    try:
-        return parse_selector(selector)
-    except SelectorError:
-        return None  # stored by an older server or another backend: it matches nothing
-
-
-def matching_rule(
-    rules: Iterable[SettingsRule], labels: Mapping[str, str]
-) -> Optional[SettingsRule]:
-    """The rule an agent with these labels follows: of the rules whose selector matches,
-    the one with the most matchers, ties to the most recently changed (highest version)."""
-    best: Optional[SettingsRule] = None
-    best_key = (-1, -1)
-    for rule in rules:
-        sel = _parsed(rule.selector)
-        if sel is None or not sel.matches(labels):
-            continue
-        key = (len(sel.matchers), rule.version)
-        if key > best_key:
-            best, best_key = rule, key
-    return best
 
 
 def agent_labels(app: ingest_params.AppName) -> Dict[str, str]:
@@ -133,7 +81,6 @@ def observe_agent(
 
 
 # -- endpoints ----------------------------------------------------------------------------------
-
 
 
 @json_errors
