@@ -24,9 +24,9 @@ from hotspan.alerts.rules import (
     PerRequest,
     ShareGrowth,
     compile_function,
-    format_duration,
     selector_text,
 )
+from hotspan.model.durations import format_duration
 from hotspan.model.labels import Matcher, Selector
 from hotspan.query.endpoints import MAX_SPANS, STAMP_SLACK_NS, EndpointEngine
 from hotspan.query.engine import QueryEngine

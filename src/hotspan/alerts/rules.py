@@ -34,6 +34,7 @@ import urllib.parse
 from dataclasses import dataclass, field, replace
 from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 
+from hotspan.model.durations import DurationError, format_duration, parse_ns
 from hotspan.model.labels import (
     SERVICE_NAME,
     Matcher,
@@ -61,15 +62,6 @@ MAX_OFFSET_NS = 30 * 86400 * SEC
 
 # A rule's name is its alertname and a path segment: keep it to what needs no quoting.
 _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:\-]*")
-_DURATION_PART = re.compile(r"(\d+)(ms|s|m|h|d|w)")
-_UNIT_NS = {
-    "ms": 10**6,
-    "s": SEC,
-    "m": 60 * SEC,
-    "h": 3600 * SEC,
-    "d": 86400 * SEC,
-    "w": 7 * 86400 * SEC,
-}
 _UID = re.compile(r"[0-9a-f]{16}")
 # Stands for a webhook URL's password and query values wherever a URL is shown or logged.
 REDACTED = "REDACTED"
@@ -96,30 +88,10 @@ def parse_duration(text: Any, what: str) -> int:
     """Nanoseconds of a Prometheus duration (``90s``, ``1h30m``, ``0s``)."""
     if not isinstance(text, str) or not text.strip():
         raise RuleError(f"{what} must be a duration such as 30s, 5m or 1h, not {text!r}")
-    text = text.strip()
-    total, pos = 0, 0
-    for m in _DURATION_PART.finditer(text):
-        if m.start() != pos:
-            break
-        total += int(m.group(1)) * _UNIT_NS[m.group(2)]
-        pos = m.end()
-    if text == "0":
-        return 0
-    if pos == 0 or pos != len(text):
-        raise RuleError(f"{what} {text!r} is not a duration such as 30s, 5m or 1h")
-    return total
-
-
-def format_duration(ns: int) -> str:
-    if ns == 0:
-        return "0s"
-    out = []
-    for unit in ("w", "d", "h", "m", "s", "ms"):
-        size = _UNIT_NS[unit]
-        if ns >= size:
-            out.append(f"{ns // size}{unit}")
-            ns %= size
-    return "".join(out)
+    try:
+        return parse_ns(text)
+    except DurationError as exc:
+        raise RuleError(f"{what} {exc}") from None
 
 
 def compile_function(pattern: Any, what: str = "condition.function") -> Any:

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Dict, Optional
 
 from hotspan.agent.config import DEFAULT_SERVER_ADDRESS
+from hotspan.model.durations import DurationError, parse_seconds
 
 TIMEOUT_S = 60.0
 CHUNK_BYTES = 256 * 1024
@@ -225,24 +226,14 @@ def profile_type_id(text: str) -> str:
 
 # --- time ------------------------------------------------------------------------------------
 
-_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|d|h|m|s)")
-_DURATION_UNIT_S = {"d": 86400.0, "h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001}
-
 
 def duration_s(text: str) -> float:
-    """``7d``, ``12h``, ``90m``, ``30s`` or combinations (``1d12h``); ``0`` or ``off``: 0."""
-    text = text.strip().lower()
-    if text in ("0", "off", "none"):
-        return 0.0
-    total, pos = 0.0, 0
-    for m in _DURATION.finditer(text):
-        if m.start() != pos:
-            break
-        total += float(m.group(1)) * _DURATION_UNIT_S[m.group(2)]
-        pos = m.end()
-    if pos == 0 or pos != len(text):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a duration such as 7d, 12h or 30m")
-    return total
+    """``7d``, ``12h``, ``90m``, ``30s`` or combinations (``1d12h``); ``0`` or ``off``: 0.
+    The argparse type of every duration option."""
+    try:
+        return parse_seconds(text)
+    except DurationError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def time_ms(text: str, now_ms: Optional[int] = None) -> int:

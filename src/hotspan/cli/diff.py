@@ -27,6 +27,7 @@ from hotspan.cli.client import (
 )
 from hotspan.cli.output import format_value, iso, plain_console, plain_text, write_output
 from hotspan.cli.profiles import add_profile_type_option, fetch_profile, type_name
+from hotspan.model.durations import SEC, format_duration
 from hotspan.model.stack_profile import FunctionValue, StackProfile, function_values
 
 FORMATS = ("table", "json", "folded", "html")
@@ -226,14 +227,8 @@ def compare(baseline: Side, comparison: Side) -> List[Row]:
 
 
 def _human_duration(seconds: float) -> str:
-    parts = []
-    for size, name in ((86400, "d"), (3600, "h"), (60, "m")):
-        if seconds >= size:
-            parts.append(f"{int(seconds // size)}{name}")
-            seconds %= size
-    if seconds >= 1 or not parts:
-        parts.append(f"{int(seconds)}s")
-    return " ".join(parts)
+    """A range's length to the second, spaced for reading (``1d 2h 3m``)."""
+    return format_duration(int(seconds) * SEC, units=("d", "h", "m", "s"), sep=" ")
 
 
 def left_truncate(text: str, width: int) -> str:

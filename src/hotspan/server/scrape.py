@@ -48,6 +48,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from hotspan import __version__
+from hotspan.model.durations import parse_seconds
 from hotspan.model.labels import SERVICE_NAME, is_valid_label_name
 from hotspan.model.profile import IngestBatch
 from hotspan.server.auth import is_tenant
@@ -254,14 +255,10 @@ def _duration(value: Any, default: float, key: str, fail: Any) -> float:
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         seconds = float(value)
     elif isinstance(value, str):
-        from hotspan.cli.client import duration_s
-
         text = value.strip().lower()
         try:
-            seconds = float(text[:-2]) / 1000 if text.endswith("ms") else duration_s(text)
+            seconds = float(text[:-2]) / 1000 if text.endswith("ms") else parse_seconds(text)
         except ValueError:
-            seconds = math.nan
-        except Exception:  # noqa: BLE001 - argparse's error type, for a bad duration
             seconds = math.nan
     else:
         seconds = math.nan
