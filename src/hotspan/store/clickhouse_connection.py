@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence
+import time
+from typing import Any, Dict, Iterator, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 from hotspan.store.base import StoreClosed, StoreError, StoreUnavailable
@@ -179,3 +180,40 @@ class Clients:
         for client in clients:
             with contextlib.suppress(Exception):  # closing: nothing left to tell
                 client.close()
+
+
+# A fact insert that could not reach ClickHouse is tried again after these pauses (with the
+# same deduplication token) before its pushes are failed.
+INSERT_RETRY_PAUSES_S = (0.5,)
+
+
+class Insert(NamedTuple):
+    """Rows of one table, as columns: ``columns`` by name, ``types`` their ClickHouse types."""
+
+    table: str
+    columns: Dict[str, Any]
+    types: Tuple[str, ...]
+
+
+def insert_columns(clients: Clients, insert: Insert, token: Optional[str] = None) -> None:
+    """Write the rows.  With a deduplication ``token`` (facts: spans, samples) an insert that
+    could not reach ClickHouse is tried again: ClickHouse keeps one copy whatever landed."""
+    client = clients.get()
+    settings = {"insert_deduplication_token": token} if token else None
+    pauses = INSERT_RETRY_PAUSES_S if token else ()
+    for attempt in range(len(pauses) + 1):
+        try:
+            client.insert(
+                insert.table,
+                list(insert.columns.values()),
+                column_names=list(insert.columns.keys()),
+                column_type_names=list(insert.types),
+                column_oriented=True,
+                settings=settings,
+            )
+            return
+        except Exception as exc:  # noqa: BLE001
+            error = store_error(exc, f"cannot write {insert.table}")
+            if attempt == len(pauses) or not isinstance(error, StoreUnavailable):
+                raise error from exc
+            time.sleep(pauses[attempt])
