@@ -1,0 +1,111 @@
+"""The embedded store's tables, and the transactions that write them."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Callable, Iterator, Optional
+
+import duckdb
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS series (
+    tenant VARCHAR NOT NULL,
+    series_id BIGINT NOT NULL,
+    profile_type VARCHAR NOT NULL,
+    labels VARCHAR NOT NULL,          -- JSON object
+    PRIMARY KEY (tenant, series_id)
+);
+CREATE TABLE IF NOT EXISTS frames (
+    frame_id BIGINT PRIMARY KEY,
+    name VARCHAR NOT NULL,
+    filename VARCHAR NOT NULL,
+    line BIGINT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS stacks (
+    stack_id BIGINT PRIMARY KEY,
+    frame_ids BLOB NOT NULL           -- little-endian int64 frame ids, root first
+);
+CREATE TABLE IF NOT EXISTS tenants (
+    tenant_id INTEGER PRIMARY KEY,
+    tenant VARCHAR NOT NULL UNIQUE
+);
+CREATE TABLE IF NOT EXISTS samples (
+    tenant_id INTEGER NOT NULL,       -- tenants.tenant_id: a number per row, not a string
+    series_id BIGINT NOT NULL,
+    ts BIGINT NOT NULL,               -- nanoseconds since the epoch
+    stack_id BIGINT NOT NULL,
+    value BIGINT NOT NULL,
+    span_id UBIGINT NOT NULL,         -- 0: no span
+    trace_id VARCHAR                  -- 32 hex digits or NULL
+);
+CREATE TABLE IF NOT EXISTS span_groups (
+    group_id BIGINT PRIMARY KEY,      -- content hash of resource and scope
+    service VARCHAR NOT NULL,
+    resource BLOB NOT NULL,           -- OTLP Resource message
+    resource_schema_url VARCHAR NOT NULL,
+    scope BLOB NOT NULL,              -- OTLP InstrumentationScope message
+    scope_schema_url VARCHAR NOT NULL,
+    attrs VARCHAR NOT NULL            -- resource attributes, flattened (model.trace)
+);
+CREATE TABLE IF NOT EXISTS spans (
+    tenant_id INTEGER NOT NULL,
+    trace_id VARCHAR NOT NULL,        -- 32 hex digits
+    span_id UBIGINT NOT NULL,
+    parent_span_id UBIGINT NOT NULL,  -- 0: a root span
+    name VARCHAR NOT NULL,
+    kind TINYINT NOT NULL,
+    service VARCHAR NOT NULL,
+    start_ns BIGINT NOT NULL,
+    end_ns BIGINT NOT NULL,
+    status_code TINYINT NOT NULL,
+    attrs VARCHAR NOT NULL,           -- span attributes, flattened (model.trace)
+    group_id BIGINT NOT NULL,
+    raw BLOB NOT NULL                 -- the OTLP Span message as received
+);
+CREATE TABLE IF NOT EXISTS span_tags (
+    tenant_id INTEGER NOT NULL,
+    scope VARCHAR NOT NULL,           -- span, resource or intrinsic
+    key VARCHAR NOT NULL,
+    value VARCHAR NOT NULL,
+    type VARCHAR NOT NULL,            -- TraceQL's: string, int, float, bool or keyword
+    last_seen BIGINT NOT NULL,        -- end of a recent span with it (rewritten hourly)
+    PRIMARY KEY (tenant_id, scope, key, value, type)
+);
+CREATE TABLE IF NOT EXISTS settings_rules (
+    tenant VARCHAR NOT NULL,
+    service VARCHAR NOT NULL,
+    selector VARCHAR NOT NULL,
+    settings VARCHAR NOT NULL,        -- JSON object
+    version BIGINT NOT NULL,
+    updated_at BIGINT NOT NULL,       -- unix nanoseconds
+    PRIMARY KEY (tenant, service, selector)
+);
+CREATE TABLE IF NOT EXISTS documents (
+    tenant VARCHAR NOT NULL,
+    kind VARCHAR NOT NULL,            -- alert_rule, alert_state, recording_rule...
+    name VARCHAR NOT NULL,
+    body VARCHAR NOT NULL,            -- JSON
+    updated_at BIGINT NOT NULL,       -- unix nanoseconds
+    PRIMARY KEY (tenant, kind, name)
+);
+CREATE TABLE IF NOT EXISTS settings_versions (
+    tenant VARCHAR PRIMARY KEY,
+    version BIGINT NOT NULL           -- also counts deletes, which leave no rule behind
+);
+"""
+
+
+@contextlib.contextmanager
+def transaction(con: Any, undo: Optional[Callable[[], None]] = None) -> Iterator[None]:
+    """What the block writes, all or nothing; ``undo`` forgets what the block cached of a
+    transaction that failed."""
+    con.execute("BEGIN TRANSACTION")
+    try:
+        yield
+        con.execute("COMMIT")
+    except Exception:
+        with contextlib.suppress(duckdb.Error):  # a failed COMMIT has already rolled back
+            con.execute("ROLLBACK")
+        if undo is not None:
+            undo()
+        raise

@@ -1,0 +1,218 @@
+"""The embedded store's span reads: traces, search (the SQL of :mod:`hotspan.store.search_sql`),
+span lists and the tags of the tag APIs.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+import duckdb
+
+from hotspan.model.trace import (
+    Condition,
+    SearchError,
+    SpanGroup,
+    SpanRecord,
+    StoredSpan,
+    TraceQuery,
+    TraceSummary,
+)
+from hotspan.store.base import PARENT_LOOKBACK_NS, SpanInfo
+from hotspan.store.search_sql import DUCKDB, Binder, search_sql, span_condition
+
+
+class DuckDBTraces:
+    """Spans and their tags, for :class:`~hotspan.store.duckdb.DuckDBStore`."""
+
+    # The store's state that this part reads and changes (and its cursor).
+    _tenant_ids: Dict[str, int]
+    _groups: Dict[int, SpanGroup]
+    _tags: Dict[Tuple[int, str, str, str, str], List[int]]
+    _cursor: Callable[[], duckdb.DuckDBPyConnection]
+
+    def _span_groups(self, group_ids: Sequence[int]) -> Dict[int, SpanGroup]:
+        missing = [g for g in set(group_ids) if g not in self._groups]
+        if missing:
+            rows = (
+                self._cursor()
+                .execute(
+                    "SELECT group_id, service, resource, resource_schema_url, scope, "
+                    "scope_schema_url, attrs FROM span_groups "
+                    "WHERE group_id IN (SELECT unnest(?::BIGINT[]))",
+                    [missing],
+                )
+                .fetchall()
+            )
+            if len(self._groups) > 100_000:
+                self._groups = {}  # a new dict: readers holding the old one are unaffected
+            for gid, *fields in rows:
+                self._groups[gid] = SpanGroup(*fields)
+        cache = self._groups
+        return {g: group for g in group_ids if (group := cache.get(g)) is not None}
+
+    def trace(self, tenant: str, trace_id: str) -> List[StoredSpan]:
+        rows = (
+            self._cursor()
+            .execute(
+                "SELECT trace_id, span_id, parent_span_id, name, kind, service, start_ns, "
+                "end_ns, status_code, raw, group_id FROM spans "
+                "WHERE tenant_id = ? AND trace_id = ?",
+                [self._tenant_ids.get(tenant, -1), trace_id.lower()],
+            )
+            .fetchall()
+        )
+        groups = self._span_groups([r[-1] for r in rows])
+        out = []
+        seen = set()
+        for *fields, gid in rows:
+            if fields[1] in seen or gid not in groups:
+                continue  # an export retried after it landed; a group lost to a crash
+            seen.add(fields[1])
+            out.append(StoredSpan(*fields, group=groups[gid]))
+        return out
+
+    def find_traces(self, tenant: str, query: TraceQuery) -> List[TraceSummary]:
+        sql, params = search_sql(DUCKDB, self._tenant_ids.get(tenant, -1), query)
+        try:
+            rows = self._cursor().execute(sql, params).fetchall()
+        except (duckdb.InvalidInputException, duckdb.ConversionException) as exc:
+            # A regular expression RE2 refuses, a value of the wrong type: the query's fault.
+            raise SearchError(str(exc).splitlines()[0]) from None
+        # One row per (trace, matched span), traces in order.
+        return TraceSummary.from_rows(rows)
+
+    def span_traces(self, tenant: str, span_ids: Sequence[int]) -> Dict[int, str]:
+        if not span_ids:
+            return {}
+        rows = (
+            self._cursor()
+            .execute(
+                "SELECT span_id, any_value(trace_id) FROM spans WHERE tenant_id = ? "
+                "AND span_id IN (SELECT unnest(?::UBIGINT[])) GROUP BY span_id",
+                [self._tenant_ids.get(tenant, -1), [int(s) for s in span_ids]],
+            )
+            .fetchall()
+        )
+        return dict(rows)
+
+    def span_infos(
+        self,
+        tenant: str,
+        start_ns: int,
+        end_ns: int,
+        service: Optional[str] = None,
+        trace_ids: Optional[Sequence[str]] = None,
+        limit: int = 100_000,
+        name: Optional[str] = None,
+    ) -> List[SpanInfo]:
+        sql = (
+            "SELECT DISTINCT ON (trace_id, span_id) trace_id, span_id, parent_span_id, name, "
+            "service, start_ns, end_ns FROM spans "
+            "WHERE tenant_id = ? AND start_ns >= ? AND start_ns < ?"
+        )
+        params: list = [self._tenant_ids.get(tenant, -1), start_ns, end_ns]
+        if service is not None:
+            sql += " AND service = ?"
+            params.append(service)
+        if name is not None:
+            sql += " AND name = ?"
+            params.append(name)
+        if trace_ids is not None:
+            sql += " AND trace_id IN (SELECT unnest(?::VARCHAR[]))"
+            params.append([t.lower() for t in trace_ids])
+        # DISTINCT ON: an export retried after it landed stores a span twice.
+        sql = f"SELECT * FROM ({sql}) ORDER BY start_ns DESC, span_id LIMIT ?"
+        params.append(int(limit))
+        rows = self._cursor().execute(sql, params).fetchall()
+        return [SpanInfo(*row) for row in rows]
+
+    def span_records(
+        self,
+        tenant: str,
+        start_ns: int,
+        end_ns: int,
+        conditions: Sequence[Condition] = (),
+        trace_ids: Optional[Sequence[str]] = None,
+        limit: int = 100_000,
+    ) -> List[SpanRecord]:
+        bind = Binder(
+            DUCKDB,
+            tenant=self._tenant_ids.get(tenant, -1),
+            start=int(start_ns),
+            end=int(end_ns),
+            limit=max(int(limit), 0),
+        )
+        sql = (
+            "SELECT DISTINCT ON (trace_id, span_id) trace_id, span_id, parent_span_id, name, "
+            "kind, service, start_ns, end_ns, status_code, attrs, group_id FROM spans "
+            "WHERE tenant_id = $tenant AND end_ns >= $start AND start_ns < $end"
+        )
+        for cond in conditions:
+            sql += f" AND ({span_condition(cond, bind)})"
+        if trace_ids is not None:
+            traces = bind([t.lower() for t in trace_ids])
+            sql += f" AND trace_id IN (SELECT unnest({traces}::VARCHAR[]))"
+        sql = f"SELECT * FROM ({sql}) ORDER BY start_ns DESC, span_id LIMIT $limit"
+        try:
+            rows = self._cursor().execute(sql, bind.params).fetchall()
+        except (duckdb.InvalidInputException, duckdb.ConversionException) as exc:
+            raise SearchError(str(exc).splitlines()[0]) from None
+        groups = self._span_groups([r[-1] for r in rows])
+        return [
+            SpanRecord(*fields, groups[gid].attrs if gid in groups else "") for *fields, gid in rows
+        ]
+
+    def count_local_roots(self, tenant: str, service: str, start_ns: int, end_ns: int) -> int:
+        tid = self._tenant_ids.get(tenant, -1)
+        row = (
+            self._cursor()
+            .execute(
+                "WITH mine AS (SELECT DISTINCT trace_id, span_id, parent_span_id FROM spans "
+                "WHERE tenant_id = ? AND service = ? AND start_ns >= ? AND start_ns < ?), "
+                "parents AS (SELECT DISTINCT trace_id, span_id FROM spans "
+                "WHERE tenant_id = ? AND service = ? AND start_ns >= ? AND start_ns < ? "
+                "AND trace_id IN (SELECT trace_id FROM mine WHERE parent_span_id <> 0)) "
+                "SELECT count(*) FROM mine WHERE parent_span_id = 0 OR NOT EXISTS ("
+                "SELECT 1 FROM parents p WHERE p.trace_id = mine.trace_id "
+                "AND p.span_id = mine.parent_span_id AND p.span_id <> mine.span_id)",
+                [
+                    tid,
+                    service,
+                    start_ns,
+                    end_ns,
+                    tid,
+                    service,
+                    start_ns - PARENT_LOOKBACK_NS,
+                    end_ns,
+                ],
+            )
+            .fetchone()
+        )
+        return int(row[0]) if row else 0
+
+    def _tags_of(self, tenant: str, since_ns: int) -> List[Tuple[str, str, str, str]]:
+        """(scope, key, value, type) seen for the tenant since the given time, from memory:
+        there every tag has its latest time, while the table's may be an hour behind."""
+        tid = self._tenant_ids.get(tenant, -1)
+        # list() copies the items in one step under the GIL while the writer may add some.
+        return [
+            tag[1:]
+            for tag, entry in list(self._tags.items())
+            if tag[0] == tid and entry[1] >= since_ns
+        ]
+
+    def tag_names(self, tenant: str, since_ns: int = 0) -> Dict[str, List[str]]:
+        out: Dict[str, set] = {}
+        for scope, key, _, _ in self._tags_of(tenant, since_ns):
+            out.setdefault(scope, set()).add(key)
+        return {scope: sorted(keys) for scope, keys in sorted(out.items())}
+
+    def tag_values(
+        self, tenant: str, scope: Optional[str], name: str, since_ns: int = 0
+    ) -> List[Tuple[str, str]]:
+        found = {
+            (value, kind)
+            for tag_scope, key, value, kind in self._tags_of(tenant, since_ns)
+            if key == name and (scope is None or tag_scope == scope)
+        }
+        return sorted(found)

@@ -1,0 +1,252 @@
+"""The embedded store's write path: pushes committed in groups, each group one transaction."""
+
+from __future__ import annotations
+
+from concurrent.futures import Future
+from typing import Dict, List, Set, Tuple
+
+import duckdb
+import numpy as np
+
+from hotspan.model.profile import Frame, IngestBatch, SampleColumns
+from hotspan.model.trace import SpanBatch, SpanGroup, SpanRow
+from hotspan.store.batching import Batch, GroupCommitWriter, series_bounds
+from hotspan.store.duckdb_schema import transaction
+
+# Values the tag-values API offers per attribute: past it, ids and timestamps would swamp it.
+MAX_TAG_VALUES = 1000
+# A tag already stored is written again only when seen this much later (for its last_seen).
+TAG_REFRESH_NS = 3600 * 10**9
+
+
+class DuckDBWriting:
+    """Writing, for :class:`~hotspan.store.duckdb.DuckDBStore`: tenants are numbered as they
+    first write; ids already written are remembered, to skip their no-op inserts."""
+
+    # The store's state that this part reads and changes.
+    _con: duckdb.DuckDBPyConnection
+    _writer: GroupCommitWriter
+    _tenant_ids: Dict[str, int]
+    _known_frames: Set[int]
+    _known_stacks: Set[int]
+    _known_groups: Set[int]
+    _tags: Dict[Tuple[int, str, str, str, str], List[int]]
+    _tag_counts: Dict[Tuple[int, str, str], int]
+
+    def write(self, tenant: str, batch: IngestBatch) -> Future[None]:
+        return self._writer.submit(tenant, batch)
+
+    def write_spans(self, tenant: str, spans: SpanBatch) -> Future[None]:
+        return self._writer.submit(tenant, spans)
+
+    def _commit(self, pending: List[Tuple[str, Batch]]) -> None:
+        con = self._con
+        frames: Dict[int, Frame] = {}
+        stacks: Dict[int, Tuple[int, ...]] = {}
+        series_rows: Dict[Tuple[str, int], list] = {}
+        tenants: List[str] = []
+        columns: List[SampleColumns] = []
+        span_batches: List[Tuple[str, SpanBatch]] = []
+        for tenant, batch in pending:
+            if isinstance(batch, SpanBatch):
+                span_batches.append((tenant, batch))
+                continue
+            new = batch.new_stacks(self._known_stacks)
+            if new:
+                wanted = {f for ids in new.values() for f in ids}
+                wanted -= self._known_frames
+                wanted -= frames.keys()
+                if wanted:
+                    frames.update(batch.frames_for(wanted))
+                for sid, frame_ids in new.items():
+                    stacks.setdefault(sid, frame_ids)
+            cols = batch.columns()
+            if len(cols.value):
+                series_bounds(tenant, batch, cols, series_rows)
+                tenants.append(tenant)
+                columns.append(cols)
+
+        # Tenants numbered in a failed transaction do not exist.
+        with transaction(con, undo=self._reload_tenant_ids):
+            if frames:
+                frame_table = {  # noqa: F841 - read by DuckDB's replacement scan
+                    "frame_id": np.fromiter(frames.keys(), dtype=np.int64, count=len(frames)),
+                    "name": np.array([f.name for f in frames.values()], dtype=object),
+                    "filename": np.array([f.filename for f in frames.values()], dtype=object),
+                    "line": np.array([f.line for f in frames.values()], dtype=np.int64),
+                }
+                con.execute("INSERT INTO frames SELECT * FROM frame_table ON CONFLICT DO NOTHING")
+            if stacks:
+                # Hex text: DuckDB 1.x reads an array of Python bytes as VARCHAR, not BLOB.
+                stack_table = {  # noqa: F841
+                    "stack_id": np.fromiter(stacks.keys(), dtype=np.int64, count=len(stacks)),
+                    "frame_ids": np.array(
+                        [np.asarray(f, dtype="<i8").tobytes().hex() for f in stacks.values()],
+                        dtype=object,
+                    ),
+                }
+                con.execute(
+                    "INSERT INTO stacks SELECT stack_id, unhex(frame_ids) FROM stack_table "
+                    "ON CONFLICT DO NOTHING"
+                )
+            new_series = [
+                row
+                for (tenant, sid), row in series_rows.items()
+                if not self._has_series(tenant, sid)
+            ]
+            if new_series:
+                # Only new series are written: their time bounds live in memory and are
+                # recomputed from the samples at open, so a push never updates a series row.
+                rows = list(zip(*new_series))
+                series_table = {  # noqa: F841
+                    "tenant": np.array(rows[0], dtype=object),
+                    "series_id": np.array(rows[1], dtype=np.int64),
+                    "profile_type": np.array(rows[2], dtype=object),
+                    "labels": np.array(rows[3], dtype=object),
+                }
+                con.execute("INSERT INTO series SELECT * FROM series_table ON CONFLICT DO NOTHING")
+            if columns:
+                counts = [len(c.value) for c in columns]
+                tenant_ids = [self._tenant_id(con, t) for t in tenants]
+                sample_table = {  # noqa: F841
+                    "tenant_id": np.repeat(np.array(tenant_ids, dtype=np.int32), counts),
+                    **{
+                        name: np.concatenate([getattr(c, name) for c in columns])
+                        for name in SampleColumns._fields
+                    },
+                }
+                # Reading Python objects is the slow part of an insert: skip the trace
+                # column when no sample of the commit has a trace id.
+                traced = any(t is not None for c in columns for t in c.trace_id.tolist())
+                con.execute(
+                    "INSERT INTO samples SELECT tenant_id, series_id, ts, stack_id, value, "
+                    f"span_id, {'trace_id' if traced else 'NULL'} FROM sample_table"
+                )
+            new_groups, new_tags, seen_tags = self._insert_spans(con, span_batches)
+        if len(self._known_frames) > 2_000_000:
+            self._known_frames.clear()
+        if len(self._known_stacks) > 2_000_000:
+            self._known_stacks.clear()
+        self._known_frames.update(frames)
+        self._known_stacks.update(stacks)
+        self._known_groups.update(new_groups)
+        for tag, seen in new_tags.items():
+            entry = self._tags.get(tag)
+            if entry is None:
+                count_key = tag[:3]
+                self._tag_counts[count_key] = self._tag_counts.get(count_key, 0) + 1
+                self._tags[tag] = [seen, seen]
+            else:
+                entry[0] = max(entry[0], seen)
+                entry[1] = max(entry[1], seen)
+        for tag, seen in seen_tags.items():
+            entry = self._tags.get(tag)
+            if entry is not None and entry[1] < seen:
+                entry[1] = seen
+        self._remember_series(series_rows.values())
+
+    def _insert_spans(
+        self, con: duckdb.DuckDBPyConnection, batches: List[Tuple[str, SpanBatch]]
+    ) -> Tuple[set, Dict[Tuple[int, str, str, str, str], int], Dict[tuple, int]]:
+        """Insert spans, their new groups and tags inside the running transaction; returns
+        what to remember once it commits: new groups, tags written, tags seen not written."""
+        if not batches:
+            return set(), {}, {}
+        groups: Dict[int, SpanGroup] = {}
+        tags: Dict[Tuple[int, str, str, str, str], int] = {}
+        seen_only: Dict[tuple, int] = {}
+        new_per_key: Dict[Tuple[int, str, str], int] = {}
+        rows: List[SpanRow] = []
+        tenant_ids: List[int] = []
+        for tenant, batch in batches:
+            tid = self._tenant_id(con, tenant)
+            rows.extend(batch.rows)
+            tenant_ids.extend([tid] * len(batch.rows))
+            for gid, group in batch.groups.items():
+                if gid not in self._known_groups:
+                    groups[gid] = group
+            for (scope, key, value, kind), seen in batch.tags.items():
+                tag = (tid, scope, key, value, kind)
+                entry = self._tags.get(tag)
+                if entry is None:
+                    if tag not in tags:
+                        # The cap counts the values of this commit too.
+                        per_key = tag[:3]
+                        known = self._tag_counts.get(per_key, 0) + new_per_key.get(per_key, 0)
+                        if known >= MAX_TAG_VALUES:
+                            continue
+                        new_per_key[per_key] = new_per_key.get(per_key, 0) + 1
+                elif seen < entry[0] + TAG_REFRESH_NS:
+                    if seen_only.get(tag, 0) < seen:
+                        seen_only[tag] = seen
+                    continue
+                if tags.get(tag, 0) < seen:
+                    tags[tag] = seen
+        if groups:
+            g = list(groups.values())
+            group_table = {  # noqa: F841 - read by DuckDB's replacement scan
+                "group_id": np.fromiter(groups.keys(), dtype=np.int64, count=len(groups)),
+                "service": np.array([x.service for x in g], dtype=object),
+                "resource": np.array([x.resource.hex() for x in g], dtype=object),
+                "resource_schema_url": np.array([x.resource_schema_url for x in g], dtype=object),
+                "scope": np.array([x.scope.hex() for x in g], dtype=object),
+                "scope_schema_url": np.array([x.scope_schema_url for x in g], dtype=object),
+                "attrs": np.array([x.attrs for x in g], dtype=object),
+            }
+            con.execute(
+                "INSERT INTO span_groups SELECT group_id, service, unhex(resource), "
+                "resource_schema_url, unhex(scope), scope_schema_url, attrs FROM group_table "
+                "ON CONFLICT DO NOTHING"
+            )
+        if rows:
+            cols = list(zip(*rows))
+            f = SpanRow._fields
+            span_table = {  # noqa: F841
+                "tenant_id": np.array(tenant_ids, dtype=np.int32),
+                "trace_id": np.array(cols[f.index("trace_id")], dtype=object),
+                "span_id": np.array(cols[f.index("span_id")], dtype=np.uint64),
+                "parent_span_id": np.array(cols[f.index("parent_span_id")], dtype=np.uint64),
+                "name": np.array(cols[f.index("name")], dtype=object),
+                "kind": np.array(cols[f.index("kind")], dtype=np.int8),
+                "service": np.array(cols[f.index("service")], dtype=object),
+                "start_ns": np.array(cols[f.index("start_ns")], dtype=np.int64),
+                "end_ns": np.array(cols[f.index("end_ns")], dtype=np.int64),
+                "status_code": np.array(cols[f.index("status_code")], dtype=np.int8),
+                "attrs": np.array(cols[f.index("attrs")], dtype=object),
+                "group_id": np.array(cols[f.index("group_id")], dtype=np.int64),
+                "raw": np.array([r.hex() for r in cols[f.index("raw")]], dtype=object),
+            }
+            con.execute(
+                "INSERT INTO spans SELECT tenant_id, trace_id, span_id, parent_span_id, name, "
+                "kind, service, start_ns, end_ns, status_code, attrs, group_id, unhex(raw) "
+                "FROM span_table"
+            )
+        if tags:
+            t = list(zip(*tags.keys()))
+            tag_table = {  # noqa: F841
+                "tenant_id": np.array(t[0], dtype=np.int32),
+                "scope": np.array(t[1], dtype=object),
+                "key": np.array(t[2], dtype=object),
+                "value": np.array(t[3], dtype=object),
+                "type": np.array(t[4], dtype=object),
+                "last_seen": np.fromiter(tags.values(), dtype=np.int64, count=len(tags)),
+            }
+            con.execute(
+                "INSERT INTO span_tags SELECT * FROM tag_table ON CONFLICT DO UPDATE "
+                "SET last_seen = greatest(span_tags.last_seen, excluded.last_seen)"
+            )
+        return set(groups), tags, seen_only
+
+    def _reload_tenant_ids(self) -> None:
+        self._tenant_ids = dict(
+            self._con.execute("SELECT tenant, tenant_id FROM tenants").fetchall()
+        )
+
+    def _tenant_id(self, con: duckdb.DuckDBPyConnection, tenant: str) -> int:
+        """The number of a tenant, created inside the running transaction if new."""
+        tid = self._tenant_ids.get(tenant)
+        if tid is None:
+            tid = len(self._tenant_ids) + 1
+            con.execute("INSERT INTO tenants VALUES (?, ?)", [tid, tenant])
+            self._tenant_ids[tenant] = tid
+        return tid
