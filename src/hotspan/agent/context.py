@@ -396,6 +396,11 @@ def span_stats_attributes(
 _on_new_provider: Optional[Callable[[Any], None]] = None
 
 
+def provider_hook() -> Optional[Callable[[Any], None]]:
+    """The callback ``set_provider_hook`` last set (None: none)."""
+    return _on_new_provider
+
+
 def set_provider_hook(callback: Optional[Callable[[Any], None]]) -> None:
     """Has the span linker (now, or when it is installed) call ``callback(span._span_processor)``
     once per SDK TracerProvider whose spans it sees detached; None stops it."""

@@ -368,8 +368,7 @@ def bootstrap() -> None:
     if _bootstrapped:
         return  # another bootstrap (ddtrace's, say) chained to ours again
     _bootstrapped = True
-    import hotspan
-    from hotspan.agent import batch
+    from hotspan.agent import batch, configure, shutdown
     from hotspan.agent.symbols import agent_code
 
     # Whatever the agent's start costs in the program's main thread (imports, allocations
@@ -407,7 +406,7 @@ def bootstrap() -> None:
         if span_id:
             tags = batch.with_trace_tags(tags, trace_id, span_id)
     try:
-        hotspan.configure(application_name=config.application_name, tags=tags)
+        configure(application_name=config.application_name, tags=tags)
     except BaseException:
         if root is not None:
             root.end(None, timeout=1.0)
@@ -418,7 +417,7 @@ def bootstrap() -> None:
         # Profiling stops first: the span's export (HTTP through the OpenTelemetry SDK) is
         # hotspan's work, not the program's, and must not show in the program's profile.
         try:
-            hotspan.shutdown(flush=True)
+            shutdown(flush=True)
         except Exception as exc:
             warn(f"last profile not sent: {exc}")
         try:

@@ -198,7 +198,7 @@ class SpanConditions:
 
     def uninstall(self) -> None:
         """No more verdicts: our processor leaves every provider it joined."""
-        if context._on_new_provider == self._on_new_provider:
+        if context.provider_hook() == self._on_new_provider:
             context.set_provider_hook(None)
         self.installed = False
         with self._lock:
