@@ -29,6 +29,7 @@ import json
 import os
 import pickle
 import random
+import re
 import shutil
 import statistics
 import subprocess
@@ -1245,7 +1246,7 @@ def breakdown(
     from hotspan.model.trace import TraceQuery
     from hotspan.query.traceql import legacy_query, parse_duration, parse_logfmt, parse_traceql
     from hotspan.store.duckdb import DuckDBStore
-    from hotspan.store.duckdb_search import search_sql
+    from hotspan.store.search_sql import DUCKDB, search_sql
 
     end = params["end_s"] * SEC
     h24 = end - params["hours"] * 3600 * SEC
@@ -1276,7 +1277,7 @@ def breakdown(
         tid = store._tenant_ids.get(tenant, -1)  # noqa: SLF001
         rows = {}
         for key, query in searches.items():
-            sql, args = search_sql(tid, query)
+            sql, args = search_sql(DUCKDB, tid, query)
             step: Dict[str, object] = {}
             _, f, m = _timed(lambda: store.find_traces(tenant, query), repeat)
             step["find_traces"] = {"first_ms": ms(f), "median_ms": ms(m)}
@@ -1288,8 +1289,10 @@ def breakdown(
                 # min() of every column, so that all of them are computed, as the full
                 # statement computes them.
                 cut = f"{head} SELECT count(*), min(COLUMNS(*)) FROM {cte}"
-                n_args = head.count("?")
-                row, f, m = _timed(lambda: con.execute(cut, args[:n_args]).fetchone(), repeat)
+                # DuckDB refuses a parameter the statement does not use.
+                used = set(re.findall(r"\$(\w+)", head))
+                cut_args = {k: v for k, v in args.items() if k in used}
+                row, f, m = _timed(lambda: con.execute(cut, cut_args).fetchone(), repeat)
                 count = row[0]  # type: ignore[index]
                 step[f"sql up to `{cte}`"] = {"first_ms": ms(f), "median_ms": ms(m), "rows": count}
             rows[key] = step
