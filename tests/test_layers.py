@@ -15,8 +15,8 @@ import pytest
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "check_layers.py"
 
-# Problems being removed by the restructuring of the server, of the TraceQL package and of
-# the agent's start.  Each line goes when its fix lands; the list ends empty.
+# Problems being removed by the restructuring of the server and of the agent's start.  Each
+# line goes when its fix lands; the list ends empty.
 KNOWN = {
     # agent/: the package's __init__ holds the running agent and starts it from agent.core,
     # and core's after-fork handler reads it back through the package.
@@ -27,11 +27,6 @@ KNOWN = {
     "cycle hotspan.server.agent_settings -> hotspan.server.request -> hotspan.server.config"
     " -> hotspan.server.scrape -> hotspan.server.ingest -> hotspan.server.agent_settings",
     "private hotspan.server.scrape -> hotspan.server.ingest:_pprof_to_batch",
-    # query/traceql*: the parser and the evaluator, and comparison and metrics, import each
-    # other (the flat modules, before they became one package).
-    "cycle hotspan.query.traceql -> hotspan.query.traceql_eval -> hotspan.query.traceql",
-    "cycle hotspan.query.traceql_compare -> hotspan.query.traceql_metrics"
-    " -> hotspan.query.traceql_compare",
 }
 
 
