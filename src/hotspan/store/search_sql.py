@@ -65,13 +65,6 @@ class Binder:
                 self._names[key] = name
         return self.dialect.placeholder.format(name)
 
-    def constant(self, text: str) -> str:
-        """``text``, one of this module's own, as the dialect best takes it: DuckDB compiles a
-        pattern written into the statement once, a bound one for every row."""
-        if self.dialect.inline_constants:
-            return "'" + text.replace("'", "''") + "'"
-        return self(text)
-
     def name(self, fixed: str) -> str:
         """The placeholder of a value given when the binder was made."""
         return self.dialect.placeholder.format(fixed)
@@ -89,9 +82,8 @@ class Dialect:
     contains: str
     # The first group of the pattern ``{1}`` in the text ``{0}``; '' when it does not match.
     extract: str
-    # Whether the whole text ``expr`` matches ``pattern``, one of this module's own when
-    # ``constant``.
-    full_match: Callable[[str, str, Binder, bool], str]
+    # Whether the whole text ``expr`` matches the pattern (given as a binder returns it).
+    full_match: Callable[[str, str, Binder], str]
     # The text ``expr`` read as a number (NULL when it is none).
     number: Callable[[str], str]
     # Rows of ``{table}`` that meet ``{where}``, one per (trace_id, span_id): an export
@@ -99,15 +91,13 @@ class Dialect:
     one_per_span: str
     # Membership in the span groups found by a subquery.
     in_groups: str
-    # Whether this module's own constants are written into the statement rather than bound.
-    inline_constants: bool
 
 
-def _duckdb_full_match(expr: str, pattern: str, bind: Binder, constant: bool) -> str:
-    return f"regexp_full_match({expr}, {bind.constant(pattern) if constant else bind(pattern)})"
+def _duckdb_full_match(expr: str, pattern: str, bind: Binder) -> str:
+    return f"regexp_full_match({expr}, {bind(pattern)})"
 
 
-def _clickhouse_full_match(expr: str, pattern: str, bind: Binder, constant: bool) -> str:
+def _clickhouse_full_match(expr: str, pattern: str, bind: Binder) -> str:
     # match() finds a pattern anywhere and lets "." match a newline: anchored here, with
     # (?-s).  Anchoring could pair up the parentheses of a pattern that is none ("a)|(b"):
     # the pattern is also compiled alone, in a constant that ClickHouse folds while planning,
@@ -151,7 +141,6 @@ DUCKDB = Dialect(
     number="TRY_CAST({} AS DOUBLE)".format,
     one_per_span="SELECT DISTINCT ON (trace_id, span_id) * FROM {table} WHERE {where}",
     in_groups="IN",
-    inline_constants=True,
 )
 
 # Values are clickhouse-connect's client-side bindings, quoted into the text by the client.
@@ -166,7 +155,6 @@ CLICKHOUSE = Dialect(
     # Over a cluster, span groups are sharded by their own id, not by trace: the matching
     # groups are gathered once and sent to every shard (on one server it is a plain IN).
     in_groups="GLOBAL IN",
-    inline_constants=False,
 )
 
 _COMPARE = {"=": "=", "!=": "!=", ">": ">", ">=": ">=", "<": "<", "<=": "<="}
@@ -182,7 +170,7 @@ def _compare(expr: str, op: str, value: object, bind: Binder) -> str:
     if op in _COMPARE:
         return f"{expr} {_COMPARE[op]} {bind(value)}"
     if op in _REGEX:
-        match = bind.dialect.full_match(expr, str(value), bind, False)
+        match = bind.dialect.full_match(expr, str(value), bind)
         return f"NOT {match}" if op == "!~" else match
     raise SearchError(f"unknown operator {op!r}")
 
@@ -234,7 +222,7 @@ def _attribute(key: str, op: str, value: object, bind: Binder, what: str) -> str
     if isinstance(value, (int, float)):
         # The text after US that reads as a number (strictly: both engines' casts read more,
         # such as " 1" or "nan").
-        strict = d.full_match(us_text, NUMBER_PATTERN, bind, True)
+        strict = d.full_match(us_text, NUMBER_PATTERN, bind)
         number = _compare_number(what, d.number(us_text), op, float(value), bind)
         return f"{_contains(RS + k + US, bind)} AND {strict} AND {number}"
     # Any other comparison with a string: the value of a string attribute, after STRING_US,
@@ -244,7 +232,7 @@ def _attribute(key: str, op: str, value: object, bind: Binder, what: str) -> str
     text = (
         f"(CASE WHEN {has_us} THEN {us_text} ELSE {d.extract.format('attrs', bind(stringly))} END)"
     )
-    typed_text = d.full_match(us_text, NUMBER_PATTERN + "|true|false", bind, True)
+    typed_text = d.full_match(us_text, NUMBER_PATTERN + "|true|false", bind)
     string = f"({_contains(RS + k + STRING_US, bind)} OR ({has_us} AND NOT {typed_text}))"
     return f"{string} AND {_compare(text, op, value, bind)}"
 
