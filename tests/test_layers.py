@@ -15,12 +15,9 @@ import pytest
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "check_layers.py"
 
-# Problems being removed by the restructuring of the server and of the agent's start.  Each
+# Problems being removed by the restructuring of the server.  Each
 # line goes when its fix lands; the list ends empty.
 KNOWN = {
-    # agent/: the package's __init__ holds the running agent and starts it from agent.core,
-    # and core's after-fork handler reads it back through the package.
-    "cycle hotspan.agent -> hotspan.agent.core -> hotspan.agent",
     # server/: the request helpers, the configuration and the scraper import each other
     # round to the agent-settings routes; and the scraper reuses the ingest path's private
     # pprof conversion.

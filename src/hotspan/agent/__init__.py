@@ -8,19 +8,21 @@ server) and :mod:`.core` (the loop tying them together).
 
 from __future__ import annotations
 
+import os
 import threading
 
+from hotspan.agent import context
 from hotspan.agent.config import AgentConfig, ConfigError, from_env
 from hotspan.agent.context import tag_wrapper
+from hotspan.agent.current import current_agent, set_current
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing stays out of the program at run time: see agent/log.py
-    from typing import Any, Optional
+    from typing import Any
 
 __all__ = ["AgentConfig", "ConfigError", "configure", "shutdown", "tag_wrapper", "current_agent"]
 
 _lock = threading.Lock()
-_agent: Optional[Any] = None
 
 
 def configure(**settings: Any) -> Any:
@@ -32,30 +34,42 @@ def configure(**settings: Any) -> Any:
     """
     from hotspan.agent.core import Agent
 
-    global _agent
     config = from_env(**settings).validate()
+    _register_fork_handler()
     with _lock:
-        if _agent is not None:
-            _agent.shutdown(flush=True)
-        _agent = Agent(config)
-        _agent.start()
-        return _agent
+        previous = current_agent()
+        if previous is not None:
+            previous.shutdown(flush=True)
+        agent = Agent(config)
+        set_current(agent)
+        agent.start()
+        return agent
 
 
 def shutdown(flush: bool = True) -> None:
     """Stop profiling; with ``flush``, send what was collected (within the exit deadline)."""
-    global _agent
     with _lock:
-        agent, _agent = _agent, None
+        agent = set_current(None)
     if agent is not None:
         agent.shutdown(flush=flush)
 
 
-def current_agent() -> Optional[Any]:
-    return _agent
+_fork_handler_registered = False
 
 
-def reset_after_fork() -> None:
-    """In a forked child: the lock a parent thread may have held is not ours to wait for."""
+def _register_fork_handler() -> None:
+    # register_at_fork cannot be undone, so one handler serves whichever agent is current.
+    global _fork_handler_registered
+    if not _fork_handler_registered and hasattr(os, "register_at_fork"):
+        os.register_at_fork(after_in_child=_after_fork_in_child)
+        _fork_handler_registered = True
+
+
+def _after_fork_in_child() -> None:
     global _lock
+    context.reset_after_fork()
+    # The lock a parent thread may have held is not ours to wait for.
     _lock = threading.Lock()
+    agent = current_agent()
+    if agent is not None:
+        agent.after_fork_in_child()

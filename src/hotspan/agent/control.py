@@ -28,7 +28,7 @@ Answer = "Tuple[int, Dict[str, Any]]"
 
 
 def _agent() -> Any:
-    from hotspan.agent import current_agent
+    from hotspan.agent.current import current_agent
 
     return current_agent()
 

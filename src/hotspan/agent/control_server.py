@@ -39,7 +39,7 @@ class _Handler(BaseHTTPRequestHandler):
     def _pull(self, path: str, query: str) -> None:
         """Go's /debug/pprof paths (agent/pull.py), beside the control API.  With a
         control_token they need it too (Bearer, or Basic with it as password)."""
-        from hotspan.agent import current_agent
+        from hotspan.agent.current import current_agent
 
         agent = current_agent()
         token = agent.config.control_token if agent is not None else ""

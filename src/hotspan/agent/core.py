@@ -159,7 +159,6 @@ class Agent:
             )
         self._start_threads()
         atexit.register(self._at_exit)
-        _register_fork_handler()
         if self.config.control_port:
             from hotspan.agent.control_server import ControlServer
 
@@ -836,27 +835,6 @@ def _tag_value(value: str) -> str:
 
 def _thread_names() -> Dict[int, str]:
     return {t.ident: t.name for t in threading.enumerate() if t.ident is not None}
-
-
-_fork_handler_registered = False
-
-
-def _register_fork_handler() -> None:
-    # register_at_fork cannot be undone, so one handler serves whichever agent is current.
-    global _fork_handler_registered
-    if not _fork_handler_registered and hasattr(os, "register_at_fork"):
-        os.register_at_fork(after_in_child=_after_fork_in_child)
-        _fork_handler_registered = True
-
-
-def _after_fork_in_child() -> None:
-    from hotspan import agent as agent_module
-
-    context.reset_after_fork()
-    agent_module.reset_after_fork()
-    agent = agent_module.current_agent()
-    if agent is not None:
-        agent.after_fork_in_child()
 
 
 # The agent's start and stop run on the program's thread (configure, shutdown, the atexit

@@ -233,7 +233,7 @@ def _labels(agent: Any, raw: Any) -> Tuple[Tuple[str, str], ...]:
 
 
 def _agent() -> Any:
-    from hotspan.agent import current_agent
+    from hotspan.agent.current import current_agent
 
     return current_agent()
 
