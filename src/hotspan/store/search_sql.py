@@ -82,7 +82,8 @@ class Dialect:
     contains: str
     # The first group of the pattern ``{1}`` in the text ``{0}``; '' when it does not match.
     extract: str
-    # Whether the whole text ``expr`` matches the pattern (given as a binder returns it).
+    # Whether the whole text ``expr`` matches the regular expression ``pattern``, which the
+    # function binds.
     full_match: Callable[[str, str, Binder], str]
     # The text ``expr`` read as a number (NULL when it is none).
     number: Callable[[str], str]
