@@ -414,7 +414,7 @@ def breakdown(
     from hotspan.model.profile import ProfileType
     from hotspan.query import flamegraph
     from hotspan.query.engine import DEFAULT_MAX_NODES, QueryEngine
-    from hotspan.server.querier import flamegraph_message
+    from hotspan.server.pyroscope.querier import flamegraph_message
     from hotspan.store.base import SampleFilter
     from hotspan.store.duckdb import DuckDBStore
 

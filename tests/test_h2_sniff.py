@@ -1,4 +1,4 @@
-"""The main port's HTTP/2 hand-over (server.h2_sniff), byte for byte, in one event loop.
+"""The main port's HTTP/2 hand-over (server.http.h2_sniff), byte for byte, in one event loop.
 
 uvicorn (the server's own HTTP protocol class, as ``hotspan server`` runs it) serves a small
 ASGI app on two sockets, a main port and another one (as the OTLP/HTTP port); the gRPC
@@ -22,7 +22,7 @@ import pytest
 import uvicorn
 from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
-from hotspan.server import h2_sniff
+from hotspan.server.http import h2_sniff
 
 PREFACE = h2_sniff.PREFACE
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
@@ -438,9 +438,9 @@ def _frame_types(data: bytes) -> List[int]:
 def test_an_idle_grpc_connection_is_closed_and_frees_its_pipe(run: Runner, tmp_path: Path) -> None:
     """The real query gRPC server behind the pipe, its idle time made short: a client that
     opens HTTP/2 and makes no call is sent GOAWAY and closed, and its pipe counts no more."""
-    from hotspan.server import tempo_grpc
     from hotspan.server.app import create_app
     from hotspan.server.config import ServerConfig
+    from hotspan.server.tempo import grpc_api as tempo_grpc
 
     idle_s = 0.3
     state = create_app(ServerConfig(data_dir=str(tmp_path))).state.hotspan

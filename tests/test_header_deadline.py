@@ -1,4 +1,4 @@
-"""Connections that send no whole request head in time (server.header_deadline).
+"""Connections that send no whole request head in time (server.http.header_deadline).
 
 Half a request head, or half of HTTP/2's preface, then nothing: such connections must neither
 lock other clients out with 503 (``--max-connections``) nor stay open past the deadline, on
@@ -22,7 +22,7 @@ import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from hotspan.server import h2_sniff
+from hotspan.server.http import h2_sniff
 from tests.conftest import RunningServer, running_server
 
 HALF_HEAD = b"GET /ready HTTP/1.1\r\n"

@@ -21,9 +21,10 @@ KNOWN = {
     # server/: the request helpers, the configuration and the scraper import each other
     # round to the agent-settings routes; and the scraper reuses the ingest path's private
     # pprof conversion.
-    "cycle hotspan.server.agent_settings -> hotspan.server.request -> hotspan.server.config"
-    " -> hotspan.server.scrape -> hotspan.server.ingest -> hotspan.server.agent_settings",
-    "private hotspan.server.scrape -> hotspan.server.ingest:_pprof_to_batch",
+    "cycle hotspan.server.api.agent_settings -> hotspan.server.request -> hotspan.server.config"
+    " -> hotspan.server.api.scrape -> hotspan.server.pyroscope.ingest"
+    " -> hotspan.server.api.agent_settings",
+    "private hotspan.server.api.scrape -> hotspan.server.pyroscope.ingest:_pprof_to_batch",
 }
 
 

@@ -17,7 +17,7 @@ from prometheus_client.openmetrics.parser import (
 )
 from prometheus_client.parser import text_string_to_metric_families
 
-from hotspan.server.otlp_grpc import TRACE_SERVICE
+from hotspan.server.otlp.grpc_receiver import TRACE_SERVICE
 
 from .conftest import RunningServer, running_server
 from .helpers import (

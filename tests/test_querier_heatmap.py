@@ -576,7 +576,7 @@ def test_heatmaps_past_the_cell_cap_are_refused(many_profiles: QueryEngine) -> N
     a 400 that says what to narrow."""
     from hotspan.query.heatmap import Y_BUCKETS
     from hotspan.server.errors import HTTPError
-    from hotspan.server.querier import check_heatmap_cells
+    from hotspan.server.pyroscope.querier import check_heatmap_cells
 
     engine, sel = many_profiles, parse_selector('{service_name="svc3"}')
     end_ms = (T0 * 10**9 + MANY_PROFILES * 2_500_000_000) // 10**6

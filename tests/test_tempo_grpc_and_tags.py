@@ -405,7 +405,7 @@ def test_concurrent_grpc_and_http_on_the_main_port(srv: RunningServer) -> None:
 
 
 def test_big_answers_are_sent_in_pieces_under_the_message_limit() -> None:
-    from hotspan.server.tempo_grpc import MAX_MESSAGE_BYTES, _segments
+    from hotspan.server.tempo.grpc_api import MAX_MESSAGE_BYTES, _segments
 
     span = tempo_pb2.Span(spanID="0" * 16, name="x" * 2000, durationNanos=1)
     whole = tempo_pb2.SearchResponse()
@@ -434,7 +434,7 @@ def test_grpc_tags_v2_max_tags_per_scope(srv: RunningServer) -> None:
 
 def test_legacy_tags_of_a_grpc_search_keep_quotes_and_backslashes() -> None:
     from hotspan.query.traceql import parse_logfmt
-    from hotspan.server.tempo_grpc import search_params
+    from hotspan.server.tempo.grpc_api import search_params
 
     tags = {"a": "plain", "b": 'say "hi"', "c": "C:\\dir\\", "d": "x=y", "e": "two words"}
     params = search_params(tempo_pb2.SearchRequest(Tags=tags))

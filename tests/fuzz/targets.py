@@ -33,10 +33,10 @@ from hotspan.model.profile import (
     ProfileType,
 )
 from hotspan.model.trace import SpanBatch
-from hotspan.server import otlp as server_otlp
 from hotspan.server.config import ServerConfig
-from hotspan.server.connect import read_message
 from hotspan.server.errors import HTTPError
+from hotspan.server.otlp import http_receiver as server_otlp
+from hotspan.server.pyroscope.connect import read_message
 from hotspan.server.request import read_body
 
 # The server's limits, scaled to inputs of a few KiB: a gzip bomb still reaches its limit
@@ -267,7 +267,7 @@ BOUNDARY = "fuzzboundary"
 async def _multipart(body: bytes) -> None:
     """The multipart form of ``/ingest`` (Pyroscope SDKs: ``profile``, ``sample_type_config``;
     the Java SDK: ``jfr``, ``labels``), read as the ingest endpoint reads it."""
-    from hotspan.server.ingest import _field_bytes, _form
+    from hotspan.server.pyroscope.ingest import _field_bytes, _form
 
     request = _request(body, {"content-type": f"multipart/form-data; boundary={BOUNDARY}"})
     form = await _form(request, CONFIG.max_body_bytes)

@@ -96,7 +96,7 @@ def _server(args: argparse.Namespace) -> int:
     graceful_server = _graceful_server_class()
     scrape_config = None
     if args.scrape:
-        from hotspan.server.scrape import ScrapeConfigError, load_scrape_config
+        from hotspan.server.api.scrape import ScrapeConfigError, load_scrape_config
 
         try:
             scrape_config = load_scrape_config(args.scrape)
@@ -144,15 +144,15 @@ def _server(args: argparse.Namespace) -> int:
             app = OTLPPortOnly(app, otlp_port)
             receivers.append(f"OTLP/HTTP on http://{host}:{otlp_port}")
         if config.otlp_grpc_port is not None:
-            from hotspan.server import otlp_grpc
+            from hotspan.server.otlp import grpc_receiver as otlp_grpc
 
             listening.append(("--otlp-grpc-port", config.otlp_grpc_port))
             grpc_server, grpc_port = otlp_grpc.start(state, config.host, config.otlp_grpc_port)
             state.on_shutdown.append(lambda: grpc_server.stop(grace=5).wait())
             receivers.append(f"OTLP/gRPC on {host}:{grpc_port}")
-        from hotspan.server import tempo_grpc
+        from hotspan.server.tempo import grpc_api as tempo_grpc
 
-        # Tempo's streaming queries, which reach it through the main port (server.h2_sniff).
+        # Tempo's streaming queries, which reach it through the main port (server.http.h2_sniff).
         listening.append(("gRPC queries", 0))
         query_server, query_port = tempo_grpc.serve(state)
         state.on_shutdown.append(lambda: query_server.stop(grace=5).wait())
@@ -192,7 +192,7 @@ def _server(args: argparse.Namespace) -> int:
     )
     from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
-    from hotspan.server.h2_sniff import sniffing
+    from hotspan.server.http.h2_sniff import sniffing
 
     server = graceful_server(
         uvicorn.Config(

@@ -17,28 +17,25 @@ from starlette.routing import Route
 from hotspan.metrics.operational import IngestCounter, QueryTimer
 from hotspan.query.engine import QueryEngine
 from hotspan.query.traces import TraceEngine
-from hotspan.server import (
+from hotspan.server.api import (
     agent_settings,
     alerts,
     endpoints,
-    ingest,
     metrics,
-    otlp,
-    querier,
     recording_rules,
-    render,
     scrape,
-    span_profiles,
-    tempo,
-    tempo_metrics,
     tokens,
     why,
 )
 from hotspan.server.auth import Authenticator, AuthMiddleware
 from hotspan.server.config import ServerConfig
+from hotspan.server.otlp import http_receiver as otlp
+from hotspan.server.pyroscope import ingest, querier, render, span_profiles
 from hotspan.server.redact import Redactor
 from hotspan.server.retention import RetentionLoop
 from hotspan.server.state import ServerState
+from hotspan.server.tempo import api as tempo
+from hotspan.server.tempo import metrics as tempo_metrics
 from hotspan.store import open_store
 from hotspan.store.base import Store, StoreError, StoreUnavailable
 from hotspan.ui.routes import not_found
@@ -105,7 +102,7 @@ def create_app(config: Optional[ServerConfig] = None, store: Optional[Store] = N
             state.on_shutdown.append(retention.stop)
         scraper = None
         if config.scrape is not None:
-            from hotspan.server.scrape import Scraper
+            from hotspan.server.api.scrape import Scraper
 
             scraper = app.state.scraper = Scraper(state, config.scrape)
             scraper.start()
@@ -130,7 +127,7 @@ def create_app(config: Optional[ServerConfig] = None, store: Optional[Store] = N
         for stop in reversed(state.on_shutdown):
             try:
                 # Off the event loop: a gRPC stream piped through the main port
-                # (server.h2_sniff) needs the loop to finish within the gRPC server's grace.
+                # (server.http.h2_sniff) needs the loop to finish within the gRPC server's grace.
                 await run_in_threadpool(stop)
             except Exception:  # noqa: BLE001 - the store must still be closed
                 log.exception("error while stopping")

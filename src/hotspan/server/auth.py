@@ -5,7 +5,7 @@ Two kinds of token open the server:
 - the operator's, given to ``hotspan server --ingest-token/--query-token``: an ingest token
   writes, a query token reads and changes rules, settings and tokens, for any tenant (named by
   ``X-Scope-OrgID``, the server's default tenant otherwise);
-- a tenant's, created through ``/api/v1/tokens`` (server.tokens) and kept in the store as a
+- a tenant's, created through ``/api/v1/tokens`` (server.api.tokens) and kept in the store as a
   hash: an ``ingest`` token writes its tenant, a ``query`` token reads it, an ``admin`` token
   does both and alone changes the tenant's rules, settings and tokens.  The tenant is the
   token's: a request that names another one is refused (403).

@@ -5,7 +5,7 @@ legacy ``tags``), tag names and values (v1 and v2; ``q=`` narrows them to the sp
 TraceQL query matches, see query.traceql.autocomplete), ``/api/echo`` and ``/api/status/buildinfo``.
 Search answers carry only the fields Tempo's own ``SearchResponse`` has: Grafana decodes them
 strictly, and an unknown field would fail the query.  The same search and TraceQL metrics
-also answer over gRPC, on the main port too (server.tempo_grpc, server.h2_sniff).
+also answer over gRPC, on the main port too (server.tempo.grpc_api, server.http.h2_sniff).
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ and draws every series message.  Tokens (``authorization``) and tenants (``x-sco
 come from the call's metadata, as over HTTP.
 
 The service has a gRPC server of its own, listening on a free port of 127.0.0.1 only
-(``serve``): the main port hands it its HTTP/2 connections (server.h2_sniff).  Not on the
+(``serve``): the main port hands it its HTTP/2 connections (server.http.h2_sniff).  Not on the
 OTLP/gRPC port, which takes OTLP only (it may be open to collectors that must not query),
 and with its own threads, so that slow queries never hold up ingest.
 """
@@ -30,10 +30,11 @@ from google.protobuf import json_format
 from google.protobuf.message import Message
 
 from hotspan.formats.proto import tempo_pb2
-from hotspan.server import tempo, tempo_metrics
 from hotspan.server.auth import QUERY, TENANT_HEADER, authenticate
 from hotspan.server.errors import HTTPError
 from hotspan.server.state import ServerState
+from hotspan.server.tempo import api as tempo
+from hotspan.server.tempo import metrics as tempo_metrics
 from hotspan.store.base import StoreError
 
 log = logging.getLogger(__name__)
@@ -261,7 +262,7 @@ def serve(
     and the port (OSError if no port can be bound).  A connection without a call for
     ``idle_ms`` is closed (GOAWAY, then close), and so is any connection after ``age_ms``, its
     calls given MAX_CONNECTION_AGE_GRACE_MS more to finish: each holds one of the main port's
-    pipes (server.h2_sniff), which end with it, and gRPC clients reconnect on their own."""
+    pipes (server.http.h2_sniff), which end with it, and gRPC clients reconnect on their own."""
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="hotspan-tempo-grpc"),
         # Beyond this many calls in progress, RESOURCE_EXHAUSTED rather than a queue.

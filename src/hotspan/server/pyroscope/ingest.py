@@ -23,9 +23,9 @@ from hotspan.model.profile import (
     IngestBatch,
     ProfileType,
 )
-from hotspan.server.agent_settings import observe_agent
-from hotspan.server.connect import read_message, unary, write_message
+from hotspan.server.api.agent_settings import observe_agent
 from hotspan.server.errors import HTTPError
+from hotspan.server.pyroscope.connect import read_message, unary, write_message
 from hotspan.server.request import check_token, read_body, tenant_of
 from hotspan.server.state import ServerState
 from hotspan.store.base import StoreError

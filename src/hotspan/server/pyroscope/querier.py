@@ -24,8 +24,8 @@ from hotspan.query.engine import DEFAULT_MAX_NODES, QueryError
 from hotspan.query.exemplars import Exemplar
 from hotspan.query.flamegraph import FlameGraph, to_message
 from hotspan.query.heatmap import Heatmap
-from hotspan.server.connect import read_message, unary, write_message
 from hotspan.server.errors import HTTPError
+from hotspan.server.pyroscope.connect import read_message, unary, write_message
 from hotspan.server.request import query_state
 from hotspan.server.state import ServerState
 from hotspan.store.base import SampleFilter, StackValues

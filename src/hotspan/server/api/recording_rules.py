@@ -40,8 +40,8 @@ from hotspan.metrics.rules import (
     from_document,
     from_json,
 )
-from hotspan.server.connect import unary
 from hotspan.server.errors import HTTPError, json_errors
+from hotspan.server.pyroscope.connect import unary
 from hotspan.server.request import query_state, read_body
 from hotspan.server.state import ServerState
 from hotspan.store.base import StoreError

@@ -31,10 +31,10 @@ from hotspan.model.profile import ProfileType, span_id_to_int
 from hotspan.query.engine import QueryError
 from hotspan.query.flamegraph import FlameGraph, to_message
 from hotspan.server.errors import HTTPError
-from hotspan.server.querier import max_nodes_value, profile_type, selector
+from hotspan.server.pyroscope.querier import max_nodes_value, profile_type, selector
 from hotspan.server.request import query_state
 from hotspan.server.state import ServerState
-from hotspan.server.tempo import seconds_param, text_error, trace_id_param
+from hotspan.server.tempo.api import seconds_param, text_error, trace_id_param
 from hotspan.store.base import SampleFilter, TraceValues
 
 CPU = "process_cpu:cpu:nanoseconds:cpu:nanoseconds"

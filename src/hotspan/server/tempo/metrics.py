@@ -46,7 +46,7 @@ from hotspan.query.traceql import (
 )
 from hotspan.server.errors import HTTPError
 from hotspan.server.request import query_state
-from hotspan.server.tempo import PROTOBUF, text_error
+from hotspan.server.tempo.api import PROTOBUF, text_error
 
 if TYPE_CHECKING:
     from hotspan.server.state import ServerState

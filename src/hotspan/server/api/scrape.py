@@ -441,7 +441,7 @@ class Scraper:
             log.warning("scrape %s %s %s: up again", t.job, t.instance, ts.profile)
 
     async def _store(self, ts: TargetState, body: bytes) -> None:
-        from hotspan.server import ingest
+        from hotspan.server.pyroscope import ingest
 
         kind = PROFILES[ts.profile][1]
         now = time.time_ns()

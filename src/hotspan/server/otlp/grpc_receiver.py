@@ -4,7 +4,7 @@ Requests arrive as raw bytes and are decoded here, so that a message that does n
 ``INVALID_ARGUMENT`` with the reason rather than grpcio's generic ``INTERNAL``.  Tokens come
 from the ``authorization`` metadata and the tenant from ``x-scope-orgid``, as over HTTP.
 Handlers run on grpcio's thread pool and wait for the store to make the data durable.
-Tempo's streaming queries have a gRPC server of their own, on loopback (server.tempo_grpc):
+Tempo's streaming queries have a gRPC server of their own, on loopback (server.tempo.grpc_api):
 this port takes OTLP only, as the OTLP/HTTP port does, and queries never hold up ingest.
 """
 
@@ -20,8 +20,8 @@ from hotspan.formats.errors import FormatError
 from hotspan.formats.otlp import TooLarge
 from hotspan.server.auth import INGEST, TENANT_HEADER, authenticate
 from hotspan.server.errors import HTTPError
-from hotspan.server.ingest import commit_sync
-from hotspan.server.otlp import convert_profiles, convert_traces
+from hotspan.server.otlp.http_receiver import convert_profiles, convert_traces
+from hotspan.server.pyroscope.ingest import commit_sync
 from hotspan.server.state import ServerState
 from hotspan.store.base import StoreError
 

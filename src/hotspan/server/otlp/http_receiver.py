@@ -4,7 +4,7 @@ As OTLP/HTTP specifies (opentelemetry.io/docs/specs/otlp/#otlphttp): protobuf or
 gzip allowed; the answer uses the request's encoding; a request with some bad items stores the
 rest and answers 200 with ``partial_success``; a request that cannot be used at all gets 400
 with a ``google.rpc.Status`` whose message says why.  The OTLP/gRPC receivers
-(``hotspan.server.otlp_grpc``) share the conversion functions below.
+(``hotspan.server.otlp.grpc_receiver``) share the conversion functions below.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from hotspan.formats import otlp_profiles, otlp_traces
 from hotspan.formats.errors import FormatError
 from hotspan.formats.otlp import TooLarge, encode_json
 from hotspan.server.errors import HTTPError
-from hotspan.server.ingest import commit
+from hotspan.server.pyroscope.ingest import commit
 from hotspan.server.request import check_token, read_body, tenant_of
 from hotspan.server.state import ServerState
 from hotspan.store.base import StoreError

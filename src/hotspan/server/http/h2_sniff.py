@@ -5,7 +5,7 @@ host:port as its HTTP calls.  uvicorn speaks HTTP/1.1 only, so the main port's p
 uvicorn's own with one addition: the first bytes of a connection are looked at, and a
 connection that starts with ``PRI * HTTP/2.0\\r\\n\\r\\nSM\\r\\n\\r\\n`` (which no HTTP/1.1
 request does) is handed over, bytes as they are, to the gRPC query server on its loopback
-port (server.tempo_grpc).  Everything else is uvicorn's, byte for byte; so is every
+port (server.tempo.grpc_api).  Everything else is uvicorn's, byte for byte; so is every
 connection to another port of the same uvicorn (the OTLP/HTTP-only port takes OTLP only).
 
 The hand-over is a transport-level pipe in the event loop, both ways, with backpressure: a
@@ -18,7 +18,7 @@ their pipes with them.
 
 On every port, a connection that has not sent a whole request head (nor the HTTP/2 preface)
 within ``--header-timeout`` of its opening or of its last response is closed, and does not
-count against ``--max-connections`` meanwhile (server.header_deadline).
+count against ``--max-connections`` meanwhile (server.http.header_deadline).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import asyncio
 import logging
 from typing import Callable, Optional, Type
 
-from hotspan.server.header_deadline import with_header_deadline
+from hotspan.server.http.header_deadline import with_header_deadline
 
 log = logging.getLogger(__name__)
 

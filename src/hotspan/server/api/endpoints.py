@@ -23,10 +23,10 @@ from hotspan.model.profile import ProfileType
 from hotspan.query.endpoints import EndpointEngine
 from hotspan.query.engine import QueryError
 from hotspan.server.errors import HTTPError
-from hotspan.server.querier import max_nodes_value, profile_type
+from hotspan.server.pyroscope.querier import max_nodes_value, profile_type
+from hotspan.server.pyroscope.span_profiles import flamegraph_json
 from hotspan.server.request import query_state
-from hotspan.server.span_profiles import flamegraph_json
-from hotspan.server.tempo import seconds_param, text_error
+from hotspan.server.tempo.api import seconds_param, text_error
 
 CPU = "process_cpu:cpu:nanoseconds:cpu:nanoseconds"
 MAX_NAME = 1000

@@ -1,0 +1,1 @@
+"""The OpenTelemetry receivers: OTLP/HTTP and OTLP/gRPC, traces and profiles."""
