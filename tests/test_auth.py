@@ -17,10 +17,10 @@ import pytest
 from starlette.routing import Route
 
 from hotspan.formats.proto import tempo_pb2
-from hotspan.server.api.scrape import ScrapeConfigError, parse_scrape_config
 from hotspan.server.auth import CACHE_TTL_S, INGEST, Authenticator, credential_of, token_hash
 from hotspan.server.config import ServerConfig
 from hotspan.server.errors import HTTPError
+from hotspan.server.scrape_config import ScrapeConfigError, parse_scrape_config
 from hotspan.store.base import StoredToken
 from hotspan.store.duckdb import DuckDBStore
 from tests.clickhouse_fixture import clickhouse_server as clickhouse_server  # noqa: F401

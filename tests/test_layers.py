@@ -10,22 +10,14 @@ import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
+from typing import Set
 
 import pytest
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "check_layers.py"
 
-# Problems being removed by the restructuring of the server.  Each
-# line goes when its fix lands; the list ends empty.
-KNOWN = {
-    # server/: the request helpers, the configuration and the scraper import each other
-    # round to the agent-settings routes; and the scraper reuses the ingest path's private
-    # pprof conversion.
-    "cycle hotspan.server.api.agent_settings -> hotspan.server.request -> hotspan.server.config"
-    " -> hotspan.server.api.scrape -> hotspan.server.pyroscope.ingest"
-    " -> hotspan.server.api.agent_settings",
-    "private hotspan.server.api.scrape -> hotspan.server.pyroscope.ingest:_pprof_to_batch",
-}
+# Problems known and being removed; each line goes when its fix lands.
+KNOWN: Set[str] = set()
 
 
 def _checker() -> ModuleType:

@@ -96,7 +96,7 @@ def _server(args: argparse.Namespace) -> int:
     graceful_server = _graceful_server_class()
     scrape_config = None
     if args.scrape:
-        from hotspan.server.api.scrape import ScrapeConfigError, load_scrape_config
+        from hotspan.server.scrape_config import ScrapeConfigError, load_scrape_config
 
         try:
             scrape_config = load_scrape_config(args.scrape)

@@ -84,10 +84,10 @@ def create_app(config: Optional[ServerConfig] = None, store: Optional[Store] = N
         store=store,
         engine=engine,
         traces=TraceEngine(store, engine),
+        auth=Authenticator(store, config),
         redactor=redactor,
     )
     state.metrics = metrics.server_metrics(store)
-    state.auth = Authenticator(store, config)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -172,7 +172,7 @@ def create_app(config: Optional[ServerConfig] = None, store: Optional[Store] = N
         routes=routes,
         lifespan=lifespan,
         # Every request's token and tenant, resolved before any route runs.
-        middleware=[Middleware(AuthMiddleware, state=state)],
+        middleware=[Middleware(AuthMiddleware, auth=state.auth)],
         exception_handlers={404: not_found, StoreError: store_failed},
     )
     app.state.hotspan = state

@@ -27,12 +27,11 @@ import base64
 import hashlib
 import hmac
 import logging
-import re
 import secrets
 import threading
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Tuple, Union
+from typing import Any, Dict, Iterable, List, Optional, Tuple, Union
 from urllib.parse import parse_qsl
 
 from starlette.concurrency import run_in_threadpool
@@ -40,17 +39,13 @@ from starlette.routing import compile_path
 
 from hotspan.server.config import ServerConfig
 from hotspan.server.errors import HTTPError
+from hotspan.server.tenants import is_tenant
 from hotspan.store.base import Store, StoredToken, StoreError
 from hotspan.ui.routes import PAGES
-
-if TYPE_CHECKING:
-    from hotspan.server.state import ServerState
 
 log = logging.getLogger(__name__)
 
 TENANT_HEADER = "X-Scope-OrgID"
-# The characters Cortex/Mimir/Pyroscope accept in a tenant id.
-_TENANT = re.compile(r"[a-zA-Z0-9!\-_.*'()]{1,150}")
 
 INGEST = "ingest"
 QUERY = "query"
@@ -69,11 +64,6 @@ TOKEN_PREFIX = "hst_"
 SCOPE_KEY = "hotspan.principal"
 
 _UNAUTHENTICATED = "missing or invalid token (send Authorization: Bearer <token>)"
-
-
-def is_tenant(text: str) -> bool:
-    """Whether ``text`` may name a tenant."""
-    return bool(_TENANT.fullmatch(text)) and text not in (".", "..")
 
 
 def tenant_from(tenant: Optional[str], config: ServerConfig) -> str:
@@ -299,21 +289,13 @@ class Authenticator:
         return Principal(token.tenant, role, token.token_id)
 
 
-def auth_of(state: ServerState) -> Authenticator:
-    """The server's authenticator (made on first use for a state built without one)."""
-    if state.auth is None:
-        state.auth = Authenticator(state.store, state.config)
-    return state.auth
-
-
 def authenticate(
-    state: ServerState,
+    auth: Authenticator,
     access: Access,
     authorization: Union[str, bytes, None],
     named: Optional[str],
 ) -> Principal:
     """:meth:`Authenticator.resolve` for a call that may block (gRPC's worker threads)."""
-    auth = auth_of(state)
     if auth.stale():
         auth.refresh()
     return auth.resolve(access, as_bytes(authorization), named)
@@ -335,9 +317,9 @@ class AuthMiddleware:
     tenant's token, ``X-Scope-OrgID`` is set to the token's tenant: code that reads the
     header sees the tenant the request is bound to."""
 
-    def __init__(self, app: Any, state: ServerState) -> None:
+    def __init__(self, app: Any, auth: Authenticator) -> None:
         self.app = app
-        self.auth = auth_of(state)
+        self.auth = auth
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] == "http":

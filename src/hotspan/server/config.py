@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, FrozenSet, Optional, Tuple
 
 if TYPE_CHECKING:
-    from hotspan.server.api.scrape import ScrapeConfig
+    from hotspan.server.scrape_config import ScrapeConfig
 
 MiB = 1024 * 1024
 DAY_NS = 86400 * 10**9

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Callable, List, Optional
 
 from hotspan.query.engine import QueryEngine
 from hotspan.query.traces import TraceEngine
+from hotspan.server.auth import Authenticator
 from hotspan.server.config import ServerConfig
 from hotspan.server.instances import InstanceRegistry
 from hotspan.server.redact import Redactor
@@ -14,7 +15,6 @@ from hotspan.store.base import Store
 
 if TYPE_CHECKING:
     from hotspan.metrics.operational import ServerMetrics
-    from hotspan.server.auth import Authenticator
 
 
 @dataclass
@@ -23,6 +23,8 @@ class ServerState:
     store: Store
     engine: QueryEngine
     traces: TraceEngine
+    # Resolves requests and gRPC calls to their tenant and role (server.auth).
+    auth: Authenticator
     # Run when the server stops, before the store closes (the gRPC server, retention).
     on_shutdown: List[Callable[[], None]] = field(default_factory=list)
     # The last status of each agent instance (X-Hotspan-Instance on uploads and polls).
@@ -31,5 +33,3 @@ class ServerState:
     redactor: Optional[Redactor] = None
     # /metrics: request counters and the recording rules, which see every stored batch.
     metrics: Optional[ServerMetrics] = None
-    # Resolves requests and gRPC calls to their tenant and role (server.auth).
-    auth: Optional[Authenticator] = None

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any, Dict, Iterable, Mapping, Optional
+from typing import Any, Dict, Iterable
 
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
@@ -22,15 +22,14 @@ from starlette.routing import Route
 from hotspan.formats import ingest_params
 from hotspan.formats.errors import FormatError
 from hotspan.model.agent_settings import (
-    INSTANCE_HEADER,
-    STATUS_HEADER,
     SettingsError,
     validate_settings,
 )
-from hotspan.model.labels import METRIC_NAME, SERVICE_NAME, SelectorError
+from hotspan.model.labels import SelectorError
 from hotspan.model.settings_rules import matching_rule, normalize_selector
 from hotspan.server.errors import HTTPError, json_errors
-from hotspan.server.instances import Instance, parse_instance, parse_status
+from hotspan.server.ingestion import agent_labels, observe_agent, settings_answer
+from hotspan.server.instances import Instance
 from hotspan.server.request import check_token, query_state, read_body, tenant_of
 from hotspan.server.state import ServerState
 from hotspan.store.base import SettingsRule, StoreError
@@ -39,45 +38,6 @@ MAX_BODY_BYTES = 64 * 1024
 MAX_SERVICE_CHARS = 200
 # The operator API leaves out instances silent for longer than this.
 INSTANCE_SHOWN_NS = 600 * 10**9
-
-
-def agent_labels(app: ingest_params.AppName) -> Dict[str, str]:
-    """An agent's labels from its parsed ``name`` parameter (``app.cpu{k=v}``): its tags and
-    the service, named as ``/ingest`` names it."""
-    labels = {k: v for k, v in app.tags.items() if k != METRIC_NAME}
-    if not labels.get(SERVICE_NAME):
-        labels[SERVICE_NAME] = ingest_params.split_suffix(app.name)[0]
-    return labels
-
-
-def answer_for(rule: Optional[SettingsRule]) -> Dict[str, Any]:
-    if rule is None:
-        return {"version": 0, "settings": None}
-    return {"version": rule.version, "settings": dict(rule.settings)}
-
-
-def settings_answer(state: ServerState, tenant: str, labels: Mapping[str, str]) -> Dict[str, Any]:
-    """The settings answer for an agent with these labels: its service's rule that matches."""
-    rules = state.store.settings_rules(tenant, labels[SERVICE_NAME])
-    return answer_for(matching_rule(rules, labels))
-
-
-def observe_agent(
-    request: Request, state: ServerState, tenant: str, app: ingest_params.AppName
-) -> Optional[Dict[str, Any]]:
-    """For a request from a hotspan agent (it has ``X-Hotspan-Instance``): record its status
-    and return the settings answer.  None for any other client (a Pyroscope SDK's upload),
-    whose answer stays as it was.
-    """
-    header = request.headers.get(INSTANCE_HEADER)
-    if header is None:
-        return None
-    labels = agent_labels(app)
-    instance = parse_instance(header)
-    if instance is not None:
-        status = parse_status(request.headers.get(STATUS_HEADER))
-        state.instances.record(tenant, labels[SERVICE_NAME], instance, labels, status)
-    return settings_answer(state, tenant, labels)
 
 
 # -- endpoints ----------------------------------------------------------------------------------
@@ -97,7 +57,7 @@ async def poll(request: Request) -> Response:
     except FormatError as exc:
         raise HTTPError(400, str(exc)) from None
     # A poll without the instance header still learns its settings; it is just not recorded.
-    answer = observe_agent(request, state, tenant, app)
+    answer = observe_agent(request.headers, state, tenant, app)
     if answer is None:
         answer = settings_answer(state, tenant, agent_labels(app))
     return JSONResponse(answer)

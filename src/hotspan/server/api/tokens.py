@@ -21,7 +21,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from hotspan.server.auth import TOKENS_PATH, auth_of, new_token, token_hash
+from hotspan.server.auth import TOKENS_PATH, new_token, token_hash
 from hotspan.server.errors import HTTPError, json_errors
 from hotspan.server.request import query_state, read_body
 from hotspan.store.base import TOKEN_ROLES, StoredToken, StoreError
@@ -66,7 +66,7 @@ async def create(request: Request) -> Response:
         await run_in_threadpool(state.store.put_token, token)
     except StoreError as exc:
         raise HTTPError(503, f"could not store the token: {exc}") from None
-    await run_in_threadpool(auth_of(state).changed)
+    await run_in_threadpool(state.auth.changed)
     return JSONResponse({**token.to_json(), "token": value}, status_code=201)
 
 
@@ -87,7 +87,7 @@ async def revoke(request: Request) -> Response:
         raise HTTPError(503, f"could not revoke the token: {exc}") from None
     if not found:
         raise HTTPError(404, f"tenant {tenant!r} has no token {token_id[:60]!r}")
-    await run_in_threadpool(auth_of(state).changed)
+    await run_in_threadpool(state.auth.changed)
     return JSONResponse({"revoked": token_id})
 
 

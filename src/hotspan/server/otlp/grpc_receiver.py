@@ -20,8 +20,8 @@ from hotspan.formats.errors import FormatError
 from hotspan.formats.otlp import TooLarge
 from hotspan.server.auth import INGEST, TENANT_HEADER, authenticate
 from hotspan.server.errors import HTTPError
+from hotspan.server.ingestion import commit_spans_sync, commit_sync
 from hotspan.server.otlp.http_receiver import convert_profiles, convert_traces
-from hotspan.server.pyroscope.ingest import commit_sync
 from hotspan.server.state import ServerState
 from hotspan.store.base import StoreError
 
@@ -43,7 +43,7 @@ _STATUS_OF_HTTP = {
 def _caller(state: ServerState, context: grpc.ServicerContext) -> str:
     metadata = {k.lower(): v for k, v in context.invocation_metadata()}
     named = metadata.get(TENANT_HEADER.lower())
-    return authenticate(state, INGEST, metadata.get("authorization"), named).tenant
+    return authenticate(state.auth, INGEST, metadata.get("authorization"), named).tenant
 
 
 def _handler(
@@ -71,8 +71,7 @@ def _handler(
 
 def _export_traces(state: ServerState, tenant: str, body: bytes) -> bytes:
     result, response = convert_traces(body, is_json=False)
-    if len(result.batch):
-        state.store.write_spans(tenant, result.batch).result(timeout=WRITE_TIMEOUT_S)
+    commit_spans_sync(state, tenant, result.batch, WRITE_TIMEOUT_S)
     return response.SerializeToString()
 
 

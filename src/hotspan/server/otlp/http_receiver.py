@@ -9,7 +9,6 @@ with a ``google.rpc.Status`` whose message says why.  The OTLP/gRPC receivers
 
 from __future__ import annotations
 
-import asyncio
 import json
 from typing import Awaitable, Callable, Tuple
 
@@ -22,10 +21,9 @@ from hotspan.formats import otlp_profiles, otlp_traces
 from hotspan.formats.errors import FormatError
 from hotspan.formats.otlp import TooLarge, encode_json
 from hotspan.server.errors import HTTPError
-from hotspan.server.pyroscope.ingest import commit
+from hotspan.server.ingestion import commit, commit_spans
 from hotspan.server.request import check_token, read_body, tenant_of
 from hotspan.server.state import ServerState
-from hotspan.store.base import StoreError
 
 PROTOBUF = "application/x-protobuf"
 JSON = "application/json"
@@ -105,11 +103,7 @@ def convert_profiles(body: bytes, is_json: bool) -> Tuple[otlp_profiles.Profiles
 async def _store_spans(state: ServerState, tenant: str, body: bytes, is_json: bool) -> Message:
     # On a worker thread: a request's cost is per item, and the event loop must stay free.
     result, response = await run_in_threadpool(convert_traces, body, is_json)
-    if len(result.batch):
-        try:
-            await asyncio.wrap_future(state.store.write_spans(tenant, result.batch))
-        except StoreError as exc:
-            raise HTTPError(503, f"could not store the spans: {exc}") from None
+    await commit_spans(state, tenant, result.batch)
     return response
 
 

@@ -5,13 +5,14 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from dataclasses import dataclass
 from typing import Dict, Mapping, Optional
 
 from starlette.datastructures import FormData
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from hotspan.formats import folded, ingest_params, jfr_profiles, pprof, speedscope
+from hotspan.formats import folded, ingest_params, jfr_profiles, speedscope
 from hotspan.formats.compression import maybe_gunzip
 from hotspan.formats.errors import FormatError
 from hotspan.formats.proto import push_pb2
@@ -23,12 +24,11 @@ from hotspan.model.profile import (
     IngestBatch,
     ProfileType,
 )
-from hotspan.server.api.agent_settings import observe_agent
 from hotspan.server.errors import HTTPError
+from hotspan.server.ingestion import commit, observe_agent, pprof_to_batch
 from hotspan.server.pyroscope.connect import read_message, unary, write_message
 from hotspan.server.request import check_token, read_body, tenant_of
 from hotspan.server.state import ServerState
-from hotspan.store.base import StoreError
 
 FOLDED_FORMATS = ("", "folded", "groups", "collapsed")
 
@@ -47,38 +47,6 @@ class PreviousProfileError(Exception):
         )
 
 
-async def commit(state: ServerState, tenant: str, batch: IngestBatch) -> None:
-    """Hand the batch to the store and return once it is durable.  Every ingest path ends
-    here (or in :func:`commit_sync`), so that is where the server redacts."""
-    if not len(batch):
-        return
-    stored = _stored_form(state, batch)
-    write = state.store.write(tenant, stored)
-    if state.metrics is not None:
-        state.metrics.watch(tenant, stored, write)
-    try:
-        # Shielded: a request cancelled (client gone, timeout) must not cancel the queued
-        # write, which the store completes anyway and /metrics counts.
-        await asyncio.shield(asyncio.wrap_future(write))
-    except StoreError as exc:
-        raise HTTPError(503, f"could not store the profile: {exc}") from None
-
-
-def commit_sync(state: ServerState, tenant: str, batch: IngestBatch, timeout_s: float) -> None:
-    """:func:`commit` for callers on a thread of their own (the gRPC receivers)."""
-    if len(batch):
-        stored = _stored_form(state, batch)
-        write = state.store.write(tenant, stored)
-        if state.metrics is not None:
-            state.metrics.watch(tenant, stored, write)
-        write.result(timeout=timeout_s)
-
-
-def _stored_form(state: ServerState, batch: IngestBatch) -> IngestBatch:
-    """The batch as the store keeps it: redacted when the server was told to."""
-    return state.redactor.batch(batch) if state.redactor is not None else batch
-
-
 def _tags(tags: Mapping[str, str]) -> Dict[str, str]:
     out = {}
     for key, value in tags.items():
@@ -89,6 +57,38 @@ def _tags(tags: Mapping[str, str]) -> Dict[str, str]:
     return out
 
 
+@dataclass(frozen=True)
+class IngestQuery:
+    """What ``/ingest``'s query parameters say about the upload."""
+
+    app: ingest_params.AppName
+    # When the samples were taken (nanoseconds), ``from``; now when absent.
+    start: int
+    sample_rate: int
+    spy: str
+    # ``format``, lower case; "" for folded.
+    fmt: str
+
+
+def app_param(params: Mapping[str, str]) -> ingest_params.AppName:
+    """``name=app.cpu{k=v}``: the application and its tags."""
+    if "name" not in params:
+        raise HTTPError(400, "query parameter 'name' (app{key=value,...}) is required")
+    return ingest_params.parse_app_name(params["name"])
+
+
+def ingest_query(params: Mapping[str, str], app: ingest_params.AppName, now: int) -> IngestQuery:
+    """The upload's other parameters (``from``, ``sampleRate``, ``spyName``, ``format``)."""
+    start = ingest_params.parse_time(params.get("from"), now)
+    try:
+        sample_rate = int(params.get("sampleRate") or 100)
+    except ValueError:
+        sample_rate = 100
+    spy = params.get("spyName") or "unknown"
+    fmt = (params.get("format") or "").lower()
+    return IngestQuery(app, start, sample_rate, spy, fmt)
+
+
 async def ingest(request: Request) -> Response:
     """``POST /ingest?name=app.cpu{k=v}&from=..&until=..&format=..&sampleRate=..&spyName=..``"""
     state: ServerState = request.app.state.hotspan
@@ -96,37 +96,13 @@ async def ingest(request: Request) -> Response:
     try:
         check_token(request, config.ingest_tokens)
         tenant = tenant_of(request, config)
-        params = request.query_params
-        if "name" not in params:
-            raise HTTPError(400, "query parameter 'name' (app{key=value,...}) is required")
-        app = ingest_params.parse_app_name(params["name"])
-        # Before the body: an agent whose upload fails is still alive, and says how it is.
-        answer = observe_agent(request, state, tenant, app)
-        now = time.time_ns()
-        start = ingest_params.parse_time(params.get("from"), now)
-        try:
-            sample_rate = int(params.get("sampleRate") or 100)
-        except ValueError:
-            sample_rate = 100
-        spy = params.get("spyName") or "unknown"
-        fmt = (params.get("format") or "").lower()
-        ctype = request.headers.get("content-type", "").lower()
+        app = app_param(request.query_params)
+        # Before the rest of the request is read: an agent whose upload fails is still
+        # alive, and says how it is.
+        answer = observe_agent(request.headers, state, tenant, app)
+        query = ingest_query(request.query_params, app, time.time_ns())
         body = await read_body(request, config)
-        labels = _tags(app.tags)
-        labels[SPY_NAME] = spy
-        batch = IngestBatch()
-        if fmt == "jfr":  # before multipart: the Java SDK sends JFR as multipart too
-            await _ingest_jfr(request, body, ctype, app.name, labels, start, sample_rate, batch)
-        elif ctype.startswith("multipart/form-data") or fmt == "pprof":
-            await _ingest_pprof(request, body, ctype, app.name, labels, start, batch, state)
-        elif fmt in FOLDED_FORMATS or fmt == "lines" or fmt == "speedscope":
-            _ingest_stacks(body, fmt, app.name, labels, start, sample_rate, batch)
-        elif fmt in ("trie", "tree"):
-            raise HTTPError(400, f"format {fmt!r} is not supported by hotspan yet")
-        else:
-            raise HTTPError(
-                400, f"unknown format {fmt!r} (use folded, lines, pprof, jfr or speedscope)"
-            )
+        batch = await _decode(request, state, query, body)
         await commit(state, tenant, batch)
     except PreviousProfileError as exc:
         # Pyroscope's answer, word for word, so that an old agent logs what to do.
@@ -138,6 +114,31 @@ async def ingest(request: Request) -> Response:
     if answer is not None:
         return JSONResponse(answer)
     return Response(status_code=200)
+
+
+async def _decode(
+    request: Request, state: ServerState, query: IngestQuery, body: bytes
+) -> IngestBatch:
+    """The upload's profiles, in the format its ``format`` and content type say."""
+    fmt = query.fmt
+    ctype = request.headers.get("content-type", "").lower()
+    labels = _tags(query.app.tags)
+    labels[SPY_NAME] = query.spy
+    name, start, sample_rate = query.app.name, query.start, query.sample_rate
+    batch = IngestBatch()
+    if fmt == "jfr":  # before multipart: the Java SDK sends JFR as multipart too
+        await _ingest_jfr(request, body, ctype, name, labels, start, sample_rate, batch)
+    elif ctype.startswith("multipart/form-data") or fmt == "pprof":
+        await _ingest_pprof(request, body, ctype, name, labels, start, batch, state)
+    elif fmt in FOLDED_FORMATS or fmt == "lines" or fmt == "speedscope":
+        _ingest_stacks(body, fmt, name, labels, start, sample_rate, batch)
+    elif fmt in ("trie", "tree"):
+        raise HTTPError(400, f"format {fmt!r} is not supported by hotspan yet")
+    else:
+        raise HTTPError(
+            400, f"unknown format {fmt!r} (use folded, lines, pprof, jfr or speedscope)"
+        )
+    return batch
 
 
 async def _form(request: Request, max_part_bytes: int) -> FormData:
@@ -184,7 +185,7 @@ async def _ingest_pprof(
     # A pprof upload's type comes from its sample types, so a ``.cpu`` suffix is only a name.
     base, _ = ingest_params.split_suffix(app_name)
     labels.setdefault(SERVICE_NAME, base)
-    _pprof_to_batch(data, config.max_decompressed_bytes, batch, labels, start, sample_type_config)
+    pprof_to_batch(data, config.max_decompressed_bytes, batch, labels, start, sample_type_config)
 
 
 async def _ingest_jfr(
@@ -229,12 +230,6 @@ async def _ingest_jfr(
 async def _field_bytes(value) -> bytes:  # type: ignore[no-untyped-def]
     """A form field as bytes, whether sent as a file part or as a plain value."""
     return await value.read() if hasattr(value, "read") else str(value).encode()
-
-
-def _pprof_to_batch(data, limit, batch, labels, start, sample_type_config=None) -> None:  # type: ignore[no-untyped-def]
-    # Inline on the event loop: handing the decode to a thread measured slower (the GIL
-    # convoy between the loop, the worker and the writer costs more than the overlap wins).
-    pprof.to_batch(pprof.parse(data, limit), batch, labels, start, sample_type_config)
 
 
 def _ingest_stacks(
@@ -311,7 +306,7 @@ async def push(request: Request) -> Response:
             try:
                 raw = maybe_gunzip(sample.raw_profile, budget)
                 budget -= len(raw)
-                _pprof_to_batch(raw, budget, batch, labels, now)
+                pprof_to_batch(raw, budget, batch, labels, now)
             except FormatError as exc:
                 raise HTTPError(400, f"series {i}: {exc}") from None
     await commit(state, tenant, batch)

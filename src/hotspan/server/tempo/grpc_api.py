@@ -71,7 +71,7 @@ def _metadata(context: grpc.ServicerContext) -> Dict[str, str]:
 def _caller(state: ServerState, metadata: Mapping[str, str]) -> str:
     """The tenant of a call, once its token is checked (as query_state over HTTP)."""
     named = metadata.get(TENANT_HEADER.lower())
-    return authenticate(state, QUERY, metadata.get("authorization"), named).tenant
+    return authenticate(state.auth, QUERY, metadata.get("authorization"), named).tenant
 
 
 def _put(params: Params, name: str, value: object) -> None:
