@@ -3,14 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import ipaddress
 import os
-import signal
-import socket
 import sys
-import threading
-from typing import TYPE_CHECKING, Iterator, List, Optional
+from typing import TYPE_CHECKING, Optional
 
 from hotspan import __version__
 from hotspan.cli.client import duration_s
@@ -72,28 +68,12 @@ def _cidr(text: str) -> str:
         raise argparse.ArgumentTypeError(f"{text!r} is not a network (CIDR)") from None
 
 
-def _listen(host: str, port: int) -> socket.socket:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-    except OSError:
-        sock.close()
-        raise
-    sock.listen(2048)
-    return sock
-
-
 def _server(args: argparse.Namespace) -> int:
-    import uvicorn
-
-    from hotspan.server import ServerConfig, create_app
-    from hotspan.server.app import OTLPPortOnly
+    from hotspan.server import ServerConfig
     from hotspan.server.redact import RedactError
+    from hotspan.server.serve import QUERY_GRPC, ListenError, bind
     from hotspan.store.base import StoreError
 
-    graceful_server = _graceful_server_class()
     scrape_config = None
     if args.scrape:
         from hotspan.server.scrape_config import ScrapeConfigError, load_scrape_config
@@ -126,54 +106,23 @@ def _server(args: argparse.Namespace) -> int:
         header_timeout_s=args.header_timeout,
     )
     try:
-        app = create_app(config)
+        server = bind(config, max_connections=args.max_connections, log_level=args.log_level)
     except (StoreError, RedactError) as exc:
         print(f"hotspan: {exc}", file=sys.stderr)
         return 1
-    state = app.state.hotspan
-    host = f"[{config.host}]" if ":" in config.host else config.host
-    sockets: List[socket.socket] = []
-    receivers = []
-    listening = [("--port", config.port)]
-    try:
-        sockets.append(_listen(config.host, config.port))
-        if config.otlp_http_port is not None:
-            listening.append(("--otlp-http-port", config.otlp_http_port))
-            sockets.append(_listen(config.host, config.otlp_http_port))
-            otlp_port = sockets[-1].getsockname()[1]
-            app = OTLPPortOnly(app, otlp_port)
-            receivers.append(f"OTLP/HTTP on http://{host}:{otlp_port}")
-        if config.otlp_grpc_port is not None:
-            from hotspan.server.otlp import grpc_receiver as otlp_grpc
-
-            listening.append(("--otlp-grpc-port", config.otlp_grpc_port))
-            grpc_server, grpc_port = otlp_grpc.start(state, config.host, config.otlp_grpc_port)
-            state.on_shutdown.append(lambda: grpc_server.stop(grace=5).wait())
-            receivers.append(f"OTLP/gRPC on {host}:{grpc_port}")
-        from hotspan.server.tempo import grpc_api as tempo_grpc
-
-        # Tempo's streaming queries, which reach it through the main port (server.http.h2_sniff).
-        listening.append(("gRPC queries", 0))
-        query_server, query_port = tempo_grpc.serve(state)
-        state.on_shutdown.append(lambda: query_server.stop(grace=5).wait())
-    except OSError as exc:
-        option, port = listening[-1]
-        if option.startswith("--"):
+    except ListenError as exc:
+        if exc.what == QUERY_GRPC:
+            print(f"hotspan: cannot start the gRPC queries server: {exc.cause}", file=sys.stderr)
+        else:
+            option = "--" + exc.what.replace("_", "-")
             print(
-                f"hotspan: cannot listen on {config.host}:{port}: {exc} "
+                f"hotspan: cannot listen on {config.host}:{exc.port}: {exc.cause} "
                 f"(move it with {option} PORT" + (", or 'off')" if option != "--port" else ")"),
                 file=sys.stderr,
             )
-        else:
-            print(f"hotspan: cannot start the {option} server: {exc}", file=sys.stderr)
-        for stop in state.on_shutdown:
-            stop()
-        for sock in sockets:
-            sock.close()
-        state.store.close()
         return 1
-    if receivers:
-        print(f"hotspan {__version__} receivers: {', '.join(receivers)}", flush=True)
+    if server.receivers:
+        print(f"hotspan {__version__} receivers: {', '.join(server.receivers)}", flush=True)
     if scrape_config is not None:
         jobs = sorted({t.job for t in scrape_config.targets})
         print(
@@ -181,63 +130,13 @@ def _server(args: argparse.Namespace) -> int:
             f"{', '.join(jobs)} from {args.scrape} (their state: GET /api/v1/scrape/targets)",
             flush=True,
         )
-    port = sockets[0].getsockname()[1]
-    if config.external_url is None:
-        # Alert notifications link here: the port bound, not the 0 that asked for any.
-        config.external_url = f"http://{host}:{port}"
     print(
-        f"hotspan {__version__} listening on http://{host}:{port} "
+        f"hotspan {__version__} listening on {server.url} "
         f"(web UI at that address; data in {_where(config)})",
         flush=True,
     )
-    from uvicorn.protocols.http.auto import AutoHTTPProtocol
-
-    from hotspan.server.http.h2_sniff import sniffing
-
-    server = graceful_server(
-        uvicorn.Config(
-            app,
-            # uvicorn's HTTP/1.1, except that HTTP/2 connections (gRPC) to the main port go to
-            # the gRPC query server; as many at once as HTTP connections.
-            http=sniffing(
-                AutoHTTPProtocol,
-                query_port,
-                port,
-                args.max_connections,
-                header_timeout_s=config.header_timeout_s,
-            ),
-            log_level=args.log_level,
-            access_log=False,
-            timeout_graceful_shutdown=30,
-            limit_concurrency=args.max_connections,
-        )
-    )
-    server.run(sockets=sockets)
+    server.run()
     return 0
-
-
-def _graceful_server_class():  # type: ignore[no-untyped-def]
-    import uvicorn
-
-    class GracefulServer(uvicorn.Server):
-        """Stops on SIGINT/SIGTERM like uvicorn (stop accepting, finish requests, close the
-        store), then exits 0 instead of re-raising the signal."""
-
-        @contextlib.contextmanager
-        def capture_signals(self) -> Iterator[None]:
-            if threading.current_thread() is not threading.main_thread():
-                yield
-                return
-            previous = {
-                s: signal.signal(s, self.handle_exit) for s in (signal.SIGINT, signal.SIGTERM)
-            }
-            try:
-                yield
-            finally:
-                for sig, handler in previous.items():
-                    signal.signal(sig, handler)
-
-    return GracefulServer
 
 
 EXAMPLES = """\

@@ -177,23 +177,3 @@ def create_app(config: Optional[ServerConfig] = None, store: Optional[Store] = N
     )
     app.state.hotspan = state
     return app
-
-
-class OTLPPortOnly:
-    """Serves only the OTLP paths on the OTLP/HTTP port (4318); everything else stays on the
-    main port.  ASGI middleware around the whole application."""
-
-    def __init__(self, app, port: int) -> None:  # type: ignore[no-untyped-def]
-        self.app = app
-        self.port = port
-
-    async def __call__(self, scope, receive, send) -> None:  # type: ignore[no-untyped-def]
-        on_otlp_port = (scope.get("server") or (None, None))[1] == self.port
-        if scope["type"] == "http" and on_otlp_port and scope["path"] not in otlp.PATHS:
-            response = PlainTextResponse(
-                "this port takes OTLP only: POST /v1/traces, /v1development/profiles\n",
-                status_code=404,
-            )
-            await response(scope, receive, send)
-            return
-        await self.app(scope, receive, send)
