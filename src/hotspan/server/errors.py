@@ -6,7 +6,7 @@ import functools
 from typing import Awaitable, Callable
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import JSONResponse, PlainTextResponse, Response
 
 
 class HTTPError(Exception):
@@ -52,17 +52,42 @@ CONNECT_STATUS = {
 }
 
 
-def json_errors(
-    endpoint: Callable[[Request], Awaitable[Response]],
-) -> Callable[[Request], Awaitable[Response]]:
-    """The endpoint, with an HTTPError it raises answered as ``{"error": reason}``: the shape
-    of hotspan's own JSON APIs (agent settings, recording rules)."""
+Endpoint = Callable[[Request], Awaitable[Response]]
 
-    @functools.wraps(endpoint)
-    async def answered(request: Request) -> Response:
-        try:
-            return await endpoint(request)
-        except HTTPError as exc:
-            return JSONResponse({"error": exc.message}, status_code=exc.status)
 
-    return answered
+def answering(shape: Callable[[HTTPError], Response]) -> Callable[[Endpoint], Endpoint]:
+    """A decorator: the endpoint, with an HTTPError it raises answered in ``shape``, the error
+    form of the protocol it serves."""
+
+    def decorate(endpoint: Endpoint) -> Endpoint:
+        @functools.wraps(endpoint)
+        async def answered(request: Request) -> Response:
+            try:
+                return await endpoint(request)
+            except HTTPError as exc:
+                return shape(exc)
+
+        return answered
+
+    return decorate
+
+
+def json_error(exc: HTTPError) -> Response:
+    """``{"error": reason}``: the shape of hotspan's own JSON APIs."""
+    return JSONResponse({"error": exc.message}, status_code=exc.status)
+
+
+def text_error(exc: HTTPError) -> Response:
+    """The reason as a line of plain text: Tempo's HTTP API, the trace views beside it,
+    /metrics."""
+    return PlainTextResponse(exc.message + "\n", status_code=exc.status)
+
+
+def bare_error(exc: HTTPError) -> Response:
+    """The reason as a line without a content type: Pyroscope's ``/ingest`` answers."""
+    return Response(exc.message + "\n", status_code=exc.status)
+
+
+json_errors = answering(json_error)
+text_errors = answering(text_error)
+bare_errors = answering(bare_error)

@@ -56,7 +56,7 @@ from hotspan.alerts.rules import (
 )
 from hotspan.alerts.state import AlertState
 from hotspan.alerts.targets import WebhookRefused, parse_allow, public_error
-from hotspan.server.errors import HTTPError
+from hotspan.server.errors import HTTPError, json_errors
 from hotspan.server.request import query_state, read_body
 from hotspan.server.state import ServerState
 
@@ -65,10 +65,6 @@ log = logging.getLogger(__name__)
 MAX_BODY_BYTES = 64 * 1024
 # Rules per tenant: each is evaluated every interval.
 MAX_RULES = 200
-
-
-def _error(exc: HTTPError) -> Response:
-    return JSONResponse({"error": exc.message}, status_code=exc.status)
 
 
 def _name(request: Request) -> str:
@@ -165,38 +161,32 @@ def _rules(state: ServerState, tenant: str) -> List[Dict[str, Any]]:
     return out
 
 
+@json_errors
 async def list_rules(request: Request) -> Response:
-    try:
-        state, tenant = query_state(request)
-    except HTTPError as exc:
-        return _error(exc)
+    state, tenant = query_state(request)
     return JSONResponse({"rules": await run_in_threadpool(_rules, state, tenant)})
 
 
+@json_errors
 async def list_alerts(request: Request) -> Response:
-    try:
-        state, tenant = query_state(request)
-    except HTTPError as exc:
-        return _error(exc)
+    state, tenant = query_state(request)
     alerts, _ = await run_in_threadpool(_alerts, state, tenant)
     return JSONResponse({"alerts": alerts})
 
 
+@json_errors
 async def get_rule(request: Request) -> Response:
-    try:
-        state, tenant = query_state(request)
-        name = _name(request)
-        found, unreadable = await run_in_threadpool(_alerts, state, tenant, name)
-        if unreadable:
-            raise HTTPError(
-                409,
-                f"alert rule {name!r} is stored in a form this server cannot show (text that "
-                "is not UTF-8); PUT it again or DELETE it",
-            )
-        if not found:
-            raise HTTPError(404, f"no alert rule named {name!r}")
-    except HTTPError as exc:
-        return _error(exc)
+    state, tenant = query_state(request)
+    name = _name(request)
+    found, unreadable = await run_in_threadpool(_alerts, state, tenant, name)
+    if unreadable:
+        raise HTTPError(
+            409,
+            f"alert rule {name!r} is stored in a form this server cannot show (text that "
+            "is not UTF-8); PUT it again or DELETE it",
+        )
+    if not found:
+        raise HTTPError(404, f"no alert rule named {name!r}")
     return JSONResponse(found[0])
 
 
@@ -218,41 +208,37 @@ def _put(state: ServerState, tenant: str, rule: Any) -> Tuple[bool, Dict[str, An
     return stored is None, found[0] if found else _alert(body, None)
 
 
+@json_errors
 async def put_rule(request: Request) -> Response:
+    state, tenant = query_state(request)
+    name = _name(request)
+    raw = await read_body(request, state.config, MAX_BODY_BYTES, limit=MAX_BODY_BYTES)
     try:
-        state, tenant = query_state(request)
-        name = _name(request)
-        raw = await read_body(request, state.config, MAX_BODY_BYTES, limit=MAX_BODY_BYTES)
-        try:
-            body = json.loads(raw)
-        except ValueError as exc:
-            raise HTTPError(400, f"body is not JSON: {exc}") from None
-        except RecursionError:
-            raise HTTPError(400, "body is not JSON this server takes: nested too deeply") from None
-        try:
-            rule = parse_rule(name, body)
-        except RuleError as exc:
-            raise HTTPError(400, str(exc)) from None
-        try:
-            allow = parse_allow(state.config.alert_webhook_allow)
-            await run_in_threadpool(check_urls, rule.webhooks, allow)
-        except WebhookRefused as exc:
-            raise HTTPError(400, str(exc)) from None
-        created, alert = await run_in_threadpool(_put, state, tenant, rule)
-    except HTTPError as exc:
-        return _error(exc)
+        body = json.loads(raw)
+    except ValueError as exc:
+        raise HTTPError(400, f"body is not JSON: {exc}") from None
+    except RecursionError:
+        raise HTTPError(400, "body is not JSON this server takes: nested too deeply") from None
+    try:
+        rule = parse_rule(name, body)
+    except RuleError as exc:
+        raise HTTPError(400, str(exc)) from None
+    try:
+        allow = parse_allow(state.config.alert_webhook_allow)
+        await run_in_threadpool(check_urls, rule.webhooks, allow)
+    except WebhookRefused as exc:
+        raise HTTPError(400, str(exc)) from None
+    created, alert = await run_in_threadpool(_put, state, tenant, rule)
     return JSONResponse(alert, status_code=201 if created else 200)
 
 
+@json_errors
 async def delete_rule(request: Request) -> Response:
-    try:
-        state, tenant = query_state(request)
-        name = _name(request)
-        found = await run_in_threadpool(state.store.delete_document, tenant, RULE_KIND, name)
-        if not found:
-            raise HTTPError(404, f"no alert rule named {name!r}")
-    except HTTPError as exc:
-        return _error(exc)
+    state, tenant = query_state(request)
+    name = _name(request)
+    found = await run_in_threadpool(state.store.delete_document, tenant, RULE_KIND, name)
+    if not found:
+        raise HTTPError(404, f"no alert rule named {name!r}")
     return JSONResponse({"deleted": name})
 
 

@@ -22,11 +22,11 @@ from starlette.routing import Route
 from hotspan.model.profile import ProfileType
 from hotspan.query.endpoints import EndpointEngine
 from hotspan.query.engine import QueryError
-from hotspan.server.errors import HTTPError
+from hotspan.server.errors import HTTPError, text_errors
 from hotspan.server.pyroscope.querier import max_nodes_value, profile_type
 from hotspan.server.pyroscope.span_profiles import flamegraph_json
 from hotspan.server.request import query_state
-from hotspan.server.tempo.api import seconds_param, text_error
+from hotspan.server.tempo.api import seconds_param
 
 CPU = "process_cpu:cpu:nanoseconds:cpu:nanoseconds"
 MAX_NAME = 1000
@@ -48,14 +48,12 @@ def _params(request: Request) -> Tuple[str, ProfileType, int, int]:
     return service, ptype, start, end
 
 
+@text_errors
 async def endpoints(request: Request) -> Response:
-    try:
-        state, tenant = query_state(request)
-        service, ptype, start, end = _params(request)
-        engine = EndpointEngine(state.store, state.engine)
-        found = await run_in_threadpool(engine.endpoints, tenant, service, ptype, start, end)
-    except HTTPError as exc:
-        return text_error(exc)
+    state, tenant = query_state(request)
+    service, ptype, start, end = _params(request)
+    engine = EndpointEngine(state.store, state.engine)
+    found = await run_in_threadpool(engine.endpoints, tenant, service, ptype, start, end)
     total = found.total
     return JSONResponse(
         {
@@ -80,26 +78,24 @@ async def endpoints(request: Request) -> Response:
     )
 
 
+@text_errors
 async def flamegraph(request: Request) -> Response:
+    state, tenant = query_state(request)
+    service, ptype, start, end = _params(request)
+    name = request.query_params.get("name")
+    if not name:
+        raise HTTPError(400, "name is required: the span name of the endpoint")
+    if len(name) > MAX_NAME:
+        raise HTTPError(400, f"name is longer than {MAX_NAME} characters")
+    limit = max_nodes_value(request.query_params.get("maxNodes"))
+    engine = EndpointEngine(state.store, state.engine)
+    values, requests = await run_in_threadpool(
+        engine.endpoint_values, tenant, service, name, ptype, start, end
+    )
     try:
-        state, tenant = query_state(request)
-        service, ptype, start, end = _params(request)
-        name = request.query_params.get("name")
-        if not name:
-            raise HTTPError(400, "name is required: the span name of the endpoint")
-        if len(name) > MAX_NAME:
-            raise HTTPError(400, f"name is longer than {MAX_NAME} characters")
-        limit = max_nodes_value(request.query_params.get("maxNodes"))
-        engine = EndpointEngine(state.store, state.engine)
-        values, requests = await run_in_threadpool(
-            engine.endpoint_values, tenant, service, name, ptype, start, end
-        )
-        try:
-            graph = await run_in_threadpool(state.engine.flamegraph, values, limit)
-        except QueryError as exc:
-            raise HTTPError(400, str(exc)) from None
-    except HTTPError as exc:
-        return text_error(exc)
+        graph = await run_in_threadpool(state.engine.flamegraph, values, limit)
+    except QueryError as exc:
+        raise HTTPError(400, str(exc)) from None
     return JSONResponse(
         {
             "service": service,

@@ -23,7 +23,7 @@ from starlette.routing import Route
 
 from hotspan.metrics.operational import ServerMetrics
 from hotspan.server.config import ServerConfig
-from hotspan.server.errors import HTTPError
+from hotspan.server.errors import HTTPError, text_errors
 from hotspan.server.request import TENANT_HEADER, check_token, tenant_from
 from hotspan.server.state import ServerState
 from hotspan.store.base import Store
@@ -40,13 +40,11 @@ def server_metrics(store: Store) -> ServerMetrics:
     return out
 
 
+@text_errors
 async def metrics(request: Request) -> Response:
     state: ServerState = request.app.state.hotspan
-    try:
-        check_token(request, state.config.query_tokens)
-        tenant = _scope(request, state.config)
-    except HTTPError as exc:
-        return PlainTextResponse(exc.message + "\n", status_code=exc.status)
+    check_token(request, state.config.query_tokens)
+    tenant = _scope(request, state.config)
     if state.metrics is None:
         return PlainTextResponse("metrics are turned off\n", status_code=404)
     encoder, content_type = choose_encoder(request.headers.get("accept", ""))

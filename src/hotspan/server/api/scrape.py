@@ -35,6 +35,8 @@ from starlette.routing import Route
 from hotspan import __version__
 from hotspan.model.profile import IngestBatch
 from hotspan.server import ingestion
+from hotspan.server.errors import bare_errors
+from hotspan.server.request import tenant_of
 from hotspan.server.scrape_config import PROFILES, ScrapeConfig, Target
 
 log = logging.getLogger(__name__)
@@ -281,17 +283,12 @@ def _delta(current: Any, previous: Any) -> Any:
 # ---------------------------------------------------------------- API
 
 
+@bare_errors
 async def targets(request: Request) -> Response:
     """``GET /api/v1/scrape/targets``: each (target, profile) of the caller's tenant with its
     last scrape."""
-    from hotspan.server.errors import HTTPError
-    from hotspan.server.request import tenant_of
-
     state = request.app.state.hotspan
-    try:
-        tenant = tenant_of(request, state.config)
-    except HTTPError as exc:
-        return Response(exc.message + "\n", status_code=exc.status)
+    tenant = tenant_of(request, state.config)
     scraper: Optional[Scraper] = getattr(request.app.state, "scraper", None)
     return JSONResponse({"targets": scraper.snapshot(tenant) if scraper is not None else []})
 

@@ -44,11 +44,11 @@ from hotspan.query.why import (
     WhyAnswer,
     WhyEngine,
 )
-from hotspan.server.errors import HTTPError
+from hotspan.server.errors import HTTPError, text_errors
 from hotspan.server.pyroscope.querier import max_nodes_value, profile_type
 from hotspan.server.pyroscope.span_profiles import span_id_param
 from hotspan.server.request import query_state
-from hotspan.server.tempo.api import text_error, trace_id_param
+from hotspan.server.tempo.api import trace_id_param
 
 SEC = 10**9
 MAX_WINDOW_NS = 31 * 86400 * SEC
@@ -132,40 +132,36 @@ def answer_json(answer: WhyAnswer) -> Dict[str, Any]:
     }
 
 
+@text_errors
 async def why(request: Request) -> Response:
+    state, tenant = query_state(request)
+    params = request.query_params
+    trace_id = trace_id_param(request.path_params["trace_id"])
+    span_id = span_id_param(params.get("spanID"))
+    ptype: Optional[ProfileType] = None
+    if params.get("profileType"):
+        ptype = profile_type(params["profileType"])
+    window = _window(params.get("window"))
+    baseline_spans = _count("baselineSpans", params.get("baselineSpans"), DEFAULT_BASELINE_SPANS)
+    limit = _count("limit", params.get("limit"), DEFAULT_FUNCTIONS)
+    max_nodes = max_nodes_value(params.get("maxNodes"))
+    engine = WhyEngine(state.store, state.engine)
     try:
-        state, tenant = query_state(request)
-        params = request.query_params
-        trace_id = trace_id_param(request.path_params["trace_id"])
-        span_id = span_id_param(params.get("spanID"))
-        ptype: Optional[ProfileType] = None
-        if params.get("profileType"):
-            ptype = profile_type(params["profileType"])
-        window = _window(params.get("window"))
-        baseline_spans = _count(
-            "baselineSpans", params.get("baselineSpans"), DEFAULT_BASELINE_SPANS
+        answer = await run_in_threadpool(
+            engine.explain,
+            tenant,
+            trace_id,
+            span_id,
+            ptype,
+            window,
+            baseline_spans,
+            limit,
+            max_nodes,
         )
-        limit = _count("limit", params.get("limit"), DEFAULT_FUNCTIONS)
-        max_nodes = max_nodes_value(params.get("maxNodes"))
-        engine = WhyEngine(state.store, state.engine)
-        try:
-            answer = await run_in_threadpool(
-                engine.explain,
-                tenant,
-                trace_id,
-                span_id,
-                ptype,
-                window,
-                baseline_spans,
-                limit,
-                max_nodes,
-            )
-        except SpanNotFound as exc:
-            raise HTTPError(404, str(exc)) from None
-        except QueryError as exc:
-            raise HTTPError(400, str(exc)) from None
-    except HTTPError as exc:
-        return text_error(exc)
+    except SpanNotFound as exc:
+        raise HTTPError(404, str(exc)) from None
+    except QueryError as exc:
+        raise HTTPError(400, str(exc)) from None
     return JSONResponse(answer_json(answer))
 
 

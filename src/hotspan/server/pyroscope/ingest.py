@@ -24,7 +24,7 @@ from hotspan.model.profile import (
     IngestBatch,
     ProfileType,
 )
-from hotspan.server.errors import HTTPError
+from hotspan.server.errors import HTTPError, bare_errors
 from hotspan.server.ingestion import commit, observe_agent, pprof_to_batch
 from hotspan.server.pyroscope.connect import read_message, unary, write_message
 from hotspan.server.request import check_token, read_body, tenant_of
@@ -89,6 +89,7 @@ def ingest_query(params: Mapping[str, str], app: ingest_params.AppName, now: int
     return IngestQuery(app, start, sample_rate, spy, fmt)
 
 
+@bare_errors
 async def ingest(request: Request) -> Response:
     """``POST /ingest?name=app.cpu{k=v}&from=..&until=..&format=..&sampleRate=..&spyName=..``"""
     state: ServerState = request.app.state.hotspan
@@ -108,9 +109,7 @@ async def ingest(request: Request) -> Response:
         # Pyroscope's answer, word for word, so that an old agent logs what to do.
         return JSONResponse({"code": "unknown", "message": str(exc)}, status_code=422)
     except FormatError as exc:
-        return Response(f"bad profile: {exc}\n", status_code=400)
-    except HTTPError as exc:
-        return Response(exc.message + "\n", status_code=exc.status)
+        raise HTTPError(400, f"bad profile: {exc}") from None
     if answer is not None:
         return JSONResponse(answer)
     return Response(status_code=200)

@@ -16,7 +16,7 @@ from hotspan.model.labels import SERVICE_NAME, Matcher, Selector, SelectorError,
 from hotspan.model.profile import ProfileType, ProfileTypeError
 from hotspan.query.engine import QueryError
 from hotspan.query.flamegraph import FlameGraph
-from hotspan.server.errors import HTTPError
+from hotspan.server.errors import HTTPError, json_error
 from hotspan.server.pyroscope.querier import max_nodes_value
 from hotspan.server.request import query_state
 from hotspan.server.state import ServerState
@@ -126,7 +126,7 @@ def _guard(fn):  # type: ignore[no-untyped-def]
             state, tenant = query_state(request)
             return JSONResponse(await run_in_threadpool(fn, request, state, tenant))
         except HTTPError as exc:
-            return JSONResponse({"error": exc.message}, status_code=exc.status)
+            return json_error(exc)
         except QueryError as exc:
             return JSONResponse({"error": str(exc)}, status_code=400)
 

@@ -30,11 +30,11 @@ from hotspan.model.labels import Selector
 from hotspan.model.profile import ProfileType, span_id_to_int
 from hotspan.query.engine import QueryError
 from hotspan.query.flamegraph import FlameGraph, to_message
-from hotspan.server.errors import HTTPError
+from hotspan.server.errors import HTTPError, text_errors
 from hotspan.server.pyroscope.querier import max_nodes_value, profile_type, selector
 from hotspan.server.request import query_state
 from hotspan.server.state import ServerState
-from hotspan.server.tempo.api import seconds_param, text_error, trace_id_param
+from hotspan.server.tempo.api import seconds_param, trace_id_param
 from hotspan.store.base import SampleFilter, TraceValues
 
 CPU = "process_cpu:cpu:nanoseconds:cpu:nanoseconds"
@@ -94,34 +94,32 @@ def _common(request: Request) -> _Common:
     )
 
 
+@text_errors
 async def profile(request: Request) -> Response:
+    state, tenant, trace_id, ptype, sel = _common(request)
+    params = request.query_params
+    span = span_id_param(request.query_params.get("spanID"))
+    descendants = params.get("descendants", "").lower() in ("1", "true", "yes")
+    limit = max_nodes_value(params.get("maxNodes"))
+    fmt = params.get("format") or "json"
+    if fmt not in ("json", "pprof"):
+        raise HTTPError(400, f"format must be json or pprof, not {fmt!r}")
+    spans = await run_in_threadpool(state.store.trace, tenant, trace_id)
+    start, end = _window(request, spans)
+    span_ids = None
+    if span is not None:
+        span_ids = [span]
+        if descendants:
+            span_ids = await run_in_threadpool(state.traces.with_descendants, tenant, span_ids)
+    where = SampleFilter(start, end, span_ids=span_ids, trace_ids=[trace_id])
     try:
-        state, tenant, trace_id, ptype, sel = _common(request)
-        params = request.query_params
-        span = span_id_param(request.query_params.get("spanID"))
-        descendants = params.get("descendants", "").lower() in ("1", "true", "yes")
-        limit = max_nodes_value(params.get("maxNodes"))
-        fmt = params.get("format") or "json"
-        if fmt not in ("json", "pprof"):
-            raise HTTPError(400, f"format must be json or pprof, not {fmt!r}")
-        spans = await run_in_threadpool(state.store.trace, tenant, trace_id)
-        start, end = _window(request, spans)
-        span_ids = None
-        if span is not None:
-            span_ids = [span]
-            if descendants:
-                span_ids = await run_in_threadpool(state.traces.with_descendants, tenant, span_ids)
-        where = SampleFilter(start, end, span_ids=span_ids, trace_ids=[trace_id])
-        try:
-            values = await run_in_threadpool(state.engine.stack_values, tenant, ptype, sel, where)
-            if fmt == "pprof":
-                pprof = await run_in_threadpool(state.engine.pprof, ptype, values, where, None)
-                return Response(pprof.SerializeToString(), media_type=PPROF)
-            graph = await run_in_threadpool(state.engine.flamegraph, values, limit)
-        except QueryError as exc:
-            raise HTTPError(400, str(exc)) from None
-    except HTTPError as exc:
-        return text_error(exc)
+        values = await run_in_threadpool(state.engine.stack_values, tenant, ptype, sel, where)
+        if fmt == "pprof":
+            pprof = await run_in_threadpool(state.engine.pprof, ptype, values, where, None)
+            return Response(pprof.SerializeToString(), media_type=PPROF)
+        graph = await run_in_threadpool(state.engine.flamegraph, values, limit)
+    except QueryError as exc:
+        raise HTTPError(400, str(exc)) from None
     return JSONResponse(
         {
             "traceID": trace_id,
@@ -134,24 +132,20 @@ async def profile(request: Request) -> Response:
     )
 
 
+@text_errors
 async def spans(request: Request) -> Response:
-    try:
-        state, tenant, trace_id, ptype, sel = _common(request)
-        window = None
-        start, end = seconds_param(request, "start"), seconds_param(request, "end")
-        if (start is None) != (end is None):
-            raise HTTPError(400, "give both start and end, or neither")
-        if start is not None and end is not None:
-            if end <= start:
-                raise HTTPError(400, "end must be after start")
-            window = (start, end)
-        found = await run_in_threadpool(
-            state.traces.trace_cpu, tenant, trace_id, ptype, sel, window
-        )
-        if found is None:
-            raise HTTPError(404, "trace not found")
-    except HTTPError as exc:
-        return text_error(exc)
+    state, tenant, trace_id, ptype, sel = _common(request)
+    window = None
+    start, end = seconds_param(request, "start"), seconds_param(request, "end")
+    if (start is None) != (end is None):
+        raise HTTPError(400, "give both start and end, or neither")
+    if start is not None and end is not None:
+        if end <= start:
+            raise HTTPError(400, "end must be after start")
+        window = (start, end)
+    found = await run_in_threadpool(state.traces.trace_cpu, tenant, trace_id, ptype, sel, window)
+    if found is None:
+        raise HTTPError(404, "trace not found")
     return JSONResponse(
         {
             "traceID": trace_id,
@@ -184,27 +178,25 @@ def _trace_values(
     return state.store.trace_values(tenant, [s.series_id for s in series], where)
 
 
+@text_errors
 async def profiled(request: Request) -> Response:
-    try:
-        state, tenant = query_state(request)
-        params = request.query_params
-        # Repeated (traceID=a&traceID=b) or comma-separated (traceID=a,b), as clients build it.
-        texts = [t for value in params.getlist("traceID") for t in value.split(",") if t.strip()]
-        if not texts:
-            raise HTTPError(400, "give the traces as traceID=<id>&traceID=<id>...")
-        if len(texts) > MAX_TRACE_IDS:
-            raise HTTPError(400, f"at most {MAX_TRACE_IDS} traceID values, got {len(texts)}")
-        trace_ids = sorted({trace_id_param(t) for t in texts})
-        ptype = profile_type(params.get("profileType") or CPU)
-        start, end = seconds_param(request, "start"), seconds_param(request, "end")
-        if start is None or end is None:
-            raise HTTPError(400, "start and end (unix seconds) are required")
-        if end <= start:
-            raise HTTPError(400, "end must be after start")
-        where = SampleFilter(start, end, trace_ids=trace_ids)
-        sums = await run_in_threadpool(_trace_values, state, tenant, ptype, where)
-    except HTTPError as exc:
-        return text_error(exc)
+    state, tenant = query_state(request)
+    params = request.query_params
+    # Repeated (traceID=a&traceID=b) or comma-separated (traceID=a,b), as clients build it.
+    texts = [t for value in params.getlist("traceID") for t in value.split(",") if t.strip()]
+    if not texts:
+        raise HTTPError(400, "give the traces as traceID=<id>&traceID=<id>...")
+    if len(texts) > MAX_TRACE_IDS:
+        raise HTTPError(400, f"at most {MAX_TRACE_IDS} traceID values, got {len(texts)}")
+    trace_ids = sorted({trace_id_param(t) for t in texts})
+    ptype = profile_type(params.get("profileType") or CPU)
+    start, end = seconds_param(request, "start"), seconds_param(request, "end")
+    if start is None or end is None:
+        raise HTTPError(400, "start and end (unix seconds) are required")
+    if end <= start:
+        raise HTTPError(400, "end must be after start")
+    where = SampleFilter(start, end, trace_ids=trace_ids)
+    sums = await run_in_threadpool(_trace_values, state, tenant, ptype, where)
     return JSONResponse(
         {
             "profileType": ptype.id,

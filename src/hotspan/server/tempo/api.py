@@ -42,7 +42,7 @@ from hotspan.query.traceql import (
     tag_names,
     tag_values,
 )
-from hotspan.server.errors import HTTPError
+from hotspan.server.errors import HTTPError, text_errors
 from hotspan.server.request import query_state
 from hotspan.server.state import ServerState
 
@@ -62,10 +62,6 @@ INTRINSIC_TAGS = ["duration", "kind", "name", "status", *TRACE_INTRINSICS]
 # proxy without HTTP/2 cleartext would break; newer Grafana streams when its data source's
 # streaming options are on, whatever the version (both work on the main port: tempo_grpc).
 TEMPO_VERSION = "2.1.0"
-
-
-def text_error(exc: HTTPError) -> Response:
-    return PlainTextResponse(exc.message + "\n", status_code=exc.status)
 
 
 def trace_id_param(text: str) -> str:
@@ -149,31 +145,27 @@ async def _trace(request: Request):  # type: ignore[no-untyped-def]
     return traces_data(spans), bool(spans)
 
 
+@text_errors
 async def trace_v1(request: Request) -> Response:
-    try:
-        data, found = await _trace(request)
-        if not found:
-            raise HTTPError(404, "trace not found")
-    except HTTPError as exc:
-        return text_error(exc)
+    data, found = await _trace(request)
+    if not found:
+        raise HTTPError(404, "trace not found")
     if _wants_protobuf(request):
         # Tempo's ``Trace`` is OTLP's ``TracesData`` on the wire.
         return Response(data.SerializeToString(), media_type=PROTOBUF)
     return JSONResponse({"batches": encode_json(data).get("resourceSpans", [])})
 
 
+@text_errors
 async def trace_v2(request: Request) -> Response:
     """``TraceByIDResponse``; an unknown trace is a 404, as on v1.
 
     Tempo's own v2 answers a 200 with an empty trace there, which Grafana before 11.3 draws as
     an empty waterfall; newer Grafana turns both answers into the same "failed to get trace
     ... 404" message.  The 404 says "not found" to every Grafana and every other client."""
-    try:
-        data, found = await _trace(request)
-        if not found:
-            raise HTTPError(404, "trace not found")
-    except HTTPError as exc:
-        return text_error(exc)
+    data, found = await _trace(request)
+    if not found:
+        raise HTTPError(404, "trace not found")
     if _wants_protobuf(request):
         body = data.SerializeToString()
         # Field 1 (trace) is always written: Grafana reads it without checking it is there.
@@ -252,12 +244,10 @@ def search_json(state: ServerState, tenant: str, params: Mapping[str, str]) -> D
         raise HTTPError(400, str(exc)) from None
 
 
+@text_errors
 async def search(request: Request) -> Response:
-    try:
-        state, tenant = query_state(request)
-        body = await run_in_threadpool(search_json, state, tenant, request.query_params)
-    except HTTPError as exc:
-        return text_error(exc)
+    state, tenant = query_state(request)
+    body = await run_in_threadpool(search_json, state, tenant, request.query_params)
     return JSONResponse(body)
 
 
@@ -343,20 +333,18 @@ def tag_names_json(
 async def _answer(
     request: Request, answer: Callable[..., Dict[str, object]], *args: object
 ) -> Response:
-    """The JSON of ``answer(state, tenant, *args)``, on a worker thread (it reads the store),
-    or its HTTPError as text."""
-    try:
-        state, tenant = query_state(request)
-        body = await run_in_threadpool(answer, state, tenant, *args)
-    except HTTPError as exc:
-        return text_error(exc)
+    """The JSON of ``answer(state, tenant, *args)``, on a worker thread (it reads the store)."""
+    state, tenant = query_state(request)
+    body = await run_in_threadpool(answer, state, tenant, *args)
     return JSONResponse(body)
 
 
+@text_errors
 async def tags_v1(request: Request) -> Response:
     return await _answer(request, tag_names_json, request.query_params, 1)
 
 
+@text_errors
 async def tags_v2(request: Request) -> Response:
     return await _answer(request, tag_names_json, request.query_params, 2)
 
@@ -423,11 +411,13 @@ def tag_values_json(
     return {"tagValues": [{"type": kind, "value": value} for value, kind in values]}
 
 
+@text_errors
 async def tag_values_v1(request: Request) -> Response:
     tag = request.path_params["tag"]
     return await _answer(request, tag_values_json, tag, request.query_params, 1)
 
 
+@text_errors
 async def tag_values_v2(request: Request) -> Response:
     tag = request.path_params["tag"]
     return await _answer(request, tag_values_json, tag, request.query_params, 2)

@@ -44,9 +44,9 @@ from hotspan.query.traceql import (
     go_duration,
     run_metrics,
 )
-from hotspan.server.errors import HTTPError
+from hotspan.server.errors import HTTPError, text_errors
 from hotspan.server.request import query_state
-from hotspan.server.tempo.api import PROTOBUF, text_error
+from hotspan.server.tempo.api import PROTOBUF
 
 if TYPE_CHECKING:
     from hotspan.server.state import ServerState
@@ -332,23 +332,19 @@ def _answer(request: Request, body: Dict, message: str) -> Response:
     return Response(proto.SerializeToString(), media_type=PROTOBUF)
 
 
+@text_errors
 async def query_range(request: Request) -> Response:
-    try:
-        state, tenant = query_state(request)
-        params = dict(request.query_params)
-        body = await run_in_threadpool(query_range_json, state, tenant, params)
-    except HTTPError as exc:
-        return text_error(exc)
+    state, tenant = query_state(request)
+    params = dict(request.query_params)
+    body = await run_in_threadpool(query_range_json, state, tenant, params)
     return _answer(request, body, "QueryRangeResponse")
 
 
+@text_errors
 async def query_instant(request: Request) -> Response:
-    try:
-        state, tenant = query_state(request)
-        params = dict(request.query_params)
-        body = await run_in_threadpool(query_instant_json, state, tenant, params)
-    except HTTPError as exc:
-        return text_error(exc)
+    state, tenant = query_state(request)
+    params = dict(request.query_params)
+    body = await run_in_threadpool(query_instant_json, state, tenant, params)
     return _answer(request, body, "QueryInstantResponse")
 
 
