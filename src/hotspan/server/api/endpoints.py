@@ -23,10 +23,9 @@ from hotspan.model.profile import ProfileType
 from hotspan.query.endpoints import EndpointEngine
 from hotspan.query.engine import QueryError
 from hotspan.server.errors import HTTPError, text_errors
-from hotspan.server.pyroscope.querier import max_nodes_value, profile_type
+from hotspan.server.params import max_nodes_value, profile_type, seconds_param
 from hotspan.server.pyroscope.span_profiles import flamegraph_json
 from hotspan.server.request import query_state
-from hotspan.server.tempo.api import seconds_param
 
 CPU = "process_cpu:cpu:nanoseconds:cpu:nanoseconds"
 MAX_NAME = 1000

@@ -45,10 +45,8 @@ from hotspan.query.why import (
     WhyEngine,
 )
 from hotspan.server.errors import HTTPError, text_errors
-from hotspan.server.pyroscope.querier import max_nodes_value, profile_type
-from hotspan.server.pyroscope.span_profiles import span_id_param
+from hotspan.server.params import max_nodes_value, profile_type, span_id_param, trace_id_param
 from hotspan.server.request import query_state
-from hotspan.server.tempo.api import trace_id_param
 
 SEC = 10**9
 MAX_WINDOW_NS = 31 * 86400 * SEC

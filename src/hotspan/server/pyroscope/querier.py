@@ -18,13 +18,13 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from hotspan.formats.proto import querier_pb2, types_pb2
-from hotspan.model.labels import Selector, SelectorError, parse_selector
-from hotspan.model.profile import MAX_TIME_NS, ProfileType, ProfileTypeError, span_id_to_int
-from hotspan.query.engine import DEFAULT_MAX_NODES, QueryError
+from hotspan.model.profile import MAX_TIME_NS, ProfileType, span_id_to_int
+from hotspan.query.engine import QueryError
 from hotspan.query.exemplars import Exemplar
 from hotspan.query.flamegraph import FlameGraph, to_message
 from hotspan.query.heatmap import Heatmap
 from hotspan.server.errors import HTTPError
+from hotspan.server.params import check_max_nodes, profile_type, selector
 from hotspan.server.pyroscope.connect import read_message, unary, write_message
 from hotspan.server.request import query_state
 from hotspan.server.state import ServerState
@@ -34,9 +34,6 @@ SERVICE = "/querier.v1.QuerierService"
 M = TypeVar("M", bound=Message)
 MS = 1_000_000
 DEFAULT_RANGE_MS = 3600 * 1000
-# As Pyroscope's -querier.max-flamegraph-nodes-max: a request for more nodes is refused
-# (-querier.max-flamegraph-nodes-default is DEFAULT_MAX_NODES, 8192).
-MAX_NODES_LIMIT = 1 << 20
 # Longer steps than this would carry point times past 64-bit nanoseconds.
 MAX_STEP_S = 10 * 366 * 86400
 # Points of a series (time slots of a heatmap) in one answer.
@@ -79,37 +76,6 @@ def time_range(start_ms: int, end_ms: int) -> Tuple[int, int]:
     return start_ms * MS, end_ms * MS
 
 
-def profile_type(text: str) -> ProfileType:
-    try:
-        return ProfileType.parse(text)
-    except ProfileTypeError as exc:
-        raise HTTPError(400, str(exc)) from None
-
-
-def selector(text: str) -> Selector:
-    try:
-        return parse_selector(text)
-    except SelectorError as exc:
-        raise HTTPError(400, f"bad label selector {text!r}: {exc}") from None
-
-
-def check_max_nodes(value: int) -> int:
-    """A request's max nodes as Pyroscope's querier takes it: 0 is the default
-    (DEFAULT_MAX_NODES), over MAX_NODES_LIMIT or negative is an invalid_argument that names
-    the limit."""
-    if value == 0:
-        return DEFAULT_MAX_NODES
-    if value > MAX_NODES_LIMIT:
-        raise HTTPError(
-            400, f"max flamegraph nodes limit {value} is greater than allowed {MAX_NODES_LIMIT}"
-        )
-    if value < 0:
-        raise HTTPError(
-            400, f"max flamegraph nodes limit must be set (max allowed {MAX_NODES_LIMIT})"
-        )
-    return value
-
-
 def max_nodes(msg, field: str = "max_nodes") -> int:  # type: ignore[no-untyped-def]
     """A message's ``max_nodes``: absent or 0 is the default."""
     return check_max_nodes(getattr(msg, field) if msg.HasField(field) else 0)
@@ -122,17 +88,6 @@ def pprof_max_nodes(msg) -> Optional[int]:  # type: ignore[no-untyped-def]
     if not msg.HasField("max_nodes") or msg.max_nodes == 0:
         return None
     return check_max_nodes(msg.max_nodes)
-
-
-def max_nodes_value(text: Optional[str], name: str = "maxNodes") -> int:
-    """``maxNodes`` (or ``max-nodes``) from a query string: absent or 0 is the default."""
-    if not text:
-        return DEFAULT_MAX_NODES
-    try:
-        value = int(text)
-    except ValueError:
-        raise HTTPError(400, f"{name} must be an integer, got {text!r}") from None
-    return check_max_nodes(value)
 
 
 def span_ids(texts: Sequence[str]) -> List[int]:

@@ -17,7 +17,7 @@ from hotspan.model.profile import ProfileType, ProfileTypeError
 from hotspan.query.engine import QueryError
 from hotspan.query.flamegraph import FlameGraph
 from hotspan.server.errors import HTTPError, json_error
-from hotspan.server.pyroscope.querier import max_nodes_value
+from hotspan.server.params import max_nodes_value
 from hotspan.server.request import query_state
 from hotspan.server.state import ServerState
 from hotspan.store.base import SampleFilter

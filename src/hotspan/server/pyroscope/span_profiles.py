@@ -17,7 +17,7 @@ upload window); the first two also take ``labelSelector``.
 
 from __future__ import annotations
 
-from typing import Any, Dict, NamedTuple, Optional, Tuple
+from typing import Any, Dict, NamedTuple, Tuple
 
 from google.protobuf import json_format
 from starlette.concurrency import run_in_threadpool
@@ -27,14 +27,20 @@ from starlette.routing import Route
 
 from hotspan.formats.proto import querier_pb2
 from hotspan.model.labels import Selector
-from hotspan.model.profile import ProfileType, span_id_to_int
+from hotspan.model.profile import ProfileType
 from hotspan.query.engine import QueryError
 from hotspan.query.flamegraph import FlameGraph, to_message
 from hotspan.server.errors import HTTPError, text_errors
-from hotspan.server.pyroscope.querier import max_nodes_value, profile_type, selector
+from hotspan.server.params import (
+    max_nodes_value,
+    profile_type,
+    seconds_param,
+    selector,
+    span_id_param,
+    trace_id_param,
+)
 from hotspan.server.request import query_state
 from hotspan.server.state import ServerState
-from hotspan.server.tempo.api import seconds_param, trace_id_param
 from hotspan.store.base import SampleFilter, TraceValues
 
 CPU = "process_cpu:cpu:nanoseconds:cpu:nanoseconds"
@@ -62,15 +68,6 @@ def _window(request: Request, spans) -> Tuple[int, int]:  # type: ignore[no-unty
     if end <= start:
         raise HTTPError(400, "end must be after start (or give a trace that has spans)")
     return start, end
-
-
-def span_id_param(text: Optional[str]) -> Optional[int]:
-    """A ``spanID`` parameter: 16 hex digits as an unsigned span id; None when not given."""
-    if not text:
-        return None
-    if len(text) != 16 or any(c not in "0123456789abcdefABCDEF" for c in text):
-        raise HTTPError(400, f"spanID {text[:40]!r} is not 16 hex digits")
-    return span_id_to_int(text)
 
 
 class _Common(NamedTuple):

@@ -43,6 +43,7 @@ from hotspan.query.traceql import (
     tag_values,
 )
 from hotspan.server.errors import HTTPError, text_errors
+from hotspan.server.params import seconds_param, seconds_value, trace_id_param
 from hotspan.server.request import query_state
 from hotspan.server.state import ServerState
 
@@ -62,34 +63,6 @@ INTRINSIC_TAGS = ["duration", "kind", "name", "status", *TRACE_INTRINSICS]
 # proxy without HTTP/2 cleartext would break; newer Grafana streams when its data source's
 # streaming options are on, whatever the version (both work on the main port: tempo_grpc).
 TEMPO_VERSION = "2.1.0"
-
-
-def trace_id_param(text: str) -> str:
-    """A trace id from a path: hex, any case, left-padded to 32 digits as Tempo does."""
-    text = text.strip().lower()
-    if not text or len(text) > 32 or any(c not in "0123456789abcdef" for c in text):
-        raise HTTPError(400, f"trace id {text[:40]!r} is not up to 32 hex digits")
-    return text.rjust(32, "0")
-
-
-def seconds_param(request: Request, name: str) -> Optional[int]:
-    """``seconds_value`` of a request's query string, for the endpoints that hold a Request."""
-    return seconds_value(request.query_params, name)
-
-
-def seconds_value(params: Mapping[str, str], name: str) -> Optional[int]:
-    """A parameter in unix seconds, as nanoseconds; None when absent or empty."""
-    text = params.get(name)
-    if not text:
-        return None
-    try:
-        seconds = int(text)
-    except ValueError:
-        raise HTTPError(400, f"{name} must be unix seconds, got {text[:40]!r}") from None
-    # Milliseconds given for seconds would pass for a date thousands of years away.
-    if not 0 <= seconds < MAX_TIME_NS // SEC:
-        raise HTTPError(400, f"{name} must be unix seconds, got {seconds} (milliseconds?)")
-    return seconds * SEC
 
 
 def _int_param(params: Mapping[str, str], name: str, default: int) -> int:
