@@ -301,6 +301,14 @@ def authenticate(
     return auth.resolve(access, as_bytes(authorization), named)
 
 
+def grpc_tenant(auth: Authenticator, access: Access, metadata: Iterable[Tuple[str, Any]]) -> str:
+    """The tenant of a gRPC call (its invocation metadata), its token checked for ``access``
+    as the middleware checks an HTTP request's; HTTPError when it is refused."""
+    found = {key.lower(): value for key, value in metadata}
+    named = found.get(TENANT_HEADER.lower())
+    return authenticate(auth, access, found.get("authorization"), named).tenant
+
+
 # -- the middleware -------------------------------------------------------------------------
 
 

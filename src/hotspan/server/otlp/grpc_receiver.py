@@ -18,7 +18,7 @@ import grpc
 
 from hotspan.formats.errors import FormatError
 from hotspan.formats.otlp import TooLarge
-from hotspan.server.auth import INGEST, TENANT_HEADER, authenticate
+from hotspan.server.auth import INGEST, grpc_tenant
 from hotspan.server.errors import HTTPError
 from hotspan.server.ingestion import commit_spans_sync, commit_sync
 from hotspan.server.otlp.http_receiver import convert_profiles, convert_traces
@@ -40,18 +40,12 @@ _STATUS_OF_HTTP = {
 }
 
 
-def _caller(state: ServerState, context: grpc.ServicerContext) -> str:
-    metadata = {k.lower(): v for k, v in context.invocation_metadata()}
-    named = metadata.get(TENANT_HEADER.lower())
-    return authenticate(state.auth, INGEST, metadata.get("authorization"), named).tenant
-
-
 def _handler(
     state: ServerState, export: Callable[[ServerState, str, bytes], bytes]
 ) -> Callable[[bytes, grpc.ServicerContext], bytes]:
     def handle(body: bytes, context: grpc.ServicerContext) -> bytes:
         try:
-            tenant = _caller(state, context)
+            tenant = grpc_tenant(state.auth, INGEST, context.invocation_metadata())
             return export(state, tenant, body)
         except TooLarge as exc:
             context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))

@@ -23,14 +23,14 @@ from __future__ import annotations
 
 import logging
 from concurrent import futures
-from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple, Type
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, Type
 
 import grpc
 from google.protobuf import json_format
 from google.protobuf.message import Message
 
 from hotspan.formats.proto import tempo_pb2
-from hotspan.server.auth import QUERY, TENANT_HEADER, authenticate
+from hotspan.server.auth import QUERY, grpc_tenant
 from hotspan.server.errors import HTTPError
 from hotspan.server.state import ServerState
 from hotspan.server.tempo import api as tempo
@@ -62,16 +62,6 @@ STATUS_OF_HTTP = {
 Params = Dict[str, str]
 # A call's answer (JSON of the response message) from the state, its tenant and its request.
 Answer = Callable[[ServerState, str, Message], Dict[str, Any]]
-
-
-def _metadata(context: grpc.ServicerContext) -> Dict[str, str]:
-    return {k.lower(): str(v) for k, v in context.invocation_metadata()}
-
-
-def _caller(state: ServerState, metadata: Mapping[str, str]) -> str:
-    """The tenant of a call, once its token is checked (as query_state over HTTP)."""
-    named = metadata.get(TENANT_HEADER.lower())
-    return authenticate(state.auth, QUERY, metadata.get("authorization"), named).tenant
 
 
 def _put(params: Params, name: str, value: object) -> None:
@@ -189,7 +179,7 @@ def _handler(
 ) -> Callable[[Message, grpc.ServicerContext], Iterator[Message]]:
     def handle(request: Message, context: grpc.ServicerContext) -> Iterator[Message]:
         try:
-            tenant = _caller(state, _metadata(context))
+            tenant = grpc_tenant(state.auth, QUERY, context.invocation_metadata())
             body = answer(state, tenant, request)
         except HTTPError as exc:
             context.abort(STATUS_OF_HTTP.get(exc.status, grpc.StatusCode.INTERNAL), exc.message)
