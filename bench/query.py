@@ -414,7 +414,6 @@ def breakdown(
     from hotspan.model.profile import ProfileType
     from hotspan.query import flamegraph
     from hotspan.query.engine import DEFAULT_MAX_NODES, QueryEngine
-    from hotspan.server.pyroscope.querier import flamegraph_message
     from hotspan.store.base import SampleFilter
     from hotspan.store.duckdb import DuckDBStore
 
@@ -462,7 +461,7 @@ def breakdown(
 
             def message():  # type: ignore[no-untyped-def]
                 resp = querier_pb2.SelectMergeStacktracesResponse()
-                flamegraph_message(graph, resp.flamegraph)
+                flamegraph.to_message(graph, resp.flamegraph)
                 return resp
 
             resp, f, m = _timed(message, repeat)
