@@ -112,8 +112,9 @@ def sanitizer_env(speedups: Path) -> dict:
 
 
 def seed_dirs(target: str, extra: List[Path], scratch: Path) -> List[Path]:
-    """The committed seeds and crashes, plus matching files of ``extra`` (decompressed when
-    the target does not read gzip itself: every target here does, so they are copied as is)."""
+    """The committed seeds and crashes, plus matching files of ``extra``: recordings for the
+    JFR target decompressed (raw bytes mutate into more of the reader than a gzip stream
+    does), profiles as they are.  Files past ``--max-len`` are cut there by libFuzzer."""
     dirs = [d for d in (CORPUS / target, CRASHES / target) if d.is_dir()]
     patterns = SEED_PATTERNS.get(target, ())
     if extra and patterns:
@@ -124,7 +125,7 @@ def seed_dirs(target: str, extra: List[Path], scratch: Path) -> List[Path]:
                 for path in base.rglob(pattern):
                     data = path.read_bytes()
                     if path.suffix == ".gz" and target == "jfr":
-                        data = gzip.decompress(data)  # gzip stays possible; raw mutates better
+                        data = gzip.decompress(data)
                     (copy / path.name).write_bytes(data)
         dirs.append(copy)
     return dirs
