@@ -214,7 +214,9 @@ def keep_findings(result: Result) -> List[Path]:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--seconds", type=float, default=60, help="wall time of the whole run")
     parser.add_argument("--jobs", type=int, default=1, help="targets fuzzed at once")
     parser.add_argument("--targets", default="", help="comma-separated (default: all)")
@@ -224,8 +226,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     )
     parser.add_argument("--max-len", type=int, default=8192, help="largest input, in bytes")
     parser.add_argument("--work", type=Path, help="corpus and logs (default: a temporary dir)")
-    parser.add_argument("--instrumented-c", action="store_true")
-    parser.add_argument("--extra-seeds", type=Path, action="append", default=[])
+    parser.add_argument(
+        "--instrumented-c", action="store_true", help="the C decoder under ASan, with coverage"
+    )
+    parser.add_argument(
+        "--extra-seeds", type=Path, action="append", default=[], help="more seeds (read only)"
+    )
     parser.add_argument("--keep-going", action="store_true", help="go on after a finding")
     args = parser.parse_args(argv)
 
