@@ -1,6 +1,6 @@
 """Coverage-guided fuzzing of the server's decoders (atheris, i.e. libFuzzer for Python).
 
-    python3 tests/fuzz/run.py                      # every target, 60 s in all (what CI runs)
+    python3 tests/fuzz/run.py                      # every target, 60 s in all (CI: --jobs 2)
     python3 tests/fuzz/run.py --seconds 3600 --work ~/.cache/hotspan-fuzz   # longer, resumable
     python3 tests/fuzz/run.py --targets jfr,pprof_c --seconds 600 --instrumented-c
 
