@@ -42,7 +42,7 @@ class ServerConfig:
     # __name__ and service_name) of ingested profiles that match one become "[REDACTED]".
     redact_patterns: Tuple[str, ...] = ()
     # ``--scrape FILE``, read and checked: the targets whose /debug/pprof the server pulls
-    # (server/scrape.py); None: none.
+    # (server/scrape_config.py); None: none.
     scrape: Optional[ScrapeConfig] = None
     # Alert rules are evaluated this often (0: not by this server, e.g. all but one of the
     # servers over a shared store); links in notifications start with external_url (None:

@@ -13,7 +13,7 @@ side whose writes back up stops the other side's reads until they drain.  An end
 (half-close) is passed on to the other side; once both sides have ended, or either is lost,
 both connections are closed.  Piped connections leave uvicorn's connection count
 (``--max-connections``) and have a limit of their own, the same number, or DEFAULT_MAX_PIPES
-when it is not set; the gRPC server closes idle and old connections (tempo_grpc.serve), and
+when it is not set; the gRPC server closes idle and old connections (tempo/grpc_api.serve), and
 their pipes with them.
 
 On every port, a connection that has not sent a whole request head (nor the HTTP/2 preface)

@@ -61,7 +61,7 @@ RECENT_END_NS = 60 * SEC
 INTRINSIC_TAGS = ["duration", "kind", "name", "status", *TRACE_INTRINSICS]
 # Below 2.2: Grafana 10 (traceQLStreaming toggle) then does not try gRPC streaming, which a
 # proxy without HTTP/2 cleartext would break; newer Grafana streams when its data source's
-# streaming options are on, whatever the version (both work on the main port: tempo_grpc).
+# streaming options are on, whatever the version (both work on the main port: grpc_api.py).
 TEMPO_VERSION = "2.1.0"
 
 
