@@ -16,7 +16,7 @@ from hotspan.model.trace import (
     SearchError,
     SpanBatch,
     SpanGroup,
-    SpanRow,
+    SpanWriteRow,
     TraceQuery,
     flatten_attributes,
     parse_attributes,
@@ -54,7 +54,7 @@ def spans_of(rows, service="api", resource_attrs=None):  # type: ignore[no-untyp
     )
     for trace, span, parent, name, start, end, attrs in rows:
         batch.rows.append(
-            SpanRow(
+            SpanWriteRow(
                 trace,
                 span,
                 parent,
@@ -426,6 +426,13 @@ class StoreContract:
         assert [i[1] for i in infos(name="GET /pay", service="web")] == []
         (sql,) = store.span_infos("t", 101 * SEC, 102 * SEC)
         assert (sql.start_ns, sql.end_ns) == (101 * SEC, 102 * SEC)
+        # The columns aggregations do not read are left neutral, attributes unread.
+        records = store.span_records("t", 101 * SEC, 102 * SEC)
+        (whole,) = [r for r in records if r.span_id == sql.span_id]
+        assert whole.kind == 2
+        assert "pg" in whole.attrs and whole.resource_attrs
+        assert (sql.kind, sql.status_code, sql.attrs, sql.resource_attrs) == (0, 0, "", "")
+        assert sql == whole._replace(kind=0, status_code=0, attrs="", resource_attrs="")
         assert store.span_infos("other", 0, 1000 * SEC) == []
         # An export retried after it landed stores a span twice: it is one span still.
         store.write_spans(

@@ -22,7 +22,7 @@ from hotspan.model.trace import (
     SearchError,
     SpanBatch,
     SpanGroup,
-    SpanRow,
+    SpanWriteRow,
     TraceQuery,
     flatten_attributes,
 )
@@ -73,7 +73,7 @@ def batch(service: str, resource: Dict[str, str], spans: Sequence[Span]) -> Span
     )
     for trace, span, parent, name, kind, status, start, end, attrs in spans:
         out.rows.append(
-            SpanRow(
+            SpanWriteRow(
                 trace,
                 span,
                 parent,

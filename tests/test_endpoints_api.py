@@ -8,8 +8,8 @@ from typing import Iterator
 
 import pytest
 
+from hotspan.model.trace import SpanRecord
 from hotspan.query.endpoints import local_roots
-from hotspan.store.base import SpanInfo
 from tests.conftest import RunningServer, running_server
 from tests.helpers import CPU, function_totals, run_programs, traced_program
 
@@ -178,8 +178,9 @@ def test_bad_tenant_is_400(shop: RunningServer) -> None:
     assert r.status_code == 400
 
 
-def info(span: int, parent: int, service: str, name: str = "x") -> SpanInfo:
-    return SpanInfo("t" * 32, span, parent, name, service, 0, 1)
+def info(span: int, parent: int, service: str, name: str = "x") -> SpanRecord:
+    (record,) = SpanRecord.outlines([("t" * 32, span, parent, name, service, 0, 1)])
+    return record
 
 
 def test_local_roots_follow_parents_within_the_service_only() -> None:

@@ -28,10 +28,11 @@ from hotspan.alerts.rules import (
 )
 from hotspan.model.durations import format_duration
 from hotspan.model.labels import Matcher, Selector
+from hotspan.model.trace import SpanRecord
 from hotspan.query.endpoints import MAX_SPANS, STAMP_SLACK_NS, EndpointEngine
 from hotspan.query.engine import QueryEngine
 from hotspan.query.stacks import StackTable
-from hotspan.store.base import SampleFilter, SpanInfo, StackValues
+from hotspan.store.base import SampleFilter, StackValues
 
 SEC = 10**9
 # Function regexes whose matches are remembered per stack table (rules of every tenant).
@@ -240,7 +241,7 @@ def _with_label(sel: Selector, label: str, value: str) -> Tuple[Selector, str]:
 
 def _requests(
     engine: QueryEngine, tenant: str, service: str, side: Side
-) -> Tuple[List[SpanInfo], bool]:
+) -> Tuple[List[SpanRecord], bool]:
     return EndpointEngine(engine.store, engine).requests(
         tenant, service, side.start_ns, side.end_ns
     )

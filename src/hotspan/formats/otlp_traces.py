@@ -34,7 +34,7 @@ from hotspan.model.trace import (
     STATUS_CODES,
     SpanBatch,
     SpanGroup,
-    SpanRow,
+    SpanWriteRow,
     StoredSpan,
     flatten_attributes,
 )
@@ -109,7 +109,7 @@ def to_span_batch(request: ExportTraceServiceRequest) -> SpansResult:
     return result
 
 
-def _row(span: Span, service: str, gid: int, attrs: str) -> SpanRow:
+def _row(span: Span, service: str, gid: int, attrs: str) -> SpanWriteRow:
     if len(span.trace_id) != 16 or not any(span.trace_id):
         raise FormatError(f"span {span.name!r}: trace id must be 16 bytes, not all zero")
     if len(span.span_id) != 8 or not any(span.span_id):
@@ -123,7 +123,7 @@ def _row(span: Span, service: str, gid: int, attrs: str) -> SpanRow:
         raise FormatError(f"span {span.name!r} ends before it starts")
     kind = span.kind if 0 <= span.kind < len(SPAN_KINDS) else 0
     status = span.status.code if 0 <= span.status.code < len(STATUS_CODES) else 0
-    return SpanRow(
+    return SpanWriteRow(
         trace_id=span.trace_id.hex(),
         span_id=int.from_bytes(span.span_id, "big"),
         parent_span_id=int.from_bytes(span.parent_span_id, "big") if span.parent_span_id else 0,

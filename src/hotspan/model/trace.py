@@ -91,7 +91,11 @@ class SpanGroup:
     attrs: str  # the resource's attributes, flattened
 
 
-class SpanRow(NamedTuple):
+class SpanWriteRow(NamedTuple):
+    """A span as ingest writes it: one row of the spans table, its fields the table's columns.
+    Its resource and scope are a ``group_id`` into :attr:`SpanBatch.groups`, written once per
+    batch rather than once per span; reading a span back whole is :class:`StoredSpan`."""
+
     trace_id: str  # 32 lowercase hex digits
     span_id: int  # unsigned 64-bit
     parent_span_id: int  # 0: a root span
@@ -110,7 +114,7 @@ class SpanRow(NamedTuple):
 class SpanBatch:
     """Spans of one export request with the groups they belong to."""
 
-    rows: List[SpanRow] = field(default_factory=list)
+    rows: List[SpanWriteRow] = field(default_factory=list)
     groups: Dict[int, SpanGroup] = field(default_factory=dict)
     # (scope, key, value, type) -> latest end time of a span with it, for the tag APIs; scope
     # is "span", "resource" or "intrinsic", type TraceQL's (string, int, float, bool, keyword).
@@ -141,7 +145,10 @@ class SpanBatch:
 
 @dataclass(frozen=True)
 class StoredSpan:
-    """A span as the store gives it back: its columns, its message and its group."""
+    """A span as the store gives it back whole (a trace by id): its columns, its OTLP
+    message and its group, looked up, so that the span can be sent back as OTLP.  Unlike
+    :class:`SpanWriteRow` it carries no flattened attributes, which ``raw`` holds and no reader
+    of a whole trace needs."""
 
     trace_id: str
     span_id: int
@@ -161,9 +168,12 @@ class StoredSpan:
 
 
 class SpanRecord(NamedTuple):
-    """A span's searchable columns with its own and its resource's attributes (flattened):
-    what TraceQL's engine (``query.traceql``) reads where SQL cannot answer, such as ``||``,
-    structural operators, pipelines and metrics."""
+    """A span as queries read it: its searchable columns with its own and its resource's
+    attributes (flattened).  TraceQL's engine (``query.traceql``) reads them where SQL cannot
+    answer, such as ``||``, structural operators, pipelines and metrics.  Aggregations over
+    many spans (a service's requests, a span's baseline) read them without attributes
+    (:meth:`outlines`).
+    """
 
     trace_id: str  # 32 lowercase hex digits
     span_id: int  # unsigned 64-bit
@@ -180,6 +190,18 @@ class SpanRecord(NamedTuple):
     @property
     def duration_ns(self) -> int:
         return self.end_ns - self.start_ns
+
+    @staticmethod
+    def outlines(rows: Iterable[Sequence[Any]]) -> List[SpanRecord]:
+        """Records from rows of (trace id, span id, parent span id, name, service, start,
+        end): the columns aggregations read.  The others are not read, so that such reads do
+        not pay for attributes: ``kind`` and ``status_code`` are 0, ``attrs`` and
+        ``resource_attrs`` empty."""
+        make = SpanRecord._make  # a tuple in, without keyword handling: the cheapest per span
+        return [
+            make((trace_id, span_id, parent, name, 0, service, start, end, 0, "", ""))
+            for trace_id, span_id, parent, name, service, start, end in rows
+        ]
 
 
 def parse_attributes(flat: str) -> Dict[str, str]:
@@ -259,6 +281,8 @@ def condition_text(key: str, value: object) -> str:
 
 @dataclass(frozen=True)
 class MatchedSpan:
+    """A span that met a search's conditions, as a trace's summary shows it."""
+
     span_id: int
     name: str
     start_ns: int

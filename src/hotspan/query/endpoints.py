@@ -15,8 +15,9 @@ from typing import Dict, Iterable, List, Set, Tuple
 
 from hotspan.model.labels import Matcher, Selector
 from hotspan.model.profile import ProfileType
+from hotspan.model.trace import SpanRecord
 from hotspan.query.engine import QueryEngine
-from hotspan.store.base import SampleFilter, SpanInfo, StackValues, Store
+from hotspan.store.base import SampleFilter, StackValues, Store
 
 # The spans of a service looked at per question: the latest of the range past it (the answer
 # says it was cut). A million spans is ~100 MB of Python objects; this is a tenth of it.
@@ -55,7 +56,7 @@ def service_selector(service: str) -> Selector:
     return Selector("", (Matcher(SERVICE_LABEL, "=", service),))
 
 
-def local_roots(spans: Iterable[SpanInfo], service: str) -> Dict[int, int]:
+def local_roots(spans: Iterable[SpanRecord], service: str) -> Dict[int, int]:
     """The local root of each span of ``service`` (span id to span id), following parents
     through the given spans; a span whose parent is not given, or of another service, is a
     local root."""
@@ -89,7 +90,7 @@ class EndpointEngine:
 
     def _requests(
         self, tenant: str, service: str, start_ns: int, end_ns: int
-    ) -> Tuple[Dict[int, SpanInfo], Dict[int, int], bool]:
+    ) -> Tuple[Dict[int, SpanRecord], Dict[int, int], bool]:
         """The local roots that started in the range (by span id), the local root of every
         span of the service in the range, and whether the spans were cut at MAX_SPANS."""
         spans = self.store.span_infos(
@@ -102,7 +103,7 @@ class EndpointEngine:
         looked_from = spans[-1].start_ns if truncated else start_ns
         ids = {s.span_id for s in spans}
         orphans = {s.trace_id for s in spans if s.parent_span_id and s.parent_span_id not in ids}
-        extra: List[SpanInfo] = []
+        extra: List[SpanRecord] = []
         if orphans:
             # A parent not looked at is of another service (then its child is a request) or of
             # this one, started earlier (then it is not): only the latter are fetched, which
@@ -127,7 +128,7 @@ class EndpointEngine:
 
     def requests(
         self, tenant: str, service: str, start_ns: int, end_ns: int
-    ) -> Tuple[List[SpanInfo], bool]:
+    ) -> Tuple[List[SpanRecord], bool]:
         """The requests of ``service`` that started in the range (its local root spans) and
         whether the spans looked at were cut at MAX_SPANS (then the requests are a lower
         bound: those of the latest spans)."""

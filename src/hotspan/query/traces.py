@@ -8,18 +8,18 @@ trace, and a trace's profile is the samples with its trace id.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, Iterable, List, Optional, Sequence, Set, Tuple
+from typing import Dict, Iterable, List, Optional, Sequence, Set, Tuple, Union
 
 import numpy as np
 
 from hotspan.model.labels import Selector
 from hotspan.model.profile import ProfileType
-from hotspan.model.trace import StoredSpan
+from hotspan.model.trace import SpanRecord, StoredSpan
 from hotspan.query.engine import QueryEngine
 from hotspan.store.base import SampleFilter, Store
 
 
-def descendants(spans: Iterable[StoredSpan], roots: Iterable[int]) -> Set[int]:
+def descendants(spans: Iterable[Union[StoredSpan, SpanRecord]], roots: Iterable[int]) -> Set[int]:
     """The given span ids and every span below them."""
     children: Dict[int, List[int]] = {}
     for span in spans:

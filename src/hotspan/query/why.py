@@ -32,11 +32,11 @@ import numpy as np
 
 from hotspan.model.labels import Selector
 from hotspan.model.profile import ProfileType
-from hotspan.model.trace import StoredSpan
+from hotspan.model.trace import SpanRecord, StoredSpan
 from hotspan.query import flamegraph
 from hotspan.query.engine import DEFAULT_MAX_NODES, QueryEngine
 from hotspan.query.traces import descendants
-from hotspan.store.base import SampleFilter, SpanInfo, StackValues, Store
+from hotspan.store.base import SampleFilter, StackValues, Store
 
 CPU = ProfileType.parse("process_cpu:cpu:nanoseconds:cpu:nanoseconds")
 # What the hotspan agent sends for wall time (agent.core.WALL_TYPE under the name "wall").
@@ -72,7 +72,7 @@ class SpanNotFound(LookupError):
 
 @dataclass(frozen=True)
 class Baseline:
-    spans: Tuple[SpanInfo, ...]  # the chosen spans like the one asked about
+    spans: Tuple[SpanRecord, ...]  # the chosen spans like the one asked about
     start_ns: int  # the earliest start among them (the window's start if none)
     end_ns: int  # the latest end among them (the window's end if none)
     mean_duration_ns: int
@@ -156,7 +156,7 @@ def pick_span(spans: Sequence[StoredSpan], span_id: Optional[int]) -> StoredSpan
     return min(roots, key=lambda s: (s.start_ns, -s.end_ns, s.span_id))
 
 
-def choose_baseline(candidates: Sequence[SpanInfo], cap: int) -> List[SpanInfo]:
+def choose_baseline(candidates: Sequence[SpanRecord], cap: int) -> List[SpanRecord]:
     """The ``cap`` candidates nearest their median duration (ties: the latest first)."""
     if not candidates:
         return []
@@ -270,13 +270,13 @@ class WhyEngine:
         rows = self.store.span_infos(
             tenant, start, span.end_ns + HOUR_NS, trace_ids=traces, limit=TRACE_SPANS_LIMIT
         )
-        by_trace: Dict[str, List[SpanInfo]] = {}
+        by_trace: Dict[str, List[SpanRecord]] = {}
         for row in rows:
             by_trace.setdefault(row.trace_id, []).append(row)
         ids: Set[int] = set()
         for trace in traces:
             roots = [s.span_id for s in chosen if s.trace_id == trace]
-            ids |= descendants(by_trace.get(trace, []), roots)  # type: ignore[arg-type]
+            ids |= descendants(by_trace.get(trace, []), roots)
         durations = [s.end_ns - s.start_ns for s in chosen]
         return Baseline(
             tuple(chosen),

@@ -99,19 +99,6 @@ class ProfileValues(NamedTuple):
     values: np.ndarray  # int64
 
 
-class SpanInfo(NamedTuple):
-    """A span's columns without its message and group: what aggregations over many spans
-    read (a span's CPU per endpoint, say)."""
-
-    trace_id: str
-    span_id: int
-    parent_span_id: int  # 0: a root span
-    name: str
-    service: str
-    start_ns: int
-    end_ns: int
-
-
 @dataclass(frozen=True)
 class RetentionReport:
     samples: int = 0
@@ -302,9 +289,11 @@ class Store(abc.ABC):
         trace_ids: Optional[Sequence[str]] = None,
         limit: int = 100_000,
         name: Optional[str] = None,
-    ) -> List[SpanInfo]:
+    ) -> List[SpanRecord]:
         """Spans that started in [start_ns, end_ns), of one service, of the given traces and
-        with one name if asked; the latest ``limit`` (by start), the latest first."""
+        with one name if asked; the latest ``limit`` (by start), the latest first.  Only the
+        columns aggregations read (:meth:`SpanRecord.outlines`): no kind, status or attributes.
+        """
 
     @abc.abstractmethod
     def span_records(

@@ -15,7 +15,7 @@ from hotspan.model.trace import (
     TraceQuery,
     TraceSummary,
 )
-from hotspan.store.base import PARENT_LOOKBACK_NS, SpanInfo
+from hotspan.store.base import PARENT_LOOKBACK_NS
 from hotspan.store.clickhouse_connection import Clients, chunks, in_list, reason_of, store_error
 from hotspan.store.clickhouse_write import TAG_REFRESH_NS, Tag
 from hotspan.store.search_sql import CLICKHOUSE, Binder, search_sql, span_condition
@@ -115,7 +115,7 @@ class ClickHouseTraces:
         trace_ids: Optional[Sequence[str]] = None,
         limit: int = 100_000,
         name: Optional[str] = None,
-    ) -> List[SpanInfo]:
+    ) -> List[SpanRecord]:
         sql = (
             "SELECT trace_id, span_id, parent_span_id, name, service, start_ns, end_ns "
             "FROM spans WHERE tenant = %(tenant)s AND start_ns >= %(start)s "
@@ -134,7 +134,7 @@ class ClickHouseTraces:
         # LIMIT 1 BY: an export retried after it landed stores a span twice.
         sql += " ORDER BY start_ns DESC, span_id LIMIT 1 BY trace_id, span_id LIMIT %(limit)s"
         params["limit"] = int(limit)
-        return [SpanInfo(*row) for row in self._clients.query(sql, params).result_rows]
+        return SpanRecord.outlines(self._clients.query(sql, params).result_rows)
 
     def span_records(
         self,

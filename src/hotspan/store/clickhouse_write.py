@@ -12,7 +12,7 @@ from typing import Any, Dict, List, NamedTuple, Optional, Set, Tuple
 import numpy as np
 
 from hotspan.model.profile import Frame, IngestBatch, SampleColumns
-from hotspan.model.trace import SpanBatch, SpanGroup, SpanRow
+from hotspan.model.trace import SpanBatch, SpanGroup, SpanWriteRow
 from hotspan.store.base import StoreError
 from hotspan.store.batching import Batch, GroupCommitWriter, PartialCommit, series_bounds
 from hotspan.store.clickhouse_connection import Clients, Insert, insert_columns
@@ -209,7 +209,7 @@ class ClickHouseWriting:
         groups: Dict[int, SpanGroup] = {}
         tags: Dict[Tag, int] = {}
         new_per_key: Dict[Tuple[str, str, str], int] = {}
-        rows: List[SpanRow] = []
+        rows: List[SpanWriteRow] = []
         tenants: List[str] = []
         for tenant, batch in batches:
             rows.extend(batch.rows)
@@ -271,7 +271,7 @@ class ClickHouseWriting:
         facts: List[Insert] = []
         if rows:
             cols = list(zip(*rows))
-            f = SpanRow._fields
+            f = SpanWriteRow._fields
             trace_ids = cols[f.index("trace_id")]
             starts = np.array(cols[f.index("start_ns")], dtype=np.int64)
             ends = np.array(cols[f.index("end_ns")], dtype=np.int64)

@@ -17,7 +17,7 @@ from hotspan.model.trace import (
     TraceQuery,
     TraceSummary,
 )
-from hotspan.store.base import PARENT_LOOKBACK_NS, SpanInfo
+from hotspan.store.base import PARENT_LOOKBACK_NS
 from hotspan.store.search_sql import DUCKDB, Binder, search_sql, span_condition
 
 
@@ -104,7 +104,7 @@ class DuckDBTraces:
         trace_ids: Optional[Sequence[str]] = None,
         limit: int = 100_000,
         name: Optional[str] = None,
-    ) -> List[SpanInfo]:
+    ) -> List[SpanRecord]:
         sql = (
             "SELECT DISTINCT ON (trace_id, span_id) trace_id, span_id, parent_span_id, name, "
             "service, start_ns, end_ns FROM spans "
@@ -124,7 +124,7 @@ class DuckDBTraces:
         sql = f"SELECT * FROM ({sql}) ORDER BY start_ns DESC, span_id LIMIT ?"
         params.append(int(limit))
         rows = self._cursor().execute(sql, params).fetchall()
-        return [SpanInfo(*row) for row in rows]
+        return SpanRecord.outlines(rows)
 
     def span_records(
         self,

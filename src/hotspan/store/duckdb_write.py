@@ -9,7 +9,7 @@ import duckdb
 import numpy as np
 
 from hotspan.model.profile import Frame, IngestBatch, SampleColumns
-from hotspan.model.trace import SpanBatch, SpanGroup, SpanRow
+from hotspan.model.trace import SpanBatch, SpanGroup, SpanWriteRow
 from hotspan.store.batching import Batch, GroupCommitWriter, series_bounds
 from hotspan.store.duckdb_schema import transaction
 
@@ -156,7 +156,7 @@ class DuckDBWriting:
         tags: Dict[Tuple[int, str, str, str, str], int] = {}
         seen_only: Dict[tuple, int] = {}
         new_per_key: Dict[Tuple[int, str, str], int] = {}
-        rows: List[SpanRow] = []
+        rows: List[SpanWriteRow] = []
         tenant_ids: List[int] = []
         for tenant, batch in batches:
             tid = self._tenant_id(con, tenant)
@@ -200,7 +200,7 @@ class DuckDBWriting:
             )
         if rows:
             cols = list(zip(*rows))
-            f = SpanRow._fields
+            f = SpanWriteRow._fields
             span_table = {  # noqa: F841
                 "tenant_id": np.array(tenant_ids, dtype=np.int32),
                 "trace_id": np.array(cols[f.index("trace_id")], dtype=object),
