@@ -620,7 +620,7 @@ def test_fork_while_a_window_is_being_encoded(module_server, tmp_path: Path) -> 
 import signal
 codes = []
 for _ in range(3):
-    with agent._lock:  # as if the sampler thread were encoding a window right now
+    with agent.outbox._lock:  # as if the sampler thread were encoding a window right now
         pid = os.fork()
     if pid == 0:
         burn(0.2)

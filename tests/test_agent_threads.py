@@ -197,6 +197,7 @@ def test_threads_and_tasks_counted_exactly(module_server, tmp_path: Path) -> Non
             assert got["<total>"] == (1 + THREADS + 1 + TASKS + 1) * snapshots, where
             agent_code = (
                 "hotspan.agent.core",
+                "hotspan.agent.outbox",
                 "hotspan.agent.uploader",
                 "hotspan.agent.collectors",
             )

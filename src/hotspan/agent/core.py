@@ -1,7 +1,8 @@
 """The agent: a sampler (native, or the Python fallback), the other collectors (allocations and
 heap, locks, threads and tasks: :mod:`hotspan.agent.collectors`), and a Python thread that,
-whenever the sampler has finished a window (every ``upload_interval``), turns it into one CPU
-and one wall pprof for the uploader, and as often asks each collector for its profiles.  With
+whenever the sampler has finished a window (every ``upload_interval``), has its outbox
+(:mod:`hotspan.agent.outbox`) turn it into one CPU and one wall pprof for the uploader, and as
+often asks each collector for its profiles, for the outbox too.  With
 the native sampler that thread is not on the sampling path: if a busy program keeps it from
 the GIL, windows wait for it (bounded) and nothing is lost."""
 
@@ -10,7 +11,6 @@ from __future__ import annotations
 import atexit
 import importlib
 import os
-import sys
 import threading
 import time
 
@@ -18,18 +18,13 @@ from hotspan import __version__
 from hotspan._speedups import load_sampler
 from hotspan.agent import context
 from hotspan.agent.collectors.alloc import exclude_current_thread as exclude_from_alloc_profile
-from hotspan.agent.config import (
-    DEFAULT_SERVER_ADDRESS,
-    NAME_SYNTAX_CHARS,
-    AgentConfig,
-    request_headers,
-)
+from hotspan.agent.config import DEFAULT_SERVER_ADDRESS, AgentConfig, request_headers
 from hotspan.agent.governor import Governor, Meter, Reading
-from hotspan.agent.limits import BoundedProfile
 from hotspan.agent.live import LiveSettings, profile_types
 from hotspan.agent.log import logger
-from hotspan.agent.sampler import CPU, WALL, Collected, PythonSampler, Window, make_sampler
-from hotspan.agent.symbols import Symbolizer, agent_code
+from hotspan.agent.outbox import Outbox, pull_hub
+from hotspan.agent.sampler import PythonSampler, make_sampler
+from hotspan.agent.symbols import agent_code
 from hotspan.agent.uploader import Uploader, query_string
 from hotspan.model.agent_settings import (
     INSTANCE_HEADER,
@@ -37,24 +32,14 @@ from hotspan.model.agent_settings import (
     SettingsError,
     validate_settings,
 )
-from hotspan.model.redaction import Redactor
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing stays out of the program at run time: see agent/log.py
-    from typing import Any, Dict, Iterable, Iterator, List, Optional, Set, Tuple
+    from typing import Any, Dict, List, Optional, Set, Tuple
 
-    from hotspan.agent.collectors import Collector, ProfileData
-    from hotspan.agent.symbols import FrameInfo
+    from hotspan.agent.collectors import Collector
 
 
-CPU_TYPE = ("cpu", "nanoseconds")
-CONDITION_LABEL = "hotspan_condition"
-# A window waits for its spans to end this many upload intervals, and at least this long.
-HOLD_INTERVALS = 3
-HOLD_MIN_S = 30.0
-_UNSEEN = object()
-_NOTHING_TAKEN = Collected([], 0, None)
-WALL_TYPE = ("wall", "nanoseconds")
 # With the native sampler the agent's loop wakes at most this often (see _wake_interval),
 # except for the first START_PIN_S of sampling, when it pins every START_WAKE_S: a program
 # shorter than a second (a script under `hotspan run`) has its module's code object freed
@@ -74,14 +59,6 @@ def _enable_pull() -> None:
     pull.enable()
 
 
-def _pull_hub() -> Any:
-    """Pull mode's hub, when its endpoints exist.  The module is imported only by what serves
-    them: its functions and classes would otherwise be objects that every full collection of
-    the program's garbage collector walks."""
-    pull = sys.modules.get("hotspan.agent.pull")
-    return None if pull is None else pull.HUB
-
-
 class Agent:
     def __init__(self, config: AgentConfig) -> None:
         self.config = config
@@ -97,9 +74,6 @@ class Agent:
         self._pin_often_until = 0.0
         self._window_ns = int(config.upload_interval * 1e9)
         self._excluded: Set[int] = set()
-        self._redact = Redactor(config.redact_patterns())
-        self._symbols = Symbolizer(self._redact if self._redact else None)
-        self._label_cache: Dict[Tuple[Any, ...], Tuple[Tuple[str, str], ...]] = {}
         self.instance_id = _instance_id()
         self._uploader = Uploader(
             # Pull mode only: an uploader that is never started stands in (stats, flush).
@@ -114,14 +88,14 @@ class Agent:
         self._uploading = config.uploads()
         if not self._uploading:
             _enable_pull()
+        # Turns the sampler's windows and the collectors' profiles into uploads.
+        self.outbox = Outbox(config, self._uploader, self._uploading)
         if config.remote_settings and self._uploading:
             self._uploader.follow_settings(self._status_headers, self._on_server_settings)
         self._collectors: List[Collector] = []
         self._collector_specs: Dict[str, Any] = {}  # name -> what it was started with
         self._next_collect = 0.0
-        self._lock = threading.Lock()
         self.span_linking = False
-        self.dropped_samples = 0  # taken but not kept: the sampler's ring or memory bound
         # Staying within budget (agent/governor.py).
         self._governor = Governor(
             config.cpu_threshold,
@@ -138,14 +112,6 @@ class Agent:
         self._applied = threading.Condition(threading.Lock())
         self._last_send = time.monotonic()
         self._control_server: Any = None
-        # Span conditions (agent/spans.py), when some rule is on; windows and collectors'
-        # profiles wait in these for their spans to end (see _release).
-        self._conditions: Any = None
-        self._conditional_only = False
-        self.conditional_dropped = 0
-        self._held_windows: List[Any] = []
-        self._held_profiles: List[Any] = []
-        self._next_release_check = 0.0
 
     # -------------------------------------------------------------- lifecycle
 
@@ -263,14 +229,14 @@ class Agent:
             self._stop_collectors(flush)
             if flush:
                 # With what still waits for its spans: at exit, nothing more will end.
-                self._send_profiles([], final=True)
+                self.outbox.send_profiles([], self._rate, final=True)
                 if self._sampler_spec is not None:
-                    self._upload(final=True)
+                    self.outbox.upload(self._sampler, self._rate, final=True)
                 else:
-                    self._upload_held(final=True)
+                    self.outbox.upload_held(self._rate, final=True)
             self._sampler_spec = None
-            if self._conditions is not None:
-                self._conditions.uninstall()
+            if self.outbox.conditions is not None:
+                self.outbox.conditions.uninstall()
             if flush:
                 self._uploader.flush(self.config.exit_flush_timeout)
             self._uploader.stop(timeout=1.0)
@@ -294,7 +260,7 @@ class Agent:
             self._collector_specs.pop(collector.name, None)
             try:
                 if flush:
-                    self._send_profiles(collector.collect(final=True))
+                    self.outbox.send_profiles(collector.collect(final=True), self._rate)
                 collector.stop()
             except Exception:  # noqa: BLE001
                 logger.warning(
@@ -310,9 +276,7 @@ class Agent:
         the parent's pending data (the parent sends that)."""
         try:
             running = self._thread is not None and not self._stop.is_set()
-            # The parent's threads are gone, and any lock one of them held (a window being
-            # encoded as the fork happened) would stay held here forever.
-            self._lock = threading.Lock()
+            self.outbox.after_fork()
             self._applied = threading.Condition(threading.Lock())
             self._stop = threading.Event()
             self._wake = threading.Event()
@@ -321,9 +285,7 @@ class Agent:
             self._control_server = None  # the parent's; a worker has none of its own
             self._meter = Meter()  # the parent's threads and clocks are not this process's
             self.live.reset_after_fork()
-            # What waits for its spans is the parent's to send, as the rest of its data.
-            self._held_windows, self._held_profiles = [], []
-            hub = _pull_hub()
+            hub = pull_hub()
             if hub is not None:
                 hub.after_fork()
             self.instance_id = _instance_id()
@@ -366,7 +328,7 @@ class Agent:
             if sampler_spec is not None:
                 self._start_sampler(*sampler_spec)
             if taken is not None:
-                self._upload(final=False, taken=taken)
+                self.outbox.upload(self._sampler, self._rate, final=False, taken=taken)
         specs: Dict[str, Any] = {}
         if active:
             if "alloc" in types:
@@ -386,19 +348,20 @@ class Agent:
     def _update_conditions(self, settings: Dict[str, Any]) -> None:
         config = self.config
         slow = float(settings["slow_request_threshold"])
-        self._conditional_only = bool(settings["conditional_only"]) and self.span_linking
+        outbox = self.outbox
+        outbox.conditional_only = bool(settings["conditional_only"]) and self.span_linking
         wanted = self.span_linking and (
             slow > 0 or config.error_condition or config.cpu_threshold_percent > 0
         )
-        if wanted and self._conditions is None:
+        if wanted and outbox.conditions is None:
             from hotspan.agent.spans import SpanConditions
 
-            self._conditions = SpanConditions(
+            outbox.conditions = SpanConditions(
                 slow, config.error_condition, config.cpu_threshold_percent
             )
-            self._conditions.install()
-        if self._conditions is not None:
-            self._conditions.set_slow_threshold(slow)
+            outbox.conditions.install()
+        if outbox.conditions is not None:
+            outbox.conditions.set_slow_threshold(slow)
 
     def wanted_rate(self, settings: Optional[Dict[str, Any]] = None) -> int:
         """The rate asked for, before the governor has its say."""
@@ -487,13 +450,13 @@ class Agent:
                     self._apply_settings()
                 if self._sampler_spec is not None:
                     self._sampler.tick()
-                    self._upload(final=False)
-                elif self._held_windows:
-                    self._upload_held(final=False)
+                    self.outbox.upload(self._sampler, self._rate, final=False)
+                elif self.outbox.holds_windows:
+                    self.outbox.upload_held(self._rate, final=False)
                 if self._collectors and time.monotonic() >= self._next_collect:
                     self._next_collect = time.monotonic() + self.config.upload_interval
-                    self._collect_profiles()
-                    hub = _pull_hub()
+                    self.outbox.collect(self._collectors, self._rate)
+                    hub = pull_hub()
                     if hub is not None:
                         hub.collected()
                 self._poll_if_quiet()
@@ -512,7 +475,7 @@ class Agent:
             # Not a whole interval: the last poll went a little after its check did.
             if self._uploader.idle_for(0.9 * self.config.upload_interval):
                 self._uploader.poll(
-                    f"/api/v1/agent/settings?{query_string({'name': self._app_name()})}"
+                    f"/api/v1/agent/settings?{query_string({'name': self.outbox.app_name()})}"
                 )
 
     # -------------------------------------------------------------- talking to the server
@@ -576,215 +539,10 @@ class Agent:
             "version": __version__,
         }
 
-    def _collect_profiles(self) -> None:
-        try:
-            self._send_collected()
-        finally:
-            self._label_cache = {}  # the upload is done: next time, fresh thread names
-
-    def _send_collected(self) -> None:
-        for collector in list(self._collectors):
-            try:
-                profiles = collector.collect(final=False)
-            except Exception:  # noqa: BLE001 - that profile stops, the others go on
-                logger.warning(
-                    "hotspan: the %s profile failed; it stops", collector.name, exc_info=True
-                )
-                self._collectors.remove(collector)
-                collector.stop()
-                continue
-            self._send_profiles(profiles)
-
-    # -------------------------------------------------------------- uploads
-
-    def _upload(self, final: bool, taken: Optional[Tuple[Any, int]] = None) -> None:
-        """Encodes and queues the windows the sampler has finished (with ``final``, the one
-        in progress too, and what waits for its spans), once the spans in them have ended
-        (see :meth:`_release`).  ``taken``: what a stopped sampler gave, with its period."""
-        with self._lock:
-            hub = _pull_hub()
-            cut = hub.begin_cut() if hub is not None and taken is None else None
-            if taken is None:
-                collected = self._sampler.cut() if cut else self._sampler.collect(final=final)
-                period = 1_000_000_000 // self._rate
-            else:
-                collected, period = taken
-                del taken
-            self.dropped_samples += collected.lost
-            if hub is not None:
-                hub.feed_windows(self, collected.windows, period)
-                if cut:
-                    hub.end_cut(cut)
-            if not self._uploading:
-                return
-            windows = self._release(
-                self._held_windows, [(w, period) for w in collected.windows], final
-            )
-            if windows:
-                self._label_cache = {}  # a new upload: thread names as they are now
-            batches = [(w, self._encode(w, p), p) for w, p in windows]
-            del collected, windows
-        for window, bodies, period in batches:
-            params = self._params(window.start_ns, window.end_ns, period)
-            for body in bodies:
-                self._uploader.submit(params, body)
-
     def collect_soon(self) -> None:
         """The collectors' next round now rather than in up to an upload interval (a pull of
         heap, allocs or mutex waits for it)."""
         self._next_collect = 0.0
-
-    def _upload_held(self, final: bool) -> None:
-        """The windows waiting for their spans, with no sampler running to bring new ones."""
-        self._upload(final, taken=(_NOTHING_TAKEN, 1_000_000_000 // self._rate))
-
-    def _release(self, held: List[Any], new: List[Any], final: bool) -> List[Any]:
-        """What of ``held`` and ``new`` (windows or collectors' profiles, each with what it
-        needs) can be encoded now; the rest stays in ``held``.
-
-        With span conditions on, a sample gets its span's condition when the span has ended,
-        which is often after the window it was sampled in: a window waits until every span in
-        it (and its local root) has ended, for HOLD_INTERVALS upload intervals at most."""
-        conditions = self._conditions
-        if conditions is None or not conditions.hooked:
-            ready = held + new
-            held.clear()
-            return ready
-        now = time.monotonic()
-        wait = max(HOLD_MIN_S, HOLD_INTERVALS * self.config.upload_interval)
-        held.extend([now + wait, item] for item in new)
-        if not final and not new and now < self._next_release_check:
-            return []  # looked at less than a second ago: spans end at their own pace
-        self._next_release_check = now + 1.0
-        ready, keep = [], []
-        for entry in held:
-            if final or now >= entry[0] or self._settled(entry[1][0].samples, conditions):
-                ready.append(entry[1])
-            else:
-                keep.append(entry)
-        held[:] = keep
-        return ready
-
-    @staticmethod
-    def _settled(samples: Any, conditions: Any) -> bool:
-        """Whether every span of these samples has ended, with its local ancestors."""
-        seen: Set[int] = set()
-        for sample in samples:
-            span = sample.labels[0]
-            if span and span not in seen:
-                seen.add(span)
-                if not conditions.lineage(span)[1]:
-                    return False
-        return True
-
-    def _params(self, start_ns: int, end_ns: int, period: int = 0) -> Dict[str, str]:
-        start_s = start_ns // 1_000_000_000
-        rate = 1_000_000_000 // period if period else self._rate
-        return {
-            "name": self._app_name(),
-            "from": str(start_s),
-            "until": str(max(end_ns // 1_000_000_000, start_s + 1)),
-            "format": "pprof",
-            "sampleRate": str(rate),
-            "spyName": "hotspan",
-        }
-
-    def _send_profiles(self, profiles: List[ProfileData], final: bool = False) -> None:
-        """Encodes a collector's profiles (once their spans have ended, see :meth:`_release`)
-        and queues them for upload."""
-        hub = _pull_hub()
-        if hub is not None:
-            hub.add_profiles(self, profiles)
-        if not self._uploading:
-            return
-        ready = self._release(self._held_profiles, [(p,) for p in profiles], final)
-        for (profile,) in ready:
-            if not profile.samples:
-                continue
-            writer = BoundedProfile(
-                profile.sample_types,
-                profile.period_type,
-                profile.period,
-                self.config.max_profile_size,
-            )
-            for sample, named, labels in self._prepared(profile.samples):
-                writer.add(named, sample.values, labels, stack_key=id(named))
-            if len(writer):
-                duration = max(profile.end_ns - profile.start_ns, 0)
-                body = writer.encode(profile.start_ns, duration)
-                self._uploader.submit(self._params(profile.start_ns, profile.end_ns), body)
-
-    def _label_sets(self) -> Dict[Tuple[Any, ...], Tuple[Tuple[str, str], ...]]:
-        """Label tuples by (raw labels, thread), shared by the CPU, wall and collectors'
-        profiles of an upload: a span's samples are in each.  Started afresh as it grows past
-        one upload's worth (thread names change, idents are reused)."""
-        if len(self._label_cache) > 50_000:
-            self._label_cache = {}
-        return self._label_cache
-
-    def _named(self, stack: Any) -> Tuple[FrameInfo, ...]:
-        return self._symbols.name_stack(stack)
-
-    def _prepared(self, samples: Iterable[Any]) -> Iterator[Tuple[Any, Tuple[FrameInfo, ...], Any]]:
-        """The samples to upload, each with its stack named and its labels; those that
-        conditional_only leaves out are counted, not yielded.  Shared by the sampler's windows
-        and the collectors' profiles."""
-        names = _thread_names() if self.config.thread_name_label else {}
-        labels_cache = self._label_sets()
-        # A stack stands in many samples (CPU and wall, one per span seen there): it is named
-        # once.  By id: the sampler and collectors hand the same tuple for the same stack (and
-        # keep it alive meanwhile), and hashing a stack of code objects costs more than naming
-        # it (see Symbolizer).
-        named_cache: Dict[int, Tuple[FrameInfo, ...]] = {}
-        for sample in samples:
-            key = (sample.labels, sample.thread_ident if names else 0)
-            labels = labels_cache.get(key, _UNSEEN)
-            if labels is _UNSEEN:
-                labels = self._labels(sample.labels, names.get(sample.thread_ident))
-                labels_cache[key] = labels
-            if labels is None:  # conditional_only, and its span met no condition
-                self.conditional_dropped += 1
-                continue
-            named = named_cache.get(id(sample.stack))
-            if named is None:
-                named = named_cache[id(sample.stack)] = self._named(sample.stack)
-            yield sample, named, labels
-
-    def _encode(self, window: Window, period: int) -> List[bytes]:
-        limit = self.config.max_profile_size
-        writers = {
-            CPU: BoundedProfile(CPU_TYPE, CPU_TYPE, period, limit),
-            WALL: BoundedProfile(WALL_TYPE, WALL_TYPE, period, limit),
-        }
-        for sample, stack, labels in self._prepared(window.samples):
-            writers[sample.kind].add(stack, sample.value, labels, stack_key=id(stack))
-        duration = max(window.end_ns - window.start_ns, 0)
-        return [w.encode(window.start_ns, duration) for w in writers.values() if len(w)]
-
-    def _labels(
-        self, labels: Tuple[int, int, int, int, int], thread: Optional[str]
-    ) -> Optional[Tuple[Tuple[str, str], ...]]:
-        """The labels a sample is uploaded with; None to leave it out (conditional_only)."""
-        # Once per span seen in an upload, which is nearly once per sample: kept short.
-        span, trace_hi, trace_lo, root, tagset = labels
-        out = context.tagset(tagset) if tagset else ()
-        conditions = self._conditions
-        verdict = conditions.lineage(span)[0] if conditions is not None and span else ""
-        if not verdict and self._conditional_only:
-            return None
-        if self.config.root_spans_only:
-            span = root
-        if span:
-            out += (("span_id", f"{span:016x}"), ("trace_id", f"{trace_hi:016x}{trace_lo:016x}"))
-        if verdict:
-            out += ((CONDITION_LABEL, verdict),)
-        if thread is not None:
-            out += (("thread_name", thread),)
-        return self._redact.labels(out)  # a tuple: the writer interns it once (ProfileWriter.add)
-
-    def _app_name(self) -> str:
-        tags = ",".join(f"{k}={_tag_value(self._redact(v))}" for k, v in self.config.tags.items())
-        return f"{self.config.application_name}{{{tags}}}"
 
     @property
     def sampler_name(self) -> str:
@@ -796,6 +554,11 @@ class Agent:
     @property
     def upload_stats(self) -> Any:
         return self._uploader.stats
+
+    @property
+    def dropped_samples(self) -> int:
+        """Samples taken but not kept: the sampler's ring or memory bound."""
+        return self.outbox.dropped_samples
 
     @property
     def sampler_stats(self) -> Dict[str, int]:
@@ -827,14 +590,6 @@ def _hostname() -> str:
 def _instance_id() -> str:
     """Tells this process apart from the service's others, and from a restart of itself."""
     return f"{_hostname()}/{os.getpid()}/{os.urandom(2).hex()}"
-
-
-def _tag_value(value: str) -> str:
-    return "".join(c for c in str(value) if c not in NAME_SYNTAX_CHARS)
-
-
-def _thread_names() -> Dict[int, str]:
-    return {t.ident: t.name for t in threading.enumerate() if t.ident is not None}
 
 
 # The agent's start and stop run on the program's thread (configure, shutdown, the atexit

@@ -117,20 +117,20 @@ class PullHub:
             ending = [t for t in self._active if now >= t.due]
         return (starting, ending) if starting or ending else None
 
-    def feed_windows(self, agent: Any, windows: List[Any], period: int) -> None:
+    def feed_windows(self, outbox: Any, windows: List[Any], period: int) -> None:
         """CPU samples of windows the loop just drained, copied to the running taps."""
         active = self._active
         if not active:
             return
         from hotspan.agent.sampler import CPU
 
-        names = agent._named
+        names = outbox.named
         rows: Dict[Tuple[Any, Any], int] = {}
         for window in windows:
             for sample in window.samples:
                 if sample.kind != CPU:
                     continue
-                key = (names(sample.stack), _labels(agent, sample.labels))
+                key = (names(sample.stack), _labels(outbox, sample.labels))
                 rows[key] = rows.get(key, 0) + sample.value
         with self._lock:
             for tap in active:
@@ -154,9 +154,9 @@ class PullHub:
                 tap.end_ns = now_ns
                 tap.done.set()
 
-    def add_profiles(self, agent: Any, profiles: List[Any]) -> None:
+    def add_profiles(self, outbox: Any, profiles: List[Any]) -> None:
         """A collectors' round (alloc, locks), added to the running totals."""
-        names = agent._named
+        names = outbox.named
         for profile in profiles:
             types = tuple(profile.sample_types)
             if types == ALLOC_TYPES:
@@ -219,11 +219,11 @@ def _add(table: Dict[Any, List[int]], stack: Any, values: Any) -> None:
         entry[i] += v
 
 
-def _labels(agent: Any, raw: Any) -> Tuple[Tuple[str, str], ...]:
+def _labels(outbox: Any, raw: Any) -> Tuple[Tuple[str, str], ...]:
     # The labels a push would carry (tags, span and trace ids), conditions aside: a pulled
     # profile has every sample.
     try:
-        labels = agent._labels(raw, None)
+        labels = outbox.labels(raw, None)
     except Exception:  # noqa: BLE001 - labels are a nicety, the sample is not
         labels = None
     return labels if labels is not None else ()
@@ -377,11 +377,11 @@ def _goroutine(agent: Any, query: Mapping[str, str]) -> Answer:
 
     snapshot = ThreadsCollector(agent.config.max_depth).snapshot()
     # A symbolizer of our own: the agent's is its loop's, and this runs on a request's thread.
-    redact = agent._redact if agent._redact else None
+    redact = agent.outbox.redact if agent.outbox.redact else None
     names = Symbolizer(redact).name_stack
     rows: Dict[Tuple[Any, Any], int] = {}
     for sample in snapshot.samples:
-        key = (names(sample.stack), _labels(agent, sample.labels))
+        key = (names(sample.stack), _labels(agent.outbox, sample.labels))
         rows[key] = rows.get(key, 0) + sample.values[0]
     if query.get("debug", "0") not in ("", "0"):
         return 200, TEXT, _goroutine_text(rows)
