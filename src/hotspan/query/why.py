@@ -39,7 +39,7 @@ from hotspan.query.traces import descendants
 from hotspan.store.base import SampleFilter, StackValues, Store
 
 CPU = ProfileType.parse("process_cpu:cpu:nanoseconds:cpu:nanoseconds")
-# What the hotspan agent sends for wall time (agent.core.WALL_TYPE under the name "wall").
+# What the hotspan agent sends for wall time (agent.outbox.WALL_TYPE under the name "wall").
 WALL = ProfileType.parse("wall:wall:nanoseconds:wall:nanoseconds")
 HOUR_NS = 3600 * 10**9
 DEFAULT_WINDOW_NS = 24 * HOUR_NS
