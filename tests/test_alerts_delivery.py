@@ -18,9 +18,9 @@ from typing import Any, Callable, Dict, Iterator, List, Optional
 import httpx
 import pytest
 
-from hotspan.alerts.delivery import post
 from hotspan.alerts.state import FIRING, AlertState
 from hotspan.alerts.targets import parse_allow
+from hotspan.alerts.webhook_post import post
 from tests.clickhouse_fixture import clickhouse_server as clickhouse_server  # noqa: F401
 from tests.clickhouse_fixture import clickhouse_url as clickhouse_url  # noqa: F401
 from tests.conftest import RunningServer, running_server

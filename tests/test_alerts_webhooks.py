@@ -23,7 +23,6 @@ from typing import Any, Dict, Iterator, List, Optional
 import pytest
 
 from hotspan.alerts import RULE_KIND, STATE_KIND
-from hotspan.alerts.delivery import check_urls, post
 from hotspan.alerts.rules import parse_rule
 from hotspan.alerts.state import AlertState
 from hotspan.alerts.targets import (
@@ -35,6 +34,7 @@ from hotspan.alerts.targets import (
     permitted,
     public_error,
 )
+from hotspan.alerts.webhook_post import check_urls, post
 from hotspan.store import open_store
 from tests.conftest import RunningServer, running_server
 from tests.test_alerts_delivery import INTERVAL_S, Pusher, put, rule, wait_alert

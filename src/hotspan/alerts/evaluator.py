@@ -25,11 +25,11 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 from hotspan.alerts import RULE_KIND, STATE_KIND
 from hotspan.alerts.conditions import measure
-from hotspan.alerts.delivery import DEADLINE_S, Dispatcher, Outcome, Send
+from hotspan.alerts.delivery import Dispatcher, Outcome, Send
 from hotspan.alerts.lease import Lease
 from hotspan.alerts.rules import AlertRule, RuleError, parse_rule, redact_url
 from hotspan.alerts.state import FIRING, RULE_DELETED, AlertState, Notice, is_alertmanager_api
-from hotspan.alerts.targets import parse_allow
+from hotspan.alerts.targets import DEADLINE_S, parse_allow
 from hotspan.alerts.webhook import api_payload, payload
 from hotspan.query.engine import QueryEngine, QueryError
 from hotspan.store.base import Store, StoreClosed

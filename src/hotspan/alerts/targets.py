@@ -50,6 +50,8 @@ Resolver = Callable[[str, int, float], List[IPAddress]]
 ALLOW_SETTING = "--alert-webhook-allow CIDR"
 # A rule's save waits at most this long for its webhooks' names to resolve.
 SAVE_RESOLVE_S = 3.0
+# The whole of one POST: resolving, connecting, sending, the answer's headers.
+DEADLINE_S = 10.0
 
 _PRIVATE = tuple(
     ipaddress.ip_network(n)

@@ -44,7 +44,6 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from hotspan.alerts import RULE_KIND, STATE_KIND
-from hotspan.alerts.delivery import check_urls
 from hotspan.alerts.rules import (
     RuleError,
     check_name,
@@ -225,6 +224,8 @@ async def put_rule(request: Request) -> Response:
         raise HTTPError(400, str(exc)) from None
     try:
         allow = parse_allow(state.config.alert_webhook_allow)
+        from hotspan.alerts.webhook_post import check_urls
+
         await run_in_threadpool(check_urls, rule.webhooks, allow)
     except WebhookRefused as exc:
         raise HTTPError(400, str(exc)) from None
