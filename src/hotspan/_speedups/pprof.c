@@ -381,6 +381,13 @@ static int decode_top(Decoder *d, const uint8_t *base, Reader *r) {
             if (read_int(r, field, wire, &d->duration_nanos) < 0) return -1;
         } else if (field == 12) {
             if (read_int(r, field, wire, &d->period) < 0) return -1;
+        } else if (field == 13 && wire == 2) {
+            /* comment (repeated int64), unused here; but upb reads the packed run and refuses
+             * a varint cut short inside it, and both decoders must refuse the same. */
+            uint64_t v;
+            if (read_len(r, &sub) < 0) return -1;
+            while (sub.p < sub.end)
+                if (read_varint(&sub, &v) < 0) return -1;
         } else if (skip(r, field, wire) < 0) {
             return -1;
         }
