@@ -15,17 +15,7 @@ from __future__ import annotations
 
 from typing import List, Sequence
 
-
-def uvarint(value: int) -> bytes:
-    """``value`` (0 <= value < 2**64) as an unsigned LEB128 varint."""
-    if value < 0x80:
-        return bytes((value,))
-    out = bytearray()
-    while value >= 0x80:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
+from hotspan.formats.protowire import uvarint
 
 
 def encode(

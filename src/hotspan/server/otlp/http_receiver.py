@@ -20,6 +20,7 @@ from starlette.responses import Response
 from hotspan.formats import otlp_profiles, otlp_traces
 from hotspan.formats.errors import FormatError
 from hotspan.formats.otlp import TooLarge, encode_json
+from hotspan.formats.protowire import uvarint
 from hotspan.server.errors import HTTPError
 from hotspan.server.ingestion import commit, commit_spans
 from hotspan.server.request import check_token, read_body, tenant_of
@@ -47,17 +48,10 @@ def _status_bytes(code: int, message: str) -> bytes:
     """A ``google.rpc.Status`` with a code and a message (its fields 1 and 2)."""
     text = message.encode()
     out = bytearray(b"\x08")
-    _varint(out, code)
+    out += uvarint(code)
     out += b"\x12"
-    _varint(out, len(text))
+    out += uvarint(len(text))
     return bytes(out + text)
-
-
-def _varint(out: bytearray, value: int) -> None:
-    while value >= 0x80:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
 
 
 def _error(status: int, message: str, is_json: bool) -> Response:

@@ -21,6 +21,7 @@ from starlette.routing import Route
 
 from hotspan.formats.otlp import encode_json
 from hotspan.formats.otlp_traces import traces_data
+from hotspan.formats.protowire import uvarint
 from hotspan.model.profile import MAX_TIME_NS
 from hotspan.model.trace import (
     TRACE_INTRINSICS,
@@ -142,17 +143,8 @@ async def trace_v2(request: Request) -> Response:
     if _wants_protobuf(request):
         body = data.SerializeToString()
         # Field 1 (trace) is always written: Grafana reads it without checking it is there.
-        return Response(b"\x0a" + _varint(len(body)) + body, media_type=PROTOBUF)
+        return Response(b"\x0a" + uvarint(len(body)) + body, media_type=PROTOBUF)
     return JSONResponse({"trace": encode_json(data)})
-
-
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while value >= 0x80:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
 
 
 def search_query(params: Mapping[str, str]) -> Tuple[SearchParams, Optional[Query], TraceQuery]:
