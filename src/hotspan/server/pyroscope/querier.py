@@ -223,6 +223,23 @@ def _flamegraph_message(graph: FlameGraph, cls: Callable[[], M]) -> Callable[[],
     return build
 
 
+async def _graph_answer(
+    request: Request,
+    state: ServerState,
+    values: StackValues,
+    limit: int,
+    tree: bool,
+    cls: Callable[..., Message],
+) -> Response:
+    """The merged stacks as Pyroscope's serialized tree (``tree``) or as a flame graph, in a
+    ``cls`` message (both built off the event loop)."""
+    if tree:
+        serialized = await _run(state.engine.tree, values, limit)
+        return await _answer(request, lambda: cls(tree=serialized))
+    graph = await _run(state.engine.flamegraph, values, limit)
+    return await _answer(request, _flamegraph_message(graph, cls))
+
+
 @unary
 async def select_merge_stacktraces(request: Request) -> Response:
     state, tenant = query_state(request)
@@ -253,12 +270,9 @@ async def select_merge_stacktraces(request: Request) -> Response:
             return resp
 
         return await _answer(request, with_profile)
-    if fmt == querier_pb2.PROFILE_FORMAT_TREE:
-        resp.tree = await _run(state.engine.tree, values, limit)
-        return await _answer(request, lambda: resp)
-    graph = await _run(state.engine.flamegraph, values, limit)
-    return await _answer(
-        request, _flamegraph_message(graph, querier_pb2.SelectMergeStacktracesResponse)
+    tree = fmt == querier_pb2.PROFILE_FORMAT_TREE
+    return await _graph_answer(
+        request, state, values, limit, tree, querier_pb2.SelectMergeStacktracesResponse
     )
 
 
@@ -276,12 +290,9 @@ async def select_merge_span_profile(request: Request) -> Response:
         state, tenant, req.profile_typeID, req.label_selector, req.start, req.end, spans
     )
     # As Pyroscope: the tree when asked for, a flame graph for every other format.
-    if req.format == querier_pb2.PROFILE_FORMAT_TREE:
-        tree = await _run(state.engine.tree, values, limit)
-        return await _answer(request, lambda: querier_pb2.SelectMergeSpanProfileResponse(tree=tree))
-    graph = await _run(state.engine.flamegraph, values, limit)
-    return await _answer(
-        request, _flamegraph_message(graph, querier_pb2.SelectMergeSpanProfileResponse)
+    tree = req.format == querier_pb2.PROFILE_FORMAT_TREE
+    return await _graph_answer(
+        request, state, values, limit, tree, querier_pb2.SelectMergeSpanProfileResponse
     )
 
 
