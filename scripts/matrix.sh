@@ -22,10 +22,10 @@ CACHE=${HOTSPAN_PYTHONS:-$HOME/.cache/hotspan/pythons}
 WORK=${HOTSPAN_MATRIX_WORK:-/tmp/hotspan-matrix}
 DEBIAN_ROOT=$CACHE/debian-sid
 AGENT_TESTS=(
-    tests/test_agent_sampler.py tests/test_agent_frame_lifetime.py tests/test_agent_code_lifetime.py
-    tests/test_agent_span_linking.py tests/test_agent.py tests/test_agent_alloc.py
-    tests/test_agent_locks.py tests/test_agent_threads.py tests/test_agent_pprof.py
-    tests/test_agent_symbols.py tests/test_agent_busy.py
+    tests/agent/test_sampler.py tests/agent/test_frame_lifetime.py tests/agent/test_code_lifetime.py
+    tests/agent/test_span_linking.py tests/agent/test_agent.py tests/agent/test_alloc.py
+    tests/agent/test_locks.py tests/agent/test_threads.py tests/agent/test_pprof.py
+    tests/agent/test_symbols.py tests/agent/test_busy.py
 )
 mkdir -p "$WORK"
 

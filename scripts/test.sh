@@ -9,7 +9,7 @@ export PIP_BREAK_SYSTEM_PACKAGES=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER
 
 # Go brings `go tool pprof` (a real pprof reader) and runtime/pprof (a real producer);
 # Chromium runs the UI tests (Playwright drives it; Playwright's own browser download is not
-# used); valgrind runs the agent where the heap sits low (tests/test_agent_code_lifetime.py).
+# used); valgrind runs the agent where the heap sits low (tests/agent/test_code_lifetime.py).
 missing=()
 command -v go >/dev/null 2>&1 || missing+=(golang-go)
 command -v chromium >/dev/null 2>&1 || missing+=(chromium)
@@ -40,14 +40,14 @@ status=0
 # front of them.  Its own step, not a pytest test: the fuzzer wants the cores for a fixed wall
 # time (60 s here, two targets at a time, before the suite starts), and a finding should read
 # as one.  A finding lands in tests/fuzz/crashes/<target>/ (commit it with the fix), which
-# tests/test_fuzz_crashes.py replays on every run.  atheris comes with the test extra where it has
-# wheels (CPython 3.11-3.13 on x86-64 Linux); elsewhere the step says it is skipped.
+# tests/formats/test_fuzz_crashes.py replays on every run.  atheris comes with the test extra where
+# it has wheels (CPython 3.11-3.13 on x86-64 Linux); elsewhere the step says it is skipped.
 if python3 -c "import atheris" 2>/dev/null || python3 -m pip install -q "atheris>=2.3"; then
     python3 tests/fuzz/run.py --seconds 60 --jobs 2 || status=$?
 else
     echo "fuzz: skipped (atheris does not install on $(python3 --version))"
 fi
 python3 -m pytest -n "${HOTSPAN_TEST_WORKERS:-2}" --dist loadfile \
-    --ignore-glob='*/test_agent*.py' || status=$?
-python3 -m pytest tests/test_agent*.py || status=$?
+    --ignore=tests/agent || status=$?
+python3 -m pytest tests/agent || status=$?
 exit "$status"

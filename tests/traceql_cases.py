@@ -1,5 +1,5 @@
-"""Trace search cases both the HTTP API (tests/test_traces_api.py) and ClickHouse's SQL
-(tests/test_clickhouse_search.py) are checked on: each query, and which of the five traces
+"""Trace search cases both the HTTP API (tests/server/tempo/test_traces_api.py) and ClickHouse's SQL
+(tests/store/test_clickhouse_search.py) are checked on: each query, and which of the five traces
 T1..T5 both tests store it finds, newest first."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The per-endpoint page in a real Chromium against a real server fed by a real traced program
-(three endpoints of known cost, see tests/test_endpoints_api.py): the table ranks them with
+(three endpoints of known cost, see tests/server/api/test_endpoints.py): the table ranks them with
 their request counts, sorts on any column, and a row opens that endpoint's flame graph; the
 URL reopens it all; an unknown service stays named; the page fits from 390 px up."""
 
@@ -14,7 +14,7 @@ import pytest
 
 from tests.conftest import RunningServer, running_server
 from tests.helpers import run_programs
-from tests.test_endpoints_api import PROGRAM
+from tests.server.api.test_endpoints import PROGRAM
 from tests.ui.conftest import screenshot
 
 SELECTOR = '{service_name="shop"}'

@@ -1,0 +1,389 @@
+"""The agent on busy programs, where a sampler that needs the GIL starves: a CPU-bound
+coroutine yielding with ``await asyncio.sleep(0)``, a loop of socket ``send``/``recv``
+between Python calls, and a Starlette app under uvicorn taking requests as fast as a client in
+another process sends them.  Each runs 10 s of work, five times, profiled at 100 Hz, pushing
+to a real server; each run must store the CPU its threads really used (within 5%), wall time
+for the busy thread at the sample rate (within 5%), and the right span labels.
+
+A profile covers the agent's life (``configure`` to ``shutdown``), so each program measures
+the CPU of the threads the agent samples (all but its own ``hotspan-sampler`` and
+``hotspan-uploader``) over exactly that, from their CPU clocks.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+from pathlib import Path
+from typing import Dict, List
+
+import pytest
+
+from hotspan._speedups import load_sampler
+from tests.agent.test_agent import OTEL, PRELUDE, TOTAL, WALL, run_program, span_profile, totals
+from tests.helpers import flamegraph
+
+REPETITIONS = 5
+WORK_SECONDS = 10
+TOLERANCE = 0.05
+
+native_only = pytest.mark.skipif(
+    load_sampler() is None,
+    reason="the native sampler is not built: the pure-Python fallback needs the GIL to "
+    "sample and promises less on busy programs (see README)",
+)
+
+# Shared by the programs: the unit of pure-Python work, and the CPU of the sampled threads.
+BUSY_PRELUDE = """
+import asyncio, socket, threading, time
+from opentelemetry import trace
+
+def spin(n):
+    x = 0
+    for i in range(n):
+        x = (x * 31 + i) & 0xFFFFF
+    return x
+
+def sampled_cpu():
+    total = 0.0
+    for t in threading.enumerate():
+        if t.name in ("hotspan-sampler", "hotspan-uploader"):
+            continue  # the agent's own threads are not sampled
+        try:
+            total += time.clock_gettime(time.pthread_getcpuclockid(t.ident))
+        except (OSError, OverflowError):
+            pass
+    return total
+
+tracer = trace.get_tracer("busy")
+"""
+
+
+def agent_line(url: str, service: str, native: bool = True, max_overhead: float = 1.0) -> str:
+    # One window (upload_interval > the run): the exit flush sends all of it.
+    return (
+        f"t_start = time.monotonic(); cpu_start = sampled_cpu()\n"
+        f"agent = hotspan.configure(application_name={service!r}, server_address={url!r}, "
+        f"upload_interval=60, sample_rate=100, thread_name_label=True, native={native!r}, "
+        f"max_overhead={max_overhead!r})\n"
+    )
+
+
+FINISH = """
+t_stop = time.monotonic(); cpu_stop = sampled_cpu()
+hotspan.shutdown()
+report(cpu=cpu_stop - cpu_start, elapsed=t_stop - t_start, stats=agent.sampler_stats,
+       **result)
+"""
+
+ASYNCIO_YIELD = """
+async def busy_loop(seconds):
+    with tracer.start_as_current_span("busy-loop") as span:
+        inside = time.thread_time()
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            spin(3000)  # ~0.5 ms
+            await asyncio.sleep(0)
+        return span_hex(span), time.thread_time() - inside
+
+span_id, in_span = asyncio.run(busy_loop({seconds}))
+result = dict(span_id=span_id, in_span=in_span)
+"""
+
+SOCKET_PINGPONG = """
+a, b = socket.socketpair()
+with tracer.start_as_current_span("ping-pong") as span:
+    inside = time.thread_time()
+    end = time.monotonic() + {seconds}
+    while time.monotonic() < end:
+        spin(300)  # ~50 us of Python between short system calls
+        a.send(b"ping" * 16)
+        b.recv(64)
+        b.send(b"pong" * 16)
+        a.recv(64)
+    in_span = time.thread_time() - inside
+result = dict(span_id=span_hex(span), in_span=in_span)
+"""
+
+
+def busy_profile(server, service: str) -> Dict[str, int]:  # type: ignore[no-untyped-def]
+    now = int(time.time())
+    with server.client() as client:
+        return totals(flamegraph(client, f'{{service_name="{service}"}}', now - 600, now + 60))
+
+
+def main_wall(server, service: str) -> float:  # type: ignore[no-untyped-def]
+    now = int(time.time())
+    selector = f'{{service_name="{service}", thread_name="MainThread"}}'
+    with server.client() as client:
+        graph = flamegraph(client, selector, now - 600, now + 60, profile_type=WALL)
+    return int(graph.get("total", 0) or 0) / 1e9
+
+
+def check_run(server, service: str, result: dict, run: int) -> None:  # type: ignore[no-untyped-def]
+    """Profiled CPU against real CPU, the main thread's wall against elapsed time."""
+    profiled = busy_profile(server, service)[TOTAL] / 1e9
+    real = result["cpu"]
+    assert abs(profiled / real - 1) <= TOLERANCE, (
+        f"run {run}: CPU profiled {profiled:.3f} s, real {real:.3f} s "
+        f"({profiled / real:.3f}); sampler {result['stats']}"
+    )
+    wall = main_wall(server, service)
+    elapsed = result["elapsed"]
+    assert abs(wall / elapsed - 1) <= TOLERANCE, (
+        f"run {run}: main thread wall profiled {wall:.3f} s over {elapsed:.3f} s "
+        f"({wall / elapsed:.3f}: {wall * 100:.0f} samples at 100 Hz, "
+        f"{elapsed * 100:.0f} wanted); sampler {result['stats']}"
+    )
+
+
+def check_span(server, service: str, result: dict, run: int, task: str = "") -> None:  # type: ignore[no-untyped-def]
+    """CPU under the span against CPU spent in it.  In a task (``task`` names its coroutine),
+    the event loop's own work between the task's steps runs outside the task's context, so
+    outside the span: there, what runs inside the coroutine must all be under the span."""
+    with server.client() as client:
+        in_span = span_profile(client, service, [result["span_id"]])[TOTAL] / 1e9
+    if not task:
+        assert abs(in_span / result["in_span"] - 1) <= TOLERANCE, (
+            f"run {run}: CPU under the span {in_span:.3f} s, spent in it {result['in_span']:.3f} s"
+        )
+        return
+    in_task = busy_profile(server, service).get(task, 0) / 1e9
+    assert abs(in_span / in_task - 1) <= TOLERANCE, (
+        f"run {run}: CPU under the span {in_span:.3f} s, in {task} {in_task:.3f} s"
+    )
+    assert 0.8 <= in_span / result["in_span"] <= 1 + TOLERANCE, (
+        f"run {run}: CPU under the span {in_span:.3f} s, "
+        f"the thread's CPU while it was open {result['in_span']:.3f} s"
+    )
+
+
+# (program, the coroutine its span is current in, or "" for a plain thread)
+LOOPS = {
+    "asyncio": (ASYNCIO_YIELD, "__main__.busy_loop"),
+    "socket": (SOCKET_PINGPONG, ""),
+}
+
+
+@native_only
+@pytest.mark.parametrize("run", range(REPETITIONS))
+@pytest.mark.parametrize("loop", sorted(LOOPS))
+def test_busy_loop(module_server, tmp_path: Path, loop: str, run: int) -> None:
+    program, task = LOOPS[loop]
+    service = f"busy_{loop}_{uuid.uuid4().hex[:6]}"
+    body = (
+        BUSY_PRELUDE
+        + agent_line(module_server.url, service)
+        + program.format(seconds=WORK_SECONDS)
+        + FINISH
+    )
+    result = run_program(tmp_path, body, timeout=120)
+    check_run(module_server, service, result, run)
+    check_span(module_server, service, result, run, task=task)
+
+
+# -- a web server under load -------------------------------------------------------------
+
+TRACES = 4  # one trace id per client connection, as a load test run under a trace sends
+
+WEB_SERVER = """
+import json as _json
+import uvicorn
+from opentelemetry.propagate import extract
+from starlette.applications import Starlette
+from starlette.responses import Response
+from starlette.routing import Route
+
+render_cpu = {{}}  # trace id -> CPU spent in render() under that trace's requests
+
+def render(n):
+    return _json.dumps([{{"id": i, "name": "item-%d" % i, "price": i * 1.5}} for i in range(n)])
+
+async def items(request):
+    start = time.thread_time()
+    body = render(60)
+    trace_id = format(trace.get_current_span().get_span_context().trace_id, "032x")
+    render_cpu[trace_id] = render_cpu.get(trace_id, 0.0) + time.thread_time() - start
+    return Response(body, media_type="application/json")
+
+class SpanPerRequest:
+    # What an OpenTelemetry ASGI instrumentation does: a server span per request, child of
+    # the caller's traceparent, current while the request is handled.
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        carrier = {{k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}}
+        with tracer.start_as_current_span("GET " + scope["path"], context=extract(carrier)):
+            await self.app(scope, receive, send)
+
+app = SpanPerRequest(Starlette(routes=[Route("/items", items)]))
+listener = socket.socket()
+listener.bind(("127.0.0.1", 0))
+listener.listen(128)
+print("PORT", listener.getsockname()[1], flush=True)
+config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off")
+server = uvicorn.Server(config)
+
+def stop_later():
+    time.sleep({seconds})
+    server.should_exit = True
+
+threading.Thread(target=stop_later, daemon=True).start()
+server.run(sockets=[listener])
+result = dict(render_cpu=render_cpu)
+"""
+
+# The load: one keep-alive connection per trace, each in a thread, requests back to back.
+CLIENT = """
+import socket, sys, threading, time
+port, seconds, traces = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3].split(",")
+counts = [0] * len(traces)
+
+def load(i):
+    request = (
+        "GET /items HTTP/1.1\\r\\nHost: 127.0.0.1\\r\\n"
+        f"traceparent: 00-{traces[i]}-{i + 1:016x}-01\\r\\n\\r\\n"
+    ).encode()
+    conn = socket.create_connection(("127.0.0.1", port))
+    end = time.monotonic() + seconds
+    buffer = b""
+
+    def more():
+        # The server stops on its own clock (it may close before our end): that ends the
+        # run, rather than a recv loop that spins on b"" forever.
+        chunk = conn.recv(65536)
+        if not chunk:
+            raise EOFError
+        return chunk
+
+    try:
+        while time.monotonic() < end:
+            conn.sendall(request)
+            while b"\\r\\n\\r\\n" not in buffer:
+                buffer += more()
+            head, _, buffer = buffer.partition(b"\\r\\n\\r\\n")
+            length = int(head.lower().split(b"content-length:")[1].split(b"\\r\\n")[0])
+            while len(buffer) < length:
+                buffer += more()
+            buffer = buffer[length:]
+            counts[i] += 1
+    except (EOFError, ConnectionResetError, BrokenPipeError):
+        print("closed early", i, time.monotonic() - end, file=sys.stderr, flush=True)
+    conn.close()
+
+threads = [threading.Thread(target=load, args=(i,)) for i in range(len(traces))]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+print("REQUESTS", sum(counts), flush=True)
+"""
+
+
+def run_web_server(tmp_path: Path, service: str, url: str, trace_ids: List[str]) -> dict:
+    """The app in one process, the client in another, started once the app listens."""
+    script = tmp_path / "app.py"
+    script.write_text(
+        PRELUDE
+        + OTEL
+        + BUSY_PRELUDE
+        + agent_line(url, service)
+        + WEB_SERVER.format(seconds=WORK_SECONDS)
+        + FINISH
+    )
+    client = tmp_path / "client.py"
+    client.write_text(textwrap.dedent(CLIENT))
+    # A crash prints every thread's Python stack (faulthandler) into the assertion below.
+    app = subprocess.Popen(
+        [sys.executable, str(script)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONFAULTHANDLER": "1"},
+    )
+    try:
+        assert app.stdout is not None
+        line = app.stdout.readline()
+        assert line.startswith("PORT "), line + (app.stderr.read() if app.stderr else "")
+        port = line.split()[1]
+        load = subprocess.run(
+            [sys.executable, str(client), port, str(WORK_SECONDS - 1), ",".join(trace_ids)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={k: v for k, v in os.environ.items() if not k.startswith("HOTSPAN_")},
+        )
+        out, err = app.communicate(timeout=60)
+        assert load.returncode == 0, (load.stderr, app.returncode, err[-3000:])
+    finally:
+        if app.poll() is None:
+            app.kill()
+            app.communicate()
+    assert app.returncode == 0, (app.returncode, err[-6000:])
+    result = json.loads(next(x for x in out.splitlines() if x.startswith("RESULT "))[7:])
+    result["requests"] = int(load.stdout.split()[-1])
+    return result
+
+
+@native_only
+@pytest.mark.parametrize("run", range(REPETITIONS))
+def test_busy_web_server(module_server, tmp_path: Path, run: int) -> None:
+    service = f"busy_web_{uuid.uuid4().hex[:6]}"
+    trace_ids = [uuid.uuid4().hex for _ in range(TRACES)]
+    result = run_web_server(tmp_path, service, module_server.url, trace_ids)
+    assert result["requests"] > 1000, result  # it was busy
+    check_run(module_server, service, result, run)
+    # Span labels: render() runs only inside request spans, so all of its CPU is under the
+    # load's traces, and each trace (one connection's requests, interleaved with the others'
+    # on one event loop) gets its own share: about a quarter, sampling noise allowing.
+    whole = busy_profile(module_server, service).get("__main__.render", 0)
+    now = int(time.time())
+    per_trace = {}
+    with module_server.client() as client:
+        for trace_id in trace_ids:
+            graph = flamegraph(
+                client,
+                f'{{service_name="{service}"}}',
+                now - 600,
+                now + 60,
+                traceIdSelector=[trace_id],
+            )
+            per_trace[trace_id] = totals(graph).get("__main__.render", 0)
+    labelled = sum(per_trace.values())
+    assert whole > 0 and labelled / whole >= 1 - TOLERANCE, (
+        f"run {run}: render() CPU under the load's traces {labelled / 1e9:.3f} s "
+        f"of {whole / 1e9:.3f} s"
+    )
+    real = result["render_cpu"]
+    for trace_id, value in per_trace.items():
+        share, true_share = value / labelled, real[trace_id] / sum(real.values())
+        assert abs(share - true_share) < 0.1, (run, trace_id, share, true_share)
+
+
+def test_busy_asyncio_loop_python_fallback(module_server, tmp_path: Path) -> None:
+    """The pure-Python sampler needs the GIL to tick, so it ticks from a SIGPROF handler on
+    the busy main thread too; its totals come from the threads' CPU clocks and the time that
+    passed, so they hold however late a tick is (its stacks are the coarser part: README)."""
+    service = f"busy_async_py_{uuid.uuid4().hex[:6]}"
+    body = (
+        BUSY_PRELUDE
+        # Beside a busy loop the fallback's thread costs ~6% of the process (waking for the
+        # GIL), over the 1% budget: the governor would halve the rate (a new sampler) mid-run,
+        # and the ticks counted here are at one rate (the budget: test_governor.py).
+        + agent_line(module_server.url, service, native=False, max_overhead=100.0)
+        + ASYNCIO_YIELD.format(seconds=WORK_SECONDS / 2)
+        + FINISH
+    )
+    result = run_program(tmp_path, body, timeout=120)
+    # The handler ticks every 10 ms of the process's CPU: on a loaded machine the program gets
+    # less than the run's wall time of CPU, and the ticks are counted against what it got.
+    assert result["stats"]["ticks"] >= result["cpu"] * 100 * 0.9, (result["stats"], result)
+    check_run(module_server, service, result, 0)
