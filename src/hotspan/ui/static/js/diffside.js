@@ -231,7 +231,7 @@ export class DiffSide {
     try {
       return resolveRange(this.from, this.until);
     } catch (err) {
-      throw new Error(`${this.title}: ${err.message}`);
+      throw new Error(`${this.title}: ${err.message}`, { cause: err });
     }
   }
 

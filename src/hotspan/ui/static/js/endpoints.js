@@ -58,7 +58,7 @@ export function renderEndpoints(root, { params }) {
   const panelTitle = el("h2", { class: "hs-ep-panel-title" });
   const panelBox = el("div", { class: "hs-ep-profile" });
   const panelSection = el("div", { class: "hs-ep-panel-section", hidden: true }, panelTitle, panelBox);
-  const picker = new TimeRangePicker(rangeBox, {
+  new TimeRangePicker(rangeBox, {
     from: state.from,
     until: state.until,
     onChange: (from, until) => {

@@ -411,11 +411,11 @@ export class FlameGraph {
     const tree = this.tree;
     if (!tree || !tree.nodeCount || e.altKey || e.ctrlKey || e.metaKey) return;
     const key = e.key === "F10" && e.shiftKey ? "ContextMenu" : e.key;
-    let node = this.focused >= 0 && this.isVisible(this.focused) ? this.focused : -1;
+    const node = this.focused >= 0 && this.isVisible(this.focused) ? this.focused : -1;
     const start = this.zoomed > 0 ? this.zoomed : 0;
     // Up and down follow the picture: the root is drawn at the bottom when inverted.
     const towardsRoot = this.inverted ? "ArrowDown" : "ArrowUp";
-    let next = -2;
+    let next;
     switch (key) {
       case "ArrowUp":
       case "ArrowDown":

@@ -246,7 +246,7 @@ class ProfilesView {
       await this.fitRangeToTrace(signal);
       if (signal.aborted) return;
     }
-    let range = null;
+    let range;
     let matchers = null;
     try {
       matchers = this.matchers();
