@@ -31,7 +31,6 @@ import array
 import contextlib
 import glob
 import gzip
-import http.client
 import json
 import os
 import random
@@ -165,32 +164,7 @@ TARGET_SPAN_LABELLED_PCT = 90.0
 Log = Callable[[str], None]
 
 
-def _stderr(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
-
-
 # -- running one workload process ------------------------------------------------------------
-
-
-class _HwmSampler(threading.Thread):
-    """Peak RSS (VmHWM) of a process that is not ours to ``getrusage``: py-spy's RSS comes
-    back from ``wait4`` mixed with its child's, so it is read from /proc while it runs."""
-
-    def __init__(self, pid: int) -> None:
-        super().__init__(daemon=True)
-        self.pid = pid
-        self.peak = 0
-        self._done = threading.Event()
-
-    def run(self) -> None:
-        while not self._done.is_set():
-            self.peak = max(self.peak, common.proc_status(self.pid).get("VmHWM", 0))
-            self._done.wait(0.1)
-
-    def stop(self) -> int:
-        self._done.set()
-        self.join(2)
-        return self.peak
 
 
 def _pyspy_path() -> Optional[str]:
@@ -210,18 +184,7 @@ def run_one(
     """One workload process under one profiler; the workload's JSON plus what only the parent
     can see (whole-process wall time, py-spy's own CPU and memory).  A run past ``timeout``
     seconds is killed and reported as such (``timed_out_s``)."""
-    cmd = [
-        sys.executable,
-        os.path.join(WORKLOAD_DIR, f"{workload}.py"),
-        "--profiler",
-        profiler,
-        "--app",
-        app,
-        "--server",
-        server_url,
-        "--params",
-        json.dumps(params),
-    ]
+    cmd = common.workload_command(workload, profiler, app, server_url, params)
     folded = ""
     if profiler.startswith("pyspy"):
         pyspy = _pyspy_path()
@@ -252,7 +215,8 @@ def run_one(
         proc = subprocess.Popen(
             cmd, stdout=subprocess.PIPE, stderr=err, cwd=common.REPO_DIR, env=env
         )
-        hwm = _HwmSampler(proc.pid) if folded else None
+        # py-spy's RSS comes back from wait4 mixed with its child's: read from /proc instead.
+        hwm = common.RssSampler(proc.pid, 0.1, "VmHWM") if folded else None
         if hwm:
             hwm.start()
         killer = threading.Timer(timeout, proc.kill) if timeout else None
@@ -382,48 +346,9 @@ def _probe_pyroscope() -> Optional[str]:
 # -- reading the profiles back ---------------------------------------------------------------
 
 
-def _base_name(name: str) -> str:
-    """``func`` from ``func``, ``module.func``, ``Class.func`` or ``func (file.py:12)``."""
-    name = name.split(" (", 1)[0]
-    return name.rsplit(".", 1)[-1].rsplit(":", 1)[-1]
-
-
-# The per-function totals' key for the CPU of the stacks that hold any of a run's
-# ``work_functions`` (each stack once).
-WORK = "<work>"
-
-
-def _add_stack(out: Dict[str, int], names: Set[str], value: int, work: Collection[str]) -> None:
-    """One stack's value, to each function on it (once) and to WORK if it holds any of
-    ``work``."""
-    for name in names:
-        out[name] = out.get(name, 0) + value
-    if not names.isdisjoint(work):
-        out[WORK] = out.get(WORK, 0) + value
-
-
-def _flamegraph_totals(
-    graph: Dict[str, Any], work: Collection[str] = ()
-) -> Tuple[int, Dict[str, int]]:
-    """Total and per-function totals (ns) of a querier flame graph (``names`` + ``levels`` of
-    [x offset from the previous node's end, total, self, name index] quadruples); a function
-    counted once per node, which is once per stack as long as it does not recurse (the
-    workloads' functions do not); WORK: the nodes of ``work`` under no other node of it."""
-    names = graph.get("names", [])
-    out: Dict[str, int] = {}
-    found: List[Tuple[int, int]] = []  # [x, x + total) of the WORK nodes counted
-    for level in graph.get("levels", [])[1:]:
-        values = [int(v) for v in level.get("values", [])]
-        end = 0
-        for i in range(0, len(values), 4):
-            x, total = end + values[i], values[i + 1]
-            end = x + total
-            key = _base_name(names[values[i + 3]])
-            out[key] = out.get(key, 0) + total
-            if key in work and not any(lo <= x < hi for lo, hi in found):
-                found.append((x, end))
-                out[WORK] = out.get(WORK, 0) + total
-    return int(graph.get("total", 0) or 0), out
+WORK = common.WORK
+_med = common.median_or_none
+_f = common.fmt_opt
 
 
 def _query(
@@ -436,37 +361,25 @@ def _query(
     traces: Optional[List[str]] = None,
     work: Collection[str] = (),
 ) -> Any:
-    """The flame graph totals of an app's profile (``_flamegraph_totals``); of its samples
+    """The flame graph totals of an app's profile (``common.flamegraph_totals``); of its samples
     labelled with one of ``spans`` (span ids) or ``traces`` (trace ids, 32 hex digits) when
     given."""
-    request: Dict[str, Any] = {
-        "profileTypeID": ptype,
-        "labelSelector": f'{{service_name="{app}"}}',
+    extra: Dict[str, Any] = {}
+    if spans is not None:
+        extra["spanSelector"] = spans
+    if traces is not None:
+        extra["traceIdSelector"] = traces
+    graph = common.flamegraph(
+        server.url,
+        ptype,
+        f'{{service_name="{app}"}}',
         # The whole process lifetime and some slack: uploads are stamped with their
         # collection window, which starts before the work and ends at the exit flush.
-        "start": start_ns // 1_000_000 - 120_000,
-        "end": end_ns // 1_000_000 + 120_000,
-    }
-    if spans is not None:
-        request["spanSelector"] = spans
-    if traces is not None:
-        request["traceIdSelector"] = traces
-    body = json.dumps(request)
-    conn = http.client.HTTPConnection(server.host, server.port, timeout=60)
-    try:
-        conn.request(
-            "POST",
-            "/querier.v1.QuerierService/SelectMergeStacktraces",
-            body=body,
-            headers={"Content-Type": "application/json"},
-        )
-        resp = conn.getresponse()
-        data = resp.read()
-    finally:
-        conn.close()
-    if resp.status != 200:
-        raise RuntimeError(f"query {app} {ptype}: HTTP {resp.status} {data[:300]!r}")
-    return _flamegraph_totals(json.loads(data).get("flamegraph", {}), work)
+        start_ns // 1_000_000 - 120_000,
+        end_ns // 1_000_000 + 120_000,
+        **extra,
+    )
+    return common.flamegraph_totals(graph, work)
 
 
 def unavailable(profilers: List[str], server_url: str, log: Log) -> Dict[str, str]:
@@ -535,7 +448,7 @@ def _pprof_totals(
     paths: List[str], sample_type: str, work: Collection[str] = ()
 ) -> Tuple[int, Dict[str, int]]:
     """Total and per-function totals of one sample type of pprof files (each function counted
-    once per stack; WORK as ``_add_stack``)."""
+    once per stack; WORK as ``common.add_stack``)."""
     from hotspan.formats.proto import profile_pb2
 
     total = 0
@@ -554,19 +467,19 @@ def _pprof_totals(
         if sample_type not in types:
             continue
         col = types.index(sample_type)
-        func = {fu.id: _base_name(names[fu.name]) for fu in prof.function}
+        func = {fu.id: common.base_name(names[fu.name]) for fu in prof.function}
         at = {lo.id: {func[line.function_id] for line in lo.line} for lo in prof.location}
         for sample in prof.sample:
             value = sample.value[col]
             total += value
-            _add_stack(out, set().union(*(at[i] for i in sample.location_id)), value, work)
+            common.add_stack(out, set().union(*(at[i] for i in sample.location_id)), value, work)
     return total, out
 
 
 def _folded_totals(path: str, work: Collection[str] = ()) -> Tuple[int, Dict[str, int]]:
     """py-spy ``--format raw``: ``frame;frame;... count`` lines, root first, each frame
     ``func (file.py:line)``; samples at RATE_HZ become nanoseconds (WORK as
-    ``_add_stack``)."""
+    ``common.add_stack``)."""
     per_sample = 1_000_000_000 // RATE_HZ
     total = 0
     out: Dict[str, int] = {}
@@ -581,7 +494,7 @@ def _folded_totals(path: str, work: Collection[str] = ()) -> Tuple[int, Dict[str
             continue
         ns = int(count_text) * per_sample
         total += ns
-        _add_stack(out, {_base_name(fr) for fr in stack.split(";") if fr}, ns, work)
+        common.add_stack(out, {common.base_name(fr) for fr in stack.split(";") if fr}, ns, work)
     return total, out
 
 
@@ -738,11 +651,6 @@ def wall_info(workload: str, run: Dict[str, Any], fn: Dict[str, int]) -> Dict[st
 # -- statistics ------------------------------------------------------------------------------
 
 
-def _med(values: List[float]) -> Optional[float]:
-    vals = [v for v in values if v is not None]
-    return statistics.median(vals) if vals else None
-
-
 def _spread(values: List[float], digits: int = 2) -> Dict[str, Any]:
     vals = [v for v in values if v is not None]
     if not vals:
@@ -873,7 +781,7 @@ def summarize(
 
 def run(
     quick: bool = False,
-    log: Log = _stderr,
+    log: Log = common.log,
     rounds: Optional[int] = None,
     seconds: Optional[float] = None,
     profilers: Optional[List[str]] = None,
@@ -939,7 +847,7 @@ def run(
         "versions": _versions(),
         "hotspan_defaults": _hotspan_defaults(),
         # Other work on the machine during the bench shows up as noise; this says if there was.
-        "loadavg_start": [round(x, 2) for x in os.getloadavg()],
+        "loadavg_start": common.loadavg(),
     }
     try:
         skipped = unavailable(profilers, server.url, log)
@@ -1024,7 +932,7 @@ def run(
             report["targets"] = defaults_targets(report)
         else:
             report["targets"] = targets(report)
-        report["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
+        report["loadavg_end"] = common.loadavg()
     finally:
         server.stop()
         shutil.rmtree(tmp, ignore_errors=True)
@@ -1068,22 +976,7 @@ def _hotspan_defaults() -> Dict[str, Any]:
 
 
 def _versions() -> Dict[str, str]:
-    from importlib import metadata
-
-    out = {}
-    for dist in (
-        "py-spy",
-        "pyroscope-io",
-        "ddtrace",
-        "opentelemetry-sdk",
-        "starlette",
-        "uvicorn",
-    ):
-        try:
-            out[dist] = metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            out[dist] = "not installed"
-    return out
+    return common.tool_versions(common.AGENT_TOOLS)
 
 
 def targets(report: Dict[str, Any]) -> List[Dict[str, Any]]:
@@ -1340,12 +1233,6 @@ def defaults_targets(report: Dict[str, Any]) -> List[Dict[str, Any]]:
 # -- report ----------------------------------------------------------------------------------
 
 
-def _f(v: Optional[float], digits: int = 1, sign: bool = False) -> str:
-    if v is None:
-        return "–"
-    return f"{v:+.{digits}f}" if sign else f"{v:.{digits}f}"
-
-
 def _range(s: Dict[str, Any], digits: int = 1, sign: bool = True) -> str:
     if not s or s.get("median") is None:
         return "–"
@@ -1399,12 +1286,8 @@ def _head(
         "",
         f"Command: `{command}` — total wall time {wall_s:.0f} s.",
         "",
-        f"Machine: {machine['nproc']} CPUs ({machine['cpu_model']}), Python {machine['python']} "
-        f"({machine['implementation']}), {machine['platform']}; hotspan commit "
-        f"{machine['git_commit']} (imported from `{machine['hotspan_src']}`); "
-        + ", ".join(f"{k} {v}" for k, v in a["versions"].items())
-        + f"; {machine['date_utc']} UTC. Load average (1/5/15 min) at start "
-        f"{a['loadavg_start']}, at end {a.get('loadavg_end')}.{more}",
+        common.machine_text(machine, a["versions"], (a["loadavg_start"], a.get("loadavg_end")))
+        + more,
         "",
     ]
 
@@ -1921,27 +1804,7 @@ def write(report: Dict[str, Any], out_dir: str, quick: bool, md: str) -> str:
     for mode in ("profiles", "defaults"):
         if report["params"].get(mode):
             kind = f"-{mode}"
-    return save(report, md, out_dir, "agent" + kind + ("-quick" if quick else ""))
-
-
-def save(report: Dict[str, Any], md: str, out_dir: str, name: str) -> str:
-    """``out_dir/name.json`` and ``.md``; returns the path without the suffix."""
-    os.makedirs(out_dir, exist_ok=True)
-    stem = os.path.join(out_dir, name)
-    with open(stem + ".json", "w") as f:
-        json.dump(report, f, indent=2)
-    with open(stem + ".md", "w") as f:
-        f.write(md)
-    return stem
-
-
-def comma_list(ap: argparse.ArgumentParser, text: str, allowed: List[str], what: str) -> List[str]:
-    """The names in a comma-separated option; an unknown one is a usage error."""
-    names = [n for n in text.split(",") if n]
-    unknown = set(names) - set(allowed)
-    if unknown:
-        ap.error(f"unknown {what}(s): {', '.join(sorted(unknown))} (from {', '.join(allowed)})")
-    return names
+    return common.write_results("agent" + kind, report, md, out_dir, quick)
 
 
 def main() -> int:
@@ -1980,22 +1843,22 @@ def main() -> int:
         default="",
         help="with 'profiles' or 'defaults': comma-separated, only these of its workloads",
     )
-    ap.add_argument("--out", default=os.path.join(common.BENCH_DIR, "results"))
+    ap.add_argument("--out", default=common.RESULTS_DIR)
     args = ap.parse_args()
-    profilers = comma_list(ap, args.profilers, ALL_PROFILERS, "profiler")
+    profilers = common.comma_list(ap, args.profilers, ALL_PROFILERS, "profiler")
     profiles = args.workloads == "profiles"
     defaults = args.workloads == "defaults"
     if profiles or defaults:
         mode_workloads = PROFILE_WORKLOADS + TRUTH_WORKLOADS if profiles else DEFAULTS_WORKLOADS
-        workloads = comma_list(ap, args.only, mode_workloads, "workload")
+        workloads = common.comma_list(ap, args.only, mode_workloads, "workload")
     else:
         if args.only:
             ap.error("--only goes with --workloads profiles or defaults")
-        workloads = comma_list(
+        workloads = common.comma_list(
             ap, args.workloads.replace("busy", ",".join(BUSY_WORKLOADS)), ALL_WORKLOADS, "workload"
         )
     t0 = time.perf_counter()
-    command = "python bench/agent.py" + "".join(f" {a}" for a in sys.argv[1:])
+    command = common.command_line("agent.py")
     machine = common.machine()
     report = run(
         quick=args.quick,
@@ -2012,7 +1875,7 @@ def main() -> int:
     md = render(report, command, machine, wall)
     stem = write(report, args.out, args.quick, md)
     print(md)
-    _stderr(f"wrote {stem}.md/.json in {wall:.0f} s")
+    common.log(f"wrote {stem}.md/.json in {wall:.0f} s")
     return 0
 
 

@@ -21,13 +21,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 import common
 
@@ -52,8 +50,7 @@ print(json.dumps(out))
 """
 
 
-def log(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
+log = common.log
 
 
 def _env(tree: Optional[str]) -> Dict[str, str]:
@@ -77,19 +74,7 @@ def probe(tree: str, server: str) -> Dict[str, Any]:
 def run(
     workload: str, profiler: str, tree: Optional[str], params: Dict[str, Any], server: str, app: str
 ) -> Dict[str, Any]:
-    cmd = [
-        sys.executable,
-        "-S",
-        os.path.join(WORKLOAD_DIR, f"{workload}.py"),
-        "--profiler",
-        profiler,
-        "--app",
-        app,
-        "--server",
-        server,
-        "--params",
-        json.dumps(params),
-    ]
+    cmd = common.workload_command(workload, profiler, app, server, params, ["-S"])
     env = _env(tree)
     if tree is None:
         # The no-profiler runs import nothing of hotspan; the harness needs none of it.
@@ -108,39 +93,31 @@ def run(
 def cpu_by_function(server: str, app: str, start_ns: int, end_ns: int) -> Dict[str, int]:
     """CPU ns per function name (counted once per stack: the workloads do not recurse) in
     what the server stored for ``app``, through the querier API the UI uses."""
-    body = json.dumps(
-        {
-            "profileTypeID": CPU_TYPE,
-            "labelSelector": f'{{service_name="{app}"}}',
-            # Uploads are stamped with their window, which ends at the exit flush.
-            "start": start_ns // 1_000_000 - 120_000,
-            "end": end_ns // 1_000_000 + 120_000,
-        }
-    ).encode()
-    request = urllib.request.Request(
-        f"{server}/querier.v1.QuerierService/SelectMergeStacktraces",
-        data=body,
-        headers={"Content-Type": "application/json"},
+    graph = common.flamegraph(
+        server,
+        CPU_TYPE,
+        f'{{service_name="{app}"}}',
+        # Uploads are stamped with their window, which ends at the exit flush.
+        start_ns // 1_000_000 - 120_000,
+        end_ns // 1_000_000 + 120_000,
     )
-    with urllib.request.urlopen(request, timeout=60) as resp:
-        graph = json.loads(resp.read()).get("flamegraph", {})
-    names: List[str] = graph.get("names", [])
-    totals: Dict[str, int] = {}
-    for level in graph.get("levels", [])[1:]:
-        values = [int(v) for v in level.get("values", [])]
-        for i in range(0, len(values), 4):
-            name = names[values[i + 3]].split(" (", 1)[0]
-            name = name.rsplit(".", 1)[-1].rsplit(":", 1)[-1]
-            totals[name] = totals.get(name, 0) + values[i + 1]
-    return totals
+    return common.flamegraph_totals(graph)[1]
 
 
-def _med(values: List[float]) -> Optional[float]:
-    return statistics.median(values) if values else None
+_med = common.median_or_none
 
 
-def gc_rounds(trees: Dict[str, str], rounds: int, seconds: float, server: str) -> Dict[str, Any]:
-    params = common.calibrate_agent_workload("gc_containers", seconds, env=_env(None))
+def _rounds(
+    workload: str,
+    trees: Dict[str, str],
+    rounds: int,
+    params: Dict[str, Any],
+    server: str,
+    app: str,
+    progress: Optional[Callable[[int, str, Dict[str, Any]], None]] = None,
+) -> Dict[str, List[Dict[str, Any]]]:
+    """``workload`` under each tree's agent and twice without a profiler (the A/A pair), once
+    per round, the order reversed every other round so that drift falls on all alike."""
     runs: Dict[str, List[Dict[str, Any]]] = {"none": [], "none-again": []}
     runs.update({name: [] for name in trees})
     for r in range(rounds):
@@ -150,13 +127,24 @@ def gc_rounds(trees: Dict[str, str], rounds: int, seconds: float, server: str) -
         for who in order:
             tree = trees.get(who)
             profiler = CPU_ONLY if tree else who
-            res = run("gc_containers", profiler, tree, params, server, f"gcc_{who}_{r}")
+            res = run(workload, profiler, tree, params, server, f"{app}_{who}_{r}")
             runs[who].append(res)
-            log(
-                f"  gc_containers round {r} {who}: work {res['work_s']:.3f} s, main CPU "
-                f"{res['main_thread_cpu_s']:.3f} s, gc {res['gc_s']:.3f} s, tracked "
-                f"{res['gc_tracked']}"
-            )
+            if progress:
+                progress(r, who, res)
+    return runs
+
+
+def gc_rounds(trees: Dict[str, str], rounds: int, seconds: float, server: str) -> Dict[str, Any]:
+    params = common.calibrate_agent_workload("gc_containers", seconds, env=_env(None))
+
+    def progress(r: int, who: str, res: Dict[str, Any]) -> None:
+        log(
+            f"  gc_containers round {r} {who}: work {res['work_s']:.3f} s, main CPU "
+            f"{res['main_thread_cpu_s']:.3f} s, gc {res['gc_s']:.3f} s, tracked "
+            f"{res['gc_tracked']}"
+        )
+
+    runs = _rounds("gc_containers", trees, rounds, params, server, "gcc", progress)
     out: Dict[str, Any] = {"params": params, "rounds": rounds, "runs": runs, "summary": {}}
     for who, rs in runs.items():
         if who == "none":
@@ -245,17 +233,7 @@ def bursty_rounds(
 ) -> Dict[str, Any]:
     """CPU correctness, and the process CPU the agent adds, on bursty short threads."""
     params = common.calibrate_agent_workload("bursty_threads", seconds, env=_env(None))
-    runs: Dict[str, List[Dict[str, Any]]] = {"none": [], "none-again": []}
-    runs.update({name: [] for name in trees})
-    for r in range(rounds):
-        order = ["none", *trees, "none-again"]
-        if r % 2:
-            order.reverse()
-        for who in order:
-            tree = trees.get(who)
-            profiler = CPU_ONLY if tree else who
-            res = run("bursty_threads", profiler, tree, params, server, f"bt{stamp}_{who}_{r}")
-            runs[who].append(res)
+    runs = _rounds("bursty_threads", trees, rounds, params, server, f"bt{stamp}")
     time.sleep(2)  # the server makes what it ingested queryable
     out: Dict[str, Any] = {"params": params, "rounds": rounds, "summary": {}}
     base = runs["none"]
@@ -300,10 +278,7 @@ def bursty_rounds(
     return out
 
 
-def _f(v: Any, digits: int = 1, sign: bool = False) -> str:
-    if v is None:
-        return "-"
-    return f"{v:+.{digits}f}" if sign else f"{v:.{digits}f}"
+_f = common.fmt_opt
 
 
 def markdown(report: Dict[str, Any], command: str) -> str:
@@ -311,7 +286,10 @@ def markdown(report: Dict[str, Any], command: str) -> str:
     lines = [
         "# Agent footprint: before/after",
         "",
-        f"`{command}` — {report['machine']}, {time.strftime('%Y-%m-%d', time.gmtime())}.",
+        f"`{command}`.",
+        "",
+        common.machine_text(report["machine"]),
+        "",
         "Workloads run with `python -S`; hotspan with the CPU and wall profiles only.",
         "",
         "## What configure() leaves in the program",
@@ -405,11 +383,11 @@ def main() -> int:
     ap.add_argument("--long-rounds", type=int, default=3)
     ap.add_argument("--callgrind-steps", type=int, default=40)
     ap.add_argument("--only", default="probe,callgrind,gc,short,long")
-    ap.add_argument("--out", default=os.path.join(common.BENCH_DIR, "results"))
+    ap.add_argument("--out", default=common.RESULTS_DIR)
     args = ap.parse_args()
     trees = dict(t.split("=", 1) for t in args.tree) or {"after": "src"}
     only = set(args.only.split(","))
-    report: Dict[str, Any] = {"trees": trees, "machine": _machine(), "probe": {}}
+    report: Dict[str, Any] = {"trees": trees, "machine": common.machine(), "probe": {}}
     with tempfile.TemporaryDirectory() as tmp, common.Server(tmp) as server:
         for name, tree in trees.items():
             report["probe"][name] = probe(tree, server.url)
@@ -429,18 +407,9 @@ def main() -> int:
             )
     command = "python bench/agent_footprint.py " + " ".join(sys.argv[1:])
     md = markdown(report, command)
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "agent_footprint.json"), "w") as f:
-        json.dump(report, f, indent=1, default=str)
-    with open(os.path.join(args.out, "agent_footprint.md"), "w") as f:
-        f.write(md)
+    common.write_results("agent_footprint", report, md, args.out)
     print(md)
     return 0
-
-
-def _machine() -> str:
-    load = os.getloadavg()[0]
-    return f"{os.cpu_count()} CPUs, Python {sys.version.split()[0]}, load {load:.1f} at start"
 
 
 if __name__ == "__main__":

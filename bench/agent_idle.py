@@ -13,7 +13,6 @@ process without a profiler: the floor this machine's timers and /proc reads give
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
@@ -75,8 +74,7 @@ def markdown(report: Dict[str, object], cells: Dict[str, Dict[str, List[float]]]
         f"Command: `{report['command']}` — {report['rounds']} rounds of "
         f"{report['seconds']} s per cell, interleaved.",
         "",
-        "Machine: {nproc} CPUs ({cpu_model}), Python {python}, {platform}; hotspan commit "
-        "{git_commit}; {date_utc} UTC.".format(**report["machine"]),  # type: ignore[arg-type]
+        common.machine_text(report["machine"]),  # type: ignore[arg-type]
         "",
         "CPU of the whole process (every thread: the profiler's and the idle program's), as % "
         "of one core, median over rounds [min..max]. All profilers at 100 Hz; pyroscope-io with "
@@ -97,7 +95,7 @@ def markdown(report: Dict[str, object], cells: Dict[str, Dict[str, List[float]]]
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--out", default=os.path.join(common.BENCH_DIR, "results"))
+    ap.add_argument("--out", default=common.RESULTS_DIR)
     args = ap.parse_args()
     rounds, seconds = (1, 3.0) if args.quick else (3, 10.0)
     cells: Dict[str, Dict[str, List[float]]] = {p: {str(n): [] for n in THREADS} for p in PROFILERS}
@@ -113,16 +111,12 @@ def main() -> int:
         "rounds": rounds,
         "seconds": seconds,
         "total_s": round(time.monotonic() - started),
-        "machine": common.machine(),
+        "machine": common.machine(["pyroscope-io"]),
         "cpu_percent_of_a_core": cells,
     }
-    name = "agent_idle-quick" if args.quick else "agent_idle"
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, name + ".json"), "w") as f:
-        json.dump(report, f, indent=1)
-    with open(os.path.join(args.out, name + ".md"), "w") as f:
-        f.write(markdown(report, cells))
-    print(markdown(report, cells))
+    md = markdown(report, cells)
+    common.write_results("agent_idle", report, md, args.out, args.quick)
+    print(md)
     return 0
 
 

@@ -131,7 +131,7 @@ def main() -> None:
     ap.add_argument("--workloads", default=",".join(SCALE))
     ap.add_argument("--seconds", type=float, default=0.15, help="native seconds of the 1x size")
     ap.add_argument("--repeats", type=int, default=3, help="counts per workload (median)")
-    ap.add_argument("--out", default=os.path.join(common.BENCH_DIR, "results"))
+    ap.add_argument("--out", default=common.RESULTS_DIR)
     ap.add_argument(
         "--name",
         default="agent_instructions",
@@ -181,23 +181,18 @@ def main() -> None:
         [
             "# hotspan agent: extra instructions per unit of work (callgrind)",
             "",
-            "Command: `python bench/agent_instructions.py` "
+            f"Command: `{common.command_line('agent_instructions.py')}` "
             f"(1x = {args.seconds} s of native work, 3x its triple; the cost is the extra "
             "instructions of 3x - 1x against no profiler; median [range] of "
             f"{args.repeats} counts).",
             "",
-            "Machine: {nproc} CPUs ({cpu_model}), Python {python}, {platform}; hotspan commit "
-            "{git_commit}; {date_utc} UTC.".format(**machine),
+            common.machine_text(machine),
             "",
             *rows,
             "",
         ]
     )
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, f"{args.name}.md"), "w") as f:
-        f.write(md)
-    with open(os.path.join(args.out, f"{args.name}.json"), "w") as f:
-        json.dump({"machine": machine, "results": results}, f, indent=1)
+    common.write_results(args.name, {"machine": machine, "results": results}, md, args.out)
     print(md)
 
 

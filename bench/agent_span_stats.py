@@ -25,7 +25,6 @@ Results: ``bench/results/agent_span_stats.md`` and ``.json`` (``-quick`` with --
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
@@ -122,7 +121,7 @@ def markdown(report: Dict[str, object]) -> str:
         f"`{report['command']}`: {report['rounds']} interleaved rounds, a fresh process per "
         f"cell, median; {report['total_s']} s in all.",
         "",
-        "Machine: " + json.dumps(report["machine"]),
+        common.machine_text(report["machine"]),  # type: ignore[arg-type]
         "",
         "| workload | unit | " + " | ".join(VARIANTS) + " |",
         "|---|---|" + "---|" * len(VARIANTS),
@@ -148,7 +147,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--rounds", type=int)
-    ap.add_argument("--out", default=os.path.join(common.BENCH_DIR, "results"))
+    ap.add_argument("--out", default=common.RESULTS_DIR)
     args = ap.parse_args()
     rounds = args.rounds or (2 if args.quick else 5)
     scale = 0.25 if args.quick else 1.0
@@ -161,22 +160,17 @@ def main() -> int:
                 t = measure(variant, workload, units) / scale  # as if at full size
                 times[workload][variant].append(t)
                 print(f"round {r + 1}: {workload} {variant}: {t:.3f} s", file=sys.stderr)
-    command = "python bench/agent_span_stats.py" + "".join(f" {a}" for a in sys.argv[1:])
+    command = common.command_line("agent_span_stats.py")
     report: Dict[str, object] = {
         "command": command,
         "rounds": rounds,
         "units": UNITS,
         "total_s": round(time.monotonic() - started),
-        "machine": common.machine(),
+        "machine": common.machine(["opentelemetry-sdk"]),
     }
     report["results"] = summarize(times)
-    name = "agent_span_stats-quick" if args.quick else "agent_span_stats"
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, name + ".json"), "w") as f:
-        json.dump(report, f, indent=1)
     md = markdown(report)
-    with open(os.path.join(args.out, name + ".md"), "w") as f:
-        f.write(md)
+    common.write_results("agent_span_stats", report, md, args.out, args.quick)
     print(md)
     return 0
 

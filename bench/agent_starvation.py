@@ -131,7 +131,7 @@ def run(
     seconds: Optional[float] = None,
     profilers: Optional[List[str]] = None,
     programs: Optional[List[str]] = None,
-    log: agent.Log = agent._stderr,
+    log: agent.Log = common.log,
     seed: int = 1,
 ) -> Dict[str, Any]:
     cfg = QUICK if quick else FULL
@@ -150,8 +150,8 @@ def run(
             "profilers": list(profilers or PROFILERS),
             "seed": seed,
         },
-        "versions": agent._versions(),
-        "loadavg_start": [round(x, 2) for x in os.getloadavg()],
+        "versions": common.tool_versions(common.AGENT_TOOLS),
+        "loadavg_start": common.loadavg(),
     }
     try:
         skipped = agent.unavailable(report["params"]["profilers"], server.url, log)
@@ -192,7 +192,7 @@ def run(
                             r["measured"] = {"error": str(exc)}
         report["skipped"] = skipped
         report["results"] = results
-        report["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
+        report["loadavg_end"] = common.loadavg()
     finally:
         server.stop()
         shutil.rmtree(tmp, ignore_errors=True)
@@ -235,12 +235,9 @@ def markdown(report: Dict[str, Any]) -> str:
     add(f"Command: `{report['command']}` — total wall time {report['wall_s']:.0f} s.")
     add("")
     add(
-        f"Machine: {machine['nproc']} CPUs ({machine['cpu_model']}), Python {machine['python']}, "
-        f"{machine['platform']}; hotspan commit {machine['git_commit']} (imported from "
-        f"`{machine['hotspan_src']}`); "
-        + ", ".join(f"{k} {v}" for k, v in report["versions"].items())
-        + f"; {machine['date_utc']} UTC. Load average (1/5/15 min) at start "
-        f"{report['loadavg_start']}, at end {report.get('loadavg_end')}."
+        common.machine_text(
+            machine, report["versions"], (report["loadavg_start"], report.get("loadavg_end"))
+        )
     )
     add("")
     add(
@@ -311,23 +308,23 @@ def main() -> int:
     ap.add_argument("--runs", type=int, help="runs per program and profiler (default 3)")
     ap.add_argument("--seconds", type=float, help="seconds of work per run (default 4, quick 1)")
     ap.add_argument("--quick", action="store_true", help="~1 s of work per run")
-    ap.add_argument("--out", default=os.path.join(common.BENCH_DIR, "results"))
+    ap.add_argument("--out", default=common.RESULTS_DIR)
     args = ap.parse_args()
-    profilers = agent.comma_list(ap, args.profilers, ALL_PROFILERS, "profiler")
-    programs = agent.comma_list(ap, args.programs, keys, "program")
+    profilers = common.comma_list(ap, args.profilers, ALL_PROFILERS, "profiler")
+    programs = common.comma_list(ap, args.programs, keys, "program")
 
     t0 = time.perf_counter()
     machine = common.machine()
     report = run(args.quick, args.runs, args.seconds, profilers, programs)
     report.update(
-        command="python bench/agent_starvation.py" + "".join(f" {a}" for a in sys.argv[1:]),
+        command=common.command_line("agent_starvation.py"),
         machine=machine,
         wall_s=round(time.perf_counter() - t0, 1),
     )
     md = markdown(report)
-    stem = agent.save(report, md, args.out, "agent_starvation" + ("-quick" if args.quick else ""))
+    stem = common.write_results("agent_starvation", report, md, args.out, args.quick)
     print(md)
-    agent._stderr(f"wrote {stem}.md/.json in {report['wall_s']:.0f} s")
+    common.log(f"wrote {stem}.md/.json in {report['wall_s']:.0f} s")
     return 0
 
 

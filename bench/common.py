@@ -1,5 +1,5 @@
-"""Shared helpers: machine description, a real ``hotspan server`` subprocess, /proc readings,
-latency statistics."""
+"""What the benchmarks share: the machine description, writing results, an HTTP client, a real
+``hotspan server`` subprocess, /proc readings, latency statistics and table formatting."""
 
 from __future__ import annotations
 
@@ -13,15 +13,61 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from typing import (
+    Any,
+    Collection,
+    Dict,
+    Iterable,
+    Iterator,
+    List,
+    Mapping,
+    Optional,
+    Sequence,
+    Set,
+    Tuple,
+)
+
+import httpx
 
 BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
 REPO_DIR = os.path.dirname(BENCH_DIR)
+RESULTS_DIR = os.path.join(BENCH_DIR, "results")
 AGENT_WORKLOAD_DIR = os.path.join(BENCH_DIR, "agent_workloads")
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
+# The profilers and libraries the agent benchmarks compare hotspan with or run under.
+AGENT_TOOLS = ("py-spy", "pyroscope-io", "ddtrace", "opentelemetry-sdk", "starlette", "uvicorn")
 
-def machine() -> Dict[str, object]:
+
+def log(msg: str) -> None:
+    """Progress, on stderr: stdout carries the report."""
+    print(msg, file=sys.stderr, flush=True)
+
+
+# -- the machine -----------------------------------------------------------------------------
+
+
+def loadavg() -> List[float]:
+    """The 1/5/15-minute load average: other work on a shared machine shows up as noise."""
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+def tool_versions(dists: Iterable[str]) -> Dict[str, str]:
+    """The installed version of each distribution (``not installed`` where it is absent)."""
+    from importlib import metadata
+
+    out = {}
+    for dist in dists:
+        try:
+            out[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            out[dist] = "not installed"
+    return out
+
+
+def machine(tools: Sequence[str] = ()) -> Dict[str, object]:
+    """CPU, cores, memory, Python, OS, the hotspan commit and tree measured, the server's
+    libraries, the versions of ``tools`` (distributions compared) and the load average now."""
     import duckdb
     import numpy
     from google.protobuf import __version__ as pb_version
@@ -79,7 +125,188 @@ def machine() -> Dict[str, object]:
         "protobuf": f"{pb_version} ({api_implementation.Type()})",
         "git_commit": commit + ("-dirty(src)" if dirty else ""),
         "date_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
+        "versions": tool_versions(tools),
+        "loadavg": loadavg(),
     }
+
+
+def machine_text(
+    m: Mapping[str, Any],
+    versions: Optional[Mapping[str, str]] = None,
+    load: Optional[Tuple[Any, Any]] = None,
+    note: str = "",
+) -> str:
+    """The "Machine: ..." line of a report: ``m`` from ``machine()``; ``versions`` of the tools
+    compared (default: those ``machine`` read); ``load``, the load average at start and end of
+    the run (default: the one ``machine`` read, at start); ``note`` after it."""
+    versions = m.get("versions", {}) if versions is None else versions
+    libs = [f"duckdb {m.get('duckdb')}", f"numpy {m.get('numpy')}", f"protobuf {m.get('protobuf')}"]
+    libs += [f"{k} {v}" for k, v in versions.items()]
+    start, end = load if load is not None else (m.get("loadavg"), None)
+    text = (
+        f"Machine: {m['nproc']} CPUs ({m['cpu_model']}), {m.get('mem_gib')} GiB RAM, "
+        f"Python {m['python']} ({m.get('implementation')}), {m['platform']}; hotspan commit "
+        f"{m['git_commit']} (imported from `{m.get('hotspan_src')}`); {', '.join(libs)}; "
+        f"{m['date_utc']} UTC. Load average (1/5/15 min) at start {start}"
+    )
+    text += f", at end {end}." if end is not None else "."
+    return text + (f" {note}" if note else "")
+
+
+# -- results ---------------------------------------------------------------------------------
+
+
+def result_name(benchmark: str, quick: bool = False) -> str:
+    """``benchmark``, or ``benchmark-quick`` for a ``--quick`` run: a quick run never replaces
+    the full run's numbers (``bench/results/.gitignore`` keeps quick results out of git)."""
+    return benchmark + ("-quick" if quick else "")
+
+
+def write_results(
+    benchmark: str,
+    report: Any,
+    md: str,
+    out_dir: str = RESULTS_DIR,
+    quick: bool = False,
+) -> str:
+    """``out_dir/<name>.json`` and ``.md`` side by side (``name`` from ``result_name``);
+    returns the path without the suffix."""
+    os.makedirs(out_dir, exist_ok=True)
+    stem = os.path.join(out_dir, result_name(benchmark, quick))
+    with open(stem + ".json", "w") as f:
+        json.dump(report, f, indent=1, default=str)
+        f.write("\n")
+    with open(stem + ".md", "w") as f:
+        f.write(md if md.endswith("\n") else md + "\n")
+    return stem
+
+
+def command_line(script: str) -> str:
+    """How this run was started, for a report: ``python bench/<script> <its arguments>``."""
+    return f"python bench/{script}" + "".join(f" {a}" for a in sys.argv[1:])
+
+
+# -- HTTP ------------------------------------------------------------------------------------
+
+
+class Client:
+    """One keep-alive HTTP/1.1 connection to a server, as Grafana's data source keeps one.
+    Responses are asked for uncompressed (as ``http.client`` asks), so that a time measured is
+    the server's answer, not a compression step the real clients may not ask for."""
+
+    def __init__(self, url: str, timeout: float = 300.0) -> None:
+        self.url = url.rstrip("/")
+        self._http = httpx.Client(
+            base_url=self.url,
+            timeout=timeout,
+            trust_env=False,
+            headers={"Accept-Encoding": "identity"},
+        )
+
+    @classmethod
+    def to(cls, host: str, port: int, timeout: float = 300.0) -> Client:
+        return cls(f"http://{host}:{port}", timeout)
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        headers: Optional[Mapping[str, str]] = None,
+        body: Optional[bytes] = None,
+    ) -> Tuple[int, bytes, float]:
+        """Status, body and seconds from sending the request to the last byte read."""
+        t0 = time.perf_counter()
+        resp = self._http.request(method, path, headers=headers, content=body)
+        return resp.status_code, resp.content, time.perf_counter() - t0
+
+    def get(
+        self, path: str, headers: Optional[Mapping[str, str]] = None
+    ) -> Tuple[int, bytes, float]:
+        return self.request("GET", path, headers)
+
+    def post(
+        self, path: str, body: bytes, headers: Optional[Mapping[str, str]] = None
+    ) -> Tuple[int, bytes, float]:
+        return self.request("POST", path, headers, body)
+
+    def call_json(self, method: str, path: str, payload: Any = None) -> Any:
+        """A JSON request's decoded answer; an error status is an exception."""
+        body = None if payload is None else json.dumps(payload).encode()
+        headers = {"Content-Type": "application/json"} if body is not None else None
+        status, data, _ = self.request(method, path, headers, body)
+        if status >= 300:
+            raise RuntimeError(f"{method} {path}: HTTP {status} {data[:300]!r}")
+        return json.loads(data) if data else None
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def flamegraph(
+    url: str, profile_type: str, selector: str, start_ms: int, end_ms: int, **extra: Any
+) -> Dict[str, Any]:
+    """The querier's flame graph (``names`` and ``levels``) for one selector and range, as the
+    UI asks for it (``SelectMergeStacktraces``, JSON); ``extra`` fields go into the request."""
+    request = {
+        "profileTypeID": profile_type,
+        "labelSelector": selector,
+        "start": start_ms,
+        "end": end_ms,
+        **extra,
+    }
+    with Client(url, timeout=60) as client:
+        doc = client.call_json("POST", "/querier.v1.QuerierService/SelectMergeStacktraces", request)
+    return doc.get("flamegraph", {})
+
+
+def base_name(name: str) -> str:
+    """``func`` from ``func``, ``module.func``, ``Class.func`` or ``func (file.py:12)``."""
+    name = name.split(" (", 1)[0]
+    return name.rsplit(".", 1)[-1].rsplit(":", 1)[-1]
+
+
+# The per-function totals' key for the CPU of the stacks that hold any of a run's
+# ``work_functions`` (each stack once).
+WORK = "<work>"
+
+
+def add_stack(out: Dict[str, int], names: Set[str], value: int, work: Collection[str]) -> None:
+    """One stack's value, to each function on it (once) and to WORK if it holds any of
+    ``work``."""
+    for name in names:
+        out[name] = out.get(name, 0) + value
+    if not names.isdisjoint(work):
+        out[WORK] = out.get(WORK, 0) + value
+
+
+def flamegraph_totals(
+    graph: Dict[str, Any], work: Collection[str] = ()
+) -> Tuple[int, Dict[str, int]]:
+    """Total and per-function totals (ns) of a querier flame graph (``names`` + ``levels`` of
+    [x offset from the previous node's end, total, self, name index] quadruples); a function
+    counted once per node, which is once per stack as long as it does not recurse (the
+    workloads' functions do not); WORK: the nodes of ``work`` under no other node of it."""
+    names = graph.get("names", [])
+    out: Dict[str, int] = {}
+    found: List[Tuple[int, int]] = []  # [x, x + total) of the WORK nodes counted
+    for level in graph.get("levels", [])[1:]:
+        values = [int(v) for v in level.get("values", [])]
+        end = 0
+        for i in range(0, len(values), 4):
+            x, total = end + values[i], values[i + 1]
+            end = x + total
+            key = base_name(names[values[i + 3]])
+            out[key] = out.get(key, 0) + total
+            if key in work and not any(lo <= x < hi for lo, hi in found):
+                found.append((x, end))
+                out[WORK] = out.get(WORK, 0) + total
+    return int(graph.get("total", 0) or 0), out
 
 
 # -- /proc ---------------------------------------------------------------------------------
@@ -109,6 +336,41 @@ def calibrate_agent_workload(
         env=env,
     ).stdout
     return json.loads(out.strip().splitlines()[-1])
+
+
+def workload_command(
+    workload: str,
+    profiler: str,
+    app: str,
+    server_url: str,
+    params: Mapping[str, Any],
+    python_flags: Sequence[str] = (),
+) -> List[str]:
+    """The command line of one ``bench/agent_workloads/<workload>.py`` run under ``profiler``,
+    uploading to ``server_url`` as ``app``."""
+    return [
+        sys.executable,
+        *python_flags,
+        os.path.join(AGENT_WORKLOAD_DIR, f"{workload}.py"),
+        "--profiler",
+        profiler,
+        "--app",
+        app,
+        "--server",
+        server_url,
+        "--params",
+        json.dumps(params),
+    ]
+
+
+def comma_list(ap: Any, text: str, allowed: Sequence[str], what: str) -> List[str]:
+    """The names in a comma-separated option of ``ap`` (an ``argparse.ArgumentParser``); an
+    unknown one is a usage error."""
+    names = [n for n in text.split(",") if n]
+    unknown = set(names) - set(allowed)
+    if unknown:
+        ap.error(f"unknown {what}(s): {', '.join(sorted(unknown))} (from {', '.join(allowed)})")
+    return names
 
 
 def proc_status(pid: int) -> Dict[str, int]:
@@ -190,18 +452,20 @@ class CpuWindow:
 
 
 class RssSampler(threading.Thread):
-    """Samples VmRSS of a process every ``interval`` seconds (VmHWM is read at the end too)."""
+    """The peak of a process's ``field`` (VmRSS, or VmHWM for a process that is not ours to
+    ``getrusage``), read from /proc every ``interval`` seconds until ``stop()``."""
 
-    def __init__(self, pid: int, interval: float = 0.25) -> None:
+    def __init__(self, pid: int, interval: float = 0.25, field: str = "VmRSS") -> None:
         super().__init__(daemon=True)
         self.pid = pid
         self.interval = interval
+        self.field = field
         self.peak = 0
         self._stop_event = threading.Event()
 
     def run(self) -> None:
         while not self._stop_event.is_set():
-            rss = proc_status(self.pid).get("VmRSS", 0)
+            rss = proc_status(self.pid).get(self.field, 0)
             self.peak = max(self.peak, rss)
             self._stop_event.wait(self.interval)
 
@@ -401,6 +665,19 @@ def latency_summary(seconds: List[float]) -> Dict[str, float]:
         "min_ms": round(min(ms), 2) if ms else float("nan"),
         "max_ms": round(max(ms), 2) if ms else float("nan"),
     }
+
+
+def median_or_none(values: Iterable[Optional[float]]) -> Optional[float]:
+    """The median of the values that are not None; None when there are none."""
+    vals = [v for v in values if v is not None]
+    return statistics.median(vals) if vals else None
+
+
+def fmt_opt(v: Optional[float], digits: int = 1, sign: bool = False) -> str:
+    """A value for a table, ``–`` where there is none."""
+    if v is None:
+        return "–"
+    return f"{v:+.{digits}f}" if sign else f"{v:.{digits}f}"
 
 
 def mib(n: float) -> float:

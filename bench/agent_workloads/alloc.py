@@ -32,13 +32,9 @@ def make_records(n: int) -> int:
 
 
 def calibrate(seconds: float) -> Dict[str, Any]:
-    n = 300_000  # shorter tries run slower per record (a cold heap) and undersize the run
-    best = float("inf")
-    for _ in range(3):
-        t0 = time.thread_time()
-        make_records(n)
-        best = min(best, time.thread_time() - t0)
-    return {"n": int(n * seconds / best)}
+    # Tries of 300k records: shorter ones run slower per record (a cold heap) and undersize
+    # the run.
+    return {"n": _harness.scale_to(seconds, 300_000, make_records, time.thread_time)}
 
 
 def work(params: Dict[str, Any]) -> Dict[str, Any]:

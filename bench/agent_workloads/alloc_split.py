@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import random
 import sys
-import time
 from typing import Any, Dict, List
 
 import _harness
@@ -48,12 +47,7 @@ def run_alloc_split(rounds: int, seed: int) -> Dict[str, int]:
 
 
 def calibrate(seconds: float) -> Dict[str, Any]:
-    best = float("inf")
-    for _ in range(3):
-        t0 = time.perf_counter()
-        run_alloc_split(20, 1)
-        best = min(best, time.perf_counter() - t0)
-    return {"rounds": max(1, int(20 * seconds / best)), "seed": 1}
+    return {"rounds": _harness.scale_to(seconds, 20, lambda k: run_alloc_split(k, 1)), "seed": 1}
 
 
 def work(params: Dict[str, Any]) -> Dict[str, Any]:

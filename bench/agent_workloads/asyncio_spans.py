@@ -20,7 +20,6 @@ import array
 import asyncio
 import os
 import tempfile
-import time
 from typing import Any, Dict, Optional
 
 import _harness
@@ -91,13 +90,7 @@ def run_requests(requests: int, ids: Optional[SpanIds] = None) -> int:
 
 
 def calibrate(seconds: float) -> Dict[str, Any]:
-    n = 2_000
-    best = float("inf")
-    for _ in range(3):
-        t0 = time.perf_counter()
-        run_requests(n)
-        best = min(best, time.perf_counter() - t0)
-    return {"requests": int(n * seconds / best)}
+    return {"requests": _harness.scale_to(seconds, 2_000, run_requests)}
 
 
 def work(params: Dict[str, Any]) -> Dict[str, Any]:

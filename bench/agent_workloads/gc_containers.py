@@ -48,13 +48,7 @@ def churn(steps: int) -> int:
 
 
 def calibrate(seconds: float) -> Dict[str, Any]:
-    n = 200
-    best = float("inf")
-    for _ in range(3):
-        t0 = time.thread_time()
-        churn(n)
-        best = min(best, time.thread_time() - t0)
-    return {"steps": max(1, int(n * seconds / best))}
+    return {"steps": _harness.scale_to(seconds, 200, churn, time.thread_time)}
 
 
 def work(params: Dict[str, Any]) -> Dict[str, Any]:
