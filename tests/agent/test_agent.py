@@ -64,7 +64,7 @@ def trace_hex(span):
 native_only = pytest.mark.skipif(
     load_sampler() is None,
     reason="the pure-Python sampler labels per thread, not per task, "
-    "and charges CPU to where a thread waits (see README)",
+    "and charges CPU to where a thread waits (docs/agent.md)",
 )
 
 

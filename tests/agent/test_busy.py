@@ -35,7 +35,7 @@ TOLERANCE = 0.05
 native_only = pytest.mark.skipif(
     load_sampler() is None,
     reason="the native sampler is not built: the pure-Python fallback needs the GIL to "
-    "sample and promises less on busy programs (see README)",
+    "sample and promises less on busy programs (docs/agent.md)",
 )
 
 # Shared by the programs: the unit of pure-Python work, and the CPU of the sampled threads.
@@ -371,7 +371,7 @@ def test_busy_web_server(module_server, tmp_path: Path, run: int) -> None:
 def test_busy_asyncio_loop_python_fallback(module_server, tmp_path: Path) -> None:
     """The pure-Python sampler needs the GIL to tick, so it ticks from a SIGPROF handler on
     the busy main thread too; its totals come from the threads' CPU clocks and the time that
-    passed, so they hold however late a tick is (its stacks are the coarser part: README)."""
+    passed, so they hold however late a tick is (its stacks are the coarser part: docs/agent.md)."""
     service = f"busy_async_py_{uuid.uuid4().hex[:6]}"
     body = (
         BUSY_PRELUDE

@@ -81,7 +81,7 @@ if __name__ == "__main__":
 
 pytestmark = pytest.mark.skipif(
     load_sampler() is None,
-    reason="per-request labels under asyncio need the native sampler (see README)",
+    reason="per-request labels under asyncio need the native sampler (docs/agent.md)",
 )
 
 

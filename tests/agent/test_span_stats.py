@@ -144,7 +144,7 @@ def test_thread_span_cpu_is_the_cpu_it_burnt(run: Dict[str, Any]) -> None:
 
 def test_task_spans_get_their_own_cpu(run: Dict[str, Any]) -> None:
     if run["variant"] != "native":
-        pytest.skip("the pure-Python sampler labels per thread, not per task (see README)")
+        pytest.skip("the pure-Python sampler labels per thread, not per task (docs/agent.md)")
     spans, burnt = run["spans"], run["burnt"]
     a, b = spans["task_a"][CPU], spans["task_b"][CPU]
     # ~150 and ~450 samples at 1 ms: a few percent of sampling error, plus the loop's own
