@@ -1281,13 +1281,14 @@ def _head(
 ) -> List[str]:
     """A report's first lines: title, command, the machine, the versions measured and the load
     average around the run (and ``more`` after them)."""
+    load = (a["loadavg_start"], a.get("loadavg_end"))
     return [
-        f"# {title}{' (quick)' * a['params']['quick']}",
-        "",
-        f"Command: `{command}` — total wall time {wall_s:.0f} s.",
-        "",
-        common.machine_text(machine, a["versions"], (a["loadavg_start"], a.get("loadavg_end")))
-        + more,
+        *common.head(
+            f"{title}{' (quick)' * a['params']['quick']}",
+            command,
+            wall_s,
+            common.machine_text(machine, a["versions"], load) + more,
+        ),
         "",
     ]
 

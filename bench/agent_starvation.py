@@ -230,14 +230,12 @@ def markdown(report: Dict[str, Any]) -> str:
     p, machine = report["params"], report["machine"]
     lines: List[str] = []
     add = lines.append
-    add(f"# Does the agent's sampler starve?{' (quick)' if p['quick'] else ''}")
-    add("")
-    add(f"Command: `{report['command']}` — total wall time {report['wall_s']:.0f} s.")
-    add("")
-    add(
-        common.machine_text(
-            machine, report["versions"], (report["loadavg_start"], report.get("loadavg_end"))
-        )
+    load = (report["loadavg_start"], report.get("loadavg_end"))
+    lines += common.head(
+        f"Does the agent's sampler starve?{' (quick)' if p['quick'] else ''}",
+        report["command"],
+        report["wall_s"],
+        common.machine_text(machine, report["versions"], load),
     )
     add("")
     add(

@@ -15,6 +15,7 @@ import threading
 import time
 from typing import (
     Any,
+    Callable,
     Collection,
     Dict,
     Iterable,
@@ -34,6 +35,12 @@ REPO_DIR = os.path.dirname(BENCH_DIR)
 RESULTS_DIR = os.path.join(BENCH_DIR, "results")
 AGENT_WORKLOAD_DIR = os.path.join(BENCH_DIR, "agent_workloads")
 CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+# Said under the machine where load generators and servers ran on it together.
+SHARED_CPUS = (
+    "Load generators and servers share these CPUs: read the ratios, measured in one run, more "
+    "than the absolute numbers."
+)
 
 # The profilers and libraries the agent benchmarks compare hotspan with or run under.
 AGENT_TOOLS = ("py-spy", "pyroscope-io", "ddtrace", "opentelemetry-sdk", "starlette", "uvicorn")
@@ -138,11 +145,12 @@ def machine_text(
 ) -> str:
     """The "Machine: ..." line of a report: ``m`` from ``machine()``; ``versions`` of the tools
     compared (default: those ``machine`` read); ``load``, the load average at start and end of
-    the run (default: the one ``machine`` read, at start); ``note`` after it."""
+    the run (default: the one ``machine`` read, and the one ``finish_run`` adds); ``note``
+    after it."""
     versions = m.get("versions", {}) if versions is None else versions
     libs = [f"duckdb {m.get('duckdb')}", f"numpy {m.get('numpy')}", f"protobuf {m.get('protobuf')}"]
     libs += [f"{k} {v}" for k, v in versions.items()]
-    start, end = load if load is not None else (m.get("loadavg"), None)
+    start, end = load if load is not None else (m.get("loadavg"), m.get("loadavg_end"))
     text = (
         f"Machine: {m['nproc']} CPUs ({m['cpu_model']}), {m.get('mem_gib')} GiB RAM, "
         f"Python {m['python']} ({m.get('implementation')}), {m['platform']}; hotspan commit "
@@ -181,6 +189,39 @@ def write_results(
     return stem
 
 
+def finish_run(
+    benchmark: str,
+    result: Dict[str, Any],
+    report: Dict[str, Any],
+    t0: float,
+    markdown: Callable[[Dict[str, Any], str, Dict[str, Any], float], str],
+    out_dir: str = RESULTS_DIR,
+    quick: bool = False,
+) -> int:
+    """A benchmark's ``result`` with the run's command, machine and wall time (``report``, and
+    ``t0`` from ``time.perf_counter``), its Markdown (``markdown(result, command, machine,
+    wall_s)``) printed and written beside the JSON (``write_results``)."""
+    wall = time.perf_counter() - t0
+    report["machine"]["loadavg_end"] = loadavg()
+    result.update(command=report["command"], machine=report["machine"], wall_s=round(wall, 1))
+    md = markdown(result, str(report["command"]), report["machine"], wall)
+    stem = write_results(benchmark, result, md, out_dir, quick)
+    print(md)
+    log(f"wrote {stem}.md/.json in {wall:.0f} s")
+    return 0
+
+
+def head(title: str, command: str, wall_s: float, machine_line: str) -> List[str]:
+    """A report's first lines: title, command and wall time, the machine (``machine_text``)."""
+    return [
+        f"# {title}",
+        "",
+        f"Command: `{command}` — total wall time {wall_s:.0f} s.",
+        "",
+        machine_line,
+    ]
+
+
 def command_line(script: str) -> str:
     """How this run was started, for a report: ``python bench/<script> <its arguments>``."""
     return f"python bench/{script}" + "".join(f" {a}" for a in sys.argv[1:])
@@ -190,9 +231,10 @@ def command_line(script: str) -> str:
 
 
 class Client:
-    """One keep-alive HTTP/1.1 connection to a server, as Grafana's data source keeps one.
-    Responses are asked for uncompressed (as ``http.client`` asks), so that a time measured is
-    the server's answer, not a compression step the real clients may not ask for."""
+    """One keep-alive HTTP/1.1 connection to a server at ``url``, as Grafana's data source
+    keeps one (a connection the server closed while idle is replaced on the next request).
+    Answers are asked for uncompressed, so that a time measured is the server's answer and not
+    a compression step that the clients compared here do not ask for."""
 
     def __init__(self, url: str, timeout: float = 300.0) -> None:
         self.url = url.rstrip("/")
@@ -202,10 +244,6 @@ class Client:
             trust_env=False,
             headers={"Accept-Encoding": "identity"},
         )
-
-    @classmethod
-    def to(cls, host: str, port: int, timeout: float = 300.0) -> Client:
-        return cls(f"http://{host}:{port}", timeout)
 
     def request(
         self,
@@ -219,24 +257,36 @@ class Client:
         resp = self._http.request(method, path, headers=headers, content=body)
         return resp.status_code, resp.content, time.perf_counter() - t0
 
-    def get(
-        self, path: str, headers: Optional[Mapping[str, str]] = None
-    ) -> Tuple[int, bytes, float]:
-        return self.request("GET", path, headers)
-
     def post(
         self, path: str, body: bytes, headers: Optional[Mapping[str, str]] = None
     ) -> Tuple[int, bytes, float]:
         return self.request("POST", path, headers, body)
 
-    def call_json(self, method: str, path: str, payload: Any = None) -> Any:
-        """A JSON request's decoded answer; an error status is an exception."""
+    def call(
+        self,
+        method: str,
+        path: str,
+        payload: Any = None,
+        headers: Optional[Mapping[str, str]] = None,
+    ) -> Tuple[int, Any, float]:
+        """``payload`` sent as JSON (when given); status, the answer decoded (JSON, else text)
+        and seconds."""
         body = None if payload is None else json.dumps(payload).encode()
-        headers = {"Content-Type": "application/json"} if body is not None else None
-        status, data, _ = self.request(method, path, headers, body)
-        if status >= 300:
-            raise RuntimeError(f"{method} {path}: HTTP {status} {data[:300]!r}")
-        return json.loads(data) if data else None
+        if not headers and body is not None:
+            headers = {"Content-Type": "application/json"}
+        status, raw, dt = self.request(method, path, headers, body)
+        try:
+            answer: Any = json.loads(raw) if raw else None
+        except ValueError:
+            answer = raw.decode("utf-8", "replace")
+        return status, answer, dt
+
+    def call_ok(self, method: str, path: str, payload: Any = None) -> Any:
+        """``call``'s answer; a status other than 2xx is an error."""
+        status, answer, _ = self.call(method, path, payload)
+        if not 200 <= status < 300:
+            raise RuntimeError(f"{method} {path}: HTTP {status} {str(answer)[:300]}")
+        return answer
 
     def close(self) -> None:
         self._http.close()
@@ -261,7 +311,7 @@ def flamegraph(
         **extra,
     }
     with Client(url, timeout=60) as client:
-        doc = client.call_json("POST", "/querier.v1.QuerierService/SelectMergeStacktraces", request)
+        doc = client.call_ok("POST", "/querier.v1.QuerierService/SelectMergeStacktraces", request)
     return doc.get("flamegraph", {})
 
 
