@@ -64,7 +64,7 @@ BUSY_WORKLOADS = ["asyncio_yield", "socket_pingpong", "web_server"]
 # tracemalloc on these ...
 PROFILE_WORKLOADS = ["cpu_split", "threads", "alloc", "gc_containers", "asyncio_spans"]
 # ... and hotspan alone on workloads that measure the truth of one profile type each
-# (bursty_threads: CPU, against no profiler too, since its CPU time is what the issue saw rise).
+# (bursty_threads: CPU, against no profiler too, since its CPU time is what rose there).
 TRUTH_WORKLOADS = ["alloc_split", "heap_leak", "lock_contention", "threads_tasks", "bursty_threads"]
 TRUTH_PROFILERS = {"bursty_threads": ["none", "hotspan"]}
 # ``--workloads defaults``: every profiler with its defaults (and a stack-only setting of
@@ -84,8 +84,8 @@ ALL_WORKLOADS = WORKLOADS + BUSY_WORKLOADS + ["gc_containers", "wsgi_threaded"] 
 PROFILERS = ["none", "none-again", "hotspan", "pyspy", "pyroscope"]
 PROFILE_PROFILERS = ["none", "none-again", "hotspan", "hotspan-cpuonly", "ddtrace", "tracemalloc"]
 # On request (--profilers): py-spy without --nonblocking (it stops the process for every
-# sample, which is not how it runs in production, but it shows the attribution error the
-# issue quotes), and hotspan with one feature off, to tell where a cost comes from.
+# sample, which is not how it runs in production, but it shows its attribution error), and
+# hotspan with one feature off, to tell where a cost comes from.
 EXTRA_PROFILERS = [
     "pyspy-blocking",
     "hotspan-nospans",
@@ -107,7 +107,7 @@ ALL_PROFILERS = (
     PROFILERS + ["hotspan-cpuwall", "ddtrace-stack", "ddtrace", "tracemalloc"] + EXTRA_PROFILERS
 )
 # ... except that blocking py-spy runs on the threads workload by default: that is where its
-# attribution goes wrong, and the issue quotes it.
+# attribution goes wrong.
 DEFAULT_EXTRA = {"threads": ["pyspy-blocking"]}
 FULL = {"rounds": 7, "seconds": 4.0}
 QUICK = {"rounds": 3, "seconds": 1.0}
@@ -139,13 +139,13 @@ NEW_TYPES = {
     GOROUTINE_TYPE: "threads",
 }
 
-# Targets from the issue.
+# The agent's targets.
 TARGET_SLOWDOWN_PCT = 1.0
 TARGET_SPLIT_PP = 1.5
 TARGET_BUSY_SHARE_PCT = 95.0
 TARGET_CPU_RATIO_PCT = 5.0
 TARGET_RSS_MIB = 10.0
-# The profiles run's targets (issue 12).
+# The profiles run's targets.
 TARGET_PROFILES_SLOWDOWN_PCT = 3.0
 TARGET_PROFILES_RSS_MIB = 8.0
 TARGET_ALLOC_SPLIT_PP = 2.0
@@ -980,7 +980,7 @@ def _versions() -> Dict[str, str]:
 
 
 def targets(report: Dict[str, Any]) -> List[Dict[str, Any]]:
-    """The issue's targets, checked for hotspan."""
+    """The agent's targets, checked for hotspan."""
     res = report["results"]
     rows: List[Dict[str, Any]] = []
 
@@ -1022,7 +1022,7 @@ def targets(report: Dict[str, Any]) -> List[Dict[str, Any]]:
                 None if b is None else b >= TARGET_BUSY_SHARE_PCT,
                 "%",
             )
-        # The same check on the busy programs (the issue's target for threads, applied to
+        # The same check on the busy programs (the target for threads, applied to
         # them): a starved sampler shows here first.
         if w == "threads" or w in BUSY_WORKLOADS:
             s = c.get("cpu_seen_pct", {})
@@ -1057,7 +1057,7 @@ def _per_run(
 
 
 def profiles_targets(report: Dict[str, Any]) -> List[Dict[str, Any]]:
-    """Issue 12's budget and correctness targets, for hotspan with every profile type on.  A
+    """The profiles run's budget and correctness targets, for hotspan with every profile type on.  A
     row whose profile type has no collector in the tree says so ("missing")."""
     res = report["results"]
     have = set(report.get("collectors", []))
@@ -1254,7 +1254,7 @@ _WORKLOAD_TITLES = {
     "another process (8 keep-alive connections)",
 }
 _PROFILER_TITLES = {
-    # The agent's defaults: since issue 12 every profile type is on.
+    # The agent's defaults: every profile type on.
     "hotspan": "hotspan, every profile type on",
     "hotspan-cpuonly": "hotspan, CPU and wall only",
     "hotspan-cpuwall": "hotspan, CPU and wall only (and span linking)",

@@ -41,8 +41,9 @@ class Program(NamedTuple):
     variant: Dict[str, Any]
 
 
-# The issue's rows, and the send/recv ones with both kinds of peer (socket_pingpong.py):
-# another process (recv waits for the round trip) and the same loop (no syscall ever waits).
+# The busy programs that starved a sampler, and the send/recv ones with both kinds of peer
+# (socket_pingpong.py): another process (recv waits for the round trip) and the same loop (no
+# syscall ever waits).
 PROGRAMS = [
     Program(
         "plain",
@@ -97,7 +98,7 @@ PROFILERS = ["hotspan", "pyroscope", "hotspan-python"]
 ALL_PROFILERS = PROFILERS + ["pyspy"]
 FULL = {"runs": 3, "seconds": 4.0}
 QUICK = {"runs": 3, "seconds": 1.0}
-WINDOW_S = 3.0  # "samples in 3 s": what the issue counted
+WINDOW_S = 3.0  # "samples in 3 s": the window counted per run
 TICK_S = 1 / agent.RATE_HZ
 
 
