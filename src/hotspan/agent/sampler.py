@@ -435,8 +435,8 @@ def make_sampler(sample_rate: int, max_depth: int, cpu: bool, wall: bool, native
     if native and load_sampler() is not None:
         return NativeSampler(sample_rate, max_depth, cpu, wall)
     if native and not _said_fallback and not speedups_disabled():
-        # Once a process: the fallback samples less exactly (README, "Profiling a Python
-        # program"), and whoever runs it should know why it is the one running.
+        # Once a process: the fallback samples less exactly (docs/agent.md, "The pure-Python
+        # fallback"), and whoever runs it should know why it is the one running.
         from hotspan._speedups import native_unavailable_reason
         from hotspan.agent.log import logger
 

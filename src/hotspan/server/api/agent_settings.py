@@ -3,7 +3,7 @@
 Operators put rules through ``/api/v1/settings/{service}`` (query tokens); agents learn the
 rule that matches them in the answer to each upload that carries ``X-Hotspan-Instance``, or
 from ``GET /api/v1/agent/settings`` (ingest tokens), and report what they applied, which the
-operator API shows per instance (README, "Steering the agent in production").  The settings'
+operator API shows per instance (docs/agent.md, "Fleet settings from the server").  The settings'
 checks are :func:`hotspan.model.agent_settings.validate_settings`, shared with the agent and
 the CLI.
 """
