@@ -456,3 +456,55 @@ def test_loops_found_on_thread_stacks() -> None:
     with running_loop(main) as state:
         loops = threads_module._find_loops(sys._current_frames(), [])
         assert state["loop"] in loops
+
+
+BATCH_JOB = """
+import sys, threading, time
+import hotspan
+
+server, service = sys.argv[1], sys.argv[2]
+hotspan.configure(application_name=service, server_address=server, upload_interval=60)
+
+def crunch(seconds):
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        sum(range(1000))
+
+workers = [threading.Thread(target=crunch, args=(1.6,)) for _ in range(3)]
+for w in workers:
+    w.start()
+crunch(1.6)
+for w in workers:
+    w.join()
+print(time.time())
+"""
+
+
+def test_short_batch_job_sends_its_threads(module_server, tmp_path: Path) -> None:
+    """A program that ends before its first upload, its threads joined before it exits: the
+    threads profile still arrives, from the window's early look at the threads at work (at its
+    end only the main thread was left, shutting down)."""
+    service = f"batch_{uuid.uuid4().hex[:6]}"
+    script = tmp_path / "batch.py"
+    script.write_text(BATCH_JOB)
+    started = time.time()
+    out = subprocess.run(
+        [sys.executable, str(script), module_server.url, service],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    ended = float(out.stdout.strip().splitlines()[-1]) + 5
+    body = {
+        "profileTypeID": GOROUTINES,
+        "labelSelector": f'{{service_name="{service}"}}',
+        "start": int(started * 1000),
+        "end": int(ended * 1000),
+    }
+    with module_server.client() as client:
+        r = client.post(f"{QUERIER}/SelectMergeStacktraces", json=body)
+    assert r.status_code == 200, r.text
+    got = function_totals(r.json().get("flamegraph", {}))
+    # One look: the three workers and the main thread, each inside crunch.
+    assert got.get("__main__.crunch") == 4, got

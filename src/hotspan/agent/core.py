@@ -453,6 +453,10 @@ class Agent:
                     self.outbox.upload(self._sampler, self._rate, final=False)
                 elif self.outbox.holds_windows:
                     self.outbox.upload_held(self._rate, final=False)
+                for collector in self._collectors:
+                    look = getattr(collector, "look", None)
+                    if look is not None:
+                        look()
                 if self._collectors and time.monotonic() >= self._next_collect:
                     self._next_collect = time.monotonic() + self.config.upload_interval
                     self.outbox.collect(self._collectors, self._rate)

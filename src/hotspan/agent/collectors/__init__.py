@@ -56,6 +56,10 @@ class Collector:
     def collect(self, final: bool = False) -> List[ProfileData]:
         """The profiles of the time since the last call; ``final`` at shutdown."""
 
+    def look(self) -> None:
+        """Optional: called on every wake of the agent's loop (a few times a second at
+        most), for a collector that takes snapshots between its collects."""
+
     def stop(self) -> None:
         """Stop collecting and undo every hook; safe to call twice."""
 

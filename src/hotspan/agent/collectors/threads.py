@@ -70,6 +70,9 @@ COPY_RETRIES = 100
 LOOP_FRAMES = frozenset(("run_forever", "run_until_complete", "_run_once", "run"))
 
 SNAPSHOT_NS = 1_000_000_000
+# A window's early look comes this long into it: a program that ends before its first upload
+# (a batch job) still shows what its threads were doing, not only who was left at its end.
+EARLY_LOOK_S = 1.0
 
 
 class ThreadsCollector:
@@ -81,6 +84,8 @@ class ThreadsCollector:
         self._max_tasks = max(0, max_tasks)
         self._running = False
         self._last_look: Optional[ProfileData] = None
+        self._early_look: Optional[ProfileData] = None
+        self._window_start = 0.0
         self._native = load_sampler()
         self._logged: Set[str] = set()
         self._snapshots = 0
@@ -94,7 +99,8 @@ class ThreadsCollector:
 
     def start(self) -> None:
         self._running = True
-        self._last_look = None
+        self._last_look = self._early_look = None
+        self._window_start = time.monotonic()
         _watch_main_end(self)
 
     def stop(self) -> None:
@@ -105,7 +111,8 @@ class ThreadsCollector:
 
     def after_fork(self) -> None:
         # The child's first snapshot sees its own threads; a look at the parent's is not its.
-        self._last_look = None
+        self._last_look = self._early_look = None
+        self._window_start = time.monotonic()
 
     def stats(self) -> Dict[str, int]:
         return {
@@ -125,14 +132,36 @@ class ThreadsCollector:
         if not self._running:
             return []
         last, self._last_look = self._last_look, None
-        if final and last is not None:
-            return [last]
+        early, self._early_look = self._early_look, None
+        self._window_start = time.monotonic()
+        if final:
+            # The look at the main thread's end counts the threads still running then; when
+            # none were (they had been joined), the window's early look shows the program at
+            # work instead of an empty profile.
+            for look in (last, early):
+                if look is not None and look.samples:
+                    return [look]
         try:
             return [self.snapshot()]
         except Exception:  # noqa: BLE001 - never raise into the agent's loop or the program
             self._errors += 1
             self._log_once("snapshot", "hotspan: threads snapshot failed", exc_info=True)
             return []
+
+    def look(self) -> None:
+        """Called on each wake of the agent's loop: the window's early look, once, when the
+        window is EARLY_LOOK_S old."""
+        if (
+            not self._running
+            or self._early_look is not None
+            or time.monotonic() - self._window_start < EARLY_LOOK_S
+        ):
+            return
+        try:
+            self._early_look = self.snapshot()
+        except Exception:  # noqa: BLE001 - never raise into the agent's loop
+            self._errors += 1
+            self._log_once("snapshot", "hotspan: threads snapshot failed", exc_info=True)
 
     def _look_at_main_end(self) -> None:
         """On the main thread as it finishes (threading's shutdown), before the interpreter
