@@ -37,6 +37,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 from urllib.parse import urlencode
 
 import common
+import loadgen
 import numpy as np
 
 _fmt = common.fmt_number
@@ -286,7 +287,7 @@ def run_ingest(
                 host, port = server.otlp_http
                 reqs = [
                     (
-                        traces.http_request(host, port, "/v1/traces", b, "application/x-protobuf"),
+                        loadgen.post(host, port, "/v1/traces", b, "application/x-protobuf"),
                         traces.SPANS_PER_REQUEST,
                         0,
                     )
@@ -468,24 +469,6 @@ def run_ingest_all(quick: bool, concurrency: Optional[int], log: Log) -> Dict[st
 # -- 2. queries --------------------------------------------------------------------------------
 
 
-class Client:
-    """One keep-alive HTTP/1.1 connection, as Grafana's data source keeps one."""
-
-    def __init__(self, host: str, port: int) -> None:
-        import http.client
-
-        self.conn = http.client.HTTPConnection(host, port, timeout=600)
-
-    def request(
-        self, method: str, path: str, headers: Dict[str, str], body: Optional[bytes] = None
-    ) -> Tuple[int, bytes, float]:
-        t0 = time.perf_counter()
-        self.conn.request(method, path, body=body, headers=headers)
-        resp = self.conn.getresponse()
-        data = resp.read()
-        return resp.status, data, time.perf_counter() - t0
-
-
 def _summary(seconds: List[float], first: float) -> Dict[str, Any]:
     ms = [s * 1000 for s in seconds]
     return {
@@ -498,8 +481,21 @@ def _summary(seconds: List[float], first: float) -> Dict[str, Any]:
     }
 
 
-def _http_queries(sets: Any, level: str) -> List[Dict[str, Any]]:
+def _lookup(sets: Any, level: str) -> List[str]:
+    """The trace ids asked for by id: at 100 M originals and copies alike (copy ``i % GROW`` of
+    the i-th trace, the original for every tenth)."""
     import clickhouse_data
+
+    lookup: List[str] = sets.targets["lookup"]
+    if level != "100m":
+        return lookup
+    return [
+        clickhouse_data.grown_trace_id(t, i % clickhouse_data.GROW) if i % 10 else t
+        for i, t in enumerate(lookup)
+    ]
+
+
+def _http_queries(sets: Any, level: str) -> List[Dict[str, Any]]:
     import query
 
     qp = sets.params["samples"]
@@ -525,13 +521,7 @@ def _http_queries(sets: Any, level: str) -> List[Dict[str, Any]]:
                 }
             )
     targets = sets.targets
-    lookup: List[str] = targets["lookup"]
-    if level == "100m":
-        # Originals and copies alike: copy k = i % GROW of the i-th trace.
-        lookup = [
-            clickhouse_data.grown_trace_id(t, i % clickhouse_data.GROW) if i % 10 else t
-            for i, t in enumerate(lookup)
-        ]
+    lookup = _lookup(sets, level)
     end_s = sets.params["spans"]["end_s"]
     h1 = {"start": end_s - 3600, "end": end_s}
     h24 = {"start": end_s - 24 * 3600, "end": end_s}
@@ -605,25 +595,17 @@ def query_http(
 ) -> Dict[str, Any]:
     results: Dict[str, Any] = {}
     with _server(data_dir, server_args) as (server, out):
-        client = Client(server.host, server.port)
+        client = common.Client(server.url, timeout=600)
         for q in _http_queries(sets, level):
-            times: List[float] = []
-            first = 0.0
-            info: Dict[str, Any] = {}
             cpu = Cpu({"server": server.pid, **extra_pids})
-            for i in range(warmups + runs):
-                if i == warmups:
-                    cpu.start()
+
+            def request(i: int, q: Dict[str, Any] = q) -> bytes:
                 path = q["path"](i) if callable(q["path"]) else q["path"]
-                status, data, dt = client.request(q["method"], path, q["headers"], q.get("body"))
-                if status != 200:
-                    raise RuntimeError(f"{q['name']}: HTTP {status}: {data[:300]!r}")
-                if i == 0:
-                    first = dt
-                    info = _check(q["check"], data, q["headers"])
-                    info["response_bytes"] = len(data)
-                elif i >= warmups:
-                    times.append(dt)
+                return client.fetch(q["name"], q["method"], path, q["headers"], q.get("body"))
+
+            data, first, times = common.repeat_timed(request, warmups, runs, cpu.start)
+            info = _check(q["check"], data, q["headers"])
+            info["response_bytes"] = len(data)
             cpu.stop()
             summary = _summary(times, first)
             summary["cpu_ms_per_query"] = {
@@ -660,17 +642,7 @@ def _server(data_dir: str, args: List[str]):  # type: ignore[no-untyped-def]
 
 
 def _timed(fn: Callable[[int], Any], runs: int, warmups: int) -> Tuple[Any, Dict[str, Any]]:
-    result = None
-    times = []
-    first = 0.0
-    for i in range(warmups + runs):
-        t0 = time.perf_counter()
-        r = fn(i)
-        dt = time.perf_counter() - t0
-        if i == 0:
-            first, result = dt, r
-        elif i >= warmups:
-            times.append(dt)
+    result, first, times = common.repeat_timed(fn, warmups, runs)
     return result, _summary(times, first)
 
 
@@ -689,12 +661,7 @@ def query_store(sets: Any, level: str, store: Any, runs: int, warmups: int, log:
     h24 = SampleFilter(end_ns - qp["hours"] * 3600 * 10**9, end_ns)
     sids = [s.series_id for s in store.series(tenant) if s.labels.get("service_name") == SERVICE]
     targets = sets.targets
-    lookup: List[str] = targets["lookup"]
-    if level == "100m":
-        lookup = [
-            clickhouse_data.grown_trace_id(t, i % clickhouse_data.GROW) if i % 10 else t
-            for i, t in enumerate(lookup)
-        ]
+    lookup = _lookup(sets, level)
 
     def traceql(text: str, start: int) -> Any:
         spansets, conds = parse_traceql(text)
@@ -873,16 +840,16 @@ def markdown(result: Dict[str, Any], command: str, m: Dict[str, Any], wall: floa
     add = lines.append
     q = result["queries"]
     v = q.get("versions", {})
-    add(f"# hotspan ClickHouse benchmark{' (quick)' if result['quick'] else ''}")
-    add("")
-    add(f"Command: `{command}` — total wall time {wall:.0f} s.")
-    add("")
-    add(
-        f"Machine: {m['nproc']} CPUs ({m['cpu_model']}), {m['mem_gib']} GiB RAM, "
-        f"Python {m['python']} ({m['implementation']}), {m['platform']}; duckdb {m['duckdb']}, "
-        f"ClickHouse {v.get('clickhouse')} (chdb {v.get('chdb')}) behind the test fixture's "
-        f"HTTP interface, clickhouse-connect {v.get('clickhouse_connect')}; hotspan commit "
-        f"{m['git_commit']} (imported from `{m['hotspan_src']}`); {m['date_utc']} UTC."
+    versions = {
+        "ClickHouse": str(v.get("clickhouse")),
+        "chdb": str(v.get("chdb")),
+        "clickhouse-connect": str(v.get("clickhouse_connect")),
+    }
+    lines += common.head(
+        f"hotspan ClickHouse benchmark{' (quick)' if result['quick'] else ''}",
+        command,
+        wall,
+        common.machine_text(m, versions),
     )
     add("")
     add(
@@ -1165,24 +1132,8 @@ def _row(cells: Dict[Tuple[str, str], Any], name: str, key: str, store_level: bo
     )
 
 
-def write(result: Dict[str, Any], out_dir: str, quick: bool, md: str) -> str:
-    os.makedirs(out_dir, exist_ok=True)
-    stem = os.path.join(out_dir, "clickhouse-quick" if quick else "clickhouse")
-    with open(stem + ".json", "w") as f:
-        json.dump(result, f, indent=2, default=str)
-    with open(stem + ".md", "w") as f:
-        f.write(md)
-    return stem
-
-
 if __name__ == "__main__":
     if sys.argv[1:2] == ["load"]:
         _load_main(sys.argv[2])
     else:
-        print(
-            json.dumps(
-                run(quick="--quick" in sys.argv, log=lambda s: print(s, file=sys.stderr)),
-                indent=2,
-                default=str,
-            )
-        )
+        common.print_json(run(quick="--quick" in sys.argv, log=common.log))

@@ -40,6 +40,7 @@ import time
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import common
+import loadgen
 import query
 import traces
 
@@ -185,7 +186,7 @@ def push_spans(server: common.Server, bodies: List[bytes], n_spans: int, log: Lo
     counts = [traces.SPANS_PER_REQUEST] * len(bodies)
     counts[-1] = n_spans - traces.SPANS_PER_REQUEST * (len(bodies) - 1)
     requests = [
-        (traces.http_request(host, port, "/v1/traces", b, "application/x-protobuf"), c)
+        (loadgen.post(host, port, "/v1/traces", b, "application/x-protobuf"), c)
         for b, c in zip(bodies, counts)
     ]
     workdir = tempfile.mkdtemp(prefix="hotspan-bench-clickhouse-load-")

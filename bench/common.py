@@ -26,6 +26,7 @@ from typing import (
     Sequence,
     Set,
     Tuple,
+    TypeVar,
 )
 
 import httpx
@@ -35,6 +36,7 @@ REPO_DIR = os.path.dirname(BENCH_DIR)
 RESULTS_DIR = os.path.join(BENCH_DIR, "results")
 AGENT_WORKLOAD_DIR = os.path.join(BENCH_DIR, "agent_workloads")
 CLK_TCK = os.sysconf("SC_CLK_TCK")
+T = TypeVar("T")
 
 # Said under the machine where load generators and servers ran on it together.
 SHARED_CPUS = (
@@ -161,7 +163,7 @@ def machine_text(
     return text + (f" {note}" if note else "")
 
 
-# -- results ---------------------------------------------------------------------------------
+# -- command lines and results ---------------------------------------------------------------
 
 
 def result_name(benchmark: str, quick: bool = False) -> str:
@@ -222,9 +224,33 @@ def head(title: str, command: str, wall_s: float, machine_line: str) -> List[str
     ]
 
 
+def stderr_section(errors: Sequence[str]) -> List[str]:
+    """The servers' last stderr lines at the end of a report (nothing when they said none)."""
+    if not errors:
+        return []
+    lines = ["", "Server stderr (last lines):", ""]
+    return lines + ["    " + e.replace("\n", "\n    ") for e in errors]
+
+
+def print_json(result: Any) -> int:
+    """A benchmark run on its own without writing results: its result on stdout."""
+    print(json.dumps(result, indent=2, default=str))
+    return 0
+
+
 def command_line(script: str) -> str:
     """How this run was started, for a report: ``python bench/<script> <its arguments>``."""
     return f"python bench/{script}" + "".join(f" {a}" for a in sys.argv[1:])
+
+
+def comma_list(ap: Any, text: str, allowed: Sequence[str], what: str) -> List[str]:
+    """The names in a comma-separated option of ``ap`` (an ``argparse.ArgumentParser``); an
+    unknown one is a usage error."""
+    names = [n for n in text.split(",") if n]
+    unknown = set(names) - set(allowed)
+    if unknown:
+        ap.error(f"unknown {what}(s): {', '.join(sorted(unknown))} (from {', '.join(allowed)})")
+    return names
 
 
 # -- HTTP ------------------------------------------------------------------------------------
@@ -233,16 +259,17 @@ def command_line(script: str) -> str:
 class Client:
     """One keep-alive HTTP/1.1 connection to a server at ``url``, as Grafana's data source
     keeps one (a connection the server closed while idle is replaced on the next request).
-    Answers are asked for uncompressed, so that a time measured is the server's answer and not
-    a compression step that the clients compared here do not ask for."""
+    Answers are asked for uncompressed by default, so that a time measured is the server's
+    answer and not a compression step the clients compared do not ask for; ``accept_encoding``
+    None asks as httpx does by default (gzip, as a browser would)."""
 
-    def __init__(self, url: str, timeout: float = 300.0) -> None:
+    def __init__(
+        self, url: str, timeout: float = 300.0, accept_encoding: Optional[str] = "identity"
+    ) -> None:
         self.url = url.rstrip("/")
+        headers = {} if accept_encoding is None else {"Accept-Encoding": accept_encoding}
         self._http = httpx.Client(
-            base_url=self.url,
-            timeout=timeout,
-            trust_env=False,
-            headers={"Accept-Encoding": "identity"},
+            base_url=self.url, timeout=timeout, trust_env=False, headers=headers
         )
 
     def request(
@@ -261,6 +288,20 @@ class Client:
         self, path: str, body: bytes, headers: Optional[Mapping[str, str]] = None
     ) -> Tuple[int, bytes, float]:
         return self.request("POST", path, headers, body)
+
+    def fetch(
+        self,
+        what: str,
+        method: str,
+        path: str,
+        headers: Optional[Mapping[str, str]] = None,
+        body: Optional[bytes] = None,
+    ) -> bytes:
+        """The body of a 200 answer; any other status is an error naming ``what``."""
+        status, data, _ = self.request(method, path, headers, body)
+        if status != 200:
+            raise RuntimeError(f"{what}: HTTP {status}: {data[:300]!r}")
+        return data
 
     def call(
         self,
@@ -288,6 +329,15 @@ class Client:
             raise RuntimeError(f"{method} {path}: HTTP {status} {str(answer)[:300]}")
         return answer
 
+    def answer_or_none(self, method: str, path: str, payload: Any = None) -> Any:
+        """``call_ok``'s answer, or None where the server has no such API (404)."""
+        status, answer, _ = self.call(method, path, payload)
+        if status == 404:
+            return None
+        if not 200 <= status < 300:
+            raise RuntimeError(f"{method} {path}: HTTP {status} {str(answer)[:300]}")
+        return answer
+
     def close(self) -> None:
         self._http.close()
 
@@ -296,6 +346,9 @@ class Client:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+# -- profiles read back ---------------------------------------------------------------------
 
 
 def flamegraph(
@@ -359,7 +412,7 @@ def flamegraph_totals(
     return int(graph.get("total", 0) or 0), out
 
 
-# -- /proc ---------------------------------------------------------------------------------
+# -- the agent workloads -------------------------------------------------------------------
 
 
 def calibrate_agent_workload(
@@ -413,14 +466,7 @@ def workload_command(
     ]
 
 
-def comma_list(ap: Any, text: str, allowed: Sequence[str], what: str) -> List[str]:
-    """The names in a comma-separated option of ``ap`` (an ``argparse.ArgumentParser``); an
-    unknown one is a usage error."""
-    names = [n for n in text.split(",") if n]
-    unknown = set(names) - set(allowed)
-    if unknown:
-        ap.error(f"unknown {what}(s): {', '.join(sorted(unknown))} (from {', '.join(allowed)})")
-    return names
+# -- /proc ---------------------------------------------------------------------------------
 
 
 def proc_status(pid: int) -> Dict[str, int]:
@@ -717,6 +763,38 @@ def latency_summary(seconds: List[float]) -> Dict[str, float]:
     }
 
 
+def repeat_timed(
+    fn: Callable[[int], T],
+    warmups: int,
+    runs: int,
+    on_timed_start: Optional[Callable[[], None]] = None,
+) -> Tuple[T, float, List[float]]:
+    """``fn(i)`` for ``warmups`` warm-up calls then ``runs`` timed ones: the first call's
+    result and seconds (the cold call, reported on its own) and the timed calls' seconds;
+    ``on_timed_start`` runs just before the first timed call."""
+    first: Optional[Tuple[T, float]] = None
+    times: List[float] = []
+    for i in range(warmups + runs):
+        if i == warmups and on_timed_start is not None:
+            on_timed_start()
+        t0 = time.perf_counter()
+        result = fn(i)
+        dt = time.perf_counter() - t0
+        if i == 0:
+            first = (result, dt)
+        elif i >= warmups:
+            times.append(dt)
+    assert first is not None, "no call made"
+    return first[0], first[1], times
+
+
+def first_and_median(fn: Callable[[], T], repeat: int) -> Tuple[T, float, float]:
+    """(result, first call's seconds, median of the ``repeat`` calls after it; the first call's
+    seconds when there are none)."""
+    result, first, times = repeat_timed(lambda _: fn(), 1, repeat)
+    return result, first, statistics.median(times) if times else first
+
+
 def median_or_none(values: Iterable[Optional[float]]) -> Optional[float]:
     """The median of the values that are not None; None when there are none."""
     vals = [v for v in values if v is not None]
@@ -765,6 +843,18 @@ def measured_server(data_dir: str) -> Iterator[Tuple[Server, Dict[str, object]]]
 
 
 DATA_MARKER = "bench-params.json"
+
+
+def mark_data(data_dir: str, params: Dict[str, Any], **info: Any) -> None:
+    """Record that ``data_dir`` is a finished build of ``params`` (with ``info``), for
+    ``cached_data`` to find."""
+    with open(os.path.join(data_dir, DATA_MARKER), "w") as f:
+        json.dump({"params": params, **info}, f, indent=2)
+
+
+def dir_mib(path: str) -> float:
+    """The size of the files directly in ``path``, MiB."""
+    return mib(sum(os.path.getsize(os.path.join(path, f)) for f in os.listdir(path)))
 
 
 def cached_data(data_dir: str, params: Dict[str, int], rebuild: bool) -> Optional[dict]:

@@ -1,4 +1,4 @@
-"""Issue 19's paths side by side: JFR ingest, TraceQL search and metrics, heatmaps.
+"""The Grafana and Java SDK paths side by side: JFR ingest, TraceQL search and metrics, heatmaps.
 
 Against real ``hotspan server`` processes over 127.0.0.1, each number beside a reference
 measured in the same run (read the ratios: these machines are shared and noisy):
@@ -25,7 +25,6 @@ measured in the same run (read the ratios: these machines are shared and noisy):
 from __future__ import annotations
 
 import gzip
-import http.client
 import json
 import os
 import pickle
@@ -41,6 +40,7 @@ from urllib.parse import quote, urlencode
 
 import common
 import ingest
+import loadgen
 import numpy as np
 import synth
 import traces
@@ -310,21 +310,20 @@ def jfr_request(host: str, port: int, app: str, jfr: bytes, ts_s: int) -> bytes:
         )
         + b"0\r\n\r\n"
     )
-    head = (
-        f"POST {_ingest_path(app, ts_s, 'jfr')} HTTP/1.1\r\nHost: {host}:{port}\r\n"
-        f"Content-Type: multipart/form-data; boundary={boundary.decode()}\r\n"
-        "Transfer-Encoding: chunked\r\nAccept-Encoding: gzip\r\nUser-Agent: okhttp/4.12.0\r\n\r\n"
+    headers = {
+        "Content-Type": f"multipart/form-data; boundary={boundary.decode()}",
+        "Transfer-Encoding": "chunked",
+        "Accept-Encoding": "gzip",
+        "User-Agent": "okhttp/4.12.0",
+    }
+    return loadgen.request_bytes(
+        "POST", host, port, _ingest_path(app, ts_s, "jfr"), chunked, headers
     )
-    return head.encode() + chunked
 
 
 def pprof_request(host: str, port: int, app: str, pprof_gz: bytes, ts_s: int) -> bytes:
-    head = (
-        f"POST {_ingest_path(app, ts_s, 'pprof')} HTTP/1.1\r\nHost: {host}:{port}\r\n"
-        f"Content-Type: application/octet-stream\r\nContent-Length: {len(pprof_gz)}\r\n"
-        "User-Agent: hotspan-bench\r\n\r\n"
-    )
-    return head.encode() + pprof_gz
+    path = _ingest_path(app, ts_s, "pprof")
+    return loadgen.post(host, port, path, pprof_gz, "application/octet-stream")
 
 
 def _stored(data_dir: str) -> Tuple[int, int]:
@@ -570,7 +569,7 @@ def build_data(params: Dict[str, int], data_dir: str, log: Log) -> Dict[str, Any
         n = [traces.SPANS_PER_REQUEST] * len(bodies)
         n[-1] = params["spans"] - traces.SPANS_PER_REQUEST * (len(bodies) - 1)
         requests = [
-            (traces.http_request(host, port, "/v1/traces", b, "application/x-protobuf"), c)
+            (loadgen.post(host, port, "/v1/traces", b, "application/x-protobuf"), c)
             for b, c in zip(bodies, n)
         ]
         log(f"  data: pushing {params['spans']:,} spans ({counts['traces']:,} traces), OTLP/HTTP")
@@ -603,24 +602,11 @@ def build_data(params: Dict[str, int], data_dir: str, log: Log) -> Dict[str, Any
     return info
 
 
-class Client(traces.Client):
-    """One keep-alive connection, as Grafana's data source keeps one."""
-
-    def request(
-        self, method: str, path: str, headers: Dict[str, str], body: Optional[bytes] = None
-    ) -> Tuple[int, bytes, float]:
-        try:
-            return super().request(method, path, headers, body)
-        except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError):
-            self.conn.close()  # closed while idle past the server's keep-alive timeout
-            return super().request(method, path, headers, body)
-
-
 Check = Callable[[Any], Dict[str, object]]
 
 
 def time_queries(
-    client: Client,
+    client: common.Client,
     queries: List[Dict[str, Any]],
     runs: int,
     warmups: int,
@@ -822,7 +808,7 @@ def run_queries(data_dir: str, data: Dict[str, Any], quick: bool, log: Log) -> D
     searches, metric_queries, profile_queries = trace_queries(data, end_s)
     out: Dict[str, object] = {"runs": runs, "warmups": warmups, "budget_s": budget}
     with common.measured_server(data_dir) as (server, info):
-        client = Client(server.host, server.port)
+        client = common.Client(server.url)
         for label, queries in (
             ("search", searches),
             ("metrics", metric_queries),
@@ -839,7 +825,7 @@ def run_queries(data_dir: str, data: Dict[str, Any], quick: bool, log: Log) -> D
             out[label] = res
             out[f"{label}_server_cpu"] = cpu.stop()
             out[f"{label}_s"] = round(time.perf_counter() - t0, 1)
-        client.conn.close()
+        client.close()
     out["server"] = info
     search = out["search"]
     ids = {k: v.get("result", {}).pop("_ids", None) for k, v in search.items()}  # type: ignore[union-attr]
@@ -936,18 +922,12 @@ def _row(r: Dict[str, Any], ratio: Optional[float], extra: Optional[str] = None)
 def markdown(result: Dict[str, Any], command: str, m: Dict[str, Any], wall: float) -> str:
     lines: List[str] = []
     add = lines.append
-    add(
-        "# hotspan issue-19 benchmark: JFR ingest, TraceQL search and metrics, heatmaps"
-        + (" (quick)" if result["quick"] else "")
-    )
-    add("")
-    add(f"Command: `{command}` — total wall time {wall:.0f} s.")
-    add("")
-    add(
-        f"Machine: {m['nproc']} CPUs ({m['cpu_model']}), {m['mem_gib']} GiB RAM, Python "
-        f"{m['python']}, {m['platform']}; duckdb {m['duckdb']}; hotspan commit {m['git_commit']} "
-        f"(imported from `{m['hotspan_src']}`); {m['date_utc']} UTC. Load generators and servers "
-        "share these CPUs: read the ratios, measured in one run, more than the absolute numbers."
+    lines += common.head(
+        "hotspan Grafana benchmark: JFR ingest, TraceQL search and metrics, heatmaps"
+        + (" (quick)" if result["quick"] else ""),
+        command,
+        wall,
+        common.machine_text(m, note=common.SHARED_CPUS),
     )
     j = result["jfr"]
     p = j["params"]
@@ -1108,44 +1088,10 @@ def markdown(result: Dict[str, Any], command: str, m: Dict[str, Any], wall: floa
     ]
     if q and str(q["server"].get("server_stderr", "")).strip():
         errors.append(f"queries: {q['server']['server_stderr'].strip()[-600:]}")
-    if errors:
-        add("")
-        add("Server stderr (last lines):")
-        add("")
-        for e in errors:
-            add("    " + e.replace("\n", "\n    "))
+    lines += common.stderr_section(errors)
     add("")
     return "\n".join(lines)
 
 
-def write(result: Dict[str, object], out_dir: str, quick: bool, md: str) -> str:
-    os.makedirs(out_dir, exist_ok=True)
-    stem = os.path.join(out_dir, "grafana-quick" if quick else "grafana")
-    with open(stem + ".json", "w") as f:
-        json.dump(result, f, indent=2, default=str)
-    with open(stem + ".md", "w") as f:
-        f.write(md)
-    return stem
-
-
-def run_from(args: Any, report: Dict[str, object], t0: float, log: Log) -> int:
-    """``bench/run.py --only grafana``: writes grafana.md/.json (grafana-quick.* with --quick)."""
-    log("grafana benchmark (JFR ingest, TraceQL search and metrics, heatmaps) ...")
-    result = run(quick=args.quick, log=log)
-    wall = time.perf_counter() - t0
-    result.update(command=report["command"], machine=report["machine"], wall_s=round(wall, 1))
-    md = markdown(result, str(report["command"]), report["machine"], wall)  # type: ignore[arg-type]
-    stem = write(result, args.out, args.quick, md)
-    print(md)
-    log(f"wrote {stem}.md/.json in {wall:.0f} s")
-    return 0
-
-
-def _main(argv: Sequence[str]) -> int:
-    result = run(quick="--quick" in argv, log=lambda s: print(s, file=sys.stderr, flush=True))
-    print(json.dumps(result, indent=2, default=str))
-    return 0
-
-
 if __name__ == "__main__":
-    raise SystemExit(_main(sys.argv[1:]))
+    raise SystemExit(common.print_json(run(quick="--quick" in sys.argv, log=common.log)))

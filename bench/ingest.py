@@ -9,18 +9,16 @@ runs from a separate process (``bench/loadgen.py``) over keep-alive connections.
 
 from __future__ import annotations
 
-import json
 import os
 import pickle
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
 from typing import Dict, List, Tuple
-from urllib.parse import quote
 
 import common
+import loadgen
 import numpy as np
 import synth
 
@@ -81,18 +79,9 @@ def build_uploads(
 
 def ingest_request(host: str, port: int, up: Dict[str, object]) -> bytes:
     labels = ",".join(f"{k}={v}" for k, v in sorted(up["labels"].items()))  # type: ignore[union-attr]
-    name = quote(f"{up['service']}{{{labels}}}", safe="")
-    path = (
-        f"/ingest?name={name}&from={up['ts_s']}&until={int(up['ts_s']) + 10}"
-        "&format=pprof&spyName=pyspy&sampleRate=100"
-    )
-    body: bytes = up["body"]  # type: ignore[assignment]
-    head = (
-        f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\n"
-        f"Content-Type: application/octet-stream\r\nContent-Length: {len(body)}\r\n"
-        f"User-Agent: hotspan-bench\r\n\r\n"
-    )
-    return head.encode() + body
+    from_s = int(up["ts_s"])  # type: ignore[call-overload]
+    name = f"{up['service']}{{{labels}}}"
+    return loadgen.ingest_pprof(host, port, name, from_s, from_s + 10, up["body"], "pyspy")  # type: ignore[arg-type]
 
 
 def push_request(host: str, port: int, up: Dict[str, object]) -> bytes:
@@ -105,20 +94,15 @@ def push_request(host: str, port: int, up: Dict[str, object]) -> bytes:
     for k, v in sorted(labels.items()):
         series.labels.add(name=k, value=str(v))
     series.samples.add(raw_profile=up["body"])  # type: ignore[arg-type]
-    body = req.SerializeToString()
-    head = (
-        f"POST /push.v1.PusherService/Push HTTP/1.1\r\nHost: {host}:{port}\r\n"
-        f"Content-Type: application/proto\r\nConnect-Protocol-Version: 1\r\n"
-        f"Content-Length: {len(body)}\r\nUser-Agent: hotspan-bench\r\n\r\n"
+    headers = {"Content-Type": "application/proto", "Connect-Protocol-Version": "1"}
+    return loadgen.request_bytes(
+        "POST", host, port, "/push.v1.PusherService/Push", req.SerializeToString(), headers
     )
-    return head.encode() + body
 
 
 def ready_request(host: str, port: int, up: Dict[str, object]) -> bytes:
     """The HTTP stack alone: what uvicorn + Starlette cost per request with no work."""
-    return (
-        f"GET /ready HTTP/1.1\r\nHost: {host}:{port}\r\nUser-Agent: hotspan-bench\r\n\r\n".encode()
-    )
+    return loadgen.request_bytes("GET", host, port, "/ready")
 
 
 def drive_load(
@@ -127,41 +111,25 @@ def drive_load(
     """Runs bench/loadgen.py on the pickled requests against the server: (the load
     generator's final report, the server's CPU over the measured window only)."""
     cpu = common.CpuWindow(server.pid)
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            os.path.join(common.BENCH_DIR, "loadgen.py"),
-            "--host",
-            server.host,
-            "--port",
-            str(server.port),
-            "--requests",
-            req_file,
-            "--concurrency",
-            str(concurrency),
-            "--warmup",
-            str(warmup),
-            "--duration",
-            str(duration),
-        ],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    assert proc.stdout is not None
-    final = None
     server_cpu: Dict[str, float] = {}
-    for line in proc.stdout:
-        line = line.strip()
-        if line == "measure-start":
-            cpu.start()
-        elif line == "measure-end":
-            server_cpu = cpu.stop()
-        elif line.startswith("{"):
-            final = line
-    proc.wait(timeout=120)
-    if final is None:
-        raise RuntimeError(f"load generator failed (exit {proc.returncode})")
-    return json.loads(final), server_cpu
+    cmd = [
+        sys.executable,
+        os.path.join(common.BENCH_DIR, "loadgen.py"),
+        "--host",
+        server.host,
+        "--port",
+        str(server.port),
+        "--requests",
+        req_file,
+        "--concurrency",
+        str(concurrency),
+        "--warmup",
+        str(warmup),
+        "--duration",
+        str(duration),
+    ]
+    load = loadgen.follow(cmd, cpu.start, lambda: server_cpu.update(cpu.stop()), timeout=120)
+    return load, server_cpu
 
 
 def run_endpoint(
@@ -241,13 +209,12 @@ def _verify(data_dir: str) -> Dict[str, object]:
         frames = con.execute("SELECT count(*) FROM frames").fetchone()[0]
     finally:
         con.close()
-    size = sum(os.path.getsize(os.path.join(data_dir, f)) for f in os.listdir(data_dir))
     return {
         "sample_rows": samples,
         "series": series,
         "stacks": stacks,
         "frames": frames,
-        "data_dir_mib": common.mib(size),
+        "data_dir_mib": common.dir_mib(data_dir),
     }
 
 
@@ -359,6 +326,4 @@ def run(quick: bool = False, concurrency: int = 32, workdir: str = "") -> Dict[s
 
 
 if __name__ == "__main__":
-    import json
-
-    print(json.dumps(run(quick="--quick" in sys.argv), indent=2))
+    common.print_json(run(quick="--quick" in sys.argv))

@@ -16,9 +16,100 @@ import argparse
 import asyncio
 import json
 import pickle
+import subprocess
 import sys
 import time
-from typing import List, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
+from urllib.parse import quote
+
+
+def request_bytes(
+    method: str,
+    host: str,
+    port: int,
+    path: str,
+    body: bytes = b"",
+    headers: Optional[Dict[str, str]] = None,
+) -> bytes:
+    """One request as this load generator writes it: request line, ``Host``, ``headers``
+    (``User-Agent: hotspan-bench`` unless they name one), ``Content-Length`` (unless the body
+    is already chunked, or a GET has none) and the body."""
+    fields = {"Host": f"{host}:{port}", **(headers or {})}
+    fields.setdefault("User-Agent", "hotspan-bench")
+    if "Transfer-Encoding" not in fields and (body or method not in ("GET", "HEAD")):
+        fields["Content-Length"] = str(len(body))
+    head = f"{method} {path} HTTP/1.1\r\n" + "".join(f"{k}: {v}\r\n" for k, v in fields.items())
+    return (head + "\r\n").encode() + body
+
+
+def post(host: str, port: int, path: str, body: bytes, content_type: str) -> bytes:
+    """A POST of ``body`` as ``content_type`` (``request_bytes``)."""
+    return request_bytes("POST", host, port, path, body, {"Content-Type": content_type})
+
+
+def ingest_pprof(
+    host: str, port: int, name: str, from_s: int, until_s: int, body: bytes, spy: str
+) -> bytes:
+    """Pyroscope's ``POST /ingest`` of a pprof body; ``name`` is ``app{label=value,...}``."""
+    path = (
+        f"/ingest?name={quote(name, safe='')}&from={from_s}&until={until_s}"
+        f"&format=pprof&spyName={spy}&sampleRate=100"
+    )
+    return post(host, port, path, body, "application/octet-stream")
+
+
+def latency_pcts(seconds: List[float]) -> Dict[str, float]:
+    """p50, p90, p99 and max of request latencies, in ms."""
+    lat = sorted(seconds)
+
+    def pct(p: float) -> float:
+        return round(lat[min(int(len(lat) * p / 100), len(lat) - 1)] * 1000, 2) if lat else 0.0
+
+    return {"p50": pct(50), "p90": pct(90), "p99": pct(99), "max": pct(100)}
+
+
+async def mark_window(
+    loop: asyncio.AbstractEventLoop,
+    t_measure: float,
+    t_end: Optional[float],
+    stats: Dict[str, object],
+) -> None:
+    """Prints ``measure-start`` at ``t_measure`` and ``measure-end`` at ``t_end`` (loop time;
+    no end mark when None), for the parent to read the server's CPU over exactly that window;
+    the load generator's own CPU in between goes into ``stats``."""
+    await asyncio.sleep(max(t_measure - loop.time(), 0))
+    print("measure-start", flush=True)
+    cpu0 = time.process_time()
+    if t_end is not None:
+        await asyncio.sleep(max(t_end - loop.time(), 0))
+        print("measure-end", flush=True)
+    stats["loadgen_cpu_s"] = round(time.process_time() - cpu0, 2)
+
+
+def follow(
+    cmd: List[str],
+    on_start: Optional[Callable[[], None]],
+    on_end: Optional[Callable[[], None]],
+    cwd: Optional[str] = None,
+    timeout: float = 600,
+) -> Dict[str, object]:
+    """Runs a load generator process: ``on_start``/``on_end`` at its ``measure-start`` and
+    ``measure-end`` lines, its last JSON line returned."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, cwd=cwd)
+    assert proc.stdout is not None
+    final = None
+    for line in proc.stdout:
+        line = line.strip()
+        if line == "measure-start" and on_start:
+            on_start()
+        elif line == "measure-end" and on_end:
+            on_end()
+        elif line.startswith("{"):
+            final = line
+    proc.wait(timeout=timeout)
+    if final is None:
+        raise RuntimeError(f"load generator failed (exit {proc.returncode})")
+    return json.loads(final)
 
 
 async def _read_response(reader: asyncio.StreamReader) -> Tuple[int, bytes]:
@@ -103,27 +194,14 @@ async def main_async(args: argparse.Namespace) -> dict:
         finally:
             writer.close()
 
-    async def marks() -> None:
-        await asyncio.sleep(max(t_measure - loop.time(), 0))
-        print("measure-start", flush=True)
-        cpu0 = time.process_time()
-        await asyncio.sleep(max(t_end - loop.time(), 0))
-        print("measure-end", flush=True)
-        stats["loadgen_cpu_s"] = round(time.process_time() - cpu0, 2)
-
     tasks = [asyncio.create_task(worker(i)) for i in range(args.concurrency)]
-    tasks.append(asyncio.create_task(marks()))
+    tasks.append(asyncio.create_task(mark_window(loop, t_measure, t_end, stats)))
     results = await asyncio.gather(*tasks, return_exceptions=True)
     failures = [repr(r) for r in results if isinstance(r, BaseException)]
-    lat = sorted(stats.pop("latencies"))
-
-    def pct(p: float) -> float:
-        return round(lat[min(int(len(lat) * p / 100), len(lat) - 1)] * 1000, 2) if lat else 0.0
-
     stats.update(
         duration_s=args.duration,
         concurrency=args.concurrency,
-        latency_ms={"p50": pct(50), "p90": pct(90), "p99": pct(99), "max": pct(100)},
+        latency_ms=latency_pcts(stats.pop("latencies")),
         worker_failures=failures[:3],
         error_examples=error_examples,
     )

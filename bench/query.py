@@ -12,11 +12,9 @@ from __future__ import annotations
 
 import gzip
 import hashlib
-import http.client
 import json
 import os
 import shutil
-import statistics
 import sys
 import time
 from typing import Callable, Dict, List, Tuple
@@ -64,9 +62,6 @@ def data_dir_for(params: Dict[str, object]) -> str:
     schema = getattr(store_mod, "SCHEMA", "") + getattr(store_mod, "DB_FILE", "")
     key = hashlib.sha1((json.dumps(params, sort_keys=True) + schema).encode()).hexdigest()[:12]
     return os.path.join("/tmp", f"hotspan-bench-query-{key}")
-
-
-MARKER = common.DATA_MARKER
 
 
 def _series_labels(params: Dict[str, int]) -> List[Dict[str, str]]:
@@ -193,17 +188,13 @@ def build(params: Dict[str, int], data_dir: str, log: Callable[[str], None]) -> 
     finally:
         store.close()
     timings["close_s"] = round(time.perf_counter() - t0, 2)
-    timings["data_dir_mib"] = common.mib(
-        sum(os.path.getsize(os.path.join(data_dir, f)) for f in os.listdir(data_dir))
-    )
-    with open(os.path.join(data_dir, MARKER), "w") as f:
-        json.dump({"params": params, "build": timings}, f, indent=2)
+    timings["data_dir_mib"] = common.dir_mib(data_dir)
+    common.mark_data(data_dir, params, build=timings)
     return timings
 
 
 def ensure_data(params: Dict[str, int], log: Callable[[str], None], rebuild: bool = False):  # type: ignore[no-untyped-def]
     data_dir = data_dir_for(params)
-    marker = os.path.join(data_dir, MARKER)
     saved = common.cached_data(data_dir, params, rebuild)
     if saved is not None:
         log(f"  query data: reusing {data_dir}")
@@ -212,24 +203,11 @@ def ensure_data(params: Dict[str, int], log: Callable[[str], None], rebuild: boo
     t0 = time.perf_counter()
     timings = build(params, data_dir, log)
     timings["total_build_s"] = round(time.perf_counter() - t0, 1)
-    with open(marker, "w") as f:
-        json.dump({"params": params, "build": timings}, f, indent=2)
+    common.mark_data(data_dir, params, build=timings)
     return data_dir, timings, False
 
 
 # -- HTTP queries ----------------------------------------------------------------------------
-
-
-class Client:
-    def __init__(self, host: str, port: int) -> None:
-        self.conn = http.client.HTTPConnection(host, port, timeout=300)
-
-    def post(self, path: str, body: bytes, headers: Dict[str, str]) -> Tuple[int, bytes, float]:
-        t0 = time.perf_counter()
-        self.conn.request("POST", path, body=body, headers=headers)
-        resp = self.conn.getresponse()
-        data = resp.read()
-        return resp.status, data, time.perf_counter() - t0
 
 
 def _queries(params: Dict[str, int], service: str) -> List[Dict[str, object]]:
@@ -359,24 +337,20 @@ def run_http(
 ) -> Dict[str, object]:
     results = {}
     with common.measured_server(data_dir) as (server, out):
-        client = Client(server.host, server.port)
+        client = common.Client(server.url)
         for q in _queries(params, service):
-            times: List[float] = []
-            first = None
-            size = 0
-            for i in range(warmups + runs):
-                status, data, dt = client.post(q["path"], q["body"], q["headers"])  # type: ignore[arg-type]
-                if status != 200:
-                    raise RuntimeError(f"{q['name']}: HTTP {status}: {data[:300]!r}")
-                if i == 0:
-                    first = dt
-                    size = len(data)
-                    check = _check(q["check"], data, q["headers"])  # type: ignore[arg-type]
-                elif i >= warmups:
-                    times.append(dt)
+            data, first, times = common.repeat_timed(
+                lambda _, q=q: client.fetch(q["name"], "POST", q["path"], q["headers"], q["body"]),  # type: ignore[misc]
+                warmups,
+                runs,
+            )
+            check = _check(q["check"], data, q["headers"])  # type: ignore[arg-type]
             summary = common.latency_summary(times)
             summary.update(
-                first_ms=round(first * 1000, 2), response_bytes=size, result=check, name=q["name"]
+                first_ms=round(first * 1000, 2),
+                response_bytes=len(data),
+                result=check,
+                name=q["name"],
             )
             results[q["key"]] = summary
             log(
@@ -390,17 +364,7 @@ def run_http(
 # -- in-process breakdown --------------------------------------------------------------------
 
 
-def _timed(fn: Callable, repeat: int) -> Tuple[object, float, float]:  # type: ignore[type-arg]
-    """(result, first call seconds, median of the following ``repeat`` calls)."""
-    t0 = time.perf_counter()
-    result = fn()
-    first = time.perf_counter() - t0
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        result = fn()
-        times.append(time.perf_counter() - t0)
-    return result, first, statistics.median(times) if times else first
+_timed = common.first_and_median
 
 
 def breakdown(
@@ -616,8 +580,4 @@ def run(
 
 
 if __name__ == "__main__":
-    print(
-        json.dumps(
-            run(quick="--quick" in sys.argv, log=lambda s: print(s, file=sys.stderr)), indent=2
-        )
-    )
+    common.print_json(run(quick="--quick" in sys.argv, log=common.log))

@@ -1,4 +1,4 @@
-"""Issue 18 features side by side: recording rules at ingest, "why is this trace slow?", alerts.
+"""Three features side by side: recording rules at ingest, "why is this trace slow?", alerts.
 
 Against real ``hotspan server`` processes over 127.0.0.1, in one run:
 
@@ -25,7 +25,6 @@ Machines here are shared and noisy: the results are ratios measured in one run, 
 
 from __future__ import annotations
 
-import http.client
 import json
 import os
 import pickle
@@ -35,11 +34,11 @@ import statistics
 import sys
 import tempfile
 import time
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
-from urllib.parse import quote
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import common
 import ingest
+import loadgen
 import numpy as np
 import synth
 import traces
@@ -50,7 +49,6 @@ MS = 10**6
 CPU = "process_cpu:cpu:nanoseconds:cpu:nanoseconds"
 WALL = "wall:wall:nanoseconds:wall:nanoseconds"
 CONNECT_JSON = {"Content-Type": "application/json", "Connect-Protocol-Version": "1"}
-JSON = {"Content-Type": "application/json"}
 Log = Callable[[str], None]
 
 # -- 1. recording rules at ingest ------------------------------------------------------------
@@ -108,34 +106,7 @@ def ingest_rules() -> Dict[str, Dict[str, Any]]:
     return rules
 
 
-class Client(traces.Client):
-    """One keep-alive connection; JSON in and out."""
-
-    def request(
-        self, method: str, path: str, headers: Dict[str, str], body: Optional[bytes] = None
-    ) -> Tuple[int, bytes, float]:
-        try:
-            return super().request(method, path, headers, body)
-        except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError):
-            # The server closes a connection idle past its keep-alive timeout (during a load
-            # run, say): a new one, and the request once more.
-            self.conn.close()
-            return super().request(method, path, headers, body)
-
-    def call(
-        self, method: str, path: str, body: Any = None, headers: Optional[Dict[str, str]] = None
-    ) -> Tuple[int, Any, float]:
-        data = None if body is None else json.dumps(body).encode()
-        hdrs = dict(headers or (JSON if data is not None else {}))
-        status, raw, dt = self.request(method, path, hdrs, data)
-        try:
-            parsed: Any = json.loads(raw) if raw else None
-        except ValueError:
-            parsed = raw.decode("utf-8", "replace")
-        return status, parsed, dt
-
-
-def put_ok(client: Client, path: str, body: Dict[str, Any]) -> Any:
+def put_ok(client: common.Client, path: str, body: Dict[str, Any]) -> Any:
     status, answer, _ = client.call("PUT", path, body)
     if status not in (200, 201):
         raise RuntimeError(f"PUT {path}: HTTP {status}: {str(answer)[:400]}")
@@ -148,7 +119,7 @@ def _metric_families(text: str) -> Dict[str, Any]:
     return {f.name: f for f in text_string_to_metric_families(text)}
 
 
-def scrape_metrics(client: Client, runs: int, warmups: int) -> Dict[str, object]:
+def scrape_metrics(client: common.Client, runs: int, warmups: int) -> Dict[str, object]:
     """``GET /metrics``: latency over ``runs`` after ``warmups``, and what the last one held."""
     times: List[float] = []
     body = b""
@@ -221,7 +192,7 @@ def run_ingest_once(
     server = common.Server(data_dir).start()
     out: Dict[str, object] = {"rules": len(rules), "server_startup_s": round(server.startup_s, 2)}
     try:
-        client = Client(server.host, server.port)
+        client = common.Client(server.url)
         t0 = time.perf_counter()
         for rule_id, body in rules.items():
             put_ok(client, f"/api/v1/recording-rules/{rule_id}", body)
@@ -258,7 +229,7 @@ def run_ingest_once(
         out["metrics"] = scrape
         out["recorder"] = _recorder_health(families)  # type: ignore[arg-type]
         recorded = _rule_total(families, TOTAL_RULE) if rules else None  # type: ignore[arg-type]
-        client.conn.close()
+        client.close()
         out["server_stop"] = server.stop()
         out["server_stderr"] = server.stderr_tail()[-2000:]
         rows, stored = _stored_value(data_dir)
@@ -613,14 +584,10 @@ class ServiceData:
             body = gzip.compress(prof.SerializeToString(), compresslevel=1)
             from_s = window * self.window_ns // SEC
             labels = f"pod={SERVICE}-{pod},version={VERSIONS[pod]},env=production"
-            name = quote(f"{SERVICE}{{{labels}}}", safe="")
-            path = (
-                f"/ingest?name={name}&from={from_s}&until={from_s + self.window_ns // SEC}"
-                "&format=pprof&spyName=hotspan&sampleRate=100"
-            )
-            out.append(
-                (traces.http_request(host, port, path, body, "application/octet-stream"), len(rows))
-            )
+            until_s = from_s + self.window_ns // SEC
+            name = f"{SERVICE}{{{labels}}}"
+            request = loadgen.ingest_pprof(host, port, name, from_s, until_s, body, "hotspan")
+            out.append((request, len(rows)))
         return out
 
 
@@ -644,7 +611,7 @@ def build_service_data(params: Dict[str, int], data_dir: str, log: Log) -> Dict[
         assert server.otlp_http is not None, "the server has no OTLP/HTTP receiver"
         host, port = server.otlp_http
         requests = [
-            (traces.http_request(host, port, "/v1/traces", b, "application/x-protobuf"), n)
+            (loadgen.post(host, port, "/v1/traces", b, "application/x-protobuf"), n)
             for b, n in bodies
         ]
         log(f"  service data: pushing {gen.n_spans:,} spans ({gen.n_traces:,} traces), OTLP/HTTP")
@@ -704,7 +671,7 @@ def _flame_check(answer: Dict[str, Any]) -> Dict[str, object]:
 
 
 def time_query(
-    client: Client,
+    client: common.Client,
     name: str,
     request: Callable[[int], Tuple[str, str, Optional[Any], Optional[Dict[str, str]]]],
     check: Callable[[Dict[str, Any]], Dict[str, object]],
@@ -714,21 +681,18 @@ def time_query(
 ) -> Dict[str, object]:
     """``request(i)`` -> (method, path, JSON body, headers) for run ``i``; the first run's
     answer is checked; median and p95 of the timed ones."""
-    times: List[float] = []
-    first = 0.0
-    info: Dict[str, object] = {}
-    size = 0
-    for i in range(warmups + runs):
+
+    def send(i: int) -> bytes:
         method, path, body, headers = request(i)
-        status, answer, dt = client.call(method, path, body, headers)
-        if status != 200:
-            raise RuntimeError(f"{name}: {method} {path}: HTTP {status}: {str(answer)[:400]}")
-        if i == 0:
-            first = dt
-            info = check(answer)
-            size = len(json.dumps(answer))
-        elif i >= warmups:
-            times.append(dt)
+        data = None if body is None else json.dumps(body).encode()
+        if not headers and data is not None:
+            headers = {"Content-Type": "application/json"}
+        return client.fetch(f"{name}: {method} {path}", method, path, headers, data)
+
+    raw, first, times = common.repeat_timed(send, warmups, runs)
+    answer = json.loads(raw) if raw else None
+    info = check(answer)  # type: ignore[arg-type]
+    size = len(json.dumps(answer))
     summary = common.latency_summary(times)
     summary["p95_ms"] = round(common.percentile([t * 1000 for t in times], 95), 2)
     out = {"name": name, **summary, "first_ms": round(first * 1000, 2), "response_bytes": size,
@@ -757,7 +721,7 @@ def run_why(
     end_ns = int(data["end_ns"])  # type: ignore[call-overload]
     queries: Dict[str, object] = {}
     with common.measured_server(data_dir) as (server, out):
-        client = Client(server.host, server.port)
+        client = common.Client(server.url)
 
         def target(i: int) -> Dict[str, Any]:
             return targets[i % len(targets)]
@@ -809,7 +773,7 @@ def run_why(
             )
             named += status == 200 and _why_check(answer)["names_slow_path_first"] == "yes"
         out["targets_named_first"] = f"{named}/{len(targets)}"
-        client.conn.close()
+        client.close()
     out["queries"] = queries
     why_ms = queries["why"]["median_ms"]  # type: ignore[index]
     out["ratios"] = {
@@ -859,7 +823,7 @@ def run_alerts(
     out: Dict[str, object] = {"interval": "1s", "window": ALERT_WINDOW, "rules": rules}
     cpu = common.CpuWindow(server.pid)
     try:
-        client = Client(server.host, server.port)
+        client = common.Client(server.url)
         for name, body in rules.items():
             put_ok(client, f"/api/v1/alerts/rules/{name}", body)
         cpu.start()
@@ -889,7 +853,7 @@ def run_alerts(
             time.sleep(0.2)
         out["observed_s"] = round(time.perf_counter() - t0, 1)
         out["server_cpu"] = cpu.stop()
-        client.conn.close()
+        client.close()
     finally:
         out["server_stop"] = server.stop()
         out["server_stderr"] = server.stderr_tail()[-2000:]
@@ -958,18 +922,12 @@ def run(quick: bool = False, log: Log = print, concurrency: int = 32) -> Dict[st
 def markdown(result: Dict[str, Any], command: str, m: Dict[str, Any], wall: float) -> str:
     lines: List[str] = []
     add = lines.append
-    add(
-        "# hotspan issue-18 benchmark: recording rules, why, alerts"
-        + (" (quick)" if result["quick"] else "")
-    )
-    add("")
-    add(f"Command: `{command}` — total wall time {wall:.0f} s.")
-    add("")
-    add(
-        f"Machine: {m['nproc']} CPUs ({m['cpu_model']}), {m['mem_gib']} GiB RAM, Python "
-        f"{m['python']}, {m['platform']}; duckdb {m['duckdb']}; hotspan commit {m['git_commit']} "
-        f"(imported from `{m['hotspan_src']}`); {m['date_utc']} UTC. Load generators and servers "
-        "share these CPUs: read the ratios, measured in one run, more than the absolute numbers."
+    lines += common.head(
+        "hotspan rules benchmark: recording rules, why, alerts"
+        + (" (quick)" if result["quick"] else ""),
+        command,
+        wall,
+        common.machine_text(m, note=common.SHARED_CPUS),
     )
     ing = result["ingest"]
     p = ing["params"]
@@ -1133,44 +1091,10 @@ def markdown(result: Dict[str, Any], command: str, m: Dict[str, Any], wall: floa
         ]
         if text and str(text).strip()
     ]  # fmt: skip
-    if errors:
-        add("")
-        add("Server stderr (last lines):")
-        add("")
-        for e in errors:
-            add("    " + e.replace("\n", "\n    "))
+    lines += common.stderr_section(errors)
     add("")
     return "\n".join(lines)
 
 
-def write(result: Dict[str, object], out_dir: str, quick: bool, md: str) -> str:
-    os.makedirs(out_dir, exist_ok=True)
-    stem = os.path.join(out_dir, "rules-quick" if quick else "rules")
-    with open(stem + ".json", "w") as f:
-        json.dump(result, f, indent=2, default=str)
-    with open(stem + ".md", "w") as f:
-        f.write(md)
-    return stem
-
-
-def run_from(args: Any, report: Dict[str, object], t0: float, log: Log) -> int:
-    """``bench/run.py --only rules``: writes rules.md/.json (rules-quick.* with --quick)."""
-    log("rules benchmark (recording rules, why, alerts) ...")
-    result = run(quick=args.quick, log=log, concurrency=args.concurrency or 32)
-    wall = time.perf_counter() - t0
-    result.update(command=report["command"], machine=report["machine"], wall_s=round(wall, 1))
-    md = markdown(result, str(report["command"]), report["machine"], wall)  # type: ignore[arg-type]
-    stem = write(result, args.out, args.quick, md)
-    print(md)
-    log(f"wrote {stem}.md/.json in {wall:.0f} s")
-    return 0
-
-
-def _main(argv: Sequence[str]) -> int:
-    result = run(quick="--quick" in argv, log=lambda s: print(s, file=sys.stderr, flush=True))
-    print(json.dumps(result, indent=2, default=str))
-    return 0
-
-
 if __name__ == "__main__":
-    raise SystemExit(_main(sys.argv[1:]))
+    raise SystemExit(common.print_json(run(quick="--quick" in sys.argv, log=common.log)))

@@ -14,10 +14,10 @@
                                    # ingest with 1 and 2 servers, queries at 10 M and 100 M
                                    # samples (~13 min, + ~7 min once to build the data; quick
                                    # ~2 min; not in the default run; see bench/README.md)
-    python bench/run.py --only rules [--quick]   # issue 18: recording rules' ingest cost,
+    python bench/run.py --only rules [--quick]   # recording rules' ingest cost,
                                    # "why is this trace slow?", alert evaluation (~4 min,
                                    # quick ~1.5 min; not in the default run)
-    python bench/run.py --only grafana [--quick]   # issue 19: JFR ingest beside pprof,
+    python bench/run.py --only grafana [--quick]   # JFR ingest beside pprof,
                                    # TraceQL search and metrics, SelectHeatmap beside
                                    # SelectSeries (~4-5 min, quick ~1-1.5 min; not in the
                                    # default run)
@@ -28,11 +28,11 @@ Use the project's environment (e.g. ``/tmp/probe/bin/python bench/run.py``).
 from __future__ import annotations
 
 import argparse
-import json
+import importlib
 import os
 import sys
 import time
-from typing import Dict, List
+from typing import Any, Callable, Dict, List
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -40,15 +40,12 @@ import common  # noqa: E402
 
 _fmt = common.fmt_number
 
-RESULTS = os.path.join(common.BENCH_DIR, "results")
-
 TARGET_UPLOADS_PER_S = 1000
 TARGET_1H_MS = 100
 TARGET_24H_MS = 1000
 
 
-def log(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
+log = common.log
 
 
 def _verdict(ok: bool) -> str:
@@ -59,16 +56,11 @@ def markdown(report: Dict[str, object]) -> str:
     m = report["machine"]  # type: ignore[index]
     lines: List[str] = []
     add = lines.append
-    add(f"# hotspan benchmark results{' (quick)' if report['quick'] else ''}")
-    add("")
-    add(f"Command: `{report['command']}` — total wall time {report['wall_s']} s.")
-    add("")
-    add(
-        f"Machine: {m['nproc']} CPUs ({m['cpu_model']}), {m['mem_gib']} GiB RAM, "
-        f"Python {m['python']} ({m['implementation']}), {m['platform']}; duckdb {m['duckdb']}, "
-        f"numpy {m['numpy']}, protobuf {m['protobuf']}; hotspan commit {m['git_commit']} "
-        f"(imported from `{m['hotspan_src']}`); "
-        f"{m['date_utc']} UTC. The load generator and the server share these CPUs."
+    lines += common.head(
+        f"hotspan benchmark results{' (quick)' if report['quick'] else ''}",
+        str(report["command"]),
+        float(report["wall_s"]),  # type: ignore[arg-type]
+        common.machine_text(m, note="The load generator and the server share these CPUs."),  # type: ignore[arg-type]
     )
     ing = report.get("ingest")
     if ing:
@@ -260,54 +252,30 @@ def markdown(report: Dict[str, object]) -> str:
     return "\n".join(lines)
 
 
-def run_agent(args: argparse.Namespace, report: Dict[str, object], t0: float) -> int:
-    """The agent benchmark writes its own files (agent.md/.json), not latest.*: it is run on
-    its own and its numbers are quoted separately."""
-    import agent
-
-    log("agent benchmark ...")
-    result = agent.run(quick=args.quick, log=log)
-    wall = time.perf_counter() - t0
-    result.update(command=report["command"], machine=report["machine"], wall_s=round(wall, 1))
-    md = agent.markdown(result, str(report["command"]), report["machine"], wall)  # type: ignore[arg-type]
-    stem = agent.write(result, args.out, args.quick, md)
-    print(md)
-    log(f"wrote {stem}.md/.json in {wall:.0f} s")
-    return 0
-
-
-def run_traces(args: argparse.Namespace, report: Dict[str, object], t0: float) -> int:
-    """The traces benchmark writes its own files (traces.md/.json), like the agent's."""
-    import traces
-
-    log("traces benchmark ...")
-    result = traces.run(
-        quick=args.quick, log=log, rebuild=args.rebuild, concurrency=args.concurrency or 8
-    )
-    wall = time.perf_counter() - t0
-    result.update(command=report["command"], machine=report["machine"], wall_s=round(wall, 1))
-    md = traces.markdown(result, str(report["command"]), report["machine"], wall)  # type: ignore[arg-type]
-    stem = traces.write(result, args.out, args.quick, md)
-    print(md)
-    log(f"wrote {stem}.md/.json in {wall:.0f} s")
-    return 0
+# The benchmarks run only when asked for (``--only``), each writing its own results
+# (``bench/results/<name>.md``/``.json``): how each is started from this runner's options.
+SEPARATE: Dict[str, Callable[[Any, argparse.Namespace], Dict[str, Any]]] = {
+    "agent": lambda m, a: m.run(quick=a.quick, log=log),
+    "traces": lambda m, a: m.run(
+        quick=a.quick, log=log, rebuild=a.rebuild, concurrency=a.concurrency or 8
+    ),
+    "clickhouse": lambda m, a: m.run(
+        quick=a.quick, log=log, rebuild=a.rebuild, concurrency=a.concurrency
+    ),
+    # The flame graph in Chromium, and the heavy views against a server.
+    "ui": lambda m, a: m.run(quick=a.quick, log=log),
+    # Recording rules, "why is this trace slow?", alerts.
+    "rules": lambda m, a: m.run(quick=a.quick, log=log, concurrency=a.concurrency or 32),
+    # JFR ingest, TraceQL search and metrics, heatmaps.
+    "grafana": lambda m, a: m.run(quick=a.quick, log=log),
+}
 
 
-def run_clickhouse(args: argparse.Namespace, report: Dict[str, object], t0: float) -> int:
-    """The ClickHouse benchmark writes its own files (clickhouse.md/.json), like the traces'."""
-    import clickhouse
-
-    log("clickhouse benchmark ...")
-    result = clickhouse.run(
-        quick=args.quick, log=log, rebuild=args.rebuild, concurrency=args.concurrency
-    )
-    wall = time.perf_counter() - t0
-    result.update(command=report["command"], machine=report["machine"], wall_s=round(wall, 1))
-    md = clickhouse.markdown(result, str(report["command"]), report["machine"], wall)  # type: ignore[arg-type]
-    stem = clickhouse.write(result, args.out, args.quick, md)
-    print(md)
-    log(f"wrote {stem}.md/.json in {wall:.0f} s")
-    return 0
+def run_separate(name: str, args: argparse.Namespace, report: Dict[str, Any], t0: float) -> int:
+    module = importlib.import_module(name)
+    log(f"{name} benchmark ...")
+    result = SEPARATE[name](module, args)
+    return common.finish_run(name, result, report, t0, module.markdown, args.out, args.quick)
 
 
 def main() -> int:
@@ -317,7 +285,7 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="small, fast version")
     parser.add_argument(
         "--only",
-        choices=["ingest", "query", "agent", "traces", "ui", "clickhouse", "rules", "grafana"],
+        choices=["ingest", "query", *SEPARATE],
         help="run one benchmark (agent, traces, ui, clickhouse, rules and grafana run only when "
         "asked for)",
     )
@@ -333,35 +301,21 @@ def main() -> int:
         action="store_true",
         help="rebuild the cached query (or traces, or clickhouse) data",
     )
-    parser.add_argument("--out", default=RESULTS, help="results directory (default bench/results)")
+    parser.add_argument(
+        "--out", default=common.RESULTS_DIR, help="results directory (default bench/results)"
+    )
     args = parser.parse_args()
 
     t0 = time.perf_counter()
     report: Dict[str, object] = {
-        "command": "python bench/run.py" + "".join(f" {a}" for a in sys.argv[1:]),
+        "command": common.command_line("run.py"),
         "quick": args.quick,
         "machine": common.machine(),
     }
     m = report["machine"]
     log(f"machine: nproc {m['nproc']}, Python {m['python']}, {m['cpu_model']}")  # type: ignore[index]
-    if args.only == "agent":
-        return run_agent(args, report, t0)
-    if args.only == "traces":
-        return run_traces(args, report, t0)
-    if args.only == "clickhouse":
-        return run_clickhouse(args, report, t0)
-    if args.only == "ui":  # the flame graph in Chromium; writes ui.md/.json
-        import ui
-
-        return ui.run_from(args, report, t0, log)
-    if args.only == "rules":  # recording rules, why, alerts; writes rules.md/.json
-        import rules
-
-        return rules.run_from(args, report, t0, log)
-    if args.only == "grafana":  # JFR, TraceQL search and metrics, heatmaps; grafana.md/.json
-        import grafana
-
-        return grafana.run_from(args, report, t0, log)
+    if args.only in SEPARATE:
+        return run_separate(args.only, args, report, t0)
     if args.only in (None, "ingest"):
         import ingest
 
@@ -379,16 +333,12 @@ def main() -> int:
         log("query benchmark ...")
         report["query"] = query.run(quick=args.quick, log=log, rebuild=args.rebuild)
     report["wall_s"] = round(time.perf_counter() - t0, 1)
+    report["machine"]["loadavg_end"] = common.loadavg()  # type: ignore[index]
 
-    os.makedirs(args.out, exist_ok=True)
-    stem = "latest-quick" if args.quick else "latest"
-    with open(os.path.join(args.out, f"{stem}.json"), "w") as f:
-        json.dump(report, f, indent=2)
     md = markdown(report)
-    with open(os.path.join(args.out, f"{stem}.md"), "w") as f:
-        f.write(md)
+    stem = common.write_results("latest", report, md, args.out, args.quick)
     print(md)
-    log(f"wrote {os.path.join(args.out, stem)}.md/.json in {report['wall_s']} s")
+    log(f"wrote {stem}.md/.json in {report['wall_s']} s")
     return 0
 
 

@@ -24,22 +24,20 @@ import asyncio
 import contextlib
 import gzip
 import hashlib
-import http.client
 import json
 import os
 import pickle
 import random
 import re
 import shutil
-import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
-from urllib.parse import quote, urlencode
+from urllib.parse import urlencode
 
 import common
+import loadgen
 import numpy as np
 import synth
 
@@ -531,19 +529,10 @@ async def _load(spec: Dict[str, object]) -> Dict[str, object]:
             finally:
                 writer.close()
 
-    async def marks() -> None:
-        await asyncio.sleep(max(t_measure - loop.time(), 0))
-        print("measure-start", flush=True)
-        cpu0 = time.process_time()
-        if not once:
-            await asyncio.sleep(max(t_end - loop.time(), 0))
-            print("measure-end", flush=True)
-        st["loadgen_cpu_s"] = round(time.process_time() - cpu0, 2)
-
     t0 = time.perf_counter()
     tasks = [asyncio.create_task(worker()) for _ in range(int(spec["concurrency"]))]  # type: ignore[call-overload]
     if not once:
-        tasks.append(asyncio.create_task(marks()))
+        tasks.append(asyncio.create_task(loadgen.mark_window(loop, t_measure, t_end, st)))
     results = await asyncio.gather(*tasks, return_exceptions=True)
     if protocol == "grpc":
         await channel.close()
@@ -553,18 +542,9 @@ async def _load(spec: Dict[str, object]) -> Dict[str, object]:
         status=status,
         error_examples=examples,
         worker_failures=[repr(r) for r in results if isinstance(r, BaseException)][:3],
-        latency_ms=_pcts(latencies),
+        latency_ms=loadgen.latency_pcts(latencies),
     )
     return out
-
-
-def _pcts(seconds: List[float]) -> Dict[str, float]:
-    lat = sorted(seconds)
-
-    def pct(p: float) -> float:
-        return round(lat[min(int(len(lat) * p / 100), len(lat) - 1)] * 1000, 2) if lat else 0.0
-
-    return {"p50": pct(50), "p90": pct(90), "p99": pct(99), "max": pct(100)}
 
 
 def _load_main(spec_file: str) -> None:
@@ -595,27 +575,15 @@ def run_load(
     spec_file = os.path.join(workdir, "load.json")
     with open(spec_file, "w") as f:
         json.dump(spec, f)
-    proc = subprocess.Popen(
-        [sys.executable, os.path.abspath(__file__), "load", spec_file],
-        stdout=subprocess.PIPE,
-        text=True,
-        cwd=common.BENCH_DIR,
-    )
-    assert proc.stdout is not None
-    final = None
-    for line in proc.stdout:
-        line = line.strip()
-        if line == "measure-start" and on_start:
-            on_start()
-        elif line == "measure-end" and on_end:
-            on_end()
-        elif line.startswith("{"):
-            final = line
-    proc.wait(timeout=600)
-    os.unlink(req_file)
-    if final is None:
-        raise RuntimeError(f"load generator failed (exit {proc.returncode})")
-    return json.loads(final)
+    try:
+        return loadgen.follow(
+            [sys.executable, os.path.abspath(__file__), "load", spec_file],
+            on_start,
+            on_end,
+            cwd=common.BENCH_DIR,
+        )
+    finally:
+        os.unlink(req_file)
 
 
 # -- 1. ingest -------------------------------------------------------------------------------
@@ -634,14 +602,6 @@ def ingest_pool(n_bodies: int, distinct: int, seed: int = 11) -> List[bytes]:
     return out
 
 
-def http_request(host: str, port: int, path: str, body: bytes, ctype: str) -> bytes:
-    head = (
-        f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: {ctype}\r\n"
-        f"Content-Length: {len(body)}\r\nUser-Agent: hotspan-bench\r\n\r\n"
-    )
-    return head.encode() + body
-
-
 def _count_spans(data_dir: str) -> Dict[str, object]:
     """What is on disk after the server shut down (and committed)."""
     import duckdb
@@ -655,14 +615,13 @@ def _count_spans(data_dir: str) -> Dict[str, object]:
         tags = con.execute("SELECT count(*) FROM span_tags").fetchone()[0]
     finally:
         con.close()
-    size = sum(os.path.getsize(os.path.join(data_dir, f)) for f in os.listdir(data_dir))
     return {
         "span_rows": rows,
         "distinct_span_ids": distinct,
         "traces": traces_n,
         "span_groups": groups,
         "span_tags": tags,
-        "data_dir_mib": common.mib(size),
+        "data_dir_mib": common.dir_mib(data_dir),
     }
 
 
@@ -687,7 +646,7 @@ def run_ingest(
             target = f"{host}:{port}"
             requests = [
                 (
-                    http_request(host, port, "/v1/traces", b, "application/x-protobuf"),
+                    loadgen.post(host, port, "/v1/traces", b, "application/x-protobuf"),
                     SPANS_PER_REQUEST,
                 )
                 for b in bodies
@@ -768,7 +727,6 @@ FULL = {
     "load_concurrency": 8,
 }
 QUICK = dict(FULL, spans=100_000)
-MARKER = common.DATA_MARKER
 SAMPLE_PROB = {"server": 0.7, "internal": 0.8, "db": 0.3}
 
 
@@ -862,14 +820,10 @@ class ProfileGen:
             prof.string_table.extend(t.encode() for t in new)
             body = gzip.compress(header + prof.SerializeToString(), compresslevel=1)
             from_s = window * self.window_ns // SEC
-            name = quote(f"{service}{{pod={service}-7d9f8b-{pod},env=production}}", safe="")
-            path = (
-                f"/ingest?name={name}&from={from_s}&until={from_s + self.window_ns // SEC}"
-                "&format=pprof&spyName=hotspan&sampleRate=100"
-            )
-            out.append(
-                (http_request(host, port, path, body, "application/octet-stream"), len(rows))
-            )
+            until_s = from_s + self.window_ns // SEC
+            name = f"{service}{{pod={service}-7d9f8b-{pod},env=production}}"
+            request = loadgen.ingest_pprof(host, port, name, from_s, until_s, body, "hotspan")
+            out.append((request, len(rows)))
         return out
 
 
@@ -958,7 +912,7 @@ def build(params: Dict[str, int], data_dir: str, log: Callable[[str], None]) -> 
         counts = [SPANS_PER_REQUEST] * len(bodies)
         counts[-1] = params["spans"] - SPANS_PER_REQUEST * (len(bodies) - 1)
         requests = [
-            (http_request(host, port, "/v1/traces", b, "application/x-protobuf"), c)
+            (loadgen.post(host, port, "/v1/traces", b, "application/x-protobuf"), c)
             for b, c in zip(bodies, counts)
         ]
         del bodies
@@ -1003,8 +957,7 @@ def build(params: Dict[str, int], data_dir: str, log: Callable[[str], None]) -> 
         )
     timings["stored"] = stored
     timings["total_build_s"] = round(time.perf_counter() - t_all, 1)
-    with open(os.path.join(data_dir, MARKER), "w") as f:
-        json.dump({"params": params, "build": timings, "targets": targets}, f, indent=2)
+    common.mark_data(data_dir, params, build=timings, targets=targets)
     return {"build": timings, "targets": targets}
 
 
@@ -1022,22 +975,6 @@ def ensure_data(
 
 
 # -- 2./3. queries ---------------------------------------------------------------------------
-
-
-class Client:
-    """One keep-alive HTTP/1.1 connection, as Grafana's data source keeps one."""
-
-    def __init__(self, host: str, port: int) -> None:
-        self.conn = http.client.HTTPConnection(host, port, timeout=300)
-
-    def request(
-        self, method: str, path: str, headers: Dict[str, str], body: Optional[bytes] = None
-    ) -> Tuple[int, bytes, float]:
-        t0 = time.perf_counter()
-        self.conn.request(method, path, body=body, headers=headers)
-        resp = self.conn.getresponse()
-        data = resp.read()
-        return resp.status, data, time.perf_counter() - t0
 
 
 def _spans_in_traces_json(resource_spans: list) -> int:
@@ -1179,40 +1116,33 @@ def run_queries(
 ) -> Dict[str, object]:
     results: Dict[str, object] = {}
     with common.measured_server(data_dir) as (server, out):
-        client = Client(server.host, server.port)
+        client = common.Client(server.url)
         for q in _queries(params, targets):
-            times: List[float] = []
-            first = None
-            size = 0
-            info: Dict[str, object] = {}
-            for i in range(warmups + runs):
-                path = q["path"](i) if callable(q["path"]) else q["path"]  # type: ignore[operator]
-                status, data, dt = client.request(
+
+            def request(i: int, q: Dict[str, object] = q) -> bytes:
+                path = q["path"](i) if callable(q["path"]) else q["path"]
+                return client.fetch(
+                    str(q["name"]),
                     str(q.get("method", "GET")),
                     str(path),
-                    dict(q.get("headers", {})),
-                    q.get("body"),  # type: ignore[call-overload,arg-type]
+                    dict(q.get("headers", {})),  # type: ignore[call-overload]
+                    q.get("body"),  # type: ignore[arg-type]
                 )
-                if status != 200:
-                    raise RuntimeError(f"{q['name']}: HTTP {status}: {data[:300]!r}")
-                if i == 0:
-                    first = dt
-                    info = _check(str(q["check"]), data)
-                    size = len(data)
-                elif i >= warmups:
-                    times.append(dt)
+
+            data, first, times = common.repeat_timed(request, warmups, runs)
+            info = _check(str(q["check"]), data)
             summary = common.latency_summary(times)
             results[str(q["key"])] = {
                 "name": q["name"],
                 "section": q.get("section", "tempo"),
                 **summary,
-                "first_ms": round((first or 0) * 1000, 2),
-                "response_bytes": size,
+                "first_ms": round(first * 1000, 2),
+                "response_bytes": len(data),
                 "result": info,
             }
             log(
                 f"  {q['name']}: median {summary['median_ms']} ms, p90 {summary['p90_ms']} ms "
-                f"(first {round((first or 0) * 1000, 1)} ms) {info}"
+                f"(first {round(first * 1000, 1)} ms) {info}"
             )
     out["queries"] = results
     return out
@@ -1221,16 +1151,7 @@ def run_queries(
 # -- where the search time goes (in-process, on the same data) ------------------------------
 
 
-def _timed(fn: Callable[[], object], repeat: int) -> Tuple[object, float, float]:
-    t0 = time.perf_counter()
-    result = fn()
-    first = time.perf_counter() - t0
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return result, first, statistics.median(times) if times else first
+_timed = common.first_and_median
 
 
 def breakdown(
@@ -1394,16 +1315,11 @@ def markdown(result: Dict[str, object], command: str, m: Dict[str, object], wall
     lines: List[str] = []
     add = lines.append
     quick = result["params"] is QUICK or result["params"] == QUICK
-    add(f"# hotspan traces benchmark{' (quick)' if quick else ''}")
-    add("")
-    add(f"Command: `{command}` — total wall time {wall:.0f} s.")
-    add("")
-    add(
-        f"Machine: {m['nproc']} CPUs ({m['cpu_model']}), {m['mem_gib']} GiB RAM, "
-        f"Python {m['python']} ({m['implementation']}), {m['platform']}; duckdb {m['duckdb']}, "
-        f"protobuf {m['protobuf']}; hotspan commit {m['git_commit']} "
-        f"(imported from `{m['hotspan_src']}`); {m['date_utc']} UTC. The load generator "
-        "and the server share these CPUs."
+    lines += common.head(
+        f"hotspan traces benchmark{' (quick)' if quick else ''}",
+        command,
+        wall,
+        common.machine_text(m, note="The load generator and the server share these CPUs."),
     )
     ing: Dict[str, object] = result["ingest"]  # type: ignore[assignment]
     runs: List[Dict[str, object]] = ing["runs"]  # type: ignore[assignment]
@@ -1560,33 +1476,13 @@ def markdown(result: Dict[str, object], command: str, m: Dict[str, object], wall
         + [("queries", q.get("server_stderr", ""))]
         if text and str(text).strip()
     ]
-    if errors:
-        add("")
-        add("Server stderr (last lines):")
-        add("")
-        for e in errors:
-            add(f"    {e}")
+    lines += common.stderr_section(errors)
     add("")
     return "\n".join(lines)
-
-
-def write(result: Dict[str, object], out_dir: str, quick: bool, md: str) -> str:
-    os.makedirs(out_dir, exist_ok=True)
-    stem = os.path.join(out_dir, "traces-quick" if quick else "traces")
-    with open(stem + ".json", "w") as f:
-        json.dump(result, f, indent=2)
-    with open(stem + ".md", "w") as f:
-        f.write(md)
-    return stem
 
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["load"]:
         _load_main(sys.argv[2])
     else:
-        print(
-            json.dumps(
-                run(quick="--quick" in sys.argv, log=lambda s: print(s, file=sys.stderr)),
-                indent=2,
-            )
-        )
+        common.print_json(run(quick="--quick" in sys.argv, log=common.log))

@@ -298,17 +298,16 @@ def run(quick: bool = False, log: Callable[[str], None] = print) -> Dict[str, ob
 def markdown(result: Dict[str, object], command: str, m: Dict[str, object], wall: float) -> str:
     lines: List[str] = []
     add = lines.append
-    add(
-        "# hotspan UI benchmark: flame graph"
-        + (" (quick)" if result["repeat"] == QUICK_REPEAT else "")
-    )
-    add("")
-    add(f"Command: `{command}` — total wall time {wall:.0f} s.")
-    add("")
-    add(
-        f"Machine: {m['nproc']} CPUs ({m['cpu_model']}), {m['mem_gib']} GiB RAM, "
-        f"{m['platform']}; headless Chromium {result['chromium']} (software rendering), "
-        f"viewport {result['viewport']}; hotspan commit {m['git_commit']}; {m['date_utc']} UTC."
+    lines += common.head(
+        "hotspan UI benchmark: flame graph"
+        + (" (quick)" if result["repeat"] == QUICK_REPEAT else ""),
+        command,
+        wall,
+        common.machine_text(
+            m,
+            {"headless Chromium (software rendering)": str(result["chromium"])},
+            note=f"Viewport {result['viewport']}.",
+        ),
     )
     add("")
     add(
@@ -352,29 +351,6 @@ def markdown(result: Dict[str, object], command: str, m: Dict[str, object], wall
     return "\n".join(lines)
 
 
-def write(result: Dict[str, object], out_dir: str, quick: bool, md: str) -> str:
-    os.makedirs(out_dir, exist_ok=True)
-    stem = os.path.join(out_dir, "ui-quick" if quick else "ui")
-    with open(stem + ".json", "w") as f:
-        json.dump(result, f, indent=2)
-    with open(stem + ".md", "w") as f:
-        f.write(md)
-    return stem
-
-
-def run_from(args, report: Dict[str, object], t0: float, log: Callable[[str], None]) -> int:  # type: ignore[no-untyped-def]
-    """``bench/run.py --only ui``: writes ui.md/.json (ui-quick.* with --quick)."""
-    log("ui benchmark ...")
-    result = run(quick=args.quick, log=log)
-    wall = time.perf_counter() - t0
-    result.update(command=report["command"], machine=report["machine"], wall_s=round(wall, 1))
-    md = markdown(result, str(report["command"]), report["machine"], wall)  # type: ignore[arg-type]
-    stem = write(result, args.out, args.quick, md)
-    print(md)
-    log(f"wrote {stem}.md/.json in {wall:.0f} s")
-    return 0
-
-
 def main(argv: Optional[List[str]] = None) -> int:
     import argparse
 
@@ -382,15 +358,15 @@ def main(argv: Optional[List[str]] = None) -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--out", default=os.path.join(common.BENCH_DIR, "results"))
+    parser.add_argument("--out", default=common.RESULTS_DIR)
     args = parser.parse_args(argv)
     command = "python bench/ui.py" + "".join(
         f" {a}" for a in (argv if argv is not None else sys.argv[1:])
     )
+    t0 = time.perf_counter()
     report = {"command": command, "machine": common.machine()}
-    return run_from(
-        args, report, time.perf_counter(), lambda s: print(s, file=sys.stderr, flush=True)
-    )
+    result = run(quick=args.quick, log=common.log)
+    return common.finish_run("ui", result, report, t0, markdown, args.out, args.quick)
 
 
 if __name__ == "__main__":

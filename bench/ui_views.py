@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import statistics
-import time
 from typing import Callable, Dict, List, Optional
 from urllib.parse import urlencode
 
@@ -77,24 +76,16 @@ class _Api:
     """The API calls behind the views, each timed; None when the server has no such API."""
 
     def __init__(self, url: str, start_ms: int, end_ms: int) -> None:
-        import httpx
-
-        self.client = httpx.Client(base_url=url, timeout=120)
+        # Compressed answers where the server compresses, as the browser gets them.
+        self.client = common.Client(url, timeout=120, accept_encoding=None)
         self.start_ms, self.end_ms = start_ms, end_ms
 
     def querier(self, method: str, body: dict) -> Optional[dict]:
-        r = self.client.post(f"{QUERIER}/{method}", json=body)
-        if r.status_code == 404:
-            return None
-        r.raise_for_status()
-        return r.json()
+        return self.client.answer_or_none("POST", f"{QUERIER}/{method}", body)
 
     def get(self, path: str, **params: object) -> Optional[dict]:
-        r = self.client.get(path, params=params)
-        if r.status_code == 404:
-            return None
-        r.raise_for_status()
-        return r.json()
+        query = urlencode({k: v for k, v in params.items() if v is not None}, doseq=True)
+        return self.client.answer_or_none("GET", f"{path}?{query}" if query else path)
 
     def flamegraph(self, service: str) -> Optional[dict]:
         return self.querier(
@@ -174,13 +165,8 @@ def _busiest_function(answer: dict) -> str:
 
 
 def _timed(fn: Callable[[], object], repeat: int) -> Dict[str, object]:
-    fn()  # warm-up: the server's caches and connections
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return {"api_ms": _ms(statistics.median(times))}
+    """The median of ``repeat`` calls after a warm-up (the server's caches, the connection)."""
+    return {"api_ms": _ms(common.first_and_median(fn, repeat)[2])}
 
 
 def _page_ms(page, url: str, ready: str, repeat: int) -> Dict[str, object]:  # type: ignore[no-untyped-def]
