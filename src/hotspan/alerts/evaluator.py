@@ -21,7 +21,7 @@ import threading
 import time
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 from hotspan.alerts import RULE_KIND, STATE_KIND
 from hotspan.alerts.conditions import measure
@@ -66,7 +66,7 @@ class _Job:
     deleted: bool = False
 
 
-def _uid(body: dict) -> str:
+def _uid(body: Mapping[str, Any]) -> str:
     uid = body.get("uid")
     return uid if isinstance(uid, str) else ""
 
@@ -192,7 +192,7 @@ class AlertLoop:
                 self.store.put_document(job.tenant, STATE_KIND, job.name, job.state.to_json())
 
     def _evaluate(
-        self, tenant: str, name: str, body: dict, state: AlertState, now_ns: int
+        self, tenant: str, name: str, body: Mapping[str, Any], state: AlertState, now_ns: int
     ) -> AlertState:
         try:
             # Stored rules were checked when put; a newer server may check more.

@@ -331,7 +331,7 @@ def parse_condition(body: Any) -> Condition:
     window = _window(body.get("window"), "condition.window")
     if kind == "function_share":
         _no_unknown(body, ("kind", "function", "above", "window"), "condition")
-        function = body.get("function")
+        function: Any = body.get("function")  # compile_function checks it is a string
         compile_function(function)
         return FunctionShare(function, _percent(body.get("above"), "condition.above"), window)
     if kind == "per_request":

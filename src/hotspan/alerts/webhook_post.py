@@ -11,7 +11,7 @@ import ssl
 import threading
 import time
 import urllib.parse
-from typing import Iterator, List, Optional, Sequence, Tuple
+from typing import Iterable, Iterator, List, Optional, Sequence, Tuple, Union
 
 import httpcore
 import httpx
@@ -38,6 +38,11 @@ from hotspan.alerts.targets import (
     check_webhook,
     resolve,
 )
+
+# httpcore's SOCKET_OPTION, which it defines in a private module.
+SocketOption = Union[
+    Tuple[int, int, int], Tuple[int, int, Union[bytes, bytearray]], Tuple[int, int, None, int]
+]
 
 
 class _Deadline:
@@ -103,7 +108,7 @@ class _CheckedBackend(httpcore.NetworkBackend):
         port: int,
         timeout: Optional[float] = None,
         local_address: Optional[str] = None,
-        socket_options: Optional[Sequence[Tuple[int, int, int]]] = None,
+        socket_options: Optional[Iterable[SocketOption]] = None,
     ) -> httpcore.NetworkStream:
         addresses = self._resolver(host, port, self._deadline.left())
         check_addresses(host, addresses, self._allow)
@@ -130,7 +135,7 @@ class _CheckedBackend(httpcore.NetworkBackend):
         self,
         path: str,
         timeout: Optional[float] = None,
-        socket_options: Optional[Sequence[Tuple[int, int, int]]] = None,
+        socket_options: Optional[Iterable[SocketOption]] = None,
     ) -> httpcore.NetworkStream:
         raise httpcore.ConnectError("webhooks go over TCP only")
 

@@ -72,7 +72,7 @@ def add_view_parser(sub: argparse._SubParsersAction) -> None:
     view.set_defaults(func=run_view, log_level="warning")
 
 
-def _read(path: str, fmt: Optional[str] = None):  # type: ignore[no-untyped-def]
+def _read(path: str, fmt: Optional[str] = None):
     from hotspan.cli.profile_files import read_profile
     from hotspan.formats.errors import FormatError
 
@@ -84,7 +84,7 @@ def _read(path: str, fmt: Optional[str] = None):  # type: ignore[no-untyped-def]
         raise CLIError(str(exc), 2 if "cannot read" not in str(exc) else 1) from None
 
 
-def _write(profile, fmt: str, profile_type: Optional[str], title: str) -> bytes:  # type: ignore[no-untyped-def]
+def _write(profile, fmt: str, profile_type: Optional[str], title: str) -> bytes:
     from hotspan.cli.profile_files import write_profile
     from hotspan.formats.errors import FormatError
 

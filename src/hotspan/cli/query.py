@@ -101,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
 # --- output -----------------------------------------------------------------------------------
 
 
-def _rows(profile, top: int) -> List[Dict[str, object]]:  # type: ignore[no-untyped-def]
+def _rows(profile, top: int) -> List[Dict[str, object]]:
     from hotspan.model.stack_profile import function_values
 
     total = profile.total(0)
@@ -123,7 +123,7 @@ def _rows(profile, top: int) -> List[Dict[str, object]]:  # type: ignore[no-unty
     ]
 
 
-def query_json(profile, selector: str, type_id: str, window: TimeRange, top: int) -> dict:  # type: ignore[no-untyped-def]
+def query_json(profile, selector: str, type_id: str, window: TimeRange, top: int) -> dict:
     return {
         "selector": selector,
         "profile_type": type_id,
@@ -137,7 +137,7 @@ def query_json(profile, selector: str, type_id: str, window: TimeRange, top: int
     }
 
 
-def top_table(  # type: ignore[no-untyped-def]
+def top_table(
     profile, selector: str, type_id: str, window: TimeRange, top: int, to_stdout: bool
 ) -> str:
     """The table as plain text, or "" when it was printed on the terminal with rich's boxes

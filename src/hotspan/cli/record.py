@@ -276,8 +276,8 @@ def _iterate(
 
 
 # The order types are written in: pprof's tools show the default (CPU) first.
-_ORDER = ("cpu", "wall", "alloc_space", "alloc_objects", "inuse_space", "inuse_objects")
-_ORDER += ("delay", "contentions", "goroutine")
+_ORDER: Tuple[str, ...] = ("cpu", "wall", "alloc_space", "alloc_objects", "inuse_space")
+_ORDER += ("inuse_objects", "delay", "contentions", "goroutine")
 
 
 def _ordered(profile: StackProfile) -> StackProfile:

@@ -26,7 +26,7 @@ from __future__ import annotations
 import re
 import struct
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
 from hotspan.formats.errors import FormatError
 
@@ -184,6 +184,9 @@ class _Codec:
 
     def __init__(self, compressed: bool) -> None:
         self.compressed = compressed
+        self.short: Callable[[bytes, int], Tuple[int, int]]
+        self.int: Callable[[bytes, int], Tuple[int, int]]
+        self.long: Callable[[bytes, int], Tuple[int, int]]
         if compressed:
             self.short = self.int = self.long = _varint
         else:
@@ -191,7 +194,7 @@ class _Codec:
             self.int = _fixed(">I")
             self.long = _fixed(">Q")
 
-    def string(self, buf: bytes, pos: int) -> Tuple[Optional[str], int]:
+    def string(self, buf: bytes, pos: int) -> Tuple[Union[str, _StringRef, None], int]:
         enc = buf[pos]
         pos += 1
         if enc == 3 or enc == 5:  # UTF-8 / Latin-1 bytes

@@ -105,7 +105,7 @@ def _merge(into: IngestBatch, part: IngestBatch) -> None:
 class _Tables:
     """The request's shared dictionary, with bounds-checked access."""
 
-    def __init__(self, dictionary) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, dictionary) -> None:
         self.d = dictionary
         self.strings: Sequence[str] = dictionary.string_table
         self._frames: Dict[int, Tuple[Frame, ...]] = {}
@@ -115,7 +115,7 @@ class _Tables:
             raise FormatError(f"string index {index} is out of the string table")
         return self.strings[index]
 
-    def labels_of_kvs(self, kvs) -> List[Tuple[str, str]]:  # type: ignore[no-untyped-def]
+    def labels_of_kvs(self, kvs) -> List[Tuple[str, str]]:
         return [(kv.key, label_value(kv.value)) for kv in kvs]
 
     def labels_of_indices(self, indices: Sequence[int]) -> List[Tuple[str, str]]:
@@ -185,7 +185,7 @@ def _labels(groups: Sequence[Sequence[Tuple[str, str]]]) -> Dict[str, str]:
     return out
 
 
-def _add_profile(  # type: ignore[no-untyped-def]
+def _add_profile(
     profile, tables: _Tables, outer: List[List[Tuple[str, str]]], batch: IngestBatch, now_ns: int
 ) -> None:
     sample_type = tables.string(profile.sample_type.type_strindex)
@@ -237,7 +237,7 @@ def _add_profile(  # type: ignore[no-untyped-def]
                 batch.add_sample(sid, ts, stack, value, span, trace)
 
 
-def _points(sample, base_ts: int) -> List[Tuple[int, int]]:  # type: ignore[no-untyped-def]
+def _points(sample, base_ts: int) -> List[Tuple[int, int]]:
     """(time, value) pairs of a sample: one per timestamp when there are timestamps."""
     values = list(sample.values)
     stamps = list(sample.timestamps_unix_nano)

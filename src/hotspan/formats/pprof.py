@@ -190,7 +190,7 @@ def to_batch(
     return added
 
 
-def _frame_source(profile: DecodedProfile, text: _Text):  # type: ignore[no-untyped-def]
+def _frame_source(profile: DecodedProfile, text: _Text):
     """Names the profile's frames on demand (the store asks only for unseen stacks' frames)."""
 
     def frames(wanted: Set[int]) -> Dict[int, Frame]:
@@ -234,11 +234,11 @@ def _apply_labels(
     groups: List[Tuple[Tuple[str, str], ...]] = [()]
     index: Dict[Tuple[Tuple[str, str], ...], int] = {(): 0}
     for sample, pairs in per_sample.items():
-        key = tuple(sorted(pairs))
-        g = index.get(key)
+        series_labels = tuple(sorted(pairs))
+        g = index.get(series_labels)
         if g is None:
-            g = index[key] = len(groups)
-            groups.append(key)
+            g = index[series_labels] = len(groups)
+            groups.append(series_labels)
         group[sample] = g
     return groups
 

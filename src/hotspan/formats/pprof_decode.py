@@ -132,15 +132,19 @@ def decode_python(
             add(name, file, line.line, out)
         loc_frames.setdefault(loc.id, out)
     n_types = len(sample_types)
-    stack, frame_off, frames, values, labels = [], [0], [], [], []
+    stack: List[int] = []
+    frame_off = [0]
+    frames: List[int] = []
+    values: List[int] = []
+    labels: List[Tuple[int, int, int]] = []
     for i, sample in enumerate(p.sample):
         start = len(frames)
-        for loc in reversed(sample.location_id):
-            if loc not in loc_frames:
-                raise FormatError(f"malformed pprof: unknown location id {loc}")
+        for loc_id in reversed(sample.location_id):
+            if loc_id not in loc_frames:
+                raise FormatError(f"malformed pprof: unknown location id {loc_id}")
             room = max_depth - (len(frames) - start)
             if room > 0:
-                frames.extend(loc_frames[loc][:room])
+                frames.extend(loc_frames[loc_id][:room])
         if len(frames) > max_frames:
             raise FormatError("malformed pprof: profile expands to too many frames")
         if len(sample.value) != n_types:

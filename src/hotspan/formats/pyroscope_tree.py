@@ -29,8 +29,8 @@ def encode(
     if not len(node_names):
         return b""
     name_blobs = []
-    for name in names:
-        raw = name.encode("utf-8", "replace")
+    for text in names:
+        raw = text.encode("utf-8", "replace")
         name_blobs.append(uvarint(len(raw)) + raw)
     small = [bytes((i,)) for i in range(0x80)]
     roots = 0

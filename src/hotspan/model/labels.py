@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Mapping, Optional, Tuple
+from typing import List, Mapping, Optional, Tuple
 
 import re2
 
@@ -45,7 +45,7 @@ class RegexError(ValueError):
     """A pattern RE2 refuses; the message is RE2's reason."""
 
 
-def compile_regex(pattern: str):  # type: ignore[no-untyped-def]
+def compile_regex(pattern: str):
     """``pattern`` compiled by RE2: linear time, so no user's pattern can stall the server.
     RegexError when RE2 refuses it."""
     try:
@@ -57,7 +57,7 @@ def compile_regex(pattern: str):  # type: ignore[no-untyped-def]
         raise RegexError(str(reason)) from None
 
 
-def _compile(pattern: str):  # type: ignore[no-untyped-def]
+def _compile(pattern: str):
     try:
         return compile_regex(pattern)
     except RegexError as exc:
@@ -143,7 +143,7 @@ class _Scanner:
             raise SelectorError(f"expected a quoted value at position {self.pos}")
         quote = self.text[self.pos]
         self.pos += 1
-        out = []
+        out: List[str] = []
         while self.pos < len(self.text):
             ch = self.text[self.pos]
             self.pos += 1

@@ -108,7 +108,7 @@ class _BoundedCache(dict):
         super().__init__()
         self.limit = limit
 
-    def remember(self, key, value):  # type: ignore[no-untyped-def]
+    def remember(self, key, value):
         if len(self) >= self.limit:
             self.clear()
         self[key] = value
@@ -224,16 +224,13 @@ class IngestBatch:
                 )
             )
         if not parts:
-            return SampleColumns(
-                *(
-                    np.zeros(0, dtype=t)
-                    for t in (np.int64, np.int64, np.int64, np.int64, np.uint64)
-                ),
-                np.zeros(0, dtype=object),
+            return SampleColumns._make(
+                np.zeros(0, dtype=t)
+                for t in (np.int64, np.int64, np.int64, np.int64, np.uint64, object)
             )
         if len(parts) == 1:
             return parts[0]
-        return SampleColumns(*(np.concatenate(col) for col in zip(*parts)))
+        return SampleColumns._make(np.concatenate(col) for col in zip(*parts))
 
     def frames_for(self, wanted: Set[int]) -> Dict[int, Frame]:
         """The frames among ``wanted`` that this batch can name."""

@@ -314,6 +314,6 @@ class TraceSummary:
                 entry = found[trace_id] = [trace_id, service, name, t0, t1 - t0, count, [], n]
             entry[6].append(MatchedSpan(span_id, span_name, start, end - start))
         return [
-            TraceSummary(*fields[:6], matched=tuple(spans), matched_count=n)
-            for *fields, spans, n in found.values()
+            TraceSummary(tid, service, name, t0, duration, count, tuple(spans), n)
+            for tid, service, name, t0, duration, count, spans, n in found.values()
         ]

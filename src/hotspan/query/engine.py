@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple
 
 import numpy as np
 
@@ -26,6 +26,7 @@ from hotspan.query.exemplars import (
     parse_profile_id,
     top_per_step,
 )
+from hotspan.query.flamegraph import FlameGraph
 from hotspan.query.stacks import StackTable
 from hotspan.store.base import ProfileValues, SampleFilter, SeriesRecord, StackValues, Store
 
@@ -117,7 +118,7 @@ class QueryEngine:
     def label_names(
         self, tenant: str, matchers: Sequence[str], start_ns: int, end_ns: int
     ) -> List[str]:
-        names = set()
+        names: Set[str] = set()
         for rec in self.find_series(tenant, parse_selectors(matchers), start_ns, end_ns):
             names.update(all_labels(rec))
         return sorted(names)
@@ -228,7 +229,7 @@ class QueryEngine:
 
     def flamegraph(
         self, values: StackValues, max_nodes: Optional[int] = DEFAULT_MAX_NODES
-    ) -> flamegraph.FlameGraph:
+    ) -> FlameGraph:
         _check_total(values)
         matrix, lengths, known = self._matrix(values.stack_ids)
         return flamegraph.build(matrix, lengths, values.values[known], self.stacks.names, max_nodes)
@@ -238,7 +239,7 @@ class QueryEngine:
         left: StackValues,
         right: StackValues,
         max_nodes: Optional[int] = DEFAULT_MAX_NODES,
-    ) -> flamegraph.FlameGraph:
+    ) -> FlameGraph:
         _check_total(left)
         _check_total(right)
         ids = np.concatenate([left.stack_ids, right.stack_ids])
@@ -275,7 +276,7 @@ class QueryEngine:
         valid = cols[None, :] < lengths[:, None]
         # Dense indexes instead of frame ids (signed hashes): -1 pads, len(ids) is "other".
         ids, dense = np.unique(matrix[valid], return_inverse=True)
-        stacks = np.full(matrix.shape, -1, dtype=np.int64)
+        stacks: np.ndarray = np.full(matrix.shape, -1, dtype=np.int64)
         stacks[valid] = dense.reshape(-1)
         frame_of = [frames[f] for f in ids.tolist()] + [Frame(flamegraph.OTHER)]
         if max_nodes:

@@ -50,7 +50,7 @@ def _prepare(
     names: Sequence[str],
     max_nodes: Optional[int],
     pyroscope_ties: bool,
-):  # type: ignore[no-untyped-def]
+):
     """Rows ranked by name, sorted, with the smallest nodes folded into ``other``: returns
     (ranked, lengths, values, starts, names of the ranks, rank of ``other``, totals)."""
     values = np.asarray(values, dtype=np.int64)
@@ -62,8 +62,8 @@ def _prepare(
 
     # Ranks instead of raw indexes, so that siblings come out in name order as in Pyroscope.
     used = np.unique(stacks[stacks >= 0]) if stacks.size else np.zeros(0, dtype=np.int64)
-    by_name = sorted(range(len(used)), key=lambda i: names[used[i]])
-    out_names = [TOTAL] + [names[used[i]] for i in by_name] + [OTHER]
+    by_name = sorted(range(len(used)), key=lambda i: names[int(used[i])])
+    out_names = [TOTAL] + [names[int(used[i])] for i in by_name] + [OTHER]
     rank = np.zeros(int(used.max()) + 1 if len(used) else 1, dtype=np.int64)
     rank[used[by_name]] = np.arange(1, len(used) + 1)
     ranked = np.where(stacks >= 0, rank[np.maximum(stacks, 0)], _PAD)
@@ -200,7 +200,7 @@ def truncated_stacks(
     return unique, unique_lengths, sums
 
 
-def _sort(ranked: np.ndarray, lengths: np.ndarray, values: np.ndarray):  # type: ignore[no-untyped-def]
+def _sort(ranked: np.ndarray, lengths: np.ndarray, values: np.ndarray):
     if len(ranked) == 0:
         return ranked, lengths, values
     order = np.lexsort(ranked.T[::-1]) if ranked.shape[1] else np.arange(len(ranked))
@@ -257,7 +257,7 @@ def _fold_small(
     max_nodes: int,
     other_rank: int,
     pyroscope_ties: bool = False,
-):  # type: ignore[no-untyped-def]
+):
     """Replace every node too small to be among the ``max_nodes`` largest (and its subtree)
     by ``other`` under its parent.  Takes sorted rows; returns (ranked, lengths), unsorted,
     or None when the rows have no more than ``max_nodes`` nodes.
@@ -303,7 +303,7 @@ def _fold_small(
     return ranked, lengths
 
 
-def to_message(graph: FlameGraph, out) -> None:  # type: ignore[no-untyped-def]
+def to_message(graph: FlameGraph, out) -> None:
     """Fills ``out``, a querier ``FlameGraph`` or (for a graph of two sides) ``FlameGraphDiff``
     message: what the querier answers and what the standalone page (ui/standalone.py)
     embeds."""

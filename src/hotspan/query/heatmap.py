@@ -57,13 +57,13 @@ def bucket_of(values: np.ndarray, lows: List[int]) -> np.ndarray:
     return np.searchsorted(np.asarray(lows, dtype=np.int64), values, side="right") - 1
 
 
-def _round_up(t, start: int, step: int):  # type: ignore[no-untyped-def]
+def _round_up(t, start: int, step: int):
     # To the next T = start + k * step at or after t (ints or int64 arrays alike).
     offset = start % step
     return -((offset - t) // step) * step + offset
 
 
-def slot_of(t_ms, start_ms: int, end_ms: int, step_ms: int):  # type: ignore[no-untyped-def]
+def slot_of(t_ms, start_ms: int, end_ms: int, step_ms: int):
     """The right edge of the slot holding time ``t_ms`` (an int or an int64 array): slots are
     (start - step, start], (start, start + step], ... and times outside go to the first or
     the last one."""

@@ -74,7 +74,9 @@ class StackTable:
                 self.frames[fid] = frame
                 self._frame_name[fid] = self.name_id(frame.name)
         unknown_name = self.name_id("unknown")
-        ids, lengths, flat_frames = [], [], []
+        ids: List[int] = []
+        lengths: List[int] = []
+        flat_frames: List[int] = []
         for sid, frames in stacks.items():
             ids.append(sid)
             lengths.append(len(frames))

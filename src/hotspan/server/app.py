@@ -87,7 +87,8 @@ def create_app(config: Optional[ServerConfig] = None, store: Optional[Store] = N
         auth=Authenticator(store, config),
         redactor=redactor,
     )
-    state.metrics = metrics.server_metrics(store)
+    server_metrics = metrics.server_metrics(store)
+    state.metrics = server_metrics
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -140,7 +141,7 @@ def create_app(config: Optional[ServerConfig] = None, store: Optional[Store] = N
 
     def counted(path: str, endpoint: Callable, name: str) -> Route:
         """An ingest route whose requests, bytes and refusals /metrics counts."""
-        counter = Middleware(IngestCounter, state.metrics, name)
+        counter = Middleware(IngestCounter, server_metrics, name)
         return Route(path, endpoint, methods=["POST"], middleware=[counter])
 
     routes = [

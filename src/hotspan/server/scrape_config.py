@@ -144,7 +144,7 @@ def parse_scrape_config(doc: Any, path: str = "<scrape config>") -> ScrapeConfig
     return ScrapeConfig(path, targets)
 
 
-def _job_targets(job: Dict[str, Any], name: str, interval: float, timeout: float, fail: Any):  # type: ignore[no-untyped-def]
+def _job_targets(job: Dict[str, Any], name: str, interval: float, timeout: float, fail: Any):
     unknown = set(job) - JOB_KEYS
     if unknown:
         raise fail(f"unknown key(s) {', '.join(sorted(map(str, unknown)))}")

@@ -49,7 +49,7 @@ class OTLPPortOnly:
         self.app = app
         self.port = port
 
-    async def __call__(self, scope, receive, send) -> None:  # type: ignore[no-untyped-def]
+    async def __call__(self, scope, receive, send) -> None:
         on_otlp_port = (scope.get("server") or (None, None))[1] == self.port
         if scope["type"] == "http" and on_otlp_port and scope["path"] not in OTLP_PATHS:
             response = PlainTextResponse(

@@ -26,7 +26,7 @@ class ServerState:
     # Resolves requests and gRPC calls to their tenant and role (server.auth).
     auth: Authenticator
     # Run when the server stops, before the store closes (the gRPC server, retention).
-    on_shutdown: List[Callable[[], None]] = field(default_factory=list)
+    on_shutdown: List[Callable[[], object]] = field(default_factory=list)
     # The last status of each agent instance (X-Hotspan-Instance on uploads and polls).
     instances: InstanceRegistry = field(default_factory=InstanceRegistry)
     # From config.redact_patterns; None: profiles are stored as received.

@@ -68,8 +68,10 @@ class ClickHouseTraces:
         ).result_rows
         groups = self._span_groups([r[-1] for r in rows])
         return [
-            StoredSpan(*fields, group=groups[gid])
-            for *fields, gid in rows
+            StoredSpan(
+                trace, span_id, parent, name, kind, service, start, end, status, raw, groups[gid]
+            )
+            for trace, span_id, parent, name, kind, service, start, end, status, raw, gid in rows
             if gid in groups  # else a group lost to a failed commit
         ]
 
@@ -166,7 +168,8 @@ class ClickHouseTraces:
         rows = self._search_rows(sql, bind.params)
         groups = self._span_groups([r[-1] for r in rows])
         return [
-            SpanRecord(*fields, groups[gid].attrs if gid in groups else "") for *fields, gid in rows
+            SpanRecord._make([*fields, groups[gid].attrs if gid in groups else ""])
+            for *fields, gid in rows
         ]
 
     def count_local_roots(self, tenant: str, service: str, start_ns: int, end_ns: int) -> int:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 import uuid
 from concurrent.futures import Future
-from typing import Any, Dict, List, NamedTuple, Optional, Set, Tuple
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Set, Tuple
 
 import numpy as np
 
@@ -56,6 +56,8 @@ class ClickHouseWriting:
     _tags_written: Dict[Tag, int]
     _tags_seen: Dict[Tag, int]
     _tag_counts: Dict[Tuple[str, str, str], int]
+    # The profiles part's (clickhouse_profiles.py).
+    _remember_series: Callable[[Sequence[list]], None]
 
     def write(self, tenant: str, batch: IngestBatch) -> Future[None]:
         return self._writer.submit(tenant, batch)

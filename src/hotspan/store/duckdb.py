@@ -21,7 +21,7 @@ import json
 import logging
 import os
 import threading
-from typing import Dict, List, Optional, Set, Tuple
+from typing import Any, Dict, List, Optional, Set, Tuple
 
 import duckdb
 
@@ -45,7 +45,7 @@ class DuckDBStore(
     def __init__(self, data_dir: str, threads: int = 0) -> None:
         os.makedirs(data_dir, exist_ok=True)
         self.path = os.path.join(data_dir, DB_FILE)
-        config = {"threads": threads} if threads else {}
+        config: Dict[str, Any] = {"threads": threads} if threads else {}
         try:
             self._con = duckdb.connect(self.path, config=config)
         except duckdb.Error as exc:

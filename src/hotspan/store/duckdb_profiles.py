@@ -5,7 +5,7 @@ per label, per time bucket.
 from __future__ import annotations
 
 import threading
-from typing import Callable, Dict, List, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Sequence, Tuple
 
 import duckdb
 import numpy as np
@@ -47,7 +47,7 @@ class DuckDBProfiles:
     def _has_series(self, tenant: str, sid: int) -> bool:
         return sid in self._series.get(tenant, ())
 
-    def _remember_series(self, rows) -> None:  # type: ignore[no-untyped-def]
+    def _remember_series(self, rows: Iterable[Sequence[Any]]) -> None:
         """Update the in-memory series; never raises (it runs after a commit, and at open)."""
         with self._series_lock:
             remember_series(self._series, rows)

@@ -4,6 +4,7 @@ thread, then the series, stacks, frames, span groups and tags nothing refers to.
 
 from __future__ import annotations
 
+import functools
 import threading
 from typing import Callable, Dict, List, Set, Tuple
 
@@ -43,7 +44,7 @@ class DuckDBRetention:
                     break
                 upto = min(cutoff_ns, oldest[0] + RETENTION_SLICE_NS)
                 deleted = self._writer.run(
-                    lambda t=table, c=column, u=upto: self._delete_older(t, c, u)
+                    functools.partial(self._delete_older, table, column, upto)
                 ).result()
                 if table == "samples":
                     report += RetentionReport(samples=deleted)

@@ -64,11 +64,16 @@ class DuckDBTraces:
         groups = self._span_groups([r[-1] for r in rows])
         out = []
         seen = set()
-        for *fields, gid in rows:
-            if fields[1] in seen or gid not in groups:
+        for trace, span_id, parent, name, kind, service, start, end, status, raw, gid in rows:
+            if span_id in seen or gid not in groups:
                 continue  # an export retried after it landed; a group lost to a crash
-            seen.add(fields[1])
-            out.append(StoredSpan(*fields, group=groups[gid]))
+            seen.add(span_id)
+            group = groups[gid]
+            out.append(
+                StoredSpan(
+                    trace, span_id, parent, name, kind, service, start, end, status, raw, group
+                )
+            )
         return out
 
     def find_traces(self, tenant: str, query: TraceQuery) -> List[TraceSummary]:
@@ -159,7 +164,8 @@ class DuckDBTraces:
             raise SearchError(str(exc).splitlines()[0]) from None
         groups = self._span_groups([r[-1] for r in rows])
         return [
-            SpanRecord(*fields, groups[gid].attrs if gid in groups else "") for *fields, gid in rows
+            SpanRecord._make([*fields, groups[gid].attrs if gid in groups else ""])
+            for *fields, gid in rows
         ]
 
     def count_local_roots(self, tenant: str, service: str, start_ns: int, end_ns: int) -> int:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from concurrent.futures import Future
-from typing import Dict, List, Set, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Sequence, Set, Tuple
 
 import duckdb
 import numpy as np
@@ -32,6 +32,9 @@ class DuckDBWriting:
     _known_groups: Set[int]
     _tags: Dict[Tuple[int, str, str, str, str], List[int]]
     _tag_counts: Dict[Tuple[int, str, str], int]
+    # The profiles part's (duckdb_profiles.py).
+    _has_series: Callable[[str, int], bool]
+    _remember_series: Callable[[Iterable[Sequence[Any]]], None]
 
     def write(self, tenant: str, batch: IngestBatch) -> Future[None]:
         return self._writer.submit(tenant, batch)

@@ -60,7 +60,7 @@ def _names(profile: StackProfile, position: int) -> List[Tuple[Tuple[str, ...], 
     return [(tuple(f.name for f in stack), value) for stack, value in profile.values(position)]
 
 
-def _json(msg) -> dict:  # type: ignore[no-untyped-def]
+def _json(msg) -> dict:
     return json_format.MessageToDict(msg, preserving_proto_field_name=False)
 
 

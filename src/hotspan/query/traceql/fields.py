@@ -55,7 +55,7 @@ def _lookup(flat: str, key: str) -> Optional[str]:
     return flat[start : flat.find(RS, start)]
 
 
-def _first(*values: Optional[ast.Text]) -> Optional[ast.Text]:
+def _first(*values: Optional[str]) -> Optional[str]:
     return next((v for v in values if v is not None), None)
 
 
@@ -293,7 +293,7 @@ def _comparable(a: object, b: object) -> Optional[Tuple[object, object]]:
 
 
 @functools.lru_cache(maxsize=256)
-def _regex(pattern: str):  # type: ignore[no-untyped-def]
+def _regex(pattern: str):
     try:
         return compile_regex(pattern)
     except RegexError as exc:
@@ -321,7 +321,7 @@ def compare(op: str, a: object, b: object) -> bool:
         return x == y
     if op == "!=":
         return x != y
-    return _ORDER[op](x, y)  # type: ignore[operator]
+    return _ORDER[op](x, y)
 
 
 def _arithmetic(op: str, a: object, b: object) -> object:
@@ -548,7 +548,8 @@ class _NoTrace:
         raise AttributeError(f"{name} needs the trace")
 
 
-_EMPTY = _NoTrace()
+# Any: it stands in for a TraceView wherever a getter takes one.
+_EMPTY: Any = _NoTrace()
 
 
 @functools.lru_cache(maxsize=256)

@@ -185,7 +185,7 @@ class _Compare:
             slots = [0] * len(spans)
         else:
             slots = ((starts - self.start - 1) // self.step).tolist()
-        counts: Counts = Counter()
+        counts: Counter[Tuple[str, int, str, LabelValue]] = Counter()
         # Spans of a side and interval share their resources, names and attribute texts:
         # count those first, then spread each over its attributes once.
         ones: List[Tuple[str, int, str, LabelValue]] = []
@@ -196,7 +196,7 @@ class _Compare:
             else:
                 for attribute, value in span_attributes(flat):
                     counts[(side, slot, attribute, value)] += n
-        counts.update(ones)  # type: ignore[attr-defined]
+        counts.update(ones)
         for (side, slot, flat, service), n in Counter(
             zip(sides, slots, (s.resource_attrs for s in spans), (s.service for s in spans))
         ).items():
@@ -296,7 +296,9 @@ class _Compare:
             sides = [side for side in (SELECTION, BASELINE) if (side, attribute) in self.totals]
             tops = [list(_top(sums.get((side, attribute), {}), self.stage.top_n)) for side in sides]
             # Totals, then the values of both sides by rank (the most frequent first).
-            wanted = [(side, attribute, None) for side in sides] + [
+            wanted: List[Tuple[str, str, Optional[LabelValue]]] = [
+                (side, attribute, None) for side in sides
+            ] + [
                 (side, attribute, top[rank])
                 for rank in range(max(map(len, tops), default=0))
                 for side, top in zip(sides, tops)
@@ -307,11 +309,11 @@ class _Compare:
                 # Part of an attribute: its totals and some of its values, or nothing.
                 wanted = wanted[:budget] if budget > len(sides) else []
             budget -= len(wanted)
-            for side, _, value in wanted:
-                if value is None:
+            for side, _, wanted_value in wanted:
+                if wanted_value is None:
                     shown.append((side, attribute))
                 else:
-                    kept.add((side, attribute, value))
+                    kept.add((side, attribute, wanted_value))
         rows: Dict[Tuple[str, str, LabelValue], np.ndarray] = {}
         for (side, slot, attribute, value), n in self.counts.items():
             if (side, attribute, value) in kept:

@@ -11,7 +11,7 @@ can never be equal, as Tempo does.  ``attribute_ref`` reads one identifier.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List, Optional, Tuple
+from typing import List, NoReturn, Optional, Tuple
 
 from hotspan.model.trace import (
     SPAN_KINDS,
@@ -111,7 +111,7 @@ class _Parser:
             self.fail(f"expected {value!r}{what}")
         self.take()
 
-    def fail(self, message: str) -> None:
+    def fail(self, message: str) -> NoReturn:
         kind, value, pos = self.peek()
         found = "the end of the query" if kind == "end" else repr(_token_text(kind, value))
         raise QueryError(f"TraceQL: {message} at column {pos + 1}, found {found}")
@@ -299,7 +299,7 @@ class _Parser:
             inner = self.unary()
             value = _static_value(inner)
             if isinstance(value, (int, float)) and not isinstance(value, bool):
-                return ast.Static(type(value)(-value))  # type: ignore[call-arg]
+                return ast.Static(type(value)(-value))
             return ast.Unary("-", inner)
         return self.primary()
 
@@ -478,7 +478,7 @@ class _Parser:
             value = self.primary()
             if not isinstance(value, ast.Static):
                 self.fail("a hint's value is a literal")
-            out.append((str(name), value.value))  # type: ignore[union-attr]
+            out.append((str(name), value.value))
             if not self.at(","):
                 break
             self.take()

@@ -238,7 +238,7 @@ def _group(node: ast.GroupBy, spansets: List[Spanset], trace: TraceView) -> List
         values: Dict[object, object] = {}
         for span in ss.spans:
             value = get(span, trace)
-            key = (
+            key: object = (
                 (type(value).__name__, value) if not isinstance(value, ast.Text) else ("str", value)
             )
             groups.setdefault(key, []).append(span)

@@ -236,8 +236,8 @@ def legacy_query(
 ) -> TraceQuery:
     """Tempo's ``tags``/``minDuration``/``maxDuration`` search: every tag must be found in the
     trace (not necessarily on one span), the durations bound the trace's."""
-    spansets = []
-    trace_conds = []
+    spansets: List[Condition] = []
+    trace_conds: List[Condition] = []
     for key, value in tags:
         mapped = _LEGACY_KEYS.get(key, "." + key)
         cond = Condition(mapped, "=", _legacy_value(value) if mapped[0] == "." else value)

@@ -130,7 +130,7 @@ def nested_set(spans: Sequence[SpanRecord]) -> Dict[int, Tuple[int, int, int]]:
         # left, its left, index of the next child to visit).
         left = bound
         bound += 1
-        stack = [[root, _NESTED_SET_ROOT, left, 0]]
+        stack: List[List[Any]] = [[root, _NESTED_SET_ROOT, left, 0]]
         out[root.span_id] = (left, 0, _NESTED_SET_ROOT)
         while stack:
             top = stack[-1]

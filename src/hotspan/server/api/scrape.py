@@ -217,9 +217,10 @@ class Scraper:
         kind = PROFILES[ts.profile][1]
         now = time.time_ns()
         if kind != "as_is":
-            body = self._transform(ts, body, kind, now)
-            if body is None:
+            transformed = self._transform(ts, body, kind, now)
+            if transformed is None:
                 return  # a baseline: nothing happened yet that we could tell
+            body = transformed
         state = self.state
         batch = IngestBatch()
         # The same path as a pprof pushed to /ingest: decode, label, redact, store.

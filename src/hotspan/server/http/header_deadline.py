@@ -35,7 +35,7 @@ from typing import Any, Iterable, Optional, Set, Type
 log = logging.getLogger(__name__)
 
 
-class _Connections(set):  # type: ignore[type-arg]
+class _Connections(set):
     """uvicorn's set of open connections, whose size leaves out those waiting for a head.
 
     ``waiting`` is always a subset: whatever leaves the set leaves it too.
@@ -65,6 +65,7 @@ def with_header_deadline(
     response; ``base`` itself when ``timeout_s`` is None or 0 (no deadline)."""
     if not timeout_s:
         return base
+    deadline_s: float = timeout_s  # narrowed, for the methods below
 
     class HeaderDeadline(base):  # type: ignore[valid-type, misc]
         _deadline: Optional[asyncio.TimerHandle] = None  # set while waiting for a head
@@ -126,7 +127,7 @@ def with_header_deadline(
 
         def _wait_for_head(self) -> None:
             loop = asyncio.get_running_loop()
-            self._deadline = loop.call_later(timeout_s, self._head_overdue)
+            self._deadline = loop.call_later(deadline_s, self._head_overdue)
             self._waiting.add(self)
 
         def _head_overdue(self) -> None:

@@ -95,7 +95,7 @@ def start(state: ServerState, host: str, port: int) -> Tuple[grpc.Server, int]:
         handler = _handler(state, export)
         if state.metrics is not None:
             handler = state.metrics.grpc_counted(name, handler)
-        method = grpc.unary_unary_rpc_method_handler(handler)
+        method: grpc.RpcMethodHandler[bytes, bytes] = grpc.unary_unary_rpc_method_handler(handler)
         server.add_generic_rpc_handlers(
             (grpc.method_handlers_generic_handler(service, {"Export": method}),)
         )

@@ -226,7 +226,7 @@ async def _ingest_jfr(
     )
 
 
-async def _field_bytes(value) -> bytes:  # type: ignore[no-untyped-def]
+async def _field_bytes(value) -> bytes:
     """A form field as bytes, whether sent as a file part or as a plain value."""
     return await value.read() if hasattr(value, "read") else str(value).encode()
 
@@ -265,7 +265,7 @@ def _ingest_stacks(
     _add_stacks(batch, ltype, labels, start, parsed, ltype.scale)
 
 
-def _add_stacks(batch, ltype, labels, ts, stacks, scale) -> None:  # type: ignore[no-untyped-def]
+def _add_stacks(batch, ltype, labels, ts, stacks, scale) -> None:
     ptype = ProfileType(
         ltype.metric, ltype.sample_type, ltype.sample_unit, ltype.period_type, ltype.period_unit
     )

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Callable, List, Optional, Sequence, Tuple, TypeVar
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, TypeVar
 
 from google.protobuf.message import Message
 from starlette.concurrency import run_in_threadpool
@@ -76,12 +76,12 @@ def time_range(start_ms: int, end_ms: int) -> Tuple[int, int]:
     return start_ms * MS, end_ms * MS
 
 
-def max_nodes(msg, field: str = "max_nodes") -> int:  # type: ignore[no-untyped-def]
+def max_nodes(msg, field: str = "max_nodes") -> int:
     """A message's ``max_nodes``: absent or 0 is the default."""
     return check_max_nodes(getattr(msg, field) if msg.HasField(field) else 0)
 
 
-def pprof_max_nodes(msg) -> Optional[int]:  # type: ignore[no-untyped-def]
+def pprof_max_nodes(msg) -> Optional[int]:
     """A pprof request's ``max_nodes``: absent or 0 is the whole profile (a pprof export
     must not be cut, which is why Pyroscope leaves this limit off by default); otherwise
     checked as every max nodes, and the profile truncated into ``other`` nodes."""
@@ -102,7 +102,7 @@ def span_ids(texts: Sequence[str]) -> List[int]:
     return out
 
 
-async def _run(fn: Callable, *args):  # type: ignore[no-untyped-def]
+async def _run(fn: Callable, *args):
     try:
         return await run_in_threadpool(fn, *args)
     except QueryError as exc:
@@ -188,7 +188,7 @@ async def _stack_values(
     start_ms: int,
     end_ms: int,
     spans: Optional[List[int]] = None,
-    req=None,  # type: ignore[no-untyped-def]  # the request: trace/profile ids, call site
+    req=None,  # the request: trace/profile ids, call site
 ) -> Tuple[ProfileType, SampleFilter, StackValues]:
     ptype = profile_type(type_id)
     sel = selector(label_selector)
@@ -256,14 +256,15 @@ async def select_merge_stacktraces(request: Request) -> Response:
         )
     # Checked before any data is read, as Pyroscope does; pprof is whole unless asked.
     pprof = fmt == querier_pb2.PROFILE_FORMAT_PPROF
-    limit = pprof_max_nodes(req) if pprof else max_nodes(req)
+    pprof_limit = pprof_max_nodes(req) if pprof else None
+    graph_limit = 0 if pprof else max_nodes(req)
     spans = selected_span_ids(req.span_selector)
     ptype, where, values = await _stack_values(
         state, tenant, req.profile_typeID, req.label_selector, req.start, req.end, spans, req
     )
     resp = querier_pb2.SelectMergeStacktracesResponse()
     if pprof:
-        profile = await _run(state.engine.pprof, ptype, values, where, limit)
+        profile = await _run(state.engine.pprof, ptype, values, where, pprof_limit)
 
         def with_profile() -> Message:
             resp.pprof.profile.CopyFrom(profile)  # a copy of every message in it
@@ -272,7 +273,7 @@ async def select_merge_stacktraces(request: Request) -> Response:
         return await _answer(request, with_profile)
     tree = fmt == querier_pb2.PROFILE_FORMAT_TREE
     return await _graph_answer(
-        request, state, values, limit, tree, querier_pb2.SelectMergeStacktracesResponse
+        request, state, values, graph_limit, tree, querier_pb2.SelectMergeStacktracesResponse
     )
 
 
@@ -312,7 +313,10 @@ def exemplar_kind(value: int, allowed: Sequence[str] = ("individual", "span")) -
     """A request's ``exemplar_type``: None (none wanted), "individual" or "span"."""
     if value in (types_pb2.EXEMPLAR_TYPE_UNSPECIFIED, types_pb2.EXEMPLAR_TYPE_NONE):
         return None
-    kind = {types_pb2.EXEMPLAR_TYPE_INDIVIDUAL: "individual", types_pb2.EXEMPLAR_TYPE_SPAN: "span"}
+    kind: Dict[int, str] = {
+        types_pb2.EXEMPLAR_TYPE_INDIVIDUAL: "individual",
+        types_pb2.EXEMPLAR_TYPE_SPAN: "span",
+    }
     if value not in kind:
         raise HTTPError(400, f"unknown exemplar type: {value}")
     if kind[value] not in allowed:

@@ -120,7 +120,7 @@ def _max_nodes(request: Request) -> int:
     return max_nodes_value(params.get(name), name)
 
 
-def _guard(fn):  # type: ignore[no-untyped-def]
+def _guard(fn):
     async def endpoint(request: Request) -> Response:
         try:
             state, tenant = query_state(request)

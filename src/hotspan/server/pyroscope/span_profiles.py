@@ -58,7 +58,7 @@ def flamegraph_json(graph: FlameGraph) -> Dict[str, Any]:
     return json_format.MessageToDict(message)
 
 
-def _window(request: Request, spans) -> Tuple[int, int]:  # type: ignore[no-untyped-def]
+def _window(request: Request, spans) -> Tuple[int, int]:
     start = seconds_param(request, "start")
     end = seconds_param(request, "end")
     if start is None:

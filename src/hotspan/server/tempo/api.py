@@ -102,7 +102,7 @@ async def buildinfo(request: Request) -> Response:
     )
 
 
-async def _trace(request: Request):  # type: ignore[no-untyped-def]
+async def _trace(request: Request):
     state, tenant = query_state(request)
     trace_id = trace_id_param(request.path_params["trace_id"])
     start = seconds_param(request, "start")

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import logging
 from concurrent import futures
-from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, Type
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, Type, Union
 
 import grpc
 from google.protobuf import json_format
@@ -60,8 +60,9 @@ STATUS_OF_HTTP = {
 }
 
 Params = Dict[str, str]
-# A call's answer (JSON of the response message) from the state, its tenant and its request.
-Answer = Callable[[ServerState, str, Message], Dict[str, Any]]
+# A call's answer (JSON of the response message) from the state, its tenant and its request
+# (Any: each call takes its own request message).
+Answer = Callable[[ServerState, str, Any], Dict[str, Any]]
 
 
 def _put(params: Params, name: str, value: object) -> None:
@@ -98,7 +99,9 @@ def search_params(request: tempo_pb2.SearchRequest) -> Params:
     return params
 
 
-def metrics_params(request: Message) -> Params:
+def metrics_params(
+    request: Union[tempo_pb2.QueryRangeRequest, tempo_pb2.QueryInstantRequest],
+) -> Params:
     """GET /api/metrics/query_range's (or query's) parameters for a QueryRangeRequest or a
     QueryInstantRequest: start and end stay nanoseconds, as Tempo's HTTP API takes them."""
     params: Params = {}
@@ -116,7 +119,9 @@ def metrics_params(request: Message) -> Params:
     return params
 
 
-def tag_params(request: Message) -> Params:
+def tag_params(
+    request: Union[tempo_pb2.SearchTagsRequest, tempo_pb2.SearchTagValuesRequest],
+) -> Params:
     """The tag endpoints' parameters for a SearchTagsRequest or a SearchTagValuesRequest."""
     params: Params = {}
     _put(params, "q", request.query)
@@ -130,27 +135,35 @@ def tag_params(request: Message) -> Params:
     return params
 
 
-def _search(state: ServerState, tenant: str, request: Message) -> Dict[str, Any]:
+def _search(state: ServerState, tenant: str, request: tempo_pb2.SearchRequest) -> Dict[str, Any]:
     return tempo.search_json(state, tenant, search_params(request))
 
 
-def _metrics_range(state: ServerState, tenant: str, request: Message) -> Dict[str, Any]:
+def _metrics_range(
+    state: ServerState, tenant: str, request: tempo_pb2.QueryRangeRequest
+) -> Dict[str, Any]:
     return tempo_metrics.query_range_json(state, tenant, metrics_params(request))
 
 
-def _metrics_instant(state: ServerState, tenant: str, request: Message) -> Dict[str, Any]:
+def _metrics_instant(
+    state: ServerState, tenant: str, request: tempo_pb2.QueryInstantRequest
+) -> Dict[str, Any]:
     return tempo_metrics.query_instant_json(state, tenant, metrics_params(request))
 
 
 def _tag_names(version: int) -> Answer:
-    def answer(state: ServerState, tenant: str, request: Message) -> Dict[str, Any]:
+    def answer(
+        state: ServerState, tenant: str, request: tempo_pb2.SearchTagsRequest
+    ) -> Dict[str, Any]:
         return tempo.tag_names_json(state, tenant, tag_params(request), version)
 
     return answer
 
 
 def _tag_values(version: int) -> Answer:
-    def answer(state: ServerState, tenant: str, request: Message) -> Dict[str, Any]:
+    def answer(
+        state: ServerState, tenant: str, request: tempo_pb2.SearchTagValuesRequest
+    ) -> Dict[str, Any]:
         return tempo.tag_values_json(state, tenant, request.tagName, tag_params(request), version)
 
     return answer
@@ -193,7 +206,7 @@ def _handler(
 
 def service_handler(state: ServerState) -> grpc.GenericRpcHandler:
     """The StreamingQuerier service, for a grpcio server."""
-    methods = {
+    methods: Dict[str, Tuple[Type[Message], Type[Message], Answer, Optional[str]]] = {
         "Search": (tempo_pb2.SearchRequest, tempo_pb2.SearchResponse, _search, "traces"),
         "MetricsQueryRange": (
             tempo_pb2.QueryRangeRequest,
