@@ -685,18 +685,12 @@ class Server:
         return self
 
     def _wait_ready(self, deadline: float) -> None:
-        import http.client
-
-        while time.time() < deadline:
-            try:
-                conn = http.client.HTTPConnection(self.host, self.port, timeout=5)
-                conn.request("GET", "/ready")
-                if conn.getresponse().status == 200:
-                    conn.close()
-                    return
-            except OSError:
-                pass
-            time.sleep(0.05)
+        with Client(self.url, timeout=5) as client:
+            while time.time() < deadline:
+                with contextlib.suppress(httpx.TransportError):
+                    if client.request("GET", "/ready")[0] == 200:
+                        return
+                time.sleep(0.05)
         raise RuntimeError("hotspan server never became ready")
 
     def _drain_stdout(self) -> None:
