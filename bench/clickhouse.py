@@ -221,16 +221,8 @@ class Cpu:
 def _stored(setup: str, data_dir: str, ch: Any) -> Dict[str, Any]:
     """Sample rows, their sum and span rows in the store, after its servers shut down."""
     if setup == "duckdb":
-        import duckdb
-
-        con = duckdb.connect(os.path.join(data_dir, "hotspan.duckdb"), read_only=True)
-        try:
-            rows, total = con.execute(
-                "SELECT count(*), coalesce(sum(value), 0)::BIGINT FROM samples"
-            ).fetchone()
-            spans = con.execute("SELECT count(*) FROM spans").fetchone()[0]
-        finally:
-            con.close()
+        rows, total = common.stored_samples(data_dir)
+        ((spans,),) = common.stored_rows(data_dir, "SELECT count(*) FROM spans")
     else:
         client = ch.client("hotspan")
         try:

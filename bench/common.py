@@ -846,6 +846,26 @@ def mark_data(data_dir: str, params: Dict[str, Any], **info: Any) -> None:
         json.dump({"params": params, **info}, f, indent=2)
 
 
+def stored_rows(data_dir: str, *queries: str) -> List[Tuple[Any, ...]]:
+    """The first row of each query on a server's DuckDB file in ``data_dir``, read after the
+    server has shut down (what it committed)."""
+    import duckdb
+
+    con = duckdb.connect(os.path.join(data_dir, "hotspan.duckdb"), read_only=True)
+    try:
+        return [con.execute(sql).fetchone() for sql in queries]
+    finally:
+        con.close()
+
+
+def stored_samples(data_dir: str) -> Tuple[int, int]:
+    """(sample rows, the sum of their values) a server stored in ``data_dir``."""
+    ((rows, total),) = stored_rows(
+        data_dir, "SELECT count(*), coalesce(sum(value), 0)::BIGINT FROM samples"
+    )
+    return int(rows), int(total)
+
+
 def dir_mib(path: str) -> float:
     """The size of the files directly in ``path``, MiB."""
     return mib(sum(os.path.getsize(os.path.join(path, f)) for f in os.listdir(path)))

@@ -326,19 +326,6 @@ def pprof_request(host: str, port: int, app: str, pprof_gz: bytes, ts_s: int) ->
     return loadgen.post(host, port, path, pprof_gz, "application/octet-stream")
 
 
-def _stored(data_dir: str) -> Tuple[int, int]:
-    """(sample rows, sum of their values) on disk after the server shut down."""
-    import duckdb
-
-    con = duckdb.connect(os.path.join(data_dir, "hotspan.duckdb"), read_only=True)
-    try:
-        sql = "SELECT count(*), coalesce(sum(value), 0) FROM samples"
-        rows, total = con.execute(sql).fetchone()
-    finally:
-        con.close()
-    return int(rows), int(total)
-
-
 def run_upload_load(
     fmt: str,
     uploads: List[Dict[str, Any]],
@@ -382,7 +369,7 @@ def run_upload_load(
         )
         out["server_stop"] = server.stop()
         out["server_stderr"] = server.stderr_tail()[-1500:]
-        rows, value = _stored(data_dir)
+        rows, value = common.stored_samples(data_dir)
         # Every upload of a set carries the same total: stored value / total = uploads stored.
         per_upload = uploads[0]["value"]
         acked = ok + int(load.get("warmup_ok") or 0)  # type: ignore[call-overload]

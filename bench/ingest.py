@@ -197,18 +197,12 @@ def run_endpoint(
 
 def _verify(data_dir: str) -> Dict[str, object]:
     """Rows that made it to disk (after the server shut down and committed)."""
-    import duckdb
-
-    path = os.path.join(data_dir, "hotspan.duckdb")
-    con = duckdb.connect(path, read_only=True)
-    try:
-        samples, series = con.execute(
-            "SELECT count(*), count(DISTINCT series_id) FROM samples"
-        ).fetchone()
-        stacks = con.execute("SELECT count(*) FROM stacks").fetchone()[0]
-        frames = con.execute("SELECT count(*) FROM frames").fetchone()[0]
-    finally:
-        con.close()
+    (samples, series), (stacks,), (frames,) = common.stored_rows(
+        data_dir,
+        "SELECT count(*), count(DISTINCT series_id) FROM samples",
+        "SELECT count(*) FROM stacks",
+        "SELECT count(*) FROM frames",
+    )
     return {
         "sample_rows": samples,
         "series": series,

@@ -163,20 +163,6 @@ def _recorder_health(families: Dict[str, Any]) -> Dict[str, object]:
     return out
 
 
-def _stored_value(data_dir: str) -> Tuple[int, int]:
-    """(sample rows, sum of their values) on disk after the server shut down."""
-    import duckdb
-
-    con = duckdb.connect(os.path.join(data_dir, "hotspan.duckdb"), read_only=True)
-    try:
-        rows, total = con.execute(
-            "SELECT count(*), coalesce(sum(value), 0) FROM samples"
-        ).fetchone()
-    finally:
-        con.close()
-    return int(rows), int(total)
-
-
 def run_ingest_once(
     rules: Dict[str, Dict[str, Any]],
     uploads: List[Dict[str, object]],
@@ -232,7 +218,7 @@ def run_ingest_once(
         client.close()
         out["server_stop"] = server.stop()
         out["server_stderr"] = server.stderr_tail()[-2000:]
-        rows, stored = _stored_value(data_dir)
+        rows, stored = common.stored_samples(data_dir)
         out["stored"] = {"sample_rows": rows, "value_sum": stored}
         if rules:
             out["recorded_total"] = recorded

@@ -604,17 +604,12 @@ def ingest_pool(n_bodies: int, distinct: int, seed: int = 11) -> List[bytes]:
 
 def _count_spans(data_dir: str) -> Dict[str, object]:
     """What is on disk after the server shut down (and committed)."""
-    import duckdb
-
-    con = duckdb.connect(os.path.join(data_dir, "hotspan.duckdb"), read_only=True)
-    try:
-        rows, distinct, traces_n = con.execute(
-            "SELECT count(*), count(DISTINCT span_id), count(DISTINCT trace_id) FROM spans"
-        ).fetchone()
-        groups = con.execute("SELECT count(*) FROM span_groups").fetchone()[0]
-        tags = con.execute("SELECT count(*) FROM span_tags").fetchone()[0]
-    finally:
-        con.close()
+    (rows, distinct, traces_n), (groups,), (tags,) = common.stored_rows(
+        data_dir,
+        "SELECT count(*), count(DISTINCT span_id), count(DISTINCT trace_id) FROM spans",
+        "SELECT count(*) FROM span_groups",
+        "SELECT count(*) FROM span_tags",
+    )
     return {
         "span_rows": rows,
         "distinct_span_ids": distinct,
@@ -941,16 +936,11 @@ def build(params: Dict[str, int], data_dir: str, log: Callable[[str], None]) -> 
         timings["server_stop"] = server.stop()
         shutil.rmtree(workdir, ignore_errors=True)
     stored = _count_spans(data_dir)
-    import duckdb
-
-    con = duckdb.connect(os.path.join(data_dir, "hotspan.duckdb"), read_only=True)
-    try:
-        stored["sample_rows"], stored["samples_with_span"] = con.execute(
-            "SELECT count(*), count(*) FILTER (WHERE span_id <> 0) FROM samples"
-        ).fetchone()
-        stored["series"] = con.execute("SELECT count(*) FROM series").fetchone()[0]
-    finally:
-        con.close()
+    (stored["sample_rows"], stored["samples_with_span"]), (stored["series"],) = common.stored_rows(
+        data_dir,
+        "SELECT count(*), count(*) FILTER (WHERE span_id <> 0) FROM samples",
+        "SELECT count(*) FROM series",
+    )
     if stored["span_rows"] != params["spans"]:
         raise RuntimeError(
             f"{params['spans']:,} spans acknowledged, {stored['span_rows']:,} stored"
