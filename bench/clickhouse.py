@@ -23,7 +23,6 @@ ClickHouse this machine can run).  It shares the machine's CPUs with everything 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
 import pickle
@@ -586,7 +585,7 @@ def query_http(
     log: Log,
 ) -> Dict[str, Any]:
     results: Dict[str, Any] = {}
-    with _server(data_dir, server_args) as (server, out):
+    with common.measured_server(data_dir, server_args) as (server, out):
         client = common.Client(server.url, timeout=600)
         for q in _http_queries(sets, level):
             cpu = Cpu({"server": server.pid, **extra_pids})
@@ -614,23 +613,6 @@ def query_http(
             )
     out["queries"] = results
     return out
-
-
-@contextlib.contextmanager
-def _server(data_dir: str, args: List[str]):  # type: ignore[no-untyped-def]
-    """``common.measured_server`` with server arguments (``--store URL`` for ClickHouse)."""
-    server = common.Server(data_dir, args).start()
-    out: Dict[str, Any] = {"server_startup_s": round(server.startup_s, 2)}
-    sampler = common.RssSampler(server.pid, 0.1)
-    sampler.start()
-    try:
-        yield server, out
-        out["server_peak_rss_mib"] = common.mib(
-            max(server.memory().get("VmHWM", 0), sampler.stop())
-        )
-    finally:
-        sampler.stop()
-        out["server_stop"] = server.stop()
 
 
 def _timed(fn: Callable[[int], Any], runs: int, warmups: int) -> Tuple[Any, Dict[str, Any]]:

@@ -815,10 +815,37 @@ def fmt_number(n: object) -> str:
     return str(n)
 
 
+class LoadMemory:
+    """A server's RSS around a load: read before it (the sampler starts first), sampled
+    during it, and read at its end, just before ``stop_server``."""
+
+    def __init__(self, server: Server) -> None:
+        self.server = server
+        self.sampler = RssSampler(server.pid)
+        self.sampler.start()
+        self.before = server.memory().get("VmRSS", 0)
+
+    def stop_server(self) -> Dict[str, object]:
+        """Stops the server (gracefully); its RSS before, at the end and at peak, and how
+        its stop went."""
+        mem = self.server.memory()
+        peak = self.sampler.stop()
+        stop = self.server.stop()
+        return {
+            "server_rss_before_mib": mib(self.before),
+            "server_rss_end_mib": mib(mem.get("VmRSS", 0)),
+            "server_peak_rss_mib": mib(max(mem.get("VmHWM", 0), peak)),
+            "server_stop": stop,
+        }
+
+
 @contextlib.contextmanager
-def measured_server(data_dir: str) -> Iterator[Tuple[Server, Dict[str, object]]]:
-    """A started server and the dict its start-up, peak RSS and stop are recorded in."""
-    server = Server(data_dir).start()
+def measured_server(
+    data_dir: str, extra_args: Optional[List[str]] = None
+) -> Iterator[Tuple[Server, Dict[str, object]]]:
+    """A started server (``extra_args`` as ``Server`` takes them) and the dict its start-up,
+    RSS, peak RSS and stop are recorded in."""
+    server = Server(data_dir, extra_args).start()
     out: Dict[str, object] = {
         "server_startup_s": round(server.startup_s, 2),
         "server_rss_after_start_mib": mib(server.memory().get("VmRSS", 0)),

@@ -160,13 +160,9 @@ def run_endpoint(
         with open(req_file, "wb") as f:
             pickle.dump(reqs, f)
         result["request_bytes_mean"] = int(np.mean([len(r[0]) for r in reqs]))
-        rss_sampler = common.RssSampler(server.pid)
-        rss_sampler.start()
-        rss_before = server.memory().get("VmRSS", 0)
+        memory = common.LoadMemory(server)
         load, server_cpu = drive_load(server, req_file, concurrency, warmup, duration)
-        mem = server.memory()
-        peak_sampled = rss_sampler.stop()
-        stop = server.stop()
+        result.update(memory.stop_server())
         result.update(
             concurrency=concurrency,
             warmup_s=warmup,
@@ -182,10 +178,6 @@ def run_endpoint(
             latency_ms=load["latency_ms"],
             loadgen_cpu_s=load.get("loadgen_cpu_s"),
             server_cpu=server_cpu,
-            server_rss_before_mib=common.mib(rss_before),
-            server_rss_end_mib=common.mib(mem.get("VmRSS", 0)),
-            server_peak_rss_mib=common.mib(max(mem.get("VmHWM", 0), peak_sampled)),
-            server_stop=stop,
         )
         if endpoint != "ready":
             result["stored"] = _verify(data_dir)

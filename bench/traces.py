@@ -650,9 +650,7 @@ def run_ingest(
             assert server.otlp_grpc is not None, "the server has no OTLP/gRPC receiver"
             target = f"{server.otlp_grpc[0]}:{server.otlp_grpc[1]}"
             requests = [(b, SPANS_PER_REQUEST) for b in bodies]
-        rss = common.RssSampler(server.pid)
-        rss.start()
-        rss_before = server.memory().get("VmRSS", 0)
+        memory = common.LoadMemory(server)
         cpu = common.CpuWindow(server.pid)
         window: Dict[str, object] = {}
         load = run_load(
@@ -668,9 +666,7 @@ def run_ingest(
             on_start=cpu.start,
             on_end=lambda: window.update(cpu.stop()),
         )
-        mem = server.memory()
-        peak = rss.stop()
-        stop = server.stop()
+        result.update(memory.stop_server())
         result.update(
             concurrency=concurrency,
             warmup_s=warmup,
@@ -689,10 +685,6 @@ def run_ingest(
             acked_requests=load["acked"],
             acked_spans=load["acked_items"],
             server_cpu=window,
-            server_rss_before_mib=common.mib(rss_before),
-            server_rss_end_mib=common.mib(mem.get("VmRSS", 0)),
-            server_peak_rss_mib=common.mib(max(mem.get("VmHWM", 0), peak)),
-            server_stop=stop,
             server_stderr=server.stderr_tail()[-2000:],
         )
         stored = _count_spans(data_dir)
