@@ -124,6 +124,18 @@ while IFS= read -r -d '' f; do C_FILES+=("$f"); done < <(
 )
 UI=src/hotspan/ui/static
 
+# clang-format --dry-run prints every line it would change; this names the files instead.
+clang_check() {
+    local f bad=()
+    for f in "${C_FILES[@]}"; do
+        "$BIN/clang-format" --dry-run --Werror "$f" >/dev/null 2>&1 || bad+=("$f")
+    done
+    [ ${#bad[@]} -eq 0 ] && return 0
+    printf 'Would reformat: %s\n' "${bad[@]}"
+    echo "${#bad[@]} files would be reformatted (details: clang-format --dry-run FILE)"
+    return 1
+}
+
 if [ $FIX -eq 1 ]; then
     wants ruff && run ruff "$BIN/ruff" check --fix .
     wants format && run format "$BIN/ruff" format .
@@ -137,7 +149,7 @@ else
     wants mypy && run mypy "$BIN/mypy"
     wants eslint && run eslint node_modules/.bin/eslint "$UI/js"
     wants prettier && run prettier node_modules/.bin/prettier --check "$UI/js" "$UI/css"
-    wants clang && run clang "$BIN/clang-format" --dry-run --Werror "${C_FILES[@]}"
+    wants clang && run clang clang_check
 fi
 
 if [ ${#failed[@]} -gt 0 ]; then
