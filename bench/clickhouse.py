@@ -28,7 +28,6 @@ import os
 import pickle
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -70,8 +69,6 @@ IDLE_RECONNECT_S = 2.0
 
 
 async def _load(spec: Dict[str, Any]) -> Dict[str, Any]:
-    from loadgen import _read_response
-
     with open(spec["requests"], "rb") as f:
         per_target: List[List[Tuple[bytes, int, int]]] = pickle.load(f)  # (raw, items, ticks)
     targets: List[str] = spec["targets"]
@@ -111,7 +108,7 @@ async def _load(spec: Dict[str, Any]) -> Dict[str, Any]:
                 t0 = time.perf_counter()
                 try:
                     writer.write(raw)
-                    code, answer = await _read_response(reader)
+                    code, answer = await loadgen.read_response(reader)
                 except (asyncio.IncompleteReadError, ConnectionError) as exc:
                     code, answer = 0, repr(exc).encode()
                     writer.close()
@@ -141,40 +138,17 @@ async def _load(spec: Dict[str, Any]) -> Dict[str, Any]:
             for _, writer, _ in conns:
                 writer.close()
 
-    async def marks() -> None:
-        await asyncio.sleep(max(t_measure - loop.time(), 0))
-        print("measure-start", flush=True)
-        await asyncio.sleep(max(t_end - loop.time(), 0))
-        print("measure-end", flush=True)
-
     tasks = [asyncio.create_task(client(w)) for w in range(int(spec["concurrency"]))]
-    tasks.append(asyncio.create_task(marks()))
+    tasks.append(asyncio.create_task(loadgen.mark_window(loop, t_measure, t_end, st)))
     results = await asyncio.gather(*tasks, return_exceptions=True)
-    lat = sorted(latencies)
-
-    def pct(p: float) -> float:
-        return round(lat[min(int(len(lat) * p / 100), len(lat) - 1)] * 1000, 2) if lat else 0.0
-
     return {
         **st,
         "acked": acked,
         "status": status,
         "error_examples": examples,
         "worker_failures": [repr(r) for r in results if isinstance(r, BaseException)][:3],
-        "latency_ms": {"p50": pct(50), "p90": pct(90), "p99": pct(99), "max": pct(100)},
+        "latency_ms": loadgen.latency_pcts(latencies),
     }
-
-
-def _load_main(spec_file: str) -> None:
-    with open(spec_file) as f:
-        spec = json.load(f)
-    try:
-        import uvloop
-
-        result = uvloop.run(_load(spec))
-    except ImportError:
-        result = asyncio.run(_load(spec))
-    print(json.dumps(result), flush=True)
 
 
 # -- CPU of every process over the measured window ---------------------------------------------
@@ -305,31 +279,18 @@ def run_ingest(
         rss = [common.RssSampler(s.pid) for s in servers]
         for r in rss:
             r.start()
-        proc = subprocess.Popen(
-            [sys.executable, os.path.abspath(__file__), "load", spec_file],
-            stdout=subprocess.PIPE,
-            text=True,
-            cwd=common.BENCH_DIR,
-        )
         pids = {f"server{i}": s.pid for i, s in enumerate(servers)}
         if ch is not None:
             pids["clickhouse"] = ch.pid
-        pids["loadgen"] = proc.pid
-        cpu = Cpu(pids)
-        final = None
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            line = line.strip()
-            if line == "measure-start":
-                cpu.start()
-            elif line == "measure-end":
-                cpu.stop()
-            elif line.startswith("{"):
-                final = line
-        proc.wait(timeout=600)
-        if final is None:
-            raise RuntimeError(f"load generator failed (exit {proc.returncode})")
-        load = json.loads(final)
+        cpus: List[Cpu] = []
+        load = loadgen.follow(
+            [sys.executable, os.path.abspath(__file__), "load", spec_file],
+            lambda: cpus[0].start(),
+            lambda: cpus[0].stop(),
+            cwd=common.BENCH_DIR,
+            on_spawn=lambda pid: cpus.append(Cpu({**pids, "loadgen": pid})),
+        )
+        cpu = cpus[0]
         result["server_peak_rss_mib"] = [
             common.mib(max(s.memory().get("VmHWM", 0), r.stop())) for s, r in zip(servers, rss)
         ]
@@ -1108,6 +1069,6 @@ def _row(cells: Dict[Tuple[str, str], Any], name: str, key: str, store_level: bo
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["load"]:
-        _load_main(sys.argv[2])
+        loadgen.spec_main(_load, sys.argv[2])
     else:
         common.print_json(run(quick="--quick" in sys.argv, log=common.log))

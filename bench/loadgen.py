@@ -19,8 +19,10 @@ import pickle
 import subprocess
 import sys
 import time
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Any, Awaitable, Callable, Dict, List, Optional, Tuple, TypeVar
 from urllib.parse import quote
+
+T = TypeVar("T")
 
 
 def request_bytes(
@@ -86,16 +88,37 @@ async def mark_window(
     stats["loadgen_cpu_s"] = round(time.process_time() - cpu0, 2)
 
 
+def run_loop(main: Awaitable[T]) -> T:
+    """Runs a load generator's coroutine on uvloop where it is installed, else on asyncio's
+    loop."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(main)  # type: ignore[arg-type]
+    return uvloop.run(main)
+
+
+def spec_main(load: Callable[[Dict[str, Any]], Awaitable[Dict[str, Any]]], spec_file: str) -> None:
+    """A load generator process: ``load`` on the JSON spec in ``spec_file``, its result printed
+    as the last line (for ``follow``)."""
+    with open(spec_file) as f:
+        spec = json.load(f)
+    print(json.dumps(run_loop(load(spec))), flush=True)
+
+
 def follow(
     cmd: List[str],
     on_start: Optional[Callable[[], None]],
     on_end: Optional[Callable[[], None]],
     cwd: Optional[str] = None,
     timeout: float = 600,
-) -> Dict[str, object]:
-    """Runs a load generator process: ``on_start``/``on_end`` at its ``measure-start`` and
-    ``measure-end`` lines, its last JSON line returned."""
+    on_spawn: Optional[Callable[[int], None]] = None,
+) -> Dict[str, Any]:
+    """Runs a load generator process: ``on_spawn`` with its pid, ``on_start``/``on_end`` at
+    its ``measure-start`` and ``measure-end`` lines; its last JSON line returned."""
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, cwd=cwd)
+    if on_spawn:
+        on_spawn(proc.pid)
     assert proc.stdout is not None
     final = None
     for line in proc.stdout:
@@ -112,7 +135,8 @@ def follow(
     return json.loads(final)
 
 
-async def _read_response(reader: asyncio.StreamReader) -> Tuple[int, bytes]:
+async def read_response(reader: asyncio.StreamReader) -> Tuple[int, bytes]:
+    """Status and body of one HTTP/1.1 answer (by Content-Length, or chunked)."""
     head = await reader.readuntil(b"\r\n\r\n")
     status = int(head[9:12])
     length = 0
@@ -171,7 +195,7 @@ async def main_async(args: argparse.Namespace) -> dict:
                 raw, samples, ticks = requests[i % n]
                 t0 = time.perf_counter()
                 writer.write(raw)
-                status, body = await _read_response(reader)
+                status, body = await read_response(reader)
                 t1 = time.perf_counter()
                 done = loop.time()
                 in_window = t_measure <= done < t_end
@@ -217,13 +241,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=float, default=3.0)
     parser.add_argument("--duration", type=float, default=20.0)
     args = parser.parse_args()
-    try:
-        import uvloop
-
-        result = uvloop.run(main_async(args))
-    except ImportError:
-        result = asyncio.run(main_async(args))
-    print(json.dumps(result), flush=True)
+    print(json.dumps(run_loop(main_async(args))), flush=True)
     sys.exit(0)
 
 

@@ -510,8 +510,6 @@ async def _load(spec: Dict[str, object]) -> Dict[str, object]:
                     record(t0, False, exc.code().name, str(exc.details()).encode(), items, 0)
 
     else:
-        from loadgen import _read_response
-
         host, port = str(spec["target"]).rsplit(":", 1)
 
         async def worker() -> None:
@@ -524,7 +522,7 @@ async def _load(spec: Dict[str, object]) -> Dict[str, object]:
                     raw, items = req
                     t0 = time.perf_counter()
                     writer.write(raw)
-                    code, answer = await _read_response(reader)
+                    code, answer = await loadgen.read_response(reader)
                     record(t0, code == 200, str(code), answer, items, len(raw))
             finally:
                 writer.close()
@@ -545,18 +543,6 @@ async def _load(spec: Dict[str, object]) -> Dict[str, object]:
         latency_ms=loadgen.latency_pcts(latencies),
     )
     return out
-
-
-def _load_main(spec_file: str) -> None:
-    with open(spec_file) as f:
-        spec = json.load(f)
-    try:
-        import uvloop
-
-        result = uvloop.run(_load(spec))
-    except ImportError:
-        result = asyncio.run(_load(spec))
-    print(json.dumps(result), flush=True)
 
 
 def run_load(
@@ -1465,6 +1451,6 @@ def markdown(result: Dict[str, object], command: str, m: Dict[str, object], wall
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["load"]:
-        _load_main(sys.argv[2])
+        loadgen.spec_main(_load, sys.argv[2])
     else:
         common.print_json(run(quick="--quick" in sys.argv, log=common.log))
