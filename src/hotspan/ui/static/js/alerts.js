@@ -149,8 +149,10 @@ function conditionText(condition) {
   const over = c.window ? ` over ${c.window}` : "";
   if (c.kind === "function_share") return `share of ${fn} above ${c.above ?? "?"}%${over}`;
   if (c.kind === "share_growth") {
-    return `share of ${fn} grown more than ${c.points ?? "?"} points${over}, ` +
-      `${c.label || "?"}="${c.baseline ?? "?"}" → "${c.comparison ?? "?"}"`;
+    return (
+      `share of ${fn} grown more than ${c.points ?? "?"} points${over}, ` +
+      `${c.label || "?"}="${c.baseline ?? "?"}" → "${c.comparison ?? "?"}"`
+    );
   }
   if (c.kind === "per_request") {
     const a = c.against || {};
@@ -178,7 +180,9 @@ function parsePairs(text, what) {
 }
 
 function pairsText(object) {
-  return Object.entries(object || {}).map(([k, v]) => `${k}=${v}`).join("\n");
+  return Object.entries(object || {})
+    .map(([k, v]) => `${k}=${v}`)
+    .join("\n");
 }
 
 function typed(text, isNumber) {
@@ -188,10 +192,13 @@ function typed(text, isNumber) {
 }
 
 function field(spec, input) {
-  return el("label", { class: `hs-alert-field hs-alert-field-${spec.name}` },
+  return el(
+    "label",
+    { class: `hs-alert-field hs-alert-field-${spec.name}` },
     el("span", { class: "hs-alert-field-label" }, spec.label),
     input,
-    spec.unit ? el("span", { class: "hs-muted" }, spec.unit) : null);
+    spec.unit ? el("span", { class: "hs-muted" }, spec.unit) : null,
+  );
 }
 
 function textInput(name, { placeholder = "", mono = false, size = 12, numeric = false } = {}) {
@@ -215,18 +222,30 @@ class RuleForm {
     this.name.required = true;
     this.selector = textInput("selector", { placeholder: '{service_name="checkout"}', mono: true, size: 36 });
     this.profileType = el("input", {
-      name: "profileType", list: "hs-alert-types", placeholder: CPU, size: 40, autocomplete: "off", class: "hs-mono",
+      name: "profileType",
+      list: "hs-alert-types",
+      placeholder: CPU,
+      size: 40,
+      autocomplete: "off",
+      class: "hs-mono",
     });
     this.for = textInput("for", { placeholder: "0s", size: 6 });
-    this.kind = el("select", { name: "kind", class: "hs-alert-kind", onchange: () => this.showKind() },
-      Object.entries(KINDS).map(([kind, spec]) => el("option", { value: kind }, spec.label)));
+    this.kind = el(
+      "select",
+      { name: "kind", class: "hs-alert-kind", onchange: () => this.showKind() },
+      Object.entries(KINDS).map(([kind, spec]) => el("option", { value: kind }, spec.label)),
+    );
     this.kindInputs = {};
     this.kindSections = {};
     for (const [kind, spec] of Object.entries(KINDS)) {
       const inputs = {};
       const fields = spec.fields.map((f) => {
-        inputs[f.name] = textInput(f.name, { placeholder: f.placeholder, mono: f.mono, numeric: f.number,
-          size: f.mono ? 24 : 10 });
+        inputs[f.name] = textInput(f.name, {
+          placeholder: f.placeholder,
+          mono: f.mono,
+          numeric: f.number,
+          size: f.mono ? 24 : 10,
+        });
         return field(f, inputs[f.name]);
       });
       let against = null;
@@ -235,59 +254,114 @@ class RuleForm {
       this.kindSections[kind] = el("div", { class: "hs-alert-kind-fields", dataset: { kind } }, fields, against);
     }
     this.labels = el("textarea", { name: "labels", rows: 2, placeholder: "severity=page", spellcheck: "false" });
-    this.annotations = el("textarea", { name: "annotations", rows: 2, placeholder: "summary=checkout got slower", spellcheck: "false" });
-    this.webhooks = el("textarea", {
-      name: "webhooks", rows: 2, placeholder: "http://alertmanager:9093/api/v2/alerts", spellcheck: "false",
+    this.annotations = el("textarea", {
+      name: "annotations",
+      rows: 2,
+      placeholder: "summary=checkout got slower",
+      spellcheck: "false",
     });
-    this.json = el("textarea", { name: "json", class: "hs-alert-json hs-mono", rows: 16, spellcheck: "false",
-      "aria-label": "The rule as JSON" });
+    this.webhooks = el("textarea", {
+      name: "webhooks",
+      rows: 2,
+      placeholder: "http://alertmanager:9093/api/v2/alerts",
+      spellcheck: "false",
+    });
+    this.json = el("textarea", {
+      name: "json",
+      class: "hs-alert-json hs-mono",
+      rows: 16,
+      spellcheck: "false",
+      "aria-label": "The rule as JSON",
+    });
 
-    this.fieldsBox = el("div", { class: "hs-alert-form-fields" },
-      el("div", { class: "hs-alert-row" },
+    this.fieldsBox = el(
+      "div",
+      { class: "hs-alert-form-fields" },
+      el(
+        "div",
+        { class: "hs-alert-row" },
         field({ name: "name", label: "Name" }, this.name),
-        field({ name: "selector", label: "Selector" }, this.selector)),
-      el("div", { class: "hs-alert-row" },
+        field({ name: "selector", label: "Selector" }, this.selector),
+      ),
+      el(
+        "div",
+        { class: "hs-alert-row" },
         field({ name: "profileType", label: "Profile type" }, this.profileType),
-        field({ name: "for", label: "For", unit: "pending this long before firing" }, this.for)),
+        field({ name: "for", label: "For", unit: "pending this long before firing" }, this.for),
+      ),
       el("div", { class: "hs-alert-row" }, field({ name: "kind", label: "Condition" }, this.kind)),
       Object.values(this.kindSections),
-      el("div", { class: "hs-alert-row hs-alert-row-text" },
+      el(
+        "div",
+        { class: "hs-alert-row hs-alert-row-text" },
         field({ name: "labels", label: "Labels", unit: "key=value, one a line" }, this.labels),
         field({ name: "annotations", label: "Annotations", unit: "key=value, one a line" }, this.annotations),
-        field({ name: "webhooks", label: "Webhooks", unit: "Alertmanager-format receivers, one URL a line" }, this.webhooks)),
-      el("p", { class: "hs-muted hs-alert-form-note" },
-        "Empty fields are left out of the rule, for the server's defaults. A rule with the name of another replaces it."));
-    this.jsonBox = el("div", { class: "hs-alert-json-box", hidden: true },
+        field(
+          { name: "webhooks", label: "Webhooks", unit: "Alertmanager-format receivers, one URL a line" },
+          this.webhooks,
+        ),
+      ),
+      el(
+        "p",
+        { class: "hs-muted hs-alert-form-note" },
+        "Empty fields are left out of the rule, for the server's defaults. A rule with the name of another replaces it.",
+      ),
+    );
+    this.jsonBox = el(
+      "div",
+      { class: "hs-alert-json-box", hidden: true },
       el("p", { class: "hs-muted" }, "The rule exactly as the API takes it (PUT /api/v1/alerts/rules/<name>)."),
-      this.json);
-    this.modeButton = el("button", { type: "button", class: "hs-alert-mode", onclick: () => this.toggleMode() }, "Edit as JSON");
+      this.json,
+    );
+    this.modeButton = el(
+      "button",
+      { type: "button", class: "hs-alert-mode", onclick: () => this.toggleMode() },
+      "Edit as JSON",
+    );
     this.result = el("div", { class: "hs-alert-result", "aria-live": "polite" });
-    this.form = el("form", { class: "hs-alert-form", novalidate: true, onsubmit: (e) => this.save(e) },
+    this.form = el(
+      "form",
+      { class: "hs-alert-form", novalidate: true, onsubmit: (e) => this.save(e) },
       this.types,
       this.fieldsBox,
       this.jsonBox,
-      el("div", { class: "hs-alert-buttons" },
+      el(
+        "div",
+        { class: "hs-alert-buttons" },
         el("button", { type: "submit", class: "hs-primary hs-alert-save" }, "Save rule"),
         el("button", { type: "button", class: "hs-alert-clear", onclick: () => this.fill(null) }, "Clear"),
-        this.modeButton),
-      this.result);
-    this.section = el("section", { class: "hs-alerts-section hs-alert-editor" },
-      el("h2", {}, "Add or replace a rule"), this.form);
+        this.modeButton,
+      ),
+      this.result,
+    );
+    this.section = el(
+      "section",
+      { class: "hs-alerts-section hs-alert-editor" },
+      el("h2", {}, "Add or replace a rule"),
+      this.form,
+    );
     this.showKind();
   }
 
   buildAgainst(inputs) {
-    this.againstMode = el("select", { name: "against", class: "hs-alert-against", onchange: () => this.showAgainst() },
+    this.againstMode = el(
+      "select",
+      { name: "against", class: "hs-alert-against", onchange: () => this.showAgainst() },
       el("option", { value: "offset" }, "the same window earlier"),
-      el("option", { value: "label" }, "another label value"));
+      el("option", { value: "label" }, "another label value"),
+    );
     this.againstFields = AGAINST_FIELDS.map((f) => {
       inputs[`against.${f.name}`] = textInput(`against.${f.name}`, { placeholder: f.placeholder, size: 10 });
       const node = field(f, inputs[`against.${f.name}`]);
       node.dataset.mode = f.mode;
       return node;
     });
-    return el("div", { class: "hs-alert-against-box" },
-      field({ name: "against", label: "Against" }, this.againstMode), this.againstFields);
+    return el(
+      "div",
+      { class: "hs-alert-against-box" },
+      field({ name: "against", label: "Against" }, this.againstMode),
+      this.againstFields,
+    );
   }
 
   showKind() {
@@ -329,7 +403,10 @@ class RuleForm {
     if (Object.keys(labels).length) rule.labels = labels;
     const annotations = parsePairs(this.annotations.value, "Annotations");
     if (Object.keys(annotations).length) rule.annotations = annotations;
-    const webhooks = this.webhooks.value.split(/\s+/).map((s) => s.trim()).filter(Boolean);
+    const webhooks = this.webhooks.value
+      .split(/\s+/)
+      .map((s) => s.trim())
+      .filter(Boolean);
     if (webhooks.length) rule.webhooks = webhooks;
     return rule;
   }
@@ -393,7 +470,10 @@ class RuleForm {
         // An emptied editor goes back to empty fields.
         if (this.json.value.trim()) rule = this.read();
       } catch (err) {
-        this.showError(`The JSON does not read: ${err.message}`, "Fix it, or clear the form, to go back to the fields.");
+        this.showError(
+          `The JSON does not read: ${err.message}`,
+          "Fix it, or clear the form, to go back to the fields.",
+        );
         return;
       }
       this.fill(rule);
@@ -437,13 +517,16 @@ class RuleForm {
     this.result.replaceChildren();
     try {
       await sendJSON("PUT", ruleApi(name), rule);
-      this.result.replaceChildren(message("info", `Saved the rule ${name}.`,
-        "The server evaluates it from its next evaluation on."));
+      this.result.replaceChildren(
+        message("info", `Saved the rule ${name}.`, "The server evaluates it from its next evaluation on."),
+      );
       await this.onSaved(name);
     } catch (err) {
       const refused = err.status && err.status < 500;
-      this.showError(refused ? `The server refused the rule: ${err.message}` : err.message,
-        refused ? "Nothing was changed. Fix the rule and save again." : err.hint || null);
+      this.showError(
+        refused ? `The server refused the rule: ${err.message}` : err.message,
+        refused ? "Nothing was changed. Fix the rule and save again." : err.hint || null,
+      );
     } finally {
       button.disabled = false;
     }
@@ -464,19 +547,27 @@ class AlertsView {
     this.summary = el("p", { class: "hs-alerts-summary" });
     this.updated = el("span", { class: "hs-muted hs-alerts-updated" });
     this.list = el("div", { class: "hs-alerts-list" }, el("p", { class: "hs-loading" }, "Loading…"));
-    this.form = new RuleForm({ onSaved: (name) => {
-      this.openHistory.add(name);
-      return this.refresh();
-    } });
+    this.form = new RuleForm({
+      onSaved: (name) => {
+        this.openHistory.add(name);
+        return this.refresh();
+      },
+    });
     root.append(
       el("h1", { class: "hs-title" }, "Alerts"),
-      el("p", { class: "hs-muted hs-alerts-intro" },
+      el(
+        "p",
+        { class: "hs-muted hs-alerts-intro" },
         "Rules the server evaluates on the profiles of this tenant. A rule whose condition holds is pending, ",
-        "then firing once it has held for its \"for\"; its webhooks hear of each change, in Alertmanager's format."),
+        'then firing once it has held for its "for"; its webhooks hear of each change, in Alertmanager\'s format.',
+      ),
       this.banner,
-      el("section", { class: "hs-alerts-section" },
+      el(
+        "section",
+        { class: "hs-alerts-section" },
         el("div", { class: "hs-alerts-head" }, el("h2", {}, "Rules"), this.summary, this.updated),
-        this.list),
+        this.list,
+      ),
       this.form.section,
     );
     this.loadTypes();
@@ -528,11 +619,19 @@ class AlertsView {
     this.lastAlerts = alerts;
     const counts = Object.fromEntries(STATES.map((s) => [s, 0]));
     for (const a of alerts) counts[a.state] = (counts[a.state] || 0) + 1;
-    this.summary.replaceChildren(...STATES.filter((s) => counts[s]).map((s) =>
-      el("span", { class: `hs-alert-state hs-state-${s}`, dataset: { state: s } }, `${counts[s]} ${s}`)));
+    this.summary.replaceChildren(
+      ...STATES.filter((s) => counts[s]).map((s) =>
+        el("span", { class: `hs-alert-state hs-state-${s}`, dataset: { state: s } }, `${counts[s]} ${s}`),
+      ),
+    );
     if (!alerts.length) {
-      this.list.replaceChildren(message("empty", "No alert rules yet.",
-        "Add one below: for example, a function's share of a service's CPU above 20% over 5 minutes."));
+      this.list.replaceChildren(
+        message(
+          "empty",
+          "No alert rules yet.",
+          "Add one below: for example, a function's share of a service's CPU above 20% over 5 minutes.",
+        ),
+      );
       return;
     }
     const rank = (s) => (STATES.includes(s) ? STATES.indexOf(s) : STATES.length);
@@ -543,20 +642,29 @@ class AlertsView {
   card(alert) {
     const { rule, name, state } = alert;
     const confirming = this.confirming === name;
-    const del = el("button", {
-      type: "button",
-      class: `hs-alert-delete${confirming ? " hs-danger" : ""}`,
-      onclick: (e) => this.remove(name, e.currentTarget),
-    }, confirming ? "Confirm delete" : "Delete");
+    const del = el(
+      "button",
+      {
+        type: "button",
+        class: `hs-alert-delete${confirming ? " hs-danger" : ""}`,
+        onclick: (e) => this.remove(name, e.currentTarget),
+      },
+      confirming ? "Confirm delete" : "Delete",
+    );
     const link = alert.generatorURL ? localLink(alert.generatorURL) : null;
     const hasValue = alert.value !== null && alert.value !== undefined;
     const evaluated = timeCell(alert.lastEvaluation);
     if (alert.evaluations) {
-      evaluated.title = `${evaluated.title || ""} · ${alert.evaluations} evaluations` +
+      evaluated.title =
+        `${evaluated.title || ""} · ${alert.evaluations} evaluations` +
         (alert.evaluationSeconds ? `, the last took ${number(alert.evaluationSeconds, 3)} s` : "");
     }
     const facts = [
-      ["Value", hasValue ? el("span", { class: "hs-alert-value-text" }, valueText(alert.value, rule.condition)) : dash(), "value"],
+      [
+        "Value",
+        hasValue ? el("span", { class: "hs-alert-value-text" }, valueText(alert.value, rule.condition)) : dash(),
+        "value",
+      ],
       [`${state[0].toUpperCase()}${state.slice(1)} since`, timeCell(alert.since), "since"],
       ["Last evaluation", evaluated, "evaluated"],
       ["Profile", el("span", { title: rule.profileType || CPU }, typeLabel(rule.profileType || CPU)), "type"],
@@ -565,56 +673,106 @@ class AlertsView {
     if (alert.firedAt) facts.push(["Last fired", timeCell(alert.firedAt), "fired"]);
     if (alert.resolvedAt) facts.push(["Last resolved", timeCell(alert.resolvedAt), "resolved"]);
     const labels = Object.entries(rule.labels || {});
-    return el("article", { class: `hs-alert hs-alert-${state}`, dataset: { name, state } },
-      el("header", { class: "hs-alert-head" },
+    return el(
+      "article",
+      { class: `hs-alert hs-alert-${state}`, dataset: { name, state } },
+      el(
+        "header",
+        { class: "hs-alert-head" },
         el("h3", { class: "hs-alert-name" }, name),
         el("span", { class: `hs-alert-state hs-state-${state}` }, state),
         el("span", { class: "hs-spacer" }),
-        el("span", { class: "hs-alert-actions" },
+        el(
+          "span",
+          { class: "hs-alert-actions" },
           link ? el("a", { class: "hs-alert-cause", href: link }, "Show the cause") : null,
           el("button", { type: "button", class: "hs-alert-edit", onclick: () => this.form.fill(rule) }, "Edit"),
-          del)),
-      el("p", { class: "hs-alert-condition" },
-        el("span", { class: "hs-mono hs-alert-selector" }, rule.selector || "{}"), " ",
-        el("span", {}, conditionText(rule.condition))),
+          del,
+        ),
+      ),
+      el(
+        "p",
+        { class: "hs-alert-condition" },
+        el("span", { class: "hs-mono hs-alert-selector" }, rule.selector || "{}"),
+        " ",
+        el("span", {}, conditionText(rule.condition)),
+      ),
       labels.length
-        ? el("p", { class: "hs-alert-labels" }, labels.map(([k, v]) => el("span", { class: "hs-chip" }, `${k}=${v}`)))
+        ? el(
+            "p",
+            { class: "hs-alert-labels" },
+            labels.map(([k, v]) => el("span", { class: "hs-chip" }, `${k}=${v}`)),
+          )
         : null,
       alert.summary ? el("p", { class: "hs-alert-summary-text" }, alert.summary) : null,
-      el("dl", { class: "hs-alert-facts" }, facts.map(([term, value, key]) =>
-        el("div", { class: `hs-alert-fact hs-alert-${key}` }, el("dt", {}, term), el("dd", {}, value)))),
+      el(
+        "dl",
+        { class: "hs-alert-facts" },
+        facts.map(([term, value, key]) =>
+          el("div", { class: `hs-alert-fact hs-alert-${key}` }, el("dt", {}, term), el("dd", {}, value)),
+        ),
+      ),
       alert.lastError
-        ? el("div", { class: "hs-alert-last-error" },
-          message("error", `The last evaluation failed: ${alert.lastError}`,
-            "The rule keeps its state until an evaluation succeeds."))
+        ? el(
+            "div",
+            { class: "hs-alert-last-error" },
+            message(
+              "error",
+              `The last evaluation failed: ${alert.lastError}`,
+              "The rule keeps its state until an evaluation succeeds.",
+            ),
+          )
         : null,
       this.webhooks(alert),
-      this.history(alert));
+      this.history(alert),
+    );
   }
 
   webhooks(alert) {
     if (!alert.webhooks.length) return null;
-    return el("ul", { class: "hs-alert-webhooks", "aria-label": "Webhooks" }, alert.webhooks.map((hook) => {
-      let status;
-      if (hook.error) status = el("span", { class: "hs-alert-hook-error" }, `failed, retried at the next evaluation: ${hook.error}`);
-      else if (hook.delivered) status = el("span", { class: "hs-muted" }, `took ${hook.delivered}`);
-      else status = el("span", { class: "hs-muted" }, "nothing sent yet");
-      return el("li", { class: "hs-alert-webhook", dataset: { delivered: hook.delivered || "", failed: String(Boolean(hook.error)) } },
-        el("span", { class: "hs-muted" }, "webhook "), el("span", { class: "hs-mono" }, hook.url), " ", status);
-    }));
+    return el(
+      "ul",
+      { class: "hs-alert-webhooks", "aria-label": "Webhooks" },
+      alert.webhooks.map((hook) => {
+        let status;
+        if (hook.error)
+          status = el(
+            "span",
+            { class: "hs-alert-hook-error" },
+            `failed, retried at the next evaluation: ${hook.error}`,
+          );
+        else if (hook.delivered) status = el("span", { class: "hs-muted" }, `took ${hook.delivered}`);
+        else status = el("span", { class: "hs-muted" }, "nothing sent yet");
+        return el(
+          "li",
+          {
+            class: "hs-alert-webhook",
+            dataset: { delivered: hook.delivered || "", failed: String(Boolean(hook.error)) },
+          },
+          el("span", { class: "hs-muted" }, "webhook "),
+          el("span", { class: "hs-mono" }, hook.url),
+          " ",
+          status,
+        );
+      }),
+    );
   }
 
   history(alert) {
     // Newest first; each entry is the state entered, so the one before it is where it came from.
     const entries = [...alert.history].sort((a, b) => (toMs(b.at) || 0) - (toMs(a.at) || 0));
-    const details = el("details", {
-      class: "hs-alert-history",
-      open: this.openHistory.has(alert.name),
-      ontoggle: () => {
-        if (details.open) this.openHistory.add(alert.name);
-        else this.openHistory.delete(alert.name);
+    const details = el(
+      "details",
+      {
+        class: "hs-alert-history",
+        open: this.openHistory.has(alert.name),
+        ontoggle: () => {
+          if (details.open) this.openHistory.add(alert.name);
+          else this.openHistory.delete(alert.name);
+        },
       },
-    }, el("summary", {}, `History (${entries.length})`));
+      el("summary", {}, `History (${entries.length})`),
+    );
     if (!entries.length) {
       details.append(el("p", { class: "hs-muted" }, "No transitions yet."));
       return details;
@@ -623,18 +781,44 @@ class AlertsView {
       const to = stateOf(h);
       const from = i + 1 < entries.length ? stateOf(entries[i + 1]) : null;
       const ms = toMs(h.at);
-      return el("tr", { class: "hs-alert-transition", dataset: { to } },
+      return el(
+        "tr",
+        { class: "hs-alert-transition", dataset: { to } },
         el("td", { class: "hs-alert-transition-time" }, ms === null ? dash() : formatTime(ms)),
-        el("td", {},
+        el(
+          "td",
+          {},
           from ? el("span", { class: `hs-alert-state hs-state-${from}` }, from) : null,
           from ? " → " : null,
-          el("span", { class: `hs-alert-state hs-state-${to}` }, to)),
-        el("td", { class: "hs-alert-transition-value" },
-          h.value === undefined || h.value === null ? dash() : valueText(h.value, alert.rule.condition)));
+          el("span", { class: `hs-alert-state hs-state-${to}` }, to),
+        ),
+        el(
+          "td",
+          { class: "hs-alert-transition-value" },
+          h.value === undefined || h.value === null ? dash() : valueText(h.value, alert.rule.condition),
+        ),
+      );
     });
-    details.append(el("div", { class: "hs-table-scroll" }, el("table", { class: "hs-table hs-alert-history-table" },
-      el("thead", {}, el("tr", {}, ["When", "Change", "Value"].map((h) => el("th", {}, h)))),
-      el("tbody", {}, rows))));
+    details.append(
+      el(
+        "div",
+        { class: "hs-table-scroll" },
+        el(
+          "table",
+          { class: "hs-table hs-alert-history-table" },
+          el(
+            "thead",
+            {},
+            el(
+              "tr",
+              {},
+              ["When", "Change", "Value"].map((h) => el("th", {}, h)),
+            ),
+          ),
+          el("tbody", {}, rows),
+        ),
+      ),
+    );
     return details;
   }
 
@@ -654,8 +838,13 @@ class AlertsView {
     button.disabled = true;
     try {
       await sendJSON("DELETE", ruleApi(name));
-      this.banner.replaceChildren(message("info", `Deleted the rule ${name}.`,
-        "Were it firing, its webhooks hear it resolved at the next evaluation."));
+      this.banner.replaceChildren(
+        message(
+          "info",
+          `Deleted the rule ${name}.`,
+          "Were it firing, its webhooks hear it resolved at the next evaluation.",
+        ),
+      );
     } catch (err) {
       this.banner.replaceChildren(errorBox(err));
     }

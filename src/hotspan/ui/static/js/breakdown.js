@@ -52,12 +52,16 @@ export class Breakdown {
         el(
           "div",
           { class: "hs-breakdown-head" },
-          el("button", {
-            type: "button",
-            class: "hs-link hs-breakdown-pick",
-            title: `Show only ${label}="${value}"`,
-            onclick: () => s.group && this.onPick(s.group),
-          }, value || `(no ${label})`),
+          el(
+            "button",
+            {
+              type: "button",
+              class: "hs-link hs-breakdown-pick",
+              title: `Show only ${label}="${value}"`,
+              onclick: () => s.group && this.onPick(s.group),
+            },
+            value || `(no ${label})`,
+          ),
           el("span", { class: "hs-muted" }, formatValue(total, unit)),
         ),
         slot,
@@ -70,8 +74,13 @@ export class Breakdown {
     const parts = [grid];
     if (!ranked.length) parts.push(el("p", { class: "hs-muted" }, `No values of ${label} in this range.`));
     if (left > 0) {
-      parts.push(el("p", { class: "hs-muted hs-breakdown-more" },
-        `${left} more ${left === 1 ? "value" : "values"} of ${label} not shown (the ${BREAKDOWN_LIMIT} largest are).`));
+      parts.push(
+        el(
+          "p",
+          { class: "hs-muted hs-breakdown-more" },
+          `${left} more ${left === 1 ? "value" : "values"} of ${label} not shown (the ${BREAKDOWN_LIMIT} largest are).`,
+        ),
+      );
     }
     this.container.replaceChildren(...parts);
   }

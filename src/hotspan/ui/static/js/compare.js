@@ -24,7 +24,10 @@ export function traceRange(tree) {
 /** The diff of two sides ({traceId, spanId?, range}) in profile type `type`. */
 export function diffUrl(type, left, right) {
   const params = new URLSearchParams({ profileType: type });
-  for (const [side, what] of [["left", left], ["right", right]]) {
+  for (const [side, what] of [
+    ["left", left],
+    ["right", right],
+  ]) {
     params.set(`${side}TraceId`, what.traceId);
     if (what.spanId) params.set(`${side}SpanId`, what.spanId);
     params.set(`${side}From`, what.range.from);
@@ -54,7 +57,9 @@ function saveBaseline(value) {
 let memory = null; // when sessionStorage is disabled
 
 function describe(side) {
-  return side.spanId ? `span "${side.name}" of trace ${side.traceId.slice(0, 8)}…` : `trace ${side.traceId.slice(0, 8)}…`;
+  return side.spanId
+    ? `span "${side.name}" of trace ${side.traceId.slice(0, 8)}…`
+    : `trace ${side.traceId.slice(0, 8)}…`;
 }
 
 /**
@@ -70,7 +75,11 @@ export function compareBox({ traceId, span, type, range }) {
     const same = baseline && baseline.traceId === current.traceId && baseline.spanId === current.spanId;
     const setButton = el(
       "button",
-      { type: "button", class: "hs-compare-baseline", title: "Pick this as the baseline, then open another span or trace to compare" },
+      {
+        type: "button",
+        class: "hs-compare-baseline",
+        title: "Pick this as the baseline, then open another span or trace to compare",
+      },
       same ? "Baseline ✓" : `Set ${span ? "span" : "trace"} as baseline`,
     );
     setButton.addEventListener("click", () => {
@@ -80,8 +89,11 @@ export function compareBox({ traceId, span, type, range }) {
     const parts = [el("span", { class: "hs-compare-label" }, "Compare"), setButton];
     if (baseline && !same) {
       parts.push(
-        el("a", { class: "hs-compare-link", href: diffUrl(type, baseline, current) },
-          `Diff against baseline: ${describe(baseline)}`),
+        el(
+          "a",
+          { class: "hs-compare-link", href: diffUrl(type, baseline, current) },
+          `Diff against baseline: ${describe(baseline)}`,
+        ),
       );
     }
     const input = el("input", {

@@ -33,9 +33,16 @@ class DiffView {
     const panelSlot = el("section", { class: "hs-profile hs-diff-profile" });
     root.append(
       el("h1", { class: "hs-title" }, "Diff"),
-      el("section", { class: "hs-toolbar hs-diff-toolbar" }, el("label", {}, "Profile ", this.typeSlot),
-        el("span", { class: "hs-muted" },
-          "Red frames grew from baseline to comparison, green ones shrank (each side as a share of its own total).")),
+      el(
+        "section",
+        { class: "hs-toolbar hs-diff-toolbar" },
+        el("label", {}, "Profile ", this.typeSlot),
+        el(
+          "span",
+          { class: "hs-muted" },
+          "Red frames grew from baseline to comparison, green ones shrank (each side as a share of its own total).",
+        ),
+      ),
       sides,
       this.notice,
       panelSlot,
@@ -47,11 +54,16 @@ class DiffView {
       const from = params.get(`${prefix}From`);
       const until = params.get(`${prefix}Until`);
       return new DiffSide(sides, {
-        title, role, className: `hs-diff-${prefix}`,
+        title,
+        role,
+        className: `hs-diff-${prefix}`,
         // A trace side without a selector takes every sample of the trace, whatever service.
         query: params.get(`${prefix}Query`) || common || (traceId || spanId ? ALL : ""),
-        from: from || DEFAULT_FROM, until: until || DEFAULT_UNTIL,
-        traceId, spanId, rangeGiven: Boolean(from || until),
+        from: from || DEFAULT_FROM,
+        until: until || DEFAULT_UNTIL,
+        traceId,
+        spanId,
+        rangeGiven: Boolean(from || until),
         onChange,
       });
     };
@@ -82,10 +94,16 @@ class DiffView {
   /** Both sides and the profile type into the address, so that it reopens this comparison. */
   writeAddress({ push = false } = {}) {
     const address = {};
-    for (const [prefix, side] of [["left", this.left], ["right", this.right]]) {
+    for (const [prefix, side] of [
+      ["left", this.left],
+      ["right", this.right],
+    ]) {
       Object.assign(address, {
-        [`${prefix}Query`]: side.query, [`${prefix}From`]: side.from, [`${prefix}Until`]: side.until,
-        [`${prefix}TraceId`]: side.traceId, [`${prefix}SpanId`]: side.spanId,
+        [`${prefix}Query`]: side.query,
+        [`${prefix}From`]: side.from,
+        [`${prefix}Until`]: side.until,
+        [`${prefix}TraceId`]: side.traceId,
+        [`${prefix}SpanId`]: side.spanId,
       });
     }
     setQuery({ profileType: this.profileType, ...address }, { push });
@@ -115,8 +133,13 @@ class DiffView {
       if (failed.length) {
         const which = failed.map((side) => side.role).join(" and the ");
         const notes = failed.length > 1 ? "their notes" : "its note";
-        this.panel.setMessage(message("error", `The ${which} cannot be compared: see ${notes} above.`,
-          "Correct the trace or span id in the address, or compare a selector on that side instead."));
+        this.panel.setMessage(
+          message(
+            "error",
+            `The ${which} cannot be compared: see ${notes} above.`,
+            "Correct the trace or span id in the address, or compare a selector on that side instead.",
+          ),
+        );
         return;
       }
       const whole = {
@@ -143,9 +166,13 @@ class DiffView {
       this.profileType = pickType(types, wanted);
       this.notice.replaceChildren();
       if (wanted && wanted !== this.profileType) {
-        this.notice.append(message("info",
-          `Profile type "${wanted}" has no data here; comparing ${typeLabel(this.profileType)}.`,
-          "Pick another profile type, or widen the time ranges."));
+        this.notice.append(
+          message(
+            "info",
+            `Profile type "${wanted}" has no data here; comparing ${typeLabel(this.profileType)}.`,
+            "Pick another profile type, or widen the time ranges.",
+          ),
+        );
       }
       this.writeAddress();
       for (const side of sides) side.renderSubject(this.profileType);
@@ -153,10 +180,14 @@ class DiffView {
       const unit = unitOf(this.profileType);
       this.left.loadTimeline(this.profileType, signal);
       this.right.loadTimeline(this.profileType, signal);
-      const answer = await querier("Diff", {
-        left: this.left.request(this.profileType),
-        right: this.right.request(this.profileType),
-      }, { signal });
+      const answer = await querier(
+        "Diff",
+        {
+          left: this.left.request(this.profileType),
+          right: this.right.request(this.profileType),
+        },
+        { signal },
+      );
       if (signal.aborted) return;
       const graph = answer.flamegraph || {};
       const empty = sides.filter((side, i) => !Number([graph.leftTicks, graph.rightTicks][i] || 0));
@@ -173,11 +204,16 @@ class DiffView {
 
   renderTypes(types) {
     this.typeSlot.replaceChildren(
-      selectOf("hs-profile-type", "Profile type", [...types].sort().map((t) => [t, typeLabel(t)]),
-        this.profileType || CPU, (value) => {
+      selectOf(
+        "hs-profile-type",
+        "Profile type",
+        [...types].sort().map((t) => [t, typeLabel(t)]),
+        this.profileType || CPU,
+        (value) => {
           this.profileType = value;
           this.changed();
-        }),
+        },
+      ),
     );
   }
 
@@ -188,9 +224,10 @@ class DiffView {
     }
     const texts = empty.map((side) => side.emptyText(this.profileType));
     const text = empty.length === 2 ? `Neither side has samples. ${texts.join("; ")}.` : `${texts[0]}.`;
-    const hint = empty.length === 2
-      ? "Change either side (a wider range, another selector or profile type); each side needs samples to compare."
-      : empty[0].emptyHint();
+    const hint =
+      empty.length === 2
+        ? "Change either side (a wider range, another selector or profile type); each side needs samples to compare."
+        : empty[0].emptyHint();
     this.panel.setMessage(message("empty", text, hint));
   }
 

@@ -48,21 +48,26 @@ export class DiffSide {
     }
     this.input = el("input", { class: "hs-diff-query", "aria-label": `${title} selector` });
     this.showQuery();
-    const form = el("form", {
-      class: "hs-diff-form",
-      onsubmit: (event) => {
-        event.preventDefault();
-        try {
-          parseSelector(this.input.value);
-        } catch (err) {
-          rejectInput(this.input, err.message);
-          return;
-        }
-        this.query = this.typedQuery();
-        this.renderFilters();
-        this.onChange();
+    const form = el(
+      "form",
+      {
+        class: "hs-diff-form",
+        onsubmit: (event) => {
+          event.preventDefault();
+          try {
+            parseSelector(this.input.value);
+          } catch (err) {
+            rejectInput(this.input, err.message);
+            return;
+          }
+          this.query = this.typedQuery();
+          this.renderFilters();
+          this.onChange();
+        },
       },
-    }, this.input, el("button", { type: "submit" }, "Apply"));
+      this.input,
+      el("button", { type: "submit" }, "Apply"),
+    );
     this.subjectSlot = el("div", { class: "hs-diff-subject" });
     this.filterSlot = el("div", { class: "hs-diff-filters" });
     this.note = el("div", { class: "hs-diff-side-note" });
@@ -70,15 +75,35 @@ export class DiffSide {
     this.timelineSlot = el("div", { class: "hs-diff-timeline" });
     // On a trace side the form narrows the trace's samples and the range is the trace's: the
     // captions say so, else they read as a service's "{}" and "Last 1 hour" unrelated to it.
-    this.queryCaption = el("p", { class: "hs-diff-caption hs-muted" },
-      "Narrow the trace's samples by labels (optional):");
+    this.queryCaption = el(
+      "p",
+      { class: "hs-diff-caption hs-muted" },
+      "Narrow the trace's samples by labels (optional):",
+    );
     this.rangeCaption = el("p", { class: "hs-diff-caption hs-muted" });
-    this.controls = el("div", { class: "hs-diff-controls" },
-      this.queryCaption, form, this.filterSlot, this.rangeCaption, rangeSlot);
-    container.append(el("section", { class: `hs-diff-side ${className}`, "aria-label": title },
-      el("h2", {}, title), this.subjectSlot, this.note, this.controls, this.timelineSlot));
+    this.controls = el(
+      "div",
+      { class: "hs-diff-controls" },
+      this.queryCaption,
+      form,
+      this.filterSlot,
+      this.rangeCaption,
+      rangeSlot,
+    );
+    container.append(
+      el(
+        "section",
+        { class: `hs-diff-side ${className}`, "aria-label": title },
+        el("h2", {}, title),
+        this.subjectSlot,
+        this.note,
+        this.controls,
+        this.timelineSlot,
+      ),
+    );
     this.picker = new TimeRangePicker(rangeSlot, {
-      from, until,
+      from,
+      until,
       onChange: (f, u) => {
         this.from = f;
         this.until = u;
@@ -143,20 +168,25 @@ export class DiffSide {
     // would show something else than the flame graph compares.
     this.timelineSlot.hidden = this.isTrace;
     this.queryCaption.hidden = this.rangeCaption.hidden = !this.isTrace;
-    this.rangeCaption.textContent = this.subject && this.subject.window && this.rangeFromTrace
-      ? "The trace's time range (its spans, an hour either side):"
-      : "Where to look for the trace's samples:";
+    this.rangeCaption.textContent =
+      this.subject && this.subject.window && this.rangeFromTrace
+        ? "The trace's time range (its spans, an hour either side):"
+        : "Where to look for the trace's samples:";
     this.showQuery();
     if (!this.isTrace) {
       this.subjectSlot.replaceChildren();
       return;
     }
-    const leave = el("button", {
-      type: "button",
-      class: "hs-link hs-diff-leave-trace",
-      title: "Compare a label selector and time range on this side instead",
-      onclick: () => this.leaveTrace(),
-    }, "Compare a selector instead");
+    const leave = el(
+      "button",
+      {
+        type: "button",
+        class: "hs-link hs-diff-leave-trace",
+        title: "Compare a label selector and time range on this side instead",
+        onclick: () => this.leaveTrace(),
+      },
+      "Compare a selector instead",
+    );
     if (this.idError) {
       // The note above the form says what is wrong, once.
       this.subjectSlot.replaceChildren(el("p", { class: "hs-diff-subject-text" }, leave));
@@ -164,8 +194,11 @@ export class DiffSide {
     }
     const subject = this.subject || { traceId: this.traceId, spanId: this.spanId, span: null, name: "" };
     const parts = [
-      el("a", { class: "hs-diff-trace-link", href: traceHref(subject, profileType), title: `Open trace ${subject.traceId}` },
-        describeSubject(subject)),
+      el(
+        "a",
+        { class: "hs-diff-trace-link", href: traceHref(subject, profileType), title: `Open trace ${subject.traceId}` },
+        describeSubject(subject),
+      ),
     ];
     if (this.subject && subject.spanId) {
       const below = subject.spanIds.length - 1;
@@ -276,14 +309,18 @@ export class DiffSide {
   }
 
   emptyText(profileType) {
-    return `The ${this.role} (${this.describe()}) has no ${typeWords(profileType)} samples in ` +
-      `${describeRange(this.from, this.until).replace(/^Last/, "the last")}`;
+    return (
+      `The ${this.role} (${this.describe()}) has no ${typeWords(profileType)} samples in ` +
+      `${describeRange(this.from, this.until).replace(/^Last/, "the last")}`
+    );
   }
 
   emptyHint() {
     if (this.traceId && this.spanId) {
-      return "A span has samples only if it ran on CPU long enough to be sampled and its agent " +
-        "has uploaded them: pick a longer span or the whole trace, or another profile type.";
+      return (
+        "A span has samples only if it ran on CPU long enough to be sampled and its agent " +
+        "has uploaded them: pick a longer span or the whole trace, or another profile type."
+      );
     }
     if (this.traceId) return "Its agent may not have uploaded them yet, or it sends another profile type.";
     return `Widen the ${this.role}'s time range or change its selector; each side needs samples to compare.`;
@@ -310,20 +347,34 @@ export class DiffSide {
     const filename = `${this.role}.pb`;
     if (this.traceId && this.spanId) {
       return {
-        label, filename,
-        fetch: () => getBytes(`/api/traces/${this.traceId}/profile`, {
-          spanID: this.spanId, descendants: "true", format: "pprof", profileType,
-          labelSelector: this.query && this.query !== ALL ? this.query : null,
-          start: Math.floor(startMs / 1000), end: Math.ceil(endMs / 1000),
-        }),
+        label,
+        filename,
+        fetch: () =>
+          getBytes(`/api/traces/${this.traceId}/profile`, {
+            spanID: this.spanId,
+            descendants: "true",
+            format: "pprof",
+            profileType,
+            labelSelector: this.query && this.query !== ALL ? this.query : null,
+            start: Math.floor(startMs / 1000),
+            end: Math.ceil(endMs / 1000),
+          }),
       };
     }
     return {
-      label, filename,
-      fetch: async () => querierBinary("SelectMergeProfile", selectMergeProfileRequest({
-        profileTypeID: profileType, labelSelector: this.query || ALL,
-        start: startMs, end: endMs, traceIds: this.traceId ? [this.traceId] : [],
-      })),
+      label,
+      filename,
+      fetch: async () =>
+        querierBinary(
+          "SelectMergeProfile",
+          selectMergeProfileRequest({
+            profileTypeID: profileType,
+            labelSelector: this.query || ALL,
+            start: startMs,
+            end: endMs,
+            traceIds: this.traceId ? [this.traceId] : [],
+          }),
+        ),
     };
   }
 }

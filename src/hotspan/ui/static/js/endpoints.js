@@ -64,7 +64,10 @@ export function renderEndpoints(root, { params }) {
     onChange: (from, until) => {
       state.from = from;
       state.until = until;
-      setQuery({ from: from === DEFAULT_FROM ? "" : from, until: until === DEFAULT_UNTIL ? "" : until }, { push: true });
+      setQuery(
+        { from: from === DEFAULT_FROM ? "" : from, until: until === DEFAULT_UNTIL ? "" : until },
+        { push: true },
+      );
       reload();
     },
   });
@@ -72,7 +75,15 @@ export function renderEndpoints(root, { params }) {
     el(
       "section",
       { class: "hs-endpoints" },
-      el("div", { class: "hs-toolbar hs-ep-toolbar" }, el("h1", {}, "Endpoints"), serviceBox, typeBox, el("span", { class: "hs-spacer" }), rangeBox),
+      el(
+        "div",
+        { class: "hs-toolbar hs-ep-toolbar" },
+        el("h1", {}, "Endpoints"),
+        serviceBox,
+        typeBox,
+        el("span", { class: "hs-spacer" }),
+        rangeBox,
+      ),
       note,
       tableBox,
       panelSection,
@@ -107,13 +118,23 @@ export function renderEndpoints(root, { params }) {
     const services = new Set([...known.keys()].filter(Boolean));
     if (state.service) services.add(state.service);
     serviceBox.replaceChildren(
-      el("label", {}, el("span", { class: "hs-ep-label" }, "Service "),
-        selectOf("hs-ep-service", "Service", [...services].sort().map((s) => [s, s]), state.service, (value) => {
-          state.service = value;
-          state.name = "";
-          setQuery({ query: selectorOf(value), name: "" }, { push: true });
-          reload();
-        })),
+      el(
+        "label",
+        {},
+        el("span", { class: "hs-ep-label" }, "Service "),
+        selectOf(
+          "hs-ep-service",
+          "Service",
+          [...services].sort().map((s) => [s, s]),
+          state.service,
+          (value) => {
+            state.service = value;
+            state.name = "";
+            setQuery({ query: selectorOf(value), name: "" }, { push: true });
+            reload();
+          },
+        ),
+      ),
     );
     const types = known.get(state.service) || new Set();
     // A type the URL names stays (the table then says there is no data); without one, the
@@ -121,25 +142,41 @@ export function renderEndpoints(root, { params }) {
     if (!params.get("profileType") && !types.has(state.type) && types.size) state.type = pickType(types, state.type);
     const typeList = new Set([...types, state.type]);
     typeBox.replaceChildren(
-      el("label", {}, el("span", { class: "hs-ep-label" }, "Profile "),
-        selectOf("hs-ep-type", "Profile type", [...typeList].sort().map((t) => [t, typeLabel(t)]), state.type, (value) => {
-          state.type = value;
-          setQuery({ profileType: value === CPU ? "" : value });
-          reload();
-        })),
+      el(
+        "label",
+        {},
+        el("span", { class: "hs-ep-label" }, "Profile "),
+        selectOf(
+          "hs-ep-type",
+          "Profile type",
+          [...typeList].sort().map((t) => [t, typeLabel(t)]),
+          state.type,
+          (value) => {
+            state.type = value;
+            setQuery({ profileType: value === CPU ? "" : value });
+            reload();
+          },
+        ),
+      ),
     );
     if (!state.service) {
-      tableBox.replaceChildren(message("empty", `No profiles in ${describeRange(state.from, state.until).toLowerCase()}.`, agentHint()));
+      tableBox.replaceChildren(
+        message("empty", `No profiles in ${describeRange(state.from, state.until).toLowerCase()}.`, agentHint()),
+      );
       return;
     }
     setQuery({ query: selectorOf(state.service) });
     try {
-      data = await getJSON("/api/v1/endpoints", {
-        service: state.service,
-        profileType: state.type,
-        start: Math.floor(range.startMs / 1000),
-        end: Math.ceil(range.endMs / 1000),
-      }, { signal });
+      data = await getJSON(
+        "/api/v1/endpoints",
+        {
+          service: state.service,
+          profileType: state.type,
+          start: Math.floor(range.startMs / 1000),
+          end: Math.ceil(range.endMs / 1000),
+        },
+        { signal },
+      );
     } catch (err) {
       if (err.name === "AbortError") return;
       tableBox.replaceChildren(errorBox(err));
@@ -218,8 +255,12 @@ export function renderEndpoints(root, { params }) {
         el("td", { class: "hs-ep-num hs-ep-requests" }, String(e.requests)),
         el("td", { class: "hs-ep-num hs-ep-per-request" }, formatValue(e.perRequest, unit)),
         el("td", { class: "hs-ep-num hs-ep-total" }, formatValue(e.total, unit)),
-        el("td", { class: "hs-ep-num hs-ep-share" }, el("span", { class: "hs-ep-share-text" }, formatPercent(e.total, data.total)),
-          el("span", { class: "hs-ep-share-track" }, bar)),
+        el(
+          "td",
+          { class: "hs-ep-num hs-ep-share" },
+          el("span", { class: "hs-ep-share-text" }, formatPercent(e.total, data.total)),
+          el("span", { class: "hs-ep-share-track" }, bar),
+        ),
       );
       row.addEventListener("click", () => openEndpoint(e.name));
       row.addEventListener("keydown", (event) => {
@@ -230,7 +271,10 @@ export function renderEndpoints(root, { params }) {
     body.append(
       el(
         "tr",
-        { class: "hs-ep-unattributed", title: "samples without a span, of spans not stored, or of requests that started before the range" },
+        {
+          class: "hs-ep-unattributed",
+          title: "samples without a span, of spans not stored, or of requests that started before the range",
+        },
         el("td", { class: "hs-ep-name" }, "not attributed to an endpoint"),
         el("td", {}, ""),
         el("td", {}, ""),
@@ -239,9 +283,17 @@ export function renderEndpoints(root, { params }) {
       ),
     );
     tableBox.replaceChildren(
-      el("p", { class: "hs-note" }, `${data.endpoints.length} endpoint${data.endpoints.length === 1 ? "" : "s"} of "${state.service}" in ${where} · `,
-        `${typeLabel(data.profileType)}: ${formatValue(data.total, unit)} in all. Click a row for its flame graph.`),
-      el("div", { class: "hs-table-scroll" }, el("table", { class: "hs-table hs-ep-table" }, el("thead", {}, head), body)),
+      el(
+        "p",
+        { class: "hs-note" },
+        `${data.endpoints.length} endpoint${data.endpoints.length === 1 ? "" : "s"} of "${state.service}" in ${where} · `,
+        `${typeLabel(data.profileType)}: ${formatValue(data.total, unit)} in all. Click a row for its flame graph.`,
+      ),
+      el(
+        "div",
+        { class: "hs-table-scroll" },
+        el("table", { class: "hs-table hs-ep-table" }, el("thead", {}, head), body),
+      ),
     );
   }
 
@@ -259,7 +311,8 @@ export function renderEndpoints(root, { params }) {
     if (!data) return;
     if (push && name !== state.name) setQuery({ name }, { push: true });
     state.name = name;
-    for (const row of tableBox.querySelectorAll(".hs-ep-row")) row.classList.toggle("hs-selected", row.dataset.name === name);
+    for (const row of tableBox.querySelectorAll(".hs-ep-row"))
+      row.classList.toggle("hs-selected", row.dataset.name === name);
     panelSection.hidden = false;
     panelTitle.replaceChildren(`${typeLabel(state.type)} of `, el("span", { class: "hs-ep-panel-name" }, name));
     const p = ensurePanel();
@@ -268,21 +321,29 @@ export function renderEndpoints(root, { params }) {
     panelController = new AbortController();
     const mine = panelController;
     try {
-      const body = await getJSON("/api/v1/endpoints/flamegraph", {
-        service: state.service,
-        profileType: state.type,
-        start: Math.floor(data.range.startMs / 1000),
-        end: Math.ceil(data.range.endMs / 1000),
-        name,
-      }, { signal: mine.signal });
+      const body = await getJSON(
+        "/api/v1/endpoints/flamegraph",
+        {
+          service: state.service,
+          profileType: state.type,
+          start: Math.floor(data.range.startMs / 1000),
+          end: Math.ceil(data.range.endMs / 1000),
+          name,
+        },
+        { signal: mine.signal },
+      );
       if (mine.signal.aborted) return;
       const fg = body.flamegraph || {};
       if (!Number(fg.total || 0)) {
-        p.setMessage(message(
-          "empty",
-          body.requests ? `The ${body.requests} requests of "${name}" hold no samples of this type.` : `No requests of "${name}" in this range.`,
-          "Short requests that wait rather than compute often hold no CPU sample; pick another endpoint or profile type.",
-        ));
+        p.setMessage(
+          message(
+            "empty",
+            body.requests
+              ? `The ${body.requests} requests of "${name}" hold no samples of this type.`
+              : `No requests of "${name}" in this range.`,
+            "Short requests that wait rather than compute often hold no CPU sample; pick another endpoint or profile type.",
+          ),
+        );
         return;
       }
       const per = body.requests ? ` · ${body.requests} requests` : "";

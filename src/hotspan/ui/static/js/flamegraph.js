@@ -288,7 +288,9 @@ export class FlameGraph {
         this.scrollFrameIntoView(box.top + rect.y);
       }
     }
-    const rows = this.tooltipRows(node).map(([k, v]) => `${k} ${v}`).join(", ");
+    const rows = this.tooltipRows(node)
+      .map(([k, v]) => `${k} ${v}`)
+      .join(", ");
     this.announcer.textContent = `${tree.names[tree.name[node]]}: ${rows}`;
   }
 
@@ -421,7 +423,10 @@ export class FlameGraph {
       case "ArrowDown":
         if (node < 0) next = start;
         else if (e.key === towardsRoot) next = node > 0 ? tree.parent[node] : -1;
-        else next = tree.childCount[node] ? this.widestVisible(tree.firstChild[node], tree.firstChild[node] + tree.childCount[node]) : -1;
+        else
+          next = tree.childCount[node]
+            ? this.widestVisible(tree.firstChild[node], tree.firstChild[node] + tree.childCount[node])
+            : -1;
         break;
       case "ArrowLeft":
       case "ArrowRight":
@@ -459,7 +464,10 @@ export class FlameGraph {
         if (node >= 0) {
           const rect = this.frameRect(node);
           const box = this.canvas.getBoundingClientRect();
-          if (rect && this.requestMenu(node, box.left + rect.x + Math.min(rect.width, 40), box.top + rect.y + FG_FRAME_HEIGHT)) {
+          if (
+            rect &&
+            this.requestMenu(node, box.left + rect.x + Math.min(rect.width, 40), box.top + rect.y + FG_FRAME_HEIGHT)
+          ) {
             e.preventDefault();
           }
         }
@@ -758,8 +766,7 @@ export class FlameGraph {
         ["Self", `${formatValue(tree.self[node], unit)} (${formatPercent(tree.self[node], tree.total)})`],
       ];
     }
-    const side = (t, s, all) =>
-      `${formatPercent(t, all)} (${formatValue(t, unit)}), self ${formatPercent(s, all)}`;
+    const side = (t, s, all) => `${formatPercent(t, all)} (${formatValue(t, unit)}), self ${formatPercent(s, all)}`;
     const selfChange = shareChange(
       tree.leftTotal ? tree.selfLeft[node] / tree.leftTotal : 0,
       tree.rightTotal ? tree.selfRight[node] / tree.rightTotal : 0,

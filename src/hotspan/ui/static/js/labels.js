@@ -44,9 +44,7 @@ export function parseSelector(text) {
 }
 
 export function formatSelector(matchers) {
-  const parts = matchers.map(
-    ({ name, op, value }) => `${name}${op}"${String(value).replace(/["\\]/g, "\\$&")}"`,
-  );
+  const parts = matchers.map(({ name, op, value }) => `${name}${op}"${String(value).replace(/["\\]/g, "\\$&")}"`);
   return `{${parts.join(", ")}}`;
 }
 

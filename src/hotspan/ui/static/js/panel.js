@@ -173,9 +173,17 @@ export class ProfilePanel {
       { class: "hs-panel-sandwich", hidden: true },
       this.sandwichTitle,
       this.sandwichNote,
-      el("div", { class: "hs-sandwich-label" }, "Callers (who called it: the function at the bottom, its callers above it)"),
+      el(
+        "div",
+        { class: "hs-sandwich-label" },
+        "Callers (who called it: the function at the bottom, its callers above it)",
+      ),
       this.callersNode,
-      el("div", { class: "hs-sandwich-label" }, "Callees (what it called: the function at the top, its callees below it)"),
+      el(
+        "div",
+        { class: "hs-sandwich-label" },
+        "Callees (what it called: the function at the top, its callees below it)",
+      ),
       this.calleesNode,
     );
     this.graphs = el("div", { class: "hs-panel-graphs" }, this.graphNode, this.sandwichNode);
@@ -349,8 +357,7 @@ export class ProfilePanel {
 
   updateResetButton() {
     const zoomed = (g) => g.zoomed > 0 || g.range !== null;
-    this.resetButton.disabled =
-      this.view === "sandwich" ? !this.sandwichGraphs().some(zoomed) : !zoomed(this.graph);
+    this.resetButton.disabled = this.view === "sandwich" ? !this.sandwichGraphs().some(zoomed) : !zoomed(this.graph);
   }
 
   /**
@@ -363,13 +370,11 @@ export class ProfilePanel {
     );
     if (!pprofs.length || !this.tree) return null;
     if (!this.sources || this.sources.tree !== this.tree) {
-      const promise = Promise.all(pprofs.map((x) => Promise.resolve(x.fetch()).then(sourceLocations))).then(
-        (maps) => {
-          const merged = new Map();
-          for (const map of maps) for (const [k, v] of map) if (!merged.has(k)) merged.set(k, v);
-          return merged;
-        },
-      );
+      const promise = Promise.all(pprofs.map((x) => Promise.resolve(x.fetch()).then(sourceLocations))).then((maps) => {
+        const merged = new Map();
+        for (const map of maps) for (const [k, v] of map) if (!merged.has(k)) merged.set(k, v);
+        return merged;
+      });
       this.sources = { tree: this.tree, promise };
       // A failed fetch is tried again at the next menu, not remembered.
       promise.catch(() => {
@@ -428,7 +433,10 @@ export class ProfilePanel {
     const keep = Boolean(this.tree);
     const note = el("p", { class: "hs-loading hs-skeleton-text", role: "status" }, text);
     if (keep) {
-      this.setMessage(el("div", { class: "hs-skeleton hs-skeleton-strip" }, note, el("div", { class: "hs-skeleton-progress" })), { keepBody: true });
+      this.setMessage(
+        el("div", { class: "hs-skeleton hs-skeleton-strip" }, note, el("div", { class: "hs-skeleton-progress" })),
+        { keepBody: true },
+      );
       return;
     }
     const bars = (n, cls) => Array.from({ length: n }, () => el("div", { class: `hs-skeleton-bar ${cls}` }));
@@ -518,16 +526,23 @@ export class ProfilePanel {
 
   exportList() {
     const list = [
-      { key: "folded", label: "Folded text", filename: `${this.exportName}.folded.txt`, build: () => foldedText(this.tree), type: "text/plain" },
+      {
+        key: "folded",
+        label: "Folded text",
+        filename: `${this.exportName}.folded.txt`,
+        build: () => foldedText(this.tree),
+        type: "text/plain",
+      },
       {
         key: "html",
         label: "Standalone HTML",
         filename: `${this.exportName}.html`,
-        build: () => standaloneHtml(this.tree, {
-          title: this.title || this.exportName,
-          unit: this.unit,
-          inverted: this.inverted,
-        }),
+        build: () =>
+          standaloneHtml(this.tree, {
+            title: this.title || this.exportName,
+            unit: this.unit,
+            inverted: this.inverted,
+          }),
         type: "text/html",
       },
     ];

@@ -14,14 +14,7 @@ import { Breakdown } from "./breakdown.js";
 import { el, message, rejectInput } from "./dom.js";
 import { LabelFilters } from "./filters.js";
 import { formatTime, unitOf } from "./format.js";
-import {
-  formatSelector,
-  parseSelector,
-  serviceOf,
-  suggestedLabel,
-  withMatcher,
-  withService,
-} from "./labels.js";
+import { formatSelector, parseSelector, serviceOf, suggestedLabel, withMatcher, withService } from "./labels.js";
 import { ProfilePanel } from "./panel.js";
 import { panelState, setQuery } from "./router.js";
 import { settingsPath } from "./settings.js";
@@ -47,7 +40,11 @@ import {
   TimeRangePicker,
 } from "./timerange.js";
 
-const GROUP_VIEWS = [["", "Lines"], ["stacked", "Stacked"], ["breakdown", "Breakdown"]];
+const GROUP_VIEWS = [
+  ["", "Lines"],
+  ["stacked", "Stacked"],
+  ["breakdown", "Breakdown"],
+];
 // Where to look for data when the range shown has none, nearest first.
 const WIDER_RANGES = ["now-1h", "now-6h", "now-24h", "now-7d", "now-30d"];
 const NO_DATA = "(no data in this range)";
@@ -115,10 +112,13 @@ class ProfilesView {
       el("h1", { class: "hs-title" }, "Profiles"),
       this.toolbar,
       this.filterSlot,
-      el("section", { class: "hs-timeline-section" },
+      el(
+        "section",
+        { class: "hs-timeline-section" },
         el("div", { class: "hs-timeline-head" }, el("span", {}, "Over time"), this.groupSlot),
         this.timelineSlot,
-        this.breakdownSlot),
+        this.breakdownSlot,
+      ),
       panelSlot,
     );
     this.picker = new TimeRangePicker(rangeSlot, {
@@ -179,10 +179,7 @@ class ProfilesView {
     event.preventDefault();
     const id = this.traceInput.value.trim().toLowerCase().replace(/-/g, "");
     if (id && !TRACE_ID.test(id) && !SPAN_ID.test(id)) {
-      rejectInput(
-        this.traceInput,
-        "a trace id is 32 hex digits, a span id 16 (as OpenTelemetry writes them)",
-      );
+      rejectInput(this.traceInput, "a trace id is 32 hex digits, a span id 16 (as OpenTelemetry writes them)");
       return;
     }
     const traceId = TRACE_ID.test(id) ? id : "";
@@ -318,16 +315,26 @@ class ProfilesView {
     const when = describeRange(this.state.from, this.state.until);
     this.timeline.setMessage(`no data of profile type ${wanted} in this range`);
     this.panel.setTitle(this.title());
-    const choices = [...types].sort().map((t) => el("button", {
-      type: "button",
-      class: "hs-link hs-type-choice",
-      onclick: () => this.change({ profileType: t }, true),
-    }, typeLabel(t)));
-    this.panel.setMessage(message("empty",
-      `No data of profile type ${wanted} for ${what} in this range (${when}).`,
-      choices.length
-        ? el("span", {}, `${what} has: `, ...choices.flatMap((c, i) => (i ? [", ", c] : [c])), ".")
-        : "Pick another profile type, or widen the time range."));
+    const choices = [...types].sort().map((t) =>
+      el(
+        "button",
+        {
+          type: "button",
+          class: "hs-link hs-type-choice",
+          onclick: () => this.change({ profileType: t }, true),
+        },
+        typeLabel(t),
+      ),
+    );
+    this.panel.setMessage(
+      message(
+        "empty",
+        `No data of profile type ${wanted} for ${what} in this range (${when}).`,
+        choices.length
+          ? el("span", {}, `${what} has: `, ...choices.flatMap((c, i) => (i ? [", ", c] : [c])), ".")
+          : "Pick another profile type, or widen the time range.",
+      ),
+    );
     return true;
   }
 
@@ -357,7 +364,12 @@ class ProfilesView {
     const service = serviceOf(matchers || []);
     const names = [...known.keys()].sort();
     const types = known.get(service) || allTypes(known);
-    this.renderPickers(serviceOptions(names, [], service), types, matchers || [], range || resolveRange(DEFAULT_FROM, DEFAULT_UNTIL));
+    this.renderPickers(
+      serviceOptions(names, [], service),
+      types,
+      matchers || [],
+      range || resolveRange(DEFAULT_FROM, DEFAULT_UNTIL),
+    );
   }
 
   /**
@@ -370,7 +382,7 @@ class ProfilesView {
     const what = service
       ? `No data for ${service} in this range (${when}).`
       : `No profiles in this time range (${when}).`;
-    const typesOf = (map) => (map.get(service) || allTypes(map));
+    const typesOf = (map) => map.get(service) || allTypes(map);
     this.renderPickers(serviceOptions(names, [], service), typesOf(services), matchers, range);
     this.timeline.setMessage(service ? `no data for ${service} in this range` : "no data");
     this.panel.setTitle(this.title());
@@ -379,25 +391,44 @@ class ProfilesView {
     const found = await this.nearestRange(service, signal);
     if (signal.aborted) return;
     if (!found) {
-      this.panel.setMessage(message("empty", what, service
-        ? `Nothing for ${service} in the last 30 days either: check the service name, or pick another service.`
-        : agentHint()));
+      this.panel.setMessage(
+        message(
+          "empty",
+          what,
+          service
+            ? `Nothing for ${service} in the last 30 days either: check the service name, or pick another service.`
+            : agentHint(),
+        ),
+      );
       return;
     }
     // The services of the wider range stay pickable, marked: there is nothing of theirs here.
     const wider = [...found.services.keys()].filter((n) => !services.has(n));
     this.renderPickers(serviceOptions(names, wider, service), typesOf(found.services), matchers, range);
     const label = PRESETS.find(([v]) => v === found.from)?.[1] || found.from;
-    this.panel.setMessage(message("empty", what, el("span", {},
-      `${service || "Profiles"}: data in the ${label.toLowerCase()}. `,
-      el("button", {
-        type: "button",
-        class: "hs-primary hs-nearest-range",
-        onclick: () => {
-          this.picker.set(found.from, "now");
-          this.change({ from: found.from, until: "now" }, true);
-        },
-      }, `Show the ${label.toLowerCase()}`))));
+    this.panel.setMessage(
+      message(
+        "empty",
+        what,
+        el(
+          "span",
+          {},
+          `${service || "Profiles"}: data in the ${label.toLowerCase()}. `,
+          el(
+            "button",
+            {
+              type: "button",
+              class: "hs-primary hs-nearest-range",
+              onclick: () => {
+                this.picker.set(found.from, "now");
+                this.change({ from: found.from, until: "now" }, true);
+              },
+            },
+            `Show the ${label.toLowerCase()}`,
+          ),
+        ),
+      ),
+    );
   }
 
   /** The nearest relative range (1 h, 6 h, ... 30 days) that has data of `service` (or any). */
@@ -448,10 +479,7 @@ class ProfilesView {
     const unit = unitOf(profileType);
     this.timeline.unit = unit;
     this.panel.setTitle(this.title());
-    const [total, series] = await Promise.all([
-      this.loadGraph(range, unit, signal),
-      this.traceSeries(range, signal),
-    ]);
+    const [total, series] = await Promise.all([this.loadGraph(range, unit, signal), this.traceSeries(range, signal)]);
     if (signal.aborted) return;
     const { startMs, endMs } = range;
     const stepMs = stepFor(startMs, endMs);
@@ -466,14 +494,16 @@ class ProfilesView {
       // The server answered for the whole selection (it cannot filter series by trace):
       // drawing that would show other requests' samples, so mark when the trace ran.
       this.timeline.setBand(startMs, endMs, stepMs, extent.startMs, extent.endMs);
-      this.timeline.setCaption(total > 0
-        ? `The band marks when ${what} ran (from its spans); this server cannot plot one trace's samples over time.`
-        : `The band marks when ${what} ran; none of its samples are in this range.`);
+      this.timeline.setCaption(
+        total > 0
+          ? `The band marks when ${what} ran (from its spans); this server cannot plot one trace's samples over time.`
+          : `The band marks when ${what} ran; none of its samples are in this range.`,
+      );
       return;
     }
-    this.timeline.setMessage(total > 0
-      ? `this server cannot plot the samples of ${what} over time`
-      : `no samples of ${what} in this range`);
+    this.timeline.setMessage(
+      total > 0 ? `this server cannot plot the samples of ${what} over time` : `no samples of ${what} in this range`,
+    );
   }
 
   /** The range around the trace's spans, into the picker and the URL (so a reload keeps it);
@@ -505,16 +535,19 @@ class ProfilesView {
   /** The trace's series, or null when the server refused; the caller checks the answer. */
   async traceSeries(range, signal) {
     try {
-      return await selectSeries({
-        profileType: this.state.profileType,
-        selector: this.graphSelector(),
-        startMs: range.startMs,
-        endMs: range.endMs,
-        stepMs: stepFor(range.startMs, range.endMs),
-        groupBy: this.state.groupBy,
-        traceIds: this.state.traceId ? [this.state.traceId] : [],
-        spanIds: this.state.spanId ? [this.state.spanId] : [],
-      }, signal);
+      return await selectSeries(
+        {
+          profileType: this.state.profileType,
+          selector: this.graphSelector(),
+          startMs: range.startMs,
+          endMs: range.endMs,
+          stepMs: stepFor(range.startMs, range.endMs),
+          groupBy: this.state.groupBy,
+          traceIds: this.state.traceId ? [this.state.traceId] : [],
+          spanIds: this.state.spanId ? [this.state.spanId] : [],
+        },
+        signal,
+      );
     } catch (err) {
       if (err.name === "AbortError") throw err;
       return null;
@@ -524,28 +557,39 @@ class ProfilesView {
   renderPickers(serviceChoices, types, matchers, range, { traced = false } = {}) {
     const service = traced ? "" : serviceOf(matchers);
     if (!serviceChoices.length) serviceChoices = [["", "no service has sent data yet"]];
-    const select = selectOf("hs-service", "Service", serviceChoices, service,
-      (value) => this.change({ query: formatSelector(withService(matchers, value)) }, true));
+    const select = selectOf("hs-service", "Service", serviceChoices, service, (value) =>
+      this.change({ query: formatSelector(withService(matchers, value)) }, true),
+    );
     if (traced) {
       select.disabled = true;
       select.title = "A trace's samples come from every service it went through; clear the trace filter to pick one";
     }
     this.serviceSlot.replaceChildren(select);
-    this.settingsSlot.replaceChildren(service && !traced
-      ? el("a", {
-        class: "hs-service-settings",
-        href: settingsPath(service),
-        title: `Profiling settings that the agents of ${service} follow, and their instances`,
-      }, "Settings")
-      : "");
+    this.settingsSlot.replaceChildren(
+      service && !traced
+        ? el(
+            "a",
+            {
+              class: "hs-service-settings",
+              href: settingsPath(service),
+              title: `Profiling settings that the agents of ${service} follow, and their instances`,
+            },
+            "Settings",
+          )
+        : "",
+    );
     const typeIds = new Set(types);
     if (this.state.profileType) typeIds.add(this.state.profileType);
     if (!typeIds.size) typeIds.add(CPU);
     const shownType = this.state.profileType || pickType(typeIds, "");
     this.typeSlot.replaceChildren(
-      selectOf("hs-profile-type", "Profile type",
+      selectOf(
+        "hs-profile-type",
+        "Profile type",
         [...typeIds].sort().map((t) => [t, types.has(t) ? typeLabel(t) : `${typeLabel(t)} ${NO_DATA}`]),
-        shownType, (value) => this.change({ profileType: value }, true)),
+        shownType,
+        (value) => this.change({ profileType: value }, true),
+      ),
     );
     this.filterSlot.replaceChildren();
     new LabelFilters(this.filterSlot, {
@@ -557,16 +601,22 @@ class ProfilesView {
   }
 
   async renderGroupBy(matchers, range) {
-    const select = el("select", { class: "hs-group-by", "aria-label": "Group by" },
-      el("option", { value: "" }, "no grouping"));
+    const select = el(
+      "select",
+      { class: "hs-group-by", "aria-label": "Group by" },
+      el("option", { value: "" }, "no grouping"),
+    );
     select.addEventListener("change", () => this.change({ groupBy: select.value }, true));
-    const view = selectOf("hs-group-view", "Grouped view", GROUP_VIEWS, this.state.groupView,
-      (value) => this.change({ groupView: value }, true));
+    const view = selectOf("hs-group-view", "Grouped view", GROUP_VIEWS, this.state.groupView, (value) =>
+      this.change({ groupView: value }, true),
+    );
     view.hidden = !this.state.groupBy;
     this.groupSlot.replaceChildren(el("label", { class: "hs-field" }, "Group by ", select), view);
     try {
       const answer = await querier("LabelNames", {
-        matchers: [formatSelector(matchers)], start: range.startMs, end: range.endMs,
+        matchers: [formatSelector(matchers)],
+        start: range.startMs,
+        end: range.endMs,
       });
       const names = (answer.names || []).filter(suggestedLabel);
       select.append(...names.map((n) => el("option", { value: n }, n)));
@@ -584,14 +634,17 @@ class ProfilesView {
     const stepMs = stepFor(startMs, endMs);
     const { groupBy, groupView } = this.state;
     try {
-      const series = await selectSeries({
-        profileType: this.state.profileType,
-        selector: this.state.query,
-        startMs,
-        endMs,
-        stepMs,
-        groupBy,
-      }, signal);
+      const series = await selectSeries(
+        {
+          profileType: this.state.profileType,
+          selector: this.state.query,
+          startMs,
+          endMs,
+          stepMs,
+          groupBy,
+        },
+        signal,
+      );
       if (signal.aborted) return;
       const breakdown = Boolean(groupBy) && groupView === "breakdown";
       this.timelineSlot.hidden = breakdown;
@@ -662,17 +715,29 @@ class ProfilesView {
     if (!spans.length || signal.aborted) return;
     const extent = spanExtentMs(spans);
     const range = traceRange(extent);
-    this.panel.setMessage(message("empty",
-      `No samples carry trace ${traceId} in ${describeRange(this.state.from, this.state.until)}.`,
-      el("span", {}, `The trace ran at ${formatTime(extent.startMs)}. `,
-        el("button", {
-          type: "button",
-          class: "hs-primary hs-trace-range",
-          onclick: () => {
-            this.picker.set(range.from, range.until);
-            this.change(range, true);
-          },
-        }, "Show the time around it"))));
+    this.panel.setMessage(
+      message(
+        "empty",
+        `No samples carry trace ${traceId} in ${describeRange(this.state.from, this.state.until)}.`,
+        el(
+          "span",
+          {},
+          `The trace ran at ${formatTime(extent.startMs)}. `,
+          el(
+            "button",
+            {
+              type: "button",
+              class: "hs-primary hs-trace-range",
+              onclick: () => {
+                this.picker.set(range.from, range.until);
+                this.change(range, true);
+              },
+            },
+            "Show the time around it",
+          ),
+        ),
+      ),
+    );
   }
 
   serverExports() {
@@ -683,13 +748,16 @@ class ProfilesView {
         label: "pprof",
         filename: "profile.pb",
         fetch: async () =>
-          querierBinary("SelectMergeProfile", selectMergeProfileRequest({
-            profileTypeID: this.state.profileType,
-            labelSelector: this.graphSelector(),
-            start: range.startMs,
-            end: range.endMs,
-            traceIds: this.state.traceId ? [this.state.traceId] : [],
-          })),
+          querierBinary(
+            "SelectMergeProfile",
+            selectMergeProfileRequest({
+              profileTypeID: this.state.profileType,
+              labelSelector: this.graphSelector(),
+              start: range.startMs,
+              end: range.endMs,
+              traceIds: this.state.traceId ? [this.state.traceId] : [],
+            }),
+          ),
       },
     ];
   }

@@ -84,9 +84,13 @@ function settingChips(settings) {
   };
   const entries = Object.entries(settings || {}).sort(([a], [b]) => order(a) - order(b));
   if (!entries.length) return el("span", { class: "hs-muted" }, "(no settings: agents keep their own)");
-  return el("span", { class: "hs-setting-chips" },
-    entries.map(([name, value]) => el("span", { class: "hs-chip hs-setting-chip", dataset: { setting: name } },
-      settingText(name, value))));
+  return el(
+    "span",
+    { class: "hs-setting-chips" },
+    entries.map(([name, value]) =>
+      el("span", { class: "hs-chip hs-setting-chip", dataset: { setting: name } }, settingText(name, value)),
+    ),
+  );
 }
 
 function selectorText(selector) {
@@ -114,19 +118,28 @@ class SettingsIndex {
       required: true,
       size: 28,
     });
-    const form = el("form", {
-      class: "hs-settings-open",
-      onsubmit: (event) => {
-        event.preventDefault();
-        const service = input.value.trim();
-        if (service) navigate(settingsPath(service));
+    const form = el(
+      "form",
+      {
+        class: "hs-settings-open",
+        onsubmit: (event) => {
+          event.preventDefault();
+          const service = input.value.trim();
+          if (service) navigate(settingsPath(service));
+        },
       },
-    }, el("label", {}, "Service ", input), this.services, el("button", { type: "submit" }, "Open"));
+      el("label", {}, "Service ", input),
+      this.services,
+      el("button", { type: "submit" }, "Open"),
+    );
     root.append(
       el("h1", { class: "hs-title" }, "Agent settings"),
-      el("p", { class: "hs-muted" },
+      el(
+        "p",
+        { class: "hs-muted" },
         "Profiling settings that the agents of a service follow, set per service and label selector. ",
-        "Agents read them in the answer to each upload and report what they apply."),
+        "Agents read them in the answer to each upload and report what they apply.",
+      ),
       form,
       this.list,
     );
@@ -140,9 +153,16 @@ class SettingsIndex {
   async load() {
     const { signal } = this.controller;
     const now = Date.now();
-    catalogue(now - 24 * 3600e3, now, signal).then((services) => {
-      this.services.replaceChildren(...[...services.keys()].filter(Boolean).sort().map((s) => el("option", { value: s })));
-    }).catch(() => {});
+    catalogue(now - 24 * 3600e3, now, signal)
+      .then((services) => {
+        this.services.replaceChildren(
+          ...[...services.keys()]
+            .filter(Boolean)
+            .sort()
+            .map((s) => el("option", { value: s })),
+        );
+      })
+      .catch(() => {});
     let rules;
     try {
       rules = (await getJSON(API, {}, { signal })).rules || [];
@@ -152,8 +172,13 @@ class SettingsIndex {
       return;
     }
     if (!rules.length) {
-      this.list.replaceChildren(message("empty", "No service has settings rules yet.",
-        "Open a service above (or from its Profiles view) to add one; until then agents use their own configuration."));
+      this.list.replaceChildren(
+        message(
+          "empty",
+          "No service has settings rules yet.",
+          "Open a service above (or from its Profiles view) to add one; until then agents use their own configuration.",
+        ),
+      );
       return;
     }
     const byService = new Map();
@@ -164,14 +189,28 @@ class SettingsIndex {
     const rows = [...byService.keys()].sort().map((service) => {
       const list = byService.get(service);
       const latest = list.reduce((a, b) => (Number(b.updated_at) > Number(a.updated_at) ? b : a));
-      return el("tr", { dataset: { service } },
+      return el(
+        "tr",
+        { dataset: { service } },
         el("td", {}, el("a", { href: settingsPath(service) }, service)),
-        el("td", {}, list.map((r) => el("div", { class: "hs-mono" }, selectorText(r.selector)))),
-        el("td", {}, formatTime(nsToMs(latest.updated_at))));
+        el(
+          "td",
+          {},
+          list.map((r) => el("div", { class: "hs-mono" }, selectorText(r.selector))),
+        ),
+        el("td", {}, formatTime(nsToMs(latest.updated_at))),
+      );
     });
-    this.list.replaceChildren(scrolling(el("table", { class: "hs-table hs-settings-services" },
-      el("thead", {}, el("tr", {}, el("th", {}, "Service"), el("th", {}, "Rules"), el("th", {}, "Last changed"))),
-      el("tbody", {}, rows))));
+    this.list.replaceChildren(
+      scrolling(
+        el(
+          "table",
+          { class: "hs-table hs-settings-services" },
+          el("thead", {}, el("tr", {}, el("th", {}, "Service"), el("th", {}, "Rules"), el("th", {}, "Last changed"))),
+          el("tbody", {}, rows),
+        ),
+      ),
+    );
   }
 }
 
@@ -207,20 +246,33 @@ class ServiceSettings {
     this.updated = el("span", { class: "hs-muted hs-settings-updated" });
     this.root.append(
       el("h1", { class: "hs-title" }, "Settings · ", el("span", { class: "hs-settings-service" }, this.service)),
-      el("p", { class: "hs-settings-links" },
-        el("a", { href: "/settings" }, "All services"), " · ",
-        el("a", { href: profiles }, "Profiles of this service")),
+      el(
+        "p",
+        { class: "hs-settings-links" },
+        el("a", { href: "/settings" }, "All services"),
+        " · ",
+        el("a", { href: profiles }, "Profiles of this service"),
+      ),
       this.banner,
-      el("section", { class: "hs-settings-section" },
+      el(
+        "section",
+        { class: "hs-settings-section" },
         el("h2", {}, "Rules"),
-        el("p", { class: "hs-muted" },
+        el(
+          "p",
+          { class: "hs-muted" },
           "An instance follows the rule whose selector matches its labels with the most matchers (the most recently changed on a tie). ",
-          "Settings a rule leaves out stay as the agent configured them."),
-        this.rules),
+          "Settings a rule leaves out stay as the agent configured them.",
+        ),
+        this.rules,
+      ),
       this.buildForm(),
-      el("section", { class: "hs-settings-section" },
+      el(
+        "section",
+        { class: "hs-settings-section" },
         el("div", { class: "hs-settings-head" }, el("h2", {}, "Instances"), this.updated),
-        this.instances),
+        this.instances,
+      ),
     );
   }
 
@@ -236,34 +288,67 @@ class ServiceSettings {
     const fields = FIELDS.map((field) => {
       let input;
       if (field.kind === "bool") {
-        input = el("select", { name: field.name },
+        input = el(
+          "select",
+          { name: field.name },
           el("option", { value: "" }, "not set"),
           el("option", { value: "true" }, "on"),
-          el("option", { value: "false" }, "off"));
+          el("option", { value: "false" }, "off"),
+        );
       } else if (field.kind === "types") {
-        input = el("span", { class: "hs-rule-types", role: "group", "aria-label": field.label }, PROFILE_TYPES.map((type) =>
-          el("label", { class: "hs-check" }, el("input", { type: "checkbox", name: "profile_types", value: type }), type)));
+        input = el(
+          "span",
+          { class: "hs-rule-types", role: "group", "aria-label": field.label },
+          PROFILE_TYPES.map((type) =>
+            el(
+              "label",
+              { class: "hs-check" },
+              el("input", { type: "checkbox", name: "profile_types", value: type }),
+              type,
+            ),
+          ),
+        );
       } else {
         // Text, not type=number: what the person typed goes to the server as typed, so its
         // reason ("sample_rate 5000 must be between 1 and 1000") is the one shown.
-        input = el("input", { name: field.name, inputmode: "decimal", size: 10, autocomplete: "off", placeholder: "not set" });
+        input = el("input", {
+          name: field.name,
+          inputmode: "decimal",
+          size: 10,
+          autocomplete: "off",
+          placeholder: "not set",
+        });
       }
       this.inputs[field.name] = input;
       const label = field.kind === "types" ? el("span", { class: "hs-rule-label" }, field.label) : field.label;
       const wrapper = field.kind === "types" ? "div" : "label";
-      return el(wrapper, { class: `hs-rule-field hs-rule-${field.name}` }, label, input,
-        field.unit ? el("span", { class: "hs-muted" }, field.unit) : null);
+      return el(
+        wrapper,
+        { class: `hs-rule-field hs-rule-${field.name}` },
+        label,
+        input,
+        field.unit ? el("span", { class: "hs-muted" }, field.unit) : null,
+      );
     });
     this.formError = el("div", { class: "hs-rule-result", "aria-live": "polite" });
-    this.form = el("form", { class: "hs-rule-form", novalidate: true, onsubmit: (e) => this.save(e) },
+    this.form = el(
+      "form",
+      { class: "hs-rule-form", novalidate: true, onsubmit: (e) => this.save(e) },
       el("label", { class: "hs-rule-field hs-rule-selector-field" }, "Selector", this.selectorInput),
       el("div", { class: "hs-rule-fields" }, fields),
-      el("p", { class: "hs-muted" },
-        "Empty fields and unticked profile types are left out of the rule. A rule for a selector that already has one replaces its settings."),
-      el("div", { class: "hs-rule-buttons" },
+      el(
+        "p",
+        { class: "hs-muted" },
+        "Empty fields and unticked profile types are left out of the rule. A rule for a selector that already has one replaces its settings.",
+      ),
+      el(
+        "div",
+        { class: "hs-rule-buttons" },
         el("button", { type: "submit", class: "hs-primary hs-rule-save" }, "Save rule"),
-        el("button", { type: "button", class: "hs-rule-clear", onclick: () => this.fill(null) }, "Clear")),
-      this.formError);
+        el("button", { type: "button", class: "hs-rule-clear", onclick: () => this.fill(null) }, "Clear"),
+      ),
+      this.formError,
+    );
     return el("section", { class: "hs-settings-section" }, el("h2", {}, "Add or replace a rule"), this.form);
   }
 
@@ -316,14 +401,26 @@ class ServiceSettings {
     this.formError.replaceChildren();
     try {
       const stored = await sendJSON("PUT", apiPath(this.service), rule);
-      this.formError.replaceChildren(message("info",
-        `Saved the rule for ${selectorText(stored.selector)} (version ${stored.version}).`,
-        "Agents of this service apply it with their next upload."));
+      this.formError.replaceChildren(
+        message(
+          "info",
+          `Saved the rule for ${selectorText(stored.selector)} (version ${stored.version}).`,
+          "Agents of this service apply it with their next upload.",
+        ),
+      );
       await this.refresh();
     } catch (err) {
-      this.formError.replaceChildren(el("div", { class: "hs-rule-error" },
-        message("error", `The server refused the rule: ${err.message}`,
-          err.status && err.status < 500 ? "Nothing was changed. Fix the value and save again." : err.hint || null)));
+      this.formError.replaceChildren(
+        el(
+          "div",
+          { class: "hs-rule-error" },
+          message(
+            "error",
+            `The server refused the rule: ${err.message}`,
+            err.status && err.status < 500 ? "Nothing was changed. Fix the value and save again." : err.hint || null,
+          ),
+        ),
+      );
     } finally {
       button.disabled = false;
     }
@@ -345,8 +442,13 @@ class ServiceSettings {
     button.disabled = true;
     try {
       await sendJSON("DELETE", apiPath(this.service), undefined, { selector: rule.selector });
-      this.banner.replaceChildren(message("info", `Deleted the rule for ${selectorText(rule.selector)}.`,
-        "Its instances go back to another matching rule, or to their own configuration."));
+      this.banner.replaceChildren(
+        message(
+          "info",
+          `Deleted the rule for ${selectorText(rule.selector)}.`,
+          "Its instances go back to another matching rule, or to their own configuration.",
+        ),
+      );
     } catch (err) {
       this.banner.replaceChildren(errorBox(err));
     }
@@ -377,51 +479,121 @@ class ServiceSettings {
   renderRules(rules) {
     this.lastRules = rules;
     if (!rules.length) {
-      this.rules.replaceChildren(message("empty", `No rules for ${this.service}: its agents use their own configuration.`,
-        "Add one below."));
+      this.rules.replaceChildren(
+        message("empty", `No rules for ${this.service}: its agents use their own configuration.`, "Add one below."),
+      );
       return;
     }
     const sorted = [...rules].sort((a, b) => String(a.selector).localeCompare(String(b.selector)));
     const rows = sorted.map((rule) => {
       const confirming = this.confirming === rule.selector;
-      const del = el("button", {
-        type: "button",
-        class: `hs-rule-delete${confirming ? " hs-danger" : ""}`,
-        onclick: (e) => this.remove(rule, e.currentTarget),
-      }, confirming ? "Confirm delete" : "Delete");
-      return el("tr", { class: "hs-rule-row", dataset: { selector: rule.selector || "" } },
+      const del = el(
+        "button",
+        {
+          type: "button",
+          class: `hs-rule-delete${confirming ? " hs-danger" : ""}`,
+          onclick: (e) => this.remove(rule, e.currentTarget),
+        },
+        confirming ? "Confirm delete" : "Delete",
+      );
+      return el(
+        "tr",
+        { class: "hs-rule-row", dataset: { selector: rule.selector || "" } },
         el("td", { class: "hs-mono hs-rule-selector-cell" }, selectorText(rule.selector)),
         el("td", { class: "hs-rule-settings" }, settingChips(rule.settings)),
         el("td", { class: "hs-rule-version" }, String(rule.version)),
         el("td", { class: "hs-rule-updated", title: formatTime(nsToMs(rule.updated_at)) }, ago(rule.updated_at)),
-        el("td", { class: "hs-rule-actions" },
-          el("button", { type: "button", class: "hs-rule-edit", onclick: () => this.fill(rule) }, "Edit"), " ", del));
+        el(
+          "td",
+          { class: "hs-rule-actions" },
+          el("button", { type: "button", class: "hs-rule-edit", onclick: () => this.fill(rule) }, "Edit"),
+          " ",
+          del,
+        ),
+      );
     });
-    this.rules.replaceChildren(scrolling(el("table", { class: "hs-table hs-rules" },
-      el("thead", {}, el("tr", {}, ["Selector", "Settings", "Version", "Updated", ""].map((h) => el("th", {}, h)))),
-      el("tbody", {}, rows))));
+    this.rules.replaceChildren(
+      scrolling(
+        el(
+          "table",
+          { class: "hs-table hs-rules" },
+          el(
+            "thead",
+            {},
+            el(
+              "tr",
+              {},
+              ["Selector", "Settings", "Version", "Updated", ""].map((h) => el("th", {}, h)),
+            ),
+          ),
+          el("tbody", {}, rows),
+        ),
+      ),
+    );
   }
 
   renderInstances(instances) {
     if (!instances.length) {
-      this.instances.replaceChildren(message("empty", `No instance of ${this.service} reported in the last 10 minutes.`,
-        el("span", {}, "Agents report with each upload (hotspan 14+, ", el("code", {}, "remote_settings"),
-          " on). Other SDKs upload without a report and are not listed.")));
+      this.instances.replaceChildren(
+        message(
+          "empty",
+          `No instance of ${this.service} reported in the last 10 minutes.`,
+          el(
+            "span",
+            {},
+            "Agents report with each upload (hotspan 14+, ",
+            el("code", {}, "remote_settings"),
+            " on). Other SDKs upload without a report and are not listed.",
+          ),
+        ),
+      );
       return;
     }
     const sorted = [...instances].sort((a, b) => String(a.instance).localeCompare(String(b.instance)));
-    const head = ["Instance", "Labels", "Last seen", "Enabled", "Rate", "Overhead", "Shed", "Dropped",
-      "Conditional only", "Follows"];
-    this.instances.replaceChildren(scrolling(el("table", { class: "hs-table hs-instances" },
-      el("thead", {}, el("tr", {}, head.map((h) => el("th", {}, h)))),
-      el("tbody", {}, sorted.map((inst) => this.instanceRow(inst))))));
+    const head = [
+      "Instance",
+      "Labels",
+      "Last seen",
+      "Enabled",
+      "Rate",
+      "Overhead",
+      "Shed",
+      "Dropped",
+      "Conditional only",
+      "Follows",
+    ];
+    this.instances.replaceChildren(
+      scrolling(
+        el(
+          "table",
+          { class: "hs-table hs-instances" },
+          el(
+            "thead",
+            {},
+            el(
+              "tr",
+              {},
+              head.map((h) => el("th", {}, h)),
+            ),
+          ),
+          el(
+            "tbody",
+            {},
+            sorted.map((inst) => this.instanceRow(inst)),
+          ),
+        ),
+      ),
+    );
   }
 
   instanceRow(inst) {
     const s = inst.status && typeof inst.status === "object" ? inst.status : {};
-    const labels = Object.entries(inst.labels || {}).filter(([k]) => k !== "service_name").sort();
+    const labels = Object.entries(inst.labels || {})
+      .filter(([k]) => k !== "service_name")
+      .sort();
     const about = [s.hostname, isNumber(s.pid) ? `pid ${s.pid}` : null, s.version ? `hotspan ${s.version}` : null]
-      .filter(Boolean).join(" · ");
+      .filter(Boolean)
+      .join(" · ");
 
     const rate = [];
     if (isNumber(s.sample_rate)) {
@@ -433,37 +605,60 @@ class ServiceSettings {
       rate.push(dash());
     }
     if (s.rate_reason) {
-      rate.push(el("div", { class: "hs-badge hs-warn hs-inst-reason", title: REASONS[s.rate_reason] || "" }, s.rate_reason));
+      rate.push(
+        el("div", { class: "hs-badge hs-warn hs-inst-reason", title: REASONS[s.rate_reason] || "" }, s.rate_reason),
+      );
     }
 
     let overhead = dash();
     if (isNumber(s.overhead)) {
       const over = isNumber(s.max_overhead) && s.overhead > s.max_overhead;
-      overhead = el("span", { class: over ? "hs-over" : "" }, `${number(s.overhead)}%`,
-        isNumber(s.max_overhead) ? el("span", { class: "hs-muted" }, ` of ${number(s.max_overhead)}% budget`) : null);
+      overhead = el(
+        "span",
+        { class: over ? "hs-over" : "" },
+        `${number(s.overhead)}%`,
+        isNumber(s.max_overhead) ? el("span", { class: "hs-muted" }, ` of ${number(s.max_overhead)}% budget`) : null,
+      );
     }
 
-    const dropped = isNumber(s.dropped_samples) || isNumber(s.dropped_uploads)
-      ? `${isNumber(s.dropped_samples) ? s.dropped_samples : "–"} samples · ${isNumber(s.dropped_uploads) ? s.dropped_uploads : "–"} uploads`
-      : dash();
+    const dropped =
+      isNumber(s.dropped_samples) || isNumber(s.dropped_uploads)
+        ? `${isNumber(s.dropped_samples) ? s.dropped_samples : "–"} samples · ${isNumber(s.dropped_uploads) ? s.dropped_uploads : "–"} uploads`
+        : dash();
 
     const applied = isNumber(s.settings_version) ? s.settings_version : null;
     const expected = Number(inst.expected_version || 0);
     const versions = `applies v${applied === null ? "?" : applied}, expected v${expected}`;
-    const ruleNote = inst.rule_selector === null || inst.rule_selector === undefined
-      ? "no rule: own configuration"
-      : `rule ${selectorText(inst.rule_selector)}`;
-    const follows = el("td", { class: "hs-inst-follows", dataset: { follows: String(Boolean(inst.follows)) } },
-      el("span", { class: `hs-badge ${inst.follows ? "hs-ok" : "hs-warn"}` }, inst.follows ? "follows" : "does not follow"),
+    const ruleNote =
+      inst.rule_selector === null || inst.rule_selector === undefined
+        ? "no rule: own configuration"
+        : `rule ${selectorText(inst.rule_selector)}`;
+    const follows = el(
+      "td",
+      { class: "hs-inst-follows", dataset: { follows: String(Boolean(inst.follows)) } },
+      el(
+        "span",
+        { class: `hs-badge ${inst.follows ? "hs-ok" : "hs-warn"}` },
+        inst.follows ? "follows" : "does not follow",
+      ),
       el("div", { class: "hs-muted hs-inst-versions" }, versions),
-      el("div", { class: "hs-muted hs-mono hs-inst-rule" }, ruleNote));
+      el("div", { class: "hs-muted hs-mono hs-inst-rule" }, ruleNote),
+    );
 
-    return el("tr", { class: `hs-instance-row${inst.follows ? "" : " hs-not-following"}`, dataset: { instance: inst.instance } },
-      el("td", { class: "hs-inst-name" }, el("div", { class: "hs-mono" }, inst.instance),
-        about ? el("div", { class: "hs-muted" }, about) : null),
-      el("td", { class: "hs-inst-labels" }, labels.length
-        ? labels.map(([k, v]) => el("span", { class: "hs-chip" }, `${k}=${v}`))
-        : dash()),
+    return el(
+      "tr",
+      { class: `hs-instance-row${inst.follows ? "" : " hs-not-following"}`, dataset: { instance: inst.instance } },
+      el(
+        "td",
+        { class: "hs-inst-name" },
+        el("div", { class: "hs-mono" }, inst.instance),
+        about ? el("div", { class: "hs-muted" }, about) : null,
+      ),
+      el(
+        "td",
+        { class: "hs-inst-labels" },
+        labels.length ? labels.map(([k, v]) => el("span", { class: "hs-chip" }, `${k}=${v}`)) : dash(),
+      ),
       el("td", { class: "hs-inst-seen", title: formatTime(nsToMs(inst.last_seen)) }, ago(inst.last_seen)),
       el("td", { class: "hs-inst-enabled" }, onOff(s.enabled)),
       el("td", { class: "hs-inst-rate" }, rate),
@@ -471,7 +666,8 @@ class ServiceSettings {
       el("td", { class: "hs-inst-shed" }, isNumber(s.shed_seconds) ? `${number(s.shed_seconds, 1)} s` : dash()),
       el("td", { class: "hs-inst-dropped" }, dropped),
       el("td", { class: "hs-inst-conditional" }, onOff(s.conditional_only)),
-      follows);
+      follows,
+    );
   }
 }
 

@@ -9,7 +9,9 @@ export const SPAN_ID = /^[0-9a-f]{16}$/;
  * zeros) as the 32 lowercase digits the APIs take, or null when it is not one.
  */
 export function traceIdOf(text) {
-  const id = String(text || "").trim().toLowerCase();
+  const id = String(text || "")
+    .trim()
+    .toLowerCase();
   return /^[0-9a-f]{1,32}$/.test(id) ? id.padStart(32, "0") : null;
 }
 

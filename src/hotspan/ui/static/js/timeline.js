@@ -5,8 +5,18 @@
 import { el } from "./dom.js";
 import { formatTime, formatValue } from "./format.js";
 
-const PALETTE = ["#3b82f6", "#f97316", "#10b981", "#e11d48", "#8b5cf6", "#eab308",
-  "#06b6d4", "#84cc16", "#ec4899", "#64748b"];
+const PALETTE = [
+  "#3b82f6",
+  "#f97316",
+  "#10b981",
+  "#e11d48",
+  "#8b5cf6",
+  "#eab308",
+  "#06b6d4",
+  "#84cc16",
+  "#ec4899",
+  "#64748b",
+];
 const HEIGHT = 130;
 // label -> palette index, for the page's life: narrowing the query to a series, or opening
 // the breakdown, must not repaint it (a colour is how the eye follows a series).
@@ -54,10 +64,7 @@ export class Timeline {
    *   onLegendPick?: (series: object) => void}} options `onLegendPick`: a legend entry becomes
    *   a button that shows only its series (the view adds its label to the query)
    */
-  constructor(
-    container,
-    { unit, onSelect, height = HEIGHT, stacked = false, colour = "", onLegendPick = null },
-  ) {
+  constructor(container, { unit, onSelect, height = HEIGHT, stacked = false, colour = "", onLegendPick = null }) {
     this.unit = unit;
     this.colour = colour;
     this.onSelect = onSelect;
@@ -75,8 +82,15 @@ export class Timeline {
     this.caption = el("div", { class: "hs-timeline-caption", hidden: true });
     this.note = el("div", { class: "hs-timeline-note", hidden: true });
     this.skeleton = el("div", { class: "hs-timeline-skeleton", hidden: true, "aria-hidden": "true" });
-    this.plot = el("div", { class: "hs-timeline-plot" }, this.canvas, this.selection, this.cursor,
-      this.note, this.skeleton);
+    this.plot = el(
+      "div",
+      { class: "hs-timeline-plot" },
+      this.canvas,
+      this.selection,
+      this.cursor,
+      this.note,
+      this.skeleton,
+    );
     this.node = el("div", { class: "hs-timeline" }, this.plot, this.legend, this.caption);
     this.node.timeline = this;
     container.append(this.node);
@@ -115,12 +129,17 @@ export class Timeline {
         if (!this.onLegendPick || !s.group) {
           return el("span", { class: "hs-legend-item" }, swatch, s.label);
         }
-        return el("button", {
-          type: "button",
-          class: "hs-legend-item hs-legend-pick",
-          title: `Show only this series (adds ${s.label} to the query)`,
-          onclick: () => this.onLegendPick(s),
-        }, swatch, s.label);
+        return el(
+          "button",
+          {
+            type: "button",
+            class: "hs-legend-item hs-legend-pick",
+            title: `Show only this series (adds ${s.label} to the query)`,
+            onclick: () => this.onLegendPick(s),
+          },
+          swatch,
+          s.label,
+        );
       }),
     );
     this.draw();
@@ -273,8 +292,7 @@ export class Timeline {
     ctx.textAlign = "right";
     // Small timelines keep the zero line and the top only; a plot without series (a band
     // alone) has no values to scale.
-    const shown = !this.series.length ? [0]
-      : this.height < 100 ? [ticks[0], ticks[ticks.length - 1]] : ticks;
+    const shown = !this.series.length ? [0] : this.height < 100 ? [ticks[0], ticks[ticks.length - 1]] : ticks;
     this.yLabels = shown.map((v) => tickLabel(v, this.unit));
     shown.forEach((v, i) => {
       ctx.beginPath();
@@ -336,8 +354,8 @@ export class Timeline {
 
   hover(event, x) {
     const rect = this.canvas.getBoundingClientRect();
-    const inside = event.clientY >= rect.top && event.clientY <= rect.bottom && x >= PAD.left &&
-      x <= rect.width - PAD.right;
+    const inside =
+      event.clientY >= rect.top && event.clientY <= rect.bottom && x >= PAD.left && x <= rect.width - PAD.right;
     if (!inside || !this.series.length) {
       this.cursor.hidden = true;
       return;

@@ -105,8 +105,7 @@ export class TimeRangePicker {
     this.select.value = isPreset ? this.from : "";
     this.fromInput.value = readable(this.from);
     this.untilInput.value = readable(this.until);
-    this.fromInput.title = this.untilInput.title =
-      `${describeRange(this.from, this.until)} (${TIME_ZONE})`;
+    this.fromInput.title = this.untilInput.title = `${describeRange(this.from, this.until)} (${TIME_ZONE})`;
   }
 
   apply(from, until) {

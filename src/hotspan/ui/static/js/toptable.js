@@ -84,8 +84,14 @@ export class TopTable {
     if (!width) return; // hidden (another view): keep what it had
     const diff = Boolean(this.tree && this.tree.diff);
     const fit = diff
-      ? (width >= FULL_DIFF ? "full" : width >= MEDIUM_DIFF ? "medium" : "small")
-      : (width >= FULL_SINGLE ? "full" : "small");
+      ? width >= FULL_DIFF
+        ? "full"
+        : width >= MEDIUM_DIFF
+          ? "medium"
+          : "small"
+      : width >= FULL_SINGLE
+        ? "full"
+        : "small";
     if (fit === this.fit) return;
     this.fit = fit;
     if (!this.tree) return;
@@ -139,7 +145,9 @@ export class TopTable {
 
   /** Shows only functions whose name contains `text` (the panel's search). */
   setFilter(text) {
-    this.filter = String(text || "").trim().toLowerCase();
+    this.filter = String(text || "")
+      .trim()
+      .toLowerCase();
     this.renderBody();
   }
 
@@ -203,7 +211,11 @@ export class TopTable {
       label: "Function",
       sortValue: (r) => r.name,
       cell: (r) =>
-        el("span", { class: "hs-toptable-name", title: r.name }, el("span", { class: "hs-toptable-name-text" }, r.name)),
+        el(
+          "span",
+          { class: "hs-toptable-name", title: r.name },
+          el("span", { class: "hs-toptable-name-text" }, r.name),
+        ),
     };
     // `show`: "both", or only the "value" or the "percent" where the table is narrow; the
     // title keeps both.
@@ -212,7 +224,10 @@ export class TopTable {
       const percent = formatPercent(v, total);
       return el(
         "span",
-        { class: "hs-toptable-measure", title: show === "both" ? title : `${title ? `${title}: ` : ""}${value}, ${percent}` },
+        {
+          class: "hs-toptable-measure",
+          title: show === "both" ? title : `${title ? `${title}: ` : ""}${value}, ${percent}`,
+        },
         show !== "percent" ? el("span", { class: "hs-toptable-value" }, value) : null,
         show !== "value" ? el("span", { class: "hs-toptable-percent" }, percent) : null,
       );
@@ -221,7 +236,12 @@ export class TopTable {
     if (!tree || !tree.diff) {
       return [
         name,
-        { key: "self", label: "Self", sortValue: (r) => r.self, cell: (r) => measure(r.self, tree.total, "Self", small ? "value" : "both") },
+        {
+          key: "self",
+          label: "Self",
+          sortValue: (r) => r.self,
+          cell: (r) => measure(r.self, tree.total, "Self", small ? "value" : "both"),
+        },
         { key: "total", label: "Total", sortValue: (r) => r.total, cell: (r) => measure(r.total, tree.total) },
       ];
     }
@@ -246,20 +266,26 @@ export class TopTable {
       {
         key: "change",
         label: "Change",
-        title: "change of the share of the total, each side normalised by its own total; "
-          + "sorted by how many points of the total the share moved",
+        title:
+          "change of the share of the total, each side normalised by its own total; " +
+          "sorted by how many points of the total the share moved",
         // By points moved, not by the relative change: a function new at 0.01% is "new"
         // (an infinite change) but explains nothing, while one that went from 5% to 40% of
         // the total is the regression to look at first (as `hotspan diff` ranks them).
         sortValue: (r) => r.shareRight - r.shareLeft,
         cell: (r) => {
           const points = (r.shareRight - r.shareLeft) * 100;
-          const span = el("span", {
-            class: "hs-toptable-change",
-            title: `share of the total ${formatPercent(r.totalLeft, tree.leftTotal)} → `
-              + `${formatPercent(r.totalRight, tree.rightTotal)} `
-              + `(${points >= 0 ? "+" : ""}${points.toFixed(2)} points)`,
-          }, formatChange(r.change));
+          const span = el(
+            "span",
+            {
+              class: "hs-toptable-change",
+              title:
+                `share of the total ${formatPercent(r.totalLeft, tree.leftTotal)} → ` +
+                `${formatPercent(r.totalRight, tree.rightTotal)} ` +
+                `(${points >= 0 ? "+" : ""}${points.toFixed(2)} points)`,
+            },
+            formatChange(r.change),
+          );
           const [red, green, blue] = diffColor(r.change);
           span.style.backgroundColor = `rgb(${red},${green},${blue})`;
           return span;
@@ -320,7 +346,11 @@ export class TopTable {
         if (i === 0 || cols[i - 1].group !== col.group) {
           const span = cols.filter((c) => c.group === col.group).length;
           top.push(
-            el("th", { class: `hs-toptable-group hs-toptable-${col.group.toLowerCase()}`, colSpan: span, scope: "colgroup" }, col.group),
+            el(
+              "th",
+              { class: `hs-toptable-group hs-toptable-${col.group.toLowerCase()}`, colSpan: span, scope: "colgroup" },
+              col.group,
+            ),
           );
         }
       }
@@ -354,7 +384,11 @@ export class TopTable {
       // One row in the tab order; arrows move between rows from there.
       const tr = el(
         "tr",
-        { dataset: { name: r.name }, tabIndex: r === shown[0] ? 0 : -1, class: r.name === this.selected ? "hs-selected" : null },
+        {
+          dataset: { name: r.name },
+          tabIndex: r === shown[0] ? 0 : -1,
+          class: r.name === this.selected ? "hs-selected" : null,
+        },
         cols.map((c) => el("td", { class: `hs-toptable-${c.key}` }, c.cell(r))),
       );
       fragment.append(tr);

@@ -16,7 +16,14 @@ import { ProfilePanel } from "./panel.js";
 import { catalogue, selectOf, typeLabel } from "./selection.js";
 import { navigate, panelState, setQuery } from "./router.js";
 import { traceIdOf } from "./spans.js";
-import { DEFAULT_FROM, DEFAULT_UNTIL, TimeRangePicker, absoluteRange, describeRange, resolveRange } from "./timerange.js";
+import {
+  DEFAULT_FROM,
+  DEFAULT_UNTIL,
+  TimeRangePicker,
+  absoluteRange,
+  describeRange,
+  resolveRange,
+} from "./timerange.js";
 import { Waterfall, buildTree, serviceColor } from "./waterfall.js";
 import { DEFAULT_WINDOW, WhyPanel } from "./why.js";
 import { compareBox, traceRange } from "./compare.js";
@@ -282,7 +289,13 @@ function resultTable(traces, state, q) {
       el(
         "td",
         { class: "hs-result-name" },
-        el("a", { href, class: "hs-trace-link" }, el("span", { class: "hs-service-name" }, t.rootServiceName), " ", t.rootTraceName || "<root span not yet received>"),
+        el(
+          "a",
+          { href, class: "hs-trace-link" },
+          el("span", { class: "hs-service-name" }, t.rootServiceName),
+          " ",
+          t.rootTraceName || "<root span not yet received>",
+        ),
         el("div", { class: "hs-result-id" }, t.traceID),
       ),
       el(
@@ -296,9 +309,16 @@ function resultTable(traces, state, q) {
         "td",
         { class: "hs-result-spans" },
         spans.map((s) =>
-          el("div", { class: "hs-result-span" }, `${s.name} `, el("span", { class: "hs-muted" }, formatDuration(s.durationNanos))),
+          el(
+            "div",
+            { class: "hs-result-span" },
+            `${s.name} `,
+            el("span", { class: "hs-muted" }, formatDuration(s.durationNanos)),
+          ),
         ),
-        matched > spans.length ? el("div", { class: "hs-muted" }, `+${matched - spans.length} more matching spans`) : null,
+        matched > spans.length
+          ? el("div", { class: "hs-muted" }, `+${matched - spans.length} more matching spans`)
+          : null,
       ),
       el("td", { class: "hs-result-start" }, formatTime(Number(BigInt(t.startTimeUnixNano || "0") / 1000000n), true)),
     );
@@ -316,36 +336,38 @@ function resultTable(traces, state, q) {
       "p",
       { class: "hs-result-summary" },
       `${rows.length} trace${rows.length === 1 ? "" : "s"}`,
-      rows.length >= state.limit
-        ? ` (the ${state.sort === "duration" ? "longest" : "newest"} ${state.limit})`
-        : "",
+      rows.length >= state.limit ? ` (the ${state.sort === "duration" ? "longest" : "newest"} ${state.limit})` : "",
       state.sort === "duration" ? ", longest first" : ", newest first",
       " · ",
       el("code", { class: "hs-trace-query" }, q),
       " · ",
-      el("label", { class: "hs-only-profiled-label", title: "Hide the traces that hold no CPU samples" },
-        onlyProfiled, " only traces with a profile"),
+      el(
+        "label",
+        { class: "hs-only-profiled-label", title: "Hide the traces that hold no CPU samples" },
+        onlyProfiled,
+        " only traces with a profile",
+      ),
     ),
     el(
       "div",
       { class: "hs-table-scroll" },
       el(
-      "table",
-      { class: "hs-table hs-trace-table" },
-      el(
-        "thead",
-        {},
+        "table",
+        { class: "hs-table hs-trace-table" },
         el(
-          "tr",
+          "thead",
           {},
-          el("th", {}, "Trace"),
-          el("th", {}, "Duration"),
-          el("th", { title: "CPU time of the samples linked to the trace" }, "CPU"),
-          el("th", {}, "Matching spans"),
-          el("th", {}, "Started"),
+          el(
+            "tr",
+            {},
+            el("th", {}, "Trace"),
+            el("th", {}, "Duration"),
+            el("th", { title: "CPU time of the samples linked to the trace" }, "CPU"),
+            el("th", {}, "Matching spans"),
+            el("th", {}, "Started"),
+          ),
         ),
-      ),
-      body,
+        body,
       ),
     ),
     rows.length >= state.limit && state.limit < MAX_LIMIT ? moreLink(state.limit) : null,
@@ -364,21 +386,25 @@ const SAMPLE_SLACK_S = 300;
 /** Fills the CPU column: each trace's CPU (one request for the whole list) and whether it has
  * a profile at all, so that traces without samples can be skipped. */
 async function markProfiled(results, traces, request, signal) {
-  const cells = new Map(
-    [...results.querySelectorAll(".hs-trace-result")].map((row) => [row.dataset.traceId, row]),
-  );
+  const cells = new Map([...results.querySelectorAll(".hs-trace-result")].map((row) => [row.dataset.traceId, row]));
   let totals;
   try {
     const body = await getJSON(
       "/api/v1/traces/profiled",
-      { traceID: traces.map((t) => t.traceID), start: request.start - SAMPLE_SLACK_S, end: request.end + SAMPLE_SLACK_S },
+      {
+        traceID: traces.map((t) => t.traceID),
+        start: request.start - SAMPLE_SLACK_S,
+        end: request.end + SAMPLE_SLACK_S,
+      },
       { signal },
     );
     totals = body.traces || {};
   } catch (err) {
     if (err.name === "AbortError") return;
     for (const row of cells.values()) {
-      row.querySelector(".hs-result-cpu").replaceChildren(el("span", { class: "hs-muted", title: String(err.message || err) }, "?"));
+      row
+        .querySelector(".hs-result-cpu")
+        .replaceChildren(el("span", { class: "hs-muted", title: String(err.message || err) }, "?"));
     }
     return;
   }
@@ -387,12 +413,19 @@ async function markProfiled(results, traces, request, signal) {
     const cpu = Number(totals[key] || 0);
     row.classList.toggle("hs-no-profile", !cpu);
     row.dataset.profiled = cpu ? "yes" : "no";
-    row.querySelector(".hs-result-cpu").replaceChildren(
-      cpu
-        ? el("span", { class: "hs-profiled", title: "CPU samples are linked to this trace: its spans have profiles" },
-            el("span", { class: "hs-profiled-mark", "aria-label": "has profile" }, "●"), " ", formatDuration(cpu))
-        : el("span", { class: "hs-muted", title: "no CPU samples are linked to this trace" }, "no samples"),
-    );
+    row
+      .querySelector(".hs-result-cpu")
+      .replaceChildren(
+        cpu
+          ? el(
+              "span",
+              { class: "hs-profiled", title: "CPU samples are linked to this trace: its spans have profiles" },
+              el("span", { class: "hs-profiled-mark", "aria-label": "has profile" }, "●"),
+              " ",
+              formatDuration(cpu),
+            )
+          : el("span", { class: "hs-muted", title: "no CPU samples are linked to this trace" }, "no samples"),
+      );
   }
 }
 
@@ -448,7 +481,10 @@ export function renderTraceView(root, { params, match }) {
   const descendantsBox = el("input", { type: "checkbox", class: "hs-descendants", checked: state.descendants });
   const descendantsLabel = el(
     "label",
-    { class: "hs-descendants-label", title: "Add the CPU samples of the spans it called (its children, their children, ...)" },
+    {
+      class: "hs-descendants-label",
+      title: "Add the CPU samples of the spans it called (its children, their children, ...)",
+    },
     descendantsBox,
     " include descendants",
   );
@@ -471,18 +507,21 @@ export function renderTraceView(root, { params, match }) {
   const profileSection = el(
     "div",
     { class: "hs-profile-section" },
-    el("div", { class: "hs-toolbar" }, profileTitle, el("span", { class: "hs-spacer" }), typeBox, descendantsLabel,
-      wholeButton, whyButton),
+    el(
+      "div",
+      { class: "hs-toolbar" },
+      profileTitle,
+      el("span", { class: "hs-spacer" }),
+      typeBox,
+      descendantsLabel,
+      wholeButton,
+      whyButton,
+    ),
     details,
     whyBox,
     panelBox,
   );
-  section.append(
-    header,
-    summary,
-    waterfallBox,
-    profileSection,
-  );
+  section.append(header, summary, waterfallBox, profileSection);
 
   let spans = [];
   let tree = null;
@@ -552,9 +591,13 @@ export function renderTraceView(root, { params, match }) {
     if (!span) {
       if (!state.why) profileTitle.textContent = `${what} of the whole trace`;
       details.replaceChildren(
-        el("p", { class: "hs-note" }, state.why
-          ? "Click a span in the waterfall to ask about it instead."
-          : "Click a span in the waterfall to see its own profile."),
+        el(
+          "p",
+          { class: "hs-note" },
+          state.why
+            ? "Click a span in the waterfall to ask about it instead."
+            : "Click a span in the waterfall to see its own profile.",
+        ),
         compare,
       );
       return;
@@ -589,8 +632,23 @@ export function renderTraceView(root, { params, match }) {
           "details",
           { class: "hs-span-events" },
           el("summary", {}, `Events (${span.events.length})`),
-          el("table", { class: "hs-table" }, el("tbody", {}, span.events.map((e) =>
-            el("tr", {}, el("th", {}, e.name), el("td", {}, `+${formatDuration(e.offsetNs)}`), el("td", {}, e.attributes))))),
+          el(
+            "table",
+            { class: "hs-table" },
+            el(
+              "tbody",
+              {},
+              span.events.map((e) =>
+                el(
+                  "tr",
+                  {},
+                  el("th", {}, e.name),
+                  el("td", {}, `+${formatDuration(e.offsetNs)}`),
+                  el("td", {}, e.attributes),
+                ),
+              ),
+            ),
+          ),
         ),
       );
     }
@@ -600,7 +658,15 @@ export function renderTraceView(root, { params, match }) {
           "details",
           { class: "hs-span-attributes" },
           el("summary", {}, `Attributes (${attrs.length})`),
-          el("table", { class: "hs-table" }, el("tbody", {}, attrs.map(([k, v]) => el("tr", {}, el("th", {}, k), el("td", {}, v))))),
+          el(
+            "table",
+            { class: "hs-table" },
+            el(
+              "tbody",
+              {},
+              attrs.map(([k, v]) => el("tr", {}, el("th", {}, k), el("td", {}, v))),
+            ),
+          ),
         ),
       );
     }
@@ -753,13 +819,18 @@ export function renderTraceView(root, { params, match }) {
     }
     loadExtras(types);
     typeBox.replaceChildren(
-      selectOf("hs-span-profile-type", "Profile type", [...types].sort().map((t) => [t, typeLabel(t)]), state.type,
+      selectOf(
+        "hs-span-profile-type",
+        "Profile type",
+        [...types].sort().map((t) => [t, typeLabel(t)]),
+        state.type,
         (value) => {
           state.type = value;
           setQuery({ type: value === CPU ? "" : value });
           showDetails();
           loadProfile();
-        }),
+        },
+      ),
     );
   }
 
@@ -772,8 +843,12 @@ export function renderTraceView(root, { params, match }) {
       if (!type) continue;
       getJSON(`/api/traces/${traceId}/spans`, { profileType: type }, { signal })
         .then((body) => {
-          const values = new Map((body.spans || []).map((s) => [
-            String(s.spanID).toLowerCase(), { self: Number(s.self || 0), total: Number(s.total || 0) }]));
+          const values = new Map(
+            (body.spans || []).map((s) => [
+              String(s.spanID).toLowerCase(),
+              { self: Number(s.self || 0), total: Number(s.total || 0) },
+            ]),
+          );
           if (![...values.values()].some((v) => v.total > 0)) return;
           extras[kind] = values;
           if (waterfall) waterfall.setValues(kind, values);
@@ -797,8 +872,12 @@ export function renderTraceView(root, { params, match }) {
         fact("Services", services.join(", ")),
         fact("CPU in spans", formatDuration(body.total - (body.unattributed || 0))),
       ),
-      el("p", { class: "hs-trace-links" }, el("a", { class: "hs-open-in-profiles", href: profilesLink(tree) },
-        "Open this trace's samples in Profiles"), " (timeline, label filters, diff)"),
+      el(
+        "p",
+        { class: "hs-trace-links" },
+        el("a", { class: "hs-open-in-profiles", href: profilesLink(tree) }, "Open this trace's samples in Profiles"),
+        " (timeline, label filters, diff)",
+      ),
     );
   }
 
@@ -876,7 +955,7 @@ function emptyTypeMessage(span, type) {
     "empty",
     span ? `Span "${span.name}" has no samples of ${what}.` : `No samples of ${what} are linked to this trace.`,
     "Allocations are sampled every 512 KiB allocated on average and lock waits only when a lock was contended: " +
-      "short spans often hold none. Tick \"include descendants\", look at the whole trace, or pick another type.",
+      'short spans often hold none. Tick "include descendants", look at the whole trace, or pick another type.',
   );
 }
 

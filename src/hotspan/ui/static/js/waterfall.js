@@ -26,12 +26,22 @@ const EXTRA_WIDTH_PX = 84;
 // The profile types the waterfall can show beside CPU: their column and unit.
 export const EXTRA_KINDS = {
   // The columns show the values with descendants (as "CPU total"); a cell's tooltip has its own.
-  alloc: { cls: "hs-wf-alloc", head: "Allocated total", format: formatBytes,
-    title: "bytes the span and its descendants allocated (sampled, from the allocation profile); " +
-      "hover a cell for the span's own" },
-  locks: { cls: "hs-wf-locks", head: "Lock wait total", format: formatDuration,
-    title: "time the span and its descendants waited to acquire locks, summed over all their threads " +
-      "(so it can exceed the span's duration; from the lock profile); hover a cell for the span's own" },
+  alloc: {
+    cls: "hs-wf-alloc",
+    head: "Allocated total",
+    format: formatBytes,
+    title:
+      "bytes the span and its descendants allocated (sampled, from the allocation profile); " +
+      "hover a cell for the span's own",
+  },
+  locks: {
+    cls: "hs-wf-locks",
+    head: "Lock wait total",
+    format: formatDuration,
+    title:
+      "time the span and its descendants waited to acquire locks, summed over all their threads " +
+      "(so it can exceed the span's duration; from the lock profile); hover a cell for the span's own",
+  },
 };
 
 /** A stable colour per service (hue from a hash of the name). */
@@ -55,17 +65,32 @@ export function activityOf(durationNs, cpuNs, locks = { self: 0, total: 0 }) {
   const offCpu = `${Math.round(100 * Math.max(0, 1 - ratio))}%`;
   if (!cpuNs && durationNs < TOO_FEW_NS) {
     // Never "not on CPU": a span this short can have computed all along between two samples.
-    const title = `lasted ${formatDuration(durationNs)}, under 3 CPU sample periods (10 ms each at 100 Hz): ` +
+    const title =
+      `lasted ${formatDuration(durationNs)}, under 3 CPU sample periods (10 ms each at 100 Hz): ` +
       "that it holds no sample does not show it was idle";
     return { kind: "short", ratio, label: "too few samples", title, locks: note };
   }
-  if (ratio >= COMPUTING) return { kind: "computing", ratio, label: `computing ${percent}`, title: "CPU time near its duration", locks: "" };
-  const unknown = "the CPU profile cannot tell why: I/O, sleep, locks, another service, or other threads holding the GIL";
+  if (ratio >= COMPUTING)
+    return { kind: "computing", ratio, label: `computing ${percent}`, title: "CPU time near its duration", locks: "" };
+  const unknown =
+    "the CPU profile cannot tell why: I/O, sleep, locks, another service, or other threads holding the GIL";
   const why = note ? `; ${note} (lock profile)` : `; ${unknown}`;
   if (ratio < WAITING) {
-    return { kind: "waiting", ratio, label: `not on CPU ${offCpu}`, title: `on CPU ${percent} of its duration${why}`, locks: note };
+    return {
+      kind: "waiting",
+      ratio,
+      label: `not on CPU ${offCpu}`,
+      title: `on CPU ${percent} of its duration${why}`,
+      locks: note,
+    };
   }
-  return { kind: "mixed", ratio, label: `mixed ${percent}`, title: `on CPU ${percent} of its duration, off CPU the rest${why}`, locks: note };
+  return {
+    kind: "mixed",
+    ratio,
+    label: `mixed ${percent}`,
+    title: `on CPU ${percent} of its duration, off CPU the rest${why}`,
+    locks: note,
+  };
 }
 
 /**
@@ -153,9 +178,15 @@ export class Waterfall {
       el("div", { class: "hs-wf-track hs-wf-axis" }, ticks(tree.durationNs)),
       // Classed as their cells, so that the compact (phone) layout places both alike.
       el("div", { class: "hs-wf-num hs-wf-duration", title: "wall-clock time of the span" }, "Duration"),
-      el("div", { class: "hs-wf-num hs-wf-cpu-self", title: "CPU time of the span itself, without its children" }, "CPU own"),
+      el(
+        "div",
+        { class: "hs-wf-num hs-wf-cpu-self", title: "CPU time of the span itself, without its children" },
+        "CPU own",
+      ),
       el("div", { class: "hs-wf-num hs-wf-cpu-total", title: "CPU time of the span and its descendants" }, "CPU total"),
-      ...Object.values(EXTRA_KINDS).map((k) => el("div", { class: `hs-wf-num ${k.cls}`, title: k.title, hidden: true }, k.head)),
+      ...Object.values(EXTRA_KINDS).map((k) =>
+        el("div", { class: `hs-wf-num ${k.cls}`, title: k.title, hidden: true }, k.head),
+      ),
       el("div", { class: "hs-wf-activity", title: "CPU total against duration" }, "Activity"),
     );
     this.head = head;
@@ -171,16 +202,20 @@ export class Waterfall {
   row(span) {
     const total = this.tree.durationNs;
     const toggle = span.children.length
-      ? el("button", {
-          type: "button",
-          class: "hs-wf-toggle",
-          "aria-label": "Collapse or expand",
-          title: "collapse or expand its children",
-          onclick: (event) => {
-            event.stopPropagation();
-            this.toggle(span.spanID);
+      ? el(
+          "button",
+          {
+            type: "button",
+            class: "hs-wf-toggle",
+            "aria-label": "Collapse or expand",
+            title: "collapse or expand its children",
+            onclick: (event) => {
+              event.stopPropagation();
+              this.toggle(span.spanID);
+            },
           },
-        }, "▾")
+          "▾",
+        )
       : el("span", { class: "hs-wf-toggle hs-wf-leaf" });
     const name = el(
       "div",
@@ -270,7 +305,12 @@ export class Waterfall {
 
   layout() {
     const extra = Object.values(this.extras).filter(Boolean).length;
-    this.node.style.setProperty("--hs-wf-extra", Array(extra).fill(`${EXTRA_WIDTH_PX - 8}px`).join(" "));
+    this.node.style.setProperty(
+      "--hs-wf-extra",
+      Array(extra)
+        .fill(`${EXTRA_WIDTH_PX - 8}px`)
+        .join(" "),
+    );
     // A variable, not min-width itself: the compact layout of phones (traces.css) needs none.
     this.node.style.setProperty("--hs-wf-min-width", `${MIN_WIDTH_PX + extra * EXTRA_WIDTH_PX}px`);
   }
@@ -326,7 +366,8 @@ export class Waterfall {
     if (event.key === "Enter" || event.key === " ") this.onSelect(id);
     else if (event.key === "ArrowDown" && visible[index + 1]) visible[index + 1].focus();
     else if (event.key === "ArrowUp" && visible[index - 1]) visible[index - 1].focus();
-    else if (event.key === "ArrowLeft" && !this.collapsed.has(id) && this.rows.get(id).span.children.length) this.toggle(id);
+    else if (event.key === "ArrowLeft" && !this.collapsed.has(id) && this.rows.get(id).span.children.length)
+      this.toggle(id);
     else if (event.key === "ArrowRight" && this.collapsed.has(id)) this.toggle(id);
     else return;
     event.preventDefault();

@@ -85,7 +85,13 @@ export class WhyPanel {
         "is in time per request.",
     );
     this.graphBox = el("div", { class: "hs-why-graph" });
-    this.graphSection = el("div", { class: "hs-why-graph-section", hidden: true }, this.graphTitle, this.graphNote, this.graphBox);
+    this.graphSection = el(
+      "div",
+      { class: "hs-why-graph-section", hidden: true },
+      this.graphTitle,
+      this.graphNote,
+      this.graphBox,
+    );
     this.node = el(
       "section",
       { class: "hs-why", "aria-label": "Why slow" },
@@ -209,7 +215,7 @@ export class WhyPanel {
         message(
           "info",
           `Nothing to compare with in the ${windowWords(this.window)}.`,
-          "Pick a longer baseline window above, or press \"Why slow?\" again for the span's own profile.",
+          'Pick a longer baseline window above, or press "Why slow?" again for the span\'s own profile.',
         ),
       );
     } else if (verdict === "no-profile") {
@@ -226,7 +232,7 @@ export class WhyPanel {
         message(
           "info",
           "The span ended moments ago: its samples may not be uploaded yet.",
-          "The agent uploads about every 10 s; ask again (press \"Why slow?\") in a few seconds.",
+          'The agent uploads about every 10 s; ask again (press "Why slow?") in a few seconds.',
         ),
       );
     } else if (verdict === "too-short") {
@@ -331,8 +337,14 @@ export class WhyPanel {
             ? el(
                 "td",
                 { class: "hs-why-share" },
-                s === null ? "–" : el("span", { class: "hs-why-share-cell" },
-                  el("span", { class: "hs-why-share-track" }, bar), `${Math.round(100 * s)}%`),
+                s === null
+                  ? "–"
+                  : el(
+                      "span",
+                      { class: "hs-why-share-cell" },
+                      el("span", { class: "hs-why-share-track" }, bar),
+                      `${Math.round(100 * s)}%`,
+                    ),
               )
             : null,
         );
@@ -344,19 +356,36 @@ export class WhyPanel {
       {},
       el("th", {}, "#"),
       el("th", {}, "Function"),
-      el("th", { class: "hs-why-num", title: "its own time in this span minus the baseline's mean per span" }, "Extra self"),
-      el("th", { class: "hs-why-num hs-why-self", title: "its own time: this span vs the baseline's mean per span" },
-        "Self: span vs baseline"),
-      el("th", { class: "hs-why-num hs-why-total", title: "with what it called: this span minus the baseline's mean" },
-        "Extra total"),
+      el(
+        "th",
+        { class: "hs-why-num", title: "its own time in this span minus the baseline's mean per span" },
+        "Extra self",
+      ),
+      el(
+        "th",
+        { class: "hs-why-num hs-why-self", title: "its own time: this span vs the baseline's mean per span" },
+        "Self: span vs baseline",
+      ),
+      el(
+        "th",
+        { class: "hs-why-num hs-why-total", title: "with what it called: this span minus the baseline's mean" },
+        "Extra total",
+      ),
       timeType
-        ? el("th", { class: "hs-why-share", title: "the part of the span's extra duration its extra self time accounts for" },
-            "Share of extra duration")
+        ? el(
+            "th",
+            { class: "hs-why-share", title: "the part of the span's extra duration its extra self time accounts for" },
+            "Share of extra duration",
+          )
         : null,
     );
     this.ranking.replaceChildren(
       title,
-      el("div", { class: "hs-table-scroll" }, el("table", { class: "hs-table hs-why-table" }, el("thead", {}, head), body)),
+      el(
+        "div",
+        { class: "hs-table-scroll" },
+        el("table", { class: "hs-table hs-why-table" }, el("thead", {}, head), body),
+      ),
     );
     this.markSelected();
   }
@@ -374,8 +403,11 @@ export class WhyPanel {
     const tree = decodeFlamegraph(fg);
     if (!(tree.diff ? tree.rightTotal : tree.total)) {
       this.panel.setMessage(
-        message("empty", `This span holds no ${typeWords(profile.profileType)} samples.`,
-          a.verdict === "waiting" ? "It was waiting, not computing: look at a wall-clock profile." : null),
+        message(
+          "empty",
+          `This span holds no ${typeWords(profile.profileType)} samples.`,
+          a.verdict === "waiting" ? "It was waiting, not computing: look at a wall-clock profile." : null,
+        ),
       );
       return;
     }
@@ -415,7 +447,9 @@ function verdictLabel(verdict) {
       pending: "pending",
       "no-profile": "no profile",
       "no-baseline": "no baseline",
-    }[verdict] || verdict || "?"
+    }[verdict] ||
+    verdict ||
+    "?"
   );
 }
 
