@@ -193,6 +193,17 @@ wall_tick(uint64_t now_ns, uint64_t *random)
         s->idle_checks = 0;
         s->next_check_ns = 0;
         next_run = now_ns; /* a running thread is looked at every interval */
+        /* On CPU the whole time: a CPU sample taken meanwhile was at a moment as random in
+         * its wall time as a wall signal would be, so it stands for that time too, and the
+         * thread is not interrupted twice an interval.  Not when it was off CPU for more than
+         * a fiftieth of the time: where it waited must come from a sample of its own. */
+        WallCopy *cc = s->last_cpu;
+        if (cpu_on && cc != NULL && cc->depth > 0 && cc->seq != s->wall_from_cpu_seq &&
+            ran + owed / 50 >= owed && atomic_load(&s->pending_wall_ns) == 0) {
+            s->wall_from_cpu_seq = cc->seq;
+            add_or_count(KIND_WALL, cc->ident, cc->labels, cc->frames, cc->depth, owed);
+            continue;
+        }
         /* Where it is at a random moment of the next interval stands for this time. */
         atomic_fetch_add(&s->pending_wall_ns, owed);
         if (schedule_wall_sample(s, index, 1000 + next_random(random) % cpu_interval_ns) != 0)

@@ -22,6 +22,7 @@ struct sigaction previous_action;
 int handler_installed;
 _Atomic uint64_t handler_ns;    /* CPU the handler used on our signals, all threads */
 _Atomic uint64_t handler_calls; /* and how many it handled */
+#define HANDLER_COST_EVERY 16
 
 /* SIGPROF from one of the thread's timers: its CPU timer (CPU_MAGIC), its wall timer
  * (WALL_MAGIC), or (SI_QUEUE) the collector asking a thread whether it has Python yet.  One
@@ -37,9 +38,10 @@ on_signal(int signum, siginfo_t *info, void *ucontext)
                 info->si_pid == getpid());
     int perf_index = -1;
 #ifdef HAVE_PERF_EVENTS
-    /* A task-clock event's overflow: its signal with si_code POLL_HUP and its fd. */
+    /* A task-clock event's overflow: its signal with si_code POLL_IN and its fd. */
     if (!ours && signum == perf_signal && perf_signal != 0 && info != NULL &&
-        info->si_code == POLL_HUP && info->si_fd >= 0 && info->si_fd < PERF_FDS) {
+        (info->si_code == POLL_IN || info->si_code == POLL_HUP) && info->si_fd >= 0 &&
+        info->si_fd < PERF_FDS) {
         int mapped = atomic_load_explicit(&perf_fd_slot[info->si_fd], memory_order_acquire);
         if (mapped > 0) {
             ours = 1;
@@ -77,8 +79,36 @@ on_signal(int signum, siginfo_t *info, void *ucontext)
     uint64_t cpu = 0, wall = 0, cpu_now = 0;
     /* The slot's charged CPU before and after this sample: put back if no stack is read. */
     uint64_t charged_before = 0, charged_after = 0;
-    int have_clock = clock_ns(CLOCK_THREAD_CPUTIME_ID, &cpu_now) == 0;
-    if (magic == CPU_MAGIC && perf_index >= 0) {
+    int have_clock = 0;
+#ifdef HAVE_PERF_EVENTS
+    /* The thread's CPU clock is a system call (a few microseconds on a virtual machine, and
+     * one more disturbance of the program's caches): an overflow of an event that counts
+     * kernel time too is exactly one period of the thread's CPU, so the clock is not read.
+     * An event of user time only skips overflows that come in the kernel: its samples read
+     * the clock to charge what was skipped. */
+    int counted = magic == CPU_MAGIC && perf_index >= 0 && slot != NULL &&
+                  perf_state == PERF_WITH_KERNEL;
+#else
+    int counted = 0;
+#endif
+    /* The handler's own cost is measured on one signal in HANDLER_COST_EVERY: two more
+     * reads of the clock. */
+    unsigned long call = atomic_fetch_add_explicit(&handler_calls, 1, memory_order_relaxed);
+    uint64_t cost_from = 0;
+    int measure = call % HANDLER_COST_EVERY == 0 &&
+                  clock_ns(CLOCK_THREAD_CPUTIME_ID, &cost_from) == 0;
+    if (!counted) {
+        have_clock = measure || clock_ns(CLOCK_THREAD_CPUTIME_ID, &cost_from) == 0;
+        cpu_now = cost_from;
+    }
+    if (counted) {
+        cpu = atomic_load(&slot->perf_first) ? slot->perf_first_ns : cpu_interval_ns;
+        charged_before = atomic_fetch_add(&slot->cpu_charged_ns, cpu);
+        charged_after = charged_before + cpu;
+        cpu_now = charged_after;
+        have_clock = 1;
+    }
+    else if (magic == CPU_MAGIC && perf_index >= 0) {
         /* Precise: the CPU since the thread's previous sample (or since it was armed). */
         cpu = cpu_interval_ns;
         if (slot != NULL && have_clock) {
@@ -147,24 +177,21 @@ on_signal(int signum, siginfo_t *info, void *ucontext)
             atomic_store_explicit(&slot->cpu_at_sample_ns, cpu_now, memory_order_release);
     }
 #ifdef HAVE_PERF_EVENTS
-    /* The event disabled itself at the overflow: the next interval starts now. */
+    /* After its random first period, the event's own. */
     int fd = perf_index >= 0 ? info->si_fd : -1;
-    if (fd >= 0 && slot != NULL &&
-        atomic_load_explicit(&perf_fd_slot[fd], memory_order_acquire) == perf_index + 1) {
-        if (atomic_exchange(&slot->perf_first, 0)) {
-            uint64_t period = cpu_interval_ns;
-            ioctl(fd, PERF_EVENT_IOC_PERIOD, &period);
-        }
-        ioctl(fd, PERF_EVENT_IOC_REFRESH, 1);
+    if (fd >= 0 && slot != NULL && atomic_load(&slot->perf_first) &&
+        atomic_load_explicit(&perf_fd_slot[fd], memory_order_acquire) == perf_index + 1 &&
+        atomic_exchange(&slot->perf_first, 0)) {
+        uint64_t period = cpu_interval_ns;
+        ioctl(fd, PERF_EVENT_IOC_PERIOD, &period);
     }
 #endif
-    /* The handler's own cost, from the thread's CPU clock it read as it began: what every
-     * sample takes from the program, reported by stats(). */
-    uint64_t cpu_end;
-    if (have_clock && clock_ns(CLOCK_THREAD_CPUTIME_ID, &cpu_end) == 0 && cpu_end >= cpu_now) {
-        atomic_fetch_add_explicit(&handler_ns, cpu_end - cpu_now, memory_order_relaxed);
-        atomic_fetch_add_explicit(&handler_calls, 1, memory_order_relaxed);
-    }
+    /* The handler's own cost: what every sample takes from the program, reported by
+     * stats(). */
+    uint64_t cost_to;
+    if (measure && clock_ns(CLOCK_THREAD_CPUTIME_ID, &cost_to) == 0 && cost_to >= cost_from)
+        atomic_fetch_add_explicit(&handler_ns, (cost_to - cost_from) * HANDLER_COST_EVERY,
+                                  memory_order_relaxed);
     errno = saved_errno;
 }
 

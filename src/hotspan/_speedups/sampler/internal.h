@@ -295,6 +295,7 @@ typedef struct {
     _Atomic uint64_t cpu_expiry_ns;
     _Atomic uint32_t seq;              /* samples it took */
     _Atomic int perf_first;            /* its perf event still has its random first period */
+    uint64_t perf_first_ns;            /* that period */
     /* The rest belongs to whoever holds `threads_mutex`. */
     int has_timer;      /* a CPU trigger: `timer`, or `perf_fd` when cpu_by_perf */
     int cpu_by_perf;
@@ -311,6 +312,7 @@ typedef struct {
     uint64_t next_probe_ns;
     WallCopy *last_wall;               /* NULL until its first wall sample is drained */
     WallCopy *last_cpu;                /* its last CPU sample: where its remaining CPU goes */
+    uint32_t wall_from_cpu_seq;        /* the last CPU sample that stood for wall time too */
 } ThreadSlot;
 
 HIDDEN extern ThreadSlot slots[MAX_THREADS];

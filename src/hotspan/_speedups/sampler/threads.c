@@ -139,8 +139,9 @@ clock_ns(clockid_t clock, uint64_t *out)
  * and their ends get their beginnings' samples: 75/25 split measured as 69/31.  The kernel's
  * task-clock event counts the thread's CPU with an hrtimer armed while it runs, so its
  * overflow interrupts the thread where the interval ends.  The event signals its thread
- * (F_SETOWN_EX) with PERF_SIGNAL and disables itself after each overflow (REFRESH 1): the
- * handler re-enables it, and charges the thread's CPU since its previous sample.  Where
+ * (F_SETOWN_EX) with PERF_SIGNAL at each overflow and stays enabled, so a sample costs the
+ * thread no system call to re-arm it (each is a few microseconds on a virtual machine); the
+ * handler charges the thread's CPU since its previous sample.  Where
  * perf_event_open is not allowed (seccomp in containers, perf_event_paranoid > 2) the timer
  * takes over.  An event costs every context switch of its thread: see sampler_start. */
 #ifdef HAVE_PERF_EVENTS
@@ -202,9 +203,10 @@ arm_perf(ThreadSlot *s, int index, pid_t tid, uint64_t first)
     s->perf_fd = fd;
     s->cpu_by_perf = 1;
     s->perf_armed_cpu = atomic_load(&s->cpu_charged_ns);
+    s->perf_first_ns = first;
     atomic_store(&s->perf_first, 1);
     atomic_store_explicit(&perf_fd_slot[fd], index + 1, memory_order_release);
-    if (ioctl(fd, PERF_EVENT_IOC_REFRESH, 1) != 0) {
+    if (ioctl(fd, PERF_EVENT_IOC_ENABLE, 0) != 0) {
         atomic_store(&perf_fd_slot[fd], 0);
         close(fd);
         s->cpu_by_perf = 0;
