@@ -96,8 +96,12 @@ class ClickHouseProcess:
         import clickhouse_connect
 
         return clickhouse_connect.get_client(
-            host=self.host, port=self.port, username=self.user or "default",
-            password=self.password or "", database=database, **kwargs,
+            host=self.host,
+            port=self.port,
+            username=self.user or "default",
+            password=self.password or "",
+            database=database,
+            **kwargs,
         )
 
     def log(self) -> str:
@@ -126,9 +130,15 @@ class ClickHouseProcess:
         self.stop()
 
 
-def start_clickhouse(path: Union[str, Path], user: Optional[str] = None,
-                     password: Optional[str] = None, *, port: int = 0,
-                     connections: int = 0, timeout: float = 60.0) -> ClickHouseProcess:
+def start_clickhouse(
+    path: Union[str, Path],
+    user: Optional[str] = None,
+    password: Optional[str] = None,
+    *,
+    port: int = 0,
+    connections: int = 0,
+    timeout: float = 60.0,
+) -> ClickHouseProcess:
     """Start ``python -m tests.clickhouse_http`` on ``path`` and wait until it listens.
 
     ``port=0`` picks a free port. The server's output goes to ``<path>.log``; it is quoted in the
@@ -142,8 +152,15 @@ def start_clickhouse(path: Union[str, Path], user: Optional[str] = None,
     ready_file = ready_dir / "port"
     log_path = path.parent / f"{path.name}.log"
     command = [
-        sys.executable, "-m", "tests.clickhouse_http", "--path", str(path), "--port", str(port),
-        "--ready-file", str(ready_file),
+        sys.executable,
+        "-m",
+        "tests.clickhouse_http",
+        "--path",
+        str(path),
+        "--port",
+        str(port),
+        "--ready-file",
+        str(ready_file),
     ]
     if user is not None:
         command += ["--user", user, "--password", password or ""]
@@ -151,7 +168,10 @@ def start_clickhouse(path: Union[str, Path], user: Optional[str] = None,
         command += ["--connections", str(connections)]
     log_file = open(log_path, "ab")  # noqa: SIM115 - lives as long as the server
     process = subprocess.Popen(
-        command, cwd=REPO_ROOT, stdout=log_file, stderr=subprocess.STDOUT,
+        command,
+        cwd=REPO_ROOT,
+        stdout=log_file,
+        stderr=subprocess.STDOUT,
         stdin=subprocess.DEVNULL,
     )
     server = ClickHouseProcess(process, "127.0.0.1", 0, path, user, password, log_path, log_file)

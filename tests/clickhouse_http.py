@@ -131,20 +131,55 @@ _READ_STATEMENTS = _RESULT_STATEMENTS | {"SET", "USE"}
 # ClickHouse's exceptionCodeToHTTPStatus, by error name.
 _STATUS_BY_ERROR = {
     401: {"REQUIRED_PASSWORD"},
-    403: {"UNKNOWN_USER", "WRONG_PASSWORD", "AUTHENTICATION_FAILED", "SET_NON_GRANTED_ROLE",
-          "ACCESS_DENIED"},
-    400: {"BAD_ARGUMENTS", "CANNOT_COMPILE_REGEXP", "CANNOT_PARSE_TEXT",
-          "CANNOT_PARSE_ESCAPE_SEQUENCE", "CANNOT_PARSE_QUOTED_STRING", "CANNOT_PARSE_DATE",
-          "CANNOT_PARSE_DATETIME", "CANNOT_PARSE_NUMBER", "CANNOT_PARSE_DOMAIN_VALUE_FROM_STRING",
-          "CANNOT_PARSE_IPV4", "CANNOT_PARSE_IPV6", "CANNOT_PARSE_INPUT_ASSERTION_FAILED",
-          "CANNOT_PARSE_UUID", "DUPLICATE_COLUMN", "ILLEGAL_COLUMN", "UNKNOWN_ELEMENT_IN_AST",
-          "UNKNOWN_TYPE_OF_AST_NODE", "THERE_IS_NO_COLUMN", "TOO_DEEP_AST", "TOO_BIG_AST",
-          "UNEXPECTED_AST_STRUCTURE", "SYNTAX_ERROR", "INCORRECT_DATA", "TYPE_MISMATCH",
-          "VALUE_IS_OUT_OF_RANGE_OF_DATA_TYPE"},
-    404: {"UNKNOWN_TABLE", "UNKNOWN_FUNCTION", "UNKNOWN_IDENTIFIER", "UNKNOWN_TYPE",
-          "UNKNOWN_STORAGE", "UNKNOWN_DATABASE", "UNKNOWN_SETTING",
-          "UNKNOWN_DIRECTION_OF_SORTING", "UNKNOWN_AGGREGATE_FUNCTION", "UNKNOWN_FORMAT",
-          "UNKNOWN_DATABASE_ENGINE", "UNKNOWN_TYPE_OF_QUERY", "UNKNOWN_ROLE"},
+    403: {
+        "UNKNOWN_USER",
+        "WRONG_PASSWORD",
+        "AUTHENTICATION_FAILED",
+        "SET_NON_GRANTED_ROLE",
+        "ACCESS_DENIED",
+    },
+    400: {
+        "BAD_ARGUMENTS",
+        "CANNOT_COMPILE_REGEXP",
+        "CANNOT_PARSE_TEXT",
+        "CANNOT_PARSE_ESCAPE_SEQUENCE",
+        "CANNOT_PARSE_QUOTED_STRING",
+        "CANNOT_PARSE_DATE",
+        "CANNOT_PARSE_DATETIME",
+        "CANNOT_PARSE_NUMBER",
+        "CANNOT_PARSE_DOMAIN_VALUE_FROM_STRING",
+        "CANNOT_PARSE_IPV4",
+        "CANNOT_PARSE_IPV6",
+        "CANNOT_PARSE_INPUT_ASSERTION_FAILED",
+        "CANNOT_PARSE_UUID",
+        "DUPLICATE_COLUMN",
+        "ILLEGAL_COLUMN",
+        "UNKNOWN_ELEMENT_IN_AST",
+        "UNKNOWN_TYPE_OF_AST_NODE",
+        "THERE_IS_NO_COLUMN",
+        "TOO_DEEP_AST",
+        "TOO_BIG_AST",
+        "UNEXPECTED_AST_STRUCTURE",
+        "SYNTAX_ERROR",
+        "INCORRECT_DATA",
+        "TYPE_MISMATCH",
+        "VALUE_IS_OUT_OF_RANGE_OF_DATA_TYPE",
+    },
+    404: {
+        "UNKNOWN_TABLE",
+        "UNKNOWN_FUNCTION",
+        "UNKNOWN_IDENTIFIER",
+        "UNKNOWN_TYPE",
+        "UNKNOWN_STORAGE",
+        "UNKNOWN_DATABASE",
+        "UNKNOWN_SETTING",
+        "UNKNOWN_DIRECTION_OF_SORTING",
+        "UNKNOWN_AGGREGATE_FUNCTION",
+        "UNKNOWN_FORMAT",
+        "UNKNOWN_DATABASE_ENGINE",
+        "UNKNOWN_TYPE_OF_QUERY",
+        "UNKNOWN_ROLE",
+    },
     413: {"QUERY_IS_TOO_LARGE"},
     501: {"NOT_IMPLEMENTED"},
     # SOCKET_TIMEOUT, CANNOT_OPEN_FILE and CANNOT_SCHEDULE_TASK map to 503, which
@@ -268,9 +303,9 @@ def parse_statement(raw: bytes) -> _Statement:
                 # the format name.
                 while data_start < len(raw) and raw[data_start] in b" \t\f":
                     data_start += 1
-                if raw[data_start:data_start + 1] == b"\r":
+                if raw[data_start : data_start + 1] == b"\r":
                     data_start += 1
-                if raw[data_start:data_start + 1] == b"\n":
+                if raw[data_start : data_start + 1] == b"\n":
                     data_start += 1
                 sql = raw[:start].decode("utf-8", "replace")
                 sql = re.sub(r"(?is)\s*\bFORMAT\s*$", "", sql)
@@ -360,7 +395,7 @@ def _use_database(sql: str) -> Optional[str]:
     if not match:
         return None
     name = match.group(1)
-    if name[0] in "`\"":
+    if name[0] in '`"':
         name = re.sub(r"\\(.)", r"\1", name[1:-1])
     return name
 
@@ -483,7 +518,8 @@ class ChdbServer:
                 # ClickHouse runs one request per session at a time and refuses the others.
                 if session_id in self._busy_sessions:
                     raise ClickHouseError.make(
-                        373, "SESSION_IS_LOCKED",
+                        373,
+                        "SESSION_IS_LOCKED",
                         f"Session {session_id} is locked by a concurrent client",
                     )
                 self._busy_sessions.add(session_id)
@@ -550,8 +586,11 @@ class ChdbServer:
             elif statement.kind == "USE":
                 connection.database = None
         summary = _summary(
-            result.rows_read(), result.bytes_read(), result.rows_written(),
-            result.bytes_written(), result.elapsed(),
+            result.rows_read(),
+            result.bytes_read(),
+            result.rows_written(),
+            result.bytes_written(),
+            result.elapsed(),
         )
         output_format = None
         if statement.kind in _RESULT_STATEMENTS:
@@ -583,8 +622,9 @@ def _tsv_row(result: Any) -> List[str]:
     return result.bytes().decode().rstrip("\n").split("\t")
 
 
-def _summary(read_rows: int, read_bytes: int, written_rows: int, written_bytes: int,
-             elapsed: float) -> Dict[str, str]:
+def _summary(
+    read_rows: int, read_bytes: int, written_rows: int, written_bytes: int, elapsed: float
+) -> Dict[str, str]:
     # ClickHouse sends every summary value as a string.
     return {
         "read_rows": str(read_rows),
@@ -630,9 +670,7 @@ def decompress_body(data: bytes, encoding: str) -> bytes:
         raise ClickHouseError.make(
             271, "CANNOT_DECOMPRESS", f"Cannot decompress {encoding} request body: {exc}"
         ) from None
-    raise ClickHouseError.make(
-        36, "BAD_ARGUMENTS", f"Unknown HTTP content encoding {encoding!r}"
-    )
+    raise ClickHouseError.make(36, "BAD_ARGUMENTS", f"Unknown HTTP content encoding {encoding!r}")
 
 
 def _compressor(accept_encoding: str):  # type: ignore[no-untyped-def]
@@ -658,9 +696,15 @@ class ClickHouseHTTPServer(ThreadingHTTPServer):
     daemon_threads = True
     request_queue_size = 128
 
-    def __init__(self, address: Tuple[str, int], chdb_server: ChdbServer,
-                 user: Optional[str] = None, password: Optional[str] = None,
-                 display_name: Optional[str] = None, verbose: bool = False) -> None:
+    def __init__(
+        self,
+        address: Tuple[str, int],
+        chdb_server: ChdbServer,
+        user: Optional[str] = None,
+        password: Optional[str] = None,
+        display_name: Optional[str] = None,
+        verbose: bool = False,
+    ) -> None:
         super().__init__(address, _Handler)
         self.chdb = chdb_server
         self.user = user
@@ -745,8 +789,10 @@ class _Handler(BaseHTTPRequestHandler):
         try:
             if url.path not in ("/", "/query"):
                 self._respond(
-                    404, f"There is no handle {url.path}\n\nUse / or /ping for health checks.\n"
-                    .encode(), {"Content-Type": "text/plain; charset=UTF-8"}, method,
+                    404,
+                    f"There is no handle {url.path}\n\nUse / or /ping for health checks.\n".encode(),
+                    {"Content-Type": "text/plain; charset=UTF-8"},
+                    method,
                 )
                 return
             params = dict(parse_qsl(url.query, keep_blank_values=True))
@@ -770,9 +816,7 @@ class _Handler(BaseHTTPRequestHandler):
                     48, "NOT_IMPLEMENTED", "compress/decompress=1 is not served by this fixture"
                 )
             if not raw_query.strip():
-                raise ClickHouseError.make(
-                    62, "SYNTAX_ERROR", "Empty query"
-                )
+                raise ClickHouseError.make(62, "SYNTAX_ERROR", "Empty query")
             request = self._build_request(method, params, parse_statement(raw_query))
             result = self.server.chdb.execute(request)
             self._send_result(method, query_id, params, request, result)
@@ -794,15 +838,16 @@ class _Handler(BaseHTTPRequestHandler):
                 "with such name",
             )
 
-    def _build_request(self, method: str, params: Dict[str, str],
-                       statement: _Statement) -> _Request:
+    def _build_request(
+        self, method: str, params: Dict[str, str], statement: _Statement
+    ) -> _Request:
         session_id = params.get("session_id") or None
         session_settings, session_database = self.server.chdb.session_state(session_id)
         settings = dict(session_settings)
         query_params = {}
         for name, value in params.items():
             if name.startswith("param_"):
-                query_params[name[len("param_"):]] = value
+                query_params[name[len("param_") :]] = value
             elif name not in _TRANSPORT_PARAMS:
                 settings[name] = _quote_string(value)
         database = (
@@ -812,12 +857,14 @@ class _Handler(BaseHTTPRequestHandler):
             or "default"
         )
         default_format = (
-            params.get("default_format") or self.headers.get("X-ClickHouse-Format")
+            params.get("default_format")
+            or self.headers.get("X-ClickHouse-Format")
             or "TabSeparated"
         )
         readonly = method != "POST" or params.get("readonly", "0") not in ("", "0")
-        return _Request(statement, database, settings, query_params, default_format, readonly,
-                        session_id)
+        return _Request(
+            statement, database, settings, query_params, default_format, readonly, session_id
+        )
 
     # -- response -----------------------------------------------------------------------------
 
@@ -828,23 +875,27 @@ class _Handler(BaseHTTPRequestHandler):
             "X-ClickHouse-Timezone": self.server.chdb.timezone,
         }
 
-    def _send_result(self, method: str, query_id: str, params: Dict[str, str],
-                     request: _Request, result: _Result) -> None:
+    def _send_result(
+        self, method: str, query_id: str, params: Dict[str, str], request: _Request, result: _Result
+    ) -> None:
         headers = self._common_headers(query_id)
         body = result.body
         if result.output_format is not None:
             headers["X-ClickHouse-Format"] = result.output_format
             headers["Content-Type"] = _CONTENT_TYPES.get(
-                result.output_format.upper(), "application/octet-stream"
-                if result.output_format.upper().startswith(("NATIVE", "ROWBINARY", "ARROW",
-                                                             "PARQUET", "ORC", "AVRO"))
+                result.output_format.upper(),
+                "application/octet-stream"
+                if result.output_format.upper().startswith(
+                    ("NATIVE", "ROWBINARY", "ARROW", "PARQUET", "ORC", "AVRO")
+                )
                 else "text/plain; charset=UTF-8",
             )
         else:
             headers["Content-Type"] = "text/plain; charset=UTF-8"
         headers["X-ClickHouse-Summary"] = json.dumps(result.summary, separators=(",", ":"))
-        compression = params.get("enable_http_compression",
-                                 self.server.chdb.defaults.get("enable_http_compression", "0"))
+        compression = params.get(
+            "enable_http_compression", self.server.chdb.defaults.get("enable_http_compression", "0")
+        )
         accept = self.headers.get("Accept-Encoding", "")
         if len(body) and compression not in ("0", "") and accept:
             chosen = _compressor(accept)
@@ -890,9 +941,16 @@ def _parse_form(content_type: str, body: bytes) -> Dict[str, str]:
 # entry point
 
 
-def serve(path: str, port: int = 0, host: str = "127.0.0.1", user: Optional[str] = None,
-          password: Optional[str] = None, ready_file: Optional[str] = None,
-          connections: int = 0, verbose: bool = False) -> None:
+def serve(
+    path: str,
+    port: int = 0,
+    host: str = "127.0.0.1",
+    user: Optional[str] = None,
+    password: Optional[str] = None,
+    ready_file: Optional[str] = None,
+    connections: int = 0,
+    verbose: bool = False,
+) -> None:
     """Serve until SIGTERM/SIGINT, then close chdb cleanly (its parts are flushed to ``path``)."""
     engine = ChdbServer(path, connections)
     httpd = ClickHouseHTTPServer((host, port), engine, user, password, verbose=verbose)
@@ -907,8 +965,11 @@ def serve(path: str, port: int = 0, host: str = "127.0.0.1", user: Optional[str]
         temporary = f"{ready_file}.tmp"
         Path(temporary).write_text(str(bound_port))
         os.replace(temporary, ready_file)
-    print(f"ClickHouse {engine.version} (chdb) on http://{host}:{bound_port}/ over {path}",
-          file=sys.stderr, flush=True)
+    print(
+        f"ClickHouse {engine.version} (chdb) on http://{host}:{bound_port}/ over {path}",
+        file=sys.stderr,
+        flush=True,
+    )
     try:
         httpd.serve_forever(poll_interval=0.2)
     finally:
@@ -924,8 +985,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--user", default=None, help="the only user let in (default: anyone)")
     parser.add_argument("--password", default=None)
     parser.add_argument("--ready-file", default=None, help="gets the port once listening")
-    parser.add_argument("--connections", type=int, default=0,
-                        help="chdb connections, i.e. statements run at once (default: CPUs)")
+    parser.add_argument(
+        "--connections",
+        type=int,
+        default=0,
+        help="chdb connections, i.e. statements run at once (default: CPUs)",
+    )
     parser.add_argument("--timezone", default="UTC", help="the server's time zone")
     parser.add_argument("--verbose", action="store_true", help="log every request")
     args = parser.parse_args(argv)
@@ -933,8 +998,16 @@ def main(argv: Optional[List[str]] = None) -> int:
     # rendering); pin it so runs do not depend on the machine's.
     os.environ["TZ"] = args.timezone
     time.tzset()
-    serve(args.path, args.port, args.host, args.user, args.password, args.ready_file,
-          args.connections, args.verbose)
+    serve(
+        args.path,
+        args.port,
+        args.host,
+        args.user,
+        args.password,
+        args.ready_file,
+        args.connections,
+        args.verbose,
+    )
     return 0
 
 

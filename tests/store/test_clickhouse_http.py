@@ -27,18 +27,28 @@ def connect(url: str, **kwargs: Any) -> Any:
 
     parts = urlsplit(url)
     return clickhouse_connect.get_client(
-        host=parts.hostname, port=parts.port, username=unquote(parts.username or "default"),
-        password=unquote(parts.password or ""), database=unquote(parts.path.lstrip("/")),
+        host=parts.hostname,
+        port=parts.port,
+        username=unquote(parts.username or "default"),
+        password=unquote(parts.password or ""),
+        database=unquote(parts.path.lstrip("/")),
         **kwargs,
     )
 
 
-def http(server: ClickHouseProcess, query: str, body: bytes = b"", method: str = "POST",
-         headers: Optional[Dict[str, str]] = None, **params: str) -> Tuple[int, Any, bytes]:
+def http(
+    server: ClickHouseProcess,
+    query: str,
+    body: bytes = b"",
+    method: str = "POST",
+    headers: Optional[Dict[str, str]] = None,
+    **params: str,
+) -> Tuple[int, Any, bytes]:
     """One raw HTTP exchange: (status, headers, body)."""
     request = urllib.request.Request(
         f"{server.http_url}?{urlencode(dict(params, query=query))}",
-        data=body if method == "POST" else None, method=method,
+        data=body if method == "POST" else None,
+        method=method,
     )
     credentials = f"{server.user}:{server.password}".encode()
     request.add_header("Authorization", "Basic " + base64.b64encode(credentials).decode())
@@ -68,8 +78,10 @@ def test_columnar_insert_and_read_back(clickhouse_url: str) -> None:
     tags = [b"ab%02d" % (i % 100) for i in range(n)]
     pairs = [[i % 10, 1] for i in range(n)]
     summary = client.insert(
-        "t", [ids, deltas, names, kinds, tags, pairs],
-        column_names=["id", "delta", "name", "kind", "tag", "pair"], column_oriented=True,
+        "t",
+        [ids, deltas, names, kinds, tags, pairs],
+        column_names=["id", "delta", "name", "kind", "tag", "pair"],
+        column_oriented=True,
     )
     assert summary.written_rows == n
 
@@ -77,8 +89,15 @@ def test_columnar_insert_and_read_back(clickhouse_url: str) -> None:
         "SELECT count(), sum(id), sum(delta), uniqExact(kind), sum(arraySum(pair)), "
         "countIf(tag = 'ab07'), max(length(name)) FROM t"
     ).result_rows[0]
-    assert row == (n, int(ids.sum()), int(deltas.sum()), 7, sum(i % 10 + 1 for i in range(n)),
-                   n // 100, len("name-99999"))
+    assert row == (
+        n,
+        int(ids.sum()),
+        int(deltas.sum()),
+        7,
+        sum(i % 10 + 1 for i in range(n)),
+        n // 100,
+        len("name-99999"),
+    )
 
     arrays = client.query_np("SELECT id, delta FROM t WHERE kind = 'kind-3' ORDER BY id")
     expected = ids[ids % 7 == 3]
@@ -102,8 +121,12 @@ def test_compressed_inserts(clickhouse_url: str) -> None:
     n = 20_000
     for compression in ("lz4", "gzip", False):
         client = connect(clickhouse_url, compress=compression)
-        client.insert("c", [np.arange(n, dtype=np.uint64), [str(i) for i in range(n)]],
-                      column_names=["a", "s"], column_oriented=True)
+        client.insert(
+            "c",
+            [np.arange(n, dtype=np.uint64), [str(i) for i in range(n)]],
+            column_names=["a", "s"],
+            column_oriented=True,
+        )
     assert connect(clickhouse_url).query("SELECT count(), sum(a) FROM c").result_rows == [
         (3 * n, 3 * n * (n - 1) // 2)
     ]
@@ -133,8 +156,11 @@ def test_wrong_password_is_refused(clickhouse_server: ClickHouseProcess) -> None
     with pytest.raises(DatabaseError, match="Authentication failed") as refused:
         connect(url)
     assert refused.value.code == 516
-    status, headers, body = http(clickhouse_server, "SELECT 1",
-                                 headers={"X-ClickHouse-User": "hotspan", "X-ClickHouse-Key": "x"})
+    status, headers, body = http(
+        clickhouse_server,
+        "SELECT 1",
+        headers={"X-ClickHouse-User": "hotspan", "X-ClickHouse-Key": "x"},
+    )
     assert (status, headers["X-ClickHouse-Exception-Code"]) == (403, "516")
     assert body.startswith(b"Code: 516. DB::Exception: ")
 
@@ -151,26 +177,39 @@ def test_http_protocol_details(clickhouse_server: ClickHouseProcess, clickhouse_
     assert body == b'{"x":1}\n'
 
     # GET is read-only, as on a real server.
-    status, headers, _ = http(clickhouse_server, "CREATE TABLE g (a UInt8) ENGINE = Memory",
-                              method="GET", database=database)
+    status, headers, _ = http(
+        clickhouse_server,
+        "CREATE TABLE g (a UInt8) ENGINE = Memory",
+        method="GET",
+        database=database,
+    )
     assert headers["X-ClickHouse-Exception-Code"] == "164"
 
     # Query in the URL, data in the body, parsed by ClickHouse's own input format.
-    http(clickhouse_server, "CREATE TABLE r (a UInt32, b String) ENGINE = MergeTree ORDER BY a",
-         database=database)
-    status, headers, _ = http(clickhouse_server, "INSERT INTO r FORMAT TSV",
-                              b"1\tx\n2\ty\n", database=database)
+    http(
+        clickhouse_server,
+        "CREATE TABLE r (a UInt32, b String) ENGINE = MergeTree ORDER BY a",
+        database=database,
+    )
+    status, headers, _ = http(
+        clickhouse_server, "INSERT INTO r FORMAT TSV", b"1\tx\n2\ty\n", database=database
+    )
     assert status == 200 and "X-ClickHouse-Format" not in headers
     assert json.loads(headers["X-ClickHouse-Summary"])["written_rows"] == "2"
-    status, headers, _ = http(clickhouse_server, "INSERT INTO r FORMAT TSV",
-                              b"3\tz\nnot-a-number\tw\n", database=database)
+    status, headers, _ = http(
+        clickhouse_server, "INSERT INTO r FORMAT TSV", b"3\tz\nnot-a-number\tw\n", database=database
+    )
     assert status == 400 and headers["X-ClickHouse-Exception-Code"] == "27"
     _, _, body = http(clickhouse_server, "SELECT sum(a), groupArray(b) FROM r", database=database)
     assert body == b"3\t['x','y']\n"
 
     # Responses are compressed when asked, as ClickHouse does with enable_http_compression.
-    _, headers, body = http(clickhouse_server, "SELECT number FROM numbers(1000)",
-                            headers={"Accept-Encoding": "gzip"}, enable_http_compression="1")
+    _, headers, body = http(
+        clickhouse_server,
+        "SELECT number FROM numbers(1000)",
+        headers={"Accept-Encoding": "gzip"},
+        enable_http_compression="1",
+    )
     import gzip
 
     assert headers["Content-Encoding"] == "gzip"
@@ -196,8 +235,12 @@ def test_parallel_clients_all_rows_land(clickhouse_url: str) -> None:
             client = connect(clickhouse_url)
             for batch in range(10):
                 rows = np.arange(batch * 1000, (batch + 1) * 1000, dtype=np.uint64)
-                client.insert("p", [np.full(1000, writer, dtype=np.uint8), rows],
-                              column_names=["writer", "i"], column_oriented=True)
+                client.insert(
+                    "p",
+                    [np.full(1000, writer, dtype=np.uint8), rows],
+                    column_names=["writer", "i"],
+                    column_oriented=True,
+                )
                 client.query("SELECT writer, count() FROM p GROUP BY writer")
         except Exception as exc:  # surfaced by the assertion below
             errors.append(exc)
@@ -222,5 +265,6 @@ def test_data_survives_a_restart(tmp_path: Any) -> None:
     assert server.process.returncode == 0, server.log()
     with start_clickhouse(tmp_path / "data", "admin", "s3cret") as server:
         assert server.client(database="keep").command("SELECT count(), sum(a) FROM k") == [
-            "1000", "499500"
+            "1000",
+            "499500",
         ]

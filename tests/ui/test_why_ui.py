@@ -1,4 +1,4 @@
-""""Why slow?" in the trace view, in a real Chromium against a real server, with data from a
+""" "Why slow?" in the trace view, in a real Chromium against a real server, with data from a
 real program (the OpenTelemetry SDK exporting spans, the hotspan agent uploading profiles).
 
 The program serves "GET /checkout" ten times; one request also recalculates the taxes, which

@@ -30,7 +30,12 @@
 #pragma GCC diagnostic ignored "-Wunused-parameter"
 
 #if PY_VERSION_HEX < 0x030A0000
-static inline PyObject *Py_NewRef(PyObject *o) { Py_INCREF(o); return o; }
+static inline PyObject *
+Py_NewRef(PyObject *o)
+{
+    Py_INCREF(o);
+    return o;
+}
 #endif
 
 #define TABLE_SLOTS 8192             /* a power of two */
@@ -289,8 +294,7 @@ entry_to_tuple(const Entry *e)
 /* ---------------------------------------------------------------- the lock types */
 
 typedef struct {
-    PyObject_HEAD
-    PyObject *inner;
+    PyObject_HEAD PyObject *inner;
     const LockKind *kind;
     PyObject *weakreflist;
 } ProfiledLock;
@@ -336,8 +340,7 @@ plain_timeout(PyObject *timeout)
             PyErr_Clear();
             return 0;
         }
-    }
-    else
+    } else
         return 0;
     return t == -1.0 || (t >= 0.0 && t <= timeout_max);
 }
@@ -435,8 +438,7 @@ pl_repr(ProfiledLock *self)
         PyObject *tail = PyUnicode_Substring(inner, 1, PyUnicode_GET_LENGTH(inner));
         out = tail ? PyUnicode_FromFormat("<profiled %U", tail) : NULL;
         Py_XDECREF(tail);
-    }
-    else
+    } else
         out = PyUnicode_FromFormat("<profiled %U>", inner);
     Py_DECREF(inner);
     return out;
@@ -509,8 +511,9 @@ pl_dealloc(ProfiledLock *self)
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
-#define ACQUIRE_DOC                                                                              \
-    "acquire(blocking=True, timeout=-1) -> bool: as the original; a wait is timed and charged " \
+#define ACQUIRE_DOC                                                                            \
+    "acquire(blocking=True, timeout=-1) -> bool: as the original; a wait is timed and "        \
+    "charged "                                                                                 \
     "to the caller's stack and span"
 
 static PyMethodDef lock_methods[] = {
@@ -652,8 +655,8 @@ static PyObject *
 mod_stats(PyObject *mod, PyObject *unused)
 {
     return Py_BuildValue("{sKsKsKsn}", "waits_recorded", (unsigned long long)waits_recorded,
-                         "waits_dropped", (unsigned long long)waits_dropped,
-                         "delay_dropped_ns", (unsigned long long)delay_dropped_ns, "entries",
+                         "waits_dropped", (unsigned long long)waits_dropped, "delay_dropped_ns",
+                         (unsigned long long)delay_dropped_ns, "entries",
                          (Py_ssize_t)n_entries);
 }
 
@@ -661,7 +664,8 @@ static PyMethodDef methods[] = {
     {"start", mod_start, METH_VARARGS, "start(max_depth): record waits from now on"},
     {"stop", mod_stop, METH_NOARGS, "stop(): record no more, drop what was not collected"},
     {"collect", mod_collect, METH_NOARGS,
-     "collect() -> [(((code, lasti), ...), labels, contentions, delay_ns)] since the last call"},
+     "collect() -> [(((code, lasti), ...), labels, contentions, delay_ns)] since the last "
+     "call"},
     {"record", mod_record, METH_VARARGS,
      "record(delay_ns, skip): charge a wait to the caller's stack (skip innermost frames) and "
      "labels"},

@@ -25,7 +25,9 @@
 #define K_LEN 0xC2B2AE3D27D4EB4FULL
 #define K_MUL 0x87C37B91114253D5ULL
 
-static inline uint64_t fmix64(uint64_t h) {
+static inline uint64_t
+fmix64(uint64_t h)
+{
     h ^= h >> 33;
     h *= 0xFF51AFD7ED558CCDULL;
     h ^= h >> 33;
@@ -34,13 +36,18 @@ static inline uint64_t fmix64(uint64_t h) {
     return h;
 }
 
-static inline uint64_t fnv_bytes(uint64_t h, const uint8_t *p, size_t n) {
-    for (size_t i = 0; i < n; i++) h = (h ^ p[i]) * FNV_PRIME;
+static inline uint64_t
+fnv_bytes(uint64_t h, const uint8_t *p, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ p[i]) * FNV_PRIME;
     return h;
 }
 
-static int64_t hash_frame_raw(const uint8_t *name, size_t name_len, const uint8_t *file,
-                              size_t file_len, int64_t line) {
+static int64_t
+hash_frame_raw(const uint8_t *name, size_t name_len, const uint8_t *file, size_t file_len,
+               int64_t line)
+{
     uint64_t h = FNV_OFFSET;
     uint8_t zero = 0, le[8];
     uint64_t u = (uint64_t)line;
@@ -48,12 +55,15 @@ static int64_t hash_frame_raw(const uint8_t *name, size_t name_len, const uint8_
     h = fnv_bytes(h, &zero, 1);
     h = fnv_bytes(h, file, file_len);
     h = fnv_bytes(h, &zero, 1);
-    for (int i = 0; i < 8; i++) le[i] = (uint8_t)(u >> (8 * i));
+    for (int i = 0; i < 8; i++)
+        le[i] = (uint8_t)(u >> (8 * i));
     h = fnv_bytes(h, le, 8);
     return (int64_t)fmix64(h);
 }
 
-static int64_t hash_stack_raw(const int64_t *ids, size_t n) {
+static int64_t
+hash_stack_raw(const int64_t *ids, size_t n)
+{
     uint64_t h = GOLDEN ^ ((uint64_t)n * K_LEN);
     for (size_t i = 0; i < n; i++) {
         h ^= fmix64((uint64_t)ids[i] + GOLDEN);
@@ -72,12 +82,17 @@ typedef struct {
 /* The error of the current decode; set without the GIL, raised once it is held again. */
 static _Thread_local char error_text[160];
 
-static int fail(const char *what) {
-    if (!error_text[0]) snprintf(error_text, sizeof(error_text), "malformed pprof: %s", what);
+static int
+fail(const char *what)
+{
+    if (!error_text[0])
+        snprintf(error_text, sizeof(error_text), "malformed pprof: %s", what);
     return -1;
 }
 
-static int vec_push(Vec *v, int64_t x) {
+static int
+vec_push(Vec *v, int64_t x)
+{
     if (v->len == v->cap) {
         Py_ssize_t cap = v->cap ? v->cap * 2 : 64;
         int64_t *d = (int64_t *)realloc(v->data, (size_t)cap * sizeof(int64_t));
@@ -92,14 +107,19 @@ static int vec_push(Vec *v, int64_t x) {
     return 0;
 }
 
-static void vec_free(Vec *v) {
+static void
+vec_free(Vec *v)
+{
     free(v->data);
     v->data = NULL;
     v->len = v->cap = 0;
 }
 
-static PyObject *vec_bytes(const Vec *v) {
-    return PyBytes_FromStringAndSize((const char *)v->data, v->len * (Py_ssize_t)sizeof(int64_t));
+static PyObject *
+vec_bytes(const Vec *v)
+{
+    return PyBytes_FromStringAndSize((const char *)v->data,
+                                     v->len * (Py_ssize_t)sizeof(int64_t));
 }
 
 /* ---- protobuf wire reading --------------------------------------------------------------- */
@@ -114,10 +134,13 @@ typedef struct {
 
 /* A varint of at most ``max_bytes`` bytes.  upb (the Python decoder) reads values of up to 10
  * bytes but tags and lengths of up to 5, and refuses longer ones; so does this. */
-static int read_varint_upto(Reader *r, uint64_t *out, int max_bytes) {
+static int
+read_varint_upto(Reader *r, uint64_t *out, int max_bytes)
+{
     uint64_t v = 0;
     for (int i = 0; i < max_bytes; i++) {
-        if (r->p >= r->end) return fail("truncated varint");
+        if (r->p >= r->end)
+            return fail("truncated varint");
         uint8_t b = *r->p++;
         v |= (uint64_t)(b & 0x7f) << (7 * i);
         if (!(b & 0x80)) {
@@ -128,33 +151,49 @@ static int read_varint_upto(Reader *r, uint64_t *out, int max_bytes) {
     return fail("varint too long");
 }
 
-static int read_varint(Reader *r, uint64_t *out) { return read_varint_upto(r, out, 10); }
+static int
+read_varint(Reader *r, uint64_t *out)
+{
+    return read_varint_upto(r, out, 10);
+}
 
 /* A field's tag: field number and wire type; the number may be 0 (see read_key). */
-static int read_tag(Reader *r, uint32_t *field, uint32_t *wire) {
+static int
+read_tag(Reader *r, uint32_t *field, uint32_t *wire)
+{
     uint64_t key;
-    if (read_varint_upto(r, &key, 5) < 0) return -1;
-    if (key > 0xFFFFFFFFULL) return fail("invalid field number");
+    if (read_varint_upto(r, &key, 5) < 0)
+        return -1;
+    if (key > 0xFFFFFFFFULL)
+        return fail("invalid field number");
     *field = (uint32_t)(key >> 3);
     *wire = (uint32_t)(key & 7);
     return 0;
 }
 
 /* Reads a field key; *field = 0 at the end of the message. */
-static int read_key(Reader *r, uint32_t *field, uint32_t *wire) {
+static int
+read_key(Reader *r, uint32_t *field, uint32_t *wire)
+{
     if (r->p >= r->end) {
         *field = 0;
         return 0;
     }
-    if (read_tag(r, field, wire) < 0) return -1;
-    if (*field == 0) return fail("invalid field number");
+    if (read_tag(r, field, wire) < 0)
+        return -1;
+    if (*field == 0)
+        return fail("invalid field number");
     return 0;
 }
 
-static int read_len(Reader *r, Reader *sub) {
+static int
+read_len(Reader *r, Reader *sub)
+{
     uint64_t n;
-    if (read_varint_upto(r, &n, 5) < 0) return -1;
-    if (n > (uint64_t)(r->end - r->p)) return fail("length past the end");
+    if (read_varint_upto(r, &n, 5) < 0)
+        return -1;
+    if (n > (uint64_t)(r->end - r->p))
+        return fail("length past the end");
     sub->p = r->p;
     sub->end = r->p + n;
     sub->depth = r->depth + 1;
@@ -166,62 +205,83 @@ static int skip(Reader *r, uint32_t field, uint32_t wire);
 
 /* A group (deprecated wire types 3/4): skip fields until the matching end-group key.
  * ``level``: the messages and groups around it, itself included. */
-static int skip_group(Reader *r, uint32_t field, int level) {
+static int
+skip_group(Reader *r, uint32_t field, int level)
+{
     uint32_t f, w;
-    if (level > MAX_NESTING) return fail("groups nested too deep");
+    if (level > MAX_NESTING)
+        return fail("groups nested too deep");
     for (;;) {
         /* Inside a group upb takes field number 0 as any other unknown field. */
-        if (r->p >= r->end) return fail("unterminated group");
-        if (read_tag(r, &f, &w) < 0) return -1;
-        if (w == 4) return f == field ? 0 : fail("mismatched end of group");
+        if (r->p >= r->end)
+            return fail("unterminated group");
+        if (read_tag(r, &f, &w) < 0)
+            return -1;
+        if (w == 4)
+            return f == field ? 0 : fail("mismatched end of group");
         if (w == 3) {
-            if (skip_group(r, f, level + 1) < 0) return -1;
+            if (skip_group(r, f, level + 1) < 0)
+                return -1;
         } else if (skip(r, f, w) < 0) {
             return -1;
         }
     }
 }
 
-static int skip(Reader *r, uint32_t field, uint32_t wire) {
+static int
+skip(Reader *r, uint32_t field, uint32_t wire)
+{
     uint64_t v;
     Reader sub;
     switch (wire) {
-        case 3: return skip_group(r, field, r->depth + 1);
-        case 0: return read_varint(r, &v);
-        case 1:
-            if (r->end - r->p < 8) return fail("truncated fixed64");
-            r->p += 8;
-            return 0;
-        case 2: return read_len(r, &sub);
-        case 5:
-            if (r->end - r->p < 4) return fail("truncated fixed32");
-            r->p += 4;
-            return 0;
-        default: return fail("unsupported wire type");
+    case 3: return skip_group(r, field, r->depth + 1);
+    case 0: return read_varint(r, &v);
+    case 1:
+        if (r->end - r->p < 8)
+            return fail("truncated fixed64");
+        r->p += 8;
+        return 0;
+    case 2: return read_len(r, &sub);
+    case 5:
+        if (r->end - r->p < 4)
+            return fail("truncated fixed32");
+        r->p += 4;
+        return 0;
+    default: return fail("unsupported wire type");
     }
 }
 
 /* A varint field; with another wire type it is an unknown field and skipped, as upb does. */
-static int read_int(Reader *r, uint32_t field, uint32_t wire, int64_t *out) {
+static int
+read_int(Reader *r, uint32_t field, uint32_t wire, int64_t *out)
+{
     uint64_t v;
-    if (wire != 0) return skip(r, field, wire);
-    if (read_varint(r, &v) < 0) return -1;
+    if (wire != 0)
+        return skip(r, field, wire);
+    if (read_varint(r, &v) < 0)
+        return -1;
     *out = (int64_t)v;
     return 0;
 }
 
 /* A repeated integer field, packed (wire 2) or not (wire 0). */
-static int read_ints(Reader *r, uint32_t field, uint32_t wire, Vec *out) {
+static int
+read_ints(Reader *r, uint32_t field, uint32_t wire, Vec *out)
+{
     uint64_t v;
     if (wire == 0) {
-        if (read_varint(r, &v) < 0) return -1;
+        if (read_varint(r, &v) < 0)
+            return -1;
         return vec_push(out, (int64_t)v);
     }
-    if (wire != 2) return skip(r, field, wire);
+    if (wire != 2)
+        return skip(r, field, wire);
     Reader sub;
-    if (read_len(r, &sub) < 0) return -1;
+    if (read_len(r, &sub) < 0)
+        return -1;
     while (sub.p < sub.end) {
-        if (read_varint(&sub, &v) < 0 || vec_push(out, (int64_t)v) < 0) return -1;
+        if (read_varint(&sub, &v) < 0 || vec_push(out, (int64_t)v) < 0)
+            return -1;
     }
     return 0;
 }
@@ -242,28 +302,38 @@ typedef struct {
     Py_ssize_t n;
 } Lookup;
 
-static int cmp_id(const void *a, const void *b) {
+static int
+cmp_id(const void *a, const void *b)
+{
     const IdIndex *x = (const IdIndex *)a, *y = (const IdIndex *)b;
-    if (x->id != y->id) return x->id < y->id ? -1 : 1;
+    if (x->id != y->id)
+        return x->id < y->id ? -1 : 1;
     return x->index < y->index ? -1 : x->index > y->index;
 }
 
-static int build_lookup(Lookup *lk, const Vec *ids) {
+static int
+build_lookup(Lookup *lk, const Vec *ids)
+{
     uint64_t max_id = 0;
     memset(lk, 0, sizeof(*lk));
     lk->n = ids->len;
     for (Py_ssize_t i = 0; i < ids->len; i++)
-        if ((uint64_t)ids->data[i] > max_id) max_id = (uint64_t)ids->data[i];
+        if ((uint64_t)ids->data[i] > max_id)
+            max_id = (uint64_t)ids->data[i];
     if (max_id < (uint64_t)ids->len * 4 + 64) {
         lk->dense_len = max_id + 1;
         lk->dense = (Py_ssize_t *)malloc(sizeof(Py_ssize_t) * (size_t)lk->dense_len);
-        if (!lk->dense) return fail("out of memory");
-        for (uint64_t i = 0; i < lk->dense_len; i++) lk->dense[i] = -1;
-        for (Py_ssize_t i = ids->len - 1; i >= 0; i--) lk->dense[(uint64_t)ids->data[i]] = i;
+        if (!lk->dense)
+            return fail("out of memory");
+        for (uint64_t i = 0; i < lk->dense_len; i++)
+            lk->dense[i] = -1;
+        for (Py_ssize_t i = ids->len - 1; i >= 0; i--)
+            lk->dense[(uint64_t)ids->data[i]] = i;
         return 0;
     }
     lk->sorted = (IdIndex *)malloc(sizeof(IdIndex) * (size_t)(ids->len ? ids->len : 1));
-    if (!lk->sorted) return fail("out of memory");
+    if (!lk->sorted)
+        return fail("out of memory");
     for (Py_ssize_t i = 0; i < ids->len; i++) {
         lk->sorted[i].id = (uint64_t)ids->data[i];
         lk->sorted[i].index = i;
@@ -272,19 +342,26 @@ static int build_lookup(Lookup *lk, const Vec *ids) {
     return 0;
 }
 
-static void free_lookup(Lookup *lk) {
+static void
+free_lookup(Lookup *lk)
+{
     free(lk->dense);
     free(lk->sorted);
     memset(lk, 0, sizeof(*lk));
 }
 
-static inline Py_ssize_t find(const Lookup *lk, uint64_t id) {
-    if (lk->dense) return id < lk->dense_len ? lk->dense[id] : -1;
+static inline Py_ssize_t
+find(const Lookup *lk, uint64_t id)
+{
+    if (lk->dense)
+        return id < lk->dense_len ? lk->dense[id] : -1;
     Py_ssize_t lo = 0, hi = lk->n; /* leftmost entry with this id */
     while (lo < hi) {
         Py_ssize_t mid = lo + (hi - lo) / 2;
-        if (lk->sorted[mid].id < id) lo = mid + 1;
-        else hi = mid;
+        if (lk->sorted[mid].id < id)
+            lo = mid + 1;
+        else
+            hi = mid;
     }
     return (lo < lk->n && lk->sorted[lo].id == id) ? lk->sorted[lo].index : -1;
 }
@@ -293,8 +370,9 @@ static inline Py_ssize_t find(const Lookup *lk, uint64_t id) {
 
 typedef struct {
     /* raw submessages of the profile, by field */
-    Vec sample_pos, mapping_pos, location_pos, function_pos, string_pos; /* (offset, len) pairs */
-    Vec sample_types;                                                      /* (type, unit) pairs */
+    Vec sample_pos, mapping_pos, location_pos, function_pos,
+        string_pos; /* (offset, len) pairs */
+    Vec sample_types; /* (type, unit) pairs */
     int64_t period_type, period_unit, has_period_type, period, time_nanos, duration_nanos;
     /* functions and mappings */
     Vec fn_id, fn_name, fn_file, map_id, map_file;
@@ -307,160 +385,237 @@ typedef struct {
     Py_ssize_t max_depth, max_frames; /* limits: frames per stack, frames in all */
 } Decoder;
 
-static void decoder_free(Decoder *d) {
-    Vec *all[] = {&d->sample_pos, &d->mapping_pos, &d->location_pos, &d->function_pos,
-                  &d->string_pos, &d->sample_types, &d->fn_id, &d->fn_name, &d->fn_file,
-                  &d->map_id, &d->map_file, &d->loc_id, &d->loc_frame_off, &d->loc_frames,
-                  &d->frame_id, &d->frame_name, &d->frame_file, &d->frame_line, &d->stack,
-                  &d->frame_off, &d->frames, &d->values, &d->labels, &d->tmp_locs};
-    for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++) vec_free(all[i]);
+static void
+decoder_free(Decoder *d)
+{
+    Vec *all[] = {&d->sample_pos,    &d->mapping_pos,  &d->location_pos, &d->function_pos,
+                  &d->string_pos,    &d->sample_types, &d->fn_id,        &d->fn_name,
+                  &d->fn_file,       &d->map_id,       &d->map_file,     &d->loc_id,
+                  &d->loc_frame_off, &d->loc_frames,   &d->frame_id,     &d->frame_name,
+                  &d->frame_file,    &d->frame_line,   &d->stack,        &d->frame_off,
+                  &d->frames,        &d->values,       &d->labels,       &d->tmp_locs};
+    for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++)
+        vec_free(all[i]);
 }
 
-static int remember(Vec *pos, const uint8_t *base, Reader *sub) {
-    if (vec_push(pos, (int64_t)(sub->p - base)) < 0) return -1;
+static int
+remember(Vec *pos, const uint8_t *base, Reader *sub)
+{
+    if (vec_push(pos, (int64_t)(sub->p - base)) < 0)
+        return -1;
     return vec_push(pos, (int64_t)(sub->end - sub->p));
 }
 
-static int check_string(const Decoder *d, int64_t idx) {
-    if (idx < 0 || idx >= d->string_pos.len / 2) return fail("string index out of range");
+static int
+check_string(const Decoder *d, int64_t idx)
+{
+    if (idx < 0 || idx >= d->string_pos.len / 2)
+        return fail("string index out of range");
     return 0;
 }
 
-static const uint8_t *string_at(const Decoder *d, const uint8_t *base, int64_t idx, size_t *len) {
+static const uint8_t *
+string_at(const Decoder *d, const uint8_t *base, int64_t idx, size_t *len)
+{
     *len = (size_t)d->string_pos.data[2 * idx + 1];
     return base + d->string_pos.data[2 * idx];
 }
 
-static int decode_top(Decoder *d, const uint8_t *base, Reader *r) {
+static int
+decode_top(Decoder *d, const uint8_t *base, Reader *r)
+{
     uint32_t field, wire;
     Reader sub;
     for (;;) {
-        if (read_key(r, &field, &wire) < 0) return -1;
-        if (field == 0) return 0;
+        if (read_key(r, &field, &wire) < 0)
+            return -1;
+        if (field == 0)
+            return 0;
         if (field >= 1 && field <= 6 && wire == 2) {
-            if (read_len(r, &sub) < 0) return -1;
+            if (read_len(r, &sub) < 0)
+                return -1;
             Vec *pos = NULL;
             if (field == 1) {
                 int64_t type = 0, unit = 0;
                 uint32_t f2, w2;
                 for (;;) {
-                    if (read_key(&sub, &f2, &w2) < 0) return -1;
-                    if (f2 == 0) break;
+                    if (read_key(&sub, &f2, &w2) < 0)
+                        return -1;
+                    if (f2 == 0)
+                        break;
                     if (f2 == 1) {
-                        if (read_int(&sub, f2, w2, &type) < 0) return -1;
+                        if (read_int(&sub, f2, w2, &type) < 0)
+                            return -1;
                     } else if (f2 == 2) {
-                        if (read_int(&sub, f2, w2, &unit) < 0) return -1;
-                    } else if (skip(&sub, f2, w2) < 0) return -1;
+                        if (read_int(&sub, f2, w2, &unit) < 0)
+                            return -1;
+                    } else if (skip(&sub, f2, w2) < 0)
+                        return -1;
                 }
-                if (vec_push(&d->sample_types, type) < 0 || vec_push(&d->sample_types, unit) < 0)
+                if (vec_push(&d->sample_types, type) < 0 ||
+                    vec_push(&d->sample_types, unit) < 0)
                     return -1;
                 continue;
             }
-            pos = field == 2 ? &d->sample_pos
-                : field == 3 ? &d->mapping_pos
-                : field == 4 ? &d->location_pos
-                : field == 5 ? &d->function_pos
-                             : &d->string_pos;
-            if (remember(pos, base, &sub) < 0) return -1;
+            pos = field == 2   ? &d->sample_pos
+                  : field == 3 ? &d->mapping_pos
+                  : field == 4 ? &d->location_pos
+                  : field == 5 ? &d->function_pos
+                               : &d->string_pos;
+            if (remember(pos, base, &sub) < 0)
+                return -1;
         } else if (field == 11 && wire == 2) {
             uint32_t f2, w2;
-            if (read_len(r, &sub) < 0) return -1;
+            if (read_len(r, &sub) < 0)
+                return -1;
             d->has_period_type = 1;
             for (;;) {
-                if (read_key(&sub, &f2, &w2) < 0) return -1;
-                if (f2 == 0) break;
+                if (read_key(&sub, &f2, &w2) < 0)
+                    return -1;
+                if (f2 == 0)
+                    break;
                 if (f2 == 1) {
-                    if (read_int(&sub, f2, w2, &d->period_type) < 0) return -1;
+                    if (read_int(&sub, f2, w2, &d->period_type) < 0)
+                        return -1;
                 } else if (f2 == 2) {
-                    if (read_int(&sub, f2, w2, &d->period_unit) < 0) return -1;
-                } else if (skip(&sub, f2, w2) < 0) return -1;
+                    if (read_int(&sub, f2, w2, &d->period_unit) < 0)
+                        return -1;
+                } else if (skip(&sub, f2, w2) < 0)
+                    return -1;
             }
         } else if (field == 9) {
-            if (read_int(r, field, wire, &d->time_nanos) < 0) return -1;
+            if (read_int(r, field, wire, &d->time_nanos) < 0)
+                return -1;
         } else if (field == 10) {
-            if (read_int(r, field, wire, &d->duration_nanos) < 0) return -1;
+            if (read_int(r, field, wire, &d->duration_nanos) < 0)
+                return -1;
         } else if (field == 12) {
-            if (read_int(r, field, wire, &d->period) < 0) return -1;
+            if (read_int(r, field, wire, &d->period) < 0)
+                return -1;
         } else if (field == 13 && wire == 2) {
             /* comment (repeated int64), unused here; but upb reads the packed run and refuses
              * a varint cut short inside it, and both decoders must refuse the same. */
             uint64_t v;
-            if (read_len(r, &sub) < 0) return -1;
+            if (read_len(r, &sub) < 0)
+                return -1;
             while (sub.p < sub.end)
-                if (read_varint(&sub, &v) < 0) return -1;
+                if (read_varint(&sub, &v) < 0)
+                    return -1;
         } else if (skip(r, field, wire) < 0) {
             return -1;
         }
     }
 }
 
-static int decode_functions(Decoder *d, const uint8_t *base) {
+static int
+decode_functions(Decoder *d, const uint8_t *base)
+{
     for (Py_ssize_t i = 0; i < d->function_pos.len; i += 2) {
-        Reader r = {base + d->function_pos.data[i], base + d->function_pos.data[i] + d->function_pos.data[i + 1], 1};
+        Reader r = {base + d->function_pos.data[i],
+                    base + d->function_pos.data[i] + d->function_pos.data[i + 1], 1};
         int64_t id = 0, name = 0, system_name = 0, file = 0;
         uint32_t f, w;
         for (;;) {
-            if (read_key(&r, &f, &w) < 0) return -1;
-            if (f == 0) break;
-            if (f == 1) { if (read_int(&r, f, w, &id) < 0) return -1; }
-            else if (f == 2) { if (read_int(&r, f, w, &name) < 0) return -1; }
-            else if (f == 3) { if (read_int(&r, f, w, &system_name) < 0) return -1; }
-            else if (f == 4) { if (read_int(&r, f, w, &file) < 0) return -1; }
-            else if (skip(&r, f, w) < 0) return -1;
+            if (read_key(&r, &f, &w) < 0)
+                return -1;
+            if (f == 0)
+                break;
+            if (f == 1) {
+                if (read_int(&r, f, w, &id) < 0)
+                    return -1;
+            } else if (f == 2) {
+                if (read_int(&r, f, w, &name) < 0)
+                    return -1;
+            } else if (f == 3) {
+                if (read_int(&r, f, w, &system_name) < 0)
+                    return -1;
+            } else if (f == 4) {
+                if (read_int(&r, f, w, &file) < 0)
+                    return -1;
+            } else if (skip(&r, f, w) < 0)
+                return -1;
         }
-        if (check_string(d, name) < 0 || check_string(d, system_name) < 0 || check_string(d, file) < 0)
+        if (check_string(d, name) < 0 || check_string(d, system_name) < 0 ||
+            check_string(d, file) < 0)
             return -1;
-        if (name == 0) name = system_name;
-        if (vec_push(&d->fn_id, id) < 0 || vec_push(&d->fn_name, name) < 0 || vec_push(&d->fn_file, file) < 0)
+        if (name == 0)
+            name = system_name;
+        if (vec_push(&d->fn_id, id) < 0 || vec_push(&d->fn_name, name) < 0 ||
+            vec_push(&d->fn_file, file) < 0)
             return -1;
     }
     return 0;
 }
 
-static int decode_mappings(Decoder *d, const uint8_t *base) {
+static int
+decode_mappings(Decoder *d, const uint8_t *base)
+{
     for (Py_ssize_t i = 0; i < d->mapping_pos.len; i += 2) {
-        Reader r = {base + d->mapping_pos.data[i], base + d->mapping_pos.data[i] + d->mapping_pos.data[i + 1], 1};
+        Reader r = {base + d->mapping_pos.data[i],
+                    base + d->mapping_pos.data[i] + d->mapping_pos.data[i + 1], 1};
         int64_t id = 0, file = 0;
         uint32_t f, w;
         for (;;) {
-            if (read_key(&r, &f, &w) < 0) return -1;
-            if (f == 0) break;
-            if (f == 1) { if (read_int(&r, f, w, &id) < 0) return -1; }
-            else if (f == 5) { if (read_int(&r, f, w, &file) < 0) return -1; }
-            else if (skip(&r, f, w) < 0) return -1;
+            if (read_key(&r, &f, &w) < 0)
+                return -1;
+            if (f == 0)
+                break;
+            if (f == 1) {
+                if (read_int(&r, f, w, &id) < 0)
+                    return -1;
+            } else if (f == 5) {
+                if (read_int(&r, f, w, &file) < 0)
+                    return -1;
+            } else if (skip(&r, f, w) < 0)
+                return -1;
         }
-        if (check_string(d, file) < 0) return -1;
-        if (vec_push(&d->map_id, id) < 0 || vec_push(&d->map_file, file) < 0) return -1;
+        if (check_string(d, file) < 0)
+            return -1;
+        if (vec_push(&d->map_id, id) < 0 || vec_push(&d->map_file, file) < 0)
+            return -1;
     }
     return 0;
 }
 
 /* Some .NET profilers write every function id as 0, one function per location: give function i
  * the id of location i, as Pyroscope does, so that the names are not lost. */
-static int repair_function_ids(Decoder *d, const uint8_t *base) {
-    if (d->fn_id.len == 0 || d->fn_id.len != d->location_pos.len / 2) return 0;
+static int
+repair_function_ids(Decoder *d, const uint8_t *base)
+{
+    if (d->fn_id.len == 0 || d->fn_id.len != d->location_pos.len / 2)
+        return 0;
     for (Py_ssize_t i = 0; i < d->fn_id.len; i++)
-        if (d->fn_id.data[i] != 0) return 0;
+        if (d->fn_id.data[i] != 0)
+            return 0;
     for (Py_ssize_t i = 0; i < d->location_pos.len; i += 2) {
-        Reader r = {base + d->location_pos.data[i], base + d->location_pos.data[i] + d->location_pos.data[i + 1], 1};
+        Reader r = {base + d->location_pos.data[i],
+                    base + d->location_pos.data[i] + d->location_pos.data[i + 1], 1};
         int64_t id = 0;
         uint32_t f, w;
         for (;;) {
-            if (read_key(&r, &f, &w) < 0) return -1;
-            if (f == 0) break;
-            if (f == 1) { if (read_int(&r, f, w, &id) < 0) return -1; }
-            else if (skip(&r, f, w) < 0) return -1;
+            if (read_key(&r, &f, &w) < 0)
+                return -1;
+            if (f == 0)
+                break;
+            if (f == 1) {
+                if (read_int(&r, f, w, &id) < 0)
+                    return -1;
+            } else if (skip(&r, f, w) < 0)
+                return -1;
         }
         d->fn_id.data[i / 2] = id;
     }
     return 0;
 }
 
-static int add_frame(Decoder *d, const uint8_t *base, int64_t name, int64_t file, int64_t line) {
+static int
+add_frame(Decoder *d, const uint8_t *base, int64_t name, int64_t file, int64_t line)
+{
     /* name == -1: an unsymbolized address; ``line`` holds the address. */
     size_t name_len = 0, file_len = 0;
     const uint8_t *name_p = (const uint8_t *)"", *file_p = string_at(d, base, file, &file_len);
-    if (name >= 0) name_p = string_at(d, base, name, &name_len);
+    if (name >= 0)
+        name_p = string_at(d, base, name, &name_len);
     int64_t id = hash_frame_raw(name_p, name_len, file_p, file_len, line);
     if (vec_push(&d->frame_id, id) < 0 || vec_push(&d->frame_name, name) < 0 ||
         vec_push(&d->frame_file, file) < 0 || vec_push(&d->frame_line, line) < 0 ||
@@ -469,53 +624,81 @@ static int add_frame(Decoder *d, const uint8_t *base, int64_t name, int64_t file
     return 0;
 }
 
-static int decode_locations(Decoder *d, const uint8_t *base) {
+static int
+decode_locations(Decoder *d, const uint8_t *base)
+{
     Lookup fn_index, map_index;
     Vec lines = {0};
     int rc = -1;
     memset(&fn_index, 0, sizeof(fn_index));
     memset(&map_index, 0, sizeof(map_index));
-    if (build_lookup(&fn_index, &d->fn_id) < 0 || build_lookup(&map_index, &d->map_id) < 0) goto done;
-    if (vec_push(&d->loc_frame_off, 0) < 0) goto done;
+    if (build_lookup(&fn_index, &d->fn_id) < 0 || build_lookup(&map_index, &d->map_id) < 0)
+        goto done;
+    if (vec_push(&d->loc_frame_off, 0) < 0)
+        goto done;
     for (Py_ssize_t i = 0; i < d->location_pos.len; i += 2) {
-        Reader r = {base + d->location_pos.data[i], base + d->location_pos.data[i] + d->location_pos.data[i + 1], 1};
+        Reader r = {base + d->location_pos.data[i],
+                    base + d->location_pos.data[i] + d->location_pos.data[i + 1], 1};
         int64_t id = 0, mapping = 0, address = 0;
         uint32_t f, w;
         lines.len = 0;
         for (;;) {
-            if (read_key(&r, &f, &w) < 0) goto done;
-            if (f == 0) break;
-            if (f == 1) { if (read_int(&r, f, w, &id) < 0) goto done; }
-            else if (f == 2) { if (read_int(&r, f, w, &mapping) < 0) goto done; }
-            else if (f == 3) { if (read_int(&r, f, w, &address) < 0) goto done; }
-            else if (f == 4 && w == 2) {
+            if (read_key(&r, &f, &w) < 0)
+                goto done;
+            if (f == 0)
+                break;
+            if (f == 1) {
+                if (read_int(&r, f, w, &id) < 0)
+                    goto done;
+            } else if (f == 2) {
+                if (read_int(&r, f, w, &mapping) < 0)
+                    goto done;
+            } else if (f == 3) {
+                if (read_int(&r, f, w, &address) < 0)
+                    goto done;
+            } else if (f == 4 && w == 2) {
                 Reader sub;
                 int64_t fn = 0, line = 0;
                 uint32_t f2, w2;
-                if (read_len(&r, &sub) < 0) goto done;
+                if (read_len(&r, &sub) < 0)
+                    goto done;
                 for (;;) {
-                    if (read_key(&sub, &f2, &w2) < 0) goto done;
-                    if (f2 == 0) break;
-                    if (f2 == 1) { if (read_int(&sub, f2, w2, &fn) < 0) goto done; }
-                    else if (f2 == 2) { if (read_int(&sub, f2, w2, &line) < 0) goto done; }
-                    else if (skip(&sub, f2, w2) < 0) goto done;
+                    if (read_key(&sub, &f2, &w2) < 0)
+                        goto done;
+                    if (f2 == 0)
+                        break;
+                    if (f2 == 1) {
+                        if (read_int(&sub, f2, w2, &fn) < 0)
+                            goto done;
+                    } else if (f2 == 2) {
+                        if (read_int(&sub, f2, w2, &line) < 0)
+                            goto done;
+                    } else if (skip(&sub, f2, w2) < 0)
+                        goto done;
                 }
-                if (vec_push(&lines, fn) < 0 || vec_push(&lines, line) < 0) goto done;
-            } else if (skip(&r, f, w) < 0) goto done;
+                if (vec_push(&lines, fn) < 0 || vec_push(&lines, line) < 0)
+                    goto done;
+            } else if (skip(&r, f, w) < 0)
+                goto done;
         }
-        if (vec_push(&d->loc_id, id) < 0) goto done;
+        if (vec_push(&d->loc_id, id) < 0)
+            goto done;
         if (lines.len == 0) {
             Py_ssize_t m = find(&map_index, (uint64_t)mapping);
-            if (add_frame(d, base, -1, m >= 0 ? d->map_file.data[m] : 0, address) < 0) goto done;
+            if (add_frame(d, base, -1, m >= 0 ? d->map_file.data[m] : 0, address) < 0)
+                goto done;
         } else {
             /* line[0] is the innermost inlined callee: walk back to get root-most first. */
             for (Py_ssize_t j = lines.len - 2; j >= 0; j -= 2) {
                 Py_ssize_t k = find(&fn_index, (uint64_t)lines.data[j]);
-                int64_t name = k >= 0 ? d->fn_name.data[k] : 0, file = k >= 0 ? d->fn_file.data[k] : 0;
-                if (add_frame(d, base, name, file, lines.data[j + 1]) < 0) goto done;
+                int64_t name = k >= 0 ? d->fn_name.data[k] : 0,
+                        file = k >= 0 ? d->fn_file.data[k] : 0;
+                if (add_frame(d, base, name, file, lines.data[j + 1]) < 0)
+                    goto done;
             }
         }
-        if (vec_push(&d->loc_frame_off, d->loc_frames.len) < 0) goto done;
+        if (vec_push(&d->loc_frame_off, d->loc_frames.len) < 0)
+            goto done;
     }
     rc = 0;
 done:
@@ -525,48 +708,72 @@ done:
     return rc;
 }
 
-static int decode_samples(Decoder *d, const uint8_t *base) {
+static int
+decode_samples(Decoder *d, const uint8_t *base)
+{
     Py_ssize_t n_types = d->sample_types.len / 2;
     Lookup loc_index;
     Vec vals = {0};
     int rc = -1;
-    if (build_lookup(&loc_index, &d->loc_id) < 0) goto done;
-    if (vec_push(&d->frame_off, 0) < 0) goto done;
+    if (build_lookup(&loc_index, &d->loc_id) < 0)
+        goto done;
+    if (vec_push(&d->frame_off, 0) < 0)
+        goto done;
     for (Py_ssize_t i = 0; i < d->sample_pos.len; i += 2) {
-        Reader r = {base + d->sample_pos.data[i], base + d->sample_pos.data[i] + d->sample_pos.data[i + 1], 1};
+        Reader r = {base + d->sample_pos.data[i],
+                    base + d->sample_pos.data[i] + d->sample_pos.data[i + 1], 1};
         Py_ssize_t sample = i / 2;
         uint32_t f, w;
         d->tmp_locs.len = 0;
         vals.len = 0;
         for (;;) {
-            if (read_key(&r, &f, &w) < 0) goto done;
-            if (f == 0) break;
-            if (f == 1) { if (read_ints(&r, f, w, &d->tmp_locs) < 0) goto done; }
-            else if (f == 2) { if (read_ints(&r, f, w, &vals) < 0) goto done; }
-            else if (f == 3 && w == 2) {
+            if (read_key(&r, &f, &w) < 0)
+                goto done;
+            if (f == 0)
+                break;
+            if (f == 1) {
+                if (read_ints(&r, f, w, &d->tmp_locs) < 0)
+                    goto done;
+            } else if (f == 2) {
+                if (read_ints(&r, f, w, &vals) < 0)
+                    goto done;
+            } else if (f == 3 && w == 2) {
                 Reader sub;
                 int64_t key = 0, str = 0, num = 0;
                 uint32_t f2, w2;
-                if (read_len(&r, &sub) < 0) goto done;
+                if (read_len(&r, &sub) < 0)
+                    goto done;
                 for (;;) {
-                    if (read_key(&sub, &f2, &w2) < 0) goto done;
-                    if (f2 == 0) break;
-                    if (f2 == 1) { if (read_int(&sub, f2, w2, &key) < 0) goto done; }
-                    else if (f2 == 2) { if (read_int(&sub, f2, w2, &str) < 0) goto done; }
-                    else if (f2 == 3) { if (read_int(&sub, f2, w2, &num) < 0) goto done; }
-                    else if (skip(&sub, f2, w2) < 0) goto done;
+                    if (read_key(&sub, &f2, &w2) < 0)
+                        goto done;
+                    if (f2 == 0)
+                        break;
+                    if (f2 == 1) {
+                        if (read_int(&sub, f2, w2, &key) < 0)
+                            goto done;
+                    } else if (f2 == 2) {
+                        if (read_int(&sub, f2, w2, &str) < 0)
+                            goto done;
+                    } else if (f2 == 3) {
+                        if (read_int(&sub, f2, w2, &num) < 0)
+                            goto done;
+                    } else if (skip(&sub, f2, w2) < 0)
+                        goto done;
                 }
-                if (check_string(d, key) < 0 || check_string(d, str) < 0) goto done;
+                if (check_string(d, key) < 0 || check_string(d, str) < 0)
+                    goto done;
                 if (str != 0) {
                     if (vec_push(&d->labels, sample) < 0 || vec_push(&d->labels, key) < 0 ||
                         vec_push(&d->labels, str) < 0)
                         goto done;
                 }
-            } else if (skip(&r, f, w) < 0) goto done;
+            } else if (skip(&r, f, w) < 0)
+                goto done;
         }
         if (vals.len != n_types) {
             snprintf(error_text, sizeof(error_text),
-                     "malformed pprof: sample has %zd values for %zd sample types", vals.len, n_types);
+                     "malformed pprof: sample has %zd values for %zd sample types", vals.len,
+                     n_types);
             goto done;
         }
         Py_ssize_t start = d->frames.len;
@@ -575,23 +782,27 @@ static int decode_samples(Decoder *d, const uint8_t *base) {
         for (Py_ssize_t j = d->tmp_locs.len - 1; j >= 0; j--) {
             Py_ssize_t k = find(&loc_index, (uint64_t)d->tmp_locs.data[j]);
             if (k < 0) {
-                snprintf(error_text, sizeof(error_text), "malformed pprof: unknown location id %llu",
+                snprintf(error_text, sizeof(error_text),
+                         "malformed pprof: unknown location id %llu",
                          (unsigned long long)d->tmp_locs.data[j]);
                 goto done;
             }
             for (Py_ssize_t m = d->loc_frame_off.data[k];
                  m < d->loc_frame_off.data[k + 1] && d->frames.len - start < d->max_depth; m++)
-                if (vec_push(&d->frames, d->loc_frames.data[m]) < 0) goto done;
+                if (vec_push(&d->frames, d->loc_frames.data[m]) < 0)
+                    goto done;
         }
         if (d->frames.len > d->max_frames) {
             fail("profile expands to too many frames");
             goto done;
         }
-        if (vec_push(&d->stack, hash_stack_raw(d->frames.data + start, (size_t)(d->frames.len - start))) < 0 ||
+        if (vec_push(&d->stack, hash_stack_raw(d->frames.data + start,
+                                               (size_t)(d->frames.len - start))) < 0 ||
             vec_push(&d->frame_off, d->frames.len) < 0)
             goto done;
         for (Py_ssize_t j = 0; j < vals.len; j++)
-            if (vec_push(&d->values, vals.data[j]) < 0) goto done;
+            if (vec_push(&d->values, vals.data[j]) < 0)
+                goto done;
     }
     rc = 0;
 done:
@@ -600,53 +811,69 @@ done:
     return rc;
 }
 
-static int decode_all(Decoder *d, const uint8_t *base, Reader *r) {
-    if (decode_top(d, base, r) < 0) return -1;
-    if (d->string_pos.len == 0) return fail("empty string table");
-    for (Py_ssize_t i = 0; i < d->sample_types.len; i++)
-        if (check_string(d, d->sample_types.data[i]) < 0) return -1;
-    if (d->has_period_type && (check_string(d, d->period_type) < 0 || check_string(d, d->period_unit) < 0))
+static int
+decode_all(Decoder *d, const uint8_t *base, Reader *r)
+{
+    if (decode_top(d, base, r) < 0)
         return -1;
-    if (decode_functions(d, base) < 0 || repair_function_ids(d, base) < 0 || decode_mappings(d, base) < 0 ||
-        decode_locations(d, base) < 0 || decode_samples(d, base) < 0)
+    if (d->string_pos.len == 0)
+        return fail("empty string table");
+    for (Py_ssize_t i = 0; i < d->sample_types.len; i++)
+        if (check_string(d, d->sample_types.data[i]) < 0)
+            return -1;
+    if (d->has_period_type &&
+        (check_string(d, d->period_type) < 0 || check_string(d, d->period_unit) < 0))
+        return -1;
+    if (decode_functions(d, base) < 0 || repair_function_ids(d, base) < 0 ||
+        decode_mappings(d, base) < 0 || decode_locations(d, base) < 0 ||
+        decode_samples(d, base) < 0)
         return -1;
     return 0;
 }
 
-PyDoc_STRVAR(decode_doc,
-"decode(data: bytes, max_depth: int, max_frames: int) -> tuple\n\n"
-"Decode an uncompressed pprof profile, keeping at most max_depth root-most frames per stack\n"
-"and refusing profiles that expand to more than max_frames frames in all.  Returns (strings, sample_types, period_type,\n"
-"period_unit, has_period_type, period, time_nanos, duration_nanos, frame_id, frame_name,\n"
-"frame_file, frame_line, stack, frame_off, frames, values, labels); the array items are\n"
-"bytes of native int64.  Raises ValueError on malformed input.");
+PyDoc_STRVAR(
+    decode_doc,
+    "decode(data: bytes, max_depth: int, max_frames: int) -> tuple\n\n"
+    "Decode an uncompressed pprof profile, keeping at most max_depth root-most frames per "
+    "stack\n"
+    "and refusing profiles that expand to more than max_frames frames in all.  Returns "
+    "(strings, sample_types, period_type,\n"
+    "period_unit, has_period_type, period, time_nanos, duration_nanos, frame_id, frame_name,\n"
+    "frame_file, frame_line, stack, frame_off, frames, values, labels); the array items are\n"
+    "bytes of native int64.  Raises ValueError on malformed input.");
 
-static PyObject *decode(PyObject *self, PyObject *args) {
+static PyObject *
+decode(PyObject *self, PyObject *args)
+{
     Py_buffer view;
     Decoder d;
     Py_ssize_t max_depth, max_frames;
     PyObject *strings = NULL, *result = NULL;
     memset(&d, 0, sizeof(d));
-    if (!PyArg_ParseTuple(args, "y*nn", &view, &max_depth, &max_frames)) return NULL;
+    if (!PyArg_ParseTuple(args, "y*nn", &view, &max_depth, &max_frames))
+        return NULL;
     d.max_depth = max_depth;
     d.max_frames = max_frames;
     const uint8_t *base = (const uint8_t *)view.buf;
     Reader r = {base, base + view.len};
     int ok;
-    Py_BEGIN_ALLOW_THREADS
-    error_text[0] = 0;
+    Py_BEGIN_ALLOW_THREADS error_text[0] = 0;
     ok = decode_all(&d, base, &r) == 0;
-    Py_END_ALLOW_THREADS
-    if (!ok) {
-        PyErr_SetString(strcmp(error_text, "out of memory") == 0 ? PyExc_MemoryError : PyExc_ValueError,
+    Py_END_ALLOW_THREADS if (!ok)
+    {
+        PyErr_SetString(strcmp(error_text, "out of memory") == 0 ? PyExc_MemoryError
+                                                                 : PyExc_ValueError,
                         error_text);
         goto done;
     }
     strings = PyList_New(d.string_pos.len / 2);
-    if (!strings) goto done;
+    if (!strings)
+        goto done;
     for (Py_ssize_t i = 0; i < d.string_pos.len; i += 2) {
-        PyObject *s = PyBytes_FromStringAndSize((const char *)base + d.string_pos.data[i], d.string_pos.data[i + 1]);
-        if (!s) goto done;
+        PyObject *s = PyBytes_FromStringAndSize((const char *)base + d.string_pos.data[i],
+                                                d.string_pos.data[i + 1]);
+        if (!s)
+            goto done;
         PyList_SET_ITEM(strings, i / 2, s);
     }
     result = Py_BuildValue(
@@ -654,8 +881,8 @@ static PyObject *decode(PyObject *self, PyObject *args) {
         (long long)d.period_unit, (long long)d.has_period_type, (long long)d.period,
         (long long)d.time_nanos, (long long)d.duration_nanos, vec_bytes(&d.frame_id),
         vec_bytes(&d.frame_name), vec_bytes(&d.frame_file), vec_bytes(&d.frame_line),
-        vec_bytes(&d.stack), vec_bytes(&d.frame_off), vec_bytes(&d.frames), vec_bytes(&d.values),
-        vec_bytes(&d.labels));
+        vec_bytes(&d.stack), vec_bytes(&d.frame_off), vec_bytes(&d.frames),
+        vec_bytes(&d.values), vec_bytes(&d.labels));
 done:
     Py_XDECREF(strings);
     decoder_free(&d);
@@ -663,21 +890,27 @@ done:
     return result;
 }
 
-static PyObject *py_hash_frame(PyObject *self, PyObject *args) {
+static PyObject *
+py_hash_frame(PyObject *self, PyObject *args)
+{
     Py_buffer name, file;
     long long line;
-    if (!PyArg_ParseTuple(args, "y*y*L", &name, &file, &line)) return NULL;
-    int64_t h = hash_frame_raw((const uint8_t *)name.buf, (size_t)name.len, (const uint8_t *)file.buf,
-                               (size_t)file.len, (int64_t)line);
+    if (!PyArg_ParseTuple(args, "y*y*L", &name, &file, &line))
+        return NULL;
+    int64_t h = hash_frame_raw((const uint8_t *)name.buf, (size_t)name.len,
+                               (const uint8_t *)file.buf, (size_t)file.len, (int64_t)line);
     PyBuffer_Release(&name);
     PyBuffer_Release(&file);
     return PyLong_FromLongLong((long long)h);
 }
 
-static PyObject *py_hash_stacks(PyObject *self, PyObject *args) {
+static PyObject *
+py_hash_stacks(PyObject *self, PyObject *args)
+{
     /* hash_stacks(frames: bytes of int64, offsets: bytes of int64) -> bytes of int64 */
     Py_buffer frames, offsets;
-    if (!PyArg_ParseTuple(args, "y*y*", &frames, &offsets)) return NULL;
+    if (!PyArg_ParseTuple(args, "y*y*", &frames, &offsets))
+        return NULL;
     PyObject *out = NULL;
     Py_ssize_t nf = frames.len / 8, no = offsets.len / 8;
     const int64_t *f = (const int64_t *)frames.buf, *o = (const int64_t *)offsets.buf;
@@ -686,7 +919,8 @@ static PyObject *py_hash_stacks(PyObject *self, PyObject *args) {
         goto done;
     }
     out = PyBytes_FromStringAndSize(NULL, (no - 1) * 8);
-    if (!out) goto done;
+    if (!out)
+        goto done;
     int64_t *h = (int64_t *)PyBytes_AS_STRING(out);
     for (Py_ssize_t i = 0; i + 1 < no; i++) {
         if (o[i] < 0 || o[i] > o[i + 1] || o[i + 1] > nf) {
@@ -704,13 +938,19 @@ done:
 
 static PyMethodDef methods[] = {
     {"decode", decode, METH_VARARGS, decode_doc},
-    {"hash_frame", py_hash_frame, METH_VARARGS, "hash_frame(name: bytes, filename: bytes, line: int) -> int"},
+    {"hash_frame", py_hash_frame, METH_VARARGS,
+     "hash_frame(name: bytes, filename: bytes, line: int) -> int"},
     {"hash_stacks", py_hash_stacks, METH_VARARGS,
      "hash_stacks(frames: bytes, offsets: bytes) -> bytes (int64 stack ids)"},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "hotspan._speedups._pprof",
-                                    "C fast path for pprof decoding and stack hashing.", -1, methods};
+                                    "C fast path for pprof decoding and stack hashing.", -1,
+                                    methods};
 
-PyMODINIT_FUNC PyInit__pprof(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC
+PyInit__pprof(void)
+{
+    return PyModule_Create(&module);
+}

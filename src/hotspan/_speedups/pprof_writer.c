@@ -23,7 +23,12 @@
 #pragma GCC diagnostic ignored "-Wunused-parameter"
 
 #if PY_VERSION_HEX < 0x030A0000
-static inline PyObject *Py_NewRef(PyObject *o) { Py_INCREF(o); return o; }
+static inline PyObject *
+Py_NewRef(PyObject *o)
+{
+    Py_INCREF(o);
+    return o;
+}
 #endif
 
 #define MAX_TYPES 16 /* values per sample: Go's heap profile has 4 */
@@ -127,8 +132,7 @@ buf_field(Buf *b, int field, const void *p, size_t n)
 /* ---------------------------------------------------------------- the encoder */
 
 typedef struct {
-    PyObject_HEAD
-    PyObject *sample_types; /* tuple of (type, unit) */
+    PyObject_HEAD PyObject *sample_types; /* tuple of (type, unit) */
     PyObject *period_type;  /* (type, unit) */
     long long period;
     Py_ssize_t n_types;
@@ -229,8 +233,7 @@ encoder_init(Encoder *self, PyObject *args, PyObject *kwargs)
             return -1;
         types = PyTuple_Pack(1, pair);
         Py_DECREF(pair);
-    }
-    else {
+    } else {
         PyObject *seq = PySequence_Tuple(sample_type);
         if (seq == NULL)
             return -1;
@@ -341,7 +344,8 @@ location_id(Encoder *self, PyObject *frame)
         return PyLong_AsLongLong(found);
     if (PyErr_Occurred())
         return 0;
-    PyObject *seq = PySequence_Fast(frame, "a frame must be (name, filename, line, first_line)");
+    PyObject *seq =
+        PySequence_Fast(frame, "a frame must be (name, filename, line, first_line)");
     if (seq == NULL)
         return 0;
     if (PySequence_Fast_GET_SIZE(seq) != 4) {
@@ -366,8 +370,7 @@ location_id(Encoder *self, PyObject *frame)
     else if (PyErr_Occurred()) {
         Py_DECREF(fkey);
         return 0;
-    }
-    else {
+    } else {
         function = (int64_t)PyList_GET_SIZE(self->function_list) + 1;
         PyObject *boxed = PyLong_FromLongLong(function);
         int rc = boxed ? PyDict_SetItem(self->functions, fkey, boxed) : -1;
@@ -550,12 +553,15 @@ add_sample(Encoder *self, PyObject *stack, PyObject *labels, const int64_t *valu
     return 0;
 }
 
-PyDoc_STRVAR(add_doc,
-"add(stack, value, labels=(), stack_key=None)\n\n"
-"``stack`` leaf first, of (name, filename, line, first_line); ``value`` in the sample type's\n"
-"unit (one per sample type when there are several).  A sample whose values are all zero\n"
-"records nothing.  ``stack_key`` stands for ``stack`` in this writer (a tuple stack is its\n"
-"own key).");
+PyDoc_STRVAR(
+    add_doc,
+    "add(stack, value, labels=(), stack_key=None)\n\n"
+    "``stack`` leaf first, of (name, filename, line, first_line); ``value`` in the sample "
+    "type's\n"
+    "unit (one per sample type when there are several).  A sample whose values are all zero\n"
+    "records nothing.  ``stack_key`` stands for ``stack`` in this writer (a tuple stack is "
+    "its\n"
+    "own key).");
 
 static PyObject *
 encoder_add(Encoder *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
@@ -611,8 +617,7 @@ encoder_add(Encoder *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kw
             return NULL;
         }
         values[0] = v;
-    }
-    else {
+    } else {
         PyObject *seq = PySequence_Fast(value, "value must be an int or a sequence of ints");
         if (seq == NULL)
             return NULL;
@@ -816,9 +821,8 @@ put_strings(Encoder *self, Buf *out)
     return 0;
 }
 
-PyDoc_STRVAR(encode_raw_doc,
-"encode_raw(time_ns, duration_ns) -> bytes\n\n"
-"The profile as protobuf bytes, not compressed.");
+PyDoc_STRVAR(encode_raw_doc, "encode_raw(time_ns, duration_ns) -> bytes\n\n"
+                             "The profile as protobuf bytes, not compressed.");
 
 static PyObject *
 encoder_encode_raw(Encoder *self, PyObject *args)
@@ -892,8 +896,7 @@ static PySequenceMethods encoder_as_sequence = {
 };
 
 static PyTypeObject EncoderType = {
-    PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "hotspan._speedups._pprof_writer.ProfileEncoder",
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "hotspan._speedups._pprof_writer.ProfileEncoder",
     .tp_basicsize = sizeof(Encoder),
     .tp_dealloc = (destructor)encoder_dealloc,
     .tp_as_sequence = &encoder_as_sequence,

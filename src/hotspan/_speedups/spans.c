@@ -40,8 +40,7 @@ typedef struct {
 } Table;
 
 typedef struct {
-    PyObject_HEAD
-    Table current, older;
+    PyObject_HEAD Table current, older;
     size_t generation_size;
     uint64_t generation_ns;
     uint64_t generation_start;
@@ -202,7 +201,8 @@ u64_attr(PyObject *obj, PyObject *name, uint64_t *out)
 static int
 span_context_ids(PyObject *ctx, uint64_t *span_id, int *remote)
 {
-    if (!PyTuple_Check(ctx) || PyTuple_GET_SIZE(ctx) < 3 || !PyLong_Check(PyTuple_GET_ITEM(ctx, 1)))
+    if (!PyTuple_Check(ctx) || PyTuple_GET_SIZE(ctx) < 3 ||
+        !PyLong_Check(PyTuple_GET_ITEM(ctx, 1)))
         return -1;
     *span_id = (uint64_t)PyLong_AsUnsignedLongLongMask(PyTuple_GET_ITEM(ctx, 1));
     *remote = PyObject_IsTrue(PyTuple_GET_ITEM(ctx, 2));
@@ -295,9 +295,13 @@ verdicts_on_end(VerdictsObject *self, PyObject *span)
 
 /* on_start(span, parent_context=None) and _on_ending(span): nothing to do, cheaply. */
 static PyObject *
-verdicts_nothing(VerdictsObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+verdicts_nothing(VerdictsObject *self, PyObject *const *args, Py_ssize_t nargs,
+                 PyObject *kwnames)
 {
-    (void)self; (void)args; (void)nargs; (void)kwnames;
+    (void)self;
+    (void)args;
+    (void)nargs;
+    (void)kwnames;
     Py_RETURN_NONE;
 }
 
@@ -305,7 +309,10 @@ static PyObject *
 verdicts_force_flush(VerdictsObject *self, PyObject *const *args, Py_ssize_t nargs,
                      PyObject *kwnames)
 {
-    (void)self; (void)args; (void)nargs; (void)kwnames;
+    (void)self;
+    (void)args;
+    (void)nargs;
+    (void)kwnames;
     Py_RETURN_TRUE;
 }
 

@@ -21,7 +21,12 @@
 #pragma GCC diagnostic ignored "-Wunused-parameter"
 
 #if PY_VERSION_HEX < 0x030A0000
-static inline PyObject *Py_NewRef(PyObject *o) { Py_INCREF(o); return o; }
+static inline PyObject *
+Py_NewRef(PyObject *o)
+{
+    Py_INCREF(o);
+    return o;
+}
 #endif
 
 typedef struct {
@@ -31,8 +36,7 @@ typedef struct {
 } Slot;
 
 typedef struct {
-    PyObject_HEAD
-    PyObject *namer; /* namer(code, lasti) -> frame */
+    PyObject_HEAD PyObject *namer; /* namer(code, lasti) -> frame */
     Slot *slots;
     size_t cap, used, max_entries;
     uint64_t misses;
@@ -169,10 +173,11 @@ frame_of(FrameCache *self, PyObject *code, Py_ssize_t lasti)
     return frame;
 }
 
-PyDoc_STRVAR(name_stack_doc,
-"name_stack(stack) -> tuple\n\n"
-"``stack`` is a sequence of (code object or None, byte offset); the result, one frame\n"
-"(name, filename, line, first_line) per entry, from the cache or the namer.");
+PyDoc_STRVAR(
+    name_stack_doc,
+    "name_stack(stack) -> tuple\n\n"
+    "``stack`` is a sequence of (code object or None, byte offset); the result, one frame\n"
+    "(name, filename, line, first_line) per entry, from the cache or the namer.");
 
 static PyObject *
 cache_name_stack(FrameCache *self, PyObject *stack)
@@ -212,12 +217,10 @@ cache_name_stack(FrameCache *self, PyObject *stack)
             if (frame == NULL)
                 goto fail;
             PyTuple_SET_ITEM(out, i, Py_NewRef(frame));
-        }
-        else if (PyTuple_Check(entry) && PyTuple_GET_SIZE(entry) == 4) {
+        } else if (PyTuple_Check(entry) && PyTuple_GET_SIZE(entry) == 4) {
             /* Already a frame (a stack the pure-Python sampler named itself). */
             PyTuple_SET_ITEM(out, i, Py_NewRef(entry));
-        }
-        else {
+        } else {
             PyErr_SetString(PyExc_TypeError, "a stack entry must be (code, offset)");
             goto fail;
         }
@@ -264,8 +267,7 @@ static PySequenceMethods cache_as_sequence = {
 };
 
 static PyTypeObject FrameCacheType = {
-    PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "hotspan._speedups._symbols.FrameCache",
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "hotspan._speedups._symbols.FrameCache",
     .tp_basicsize = sizeof(FrameCache),
     .tp_dealloc = (destructor)cache_dealloc,
     .tp_as_sequence = &cache_as_sequence,

@@ -203,7 +203,7 @@ hook_free_0(void *ctx, void *ptr)
  * leave those sizes to the RAW hook: counted once, and the common small request pays a
  * compare, a subtraction and the jump on. */
 #define DEFINE_HOOKS(D)                                                                        \
-    static HOT void *hook_malloc_##D(void *ctx, size_t size)                                  \
+    static HOT void *hook_malloc_##D(void *ctx, size_t size)                                   \
     {                                                                                          \
         if (size <= forward_above[D]) {                                                        \
             int64_t left = hot.countdown - (int64_t)size;                                      \
@@ -213,7 +213,7 @@ hook_free_0(void *ctx, void *ptr)
         }                                                                                      \
         return orig(D).malloc(ctx, size);                                                      \
     }                                                                                          \
-    static HOT void *hook_calloc_##D(void *ctx, size_t nelem, size_t elsize)                  \
+    static HOT void *hook_calloc_##D(void *ctx, size_t nelem, size_t elsize)                   \
     {                                                                                          \
         size_t size = nelem * elsize;                                                          \
         if (size <= forward_above[D]) {                                                        \
@@ -224,7 +224,7 @@ hook_free_0(void *ctx, void *ptr)
         }                                                                                      \
         return orig(D).calloc(ctx, nelem, elsize);                                             \
     }                                                                                          \
-    static HOT void *hook_realloc_##D(void *ctx, void *ptr, size_t size)                      \
+    static HOT void *hook_realloc_##D(void *ctx, void *ptr, size_t size)                       \
     {                                                                                          \
         if (ptr != NULL)                                                                       \
             forget((char *)ptr - raw_offset[D]);                                               \
@@ -237,12 +237,12 @@ hook_free_0(void *ctx, void *ptr)
         /* Counted here: a block pymalloc does not own goes on to the RAW realloc. */          \
         return call_uncounted(D, K_REALLOC, ctx, ptr, 0, size);                                \
     }                                                                                          \
-    static NOINLINE void free_slow_##D(void *ctx, void *ptr)                                  \
+    static NOINLINE void free_slow_##D(void *ctx, void *ptr)                                   \
     {                                                                                          \
         forget_slow((uintptr_t)ptr);                                                           \
         orig(D).free(ctx, ptr);                                                                \
     }                                                                                          \
-    static HOT void hook_free_##D(void *ctx, void *ptr)                                       \
+    static HOT void hook_free_##D(void *ctx, void *ptr)                                        \
     {                                                                                          \
         const Filter *f = atomic_load_explicit(&live_filter, memory_order_acquire);            \
         if (UNLIKELY(filter_has(f, (uintptr_t)ptr)))                                           \

@@ -62,7 +62,12 @@
 #include <unistd.h>
 
 #if PY_VERSION_HEX < 0x030A0000
-static inline PyObject *Py_NewRef(PyObject *o) { Py_INCREF(o); return o; }
+static inline PyObject *
+Py_NewRef(PyObject *o)
+{
+    Py_INCREF(o);
+    return o;
+}
 #endif
 
 #if PY_VERSION_HEX >= 0x030D0000

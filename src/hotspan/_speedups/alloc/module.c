@@ -225,18 +225,15 @@ alloc_collect(PyObject *mod UNUSED, PyObject *unused UNUSED)
     for (size_t i = 0; i < n_rows && !failed; i++) {
         Row *r = &rows[i];
         PyObject *stack = build_stack(r->stack);
-        PyObject *row = stack == NULL
-                            ? NULL
-                            : Py_BuildValue("(N(KKKKK)LLLL)", stack,
-                                            (unsigned long long)r->labels[0],
-                                            (unsigned long long)r->labels[1],
-                                            (unsigned long long)r->labels[2],
-                                            (unsigned long long)r->labels[3],
-                                            (unsigned long long)r->labels[4],
-                                            (long long)(r->values[0] + 0.5),
-                                            (long long)(r->values[1] + 0.5),
-                                            (long long)(r->values[2] + 0.5),
-                                            (long long)(r->values[3] + 0.5));
+        PyObject *row =
+            stack == NULL
+                ? NULL
+                : Py_BuildValue(
+                      "(N(KKKKK)LLLL)", stack, (unsigned long long)r->labels[0],
+                      (unsigned long long)r->labels[1], (unsigned long long)r->labels[2],
+                      (unsigned long long)r->labels[3], (unsigned long long)r->labels[4],
+                      (long long)(r->values[0] + 0.5), (long long)(r->values[1] + 0.5),
+                      (long long)(r->values[2] + 0.5), (long long)(r->values[3] + 0.5));
         if (row == NULL || PyList_Append(out, row) < 0)
             failed = 1;
         Py_XDECREF(row);
@@ -284,17 +281,17 @@ alloc_stats(PyObject *mod UNUSED, PyObject *unused UNUSED)
         inert_n += hooked[d] && !atomic_load(&sampling);
     }
     return Py_BuildValue(
-        "{sKsKsKsKsKsKsKsKsKsnsisisnsisisisK}", "samples", (unsigned long long)n_samples, "no_stack",
-        (unsigned long long)n_no_stack, "dropped_stacks", (unsigned long long)n_dropped_stacks,
-        "dropped_window", (unsigned long long)n_dropped_window, "dropped_live", live_dropped,
-        "no_gil", (unsigned long long)atomic_load(&n_no_gil), "live", live, "free_checks",
-        checks, "live_freed", freed, "stacks", (Py_ssize_t)stack_count, "hooked_domains",
-        hooked_n, "inert_domains", inert_n, "obj_forwards_above",
+        "{sKsKsKsKsKsKsKsKsKsnsisisnsisisisK}", "samples", (unsigned long long)n_samples,
+        "no_stack", (unsigned long long)n_no_stack, "dropped_stacks",
+        (unsigned long long)n_dropped_stacks, "dropped_window",
+        (unsigned long long)n_dropped_window, "dropped_live", live_dropped, "no_gil",
+        (unsigned long long)atomic_load(&n_no_gil), "live", live, "free_checks", checks,
+        "live_freed", freed, "stacks", (Py_ssize_t)stack_count, "hooked_domains", hooked_n,
+        "inert_domains", inert_n, "obj_forwards_above",
         forward_above[2] == SIZE_MAX ? (Py_ssize_t)-1 : (Py_ssize_t)forward_above[2],
-        "forwarding_unclear", forwarding_unclear, "redirected_domains", redirect[1] + redirect[2],
-        "filter_bits",
-        64 - (int)atomic_load(&live_filter)->shift, "filter_rebuilds",
-        (unsigned long long)n_filter_rebuilds);
+        "forwarding_unclear", forwarding_unclear, "redirected_domains",
+        redirect[1] + redirect[2], "filter_bits", 64 - (int)atomic_load(&live_filter)->shift,
+        "filter_rebuilds", (unsigned long long)n_filter_rebuilds);
 }
 
 static PyObject *
@@ -319,14 +316,22 @@ static PyMethodDef methods[] = {
     {"collect", alloc_collect, METH_NOARGS,
      "collect() -> [(stack, labels, alloc_objects, alloc_space, inuse_objects, inuse_space)]: "
      "allocations since the last call and the sampled ones alive now, per stack and labels"},
-    {"after_fork", alloc_after_fork, METH_NOARGS, "in a forked child: drop the parent's samples"},
+    {"after_fork", alloc_after_fork, METH_NOARGS,
+     "in a forked child: drop the parent's samples"},
     {"stats", alloc_stats, METH_NOARGS, "stats() -> dict of counts"},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "_alloc", "hotspan's allocation sampler (see _speedups/alloc/).", -1,
-    methods, NULL, NULL, NULL, NULL,
+    PyModuleDef_HEAD_INIT,
+    "_alloc",
+    "hotspan's allocation sampler (see _speedups/alloc/).",
+    -1,
+    methods,
+    NULL,
+    NULL,
+    NULL,
+    NULL,
 };
 
 /* A thread without the GIL may hold live_mutex (a RAW free) as another forks: the child's

@@ -40,7 +40,8 @@ find_forwarding(int d)
     for (size_t i = 0; i < sizeof(above) / sizeof(above[0]); i++)
         consistent = consistent && reaches_raw(d, above[i]);
     for (size_t i = 0; i < sizeof(below) / sizeof(below[0]); i++)
-        consistent = consistent && (below[i] == 0 || below[i] >= hi || !reaches_raw(d, below[i]));
+        consistent =
+            consistent && (below[i] == 0 || below[i] >= hi || !reaches_raw(d, below[i]));
     if (!consistent) {
         /* Counted at both levels where they overlap: an overestimate, not a loss. */
         forwarding_unclear = 1;

@@ -33,7 +33,8 @@ ln(double x) /* x > 0 */
     double z = (m - 1.0) / (m + 1.0); /* |z| < 0.172: the atanh series converges fast */
     double z2 = z * z;
     double s =
-        z * (2.0 + z2 * (2.0 / 3 + z2 * (2.0 / 5 + z2 * (2.0 / 7 + z2 * (2.0 / 9 + z2 * 2.0 / 11)))));
+        z * (2.0 +
+             z2 * (2.0 / 3 + z2 * (2.0 / 5 + z2 * (2.0 / 7 + z2 * (2.0 / 9 + z2 * 2.0 / 11)))));
     return e * 0.6931471805599453 + s;
 }
 

@@ -89,8 +89,8 @@ code_valid(const RawFrame *frame)
     PyCodeObject copy;
     const PyCodeObject *code = (const PyCodeObject *)(uintptr_t)ptr;
     return safe_read(code, &copy, sizeof copy) == 0 && Py_TYPE(&copy) == &PyCode_Type &&
-           plausible_header(code, &copy) &&
-           code_fingerprint(&copy) == frame->fingerprint && code_register((PyObject *)code);
+           plausible_header(code, &copy) && code_fingerprint(&copy) == frame->fingerprint &&
+           code_register((PyObject *)code);
 }
 
 /* With the GIL and threads_mutex: references to the code objects of stacks new in w, so that
@@ -122,7 +122,8 @@ window_dict(Window *w)
         const StackRec *s = &w->stacks[n];
         /* Codes that are no longer what was sampled become 0 ("unknown"); the fingerprint only
          * served that check and is zeroed, so equal stacks make equal keys. */
-        PyObject *bytes = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(s->depth * sizeof(RawFrame)));
+        PyObject *bytes =
+            PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(s->depth * sizeof(RawFrame)));
         if (bytes == NULL) {
             failed = 1;
             break;
@@ -138,10 +139,11 @@ window_dict(Window *w)
     }
     for (size_t n = 0; n < w->n_samples && !failed; n++) {
         const SampleRec *r = &w->samples[n];
-        PyObject *key = Py_BuildValue(
-            "(IKKKKKKO)", r->kind, (unsigned long long)r->ident, (unsigned long long)r->labels[0],
-            (unsigned long long)r->labels[1], (unsigned long long)r->labels[2],
-            (unsigned long long)r->labels[3], (unsigned long long)r->labels[4], stacks[r->stack]);
+        PyObject *key =
+            Py_BuildValue("(IKKKKKKO)", r->kind, (unsigned long long)r->ident,
+                          (unsigned long long)r->labels[0], (unsigned long long)r->labels[1],
+                          (unsigned long long)r->labels[2], (unsigned long long)r->labels[3],
+                          (unsigned long long)r->labels[4], stacks[r->stack]);
         if (key == NULL) {
             failed = 1;
             break;

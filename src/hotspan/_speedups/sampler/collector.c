@@ -94,9 +94,9 @@ scan_threads(void)
             if (s->last_wall != NULL)
                 s->last_wall->depth = -1;
         }
-#ifdef HAVE_PERF_EVENTS
+#  ifdef HAVE_PERF_EVENTS
         check_perf_signals(s);
-#endif
+#  endif
         if (atomic_load(&s->python) != PY_NO)
             arm(s, index);
         else
@@ -186,7 +186,8 @@ wall_tick(uint64_t now_ns, uint64_t *random)
              * (its CPU, at least one interval) goes where it had been waiting. */
             uint64_t recent = ran > cpu_interval_ns ? ran : cpu_interval_ns;
             if (owed > recent) {
-                add_or_count(KIND_WALL, c->ident, c->labels, c->frames, c->depth, owed - recent);
+                add_or_count(KIND_WALL, c->ident, c->labels, c->frames, c->depth,
+                             owed - recent);
                 owed = recent;
             }
         }
@@ -338,14 +339,12 @@ stop_collector(void)
 {
     if (!collector_started)
         return;
-    Py_BEGIN_ALLOW_THREADS
-    pthread_mutex_lock(&threads_mutex);
+    Py_BEGIN_ALLOW_THREADS pthread_mutex_lock(&threads_mutex);
     atomic_store(&collector_stop, 1);
     pthread_cond_signal(&collector_wake);
     pthread_mutex_unlock(&threads_mutex);
     pthread_join(collector, NULL);
-    Py_END_ALLOW_THREADS
-    collector_started = 0;
+    Py_END_ALLOW_THREADS collector_started = 0;
 }
 #endif
 
@@ -355,7 +354,6 @@ lock_threads(void)
 {
     if (pthread_mutex_trylock(&threads_mutex) == 0)
         return;
-    Py_BEGIN_ALLOW_THREADS
-    pthread_mutex_lock(&threads_mutex);
+    Py_BEGIN_ALLOW_THREADS pthread_mutex_lock(&threads_mutex);
     Py_END_ALLOW_THREADS
 }

@@ -26,8 +26,10 @@ sampler_start(PyObject *mod, PyObject *args, PyObject *kwds)
 #else
     {
         clockid_t mine;
-        if (pthread_getcpuclockid(pthread_self(), &mine) != 0 || mine != thread_clock(own_tid())) {
-            PyErr_SetString(PyExc_RuntimeError, "this kernel encodes thread CPU clocks unknownly");
+        if (pthread_getcpuclockid(pthread_self(), &mine) != 0 ||
+            mine != thread_clock(own_tid())) {
+            PyErr_SetString(PyExc_RuntimeError,
+                            "this kernel encodes thread CPU clocks unknownly");
             return NULL;
         }
     }
@@ -65,9 +67,9 @@ sampler_start(PyObject *mod, PyObject *args, PyObject *kwds)
         sa.sa_sigaction = on_signal;
         sa.sa_flags = SA_SIGINFO | SA_RESTART;
         sigemptyset(&sa.sa_mask);
-#ifdef HAVE_PERF_EVENTS
+#  ifdef HAVE_PERF_EVENTS
         sigaddset(&sa.sa_mask, PERF_SIGNAL); /* one sample at a time on a thread */
-#endif
+#  endif
         if (sigaction(SIGPROF, &sa, &previous_action) != 0) {
             PyErr_SetFromErrno(PyExc_OSError);
             return NULL;
@@ -83,7 +85,7 @@ sampler_start(PyObject *mod, PyObject *args, PyObject *kwds)
     window_deadline = monotonic_ns() + window;
     n_excluded = 0; /* the tids of an earlier agent's threads may belong to new threads now */
     reset_threads();
-#ifdef HAVE_PERF_EVENTS
+#  ifdef HAVE_PERF_EVENTS
     const char *trigger = getenv("HOTSPAN_CPU_TRIGGER");
     /* A task-clock event is switched in and out with its thread, an hrtimer armed and
      * cancelled at every context switch, and the threads of a threaded server, handing the
@@ -95,7 +97,7 @@ sampler_start(PyObject *mod, PyObject *args, PyObject *kwds)
     perf_main_only = trigger == NULL || strcmp(trigger, "perf") != 0;
     if (perf_state != PERF_OFF && install_perf_handler() != 0)
         perf_state = PERF_OFF;
-#endif
+#  endif
     while (done_head != NULL) {
         Window *w = done_head;
         done_head = w->next;
@@ -248,7 +250,7 @@ sampler_exclude(PyObject *mod, PyObject *args)
     clockid_t clock;
     if (pthread_getcpuclockid((pthread_t)ident, &clock) != 0)
         Py_RETURN_NONE;
-    pid_t tid = (pid_t)~(clock >> 3);
+    pid_t tid = (pid_t) ~(clock >> 3);
     lock_threads();
     exclude_tid(tid);
     pthread_mutex_unlock(&threads_mutex);
@@ -355,12 +357,11 @@ sampler_stats(PyObject *mod, PyObject *unused)
     int pending = n_done;
     const char *trigger = cpu_trigger_name();
     pthread_mutex_unlock(&threads_mutex);
-    return Py_BuildValue("{s:s,s:i,s:i,s:i,s:n,s:i,s:K,s:K,s:K,s:K,s:K}", "cpu_trigger", trigger,
-                         "threads", threads, "timers", timers,
-                         "python_threads", python, "window_bytes", (Py_ssize_t)bytes,
-                         "windows_pending", pending, "lost_samples",
-                         (unsigned long long)atomic_load(&lost_samples), "windows_dropped",
-                         (unsigned long long)atomic_load(&windows_dropped),
+    return Py_BuildValue("{s:s,s:i,s:i,s:i,s:n,s:i,s:K,s:K,s:K,s:K,s:K}", "cpu_trigger",
+                         trigger, "threads", threads, "timers", timers, "python_threads",
+                         python, "window_bytes", (Py_ssize_t)bytes, "windows_pending", pending,
+                         "lost_samples", (unsigned long long)atomic_load(&lost_samples),
+                         "windows_dropped", (unsigned long long)atomic_load(&windows_dropped),
                          "unreadable_stacks",
                          (unsigned long long)atomic_load(&unreadable_stacks), "handler_ns",
                          (unsigned long long)atomic_load(&handler_ns), "handler_signals",

@@ -14,7 +14,9 @@ safe_read(const void *address, void *out, size_t size)
     ssize_t n = process_vm_readv(getpid(), &local, 1, &remote, 1, 0);
     return n == (ssize_t)size ? 0 : -1;
 #else
-    (void)address; (void)out; (void)size;
+    (void)address;
+    (void)out;
+    (void)size;
     return -1; /* cannot check: treat as gone */
 #endif
 }

@@ -22,7 +22,7 @@ struct sigaction previous_action;
 int handler_installed;
 _Atomic uint64_t handler_ns;    /* CPU the handler used on our signals, all threads */
 _Atomic uint64_t handler_calls; /* and how many it handled */
-#define HANDLER_COST_EVERY 16
+#  define HANDLER_COST_EVERY 16
 
 /* SIGPROF from one of the thread's timers: its CPU timer (CPU_MAGIC), its wall timer
  * (WALL_MAGIC), or (SI_QUEUE) the collector asking a thread whether it has Python yet.  One
@@ -37,7 +37,7 @@ on_signal(int signum, siginfo_t *info, void *ucontext)
                (info != NULL && info->si_code == SI_QUEUE && magic == WALL_MAGIC &&
                 info->si_pid == getpid());
     int perf_index = -1;
-#ifdef HAVE_PERF_EVENTS
+#  ifdef HAVE_PERF_EVENTS
     /* A task-clock event's overflow: its signal with si_code POLL_IN and its fd. */
     if (!ours && signum == perf_signal && perf_signal != 0 && info != NULL &&
         (info->si_code == POLL_IN || info->si_code == POLL_HUP) && info->si_fd >= 0 &&
@@ -50,14 +50,14 @@ on_signal(int signum, siginfo_t *info, void *ucontext)
             atomic_fetch_add_explicit(&perf_signals, 1, memory_order_relaxed);
         }
     }
-#endif
+#  endif
     if (!ours) {
         /* Not ours: hand it to whoever had the signal before us. */
         const struct sigaction *previous = &previous_action;
-#ifdef HAVE_PERF_EVENTS
+#  ifdef HAVE_PERF_EVENTS
         if (signum != SIGPROF)
             previous = &previous_perf_action;
-#endif
+#  endif
         if ((previous->sa_flags & SA_SIGINFO) && previous->sa_sigaction != NULL)
             previous->sa_sigaction(signum, info, ucontext);
         else if (previous->sa_handler != SIG_DFL && previous->sa_handler != SIG_IGN &&
@@ -70,8 +70,8 @@ on_signal(int signum, siginfo_t *info, void *ucontext)
     int saved_errno = errno;
     int index = perf_index >= 0 ? perf_index : info->si_value.sival_int & ~MAGIC_MASK;
     ThreadSlot *slot = NULL;
-    if (index < MAX_THREADS && atomic_load_explicit(&slots[index].tid, memory_order_acquire) ==
-                                   own_tid())
+    if (index < MAX_THREADS &&
+        atomic_load_explicit(&slots[index].tid, memory_order_acquire) == own_tid())
         slot = &slots[index];
     PyThreadState *ts = PyGILState_GetThisThreadState();
     if (slot != NULL)
@@ -80,23 +80,23 @@ on_signal(int signum, siginfo_t *info, void *ucontext)
     /* The slot's charged CPU before and after this sample: put back if no stack is read. */
     uint64_t charged_before = 0, charged_after = 0;
     int have_clock = 0;
-#ifdef HAVE_PERF_EVENTS
+#  ifdef HAVE_PERF_EVENTS
     /* The thread's CPU clock is a system call (a few microseconds on a virtual machine, and
      * one more disturbance of the program's caches): an overflow of an event that counts
      * kernel time too is exactly one period of the thread's CPU, so the clock is not read.
      * An event of user time only skips overflows that come in the kernel: its samples read
      * the clock to charge what was skipped. */
-    int counted = magic == CPU_MAGIC && perf_index >= 0 && slot != NULL &&
-                  perf_state == PERF_WITH_KERNEL;
-#else
+    int counted =
+        magic == CPU_MAGIC && perf_index >= 0 && slot != NULL && perf_state == PERF_WITH_KERNEL;
+#  else
     int counted = 0;
-#endif
+#  endif
     /* The handler's own cost is measured on one signal in HANDLER_COST_EVERY: two more
      * reads of the clock. */
     unsigned long call = atomic_fetch_add_explicit(&handler_calls, 1, memory_order_relaxed);
     uint64_t cost_from = 0;
-    int measure = call % HANDLER_COST_EVERY == 0 &&
-                  clock_ns(CLOCK_THREAD_CPUTIME_ID, &cost_from) == 0;
+    int measure =
+        call % HANDLER_COST_EVERY == 0 && clock_ns(CLOCK_THREAD_CPUTIME_ID, &cost_from) == 0;
     if (!counted) {
         have_clock = measure || clock_ns(CLOCK_THREAD_CPUTIME_ID, &cost_from) == 0;
         cpu_now = cost_from;
@@ -107,17 +107,16 @@ on_signal(int signum, siginfo_t *info, void *ucontext)
         charged_after = charged_before + cpu;
         cpu_now = charged_after;
         have_clock = 1;
-    }
-    else if (magic == CPU_MAGIC && perf_index >= 0) {
+    } else if (magic == CPU_MAGIC && perf_index >= 0) {
         /* Precise: the CPU since the thread's previous sample (or since it was armed). */
         cpu = cpu_interval_ns;
         if (slot != NULL && have_clock) {
             charged_after = cpu_now;
             charged_before = atomic_exchange(&slot->cpu_charged_ns, cpu_now);
-            cpu = charged_before != 0 && cpu_now > charged_before ? cpu_now - charged_before : 0;
+            cpu =
+                charged_before != 0 && cpu_now > charged_before ? cpu_now - charged_before : 0;
         }
-    }
-    else if (magic == CPU_MAGIC) {
+    } else if (magic == CPU_MAGIC) {
         uint64_t nominal =
             cpu_interval_ns * (uint64_t)(1 + (info->si_overrun > 0 ? info->si_overrun : 0));
         cpu = nominal;
@@ -128,7 +127,8 @@ on_signal(int signum, siginfo_t *info, void *ucontext)
             charged_after = through;
             charged_before = atomic_exchange(&slot->cpu_charged_ns, through);
             atomic_store(&slot->cpu_expiry_ns, through + cpu_interval_ns);
-            cpu = charged_before != 0 && through > charged_before ? through - charged_before : 0;
+            cpu =
+                charged_before != 0 && through > charged_before ? through - charged_before : 0;
         }
     }
     /* Only the wall timer's own signal takes the wall time: the CPU timer fires only while
@@ -176,7 +176,7 @@ on_signal(int signum, siginfo_t *info, void *ucontext)
         if (slot != NULL && have_clock)
             atomic_store_explicit(&slot->cpu_at_sample_ns, cpu_now, memory_order_release);
     }
-#ifdef HAVE_PERF_EVENTS
+#  ifdef HAVE_PERF_EVENTS
     /* After its random first period, the event's own. */
     int fd = perf_index >= 0 ? info->si_fd : -1;
     if (fd >= 0 && slot != NULL && atomic_load(&slot->perf_first) &&
@@ -185,7 +185,7 @@ on_signal(int signum, siginfo_t *info, void *ucontext)
         uint64_t period = cpu_interval_ns;
         ioctl(fd, PERF_EVENT_IOC_PERIOD, &period);
     }
-#endif
+#  endif
     /* The handler's own cost: what every sample takes from the program, reported by
      * stats(). */
     uint64_t cost_to;

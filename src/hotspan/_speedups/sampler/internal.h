@@ -81,7 +81,12 @@
 #include <unistd.h>
 
 #if PY_VERSION_HEX < 0x030A0000
-static inline PyObject *Py_NewRef(PyObject *o) { Py_INCREF(o); return o; }
+static inline PyObject *
+Py_NewRef(PyObject *o)
+{
+    Py_INCREF(o);
+    return o;
+}
 #endif
 
 #ifdef __linux__
@@ -113,7 +118,7 @@ static inline PyObject *Py_NewRef(PyObject *o) { Py_INCREF(o); return o; }
 #define MAX_DONE_WINDOWS 64
 /* A thread that used less CPU than this since its last sample is taken to be where it was. */
 #ifndef REPEAT_CPU_NS
-#define REPEAT_CPU_NS 100000ull
+#  define REPEAT_CPU_NS 100000ull
 #endif
 /* A tick that comes late still counts the time that passed, but a process stopped (SIGSTOP,
  * a laptop lid) is not all "wall". */
@@ -131,8 +136,7 @@ static inline PyObject *Py_NewRef(PyObject *o) { Py_INCREF(o); return o; }
 /* ---------------------------------------------------------------- labels.c: labels */
 
 typedef struct {
-    PyObject_HEAD
-    uint64_t span_id;
+    PyObject_HEAD uint64_t span_id;
     uint64_t trace_hi;
     uint64_t trace_lo;
     uint64_t root_span_id;
@@ -367,7 +371,7 @@ HIDDEN int timer_alive(ThreadSlot *s);
 
 #ifdef HAVE_PERF_EVENTS
 enum { PERF_UNTRIED, PERF_WITH_KERNEL, PERF_USER_ONLY, PERF_OFF };
-#define PERF_FDS 4096
+#  define PERF_FDS 4096
 HIDDEN extern int perf_state;
 HIDDEN extern int perf_main_only;
 HIDDEN extern _Atomic int perf_fd_slot[PERF_FDS];

@@ -65,8 +65,10 @@ labels_set_sampled(LabelsObject *self, PyObject *value, void *unused)
 static PyObject *
 labels_get_stat(LabelsObject *self, void *which)
 {
-    uint64_t *fields[] = {&self->cpu_ns, &self->alloc_bytes, &self->gc_pause_ns, &self->gc_count};
-    return PyLong_FromUnsignedLongLong(__atomic_load_n(fields[(intptr_t)which], __ATOMIC_RELAXED));
+    uint64_t *fields[] = {&self->cpu_ns, &self->alloc_bytes, &self->gc_pause_ns,
+                          &self->gc_count};
+    return PyLong_FromUnsignedLongLong(
+        __atomic_load_n(fields[(intptr_t)which], __ATOMIC_RELAXED));
 }
 
 /* _charge(cpu_ns, alloc_bytes, gc_pause_ns=0, gc_count=0): adds to the span stats (the Python
@@ -118,22 +120,18 @@ PyTypeObject LabelsType = {
  * since 3.7).  module init checks them against real contexts and turns label lookup off if
  * they do not match. */
 typedef struct {
-    PyObject_HEAD
-    void *ctx_prev;
+    PyObject_HEAD void *ctx_prev;
     PyObject *ctx_vars;
 } CtxMirror;
 typedef struct {
-    PyObject_HEAD
-    PyObject *h_root;
+    PyObject_HEAD PyObject *h_root;
 } HamtMirror;
 typedef struct {
-    PyObject_VAR_HEAD
-    uint32_t b_bitmap;
+    PyObject_VAR_HEAD uint32_t b_bitmap;
     PyObject *b_array[1];
 } BitmapNodeMirror;
 typedef struct {
-    PyObject_HEAD
-    PyObject *a_array[32];
+    PyObject_HEAD PyObject *a_array[32];
 } ArrayNodeMirror;
 
 static PyObject *labels_var;          /* the agent's ContextVar */
@@ -166,7 +164,8 @@ find_labels(PyObject *context)
             if (key == NULL) {
                 node = val;
             } else if (key == labels_var) {
-                return (val != NULL && Py_TYPE(val) == &LabelsType) ? (LabelsObject *)val : NULL;
+                return (val != NULL && Py_TYPE(val) == &LabelsType) ? (LabelsObject *)val
+                                                                    : NULL;
             } else {
                 return NULL;
             }

@@ -9,8 +9,7 @@
  * the same in Python measured +10% on a service opening four spans per 80 us request.  Rare
  * cases (a sampled span to tag, a token reset in another context) call back into Python. */
 typedef struct {
-    PyObject_HEAD
-    PyObject *inner;           /* the runtime context being wrapped */
+    PyObject_HEAD PyObject *inner;           /* the runtime context being wrapped */
     PyObject *span_key;        /* the key OpenTelemetry keeps the current span under */
     PyObject *var;             /* the labels ContextVar */
     PyObject *on_reset_failed; /* (): our token was made in another context */
@@ -75,10 +74,10 @@ trace_id_words(PyObject *trace, uint64_t *hi, uint64_t *lo)
 {
     unsigned char b[16];
 #if PY_VERSION_HEX >= 0x030D0000
-    Py_ssize_t n = PyLong_AsNativeBytes(trace, b, 16,
-                                        Py_ASNATIVEBYTES_LITTLE_ENDIAN |
-                                            Py_ASNATIVEBYTES_UNSIGNED_BUFFER |
-                                            Py_ASNATIVEBYTES_REJECT_NEGATIVE);
+    Py_ssize_t n =
+        PyLong_AsNativeBytes(trace, b, 16,
+                             Py_ASNATIVEBYTES_LITTLE_ENDIAN | Py_ASNATIVEBYTES_UNSIGNED_BUFFER |
+                                 Py_ASNATIVEBYTES_REJECT_NEGATIVE);
     if (n < 0 || n > 16)
         return -1;
 #else
@@ -112,7 +111,7 @@ linker_dealloc(LinkerObject *self)
 static PyObject *
 linker_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 {
-    static char *kwlist[] = {"inner", "span_key", "var", "on_reset_failed",
+    static char *kwlist[] = {"inner",           "span_key",   "var", "on_reset_failed",
                              "root_spans_only", "span_stats", NULL};
     PyObject *inner, *key, *var, *on_reset_failed;
     int root_only = 0, span_stats = 0;
@@ -173,8 +172,7 @@ labels_for(PyObject *span, LabelsObject *previous, int find_root)
     uint64_t root = span_id;
     /* Only root_spans_only needs the local root; finding it costs an attribute lookup. */
     if (find_root && previous != NULL && previous->root_span_id &&
-        previous->trace_lo == trace_lo &&
-        previous->trace_hi == trace_hi) {
+        previous->trace_lo == trace_lo && previous->trace_hi == trace_hi) {
         /* A child of a local span keeps its local root; a remote parent makes a new one. */
         PyObject *parent = PyObject_GetAttr(span, str_parent);
         if (parent == NULL) {

@@ -10,12 +10,14 @@ static PyMethodDef methods[] = {
     {"pin", sampler_pin, METH_NOARGS,
      "pin(): hold the code objects of the stacks sampled since the last call"},
     {"collect", (PyCFunction)(void (*)(void))sampler_collect, METH_VARARGS | METH_KEYWORDS,
-     "collect(final=False, release_codes=True) -> ([(start_ns, end_ns, samples)], codes, lost)"},
+     "collect(final=False, release_codes=True) -> ([(start_ns, end_ns, samples)], codes, "
+     "lost)"},
     {"exclude", sampler_exclude, METH_VARARGS, "exclude(ident): never sample this thread"},
     {"register_thread", sampler_register_thread, METH_NOARGS,
      "register_thread(): the calling thread is sampled from now on (call as it starts)"},
     {"unregister_thread", sampler_unregister_thread, METH_VARARGS,
-     "unregister_thread(code=None): the calling thread ends (call as it ends), having run code"},
+     "unregister_thread(code=None): the calling thread ends (call as it ends), having run "
+     "code"},
     {"stats", sampler_stats, METH_NOARGS, "stats() -> dict: threads, timers, losses"},
     {"after_fork", sampler_after_fork, METH_NOARGS, "reset in a forked child"},
     {"enable_labels", sampler_enable_labels, METH_VARARGS, NULL},
@@ -23,17 +25,22 @@ static PyMethodDef methods[] = {
     {"gc_callback", sampler_gc_callback, METH_VARARGS,
      "gc_callback(phase, info): for gc.callbacks; charges each pause to the span current"},
     {"process_stats", sampler_process_stats, METH_NOARGS,
-     "process_stats() -> (rss_bytes, threads, allocated_blocks), -1 where unknown (cached 10 ms)"},
+     "process_stats() -> (rss_bytes, threads, allocated_blocks), -1 where unknown (cached 10 "
+     "ms)"},
     {"alloc_sampling", sampler_alloc_sampling, METH_NOARGS,
      "alloc_sampling() -> bool: whether the allocation sampler runs (spans get alloc_bytes)"},
     {"thread_labels", sampler_thread_labels, METH_NOARGS,
-     "thread_labels() -> {ident: (span, trace_hi, trace_lo, root_span, tagset)}: every thread's "
+     "thread_labels() -> {ident: (span, trace_hi, trace_lo, root_span, tagset)}: every "
+     "thread's "
      "current labels"},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "_sampler", "hotspan's native sampler (see _speedups/sampler/).", -1,
+    PyModuleDef_HEAD_INIT,
+    "_sampler",
+    "hotspan's native sampler (see _speedups/sampler/).",
+    -1,
     methods,
 };
 
@@ -73,8 +80,8 @@ PyInit__sampler(void)
     str_get_span_context = PyUnicode_InternFromString("get_span_context");
     str_parent = PyUnicode_InternFromString("parent");
     str_context_attr = PyUnicode_InternFromString("_context");
-    if (!str_attach || !str_detach || !str_get_current || !str_get_span_context || !str_parent ||
-        !str_context_attr)
+    if (!str_attach || !str_detach || !str_get_current || !str_get_span_context ||
+        !str_parent || !str_context_attr)
         return NULL;
     str_asyncio_events = PyUnicode_InternFromString("asyncio.events");
     str_get_running_loop = PyUnicode_InternFromString("_get_running_loop");

@@ -112,7 +112,8 @@ process_stats(long long *rss, long long *threads, long long *heap)
 PyObject *
 sampler_process_stats(PyObject *mod, PyObject *unused)
 {
-    (void)mod; (void)unused;
+    (void)mod;
+    (void)unused;
     long long rss, threads, heap;
     process_stats(&rss, &threads, &heap);
     return Py_BuildValue("(LLL)", rss, threads, heap);
@@ -162,8 +163,7 @@ stats_begin(LabelsObject *labels)
 }
 
 PyObject *str_is_recording, *str_set_attributes, *str_span_processor;
-PyObject *key_cpu, *key_alloc, *key_gc_pause, *key_gc_count, *key_rss, *key_threads,
-    *key_heap;
+PyObject *key_cpu, *key_alloc, *key_gc_pause, *key_gc_count, *key_rss, *key_threads, *key_heap;
 
 static int
 put_stat(PyObject *dict, PyObject *key, long long value)
@@ -222,6 +222,7 @@ api_set_alloc_sampling(int on)
 PyObject *
 sampler_alloc_sampling(PyObject *mod, PyObject *unused)
 {
-    (void)mod; (void)unused;
+    (void)mod;
+    (void)unused;
     return PyBool_FromLong(__atomic_load_n(&alloc_sampling, __ATOMIC_RELAXED));
 }

@@ -25,7 +25,8 @@ int
 tid_map_get(pid_t tid)
 {
     size_t mask = TID_MAP_SIZE - 1;
-    for (size_t i = mix64((uint64_t)tid) & mask, n = 0; n < TID_MAP_SIZE; i = (i + 1) & mask, n++) {
+    for (size_t i = mix64((uint64_t)tid) & mask, n = 0; n < TID_MAP_SIZE;
+         i = (i + 1) & mask, n++) {
         if (tid_map_key[i] == tid)
             return tid_map_val[i];
         if (tid_map_key[i] == 0)
@@ -70,7 +71,8 @@ static void
 tid_map_del(pid_t tid)
 {
     size_t mask = TID_MAP_SIZE - 1;
-    for (size_t i = mix64((uint64_t)tid) & mask, n = 0; n < TID_MAP_SIZE; i = (i + 1) & mask, n++) {
+    for (size_t i = mix64((uint64_t)tid) & mask, n = 0; n < TID_MAP_SIZE;
+         i = (i + 1) & mask, n++) {
         if (tid_map_key[i] == tid) {
             tid_map_key[i] = -1;
             tid_map_deleted++;
@@ -144,7 +146,7 @@ clock_ns(clockid_t clock, uint64_t *out)
  * handler charges the thread's CPU since its previous sample.  Where
  * perf_event_open is not allowed (seccomp in containers, perf_event_paranoid > 2) the timer
  * takes over.  An event costs every context switch of its thread: see sampler_start. */
-#ifdef HAVE_PERF_EVENTS
+#  ifdef HAVE_PERF_EVENTS
 int perf_state = PERF_UNTRIED; /* under threads_mutex */
 int perf_main_only = 1;        /* events for the main thread only, timers for others */
 _Atomic int perf_fd_slot[PERF_FDS]; /* fd -> slot index + 1, for the handler */
@@ -195,8 +197,7 @@ arm_perf(ThreadSlot *s, int index, pid_t tid, uint64_t first)
         perf_state = PERF_WITH_KERNEL;
     struct f_owner_ex owner = {F_OWNER_TID, tid};
     if (fd >= PERF_FDS || fcntl(fd, F_SETFL, O_ASYNC) != 0 ||
-        fcntl(fd, F_SETSIG, perf_signal) != 0 ||
-        fcntl(fd, F_SETOWN_EX, &owner) != 0) {
+        fcntl(fd, F_SETSIG, perf_signal) != 0 || fcntl(fd, F_SETOWN_EX, &owner) != 0) {
         close(fd);
         return -1;
     }
@@ -271,18 +272,18 @@ cpu_trigger_name(void)
            : perf_state == PERF_UNTRIED   ? "untried"
                                           : "timer";
 }
-#else
+#  else
 const char *
 cpu_trigger_name(void)
 {
     return "timer";
 }
-#endif
+#  endif
 
 void
 disarm(ThreadSlot *s)
 {
-#ifdef HAVE_PERF_EVENTS
+#  ifdef HAVE_PERF_EVENTS
     if (s->cpu_by_perf) {
         /* Unmapped first: a handler running now re-enables nothing it should not.  (It
          * could still, between its check and its ioctl, hit a new file with this number:
@@ -292,7 +293,7 @@ disarm(ThreadSlot *s)
         s->cpu_by_perf = 0;
         s->has_timer = 0;
     }
-#endif
+#  endif
     if (s->has_timer)
         timer_delete(s->timer);
     if (s->has_wall_timer)
@@ -327,7 +328,7 @@ arm(ThreadSlot *s, int index)
      * would otherwise never reach a 10 ms timer, and a pool of such threads would have no
      * CPU at all; this way each is caught with probability 3/10, for 10 ms. */
     uint64_t first = 1000 + next_random(&arm_random) % cpu_interval_ns;
-#ifdef HAVE_PERF_EVENTS
+#  ifdef HAVE_PERF_EVENTS
     /* Its CPU before this point is not the profile's; no expiry: the handler charges the
      * CPU since the last sample (set before the event is enabled: it may fire at once). */
     atomic_store_explicit(&s->cpu_charged_ns, cpu_now, memory_order_release);
@@ -336,7 +337,7 @@ arm(ThreadSlot *s, int index)
         s->has_timer = 1;
         return;
     }
-#endif
+#  endif
     if (thread_timer(s, thread_clock(tid), CPU_MAGIC, index, &s->timer) != 0)
         return;
     /* Its CPU before this point is not the profile's (it ran before sampling started). */
@@ -361,14 +362,14 @@ arm(ThreadSlot *s, int index)
 int
 timer_alive(ThreadSlot *s)
 {
-#ifdef HAVE_PERF_EVENTS
+#  ifdef HAVE_PERF_EVENTS
     /* A perf event without a ring buffer polls as hung up, dead thread or not, and the
      * thread's start time would take three system calls: a thread that ends unseen and
      * whose tid is taken within a scan (100 ms) is caught when its clock goes back
      * (collector_tick), as with timers. */
     if (s->cpu_by_perf)
         return 1;
-#endif
+#  endif
     struct itimerspec spec;
     if (timer_gettime(s->timer, &spec) != 0)
         return 0;

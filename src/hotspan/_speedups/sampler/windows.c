@@ -75,8 +75,8 @@ rehash(Window *w, uint32_t **index, size_t *size, size_t count, int stacks)
             h = w->stacks[n].hash;
         } else {
             const SampleRec *r = &w->samples[n];
-            h = mix64(r->ident ^ mix64(r->stack + ((uint64_t)r->kind << 32)) ^ mix64(r->labels[0]) ^
-                      mix64(r->labels[4] + r->labels[2]));
+            h = mix64(r->ident ^ mix64(r->stack + ((uint64_t)r->kind << 32)) ^
+                      mix64(r->labels[0]) ^ mix64(r->labels[4] + r->labels[2]));
         }
         size_t i = h & (new_size - 1);
         while (fresh[i] != 0)
@@ -106,7 +106,8 @@ intern_stack(Window *w, const RawFrame *frames, int depth)
 {
     uint64_t h = 0x9e3779b97f4a7c15ull + (uint64_t)depth;
     for (int i = 0; i < depth; i++)
-        h = mix64(h ^ frames[i].code ^ ((uint64_t)frames[i].lasti << 40) ^ frames[i].fingerprint);
+        h = mix64(h ^ frames[i].code ^ ((uint64_t)frames[i].lasti << 40) ^
+                  frames[i].fingerprint);
     if (w->n_stacks + 1 > w->stack_index_size / 2 &&
         rehash(w, &w->stack_index, &w->stack_index_size, w->n_stacks, 1) < 0)
         return -1;
@@ -153,7 +154,8 @@ window_add(Window *w, uint32_t kind, uint64_t ident, const uint64_t *labels,
             return 0;
         }
     }
-    if (grow(w, (void **)&w->samples, &w->cap_samples, w->n_samples + 1, sizeof(SampleRec), 0) < 0)
+    if (grow(w, (void **)&w->samples, &w->cap_samples, w->n_samples + 1, sizeof(SampleRec), 0) <
+        0)
         return -1;
     SampleRec *r = &w->samples[w->n_samples];
     r->ident = ident;
