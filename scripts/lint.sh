@@ -70,12 +70,14 @@ ensure_venv() {
     fi
     echo "lint.sh: installing the pinned tools into $VENV" >&2
     mkdir -p "$LINT_HOME"
-    if [ ! -x "$BIN/python" ] && ! python3 -m venv "$VENV" 2>/dev/null; then
+    # The interpreter's own packages stay visible (mypy reads the runtime dependencies'
+    # types): where scripts/test.sh installed them, only the lint tools are downloaded.
+    if [ ! -x "$BIN/python" ] && ! python3 -m venv --system-site-packages "$VENV" 2>/dev/null; then
         # Debian's python3 without python3-venv: virtualenv, from PyPI, carries its own pip.
         rm -rf "$VENV"
         python3 -m pip install -q --disable-pip-version-check --target "$LINT_HOME/virtualenv" \
             virtualenv
-        PYTHONPATH="$LINT_HOME/virtualenv" python3 -m virtualenv -q "$VENV"
+        PYTHONPATH="$LINT_HOME/virtualenv" python3 -m virtualenv -q --system-site-packages "$VENV"
     fi
     "$BIN/python" -m pip install -q --disable-pip-version-check --upgrade pip
     if ! "$BIN/python" -c 'import tomllib' 2>/dev/null; then

@@ -23,7 +23,9 @@ fi
 export HOTSPAN_REQUIRE_BROWSER=1
 
 python3 -m pip install -q -e ".[test]"
-python3 -m ruff check src tests bench
+# Lint, format and type checks first (ruff, ruff format, mypy, eslint, prettier,
+# clang-format): seconds once its tools are installed, and a failure stops here.
+bash scripts/lint.sh
 # Without arguments (CI): everything but the agent's tests in two pytest-xdist workers, each
 # taking a whole test file at a time (module-scoped servers stay shared; the waits of servers
 # starting, alert evaluations and the browser overlap on two cores), then the agent's tests
