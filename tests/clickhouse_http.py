@@ -788,9 +788,10 @@ class _Handler(BaseHTTPRequestHandler):
             return
         try:
             if url.path not in ("/", "/query"):
+                missing = f"There is no handle {url.path}\n\nUse / or /ping for health checks.\n"
                 self._respond(
                     404,
-                    f"There is no handle {url.path}\n\nUse / or /ping for health checks.\n".encode(),
+                    missing.encode(),
                     {"Content-Type": "text/plain; charset=UTF-8"},
                     method,
                 )

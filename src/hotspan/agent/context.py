@@ -307,7 +307,7 @@ def _py_process_stats() -> Tuple[int, int, int]:
     span_stats.c's process_stats)."""
     now = time.monotonic_ns()
     if _process_cache[0] and now - _process_cache[0] <= 10_000_000:
-        return _process_cache[1]  # type: ignore[no-any-return]
+        return _process_cache[1]
     rss = threads = -1
     try:
         with open("/proc/self/stat", "rb") as f:
@@ -588,7 +588,8 @@ class _HookOnImport:
         spec = PathFinder.find_spec(name, path)
         if spec is None or spec.loader is None:
             return spec
-        spec.loader = _HookingLoader(spec.loader, self.root_spans_only, self.native)
+        loader: Any = _HookingLoader(spec.loader, self.root_spans_only, self.native)  # duck-typed
+        spec.loader = loader
         with contextlib.suppress(ValueError):
             sys.meta_path.remove(self)
         return spec
@@ -673,7 +674,9 @@ def enable_native_labels() -> bool:
 
     def contexts() -> Tuple[contextvars.Context, contextvars.Context]:
         small = contextvars.Context().run(_context_with, [LABELS], probe)
-        filler = [contextvars.ContextVar(f"hotspan.probe{i}") for i in range(64)]
+        filler: List[contextvars.ContextVar[Any]] = [
+            contextvars.ContextVar(f"hotspan.probe{i}") for i in range(64)
+        ]
         big = contextvars.Context().run(_context_with, filler + [LABELS], probe)
         return small, big
 

@@ -24,7 +24,8 @@ if TYPE_CHECKING:  # typing stays out of the program at run time: see agent/log.
 MAX_BODY = 64 * 1024
 METHODS = ("GET", "POST", "PUT", "DELETE")
 
-Answer = "Tuple[int, Dict[str, Any]]"
+if TYPE_CHECKING:
+    Answer = Tuple[int, Dict[str, Any]]  # HTTP status, JSON object
 
 
 def _agent() -> Any:

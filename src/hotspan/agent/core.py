@@ -318,7 +318,7 @@ class Agent:
         active = bool(settings["enabled"]) and not self.shedding
         wanted = self.wanted_rate(settings)
         rate = self._governor.rate_for(wanted)
-        sampler_spec = (rate, "cpu" in types, "wall" in types)
+        sampler_spec: Optional[Tuple[int, bool, bool]] = (rate, "cpu" in types, "wall" in types)
         if not active:
             # Even with neither CPU nor wall wanted the sampler runs: it is what makes span
             # labels readable for the collectors (enable_native_labels), at no sampling cost.

@@ -35,4 +35,7 @@ class LazyLogger:
         return getattr(logger, attribute)
 
 
-logger = LazyLogger()
+if TYPE_CHECKING:
+    logger: logging.Logger  # what LazyLogger hands on
+else:
+    logger = LazyLogger()

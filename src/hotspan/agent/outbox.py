@@ -58,7 +58,7 @@ class Outbox:
         self._uploading = uploading
         self.redact = Redactor(config.redact_patterns())
         self._symbols = Symbolizer(self.redact if self.redact else None)
-        self._label_cache: Dict[Tuple[Any, ...], Tuple[Tuple[str, str], ...]] = {}
+        self._label_cache: Dict[Tuple[Any, ...], Optional[Tuple[Tuple[str, str], ...]]] = {}
         # Held while the sampler's windows are taken and encoded: the loop and a shutdown on
         # the program's thread may both upload.
         self._lock = threading.Lock()
@@ -218,7 +218,7 @@ class Outbox:
             "spyName": "hotspan",
         }
 
-    def _label_sets(self) -> Dict[Tuple[Any, ...], Tuple[Tuple[str, str], ...]]:
+    def _label_sets(self) -> Dict[Tuple[Any, ...], Optional[Tuple[Tuple[str, str], ...]]]:
         """Label tuples by (raw labels, thread), shared by the CPU, wall and collectors'
         profiles of an upload: a span's samples are in each.  Started afresh as it grows past
         one upload's worth (thread names change, idents are reused)."""

@@ -43,7 +43,7 @@ def _int(field: int, value: int, out: bytearray) -> None:
         _varint(value, out)
 
 
-def _bytes(field: int, payload: bytes, out: bytearray) -> None:
+def _bytes(field: int, payload: Union[bytes, bytearray], out: bytearray) -> None:
     _key(field, 2, out)
     _varint(len(payload), out)
     out += payload
@@ -278,8 +278,8 @@ class PyProfileWriter:
         _int(1, self._string(self.period_type[0]), period_type)
         _int(2, self._string(self.period_type[1]), period_type)
         strings: List[str] = list(self._strings)  # insertion order is index order
-        for text in strings:
-            _bytes(6, text.encode("utf-8", "replace"), out)
+        for string in strings:
+            _bytes(6, string.encode("utf-8", "replace"), out)
         _int(9, time_ns, out)
         _int(10, duration_ns, out)
         _bytes(11, bytes(period_type), out)
@@ -289,9 +289,12 @@ class PyProfileWriter:
 
 _native = load_module("_pprof_writer")
 
-if _native is not None:
+if TYPE_CHECKING:
+    # The C encoder has no stubs; it has PyProfileWriter's interface.
+    ProfileWriter = PyProfileWriter
+elif _native is not None:
 
-    class ProfileWriter(_native.ProfileEncoder):  # type: ignore[name-defined,misc]
+    class ProfileWriter(_native.ProfileEncoder):
         """The C encoder (same interface as :class:`PyProfileWriter`)."""
 
         __slots__ = ()  # no __dict__: instances stay out of the cyclic GC, as the base is
@@ -301,4 +304,4 @@ if _native is not None:
             return _finish(self.encode_raw(time_ns, duration_ns), default_sample_type)
 
 else:
-    ProfileWriter = PyProfileWriter  # type: ignore[misc,assignment]
+    ProfileWriter = PyProfileWriter

@@ -330,8 +330,8 @@ def serve(path: str, query: Mapping[str, str]) -> Generator[Wait, None, Answer]:
         rows.setdefault(stack, [0, 0, 0, 0])[2:] = [io, isp]
     period = hub.alloc_period or int(agent.live.effective()["alloc_sample_bytes"])
     # Go's allocs profile shows alloc_space first: its heap profile, inuse_space.
-    default = "alloc_space" if name == "allocs" else ""
-    return 200, PPROF, _encode(ALLOC_TYPES, ALLOC_PERIOD_TYPE, period, rows, default)
+    default_type = "alloc_space" if name == "allocs" else ""
+    return 200, PPROF, _encode(ALLOC_TYPES, ALLOC_PERIOD_TYPE, period, rows, default_type)
 
 
 def _collect(agent: Any, hub: PullHub) -> Wait:
@@ -437,7 +437,7 @@ def answer(path: str, query: Mapping[str, str]) -> Answer:
     while True:
         finished, value = _step(gen)
         if finished:
-            return value  # type: ignore[no-any-return]
+            return value
         event, timeout = value
         event.wait(timeout)
 
@@ -452,7 +452,7 @@ async def answer_async(path: str, query: Mapping[str, str]) -> Answer:
     while True:
         finished, value = await loop.run_in_executor(None, _step, gen)
         if finished:
-            return value  # type: ignore[no-any-return]
+            return value
         event, timeout = value
         deadline = loop.time() + timeout
         while not event.is_set() and loop.time() < deadline:

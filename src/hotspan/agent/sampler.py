@@ -36,6 +36,7 @@ from hotspan.agent.symbols import hide_code_tree
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing stays out of the program at run time: see agent/log.py
+    from types import ModuleType
     from typing import Any, Callable, Dict, List, Optional, Tuple
 
     LabelsTuple = Tuple[int, int, int, int, int]  # span, trace hi, trace lo, root span, tag set
@@ -59,9 +60,10 @@ class NativeSampler:
     tick_interval = 0.1
 
     def __init__(self, sample_rate: int, max_depth: int, cpu: bool, wall: bool = True) -> None:
-        self._mod = load_sampler()
-        if self._mod is None:
+        mod = load_sampler()
+        if mod is None:
             raise RuntimeError("the native sampler is not built")
+        self._mod: ModuleType = mod
         self._interval_ns = 1_000_000_000 // sample_rate
         self._max_depth = max_depth
         self._cpu = cpu
@@ -280,7 +282,7 @@ class PythonSampler:
         return now - before if before is not None else 0
 
     def _stack(self, frame: Any) -> RawStack:
-        out = []
+        out: List[Tuple[Any, int]] = []
         while frame is not None and len(out) < self._max_depth:
             out.append((frame.f_code, frame.f_lasti))  # frame.f_lasti is in bytes on 3.9+
             frame = frame.f_back

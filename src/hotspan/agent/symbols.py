@@ -92,8 +92,7 @@ class Symbolizer:
         else:
             frame = self.frame
             named = tuple(
-                entry if len(entry) == 4 else frame(entry[0], entry[1])  # type: ignore[misc]
-                for entry in stack
+                entry if len(entry) == 4 else frame(entry[0], entry[1]) for entry in stack
             )
         # Only once a hidden frame was named: the other programs pay nothing for it.
         if self._hidden_named:
@@ -101,7 +100,7 @@ class Symbolizer:
                 return (AGENT,)
             if HIDDEN in named:
                 named = tuple(f for f in named if f is not HIDDEN)
-        return named  # type: ignore[no-any-return]
+        return named
 
     def frame(self, code: Optional[Any], lasti: int) -> FrameInfo:
         if code is None:

@@ -111,7 +111,7 @@ class PlainConnection:
 
     def _body(self, headers: Mapping[str, str], max_body: int) -> bytes:
         if "chunked" in headers.get("transfer-encoding", "").lower():
-            chunks = []
+            chunks: List[bytes] = []
             size = 0
             while True:
                 length = int(self._line().split(b";")[0].strip() or b"0", 16)

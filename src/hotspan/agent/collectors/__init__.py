@@ -18,13 +18,15 @@ from collections import namedtuple
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing stays out of the program at run time: see agent/log.py
-    from typing import Any, Dict, List, Tuple
+    from typing import Any, Dict, List, Protocol, Tuple
 
     LabelsTuple = Tuple[int, int, int, int, int]  # span, trace hi, trace lo, root span, tag set
     # A frame as a collector gives it, leaf first: a (code object or None, byte offset) pair,
     # which the agent names, or an already named FrameInfo (name, filename, line, first line)
     # for collectors that have no code object (tracemalloc knows files and lines only).
     RawFrame = Tuple[Any, ...]
+else:
+    Protocol = object  # Collector's base: a protocol to type checkers only
 
 NO_LABELS: LabelsTuple = (0, 0, 0, 0, 0)
 
@@ -44,7 +46,7 @@ ProfileData = namedtuple(
 )
 
 
-class Collector:
+class Collector(Protocol):
     """What the agent's core expects of a collector (collectors need not subclass it)."""
 
     name: str  # "alloc", "locks", "threads"
@@ -56,9 +58,9 @@ class Collector:
     def collect(self, final: bool = False) -> List[ProfileData]:
         """The profiles of the time since the last call; ``final`` at shutdown."""
 
-    def look(self) -> None:
-        """Optional: called on every wake of the agent's loop (a few times a second at
-        most), for a collector that takes snapshots between its collects."""
+    # Optional, so not a member: look(self) -> None, called on every wake of the agent's
+    # loop (a few times a second at most), for a collector that takes snapshots between its
+    # collects.
 
     def stop(self) -> None:
         """Stop collecting and undo every hook; safe to call twice."""

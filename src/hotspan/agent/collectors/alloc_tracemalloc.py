@@ -24,7 +24,7 @@ from hotspan.agent.collectors import (
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing stays out of the program at run time: see agent/log.py
-    from typing import Any, Dict, List, Optional, Tuple
+    from typing import Any, Dict, List, Optional, Set, Tuple
 
     from hotspan.agent.symbols import FrameInfo
 
@@ -165,8 +165,9 @@ class _FrameNamer:
 
 
 def _collect_code_ranges(module: Any, filename: str, out: List[Tuple[int, int, str, int]]) -> None:
-    seen = set()
+    seen: Set[int] = set()
     todo: List[Tuple[Any, str]] = []
+    code: Optional[types.CodeType]
     for value in list(vars(module).values()):
         todo.append((value, ""))
         if isinstance(value, type):

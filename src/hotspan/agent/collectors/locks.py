@@ -122,7 +122,7 @@ class _AsyncioPatch:
         self._lock_class: Any = None
 
     def install(self, locks_module: Any) -> None:
-        lock_class = getattr(locks_module, "Lock", None)
+        lock_class: Any = getattr(locks_module, "Lock", None)
         original = getattr(lock_class, "acquire", None) if lock_class is not None else None
         if original is None or self._original is not None:
             return
@@ -209,7 +209,8 @@ class _AsyncioImportHook:
         spec = PathFinder.find_spec(name, path)
         if spec is None or spec.loader is None:
             return spec
-        spec.loader = _PatchingLoader(spec.loader, self.patch)
+        loader: Any = _PatchingLoader(spec.loader, self.patch)  # duck-typed
+        spec.loader = loader
         with contextlib.suppress(ValueError):
             sys.meta_path.remove(self)
         return spec
@@ -264,13 +265,13 @@ class LockCollector:
         # locks of its own, which ours would break.
         # 3.13 made threading.Lock the lock type itself (_thread.lock), not allocate_lock.
         if threading.Lock is _allocate_lock or threading.Lock is _thread.LockType:
-            threading.Lock = backend.Lock  # type: ignore[misc,assignment]
+            threading.Lock = backend.Lock
         if (
             _CRLock is not None
             and getattr(threading, "_CRLock", None) is _CRLock
             and getattr(threading.RLock, "__module__", None) == "threading"
         ):
-            threading.RLock = backend.RLock  # type: ignore[misc,assignment]
+            threading.RLock = backend.RLock
         self._saved = saved
         locks_module = sys.modules.get("asyncio.locks")
         if locks_module is not None:
@@ -286,8 +287,7 @@ class LockCollector:
         if not waits:
             return []
         samples = [
-            StackSample(stack, tuple(labels), (n, delay))  # type: ignore[arg-type]
-            for stack, labels, n, delay in waits
+            StackSample(stack, tuple(labels), (n, delay)) for stack, labels, n, delay in waits
         ]
         return [
             ProfileData(LOCK_TYPES, LOCK_PERIOD_TYPE, 1, start_ns, end_ns, samples, keepalive=waits)
@@ -298,9 +298,9 @@ class LockCollector:
         if saved is not None:
             backend = self._backend
             if threading.Lock is backend.Lock:
-                threading.Lock = saved[0]  # type: ignore[misc]
+                threading.Lock = saved[0]
             if threading.RLock is backend.RLock:
-                threading.RLock = saved[1]  # type: ignore[misc]
+                threading.RLock = saved[1]
         hook, self._hook = self._hook, None
         if hook is not None:
             with contextlib.suppress(ValueError):

@@ -105,17 +105,18 @@ class _PyProfiled:
     an uncontended acquire as one non-blocking try, and a wait timed only when that fails."""
 
     __slots__ = ("_inner", "__weakref__")
+    _inner: Any  # the real lock, set by the subclasses
 
     def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
         inner = self._inner
         if not blocking or not (timeout == -1 or _plain_timeout(timeout)):
-            return inner.acquire(blocking, timeout)  # type: ignore[no-any-return]
+            return inner.acquire(blocking, timeout)
         if inner.acquire(False):
             return True
         start = _monotonic_ns()
         got = inner.acquire(blocking, timeout)
         _recorder.record(_getframe(1), _monotonic_ns() - start)
-        return got  # type: ignore[no-any-return]
+        return got
 
     def __enter__(self) -> bool:
         inner = self._inner
@@ -124,7 +125,7 @@ class _PyProfiled:
         start = _monotonic_ns()
         got = inner.acquire()
         _recorder.record(_getframe(1), _monotonic_ns() - start)
-        return got  # type: ignore[no-any-return]
+        return got
 
     def release(self) -> None:
         self._inner.release()
@@ -148,7 +149,7 @@ class PyProfiledLock(_PyProfiled):
         self._inner = _allocate_lock()
 
     def locked(self) -> bool:
-        return self._inner.locked()  # type: ignore[no-any-return]
+        return self._inner.locked()
 
     acquire_lock = _PyProfiled.acquire
     release_lock = _PyProfiled.release
@@ -166,7 +167,7 @@ class PyProfiledRLock(_PyProfiled):
     # What threading.Condition uses.  Taking the lock back after a notify is not timed: the
     # wait for the notify is not contention.
     def _is_owned(self) -> bool:
-        return self._inner._is_owned()  # type: ignore[no-any-return]
+        return self._inner._is_owned()
 
     def _release_save(self) -> Any:
         return self._inner._release_save()

@@ -349,7 +349,7 @@ agent_code(_main_ends.__code__)
 
 
 def _frame_stack(frame: Any, depth: int) -> Stack:
-    out = []
+    out: List[Tuple[Any, int]] = []
     while frame is not None and len(out) < depth:
         out.append((frame.f_code, max(frame.f_lasti, 0)))
         frame = frame.f_back
