@@ -26,13 +26,13 @@ python3 -m pip install -q -e ".[test]"
 # Lint, format and type checks first (ruff, ruff format, mypy, eslint, prettier,
 # clang-format): seconds once its tools are installed, and a failure stops here.
 bash scripts/lint.sh
-# Without arguments (CI): everything but the agent's tests in two pytest-xdist workers, each
-# taking a whole test file at a time (module-scoped servers stay shared; the waits of servers
-# starting, alert evaluations and the browser overlap on two cores), then the agent's tests
-# alone, in one process: they judge sampling and overhead against the clocks of a machine
-# nobody else is using (a second worker beside them made the busy-program checks miss by a
-# percent).  In one process the whole suite took about 19 minutes.  With arguments: pytest
-# with those arguments, in one process.
+# Without arguments (CI): everything but the agent's timing tests in two pytest-xdist workers,
+# each taking a whole test file at a time (module-scoped servers stay shared; the waits of
+# servers starting, alert evaluations and the browser overlap on two cores), then the tests
+# marked `timing` (tests/agent/conftest.py) alone, in one process: they judge sampling and
+# overhead against the clocks of a machine nobody else is using (a second worker beside them
+# made the busy-program checks miss by a percent).  In one process the whole suite took about
+# 19 minutes.  With arguments: pytest with those arguments, in one process.
 if [ $# -gt 0 ]; then
     exec python3 -m pytest "$@"
 fi
@@ -49,7 +49,6 @@ if python3 -c "import atheris" 2>/dev/null || python3 -m pip install -q "atheris
 else
     echo "fuzz: skipped (atheris does not install on $(python3 --version))"
 fi
-python3 -m pytest -n "${HOTSPAN_TEST_WORKERS:-2}" --dist loadfile \
-    --ignore=tests/agent || status=$?
-python3 -m pytest tests/agent || status=$?
+python3 -m pytest -n "${HOTSPAN_TEST_WORKERS:-2}" --dist loadfile -m "not timing" || status=$?
+python3 -m pytest -m timing tests/agent || status=$?
 exit "$status"

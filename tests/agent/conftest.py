@@ -2,7 +2,12 @@
 
 Each test's program pushes under a service name of its own (a fresh uuid) and every query
 selects that name, so a test never sees another's profiles; a server per module would only
-add its start (a couple of seconds each, in the suite's serial phase) to the run."""
+add its start (a couple of seconds each, in the suite's serial phase) to the run.
+
+The modules that judge sampling, overhead or timing against the clocks are marked ``timing``:
+scripts/test.sh runs those alone, in one process, and the others beside the rest of the suite
+(crash checks under valgrind, encoding, transport, redaction, symbols: nothing a busy
+neighbour changes)."""
 
 from __future__ import annotations
 
@@ -11,6 +16,29 @@ from typing import Iterator
 import pytest
 
 from tests.conftest import RunningServer, running_server
+
+TIMING_MODULES = frozenset(
+    (
+        "test_agent",
+        "test_alloc",
+        "test_busy",
+        "test_conditions",
+        "test_control",
+        "test_governor",
+        "test_locks",
+        "test_pull",
+        "test_sampler",
+        "test_span_stats",
+        "test_threads",
+    )
+)
+
+
+def pytest_collection_modifyitems(items: list) -> None:
+    here = __file__.rsplit("/", 1)[0]
+    for item in items:
+        if str(item.path.parent) == here and item.path.stem in TIMING_MODULES:
+            item.add_marker(pytest.mark.timing)
 
 
 @pytest.fixture(scope="session")
