@@ -47,7 +47,7 @@ wants() {
 # dependencies and the extras whose packages src/ imports.  Read from pyproject.toml so that
 # the pins live in one place.
 requirements() {
-    "$1" - <<'EOF'
+    "$1" - "$2" <<'EOF'
 import sys
 try:
     import tomllib
@@ -56,7 +56,11 @@ except ImportError:  # Python < 3.11
 with open("pyproject.toml", "rb") as f:
     project = tomllib.load(f)["project"]
 extras = project["optional-dependencies"]
-for req in project["dependencies"] + extras["lint"] + extras["clickhouse"] + extras["otel"]:
+if sys.argv[1] == "tools":
+    wanted = extras["lint"]
+else:
+    wanted = project["dependencies"] + extras["clickhouse"] + extras["otel"]
+for req in wanted:
     print(req)
 EOF
 }
@@ -85,7 +89,11 @@ ensure_venv() {
     fi
     local reqs
     reqs=$(mktemp)
-    requirements "$BIN/python" >"$reqs"
+    # The tools themselves into the venv even when the interpreter has them (their scripts
+    # must be in $BIN, at the pinned versions); the packages mypy reads wherever they are.
+    requirements "$BIN/python" tools >"$reqs"
+    "$BIN/python" -m pip install -q --disable-pip-version-check --ignore-installed -r "$reqs"
+    requirements "$BIN/python" deps >"$reqs"
     "$BIN/python" -m pip install -q --disable-pip-version-check -r "$reqs"
     rm -f "$reqs"
     echo "$want" >"$stamp"
