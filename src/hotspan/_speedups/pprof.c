@@ -857,10 +857,11 @@ decode(PyObject *self, PyObject *args)
     const uint8_t *base = (const uint8_t *)view.buf;
     Reader r = {base, base + view.len};
     int ok;
-    Py_BEGIN_ALLOW_THREADS error_text[0] = 0;
+    Py_BEGIN_ALLOW_THREADS
+    error_text[0] = 0;
     ok = decode_all(&d, base, &r) == 0;
-    Py_END_ALLOW_THREADS if (!ok)
-    {
+    Py_END_ALLOW_THREADS
+    if (!ok) {
         PyErr_SetString(strcmp(error_text, "out of memory") == 0 ? PyExc_MemoryError
                                                                  : PyExc_ValueError,
                         error_text);

@@ -339,12 +339,14 @@ stop_collector(void)
 {
     if (!collector_started)
         return;
-    Py_BEGIN_ALLOW_THREADS pthread_mutex_lock(&threads_mutex);
+    Py_BEGIN_ALLOW_THREADS
+    pthread_mutex_lock(&threads_mutex);
     atomic_store(&collector_stop, 1);
     pthread_cond_signal(&collector_wake);
     pthread_mutex_unlock(&threads_mutex);
     pthread_join(collector, NULL);
-    Py_END_ALLOW_THREADS collector_started = 0;
+    Py_END_ALLOW_THREADS
+    collector_started = 0;
 }
 #endif
 
@@ -354,6 +356,7 @@ lock_threads(void)
 {
     if (pthread_mutex_trylock(&threads_mutex) == 0)
         return;
-    Py_BEGIN_ALLOW_THREADS pthread_mutex_lock(&threads_mutex);
+    Py_BEGIN_ALLOW_THREADS
+    pthread_mutex_lock(&threads_mutex);
     Py_END_ALLOW_THREADS
 }
