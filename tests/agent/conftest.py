@@ -11,6 +11,7 @@ neighbour changes)."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Iterator
 
 import pytest
@@ -35,9 +36,9 @@ TIMING_MODULES = frozenset(
 
 
 def pytest_collection_modifyitems(items: list) -> None:
-    here = __file__.rsplit("/", 1)[0]
+    here = Path(__file__).parent
     for item in items:
-        if str(item.path.parent) == here and item.path.stem in TIMING_MODULES:
+        if item.path.parent == here and item.path.stem in TIMING_MODULES:
             item.add_marker(pytest.mark.timing)
 
 
