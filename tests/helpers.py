@@ -269,6 +269,22 @@ def flamegraph(
     return r.json().get("flamegraph", {})
 
 
+def label_values(client: httpx.Client, service: str, name: str) -> List[str]:
+    """The values of label ``name`` in the service's profiles of the last ten minutes."""
+    now = int(time.time())
+    r = client.post(
+        f"{QUERIER}/LabelValues",
+        json={
+            "name": name,
+            "matchers": [f'{{service_name="{service}"}}'],
+            "start": (now - 600) * 1000,
+            "end": (now + 60) * 1000,
+        },
+    )
+    assert r.status_code == 200, r.text
+    return list(r.json().get("names", []))
+
+
 def _per_function(graph: dict, column: int) -> Dict[str, int]:
     """Sum of one node column (1: total, 2: self) per function name, over all its nodes."""
     names = graph.get("names", [])

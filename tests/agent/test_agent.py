@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 from hotspan._speedups import load_sampler
-from tests.helpers import QUERIER, flamegraph, function_totals
+from tests.helpers import QUERIER, flamegraph, function_totals, label_values
 
 CPU = "process_cpu:cpu:nanoseconds:cpu:nanoseconds"
 WALL = "wall:wall:nanoseconds:wall:nanoseconds"
@@ -170,23 +170,13 @@ report(sampler=agent.sampler_name, sent=stats.sent_uploads, failed=stats.failed_
     assert result["failed"] == 0
     assert result["sent"] >= 2, result
     with module_server.client() as client:
-        now = int(time.time())
-        r = client.get(
-            "/pyroscope/label-values",
-            params={
-                "label": "__name__",
-                "query": f'{{service_name="{service}"}}',
-                "from": now - 600,
-                "until": now + 60,
-            },
-        )
-        assert r.status_code == 200, r.text
+        types = label_values(client, service, "__name__")
         wanted = {"process_cpu", "wall"}
         if result["sampler"] == "native" and result["looked"]:
             wanted.add("goroutines")
         if result["alloc"]:
             wanted |= {"memory"}
-        assert set(r.json()) == wanted, (r.json(), result)
+        assert set(types) == wanted, (types, result)
         cpu = service_profile(client, f'{{service_name="{service}", env="test"}}')
         wall = service_profile(client, f'{{service_name="{service}"}}', WALL)
     assert set(cpu) >= {"__main__.hot_a", "__main__.hot_b"}

@@ -16,7 +16,7 @@ from hotspan.agent.limits import BoundedProfile
 from hotspan.formats.proto import profile_pb2
 from hotspan.model.redaction import REDACTED, Redactor
 from tests.agent.test_agent import CPU, TOTAL, run_program, service_profile
-from tests.helpers import QUERIER
+from tests.helpers import label_values
 
 
 def test_default_words_and_own_patterns() -> None:
@@ -103,23 +103,6 @@ def test_a_profile_within_the_limit_is_untouched() -> None:
     assert "other" not in _names(_decode(body))
 
 
-def _label_values(client, service: str, name: str) -> list:  # type: ignore[no-untyped-def]
-    import time
-
-    now = int(time.time())
-    r = client.post(
-        f"{QUERIER}/LabelValues",
-        json={
-            "name": name,
-            "matchers": [f'{{service_name="{service}"}}'],
-            "start": (now - 600) * 1000,
-            "end": (now + 60) * 1000,
-        },
-    )
-    assert r.status_code == 200, r.text
-    return r.json().get("names", [])
-
-
 def test_no_matching_name_or_label_value_reaches_the_server(module_server, tmp_path: Path) -> None:
     service = f"redact_{uuid.uuid4().hex[:6]}"
     secret_dir = tmp_path / "customer_secrets"
@@ -164,11 +147,11 @@ report(sent=agent.upload_stats.sent_uploads)
         assert cpu.get("vault.unseal", 0) > 0.2e9  # only its file's path matches
         for name in cpu:
             assert not any(w in name.lower() for w in ("password", "secret")), name
-        assert _label_values(client, service, "user") == [REDACTED]
-        assert _label_values(client, service, "route") == ["/reset"]
-        threads = _label_values(client, service, "thread_name")
+        assert label_values(client, service, "user") == [REDACTED]
+        assert label_values(client, service, "route") == ["/reset"]
+        threads = label_values(client, service, "thread_name")
         assert REDACTED in threads and "secret-keeper" not in threads
-        assert _label_values(client, service, "deploy_key") == [REDACTED]
+        assert label_values(client, service, "deploy_key") == [REDACTED]
 
 
 def test_uploads_stay_within_max_profile_size(module_server, tmp_path: Path) -> None:
