@@ -18,6 +18,7 @@ from typing import Iterator, List
 
 import httpx
 import pytest
+from playwright.sync_api import expect
 
 from tests.conftest import RunningServer, running_server
 from tests.helpers import ingest_pprof, make_pprof
@@ -100,7 +101,9 @@ def test_add_refuse_and_delete_a_rule(page, srv) -> None:  # type: ignore[no-unt
     form.locator('textarea[name="webhooks"]').fill("http://127.0.0.1:9/hook")
     answer = save(page)
     assert answer.status in (200, 201), answer.text()
-    assert "Saved" in page.locator(".hs-alert-result").inner_text()
+    # The page writes its verdict once it has read the answer's body, after the response
+    # event: wait for it.
+    expect(page.locator(".hs-alert-result")).to_contain_text("Saved")
     stored = rules_of(client)
     assert [r["name"] for r in stored] == ["render-share"], stored
     rule = stored[0]
