@@ -17,13 +17,13 @@ import time
 from hotspan import __version__
 from hotspan._speedups import load_sampler
 from hotspan.agent import context
-from hotspan.agent.collectors.alloc import exclude_current_thread as exclude_from_alloc_profile
+from hotspan.agent.collectors import exclude_current_thread as exclude_from_alloc_profile
 from hotspan.agent.config import DEFAULT_SERVER_ADDRESS, AgentConfig, request_headers
 from hotspan.agent.governor import Governor, Meter, Reading
 from hotspan.agent.live import LiveSettings, profile_types
 from hotspan.agent.log import logger
 from hotspan.agent.outbox import Outbox, pull_hub
-from hotspan.agent.sampler import PythonSampler, make_sampler
+from hotspan.agent.sampler import make_sampler
 from hotspan.agent.symbols import agent_code
 from hotspan.agent.uploader import Uploader, query_string
 from hotspan.model.agent_settings import (
@@ -63,7 +63,9 @@ class Agent:
     def __init__(self, config: AgentConfig) -> None:
         self.config = config
         self.live = LiveSettings(config)
-        self._stop = threading.Event()
+        # Set, with _wake, to end the agent's loop: a flag rather than an Event, which would be
+        # six more objects for the program's GC to walk (see agent/log.py).
+        self._stopping = False
         # What wakes the agent's loop before its interval: a stop, a change of settings.
         self._wake = threading.Event()
         self.live.on_change = self._wake.set
@@ -167,6 +169,8 @@ class Agent:
             # The native sampler cannot run here (an unknown kernel clock encoding, no thread
             # could be started): the fallback can.
             logger.warning("hotspan: native sampler unavailable; using Python", exc_info=True)
+            from hotspan.agent.sampler_py import PythonSampler
+
             self._sampler = PythonSampler(rate, config.max_depth, cpu, wall)
             self._sampler.start(self._window_ns)
         for ident in self._excluded:
@@ -210,7 +214,7 @@ class Agent:
                 logger.warning("hotspan: the %s profile is unavailable", name, exc_info=True)
 
     def _start_thread(self) -> None:
-        self._stop.clear()
+        self._stopping = False
         self._thread = threading.Thread(target=self._run, name="hotspan-sampler", daemon=True)
         self._thread.start()
 
@@ -219,7 +223,7 @@ class Agent:
             atexit.unregister(self._at_exit)
             if self._control_server is not None:
                 self._control_server.stop()
-            self._stop.set()
+            self._stopping = True
             self._wake.set()
             thread = self._thread
             if thread is not None and thread is not threading.current_thread():
@@ -275,10 +279,9 @@ class Agent:
         """A forked worker profiles itself: its own sampler and uploader thread, nothing of
         the parent's pending data (the parent sends that)."""
         try:
-            running = self._thread is not None and not self._stop.is_set()
+            running = self._thread is not None and not self._stopping
             self.outbox.after_fork()
             self._applied = threading.Condition(threading.Lock())
-            self._stop = threading.Event()
             self._wake = threading.Event()
             self.live.on_change = self._wake.set
             self._excluded = set()
@@ -295,7 +298,7 @@ class Agent:
                 collector.after_fork()
             self._uploader.reset_after_fork()
             if not running:
-                self._stop.set()
+                self._stopping = True
                 return
             # The same sampler and collectors go on in the child: started again, not anew.
             if self._sampler_spec is not None:
@@ -310,7 +313,6 @@ class Agent:
     def _apply_settings(self) -> None:
         """Makes the sampler and collectors what the settings and the governor ask for.
         Only the agent's loop calls it (and start, before the loop runs)."""
-        self.live.changed.clear()
         settings, version, generation = self.live.snapshot()
         self._governor.max_overhead = float(settings["max_overhead"])
         self._update_conditions(settings)
@@ -377,7 +379,7 @@ class Agent:
         with self._applied:
             while self._applied_generation < self.live.generation:
                 left = deadline - time.monotonic()
-                if left <= 0 or self._stop.is_set():
+                if left <= 0 or self._stopping:
                     return False
                 self._applied.wait(min(left, 0.1))
         return True
@@ -418,7 +420,7 @@ class Agent:
         (so short-lived code keeps its name), so the loop wakes rarely, and a busy program
         does not hand it the GIL ten times a second for nothing."""
         sampler = self._sampler
-        if self._sampler_spec is not None and isinstance(sampler, PythonSampler):
+        if self._sampler_spec is not None and sampler.name == "python":
             return float(sampler.tick_interval)
         if time.monotonic() < self._pin_often_until:
             return START_WAKE_S
@@ -437,7 +439,7 @@ class Agent:
             # the loop at once; nothing else needs it before its interval.
             wake.wait(self._wake_interval())
             wake.clear()  # before the stop is read: a stop after it wakes the next wait
-            if self._stop.is_set():
+            if self._stopping:
                 return
             try:
                 now = time.monotonic()
@@ -446,7 +448,7 @@ class Agent:
                     # From the end of the check: beside a busy program it can take seconds
                     # (the GIL), and the next reading needs a whole interval to mean anything.
                     self._next_check = time.monotonic() + check_every
-                if self.live.changed.is_set():
+                if self.live.generation != self._applied_generation:
                     self._apply_settings()
                 if self._sampler_spec is not None:
                     self._sampler.tick()

@@ -57,7 +57,6 @@ class LiveSettings:
         self.remote_version = 0
         # Bumped by every change; the loop compares it with the one it applied last.
         self.generation = 0
-        self.changed = threading.Event()
         # Called after each change (the agent's loop sleeps until one, or its interval).
         self.on_change: Optional[Callable[[], None]] = None
 
@@ -84,7 +83,6 @@ class LiveSettings:
 
     def reset_after_fork(self) -> None:
         self._lock = threading.Lock()  # a parent thread may have held it at the fork
-        self.changed = threading.Event()
 
     def set_enabled(self, enabled: bool) -> None:
         """``POST`` / ``DELETE`` on the control endpoint."""
@@ -116,7 +114,6 @@ class LiveSettings:
 
     def _bump(self) -> None:
         self.generation += 1
-        self.changed.set()
         if self.on_change is not None:
             self.on_change()
 

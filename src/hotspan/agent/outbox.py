@@ -13,7 +13,6 @@ import time
 
 from hotspan.agent import context
 from hotspan.agent.config import NAME_SYNTAX_CHARS
-from hotspan.agent.limits import BoundedProfile
 from hotspan.agent.log import logger
 from hotspan.agent.sampler import CPU, WALL, Collected
 from hotspan.agent.symbols import Symbolizer
@@ -25,6 +24,7 @@ if TYPE_CHECKING:  # typing stays out of the program at run time: see agent/log.
 
     from hotspan.agent.collectors import Collector, ProfileData
     from hotspan.agent.config import AgentConfig
+    from hotspan.agent.limits import BoundedProfile
     from hotspan.agent.sampler import Window
     from hotspan.agent.symbols import FrameInfo
     from hotspan.agent.uploader import Uploader
@@ -155,7 +155,7 @@ class Outbox:
         for (profile,) in ready:
             if not profile.samples:
                 continue
-            writer = BoundedProfile(
+            writer = _profile_writer(
                 profile.sample_types,
                 profile.period_type,
                 profile.period,
@@ -257,8 +257,8 @@ class Outbox:
     def _encode(self, window: Window, period: int) -> List[bytes]:
         limit = self.config.max_profile_size
         writers = {
-            CPU: BoundedProfile(CPU_TYPE, CPU_TYPE, period, limit),
-            WALL: BoundedProfile(WALL_TYPE, WALL_TYPE, period, limit),
+            CPU: _profile_writer(CPU_TYPE, CPU_TYPE, period, limit),
+            WALL: _profile_writer(WALL_TYPE, WALL_TYPE, period, limit),
         }
         for sample, stack, labels in self._prepared(window.samples):
             writers[sample.kind].add(stack, sample.value, labels, stack_key=id(stack))
@@ -290,6 +290,17 @@ class Outbox:
         """The application name uploads and settings polls carry: the name and its tags."""
         tags = ",".join(f"{k}={_tag_value(self.redact(v))}" for k, v in self.config.tags.items())
         return f"{self.config.application_name}{{{tags}}}"
+
+
+def _profile_writer(
+    sample_types: Any, period_type: Tuple[str, str], period: int, max_bytes: int
+) -> BoundedProfile:
+    # The encoder (agent/limits.py, agent/pprof_writer.py and its C module) is imported with
+    # the first upload, not with the agent: a program that ends sooner never keeps it for its
+    # GC to walk.  Once a process; then a look-up in sys.modules per profile.
+    from hotspan.agent.limits import BoundedProfile
+
+    return BoundedProfile(sample_types, period_type, period, max_bytes)
 
 
 def _tag_value(value: str) -> str:

@@ -13,7 +13,7 @@ import time
 from collections import deque
 
 from hotspan import __version__
-from hotspan.agent.collectors.alloc import exclude_current_thread as exclude_from_alloc_profile
+from hotspan.agent.collectors import exclude_current_thread as exclude_from_alloc_profile
 from hotspan.agent.config import DEFAULT_BUFFER_BYTES
 from hotspan.agent.log import logger as log
 

@@ -63,14 +63,6 @@ def make_collector(config: AgentConfig) -> Optional[Collector]:
     return TracemallocCollector(config.alloc_sample_bytes, config.max_depth)
 
 
-def exclude_current_thread() -> None:
-    """The agent's own threads: their allocations (encoding, uploading) are the agent's, not
-    the program's, and are never sampled."""
-    mod = load_module("_alloc")
-    if mod is not None:
-        mod.exclude_thread()
-
-
 class NativeAllocCollector:
     name = "alloc"
     implementation = "native"

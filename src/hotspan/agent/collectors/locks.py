@@ -129,7 +129,8 @@ class _AsyncioPatch:
         mixin = getattr(locks_module, "_ContextManagerMixin", None)
         aenter = getattr(getattr(mixin, "__aenter__", None), "__code__", None)
         cancelled: Any = getattr(locks_module, "exceptions", None)
-        cancelled = getattr(cancelled, "CancelledError", None) or _NeverRaised
+        # An asyncio without CancelledError there: ``except ()`` catches nothing.
+        cancelled = getattr(cancelled, "CancelledError", None) or ()
         record_here = self._record_here
 
         async def timed(lock: Any) -> bool:
@@ -165,10 +166,6 @@ class _AsyncioPatch:
         ):
             self._lock_class.acquire = self._original
         self._lock_class = self._original = self._wrapper = None
-
-
-class _NeverRaised(Exception):
-    pass
 
 
 def _record_task_wait(record_here: Any, delay: int, aenter: Any) -> None:

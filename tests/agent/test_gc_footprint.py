@@ -1,0 +1,96 @@
+"""What ``hotspan.configure()`` with its defaults leaves for the program's cyclic GC to walk.
+
+Every full collection of CPython's cyclic GC walks every GC-tracked object in the process:
+the agent's functions, classes, their dicts and descriptors, its modules' specs and loaders.
+On a program with a small live heap that makes many containers
+(``bench/agent_workloads/gc_containers.py``: ~11,800 tracked objects of its own) the agent's
+~1,240 objects cost about 2.4 points of its CPU, before the agent took a single sample.  So
+the pure-Python twins of the C fast paths are imported only where they run, and what only an
+option that is off by default (or the first upload) needs waits until then.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hotspan._speedups import load_module, load_sampler
+
+# The pure-Python twins of the C extension, and what only an option that is off by default
+# (or the first upload) needs: none of it is imported by configure() where the C extension is.
+NOT_AT_CONFIGURE = (
+    "hotspan.agent.sampler_py",
+    "hotspan.agent.context_py",
+    "hotspan.agent.pprof_writer_py",
+    "hotspan.agent.collectors.locks_py",
+    "hotspan.agent.collectors.alloc_tracemalloc",
+    "hotspan.agent.collectors.alloc",  # allocations: off by default
+    "hotspan.agent.spans",  # span conditions: off by default
+    "hotspan.agent.pull",
+    "hotspan.agent.limits",  # the encoder: with the first upload
+    "hotspan.agent.pprof_writer",
+)
+
+# GC-tracked objects configure() may leave, its modules included.  ~920 without OpenTelemetry
+# and ~890 with a TracerProvider set (Python 3.11); before the twins and the namedtuples went,
+# 1,234 and 1,202.
+MAX_NEW_OBJECTS = 1_100
+
+PROGRAM = """
+import gc, json, sys
+if sys.argv[1] == "otel":
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+
+    trace.set_tracer_provider(TracerProvider())
+gc.collect()
+objects, modules = len(gc.get_objects()), set(sys.modules)
+import hotspan
+
+# Nothing listens on port 9, and no upload is due within the test.
+hotspan.configure(application_name="footprint", server_address="http://127.0.0.1:9",
+                  upload_interval=60)
+gc.collect()
+print(json.dumps({"objects": len(gc.get_objects()) - objects,
+                  "modules": sorted(set(sys.modules) - modules),
+                  "linker": type(sys.modules["opentelemetry.context"]._RUNTIME_CONTEXT).__name__
+                  if "opentelemetry.context" in sys.modules else None}))
+hotspan.shutdown(flush=False)
+"""
+
+NATIVE = all(
+    module is not None
+    for module in (load_sampler(), load_module("_pprof_writer"), load_module("_locks"))
+)
+
+
+def _configure(tmp_path: Path, variant: str) -> dict:
+    env = {"PYTHONPATH": ":".join(p for p in sys.path if p), "PATH": "/usr/bin:/bin"}
+    proc = subprocess.run(
+        [sys.executable, "-c", PROGRAM, variant],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+        env=env,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.skipif(not NATIVE, reason="the C extension is not built: the twins are what runs")
+@pytest.mark.parametrize("variant", ["plain", "otel"])
+def test_defaults_leave_no_twin_and_few_objects(tmp_path: Path, variant: str) -> None:
+    if variant == "otel":
+        pytest.importorskip("opentelemetry.sdk.trace")
+    found = _configure(tmp_path, variant)
+    assert "hotspan.agent.core" in found["modules"], found  # the agent did start
+    assert not set(NOT_AT_CONFIGURE) & set(found["modules"]), found["modules"]
+    if variant == "otel":
+        # Spans are linked, by the C linker.
+        assert found["linker"] == "SpanLinker", found
+    assert found["objects"] < MAX_NEW_OBJECTS, found
