@@ -12,19 +12,22 @@ context, which is what makes a span's samples its own even with many tasks on on
 Span stats: at the detach of a span that saw a garbage collection or an allocation sample the
 linker sets those figures as attributes; with ``span_stats`` on, every span also gets its CPU
 (and a local root span the process's RSS, heap blocks and threads).  See
-``_speedups/sampler/span_stats.c`` for how each is measured, and :func:`span_stats_attributes`
-for the Python twin.
+``_speedups/sampler/span_stats.c`` for how each is measured, and
+:func:`hotspan.agent.context_py.span_stats_attributes` for the Python twin.
+
+The pure-Python twins of the C types and functions used here (labels, span linker, span
+stats) are in :mod:`hotspan.agent.context_py`, imported only where they run.
 """
 
 from __future__ import annotations
 
-import contextlib
 import contextvars
 import functools
 import sys
 import threading
 
 from hotspan._speedups import load_sampler
+from hotspan.agent.after_import import AfterImport
 from hotspan.agent.log import logger
 
 TYPE_CHECKING = False
@@ -247,14 +250,19 @@ def set_provider_hook(callback: Optional[Callable[[Any], None]]) -> None:
     once per SDK TracerProvider whose spans it sees detached; None stops it."""
     global _on_new_provider
     _on_new_provider = callback
-    module = sys.modules.get("opentelemetry.context")
+    module = sys.modules.get(_OTEL_CONTEXT)
     current = getattr(module, "_RUNTIME_CONTEXT", None) if module is not None else None
     if current is not None and _is_hook(current):
         current.on_new_provider = callback
 
 
+_OTEL_CONTEXT = "opentelemetry.context"
+# How spans are linked: install_span_linking's settings, read by _hook (now, or as the program
+# imports OpenTelemetry), and the key OpenTelemetry keeps the current span under.
 _SPAN_KEY: Any = None
 _span_stats = False
+_root_spans_only = False
+_native_linker = True
 
 
 def install_span_linking(
@@ -264,21 +272,18 @@ def install_span_linking(
     else when it does (importing it ourselves would cost programs that never trace ~3 MiB).
     False, and no span labels, when it is not installed.  ``span_stats``: spans get their
     stats as attributes at detach (see the module's docstring)."""
-    global _span_stats
-    _span_stats = span_stats
-    module = sys.modules.get("opentelemetry.context")
+    global _span_stats, _root_spans_only, _native_linker
+    _span_stats, _root_spans_only, _native_linker = span_stats, root_spans_only, native
+    module = sys.modules.get(_OTEL_CONTEXT)
     if module is not None:
-        return _hook(module, root_spans_only, native)
+        return _hook(module)
     try:
         if not _installed("opentelemetry"):
             return False
     except (ImportError, ValueError):
         return False
-    for finder in sys.meta_path:
-        if isinstance(finder, _HookOnImport):
-            finder.root_spans_only, finder.native = root_spans_only, native
-            return True
-    sys.meta_path.insert(0, _HookOnImport(root_spans_only, native))
+    if not any(isinstance(f, AfterImport) and f.name == _OTEL_CONTEXT for f in sys.meta_path):
+        AfterImport(_OTEL_CONTEXT, _hook).install()  # hooks it with the settings of then
     return True
 
 
@@ -292,50 +297,11 @@ def _installed(name: str) -> bool:
     return False
 
 
-class _HookOnImport:
-    """A meta path finder that lets ``opentelemetry.context`` load normally, then hooks it."""
-
-    def __init__(self, root_spans_only: bool, native: bool) -> None:
-        self.root_spans_only = root_spans_only
-        self.native = native
-
-    def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
-        if name != "opentelemetry.context":
-            return None
-        from importlib.machinery import PathFinder
-
-        spec = PathFinder.find_spec(name, path)
-        if spec is None or spec.loader is None:
-            return spec
-        loader: Any = _HookingLoader(spec.loader, self.root_spans_only, self.native)  # duck-typed
-        spec.loader = loader
-        with contextlib.suppress(ValueError):
-            sys.meta_path.remove(self)
-        return spec
-
-
-class _HookingLoader:
-    def __init__(self, loader: Any, root_spans_only: bool, native: bool) -> None:
-        self._loader = loader
-        self._root_spans_only = root_spans_only
-        self._native = native
-
-    def create_module(self, spec: Any) -> Any:
-        return self._loader.create_module(spec)
-
-    def exec_module(self, module: Any) -> None:
-        self._loader.exec_module(module)
-        try:
-            _hook(module, self._root_spans_only, self._native)
-        except Exception:  # noqa: BLE001 - never break the program's import
-            logger.debug("hotspan: OpenTelemetry not hooked", exc_info=True)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._loader, name)
-
-
-def _hook(otel_context: Any, root_spans_only: bool, native: bool) -> bool:
+def _hook(otel_context: Any) -> bool:
+    """Puts the span linker in ``opentelemetry.context``, as install_span_linking was last
+    told."""
     global _SPAN_KEY
+    root_spans_only, native = _root_spans_only, _native_linker
     current = getattr(otel_context, "_RUNTIME_CONTEXT", None)
     if current is None:
         logger.warning("hotspan: this OpenTelemetry version has no runtime context to hook")

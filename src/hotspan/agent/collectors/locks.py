@@ -31,7 +31,6 @@ aggregates per (stack, labels), in bounded memory, and counts what it had to dro
 from __future__ import annotations
 
 import _thread
-import contextlib
 import contextvars
 import sys
 import threading
@@ -39,6 +38,7 @@ import time
 
 from hotspan._speedups import load_module, load_sampler
 from hotspan.agent import context
+from hotspan.agent.after_import import AfterImport
 from hotspan.agent.collectors import (
     LOCK_PERIOD_TYPE,
     LOCK_TYPES,
@@ -191,45 +191,6 @@ def _hide_own_frames() -> None:
 _hide_own_frames()
 
 
-class _AsyncioImportHook:
-    """A meta path finder that lets ``asyncio.locks`` load normally, then patches it, so the
-    agent does not import asyncio into programs that never use it."""
-
-    def __init__(self, patch: _AsyncioPatch) -> None:
-        self.patch = patch
-
-    def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
-        if name != "asyncio.locks":
-            return None
-        from importlib.machinery import PathFinder
-
-        spec = PathFinder.find_spec(name, path)
-        if spec is None or spec.loader is None:
-            return spec
-        loader: Any = _PatchingLoader(spec.loader, self.patch)  # duck-typed
-        spec.loader = loader
-        with contextlib.suppress(ValueError):
-            sys.meta_path.remove(self)
-        return spec
-
-
-class _PatchingLoader:
-    def __init__(self, loader: Any, patch: _AsyncioPatch) -> None:
-        self._loader = loader
-        self._patch = patch
-
-    def create_module(self, spec: Any) -> Any:
-        return self._loader.create_module(spec)
-
-    def exec_module(self, module: Any) -> None:
-        self._loader.exec_module(module)
-        with contextlib.suppress(Exception):  # never break the program's import
-            self._patch.install(module)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._loader, name)
-
-
 # ------------------------------------------------------------------ the collector
 
 
@@ -251,7 +212,7 @@ class LockCollector:
         self._start_ns = time.time_ns()
         self._saved: Optional[Tuple[Any, Any]] = None
         self._asyncio = _AsyncioPatch(self._backend.record_here)
-        self._hook: Optional[_AsyncioImportHook] = None
+        self._hook: Optional[AfterImport] = None
 
     def start(self) -> None:
         self._backend.start(self._max_depth)
@@ -274,8 +235,10 @@ class LockCollector:
         if locks_module is not None:
             self._asyncio.install(locks_module)
         else:
-            self._hook = _AsyncioImportHook(self._asyncio)
-            sys.meta_path.insert(0, self._hook)
+            # Patched as the program imports it: the agent does not import asyncio into
+            # programs that never use it.
+            self._hook = AfterImport("asyncio.locks", self._asyncio.install)
+            self._hook.install()
 
     def collect(self, final: bool = False) -> List[ProfileData]:
         end_ns = time.time_ns()
@@ -300,8 +263,7 @@ class LockCollector:
                 threading.RLock = saved[1]
         hook, self._hook = self._hook, None
         if hook is not None:
-            with contextlib.suppress(ValueError):
-                sys.meta_path.remove(hook)
+            hook.uninstall()
         self._asyncio.uninstall()
         self._backend.stop()
 
