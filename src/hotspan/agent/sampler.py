@@ -18,7 +18,6 @@ windows finished since the last call, each with its own time range.
 
 from __future__ import annotations
 
-import struct
 import sys
 import threading
 import time
@@ -101,7 +100,7 @@ class NativeSampler:
         self._wall = wall
         self.native_cpu = False
         self.labels = False
-        self._unpack = struct.Struct("=QII").iter_unpack
+        self._unpack: Any = None  # the frames' (address, lasti, spare) rows, once needed
 
     def start(self, window_ns: int) -> None:
         self.labels = enable_native_labels()
@@ -120,6 +119,13 @@ class NativeSampler:
         windows, codes, lost = self._mod.collect(final)
         if not windows:  # most ticks: nothing finished, nothing to name
             return Collected([], lost, codes)
+        unpack = self._unpack
+        if unpack is None:
+            # With the first window, not with the agent: struct is ~60 objects for the GC to
+            # walk in a program that had not imported it (see agent/log.py).
+            import struct
+
+            unpack = self._unpack = struct.Struct("=QII").iter_unpack
         by_address = {id(code): code for code in codes}
         stacks: Dict[bytes, RawStack] = {}
         out = []
@@ -129,8 +135,7 @@ class NativeSampler:
                 stack = stacks.get(frames)
                 if stack is None:
                     stack = tuple(
-                        (by_address.get(address), lasti)
-                        for address, lasti, _ in self._unpack(frames)
+                        (by_address.get(address), lasti) for address, lasti, _ in unpack(frames)
                     )
                     stacks[frames] = stack
                 rows.append(RawSample(kind, ident, tuple(labels), stack, value))
