@@ -33,6 +33,7 @@ NOT_AT_CONFIGURE = (
     "hotspan.agent.pull",
     "hotspan.agent.limits",  # the encoder: with the first upload
     "hotspan.agent.pprof_writer",
+    "hotspan.agent.pprof_encoding",
 )
 
 # GC-tracked objects configure() may leave, its modules included.  ~920 without OpenTelemetry

@@ -1,14 +1,14 @@
 """The pure-Python pprof encoder: the twin of the C one (``_speedups/pprof_writer.c``), with its
 interface and its bytes, wherever the extension is not built.
 
-Imported only where it runs (through :mod:`hotspan.agent.pprof_writer`, whose helpers it
-uses): a program encoding with the C writer does not keep this module's functions and classes
-for its GC to walk.
+Imported only where it runs (through :mod:`hotspan.agent.pprof_writer`): a program encoding
+with the C writer does not keep this module's functions and classes for its GC to walk.  It
+writes with :mod:`hotspan.agent.pprof_encoding`, as the C writer's Python side finishes with it.
 """
 
 from __future__ import annotations
 
-from hotspan.agent.pprof_writer import _finish, _int, _key, _varint
+from hotspan.agent.pprof_encoding import field_key, finish, int_field, varint
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing stays out of the program at run time: see agent/log.py
@@ -20,21 +20,21 @@ if TYPE_CHECKING:  # typing stays out of the program at run time: see agent/log.
 
 
 def _bytes(field: int, payload: Union[bytes, bytearray], out: bytearray) -> None:
-    _key(field, 2, out)
-    _varint(len(payload), out)
+    field_key(field, 2, out)
+    varint(len(payload), out)
     out += payload
 
 
 def _packed(field: int, values: Iterable[int], out: bytearray) -> None:
     body = bytearray()
     for v in values:
-        _varint(v, body)
+        varint(v, body)
     if body:
         _bytes(field, bytes(body), out)
 
 
 # The varint of every id below 2^12: a sample's location ids are nearly all that small, and
-# a lookup beats the loop of _varint (4,096 short bytes objects, ~150 KiB).
+# a lookup beats the loop of varint (4,096 short bytes objects, ~150 KiB).
 _SMALL_IDS = [
     bytes([v]) if v < 0x80 else bytes([(v & 0x7F) | 0x80, v >> 7]) for v in range(1 << 12)
 ]
@@ -149,15 +149,15 @@ class PyProfileWriter:
     def encode(self, time_ns: int, duration_ns: int, default_sample_type: str = "") -> bytes:
         """The profile, gzipped, as pprof is sent (``default_sample_type``: the one pprof's
         tools show first, when not the last)."""
-        return _finish(self.encode_raw(time_ns, duration_ns), default_sample_type)
+        return finish(self.encode_raw(time_ns, duration_ns), default_sample_type)
 
     def encode_raw(self, time_ns: int, duration_ns: int) -> bytes:
         """The profile as protobuf bytes, not compressed."""
         out = bytearray()
         for type_name, unit in self.sample_types:
             value_type = bytearray()
-            _int(1, self._string(type_name), value_type)
-            _int(2, self._string(unit), value_type)
+            int_field(1, self._string(type_name), value_type)
+            int_field(2, self._string(unit), value_type)
             _bytes(1, bytes(value_type), out)
         # A sample's label messages are encoded once per label set, not once per sample.
         encoded_labels: Dict[Tuple[Tuple[int, int], ...], bytes] = {}
@@ -170,8 +170,8 @@ class PyProfileWriter:
                 buffer = bytearray()
                 for key, text in labels:
                     label = bytearray()
-                    _int(1, key, label)
-                    _int(2, text, label)
+                    int_field(1, key, label)
+                    int_field(2, text, label)
                     _bytes(3, bytes(label), buffer)
                 label_bytes = encoded_labels[labels] = bytes(buffer)
             sample += label_bytes
@@ -179,29 +179,29 @@ class PyProfileWriter:
         function_ids = {v: k for k, v in self._functions.items()}
         for (function, line), location in self._locations.items():
             line_msg = bytearray()
-            _int(1, function, line_msg)
-            _int(2, line, line_msg)
+            int_field(1, function, line_msg)
+            int_field(2, line, line_msg)
             loc = bytearray()
-            _int(1, location, loc)
+            int_field(1, location, loc)
             _bytes(4, bytes(line_msg), loc)
             _bytes(4, bytes(loc), out)
         for function in sorted(function_ids):
             name, filename, first_line = function_ids[function]
             fn = bytearray()
-            _int(1, function, fn)
-            _int(2, self._string(name), fn)
-            _int(3, self._string(name), fn)
-            _int(4, self._string(filename), fn)
-            _int(5, first_line, fn)
+            int_field(1, function, fn)
+            int_field(2, self._string(name), fn)
+            int_field(3, self._string(name), fn)
+            int_field(4, self._string(filename), fn)
+            int_field(5, first_line, fn)
             _bytes(5, bytes(fn), out)
         period_type = bytearray()
-        _int(1, self._string(self.period_type[0]), period_type)
-        _int(2, self._string(self.period_type[1]), period_type)
+        int_field(1, self._string(self.period_type[0]), period_type)
+        int_field(2, self._string(self.period_type[1]), period_type)
         strings: List[str] = list(self._strings)  # insertion order is index order
         for string in strings:
             _bytes(6, string.encode("utf-8", "replace"), out)
-        _int(9, time_ns, out)
-        _int(10, duration_ns, out)
+        int_field(9, time_ns, out)
+        int_field(10, duration_ns, out)
         _bytes(11, bytes(period_type), out)
-        _int(12, self.period, out)
+        int_field(12, self.period, out)
         return bytes(out)
