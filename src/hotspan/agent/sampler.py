@@ -13,74 +13,35 @@ for what that still cannot do; it lives in :mod:`hotspan.agent.sampler_py`, impo
 where it runs (it is still ``hotspan.agent.sampler.PythonSampler``).
 
 Both close a *window* every ``window_ns`` (the upload interval); :meth:`collect` returns the
-windows finished since the last call, each with its own time range.
+windows finished since the last call, each with its own time range, as the records of
+:mod:`hotspan.agent.samples` (also found here).
 """
 
 from __future__ import annotations
 
-import sys
 import threading
-import time
 
 from hotspan._speedups import load_sampler, speedups_disabled
 from hotspan.agent.context import enable_native_labels
+from hotspan.agent.samples import (  # noqa: F401 - also found here, by outbox.py and governor.py
+    CPU,
+    KERNEL_CLOCKS,
+    WALL,
+    Collected,
+    RawSample,
+    Window,
+    kernel_cpu_clock,
+    thread_cpu_clock,
+)
 from hotspan.agent.symbols import hide_code_tree
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing stays out of the program at run time: see agent/log.py
     from types import ModuleType
-    from typing import Any, Callable, Dict, List, Optional, Tuple
+    from typing import Any, Callable, Dict, Optional
 
     from hotspan.agent.sampler_py import PythonSampler  # noqa: F401 - see __getattr__
-
-    LabelsTuple = Tuple[int, int, int, int, int]  # span, trace hi, trace lo, root span, tag set
-    RawStack = Tuple[Tuple[Any, int], ...]  # (code object or None, byte offset), leaf first
-
-CPU, WALL = 0, 1
-
-# Plain classes with __slots__ rather than namedtuples: a namedtuple class brings ~30 objects
-# (its methods, their closures, a getter per field) that every full collection of the
-# program's cyclic GC walks for as long as the agent is loaded (see agent/log.py).
-
-
-class RawSample:
-    """One row of a window: ``kind`` CPU or WALL, ``labels`` a LabelsTuple, ``stack`` a
-    RawStack, ``value`` nanoseconds."""
-
-    __slots__ = ("kind", "thread_ident", "labels", "stack", "value")
-
-    def __init__(
-        self, kind: int, thread_ident: int, labels: LabelsTuple, stack: RawStack, value: int
-    ) -> None:
-        self.kind = kind
-        self.thread_ident = thread_ident
-        self.labels = labels
-        self.stack = stack
-        self.value = value
-
-
-class Window:
-    """The samples of one window, from ``start_ns`` to ``end_ns`` (wall clock)."""
-
-    __slots__ = ("start_ns", "end_ns", "samples")
-
-    def __init__(self, start_ns: int, end_ns: int, samples: List[RawSample]) -> None:
-        self.start_ns = start_ns
-        self.end_ns = end_ns
-        self.samples = samples
-
-
-class Collected:
-    """What a collect gave: the windows finished, ``lost`` samples taken but not kept (ring
-    or memory bound full), and ``keepalive``, which holds the code objects of the samples
-    until they are named."""
-
-    __slots__ = ("windows", "lost", "keepalive")
-
-    def __init__(self, windows: List[Window], lost: int, keepalive: Any) -> None:
-        self.windows = windows
-        self.lost = lost
-        self.keepalive = keepalive
+    from hotspan.agent.samples import RawStack
 
 
 class NativeSampler:
@@ -206,41 +167,6 @@ class _ThreadHooks:
 # hidden once, it is left out of every stack (see Symbolizer.name_stack).
 hide_code_tree(_ThreadHooks.install.__code__)
 _thread_hooks = _ThreadHooks()
-
-
-def kernel_cpu_clock(native_id: int) -> int:
-    # Linux's per-thread CPU clock of a kernel thread id (CPUCLOCK_PERTHREAD | CPUCLOCK_SCHED).
-    return ((~native_id) << 3) | 6
-
-
-def _kernel_clocks_usable() -> bool:
-    if not sys.platform.startswith("linux") or not hasattr(time, "pthread_getcpuclockid"):
-        return False
-    try:
-        own = time.pthread_getcpuclockid(threading.get_ident())
-    except OSError:
-        return False
-    return own == kernel_cpu_clock(threading.get_native_id())
-
-
-KERNEL_CLOCKS = _kernel_clocks_usable()
-_FREE_THREADED = hasattr(sys, "_is_gil_enabled") and not sys._is_gil_enabled()
-
-
-def thread_cpu_clock(ident: int) -> Any:
-    """The CPU clock of thread ``ident``, or None.  By its kernel id where it has one: a thread
-    that has ended then reads as an error (EINVAL), where pthread_getcpuclockid reads the
-    ended thread's freed pthread struct.  A thread can end between the listing of threads and
-    this call, and on a free-threaded build it often did (the fallback crashed the program in
-    9 runs of 15 of tests/test_agent_threads.py's program on 3.13t)."""
-    if KERNEL_CLOCKS:
-        thread = threading._active.get(ident)  # type: ignore[attr-defined]
-        native = getattr(thread, "native_id", None)
-        if native is not None:
-            return kernel_cpu_clock(native)
-        if _FREE_THREADED:
-            return None  # a thread threading does not know: nothing holds it alive meanwhile
-    return time.pthread_getcpuclockid(ident)
 
 
 _said_fallback = False

@@ -18,13 +18,13 @@ import threading
 import time
 
 from hotspan.agent.context import LABELS, THREAD_LABELS, keep_thread_labels, labels_tuple
-from hotspan.agent.sampler import CPU, WALL, Collected, RawSample, Window, thread_cpu_clock
+from hotspan.agent.samples import CPU, WALL, Collected, RawSample, Window, thread_cpu_clock
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing stays out of the program at run time: see agent/log.py
     from typing import Any, Dict, List, Optional, Tuple
 
-    from hotspan.agent.sampler import LabelsTuple, RawStack
+    from hotspan.agent.samples import LabelsTuple, RawStack
 
 
 class PythonSampler:

@@ -28,7 +28,7 @@ if TYPE_CHECKING:  # typing stays out of the program at run time: see agent/log.
 
 NO_LABELS: LabelsTuple = (0, 0, 0, 0, 0)
 
-# Plain classes with __slots__, not namedtuples: see RawSample in agent/sampler.py.
+# Plain classes with __slots__, not namedtuples: see RawSample in agent/samples.py.
 
 
 class StackSample:
