@@ -16,7 +16,9 @@ linker sets those figures as attributes; with ``span_stats`` on, every span also
 :func:`hotspan.agent.context_py.span_stats_attributes` for the Python twin.
 
 The pure-Python twins of the C types and functions used here (labels, span linker, span
-stats) are in :mod:`hotspan.agent.context_py`, imported only where they run.
+stats) are in :mod:`hotspan.agent.context_py`, imported only where they run.  What both this
+module and the twins use (:data:`LABELS`, the span key, the attribute names) is in
+:mod:`hotspan.agent.labels`.
 """
 
 from __future__ import annotations
@@ -28,6 +30,24 @@ import threading
 
 from hotspan._speedups import load_sampler
 from hotspan.agent.after_import import AfterImport
+
+# The attribute names, THREAD_LABELS and keep_thread_labels are here too for the modules that
+# find them here (spans.py, the Python sampler, the collectors).
+from hotspan.agent.labels import (  # noqa: F401
+    ALLOC_BYTES_ATTRIBUTE,
+    CPU_TIME_ATTRIBUTE,
+    GC_COLLECTIONS_ATTRIBUTE,
+    GC_PAUSE_ATTRIBUTE,
+    HEAP_OBJECTS_ATTRIBUTE,
+    LABELS,
+    PROFILE_ID_ATTRIBUTE,
+    RSS_ATTRIBUTE,
+    THREAD_LABELS,
+    THREADS_ATTRIBUTE,
+    keep_thread_labels,
+    publish,
+    set_span_key,
+)
 from hotspan.agent.log import logger
 
 TYPE_CHECKING = False
@@ -39,29 +59,15 @@ _native = load_sampler()
 
 
 # The C sampler's labels type and process figures where the extension is built; else their
-# pure-Python twins (agent/context_py.py), imported at the end of this module.
+# pure-Python twins (agent/context_py.py), imported only then.
 if _native is not None:
     Labels: Callable[..., Any] = _native.Labels
     process_stats: Callable[[], Tuple[int, int, int]] = _native.process_stats
+else:
+    from hotspan.agent.context_py import PyLabels as Labels
+    from hotspan.agent.context_py import process_stats  # noqa: F401 - for governor.py
 
-LABELS: contextvars.ContextVar = contextvars.ContextVar("hotspan.labels")
 _TAG_TOKENS: contextvars.ContextVar = contextvars.ContextVar("hotspan.tag_tokens")
-
-# Labels per thread ident, for the pure-Python sampler, which cannot read another thread's
-# context: it is right for threads, and per thread (not per task) under asyncio.  Kept only
-# while that sampler runs (it costs every span a little).
-THREAD_LABELS: Dict[int, Any] = {}
-_keep_thread_labels = False
-
-
-def keep_thread_labels() -> None:
-    global _keep_thread_labels
-    _keep_thread_labels = True
-
-
-def _publish(value: Any) -> None:
-    if _keep_thread_labels:
-        THREAD_LABELS[threading.get_ident()] = value
 
 
 def labels_tuple(labels: Any) -> Tuple[int, int, int, int, int]:
@@ -137,7 +143,7 @@ class tag_wrapper:  # noqa: N801 - the name Pyroscope users know
         # entered by many threads and tasks at once, each leaving its own.
         token = LABELS.set(value)
         _TAG_TOKENS.set(_TAG_TOKENS.get(()) + ((id(self), token),))
-        _publish(value)
+        publish(value)
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -155,7 +161,7 @@ class tag_wrapper:  # noqa: N801 - the name Pyroscope users know
             # undo here, and the program must not see an error from its profiler.
             logger.debug("hotspan: tag_wrapper exited in another context")
         outer = LABELS.get(None)
-        _publish(outer)
+        publish(outer)
         # What ran inside counts in the span's stats (the wrapper's labels took its samples).
         if (
             inner is not None
@@ -200,7 +206,7 @@ def _hide_wrapper_frames() -> None:
     for method in (tag_wrapper.__init__, tag_wrapper.__enter__, tag_wrapper.__exit__):
         hide_code_tree(method.__code__)
     hide_code_tree(tag_wrapper.__call__.__code__)  # and run and run_async, made in it
-    for function in (tagset_id, tagset, labels_tuple, _publish, check_tag_key):
+    for function in (tagset_id, tagset, labels_tuple, publish, check_tag_key):
         hide_code_tree(function.__code__)
 
 
@@ -208,18 +214,6 @@ _hide_wrapper_frames()
 
 
 # ------------------------------------------------------------------ OpenTelemetry
-
-PROFILE_ID_ATTRIBUTE = "pyroscope.profile.id"
-
-# Span stats: the attributes set at a span's detach (OpenTelemetry semantic-convention names
-# where one exists: the process.* metrics of the same meaning).
-CPU_TIME_ATTRIBUTE = "hotspan.cpu_time_ns"
-ALLOC_BYTES_ATTRIBUTE = "hotspan.alloc_bytes"
-GC_PAUSE_ATTRIBUTE = "hotspan.gc.pause_ns"
-GC_COLLECTIONS_ATTRIBUTE = "hotspan.gc.collections"
-RSS_ATTRIBUTE = "process.memory.usage"
-THREADS_ATTRIBUTE = "process.thread.count"
-HEAP_OBJECTS_ATTRIBUTE = "hotspan.process.heap_objects"
 
 
 def install_gc_callback(native: bool = True) -> None:
@@ -258,8 +252,7 @@ def set_provider_hook(callback: Optional[Callable[[Any], None]]) -> None:
 
 _OTEL_CONTEXT = "opentelemetry.context"
 # How spans are linked: install_span_linking's settings, read by _hook (now, or as the program
-# imports OpenTelemetry), and the key OpenTelemetry keeps the current span under.
-_SPAN_KEY: Any = None
+# imports OpenTelemetry).
 _span_stats = False
 _root_spans_only = False
 _native_linker = True
@@ -300,7 +293,6 @@ def _installed(name: str) -> bool:
 def _hook(otel_context: Any) -> bool:
     """Puts the span linker in ``opentelemetry.context``, as install_span_linking was last
     told."""
-    global _SPAN_KEY
     root_spans_only, native = _root_spans_only, _native_linker
     current = getattr(otel_context, "_RUNTIME_CONTEXT", None)
     if current is None:
@@ -317,19 +309,19 @@ def _hook(otel_context: Any) -> bool:
     try:
         # The key OpenTelemetry stores the current span under; get_current_span() would do
         # the same lookup with more calls, on every attach.
-        from opentelemetry.trace.propagation import _SPAN_KEY as span_key
+        from opentelemetry.trace.propagation import _SPAN_KEY as found_key
     except ImportError:
         logger.warning("hotspan: this OpenTelemetry version keeps spans differently")
         return False
-    _SPAN_KEY = span_key
+    set_span_key(found_key)
     hook: Any
     if native and _native is not None:
         # The C twin of SpanLinkingRuntimeContext (thread labels are the Python sampler's).
         def on_reset_failed() -> None:
-            LABELS.set(hook.labels_for(hook.get_current().get(_SPAN_KEY)))
+            LABELS.set(hook.labels_for(hook.get_current().get(found_key)))
 
         hook = _native.SpanLinker(
-            current, span_key, LABELS, on_reset_failed, root_spans_only, _span_stats
+            current, found_key, LABELS, on_reset_failed, root_spans_only, _span_stats
         )
     else:
         from hotspan.agent.context_py import SpanLinkingRuntimeContext
@@ -339,8 +331,8 @@ def _hook(otel_context: Any) -> bool:
     otel_context._RUNTIME_CONTEXT = hook
     # A span current before the agent started (hotspan.configure inside a span) counts too.
     try:
-        LABELS.set(hook.labels_for(current.get_current().get(_SPAN_KEY)))
-        _publish(LABELS.get(None))
+        LABELS.set(hook.labels_for(current.get_current().get(found_key)))
+        publish(LABELS.get(None))
     except Exception:  # noqa: BLE001
         logger.debug("hotspan: no current span at start", exc_info=True)
     return True
@@ -384,10 +376,3 @@ def _context_with(variables: List[contextvars.ContextVar], value: Any) -> contex
     for var in variables:
         var.set(value if var is LABELS else 0)
     return contextvars.copy_context()
-
-
-if _native is None:
-    # The pure-Python twins, only where the C extension is missing; here, at the end, because
-    # they build on this module.
-    from hotspan.agent.context_py import PyLabels as Labels
-    from hotspan.agent.context_py import process_stats  # noqa: F401 - for governor.py

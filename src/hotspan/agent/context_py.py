@@ -2,10 +2,10 @@
 (``_speedups/sampler/labels.c``, ``linker.c``, ``span_stats.c``), with their interfaces.
 
 Used where the extension is not built, or where ``native=False`` asks for the Python linker:
-:mod:`hotspan.agent.context` imports this module at its end when the extension is missing,
-and ``context._hook``/``install_gc_callback`` when they choose the Python linker, so a program
-profiled by the C one does not keep these classes and functions for its GC to walk.  Import
-:mod:`hotspan.agent.context`, not this module, first.
+:mod:`hotspan.agent.context` imports this module when the extension is missing, and
+``context._hook``/``install_gc_callback`` when they choose the Python linker, so a program
+profiled by the C one does not keep these classes and functions for its GC to walk.  What it
+shares with :mod:`hotspan.agent.context` is in :mod:`hotspan.agent.labels`.
 """
 
 from __future__ import annotations
@@ -15,8 +15,7 @@ import threading
 import time
 
 from hotspan._speedups import load_sampler
-from hotspan.agent import context as _context
-from hotspan.agent.context import (
+from hotspan.agent.labels import (
     ALLOC_BYTES_ATTRIBUTE,
     CPU_TIME_ATTRIBUTE,
     GC_COLLECTIONS_ATTRIBUTE,
@@ -26,7 +25,8 @@ from hotspan.agent.context import (
     PROFILE_ID_ATTRIBUTE,
     RSS_ATTRIBUTE,
     THREADS_ATTRIBUTE,
-    _publish,
+    publish,
+    span_key,
 )
 from hotspan.agent.log import logger
 
@@ -107,6 +107,11 @@ class _GcCharge:
 
 
 gc_charge = _GcCharge()
+
+# The labels the Python linker makes, of the type hotspan.agent.context.Labels is: the C one
+# wherever the extension is built (native=False too), else PyLabels.
+_native = load_sampler()
+Labels: Any = _native.Labels if _native is not None else PyLabels
 
 
 _process_cache: List[Any] = [0, (-1, -1, -1)]
@@ -230,7 +235,7 @@ class SpanLinkingRuntimeContext:
         self._providers: List[Any] = []
         # The key OpenTelemetry keeps the current span under: context._hook finds it before
         # it makes the hook.
-        self._span_key = _context._SPAN_KEY
+        self._span_key = span_key()
 
     @property
     def on_new_provider(self) -> Optional[Callable[[Any], None]]:
@@ -253,7 +258,7 @@ class SpanLinkingRuntimeContext:
         except Exception:  # noqa: BLE001 - never break the program's tracing
             logger.debug("hotspan: span labels not set", exc_info=True)
             return token
-        _publish(labels)
+        publish(labels)
         return _Pair(token, ours, labels, span, stats)
 
     def detach(self, token: Any) -> None:
@@ -269,7 +274,7 @@ class SpanLinkingRuntimeContext:
                 # "Failed to detach context" for this); keep ours consistent with its value.
                 LABELS.set(self.labels_for(self.inner.get_current().get(self._span_key)))
             restored = LABELS.get(None)
-            _publish(restored)
+            publish(restored)
             labels = token.labels
             if labels.sampled and labels.span_id:
                 mark_profiled(token.span, labels, restored, self.root_spans_only)
@@ -299,11 +304,11 @@ class SpanLinkingRuntimeContext:
         previous = LABELS.get(None)
         tags = previous.tagset if previous is not None else 0
         if span is None:
-            return _context.Labels(0, 0, 0, 0, tags)
+            return Labels(0, 0, 0, 0, tags)
         ctx = span.get_span_context()
         span_id = ctx.span_id
         if not span_id or not ctx.trace_id:
-            return _context.Labels(0, 0, 0, 0, tags)
+            return Labels(0, 0, 0, 0, tags)
         trace_id = ctx.trace_id
         trace_hi, trace_lo = trace_id >> 64, trace_id & 0xFFFFFFFFFFFFFFFF
         root = span_id
@@ -311,7 +316,7 @@ class SpanLinkingRuntimeContext:
             parent = getattr(span, "parent", None)
             if parent is not None and not parent.is_remote and previous.trace_hi == trace_hi:
                 root = previous.root_span_id
-        return _context.Labels(span_id, trace_hi, trace_lo, root, tags)
+        return Labels(span_id, trace_hi, trace_lo, root, tags)
 
 
 def mark_profiled(span: Any, labels: Any, restored: Any, root_spans_only: bool) -> None:
