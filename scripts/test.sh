@@ -23,16 +23,21 @@ fi
 export HOTSPAN_REQUIRE_BROWSER=1
 
 python3 -m pip install -q -e ".[test]"
+# The suite starts hundreds of Python processes (servers, agents, the CLI) on this source
+# tree: compiled once here, none of them compiles it again (a fresh clone has no bytecode, and
+# with PYTHONDONTWRITEBYTECODE set, as in CI, each of them would).
+python3 -m compileall -q -j 0 src >/dev/null
 # Lint, format and type checks first (ruff, ruff format, mypy, eslint, prettier,
 # clang-format): seconds once its tools are installed, and a failure stops here.
 bash scripts/lint.sh
 # Without arguments (CI): everything but the agent's timing tests in two pytest-xdist workers,
 # each taking a whole test file at a time (module-scoped servers stay shared; the waits of
 # servers starting, alert evaluations and the browser overlap on two cores), then the tests
-# marked `timing` (tests/agent/conftest.py) alone, in one process: they judge sampling and
-# overhead against the clocks of a machine nobody else is using (a second worker beside them
-# made the busy-program checks miss by a percent).  In one process the whole suite took about
-# 19 minutes.  With arguments: pytest with those arguments, in one process.
+# marked `timing` (tests/agent/conftest.py) on their own, two files at a time: they judge
+# sampling and overhead against the clocks, which the rest of the suite beside them would skew
+# (the busy-program checks missed by a percent), while two of them side by side still pass
+# (their programs mostly wait, and each check is against the CPU the program really got).
+# With arguments: pytest with those arguments, in one process.
 if [ $# -gt 0 ]; then
     exec python3 -m pytest "$@"
 fi
@@ -50,5 +55,5 @@ else
     echo "fuzz: skipped (atheris does not install on $(python3 --version))"
 fi
 python3 -m pytest -n "${HOTSPAN_TEST_WORKERS:-2}" --dist loadfile -m "not timing" || status=$?
-python3 -m pytest -m timing tests/agent || status=$?
+python3 -m pytest -n 2 --dist loadfile -m timing tests/agent || status=$?
 exit "$status"

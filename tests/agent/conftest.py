@@ -5,8 +5,8 @@ selects that name, so a test never sees another's profiles; a server per module 
 add its start (a couple of seconds each, in the suite's serial phase) to the run.
 
 The modules that judge sampling, overhead or timing against the clocks are marked ``timing``:
-scripts/test.sh runs those alone, in one process, and the others beside the rest of the suite
-(crash checks under valgrind, encoding, transport, redaction, symbols: nothing a busy
+scripts/test.sh runs those on their own (two files at a time), and the others beside the rest
+of the suite (crash checks under valgrind, encoding, transport, redaction, symbols: nothing a busy
 neighbour changes)."""
 
 from __future__ import annotations
