@@ -122,60 +122,49 @@ STICKING_OUT = """() => {
         "service-settings",
     ],
 )
-def test_page_fits_the_window(browser, site, name: str, width: int) -> None:  # type: ignore[no-untyped-def]
+def test_page_fits_the_window(page, site, name: str, width: int) -> None:  # type: ignore[no-untyped-def]
     srv, trace_id = site
-    context = browser.new_context(viewport={"width": width, "height": 844})
-    context.set_default_timeout(15_000)
-    page = context.new_page()
-    errors: list = []
-    page.on("pageerror", lambda exc: errors.append(str(exc)))
-    try:
-        page.goto(srv.url + pages(trace_id)[name])
-        page.wait_for_load_state("networkidle")
-        page.wait_for_function("() => !document.querySelector('.hs-loading')")
-        page.wait_for_timeout(300)  # a resize observer's redraw
-        screenshot(page, f"layout-{name}-{width}")
-        sizes = page.evaluate(
-            "() => ({scroll: document.documentElement.scrollWidth, inner: window.innerWidth})"
-        )
-        assert sizes["scroll"] <= sizes["inner"] + 1, (
-            f"{name} scrolls sideways at {width}: {sizes}",
-            page.evaluate(STICKING_OUT),
-        )
-        button = page.locator("#hs-settings-button").bounding_box()
-        assert button and button["x"] >= 0 and button["x"] + button["width"] <= width + 1, button
-        assert page.evaluate(OFFSCREEN) == []
-        assert not errors, errors
-    finally:
-        context.close()
+    # Sized before it loads: the page lays itself out at this width from the start.
+    page.set_viewport_size({"width": width, "height": 844})
+    page.goto(srv.url + pages(trace_id)[name])
+    page.wait_for_load_state("networkidle")
+    page.wait_for_function("() => !document.querySelector('.hs-loading')")
+    page.wait_for_timeout(300)  # a resize observer's redraw
+    screenshot(page, f"layout-{name}-{width}")
+    sizes = page.evaluate(
+        "() => ({scroll: document.documentElement.scrollWidth, inner: window.innerWidth})"
+    )
+    assert sizes["scroll"] <= sizes["inner"] + 1, (
+        f"{name} scrolls sideways at {width}: {sizes}",
+        page.evaluate(STICKING_OUT),
+    )
+    button = page.locator("#hs-settings-button").bounding_box()
+    assert button and button["x"] >= 0 and button["x"] + button["width"] <= width + 1, button
+    assert page.evaluate(OFFSCREEN) == []
 
 
-def test_header_fits_at_360_px(browser, site) -> None:  # type: ignore[no-untyped-def]
+def test_header_fits_at_360_px(page, site) -> None:  # type: ignore[no-untyped-def]
     """The narrowest phone the pages are made for: every nav link reachable, Settings on screen."""
     srv, _ = site
-    context = browser.new_context(viewport={"width": 360, "height": 740})
-    page = context.new_page()
-    try:
-        page.goto(srv.url + "/settings")
-        assert page.locator('.hs-nav a[data-nav="endpoints"]').count() == 1
-        page.wait_for_timeout(100)
-        assert page.evaluate("() => document.documentElement.scrollWidth") <= 361
-        button = page.locator("#hs-settings-button").bounding_box()
-        assert button and button["x"] + button["width"] <= 361, button
-        # Every nav link can be reached: scrolled to (inside the nav's own scroll), it is on
-        # screen, whole, and the page did not scroll sideways for it.
-        reach = page.evaluate(
-            """() => [...document.querySelectorAll('.hs-nav a')].map((a) => {
-                a.scrollIntoView({ block: 'nearest', inline: 'nearest' });
-                const r = a.getBoundingClientRect();
-                return [a.textContent, r.left >= -1 && r.right <= window.innerWidth + 1,
-                        window.scrollX];
-            })"""
-        )
-        assert all(ok and scroll_x == 0 for _, ok, scroll_x in reach), reach
-        screenshot(page, "layout-header-360")
-    finally:
-        context.close()
+    page.set_viewport_size({"width": 360, "height": 740})
+    page.goto(srv.url + "/settings")
+    assert page.locator('.hs-nav a[data-nav="endpoints"]').count() == 1
+    page.wait_for_timeout(100)
+    assert page.evaluate("() => document.documentElement.scrollWidth") <= 361
+    button = page.locator("#hs-settings-button").bounding_box()
+    assert button and button["x"] + button["width"] <= 361, button
+    # Every nav link can be reached: scrolled to (inside the nav's own scroll), it is on
+    # screen, whole, and the page did not scroll sideways for it.
+    reach = page.evaluate(
+        """() => [...document.querySelectorAll('.hs-nav a')].map((a) => {
+            a.scrollIntoView({ block: 'nearest', inline: 'nearest' });
+            const r = a.getBoundingClientRect();
+            return [a.textContent, r.left >= -1 && r.right <= window.innerWidth + 1,
+                    window.scrollX];
+        })"""
+    )
+    assert all(ok and scroll_x == 0 for _, ok, scroll_x in reach), reach
+    screenshot(page, "layout-header-360")
 
 
 def luminance(css: str) -> float:
@@ -185,35 +174,32 @@ def luminance(css: str) -> float:
 
 @pytest.mark.parametrize("scheme", ["dark", "light"])
 @pytest.mark.parametrize("name", ["profiles", "settings"])
-def test_theme_follows_the_system_setting(browser, site, scheme: str, name: str) -> None:  # type: ignore[no-untyped-def]
+def test_theme_follows_the_system_setting(page, site, scheme: str, name: str) -> None:  # type: ignore[no-untyped-def]
     srv, trace_id = site
-    context = browser.new_context(viewport={"width": 1024, "height": 800}, color_scheme=scheme)
-    page = context.new_page()
-    try:
-        page.goto(srv.url + pages(trace_id)[name])
-        page.wait_for_load_state("networkidle")
-        colours = page.evaluate(
-            """() => {
-                const of = (sel, prop) => {
-                    const node = document.querySelector(sel);
-                    return node ? getComputedStyle(node)[prop] : '';
-                };
-                return { body: of('body', 'backgroundColor'), text: of('body', 'color'),
-                    panel: of('.hs-timeline-section, .hs-settings-section', 'backgroundColor'),
-                    control: of('#app select, #app input', 'backgroundColor') };
-            }"""
-        )
-        screenshot(page, f"theme-{name}-{scheme}")
-        if scheme == "dark":
-            assert luminance(colours["body"]) < 0.15, colours
-            assert luminance(colours["text"]) > 0.7, colours
-            for part in ("panel", "control"):
-                if colours[part]:
-                    assert luminance(colours[part]) < 0.25, colours
-        else:
-            assert luminance(colours["body"]) > 0.9 and luminance(colours["text"]) < 0.2, colours
-    finally:
-        context.close()
+    page.set_viewport_size({"width": 1024, "height": 800})
+    page.emulate_media(color_scheme=scheme)
+    page.goto(srv.url + pages(trace_id)[name])
+    page.wait_for_load_state("networkidle")
+    colours = page.evaluate(
+        """() => {
+            const of = (sel, prop) => {
+                const node = document.querySelector(sel);
+                return node ? getComputedStyle(node)[prop] : '';
+            };
+            return { body: of('body', 'backgroundColor'), text: of('body', 'color'),
+                panel: of('.hs-timeline-section, .hs-settings-section', 'backgroundColor'),
+                control: of('#app select, #app input', 'backgroundColor') };
+        }"""
+    )
+    screenshot(page, f"theme-{name}-{scheme}")
+    if scheme == "dark":
+        assert luminance(colours["body"]) < 0.15, colours
+        assert luminance(colours["text"]) > 0.7, colours
+        for part in ("panel", "control"):
+            if colours[part]:
+                assert luminance(colours[part]) < 0.25, colours
+    else:
+        assert luminance(colours["body"]) > 0.9 and luminance(colours["text"]) < 0.2, colours
 
 
 def test_a_page_that_does_not_exist_says_so_in_the_ui(page, site) -> None:  # type: ignore[no-untyped-def]
