@@ -25,7 +25,7 @@ AGENT_TESTS=(
     tests/agent/test_sampler.py tests/agent/test_frame_lifetime.py tests/agent/test_code_lifetime.py
     tests/agent/test_span_linking.py tests/agent/test_agent.py tests/agent/test_alloc.py
     tests/agent/test_locks.py tests/agent/test_threads.py tests/agent/test_pprof.py
-    tests/agent/test_symbols.py tests/agent/test_busy.py
+    tests/agent/test_symbols.py tests/agent/test_busy.py tests/agent/test_busy_server.py
 )
 mkdir -p "$WORK"
 

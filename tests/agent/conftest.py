@@ -23,6 +23,7 @@ TIMING_MODULES = frozenset(
         "test_agent",
         "test_alloc",
         "test_busy",
+        "test_busy_server",
         "test_conditions",
         "test_control",
         "test_governor",
