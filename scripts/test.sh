@@ -36,7 +36,9 @@ bash scripts/lint.sh
 # marked `timing` (tests/agent/conftest.py) on their own, two files at a time: they judge
 # sampling and overhead against the clocks, which the rest of the suite beside them would skew
 # (the busy-program checks missed by a percent), while two of them side by side still pass
-# (their programs mostly wait, and each check is against the CPU the program really got).
+# (their programs mostly wait, and each check is against the CPU the program really got),
+# the longest files first, in tests/agent/conftest.py's order (xdist's own orders files by
+# their number of tests, which can leave a minute-long file for last).
 # With arguments: pytest with those arguments, in one process.
 if [ $# -gt 0 ]; then
     exec python3 -m pytest "$@"
@@ -55,5 +57,5 @@ else
     echo "fuzz: skipped (atheris does not install on $(python3 --version))"
 fi
 python3 -m pytest -n "${HOTSPAN_TEST_WORKERS:-2}" --dist loadfile -m "not timing" || status=$?
-python3 -m pytest -n 2 --dist loadfile -m timing tests/agent || status=$?
+python3 -m pytest -n 2 --dist loadfile --no-loadscope-reorder -m timing tests/agent || status=$?
 exit "$status"

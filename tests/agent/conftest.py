@@ -37,8 +37,9 @@ TIMING_MODULES = frozenset(
 
 
 # The longest timing modules first (about a minute each for the busy ones, half a minute for
-# control and agent): a long file started last is a phase's tail.  pytest-xdist hands each of
-# two workers the first two files in this order, so the two minute-long ones go one a worker.
+# control and agent): a long file started last is a phase's tail.  With
+# --no-loadscope-reorder (scripts/test.sh), pytest-xdist hands out files in this order,
+# alternating between its two workers, so the two minute-long ones go one a worker.
 LONGEST_FIRST = ("test_busy", "test_control", "test_busy_server", "test_agent", "test_pull")
 
 
