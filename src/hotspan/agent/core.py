@@ -169,9 +169,7 @@ class Agent:
             # The native sampler cannot run here (an unknown kernel clock encoding, no thread
             # could be started): the fallback can.
             logger.warning("hotspan: native sampler unavailable; using Python", exc_info=True)
-            from hotspan.agent.sampler_py import PythonSampler
-
-            self._sampler = PythonSampler(rate, config.max_depth, cpu, wall)
+            self._sampler = make_sampler(rate, config.max_depth, cpu, wall, native=False)
             self._sampler.start(self._window_ns)
         for ident in self._excluded:
             self._sampler.exclude(ident)
