@@ -754,6 +754,91 @@ class StoreContract:
         )
         assert count("api") == 3
 
+    def test_baseline_spans_nearest_the_median_of_every_candidate(self, store: Store) -> None:
+        # GET /x of api: durations 1..9 s (median 5), one of them also in another trace kept
+        # out, one stored twice; spans of another name, service or time are no candidates.
+        rows = [(TRACE_A, 100 + d, 0, "GET /x", 10 * d, 10 * d + d, {}) for d in range(1, 10)]
+        store.write_spans("t", spans_of(rows)).result(timeout=30)
+        store.write_spans("t", spans_of(rows[:1])).result(timeout=30)  # a retried export
+        others = [
+            (TRACE_B, 200, 0, "GET /y", 10, 15, {}),
+            (TRACE_B, 201, 0, "GET /x", 500, 600, {}),  # after the window
+            (TRACE_C, 202, 0, "GET /x", 20, 70, {}),  # the one asked about: left out
+        ]
+        store.write_spans("t", spans_of(others)).result(timeout=30)
+        store.write_spans(
+            "t", spans_of([(TRACE_B, 203, 0, "GET /x", 30, 31, {})], service="web")
+        ).result(timeout=30)
+
+        def pick(limit: int, **kw):  # type: ignore[no-untyped-def]
+            return store.baseline_spans(
+                "t", "api", "GET /x", 0, 400 * SEC, limit, TRACE_C, [202, 999], **kw
+            )
+
+        got = pick(3)
+        assert got.median_ns == 5 * SEC and got.candidates == 9
+        # 5 s, then 4 s and 6 s (equally near: the later start first).
+        assert [s.span_id for s in got.spans] == [105, 106, 104]
+        assert got.spans[0].trace_id == TRACE_A and got.spans[0].name == "GET /x"
+        assert got.spans[0].end_ns - got.spans[0].start_ns == 5 * SEC
+        # An even count: the mean of the middle two.
+        even = store.baseline_spans("t", "api", "GET /x", 0, 90 * SEC, 2, TRACE_C, [202])
+        assert even.candidates == 8 and even.median_ns == 4.5 * SEC
+        assert [s.span_id for s in even.spans] == [105, 104]
+        # Without exclusion the span asked about is a candidate too.
+        assert store.baseline_spans("t", "api", "GET /x", 0, 400 * SEC, 1).candidates == 10
+        assert store.baseline_spans("t", "api", "nothing", 0, 400 * SEC, 5) == ([], None, 0)
+        assert store.baseline_spans("other", "api", "GET /x", 0, 400 * SEC, 5).candidates == 0
+
+    def test_request_sides_split_requests_by_their_traces_samples(self, store: Store) -> None:
+        # Requests of api: trace A (two requests: a root and a call back from web), trace B,
+        # trace C (no samples); a child span of api is no request.
+        store.write_spans(
+            "t",
+            spans_of(
+                [
+                    (TRACE_A, 1, 0, "GET /a", 10, 20, {}),
+                    (TRACE_A, 2, 1, "child", 11, 12, {}),
+                    (TRACE_A, 4, 3, "GET /back", 13, 14, {}),
+                    (TRACE_B, 5, 0, "GET /b", 30, 40, {}),
+                    (TRACE_C, 6, 0, "GET /c", 50, 60, {}),
+                ]
+            ),
+        ).result(timeout=30)
+        store.write_spans(
+            "t", spans_of([(TRACE_A, 3, 2, "call", 12, 15, {})], service="web")
+        ).result(timeout=30)
+        old, old_sid = batch_of(
+            [(10, ["a"], 7, 1, TRACE_A), (11, ["b"], 2, 2, TRACE_A), (30, ["c"], 1, 5, TRACE_B)],
+            labels={"service_name": "api", "version": "1"},
+        )
+        new, new_sid = batch_of(
+            [(30, ["c"], 6, 5, TRACE_B), (9, ["d"], 100, 0, None)],
+            labels={"service_name": "api", "version": "2"},
+        )
+        store.write("t", old).result(timeout=30)
+        store.write("t", new).result(timeout=30)
+        got = store.request_sides(
+            "t", "api", 0, 100 * SEC, ([old_sid], [new_sid]), SampleFilter(0, 100 * SEC)
+        )
+        # A: 9 of old, none of new -> old, two requests, its 9 once; B: 1 old, 6 new -> new.
+        assert got == ((2, 1), (9, 6), 1)
+        # The first side on a tie; a side without series holds nothing.
+        same = store.request_sides(
+            "t", "api", 0, 100 * SEC, ([old_sid], [old_sid]), SampleFilter(0, 100 * SEC)
+        )
+        assert same == ((3, 0), (10, 0), 1)
+        none = store.request_sides("t", "api", 0, 100 * SEC, ([], []), SampleFilter(0, 100 * SEC))
+        assert none == ((0, 0), (0, 0), 4)
+        # Samples outside their range do not count; requests outside the range are none.
+        early = store.request_sides(
+            "t", "api", 0, 25 * SEC, ([old_sid], [new_sid]), SampleFilter(0, 11 * SEC)
+        )
+        assert early == ((2, 0), (7, 0), 0)
+        assert store.request_sides(
+            "other", "api", 0, 100 * SEC, ([old_sid], [new_sid]), SampleFilter(0, 100 * SEC)
+        ) == ((0, 0), (0, 0), 0)
+
     def test_size_bytes_counts_what_is_stored(self, store: Store) -> None:
         before = store.size_bytes()
         batch, _ = batch_of([(10 + i, ["main", f"f{i}"], i + 1, 0, None) for i in range(2000)])

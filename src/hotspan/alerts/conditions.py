@@ -13,7 +13,7 @@ import threading
 import urllib.parse
 import weakref
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 import numpy as np
 
@@ -28,8 +28,7 @@ from hotspan.alerts.rules import (
 )
 from hotspan.model.durations import format_duration
 from hotspan.model.labels import Matcher, Selector
-from hotspan.model.trace import SpanRecord
-from hotspan.query.endpoints import MAX_SPANS, STAMP_SLACK_NS, EndpointEngine
+from hotspan.query.endpoints import STAMP_SLACK_NS
 from hotspan.query.engine import QueryEngine
 from hotspan.query.stacks import StackTable
 from hotspan.store.base import SampleFilter, StackValues
@@ -227,39 +226,14 @@ def _with_label(sel: Selector, label: str, value: str) -> Tuple[Selector, str]:
 # - Against an offset: the value is every sample of the selector in the window (the
 #   requests' own and the process's other work) over the requests of the window, counted
 #   by the store (Store.count_local_roots: no span crosses into Python, and no cap).
-# - Against two label values the requests themselves are needed: spans looked at are capped
-#   (endpoints.MAX_SPANS, the latest kept), past it the count is a lower bound and the
-#   details say "truncated".
 # - Against two label values: spans carry no profile labels, so a request belongs to the side
 #   whose samples its trace holds (the side holding more, when both do), and a side's total
 #   is the samples of its requests' traces (not the process's start, say, which would weigh
 #   on whichever side started last).  A request shorter than the sampling interval often has
 #   no samples at all: those requests are split between the sides in proportion to the
 #   requests each side has (the same traffic mix on both), and their count is in the details
-#   as "requestsWithoutSamples".
-
-
-def _requests(
-    engine: QueryEngine, tenant: str, service: str, side: Side
-) -> Tuple[List[SpanRecord], bool]:
-    return EndpointEngine(engine.store, engine).requests(
-        tenant, service, side.start_ns, side.end_ns
-    )
-
-
-def _trace_values(
-    engine: QueryEngine, tenant: str, rule: AlertRule, sel: Selector, side: Side
-) -> Dict[str, int]:
-    # Samples carry the start of their upload window: a request's first ones may be stamped
-    # a little before the window began (they are picked by trace, so no other request's).
-    start_ns = side.start_ns - STAMP_SLACK_NS
-    series = engine.find_series(tenant, [sel], start_ns, side.end_ns, rule.profile_type)
-    if not series:
-        return {}
-    found = engine.store.trace_values(
-        tenant, [s.series_id for s in series], SampleFilter(start_ns, side.end_ns)
-    )
-    return dict(zip(found.trace_ids, found.values.tolist()))
+#   as "requestsWithoutSamples".  The store does the matching over every request of the
+#   window (Store.request_sides): only the sums reach Python.
 
 
 @dataclass
@@ -272,15 +246,13 @@ class _Count:
         return {"perRequest": per, "total": self.total, "requests": round(self.requests, 2)}
 
 
-def _count_by_offset(
-    engine: QueryEngine, tenant: str, rule: AlertRule, side: Side
-) -> Tuple[_Count, bool]:
+def _count_by_offset(engine: QueryEngine, tenant: str, rule: AlertRule, side: Side) -> _Count:
     requests = engine.store.count_local_roots(
         tenant, rule.service or "", side.start_ns, side.end_ns
     )
     values = _values(engine, tenant, rule, rule.selector, side)
     total = int(values.values.sum()) if len(values.values) else 0
-    return _Count(total, float(requests)), False
+    return _Count(total, float(requests))
 
 
 def _count_by_label(
@@ -288,30 +260,37 @@ def _count_by_label(
     tenant: str,
     rule: AlertRule,
     sides: Tuple[Tuple[Selector, Side], Tuple[Selector, Side]],
-) -> Tuple[_Count, _Count, int, bool]:
-    """(baseline, comparison, requests without samples, truncated) over the one window both
-    sides share."""
-    roots, truncated = _requests(engine, tenant, rule.service or "", sides[0][1])
-    base_v, cmp_v = (_trace_values(engine, tenant, rule, sel, side) for sel, side in sides)
-    base, cmp_ = _Count(), _Count()
-    seen: set = set()
-    without = 0
-    for span in roots:
-        b, c = base_v.get(span.trace_id, 0), cmp_v.get(span.trace_id, 0)
-        if not b and not c:
-            without += 1
-            continue
-        mine, value = (base, b) if b >= c else (cmp_, c)
-        mine.requests += 1
-        if span.trace_id not in seen:  # a trace with two requests of the service: once
-            seen.add(span.trace_id)
-            mine.total += value
+) -> Tuple[_Count, _Count, int]:
+    """(baseline, comparison, requests without samples) over the one window both sides
+    share, counted by the store over every request of the window."""
+    side = sides[0][1]
+    # Samples carry the start of their upload window: a request's first ones may be stamped
+    # a little before the window began (they are picked by trace, so no other request's).
+    start_ns = side.start_ns - STAMP_SLACK_NS
+    series = tuple(
+        [
+            s.series_id
+            for s in engine.find_series(tenant, [sel], start_ns, side.end_ns, rule.profile_type)
+        ]
+        for sel, _ in sides
+    )
+    found = engine.store.request_sides(
+        tenant,
+        rule.service or "",
+        side.start_ns,
+        side.end_ns,
+        (series[0], series[1]),
+        SampleFilter(start_ns, side.end_ns),
+    )
+    base = _Count(found.totals[0], float(found.requests[0]))
+    cmp_ = _Count(found.totals[1], float(found.requests[1]))
+    without = found.without
     sampled = base.requests + cmp_.requests
     if without and sampled:
         share = base.requests / sampled
         base.requests += without * share
         cmp_.requests += without * (1 - share)
-    return base, cmp_, without, truncated
+    return base, cmp_, without
 
 
 def _per_request(
@@ -325,7 +304,7 @@ def _per_request(
         base = Side(base_text, now_ns - cond.window_ns, now_ns)
         cmp_ = Side(cmp_text, now_ns - cond.window_ns, now_ns)
         against = _pair_words(cond.labels)
-        base_n, cmp_n, without, truncated = _count_by_label(
+        base_n, cmp_n, without = _count_by_label(
             engine, tenant, rule, ((base_sel, base), (cmp_sel, cmp_))
         )
         details["requestsWithoutSamples"] = without
@@ -334,32 +313,27 @@ def _per_request(
         base = Side(rule.selector_text, now_ns - offset - cond.window_ns, now_ns - offset)
         cmp_ = Side(rule.selector_text, now_ns - cond.window_ns, now_ns)
         against = f"the same {window} {format_duration(offset)} earlier"
-        base_n, cut_base = _count_by_offset(engine, tenant, rule, base)
-        cmp_n, cut_cmp = _count_by_offset(engine, tenant, rule, cmp_)
-        truncated = cut_base or cut_cmp
-    details.update(baseline=base_n.json(), comparison=cmp_n.json(), truncated=truncated)
+        base_n = _count_by_offset(engine, tenant, rule, base)
+        cmp_n = _count_by_offset(engine, tenant, rule, cmp_)
+    # Every request of the window is counted: nothing is ever cut (the key stays for
+    # readers of the details).
+    details.update(baseline=base_n.json(), comparison=cmp_n.json(), truncated=False)
     before = details["baseline"]["perRequest"]
     after = details["comparison"]["perRequest"]
     link = DiffLink(rule.profile_type.id, base, cmp_)
     unit = rule.profile_type.sample_unit
-    cut = (
-        f"; over {MAX_SPANS} spans of {rule.service} in a window: requests counted from the "
-        "latest only"
-        if truncated
-        else ""
-    )
     if before is None or after is None or before <= 0:
         missing = "baseline" if before is None or before <= 0 else "comparison"
         summary = (
             f"no {missing} to compare: {rule.service} needs profiles and requests (local root "
-            f"spans) on both sides ({against}){cut}"
+            f"spans) on both sides ({against})"
         )
         return Measure(None, False, summary, link, details)
     increase = 100.0 * (after / before - 1.0)
     summary = (
         f"{rule.service}: {rule.profile_type.name} per request {_amount(after, unit)} over the "
         f"last {window}, {increase:+.1f}% against {against} ({_amount(before, unit)}; "
-        f"threshold +{cond.increase:g}%){cut}"
+        f"threshold +{cond.increase:g}%)"
     )
     return Measure(increase, increase > cond.increase, summary, link, details)
 

@@ -6,9 +6,9 @@ the slowest and the fastest do not pull the mean), at most ``baseline_spans`` of
 span, the one asked about as each baseline span, counts with its descendants: a handler's
 time spent in a child span is its time too.  The span's own ancestors and descendants of that
 name (a proxy's span around the same route, a recursive call) are not in its baseline: their
-samples are its samples.  The candidates are the latest ``CANDIDATE_LIMIT`` spans of that
-service and name in the window: for a very busy span name the baseline comes from the end of
-the window.
+samples are its samples.  The store picks the baseline (:meth:`Store.baseline_spans`): the
+median is over every span of that service and name in the window, however busy, and only the
+chosen spans are read.
 
 Per profile type (CPU first, then wall where stored), each function's self and total value in
 the span is set beside its mean per baseline span; the functions are ranked by the extra self
@@ -52,9 +52,6 @@ WAITING_CPU_SHARE = 0.3
 TOO_SHORT_NS = 50 * 10**6
 # The agent uploads every 10 s by default: a span this recent may have samples on the way.
 PENDING_NS = 15 * 10**9
-# Candidates for the baseline are read as the latest spans of that service and name in the
-# window: a busier name gets its baseline from the latest ones.
-CANDIDATE_LIMIT = 20_000
 # The spans of the chosen spans' traces (at most ``baseline_spans`` traces), read to find
 # their descendants.
 TRACE_SPANS_LIMIT = 100_000
@@ -156,18 +153,6 @@ def pick_span(spans: Sequence[StoredSpan], span_id: Optional[int]) -> StoredSpan
     return min(roots, key=lambda s: (s.start_ns, -s.end_ns, s.span_id))
 
 
-def choose_baseline(candidates: Sequence[SpanRecord], cap: int) -> List[SpanRecord]:
-    """The ``cap`` candidates nearest their median duration (ties: the latest first)."""
-    if not candidates:
-        return []
-    median = statistics.median(s.end_ns - s.start_ns for s in candidates)
-    ordered = sorted(
-        candidates,
-        key=lambda s: (abs(s.end_ns - s.start_ns - median), -s.start_ns, s.span_id),
-    )
-    return ordered[:cap]
-
-
 def per_function(engine: QueryEngine, values: StackValues) -> Tuple[np.ndarray, np.ndarray]:
     """Self and total value per name index (into ``engine.stacks.names``).  A function
     counts once per stack in its total, however often it recurses there."""
@@ -257,11 +242,16 @@ class WhyEngine:
         """``nested``: the span, its ancestors and its descendants (in ``trace_id``), which
         share its samples and so are no baseline for it."""
         start = max(span.end_ns - window_ns, 0)
-        infos = self.store.span_infos(
-            tenant, start, span.end_ns, service=span.service, limit=CANDIDATE_LIMIT, name=span.name
-        )
-        candidates = [s for s in infos if not (s.trace_id == trace_id and s.span_id in nested)]
-        chosen = choose_baseline(candidates, cap)
+        chosen = self.store.baseline_spans(
+            tenant,
+            span.service,
+            span.name,
+            start,
+            span.end_ns,
+            cap,
+            exclude_trace=trace_id,
+            exclude_span_ids=sorted(nested),
+        ).spans
         if not chosen:
             return Baseline((), start, span.end_ns, 0, 0, (), ())
         traces = sorted({s.trace_id for s in chosen})

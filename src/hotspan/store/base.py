@@ -99,6 +99,25 @@ class ProfileValues(NamedTuple):
     values: np.ndarray  # int64
 
 
+class SpanBaseline(NamedTuple):
+    """The spans like one (:meth:`Store.baseline_spans`): the median duration of every
+    candidate (None without any), how many there were, and the chosen ones."""
+
+    spans: List[SpanRecord]
+    median_ns: Optional[float]
+    candidates: int
+
+
+class RequestSides(NamedTuple):
+    """A service's requests split between two sets of series (:meth:`Store.request_sides`):
+    per set, the requests it holds and the sum of their traces' samples; then the requests
+    whose traces hold no sample of either."""
+
+    requests: Tuple[int, int]
+    totals: Tuple[int, int]
+    without: int
+
+
 @dataclass(frozen=True)
 class RetentionReport:
     samples: int = 0
@@ -317,6 +336,40 @@ class Store(abc.ABC):
         same service in their trace (a call from another service or a client).  Parents are
         looked for from PARENT_LOOKBACK_NS before the range.  A span stored twice (an export
         retried) counts once."""
+
+    @abc.abstractmethod
+    def baseline_spans(
+        self,
+        tenant: str,
+        service: str,
+        name: str,
+        start_ns: int,
+        end_ns: int,
+        limit: int,
+        exclude_trace: str = "",
+        exclude_span_ids: Sequence[int] = (),
+    ) -> SpanBaseline:
+        """The spans of ``service`` named ``name`` that started in [start_ns, end_ns), but
+        for ``exclude_span_ids`` of trace ``exclude_trace``, every one of them read in the
+        database (a span stored twice counts once): the median of their durations (the mean
+        of the middle two for an even count) and the ``limit`` nearest it (ties: the latest
+        start first, then the lower span id), nearest first, as :meth:`span_infos` gives."""
+
+    @abc.abstractmethod
+    def request_sides(
+        self,
+        tenant: str,
+        service: str,
+        start_ns: int,
+        end_ns: int,
+        sides: Tuple[Sequence[int], Sequence[int]],
+        samples: SampleFilter,
+    ) -> RequestSides:
+        """The requests of ``service`` that started in [start_ns, end_ns) (its local roots,
+        as :meth:`count_local_roots` counts them) split between two sets of series by the
+        samples in ``samples``' range of their traces: a request goes to the set whose
+        samples in its trace sum higher (the first on a tie), to neither when its trace has
+        no sample of either; a set's total sums its requests' traces, each trace once."""
 
     @abc.abstractmethod
     def tag_names(self, tenant: str, since_ns: int = 0) -> Dict[str, List[str]]:

@@ -15,7 +15,7 @@ from hotspan.model.trace import (
     TraceQuery,
     TraceSummary,
 )
-from hotspan.store.base import PARENT_LOOKBACK_NS
+from hotspan.store.base import PARENT_LOOKBACK_NS, RequestSides, SampleFilter, SpanBaseline
 from hotspan.store.clickhouse_connection import Clients, chunks, in_list, reason_of, store_error
 from hotspan.store.clickhouse_write import TAG_REFRESH_NS, Tag
 from hotspan.store.search_sql import CLICKHOUSE, Binder, search_sql, span_condition
@@ -191,6 +191,95 @@ class ClickHouseTraces:
             },
         ).result_rows
         return int(rows[0][0]) if rows else 0
+
+    def baseline_spans(
+        self,
+        tenant: str,
+        service: str,
+        name: str,
+        start_ns: int,
+        end_ns: int,
+        limit: int,
+        exclude_trace: str = "",
+        exclude_span_ids: Sequence[int] = (),
+    ) -> SpanBaseline:
+        # The median over every candidate as a window aggregate: the spans are read once,
+        # and only the chosen rows leave the database.  quantileExactInclusive(0.5) is the
+        # mean of the middle two for an even count, as DuckDB's median.
+        exclude = ""
+        if exclude_span_ids:
+            exclude = f"AND NOT (trace_id = %(trace)s AND span_id IN {in_list(exclude_span_ids)}) "
+        rows = self._clients.query(
+            "SELECT trace_id, span_id, parent_span_id, name, service, start_ns, end_ns, "
+            "quantileExactInclusive(0.5)(end_ns - start_ns) OVER () AS med, "
+            "count() OVER () AS n FROM ("
+            "SELECT trace_id, span_id, parent_span_id, name, service, start_ns, end_ns "
+            "FROM spans WHERE tenant = %(tenant)s AND service = %(service)s "
+            "AND name = %(name)s AND start_ns >= %(start)s AND start_ns < %(end)s "
+            f"{exclude}LIMIT 1 BY trace_id, span_id) "
+            "ORDER BY abs((end_ns - start_ns) - med), start_ns DESC, span_id "
+            "LIMIT %(limit)s",
+            {
+                "tenant": tenant,
+                "service": service,
+                "name": name,
+                "start": int(start_ns),
+                "end": int(end_ns),
+                "trace": exclude_trace.lower(),
+                "limit": max(int(limit), 1),
+            },
+        ).result_rows
+        if not rows:
+            return SpanBaseline([], None, 0)
+        spans = SpanRecord.outlines([r[:7] for r in rows]) if limit > 0 else []
+        return SpanBaseline(spans, float(rows[0][7]), int(rows[0][8]))
+
+    def request_sides(
+        self,
+        tenant: str,
+        service: str,
+        start_ns: int,
+        end_ns: int,
+        sides: Tuple[Sequence[int], Sequence[int]],
+        samples: SampleFilter,
+    ) -> RequestSides:
+        a, b = ([int(s) for s in side] for side in sides)
+        # The requests as count_local_roots finds them, counted per trace (spans are sharded
+        # by trace: the parents' subquery runs on each shard's own spans), joined to each
+        # trace's samples per side (sharded by series: gathered with GLOBAL), one row per
+        # trace so that a trace's samples count once.
+        rows = self._clients.query(
+            "SELECT sumIf(n, (va != 0 OR vb != 0) AND va >= vb), "
+            "sumIf(va, (va != 0 OR vb != 0) AND va >= vb), sumIf(n, vb > va), "
+            "sumIf(vb, vb > va), sumIf(n, va = 0 AND vb = 0) FROM ("
+            "SELECT trace_id, sumIf(value, has(%(a)s, series_id)) AS va, "
+            "sumIf(value, has(%(b)s, series_id)) AS vb FROM samples "
+            f"WHERE tenant = %(tenant)s AND series_id IN {in_list(a + b)} "
+            "AND ts >= %(from)s AND ts < %(until)s AND trace_id != '' GROUP BY trace_id"
+            ") AS v GLOBAL RIGHT JOIN ("
+            "SELECT trace_id, count() AS n FROM (SELECT trace_id, span_id, "
+            "any(parent_span_id) AS parent FROM spans WHERE tenant = %(tenant)s "
+            "AND service = %(service)s AND start_ns >= %(start)s AND start_ns < %(end)s "
+            "GROUP BY trace_id, span_id) "
+            "WHERE parent = 0 OR (trace_id, parent) NOT IN (SELECT trace_id, span_id "
+            "FROM spans WHERE tenant = %(tenant)s AND service = %(service)s "
+            "AND start_ns >= %(lookback)s AND start_ns < %(end)s "
+            "AND span_id <> parent_span_id) GROUP BY trace_id"
+            ") AS r ON v.trace_id = r.trace_id",
+            {
+                "tenant": tenant,
+                "service": service,
+                "start": int(start_ns),
+                "end": int(end_ns),
+                "lookback": int(start_ns) - PARENT_LOOKBACK_NS,
+                "a": a,
+                "b": b,
+                "from": int(samples.start_ns),
+                "until": int(samples.end_ns),
+            },
+        ).result_rows
+        ra, ta, rb, tb, without = rows[0] if rows else (0, 0, 0, 0, 0)
+        return RequestSides((int(ra), int(rb)), (int(ta), int(tb)), int(without))
 
     def _tags_of(self, tenant: str, since_ns: int, name: Optional[str] = None) -> List[tuple]:
         """(scope, key, value, type) seen since the given time.  The table's last_seen may be

@@ -17,7 +17,7 @@ from hotspan.model.trace import (
     TraceQuery,
     TraceSummary,
 )
-from hotspan.store.base import PARENT_LOOKBACK_NS
+from hotspan.store.base import PARENT_LOOKBACK_NS, RequestSides, SampleFilter, SpanBaseline
 from hotspan.store.search_sql import DUCKDB, Binder, search_sql, span_condition
 
 
@@ -195,6 +195,107 @@ class DuckDBTraces:
             .fetchone()
         )
         return int(row[0]) if row else 0
+
+    def baseline_spans(
+        self,
+        tenant: str,
+        service: str,
+        name: str,
+        start_ns: int,
+        end_ns: int,
+        limit: int,
+        exclude_trace: str = "",
+        exclude_span_ids: Sequence[int] = (),
+    ) -> SpanBaseline:
+        # The median over every candidate as a window aggregate: one pass, and only the
+        # chosen rows leave the database.
+        rows = (
+            self._cursor()
+            .execute(
+                "WITH c AS (SELECT DISTINCT ON (trace_id, span_id) trace_id, span_id, "
+                "parent_span_id, name, service, start_ns, end_ns FROM spans "
+                "WHERE tenant_id = ? AND service = ? AND name = ? AND start_ns >= ? "
+                "AND start_ns < ? AND NOT (trace_id = ? "
+                "AND span_id IN (SELECT unnest(?::UBIGINT[])))), "
+                "m AS (SELECT *, median(end_ns - start_ns) OVER () AS med, "
+                "count(*) OVER () AS n FROM c) "
+                "SELECT * FROM m "
+                "ORDER BY abs((end_ns - start_ns) - med), start_ns DESC, span_id LIMIT ?",
+                [
+                    self._tenant_ids.get(tenant, -1),
+                    service,
+                    name,
+                    int(start_ns),
+                    int(end_ns),
+                    exclude_trace.lower(),
+                    [int(s) for s in exclude_span_ids],
+                    max(int(limit), 1),
+                ],
+            )
+            .fetchall()
+        )
+        if not rows:
+            return SpanBaseline([], None, 0)
+        spans = SpanRecord.outlines([r[:7] for r in rows]) if limit > 0 else []
+        return SpanBaseline(spans, float(rows[0][7]), int(rows[0][8]))
+
+    def request_sides(
+        self,
+        tenant: str,
+        service: str,
+        start_ns: int,
+        end_ns: int,
+        sides: Tuple[Sequence[int], Sequence[int]],
+        samples: SampleFilter,
+    ) -> RequestSides:
+        tid = self._tenant_ids.get(tenant, -1)
+        a, b = ([int(s) for s in side] for side in sides)
+        # Requests as count_local_roots finds them, counted per trace, beside each trace's
+        # samples per side: one row per trace, so a trace's samples count once.
+        row = (
+            self._cursor()
+            .execute(
+                "WITH mine AS (SELECT DISTINCT trace_id, span_id, parent_span_id FROM spans "
+                "WHERE tenant_id = $tenant AND service = $service AND start_ns >= $start "
+                "AND start_ns < $end), "
+                "parents AS (SELECT DISTINCT trace_id, span_id FROM spans "
+                "WHERE tenant_id = $tenant AND service = $service AND start_ns >= $lookback "
+                "AND start_ns < $end "
+                "AND trace_id IN (SELECT trace_id FROM mine WHERE parent_span_id <> 0)), "
+                "roots AS (SELECT trace_id, count(*) AS n FROM mine "
+                "WHERE parent_span_id = 0 OR NOT EXISTS (SELECT 1 FROM parents p "
+                "WHERE p.trace_id = mine.trace_id AND p.span_id = mine.parent_span_id "
+                "AND p.span_id <> mine.span_id) GROUP BY trace_id), "
+                "vals AS (SELECT trace_id, "
+                "sum(value) FILTER (WHERE list_contains($a::BIGINT[], series_id)) AS va, "
+                "sum(value) FILTER (WHERE list_contains($b::BIGINT[], series_id)) AS vb "
+                "FROM samples WHERE tenant_id = $tenant AND ts >= $from AND ts < $until "
+                "AND series_id IN (SELECT unnest(list_concat($a::BIGINT[], $b::BIGINT[]))) "
+                "AND trace_id IN (SELECT trace_id FROM roots) GROUP BY trace_id), "
+                "j AS (SELECT n, coalesce(va, 0) AS va, coalesce(vb, 0) AS vb "
+                "FROM roots LEFT JOIN vals USING (trace_id)) "
+                "SELECT "
+                "coalesce(sum(n) FILTER (WHERE (va <> 0 OR vb <> 0) AND va >= vb), 0)::BIGINT, "
+                "coalesce(sum(va) FILTER (WHERE (va <> 0 OR vb <> 0) AND va >= vb), 0)::BIGINT, "
+                "coalesce(sum(n) FILTER (WHERE vb > va), 0)::BIGINT, "
+                "coalesce(sum(vb) FILTER (WHERE vb > va), 0)::BIGINT, "
+                "coalesce(sum(n) FILTER (WHERE va = 0 AND vb = 0), 0)::BIGINT FROM j",
+                {
+                    "tenant": tid,
+                    "service": service,
+                    "start": int(start_ns),
+                    "end": int(end_ns),
+                    "lookback": int(start_ns) - PARENT_LOOKBACK_NS,
+                    "a": a,
+                    "b": b,
+                    "from": int(samples.start_ns),
+                    "until": int(samples.end_ns),
+                },
+            )
+            .fetchone()
+        )
+        ra, ta, rb, tb, without = row if row else (0, 0, 0, 0, 0)
+        return RequestSides((int(ra), int(rb)), (int(ta), int(tb)), int(without))
 
     def _tags_of(self, tenant: str, since_ns: int) -> List[Tuple[str, str, str, str]]:
         """(scope, key, value, type) seen for the tenant since the given time, from memory:
