@@ -6,7 +6,11 @@ to), so that those steps are written once."""
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Dict, Mapping, Optional
+import functools
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable, Dict, Mapping, Optional, TypeVar
 
 from hotspan.formats import ingest_params, pprof
 from hotspan.model.agent_settings import INSTANCE_HEADER, STATUS_HEADER
@@ -19,6 +23,31 @@ from hotspan.server.instances import parse_instance, parse_status
 from hotspan.server.state import ServerState
 from hotspan.store.base import SettingsRule, StoreError
 
+T = TypeVar("T")
+
+# Decoding threads: gunzip and the C pprof decoder run without the GIL, so with the decode
+# on these threads the event loop keeps parsing HTTP while other uploads decode on the other
+# core.  A few per core, so that one waiting for the GIL does not leave a core idle.
+DECODE_THREADS = max(2, min(8, 2 * (os.cpu_count() or 1)))
+_decoders: Optional[ThreadPoolExecutor] = None
+_decoders_lock = threading.Lock()
+
+
+def _decode_pool() -> ThreadPoolExecutor:
+    global _decoders
+    if _decoders is None:
+        with _decoders_lock:
+            if _decoders is None:
+                _decoders = ThreadPoolExecutor(DECODE_THREADS, thread_name_prefix="hotspan-decode")
+    return _decoders
+
+
+async def off_loop(fn: Callable[..., T], *args: Any) -> T:
+    """``fn(*args)`` on a decoding thread; its exception (a FormatError, an HTTPError) is
+    raised here as it was raised there."""
+    loop = asyncio.get_running_loop()
+    return await loop.run_in_executor(_decode_pool(), functools.partial(fn, *args))
+
 
 def pprof_to_batch(
     data: bytes,
@@ -30,9 +59,8 @@ def pprof_to_batch(
 ) -> None:
     """Add an uncompressed or gzipped pprof profile (at most ``limit`` bytes once
     decompressed) to ``batch`` under ``labels``, its samples at ``start`` unless it says
-    when; FormatError when it cannot be read."""
-    # Inline on the event loop: handing the decode to a thread measured slower (the GIL
-    # convoy between the loop, the worker and the writer costs more than the overlap wins).
+    when; FormatError when it cannot be read.  Blocking: the server calls it through
+    :func:`off_loop`."""
     pprof.to_batch(pprof.parse(data, limit), batch, labels, start, sample_type_config)
 
 

@@ -25,7 +25,7 @@ from hotspan.model.profile import (
     ProfileType,
 )
 from hotspan.server.errors import HTTPError, bare_errors
-from hotspan.server.ingestion import commit, observe_agent, pprof_to_batch
+from hotspan.server.ingestion import commit, observe_agent, off_loop, pprof_to_batch
 from hotspan.server.pyroscope.connect import read_message, unary, write_message
 from hotspan.server.request import check_token, read_body, tenant_of
 from hotspan.server.state import ServerState
@@ -184,7 +184,15 @@ async def _ingest_pprof(
     # A pprof upload's type comes from its sample types, so a ``.cpu`` suffix is only a name.
     base, _ = ingest_params.split_suffix(app_name)
     labels.setdefault(SERVICE_NAME, base)
-    pprof_to_batch(data, config.max_decompressed_bytes, batch, labels, start, sample_type_config)
+    await off_loop(
+        pprof_to_batch,
+        data,
+        config.max_decompressed_bytes,
+        batch,
+        labels,
+        start,
+        sample_type_config,
+    )
 
 
 async def _ingest_jfr(
@@ -289,10 +297,16 @@ async def push(request: Request) -> Response:
     check_token(request, config.ingest_tokens)
     tenant = tenant_of(request, config)
     req = await read_message(request, config, push_pb2.PushRequest)
+    batch = await off_loop(_push_batch, req, config.max_decompressed_bytes, time.time_ns())
+    await commit(state, tenant, batch)
+    return write_message(request, push_pb2.PushResponse())
+
+
+def _push_batch(req: push_pb2.PushRequest, budget: int, now: int) -> IngestBatch:
+    """The push's profiles as one batch (blocking: it runs on a decoding thread); HTTPError
+    (400) naming the series that cannot be read.  ``budget`` is one decompression budget for
+    the whole request, not one per profile in it."""
     batch = IngestBatch()
-    now = time.time_ns()
-    # One decompression budget for the whole request, not one per profile in it.
-    budget = config.max_decompressed_bytes
     for i, series in enumerate(req.series):
         labels: Dict[str, str] = {}
         for pair in series.labels:
@@ -308,5 +322,4 @@ async def push(request: Request) -> Response:
                 pprof_to_batch(raw, budget, batch, labels, now)
             except FormatError as exc:
                 raise HTTPError(400, f"series {i}: {exc}") from None
-    await commit(state, tenant, batch)
-    return write_message(request, push_pb2.PushResponse())
+    return batch
