@@ -299,7 +299,6 @@ typedef struct {
     _Atomic uint64_t cpu_expiry_ns;
     _Atomic uint32_t seq;              /* samples it took */
     _Atomic int perf_first;            /* its perf event still has its random first period */
-    uint64_t perf_first_ns;            /* that period */
     /* The rest belongs to whoever holds `threads_mutex`. */
     int has_timer;      /* a CPU trigger: `timer`, or `perf_fd` when cpu_by_perf */
     int cpu_by_perf;

@@ -204,7 +204,6 @@ arm_perf(ThreadSlot *s, int index, pid_t tid, uint64_t first)
     s->perf_fd = fd;
     s->cpu_by_perf = 1;
     s->perf_armed_cpu = atomic_load(&s->cpu_charged_ns);
-    s->perf_first_ns = first;
     atomic_store(&s->perf_first, 1);
     atomic_store_explicit(&perf_fd_slot[fd], index + 1, memory_order_release);
     if (ioctl(fd, PERF_EVENT_IOC_ENABLE, 0) != 0) {
