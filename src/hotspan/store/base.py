@@ -28,6 +28,7 @@ from hotspan.model.trace import (
     TraceQuery,
     TraceSummary,
 )
+from hotspan.store.metrics_sql import MetricsPlan, MetricsRow
 
 # How long data is kept when the server is not told (``--retention``).
 DEFAULT_RETENTION_NS = 7 * 86400 * 10**9
@@ -328,6 +329,12 @@ class Store(abc.ABC):
         the end: as search) that meet every span-level condition (as a spanset of
         :meth:`find_traces`), of the given traces if any; the latest ``limit`` by start, the
         latest first (ties by span id).  A span stored twice (an export retried) comes once."""
+
+    def metrics_rows(self, tenant: str, plan: MetricsPlan) -> Optional[List[MetricsRow]]:
+        """A TraceQL metrics query aggregated by the store, one row per group
+        (:mod:`hotspan.store.metrics_sql`); None when this store cannot (the caller reads the
+        spans instead)."""
+        return None
 
     @abc.abstractmethod
     def count_local_roots(self, tenant: str, service: str, start_ns: int, end_ns: int) -> int:

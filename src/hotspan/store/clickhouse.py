@@ -36,6 +36,7 @@ from hotspan.store.base import DEFAULT_RETENTION_NS, SeriesRecord, SettingsRule,
 from hotspan.store.batching import GroupCommitWriter
 from hotspan.store.clickhouse_connection import ClickHouseURL, Clients, store_error
 from hotspan.store.clickhouse_documents import ClickHouseDocuments
+from hotspan.store.clickhouse_metrics import ClickHouseMetrics
 from hotspan.store.clickhouse_profiles import ClickHouseProfiles
 from hotspan.store.clickhouse_retention import DAY_NS, ClickHouseRetention
 from hotspan.store.clickhouse_schema import (
@@ -58,6 +59,7 @@ class ClickHouseStore(
     ClickHouseWriting,
     ClickHouseProfiles,
     ClickHouseTraces,
+    ClickHouseMetrics,
     ClickHouseDocuments,
     ClickHouseRetention,
     Store,

@@ -29,6 +29,7 @@ from hotspan.model.trace import SpanGroup
 from hotspan.store.base import SeriesRecord, SettingsRule, Store, StoreClosed, StoreError
 from hotspan.store.batching import GroupCommitWriter
 from hotspan.store.duckdb_documents import DuckDBDocuments
+from hotspan.store.duckdb_metrics import DuckDBMetrics
 from hotspan.store.duckdb_profiles import DuckDBProfiles
 from hotspan.store.duckdb_retention import DuckDBRetention
 from hotspan.store.duckdb_schema import SCHEMA
@@ -40,7 +41,13 @@ log = logging.getLogger(__name__)
 
 
 class DuckDBStore(
-    DuckDBWriting, DuckDBProfiles, DuckDBTraces, DuckDBDocuments, DuckDBRetention, Store
+    DuckDBWriting,
+    DuckDBProfiles,
+    DuckDBTraces,
+    DuckDBMetrics,
+    DuckDBDocuments,
+    DuckDBRetention,
+    Store,
 ):
     def __init__(self, data_dir: str, threads: int = 0) -> None:
         os.makedirs(data_dir, exist_ok=True)

@@ -569,7 +569,7 @@ def test_engine_on_each_store_and_the_span_bound(store: Store) -> None:
     whole = run_metrics(store, TENANT, query, req)
     assert whole.partial is None and whole.inspected_spans == 12
     assert list(whole.series[0].values) == [1, 5, 3, 3]
-    bounded = run_metrics(store, TENANT, query, req, max_spans=4)
+    bounded = run_metrics(store, TENANT, query, req, max_spans=4, in_store=False)
     assert bounded.inspected_spans == 4
     assert bounded.partial and "at most 4 spans" in bounded.partial
     # The newest four spans (179 s, 170 s, 130 s, 90 s) are those counted.
@@ -791,13 +791,14 @@ def test_small_pages_read_each_span_once(store: Store, monkeypatch: pytest.Monke
     query = parse_query("{} | count_over_time() by (resource.service.name)")
     at_once = run_metrics(store, TENANT, query, req)
     monkeypatch.setattr(candidates, "PAGE_SPANS", 3)
-    paged = run_metrics(store, TENANT, query, req)
+    paged = run_metrics(store, TENANT, query, req, in_store=False)  # at_once: the store's
     assert paged.inspected_spans == at_once.inspected_spans == 12
     assert paged.partial is None
     assert {s.labels: list(s.values) for s in paged.series} == {
         s.labels: list(s.values) for s in at_once.series
     }
-    bounded = run_metrics(store, TENANT, parse_query("{} | count_over_time()"), req, max_spans=5)
+    count = parse_query("{} | count_over_time()")
+    bounded = run_metrics(store, TENANT, count, req, max_spans=5, in_store=False)
     assert bounded.inspected_spans == 5 and bounded.partial
     # The newest five: 179 s, 170 s and 130 s in the last step, 90 s and 80 s before it.
     assert list(bounded.series[0].values) == [0, 0, 2, 3]
@@ -882,11 +883,12 @@ def test_deadline_gives_a_partial_answer(duck: Store, monkeypatch: pytest.Monkey
     req = MetricsRequest(START * SEC, END * SEC, STEP_S * SEC)
     monkeypatch.setattr(candidates, "PAGE_SPANS", 3)
     queries = ["{} | count_over_time()", "{} >> {} | rate()", "{} | compare({status=error})"]
+    # (Read span by span: a query the store aggregates has no deadline of its own.)
     for q in queries:
-        assert run_metrics(duck, TENANT, parse_query(q), req).partial is None, q
+        assert run_metrics(duck, TENANT, parse_query(q), req, in_store=False).partial is None, q
     monkeypatch.setattr(candidates, "DEADLINE_S", 0.0)
     for q in queries:
-        result = run_metrics(duck, TENANT, parse_query(q), req)
+        result = run_metrics(duck, TENANT, parse_query(q), req, in_store=False)
         assert result.partial and "took longer than 0 s" in result.partial, q
         assert result.inspected_spans < 12, q
 

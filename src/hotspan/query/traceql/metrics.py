@@ -1,7 +1,8 @@
-"""Running a TraceQL metrics query (``{...} | rate() by (...)``) over a store: the spans
-``candidates`` reads, counted into ``series``, then the second stage (``topk``, filters of
-values); ``compare()`` is answered by ``metrics_compare``.  The answer is partial, with a
-message, when a bound is hit: spans read, wall time, series, or cells (``MAX_CELLS``).
+"""Running a TraceQL metrics query (``{...} | rate() by (...)``) over a store: aggregated by
+the store in one statement when it can (``metrics_pushdown``), else the spans ``candidates``
+reads, counted into ``series``; then the second stage (``topk``, filters of values).
+``compare()`` is answered by ``metrics_compare``.  The answer is partial, with a message, when
+a bound is hit: spans read and wall time (span reads only), series, or cells (``MAX_CELLS``).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from hotspan.query.traceql.candidates import (
     series_bound_message,
 )
 from hotspan.query.traceql.metrics_compare import run_compare
+from hotspan.query.traceql.metrics_pushdown import aggregate, pushdown
 from hotspan.query.traceql.plan import Query
 from hotspan.query.traceql.series import (
     MAX_EXEMPLARS,
@@ -51,9 +53,11 @@ def run_metrics(
     query: Query,
     req: MetricsRequest,
     max_spans: int = MAX_SPANS,
+    in_store: bool = True,
 ) -> MetricsResult:
     """The series of a metrics query over the stored spans (QueryError for a query Tempo
-    refuses; the store's SearchError for a condition it cannot evaluate)."""
+    refuses; the store's SearchError for a condition it cannot evaluate).  ``in_store``
+    False reads the spans even when the store could aggregate them (to compare the two)."""
     stage = query.metrics
     if stage is None:
         raise QueryError(
@@ -68,11 +72,19 @@ def run_metrics(
         low, high = builder.start, builder.end  # Tempo's instant interval is closed
     else:
         low, high = builder.start + 1, builder.end  # intervals are right-closed
-    keys = [*stage.by, stage.attribute or ""]
-    whole = any(trace_wide(k) for k in keys)
     state = Candidates()
-    for spans, traces in matched_spans(store, tenant, query, low, high, max_spans, whole, state):
-        builder.observe(spans, traces)
+    plan = pushdown(query, builder.req) if in_store else None
+    inspected = aggregate(store, tenant, plan, builder) if plan is not None else None
+    if inspected is not None:
+        # Every matching span, no bound: the store aggregated them.
+        state.read, trace_count = inspected
+    else:
+        keys = [*stage.by, stage.attribute or ""]
+        whole = any(trace_wide(k) for k in keys)
+        pages = matched_spans(store, tenant, query, low, high, max_spans, whole, state)
+        for spans, traces in pages:
+            builder.observe(spans, traces)
+        trace_count = len(state.traces)
     series = builder.series()
     for name, arg in stage.second_stage:
         if name in ("topk", "bottomk"):
@@ -84,4 +96,4 @@ def run_metrics(
         partial = series_bound_message(req.max_series)
     elif builder.cells_limited:
         partial = cell_bound_message(MAX_CELLS)
-    return MetricsResult(builder.timestamps_ms(), series, state.read, len(state.traces), partial)
+    return MetricsResult(builder.timestamps_ms(), series, state.read, trace_count, partial)

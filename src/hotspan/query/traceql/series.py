@@ -501,6 +501,47 @@ class SeriesBuilder:
         if self.buckets is not None and not self.buckets.full():
             self._exemplars(spans, traces, taken.tolist(), rows.tolist(), start_ns // MS)
 
+    def row_of_key(self, key: tuple) -> int:
+        """The aggregator's row of a row key (a new one if need be), -1 when over a bound."""
+        row = self.row_of.get(key)
+        if row is None:
+            row = self.row_of[key] = self._new_row(key)
+        return row
+
+    def add_groups(
+        self,
+        rows: np.ndarray,
+        slots: np.ndarray,
+        counts: np.ndarray,
+        mins: Optional[np.ndarray] = None,
+        maxs: Optional[np.ndarray] = None,
+        sums: Optional[np.ndarray] = None,
+    ) -> None:
+        """Groups of spans aggregated elsewhere (the store's metrics statement): each one's
+        row, interval, span count, and for the value functions the min, max and sum of its
+        values (rows of -1, over a bound, are left out)."""
+        kept = rows >= 0
+        at = (rows[kept], slots[kept])
+        np.add.at(self.agg.counts, at, counts[kept])
+        values = self.agg.values
+        if values is None:
+            return
+        function = self.stage.function
+        if function == "min_over_time" and mins is not None:
+            np.fmin.at(values, at, mins[kept])
+        elif function == "max_over_time" and maxs is not None:
+            np.fmax.at(values, at, maxs[kept])
+        elif sums is not None:
+            np.add.at(values, at, sums[kept])
+
+    def add_exemplar(
+        self, row: int, trace_id: str, span_id: int, value: Optional[float], ts_ms: int
+    ) -> None:
+        """An exemplar of a row, chosen elsewhere; NaN value: its interval's sample."""
+        labels: Labels = (("trace:id", trace_id), ("span:id", f"{span_id:016x}"))
+        exemplar = Exemplar(labels, math.nan if value is None else value, ts_ms)
+        self.exemplars.setdefault(row, []).append(exemplar)
+
     def _new_row(self, key: tuple) -> int:
         """The aggregator's row of a new row key, or -1 when its group is one too many
         (groups: by() values, and for histograms the bucket too)."""

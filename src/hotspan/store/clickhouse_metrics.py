@@ -1,0 +1,19 @@
+"""The ClickHouse store's TraceQL metrics: one aggregation statement
+(:mod:`hotspan.store.metrics_sql`) over the spans."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, List, Optional
+
+from hotspan.store.metrics_sql import CLICKHOUSE_METRICS, MetricsPlan, MetricsRow, metrics_sql
+
+
+class ClickHouseMetrics:
+    """TraceQL metrics for :class:`~hotspan.store.clickhouse.ClickHouseStore`."""
+
+    # ClickHouseTraces': what a condition got wrong is a SearchError, the rest a StoreError.
+    _search_rows: Callable[[str, Dict[str, Any]], List[tuple]]
+
+    def metrics_rows(self, tenant: str, plan: MetricsPlan) -> Optional[List[MetricsRow]]:
+        sql, params = metrics_sql(CLICKHOUSE_METRICS, tenant, plan)
+        return list(self._search_rows(sql, params))

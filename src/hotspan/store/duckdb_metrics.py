@@ -1,0 +1,26 @@
+"""The embedded store's TraceQL metrics: one aggregation statement
+(:mod:`hotspan.store.metrics_sql`) over the spans."""
+
+from __future__ import annotations
+
+from typing import Callable, Dict, List, Optional
+
+import duckdb
+
+from hotspan.model.trace import SearchError
+from hotspan.store.metrics_sql import DUCKDB_METRICS, MetricsPlan, MetricsRow, metrics_sql
+
+
+class DuckDBMetrics:
+    """TraceQL metrics for :class:`~hotspan.store.duckdb.DuckDBStore`."""
+
+    _tenant_ids: Dict[str, int]
+    _cursor: Callable[[], duckdb.DuckDBPyConnection]
+
+    def metrics_rows(self, tenant: str, plan: MetricsPlan) -> Optional[List[MetricsRow]]:
+        sql, params = metrics_sql(DUCKDB_METRICS, self._tenant_ids.get(tenant, -1), plan)
+        try:
+            return self._cursor().execute(sql, params).fetchall()
+        except (duckdb.InvalidInputException, duckdb.ConversionException) as exc:
+            # A regular expression RE2 refuses, a value of the wrong type: the query's fault.
+            raise SearchError(str(exc).splitlines()[0]) from None
