@@ -243,7 +243,13 @@ def _tick_counter(profiler: str) -> Callable[[], Optional[int]]:
 
 def _profiler_info(profiler: str) -> Dict[str, Any]:
     """What the profiler really ran, where it tells: ddtrace's collectors (which of them
-    DD_PROFILING_* left on; a private attribute, so nothing where it is gone)."""
+    DD_PROFILING_* left on; a private attribute, so nothing where it is gone), and hotspan's
+    sampler counters (its signals and the time its handler took)."""
+    if profiler in HOTSPAN_VARIANTS:
+        import hotspan
+
+        agent = hotspan.current_agent()
+        return {"hotspan_sampler": dict(agent.sampler_stats)} if agent is not None else {}
     if not profiler.startswith("ddtrace"):
         return {}
     from ddtrace.profiling import bootstrap
