@@ -5,17 +5,32 @@ distinct stacks ~40 frames deep, sample type cpu/nanoseconds, period 10 ms, gzip
 vary (tick counts; a quarter of them swap a few stacks for others) and come from several
 services, regions and pods.  All request bodies are built before anything is timed; the load
 runs from a separate process (``bench/loadgen.py``) over keep-alive connections.
+
+    python bench/ingest.py [--quick] [--concurrency 32] [--compare-src DIR]
+
+writes ``bench/results/ingest.{md,json}``: uploads/s of ``/ingest`` and push, what the store
+holds against what was acknowledged, OTLP/HTTP spans/s, and the server's CPU per upload by
+thread (event loop, decoding threads, writer, the rest) beside a single-thread breakdown of the
+steps.  ``--compare-src DIR`` runs the same loads against the server in ``DIR`` (another
+checkout's ``src``, with its C extensions built) first, for a before/after table::
+
+    git archive REV src | tar -x -C /tmp/before
+    cp src/hotspan/_speedups/*.so /tmp/before/src/hotspan/_speedups/  # when C is unchanged
+
+Run it under ``nice`` on a shared machine: the numbers are then what the machine left over.
 """
 
 from __future__ import annotations
 
+import argparse
+import contextlib
 import os
 import pickle
 import shutil
 import sys
 import tempfile
 import time
-from typing import Dict, List, Tuple
+from typing import Dict, Iterator, List, Optional, Tuple
 
 import common
 import loadgen
@@ -105,13 +120,85 @@ def ready_request(host: str, port: int, up: Dict[str, object]) -> bytes:
     return loadgen.request_bytes("GET", host, port, "/ready")
 
 
+# The server's threads by the name the OS shows (``hotspan-decode``, ``hotspan-writer``); the
+# main thread runs the event loop (HTTP, routing, the handlers' Python).
+THREAD_GROUPS = {"hotspan-decode": "decoding threads", "hotspan-writer": "writer (store)"}
+
+
+def _thread_times(pid: int) -> Dict[int, Tuple[str, float]]:
+    """CPU seconds and OS name of every thread of ``pid``."""
+    out: Dict[int, Tuple[str, float]] = {}
+    with contextlib.suppress(OSError):
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with contextlib.suppress(OSError, ValueError):
+                with open(f"/proc/{pid}/task/{tid}/comm") as f:
+                    comm = f.read().strip()
+                out[int(tid)] = (comm, common._stat_cpu(f"/proc/{pid}/task/{tid}/stat"))
+    return out
+
+
+class ThreadGroups:
+    """The server's CPU between ``start()`` and ``stop()``, by group of threads."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self._t0: Dict[int, Tuple[str, float]] = {}
+        self.cpu_s: Dict[str, float] = {}
+
+    def start(self) -> None:
+        self._t0 = _thread_times(self.pid)
+
+    def stop(self) -> None:
+        groups: Dict[str, float] = {}
+        for tid, (comm, cpu) in _thread_times(self.pid).items():
+            used = cpu - self._t0.get(tid, ("", 0.0))[1]
+            name = "event loop (main thread)" if tid == self.pid else THREAD_GROUPS.get(comm)
+            name = name or "other threads"
+            groups[name] = groups.get(name, 0.0) + used
+        self.cpu_s = {k: round(v, 3) for k, v in sorted(groups.items())}
+
+
+@contextlib.contextmanager
+def server_src(src: Optional[str]) -> Iterator[None]:
+    """Servers started inside import hotspan from ``src`` (another checkout's) when given."""
+    if not src:
+        yield
+        return
+    old = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = os.path.abspath(src) + (os.pathsep + old if old else "")
+    try:
+        yield
+    finally:
+        if old is None:
+            del os.environ["PYTHONPATH"]
+        else:
+            os.environ["PYTHONPATH"] = old
+
+
 def drive_load(
-    server: common.Server, req_file: str, concurrency: int, warmup: float, duration: float
+    server: common.Server,
+    req_file: str,
+    concurrency: int,
+    warmup: float,
+    duration: float,
+    groups: Optional[ThreadGroups] = None,
 ) -> Tuple[Dict[str, object], Dict[str, float]]:
     """Runs bench/loadgen.py on the pickled requests against the server: (the load
-    generator's final report, the server's CPU over the measured window only)."""
+    generator's final report, the server's CPU over the measured window only); ``groups``
+    reads the CPU by thread over the same window."""
     cpu = common.CpuWindow(server.pid)
     server_cpu: Dict[str, float] = {}
+
+    def start() -> None:
+        cpu.start()
+        if groups is not None:
+            groups.start()
+
+    def stop() -> None:
+        server_cpu.update(cpu.stop())
+        if groups is not None:
+            groups.stop()
+
     cmd = [
         sys.executable,
         os.path.join(common.BENCH_DIR, "loadgen.py"),
@@ -128,7 +215,7 @@ def drive_load(
         "--duration",
         str(duration),
     ]
-    load = loadgen.follow(cmd, cpu.start, lambda: server_cpu.update(cpu.stop()), timeout=120)
+    load = loadgen.follow(cmd, start, stop, timeout=120)
     return load, server_cpu
 
 
@@ -139,9 +226,11 @@ def run_endpoint(
     warmup: float,
     duration: float,
     workdir: str,
+    src: Optional[str] = None,
 ) -> Dict[str, object]:
     data_dir = tempfile.mkdtemp(prefix=f"ingest-{endpoint}-", dir=workdir)
-    server = common.Server(data_dir).start()
+    with server_src(src):
+        server = common.Server(data_dir).start()
     result: Dict[str, object] = {
         "endpoint": endpoint,
         "server_startup_s": round(server.startup_s, 2),
@@ -161,7 +250,8 @@ def run_endpoint(
             pickle.dump(reqs, f)
         result["request_bytes_mean"] = int(np.mean([len(r[0]) for r in reqs]))
         memory = common.LoadMemory(server)
-        load, server_cpu = drive_load(server, req_file, concurrency, warmup, duration)
+        groups = ThreadGroups(server.pid)
+        load, server_cpu = drive_load(server, req_file, concurrency, warmup, duration, groups)
         result.update(memory.stop_server())
         result.update(
             concurrency=concurrency,
@@ -178,9 +268,24 @@ def run_endpoint(
             latency_ms=load["latency_ms"],
             loadgen_cpu_s=load.get("loadgen_cpu_s"),
             server_cpu=server_cpu,
+            server_cpu_by_thread_s=groups.cpu_s,
+            acknowledged=load.get("acked"),
         )
+        ok = int(load["ok"])  # type: ignore[call-overload]
+        if ok:
+            result["server_cpu_ms_per_upload"] = {
+                name: round(cpu_s / ok * 1000, 3) for name, cpu_s in groups.cpu_s.items()
+            }
+            result["server_cpu_ms_per_upload"]["total"] = round(  # type: ignore[index]
+                server_cpu["cpu_s"] / ok * 1000, 3
+            )
         if endpoint != "ready":
-            result["stored"] = _verify(data_dir)
+            stored = _verify(data_dir)
+            # Every upload stores one sample row per stack (every stack has a tick).
+            per_upload = int(uploads[0]["samples"])  # type: ignore[call-overload]
+            stored["uploads"] = stored["sample_rows"] / per_upload  # type: ignore[operator]
+            stored["equals_acknowledged"] = stored["uploads"] == load.get("acked")
+            result["stored"] = stored
     finally:
         server.stop()
         shutil.rmtree(data_dir, ignore_errors=True)
@@ -267,7 +372,44 @@ def breakdown(uploads: List[Dict[str, object]], workdir: str, group: int = 32) -
     }
 
 
-def run(quick: bool = False, concurrency: int = 32, workdir: str = "") -> Dict[str, object]:
+def run_spans(quick: bool, workdir: str, src: Optional[str] = None) -> Dict[str, object]:
+    """OTLP/HTTP span ingest (bench/traces.py's requests of 512 spans, 8 clients)."""
+    import traces
+
+    warmup, duration = (1.0, 3.0) if quick else (2.0, 15.0)
+    n_bodies, distinct = (120, 30) if quick else (600, 60)
+    bodies = traces.ingest_pool(n_bodies, distinct)
+    with server_src(src):
+        # run_ingest starts its server inside: the environment is read then.
+        r = traces.run_ingest("http", bodies, 8, warmup, duration, workdir)
+    cpu = r["server_cpu"]
+    spans = r["spans_per_s"] * duration  # type: ignore[operator]
+    keep = (
+        "spans_per_s",
+        "requests_per_s",
+        "errors",
+        "latency_ms",
+        "acked_spans",
+        "stored",
+        "server_cpu",
+        "loadgen_cpu_s",
+        "status_counts",
+    )
+    out = {k: r[k] for k in keep if k in r}
+    out["server_cpu_us_per_span"] = round(cpu["cpu_s"] / spans * 1e6, 2) if spans else None  # type: ignore[index]
+    out["main_thread_us_per_span"] = (
+        round(cpu["main_thread_cpu_s"] / spans * 1e6, 2) if spans else None  # type: ignore[index]
+    )
+    return out
+
+
+def run(
+    quick: bool = False,
+    concurrency: int = 32,
+    workdir: str = "",
+    src: Optional[str] = None,
+    spans: bool = False,
+) -> Dict[str, object]:
     warmup, duration = (1.0, 3.0) if quick else (3.0, 20.0)
     n_uploads = 64 if quick else 512
     t0 = time.perf_counter()
@@ -295,21 +437,125 @@ def run(quick: bool = False, concurrency: int = 32, workdir: str = "") -> Dict[s
     }
     try:
         try:
-            out["breakdown"] = breakdown(uploads, workdir)
+            # In this process: the code this checkout has, so not for another's server.
+            out["breakdown"] = {} if src else breakdown(uploads, workdir)
         except Exception as exc:  # noqa: BLE001 - internal APIs move; keep the HTTP numbers
             out["breakdown"] = {"error": repr(exc)}
         out["baseline_ready"] = run_endpoint(
-            "ready", uploads[:8], concurrency, warmup / 2, min(duration, 5.0), workdir
+            "ready", uploads[:8], concurrency, warmup / 2, min(duration, 5.0), workdir, src
         )
         for endpoint in ("ingest", "push"):
+            common.log(f"ingest: {endpoint} {'(' + src + ') ' if src else ''}...")
             out["runs"].append(  # type: ignore[union-attr]
-                run_endpoint(endpoint, uploads, concurrency, warmup, duration, workdir)
+                run_endpoint(endpoint, uploads, concurrency, warmup, duration, workdir, src)
             )
+        if spans:
+            common.log("ingest: OTLP/HTTP spans ...")
+            out["spans"] = run_spans(quick, workdir, src)
     finally:
         if own_tmp:
             shutil.rmtree(workdir, ignore_errors=True)
     return out
 
 
+def _ms(run: Dict[str, object], key: str) -> str:
+    per = run.get("server_cpu_ms_per_upload") or {}
+    value = per.get(key)  # type: ignore[attr-defined]
+    return f"{value:.3f}" if isinstance(value, (int, float)) else "–"
+
+
+def markdown(result: Dict[str, object], command: str, m: Dict[str, object], wall: float) -> str:
+    """The report: uploads/s and CPU per upload by thread, per server measured, the
+    single-thread breakdown and span ingest."""
+    lines = common.head(
+        "hotspan ingest throughput",
+        command,
+        wall,
+        common.machine_text(m, note="The load generator and the server share these CPUs."),  # type: ignore[arg-type]
+    )
+    p = result["after"]["params"]  # type: ignore[index]
+    add = lines.append
+    add("")
+    add(
+        f"Each upload: a 10 s Python CPU profile at 100 Hz as gzipped pprof "
+        f"({p['stacks_per_upload']} stacks, {p['frames_per_stack']} frames deep, "
+        f"~{p['gzip_body_bytes_mean']:,} bytes gzipped), {p['distinct_uploads']} distinct uploads "
+        f"from {p['services']} services x {p['pods_per_service']} pods; {p['concurrency']} "
+        f"keep-alive connections from a separate process, {p['warmup_s']} s warm-up, "
+        f"{p['duration_s']} s measured. Server CPU per acknowledged upload in the measured "
+        "window, by thread: the event loop (HTTP, routing, handlers), the decoding threads "
+        "(gunzip, the C pprof decoder, batch building), the store's writer (one transaction per "
+        "group of uploads), the rest (gRPC, rules, alerts)."
+    )
+    add("")
+    add(
+        "| server | endpoint | uploads/s | server CPU / wall | total ms/upload | event loop | "
+        "decoding threads | writer | other | stored = acknowledged | errors | p50 / p99 ms |"
+    )
+    add("|---|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---|")
+    for label in ("before", "after"):
+        rep = result.get(label)
+        if not rep:
+            continue
+        for r in rep["runs"]:  # type: ignore[index]
+            st = r.get("stored") or {}
+            ack = r.get("acknowledged")
+            add(
+                f"| {label} | {r['endpoint']} | {r['uploads_per_s']:,} | "
+                f"{r['server_cpu']['cpu_per_wall']} | {_ms(r, 'total')} | "
+                f"{_ms(r, 'event loop (main thread)')} | {_ms(r, 'decoding threads')} | "
+                f"{_ms(r, 'writer (store)')} | {_ms(r, 'other threads')} | "
+                f"{'yes' if st.get('equals_acknowledged') else 'NO'} "
+                f"({st.get('uploads', 0):,.0f} / {ack:,}) | {r['errors']} | "
+                f"{r['latency_ms']['p50']} / {r['latency_ms']['p99']} |"
+            )
+    b = result["after"].get("breakdown") or {}  # type: ignore[union-attr]
+    if "ms_per_upload" in b:
+        add("")
+        add(
+            f"Single-thread breakdown (this process, no HTTP, {b['uploads']} uploads; commit "
+            f"in groups of {b['commit_group']}), ms per upload:"
+        )
+        add("")
+        add("| step | ms |")
+        add("|---|---:|")
+        for k, v in b["ms_per_upload"].items():
+            add(f"| {k} | {v} |")
+    for label in ("before", "after"):
+        sp = (result.get(label) or {}).get("spans")  # type: ignore[union-attr]
+        if sp:
+            add("")
+            add(
+                f"OTLP/HTTP spans ({label}): {sp['spans_per_s']:,} spans/s "
+                f"({sp['requests_per_s']} requests of 512 spans/s, 8 clients), "
+                f"{sp['server_cpu_us_per_span']} µs of server CPU per span "
+                f"({sp['main_thread_us_per_span']} µs on the event loop), errors "
+                f"{sp['errors']}, stored {sp['stored']['span_rows']:,} of "
+                f"{sp['acked_spans']:,} acknowledged."
+            )
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--concurrency", type=int, default=32)
+    ap.add_argument("--compare-src", default="", help="another checkout's src to measure first")
+    ap.add_argument("--no-spans", action="store_true", help="skip OTLP span ingest")
+    ap.add_argument("--out", default=common.RESULTS_DIR)
+    args = ap.parse_args()
+    t0 = time.perf_counter()
+    report = {"command": common.command_line("ingest.py"), "machine": common.machine()}
+    result: Dict[str, object] = {}
+    if args.compare_src:
+        result["before"] = run(
+            args.quick, args.concurrency, src=args.compare_src, spans=not args.no_spans
+        )
+    result["after"] = run(args.quick, args.concurrency, spans=not args.no_spans)
+    return common.finish_run(
+        "ingest", result, report, t0, markdown, out_dir=args.out, quick=args.quick
+    )
+
+
 if __name__ == "__main__":
-    common.print_json(run(quick="--quick" in sys.argv))
+    sys.exit(main())

@@ -178,6 +178,8 @@ async def main_async(args: argparse.Namespace) -> dict:
         "status": {},
         "latencies": [],
         "warmup_ok": 0,
+        # Every 200, also those outside the measured window: what the store must hold.
+        "acked": 0,
     }
     error_examples: List[str] = []
     counter = [0]
@@ -200,6 +202,7 @@ async def main_async(args: argparse.Namespace) -> dict:
                 done = loop.time()
                 in_window = t_measure <= done < t_end
                 if status == 200:
+                    stats["acked"] += 1
                     if in_window:
                         stats["ok"] += 1
                         stats["samples"] += samples

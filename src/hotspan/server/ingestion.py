@@ -22,6 +22,7 @@ from hotspan.server.errors import HTTPError
 from hotspan.server.instances import parse_instance, parse_status
 from hotspan.server.state import ServerState
 from hotspan.store.base import SettingsRule, StoreError
+from hotspan.store.batching import name_os_thread
 
 T = TypeVar("T")
 
@@ -38,7 +39,12 @@ def _decode_pool() -> ThreadPoolExecutor:
     if _decoders is None:
         with _decoders_lock:
             if _decoders is None:
-                _decoders = ThreadPoolExecutor(DECODE_THREADS, thread_name_prefix="hotspan-decode")
+                _decoders = ThreadPoolExecutor(
+                    DECODE_THREADS,
+                    thread_name_prefix="hotspan-decode",
+                    initializer=name_os_thread,
+                    initargs=("hotspan-decode",),
+                )
     return _decoders
 
 
