@@ -215,8 +215,11 @@ def run_ingest(
     duration: float,
     workdir: str,
     log: Log,
+    place: Optional[Callable[[str, int], None]] = None,
 ) -> Dict[str, Any]:
-    """One measured load of ``kind`` (profiles or spans) against ``setup``."""
+    """One measured load of ``kind`` (profiles or spans) against ``setup``.  ``place(role,
+    pid)`` is told of every process as it starts (``clickhouse``, ``server0``, ``server1``,
+    ``loadgen``): ``scaleout.py`` gives each its own CPU quota there."""
     import clickhouse_data
     import ingest
     import synth
@@ -232,12 +235,17 @@ def run_ingest(
         else:
             ch = clickhouse_data.ClickHouse(os.path.join(run_dir, "clickhouse"))
             result["clickhouse_startup_s"] = ch.startup_s
+            if place is not None:
+                place("clickhouse", ch.pid)
             url = ch.url("hotspan")
             for i in range(2 if setup == "clickhouse-2" else 1):
                 servers.append(
                     common.Server(os.path.join(run_dir, f"server{i}"), ["--store", url]).start()
                 )
         result["server_startup_s"] = [round(s.startup_s, 2) for s in servers]
+        if place is not None:
+            for i, server in enumerate(servers):
+                place(f"server{i}", server.pid)
         per_target = []
         target_names = []
         for server in servers:
@@ -288,7 +296,7 @@ def run_ingest(
             lambda: cpus[0].start(),
             lambda: cpus[0].stop(),
             cwd=common.BENCH_DIR,
-            on_spawn=lambda pid: cpus.append(Cpu({**pids, "loadgen": pid})),
+            on_spawn=lambda pid: _spawned(cpus, pids, pid, place),
         )
         cpu = cpus[0]
         result["server_peak_rss_mib"] = [
@@ -335,6 +343,14 @@ def run_ingest(
             ch.stop()
         shutil.rmtree(run_dir, ignore_errors=True)
     return result
+
+
+def _spawned(
+    cpus: List[Cpu], pids: Dict[str, int], pid: int, place: Optional[Callable[[str, int], None]]
+) -> None:
+    if place is not None:
+        place("loadgen", pid)
+    cpus.append(Cpu({**pids, "loadgen": pid}))
 
 
 def _parts(ch: Any) -> Dict[str, int]:

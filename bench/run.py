@@ -21,6 +21,9 @@
                                    # TraceQL search and metrics, SelectHeatmap beside
                                    # SelectSeries (~4-5 min, quick ~1-1.5 min; not in the
                                    # default run)
+    python bench/run.py --only scaleout [--quick]   # one and two servers over one
+                                   # ClickHouse, each part under its own CPU quota (root,
+                                   # cgroups; ~3 min, quick ~1 min; not in the default run)
 
 Use the project's environment (e.g. ``/tmp/probe/bin/python bench/run.py``).
 """
@@ -268,6 +271,8 @@ SEPARATE: Dict[str, Callable[[Any, argparse.Namespace], Dict[str, Any]]] = {
     "rules": lambda m, a: m.run(quick=a.quick, log=log, concurrency=a.concurrency or 32),
     # JFR ingest, TraceQL search and metrics, heatmaps.
     "grafana": lambda m, a: m.run(quick=a.quick, log=log),
+    # Two servers over one ClickHouse against one, each part under a CPU quota.
+    "scaleout": lambda m, a: m.run(quick=a.quick, log=log),
 }
 
 
@@ -286,8 +291,8 @@ def main() -> int:
     parser.add_argument(
         "--only",
         choices=["ingest", "query", *SEPARATE],
-        help="run one benchmark (agent, traces, ui, clickhouse, rules and grafana run only when "
-        "asked for)",
+        help="run one benchmark (agent, traces, ui, clickhouse, rules, grafana and scaleout run "
+        "only when asked for)",
     )
     parser.add_argument(
         "--concurrency",
