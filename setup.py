@@ -74,6 +74,13 @@ EXTENSIONS = [
         extra_compile_args=["-O2", "-std=gnu11"],
         optional=True,
     ),
+    # JFR recordings to profile samples (the twin of formats/jfr.py and jfr_profiles.py).
+    Extension(
+        "hotspan._speedups._jfr",
+        ["src/hotspan/_speedups/jfr.c"],
+        extra_compile_args=["-O2", "-std=c11"],
+        optional=True,
+    ),
     # The agent's pprof encoder (the twin of agent/pprof_writer.py's PyProfileWriter).
     Extension(
         "hotspan._speedups._pprof_writer",

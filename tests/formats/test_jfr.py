@@ -7,25 +7,29 @@
 * Recordings written here to the format's specification cover what the fixtures do not: context
   labels from the ``labels`` part, wall-clock mode, several chunks, uncompressed integers.
 * Truncated, corrupted and hostile input is a clear 400 (JfrError), quickly, never a 500.
+* Every test of the reader runs twice: through the Python reader (the reference) and the C
+  one (hotspan._speedups._jfr, what the server runs when it is built).
 """
 
 from __future__ import annotations
 
 import collections
+import functools
 import gzip
 import json
 import random
 import struct
 import time
 import uuid
-from typing import Dict, Iterator, List, Optional, Sequence, Tuple
+from pathlib import Path
+from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import httpx
 import pytest
 
 from hotspan.formats import jfr_profiles as jp
 from hotspan.formats.errors import FormatError
-from hotspan.formats.jfr import JfrError, Recording
+from hotspan.formats.jfr import MAX_VALUES, JfrError, Recording
 from hotspan.formats.proto import jfr_labels_pb2, profile_pb2, querier_pb2
 from hotspan.model.profile import IngestBatch
 from tests.conftest import RunningServer, shared_fixture
@@ -52,6 +56,21 @@ LEGACY_TYPES = {
     "live": "memory:live:count:objects:count",
 }
 _SCALED = {"cpu", "itimer", "wall"}  # the JSON counts samples; profiles hold nanoseconds
+
+Parse = Callable[..., jp.JfrProfiles]
+
+
+@pytest.fixture(params=["python", "c"])
+def parse(request: pytest.FixtureRequest) -> Parse:
+    """jfr_profiles' profiles of a recording, by the Python reader or the C one."""
+    native = request.param == "c"
+    if native and jp._fast is None:
+        pytest.skip("the C extension hotspan._speedups._jfr is not built")
+
+    def run(data: bytes, sample_rate: int = 100, max_values: int = MAX_VALUES) -> jp.JfrProfiles:
+        return jp.decode(data, sample_rate, max_values, native=native).profiles()
+
+    return run
 
 
 def fixture_bytes(name: str, ext: str) -> bytes:
@@ -100,10 +119,10 @@ def legacy_view(profiles: jp.JfrProfiles) -> Dict[str, Dict[str, int]]:
 
 
 @pytest.mark.parametrize("name", FIXTURES)
-def test_fixture_conformance(name: str) -> None:
+def test_fixture_conformance(name: str, parse: Parse) -> None:
     expected = expected_stacks(name)
     started = time.perf_counter()
-    profiles = jp.parse(fixture_bytes(name, "jfr"), 100)
+    profiles = parse(fixture_bytes(name, "jfr"), 100)
     elapsed = time.perf_counter() - started
     assert profiles.event == "cpu"
     got = legacy_view(profiles)
@@ -557,7 +576,7 @@ def folded(profiles: jp.JfrProfiles, kind: jp.Kind, column: int = 0) -> Dict[str
     return dict(out)
 
 
-def test_every_event_kind_of_a_written_recording() -> None:
+def test_every_event_kind_of_a_written_recording(parse: Parse) -> None:
     events = [
         (EXEC, (1, 0, 0, 0, 0)),
         (EXEC, (1, 0, 0, 0, 0)),
@@ -570,7 +589,7 @@ def test_every_event_kind_of_a_written_recording() -> None:
         (PARK, (90, 1)),
     ]
     for enc in (Enc(True), Enc(False)):
-        p = jp.parse(chunk(STACKS, events, enc), 100)
+        p = parse(chunk(STACKS, events, enc), 100)
         assert p.event == "cpu"
         assert folded(p, jp.CPU) == {
             "java/lang/Thread.run;app/Api.handle;app/Cart.total": 2 * PERIOD
@@ -585,9 +604,9 @@ def test_every_event_kind_of_a_written_recording() -> None:
         }
 
 
-def test_wall_mode_and_wall_clock_samples() -> None:
+def test_wall_mode_and_wall_clock_samples(parse: Parse) -> None:
     events = [(EXEC, (1, 0, 0, 0, 0)), (EXEC, (2, 1, 0, 0, 0)), (WALL_SAMPLE, (1, 0, 3))]
-    p = jp.parse(chunk(STACKS, events, setting="wall"), 100)
+    p = parse(chunk(STACKS, events, setting="wall"), 100)
     assert p.event == "wall"
     s1 = "java/lang/Thread.run;app/Api.handle;app/Cart.total"
     s2 = "java/lang/Thread.run;app/Cart.total;app/Tax.rate"
@@ -599,13 +618,13 @@ def test_wall_mode_and_wall_clock_samples() -> None:
     assert jp.series_labels("a", {"service_name": "s"}, "cpu")["app_name"] == "a"
 
 
-def test_several_chunks_each_with_its_own_pools() -> None:
+def test_several_chunks_each_with_its_own_pools(parse: Parse) -> None:
     one = chunk(STACKS, [(EXEC, (1, 0, 0, 0, 0))])
     # The second chunk numbers its constants differently, and says itimer.
     two = chunk(
         STACKS, [(EXEC, (1, 0, 0, 0, 0)), (EXEC, (3, 0, 0, 0, 0))], setting="itimer", id_base=50
     )
-    p = jp.parse(one + two, 100)
+    p = parse(one + two, 100)
     assert p.event == "itimer"
     assert folded(p, jp.CPU) == {
         "java/lang/Thread.run;app/Api.handle;app/Cart.total": 2 * PERIOD,
@@ -694,27 +713,29 @@ def test_labels_resolve_in_batches() -> None:
 # -- bad input ----------------------------------------------------------------------------------
 
 
-def parse_or_error(data: bytes) -> Optional[str]:
+def parse_or_error(data: bytes, parse: Parse = jp.parse) -> Optional[str]:
     """None if it parses, else the JfrError's message; any other exception fails the test."""
     try:
-        jp.parse(data, 100)
+        parse(data, 100)
     except JfrError as exc:
         return str(exc)
     return None
 
 
-def test_truncations_are_errors_naming_the_problem() -> None:
+def test_truncations_are_errors_naming_the_problem(parse: Parse) -> None:
+    err = functools.partial(parse_or_error, parse=parse)
     data = chunk(STACKS, [(EXEC, (1, 0, 0, 0, 0)), (TLAB, (3, 4096, 0))])
     for cut in range(0, len(data)):
-        message = parse_or_error(data[:cut])
+        message = err(data[:cut])
         assert message, f"a recording cut at {cut} of {len(data)} parsed"
-    assert parse_or_error(data) is None
-    assert "not a JFR recording" in parse_or_error(b"PK\x03\x04 a zip file, say")
-    assert "truncated" in parse_or_error(data[:-5])
+    assert err(data) is None
+    assert "not a JFR recording" in err(b"PK\x03\x04 a zip file, say")
+    assert "truncated" in err(data[:-5])
 
 
-def test_corrupt_recordings_fail_cleanly_and_quickly() -> None:
+def test_corrupt_recordings_fail_cleanly_and_quickly(parse: Parse) -> None:
     """Random byte damage, seeded: every variant parses or raises JfrError, in bounded time."""
+    err = functools.partial(parse_or_error, parse=parse)
     rng = random.Random(19)
     small = chunk(STACKS, [(EXEC, (1, 0, 1, 0, 0)), (MONITOR, (5, 2, 0)), (OTHER, ("x",))])
     big = fixture_bytes(FIXTURES[0], "jfr") if (shared := _has_fixtures()) else small
@@ -724,7 +745,7 @@ def test_corrupt_recordings_fail_cleanly_and_quickly() -> None:
             damaged = bytearray(base)
             for _ in range(rng.randint(1, 4)):
                 damaged[rng.randrange(len(damaged))] = rng.randrange(256)
-            parse_or_error(bytes(damaged))
+            err(bytes(damaged))
     assert time.perf_counter() - started < 10
 
 
@@ -736,14 +757,15 @@ def _has_fixtures() -> bool:
     return True
 
 
-def test_hostile_structures_are_refused() -> None:
+def test_hostile_structures_are_refused(parse: Parse) -> None:
+    err = functools.partial(parse_or_error, parse=parse)
     events = [(EXEC, (1, 0, 0, 0, 0))]
-    assert parse_or_error(chunk(STACKS, events)) is None
+    assert err(chunk(STACKS, events)) is None
     # Constant pools chained in a loop, outside the chunk, or onto a non-pool event.
-    assert "chain back" in parse_or_error(chunk(STACKS, events, chain_back=True))
-    assert "outside the chunk" in parse_or_error(chunk(STACKS, events, cp_delta=10**6))
+    assert "chain back" in err(chunk(STACKS, events, chain_back=True))
+    assert "outside the chunk" in err(chunk(STACKS, events, cp_delta=10**6))
     meta_len = len(metadata_event(Enc(), TYPES))
-    onto_meta = parse_or_error(chunk(STACKS, events, cp_delta=-meta_len))
+    onto_meta = err(chunk(STACKS, events, cp_delta=-meta_len))
     assert "type 0" in onto_meta
     # A type that contains itself inline.
     selfish = dict(TYPES)
@@ -751,17 +773,17 @@ def test_hostile_structures_are_refused() -> None:
         "jdk.types.StackFrame",
         [("method", METHOD, True, False), ("me", FRAME, False, False)],
     )
-    assert "contains itself" in parse_or_error(chunk(STACKS, events, types=selfish))
+    assert "contains itself" in err(chunk(STACKS, events, types=selfish))
     # A stack trace claiming 10^12 frames: refused at once, not looped over.
     started = time.perf_counter()
-    assert "runs past the end" in parse_or_error(chunk(STACKS, events, frames_count=10**12))
+    assert "runs past the end" in err(chunk(STACKS, events, frames_count=10**12))
     assert time.perf_counter() - started < 1
     # An undeclared type in a pool, and garbage after the last chunk.
     undeclared = dict(TYPES)
     del undeclared[STATE]
-    assert "undeclared type" in parse_or_error(chunk(STACKS, events, types=undeclared))
+    assert "undeclared type" in err(chunk(STACKS, events, types=undeclared))
     good = chunk(STACKS, events)
-    assert f"chunk at offset {len(good)}" in parse_or_error(good + b"trailing garbage" * 8)
+    assert f"chunk at offset {len(good)}" in err(good + b"trailing garbage" * 8)
 
 
 def _padded_size(n: int) -> bytes:
@@ -770,7 +792,7 @@ def _padded_size(n: int) -> bytes:
     return bytes([b[0] | 0x80, b[1] | 0x80, b[2] | 0x80, b[3]])
 
 
-def test_constant_pools_nested_in_each_other_are_refused() -> None:
+def test_constant_pools_nested_in_each_other_are_refused(parse: Parse) -> None:
     """A pool chain leading into the middle of a pool event already read (each would decode
     the bytes of the ones inside it again: quadratic work) is refused."""
     enc = Enc()
@@ -788,11 +810,11 @@ def test_constant_pools_nested_in_each_other_are_refused() -> None:
     header = b"FLR\x00" + struct.pack(
         ">HHqqqqqqqI", 2, 1, size, 68 + len(meta), 68, T0 * 10**9, 10**10, 0, 10**9, 1
     )
-    message = parse_or_error(header + meta + outer + inner + bytes(pad))
+    message = parse_or_error(header + meta + outer + inner + bytes(pad), parse)
     assert message is not None and "overlaps another pool" in message
 
 
-def test_values_a_recording_may_hold_are_capped() -> None:
+def test_values_a_recording_may_hold_are_capped(parse: Parse) -> None:
     """Pool values, frames and events cost ~50-300 bytes of memory each, however few bytes they
     took: a recording holding more than the cap is refused, whatever its size, and the cap
     counts every chunk of it."""
@@ -804,12 +826,12 @@ def test_values_a_recording_may_hold_are_capped() -> None:
     methods = len({(c, m) for f in STACKS.values() for c, m, _ in f})
     pooled = symbols + classes + methods + len(STACKS) + len(STATES)
     needed = pooled + frames + len(events) + 1  # + the ActiveSetting event
-    assert jp.parse(one, 100, max_values=needed).samples
+    assert parse(one, 100, max_values=needed).samples
     with pytest.raises(JfrError, match=f"more than {needed - 1} constant-pool values"):
-        jp.parse(one, 100, max_values=needed - 1)  # the last event is one too many
+        parse(one, 100, max_values=needed - 1)  # the last event is one too many
     with pytest.raises(JfrError, match="constant-pool values"):
-        jp.parse(one + one, 100, max_values=2 * needed - 1)  # both chunks count
-    assert jp.parse(one + one, 100, max_values=2 * needed).samples
+        parse(one + one, 100, max_values=2 * needed - 1)  # both chunks count
+    assert parse(one + one, 100, max_values=2 * needed).samples
 
 
 def test_ids_above_2_63_name_negative_snapshot_keys(client: httpx.Client) -> None:
@@ -852,3 +874,151 @@ def test_gzip_bombs_in_either_part_stop_at_the_limit() -> None:
     for jfr_part, labels_part in ((bomb, b""), (gzip.compress(good), bomb)):
         with pytest.raises(FormatError, match="larger than the limit"):
             jp.ingest(jfr_part, labels_part, IngestBatch(), "a", {}, T0 * 10**9, 100, limit)
+
+
+def test_types_nested_too_deep_or_in_themselves_through_arrays_are_refused(parse: Parse) -> None:
+    """Whether a type can be read in bounded work depends on the types alone: 32 levels of
+    inline types at most, and no type inside itself, inline or through an array."""
+    events = [(EXEC, (1, 0, 0, 0, 0))]
+
+    def with_chain(depth: int) -> Dict[int, Tuple[str, Sequence[F]]]:
+        types = dict(TYPES)
+        for i in range(depth):
+            tail: Sequence[F] = [("next", 100 + i + 1, False, False)] if i < depth - 1 else []
+            types[100 + i] = (f"custom.Level{i}", [("n", LONG, False, False), *tail])
+        name, fields = types[EXEC]
+        types[EXEC] = (name, [*fields, ("deep", 100, False, False)])  # after the wanted ones
+        return types
+
+    assert parse_or_error(chunk(STACKS, events, types=with_chain(31)), parse) is None
+    assert "nest more than 32" in parse_or_error(chunk(STACKS, events, types=with_chain(32)), parse)
+    looped = dict(TYPES)
+    looped[FRAME] = (
+        "jdk.types.StackFrame",
+        [("method", METHOD, True, False), ("lineNumber", INT, False, False)]
+        + [("callees", FRAME, False, True)],
+    )
+    assert "contains itself" in parse_or_error(chunk(STACKS, events, types=looped), parse)
+
+
+# -- the C reader gives the Python reader's profiles --------------------------------------------
+
+FUZZ = Path(__file__).resolve().parents[1] / "fuzz"
+needs_c = pytest.mark.skipif(
+    jp._fast is None, reason="the C extension hotspan._speedups._jfr is not built"
+)
+
+
+def _recordings() -> Dict[str, bytes]:
+    """Every recording of the test corpus that needs nothing outside the project: the fuzz
+    seeds and crashes (decompressed, without the labels part), and recordings written here."""
+    out: Dict[str, bytes] = {}
+    for directory in (FUZZ / "corpus" / "jfr", FUZZ / "crashes" / "jfr"):
+        for path in sorted(directory.iterdir()):
+            data = path.read_bytes()
+            if data[:2] == b"\x1f\x8b":
+                data = gzip.decompress(data)
+            out[f"{directory.parent.name}/{path.name}"] = data.partition(b"\n--labels--\n")[0]
+    events = [
+        (EXEC, (1, 0, 1, 0xA1, 4)),
+        (EXEC, (2, 1, 0, 0, 0)),
+        (MONITOR, (500, 2, 2)),
+        (TLAB, (3, 4096, 0)),
+        (LIVE, (1,)),
+        (PARK, (90, 1)),
+        (WALL_SAMPLE, (1, 0, 3)),
+        (OTHER, ("x",)),
+    ]
+    out["written/compressed"] = chunk(STACKS, events)
+    out["written/fixed"] = chunk(STACKS, events, Enc(False))
+    out["written/wall"] = chunk(STACKS, events, setting="wall")
+    out["written/two-chunks"] = chunk(STACKS, events) + chunk(STACKS, events[:3], id_base=9)
+    return out
+
+
+RECORDINGS = _recordings()
+
+
+def outcome(data: bytes, native: bool) -> object:
+    """What a reader makes of a recording: its profiles, or that it refuses it."""
+    try:
+        p = jp.decode(data, 100, native=native).profiles()
+    except JfrError:
+        return "refused"
+    return (p.event, p.samples)
+
+
+def assert_same(data: bytes) -> object:
+    python, c = outcome(data, False), outcome(data, True)
+    assert c == python
+    return c
+
+
+@needs_c
+@pytest.mark.parametrize("name", sorted(RECORDINGS))
+def test_c_reader_gives_the_same_profiles(name: str) -> None:
+    assert_same(RECORDINGS[name])
+
+
+@needs_c
+@pytest.mark.parametrize("name", FIXTURES)
+def test_c_reader_gives_the_same_profiles_of_the_fixtures(name: str) -> None:
+    assert assert_same(fixture_bytes(name, "jfr")) != "refused"
+
+
+@needs_c
+def test_c_reader_agrees_on_damaged_recordings() -> None:
+    """Seeded damage (bytes changed, inserted, cut out): both refuse, or both read the same."""
+    rng = random.Random(35)
+    bases = list(RECORDINGS.values())
+    if _has_fixtures():
+        bases.append(fixture_bytes(FIXTURES[1], "jfr"))
+    refused = read = 0
+    for base in bases:
+        for _ in range(300 if len(base) < 20_000 else 20):
+            damaged = bytearray(base)
+            for _ in range(rng.randint(1, 3)):
+                at = rng.randrange(len(damaged))
+                what = rng.random()
+                if what < 0.6:
+                    damaged[at] = rng.randrange(256)
+                elif what < 0.8:
+                    damaged[at:at] = bytes([rng.randrange(256)])
+                else:
+                    del damaged[at : at + rng.randint(1, 8)]
+            if assert_same(bytes(damaged)) == "refused":
+                refused += 1
+            else:
+                read += 1
+    assert refused and read  # the damage reaches both outcomes
+
+
+def batch_view(batch: IngestBatch) -> Tuple[object, ...]:
+    cols = batch.columns()
+    rows = sorted(
+        zip(cols.series_id.tolist(), cols.ts.tolist(), cols.stack_id.tolist(),
+            cols.value.tolist(), cols.span_id.tolist())
+    )  # fmt: skip
+    stacks = batch.new_stacks(set())
+    frames = batch.frames_for({f for s in stacks.values() for f in s})
+    series = {sid: (info.profile_type.id, info.labels) for sid, info in batch.series.items()}
+    return series, rows, stacks, frames
+
+
+@needs_c
+def test_both_readers_fill_the_same_batch() -> None:
+    """Series, samples, stacks and frame names: what the store receives is the same."""
+    data = RECORDINGS["written/two-chunks"]
+    if _has_fixtures():
+        data += fixture_bytes(FIXTURES[1], "jfr")
+    views = []
+    for native in (False, True):
+        batch = IngestBatch()
+        decoded = jp.decode(data, 100, native=native)
+        labels = jp.series_labels("shop", {"env": "prod"}, decoded.event)
+        snapshot = jp.parse_labels(labels_snapshot())
+        added = jp.to_batch(decoded, batch, labels, T0 * 10**9, snapshot)
+        assert added == len(batch)
+        views.append(batch_view(batch))
+    assert views[0] == views[1]
+    assert views[1][1] and views[1][2]

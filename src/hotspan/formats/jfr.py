@@ -71,6 +71,7 @@ PROFILE_EVENTS: Dict[str, Tuple[str, ...]] = {
 # metadata can make a small input expensive (legitimate types cost about one read per byte).
 _MAX_READS_PER_BYTE = 16
 _MAX_ELEMENT_DEPTH = 64  # metadata element tree
+_MAX_TYPE_DEPTH = 32  # types inline in types (real recordings nest 2 or 3 deep)
 # Constant-pool values, array elements and profile events one recording may hold.  Each costs
 # ~50-300 bytes of memory (decoded, or summed into a sample) however few bytes it took (a pool
 # entry can be 2 bytes), so without a cap a recording of the largest size accepted would take
@@ -238,6 +239,7 @@ class _Types:
         self._readers: Dict[int, Callable[[bytes, int], Tuple[Any, int]]] = {}
         self._shape: Dict[int, Tuple[int, int]] = {}  # type id -> (min bytes, reads)
         self._building: set = set()
+        self._height: Dict[int, int] = {}
         self._varint_width: Dict[int, int] = {}  # all-varint struct type -> its field count
         self.charge = budget.charge  # pool values and array elements count against it
 
@@ -256,31 +258,51 @@ class _Types:
             "java.lang.String": codec.string,
         }.get(name)
 
-    def shape(self, type_id: int) -> Tuple[int, int]:
-        """(fewest bytes an inline value occupies, reads it costs), computed once per type."""
-        known = self._shape.get(type_id)
+    def check(self, type_id: int) -> None:
+        """Refuses a type whose values cannot be read in work bounded by their bytes: an
+        undeclared type among its fields, a type that contains itself (inline or through an
+        array), types nested more than :data:`_MAX_TYPE_DEPTH` deep, or a struct that costs
+        far more reads than the bytes it must occupy.  The verdict depends on the types
+        alone, not on the order they are met in (the C reader gives the same)."""
+        self._check(type_id, 0)
+
+    def _check(self, type_id: int, depth: int) -> int:
+        """The type's height (0 for a primitive, 1 + its tallest non-pool field otherwise)."""
+        known = self._height.get(type_id)
         if known is not None:
             return known
         t = self._type(type_id)
         if self._primitive(t.name) is not None:
-            known = (_PRIMITIVE_SIZE.get(t.name, 1), 1)
-        else:
-            if type_id in self._building:
-                raise JfrError(f"type {t.name} contains itself inline")
-            self._building.add(type_id)
-            size, reads = 0, 1
-            for f in t.fields:
-                if f.constant_pool or f.array:
-                    size, reads = size + 1, reads + 1
-                else:
-                    fs, fr = self.shape(f.type_id)
-                    size, reads = size + fs, reads + fr
-            self._building.discard(type_id)
-            if reads > _MAX_READS_PER_BYTE * (size + 1):
-                raise JfrError(f"type {t.name} has too many empty fields")
-            known = (size, reads)
-        self._shape[type_id] = known
-        return known
+            self._shape[type_id] = (_PRIMITIVE_SIZE.get(t.name, 1), 1)
+            self._height[type_id] = 0
+            return 0
+        if type_id in self._building:
+            raise JfrError(f"type {t.name} contains itself")
+        if depth >= _MAX_TYPE_DEPTH:
+            raise JfrError(f"types nest more than {_MAX_TYPE_DEPTH} deep (type {t.name})")
+        self._building.add(type_id)
+        height, size, reads = 0, 0, 1
+        for f in t.fields:
+            if f.constant_pool:
+                size, reads = size + 1, reads + 1
+                continue
+            height = max(height, self._check(f.type_id, depth + 1))
+            if f.array:
+                size, reads = size + 1, reads + 1
+            else:
+                fs, fr = self._shape[f.type_id]
+                size, reads = size + fs, reads + fr
+        self._building.discard(type_id)
+        if reads > _MAX_READS_PER_BYTE * (size + 1):
+            raise JfrError(f"type {t.name} has too many empty fields")
+        self._shape[type_id] = (size, reads)
+        self._height[type_id] = height + 1
+        return height + 1
+
+    def shape(self, type_id: int) -> Tuple[int, int]:
+        """(fewest bytes an inline value occupies, reads it costs), of a checked type."""
+        self.check(type_id)
+        return self._shape[type_id]
 
     def _type(self, type_id: int) -> TypeInfo:
         t = self.by_id.get(type_id)
@@ -298,7 +320,7 @@ class _Types:
         if prim is not None:
             self._readers[type_id] = prim
             return prim
-        self.shape(type_id)  # refuses self-containing and degenerate types before recursing
+        self.check(type_id)  # refuses what cannot be read in bounded work before recursing
         field_readers = [self.field_reader(f) for f in t.fields]
         if field_readers and all(fr is _varint for fr in field_readers):
             # Stack frames and most pool entries: only varints, decoded inline (no call per
@@ -382,6 +404,7 @@ class _Types:
         self, t: TypeInfo, wanted: Sequence[str]
     ) -> Callable[[bytes, int], Tuple[Dict[str, Any], int]]:
         """Reads an event's fields up to the last wanted one; returns the wanted ones."""
+        self.check(t.id)
         names = set(wanted)
         last = max((i for i, f in enumerate(t.fields) if f.name in names), default=-1)
         steps = [(f.name if f.name in names else None, self.field_reader(f)) for f in t.fields]
@@ -540,11 +563,17 @@ class Chunk:
                     if type(frame) is not tuple or len(frame) <= mi:
                         continue
                     method = frame[mi]
+                    if not isinstance(method, int):
+                        continue  # a float equal to an id is no id, a list no key
                     name = names[method] if method in names else self.frame_name(method)
                     if name is None:
                         continue
                     line = frame[li] if 0 <= li < len(frame) else 0
-                    resolved.append((name, line if type(line) is int else 0))
+                    if type(line) is not int:
+                        line = 0
+                    elif line >= 1 << 63:
+                        line -= 1 << 64  # the int64 of the same bits (the store's column)
+                    resolved.append((name, line))
             out = tuple(resolved)
         self._stacks[ref] = out
         return out
@@ -659,10 +688,11 @@ def _metadata(buf: bytes, pos: int, codec: _Codec) -> Dict[int, TypeInfo]:
 
 
 def _int_attr(attrs: Mapping[str, str], key: str) -> int:
-    try:
-        return int(attrs[key])
-    except (KeyError, ValueError):
-        raise JfrError(f"metadata element lacks a numeric {key!r}: {dict(attrs)!r}") from None
+    """A type id: decimal ASCII digits below 2^64 (ids are written so), nothing else."""
+    value = attrs.get(key, "")
+    if not (value.isascii() and value.isdigit() and len(value) <= 20 and int(value) < 1 << 64):
+        raise JfrError(f"metadata element lacks a numeric {key!r}: {dict(attrs)!r}")
+    return int(value)
 
 
 def _constant_pools(chunk: Chunk, first: int, codec: _Codec) -> None:
