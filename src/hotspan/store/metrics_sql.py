@@ -21,7 +21,7 @@ hash of every span, 10 to 30 times the aggregation itself.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List, Tuple
+from typing import List, Optional, Tuple
 
 from hotspan.model.trace import RS, STRING_US, US, Condition, clean
 from hotspan.store.search_sql import CLICKHOUSE, DUCKDB, Binder, Dialect, Params, span_condition
@@ -89,6 +89,7 @@ class MetricsDialect:
     length: str  # "chars" or "bytes"
     int_div: str
     arg_max: str
+    any: str
     # The sum of the durations (ClickHouse sums Int64 in Int64, which a day of hours fills).
     wide_sum: str
     # span_groups, one row per group_id.
@@ -102,6 +103,7 @@ DUCKDB_METRICS = MetricsDialect(
     length="chars",
     int_div="({0}) // ({1})",
     arg_max="arg_max({0}, {1})",
+    any="any_value({0})",
     wide_sum="sum({0})",
     groups="span_groups",
 )
@@ -113,6 +115,7 @@ CLICKHOUSE_METRICS = MetricsDialect(
     length="bytes",
     int_div="intDiv({0}, {1})",
     arg_max="argMax({0}, {1})",
+    any="any({0})",
     wide_sum="sum(toInt128({0}))",
     # A ReplacingMergeTree keeps a group's copies until it merges them.
     groups="(SELECT group_id, any(attrs) AS attrs FROM span_groups GROUP BY group_id)",
@@ -123,19 +126,35 @@ def _text_length(d: MetricsDialect, text: str) -> int:
     return len(text.encode()) if d.length == "bytes" else len(text)
 
 
-def _value_after(d: MetricsDialect, column: str, needle: str, bind: Binder) -> Tuple[str, str]:
-    """(whether ``column`` holds ``needle``, the text after it up to the next RS)."""
+def _value_after(
+    d: MetricsDialect,
+    column: str,
+    needle: str,
+    bind: Binder,
+    positions: Optional[List[Tuple[str, str]]] = None,
+) -> Tuple[str, str]:
+    """(whether ``column`` holds ``needle``, the text after it up to the next RS).  With
+    ``positions``, the needle's position is a column computed once, added there."""
     at = d.position.format(column, bind(needle))
+    if positions is not None:
+        positions.append((f"p{len(positions)}", at))
+        at = positions[-1][0]
     start = f"{at} + {_text_length(d, needle)}"
     rest = d.substring.format(column, start, "1000000000")
     end = d.position.format(rest, bind(RS))
     return f"{at} > 0", d.substring.format(column, start, f"{end} - 1")
 
 
-def _attribute(d: MetricsDialect, column: str, name: str, bind: Binder) -> Tuple[str, str]:
+def _attribute(
+    d: MetricsDialect,
+    column: str,
+    name: str,
+    bind: Binder,
+    positions: Optional[List[Tuple[str, str]]] = None,
+) -> Tuple[str, str]:
     """(text, typed) of an attribute in a flattened text: NULL text when absent."""
     k = clean(name)
-    has_typed, typed_text = _value_after(d, column, RS + k + US, bind)
+    has_typed, typed_text = _value_after(d, column, RS + k + US, bind, positions)
     has_string, string_text = _value_after(d, column, RS + k + STRING_US, bind)
     text = f"CASE WHEN {has_typed} THEN {typed_text} WHEN {has_string} THEN {string_text} END"
     return text, f"CASE WHEN {has_typed} THEN 1 ELSE 0 END"
@@ -143,11 +162,17 @@ def _attribute(d: MetricsDialect, column: str, name: str, bind: Binder) -> Tuple
 
 def _log2_bits(d: MetricsDialect, duration: str) -> str:
     """The bits of a duration's log2 bucket, as the engine computes them: the exponent of
-    ``frexp(float(d - 1))`` (floor(log2) + 1, corrected where log2 rounds)."""
+    ``frexp(float(d - 1))``, floor(log2) + 1; NULL below 2 ns.  Below 2**40 ns log2 is exact
+    on powers of two and at least 1e-12 below the next one, so its floor is right; above, it
+    is checked against the powers of two."""
     v = f"CAST({duration} - 1 AS DOUBLE)"
     e = f"floor(log2({v}))"
     fix = f"(CASE WHEN pow(2, {e} + 1) <= {v} THEN 1 WHEN pow(2, {e}) > {v} THEN -1 ELSE 0 END)"
-    return f"CAST({e} + 1 + {fix} AS INTEGER)"
+    return (
+        f"CASE WHEN {duration} < 2 THEN NULL "
+        f"WHEN {duration} <= {1 << 40} THEN CAST({e} AS INTEGER) + 1 "
+        f"ELSE CAST({e} + 1 + {fix} AS INTEGER) END"
+    )
 
 
 def metrics_sql(d: MetricsDialect, tenant: object, plan: MetricsPlan) -> Tuple[str, Params]:
@@ -179,6 +204,7 @@ def metrics_sql(d: MetricsDialect, tenant: object, plan: MetricsPlan) -> Tuple[s
         ("slot", d.int_div.format(f"start_ns - {p('origin')} - 1", p("step")))
     ]
     outer_keys: List[Tuple[str, str]] = []  # (value, typed) of each key, over the first level
+    positions: List[Tuple[str, str]] = []  # where a span attribute starts, computed once
     needs_groups = False
     for i, key in enumerate(plan.keys):
         if not key_supported(key):
@@ -204,7 +230,7 @@ def metrics_sql(d: MetricsDialect, tenant: object, plan: MetricsPlan) -> Tuple[s
                 outer_keys.append((text, typed))
             continue
         name = key[5:] if key.startswith("span.") else key[1:]
-        text, typed = _attribute(d, "attrs", name, bind)
+        text, typed = _attribute(d, "attrs", name, bind, positions)
         inner.append((f"k{i}", text))
         inner.append((f"t{i}", typed))
         if key.startswith("span."):
@@ -224,15 +250,16 @@ def metrics_sql(d: MetricsDialect, tenant: object, plan: MetricsPlan) -> Tuple[s
             )
         )
     if plan.measure == "log2":
-        # None below 2 ns: the engine counts those spans as read, in no bucket.
-        bits = _log2_bits(d, "end_ns - start_ns")
-        inner.append(("bucket", f"CASE WHEN end_ns - start_ns >= 2 THEN {bits} END"))
+        # NULL below 2 ns: the engine counts those spans as read, in no bucket.
+        inner.append(("bucket", _log2_bits(d, "end_ns - start_ns")))
     if needs_groups:
         inner.append(("group_id", "group_id"))
-        inner.append(("service", "service"))
 
     duration = "end_ns - start_ns"
     aggregates = ["count(*) AS n"]
+    if needs_groups:
+        # A span's service comes from its resource, which its group_id hashes: one per group.
+        aggregates.append(f"{d.any.format('service')} AS service")
     if plan.measure == "duration":
         aggregates += [
             f"min({duration}) AS mn",
@@ -251,10 +278,13 @@ def metrics_sql(d: MetricsDialect, tenant: object, plan: MetricsPlan) -> Tuple[s
     else:
         aggregates += ["NULL AS es", "max(start_ns) AS et", "NULL AS ev"]
     names = [alias for alias, _ in inner]
+    source = f"spans WHERE {' AND '.join(where)}"
+    if positions:
+        found = ", ".join(f"{expr} AS {alias}" for alias, expr in positions)
+        source = f"(SELECT *, {found} FROM {source})"
     span_level = (
         f"SELECT {', '.join(f'{expr} AS {alias}' for alias, expr in inner)}, "
-        f"{', '.join(aggregates)} FROM spans WHERE {' AND '.join(where)} "
-        f"GROUP BY {', '.join(names)}"
+        f"{', '.join(aggregates)} FROM {source} GROUP BY {', '.join(names)}"
     )
     bucket = "bucket" if plan.measure == "log2" else "NULL"
     if not needs_groups:
