@@ -91,13 +91,14 @@ def page(_tab, request) -> Iterator[object]:  # type: ignore[no-untyped-def]
         page.screenshot(path=str(artifact_path(f"{request.node.name}.png")), full_page=True)
     finally:
         page.remove_listener("pageerror", on_error)
-        _reset(page)
+        reset_tab(page)
     assert not errors, f"uncaught errors in the page: {errors}"
 
 
-def _reset(page) -> None:  # type: ignore[no-untyped-def]
+def reset_tab(page) -> None:  # type: ignore[no-untyped-def]
     """What a test leaves in the tab that the next one must not see: its storage (the UI keeps
-    its choices in localStorage), cookies, request routes, other tabs, the page's scripts."""
+    its choices in localStorage), cookies, permissions, request routes, other tabs, the page's
+    scripts."""
     context = page.context
     for other in context.pages:
         if other is not page:
@@ -108,7 +109,20 @@ def _reset(page) -> None:  # type: ignore[no-untyped-def]
         with contextlib.suppress(Exception):
             page.evaluate("() => { localStorage.clear(); sessionStorage.clear(); }")
     context.clear_cookies()
+    context.clear_permissions()
     page.goto("about:blank")
+
+
+@contextlib.contextmanager
+def sized(page, width: int, height: int = 844, dark: bool = False) -> Iterator[object]:  # type: ignore[no-untyped-def]
+    """The tab at ``width`` x ``height`` in a colour scheme, put back as new afterwards: for
+    a test that looks at several sizes or schemes, each as a fresh tab would show it."""
+    page.set_viewport_size({"width": width, "height": height})
+    page.emulate_media(color_scheme="dark" if dark else "light")
+    try:
+        yield page
+    finally:
+        reset_tab(page)
 
 
 def screenshot(page, name: str) -> Path:  # type: ignore[no-untyped-def]

@@ -9,16 +9,15 @@ whole service instead of the span would show ``warm_cache``.
 
 from __future__ import annotations
 
-import contextlib
 import json
-from typing import Any, Dict, Iterator, List
+from typing import Dict, Iterator, List
 from urllib.parse import parse_qs, urlencode, urlparse
 
 import pytest
 
 from tests.conftest import RunningServer, running_server
 from tests.helpers import run_programs, traced_program
-from tests.ui.conftest import artifact_path, screenshot
+from tests.ui.conftest import artifact_path, screenshot, sized
 
 PROGRAM = traced_program(
     "shop",
@@ -119,22 +118,9 @@ def fits(page) -> bool:  # type: ignore[no-untyped-def]
     return page.evaluate("() => document.getElementById('app').scrollWidth <= window.innerWidth")
 
 
-@contextlib.contextmanager
-def sized_page(browser, width: int, dark: bool = False) -> Iterator[Any]:  # type: ignore[no-untyped-def]
-    """A page at a given width (and colour scheme) that fails on uncaught page errors."""
-    context = browser.new_context(
-        viewport={"width": width, "height": 844 if width < 600 else 900},
-        color_scheme="dark" if dark else "light",
-    )
-    context.set_default_timeout(15_000)
-    page = context.new_page()
-    errors: List[str] = []
-    page.on("pageerror", lambda exc: errors.append(str(exc)))
-    try:
-        yield page
-    finally:
-        context.close()
-    assert not errors, f"uncaught errors in the page: {errors}"
+def sized_page(page, width: int, dark: bool = False):  # type: ignore[no-untyped-def]
+    """The tab at a phone's height below 600 px wide, a desktop's above."""
+    return sized(page, width, 844 if width < 600 else 900, dark)
 
 
 # --- two spans, two traces -----------------------------------------------------------------
@@ -376,9 +362,9 @@ def test_diff_table_header_labels_sit_on_the_column_row(page, data) -> None:  # 
     assert abs(change["right"] - column["right"]) < 1.5
 
 
-def test_diff_table_at_390_shows_the_change_without_scrolling(browser, data) -> None:  # type: ignore[no-untyped-def]
+def test_diff_table_at_390_shows_the_change_without_scrolling(page, data) -> None:  # type: ignore[no-untyped-def]
     # Review finding 8: on a phone the self columns go, the shares and the Change stay in view.
-    with sized_page(browser, 390) as page:
+    with sized_page(page, 390):
         page.goto(data.spans_url(data.fast, data.slow))
         wait_for_rows(page, MAIN + "price_cart")
         geo = page.evaluate(TABLE_GEOMETRY, ".hs-diff-profile")
@@ -404,7 +390,7 @@ def test_diff_table_at_390_shows_the_change_without_scrolling(browser, data) -> 
         )
         assert groups == [True, True], groups
     # A wide screen keeps all five number columns.
-    with sized_page(browser, 1440) as page:
+    with sized_page(page, 1440):
         page.goto(data.spans_url(data.fast, data.slow))
         wait_for_rows(page, MAIN + "price_cart")
         assert page.locator(".hs-diff-profile thead th.hs-toptable-selfLeft").is_visible()
@@ -412,7 +398,7 @@ def test_diff_table_at_390_shows_the_change_without_scrolling(browser, data) -> 
 
 
 @pytest.mark.parametrize("width", [390, 1024, 1440])
-def test_diff_page_fits_its_width(browser, data, width: int) -> None:  # type: ignore[no-untyped-def]
+def test_diff_page_fits_its_width(page, data, width: int) -> None:  # type: ignore[no-untyped-def]
     urls = {
         "spans": data.spans_url(data.fast, data.slow),
         "selectors": data.url(
@@ -421,7 +407,7 @@ def test_diff_page_fits_its_width(browser, data, width: int) -> None:  # type: i
         ),
     }
     for dark in (False, True):
-        with sized_page(browser, width, dark) as page:
+        with sized_page(page, width, dark):
             for name, url in urls.items():
                 page.goto(url)
                 done = ".hs-diff-profile .hs-panel-title:not(:empty), .hs-diff-profile .hs-message"
@@ -443,9 +429,9 @@ def test_diff_page_fits_its_width(browser, data, width: int) -> None:  # type: i
                     assert right["y"] >= left["y"] + left["height"], "sides should stack"
 
 
-def test_long_selector_does_not_widen_the_page(browser, data) -> None:  # type: ignore[no-untyped-def]
+def test_long_selector_does_not_widen_the_page(page, data) -> None:  # type: ignore[no-untyped-def]
     long = '{service_name="shop", ' + ", ".join(f'label_{i}="value-{i}"' for i in range(12)) + "}"
-    with sized_page(browser, 1024) as page:
+    with sized_page(page, 1024):
         page.goto(data.url(leftQuery=long, rightQuery=long))
         page.locator(".hs-diff-profile .hs-message").first.wait_for()
         assert fits(page)

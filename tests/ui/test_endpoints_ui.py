@@ -15,7 +15,7 @@ import pytest
 from tests.conftest import RunningServer, running_server
 from tests.helpers import run_programs
 from tests.server.api.test_endpoints import PROGRAM
-from tests.ui.conftest import screenshot
+from tests.ui.conftest import screenshot, sized
 
 SELECTOR = '{service_name="shop"}'
 
@@ -110,13 +110,9 @@ def test_an_unknown_service_stays_named(page, shop) -> None:  # type: ignore[no-
 
 
 @pytest.mark.parametrize("width", [390, 1024, 1440])
-def test_endpoints_page_fits(browser, shop, width: int) -> None:  # type: ignore[no-untyped-def]
+def test_endpoints_page_fits(page, shop, width: int) -> None:  # type: ignore[no-untyped-def]
     for scheme in ("light", "dark"):
-        context = browser.new_context(viewport={"width": width, "height": 844}, color_scheme=scheme)
-        errors: list = []
-        try:
-            page = context.new_page()
-            page.on("pageerror", lambda exc, errors=errors: errors.append(str(exc)))
+        with sized(page, width, dark=scheme == "dark"):
             open_endpoints(page, shop, f"query={quote(SELECTOR)}&name=GET+%2Fcheckout")
             page.wait_for_function(f"() => ({FRAMES})().includes('__main__.checkout')")
             box = page.evaluate(
@@ -141,9 +137,6 @@ def test_endpoints_page_fits(browser, shop, width: int) -> None:  # type: ignore
             else:
                 assert sum(rgb) > 3 * 180, box
             screenshot(page, f"endpoints-{width}-{scheme}")
-        finally:
-            context.close()
-        assert not errors, errors
 
 
 def test_zoom_and_sort_of_the_endpoint_profile_live_in_the_url(page, shop) -> None:  # type: ignore[no-untyped-def]

@@ -285,20 +285,16 @@ def test_diff_table_has_baseline_comparison_and_change_side_by_side(page, data) 
 
 
 @pytest.mark.parametrize("width", [390, 1024])
-def test_diff_table_at_narrow_widths_scrolls_inside_itself(browser, data, width: int) -> None:  # type: ignore[no-untyped-def]
-    context = browser.new_context(viewport={"width": width, "height": 844})
-    page = context.new_page()
-    try:
-        _open_diff(page, data)
-        cell = page.locator(f'.hs-toptable tbody tr[data-name="{LONG}"] td.hs-toptable-name')
-        assert cell.locator("[title]").first.get_attribute("title") == LONG
-        assert end_visible(page, cell)
-        table = page.locator(".hs-panel-table")
-        box = table.bounding_box()
-        assert box["x"] >= 0 and box["x"] + box["width"] <= width + 0.5
-        screenshot(page, f"diff-table-{width}")
-    finally:
-        context.close()
+def test_diff_table_at_narrow_widths_scrolls_inside_itself(page, data, width: int) -> None:  # type: ignore[no-untyped-def]
+    page.set_viewport_size({"width": width, "height": 844})
+    _open_diff(page, data)
+    cell = page.locator(f'.hs-toptable tbody tr[data-name="{LONG}"] td.hs-toptable-name')
+    assert cell.locator("[title]").first.get_attribute("title") == LONG
+    assert end_visible(page, cell)
+    table = page.locator(".hs-panel-table")
+    box = table.bounding_box()
+    assert box["x"] >= 0 and box["x"] + box["width"] <= width + 0.5
+    screenshot(page, f"diff-table-{width}")
 
 
 # --- labels ---------------------------------------------------------------------------------
@@ -432,87 +428,76 @@ def test_wheel_scrolls_the_page_and_ctrl_wheel_zooms(page, data) -> None:  # typ
 # --- the menu -------------------------------------------------------------------------------
 
 
-def test_right_click_menu_on_a_frame(browser, data) -> None:  # type: ignore[no-untyped-def]
-    context = browser.new_context(viewport={"width": 1400, "height": 900})
-    context.grant_permissions(["clipboard-read", "clipboard-write"], origin=data.server.url)
-    page = context.new_page()
-    errors: List[str] = []
-    page.on("pageerror", lambda e: errors.append(str(e)))
-    try:
-        mount(page, data, pprof=True)
-        right_click(page, LONG)
-        menu = page.locator(".hs-frame-menu")
-        menu.wait_for()
-        assert menu.locator(".hs-menu-title").inner_text() == LONG
-        items = [t.strip() for t in menu.locator("[role=menuitem]").all_inner_texts()]
-        assert items[:4] == [
-            "Focus on subtree",
-            "Sandwich: callers and callees",
-            "Copy function name",
-            "Search for it",
-        ]
-        # Keyboard: focus starts on the first item, arrows move it.
-        assert page.evaluate("() => document.activeElement.textContent") == "Focus on subtree"
-        page.keyboard.press("ArrowDown")
-        assert (
-            page.evaluate("() => document.activeElement.textContent")
-            == "Sandwich: callers and callees"
-        )
-        page.keyboard.press("ArrowUp")
-        page.keyboard.press("ArrowUp")  # wraps to the last
-        assert page.evaluate("() => document.activeElement.closest('.hs-frame-menu') !== null")
+def test_right_click_menu_on_a_frame(page, data) -> None:  # type: ignore[no-untyped-def]
+    page.context.grant_permissions(["clipboard-read", "clipboard-write"], origin=data.server.url)
+    mount(page, data, pprof=True)
+    right_click(page, LONG)
+    menu = page.locator(".hs-frame-menu")
+    menu.wait_for()
+    assert menu.locator(".hs-menu-title").inner_text() == LONG
+    items = [t.strip() for t in menu.locator("[role=menuitem]").all_inner_texts()]
+    assert items[:4] == [
+        "Focus on subtree",
+        "Sandwich: callers and callees",
+        "Copy function name",
+        "Search for it",
+    ]
+    # Keyboard: focus starts on the first item, arrows move it.
+    assert page.evaluate("() => document.activeElement.textContent") == "Focus on subtree"
+    page.keyboard.press("ArrowDown")
+    assert (
+        page.evaluate("() => document.activeElement.textContent") == "Sandwich: callers and callees"
+    )
+    page.keyboard.press("ArrowUp")
+    page.keyboard.press("ArrowUp")  # wraps to the last
+    assert page.evaluate("() => document.activeElement.closest('.hs-frame-menu') !== null")
 
-        # The source location, read from the server's pprof: the file and a line in the function.
-        location = menu.locator(".hs-menu-location")
-        location.wait_for()
-        text = location.inner_text()
-        path, line = text.rsplit(":", 1)
-        assert Path(path).name == "program.py", text
-        start = data.def_line("render_line_items_with_totals")
-        assert start <= int(line) <= start + 2, (text, start)
-        link = menu.locator("a.hs-menu-link")
-        assert link.get_attribute("href") == f"vscode://file{path}:{line}"
-        screenshot(page, "frame-menu")
+    # The source location, read from the server's pprof: the file and a line in the function.
+    location = menu.locator(".hs-menu-location")
+    location.wait_for()
+    text = location.inner_text()
+    path, line = text.rsplit(":", 1)
+    assert Path(path).name == "program.py", text
+    start = data.def_line("render_line_items_with_totals")
+    assert start <= int(line) <= start + 2, (text, start)
+    link = menu.locator("a.hs-menu-link")
+    assert link.get_attribute("href") == f"vscode://file{path}:{line}"
+    screenshot(page, "frame-menu")
 
-        # Escape closes it; the graph has the focus back.
-        page.keyboard.press("Escape")
-        assert menu.count() == 0
+    # Escape closes it; the graph has the focus back.
+    page.keyboard.press("Escape")
+    assert menu.count() == 0
 
-        # Copy the name.
-        right_click(page, LONG)
-        menu.locator('[data-action="copy"]').click()
-        page.wait_for_function(
-            "(n) => navigator.clipboard.readText().then((t) => t === n)", arg=LONG
-        )
+    # Copy the name.
+    right_click(page, LONG)
+    menu.locator('[data-action="copy"]').click()
+    page.wait_for_function("(n) => navigator.clipboard.readText().then((t) => t === n)", arg=LONG)
 
-        # A click elsewhere closes it.
-        right_click(page, LONG)
-        menu.wait_for()
-        page.mouse.click(5, 5)
-        assert menu.count() == 0
+    # A click elsewhere closes it.
+    right_click(page, LONG)
+    menu.wait_for()
+    page.mouse.click(5, 5)
+    assert menu.count() == 0
 
-        # Search for it fills the search box (and tells the view, for its URL).
-        right_click(page, LONG)
-        menu.locator('[data-action="search"]').click()
-        assert page.locator("#fg-test .hs-search").input_value() == LONG
-        page.wait_for_function("(n) => window.calls.search.includes(n)", arg=LONG)
-        page.locator("#fg-test .hs-search").fill("")
+    # Search for it fills the search box (and tells the view, for its URL).
+    right_click(page, LONG)
+    menu.locator('[data-action="search"]').click()
+    assert page.locator("#fg-test .hs-search").input_value() == LONG
+    page.wait_for_function("(n) => window.calls.search.includes(n)", arg=LONG)
+    page.locator("#fg-test .hs-search").fill("")
 
-        # Focus on subtree zooms to that frame.
-        right_click(page, HANDLER)
-        menu.locator('[data-action="zoom"]').click()
-        assert page.locator("#fg-test .hs-panel-graph").get_attribute("data-zoomed") == HANDLER
+    # Focus on subtree zooms to that frame.
+    right_click(page, HANDLER)
+    menu.locator('[data-action="zoom"]').click()
+    assert page.locator("#fg-test .hs-panel-graph").get_attribute("data-zoomed") == HANDLER
 
-        # The table's rows have the menu too; keyboard: Shift+F10 on a focused row.
-        row = page.locator(f'#fg-test tr[data-name="{HEADER}"]')
-        row.focus()
-        page.keyboard.press("Shift+F10")
-        menu.wait_for()
-        assert menu.locator(".hs-menu-title").inner_text() == HEADER
-        page.keyboard.press("Escape")
-        assert not errors, errors
-    finally:
-        context.close()
+    # The table's rows have the menu too; keyboard: Shift+F10 on a focused row.
+    row = page.locator(f'#fg-test tr[data-name="{HEADER}"]')
+    row.focus()
+    page.keyboard.press("Shift+F10")
+    menu.wait_for()
+    assert menu.locator(".hs-menu-title").inner_text() == HEADER
+    page.keyboard.press("Escape")
 
 
 def test_menu_without_a_pprof_source_says_so(page, data) -> None:  # type: ignore[no-untyped-def]
@@ -635,48 +620,38 @@ def test_loading_draws_a_skeleton(page, data) -> None:  # type: ignore[no-untype
     screenshot(page, "panel-skeleton")
 
 
-def test_dark_theme(browser, data) -> None:  # type: ignore[no-untyped-def]
-    context = browser.new_context(viewport={"width": 1400, "height": 900}, color_scheme="dark")
-    page = context.new_page()
-    try:
-        mount(page, data)
-        page.locator("#fg-test .hs-search").fill("render_line_items")
-        view = frames(page)
-        dimmed = [f for f in view["frames"] if f["dimmed"]]
-        assert dimmed
-        assert all(f["color"].replace(" ", "") == "rgb(58,62,68)" for f in dimmed), dimmed[0][
-            "color"
-        ]
-        head = page.locator("#fg-test .hs-toptable thead th").first
-        bg = head.evaluate("(e) => getComputedStyle(e).backgroundColor")
-        rgb = [int(v) for v in bg[bg.index("(") + 1 : bg.index(")")].split(",")[:3]]
-        assert max(rgb) < 80, bg
-        # The canvas reads its colours when it draws: the focus ring is light on dark.
-        focus = page.evaluate(
-            "() => getComputedStyle(document.querySelector('#fg-test .hs-flamegraph'))"
-            ".getPropertyValue('--hs-fg-focus').trim()"
-        )
-        assert focus == "#ffffff"
-        screenshot(page, "panel-dark")
-    finally:
-        context.close()
+def test_dark_theme(page, data) -> None:  # type: ignore[no-untyped-def]
+    page.emulate_media(color_scheme="dark")
+    mount(page, data)
+    page.locator("#fg-test .hs-search").fill("render_line_items")
+    view = frames(page)
+    dimmed = [f for f in view["frames"] if f["dimmed"]]
+    assert dimmed
+    assert all(f["color"].replace(" ", "") == "rgb(58,62,68)" for f in dimmed), dimmed[0]["color"]
+    head = page.locator("#fg-test .hs-toptable thead th").first
+    bg = head.evaluate("(e) => getComputedStyle(e).backgroundColor")
+    rgb = [int(v) for v in bg[bg.index("(") + 1 : bg.index(")")].split(",")[:3]]
+    assert max(rgb) < 80, bg
+    # The canvas reads its colours when it draws: the focus ring is light on dark.
+    focus = page.evaluate(
+        "() => getComputedStyle(document.querySelector('#fg-test .hs-flamegraph'))"
+        ".getPropertyValue('--hs-fg-focus').trim()"
+    )
+    assert focus == "#ffffff"
+    screenshot(page, "panel-dark")
 
 
 @pytest.mark.parametrize("width", [390, 1024, 1440])
-def test_panel_fits_the_width(browser, data, width: int) -> None:  # type: ignore[no-untyped-def]
-    context = browser.new_context(viewport={"width": width, "height": 844})
-    page = context.new_page()
-    try:
-        mount(page, data)
-        assert fits(page)
-        toolbar = page.locator("#fg-test .hs-panel-toolbar").bounding_box()
-        assert toolbar["x"] + toolbar["width"] <= width + 0.5
-        table = page.locator("#fg-test .hs-panel-table").bounding_box()
-        graph = page.locator("#fg-test .hs-panel-graph").bounding_box()
-        for box in (table, graph):
-            assert box["x"] >= 0 and box["x"] + box["width"] <= width + 0.5
-        if width < 1100:
-            assert graph["y"] >= table["y"] + table["height"] - 1  # stacked
-        screenshot(page, f"panel-{width}")
-    finally:
-        context.close()
+def test_panel_fits_the_width(page, data, width: int) -> None:  # type: ignore[no-untyped-def]
+    page.set_viewport_size({"width": width, "height": 844})
+    mount(page, data)
+    assert fits(page)
+    toolbar = page.locator("#fg-test .hs-panel-toolbar").bounding_box()
+    assert toolbar["x"] + toolbar["width"] <= width + 0.5
+    table = page.locator("#fg-test .hs-panel-table").bounding_box()
+    graph = page.locator("#fg-test .hs-panel-graph").bounding_box()
+    for box in (table, graph):
+        assert box["x"] >= 0 and box["x"] + box["width"] <= width + 0.5
+    if width < 1100:
+        assert graph["y"] >= table["y"] + table["height"] - 1  # stacked
+    screenshot(page, f"panel-{width}")

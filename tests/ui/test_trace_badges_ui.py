@@ -282,63 +282,56 @@ def fits(page, selector: str) -> None:  # type: ignore[no-untyped-def]
 
 
 @pytest.mark.parametrize("width", [390, 1024, 1440])
-def test_trace_pages_fit_and_the_time_track_keeps_its_width(browser, bank, width) -> None:  # type: ignore[no-untyped-def]
+def test_trace_pages_fit_and_the_time_track_keeps_its_width(page, bank, width) -> None:  # type: ignore[no-untyped-def]
     srv, ids = bank
-    context = browser.new_context(viewport={"width": width, "height": 844})
-    errors: list = []
-    try:
-        page = context.new_page()
-        page.on("pageerror", lambda exc: errors.append(str(exc)))
-        page.goto(f"{srv.url}/traces?service=bank")
-        page.wait_for_selector(".hs-trace-result[data-profiled]")
-        fits(page, ".hs-traces")
-        screenshot(page, f"trace-search-{width}")
-        page.goto(f"{srv.url}/traces/{ids['trace']}?span={ids['locked']}")
-        # (Attached: on a phone the note is in the badge's tooltip, not shown.)
-        page.wait_for_selector(".hs-wf-span[data-name='locked'] .hs-wf-lock-note", state="attached")
-        fits(page, ".hs-trace-view")
-        geometry = page.evaluate(
-            """() => {
-                const box = document.querySelector('.hs-waterfall-box');
-                const track = document.querySelector('.hs-wf-span .hs-wf-track');
-                const ticks = [...document.querySelectorAll('.hs-wf-tick')]
-                    .filter(t => getComputedStyle(t).display !== 'none')
-                    .map(t => t.getBoundingClientRect());
-                const cpu = document.querySelector('.hs-wf-span .hs-wf-cpu-total');
-                const activity = document.querySelector('.hs-wf-span .hs-wf-activity');
-                const wf = document.querySelector('.hs-waterfall');
-                const badge = document.querySelector('.hs-wf-span .hs-activity');
-                const duration = document.querySelector('.hs-wf-span .hs-wf-duration');
-                const visible = (e) => e.getClientRects().length > 0;
-                return {
-                    boxRight: box.getBoundingClientRect().right,
-                    seen: [cpu, badge, duration].map(
-                        (e) => visible(e) && e.getBoundingClientRect().right),
-                    track: track.getBoundingClientRect().width,
-                    ticks: ticks.map(r => [r.left, r.right]),
-                    cpuRight: cpu.getBoundingClientRect().right - wf.getBoundingClientRect().left,
-                    activityRight:
-                        activity.getBoundingClientRect().right - wf.getBoundingClientRect().left,
-                    wfWidth: wf.scrollWidth,
-                    cpuText: cpu.scrollWidth <= cpu.clientWidth + 1,
-                    boxScrolls: box.scrollWidth > box.clientWidth,
-                };
-            }"""
-        )
-        assert geometry["track"] >= (200 if width > 700 else 140), geometry
-        for (_, right), (left, _) in zip(geometry["ticks"], geometry["ticks"][1:]):
-            assert right <= left + 1, geometry  # axis labels do not overlap
-        assert geometry["cpuRight"] <= geometry["wfWidth"] + 1 and geometry["cpuText"], geometry
-        assert geometry["activityRight"] <= geometry["wfWidth"] + 1, geometry
-        # Duration, CPU and the badge are in sight without scrolling sideways, even on a
-        # phone (a compact layout there: the other columns are in the span's details).
-        assert not geometry["boxScrolls"], geometry
-        for right in geometry["seen"]:
-            assert right and right <= geometry["boxRight"] + 1, geometry
-        screenshot(page, f"trace-view-{width}")
-    finally:
-        context.close()
-    assert not errors, errors
+    page.set_viewport_size({"width": width, "height": 844})
+    page.goto(f"{srv.url}/traces?service=bank")
+    page.wait_for_selector(".hs-trace-result[data-profiled]")
+    fits(page, ".hs-traces")
+    screenshot(page, f"trace-search-{width}")
+    page.goto(f"{srv.url}/traces/{ids['trace']}?span={ids['locked']}")
+    # (Attached: on a phone the note is in the badge's tooltip, not shown.)
+    page.wait_for_selector(".hs-wf-span[data-name='locked'] .hs-wf-lock-note", state="attached")
+    fits(page, ".hs-trace-view")
+    geometry = page.evaluate(
+        """() => {
+            const box = document.querySelector('.hs-waterfall-box');
+            const track = document.querySelector('.hs-wf-span .hs-wf-track');
+            const ticks = [...document.querySelectorAll('.hs-wf-tick')]
+                .filter(t => getComputedStyle(t).display !== 'none')
+                .map(t => t.getBoundingClientRect());
+            const cpu = document.querySelector('.hs-wf-span .hs-wf-cpu-total');
+            const activity = document.querySelector('.hs-wf-span .hs-wf-activity');
+            const wf = document.querySelector('.hs-waterfall');
+            const badge = document.querySelector('.hs-wf-span .hs-activity');
+            const duration = document.querySelector('.hs-wf-span .hs-wf-duration');
+            const visible = (e) => e.getClientRects().length > 0;
+            return {
+                boxRight: box.getBoundingClientRect().right,
+                seen: [cpu, badge, duration].map(
+                    (e) => visible(e) && e.getBoundingClientRect().right),
+                track: track.getBoundingClientRect().width,
+                ticks: ticks.map(r => [r.left, r.right]),
+                cpuRight: cpu.getBoundingClientRect().right - wf.getBoundingClientRect().left,
+                activityRight:
+                    activity.getBoundingClientRect().right - wf.getBoundingClientRect().left,
+                wfWidth: wf.scrollWidth,
+                cpuText: cpu.scrollWidth <= cpu.clientWidth + 1,
+                boxScrolls: box.scrollWidth > box.clientWidth,
+            };
+        }"""
+    )
+    assert geometry["track"] >= (200 if width > 700 else 140), geometry
+    for (_, right), (left, _) in zip(geometry["ticks"], geometry["ticks"][1:]):
+        assert right <= left + 1, geometry  # axis labels do not overlap
+    assert geometry["cpuRight"] <= geometry["wfWidth"] + 1 and geometry["cpuText"], geometry
+    assert geometry["activityRight"] <= geometry["wfWidth"] + 1, geometry
+    # Duration, CPU and the badge are in sight without scrolling sideways, even on a
+    # phone (a compact layout there: the other columns are in the span's details).
+    assert not geometry["boxScrolls"], geometry
+    for right in geometry["seen"]:
+        assert right and right <= geometry["boxRight"] + 1, geometry
+    screenshot(page, f"trace-view-{width}")
 
 
 def luminance(css: str) -> float:
@@ -346,28 +339,25 @@ def luminance(css: str) -> float:
     return (0.2126 * r + 0.7152 * g + 0.0722 * b) / 255
 
 
-def test_trace_view_follows_the_dark_theme(browser, bank) -> None:  # type: ignore[no-untyped-def]
+def test_trace_view_follows_the_dark_theme(page, bank) -> None:  # type: ignore[no-untyped-def]
     srv, ids = bank
     colours = {}
+    page.set_viewport_size({"width": 1200, "height": 800})
     for scheme in ("light", "dark"):
-        context = browser.new_context(viewport={"width": 1200, "height": 800}, color_scheme=scheme)
-        try:
-            page = context.new_page()
-            page.goto(f"{srv.url}/traces/{ids['trace']}?span={ids['sleep']}")
-            page.wait_for_selector(".hs-wf-span.hs-selected")
-            colours[scheme] = page.evaluate(
-                """() => {
-                    const bg = (s) => getComputedStyle(document.querySelector(s)).backgroundColor;
-                    return {
-                        head: bg('.hs-wf-head'),
-                        selected: bg('.hs-wf-span.hs-selected'),
-                        badge: bg('.hs-activity-waiting'),
-                    };
-                }"""
-            )
-            screenshot(page, f"trace-view-{scheme}")
-        finally:
-            context.close()
+        page.emulate_media(color_scheme=scheme)
+        page.goto(f"{srv.url}/traces/{ids['trace']}?span={ids['sleep']}")
+        page.wait_for_selector(".hs-wf-span.hs-selected")
+        colours[scheme] = page.evaluate(
+            """() => {
+                const bg = (s) => getComputedStyle(document.querySelector(s)).backgroundColor;
+                return {
+                    head: bg('.hs-wf-head'),
+                    selected: bg('.hs-wf-span.hs-selected'),
+                    badge: bg('.hs-activity-waiting'),
+                };
+            }"""
+        )
+        screenshot(page, f"trace-view-{scheme}")
     for part in ("head", "selected", "badge"):
         assert luminance(colours["light"][part]) > 0.6, (part, colours)
         assert luminance(colours["dark"][part]) < 0.4, (part, colours)
