@@ -151,10 +151,10 @@ def _row(span: Span, service: str, gid: int, attrs: str) -> SpanWriteRow:
         check_time(end, f"span {span.name!r}: end time")
     if end < start:
         raise FormatError(f"span {span.name!r} ends before it starts")
-    kind = span.kind
+    kind: int = span.kind
     if not 0 <= kind < len(SPAN_KINDS):
         kind = 0
-    status = span.status.code
+    status: int = span.status.code
     if not 0 <= status < len(STATUS_CODES):
         status = 0
     return SpanWriteRow(
