@@ -13,9 +13,9 @@ finding: it is copied to tests/fuzz/crashes/<target>/ (which tests/test_fuzz_cra
 replays on every test run), and the run exits 1.  New inputs the fuzzer finds go to
 ``--work`` (a temporary directory unless given), never into the committed seeds.
 
-``--instrumented-c`` builds the C pprof decoder with clang, AddressSanitizer and libFuzzer's
-coverage (``-fsanitize=address,fuzzer-no-link``) into the work directory and fuzzes that
-build, under atheris' ASan runtime; the in-place build the tests use is left alone.
+``--instrumented-c`` builds the C pprof decoder and JFR reader with clang, AddressSanitizer
+and libFuzzer's coverage (``-fsanitize=address,fuzzer-no-link``) into the work directory and
+fuzzes that build, under atheris' ASan runtime; the in-place build the tests use is left alone.
 ``--extra-seeds DIR`` adds seed directories (e.g. ../shared/fixtures, read, never written).
 """
 
@@ -65,7 +65,8 @@ class Result:
 
 
 def build_instrumented(work: Path) -> Path:
-    """The C pprof decoder built with ASan and libFuzzer coverage, in a directory of its own."""
+    """The C pprof decoder and JFR reader built with ASan and libFuzzer coverage, in a
+    directory of their own."""
     cc = os.environ.get("CC") or next(
         (c for c in ("clang", "clang-19", "clang-18", "clang-17", "clang-16") if shutil.which(c)),
         None,
@@ -75,21 +76,22 @@ def build_instrumented(work: Path) -> Path:
     out = work / "speedups"
     out.mkdir(parents=True, exist_ok=True)
     suffix = sysconfig.get_config_var("EXT_SUFFIX")
-    cmd = [
-        cc,
-        "-shared",
-        "-fPIC",
-        "-std=c11",
-        "-O1",
-        "-g",
-        "-fno-omit-frame-pointer",
-        "-fsanitize=address,fuzzer-no-link",
-        f"-I{sysconfig.get_paths()['include']}",
-        str(ROOT / "src/hotspan/_speedups/pprof.c"),
-        "-o",
-        str(out / f"_pprof{suffix}"),
-    ]
-    subprocess.run(cmd, check=True)
+    for source, module in (("pprof.c", "_pprof"), ("jfr.c", "_jfr")):
+        cmd = [
+            cc,
+            "-shared",
+            "-fPIC",
+            "-std=c11",
+            "-O1",
+            "-g",
+            "-fno-omit-frame-pointer",
+            "-fsanitize=address,fuzzer-no-link",
+            f"-I{sysconfig.get_paths()['include']}",
+            str(ROOT / "src/hotspan/_speedups" / source),
+            "-o",
+            str(out / f"{module}{suffix}"),
+        ]
+        subprocess.run(cmd, check=True)
     return out
 
 

@@ -189,8 +189,13 @@ LABELS_SEPARATOR = b"\n--labels--\n"
 
 
 def jfr(data: bytes) -> None:
-    """``/ingest?format=jfr``: the recording (gzip'd or not), an optional labels part."""
+    """``/ingest?format=jfr``: the recording (gzip'd or not), an optional labels part; the C
+    reader (when built) is checked against the Python one: both refuse, or same profiles."""
     recording, _, labels_part = data.partition(LABELS_SEPARATOR)
+    if jfr_profiles._fast is not None:
+        with contextlib.suppress(FormatError):
+            raw = maybe_gunzip(recording, MAX_DECOMPRESSED)
+            _check(_jfr_outcome(raw, True) == _jfr_outcome(raw, False), "C and Python JFR differ")
     batch = IngestBatch()
     try:
         jfr_profiles.ingest(
@@ -199,6 +204,14 @@ def jfr(data: bytes) -> None:
     except FormatError:
         return
     check_batch(batch)
+
+
+def _jfr_outcome(raw: bytes, native: bool) -> object:
+    try:
+        p = jfr_profiles.decode(raw, 100, native=native).profiles()
+    except FormatError:
+        return None
+    return (p.event, p.samples)
 
 
 # -- OTLP ---------------------------------------------------------------------------------------
