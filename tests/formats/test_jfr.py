@@ -1022,3 +1022,39 @@ def test_both_readers_fill_the_same_batch() -> None:
         views.append(batch_view(batch))
     assert views[0] == views[1]
     assert views[1][1] and views[1][2]
+
+
+@needs_c
+def test_generated_class_names_are_merged_alike() -> None:
+    """The C reader merges common lambda names itself and leaves the rest to Python's
+    merge_generated_names: every case gives the same names."""
+    classes = [
+        "Foo$$Lambda$12/0x0000000800c01220",
+        "Fib$$Lambda.0x00007ffa600c4da0",
+        "X$$Lambda$4/12",
+        "X$$Lambda123",
+        "A$$Lambda$$Lambda$1/0x1",
+        "F$$Lambda$1/2$$Lambda$3/4",
+        "I$$Lambda$$1/2",
+        "$$Lambda$1/2",
+        "B$$Lambda",
+        "B$$Lambda$",
+        "B$$Lambda$0x",
+        "B$$Lambda$1.0x",
+        "C$$Lambda$1.0xg",
+        "G$$Lambda/ab",
+        "H$$Lambda$/0xAB",
+        "D$$Lambda$1/2$$EnhancerBySpringCGLIB$$abc",
+        "jdk/internal/reflect/GeneratedMethodAccessor31",
+        "libzstd-jni-1.5.2-3.so",
+        "E$$Lambda$1/0xabc\n",
+        "É$$Lambda$1/2",
+        "K$$Lambda$1/٣",
+        "x" * 4090 + "$$Lambda$1/2",
+    ]
+    stacks = {i + 1: [(c, "run", 1), ("java/lang/Thread", "run", 1)] for i, c in enumerate(classes)}
+    events = [(EXEC, (k, 0, 0, 0, 0)) for k in stacks]
+    profiles = assert_same(chunk(stacks, events))
+    assert profiles != "refused"
+    names = {key[0][0][0] for key in profiles[1][jp.CPU]}  # type: ignore[index]
+    assert "Foo$$Lambda_.run" in names and "X$$Lambda_.run" in names

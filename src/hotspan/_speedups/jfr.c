@@ -116,20 +116,30 @@ grow(void **data, size_t *cap, size_t need, size_t item)
 
 typedef VEC(int64_t) I64s;
 
-/* Open addressing: u64 key -> int64 value. */
+/* Open addressing: u64 key -> int64 value (pool ids are mostly small and dense: a
+   multiplicative hash, its high bits, spreads them well). */
 typedef struct {
-    uint64_t *keys;
-    int64_t *vals; /* -1 in an empty slot's value marks it empty (values are >= -1 + 1) */
-    uint8_t *used;
+    uint64_t key;
+    int64_t val;
+    uint8_t used;
+} MapEntry;
+
+typedef struct {
+    MapEntry *e;
     size_t cap, n;
+    int shift;
 } Map;
+
+static inline size_t
+map_hash(const Map *m, uint64_t key)
+{
+    return (size_t)((key * 0x9E3779B97F4A7C15ULL) >> m->shift);
+}
 
 static void
 map_free(Map *m)
 {
-    free(m->keys);
-    free(m->vals);
-    free(m->used);
+    free(m->e);
     memset(m, 0, sizeof(*m));
 }
 
@@ -138,46 +148,37 @@ map_slot(Map *m, uint64_t key, int *found)
 {
     if (m->n * 2 + 2 > m->cap) {
         size_t cap = m->cap ? m->cap * 2 : 64;
-        uint64_t *k = calloc(cap, sizeof(uint64_t));
-        int64_t *v = calloc(cap, sizeof(int64_t));
-        uint8_t *u = calloc(cap, 1);
-        if (!k || !v || !u) {
-            free(k);
-            free(v);
-            free(u);
+        int bits = 0;
+        while (((size_t)1 << bits) < cap)
+            bits++;
+        MapEntry *e = calloc(cap, sizeof(MapEntry));
+        if (!e)
             return NULL;
-        }
+        Map bigger = {e, cap, m->n, 64 - bits};
         for (size_t i = 0; i < m->cap; i++) {
-            if (!m->used[i])
+            if (!m->e[i].used)
                 continue;
-            size_t j = fmix64(m->keys[i]) & (cap - 1);
-            while (u[j])
+            size_t j = map_hash(&bigger, m->e[i].key);
+            while (e[j].used)
                 j = (j + 1) & (cap - 1);
-            u[j] = 1;
-            k[j] = m->keys[i];
-            v[j] = m->vals[i];
+            e[j] = m->e[i];
         }
-        free(m->keys);
-        free(m->vals);
-        free(m->used);
-        m->keys = k;
-        m->vals = v;
-        m->used = u;
-        m->cap = cap;
+        free(m->e);
+        *m = bigger;
     }
-    size_t j = fmix64(key) & (m->cap - 1);
-    while (m->used[j]) {
-        if (m->keys[j] == key) {
+    size_t j = map_hash(m, key);
+    while (m->e[j].used) {
+        if (m->e[j].key == key) {
             *found = 1;
-            return &m->vals[j];
+            return &m->e[j].val;
         }
         j = (j + 1) & (m->cap - 1);
     }
     *found = 0;
-    m->used[j] = 1;
-    m->keys[j] = key;
+    m->e[j].used = 1;
+    m->e[j].key = key;
     m->n++;
-    return &m->vals[j];
+    return &m->e[j].val;
 }
 
 static int
@@ -185,10 +186,10 @@ map_get(const Map *m, uint64_t key, int64_t *out)
 {
     if (!m->cap)
         return 0;
-    size_t j = fmix64(key) & (m->cap - 1);
-    while (m->used[j]) {
-        if (m->keys[j] == key) {
-            *out = m->vals[j];
+    size_t j = map_hash(m, key);
+    while (m->e[j].used) {
+        if (m->e[j].key == key) {
+            *out = m->e[j].val;
             return 1;
         }
         j = (j + 1) & (m->cap - 1);
@@ -1480,6 +1481,70 @@ contains(const uint8_t *s, size_t n, const char *what)
     return 0;
 }
 
+static int
+all_in(const uint8_t *s, size_t n, const char *set)
+{
+    if (!n)
+        return 0;
+    for (size_t i = 0; i < n; i++)
+        if (!strchr(set, s[i]) || !s[i])
+            return 0;
+    return 1;
+}
+
+/* What merge_generated_names' lambda rule leaves of a suffix after ``$$Lambda``:
+   ``\$?\d*[./](0x)?[\da-f]+`` or ``\d+``, the whole of it (ASCII, no newline). */
+static int
+lambda_suffix(const uint8_t *s, size_t n)
+{
+    if (all_in(s, n, "0123456789"))
+        return 1;
+    size_t i = 0;
+    if (i < n && s[i] == '$')
+        i++;
+    while (i < n && s[i] >= '0' && s[i] <= '9')
+        i++;
+    if (i >= n || (s[i] != '.' && s[i] != '/'))
+        return 0;
+    i++;
+    if (all_in(s + i, n - i, "0123456789abcdef"))
+        return 1;
+    return n - i > 2 && s[i] == '0' && s[i + 1] == 'x' &&
+           all_in(s + i + 2, n - i - 2, "0123456789abcdef");
+}
+
+/* merge_generated_names without Python where that is exact: 0 unchanged, 1 merged (n set
+   to the length kept, "_" to be added), -1 when Python must do it.  Each of its rules
+   needs a literal: without any, nothing changes; a lambda name in plain ASCII is merged
+   here (the rule's longest prefix ending in ``$$Lambda`` whose suffix fits). */
+static int
+merge_here(const uint8_t *s, size_t *n)
+{
+    static const char *others[] = {"jdk/internal/reflect/GeneratedMethodAccessor",
+                                   "libzstd-jni-", "amazonCorrettoCryptoProvider",
+                                   "libasyncProfiler-", "$$EnhancerBySpringCGLIB$$"};
+    if (*n > 4096)
+        return 0;
+    int lambda = contains(s, *n, "$$Lambda");
+    int other = 0;
+    for (size_t k = 0; k < sizeof(others) / sizeof(others[0]); k++)
+        other |= contains(s, *n, others[k]);
+    if (!lambda && !other)
+        return 0;
+    if (other)
+        return -1;
+    for (size_t i = 0; i < *n; i++)
+        if (s[i] >= 0x80 || s[i] == '\n')
+            return -1;
+    for (size_t at = *n - 8 + 1; at-- > 1;) { /* the prefix holds at least one character */
+        if (memcmp(s + at, "$$Lambda", 8) == 0 && lambda_suffix(s + at + 8, *n - at - 8)) {
+            *n = at + 8;
+            return 1;
+        }
+    }
+    return 0;
+}
+
 /* Chunk.symbol: a symbol's text, generated class names merged; kept in the arena. */
 static int
 symbol(R *r, const Val *ref, Span *out)
@@ -1498,8 +1563,16 @@ symbol(R *r, const Val *ref, Span *out)
         return -1;
     const uint8_t *s = r->scratch.data;
     size_t n = r->scratch.len;
-    if (n && (contains(s, n, "$$") || contains(s, n, "GeneratedMethodAccessor") ||
-              contains(s, n, ".so"))) {
+    int here = merge_here(s, &n);
+    if (here == 1 && scratch_put(r, "_", 1) == 0) {
+        /* the "_" just added goes right after the kept prefix */
+        memmove(r->scratch.data + n, r->scratch.data + r->scratch.len - 1, 1);
+        n += 1;
+        s = r->scratch.data;
+    } else if (here == 1) {
+        return -1;
+    }
+    if (here < 0) {
         PyEval_RestoreThread(r->ts);
         PyObject *str = PyUnicode_DecodeUTF8((const char *)s, (Py_ssize_t)n, "strict");
         PyObject *merged = str ? PyObject_CallOneArg(r->merge, str) : NULL;
