@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Dict, List, Optional
 
-from hotspan.store.metrics_sql import CLICKHOUSE_METRICS, MetricsPlan, MetricsRow, metrics_sql
+from hotspan.store.metrics_sql import CLICKHOUSE_METRICS, MetricsPlan, MetricsRow, metrics_rows
 
 
 class ClickHouseMetrics:
@@ -15,5 +15,4 @@ class ClickHouseMetrics:
     _search_rows: Callable[[str, Dict[str, Any]], List[tuple]]
 
     def metrics_rows(self, tenant: str, plan: MetricsPlan) -> Optional[List[MetricsRow]]:
-        sql, params = metrics_sql(CLICKHOUSE_METRICS, tenant, plan)
-        return list(self._search_rows(sql, params))
+        return metrics_rows(CLICKHOUSE_METRICS, tenant, plan, self._search_rows)

@@ -3,12 +3,12 @@
 
 from __future__ import annotations
 
-from typing import Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 import duckdb
 
 from hotspan.model.trace import SearchError
-from hotspan.store.metrics_sql import DUCKDB_METRICS, MetricsPlan, MetricsRow, metrics_sql
+from hotspan.store.metrics_sql import DUCKDB_METRICS, MetricsPlan, MetricsRow, metrics_rows
 
 
 class DuckDBMetrics:
@@ -18,9 +18,13 @@ class DuckDBMetrics:
     _cursor: Callable[[], duckdb.DuckDBPyConnection]
 
     def metrics_rows(self, tenant: str, plan: MetricsPlan) -> Optional[List[MetricsRow]]:
-        sql, params = metrics_sql(DUCKDB_METRICS, self._tenant_ids.get(tenant, -1), plan)
+        cursor = self._cursor()
+
+        def run(sql: str, params: Dict[str, Any]) -> List[tuple]:
+            return cursor.execute(sql, params).fetchall()
+
         try:
-            return self._cursor().execute(sql, params).fetchall()
+            return metrics_rows(DUCKDB_METRICS, self._tenant_ids.get(tenant, -1), plan, run)
         except (duckdb.InvalidInputException, duckdb.ConversionException) as exc:
             # A regular expression RE2 refuses, a value of the wrong type: the query's fault.
             raise SearchError(str(exc).splitlines()[0]) from None

@@ -21,7 +21,7 @@ hash of every span, 10 to 30 times the aggregation itself.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List, Optional, Tuple
+from typing import Callable, List, Optional, Sequence, Tuple
 
 from hotspan.model.trace import RS, STRING_US, US, Condition, clean
 from hotspan.store.search_sql import CLICKHOUSE, DUCKDB, Binder, Dialect, Params, span_condition
@@ -29,6 +29,8 @@ from hotspan.store.search_sql import CLICKHOUSE, DUCKDB, Binder, Dialect, Params
 # What is measured of each span: its count only; its duration (ns: min, max, sum); the log2
 # bucket of its duration, a key (bits: the bucket is 2**bits ns).
 MEASURES = ("count", "duration", "log2")
+# Up to this many spans an answer says how many traces they belong to.
+EXACT_TRACES = 1_000_000
 
 
 @dataclass(frozen=True)
@@ -46,11 +48,13 @@ class MetricsPlan:
     keys: Tuple[str, ...]
     measure: str
     exemplars: bool = False
+    # Whether an exemplar carries its span's duration (quantiles and the value functions);
+    # else the engine gives it its interval's sample.
+    exemplar_values: bool = False
 
 
 # Row layout of an answer: the interval, then (value, typed) per key, then these (the
-# exemplar's span and value only when asked; the group's newest start always).  The last row,
-# its interval NULL, holds in its count the number of traces of the spans.
+# exemplar's span and value only when asked; the group's newest start always).
 # value: text for names, services and attributes, a number for status and kind; typed: whether
 # an attribute's text is a typed value (after US) rather than a string (after STRING_US).
 TAIL = ("bucket", "count", "min", "max", "sum", "exemplar_span", "exemplar_start", "exemplar_value")
@@ -175,9 +179,8 @@ def _log2_bits(d: MetricsDialect, duration: str) -> str:
     )
 
 
-def metrics_sql(d: MetricsDialect, tenant: object, plan: MetricsPlan) -> Tuple[str, Params]:
-    """The statement and its parameters; rows as :data:`TAIL` describes, after the interval
-    and two columns per key."""
+def _where(d: MetricsDialect, tenant: object, plan: MetricsPlan) -> Tuple[Binder, List[str]]:
+    """The parameters of a statement and what its spans meet."""
     if plan.measure not in MEASURES:
         raise ValueError(f"unknown measure {plan.measure!r}")
     if plan.step_ns <= 0:
@@ -198,6 +201,42 @@ def metrics_sql(d: MetricsDialect, tenant: object, plan: MetricsPlan) -> Tuple[s
     ]
     for cond in plan.conditions:
         where.append(f"({span_condition(cond, bind)})")
+    return bind, where
+
+
+def traces_sql(d: MetricsDialect, tenant: object, plan: MetricsPlan) -> Tuple[str, Params]:
+    """How many traces the plan's spans belong to (Tempo's inspectedTraces): one row."""
+    bind, where = _where(d, tenant, plan)
+    # (DuckDB refuses a parameter the statement does not use.)
+    params = {k: v for k, v in bind.params.items() if k not in ("origin", "step")}
+    return f"SELECT count(DISTINCT trace_id) FROM spans WHERE {' AND '.join(where)}", params
+
+
+def metrics_rows(
+    d: MetricsDialect,
+    tenant: object,
+    plan: MetricsPlan,
+    run: Callable[[str, Params], Sequence[MetricsRow]],
+) -> List[MetricsRow]:
+    """The rows of a plan, by ``run`` (a store's statement runner), and a last row, its
+    interval NULL, holding in its count the traces of the spans, or NULL past
+    ``EXACT_TRACES`` spans: counting distinct trace ids costs more than the aggregation."""
+    sql, params = metrics_sql(d, tenant, plan)
+    rows = list(run(sql, params))
+    spans = sum(int(r[2 + 2 * len(plan.keys)]) for r in rows)  # type: ignore[call-overload]
+    traces = None
+    if spans <= EXACT_TRACES:
+        sql, params = traces_sql(d, tenant, plan)
+        traces = run(sql, params)[0][0]
+    rows.append((None,) * (2 + 2 * len(plan.keys)) + (traces,) + (None,) * (len(TAIL) - 2))
+    return rows
+
+
+def metrics_sql(d: MetricsDialect, tenant: object, plan: MetricsPlan) -> Tuple[str, Params]:
+    """The statement and its parameters; rows as :data:`TAIL` describes, after the interval
+    and two columns per key."""
+    bind, where = _where(d, tenant, plan)
+    p = bind.name
 
     # The span level: (alias, expression) grouped on, and what the second level computes.
     inner: List[Tuple[str, str]] = [
@@ -273,7 +312,9 @@ def metrics_sql(d: MetricsDialect, tenant: object, plan: MetricsPlan) -> Tuple[s
         aggregates += [
             f"{d.arg_max.format('span_id', 'start_ns')} AS es",
             "max(start_ns) AS et",
-            f"{d.arg_max.format(duration, 'start_ns')} AS ev",
+            f"{d.arg_max.format(duration, 'start_ns')} AS ev"
+            if plan.exemplar_values
+            else "NULL AS ev",
         ]
     else:
         aggregates += ["NULL AS es", "max(start_ns) AS et", "NULL AS ev"]
@@ -293,7 +334,7 @@ def metrics_sql(d: MetricsDialect, tenant: object, plan: MetricsPlan) -> Tuple[s
             columns += [value, typed]
         columns += [bucket, "n", "mn", "mx", "sm", "es", "et", "ev"]
         sql = f"SELECT {', '.join(columns)} FROM ({span_level})"
-        return _with_traces(sql, len(plan.keys), where), bind.params
+        return sql, bind.params
 
     # The second level: each span group's resource attributes read once, groups merged.
     columns = ["a.slot AS slot"]
@@ -315,7 +356,7 @@ def metrics_sql(d: MetricsDialect, tenant: object, plan: MetricsPlan) -> Tuple[s
         columns += [
             d.arg_max.format("a.es", "a.et"),
             "max(a.et)",
-            d.arg_max.format("a.ev", "a.et"),
+            d.arg_max.format("a.ev", "a.et") if plan.exemplar_values else "NULL",
         ]
     else:
         columns += ["NULL", "max(a.et)", "NULL"]
@@ -324,19 +365,4 @@ def metrics_sql(d: MetricsDialect, tenant: object, plan: MetricsPlan) -> Tuple[s
         f"LEFT JOIN {d.groups} AS g ON g.group_id = a.group_id "
         f"GROUP BY {', '.join(group)}"
     )
-    return _with_traces(sql, len(plan.keys), where), bind.params
-
-
-def _with_traces(sql: str, keys: int, where: List[str]) -> str:
-    """The statement and a last row, its interval NULL, that counts the traces of the spans
-    (Tempo's inspectedTraces) in its count column."""
-    nulls = ", ".join(["NULL"] * (1 + 2 * keys + 1))
-    rest = ", ".join(["NULL"] * (len(TAIL) - 2))
-    traces = (
-        f"SELECT {nulls}, count(DISTINCT trace_id), {rest} FROM spans WHERE {' AND '.join(where)}"
-    )
-    return f"{sql} UNION ALL {traces}"
-
-
-def row_width(plan: MetricsPlan) -> int:
-    return 1 + 2 * len(plan.keys) + len(TAIL)
+    return sql, bind.params

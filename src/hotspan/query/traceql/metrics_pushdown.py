@@ -96,7 +96,11 @@ def pushdown(query: Query, req: MetricsRequest) -> Optional[MetricsPlan]:
     else:
         low, high, origin, step = start + 1, end, start, req.step_ns
     exemplars = bool(req.exemplars) and not req.instant
-    return MetricsPlan(tuple(query.pushdown), low, high, origin, step, keys, measure, exemplars)
+    # (Else an exemplar's value is its interval's sample.)
+    valued = stage.function == "quantile_over_time" or measure == "duration"
+    return MetricsPlan(
+        tuple(query.pushdown), low, high, origin, step, keys, measure, exemplars, valued
+    )
 
 
 def aggregate(
@@ -113,7 +117,8 @@ def aggregate(
     convert = [_converter(k) for k in plan.keys]
     histogram = builder.bucket_of is not None
     tail = 1 + 2 * nkeys
-    traces = sum(int(r[tail + 1]) for r in rows if r[0] is None)  # type: ignore[call-overload]
+    # The store's last row counts the traces (None: too many spans to count them).
+    traces = sum(int(r[tail + 1] or 0) for r in rows if r[0] is None)  # type: ignore[call-overload]
     rows = [r for r in rows if r[0] is not None]
     # The engine meets the newest spans first, and makes its rows (and keeps its first
     # max_series groups) in that order: so are the groups taken, by their newest span.
