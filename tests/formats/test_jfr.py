@@ -904,6 +904,7 @@ def test_types_nested_too_deep_or_in_themselves_through_arrays_are_refused(parse
 # -- the C reader gives the Python reader's profiles --------------------------------------------
 
 FUZZ = Path(__file__).resolve().parents[1] / "fuzz"
+DATA = Path(__file__).resolve().parent / "data"
 needs_c = pytest.mark.skipif(
     jp._fast is None, reason="the C extension hotspan._speedups._jfr is not built"
 )
@@ -929,6 +930,8 @@ def _recordings() -> Dict[str, bytes]:
         (WALL_SAMPLE, (1, 0, 3)),
         (OTHER, ("x",)),
     ]
+    for path in sorted(DATA.glob("*.jfr.gz")):
+        out[f"data/{path.name}"] = gzip.decompress(path.read_bytes())
     out["written/compressed"] = chunk(STACKS, events)
     out["written/fixed"] = chunk(STACKS, events, Enc(False))
     out["written/wall"] = chunk(STACKS, events, setting="wall")
@@ -1058,3 +1061,31 @@ def test_generated_class_names_are_merged_alike() -> None:
     assert profiles != "refused"
     names = {key[0][0][0] for key in profiles[1][jp.CPU]}  # type: ignore[index]
     assert "Foo$$Lambda_.run" in names and "X$$Lambda_.run" in names
+
+
+# What the JDK's own tool says of tests/formats/data/jdk17-cpu-alloc-lock-park.jfr.gz
+# (`jfr summary`, `jfr print --json`): a recording by OpenJDK 17's recorder (not
+# async-profiler) of Work.java with jfr-profile.jfc beside it, 1.2 s, three threads
+# computing, allocating, contending for a monitor and parking:
+#   java -XX:StartFlightRecording=filename=x.jfr,settings=jfr-profile.jfc Work 1200
+JDK_TOTALS = {
+    jp.CPU: [31 * PERIOD],  # 31 jdk.ExecutionSample, all STATE_RUNNABLE
+    jp.IN_TLAB: [23, 2_959_896],  # count, sum of tlabSize
+    jp.OUTSIDE_TLAB: [599, 59_909_584],  # sum of allocationSize
+    jp.ALLOC_SAMPLE: [226, 77_804_928],  # sum of weight
+    jp.LOCK: [296, 330_618_790],  # jdk.JavaMonitorEnter, durations in ticks (ns here)
+    jp.THREAD_PARK: [2010, 1_846_802_970],
+}
+
+
+def test_a_jdk_recording_matches_the_jdks_own_totals(parse: Parse) -> None:
+    data = gzip.decompress((DATA / "jdk17-cpu-alloc-lock-park.jfr.gz").read_bytes())
+    p = parse(data, 100)
+    totals = {
+        kind: [sum(v[i] for v in rows.values()) for i in range(len(kind.sample_types))]
+        for kind, rows in p.samples.items()
+    }
+    assert totals == JDK_TOTALS
+    assert p.event == ""  # the JDK records no async-profiler ``event`` setting
+    frames = {name for rows in p.samples.values() for key in rows for name, _ in key[0]}
+    assert "Work.contend" in frames and "Work.lambda$main$1" in frames
