@@ -70,6 +70,7 @@ def _cidr(text: str) -> str:
 
 def _server(args: argparse.Namespace) -> int:
     from hotspan.server import ServerConfig
+    from hotspan.server.ingestion import tune_gc
     from hotspan.server.redact import RedactError
     from hotspan.server.serve import QUERY_GRPC, ListenError, bind
     from hotspan.store.base import StoreError
@@ -135,6 +136,7 @@ def _server(args: argparse.Namespace) -> int:
         f"(web UI at that address; data in {_where(config)})",
         flush=True,
     )
+    tune_gc()  # this process is the server from here on
     server.run()
     return 0
 

@@ -20,7 +20,6 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Span, TracesData
 
 from hotspan.formats.errors import FormatError
 from hotspan.formats.otlp import (
-    _VALUE_TYPES,
     MAX_ITEMS,
     MAX_RESOURCES,
     MAX_SCOPES,
@@ -119,6 +118,10 @@ def to_span_batch(request: ExportTraceServiceRequest) -> SpansResult:
     return result
 
 
+# TraceQL's type of an attribute by its AnyValue kind, as ``attribute_pairs`` names them.
+_TYPES = {"int_value": "int", "double_value": "float", "bool_value": "bool"}
+
+
 def _pairs(attributes: Iterable[Any]) -> List[Tuple[str, str, str]]:
     """:func:`~hotspan.formats.otlp.attribute_pairs`, with the kinds spans carry most
     (strings, integers, booleans) read without a second look at the value."""
@@ -133,7 +136,7 @@ def _pairs(attributes: Iterable[Any]) -> List[Tuple[str, str, str]]:
         elif kind == "bool_value":
             out.append((kv.key, "true" if value.bool_value else "false", "bool"))
         else:
-            out.append((kv.key, any_value_text(value), _VALUE_TYPES.get(kind, "string")))
+            out.append((kv.key, any_value_text(value), _TYPES.get(kind, "string")))
     return out
 
 
