@@ -96,7 +96,7 @@ def test_a_version_1_database_is_brought_up_to_date(clickhouse_url: str) -> None
     try:
         client = store._clients.get()
         versions = client.query("SELECT version FROM schema_migrations FINAL ORDER BY 1")
-        assert versions.result_rows == [(1,), (2,)]
+        assert versions.result_rows == [(1,), (2,), (3,)]
         store.put_document("t", "alert_rule", "r", {"above": 1})
         assert [d.body for d in store.documents("alert_rule", "t")] == [{"above": 1}]
     finally:
@@ -138,7 +138,7 @@ def test_schema_is_created_once_and_versioned(clickhouse_url: str) -> None:
         client = again._clients.get()
         assert "toIntervalDay(10)" in client.command("SHOW CREATE TABLE samples")
         versions = client.query("SELECT version FROM schema_migrations FINAL ORDER BY 1")
-        assert versions.result_rows == [(1,), (2,)]
+        assert versions.result_rows == [(1,), (2,), (3,)]
     finally:
         again.close()
     forever = _store(clickhouse_url, retention_ns=0)

@@ -44,6 +44,7 @@ class ClickHouseRetention:
             for table, column in (
                 ("samples", "ts"),
                 ("spans", "end_ns"),
+                ("span_attrs", "end_ns"),
                 ("trace_index", "end_ns"),
             ):
                 if should_stop():

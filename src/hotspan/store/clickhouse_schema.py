@@ -12,7 +12,10 @@
 - ``spans``: ordered by (tenant, hour, trace id), so that a trace's spans sit together and a
   time range narrows by the hour; a projection in (tenant, service, start) order serves
   search by service.  ``trace_index``, ordered by (tenant, trace id), holds each trace's time
-  bounds: a trace by id is two primary-key lookups.
+  bounds: a trace by id is two primary-key lookups.  ``span_attrs``, one row per span
+  attribute, ordered by (tenant, key, value, start) and filled by a materialized view as spans
+  are inserted: search on an attribute finds its traces there, then reads only their granules
+  of ``spans``.
 - ``span_tags``, ``settings_rules``, ``documents`` (alert and recording rules, alert states):
   small tables folded by ``ReplacingMergeTree`` on a version.
 
@@ -26,7 +29,7 @@ from __future__ import annotations
 import re
 from typing import List, NamedTuple, Optional, Sequence, Tuple
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 
 class Table(NamedTuple):
@@ -139,6 +142,24 @@ TABLES = (
         _DAY.format("start_ns"),
         "end_ns",
         deduplicate=True,
+        shard_by="cityHash64(trace_id)",
+    ),
+    Table(
+        "span_attrs",
+        """
+    tenant LowCardinality(String),
+    key LowCardinality(String),
+    value String CODEC(ZSTD(1)),  -- the type mark (model.trace's US or STRING_US), the text
+    start_ns Int64 CODEC(Delta, ZSTD(1)),
+    end_ns Int64 CODEC(Delta, ZSTD(1)),
+    trace_id String CODEC(ZSTD(1)),
+    span_id UInt64 CODEC(ZSTD(1))""",
+        "MergeTree",
+        # An attribute's value is a range of the primary key: an equality reads a granule or
+        # two per day, a regular expression the values of its key only.
+        "(tenant, key, value, start_ns)",
+        _DAY.format("start_ns"),
+        "end_ns",
         shard_by="cityHash64(trace_id)",
     ),
     Table(
@@ -327,4 +348,31 @@ def _add_documents(layout: Layout, retention_days: Optional[int] = None) -> List
     return create_statements(layout, retention_days, only=("documents",))
 
 
-MIGRATIONS: dict = {1: create_statements, 2: _add_documents}
+def _span_attr_rows(source: str) -> str:
+    """The rows of ``span_attrs`` from the spans of ``source``: the flattened attributes
+    (model.trace) split at RS, each record's key before its US or STRING_US."""
+    return (
+        "SELECT tenant, if((greatest(position(rec, '\\x1f'), position(rec, '\\x1c')) AS p) = 0, "
+        "rec, substring(rec, 1, p - 1)) AS key, "
+        "if(p = 0, '', substring(rec, p)) AS value, start_ns, end_ns, trace_id, span_id "
+        f"FROM {source} ARRAY JOIN splitByChar('\\x1e', attrs) AS rec "
+        "WHERE rec != ''"
+    )
+
+
+def _add_span_attrs(layout: Layout, retention_days: Optional[int] = None) -> List[str]:
+    """The attribute index: its table, the view that fills it as spans are inserted, and
+    the spans already stored, copied in (once the view runs, so that none is missed; a span
+    both copied and seen by the view is there twice, which lookups do not mind)."""
+    out = create_statements(layout, retention_days, only=("span_attrs",))
+    view = quote_name("span_attrs_view")
+    rows = _span_attr_rows(quote_name(layout.local("spans")))
+    out.append(
+        f"CREATE MATERIALIZED VIEW IF NOT EXISTS {view}{layout.on_cluster} "
+        f"TO {quote_name(layout.local('span_attrs'))} AS {rows}"
+    )
+    out.append(f"INSERT INTO {quote_name('span_attrs')} {_span_attr_rows(quote_name('spans'))}")
+    return out
+
+
+MIGRATIONS: dict = {1: create_statements, 2: _add_documents, 3: _add_span_attrs}

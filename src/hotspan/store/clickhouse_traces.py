@@ -154,6 +154,7 @@ class ClickHouseTraces:
             end=int(end_ns),
             limit=max(int(limit), 0),
         )
+        bind.span_range = ("start", "end")
         sql = (
             "SELECT trace_id, span_id, parent_span_id, name, kind, service, start_ns, end_ns, "
             "status_code, attrs, group_id FROM spans WHERE tenant = %(tenant)s "

@@ -56,6 +56,9 @@ class DuckDBRetention:
         return report
 
     def _delete_older(self, table: str, column: str, upto_ns: int) -> int:
+        if table == "spans":  # and their attributes' index rows
+            for index in ("span_attrs", "span_attrs_recent"):
+                self._con.execute(f"DELETE FROM {index} WHERE end_ns < ?", [upto_ns])
         row = self._con.execute(f"DELETE FROM {table} WHERE {column} < ?", [upto_ns]).fetchone()
         return int(row[0]) if row else 0
 

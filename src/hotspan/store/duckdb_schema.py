@@ -7,6 +7,24 @@ from typing import Any, Callable, Iterator, Optional
 
 import duckdb
 
+from hotspan.store.attr_index import attr_hash_sql
+
+
+def span_attr_rows(source: str) -> str:
+    """The rows of the attribute index from the spans of ``source``: the flattened
+    attributes (model.trace) split at RS, each record's key before its US or STRING_US, the
+    value with that mark first."""
+    return (
+        f"SELECT tenant_id, key, value, {attr_hash_sql('key', 'value')} AS h, start_ns, "
+        "end_ns, trace_id, span_id FROM (SELECT tenant_id, "
+        "CASE WHEN p = 0 THEN rec ELSE rec[:p - 1] END AS key, "
+        "CASE WHEN p = 0 THEN '' ELSE rec[p:] END AS value, start_ns, end_ns, trace_id, "
+        "span_id FROM (SELECT *, greatest(strpos(rec, chr(31)), strpos(rec, chr(28))) AS p "
+        "FROM (SELECT tenant_id, start_ns, end_ns, trace_id, span_id, "
+        f"unnest(string_split(attrs, chr(30))) AS rec FROM {source})) WHERE rec <> '')"
+    )
+
+
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS series (
     tenant VARCHAR NOT NULL,
@@ -62,6 +80,13 @@ CREATE TABLE IF NOT EXISTS spans (
     group_id BIGINT NOT NULL,
     raw BLOB NOT NULL                 -- the OTLP Span message as received
 );
+-- One row per span attribute: search on an attribute finds its traces here.  Commits append
+-- to span_attrs_recent; once it holds ATTR_RUN_ROWS rows they move to span_attrs as one run
+-- sorted by h.  Made from the spans already stored when a database without it is opened
+-- (columns: tenant_id, key, value with its type mark first, h, start_ns, end_ns, trace_id,
+-- span_id).
+CREATE TABLE IF NOT EXISTS span_attrs AS SELECT * FROM ({span_attrs}) ORDER BY h;
+CREATE TABLE IF NOT EXISTS span_attrs_recent AS SELECT * FROM span_attrs LIMIT 0;
 CREATE TABLE IF NOT EXISTS span_tags (
     tenant_id INTEGER NOT NULL,
     scope VARCHAR NOT NULL,           -- span, resource or intrinsic
@@ -92,7 +117,7 @@ CREATE TABLE IF NOT EXISTS settings_versions (
     tenant VARCHAR PRIMARY KEY,
     version BIGINT NOT NULL           -- also counts deletes, which leave no rule behind
 );
-"""
+""".replace("{span_attrs}", span_attr_rows("spans"))
 
 
 @contextlib.contextmanager

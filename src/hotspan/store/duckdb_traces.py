@@ -147,6 +147,7 @@ class DuckDBTraces:
             end=int(end_ns),
             limit=max(int(limit), 0),
         )
+        bind.span_range = ("start", "end")
         sql = (
             "SELECT DISTINCT ON (trace_id, span_id) trace_id, span_id, parent_span_id, name, "
             "kind, service, start_ns, end_ns, status_code, attrs, group_id FROM spans "

@@ -10,8 +10,9 @@ import numpy as np
 
 from hotspan.model.profile import Frame, IngestBatch, SampleColumns
 from hotspan.model.trace import SpanBatch, SpanGroup, SpanWriteRow
+from hotspan.store.attr_index import RUN_ROWS
 from hotspan.store.batching import Batch, GroupCommitWriter, series_bounds
-from hotspan.store.duckdb_schema import transaction
+from hotspan.store.duckdb_schema import span_attr_rows, transaction
 
 # Values the tag-values API offers per attribute: past it, ids and timestamps would swamp it.
 MAX_TAG_VALUES = 1000
@@ -224,6 +225,12 @@ class DuckDBWriting:
                 "kind, service, start_ns, end_ns, status_code, attrs, group_id, unhex(raw) "
                 "FROM span_table"
             )
+            con.execute(f"INSERT INTO span_attrs_recent {span_attr_rows('span_table')}")
+            recent = con.execute("SELECT count(*) FROM span_attrs_recent").fetchone()
+            if recent and recent[0] >= RUN_ROWS:
+                # The recent attributes become one run of the index, sorted for lookups.
+                con.execute("INSERT INTO span_attrs SELECT * FROM span_attrs_recent ORDER BY h")
+                con.execute("DELETE FROM span_attrs_recent")
         if tags:
             t = list(zip(*tags.keys()))
             tag_table = {  # noqa: F841

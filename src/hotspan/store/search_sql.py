@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from hotspan.model.trace import (
     NUMBER_PATTERN,
@@ -35,7 +35,9 @@ from hotspan.model.trace import (
     condition_code,
     condition_span_id,
     condition_text,
+    reads_typed,
 )
+from hotspan.store.attr_index import attr_hash, key_hash_range
 
 Params = Dict[str, Any]
 
@@ -49,6 +51,10 @@ class Binder:
         self.dialect = dialect
         self.params: Params = dict(fixed)
         self._names: Dict[Tuple[type, Any], str] = {}
+        # The fixed values that bound the spans' time range (start, end), when the statement
+        # has one: an attribute's equality or regular expression is then looked up in the
+        # attribute index (``span_attrs``) over that range.
+        self.span_range: Optional[Tuple[str, str]] = None
 
     def __call__(self, value: Any) -> str:
         try:
@@ -92,6 +98,31 @@ class Dialect:
     one_per_span: str
     # Membership in the span groups found by a subquery.
     in_groups: str
+    # The trace ids of the attribute index's rows that meet ``where`` (SQL over its columns),
+    # given the attribute's key and, for an equality, its index value (mark and text): the
+    # engine narrows what it reads by them.
+    attr_traces: Callable[[str, str, Optional[str], Binder], str]
+    # The text of an attribute index value ``{}`` after its type mark.
+    after_mark: str = "substring({}, 2)"
+
+
+def _duckdb_attr_traces(where: str, key: str, value: Optional[str], bind: Binder) -> str:
+    # The sorted runs and the recent part (attr_index): an equality reads the row groups of
+    # each run that hold its sort key, any other lookup those that hold its key's range.
+    if value is not None:
+        h = f"h = CAST({bind(attr_hash(key, value))} AS UBIGINT)"
+    else:
+        low, high = key_hash_range(key)
+        h = f"h BETWEEN CAST({bind(low)} AS UBIGINT) AND CAST({bind(high)} AS UBIGINT)"
+    return " UNION ALL ".join(
+        f"SELECT trace_id FROM {table} WHERE {h} AND {where}"
+        for table in ("span_attrs", "span_attrs_recent")
+    )
+
+
+def _clickhouse_attr_traces(where: str, key: str, value: Optional[str], bind: Binder) -> str:
+    # Ordered by (tenant, key, value, start): the key and value are a primary-key range.
+    return f"SELECT trace_id FROM span_attrs WHERE {where}"
 
 
 def _duckdb_full_match(expr: str, pattern: str, bind: Binder) -> str:
@@ -142,6 +173,7 @@ DUCKDB = Dialect(
     number="TRY_CAST({} AS DOUBLE)".format,
     one_per_span="SELECT DISTINCT ON (trace_id, span_id) * FROM {table} WHERE {where}",
     in_groups="IN",
+    attr_traces=_duckdb_attr_traces,
 )
 
 # Values are clickhouse-connect's client-side bindings, quoted into the text by the client.
@@ -156,6 +188,8 @@ CLICKHOUSE = Dialect(
     # Over a cluster, span groups are sharded by their own id, not by trace: the matching
     # groups are gathered once and sent to every shard (on one server it is a plain IN).
     in_groups="GLOBAL IN",
+    # Sharded by trace as spans are: each shard looks up its own traces.
+    attr_traces=_clickhouse_attr_traces,
 )
 
 _COMPARE = {"=": "=", "!=": "!=", ">": ">", ">=": ">=", "<": "<", "<=": "<="}
@@ -200,6 +234,32 @@ def _has_key(key: str, bind: Binder) -> str:
     """Whether ``attrs`` has the attribute, of any type (see ``model.trace.STRING_US``)."""
     k = clean(key)
     return f"({_contains(RS + k + US, bind)} OR {_contains(RS + k + STRING_US, bind)})"
+
+
+def _indexed(key: str, op: str, value: object, bind: Binder) -> str:
+    """A necessary condition of an equality with a string or of a regular expression on a
+    span attribute: the span's trace is one that the attribute index holds the attribute for
+    in the range.  It narrows what is read to those traces' spans; TRUE when the index cannot
+    tell (other operators, a statement without a range)."""
+    if bind.span_range is None or isinstance(value, bool):
+        return "TRUE"
+    d = bind.dialect
+    k = clean(key)
+    indexed: Optional[str] = None
+    if op == "=" and isinstance(value, str):
+        text = clean(value)
+        indexed = (STRING_US if reads_typed(text) else US) + text
+        found = f"value = {bind(indexed)}"
+    elif op == "=~":
+        found = d.full_match(d.after_mark.format("value"), str(value), bind)
+    else:
+        return "TRUE"
+    start, end = (bind.name(n) for n in bind.span_range)
+    where = (
+        f"{d.tenant} = {bind.name('tenant')} AND key = {bind(k)} AND {found} "
+        f"AND start_ns < {end} AND end_ns >= {start}"
+    )
+    return f"trace_id IN ({d.attr_traces(where, k, indexed, bind)})"
 
 
 def _attribute(key: str, op: str, value: object, bind: Binder, what: str) -> str:
@@ -263,7 +323,9 @@ def span_condition(cond: Condition, bind: Binder) -> str:
     if key == "raw:scope":
         return _in_resource(bind.dialect.contains.format("hex(scope)", bind(str(value))), bind)
     if key.startswith("span."):
-        return _attribute(key[5:], op, value, bind, key)
+        exact = _attribute(key[5:], op, value, bind, key)
+        index = _indexed(key[5:], op, value, bind)
+        return exact if index == "TRUE" else f"{index} AND {exact}"
     if key.startswith("resource."):
         return _in_resource(_attribute(key[9:], op, value, bind, key), bind)
     if not key.startswith("."):
@@ -331,6 +393,7 @@ def search_sql(dialect: Dialect, tenant: object, query: TraceQuery) -> Tuple[str
         limit=query.limit,
         spans_per_trace=max(query.spans_per_trace, 1),
     )
+    bind.span_range = ("start_ns", "end_ns")
     p = bind.name
     of_tenant = f"{dialect.tenant} = {p('tenant')}"
     # As in Tempo, a span counts when it overlaps the range.  ClickHouse's primary key

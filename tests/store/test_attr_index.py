@@ -1,0 +1,161 @@
+"""The span attribute index (``span_attrs``) of both stores: search on an attribute reads it,
+spans stored before it existed are indexed when the store opens, and retention empties it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable, Iterator, List
+
+import pytest
+
+from hotspan.model.trace import Condition, TraceQuery
+from hotspan.store.base import Store
+from hotspan.store.duckdb import DuckDBStore
+from tests.clickhouse_fixture import clickhouse_server as clickhouse_server
+from tests.clickhouse_fixture import clickhouse_url as clickhouse_url
+from tests.store_contract import SEC, TRACE_A, TRACE_B, TRACE_C, spans_of
+
+
+def _write(store: Store) -> None:
+    store.write_spans(
+        "t",
+        spans_of(
+            [
+                (TRACE_A, 1, 0, "GET /a", 100, 101, {"enduser.id": "u-1", "code": "200"}),
+                (TRACE_B, 2, 0, "GET /b", 200, 201, {"enduser.id": "u-2"}),
+                (TRACE_C, 3, 0, "GET /c", 300, 301, {"enduser.id": "u-1"}),
+            ]
+        ),
+    ).result(timeout=30)
+
+
+def _found(store: Store, key: str, op: str, value: object, end: int = 1000) -> List[str]:
+    query = TraceQuery(0, end * SEC, ((Condition(key, op, value),),))
+    return sorted(t.trace_id for t in store.find_traces("t", query))
+
+
+def _records(store: Store, key: str, op: str, value: object) -> List[int]:
+    spans = store.span_records("t", 0, 1000 * SEC, [Condition(key, op, value)])
+    return sorted(s.span_id for s in spans)
+
+
+class IndexCases:
+    """What both stores do; each subclass gives the store and a way to reach its SQL."""
+
+    def sql(self, store: Any, statement: str) -> Any:
+        raise NotImplementedError
+
+    def make_old(self, store: Any) -> None:
+        """Turn the store's database into one an older hotspan left: spans, no index."""
+        raise NotImplementedError
+
+    reopen: Callable[[], Any]
+
+    def test_equality_and_regex_use_the_index(self, store: Any) -> None:
+        _write(store)
+        assert _found(store, "span.enduser.id", "=", "u-1") == sorted([TRACE_A, TRACE_C])
+        assert _found(store, "span.enduser.id", "=~", "u-[12]") == sorted(
+            [TRACE_A, TRACE_B, TRACE_C]
+        )
+        assert _found(store, "span.enduser.id", "=", "u-1", end=250) == [TRACE_A]
+        assert _records(store, "span.enduser.id", "=", "u-2") == [2]
+        # An attribute written untyped as "200" is the number 200 (model.trace): the string
+        # "200" is not it, in the index as in the spans.
+        assert _found(store, "span.code", "=", 200) == [TRACE_A]
+        assert _found(store, "span.code", "=", "200") == []
+        # Without its rows in the index a span is not found by equality or regular
+        # expression (the index is what answers), while other operators still scan.
+        self.sql(store, "DELETE FROM span_attrs WHERE span_id = 3")
+        assert _found(store, "span.enduser.id", "=", "u-1") == [TRACE_A]
+        assert _found(store, "span.enduser.id", "=~", "u-1") == [TRACE_A]
+        assert _found(store, "span.enduser.id", "!=", "u-2") == sorted([TRACE_A, TRACE_C])
+
+    def test_spans_stored_before_the_index_are_indexed_on_open(self, store: Any) -> None:
+        _write(store)
+        self.make_old(store)
+        store.close()
+        again = self.reopen()
+        try:
+            assert _found(again, "span.enduser.id", "=", "u-1") == sorted([TRACE_A, TRACE_C])
+            # New spans are indexed as they are written.
+            again.write_spans(
+                "t", spans_of([(TRACE_B, 4, 2, "child", 202, 203, {"enduser.id": "u-1"})])
+            ).result(timeout=30)
+            assert _found(again, "span.enduser.id", "=", "u-1") == sorted(
+                [TRACE_A, TRACE_B, TRACE_C]
+            )
+        finally:
+            again.close()
+
+    def test_retention_empties_the_index(self, store: Any) -> None:
+        _write(store)
+        store.delete_before(250 * SEC)
+        left = self.sql(store, "SELECT DISTINCT span_id FROM span_attrs ORDER BY span_id")
+        assert [r[0] for r in left] == [3]
+
+
+class TestDuckDB(IndexCases):
+    @pytest.fixture
+    def store(self, tmp_path: Path) -> Iterator[DuckDBStore]:
+        self.reopen = lambda: DuckDBStore(str(tmp_path / "data"))
+        s = DuckDBStore(str(tmp_path / "data"))
+        yield s
+        s.close()
+
+    def sql(self, store: Any, statement: str) -> Any:
+        if statement.startswith("SELECT"):
+            # Both parts of the index: its sorted runs and its recent rows.
+            both = "(SELECT * FROM span_attrs UNION ALL SELECT * FROM span_attrs_recent)"
+            return store._cursor().execute(statement.replace("span_attrs", both)).fetchall()
+        for table in ("span_attrs", "span_attrs_recent"):
+            store._cursor().execute(statement.replace("span_attrs", table))
+        return None
+
+    def make_old(self, store: Any) -> None:
+        for table in ("span_attrs", "span_attrs_recent"):
+            store._cursor().execute(f"DROP TABLE {table}")
+
+    def test_recent_rows_move_to_a_sorted_run(self, store: Any, monkeypatch: Any) -> None:
+        import hotspan.store.duckdb_write as write
+
+        monkeypatch.setattr(write, "RUN_ROWS", 3)
+        _write(store)  # 4 attribute rows: one run
+        cur = store._cursor()
+        assert cur.execute("SELECT count(*) FROM span_attrs_recent").fetchone() == (0,)
+        hs = [r[0] for r in cur.execute("SELECT h FROM span_attrs").fetchall()]
+        assert len(hs) == 4 and hs == sorted(hs)
+        store.write_spans(
+            "t", spans_of([(TRACE_B, 4, 2, "child", 202, 203, {"enduser.id": "u-1"})])
+        ).result(timeout=30)
+        assert cur.execute("SELECT count(*) FROM span_attrs_recent").fetchone() == (1,)
+        # Found in the runs and in the recent part alike.
+        assert _found(store, "span.enduser.id", "=", "u-1") == sorted([TRACE_A, TRACE_B, TRACE_C])
+        assert _found(store, "span.enduser.id", "=~", "u-.*") == sorted([TRACE_A, TRACE_B, TRACE_C])
+
+
+class TestClickHouse(IndexCases):
+    @pytest.fixture
+    def store(self, clickhouse_url: str) -> Iterator[Any]:
+        from hotspan.store.clickhouse import ClickHouseStore
+
+        self.reopen = lambda: ClickHouseStore(clickhouse_url, retention_ns=0)
+        s = self.reopen()
+        yield s
+        s.close()
+
+    def sql(self, store: Any, statement: str) -> Any:
+        client = store._clients.get()
+        if statement.startswith("SELECT"):
+            return client.query(statement).result_rows
+        # Deletes wait for their mutation: the next query sees the rows gone.
+        client.command(statement, settings={"mutations_sync": 2})
+        return None
+
+    def make_old(self, store: Any) -> None:
+        client = store._clients.get()
+        client.command("DROP VIEW span_attrs_view")
+        client.command("DROP TABLE span_attrs")
+        client.command(
+            "ALTER TABLE schema_migrations DELETE WHERE version = 3",
+            settings={"mutations_sync": 2},
+        )
