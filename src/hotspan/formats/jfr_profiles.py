@@ -29,7 +29,7 @@ sample, as for pprof.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, List, Mapping, Optional, Set, Tuple, Union
+from typing import Callable, Dict, List, Mapping, Optional, Set, Tuple, Union
 
 import numpy as np
 from google.protobuf.message import DecodeError
@@ -349,11 +349,20 @@ def decode(
             np.frombuffer(span_name, dtype=np.uint64),
             np.frombuffer(values, dtype=i64).reshape(-1, len(kind.sample_types)),
         )
+    names_off, frame_name, frame_line, frame_id, stack_off, stack_frames, stack_id = (
+        np.frombuffer(b, dtype=i64) for b in t[2:9]
+    )
     return DecodedJfr(
         t[0],
         t[1],
-        *(np.frombuffer(b, dtype=i64) for b in t[2:9]),
-        samples=samples,
+        names_off,
+        frame_name,
+        frame_line,
+        frame_id,
+        stack_off,
+        stack_frames,
+        stack_id,
+        samples,
     )
 
 
@@ -494,7 +503,7 @@ def _stack_chunk(decoded: DecodedJfr, used: np.ndarray) -> StackChunk:
     return StackChunk(decoded.stack_id[used], frames, offsets)
 
 
-def _frame_source(decoded: DecodedJfr):  # type: ignore[no-untyped-def]
+def _frame_source(decoded: DecodedJfr) -> Callable[[Set[int]], Dict[int, Frame]]:
     """Names the recording's frames on demand (the store asks only for unseen stacks')."""
 
     def frames(wanted: Set[int]) -> Dict[int, Frame]:
