@@ -191,10 +191,10 @@ FALLBACK = [
 _SUMMED = ("sum_over_time", "avg_over_time")
 
 
-def _request(instant: bool, exemplars: int = 0) -> MetricsRequest:
+def _request(instant: bool, exemplars: int = 0, max_series: int = 1000) -> MetricsRequest:
     if instant:
-        return MetricsRequest(BASE, BASE + SPAN, SPAN, True, 0)
-    return MetricsRequest(BASE + 1, BASE + SPAN, STEP, False, exemplars)
+        return MetricsRequest(BASE, BASE + SPAN, SPAN, True, 0, max_series)
+    return MetricsRequest(BASE + 1, BASE + SPAN, STEP, False, exemplars, max_series)
 
 
 def _series(result: MetricsResult) -> Dict[tuple, np.ndarray]:
@@ -203,13 +203,14 @@ def _series(result: MetricsResult) -> Dict[tuple, np.ndarray]:
     return out
 
 
-def _same(store: Store, text: str, instant: bool) -> None:
+def _same(store: Store, text: str, instant: bool, max_series: int = 1000) -> None:
     query = parse_query(text)
-    req = _request(instant)
+    req = _request(instant, max_series=max_series)
     assert pushdown(query, req) is not None, f"{text} is not pushed down"
     sql = run_metrics(store, TENANT, query, req)
     engine = run_metrics(store, TENANT, query, req, in_store=False)
-    assert engine.partial is None and sql.partial is None
+    assert sql.partial == engine.partial
+    assert (engine.partial is not None) == (max_series < 1000)
     assert sql.inspected_spans == engine.inspected_spans
     assert sql.inspected_traces == engine.inspected_traces
     assert list(sql.timestamps_ms) == list(engine.timestamps_ms)
@@ -235,6 +236,16 @@ def _check_all(store: Store) -> None:
                 _same(store, text, instant)
             except AssertionError as exc:
                 failures.append(f"{text} (instant={instant}): {exc}")
+    # Past maxSeries both keep the same groups: those of the newest spans.
+    for text in (
+        "{} | rate() by (span.http.route, status)",
+        "{} | quantile_over_time(duration, .5, .9) by (resource.service.name)",
+        "{} | histogram_over_time(duration) by (name)",
+    ):
+        try:
+            _same(store, text, False, max_series=5)
+        except AssertionError as exc:
+            failures.append(f"{text} (max_series=5): {exc}")
     assert not failures, "\n".join(failures)
 
 

@@ -25,6 +25,7 @@ from hotspan.query.traceql.fields import plain
 from hotspan.query.traceql.names import INTRINSICS
 from hotspan.query.traceql.plan import Query
 from hotspan.query.traceql.series import (
+    EXEMPLARS_PER_BUCKET,
     FUNCTIONS,
     HISTOGRAM_FUNCTIONS,
     MS,
@@ -35,7 +36,7 @@ from hotspan.query.traceql.series import (
     aligned_range,
 )
 from hotspan.store.base import Store
-from hotspan.store.metrics_sql import MetricsPlan, MetricsRow, key_supported
+from hotspan.store.metrics_sql import MetricsPlan, key_supported
 
 _DURATION = ("duration", "span:duration")
 Convert = Callable[[object, object], object]
@@ -109,91 +110,102 @@ def aggregate(
     """The store's groups of the plan counted into ``builder``, with exemplars; the spans
     and traces they hold, or None when the store cannot aggregate (nothing is counted
     then)."""
-    rows = store.metrics_rows(tenant, plan)
-    if rows is None:
+    got = store.metrics_rows(tenant, plan)
+    if got is None:
         return None
     nby = len(builder.stage.by)
     nkeys = len(plan.keys)
-    convert = [_converter(k) for k in plan.keys]
-    histogram = builder.bucket_of is not None
     tail = 1 + 2 * nkeys
     # The store's last row counts the traces (None: too many spans to count them).
-    traces = sum(int(r[tail + 1] or 0) for r in rows if r[0] is None)  # type: ignore[call-overload]
-    rows = [r for r in rows if r[0] is not None]
+    traces = sum(int(r[tail + 1] or 0) for r in got if r[0] is None)  # type: ignore[call-overload]
+    rows = [r for r in got if r[0] is not None]
+    if not rows:
+        return 0, traces
     # The engine meets the newest spans first, and makes its rows (and keeps its first
     # max_series groups) in that order: so are the groups taken, by their newest span.
-    rows = sorted(rows, key=lambda r: -int(r[tail + 6]))  # type: ignore[call-overload]
-    inspected = 0
-    index: List[int] = []
-    for row in rows:
-        inspected += int(row[tail + 1])  # type: ignore[call-overload]
-        values = tuple(convert[i](row[1 + 2 * i], row[2 + 2 * i]) for i in range(nkeys))
-        if any(v is None for v in values[nby:]):
-            index.append(-1)  # an x != nil test the span fails
-            continue
-        key: tuple = values[:nby]
-        if histogram:
-            if row[tail] is None:
-                index.append(-1)  # below 2 ns: no bucket
-                continue
-            bits = int(row[tail])  # type: ignore[call-overload]
-            key = (key, float(np.ldexp(1.0, bits)) / SEC)
-        index.append(builder.row_of_key(key))
-    if not rows:
-        return inspected, traces
-    table = np.array([r[tail + 1 : tail + 5] for r in rows], dtype=object)
-    target = np.array(index, dtype=np.int64)
-    slots = np.array([int(r[0]) for r in rows], dtype=np.int64)  # type: ignore[call-overload]
-    counts = table[:, 0].astype(np.float64)
+    newest = np.array([r[tail + 6] for r in rows], dtype=np.int64)
+    order = np.argsort(-newest, kind="stable")
+    rows = [rows[i] for i in order.tolist()]
+    columns = list(zip(*rows))
+    # Each key's values converted once per distinct (value, typed), not once per group.
+    keys: List[List[object]] = []
+    for i, key in enumerate(plan.keys):
+        convert = _converter(key)
+        seen: Dict[Tuple[object, object], object] = {}
+        pairs = list(zip(columns[1 + 2 * i], columns[2 + 2 * i]))
+        for pair in set(pairs):
+            seen[pair] = convert(*pair)
+        keys.append([seen[pair] for pair in pairs])
+    dropped = np.zeros(len(rows), dtype=bool)
+    for values in keys[nby:]:
+        dropped |= np.array([v is None for v in values])  # an x != nil test the span fails
+    by_keys = list(zip(*keys[:nby])) if nby else [()] * len(rows)
+    row_keys: List[object] = by_keys
+    if builder.bucket_of is not None:
+        bits = columns[tail]
+        dropped |= np.array([b is None for b in bits])  # below 2 ns: no bucket
+        bucket_of = {b: float(np.ldexp(1.0, b)) / SEC for b in set(bits) if b is not None}
+        row_keys = [(k, bucket_of.get(b)) for k, b in zip(by_keys, bits)]  # type: ignore[call-overload]
+    row_of = builder.row_of_key
+    index = np.array(
+        [-1 if d else row_of(k) for k, d in zip(row_keys, dropped.tolist())],  # type: ignore[arg-type]
+        dtype=np.int64,
+    )
+    slots = np.array(columns[0], dtype=np.int64)
+    counts = np.array(columns[tail + 1], dtype=np.float64)
 
-    def column(i: int) -> Optional[np.ndarray]:
+    def value(i: int) -> Optional[np.ndarray]:
         if plan.measure != "duration":
             return None
-        return np.array([math.nan if v is None else int(v) / SEC for v in table[:, i]])
+        return np.array([math.nan if v is None else int(v) / SEC for v in columns[i]])  # type: ignore[call-overload]
 
-    builder.add_groups(target, slots, counts, column(1), column(2), column(3))
+    builder.add_groups(index, slots, counts, value(tail + 2), value(tail + 3), value(tail + 4))
     if plan.exemplars and builder.buckets is not None:
-        _exemplars(store, tenant, builder, rows, index, tail)
-    return inspected, traces
+        _exemplars(store, tenant, builder, columns, index, tail)
+    return int(counts.sum()), traces
 
 
 def _exemplars(
     store: Store,
     tenant: str,
     builder: SeriesBuilder,
-    rows: List[MetricsRow],
-    index: List[int],
+    columns: List[tuple],
+    index: np.ndarray,
     tail: int,
 ) -> None:
-    """Each group's newest span is a candidate; the newest candidates first are spread over
-    the range as the engine spreads exemplars (``_ExemplarBuckets``), one per trace."""
+    """Each group's newest span is a candidate (the columns come newest first); the newest
+    candidates first are spread over the range as the engine spreads exemplars
+    (``_ExemplarBuckets``: at most two per time slice), one per trace."""
     buckets = builder.buckets
     assert buckets is not None
-    candidates = sorted(
-        (
-            (int(r[tail + 6]), i)  # type: ignore[call-overload]
-            for i, r in enumerate(rows)
-            if index[i] >= 0 and r[tail + 5] is not None
-        ),
-        reverse=True,
-    )
-    picked: List[Tuple[int, int]] = []
-    for start_ns, i in candidates:
+    spans, starts, durations = columns[tail + 5], columns[tail + 6], columns[tail + 7]
+    ts_ms = np.array(starts, dtype=np.int64) // MS
+    ok = (index >= 0) & np.array([s is not None for s in spans])
+    ok &= (ts_ms >= buckets.start_ms) & (ts_ms <= buckets.end_ms)
+    slices = np.clip((ts_ms - buckets.start_ms) // buckets.width, 0, buckets.slices - 1)
+    # The first candidates of each slice (newest first), as many as a slice takes: the only
+    # ones buckets.take could accept, found without a loop over every group.
+    order = np.flatnonzero(ok)
+    first = order[np.lexsort((order, slices[order]))]
+    rank = np.arange(len(first)) - np.searchsorted(slices[first], slices[first])
+    few = np.sort(first[rank < EXEMPLARS_PER_BUCKET])
+    picked: List[int] = []
+    for i in few.tolist():
         if buckets.full():
             break
-        if buckets.take(start_ns // MS):
-            picked.append((start_ns, i))
+        if buckets.take(int(ts_ms[i])):
+            picked.append(i)
     if not picked:
         return
-    span_ids = [int(rows[i][tail + 5]) for _, i in picked]  # type: ignore[call-overload]
+    span_ids = [int(spans[i]) for i in picked]  # type: ignore[call-overload]
     traces: Dict[int, str] = store.span_traces(tenant, span_ids)
     seen = set()
     valued = builder.exemplar_value is not None
-    for (start_ns, i), span_id in zip(picked, span_ids):
+    for i, span_id in zip(picked, span_ids):
         trace_id = traces.get(span_id)
         if trace_id is None or trace_id in seen:
             continue
         seen.add(trace_id)
-        duration = rows[i][tail + 7]
+        duration = durations[i]
         value = int(duration) / SEC if valued and duration is not None else None  # type: ignore[call-overload]
-        builder.add_exemplar(index[i], trace_id, span_id, value, start_ns // MS)
+        builder.add_exemplar(int(index[i]), trace_id, span_id, value, int(ts_ms[i]))
