@@ -14,6 +14,11 @@ mirrors (``HOTSPAN_NO_SPEEDUPS=1`` asks for that one).  Both are measured here, 
    that every acknowledged upload was stored.
 
     python bench/jfr.py [--quick]        # Markdown on stdout; bench/results/jfr.md/.json
+    python bench/jfr.py --baseline REV   # and the code of commit REV beside them ("before")
+
+``--baseline`` measures the package as it was at a commit (``git archive`` of its src/, pure
+Python), in the same run and the same way: what "before" means for a change, measured beside
+"after" on the same machine at the same time.
 """
 
 from __future__ import annotations
@@ -22,8 +27,10 @@ import argparse
 import contextlib
 import gzip
 import os
+import pickle
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -35,26 +42,78 @@ import grafana
 from hotspan.formats import jfr_profiles as jp
 from hotspan.model.profile import IngestBatch
 
-READERS = ("python", "c")
+READERS = ["python", "c"]
+BASELINE = "before"  # the reader of --baseline's commit
 LOCK_FIXTURE = grafana.FIXTURE.replace("cpu__0", "cpu_lock0_alloc0__0")
 TAGS = dict(kv.split("=", 1) for kv in grafana.JAVA_TAGS.split(","))
+
+
+BASELINE_SRC: Optional[str] = None  # src/ of --baseline's commit
+BASELINE_REV: Optional[str] = None
 
 
 @contextlib.contextmanager
 def reader_env(reader: str) -> Iterator[None]:
     """Servers started inside read with ``reader`` (the environment they inherit)."""
-    old = os.environ.get("HOTSPAN_NO_SPEEDUPS")
+    saved = {k: os.environ.get(k) for k in ("HOTSPAN_NO_SPEEDUPS", "PYTHONPATH")}
+    os.environ.pop("HOTSPAN_NO_SPEEDUPS", None)
     if reader == "python":
         os.environ["HOTSPAN_NO_SPEEDUPS"] = "1"
-    else:
-        os.environ.pop("HOTSPAN_NO_SPEEDUPS", None)
+    elif reader == BASELINE:
+        assert BASELINE_SRC is not None
+        os.environ["PYTHONPATH"] = BASELINE_SRC  # before the installed package on sys.path
     try:
         yield
     finally:
-        if old is None:
-            os.environ.pop("HOTSPAN_NO_SPEEDUPS", None)
-        else:
-            os.environ["HOTSPAN_NO_SPEEDUPS"] = old
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def export_baseline(rev: str, into: str) -> str:
+    """``src/`` of commit ``rev`` (its Python, without built extensions) under ``into``."""
+    archive = subprocess.run(
+        ["git", "-C", common.REPO_DIR, "archive", rev, "src"], check=True, capture_output=True
+    ).stdout
+    subprocess.run(["tar", "-x", "-C", into], input=archive, check=True)
+    return os.path.join(into, "src")
+
+
+_BASELINE_SCRIPT = """
+import pickle, statistics, sys, time
+from hotspan.formats import jfr_profiles as jp
+from hotspan.model.profile import IngestBatch
+bodies, tags, repeat = pickle.load(open(sys.argv[1], "rb"))
+assert jp.__file__.startswith(sys.argv[2]), jp.__file__
+def run():
+    for body in bodies:
+        jp.ingest(body, b"", IngestBatch(), "bench.app", tags, 0, 100, 1 << 28)
+run()
+times = []
+for _ in range(repeat):
+    t0 = time.process_time()
+    run()
+    times.append(time.process_time() - t0)
+print(statistics.median(times) * 1000 / len(bodies))
+"""
+
+
+def baseline_ingest_ms(bodies: List[bytes], repeat: int) -> float:
+    """CPU ms per upload of --baseline's ``jfr_profiles.ingest``, in a process of its own."""
+    assert BASELINE_SRC is not None
+    with tempfile.NamedTemporaryFile(suffix=".pickle") as f:
+        pickle.dump((bodies, TAGS, repeat), f)
+        f.flush()
+        with reader_env(BASELINE):
+            out = subprocess.run(
+                [sys.executable, "-c", _BASELINE_SCRIPT, f.name, BASELINE_SRC],
+                check=True,
+                capture_output=True,
+                text=True,
+            ).stdout
+    return round(float(out.strip().splitlines()[-1]), 3)
 
 
 def cpu_ms(fn: Any, n: int, repeat: int) -> float:
@@ -71,7 +130,7 @@ def cpu_ms(fn: Any, n: int, repeat: int) -> float:
 def in_process(recordings: List[bytes], repeat: int) -> Dict[str, Any]:
     bodies = [gzip.compress(r, 1) for r in recordings]
     out: Dict[str, Any] = {}
-    for reader in READERS:
+    for reader in ("python", "c"):
         native = reader == "c"
 
         def ingest(native: bool = native) -> None:
@@ -92,6 +151,11 @@ def in_process(recordings: List[bytes], repeat: int) -> Dict[str, Any]:
             "ingest_ms": cpu_ms(ingest, len(bodies), repeat),
             "decode_ms": cpu_ms(decode, len(recordings), repeat),
         }
+    if BASELINE_SRC is not None:
+        out[BASELINE] = {"ingest_ms": baseline_ingest_ms(bodies, repeat), "decode_ms": None}
+        out["speedup_ingest_vs_before"] = round(
+            out[BASELINE]["ingest_ms"] / out["c"]["ingest_ms"], 1
+        )
     out["speedup_ingest"] = round(out["python"]["ingest_ms"] / out["c"]["ingest_ms"], 1)
     out["speedup_decode"] = round(out["python"]["decode_ms"] / out["c"]["decode_ms"], 1)
     return out
@@ -175,14 +239,18 @@ def run(quick: bool) -> Dict[str, Any]:
                 }
                 for reader in READERS
             }
-            py, c = item["server"]["python"], item["server"]["c"]
-            if py["uploads_per_s"] and c["uploads_per_s"]:
-                item["server"]["speedup_uploads_per_s"] = round(
-                    c["uploads_per_s"] / py["uploads_per_s"], 1
-                )
+            c = item["server"]["c"]
+            for reader, key in (
+                ("python", "speedup_uploads_per_s"),
+                (BASELINE, "speedup_vs_before"),
+            ):
+                other = item["server"].get(reader, {})
+                if other.get("uploads_per_s") and c["uploads_per_s"]:
+                    item["server"][key] = round(c["uploads_per_s"] / other["uploads_per_s"], 1)
         out_sets.append(item)
     return {
         "params": {"warmup_s": warmup, "duration_s": duration, "rounds": rounds},
+        "baseline": BASELINE_REV,
         "skipped": fixtures,
         "sets": out_sets,
     }
@@ -211,10 +279,12 @@ def markdown(result: Dict[str, Any], command: str, machine: Dict[str, Any], wall
     for s in result["sets"]:
         for reader in READERS:
             ip = s["in_process"][reader]
+            if reader == BASELINE:
+                reader = f"before ({result['baseline']})"
             sv = s.get("server", {}).get(reader, {})
             lines.append(
                 f"| {s['name']} | {s['jfr_bytes']:,} ({s['gzip_bytes']:,}) | {reader} | "
-                f"{ip['ingest_ms']} | {ip['decode_ms']} | {sv.get('uploads_per_s', '')} | "
+                f"{ip['ingest_ms']} | {ip['decode_ms'] or ''} | {sv.get('uploads_per_s', '')} | "
                 f"{sv.get('cpu_ms_per_upload', '')} | "
                 f"{'yes' if sv.get('all_stored') else ('' if not sv else 'NO')} |"
             )
@@ -225,6 +295,10 @@ def markdown(result: Dict[str, Any], command: str, machine: Dict[str, Any], wall
         text += f"read x{ip['speedup_decode']}"
         if "speedup_uploads_per_s" in s.get("server", {}):
             text += f"; the server takes x{s['server']['speedup_uploads_per_s']} the uploads/s"
+        if "speedup_ingest_vs_before" in ip:
+            text += f". Against {result['baseline']}: ingest x{ip['speedup_ingest_vs_before']}"
+            if "speedup_vs_before" in s.get("server", {}):
+                text += f", uploads/s x{s['server']['speedup_vs_before']}"
         lines.append(text + ".")
     for name, why in result.get("skipped", {}).items():
         lines.append(f"- {name}: {why}.")
@@ -234,10 +308,22 @@ def markdown(result: Dict[str, Any], command: str, machine: Dict[str, Any], wall
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="fewer uploads, shorter load")
+    ap.add_argument("--baseline", metavar="REV", help="also measure the code of commit REV")
     args = ap.parse_args()
     t0 = time.perf_counter()
+    global BASELINE_SRC, BASELINE_REV
+    tmp = None
+    if args.baseline:
+        tmp = tempfile.mkdtemp(prefix="hotspan-bench-jfr-baseline-")
+        BASELINE_SRC = export_baseline(args.baseline, tmp)
+        BASELINE_REV = args.baseline
+        READERS.insert(0, BASELINE)
     report = {"command": common.command_line("jfr.py"), "machine": common.machine()}
-    result = run(args.quick)
+    try:
+        result = run(args.quick)
+    finally:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
     return common.finish_run("jfr", result, report, t0, markdown, quick=args.quick)
 
 

@@ -280,6 +280,7 @@ typedef struct {
     int32_t name; /* metadata string */
     uint64_t type_id;
     uint8_t cp, array;
+    int32_t tidx; /* the type's index, once checked (not for pool references) */
 } Field;
 
 typedef struct {
@@ -438,7 +439,7 @@ typedef struct {
     VEC(Pair) pairs; /* values of the method, class, symbol, state and string pools */
     Map stack_cache, method_cache, symbol_cache; /* per chunk: ref -> resolved */
     VEC(Span) symbol_text;
-    Bytes scratch;
+    Bytes scratch, name_buf;
 
     /* the profiles (all chunks) */
     Bytes arena;
@@ -954,6 +955,7 @@ check(R *r, int32_t ti, int depth)
         int32_t ci;
         if (type_of(r, f.type_id, &ci) < 0)
             return -1;
+        r->types.data[ti].fields.data[i].tidx = ci; /* read without looking it up again */
         int h = check(r, ci, depth + 1);
         if (h < 0)
             return -1;
@@ -1015,8 +1017,7 @@ read_array(R *r, const Field *f, int frames, int depth)
     int32_t ei = -1;
     uint64_t min_size = 1;
     if (!f->cp) {
-        if (type_of(r, f->type_id, &ei) < 0)
-            return -1;
+        ei = f->tidx; /* the field's type was checked with its struct's */
         min_size = r->types.data[ei].size;
     }
     if (n && min_size == 0)
@@ -1081,8 +1082,7 @@ read_struct(R *r, int32_t ti, const Cap *cap, int depth)
             if (rd_long(r, &v.u) < 0)
                 return -1;
         } else {
-            int32_t ci;
-            if (type_of(r, f->type_id, &ci) < 0 || read_value(r, ci, &v, depth + 1) < 0)
+            if (read_value(r, f->tidx, &v, depth + 1) < 0)
                 return -1;
         }
         if (cap && cap->slots && cap->slots[i] >= 0)
@@ -1475,9 +1475,12 @@ static int
 contains(const uint8_t *s, size_t n, const char *what)
 {
     size_t k = strlen(what);
-    for (size_t i = 0; i + k <= n; i++)
-        if (memcmp(s + i, what, k) == 0)
+    const uint8_t *p = s, *end = s + n;
+    while ((size_t)(end - p) >= k && (p = memchr(p, what[0], (size_t)(end - p) - k + 1))) {
+        if (memcmp(p, what, k) == 0)
             return 1;
+        p++;
+    }
     return 0;
 }
 
@@ -1520,15 +1523,16 @@ lambda_suffix(const uint8_t *s, size_t n)
 static int
 merge_here(const uint8_t *s, size_t *n)
 {
-    static const char *others[] = {"jdk/internal/reflect/GeneratedMethodAccessor",
-                                   "libzstd-jni-", "amazonCorrettoCryptoProvider",
-                                   "libasyncProfiler-", "$$EnhancerBySpringCGLIB$$"};
+    static const char accessor[] = "jdk/internal/reflect/GeneratedMethodAccessor";
     if (*n > 4096)
         return 0;
-    int lambda = contains(s, *n, "$$Lambda");
-    int other = 0;
-    for (size_t k = 0; k < sizeof(others) / sizeof(others[0]); k++)
-        other |= contains(s, *n, others[k]);
+    /* Most names hold no '$' and no "lib": two quick scans rule every rule out. */
+    int dollar = memchr(s, '$', *n) != NULL;
+    int lambda = dollar && contains(s, *n, "$$Lambda");
+    int other = (dollar && contains(s, *n, "$$EnhancerBySpringCGLIB$$")) ||
+                contains(s, *n, "libzstd-jni-") || contains(s, *n, "libasyncProfiler-") ||
+                contains(s, *n, "amazonCorrettoCryptoProvider") ||
+                (*n >= sizeof(accessor) - 1 && memcmp(s, accessor, sizeof(accessor) - 1) == 0);
     if (!lambda && !other)
         return 0;
     if (other)
@@ -1658,21 +1662,14 @@ frame_name(R *r, uint64_t ref)
             Span a, b;
             if (symbol(r, &cls_name, &a) < 0 || symbol(r, &m.b, &b) < 0)
                 return -2;
-            r->scratch.len = 0;
-            if (grow((void **)&r->scratch.data, &r->scratch.cap, a.len + b.len + 1, 1) < 0)
+            /* Built apart from the arena, which intern_name may move as it copies it in. */
+            size_t n = a.len + b.len + 1;
+            if (grow((void **)&r->name_buf.data, &r->name_buf.cap, n, 1) < 0)
                 return nomem(r) - 1;
-            memcpy(r->scratch.data, r->arena.data + a.off, a.len);
-            r->scratch.data[a.len] = '.';
-            memcpy(r->scratch.data + a.len + 1, r->arena.data + b.off, b.len);
-            r->scratch.len = a.len + b.len + 1;
-            /* intern_name copies from scratch into the arena: copy out first (it may move) */
-            size_t n = r->scratch.len;
-            uint8_t *tmp = malloc(n);
-            if (!tmp)
-                return nomem(r) - 1;
-            memcpy(tmp, r->scratch.data, n);
-            out = intern_name(r, tmp, n);
-            free(tmp);
+            memcpy(r->name_buf.data, r->arena.data + a.off, a.len);
+            r->name_buf.data[a.len] = '.';
+            memcpy(r->name_buf.data + a.len + 1, r->arena.data + b.off, b.len);
+            out = intern_name(r, r->name_buf.data, n);
             if (out < 0)
                 return -2;
         }
@@ -2117,6 +2114,7 @@ r_free(R *r)
     free(r->pairs.data);
     free(r->symbol_text.data);
     free(r->scratch.data);
+    free(r->name_buf.data);
     free(r->arena.data);
     free(r->names.data);
     index_free(&r->name_index);
