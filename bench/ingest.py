@@ -309,6 +309,53 @@ def _verify(data_dir: str) -> Dict[str, object]:
     }
 
 
+def _decode_upload(body: bytes) -> object:
+    from hotspan.formats import pprof
+
+    return pprof.parse(body, 128 * 1024 * 1024)
+
+
+def pool_cost(uploads: List[Dict[str, object]], rounds: int = 4) -> Dict[str, object]:
+    """Where the decode could run beside the event loop: decoding threads, or worker processes
+    that send the decoded profile back (pickled).  CPU of this process per upload (the
+    server's side; a worker process's own CPU is not in it) and wall time per upload."""
+    from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
+
+    bodies = [up["body"] for up in uploads] * rounds
+    out: Dict[str, object] = {}
+    pools: List[Tuple[str, Executor]] = [
+        ("threads (4)", ThreadPoolExecutor(4)),
+        ("processes (2)", ProcessPoolExecutor(2)),
+    ]
+    for name, pool in pools:
+        # Worker processes' CPU shows in RUSAGE_CHILDREN once they have exited: the whole
+        # pool's life (start, warm-up, the measured uploads) for the total.
+        children0 = _children_cpu()
+        with pool:
+            list(pool.map(_decode_upload, bodies[:32]))  # started and warm
+            cpu0, t0 = time.process_time(), time.perf_counter()
+            for future in [pool.submit(_decode_upload, b) for b in bodies]:
+                future.result()
+            n = len(bodies)
+            own = time.process_time() - cpu0
+            wall = time.perf_counter() - t0
+        workers = _children_cpu() - children0
+        out[name] = {
+            "this_process_cpu_ms_per_upload": round(own / n * 1e3, 3),
+            "workers_cpu_ms_per_upload": round(workers / (n + 32) * 1e3, 3),
+            "total_cpu_ms_per_upload": round((own + workers * n / (n + 32)) / n * 1e3, 3),
+            "wall_ms_per_upload": round(wall / n * 1e3, 3),
+        }
+    return out
+
+
+def _children_cpu() -> float:
+    import resource
+
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 def breakdown(uploads: List[Dict[str, object]], workdir: str, group: int = 32) -> Dict[str, object]:
     """Per-upload CPU of each ingest step, in this process with time.perf_counter (one thread,
     no HTTP): gunzip, protobuf decode, pprof -> IngestBatch, and the store's group commit
@@ -439,6 +486,8 @@ def run(
         try:
             # In this process: the code this checkout has, so not for another's server.
             out["breakdown"] = {} if src else breakdown(uploads, workdir)
+            if not src:
+                out["decode_pools"] = pool_cost(uploads)
         except Exception as exc:  # noqa: BLE001 - internal APIs move; keep the HTTP numbers
             out["breakdown"] = {"error": repr(exc)}
         out["baseline_ready"] = run_endpoint(
@@ -532,6 +581,24 @@ def markdown(result: Dict[str, object], command: str, m: Dict[str, object], wall
         add("|---|---:|")
         for k, v in b["ms_per_upload"].items():
             add(f"| {k} | {v} |")
+    pools = result["after"].get("decode_pools")  # type: ignore[union-attr]
+    if pools:
+        add("")
+        add(
+            "Decoding beside the event loop, threads or worker processes (this process, "
+            "gunzip + decode of every upload, the decoded profile sent back by a process "
+            "pickled): CPU of the submitting process per upload (the server's side), of the "
+            "worker processes, both together, and wall time per upload."
+        )
+        add("")
+        add("| pool | this process's CPU ms/upload | workers' CPU | total CPU | wall ms/upload |")
+        add("|---|---:|---:|---:|---:|")
+        for name, p in pools.items():  # type: ignore[union-attr]
+            add(
+                f"| {name} | {p['this_process_cpu_ms_per_upload']} | "
+                f"{p['workers_cpu_ms_per_upload']} | {p['total_cpu_ms_per_upload']} | "
+                f"{p['wall_ms_per_upload']} |"
+            )
     for label in ("before", "after"):
         sp = (result.get(label) or {}).get("spans")  # type: ignore[union-attr]
         if sp:
