@@ -1,5 +1,6 @@
 """The span attribute index (``span_attrs``) of both stores: search on an attribute reads it,
-spans stored before it existed are indexed when the store opens, and retention empties it."""
+spans stored before it existed are still found (ClickHouse indexes them when it opens, DuckDB
+reads them as without the index), and retention empties it."""
 
 from __future__ import annotations
 
@@ -70,7 +71,7 @@ class IndexCases:
         assert _found(store, "span.enduser.id", "=~", "u-1") == [TRACE_A]
         assert _found(store, "span.enduser.id", "!=", "u-2") == sorted([TRACE_A, TRACE_C])
 
-    def test_spans_stored_before_the_index_are_indexed_on_open(self, store: Any) -> None:
+    def test_spans_stored_before_the_index_are_found(self, store: Any) -> None:
         _write(store)
         self.make_old(store)
         store.close()
@@ -112,8 +113,42 @@ class TestDuckDB(IndexCases):
         return None
 
     def make_old(self, store: Any) -> None:
-        for table in ("span_attrs", "span_attrs_recent"):
+        for table in ("span_attrs", "span_attrs_recent", "span_attrs_meta"):
             store._cursor().execute(f"DROP TABLE {table}")
+
+    def test_spans_from_before_the_index_are_read_until_retention_drops_them(
+        self, store: Any
+    ) -> None:
+        _write(store)
+        self.make_old(store)
+        store.close()
+        again = self.reopen()
+        try:
+            meta = "SELECT indexed_from FROM span_attrs_meta"
+            assert again._cursor().execute(meta).fetchall() == [(300 * SEC + 1,)]
+            assert _found(again, "span.enduser.id", "=", "u-1") == sorted([TRACE_A, TRACE_C])
+            again.delete_before(250 * SEC)
+            assert again._cursor().execute(meta).fetchall() == [(300 * SEC + 1,)]
+            again.delete_before(400 * SEC)
+            assert again._cursor().execute(meta).fetchall() == [(0,)]
+        finally:
+            again.close()
+
+    def test_a_duckdb_that_hashes_otherwise_reads_the_spans_so_far(self, store: Any) -> None:
+        _write(store)
+        # As a database written by a DuckDB whose hash() differs: its index rows are not
+        # found by this one's hashes.
+        store._cursor().execute("UPDATE span_attrs_meta SET hash_check = hash_check + 1")
+        store._cursor().execute("UPDATE span_attrs SET h = h + 1")
+        store._cursor().execute("UPDATE span_attrs_recent SET h = h + 1")
+        store.close()
+        again = self.reopen()
+        try:
+            meta = again._cursor().execute("SELECT indexed_from FROM span_attrs_meta")
+            assert meta.fetchall() == [(300 * SEC + 1,)]
+            assert _found(again, "span.enduser.id", "=", "u-1") == sorted([TRACE_A, TRACE_C])
+        finally:
+            again.close()
 
     def test_recent_rows_move_to_a_sorted_run(self, store: Any, monkeypatch: Any) -> None:
         import hotspan.store.duckdb_write as write

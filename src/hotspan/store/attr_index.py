@@ -3,43 +3,57 @@ one range of a sorted run (the ClickHouse store keys its ``span_attrs`` table by
 instead).
 
 Each row of the index is one attribute of one span.  Its sort key ``h`` is 24 bits of a hash
-of the key, then 40 bits of a hash of the value (MD5 both, as DuckDB's ``md5_number_upper``
-reads it: stable across versions, unlike ``hash()``): the rows of one attribute, and those of
-one key, are each one range of ``h``.  Commits append to ``span_attrs_recent``; once it holds
+of the key, then 40 bits of a hash of the value: the rows of one attribute, and those of one
+key, are each one range of ``h``.  Commits append to ``span_attrs_recent``; once it holds
 :data:`RUN_ROWS` rows they move to ``span_attrs`` as one run sorted by ``h``, whose row groups'
 ``h`` bounds (DuckDB's zone maps) then let a lookup read one row group per run.
+
+The hash is DuckDB's own ``hash()`` (tens of nanoseconds a value, where MD5 costs a
+microsecond on every attribute written), computed for lookups by the DuckDB library of this
+process.  DuckDB does not promise it across versions: ``span_attrs_meta`` keeps the hash of a
+fixed text, and a DuckDB that hashes it otherwise reads the spans indexed so far as without
+the index (``duckdb_schema``).
 """
 
 from __future__ import annotations
 
-import hashlib
-from typing import Tuple
+import threading
+from typing import Any, List, Optional, Tuple
+
+import duckdb
 
 KEY_BITS = 24
 VALUE_BITS = 64 - KEY_BITS
 # Rows of the recent part moved as one sorted run: at ~9 attributes a span, ~220,000 spans.
 # Larger runs mean fewer row groups per lookup, and a longer sort on the commit that moves it.
 RUN_ROWS = 2_000_000
+# What span_attrs_meta.hash_check holds the hash of.
+HASH_CHECK_TEXT = "hotspan span attribute index"
+
+_lock = threading.Lock()
+_con: Optional[duckdb.DuckDBPyConnection] = None
 
 
 def attr_hash_sql(key: str, value: str) -> str:
-    """The SQL of ``h`` for the SQL expressions of an attribute's key and value."""
-    return (
-        f"(((md5_number_upper({key}) >> {VALUE_BITS}) << {VALUE_BITS}) "
-        f"| (md5_number_upper({value}) >> {KEY_BITS}))"
-    )
+    """The SQL of ``h`` for the SQL expressions (VARCHAR) of an attribute's key and value."""
+    return f"(((hash({key}) >> {VALUE_BITS}) << {VALUE_BITS}) | (hash({value}) >> {KEY_BITS}))"
 
 
-def _md5_upper(text: str) -> int:
-    return int.from_bytes(hashlib.md5(text.encode()).digest()[:8], "little")
+def _scalar(sql: str, params: List[Any]) -> int:
+    global _con
+    with _lock:  # one private in-memory database, for its hash function
+        if _con is None:
+            _con = duckdb.connect()
+        row = _con.execute(sql, params).fetchone()
+    return int(row[0]) if row else 0
 
 
 def attr_hash(key: str, value: str) -> int:
-    """``h`` of an attribute, as :func:`attr_hash_sql` computes it."""
-    return (_md5_upper(key) >> VALUE_BITS) << VALUE_BITS | _md5_upper(value) >> KEY_BITS
+    """``h`` of an attribute, as :func:`attr_hash_sql` computes it in the store."""
+    return _scalar(f"SELECT {attr_hash_sql('$1::VARCHAR', '$2::VARCHAR')}", [key, value])
 
 
 def key_hash_range(key: str) -> Tuple[int, int]:
     """The range of ``h`` (both ends included) that holds every value of a key."""
-    low = (_md5_upper(key) >> VALUE_BITS) << VALUE_BITS
+    low = _scalar(f"SELECT (hash($1::VARCHAR) >> {VALUE_BITS}) << {VALUE_BITS}", [key])
     return low, low | ((1 << VALUE_BITS) - 1)

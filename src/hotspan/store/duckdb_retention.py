@@ -60,6 +60,11 @@ class DuckDBRetention:
             for index in ("span_attrs", "span_attrs_recent"):
                 self._con.execute(f"DELETE FROM {index} WHERE end_ns < ?", [upto_ns])
         row = self._con.execute(f"DELETE FROM {table} WHERE {column} < ?", [upto_ns]).fetchone()
+        if table == "spans":  # the spans from before the index gone: every span is in it
+            self._con.execute(
+                "UPDATE span_attrs_meta SET indexed_from = 0 WHERE indexed_from > 0 AND NOT "
+                "EXISTS (SELECT 1 FROM spans WHERE start_ns < span_attrs_meta.indexed_from)"
+            )
         return int(row[0]) if row else 0
 
     def _collect_garbage(self, cutoff_ns: int) -> int:

@@ -7,7 +7,7 @@ from typing import Any, Callable, Iterator, Optional
 
 import duckdb
 
-from hotspan.store.attr_index import attr_hash_sql
+from hotspan.store.attr_index import HASH_CHECK_TEXT, attr_hash_sql
 
 
 def span_attr_rows(source: str) -> str:
@@ -80,12 +80,22 @@ CREATE TABLE IF NOT EXISTS spans (
     group_id BIGINT NOT NULL,
     raw BLOB NOT NULL                 -- the OTLP Span message as received
 );
--- One row per span attribute: search on an attribute finds its traces here.  Commits append
--- to span_attrs_recent; once it holds ATTR_RUN_ROWS rows they move to span_attrs as one run
--- sorted by h.  Made from the spans already stored when a database without it is opened
--- (columns: tenant_id, key, value with its type mark first, h, start_ns, end_ns, trace_id,
--- span_id).
-CREATE TABLE IF NOT EXISTS span_attrs AS SELECT * FROM ({span_attrs}) ORDER BY h;
+-- One row per span attribute (store.attr_index): search on an attribute finds its traces
+-- here.  Commits append to span_attrs_recent; every RUN_ROWS rows move to span_attrs as one
+-- run sorted by h.  Columns: tenant_id, key, value with its type mark first, h, start_ns,
+-- end_ns, trace_id, span_id.  Spans a database held before it had the index are not in it
+-- (indexing them all at once would hold up the opening for minutes): indexed_from is one
+-- past their latest start, and search reads the spans that started before it as it did
+-- without the index (0: every span is indexed; retention sets it once they are gone).
+CREATE TABLE IF NOT EXISTS span_attrs_meta AS
+    SELECT coalesce(max(start_ns) + 1, 0)::BIGINT AS indexed_from,
+           hash('{hash_check}') AS hash_check FROM spans;
+-- A DuckDB that hashes otherwise than the one that wrote the index (attr_index) finds none of
+-- its rows: the spans so far are read as without the index.
+UPDATE span_attrs_meta SET hash_check = hash('{hash_check}'),
+    indexed_from = (SELECT coalesce(max(start_ns) + 1, 0) FROM spans)
+    WHERE hash_check <> hash('{hash_check}');
+CREATE TABLE IF NOT EXISTS span_attrs AS SELECT * FROM ({span_attrs}) LIMIT 0;
 CREATE TABLE IF NOT EXISTS span_attrs_recent AS SELECT * FROM span_attrs LIMIT 0;
 CREATE TABLE IF NOT EXISTS span_tags (
     tenant_id INTEGER NOT NULL,
@@ -117,7 +127,7 @@ CREATE TABLE IF NOT EXISTS settings_versions (
     tenant VARCHAR PRIMARY KEY,
     version BIGINT NOT NULL           -- also counts deletes, which leave no rule behind
 );
-""".replace("{span_attrs}", span_attr_rows("spans"))
+""".replace("{span_attrs}", span_attr_rows("spans")).replace("{hash_check}", HASH_CHECK_TEXT)
 
 
 @contextlib.contextmanager

@@ -76,8 +76,15 @@ class DuckDBTraces:
             )
         return out
 
+    def _unindexed_before(self) -> int:
+        """Where the attribute index starts (duckdb_schema's span_attrs_meta)."""
+        row = self._cursor().execute("SELECT max(indexed_from) FROM span_attrs_meta").fetchone()
+        return int(row[0] or 0) if row else 0
+
     def find_traces(self, tenant: str, query: TraceQuery) -> List[TraceSummary]:
-        sql, params = search_sql(DUCKDB, self._tenant_ids.get(tenant, -1), query)
+        sql, params = search_sql(
+            DUCKDB, self._tenant_ids.get(tenant, -1), query, self._unindexed_before()
+        )
         try:
             rows = self._cursor().execute(sql, params).fetchall()
         except (duckdb.InvalidInputException, duckdb.ConversionException) as exc:
@@ -148,6 +155,7 @@ class DuckDBTraces:
             limit=max(int(limit), 0),
         )
         bind.span_range = ("start", "end")
+        bind.unindexed_before = self._unindexed_before()
         sql = (
             "SELECT DISTINCT ON (trace_id, span_id) trace_id, span_id, parent_span_id, name, "
             "kind, service, start_ns, end_ns, status_code, attrs, group_id FROM spans "

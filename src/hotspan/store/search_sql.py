@@ -55,6 +55,9 @@ class Binder:
         # has one: an attribute's equality or regular expression is then looked up in the
         # attribute index (``span_attrs``) over that range.
         self.span_range: Optional[Tuple[str, str]] = None
+        # Spans that started before this are not all in the index (stored before it existed):
+        # they are read as without it.
+        self.unindexed_before = 0
 
     def __call__(self, value: Any) -> str:
         try:
@@ -259,7 +262,10 @@ def _indexed(key: str, op: str, value: object, bind: Binder) -> str:
         f"{d.tenant} = {bind.name('tenant')} AND key = {bind(k)} AND {found} "
         f"AND start_ns < {end} AND end_ns >= {start}"
     )
-    return f"trace_id IN ({d.attr_traces(where, k, indexed, bind)})"
+    lookup = f"trace_id IN ({d.attr_traces(where, k, indexed, bind)})"
+    if bind.unindexed_before > 0:
+        return f"(start_ns < {bind(bind.unindexed_before)} OR {lookup})"
+    return lookup
 
 
 def _attribute(key: str, op: str, value: object, bind: Binder, what: str) -> str:
@@ -380,11 +386,14 @@ _ROOT_COLUMNS = (
 )
 
 
-def search_sql(dialect: Dialect, tenant: object, query: TraceQuery) -> Tuple[str, Params]:
+def search_sql(
+    dialect: Dialect, tenant: object, query: TraceQuery, unindexed_before: int = 0
+) -> Tuple[str, Params]:
     """The statement and its named parameters: rows of (trace_id, root_service, root_name,
     t0, t1, spans, span_id, span_name, start_ns, end_ns, n), one per (trace, shown matched
     span), in the order of the answer.  ``tenant`` is the value of the dialect's tenant
-    column."""
+    column; spans that started before ``unindexed_before`` may be missing from the attribute
+    index (:attr:`Binder.unindexed_before`)."""
     bind = Binder(
         dialect,
         tenant=tenant,
@@ -394,6 +403,7 @@ def search_sql(dialect: Dialect, tenant: object, query: TraceQuery) -> Tuple[str
         spans_per_trace=max(query.spans_per_trace, 1),
     )
     bind.span_range = ("start_ns", "end_ns")
+    bind.unindexed_before = unindexed_before
     p = bind.name
     of_tenant = f"{dialect.tenant} = {p('tenant')}"
     # As in Tempo, a span counts when it overlaps the range.  ClickHouse's primary key
@@ -433,21 +443,26 @@ def search_sql(dialect: Dialect, tenant: object, query: TraceQuery) -> Tuple[str
     SELECT trace_id FROM matched GROUP BY trace_id
     ORDER BY min(start_ns) DESC, trace_id
     LIMIT {p("limit")}"""
-    shown = dialect.one_per_span.format(
-        table="matched", where="trace_id IN (SELECT trace_id FROM candidates)"
-    )
-    # count(DISTINCT ...) here and one row per span below: an export retried after it landed
-    # stores its spans twice.  Only the few traces found pay for it.
+    shown = dialect.one_per_span.format(table="members", where="hit")
+    # The range is read once, for the candidates; then only their traces' spans, whose
+    # matching ones (``hit``: the first spanset's conditions, their traces being candidates
+    # already) are those shown.  count(DISTINCT ...) here and one row per span below: an
+    # export retried after it landed stores its spans twice.  Only the few traces found pay
+    # for it.
     sql = f"""
 WITH matched AS (
-    SELECT trace_id, span_id, name, start_ns, end_ns FROM spans
+    SELECT trace_id, start_ns FROM spans
     WHERE {first_where} {" ".join(others)}
 ), candidates AS ({candidates}
+), members AS (
+    SELECT trace_id, span_id, parent_span_id, name, service, start_ns, end_ns,
+           ({first_where}) AS hit
+    FROM spans
+    WHERE {of_tenant} AND trace_id IN (SELECT trace_id FROM candidates)
 ), found AS (
     SELECT trace_id, {_ROOT_COLUMNS},
            min(start_ns) AS t0, max(end_ns) AS t1, count(DISTINCT span_id) AS spans
-    FROM spans
-    WHERE {of_tenant} AND trace_id IN (SELECT trace_id FROM candidates)
+    FROM members
     GROUP BY trace_id
 ), shown AS (
     SELECT *, row_number() OVER (PARTITION BY trace_id ORDER BY start_ns, span_id) AS rn,
