@@ -991,6 +991,25 @@ typedef struct {
 static int read_value(R *r, int32_t ti, Val *out, int depth);
 static int read_struct(R *r, int32_t ti, const Cap *cap, int depth);
 
+/* A stack frame type whose fields are all pool references or integers (the fast path). */
+static int
+flat_frames(R *r, int32_t ti)
+{
+    Type *t = &r->types.data[ti];
+    for (size_t i = 0; i < t->fields.len; i++) {
+        const Field *f = &t->fields.data[i];
+        if (f->array)
+            return 0;
+        if (f->cp)
+            continue;
+        uint8_t prim = r->types.data[f->tidx].prim;
+        if (prim != P_SHORT && prim != P_INT && prim != P_LONG && prim != P_BYTE &&
+            prim != P_BOOL)
+            return 0;
+    }
+    return 1;
+}
+
 static int
 frame_slots(R *r, int32_t ti)
 {
@@ -1047,6 +1066,41 @@ read_array(R *r, const Field *f, int frames, int depth)
     if (frame_slots(r, ei) < 0)
         return -1;
     int has_line = r->sf_line >= 0 && (size_t)r->sf_line < r->types.data[ei].fields.len;
+    if (grow((void **)&r->frames.data, &r->frames.cap, r->frames.len + n, sizeof(CapFrame)) < 0)
+        return nomem(r);
+    if (flat_frames(r, ei)) {
+        /* Every field a pool reference or an integer (as in every recording seen): read
+           field by field here, the same reads as read_struct's, without its generality. */
+        const Field *fields = r->types.data[ei].fields.data;
+        size_t nf = r->types.data[ei].fields.len;
+        for (uint64_t i = 0; i < n; i++) {
+            Val got[2] = {{0}, {0}};
+            for (size_t j = 0; j < nf; j++) {
+                const Field *f = &fields[j];
+                uint8_t prim = f->cp ? P_LONG : r->types.data[f->tidx].prim;
+                Val v = {0};
+                v.kind = prim == P_BOOL ? V_BOOL : V_INT;
+                int rc;
+                if (prim == P_BYTE || prim == P_BOOL) {
+                    uint8_t c;
+                    rc = rd_byte(r, &c);
+                    v.u = prim == P_BOOL ? c != 0 : c;
+                } else {
+                    rc = prim == P_LONG ? rd_long(r, &v.u)
+                                        : (prim == P_INT ? rd_int(r, &v.u) : rd_short(r, &v.u));
+                }
+                if (rc < 0)
+                    return -1;
+                if ((int32_t)j == r->sf_method)
+                    got[0] = v;
+                if ((int32_t)j == r->sf_line)
+                    got[1] = v;
+            }
+            CapFrame cf = {got[0], has_line ? got[1] : (Val){0}};
+            r->frames.data[r->frames.len++] = cf;
+        }
+        return 0;
+    }
     for (uint64_t i = 0; i < n; i++) {
         Val got[2] = {{0}, {0}};
         Cap cap = {r->types.data[ei].fslots, -1, got, -1};
