@@ -139,16 +139,16 @@ def aggregate(
     dropped = np.zeros(len(rows), dtype=bool)
     for values in keys[nby:]:
         dropped |= np.array([v is None for v in values])  # an x != nil test the span fails
-    by_keys = list(zip(*keys[:nby])) if nby else [()] * len(rows)
-    row_keys: List[object] = by_keys
+    by_keys: List[tuple] = list(zip(*keys[:nby])) if nby else [()] * len(rows)
+    row_keys = by_keys
     if builder.bucket_of is not None:
         bits = columns[tail]
         dropped |= np.array([b is None for b in bits])  # below 2 ns: no bucket
         bucket_of = {b: float(np.ldexp(1.0, b)) / SEC for b in set(bits) if b is not None}
-        row_keys = [(k, bucket_of.get(b)) for k, b in zip(by_keys, bits)]  # type: ignore[call-overload]
+        row_keys = [(k, bucket_of.get(b)) for k, b in zip(by_keys, bits)]
     row_of = builder.row_of_key
     index = np.array(
-        [-1 if d else row_of(k) for k, d in zip(row_keys, dropped.tolist())],  # type: ignore[arg-type]
+        [-1 if d else row_of(k) for k, d in zip(row_keys, dropped.tolist())],
         dtype=np.int64,
     )
     slots = np.array(columns[0], dtype=np.int64)
@@ -157,7 +157,7 @@ def aggregate(
     def value(i: int) -> Optional[np.ndarray]:
         if plan.measure != "duration":
             return None
-        return np.array([math.nan if v is None else int(v) / SEC for v in columns[i]])  # type: ignore[call-overload]
+        return np.array([math.nan if v is None else int(v) / SEC for v in columns[i]])
 
     builder.add_groups(index, slots, counts, value(tail + 2), value(tail + 3), value(tail + 4))
     if plan.exemplars and builder.buckets is not None:
@@ -197,7 +197,7 @@ def _exemplars(
             picked.append(i)
     if not picked:
         return
-    span_ids = [int(spans[i]) for i in picked]  # type: ignore[call-overload]
+    span_ids = [int(spans[i]) for i in picked]
     traces: Dict[int, str] = store.span_traces(tenant, span_ids)
     seen = set()
     valued = builder.exemplar_value is not None
@@ -207,5 +207,5 @@ def _exemplars(
             continue
         seen.add(trace_id)
         duration = durations[i]
-        value = int(duration) / SEC if valued and duration is not None else None  # type: ignore[call-overload]
+        value = int(duration) / SEC if valued and duration is not None else None
         builder.add_exemplar(int(index[i]), trace_id, span_id, value, int(ts_ms[i]))
