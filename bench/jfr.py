@@ -277,18 +277,17 @@ def markdown(result: Dict[str, Any], command: str, machine: Dict[str, Any], wall
         "|---|---:|---|---:|---:|---:|---:|---|",
     ]
     for s in result["sets"]:
-        for reader in READERS:
+        for reader in [r for r in (BASELINE, "python", "c") if r in s["in_process"]]:
             ip = s["in_process"][reader]
-            if reader == BASELINE:
-                reader = f"before ({result['baseline']})"
+            label = f"before ({result['baseline']})" if reader == BASELINE else reader
             sv = s.get("server", {}).get(reader, {})
             lines.append(
-                f"| {s['name']} | {s['jfr_bytes']:,} ({s['gzip_bytes']:,}) | {reader} | "
+                f"| {s['name']} | {s['jfr_bytes']:,} ({s['gzip_bytes']:,}) | {label} | "
                 f"{ip['ingest_ms']} | {ip['decode_ms'] or ''} | {sv.get('uploads_per_s', '')} | "
                 f"{sv.get('cpu_ms_per_upload', '')} | "
                 f"{'yes' if sv.get('all_stored') else ('' if not sv else 'NO')} |"
             )
-    lines += ["", "C / Python:", ""]
+    lines += ["", "C / Python (and C / before, with --baseline):", ""]
     for s in result["sets"]:
         ip = s["in_process"]
         text = f"- {s['name']}: ingest x{ip['speedup_ingest']} less CPU per upload, "
