@@ -65,7 +65,9 @@ def parse(request: pytest.FixtureRequest) -> Parse:
     """jfr_profiles' profiles of a recording, by the Python reader or the C one."""
     native = request.param == "c"
     if native and jp._fast is None:
-        pytest.skip("the C extension hotspan._speedups._jfr is not built")
+        pytest.skip(
+            "the C extension hotspan._speedups._jfr is not built (or HOTSPAN_NO_SPEEDUPS is set)"
+        )
 
     def run(data: bytes, sample_rate: int = 100, max_values: int = MAX_VALUES) -> jp.JfrProfiles:
         return jp.decode(data, sample_rate, max_values, native=native).profiles()
@@ -906,7 +908,8 @@ def test_types_nested_too_deep_or_in_themselves_through_arrays_are_refused(parse
 FUZZ = Path(__file__).resolve().parents[1] / "fuzz"
 DATA = Path(__file__).resolve().parent / "data"
 needs_c = pytest.mark.skipif(
-    jp._fast is None, reason="the C extension hotspan._speedups._jfr is not built"
+    jp._fast is None,
+    reason="the C extension hotspan._speedups._jfr is not built (or HOTSPAN_NO_SPEEDUPS is set)",
 )
 
 
