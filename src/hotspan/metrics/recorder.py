@@ -215,24 +215,34 @@ class Recorder:
             return
         series, inverse = np.unique(cols.series_id, return_inverse=True)
         series_list = series.tolist()
+        infos = [batch.series.get(sid) for sid in series_list]
         plans = []
         for act in acts:
-            groups = [act.group_of(sid, batch.series.get(sid)) for sid in series_list]
-            wanted = np.array([g is not None for g in groups], dtype=bool)
-            if wanted.any():
-                plans.append((act, groups, wanted))
+            groups = [act.group_of(sid, info) for sid, info in zip(series_list, infos)]
+            if any(g is not None for g in groups):
+                plans.append((act, groups))
         if not plans:
             return
-        stacks = self._judge_frames(batch, cols.stack_id, [a for a, _, _ in plans])
+        hits = self._function_hits(batch, cols.stack_id, [a for a, _ in plans])
+        values = cols.value
+        # Per series sums: a series a rule does not want is summed and left out.
+        per_series: Dict[Optional[int], List[int]] = {}  # by function filter's id
         results = []
-        for act, groups, wanted in plans:
-            mask = wanted[inverse]
-            if act.function is not None and stacks is not None:
-                mask &= stacks.sample_hits(act.function.frame_matches(stacks.frames))
-            sums = np.zeros(len(series_list), dtype=np.int64)
-            np.add.at(sums, inverse[mask], cols.value[mask])
+        for act, groups in plans:
+            key = id(act.function) if act.function is not None else None
+            sums = per_series.get(key)
+            if sums is None:
+                chosen = values if key is None else values[hits[key]]
+                if len(series_list) == 1:
+                    sums = [int(chosen.sum())]
+                else:
+                    where = inverse if key is None else inverse[hits[key]]
+                    acc = np.zeros(len(series_list), dtype=np.int64)
+                    np.add.at(acc, where, chosen)
+                    sums = acc.tolist()
+                per_series[key] = sums
             totals: Dict[GroupKey, int] = {}
-            for group, total in zip(groups, sums.tolist()):
+            for group, total in zip(groups, sums):
                 # A matching series shows at 0 before its function appears: rate() and
                 # alerts see "none" rather than "no data".
                 if group is not None:
@@ -245,26 +255,43 @@ class Recorder:
                         self._add(act, group, total)
 
     @staticmethod
-    def _judge_frames(
+    def _function_hits(
         batch: IngestBatch, sample_stacks: np.ndarray, acts: List[_Active]
-    ) -> Optional[BatchStacks]:
-        """The batch's stacks laid out once, with every function filter's verdict on the
-        batch's frames, their names asked of the batch once for all rules."""
+    ) -> Dict[int, np.ndarray]:
+        """Per function filter (by ``id``): does each sample's stack hold a matching frame.
+        The verdicts come from the filters' memory of stacks; the batch's stacks are laid
+        out, and the names of their frames asked of the batch, once for all the filters
+        meeting a stack they do not know."""
         filters = [a.function for a in acts if a.function is not None]
         if not filters:
-            return None
-        stacks = BatchStacks(batch, sample_stacks)
-        todo = [(f, f.unjudged(stacks.frames)) for f in filters]
-        wanted: Set[int] = set()
-        for _, frames in todo:
-            wanted.update(frames.tolist())
-        if wanted:
-            names = FrameNames(batch)
-            names.ask(wanted)
-            for f, frames in todo:
-                if len(frames):
-                    f.judge(frames, names.names)
-        return stacks
+            return {}
+        distinct, inverse = np.unique(sample_stacks, return_inverse=True)
+        ids = distinct.tolist()
+        verdicts: Dict[int, np.ndarray] = {}
+        todo: List[FunctionFilter] = []
+        for f in filters:
+            known = f.stack_verdicts(ids)
+            if known is None:
+                todo.append(f)
+            else:
+                verdicts[id(f)] = known
+        if todo:
+            stacks = BatchStacks(batch, distinct)
+            unjudged = [(f, f.unjudged(stacks.frames)) for f in todo]
+            wanted: Set[int] = set()
+            for _, frames in unjudged:
+                wanted.update(frames.tolist())
+            if wanted:
+                names = FrameNames(batch)
+                names.ask(wanted)
+                for f, frames in unjudged:
+                    if len(frames):
+                        f.judge(frames, names.names)
+            for f in todo:
+                found = stacks.sample_hits(f.frame_matches(stacks.frames))
+                f.remember_stacks(ids, found, stacks.sample_settled(f.frame_judged(stacks.frames)))
+                verdicts[id(f)] = found
+        return {key: found[inverse] for key, found in verdicts.items()}
 
     def _add(self, act: _Active, group: GroupKey, value: int) -> None:
         if group in act.values:

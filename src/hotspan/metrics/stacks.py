@@ -1,25 +1,30 @@
 """Which samples of a batch have a stack holding a matching function, in array operations.
 
-A batch's stacks are laid out once as flat frame ids with per-stack offsets
-(:class:`BatchStacks`), shared by every function-filtered rule of the batch's tenant; a rule
-then only says which of the batch's distinct frames match (:class:`FunctionFilter`, which
-remembers the frames it has judged), and ``np.logical_or.reduceat`` over the offsets turns
-that into a verdict per stack.  No Python loop runs per stack or per sample.
+A rule remembers its verdict per stack id (:class:`FunctionFilter`): the stack id names its
+frames and a frame id its function, so an agent's uploads, which repeat the same few hundred
+stacks, cost one dictionary look-up per distinct stack of a batch.  Only a batch bringing
+stacks the rule has not seen lays its stacks out as flat frame ids with per-stack offsets
+(:class:`BatchStacks`, shared by every function-filtered rule of the batch's tenant); the
+rule then says which of the batch's distinct frames match (remembered per frame id, its
+regex run once per function name of the batch), and ``np.logical_or.reduceat`` over the
+offsets turns that into a verdict per stack.  Laying the stacks out (a sort of every frame
+position) cost several times the rest of the counting, hence the verdicts per stack.
 """
 
 from __future__ import annotations
 
 import itertools
-from typing import Dict, Set
+from typing import Dict, List, Optional, Set
 
 import numpy as np
 
 from hotspan.model.labels import Matcher
 from hotspan.model.profile import Frame, IngestBatch
 
-# A rule forgets the frames it has judged past this many (a long-running server meets new
-# frames with every deploy); it judges them again on their next appearance.
+# A rule forgets the frames (stacks) it has judged past this many (a long-running server meets
+# new ones with every deploy); it judges them again on their next appearance.
 FRAME_CACHE_LIMIT = 500_000
+STACK_CACHE_LIMIT = 500_000
 
 _EMPTY = np.zeros(0, dtype=np.int64)
 
@@ -77,6 +82,20 @@ class BatchStacks:
         out[known] = hits[self.sample_entry[known]]
         return out
 
+    def sample_settled(self, frame_judged: np.ndarray) -> np.ndarray:
+        """Per sample: does the batch hold its stack, with a verdict on every frame of it
+        (``frame_judged``, one flag per distinct frame): only then is the stack's verdict
+        final, a frame the batch could not name being judged later."""
+        settled = np.ones(len(self.lengths), dtype=bool)
+        nonempty = self.lengths > 0
+        if len(self.frame_index) and nonempty.any():
+            per_position = frame_judged[self.frame_index]
+            settled[nonempty] = np.logical_and.reduceat(per_position, self.starts[nonempty])
+        known = self.sample_entry >= 0
+        out = np.zeros(len(self.sample_entry), dtype=bool)
+        out[known] = settled[self.sample_entry[known]]
+        return out
+
 
 class FrameNames:
     """Frame names of one batch, asked of it once for all rules (pprof names frames lazily)."""
@@ -94,12 +113,31 @@ class FrameNames:
 
 
 class FunctionFilter:
-    """A rule's function-name regex with the verdicts it has reached per frame id."""
+    """A rule's function-name regex with the verdicts it has reached per frame id and per
+    stack id."""
 
     def __init__(self, matcher: Matcher) -> None:
         self.matcher = matcher
         self.judged = _EMPTY  # sorted frame ids whose names were matched
         self.matched = _EMPTY  # sorted: those that matched
+        self.stacks: Dict[int, bool] = {}  # stack id -> holds a matching frame
+
+    def stack_verdicts(self, stack_ids: List[int]) -> Optional[np.ndarray]:
+        """The remembered verdict of each of ``stack_ids``; None if one is unknown."""
+        known = self.stacks
+        try:
+            return np.array([known[s] for s in stack_ids], dtype=bool)
+        except KeyError:
+            return None
+
+    def remember_stacks(self, stack_ids: List[int], hits: np.ndarray, settled: np.ndarray) -> None:
+        """Remember the verdicts of the stacks flagged ``settled``, and every match (a
+        matching frame stays matching whatever the stack's other frames turn out to be)."""
+        if len(self.stacks) + len(stack_ids) > STACK_CACHE_LIMIT:
+            self.stacks.clear()
+        for sid, hit, final in zip(stack_ids, hits.tolist(), settled.tolist()):
+            if final or hit:
+                self.stacks[sid] = hit
 
     def unjudged(self, frames: np.ndarray) -> np.ndarray:
         """Of ``frames`` (sorted, distinct), those without a verdict yet."""
@@ -126,3 +164,6 @@ class FunctionFilter:
 
     def frame_matches(self, frames: np.ndarray) -> np.ndarray:
         return np.isin(frames, self.matched, assume_unique=True)
+
+    def frame_judged(self, frames: np.ndarray) -> np.ndarray:
+        return np.isin(frames, self.judged, assume_unique=True)
