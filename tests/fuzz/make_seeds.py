@@ -66,7 +66,7 @@ def pprof_seeds() -> Dict[str, bytes]:
 
 def jfr_seeds() -> Dict[str, bytes]:
     from tests.fuzz.targets import LABELS_SEPARATOR
-    from tests.test_jfr import (
+    from tests.formats.test_jfr import (
         EXEC,
         LIVE,
         MONITOR,
@@ -126,7 +126,7 @@ def otlp_traces_seeds() -> Dict[str, bytes]:
 
 
 def otlp_profiles_seeds() -> Dict[str, bytes]:
-    from tests.test_otlp_profiles import SPAN_A, TRACE_A, Builder, cpu_request
+    from tests.server.otlp.test_otlp_profiles import SPAN_A, TRACE_A, Builder, cpu_request
 
     out = {"cpu.pb": cpu_request("shop", 1_700_000_000).pb()}
     b = Builder()
