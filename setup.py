@@ -102,6 +102,13 @@ EXTENSIONS = [
         extra_compile_args=["-O2", "-std=gnu11"],
         optional=True,
     ),
+    # OTLP spans from protobuf bytes (the twin of formats/otlp_traces.py's to_span_batch).
+    Extension(
+        "hotspan._speedups._otlp",
+        ["src/hotspan/_speedups/otlp.c"],
+        extra_compile_args=["-O2", "-std=c11"],
+        optional=True,
+    ),
     # Lock contention: a lock wrapper whose uncontended acquire costs next to nothing.
     Extension(
         "hotspan._speedups._locks",

@@ -13,9 +13,10 @@ finding: it is copied to tests/fuzz/crashes/<target>/ (which tests/test_fuzz_cra
 replays on every test run), and the run exits 1.  New inputs the fuzzer finds go to
 ``--work`` (a temporary directory unless given), never into the committed seeds.
 
-``--instrumented-c`` builds the C pprof decoder and JFR reader with clang, AddressSanitizer
-and libFuzzer's coverage (``-fsanitize=address,fuzzer-no-link``) into the work directory and
-fuzzes that build, under atheris' ASan runtime; the in-place build the tests use is left alone.
+``--instrumented-c`` builds the C pprof decoder, JFR reader and OTLP span reader with clang,
+AddressSanitizer and libFuzzer's coverage (``-fsanitize=address,fuzzer-no-link``) into the work
+directory and fuzzes that build, under atheris' ASan runtime; the in-place build the tests use
+is left alone.
 ``--extra-seeds DIR`` adds seed directories (e.g. ../shared/fixtures, read, never written).
 """
 
@@ -76,7 +77,7 @@ def build_instrumented(work: Path) -> Path:
     out = work / "speedups"
     out.mkdir(parents=True, exist_ok=True)
     suffix = sysconfig.get_config_var("EXT_SUFFIX")
-    for source, module in (("pprof.c", "_pprof"), ("jfr.c", "_jfr")):
+    for source, module in (("pprof.c", "_pprof"), ("jfr.c", "_jfr"), ("otlp.c", "_otlp")):
         cmd = [
             cc,
             "-shared",

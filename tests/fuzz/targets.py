@@ -4,8 +4,9 @@ Each target takes one input and returns normally when the input decodes, or is r
 an error the server answers with a 4xx (:class:`FormatError` and its kinds, an ``HTTPError``
 below 500).  Anything else escapes: another exception, a crash, or a decode whose result
 breaks what the store relies on (:class:`Finding`: values, times, stacks and frames that
-resolve, text that encodes).  The C pprof decoder is also checked against the Python one
-(its reference implementation): both accept or both refuse, with identical arrays.
+resolve, text that encodes).  The C pprof decoder, JFR reader and OTLP span reader are also
+checked against the Python ones (their reference implementations): both accept with the same
+result, or both refuse.
 
 The fuzzer (tests/fuzz/run.py) and the crash replay (tests/test_fuzz_crashes.py) share these.
 """
@@ -18,8 +19,12 @@ import json
 from typing import Callable, Dict, Iterable, List, Optional, Tuple
 
 import numpy as np
+from opentelemetry.proto.common.v1.common_pb2 import InstrumentationScope
+from opentelemetry.proto.resource.v1.resource_pb2 import Resource
+from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
 from hotspan.formats import jfr_profiles, pprof
+from hotspan.formats import otlp_traces as otlp_traces_format
 from hotspan.formats.compression import gunzip, maybe_gunzip
 from hotspan.formats.errors import FormatError
 from hotspan.formats.pprof_decode import DecodedProfile, _fast, decode_python
@@ -223,12 +228,37 @@ def _is_json(data: bytes) -> bool:
 
 
 def otlp_traces(data: bytes) -> None:
-    """``POST /v1/traces`` (and OTLP/gRPC), protobuf or JSON."""
+    """``POST /v1/traces`` (and OTLP/gRPC), protobuf or JSON; the C span reader (when built)
+    is checked against the Python one: both refuse, or the same batch."""
+    if otlp_traces_format._fast is not None and not _is_json(data):
+        _check(_spans_outcome(data, True) == _spans_outcome(data, False), "C and Python differ")
     try:
         result, _ = server_otlp.convert_traces(data, _is_json(data))
     except FormatError:
         return
     check_spans(result.batch)
+
+
+def _spans_outcome(data: bytes, native: bool) -> object:
+    """What the span reader makes of a body, the bytes it keeps read back as messages (the C
+    reader slices what Python re-serializes: the same message, not always the same bytes)."""
+    try:
+        if native:
+            result = otlp_traces_format.from_protobuf(data)
+        else:
+            result = otlp_traces_format.to_span_batch(otlp_traces_format.decode(data, False))
+    except FormatError as exc:
+        return type(exc)
+    b = result.batch
+
+    def group(gid: int) -> tuple:
+        g = b.groups[gid]
+        r, s = Resource.FromString(g.resource), InstrumentationScope.FromString(g.scope)
+        return (g.service, r, g.resource_schema_url, s, g.scope_schema_url, g.attrs)
+
+    rows = [(r[:10], Span.FromString(r.raw), group(r.group_id)) for r in b.rows]
+    groups = sorted(str(g) for g in map(group, b.groups))
+    return rows, groups, list(b.tags.items()), result.rejected
 
 
 def otlp_profiles(data: bytes) -> None:

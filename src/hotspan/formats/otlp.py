@@ -132,6 +132,11 @@ def _base64_ids_to_hex(node: Any) -> Any:
     return node
 
 
+# An array or kvlist value's text, at most: each level of nesting escapes the quotes and
+# backslashes of the level below, so that a few bytes nested 30 deep would write terabytes.
+MAX_VALUE_TEXT = 1 << 20
+
+
 def any_value_text(value: Any) -> str:
     """An ``AnyValue`` as text: what search matches and label values hold."""
     kind = value.WhichOneof("value")
@@ -149,8 +154,12 @@ def any_value_text(value: Any) -> str:
     if kind == "bytes_value":
         return base64.b64encode(value.bytes_value).decode()
     if kind == "array_value":
-        return json.dumps([any_value_text(v) for v in value.array_value.values])
-    return json.dumps({kv.key: any_value_text(kv.value) for kv in value.kvlist_value.values})
+        text = json.dumps([any_value_text(v) for v in value.array_value.values])
+    else:
+        text = json.dumps({kv.key: any_value_text(kv.value) for kv in value.kvlist_value.values})
+    if len(text) > MAX_VALUE_TEXT:
+        raise FormatError(f"an attribute value is over {MAX_VALUE_TEXT} characters as text")
+    return text
 
 
 def label_value(value: Any) -> str:

@@ -13,7 +13,6 @@ import json
 from typing import Awaitable, Callable, Tuple
 
 from google.protobuf.message import Message
-from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -22,7 +21,7 @@ from hotspan.formats.errors import FormatError
 from hotspan.formats.otlp import TooLarge, encode_json
 from hotspan.formats.protowire import uvarint
 from hotspan.server.errors import HTTPError
-from hotspan.server.ingestion import commit, commit_spans
+from hotspan.server.ingestion import commit, commit_spans, off_loop
 from hotspan.server.request import check_token, read_body, tenant_of
 from hotspan.server.state import ServerState
 
@@ -71,7 +70,10 @@ def _answer(msg: Message, is_json: bool) -> Response:
 
 def convert_traces(body: bytes, is_json: bool) -> Tuple[otlp_traces.SpansResult, Message]:
     """Spans to store and the answer to give; FormatError when nothing can be stored."""
-    result = otlp_traces.to_span_batch(otlp_traces.decode(body, is_json))
+    if is_json:
+        result = otlp_traces.to_span_batch(otlp_traces.decode(body, is_json))
+    else:
+        result = otlp_traces.from_protobuf(body)
     rejected = result.rejected
     if rejected.count and not len(result.batch):
         raise FormatError(f"no span could be stored: {rejected.message()}")
@@ -95,14 +97,15 @@ def convert_profiles(body: bytes, is_json: bool) -> Tuple[otlp_profiles.Profiles
 
 
 async def _store_spans(state: ServerState, tenant: str, body: bytes, is_json: bool) -> Message:
-    # On a worker thread: a request's cost is per item, and the event loop must stay free.
-    result, response = await run_in_threadpool(convert_traces, body, is_json)
+    # On a decoding thread: a request's cost is per item, and the event loop must stay free
+    # (the C span reader runs there without the GIL).
+    result, response = await off_loop(convert_traces, body, is_json)
     await commit_spans(state, tenant, result.batch)
     return response
 
 
 async def _store_profiles(state: ServerState, tenant: str, body: bytes, is_json: bool) -> Message:
-    result, response = await run_in_threadpool(convert_profiles, body, is_json)
+    result, response = await off_loop(convert_profiles, body, is_json)
     await commit(state, tenant, result.batch)
     return response
 
