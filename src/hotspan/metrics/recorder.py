@@ -213,13 +213,17 @@ class Recorder:
         cols = batch.columns()
         if not len(cols.value):
             return
-        series, inverse = np.unique(cols.series_id, return_inverse=True)
-        series_list = series.tolist()
+        first = cols.series_id[:1]
+        if (cols.series_id == first).all():  # one upload, one series: the common batch
+            series_list, inverse = first.tolist(), np.zeros(len(cols.series_id), dtype=np.intp)
+        else:
+            series, inverse = np.unique(cols.series_id, return_inverse=True)
+            series_list = series.tolist()
         infos = [batch.series.get(sid) for sid in series_list]
         plans = []
         for act in acts:
             groups = [act.group_of(sid, info) for sid, info in zip(series_list, infos)]
-            if any(g is not None for g in groups):
+            if groups.count(None) < len(groups):
                 plans.append((act, groups))
         if not plans:
             return
@@ -265,8 +269,9 @@ class Recorder:
         filters = [a.function for a in acts if a.function is not None]
         if not filters:
             return {}
-        distinct, inverse = np.unique(sample_stacks, return_inverse=True)
-        ids = distinct.tolist()
+        # Per sample, not per distinct stack: an upload's samples have distinct stacks, or
+        # nearly, and a sort to find them would cost more than the look-ups it saves.
+        ids = sample_stacks.tolist()
         verdicts: Dict[int, np.ndarray] = {}
         todo: List[FunctionFilter] = []
         for f in filters:
@@ -276,7 +281,7 @@ class Recorder:
             else:
                 verdicts[id(f)] = known
         if todo:
-            stacks = BatchStacks(batch, distinct)
+            stacks = BatchStacks(batch, sample_stacks)
             unjudged = [(f, f.unjudged(stacks.frames)) for f in todo]
             wanted: Set[int] = set()
             for _, frames in unjudged:
@@ -291,7 +296,7 @@ class Recorder:
                 found = stacks.sample_hits(f.frame_matches(stacks.frames))
                 f.remember_stacks(ids, found, stacks.sample_settled(f.frame_judged(stacks.frames)))
                 verdicts[id(f)] = found
-        return {key: found[inverse] for key, found in verdicts.items()}
+        return verdicts
 
     def _add(self, act: _Active, group: GroupKey, value: int) -> None:
         if group in act.values:
