@@ -312,11 +312,26 @@ def grpc_tenant(auth: Authenticator, access: Access, metadata: Iterable[Tuple[st
 # -- the middleware -------------------------------------------------------------------------
 
 
-def _header(headers: List[Tuple[bytes, bytes]], name: bytes) -> Optional[bytes]:
+_TENANT_KEY = TENANT_HEADER.lower().encode()
+
+
+def _credentials(headers: List[Tuple[bytes, bytes]]) -> Tuple[bytes, Optional[bytes]]:
+    """The first ``Authorization`` value (b"": none) and the first ``X-Scope-OrgID`` one
+    (None: none) of a request's headers, in one pass over them."""
+    authorization: Optional[bytes] = None
+    tenant: Optional[bytes] = None
     for key, value in headers:
-        if key.lower() == name:
-            return value
-    return None
+        key = key.lower()
+        if key == b"authorization":
+            if authorization is None:
+                authorization = value
+                if tenant is not None:
+                    break
+        elif key == _TENANT_KEY and tenant is None:
+            tenant = value
+            if authorization is not None:
+                break
+    return authorization or b"", tenant
 
 
 class AuthMiddleware:
@@ -340,10 +355,10 @@ class AuthMiddleware:
 
     def _resolve(self, scope: Any, access: Access) -> Union[Principal, HTTPError]:
         headers: List[Tuple[bytes, bytes]] = scope["headers"]
-        tenant = _header(headers, TENANT_HEADER.lower().encode())
+        authorization, tenant = _credentials(headers)
         named = tenant.decode("latin-1") if tenant is not None else None
         try:
-            principal = self.auth.resolve(access, _header(headers, b"authorization") or b"", named)
+            principal = self.auth.resolve(access, authorization, named)
             if principal.bound:
                 if scope["path"] in _TENANT_PARAM_PATHS:
                     query = scope.get("query_string", b"").decode("latin-1")
@@ -353,9 +368,8 @@ class AuthMiddleware:
                                 403,
                                 f"the token is for tenant {principal.tenant!r}, not {value[:60]!r}",
                             )
-                key = TENANT_HEADER.lower().encode()
-                scope["headers"] = [(k, v) for k, v in headers if k.lower() != key] + [
-                    (key, principal.tenant.encode())
+                scope["headers"] = [(k, v) for k, v in headers if k.lower() != _TENANT_KEY] + [
+                    (_TENANT_KEY, principal.tenant.encode())
                 ]
         except HTTPError as exc:
             return exc
