@@ -51,6 +51,7 @@ class IndexCases:
         raise NotImplementedError
 
     reopen: Callable[[], Any]
+    regex_indexed = True
 
     def test_equality_and_regex_use_the_index(self, store: Any) -> None:
         _write(store)
@@ -64,11 +65,13 @@ class IndexCases:
         # "200" is not it, in the index as in the spans.
         assert _found(store, "span.code", "=", 200) == [TRACE_A]
         assert _found(store, "span.code", "=", "200") == []
-        # Without its rows in the index a span is not found by equality or regular
-        # expression (the index is what answers), while other operators still scan.
+        # Without its rows in the index a span is not found by equality, nor by a regular
+        # expression where the index answers those (the index is what answers), while other
+        # operators still scan.
         self.sql(store, "DELETE FROM span_attrs WHERE span_id = 3")
         assert _found(store, "span.enduser.id", "=", "u-1") == [TRACE_A]
-        assert _found(store, "span.enduser.id", "=~", "u-1") == [TRACE_A]
+        by_regex = [TRACE_A] if self.regex_indexed else sorted([TRACE_A, TRACE_C])
+        assert _found(store, "span.enduser.id", "=~", "u-1") == by_regex
         assert _found(store, "span.enduser.id", "!=", "u-2") == sorted([TRACE_A, TRACE_C])
 
     def test_spans_stored_before_the_index_are_found(self, store: Any) -> None:
@@ -96,6 +99,10 @@ class IndexCases:
 
 
 class TestDuckDB(IndexCases):
+    # DuckDB reads as many rows for a lookup by trace id as for a scan: only equalities,
+    # answered span by span, gain by the index (search_sql.Dialect.index_by_span).
+    regex_indexed = False
+
     @pytest.fixture
     def store(self, tmp_path: Path) -> Iterator[DuckDBStore]:
         self.reopen = lambda: DuckDBStore(str(tmp_path / "data"))

@@ -101,15 +101,19 @@ class Dialect:
     one_per_span: str
     # Membership in the span groups found by a subquery.
     in_groups: str
-    # The trace ids of the attribute index's rows that meet ``where`` (SQL over its columns),
-    # given the attribute's key and, for an equality, its index value (mark and text): the
-    # engine narrows what it reads by them.
-    attr_traces: Callable[[str, str, Optional[str], Binder], str]
+    # The ``ids`` (trace_id, and span_id) of the attribute index's rows that meet ``where``
+    # (SQL over its columns), given the attribute's key and, for an equality, its index value
+    # (mark and text): the engine narrows what it reads by them.
+    attr_traces: Callable[[str, str, Optional[str], str, Binder], str]
     # The text of an attribute index value ``{}`` after its type mark.
     after_mark: str = "substring({}, 2)"
+    # Whether an equality is answered by the index alone, span by span (its spans' ids, no
+    # read of their attribute text), and regular expressions are left to the scan: DuckDB
+    # reads no fewer rows for a trace-id lookup, only fewer columns.
+    index_by_span: bool = False
 
 
-def _duckdb_attr_traces(where: str, key: str, value: Optional[str], bind: Binder) -> str:
+def _duckdb_attr_traces(where: str, key: str, value: Optional[str], ids: str, bind: Binder) -> str:
     # The sorted runs and the recent part (attr_index): an equality reads the row groups of
     # each run that hold its sort key, any other lookup those that hold its key's range.
     if value is not None:
@@ -118,14 +122,16 @@ def _duckdb_attr_traces(where: str, key: str, value: Optional[str], bind: Binder
         low, high = key_hash_range(key)
         h = f"h BETWEEN CAST({bind(low)} AS UBIGINT) AND CAST({bind(high)} AS UBIGINT)"
     return " UNION ALL ".join(
-        f"SELECT trace_id FROM {table} WHERE {h} AND {where}"
+        f"SELECT {ids} FROM {table} WHERE {h} AND {where}"
         for table in ("span_attrs", "span_attrs_recent")
     )
 
 
-def _clickhouse_attr_traces(where: str, key: str, value: Optional[str], bind: Binder) -> str:
+def _clickhouse_attr_traces(
+    where: str, key: str, value: Optional[str], ids: str, bind: Binder
+) -> str:
     # Ordered by (tenant, key, value, start): the key and value are a primary-key range.
-    return f"SELECT trace_id FROM span_attrs WHERE {where}"
+    return f"SELECT {ids} FROM span_attrs WHERE {where}"
 
 
 def _duckdb_full_match(expr: str, pattern: str, bind: Binder) -> str:
@@ -177,6 +183,7 @@ DUCKDB = Dialect(
     one_per_span="SELECT DISTINCT ON (trace_id, span_id) * FROM {table} WHERE {where}",
     in_groups="IN",
     attr_traces=_duckdb_attr_traces,
+    index_by_span=True,
 )
 
 # Values are clickhouse-connect's client-side bindings, quoted into the text by the client.
@@ -253,7 +260,7 @@ def _indexed(key: str, op: str, value: object, bind: Binder) -> str:
         text = clean(value)
         indexed = (STRING_US if reads_typed(text) else US) + text
         found = f"value = {bind(indexed)}"
-    elif op == "=~":
+    elif op == "=~" and not d.index_by_span:
         found = d.full_match(d.after_mark.format("value"), str(value), bind)
     else:
         return "TRUE"
@@ -262,7 +269,8 @@ def _indexed(key: str, op: str, value: object, bind: Binder) -> str:
         f"{d.tenant} = {bind.name('tenant')} AND key = {bind(k)} AND {found} "
         f"AND start_ns < {end} AND end_ns >= {start}"
     )
-    lookup = f"trace_id IN ({d.attr_traces(where, k, indexed, bind)})"
+    ids = "trace_id, span_id" if d.index_by_span else "trace_id"
+    lookup = f"({ids}) IN ({d.attr_traces(where, k, indexed, ids, bind)})"
     if bind.unindexed_before > 0:
         return f"(start_ns < {bind(bind.unindexed_before)} OR {lookup})"
     return lookup
@@ -329,9 +337,12 @@ def span_condition(cond: Condition, bind: Binder) -> str:
     if key == "raw:scope":
         return _in_resource(bind.dialect.contains.format("hex(scope)", bind(str(value))), bind)
     if key.startswith("span."):
-        exact = _attribute(key[5:], op, value, bind, key)
         index = _indexed(key[5:], op, value, bind)
-        return exact if index == "TRUE" else f"{index} AND {exact}"
+        if index == "TRUE":
+            return _attribute(key[5:], op, value, bind, key)
+        if bind.dialect.index_by_span and bind.unindexed_before <= 0:
+            return index  # the index holds exactly the spans with this attribute and value
+        return f"{index} AND {_attribute(key[5:], op, value, bind, key)}"
     if key.startswith("resource."):
         return _in_resource(_attribute(key[9:], op, value, bind, key), bind)
     if not key.startswith("."):
