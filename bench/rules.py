@@ -163,6 +163,27 @@ def _recorder_health(families: Dict[str, Any]) -> Dict[str, object]:
     return out
 
 
+RECORDING_THREAD = "recording rules (hotspan-recording)"
+
+
+class _ThreadGroups(ingest.ThreadGroups):
+    """ingest.ThreadGroups with the recording rules' worker thread apart (its OS name,
+    ``hotspan-recording``, cut to 15 characters)."""
+
+    def stop(self) -> None:
+        groups: Dict[str, float] = {}
+        for tid, (comm, cpu) in ingest._thread_times(self.pid).items():
+            used = cpu - self._t0.get(tid, ("", 0.0))[1]
+            if tid == self.pid:
+                name = "event loop (main thread)"
+            elif comm.startswith("hotspan-record"):
+                name = RECORDING_THREAD
+            else:
+                name = ingest.THREAD_GROUPS.get(comm) or "other threads"
+            groups[name] = groups.get(name, 0.0) + used
+        self.cpu_s = {k: round(v, 3) for k, v in sorted(groups.items())}
+
+
 def run_ingest_once(
     rules: Dict[str, Dict[str, Any]],
     uploads: List[Dict[str, object]],
@@ -194,9 +215,17 @@ def run_ingest_once(
         req_file = os.path.join(workdir, "requests-push.pickle")
         with open(req_file, "wb") as f:
             pickle.dump(reqs, f)
-        load, window = ingest.drive_load(server, req_file, concurrency, warmup, duration)
+        groups = _ThreadGroups(server.pid)
+        load, window = ingest.drive_load(server, req_file, concurrency, warmup, duration, groups)
         os.unlink(req_file)
         ok = int(load["ok"])
+        if ok:
+            out["cpu_ms_per_upload_by_thread"] = {
+                name: round(cpu_s * 1000 / ok, 3) for name, cpu_s in groups.cpu_s.items()
+            }
+            out["recording_ms_per_upload"] = out["cpu_ms_per_upload_by_thread"].get(  # type: ignore[attr-defined]
+                RECORDING_THREAD, 0.0
+            )
         out.update(
             uploads_ok=ok,
             uploads_per_s=round(ok / duration, 1),
@@ -331,6 +360,12 @@ def run_ingest_cost(quick: bool, concurrency: int, log: Log) -> Dict[str, object
         "uploads_per_s": _ratio(mean("uploads_per_s", True), mean("uploads_per_s", False)),
         "cpu_per_upload": _ratio(mean("cpu_ms_per_upload", True), mean("cpu_ms_per_upload", False)),
         "metrics_scrape": _ratio(scrape_median(True), scrape_median(False)),
+        # The recording worker's own CPU against the whole server's without rules: what the
+        # rules cost, read from one thread rather than from two runs' difference (on a shared
+        # machine, two runs differ by more than the rules cost).
+        "recording_thread_share": _ratio(
+            mean("recording_ms_per_upload", True), mean("cpu_ms_per_upload", False)
+        ),
     }
     return {
         "params": {
@@ -936,10 +971,11 @@ def markdown(result: Dict[str, Any], command: str, m: Dict[str, Any], wall: floa
     add("")
     add(
         "| round | rules | uploads/s | p50 ms | p99 ms | errors | server CPU s | CPU ms/upload "
+        "| recording thread ms/upload "
         "| /metrics median ms | /metrics p90 ms | bytes | recorded series | batches not counted "
         "| recorded = stored |"
     )
-    add("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+    add("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
     for r in ing["runs"]:
         mt = r["metrics"]
         check = "" if not r["rules"] else ("yes" if r.get("recorded_matches_store") else
@@ -948,7 +984,8 @@ def markdown(result: Dict[str, Any], command: str, m: Dict[str, Any], wall: floa
         add(
             f"| {r['round']} | {r['rules']} | {r['uploads_per_s']} | {r['latency_ms']['p50']} | "
             f"{r['latency_ms']['p99']} | {r['errors']} | {r['server_cpu'].get('cpu_s')} | "
-            f"{r['cpu_ms_per_upload']} | {mt['median_ms']} | {mt['p90_ms']} | "
+            f"{r['cpu_ms_per_upload']} | {r.get('recording_ms_per_upload', '')} | "
+            f"{mt['median_ms']} | {mt['p90_ms']} | "
             f"{_fmt(mt['response_bytes'])} | {mt['recorded_series']} | "
             f"{r['recorder'].get('hotspan_recording_rule_dropped_batches', '')} | {check} |"
         )
@@ -960,6 +997,14 @@ def markdown(result: Dict[str, Any], command: str, m: Dict[str, Any], wall: floa
         f"server CPU per upload x{ratios['cpu_per_upload']}, `/metrics` scrape time "
         f"x{ratios['metrics_scrape']}."
     )
+    if ratios.get("recording_thread_share") is not None:
+        add("")
+        add(
+            "The recording worker's thread (`hotspan-recording`) used "
+            f"{ratios['recording_thread_share']:.1%} of the CPU per upload that the server "
+            "without rules used in all: what counting costs, read from its own thread (the "
+            "two runs' totals differ by more than that on a shared machine)."
+        )
     add("")
     add(
         "Batches not counted: `hotspan_recording_rule_dropped_batches`, stored batches the "

@@ -47,6 +47,7 @@ from hotspan.model.labels import METRIC_NAME, Selector
 from hotspan.model.profile import IngestBatch, SeriesInfo
 from hotspan.query.engine import synthetic_labels
 from hotspan.store.base import Store
+from hotspan.store.batching import name_os_thread
 
 log = logging.getLogger(__name__)
 
@@ -381,6 +382,7 @@ class Recorder:
             thread.join(timeout=30)
 
     def _work(self) -> None:
+        name_os_thread("hotspan-recording")  # top -H (and bench/rules.py) show its CPU
         while True:
             item = self._queue.get()
             if item is _STOP:
