@@ -65,7 +65,6 @@ def pprof_seeds() -> Dict[str, bytes]:
 
 
 def jfr_seeds() -> Dict[str, bytes]:
-    from tests.fuzz.targets import LABELS_SEPARATOR
     from tests.formats.test_jfr import (
         EXEC,
         LIVE,
@@ -79,6 +78,7 @@ def jfr_seeds() -> Dict[str, bytes]:
         chunk,
         labels_snapshot,
     )
+    from tests.fuzz.targets import LABELS_SEPARATOR
 
     events = [
         (EXEC, (1, 0, 1, 0xA1, 4)),
