@@ -59,7 +59,7 @@ extras = project["optional-dependencies"]
 if sys.argv[1] == "tools":
     wanted = extras["lint"]
 else:
-    wanted = project["dependencies"] + extras["clickhouse"] + extras["otel"]
+    wanted = project["dependencies"] + extras["clickhouse"] + extras["otel"] + extras["fast"]
 for req in wanted:
     print(req)
 EOF
