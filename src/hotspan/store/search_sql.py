@@ -247,10 +247,11 @@ def _has_key(key: str, bind: Binder) -> str:
 
 
 def _indexed(key: str, op: str, value: object, bind: Binder) -> str:
-    """A necessary condition of an equality with a string or of a regular expression on a
-    span attribute: the span's trace is one that the attribute index holds the attribute for
-    in the range.  It narrows what is read to those traces' spans; TRUE when the index cannot
-    tell (other operators, a statement without a range)."""
+    """A condition from the attribute index for an equality with a string (and, where the
+    dialect indexes them, a regular expression) on a span attribute: the span (or, by
+    trace, its trace) is one the index holds the attribute for in the range.  It narrows what
+    is read to those spans' rows; TRUE when the index cannot tell (other operators, a
+    statement without a range)."""
     if bind.span_range is None or isinstance(value, bool):
         return "TRUE"
     d = bind.dialect
