@@ -60,7 +60,7 @@ MAX_SERIES_PER_TENANT = 10_000
 MAX_SERIES = 100_000
 # Sample rows waiting to be counted (about 50 bytes each); past it, batches are not counted.
 # Rows, not batches: under a burst of pushes the worker shares the interpreter with the event
-# loop and falls behind for seconds, then catches up (it counts 1,000+ uploads a second
+# loop and falls behind for seconds, then catches up (it counts 5,000+ uploads a second
 # alone, bench/results/rules.md); a queue of 64 batches dropped 13 % of them there.
 QUEUE_ROWS = 2_000_000
 _SERIES_CACHE_LIMIT = 200_000
