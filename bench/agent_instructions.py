@@ -1,7 +1,8 @@
 """The agent's cost in instructions, which a noisy shared VM cannot blur: each workload under
 ``valgrind --tool=callgrind``, with no profiler, hotspan with CPU and wall only, and hotspan
-with every profile type on, at two sizes of work; the cost is the extra instructions per unit
-of work (the difference between the two sizes, so that start-up and the exit upload cancel).
+with its defaults (every profile type but allocations, which are off by default), at two sizes
+of work; the cost is the extra instructions per unit of work (the difference between the two
+sizes, so that start-up and the exit upload cancel).
 
     python bench/agent_instructions.py [--workloads cpu_split,alloc,...] [--seconds 0.15]
                                        [--repeats 3] [--name agent_instructions-3.12]
@@ -52,7 +53,7 @@ PROFILERS = ["none", "hotspan-cpuonly", "hotspan"]
 LABELS = {
     "none": "no profiler",
     "hotspan-cpuonly": "hotspan, CPU and wall only",
-    "hotspan": "hotspan, every profile type on",
+    "hotspan": "hotspan, its defaults",
 }
 DEAD_SERVER = "http://127.0.0.1:9"  # nothing listens: the exit upload fails at once
 
