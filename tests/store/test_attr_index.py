@@ -201,3 +201,19 @@ class TestClickHouse(IndexCases):
             "ALTER TABLE schema_migrations DELETE WHERE version = 3",
             settings={"mutations_sync": 2},
         )
+
+    def test_a_value_most_spans_hold_is_read_by_the_scan(
+        self, store: Any, monkeypatch: Any
+    ) -> None:
+        # Past INDEX_MAX_SPANS spans of the range, the list of traces the index names costs
+        # more than the scan: such an equality reads the spans, so it finds a span whose index
+        # rows are gone (u-1 keeps one row, above the bound of 0 here), while a value the
+        # index names no span of goes through the index.
+        from hotspan.store import clickhouse_traces
+
+        monkeypatch.setattr(clickhouse_traces, "INDEX_MAX_SPANS", 0)
+        _write(store)
+        self.sql(store, "DELETE FROM span_attrs WHERE span_id = 3")
+        assert _found(store, "span.enduser.id", "=", "u-1") == sorted([TRACE_A, TRACE_C])
+        self.sql(store, "DELETE FROM span_attrs WHERE span_id = 2")
+        assert _found(store, "span.enduser.id", "=", "u-2") == []

@@ -27,6 +27,7 @@ from hotspan.model.trace import (
     flatten_attributes,
 )
 from hotspan.query.traceql import legacy_query, parse_duration, parse_logfmt, parse_traceql
+from hotspan.store.clickhouse_schema import _span_attr_rows as span_attr_rows
 from hotspan.store.duckdb import DuckDBStore
 from hotspan.store.search_sql import CLICKHOUSE, search_sql
 from tests import traceql_cases
@@ -58,6 +59,10 @@ SCHEMA = [
         group_id Int64, service LowCardinality(String), resource String,
         resource_schema_url String, scope String, scope_schema_url String, attrs String
     ) ENGINE = ReplacingMergeTree ORDER BY group_id""",
+    """CREATE TABLE span_attrs (
+        tenant LowCardinality(String), key LowCardinality(String), value String,
+        start_ns Int64, end_ns Int64, trace_id String, span_id UInt64
+    ) ENGINE = MergeTree ORDER BY (tenant, key, value, start_ns)""",
 ]
 
 Span = Tuple[str, int, int, str, int, int, int, int, Dict[str, str]]
@@ -206,6 +211,16 @@ def ch_insert(session: Any, tenant: str, spans: SpanBatch) -> None:
     session.query("INSERT INTO span_groups VALUES " + ", ".join(map(values, groups)))
     rows = [(tenant, *row) for row in spans.rows]
     session.query("INSERT INTO spans VALUES " + ", ".join(map(values, rows)))
+    # The attribute index as the store's materialized view fills it, from these spans alone.
+    session.query(
+        "INSERT INTO span_attrs "
+        + span_attr_rows(
+            f"(SELECT * FROM spans WHERE tenant = '{tenant}' AND span_id IN "
+            + "("
+            + ", ".join(str(row[1]) for row in spans.rows)
+            + "))"
+        )
+    )
 
 
 @pytest.fixture(scope="module")

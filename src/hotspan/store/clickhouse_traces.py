@@ -23,6 +23,10 @@ from hotspan.store.search_sql import CLICKHOUSE, Binder, search_sql, span_condit
 # ClickHouse errors that are the search's fault (a value ClickHouse cannot compare).
 _BAD_SEARCH_CODES = (36, 43, 53, 6)
 _CANNOT_COMPILE_REGEXP = 427
+# An equality that names more spans of the search's range than this is read by the scan, not
+# through the attribute index: past it, the list of the traces it names costs more than
+# reading every span of the range (a value that most spans hold, such as an HTTP method).
+INDEX_MAX_SPANS = 100_000
 
 
 class ClickHouseTraces:
@@ -92,7 +96,24 @@ class ClickHouseTraces:
             raise store_error(exc, "ClickHouse search failed") from exc
 
     def find_traces(self, tenant: str, query: TraceQuery) -> List[TraceSummary]:
-        sql, params = search_sql(CLICKHOUSE, tenant, query)
+        def selective(key: str, value: str) -> bool:
+            # The index's primary key leads with (tenant, key, value): a few granules read.
+            rows = self._clients.query(
+                "SELECT count() FROM (SELECT 1 FROM span_attrs WHERE tenant = %(tenant)s "
+                "AND key = %(key)s AND value = %(value)s AND start_ns < %(end)s "
+                "AND end_ns >= %(start)s LIMIT %(limit)s)",
+                {
+                    "tenant": tenant,
+                    "key": key,
+                    "value": value,
+                    "start": int(query.start_ns),
+                    "end": int(query.end_ns),
+                    "limit": INDEX_MAX_SPANS + 1,
+                },
+            ).result_rows
+            return bool(rows) and int(rows[0][0]) <= INDEX_MAX_SPANS
+
+        sql, params = search_sql(CLICKHOUSE, tenant, query, selective=selective)
         rows = self._search_rows(sql, params)
         # Over a cluster each shard picks its own newest traces: keep the newest of all.
         return TraceSummary.from_rows(rows, query.limit)

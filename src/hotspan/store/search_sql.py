@@ -58,6 +58,10 @@ class Binder:
         # Spans that started before this are not all in the index (stored before it existed):
         # they are read as without it.
         self.unindexed_before = 0
+        # Whether an equality (attribute key, index value) names few enough spans of the range
+        # for the index to be worth reading; None: always.  A value that most spans hold (an
+        # HTTP method) would make the lookup a list of most traces, dearer than the scan.
+        self.selective: Optional[Callable[[str, str], bool]] = None
 
     def __call__(self, value: Any) -> str:
         try:
@@ -260,6 +264,8 @@ def _indexed(key: str, op: str, value: object, bind: Binder) -> str:
     if op == "=" and isinstance(value, str):
         text = clean(value)
         indexed = (STRING_US if reads_typed(text) else US) + text
+        if bind.selective is not None and not bind.selective(k, indexed):
+            return "TRUE"
         found = f"value = {bind(indexed)}"
     elif op == "=~" and not d.index_by_span:
         found = d.full_match(d.after_mark.format("value"), str(value), bind)
@@ -399,13 +405,18 @@ _ROOT_COLUMNS = (
 
 
 def search_sql(
-    dialect: Dialect, tenant: object, query: TraceQuery, unindexed_before: int = 0
+    dialect: Dialect,
+    tenant: object,
+    query: TraceQuery,
+    unindexed_before: int = 0,
+    selective: Optional[Callable[[str, str], bool]] = None,
 ) -> Tuple[str, Params]:
     """The statement and its named parameters: rows of (trace_id, root_service, root_name,
     t0, t1, spans, span_id, span_name, start_ns, end_ns, n), one per (trace, shown matched
     span), in the order of the answer.  ``tenant`` is the value of the dialect's tenant
     column; spans that started before ``unindexed_before`` may be missing from the attribute
-    index (:attr:`Binder.unindexed_before`)."""
+    index (:attr:`Binder.unindexed_before`); ``selective`` says which equalities the index
+    answers (:attr:`Binder.selective`)."""
     bind = Binder(
         dialect,
         tenant=tenant,
@@ -416,6 +427,7 @@ def search_sql(
     )
     bind.span_range = ("start_ns", "end_ns")
     bind.unindexed_before = unindexed_before
+    bind.selective = selective
     p = bind.name
     of_tenant = f"{dialect.tenant} = {p('tenant')}"
     # As in Tempo, a span counts when it overlaps the range.  ClickHouse's primary key
