@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import gzip
+from concurrent.futures import ThreadPoolExecutor
 from typing import Dict, List, Tuple
 
 import httpx
@@ -112,7 +113,10 @@ def test_concurrent_uploads_stored_exactly_once_and_bad_ones_refused(tmp_path) -
         expected.update(_upload(i)[2])
     data = tmp_path / "data"
     with running_server(data) as srv:
-        answers = asyncio.run(_send_all(srv.url))
+        # A thread of its own: in a worker that ran the UI tests first, Playwright's loop
+        # is current on this one.
+        with ThreadPoolExecutor(1) as pool:
+            answers = pool.submit(asyncio.run, _send_all(srv.url)).result()
         good = [a for a in answers if a[0] == "good"]
         bad = [a for a in answers if a[0] != "good"]
         assert len(good) == UPLOADS and all(status == 200 for _, status, _ in good), [
