@@ -1,5 +1,6 @@
 """Builds the optional C fast path; without a compiler hotspan installs pure Python."""
 
+import os
 import sysconfig
 
 from setuptools import Extension, setup
@@ -7,6 +8,13 @@ from setuptools.command.build_ext import build_ext
 
 
 class OptionalBuildExt(build_ext):
+    def finalize_options(self) -> None:
+        super().finalize_options()
+        # The extensions compile one per core (`pip install` builds them on every fresh
+        # checkout, the test command's included).
+        if not self.parallel:
+            self.parallel = os.cpu_count() or 1
+
     def run(self) -> None:
         try:
             super().run()

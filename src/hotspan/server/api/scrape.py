@@ -25,14 +25,18 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Tuple
 
-import httpx
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from hotspan import __version__
+
+if TYPE_CHECKING:
+    # Imported where a scrape runs: every server serves this module's routes, few scrape, and
+    # httpx with its command-line extras costs each server start ~70 ms.
+    import httpx
 from hotspan.model.profile import IngestBatch
 from hotspan.server import ingestion
 from hotspan.server.errors import bare_errors
@@ -59,6 +63,8 @@ async def http_get(
 ) -> bytes:
     """The body of a 200 answer to GET ``url`` within ``timeout`` seconds in all, at most
     ``limit`` bytes, else FetchError."""
+    import httpx
+
     try:
         return await asyncio.wait_for(_get(client, url, limit, headers), timeout)
     except asyncio.TimeoutError:
@@ -127,6 +133,8 @@ class Scraper:
         self.targets = [TargetState(t, p) for t in config.targets for p in t.profiles]
         self._tasks: List[asyncio.Task] = []
         self._unreachable: set = set()  # (job, instance) logged as not reachable
+        import httpx
+
         # One connection pool for all targets; timeouts are per scrape (http_get).
         self._client = httpx.AsyncClient(
             timeout=None, headers={"User-Agent": f"hotspan-scraper/{__version__}"}
