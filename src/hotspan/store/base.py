@@ -108,6 +108,16 @@ class SpanBaseline(NamedTuple):
     median_ns: Optional[float]
     candidates: int
 
+    @classmethod
+    def from_rows(cls, rows: Sequence[Sequence[Any]], limit: int) -> SpanBaseline:
+        """From the stores' statement: a span outline (SpanRecord.outlines' seven fields),
+        then the median and the number of candidates, on every row; no row, no candidate.
+        The statement returns one row even for ``limit`` 0, for the median."""
+        if not rows:
+            return cls([], None, 0)
+        spans = SpanRecord.outlines([r[:7] for r in rows]) if limit > 0 else []
+        return cls(spans, float(rows[0][7]), int(rows[0][8]))
+
 
 class RequestSides(NamedTuple):
     """A service's requests split between two sets of series (:meth:`Store.request_sides`):

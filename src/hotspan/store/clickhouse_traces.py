@@ -251,10 +251,7 @@ class ClickHouseTraces:
                 "limit": max(int(limit), 1),
             },
         ).result_rows
-        if not rows:
-            return SpanBaseline([], None, 0)
-        spans = SpanRecord.outlines([r[:7] for r in rows]) if limit > 0 else []
-        return SpanBaseline(spans, float(rows[0][7]), int(rows[0][8]))
+        return SpanBaseline.from_rows(rows, limit)
 
     def request_sides(
         self,
