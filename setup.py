@@ -39,6 +39,7 @@ EXTENSIONS = [
     Extension(
         "hotspan._speedups._pprof",
         ["src/hotspan/_speedups/pprof.c"],
+        depends=["src/hotspan/_speedups/hashing.h"],
         extra_compile_args=["-O3", "-std=c11"],
         optional=True,
     ),
@@ -86,6 +87,7 @@ EXTENSIONS = [
     Extension(
         "hotspan._speedups._jfr",
         ["src/hotspan/_speedups/jfr.c"],
+        depends=["src/hotspan/_speedups/hashing.h"],
         extra_compile_args=["-O2", "-std=c11"],
         optional=True,
     ),
@@ -114,6 +116,7 @@ EXTENSIONS = [
     Extension(
         "hotspan._speedups._otlp",
         ["src/hotspan/_speedups/otlp.c"],
+        depends=["src/hotspan/_speedups/hashing.h"],
         extra_compile_args=["-O2", "-std=c11"],
         optional=True,
     ),

@@ -21,48 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* ---- hashing (mirrors hotspan/model/hashing.py) ---------------------------------------- */
-
-#define FNV_OFFSET 0xCBF29CE484222325ULL
-#define FNV_PRIME 0x100000001B3ULL
-#define GOLDEN 0x9E3779B97F4A7C15ULL
-#define K_LEN 0xC2B2AE3D27D4EB4FULL
-#define K_MUL 0x87C37B91114253D5ULL
-
-static inline uint64_t
-fmix64(uint64_t h)
-{
-    h ^= h >> 33;
-    h *= 0xFF51AFD7ED558CCDULL;
-    h ^= h >> 33;
-    h *= 0xC4CEB9FE1A85EC53ULL;
-    h ^= h >> 33;
-    return h;
-}
-
-static int64_t
-hash_frame(const uint8_t *name, size_t n, int64_t line)
-{
-    uint64_t h = FNV_OFFSET, u = (uint64_t)line;
-    for (size_t i = 0; i < n; i++)
-        h = (h ^ name[i]) * FNV_PRIME;
-    h = (h ^ 0) * FNV_PRIME; /* name \0 (empty file name) \0 */
-    h = (h ^ 0) * FNV_PRIME;
-    for (int i = 0; i < 8; i++)
-        h = (h ^ (uint8_t)(u >> (8 * i))) * FNV_PRIME;
-    return (int64_t)fmix64(h);
-}
-
-static int64_t
-hash_stack(const int64_t *ids, size_t n)
-{
-    uint64_t h = GOLDEN ^ ((uint64_t)n * K_LEN);
-    for (size_t i = 0; i < n; i++) {
-        h ^= fmix64((uint64_t)ids[i] + GOLDEN);
-        h = ((h << 31) | (h >> 33)) * K_MUL;
-    }
-    return (int64_t)fmix64(h);
-}
+#include "hashing.h"
 
 static inline uint64_t
 mix2(uint64_t a, uint64_t b)
@@ -1671,10 +1630,7 @@ symbol(R *r, const Val *ref, Span *out)
 static int64_t
 intern_name(R *r, const uint8_t *s, size_t n)
 {
-    uint64_t h = FNV_OFFSET;
-    for (size_t i = 0; i < n; i++)
-        h = (h ^ s[i]) * FNV_PRIME;
-    h = fmix64(h);
+    uint64_t h = fmix64(fnv_bytes(FNV_OFFSET, s, n));
     if (index_grow(&r->name_index) < 0)
         return nomem(r);
     Index *x = &r->name_index;
@@ -2223,7 +2179,8 @@ build(R *r, Py_ssize_t max_depth)
     name_off[nn] = (int64_t)at;
     for (size_t i = 0; i < nf; i++) {
         Span sp = r->names.data[r->frame_name.data[i]];
-        frame_id[i] = hash_frame(r->arena.data + sp.off, sp.len, r->frame_line.data[i]);
+        frame_id[i] = hash_frame_raw(r->arena.data + sp.off, sp.len, (const uint8_t *)"", 0,
+                                     r->frame_line.data[i]);
     }
     for (size_t s = 0; s < ns; s++) {
         Span sp = r->stack_span.data[s];
@@ -2231,7 +2188,7 @@ build(R *r, Py_ssize_t max_depth)
         size_t depth = sp.len < (size_t)max_depth ? sp.len : (size_t)max_depth;
         for (size_t i = 0; i < depth; i++) /* root first: the leaf-first list reversed */
             root[i] = frame_id[r->stack_frames.data[sp.off + sp.len - 1 - i]];
-        stack_id[s] = hash_stack(root, depth);
+        stack_id[s] = hash_stack_raw(root, depth);
     }
     stack_off[ns] = (int64_t)r->stack_frames.len;
     kinds = PyList_New(0);

@@ -23,6 +23,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "hashing.h"
+
 /* Bounds of the walk: past them the Python path decides (it refuses the request or reads it). */
 #define MAX_DEPTH 24            /* AnyValue nesting (arrays, kvlists) */
 #define MAX_KVLIST 64           /* entries of one kvlist (deduplicated by a linear scan) */
@@ -870,17 +872,6 @@ flatten(ctx *c, size_t a0, size_t n, ref *out)
     return 1;
 }
 
-static inline uint64_t
-mix(uint64_t h)
-{
-    h ^= h >> 33;
-    h *= 0xFF51AFD7ED558CCDULL;
-    h ^= h >> 33;
-    h *= 0xC4CEB9FE1A85EC53ULL;
-    h ^= h >> 33;
-    return h;
-}
-
 static uint64_t
 hash_text(uint64_t h, const uint8_t *s, size_t n)
 {
@@ -888,11 +879,11 @@ hash_text(uint64_t h, const uint8_t *s, size_t n)
     for (; i + 8 <= n; i += 8) {
         uint64_t w;
         memcpy(&w, s + i, 8);
-        h = mix(h ^ w) * 0x9E3779B97F4A7C15ULL;
+        h = fmix64(h ^ w) * 0x9E3779B97F4A7C15ULL;
     }
     uint64_t w = 0;
     memcpy(&w, s + i, n - i);
-    return mix(h ^ w ^ ((uint64_t)n << 56));
+    return fmix64(h ^ w ^ ((uint64_t)n << 56));
 }
 
 /* Python's len() of UTF-8 text: its bytes that do not continue a character. */
