@@ -250,16 +250,29 @@ def test_compare_two_spans_and_two_traces(page, bank) -> None:  # type: ignore[n
     assert all(query.get(k) for k in ("leftFrom", "leftUntil", "rightFrom", "rightUntil"))
     page.click(".hs-compare-link")
     page.wait_for_url(re.compile(r"/diff\?.*leftSpanId=" + ids["compute"]))
-    # This trace against another one, typed in: the diff of the two whole traces.
+    # This trace against another one, typed in: the diff of the two whole traces. The span
+    # attributes are held back until the answer shows: when they arrive, the details are drawn
+    # again, and what was typed and answered must stay.
+    held = []
+    page.route("**/api/v2/traces/**", lambda route: held.append(route))
     page.goto(f"{srv.url}/traces/{ids['trace']}")
     page.fill(".hs-compare-trace", "not hex")
     page.click(".hs-compare-trace-go")
     assert "/traces/" in page.url  # refused, stays
-    page.fill(".hs-compare-trace", "0" * 31 + "1")
+    missing = "0" * 31 + "1"
+    page.fill(".hs-compare-trace", missing)
     page.click(".hs-compare-trace-go")
     page.wait_for_function(
         "() => document.querySelector('.hs-compare-status').innerText.includes('not found')"
     )
+    assert held, "the trace view did not ask for the span attributes"
+    with page.expect_response(lambda r: "/api/v2/traces/" in r.url):
+        for route in held:
+            route.continue_()
+    page.unroute("**/api/v2/traces/**")
+    page.wait_for_load_state("networkidle")
+    assert "not found" in page.inner_text(".hs-compare-status")
+    assert page.input_value(".hs-compare-trace") == missing
     page.fill(".hs-compare-trace", ids["health"])
     page.click(".hs-compare-trace-go")
     page.wait_for_url(re.compile(r"/diff\?"))

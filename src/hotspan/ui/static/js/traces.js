@@ -568,6 +568,17 @@ export function renderTraceView(root, { params, match }) {
     loadProfile();
   }
 
+  // The details are redrawn as attributes and extra columns arrive: the compare box is kept
+  // while it is about the same span and type, so what was typed in it, and its answer, stay.
+  let compareKept = { key: null, box: null };
+  function compareFor(span) {
+    const key = `${span ? span.spanID : ""} ${state.type}`;
+    if (compareKept.key !== key) {
+      compareKept = { key, box: compareBox({ traceId, span, type: state.type, range: traceRange(tree) }) };
+    }
+    return compareKept.box;
+  }
+
   function showDetails() {
     const span = byId.get(state.span);
     descendantsBox.disabled = !span;
@@ -578,7 +589,7 @@ export function renderTraceView(root, { params, match }) {
     whyButton.setAttribute("aria-pressed", String(state.why));
     typeBox.hidden = descendantsLabel.hidden = state.why;
     const what = state.type === CPU ? "CPU profile" : typeLabel(state.type);
-    const compare = tree ? compareBox({ traceId, span, type: state.type, range: traceRange(tree) }) : null;
+    const compare = tree ? compareFor(span) : null;
     if (state.why) {
       const root = tree && tree.roots[0];
       profileTitle.replaceChildren(
