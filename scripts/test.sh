@@ -30,11 +30,12 @@ python3 -m compileall -q -j 0 src >/dev/null
 # Lint, format and type checks first (ruff, ruff format, mypy, eslint, prettier,
 # clang-format): seconds once its tools are installed, and a failure stops here.
 bash scripts/lint.sh
-# Without arguments (CI): everything but the agent's timing tests in two pytest-xdist workers,
-# each taking a whole test file at a time (module-scoped servers stay shared; the waits of
-# servers starting, alert evaluations and the browser overlap on two cores), then the tests
-# marked `timing` (tests/agent/conftest.py) on their own, two files at a time: they judge
-# sampling and overhead against the clocks, which the rest of the suite beside them would skew
+# Without arguments (CI): everything but the timing tests in three pytest-xdist workers, each
+# taking a whole test file at a time (module-scoped servers stay shared).  The suite waits a
+# third of its time (servers starting, alert evaluations, the browser, deadlines): on two cores
+# two workers left the cores 30% idle, a third fills them (7m47s -> 6m05s here).  Then the
+# tests marked `timing` on their own, two files at a time: they judge sampling, overhead or a
+# span's CPU share against the clocks, which the rest of the suite beside them would skew
 # (the busy-program checks missed by a percent), while two of them side by side still pass
 # (their programs mostly wait, and each check is against the CPU the program really got),
 # the longest files first, in tests/agent/conftest.py's order (xdist's own orders files by
@@ -59,7 +60,9 @@ if python3 -c "import atheris" 2>/dev/null || python3 -m pip install -q "atheris
 else
     echo "fuzz: skipped (atheris does not install on $(python3 --version))"
 fi
-python3 -m pytest -n "${HOTSPAN_TEST_WORKERS:-2}" --dist loadfile -m "not timing" || status=$?
-# The timing tests alone: nothing else runs beside them.
-python3 -m pytest -n 2 --dist loadfile --no-loadscope-reorder -m timing tests/agent || status=$?
+python3 -m pytest -n "${HOTSPAN_TEST_WORKERS:-3}" --dist loadfile -m "not timing" || status=$?
+# The timing tests alone: the agent's (tests/agent/conftest.py), and the two "why" modules',
+# whose verdicts follow a span's CPU share, which a crowded machine lowers.
+python3 -m pytest -n 2 --dist loadfile --no-loadscope-reorder -m timing tests/agent \
+    tests/server/api/test_why.py tests/ui/test_why_ui.py || status=$?
 exit "$status"

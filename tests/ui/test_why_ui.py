@@ -22,6 +22,10 @@ from tests.ui.conftest import screenshot
 from tests.ui.test_layout_ui import OFFSCREEN, STICKING_OUT, luminance
 from tests.ui.test_traces_ui import ms
 
+# The verdict follows the span's CPU over its duration, which a crowded machine lowers (a
+# runnable thread waiting for a core is not on CPU): this module runs in the timing phase.
+pytestmark = pytest.mark.timing
+
 # Each function burns CPU in its own loop (not through a shared helper), so that the time is
 # its own ("self") and the ranking, by extra self time, names it.
 PROGRAM = traced_program(
