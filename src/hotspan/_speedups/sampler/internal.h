@@ -126,6 +126,10 @@ Py_NewRef(PyObject *o)
 /* An idle thread is looked at at least this often, and the collector wakes at least this
  * often (when every thread is idle, only this often). */
 #define IDLE_CHECK_NS 100000000ull
+/* Wall signals an interval takes from threads that mostly wait (see wall_tick), and the most
+ * intervals one such sample may stand for. */
+#define WALL_WAIT_SIGNALS_PER_TICK 2
+#define WALL_WAIT_MAX_STRIDE 10
 #define CODE_SET_BITS 15         /* 32768 slots (256 KiB), at most half used */
 #define CODE_SET_MAX (1u << (CODE_SET_BITS - 1))
 
@@ -316,6 +320,7 @@ typedef struct {
     WallCopy *last_wall;               /* NULL until its first wall sample is drained */
     WallCopy *last_cpu;                /* its last CPU sample: where its remaining CPU goes */
     uint32_t wall_from_cpu_seq;        /* the last CPU sample that stood for wall time too */
+    int wall_waits_skipped;            /* wall signals it was spared in a row (wall_tick) */
 } ThreadSlot;
 
 HIDDEN extern ThreadSlot slots[MAX_THREADS];

@@ -398,6 +398,7 @@ slot_for(pid_t tid, int python)
     s->wall_since_ns = monotonic_ns();
     s->next_check_ns = 0;
     s->idle_checks = 0;
+    s->wall_waits_skipped = 0;
     s->next_probe_ns = 0;
     if (s->last_wall != NULL)
         s->last_wall->depth = -1;
