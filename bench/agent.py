@@ -90,6 +90,7 @@ EXTRA_PROFILERS = [
     "pyspy-blocking",
     "hotspan-nospans",
     "hotspan-nowall",
+    "hotspan-timer",
     "hotspan-python",
     "hotspan-cpuonly",
 ]
@@ -209,6 +210,8 @@ def run_one(
     if profiler in DDTRACE_VARIANTS:
         dd_output = os.path.join(tmp, f"{app}.pprof")
         env = dict(os.environ, **_ddtrace_env(app, dd_output, profiler))
+    elif profiler == "hotspan-timer":
+        env = dict(os.environ, HOTSPAN_CPU_TRIGGER="timer")
     err_path = os.path.join(tmp, f"{app}.stderr")
     with open(err_path, "w") as err:
         t0 = time.perf_counter()
@@ -1267,6 +1270,7 @@ _PROFILER_TITLES = {
     "pyroscope": "pyroscope-io (defaults: `gil_only=True`)",
     "hotspan-nospans": "hotspan, `trace_correlation=False`",
     "hotspan-nowall": "hotspan, `wall=False`",
+    "hotspan-timer": "hotspan, CPU timers only (`HOTSPAN_CPU_TRIGGER=timer`)",
     "hotspan-python": "hotspan, `native=False` (pure-Python sampler)",
 }
 

@@ -48,6 +48,9 @@ HOTSPAN_VARIANTS: Dict[str, Dict[str, Any]] = {
     "hotspan-nospans": {"trace_correlation": False},
     "hotspan-nowall": {"wall": False},
     "hotspan-python": {"native": False},
+    # The defaults with POSIX CPU timers for every thread (HOTSPAN_CPU_TRIGGER=timer, set by
+    # bench/agent.py): what the main thread's perf event costs.
+    "hotspan-timer": {},
     # The CPU and wall profiles alone: what the allocation, lock and thread profiles add.
     "hotspan-cpuonly": {"alloc_sample_bytes": 0, "locks": False, "threads": False},
     # The same, and no runtime stats or error conditions on spans: the CPU and wall profiles
