@@ -165,10 +165,6 @@ class Dispatcher:
         return None
 
     def _work(self) -> None:
-        # Here, not at import: httpx and httpcore (with whatever async backends they find
-        # installed) are megabytes a server without webhooks to send never needs.
-        from hotspan.alerts import webhook_post
-
         while True:
             with self._cond:
                 while True:
@@ -179,6 +175,11 @@ class Dispatcher:
                         break
                     timeout = None if self._wake_at is None else self._wake_at - time.monotonic()
                     self._cond.wait(None if timeout is None else max(timeout, 0.01))
+            # At the first send, not as the thread starts: httpx and httpcore (with whatever
+            # async backends they find installed) are a tenth of a second of CPU and megabytes
+            # that a server without webhooks to send never needs.
+            from hotspan.alerts import webhook_post
+
             error = webhook_post.post(send.key[2], send.body, self.deadline_s, self.allow)
             with self._cond:
                 slot = self._slots.get(send.key)
