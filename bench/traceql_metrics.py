@@ -11,7 +11,7 @@ goes through ``run_metrics`` as the Tempo API calls it (a 15 s step, 100 exempla
 once to warm up, then ``--runs`` times; the median is reported, with spans/s from the spans
 the answer says it inspected.  Results: ``bench/results/traceql_metrics.{md,json}``.
 
-    nice -n 19 python3 bench/traceql_metrics.py [--spans N] [--engine-spans N] [--runs 3]
+    python3 bench/traceql_metrics.py [--spans N] [--engine-spans N] [--runs 3]
         [--only duckdb,clickhouse]
 """
 
@@ -249,8 +249,8 @@ def markdown(result: Dict[str, Any], command: str, m: Dict[str, Any], wall: floa
     lines = common.head("TraceQL metrics in the store", command, wall, common.machine_text(m))
     lines += [
         "",
-        "The machine is shared with other work (runs under `nice -n 19`): read the ratios more "
-        "than the absolute numbers.",
+        "The load averages are in the machine line: where other work shared the cores, read "
+        "the ratios and the CPU columns more than the wall times.",
         "",
         f"{result['spans']:,} spans over one hour; the engine reads span by span a slice of "
         f"{result['engine_window_s']} s of it (`sql slice` is the store over the same slice). "
