@@ -3,8 +3,9 @@ by the real OpenTelemetry SDK: the same spans must get the same verdicts from bo
 
 from __future__ import annotations
 
+import contextlib
 import time
-from typing import Any, Dict, List
+from typing import Any, Dict, Iterator, List
 
 import pytest
 from opentelemetry.sdk.trace import TracerProvider
@@ -36,24 +37,33 @@ def _provider(processors: List[Any]) -> Any:
     return provider
 
 
+@contextlib.contextmanager
+def _timed(tracer: Any, name: str, start_ns: int, duration_ns: int) -> Iterator[Any]:
+    """A current span that ends ``duration_ns`` after ``start_ns``, whatever the clock says:
+    on a loaded machine a span with nothing in it can last longer than the slow threshold."""
+    with tracer.start_as_current_span(name, start_time=start_ns, end_on_exit=False) as span:
+        yield span
+    span.end(end_time=start_ns + duration_ns)
+
+
 def _spans(provider: Any) -> Dict[str, int]:
     """A request with a slow child, a failing child and a busy one; a lone normal span."""
     tracer = provider.get_tracer("test")
     ids: Dict[str, int] = {}
-    with tracer.start_as_current_span("request") as request:
+    ms = 1_000_000
+    t0 = time.time_ns()
+    with _timed(tracer, "request", t0, 2 * SLOW_NS + 10 * ms) as request:
         ids["request"] = request.get_span_context().span_id
-        with tracer.start_as_current_span("slow") as span:
+        with _timed(tracer, "slow", t0 + ms, SLOW_NS * 3 // 2) as span:
             ids["slow"] = span.get_span_context().span_id
-            time.sleep(SLOW_NS / 1e9 * 1.5)
-        with tracer.start_as_current_span("failing") as span:
+        with _timed(tracer, "failing", t0 + SLOW_NS * 2, ms // 10) as span:
             ids["failing"] = span.get_span_context().span_id
             span.set_status(Status(StatusCode.ERROR))
-        with tracer.start_as_current_span("busy") as span:
+        with _timed(tracer, "busy", t0 + SLOW_NS * 2 + ms, ms) as span:
             ids["busy"] = span.get_span_context().span_id
-            time.sleep(0.001)
             # As span stats would set it: CPU over half the span's duration.
             span.set_attribute("hotspan.cpu_time_ns", 10**9)
-    with tracer.start_as_current_span("normal") as span:
+    with _timed(tracer, "normal", t0 + 3 * SLOW_NS, ms // 10) as span:
         ids["normal"] = span.get_span_context().span_id
     return ids
 
