@@ -124,7 +124,7 @@ EXTENSIONS = [
     Extension(
         "hotspan._speedups._locks",
         ["src/hotspan/_speedups/locks.c"],
-        depends=["src/hotspan/_speedups/sampler_api.h"],
+        depends=["src/hotspan/_speedups/hashing.h", "src/hotspan/_speedups/sampler_api.h"],
         extra_compile_args=["-O2", "-std=gnu11"],
         optional=True,
     ),

@@ -18,6 +18,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include "hashing.h"
 #include "sampler_api.h"
 
 #include <stddef.h>
@@ -136,25 +137,14 @@ now_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
-static inline uint64_t
-mix64(uint64_t h)
-{
-    h ^= h >> 33;
-    h *= 0xff51afd7ed558ccdULL;
-    h ^= h >> 33;
-    h *= 0xc4ceb9fe1a85ec53ULL;
-    h ^= h >> 33;
-    return h;
-}
-
 static uint64_t
 hash_of(const HotspanRawFrame *frames, int depth, const uint64_t *labels)
 {
     uint64_t h = 0x9e3779b97f4a7c15ULL ^ (uint64_t)depth;
     for (int i = 0; i < depth; i++)
-        h = mix64(h ^ frames[i].code ^ ((uint64_t)frames[i].lasti << 40));
+        h = fmix64(h ^ frames[i].code ^ ((uint64_t)frames[i].lasti << 40));
     for (int i = 0; i < HOTSPAN_LABEL_WORDS; i++)
-        h = mix64(h ^ labels[i]);
+        h = fmix64(h ^ labels[i]);
     return h;
 }
 
