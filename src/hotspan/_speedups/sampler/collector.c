@@ -126,9 +126,10 @@ wall_tick(uint64_t now_ns, uint64_t *random)
     uint64_t next_run = now_ns + IDLE_CHECK_NS;
     /* A wall signal to a thread that waits (for a socket, a lock, the GIL) wakes it: a few
      * microseconds of the kernel's each, and a threaded server's eight connection threads,
-     * each running a little every interval, took 800 a second (+3% of its time per request,
-     * bench/results/agent-defaults.md).  Threads that ran less than half the time since
-     * they were last looked at share WALL_WAIT_SIGNALS_PER_TICK signals an interval: with
+     * each running a little every interval, would take 800 a second, several percent of the
+     * server's time (the WSGI workload of bench/agent.py).  Threads that ran less than half
+     * the time since they were last looked at share WALL_WAIT_SIGNALS_PER_TICK signals an
+     * interval: with
      * more of them than that, each is signalled every `wait_stride` intervals, its sample
      * standing for all the time since its last (the totals stay exact, its stacks are fewer).
      * Threads that mostly run, and programs with few waiting threads, are not affected.
