@@ -78,8 +78,8 @@ def agent_line(url: str, service: str, native: bool = True, max_overhead: float 
 FINISH = """
 t_stop = time.monotonic(); cpu_stop = sampled_cpu()
 hotspan.shutdown()
-report(cpu=cpu_stop - cpu_start, elapsed=t_stop - t_start, stats=agent.sampler_stats,
-       **result)
+report(cpu=cpu_stop - cpu_start, elapsed=t_stop - t_start,
+       through_shutdown=time.monotonic() - t_start, stats=agent.sampler_stats, **result)
 """
 
 ASYNCIO_YIELD = """
@@ -134,12 +134,15 @@ def check_run(server, service: str, result: dict, run: int) -> None:  # type: ig
         f"run {run}: CPU profiled {profiled:.3f} s, real {real:.3f} s "
         f"({profiled / real:.3f}); sampler {result['stats']}"
     )
+    # The sampler stops inside shutdown, after the agent's thread has finished its last
+    # round: on a crowded machine that can take a few hundred milliseconds, all of it the main
+    # thread's wall time, in shutdown.
     wall = main_wall(server, service)
-    elapsed = result["elapsed"]
-    assert abs(wall / elapsed - 1) <= TOLERANCE, (
+    elapsed, through_shutdown = result["elapsed"], result["through_shutdown"]
+    assert elapsed * (1 - TOLERANCE) <= wall <= through_shutdown * (1 + TOLERANCE), (
         f"run {run}: main thread wall profiled {wall:.3f} s over {elapsed:.3f} s "
-        f"({wall / elapsed:.3f}: {wall * 100:.0f} samples at 100 Hz, "
-        f"{elapsed * 100:.0f} wanted); sampler {result['stats']}"
+        f"({through_shutdown:.3f} s through shutdown: {wall / elapsed:.3f}); "
+        f"sampler {result['stats']}"
     )
 
 

@@ -160,11 +160,12 @@ class Agent:
             if self._sampler_spec is not None:
                 self._sampler.exclude(ident)
 
-    def _start_sampler(self, rate: int, cpu: bool, wall: bool) -> None:
+    def _start_sampler(self, rate: int, cpu: bool, wall: bool, after: Any = None) -> None:
+        """``after``: the sampler just stopped, when this one replaces it."""
         config = self.config
         self._sampler = make_sampler(rate, config.max_depth, cpu, wall, config.native)
         try:
-            self._sampler.start(self._window_ns)
+            self._sampler.start(self._window_ns, after=after)
         except RuntimeError:
             # The native sampler cannot run here (an unknown kernel clock encoding, no thread
             # could be started): the fallback can.
@@ -324,9 +325,11 @@ class Agent:
             # labels readable for the collectors (enable_native_labels), at no sampling cost.
             sampler_spec = None
         if sampler_spec != self._sampler_spec:
+            # A new rate or new kinds: the next sampler takes up where this one stops.
+            replaced = self._sampler if self._sampler_spec is not None else None
             taken = self._stop_sampler()
             if sampler_spec is not None:
-                self._start_sampler(*sampler_spec)
+                self._start_sampler(*sampler_spec, after=replaced)
             if taken is not None:
                 self.outbox.upload(self._sampler, self._rate, final=False, taken=taken)
         specs: Dict[str, Any] = {}

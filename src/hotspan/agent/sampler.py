@@ -63,11 +63,16 @@ class NativeSampler:
         self.labels = False
         self._unpack: Any = None  # the frames' (address, lasti, spare) rows, once needed
 
-    def start(self, window_ns: int) -> None:
+    def start(self, window_ns: int, after: Any = None) -> None:
+        """``after``: the sampler this one replaces, stopped just now (a new rate); what the
+        threads did in between goes to this one's first samples."""
         self.labels = enable_native_labels()
         _thread_hooks.install(self._mod.register_thread, self._mod.unregister_thread)
+        resume = isinstance(after, NativeSampler)
         self.native_cpu = bool(
-            self._mod.start(self._interval_ns, self._max_depth, self._cpu, self._wall, window_ns)
+            self._mod.start(
+                self._interval_ns, self._max_depth, self._cpu, self._wall, window_ns, resume
+            )
         )
 
     def exclude(self, ident: int) -> None:

@@ -59,16 +59,23 @@ class PythonSampler:
         self.native_cpu = False
         self.labels = True
 
-    def start(self, window_ns: int) -> None:
+    def start(self, window_ns: int, after: Any = None) -> None:
+        """``after``: the sampler this one replaces, stopped just now (a new rate); its last
+        tick's clocks are this one's start, so that what the threads did since goes to this
+        one's first tick."""
         keep_thread_labels()
         self._window_ns = window_ns
         self._window_start_ns = time.time_ns()
-        self._last_tick = time.monotonic_ns()
-        # Each thread's CPU clock now, so that the first tick, however late, charges the CPU
-        # used since the start rather than only setting a baseline.
-        self._cpu_seen = {}
-        for ident in sys._current_frames():
-            self._cpu_delta(ident, self._cpu_seen)
+        if isinstance(after, PythonSampler):
+            self._last_tick = after._last_tick
+            self._cpu_seen = dict(after._cpu_seen)
+        else:
+            self._last_tick = time.monotonic_ns()
+            # Each thread's CPU clock now, so that the first tick, however late, charges the
+            # CPU used since the start rather than only setting a baseline.
+            self._cpu_seen = {}
+            for ident in sys._current_frames():
+                self._cpu_delta(ident, self._cpu_seen)
         self._start_signal_ticks()
 
     def _start_signal_ticks(self) -> None:

@@ -90,6 +90,7 @@ scan_threads(void)
         if (mark % 10 == 0 && s->has_timer && !timer_alive(s)) {
             /* The thread that had this tid died and another got the number. */
             disarm(s);
+            atomic_store(&s->cpu_charged_ns, 0);
             atomic_store(&s->python, PY_UNKNOWN);
             if (s->last_wall != NULL)
                 s->last_wall->depth = -1;
@@ -97,10 +98,14 @@ scan_threads(void)
 #  ifdef HAVE_PERF_EVENTS
         check_perf_signals(s);
 #  endif
-        if (atomic_load(&s->python) != PY_NO)
+        if (atomic_load(&s->python) != PY_NO) {
             arm(s, index);
-        else
+        } else {
+            /* Without Python it has no CPU of the profile's: a sample, if it ever gets
+             * Python, charges only what it runs from then on. */
             disarm(s);
+            atomic_store(&s->cpu_charged_ns, 0);
+        }
     }
     closedir(dir);
     for (int k = n_used_slots - 1; k >= 0; k--) {
@@ -164,6 +169,7 @@ wall_tick(uint64_t now_ns, uint64_t *random)
             /* Its clock went back: another thread has the tid now, and the timers made for
              * the old one signal nobody.  Start afresh (the next scan arms a CPU timer). */
             disarm(s);
+            atomic_store(&s->cpu_charged_ns, 0);
             atomic_store(&s->python, PY_UNKNOWN);
             python = PY_UNKNOWN;
             s->idle_checks = 0;
@@ -264,7 +270,8 @@ charge_cpu_tails(void)
     for (int k = 0; k < n_used_slots; k++) {
         ThreadSlot *s = &slots[used_slots[k]];
         uint64_t cpu;
-        if (!s->has_timer || atomic_load(&s->python) != PY_YES ||
+        /* Disarmed by now: a thread whose CPU the profile has holds a charge (from arm). */
+        if (atomic_load(&s->python) != PY_YES ||
             clock_ns(thread_clock(atomic_load(&s->tid)), &cpu) != 0)
             continue;
         charge_cpu_tail(s, cpu, 0, NULL, NULL, 0);
@@ -279,7 +286,12 @@ charge_owed(void)
     uint64_t now = monotonic_ns();
     for (int k = 0; k < n_used_slots; k++) {
         ThreadSlot *s = &slots[used_slots[k]];
-        WallCopy *c = s->last_wall;
+        /* Where it was last seen: its last wall sample, or a CPU sample taken since (a thread
+         * on CPU has its wall time from those, and may have no wall sample at all). */
+        WallCopy *c = s->last_wall, *cc = s->last_cpu;
+        if (cc != NULL && cc->depth > 0 &&
+            (c == NULL || c->depth <= 0 || (int32_t)(cc->seq - c->seq) > 0))
+            c = cc;
         /* And what a sample not taken yet would have stood for. */
         uint64_t owed = now - s->wall_since_ns + atomic_exchange(&s->pending_wall_ns, 0);
         if (c != NULL && c->depth > 0 && owed < 2 * MAX_WALL_PER_TICK_NS)

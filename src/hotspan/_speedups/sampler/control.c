@@ -6,11 +6,12 @@
 PyObject *
 sampler_start(PyObject *mod, PyObject *args, PyObject *kwds)
 {
-    static char *kwlist[] = {"cpu_interval_ns", "max_depth", "cpu", "wall", "window_ns", NULL};
+    static char *kwlist[] = {"cpu_interval_ns", "max_depth", "cpu", "wall",
+                             "window_ns",       "resume",    NULL};
     unsigned long long interval, window = 0;
-    int depth, cpu, wall = 1;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "Kip|pK", kwlist, &interval, &depth, &cpu,
-                                     &wall, &window))
+    int depth, cpu, wall = 1, resume = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "Kip|pKp", kwlist, &interval, &depth, &cpu,
+                                     &wall, &window, &resume))
         return NULL;
     if (depth < 1 || depth > 1000 || interval < 1000000ull) {
         PyErr_SetString(PyExc_ValueError, "max_depth must be 1..1000 and the interval >= 1 ms");
@@ -111,7 +112,10 @@ sampler_start(PyObject *mod, PyObject *args, PyObject *kwds)
     atomic_store(&unreadable_stacks, 0);
     atomic_store(&windows_dropped, 0);
     atomic_store(&sampling_enabled, 1);
+    if (!resume)
+        handover_drop();
     scan_threads();
+    handover_drop();
     pthread_mutex_unlock(&threads_mutex);
     if (current == NULL || start_collector() != 0) {
         atomic_store(&sampling_enabled, 0);
@@ -147,6 +151,7 @@ sampler_stop(PyObject *mod, PyObject *unused)
 #ifdef HAVE_THREAD_TIMERS
     charge_cpu_tails();
     charge_owed();
+    handover_keep();
 #endif
     atomic_store(&sampling_enabled, 0);
     running = 0;
@@ -383,6 +388,7 @@ sampler_after_fork(PyObject *mod, PyObject *unused)
     running = 0;
     n_excluded = 0;
     reset_threads();
+    handover_drop(); /* the parent's threads */
     if (ring != NULL) {
         for (size_t i = 0; i < RING_CAPACITY; i++)
             atomic_store(&entry_at(i)->state, 0);

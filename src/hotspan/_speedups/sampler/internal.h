@@ -351,6 +351,8 @@ HIDDEN int tid_map_get(pid_t tid);
 HIDDEN int is_excluded(pid_t tid);
 HIDDEN void reset_threads(void);
 HIDDEN int slot_for(pid_t tid, int python);
+HIDDEN void handover_keep(void);
+HIDDEN void handover_drop(void);
 HIDDEN void slot_release(int index);
 HIDDEN void exclude_tid(pid_t tid);
 HIDDEN int clock_ns(clockid_t clock, uint64_t *out);

@@ -4,8 +4,10 @@
 
 static PyMethodDef methods[] = {
     {"start", (PyCFunction)(void (*)(void))sampler_start, METH_VARARGS | METH_KEYWORDS,
-     "start(cpu_interval_ns, max_depth, cpu, wall=True, window_ns=0) -> bool: whether CPU "
-     "timers are on; a window closes every window_ns (0: only at collect(final=True))"},
+     "start(cpu_interval_ns, max_depth, cpu, wall=True, window_ns=0, resume=False) -> bool: "
+     "whether CPU timers are on; a window closes every window_ns (0: only at "
+     "collect(final=True)); with resume, what threads did since the last stop goes to their "
+     "first samples"},
     {"stop", sampler_stop, METH_NOARGS, "stop(): no more samples; what was taken stays"},
     {"pin", sampler_pin, METH_NOARGS,
      "pin(): hold the code objects of the stacks sampled since the last call"},

@@ -327,10 +327,16 @@ arm(ThreadSlot *s, int index)
      * would otherwise never reach a 10 ms timer, and a pool of such threads would have no
      * CPU at all; this way each is caught with probability 3/10, for 10 ms. */
     uint64_t first = 1000 + next_random(&arm_random) % cpu_interval_ns;
+    /* The CPU before this point is the profile's only up to where an earlier trigger of this
+     * thread (or the last sampler's, handed over) charged it; the first sample charges the
+     * rest.  A thread never sampled starts here (it ran before sampling started). */
+    uint64_t charged = atomic_load(&s->cpu_charged_ns);
+    if (charged == 0 || charged > cpu_now)
+        charged = cpu_now;
 #  ifdef HAVE_PERF_EVENTS
-    /* Its CPU before this point is not the profile's; no expiry: the handler charges the
-     * CPU since the last sample (set before the event is enabled: it may fire at once). */
-    atomic_store_explicit(&s->cpu_charged_ns, cpu_now, memory_order_release);
+    /* No expiry: the handler charges the CPU since the last sample (set before the event is
+     * enabled: it may fire at once). */
+    atomic_store_explicit(&s->cpu_charged_ns, charged, memory_order_release);
     atomic_store_explicit(&s->cpu_expiry_ns, 0, memory_order_release);
     if ((!perf_main_only || tid == getpid()) && arm_perf(s, index, tid, first) == 0) {
         s->has_timer = 1;
@@ -339,8 +345,7 @@ arm(ThreadSlot *s, int index)
 #  endif
     if (thread_timer(s, thread_clock(tid), CPU_MAGIC, index, &s->timer) != 0)
         return;
-    /* Its CPU before this point is not the profile's (it ran before sampling started). */
-    atomic_store_explicit(&s->cpu_charged_ns, cpu_now, memory_order_release);
+    atomic_store_explicit(&s->cpu_charged_ns, charged, memory_order_release);
     struct itimerspec spec;
     spec.it_interval.tv_sec = (time_t)(cpu_interval_ns / 1000000000ull);
     spec.it_interval.tv_nsec = (long)(cpu_interval_ns % 1000000000ull);
@@ -377,6 +382,59 @@ timer_alive(ThreadSlot *s)
 #endif
 
 /* Under threads_mutex.  The slot of `tid`, made if it has none (-1 when the table is full). */
+/* What the last stop left for a start that follows it at once (the agent's sampler at a new
+ * rate): each Python thread's CPU clock up to which its CPU is in the profile, and the time up
+ * to which its wall time is.  A resuming start takes them, so that what the threads did
+ * between the two samplers goes to the new one's first samples instead of being lost (a
+ * busy thread runs on while the agent's thread stops one sampler and starts the next, and on
+ * a crowded machine that takes tens of milliseconds). */
+typedef struct {
+    pid_t tid;
+    uint64_t cpu_charged_ns; /* 0: CPU was not sampled */
+    uint64_t wall_since_ns;
+} Handover;
+static Handover handover[MAX_THREADS];
+static int n_handover; /* non-zero only between a stop and the next start's scan */
+
+/* Under threads_mutex, as sampling stops, after the tails and the wall time owed are
+ * charged. */
+void
+handover_keep(void)
+{
+    n_handover = 0;
+    for (int k = 0; k < n_used_slots; k++) {
+        ThreadSlot *s = &slots[used_slots[k]];
+        if (atomic_load(&s->python) != PY_YES)
+            continue;
+        Handover *h = &handover[n_handover++];
+        h->tid = atomic_load(&s->tid);
+        h->cpu_charged_ns = cpu_on ? atomic_load(&s->cpu_charged_ns) : 0;
+        h->wall_since_ns = s->wall_since_ns;
+    }
+}
+
+void
+handover_drop(void)
+{
+    n_handover = 0;
+}
+
+/* A new slot takes what the last stop left for its thread.  A linear search, but only while
+ * a resuming start scans the threads. */
+static void
+handover_take(ThreadSlot *s, pid_t tid)
+{
+    for (int k = 0; k < n_handover; k++) {
+        if (handover[k].tid != tid)
+            continue;
+        atomic_store(&s->python, PY_YES);
+        atomic_store(&s->cpu_charged_ns, handover[k].cpu_charged_ns);
+        s->wall_since_ns = handover[k].wall_since_ns;
+        handover[k] = handover[--n_handover];
+        return;
+    }
+}
+
 int
 slot_for(pid_t tid, int python)
 {
@@ -400,6 +458,8 @@ slot_for(pid_t tid, int python)
     s->idle_checks = 0;
     s->wall_waits_skipped = 0;
     s->next_probe_ns = 0;
+    if (n_handover > 0)
+        handover_take(s, tid);
     if (s->last_wall != NULL)
         s->last_wall->depth = -1;
     if (s->last_cpu != NULL)
