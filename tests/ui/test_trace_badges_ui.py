@@ -54,8 +54,11 @@ PROGRAM = traced_program(
         with tracer.start_as_current_span("compute") as computing:
             rows = compute()
             del rows
-        with tracer.start_as_current_span("nap"):
-            time.sleep(0.021)  # under 3 sample periods: no sample says nothing about it
+        # Under 3 sample periods, without samples: that says nothing about it.  Never
+        # current, its times given (a 21 ms sleep has some CPU around it, where a sample
+        # lands now and then).
+        nap_end = time.time_ns()
+        tracer.start_span("nap", start_time=nap_end - 21_000_000).end(end_time=nap_end)
         with tracer.start_as_current_span("fanout"):
             # Three threads wait ~200 ms each for the gate, in spans of their own: the lock
             # waits under "fanout" add up to far more than its duration.

@@ -432,13 +432,15 @@ def _verdict(
             f"{head}; no other {span.service} span named {span.name!r} started in the "
             f"{window} before it to compare with; {cpu_text}"
         )
-    if cpu_span >= WAITING_CPU_SHARE * duration:
-        return "computing", f"{head}; {cpu_text}: it was computing{_top_extra(cpu)}"
+    # Even with a sample: one 10 ms sample in a 30 ms span is a third of it, whether the span
+    # computed throughout or the sample's period ended just as it began.
     if short:
         return "too-short", (
             f"{head}; {cpu_text}, but it is too short to tell computing from waiting: it "
             "spans fewer than 5 sampling periods at 100 Hz"
         )
+    if cpu_span >= WAITING_CPU_SHARE * duration:
+        return "computing", f"{head}; {cpu_text}: it was computing{_top_extra(cpu)}"
     text = f"{head}; {cpu_text}: it was waiting"
     # The wall profile samples the span's thread whether on CPU or not: when it holds little
     # of the span, part of the time was spent where no thread of it was sampled (an awaiting

@@ -8,9 +8,9 @@ back the baseline reaches from the span's end, a duration such as 24h or 90m; de
 
 Integers too large for a JavaScript number (nanosecond durations) are strings, as in OTLP JSON.
 
-``verdict``: "computing" (its CPU, with its descendants', is at least 30 % of its duration),
-"waiting" (less, in a span of 50 ms or more), "too-short" (less, in a shorter span: a few
-samples at 100 Hz cannot tell), "pending" (no samples of any type yet, and it ended under 15 s
+``verdict``: "too-short" (a span under 50 ms: a few samples at 100 Hz cannot tell),
+"computing" (its CPU, with its descendants', is at least 30 % of its duration), "waiting"
+(less), "pending" (no samples of any type yet, and it ended under 15 s
 ago: the agent's next upload may bring them), "no-profile" (no samples of it of any type, or
 no CPU samples of it or of its baseline), "no-baseline" (no other span like it in the window).
 
