@@ -1,8 +1,11 @@
 """A real headless Chromium for the UI tests (Debian's ``chromium``, driven by Playwright).
 
 ``scripts/test.sh`` installs Chromium and sets ``HOTSPAN_REQUIRE_BROWSER=1``, so in CI a
-missing browser fails the tests; elsewhere they skip and say what to install.  Every test
-leaves a screenshot of its last state in ``test-artifacts/ui/`` (or ``$HOTSPAN_TEST_ARTIFACTS``).
+missing browser fails the tests; elsewhere they skip and say what to install.  A test that
+fails leaves a screenshot of its last state in ``test-artifacts/ui/`` (or
+``$HOTSPAN_TEST_ARTIFACTS``); with ``HOTSPAN_UI_SCREENSHOTS=1`` every test does, and the named
+views the tests pass through (``screenshot()``) are kept too.  Not by default: a full-page
+screenshot costs Chromium about half a second of CPU, and the suite would take ~170 of them.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = Path(os.environ.get("HOTSPAN_TEST_ARTIFACTS") or ROOT / "test-artifacts") / "ui"
 VIEWPORT = {"width": 1400, "height": 900}
+EVERY_SCREENSHOT = os.environ.get("HOTSPAN_UI_SCREENSHOTS", "") not in ("", "0")
 CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 
 
@@ -39,6 +43,15 @@ def chromium_path() -> str:
         "`bash scripts/test.sh` does both"
     )
     raise AssertionError("unreachable")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):  # type: ignore[no-untyped-def]
+    """Whether the test itself failed, for the ``page`` fixture's teardown to read."""
+    outcome = yield
+    report = outcome.get_result()
+    if report.when == "call":
+        item.ui_failed = report.failed
 
 
 @pytest.fixture(scope="session")
@@ -88,7 +101,8 @@ def page(_tab, request) -> Iterator[object]:  # type: ignore[no-untyped-def]
     page.on("pageerror", on_error)
     yield page
     try:
-        page.screenshot(path=str(artifact_path(f"{request.node.name}.png")), full_page=True)
+        if EVERY_SCREENSHOT or getattr(request.node, "ui_failed", True):
+            page.screenshot(path=str(artifact_path(f"{request.node.name}.png")), full_page=True)
     finally:
         page.remove_listener("pageerror", on_error)
         reset_tab(page)
@@ -126,7 +140,9 @@ def sized(page, width: int, height: int = 844, dark: bool = False) -> Iterator[o
 
 
 def screenshot(page, name: str) -> Path:  # type: ignore[no-untyped-def]
-    """Keeps a screenshot of the page now, under a name of the test's choosing."""
+    """Keeps a screenshot of the page now, under a name of the test's choosing, with
+    ``HOTSPAN_UI_SCREENSHOTS=1``."""
     path = artifact_path(f"{name}.png")
-    page.screenshot(path=str(path), full_page=True)
+    if EVERY_SCREENSHOT:
+        page.screenshot(path=str(path), full_page=True)
     return path
