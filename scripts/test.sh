@@ -31,7 +31,8 @@ python3 -m compileall -q -j 0 src >/dev/null
 # clang-format): seconds once its tools are installed, and a failure stops here.
 bash scripts/lint.sh
 # Without arguments (CI): everything but the timing tests in three pytest-xdist workers, each
-# taking a whole test file at a time (module-scoped servers stay shared).  The suite waits a
+# taking a whole test file at a time (module-scoped servers stay shared), the longest files
+# first (tests/conftest.py).  The suite waits a
 # third of its time (servers starting, alert evaluations, the browser, deadlines): on two cores
 # two workers left the cores 30% idle, a third fills them (7m47s -> 6m05s here).  Then the
 # tests marked `timing` on their own, two files at a time: they judge sampling, overhead or a
@@ -60,7 +61,8 @@ if python3 -c "import atheris" 2>/dev/null || python3 -m pip install -q "atheris
 else
     echo "fuzz: skipped (atheris does not install on $(python3 --version))"
 fi
-python3 -m pytest -n "${HOTSPAN_TEST_WORKERS:-3}" --dist loadfile -m "not timing" || status=$?
+python3 -m pytest -n "${HOTSPAN_TEST_WORKERS:-3}" --dist loadfile --no-loadscope-reorder \
+    -m "not timing" || status=$?
 # The timing tests alone: the agent's (tests/agent/conftest.py), and the two "why" modules',
 # whose verdicts follow a span's CPU share, which a crowded machine lowers.
 python3 -m pytest -n 2 --dist loadfile --no-loadscope-reorder -m timing tests/agent \

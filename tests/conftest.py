@@ -18,6 +18,41 @@ import pytest
 
 from .helpers import GO, GoProfiles, build_go_profiles
 
+# The longest files of the suite's first phase (most of a minute each on two cores: alert
+# deliveries waiting on their intervals, servers over one ClickHouse, the browser), first: with
+# --no-loadscope-reorder (scripts/test.sh), pytest-xdist hands out whole files in this order,
+# so none of them is left for last, one worker running it while the others are done.  Its own
+# order (the files with the most tests first) put test_delivery.py near the end.
+LONGEST_FIRST = (
+    "tests/alerts/test_delivery.py",
+    "tests/store/test_clickhouse.py",
+    "tests/ui/test_layout_ui.py",
+    "tests/alerts/test_alerts.py",
+    "tests/server/tempo/test_traces_api.py",
+    "tests/ui/test_profiles_ui.py",
+    "tests/ui/test_alerts_ui.py",
+    "tests/server/test_auth.py",
+    "tests/agent/test_run.py",
+    "tests/store/test_clickhouse_search.py",
+    "tests/server/test_scrape.py",
+    "tests/cli/test_query_export.py",
+    "tests/cli/test_record.py",
+    "tests/agent/test_code_lifetime.py",
+    "tests/server/api/test_agent_settings.py",
+)
+_ROOT = Path(__file__).resolve().parents[1]
+
+
+def pytest_collection_modifyitems(items: list) -> None:
+    def rank(item: pytest.Item) -> int:
+        try:
+            return LONGEST_FIRST.index(item.path.relative_to(_ROOT).as_posix())
+        except ValueError:
+            return len(LONGEST_FIRST)
+
+    items.sort(key=rank)  # stable: every other test keeps its place
+
+
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 FIXTURES = SHARED / "fixtures" / "pyroscope-testdata" / "pkg"
 
