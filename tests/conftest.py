@@ -11,18 +11,21 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, List, Optional
+from typing import Iterator, List, Optional, Tuple
 
 import httpx
 import pytest
 
 from .helpers import GO, GoProfiles, build_go_profiles
 
-# The longest files of the suite's first phase (most of a minute each on two cores: alert
-# deliveries waiting on their intervals, servers over one ClickHouse, the browser), first: with
-# --no-loadscope-reorder (scripts/test.sh), pytest-xdist hands out whole files in this order,
-# so none of them is left for last, one worker running it while the others are done.  Its own
-# order (the files with the most tests first) put test_delivery.py near the end.
+# The order pytest-xdist hands out whole files in, with --no-loadscope-reorder
+# (scripts/test.sh).  The longest files (most of a minute each on two cores: alert deliveries
+# waiting on their intervals, servers over one ClickHouse, the browser) go first, so that
+# none of them is left for last, one worker running it while the others are done (xdist's own
+# order, the files with the most tests first, put test_delivery.py near the end).  The browser
+# tests (tests/ui/) go after all the others: from the first one on, Playwright's event loop
+# runs on the worker's main thread for the rest of the session, and a later test there that
+# runs an event loop of its own, or Playwright's sync API, would fail.
 LONGEST_FIRST = (
     "tests/alerts/test_delivery.py",
     "tests/store/test_clickhouse.py",
@@ -44,11 +47,10 @@ _ROOT = Path(__file__).resolve().parents[1]
 
 
 def pytest_collection_modifyitems(items: list) -> None:
-    def rank(item: pytest.Item) -> int:
-        try:
-            return LONGEST_FIRST.index(item.path.relative_to(_ROOT).as_posix())
-        except ValueError:
-            return len(LONGEST_FIRST)
+    def rank(item: pytest.Item) -> Tuple[bool, int]:
+        path = item.path.relative_to(_ROOT).as_posix()
+        longest = LONGEST_FIRST.index(path) if path in LONGEST_FIRST else len(LONGEST_FIRST)
+        return path.startswith("tests/ui/"), longest
 
     items.sort(key=rank)  # stable: every other test keeps its place
 
