@@ -153,6 +153,10 @@ typedef struct {
      * span current sets one ContextVar, not two (see linker_attach).  NULL otherwise.  Not
      * followed by the GC: a cycle through it would need a Context holding these labels. */
     PyObject *otel_context;
+    /* The span's trace id as OpenTelemetry holds it (a strong reference, or NULL): a child
+     * span's context holds its parent's very int, and the linker then takes trace_hi and
+     * trace_lo from the parent's labels instead of converting a 128-bit int again. */
+    PyObject *trace_obj;
     /* Span stats (see span_stats.c).  cpu_ns: the CPU of the samples taken with these
      * labels current (added by the signal handlers, atomically: a context, and so these
      * labels, can be current on several threads), plus that of child spans; alloc_bytes: the

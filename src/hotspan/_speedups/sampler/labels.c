@@ -31,6 +31,7 @@ static void
 labels_dealloc(LabelsObject *self)
 {
     Py_XDECREF(self->otel_context);
+    Py_XDECREF(self->trace_obj);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 

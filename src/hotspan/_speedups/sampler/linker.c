@@ -163,12 +163,23 @@ labels_for(PyObject *span, LabelsObject *previous, int find_root)
     }
     uint64_t span_id = (uint64_t)PyLong_AsUnsignedLongLongMask(PyTuple_GET_ITEM(ctx, 1));
     uint64_t trace_hi = 0, trace_lo = 0;
-    int bad_trace = trace_id_words(PyTuple_GET_ITEM(ctx, 0), &trace_hi, &trace_lo) < 0;
-    Py_DECREF(ctx);
+    PyObject *trace = PyTuple_GET_ITEM(ctx, 0);
+    int bad_trace = 0;
+    /* The parent's trace id, the same int: its words are known (the conversion was the
+     * costliest step of a span's attach). */
+    if (previous != NULL && previous->trace_obj == trace) {
+        trace_hi = previous->trace_hi;
+        trace_lo = previous->trace_lo;
+    } else {
+        bad_trace = trace_id_words(trace, &trace_hi, &trace_lo) < 0;
+    }
     if (bad_trace || PyErr_Occurred() || span_id == 0 || (trace_hi | trace_lo) == 0) {
+        Py_DECREF(ctx);
         PyErr_Clear();
         return (PyObject *)labels;
     }
+    labels->trace_obj = Py_NewRef(trace);
+    Py_DECREF(ctx);
     uint64_t root = span_id;
     /* Only root_spans_only needs the local root; finding it costs an attribute lookup. */
     if (find_root && previous != NULL && previous->root_span_id &&
