@@ -12,7 +12,7 @@ from starlette.datastructures import FormData
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from hotspan.formats import folded, ingest_params, jfr_profiles, speedscope
+from hotspan.formats import folded, ingest_params, speedscope
 from hotspan.formats.compression import maybe_gunzip
 from hotspan.formats.errors import FormatError
 from hotspan.formats.proto import push_pb2
@@ -220,6 +220,10 @@ async def _ingest_jfr(
             labels_part = await _field_bytes(extra)
     else:
         data = body
+    # Here, not with the module: JFR's reader (its symbol expressions and record types) is
+    # ~20 ms of every server start, and most servers never see a recording.
+    from hotspan.formats import jfr_profiles
+
     # A thread: a large recording takes a while to decode, and the loop must keep serving.
     await asyncio.to_thread(
         jfr_profiles.ingest,
