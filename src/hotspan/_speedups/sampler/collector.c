@@ -89,8 +89,7 @@ scan_threads(void)
          * another thread has now. */
         if (mark % 10 == 0 && s->has_timer && !timer_alive(s)) {
             /* The thread that had this tid died and another got the number. */
-            disarm(s);
-            atomic_store(&s->cpu_charged_ns, 0);
+            disarm_afresh(s);
             atomic_store(&s->python, PY_UNKNOWN);
             if (s->last_wall != NULL)
                 s->last_wall->depth = -1;
@@ -103,8 +102,7 @@ scan_threads(void)
         } else {
             /* Without Python it has no CPU of the profile's: a sample, if it ever gets
              * Python, charges only what it runs from then on. */
-            disarm(s);
-            atomic_store(&s->cpu_charged_ns, 0);
+            disarm_afresh(s);
         }
     }
     closedir(dir);
@@ -134,9 +132,9 @@ wall_tick(uint64_t now_ns, uint64_t *random)
      * each running a little every interval, would take 800 a second, several percent of the
      * server's time (the WSGI workload of bench/agent.py).  Threads that ran less than half
      * the time since they were last looked at share WALL_WAIT_SIGNALS_PER_TICK signals an
-     * interval: with
-     * more of them than that, each is signalled every `wait_stride` intervals, its sample
-     * standing for all the time since its last (the totals stay exact, its stacks are fewer).
+     * interval: with more of them than that, each is signalled every `wait_stride`
+     * intervals, its sample standing for all the time since its last (the totals stay exact,
+     * its stacks are fewer).
      * Threads that mostly run, and programs with few waiting threads, are not affected.
      * The stride follows the last tick's count of waiting threads. */
     static int waiting_last_tick;
@@ -168,8 +166,7 @@ wall_tick(uint64_t now_ns, uint64_t *random)
         if (cpu < s->cpu_at_tick) {
             /* Its clock went back: another thread has the tid now, and the timers made for
              * the old one signal nobody.  Start afresh (the next scan arms a CPU timer). */
-            disarm(s);
-            atomic_store(&s->cpu_charged_ns, 0);
+            disarm_afresh(s);
             atomic_store(&s->python, PY_UNKNOWN);
             python = PY_UNKNOWN;
             s->idle_checks = 0;

@@ -375,6 +375,7 @@ thread_clock(pid_t tid)
 
 HIDDEN void arm(ThreadSlot *s, int index);
 HIDDEN void disarm(ThreadSlot *s);
+HIDDEN void disarm_afresh(ThreadSlot *s);
 HIDDEN int thread_timer(ThreadSlot *s, clockid_t clock, int magic, int index, timer_t *out);
 HIDDEN int timer_alive(ThreadSlot *s);
 #endif

@@ -362,6 +362,16 @@ arm(ThreadSlot *s, int index)
     s->has_timer = 1;
 }
 
+/* Disarmed, and what the profile has of its CPU forgotten: the next arm starts at its clock
+ * then, not at an earlier charge (arm keeps one), for a tid another thread has now or a thread
+ * without Python. */
+void
+disarm_afresh(ThreadSlot *s)
+{
+    disarm(s);
+    atomic_store(&s->cpu_charged_ns, 0);
+}
+
 /* A timer whose thread died reads back with no interval, even if its tid was reused since. */
 int
 timer_alive(ThreadSlot *s)
@@ -381,7 +391,6 @@ timer_alive(ThreadSlot *s)
 }
 #endif
 
-/* Under threads_mutex.  The slot of `tid`, made if it has none (-1 when the table is full). */
 /* What the last stop left for a start that follows it at once (the agent's sampler at a new
  * rate): each Python thread's CPU clock up to which its CPU is in the profile, and the time up
  * to which its wall time is.  A resuming start takes them, so that what the threads did
@@ -435,6 +444,7 @@ handover_take(ThreadSlot *s, pid_t tid)
     }
 }
 
+/* Under threads_mutex.  The slot of `tid`, made if it has none (-1 when the table is full). */
 int
 slot_for(pid_t tid, int python)
 {
