@@ -39,7 +39,7 @@ bash scripts/lint.sh
 # span's CPU share against the clocks, which the rest of the suite beside them would skew
 # (the busy-program checks missed by a percent), while two of them side by side still pass
 # (their programs mostly wait, and each check is against the CPU the program really got),
-# the longest files first, in tests/agent/conftest.py's order (xdist's own orders files by
+# the longest files first, in tests/conftest.py's order (xdist's own orders files by
 # their number of tests, which can leave a minute-long file for last).
 # With arguments: pytest with those arguments, in one process.
 if [ $# -gt 0 ]; then

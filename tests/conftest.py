@@ -19,14 +19,21 @@ import pytest
 from .helpers import GO, GoProfiles, build_go_profiles
 
 # The order pytest-xdist hands out whole files in, with --no-loadscope-reorder
-# (scripts/test.sh).  The longest files (most of a minute each on two cores: alert deliveries
-# waiting on their intervals, servers over one ClickHouse, the browser) go first, so that
-# none of them is left for last, one worker running it while the others are done (xdist's own
-# order, the files with the most tests first, put test_delivery.py near the end).  The browser
+# (scripts/test.sh).  The longest files of each phase go first, so that none of them is left
+# for last, one worker running it while the others are done (xdist's own order, the files with
+# the most tests first, put test_delivery.py near the end): in the timing phase the busy agent
+# modules (about a minute each, so that the two go one a worker), then control and agent (half
+# a minute); in the other, alert deliveries waiting on their intervals, servers over one
+# ClickHouse, the browser (most of a minute each on two cores).  The browser
 # tests (tests/ui/) go after all the others: from the first one on, Playwright's event loop
 # runs on the worker's main thread for the rest of the session, and a later test there that
 # runs an event loop of its own, or Playwright's sync API, would fail.
 LONGEST_FIRST = (
+    "tests/agent/test_busy.py",
+    "tests/agent/test_control.py",
+    "tests/agent/test_busy_server.py",
+    "tests/agent/test_agent.py",
+    "tests/agent/test_pull.py",
     "tests/alerts/test_delivery.py",
     "tests/store/test_clickhouse.py",
     "tests/ui/test_layout_ui.py",

@@ -36,25 +36,12 @@ TIMING_MODULES = frozenset(
 )
 
 
-# The longest timing modules first (about a minute each for the busy ones, half a minute for
-# control and agent): a long file started last is a phase's tail.  With
-# --no-loadscope-reorder (scripts/test.sh), pytest-xdist hands out files in this order,
-# alternating between its two workers, so the two minute-long ones go one a worker.
-LONGEST_FIRST = ("test_busy", "test_control", "test_busy_server", "test_agent", "test_pull")
-
-
 def pytest_collection_modifyitems(items: list) -> None:
+    # The order the files are handed out in (the longest first) is tests/conftest.py's.
     here = Path(__file__).parent
     for item in items:
         if item.path.parent == here and item.path.stem in TIMING_MODULES:
             item.add_marker(pytest.mark.timing)
-
-    def rank(item: pytest.Item) -> int:
-        if item.path.parent == here and item.path.stem in LONGEST_FIRST:
-            return LONGEST_FIRST.index(item.path.stem)
-        return len(LONGEST_FIRST)
-
-    items.sort(key=rank)  # stable: every other test keeps its place
 
 
 @pytest.fixture(scope="session")
