@@ -58,6 +58,7 @@ EXTENSIONS = [
                 "control",
                 "span_stats",
                 "linker",
+                "turns",
                 "module",
             )
         ],

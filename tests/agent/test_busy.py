@@ -59,6 +59,20 @@ def sampled_cpu():
             pass
     return total
 
+# Context switches of the agent's own threads so far: each is a wake-up, and a thread that
+# waits for the GIL beside a busy loop is woken at every drop of it, the program paying a
+# futex wake each time.
+def agent_switches():
+    total = 0
+    for t in threading.enumerate():
+        if t.name in ("hotspan-sampler", "hotspan-uploader"):
+            try:
+                with open(f"/proc/self/task/{t.native_id}/status") as f:
+                    total += sum(int(line.split()[1]) for line in f if "ctxt_switches" in line)
+            except OSError:
+                pass
+    return total
+
 tracer = trace.get_tracer("busy")
 """
 
@@ -71,14 +85,14 @@ def agent_line(url: str, service: str, native: bool = True, max_overhead: float 
         f"agent = hotspan.configure(application_name={service!r}, server_address={url!r}, "
         f"upload_interval=60, sample_rate=100, thread_name_label=True, native={native!r}, "
         f"max_overhead={max_overhead!r})\n"
-        f"t_start = time.monotonic(); cpu_start = sampled_cpu()\n"
+        f"t_start = time.monotonic(); cpu_start = sampled_cpu(); switches = agent_switches()\n"
     )
 
 
 FINISH = """
-t_stop = time.monotonic(); cpu_stop = sampled_cpu()
+t_stop = time.monotonic(); cpu_stop = sampled_cpu(); switches = agent_switches() - switches
 hotspan.shutdown()
-report(cpu=cpu_stop - cpu_start, elapsed=t_stop - t_start,
+report(cpu=cpu_stop - cpu_start, elapsed=t_stop - t_start, agent_switches=switches,
        through_shutdown=time.monotonic() - t_start, stats=agent.sampler_stats, **result)
 """
 
@@ -146,6 +160,18 @@ def check_run(server, service: str, result: dict, run: int) -> None:  # type: ig
     )
 
 
+def check_agent_threads(result: dict, run: int) -> None:
+    """The agent's threads wake a few times a second (its loop once a second, ten times in
+    the first two; the uploader for an upload or a poll) and take the GIL back by a turn the
+    main thread hands over, a handful of switches each: not thousands a second in the GIL's
+    queue, as beside the asyncio loop before turns (4,500 a second)."""
+    per_second = result["agent_switches"] / result["elapsed"]
+    assert per_second <= 100, (
+        f"run {run}: the agent's threads switched {result['agent_switches']} times in "
+        f"{result['elapsed']:.1f} s"
+    )
+
+
 def check_span(server, service: str, result: dict, run: int, task: str = "") -> None:  # type: ignore[no-untyped-def]
     """CPU under the span against CPU spent in it.  In a task (``task`` names its coroutine),
     the event loop's own work between the task's steps runs outside the task's context, so
@@ -188,6 +214,7 @@ def test_busy_loop(module_server, tmp_path: Path, loop: str, run: int) -> None:
     )
     result = run_program(tmp_path, body, timeout=120)
     check_run(module_server, service, result, run)
+    check_agent_threads(result, run)
     check_span(module_server, service, result, run, task=task)
 
 

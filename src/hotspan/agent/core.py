@@ -35,7 +35,7 @@ from hotspan.model.agent_settings import (
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing stays out of the program at run time: see agent/log.py
-    from typing import Any, Dict, List, Optional, Set, Tuple
+    from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
     from hotspan.agent.collectors import Collector
 
@@ -59,6 +59,21 @@ def _enable_pull() -> None:
     pull.enable()
 
 
+def _native_waker() -> Optional[Callable[[], Any]]:
+    """The native ``Waker`` type, where built: threading.Event's interface, with a wait that
+    takes the GIL back by a turn the main thread hands over rather than in the GIL's queue,
+    where a busy asyncio loop would keep it for ever and pay a futex wake at every poll of its
+    selector (see _speedups/sampler/turns.c).  The agent's threads wait on it."""
+    native = load_sampler()
+    return native.Waker if native is not None else None
+
+
+def _waker() -> Any:
+    """What the agent's loop waits on."""
+    make = _native_waker()
+    return make() if make is not None else threading.Event()
+
+
 class Agent:
     def __init__(self, config: AgentConfig) -> None:
         self.config = config
@@ -67,7 +82,7 @@ class Agent:
         # six more objects for the program's GC to walk (see agent/log.py).
         self._stopping = False
         # What wakes the agent's loop before its interval: a stop, a change of settings.
-        self._wake = threading.Event()
+        self._wake = _waker()
         self.live.on_change = self._wake.set
         self._thread: Optional[threading.Thread] = None
         self._rate = config.sample_rate  # in force: the governor lowers it under load
@@ -84,6 +99,7 @@ class Agent:
             max_buffer_bytes=config.max_buffer_bytes,
             timeout=config.upload_timeout,
             user_agent=f"hotspan-agent/{__version__}",
+            waker=_native_waker(),
         )
         # Pull mode only (server_address "none"): nothing is uploaded, the endpoints of
         # agent/pull.py are how profiles leave the process.
@@ -281,7 +297,7 @@ class Agent:
             running = self._thread is not None and not self._stopping
             self.outbox.after_fork()
             self._applied = threading.Condition(threading.Lock())
-            self._wake = threading.Event()
+            self._wake = _waker()
             self.live.on_change = self._wake.set
             self._excluded = set()
             self._control_server = None  # the parent's; a worker has none of its own

@@ -83,8 +83,13 @@ class Uploader:
         max_buffer_bytes: int = DEFAULT_BUFFER_BYTES,
         timeout: float = 10.0,
         user_agent: str = f"hotspan-agent/{__version__}",
+        waker: Optional[Callable[[], Any]] = None,
     ) -> None:
+        """``waker``: makes what the upload thread waits on instead of its condition (the
+        agent passes the native ``Waker``, whose wait takes the GIL back by turns: see
+        ``_speedups/sampler/turns.c``); None: the condition."""
         scheme, host, port, path = split_address(server_address)
+        self._make_waker = waker
         self._address = server_address
         self._https = scheme == "https"
         # file://DIR: each upload becomes a file in DIR (hotspan record; see SpoolConnection).
@@ -111,6 +116,7 @@ class Uploader:
     def _init_state(self) -> None:
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
+        self._waker: Any = self._make_waker() if self._make_waker is not None else None
         # Held around taking an item and sending it: the connection serves one thread at a
         # time, and whoever holds it owns the only copy of the upload in flight.
         self._send_lock = threading.Lock()
@@ -142,13 +148,13 @@ class Uploader:
         """Load shedding: uploads wait (bounded as ever) until resumed; polls still go."""
         with self._cond:
             self._paused = paused
-            self._cond.notify_all()
+            self._notify()
 
     def poll(self, path: str) -> None:
         """Ask ``GET path`` once, when nothing else is being sent (one poll waits at most)."""
         with self._cond:
             self._poll = self._prefix + path  # behind a gateway path, as /ingest is
-            self._cond.notify_all()
+            self._notify()
 
     def idle_for(self, seconds: float) -> bool:
         """Whether no request has been attempted for ``seconds``."""
@@ -190,7 +196,7 @@ class Uploader:
                 if self._max_bytes == 0:
                     if self._idle and self._handoff is None:
                         self._handoff, self._idle = item, False
-                        self._cond.notify_all()
+                        self._notify()
                     else:
                         self._count_drop(size)
                 elif size > self._max_bytes:
@@ -199,7 +205,7 @@ class Uploader:
                     self._pending.append(item)
                     self._pending_bytes += size
                     self._trim()
-                    self._cond.notify_all()
+                    self._notify()
         except Exception:
             log.debug("hotspan: upload not queued", exc_info=True)
 
@@ -237,7 +243,7 @@ class Uploader:
         try:
             with self._cond:
                 self._stopping = True
-                self._cond.notify_all()
+                self._notify()
             thread = self._thread
             if thread is not None and thread is not threading.current_thread():
                 thread.join(max(0.0, timeout))
@@ -262,6 +268,27 @@ class Uploader:
             log.debug("hotspan: uploader not reset after fork", exc_info=True)
 
     # -- everything below runs with self._cond held, or in the sending thread ----------------
+
+    def _notify(self) -> None:
+        if self._waker is None:
+            self._cond.notify_all()
+        else:
+            self._waker.set()
+
+    def _wait(self, timeout: Optional[float]) -> None:
+        """The upload thread's wait for news, self._cond held (and released meanwhile)."""
+        waker = self._waker
+        if waker is None:
+            self._cond.wait(timeout)
+            return
+        # What the thread waits for is in the state under self._cond, read again after this:
+        # a set() between that read and this wait makes it return at once, nothing is lost.
+        self._cond.release()
+        try:
+            waker.wait(timeout)
+        finally:
+            self._cond.acquire()
+        waker.clear()
 
     def _count_drop(self, size: int) -> None:
         self._stats.dropped_uploads += 1
@@ -297,7 +324,7 @@ class Uploader:
                         if wait <= 0 and (uploads or self._poll is not None):
                             break
                         self._idle = wait <= 0 and not self._paused
-                        self._cond.wait(wait if wait > 0 else None)
+                        self._wait(wait if wait > 0 else None)
                     self._idle = False
                     if self._stopping:
                         return
@@ -339,7 +366,7 @@ class Uploader:
                         pause = min(retry_after, _MAX_RETRY_AFTER)
                     self._retry_at = time.monotonic() + pause
                     self._delay = min(self._delay * 2, _MAX_DELAY)
-            self._cond.notify_all()
+            self._notify()
         if outcome == "rejected":
             self._warn(f"server rejected a profile upload ({error}); dropped")
         elif outcome == "retry":

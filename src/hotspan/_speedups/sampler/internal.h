@@ -510,6 +510,11 @@ HIDDEN PyObject *sampler_alloc_sampling(PyObject *mod, PyObject *unused);
 /* ---------------------------------------------------------------- linker.c: span linking */
 
 HIDDEN extern PyTypeObject LinkerType;
+
+/* ---------------------------------------------------------------- turns.c: the agent's waits */
+
+HIDDEN extern PyTypeObject WakerType;
+HIDDEN PyObject *sampler_turns(PyObject *mod, PyObject *unused);
 /* Interned by module init. */
 HIDDEN extern PyObject *str_attach, *str_detach, *str_get_current, *str_get_span_context,
     *str_parent;

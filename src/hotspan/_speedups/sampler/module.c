@@ -35,6 +35,8 @@ static PyMethodDef methods[] = {
      "thread_labels() -> {ident: (span, trace_hi, trace_lo, root_span, tagset)}: every "
      "thread's "
      "current labels"},
+    {"turns", sampler_turns, METH_NOARGS,
+     "turns() -> int: turns at the GIL the main thread has handed to a Waker's wait"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -74,7 +76,8 @@ static const HotspanSamplerAPI sampler_api = {
 PyMODINIT_FUNC
 PyInit__sampler(void)
 {
-    if (PyType_Ready(&LabelsType) < 0 || PyType_Ready(&LinkerType) < 0)
+    if (PyType_Ready(&LabelsType) < 0 || PyType_Ready(&LinkerType) < 0 ||
+        PyType_Ready(&WakerType) < 0)
         return NULL;
     str_attach = PyUnicode_InternFromString("attach");
     str_detach = PyUnicode_InternFromString("detach");
@@ -116,6 +119,12 @@ PyInit__sampler(void)
     Py_INCREF(&LinkerType);
     if (PyModule_AddObject(m, "SpanLinker", (PyObject *)&LinkerType) < 0) {
         Py_DECREF(&LinkerType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    Py_INCREF(&WakerType);
+    if (PyModule_AddObject(m, "Waker", (PyObject *)&WakerType) < 0) {
+        Py_DECREF(&WakerType);
         Py_DECREF(m);
         return NULL;
     }

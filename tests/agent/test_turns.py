@@ -1,0 +1,194 @@
+"""The agent's waits (``_speedups/sampler/turns.c``): a thread of the agent's that wakes beside
+a busy asyncio loop gets the GIL back by a turn the main thread hands over, promptly and with
+a few wake-ups, where waiting in the GIL's queue would take until the loop idles and wake it
+at every drop of the GIL.  Each scenario runs in a fresh interpreter whose main thread runs
+the loop (turns are handed over by the main thread; a test worker's may be busy elsewhere)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from hotspan._speedups import load_sampler
+
+native = load_sampler()
+pytestmark = pytest.mark.skipif(native is None, reason="the native sampler is not built")
+
+BUSY_LOOP = """
+import asyncio, json, statistics, threading, time
+from hotspan._speedups import load_sampler
+native = load_sampler()
+
+def spin(n):
+    x = 0
+    for i in range(n):
+        x = (x * 31 + i) & 0xFFFFF
+    return x
+
+async def busy(done):
+    # Coroutines yielding every ~0.2 ms: the loop drops the GIL at every poll of its selector.
+    async def task():
+        while not done.is_set():
+            spin(1000)
+            await asyncio.sleep(0)
+    await asyncio.gather(*[task() for _ in range(20)])
+
+def switches():
+    with open(f"/proc/thread-self/status") as f:
+        return sum(int(line.split()[1]) for line in f if "ctxt_switches" in line)
+"""
+
+
+def run_scenario(body: str) -> dict:
+    out = subprocess.run(
+        [sys.executable, "-c", BUSY_LOOP + body],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+
+def test_a_waker_is_an_event() -> None:
+    waker = native.Waker()
+    assert not waker.is_set()
+    started = time.monotonic()
+    assert waker.wait(0.05) is False
+    assert time.monotonic() - started >= 0.045
+    threading.Timer(0.05, waker.set).start()
+    assert waker.wait(5) is True
+    assert waker.is_set() and waker.wait(0) is True  # stays set until cleared
+    waker.clear()
+    assert not waker.is_set()
+    with pytest.raises(TypeError):
+        native.Waker(1)
+    with pytest.raises(TypeError):
+        waker.wait(1, 2)
+
+
+def test_a_thread_that_wakes_beside_a_busy_loop_gets_the_gil_by_a_turn() -> None:
+    result = run_scenario(
+        """
+done = threading.Event()
+waker = native.Waker()
+report = {}
+
+def agent_thread():
+    # Counted from a turn on: reading them before, outside one, waits in the GIL's queue.
+    waker.wait(0.05)
+    before = switches()
+    delays = []
+    for _ in range(10):
+        asked = time.monotonic()
+        waker.wait(0.05)
+        delays.append(time.monotonic() - asked - 0.05)
+        spin(2000)  # its Python work, in the turn
+    report.update(delays=delays, switches=switches() - before)
+    done.set()
+
+turns = native.turns()
+threading.Thread(target=agent_thread).start()
+asyncio.run(busy(done))
+report["turns"] = native.turns() - turns
+print(json.dumps(report))
+"""
+    )
+    delays = sorted(result["delays"])
+    # In the GIL's queue the first wait alone took until the loop ended (half a second here),
+    # and the thread switched thousands of times a second.
+    assert delays[len(delays) // 2] < 0.01, result
+    assert delays[-1] < 0.1, result
+    assert result["turns"] >= 8, result
+    assert result["switches"] <= 100, result
+
+
+def test_a_thread_woken_in_a_turn_runs_in_it() -> None:
+    """The loop thread hands the uploader an upload in its turn: the uploader's thread joins
+    the turn, so the main thread waits for it too instead of running again at once."""
+    result = run_scenario(
+        """
+done = threading.Event()
+loop_waker, upload_waker = native.Waker(), native.Waker()
+report = {"delays": []}
+handed = []
+ready = threading.Event()
+
+def uploader():
+    before = switches()  # main waits for ready below: the GIL is free until then
+    ready.set()
+    while True:
+        upload_waker.wait(None)
+        upload_waker.clear()
+        if done.is_set():
+            break
+        report["delays"].append(time.monotonic() - handed[-1])
+        spin(2000)  # its Python work, still in the turn
+    report["switches"] = switches() - before
+
+def loop():
+    for _ in range(10):
+        loop_waker.wait(0.05)
+        handed.append(time.monotonic())
+        upload_waker.set()
+        spin(500)
+    loop_waker.wait(0.05)  # the last upload handled before the end is told
+    done.set()
+    upload_waker.set()
+
+turns = native.turns()
+threads = [threading.Thread(target=uploader), threading.Thread(target=loop)]
+threads[0].start()
+ready.wait()
+threads[1].start()
+asyncio.run(busy(done))
+for t in threads:
+    t.join()
+report["turns"] = native.turns() - turns
+print(json.dumps(report))
+"""
+    )
+    delays = sorted(result["delays"])
+    assert len(delays) == 10, result
+    assert delays[len(delays) // 2] < 0.01, result
+    assert delays[-1] < 0.1, result
+    assert result["switches"] <= 100, result
+
+
+def test_a_turn_that_overruns_gives_the_main_thread_back() -> None:
+    """A turn whose thread blocks (here: sleeps 1 s) lets the main thread wait 0.1 s at most."""
+    result = run_scenario(
+        """
+done = threading.Event()
+waker = native.Waker()
+
+def agent_thread():
+    waker.wait(0.05)
+    time.sleep(1.0)  # the GIL released, the turn not ended
+    waker.wait(0.05)
+    done.set()
+
+gaps = []
+
+async def watch():
+    last = time.monotonic()
+    while not done.is_set():
+        await asyncio.sleep(0)
+        now = time.monotonic()
+        gaps.append(now - last)
+        last = now
+
+async def main():
+    await asyncio.gather(busy(done), watch())
+
+threading.Thread(target=agent_thread).start()
+asyncio.run(main())
+print(json.dumps({"longest_gap": max(gaps)}))
+"""
+    )
+    assert 0.05 <= result["longest_gap"] < 0.5, result
