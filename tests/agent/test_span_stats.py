@@ -258,3 +258,61 @@ def test_default_stats_only_on_spans_with_figures(
         assert spans["root"][ALLOC] >= spans["alloc"][ALLOC]
     else:
         assert _ours(spans["alloc"]) == {}
+
+
+# Without span_stats (the default): a span gets the garbage collector's figures only when its
+# collections paused it 1 ms or more; shorter pauses add up in its parent.
+DEFAULTS_PROGRAM = """
+import gc
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+exporter = InMemorySpanExporter()
+trace.get_tracer_provider().add_span_processor(SimpleSpanProcessor(exporter))
+{configure}
+gc.collect()
+young = []
+with tracer.start_as_current_span("root"):
+    for i in range(50):
+        with tracer.start_as_current_span(f"young{i}"):
+            t0 = time.perf_counter_ns()
+            gc.collect(0)  # the young generation: a few objects, microseconds
+            young.append(time.perf_counter_ns() - t0)
+    with tracer.start_as_current_span("full"):
+        keep = []
+        for _ in range(200_000):
+            a, b = [], []
+            a.append(b)
+            b.append(a)
+            keep.append(a)
+        t0 = time.perf_counter_ns()
+        gc.collect()  # every generation, 400k containers: milliseconds
+        full = time.perf_counter_ns() - t0
+        del keep
+spans = {s.name: dict(s.attributes) for s in exporter.get_finished_spans()}
+hotspan.shutdown()
+report(spans=spans, young=sorted(young), full=full)
+"""
+
+
+@pytest.mark.parametrize("variant", ["native", "python"])
+def test_gc_figures_by_default_only_where_the_pause_matters(
+    variant: str, module_server: Any, tmp_path: Path
+) -> None:
+    kwargs, env = VARIANTS[variant]
+    if variant == "native" and load_sampler() is None:
+        pytest.skip("the C sampler is not built")
+    configure = configure_line(module_server.url, "gc_defaults", **kwargs)
+    result = run_program(tmp_path, DEFAULTS_PROGRAM.replace("{configure}", configure), env=env)
+    spans = result["spans"]
+    assert result["young"][-5] < 1e6 <= result["full"], result  # what the program measured
+    young = [name for name in spans if name.startswith("young")]
+    assert len(young) == 50
+    marked = [name for name in young if GC_COUNT in spans[name] or GC_PAUSE in spans[name]]
+    assert len(marked) <= 5, marked  # none but one that happened to pause for a millisecond
+    assert spans["full"][GC_COUNT] >= 1
+    assert spans["full"][GC_PAUSE] >= 1e6
+    # The root adds up every collection under it, the young ones included.
+    assert spans["root"][GC_COUNT] >= 50 + spans["full"][GC_COUNT]
+    assert spans["root"][GC_PAUSE] >= spans["full"][GC_PAUSE]
+    assert CPU not in spans["root"]  # span_stats is off

@@ -159,8 +159,13 @@ def span_stats_start() -> Tuple[Optional[int]]:
     return (None if _in_running_loop() else time.thread_time_ns(),)
 
 
+# Garbage-collection pauses go on a span as attributes from this total on, without span
+# stats (linker.c's GC_ATTRIBUTE_MIN_NS: shorter ones add up in the parent only).
+GC_ATTRIBUTE_MIN_NS = 1_000_000
+
+
 def has_figures(labels: Any) -> bool:
-    """Whether a span's labels hold figures worth attributes without span stats: a garbage
+    """Whether a span's labels hold figures its parent adds up without span stats: a garbage
     collection ran inside, or an allocation was sampled (linker.c's has_figures)."""
     return bool(labels.gc_count or (labels.alloc_bytes and _alloc_sampling()))
 
@@ -178,6 +183,10 @@ def span_stats_attributes(
         and restored.trace_hi == labels.trace_hi
     ):
         restored._charge(labels.cpu_ns, labels.alloc_bytes, labels.gc_pause_ns, labels.gc_count)
+    alloc = labels.alloc_bytes if _alloc_sampling() else 0
+    long_pause = labels.gc_count and labels.gc_pause_ns >= GC_ATTRIBUTE_MIN_NS
+    if start is None and not alloc and not long_pause:
+        return None
     if span is None or not span.is_recording():
         return None
     attributes: Dict[str, int] = {}
@@ -186,10 +195,9 @@ def span_stats_attributes(
         cpu = time.thread_time_ns() - thread_cpu if thread_cpu is not None else labels.cpu_ns
         attributes[CPU_TIME_ATTRIBUTE] = max(cpu, 0)
     # Zero figures are left out, as in C (set_attributes costs ~0.5 us per attribute).
-    alloc = labels.alloc_bytes
-    if alloc and _alloc_sampling():
+    if alloc:
         attributes[ALLOC_BYTES_ATTRIBUTE] = alloc
-    if labels.gc_count:
+    if labels.gc_count and (start is not None or long_pause):
         attributes[GC_PAUSE_ATTRIBUTE] = labels.gc_pause_ns
         attributes[GC_COLLECTIONS_ATTRIBUTE] = labels.gc_count
     if start is not None and labels.root_span_id == labels.span_id:

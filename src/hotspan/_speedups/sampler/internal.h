@@ -509,6 +509,14 @@ HIDDEN PyObject *sampler_alloc_sampling(PyObject *mod, PyObject *unused);
 
 /* ---------------------------------------------------------------- linker.c: span linking */
 
+/* A span's garbage-collection pauses are set as its attributes from this total on, without
+ * span_stats: young collections run every few hundred allocations and pause for tens of
+ * microseconds, and an attribute on each span that saw one (hundreds a second on an
+ * allocating service, the SDK's set_attributes at ~6 us each) would cost more than a pause
+ * that short can explain.  Smaller pauses still add up in the parent, so a request that
+ * collected many times shows them at its root. */
+#define GC_ATTRIBUTE_MIN_NS 1000000ull
+
 HIDDEN extern PyTypeObject LinkerType;
 
 /* ---------------------------------------------------------------- turns.c: the agent's waits */

@@ -375,12 +375,21 @@ watch_provider(LinkerObject *self, PyObject *span)
         Py_DECREF(processor); /* beyond: asked each time (the callback does nothing twice) */
 }
 
-/* Whether a span's labels hold figures for its attributes without span_stats (see span
- * stats): a collection ran inside, or an allocation was sampled. */
+/* Whether a span's labels hold figures its parent adds up without span_stats: a collection
+ * ran inside, or an allocation was sampled. */
 static inline int
 has_figures(LabelsObject *labels)
 {
     return __atomic_load_n(&labels->gc_count, __ATOMIC_RELAXED) != 0 ||
+           (__atomic_load_n(&labels->alloc_bytes, __ATOMIC_RELAXED) != 0 &&
+            __atomic_load_n(&alloc_sampling, __ATOMIC_RELAXED));
+}
+
+/* Whether those figures go on the span as attributes (see GC_ATTRIBUTE_MIN_NS). */
+static inline int
+figures_to_set(LabelsObject *labels)
+{
+    return __atomic_load_n(&labels->gc_pause_ns, __ATOMIC_RELAXED) >= GC_ATTRIBUTE_MIN_NS ||
            (__atomic_load_n(&labels->alloc_bytes, __ATOMIC_RELAXED) != 0 &&
             __atomic_load_n(&alloc_sampling, __ATOMIC_RELAXED));
 }
@@ -415,6 +424,8 @@ linker_span_done(LinkerObject *self, PyObject *span, LabelsObject *labels)
                          __atomic_load_n(&labels->gc_count, __ATOMIC_RELAXED));
     }
     Py_XDECREF(restored);
+    if (!full && !figures_to_set(labels))
+        return;
     if (span == NULL || !span_recording(span))
         return;
     PyObject *attributes = stats_attributes(labels, full, cpu);

@@ -190,7 +190,7 @@ stats_attributes(LabelsObject *labels, int full, uint64_t cpu)
     int failed = full && put_stat(d, key_cpu, (long long)cpu) < 0;
     if (!failed && alloc != 0 && __atomic_load_n(&alloc_sampling, __ATOMIC_RELAXED))
         failed = put_stat(d, key_alloc, (long long)alloc) < 0;
-    if (!failed && count != 0)
+    if (!failed && count != 0 && (full || pause >= GC_ATTRIBUTE_MIN_NS))
         failed = put_stat(d, key_gc_pause, (long long)pause) < 0 ||
                  put_stat(d, key_gc_count, (long long)count) < 0;
     if (!failed && full && labels->root_span_id == labels->span_id) {
