@@ -25,10 +25,13 @@
 
 enum { TURN_IDLE, TURN_ASKED, TURN_GRANTED };
 
-/* One mutex and condition for every waker and the turn: the agent has two threads that wait
- * here, and a signal is rare (a timeout, an upload, a settings change). */
+/* One mutex for the turn and every waker (the agent has two threads that wait here, and a
+ * signal is rare: a timeout, an upload, a settings change); a condition for the turn's state,
+ * which the main thread and the asking thread wait on, and one for the wakers' flags, so that
+ * a turn's handovers wake no other waiting thread (each wake is a futex call, and on a
+ * virtual machine an interrupt to another CPU). */
 static pthread_mutex_t turn_mu = PTHREAD_MUTEX_INITIALIZER;
-static pthread_cond_t turn_cv;
+static pthread_cond_t turn_cv, waker_cv;
 static pthread_once_t turns_once = PTHREAD_ONCE_INIT;
 static int turn_state = TURN_IDLE;
 /* The threads a granted turn is for: the one that asked, and those its Python woke while it
@@ -44,6 +47,7 @@ typedef struct {
      * turn gave the thread it wakes a share. */
     unsigned long long holds;
     int joining;
+    int waiting; /* threads in wait() now: only those can join a turn */
 } WakerObject;
 
 static void
@@ -53,6 +57,7 @@ init_turn_cv(void)
     pthread_condattr_init(&attr);
     pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
     pthread_cond_init(&turn_cv, &attr);
+    pthread_cond_init(&waker_cv, &attr);
     pthread_condattr_destroy(&attr);
 }
 
@@ -210,14 +215,17 @@ waker_set(WakerObject *self, PyObject *unused)
     self->flag = 1;
 #ifndef Py_GIL_DISABLED
     /* Set in a turn (the main thread waits, so the caller is one of the agent's threads): the
-     * thread this wakes joins it, or it would wake to find the main thread running again. */
-    if (turn_state == TURN_GRANTED && !self->joining && self->holds != turn_generation) {
+     * thread this wakes joins it, or it would wake to find the main thread running again.  A
+     * waker nobody waits on now gives no share: one that was never waited on again (a thread
+     * gone) would hold the main thread for TURN_MAX_NS. */
+    if (turn_state == TURN_GRANTED && self->waiting > 0 && !self->joining &&
+        self->holds != turn_generation) {
         self->joining = 1;
         self->holds = turn_generation;
         turn_holders++;
     }
 #endif
-    pthread_cond_broadcast(&turn_cv);
+    pthread_cond_broadcast(&waker_cv);
     pthread_mutex_unlock(&turn_mu);
     Py_RETURN_NONE;
 }
@@ -273,12 +281,14 @@ waker_wait(WakerObject *self, PyObject *const *args, Py_ssize_t nargs)
         self->holds = 0;
     }
 #endif
+    self->waiting++;
     while (!self->flag) {
-        int rc = timeout >= 0 ? pthread_cond_timedwait(&turn_cv, &turn_mu, &deadline)
-                              : pthread_cond_wait(&turn_cv, &turn_mu);
+        int rc = timeout >= 0 ? pthread_cond_timedwait(&waker_cv, &turn_mu, &deadline)
+                              : pthread_cond_wait(&waker_cv, &turn_mu);
         if (rc == ETIMEDOUT)
             break;
     }
+    self->waiting--;
     flag = self->flag;
 #ifndef Py_GIL_DISABLED
     if (self->joining) {
