@@ -192,3 +192,33 @@ print(json.dumps({"longest_gap": max(gaps)}))
 """
     )
     assert 0.05 <= result["longest_gap"] < 0.5, result
+
+
+def test_a_gevent_program_keeps_its_greenlets_running() -> None:
+    """Under gevent's monkey-patching the agent's threads are greenlets on the main thread:
+    its waits stay gevent's (a native wait there would stop every greenlet for its length;
+    the uploader's, with no timeout, for ever)."""
+    pytest.importorskip("gevent", reason="gevent is not installed (pip install -e .[test])")
+    code = """
+from gevent import monkey; monkey.patch_all()
+import json, time, gevent, hotspan
+agent = hotspan.configure(application_name="gevent-turns", server_address="http://127.0.0.1:9",
+                          upload_interval=3600)
+gaps = []
+def ticker():
+    last = time.monotonic()
+    end = last + 2.5  # past the agent's first waits (0.1 s apart for two seconds)
+    while time.monotonic() < end:
+        gevent.sleep(0.01)
+        now = time.monotonic()
+        gaps.append(now - last)
+        last = now
+gevent.spawn(ticker).join()
+hotspan.shutdown(flush=False)
+print(json.dumps({"longest_gap": max(gaps), "ticks": len(gaps)}))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["longest_gap"] < 0.5, result
+    assert result["ticks"] > 100, result

@@ -63,9 +63,27 @@ def _native_waker() -> Optional[Callable[[], Any]]:
     """The native ``Waker`` type, where built: threading.Event's interface, with a wait that
     takes the GIL back by a turn the main thread hands over rather than in the GIL's queue,
     where a busy asyncio loop would keep it for ever and pay a futex wake at every poll of its
-    selector (see _speedups/sampler/turns.c).  The agent's threads wait on it."""
+    selector (see _speedups/sampler/turns.c).  The agent's threads wait on it.
+
+    None where threads are not threads: gevent and eventlet replace ``_thread``'s
+    ``start_new_thread`` (a builtin) with one that starts a greenlet on the main thread, where
+    a native wait would stop every greenlet of the program for its length."""
     native = load_sampler()
-    return native.Waker if native is not None else None
+    if native is None or not _real_threads():
+        return None
+    return native.Waker
+
+
+def _real_threads() -> bool:
+    """Whether threading starts OS threads: its thread starters are still ``_thread``'s
+    builtins (3.13 starts them with ``start_joinable_thread``)."""
+    import _thread
+
+    starters = [getattr(_thread, n, len) for n in ("start_new_thread", "start_joinable_thread")]
+    starters += [
+        getattr(threading, n, len) for n in ("_start_new_thread", "_start_joinable_thread")
+    ]
+    return all(isinstance(f, type(len)) for f in starters)
 
 
 def _waker() -> Any:
