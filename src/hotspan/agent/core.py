@@ -86,9 +86,8 @@ def _real_threads() -> bool:
     return all(isinstance(f, type(len)) for f in starters)
 
 
-def _waker() -> Any:
-    """What the agent's loop waits on."""
-    make = _native_waker()
+def _waker(make: Optional[Callable[[], Any]]) -> Any:
+    """What the agent's loop waits on: made by ``make`` (_native_waker's), else an Event."""
     return make() if make is not None else threading.Event()
 
 
@@ -99,8 +98,10 @@ class Agent:
         # Set, with _wake, to end the agent's loop: a flag rather than an Event, which would be
         # six more objects for the program's GC to walk (see agent/log.py).
         self._stopping = False
-        # What wakes the agent's loop before its interval: a stop, a change of settings.
-        self._wake = _waker()
+        # What wakes the agent's loop before its interval: a stop, a change of settings.  The
+        # uploader's thread waits on the same kind.
+        self._make_waker = _native_waker()
+        self._wake = _waker(self._make_waker)
         self.live.on_change = self._wake.set
         self._thread: Optional[threading.Thread] = None
         self._rate = config.sample_rate  # in force: the governor lowers it under load
@@ -117,7 +118,7 @@ class Agent:
             max_buffer_bytes=config.max_buffer_bytes,
             timeout=config.upload_timeout,
             user_agent=f"hotspan-agent/{__version__}",
-            waker=_native_waker(),
+            waker=self._make_waker,
         )
         # Pull mode only (server_address "none"): nothing is uploaded, the endpoints of
         # agent/pull.py are how profiles leave the process.
@@ -315,7 +316,7 @@ class Agent:
             running = self._thread is not None and not self._stopping
             self.outbox.after_fork()
             self._applied = threading.Condition(threading.Lock())
-            self._wake = _waker()
+            self._wake = _waker(self._make_waker)
             self.live.on_change = self._wake.set
             self._excluded = set()
             self._control_server = None  # the parent's; a worker has none of its own

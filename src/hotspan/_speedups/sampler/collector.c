@@ -315,7 +315,7 @@ collector_main(void *unused)
     uint64_t now = monotonic_ns(), next = now + interval, next_scan = now + scan_every_ns;
     uint64_t random = mix64(now ^ (uint64_t)me) | 1;
     while (!atomic_load(&collector_stop)) {
-        struct timespec until = {(time_t)(next / 1000000000ull), (long)(next % 1000000000ull)};
+        struct timespec until = timespec_ns(next);
         /* threads_mutex is released while it waits; stop() signals to end the wait. */
         while (!atomic_load(&collector_stop) &&
                pthread_cond_timedwait(&collector_wake, &threads_mutex, &until) == 0) {

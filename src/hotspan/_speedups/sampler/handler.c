@@ -195,8 +195,7 @@ schedule_wall_sample(ThreadSlot *s, int index, uint64_t offset_ns)
     }
     struct itimerspec spec;
     memset(&spec, 0, sizeof spec);
-    spec.it_value.tv_sec = (time_t)(offset_ns / 1000000000ull);
-    spec.it_value.tv_nsec = (long)(offset_ns % 1000000000ull);
+    spec.it_value = timespec_ns(offset_ns);
     return timer_settime(s->wall_timer, 0, &spec, NULL);
 }
 

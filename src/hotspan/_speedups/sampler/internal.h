@@ -268,6 +268,14 @@ realtime_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
+/* `ns` nanoseconds as a timespec: a deadline on a clock, or a timer's interval. */
+static inline struct timespec
+timespec_ns(uint64_t ns)
+{
+    struct timespec ts = {(time_t)(ns / 1000000000ull), (long)(ns % 1000000000ull)};
+    return ts;
+}
+
 static inline uint64_t
 monotonic_ns(void)
 {

@@ -347,10 +347,8 @@ arm(ThreadSlot *s, int index)
         return;
     atomic_store_explicit(&s->cpu_charged_ns, charged, memory_order_release);
     struct itimerspec spec;
-    spec.it_interval.tv_sec = (time_t)(cpu_interval_ns / 1000000000ull);
-    spec.it_interval.tv_nsec = (long)(cpu_interval_ns % 1000000000ull);
-    spec.it_value.tv_sec = (time_t)(first / 1000000000ull);
-    spec.it_value.tv_nsec = (long)(first % 1000000000ull);
+    spec.it_interval = timespec_ns(cpu_interval_ns);
+    spec.it_value = timespec_ns(first);
     /* Before the timer runs: on the calling thread its first signal may come at once. */
     atomic_store_explicit(&s->cpu_expiry_ns, cpu_now + first, memory_order_release);
     if (timer_settime(s->timer, 0, &spec, NULL) != 0) {

@@ -51,7 +51,7 @@ typedef struct {
 } WakerObject;
 
 static void
-init_turn_cv(void)
+init_turn_conds(void)
 {
     pthread_condattr_t attr;
     pthread_condattr_init(&attr);
@@ -70,7 +70,7 @@ turns_after_fork(void)
 {
     pthread_mutex_t fresh = PTHREAD_MUTEX_INITIALIZER;
     turn_mu = fresh;
-    init_turn_cv();
+    init_turn_conds();
     turn_state = TURN_IDLE;
     turn_holders = 0;
     turn_generation++;
@@ -80,16 +80,8 @@ turns_after_fork(void)
 static void
 init_turns(void)
 {
-    init_turn_cv();
+    init_turn_conds();
     pthread_atfork(NULL, NULL, turns_after_fork);
-}
-
-static void
-deadline_after(uint64_t ns, struct timespec *out)
-{
-    uint64_t at = monotonic_ns() + ns;
-    out->tv_sec = (time_t)(at / 1000000000ull);
-    out->tv_nsec = (long)(at % 1000000000ull);
 }
 
 #ifndef Py_GIL_DISABLED
@@ -111,8 +103,7 @@ grant_turn(void *unused)
     pthread_cond_broadcast(&turn_cv);
     pthread_mutex_unlock(&turn_mu);
     Py_BEGIN_ALLOW_THREADS
-    struct timespec deadline;
-    deadline_after(TURN_MAX_NS, &deadline);
+    struct timespec deadline = timespec_ns(monotonic_ns() + TURN_MAX_NS);
     pthread_mutex_lock(&turn_mu);
     while (turn_state == TURN_GRANTED && turn_generation == generation) {
         if (pthread_cond_timedwait(&turn_cv, &turn_mu, &deadline) == ETIMEDOUT)
@@ -150,8 +141,7 @@ ask_turn(void)
             return 0;
         }
     }
-    struct timespec deadline;
-    deadline_after(TURN_ASK_NS, &deadline);
+    struct timespec deadline = timespec_ns(monotonic_ns() + TURN_ASK_NS);
     while (turn_state == TURN_ASKED && turn_generation == generation) {
         if (pthread_cond_timedwait(&turn_cv, &turn_mu, &deadline) == ETIMEDOUT)
             break;
@@ -269,9 +259,9 @@ waker_wait(WakerObject *self, PyObject *const *args, Py_ssize_t nargs)
     }
     int flag;
     Py_BEGIN_ALLOW_THREADS
-    struct timespec deadline;
-    if (timeout >= 0)
-        deadline_after((uint64_t)(timeout * 1e9), &deadline);
+    /* Unused without a timeout (a negative double must not become a uint64_t). */
+    struct timespec deadline =
+        timespec_ns(timeout >= 0 ? monotonic_ns() + (uint64_t)(timeout * 1e9) : 0);
     pthread_mutex_lock(&turn_mu);
 #ifndef Py_GIL_DISABLED
     /* About to wait: this thread's share of a turn is over.  (Already set: it goes on, in
