@@ -6,7 +6,8 @@ hour, to show the ratio.
 The spans are made inside each database by one ``INSERT ... SELECT`` over a range of numbers
 (no Python per row): traces of 8 spans a millisecond apart, evenly over the hour, in 10
 services (span groups written through ``write_spans``, so that resource attributes are real),
-20 routes (``span.http.route``), durations spread over powers of two, 2% errors.  Each query
+20 routes (``span.http.route``), 100,000 users (``span.enduser.id``), durations spread over
+powers of two, 2% errors.  Each query
 goes through ``run_metrics`` as the Tempo API calls it (a 15 s step, 100 exemplars asked),
 once to warm up, then ``--runs`` times; the median is reported, with spans/s from the spans
 the answer says it inspected.  Results: ``bench/results/traceql_metrics.{md,json}``.
@@ -47,6 +48,9 @@ QUERIES: List[Tuple[str, str]] = [
         "drilldown_errors",
         "{nestedSetParent<0 && status = error} | rate() by (resource.service.name)",
     ),
+    # Traces Drilldown's comparison tab: errors against the rest, every attribute.
+    ("compare_errors", "{} | compare({status = error})"),
+    ("compare_slow_roots", "{nestedSetParent<0} | compare({duration > 1s}, 10)"),
 ]
 
 
@@ -87,9 +91,11 @@ def span_select(n: int, d: Spelling, tenant: str, groups: List[int]) -> str:
     step = HOUR_NS // traces
     rs, us = d.char(30), d.char(31)
     s = d.text
+    # A route, a status code and a user id (100,000 of them: most attribute texts differ).
     attrs = (
         f"concat({rs}, 'http.route', {us}, '/route-', {s('t % 20')}, "
-        f"{rs}, 'http.response.status_code', {us}, if(h % 50 = 0, '500', '200'), {rs})"
+        f"{rs}, 'http.response.status_code', {us}, if(h % 50 = 0, '500', '200'), "
+        f"{rs}, 'enduser.id', {us}, 'u-', {s('t % 100000')}, {rs})"
     )
     gids = "[" + ", ".join(str(g) for g in groups) + "]"
     return f"""

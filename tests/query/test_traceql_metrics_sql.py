@@ -1,6 +1,7 @@
-"""TraceQL metrics aggregated by the store (``metrics_pushdown``, ``store.metrics_sql``) give
-the answers of the engine that reads every span: each pushed-down query shape runs both ways
-over the same spans, written through ``write_spans``, on DuckDB and on ClickHouse (chdb).
+"""TraceQL metrics aggregated by the store (``metrics_pushdown``, ``store.metrics_sql``; for
+``compare()``, ``store.compare_sql``) give the answers of the engine that reads every span:
+each pushed-down query shape runs both ways over the same spans, written through
+``write_spans``, on DuckDB and on ClickHouse (chdb).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import pytest
 
 from hotspan.model.trace import SpanBatch, SpanGroup, SpanWriteRow, flatten_attributes
 from hotspan.query.traceql import MetricsRequest, parse_query, run_metrics
+from hotspan.query.traceql.metrics_compare import MAX_COMPARE_CELLS, compare_plan
 from hotspan.query.traceql.metrics_pushdown import pushdown
 from hotspan.query.traceql.series import MetricsResult
 from hotspan.store import open_store
@@ -183,8 +185,29 @@ FALLBACK = [
     "{} | histogram_over_time(span.ratio)",
     "{} | avg_over_time(span.ratio)",
     "{ traceDuration > 1s } | rate()",
-    "{} | compare({ status = error })",
     "{ span.http.route != nil && rootName != nil } | rate()",
+]
+
+# compare() shapes the store counts: selections of the conditions search compiles, with and
+# without a window, under filters and topN; attributes typed and not, resources with and
+# without service.name, roots in and out of the range.
+COMPARED = [
+    "{} | compare({ status = error })",
+    "{} | compare({ true })",
+    '{ kind = server } | compare({ span.http.route = "/a" }, 3)',
+    '{} | compare({ duration > 100ms && resource.service.name = "api" })',
+    "{ span.http.status_code >= 404 } | compare({ nestedSetParent < 0 }, 2)",
+    '{ name =~ "GET.*|SELECT" } | compare({ .deployment.environment = "prod" })',
+    f"{{}} | compare({{ status = error }}, 5, {BASE + 120 * SEC}, {BASE + 300 * SEC})",
+]
+# compare() shapes the engine keeps: a selection or a filter that is not the store's
+# conditions exactly.
+COMPARE_FALLBACK = [
+    '{} | compare({ status = error || name = "SELECT" })',
+    '{} | compare({ rootName = "GET /a" })',
+    "{} | compare({ span.code != nil })",
+    "{} >> { status = error } | compare({ kind = server })",
+    "{ span.code != nil } | compare({ status = error })",
 ]
 
 # Values that are sums of floats, added in another order by the engine: equal to 1e-12.
@@ -306,3 +329,50 @@ def _check_exemplars(store: Store) -> None:
 
 def test_exemplars_duckdb(duck: Store) -> None:
     _check_exemplars(duck)
+
+
+def _same_compare(store: Store, text: str, instant: bool) -> None:
+    query = parse_query(text)
+    req = _request(instant)
+    assert compare_plan(query, req, MAX_COMPARE_CELLS + 1) is not None, f"{text}: not counted"
+    sql = run_metrics(store, TENANT, query, req)
+    engine = run_metrics(store, TENANT, query, req, in_store=False)
+    assert sql.partial is None and engine.partial is None
+    assert (sql.inspected_spans, sql.inspected_traces) == (
+        engine.inspected_spans,
+        engine.inspected_traces,
+    )
+    assert list(sql.timestamps_ms) == list(engine.timestamps_ms)
+    got, want = _series(sql), _series(engine)
+    assert want, f"{text}: no series (the data should give some)"
+    assert set(got) == set(want), f"{text}: {set(got) ^ set(want)}"
+    types = {k: [type(v) for _, v in k] for k in want}
+    assert {k: [type(v) for _, v in k] for k in got} == types
+    for labels, values in want.items():
+        np.testing.assert_array_equal(got[labels], values, err_msg=f"{text} {labels}")
+
+
+def _check_compare(store: Store) -> None:
+    failures = []
+    for text in COMPARED:
+        for instant in (False, True):
+            try:
+                _same_compare(store, text, instant)
+            except AssertionError as exc:
+                failures.append(f"{text} (instant={instant}): {exc}")
+    assert not failures, "\n".join(failures)
+
+
+def test_compare_counted_by_the_store_answers_as_the_engine_duckdb(duck: Store) -> None:
+    _check_compare(duck)
+
+
+def test_compare_counted_by_the_store_answers_as_the_engine_clickhouse(
+    clickhouse: Store,
+) -> None:
+    _check_compare(clickhouse)
+
+
+@pytest.mark.parametrize("text", COMPARE_FALLBACK)
+def test_the_engine_keeps_the_compare_queries_no_statement_answers(text: str) -> None:
+    assert compare_plan(parse_query(text), _request(False), MAX_COMPARE_CELLS + 1) is None

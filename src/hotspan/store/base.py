@@ -28,6 +28,7 @@ from hotspan.model.trace import (
     TraceQuery,
     TraceSummary,
 )
+from hotspan.store.compare_sql import ComparePlan, CompareRow
 from hotspan.store.metrics_sql import MetricsPlan, MetricsRow
 
 # How long data is kept when the server is not told (``--retention``).
@@ -344,6 +345,14 @@ class Store(abc.ABC):
         """A TraceQL metrics query aggregated by the store, one row per group
         (:mod:`hotspan.store.metrics_sql`); None when this store cannot (the caller reads the
         spans instead)."""
+        return None
+
+    def compare_rows(
+        self, tenant: str, plan: ComparePlan
+    ) -> Optional[Tuple[List[CompareRow], int, Optional[int]]]:
+        """A TraceQL ``compare()`` aggregated by the store (:mod:`hotspan.store.compare_sql`):
+        its rows, the spans read and their traces (None past ``EXACT_TRACES`` spans); None
+        when this store cannot (the caller reads the spans instead)."""
         return None
 
     @abc.abstractmethod

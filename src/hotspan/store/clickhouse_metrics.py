@@ -1,10 +1,11 @@
 """The ClickHouse store's TraceQL metrics: one aggregation statement
-(:mod:`hotspan.store.metrics_sql`) over the spans."""
+(:mod:`hotspan.store.metrics_sql`, :mod:`hotspan.store.compare_sql`) over the spans."""
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
+from hotspan.store.compare_sql import CLICKHOUSE_COMPARE, ComparePlan, CompareRow, compare_rows
 from hotspan.store.metrics_sql import CLICKHOUSE_METRICS, MetricsPlan, MetricsRow, metrics_rows
 
 
@@ -16,3 +17,8 @@ class ClickHouseMetrics:
 
     def metrics_rows(self, tenant: str, plan: MetricsPlan) -> Optional[List[MetricsRow]]:
         return metrics_rows(CLICKHOUSE_METRICS, tenant, plan, self._search_rows)
+
+    def compare_rows(
+        self, tenant: str, plan: ComparePlan
+    ) -> Optional[Tuple[List[CompareRow], int, Optional[int]]]:
+        return compare_rows(CLICKHOUSE_COMPARE, tenant, plan, self._search_rows)

@@ -65,7 +65,7 @@ def run_metrics(
             "{ status = error } | rate() by (resource.service.name)"
         )
     if stage.function == "compare":
-        return run_compare(store, tenant, query, req, max_spans)
+        return run_compare(store, tenant, query, req, max_spans, in_store)
     validate_stage(stage)
     builder = SeriesBuilder(stage, _hinted(query, req), MAX_CELLS)
     if req.instant:

@@ -21,6 +21,12 @@ records do not hold, and ``span:childCount``, which would need every span of eve
 Tempo's ``__meta_error="__too_many_values__"`` series carry no samples, so its answer never
 shows them; neither does this one. No exemplars.
 
+The store counts them in one statement when it can (:mod:`hotspan.store.compare_sql`): when
+the query's filter and the selection are both ``{...}`` of conditions the store filters spans
+on, joined by ``&&``.  Then every matching span is counted, with no bound on the spans read;
+the other bounds hold, met reading the newest spans first as the engine does (the statement
+gives each value's newest span).  The rest is read span by span.
+
 Bounds: reading stops as for the other metrics functions (spans read, wall time: see
 :mod:`hotspan.query.traceql.candidates`).  Of memory and answer size: at most
 ``MAX_COMPARE_ATTRIBUTES`` attributes are counted (about Tempo's, which stops reading at
@@ -51,8 +57,21 @@ from hotspan.model.trace import (
 )
 from hotspan.query.engine import QueryError
 from hotspan.query.traceql import ast
-from hotspan.query.traceql.candidates import Candidates, matched_spans, series_bound_message
-from hotspan.query.traceql.fields import ROOT_CONDITION, field_needs_trace, in_selection, plain
+from hotspan.query.traceql.candidates import (
+    Candidates,
+    matched_spans,
+    presence_tests,
+    series_bound_message,
+)
+from hotspan.query.traceql.conditions import condition_of
+from hotspan.query.traceql.fields import (
+    ROOT_CONDITION,
+    conjuncts,
+    field_needs_trace,
+    in_selection,
+    plain,
+    reads_raw,
+)
 from hotspan.query.traceql.parser import MetricsStage
 from hotspan.query.traceql.plan import Query
 from hotspan.query.traceql.series import (
@@ -65,6 +84,7 @@ from hotspan.query.traceql.series import (
     aligned_range,
 )
 from hotspan.store.base import PARENT_LOOKBACK_NS, Store
+from hotspan.store.compare_sql import CODE, TOTALS, TYPED, ComparePlan, CompareRow
 
 META_TYPE = "__meta_type"
 BASELINE, SELECTION = "baseline", "selection"
@@ -251,6 +271,59 @@ class _Compare:
                 values[(side, attribute)] += 1
             counts[key] = n
 
+    def absorb(self, rows: Sequence[CompareRow]) -> None:
+        """The store's rows (:mod:`hotspan.store.compare_sql`) into the query's counts: the
+        totals of the attributes met first reading newest first, then the values, newest
+        first, within the bounds."""
+        sides = (BASELINE, SELECTION)
+        intervals = self.intervals
+        totals: List[Tuple[str, int, str, int, int]] = []  # side, slot, attribute, n, newest
+        values: List[Tuple[int, str, int, str, str, object, int]] = []
+        for kind, side, slot, attribute, text, typed, n, newest_start, value_newest in rows:
+            cell = (sides[int(side)], int(slot), str(attribute))  # type: ignore[call-overload]
+            if kind == TOTALS:
+                totals.append((*cell, int(n), int(newest_start)))  # type: ignore[call-overload]
+            else:
+                values.append((int(value_newest), *cell, str(text), typed, int(n)))  # type: ignore[call-overload]
+        latest: Dict[str, int] = {}
+        for _, _, attribute, _, at in totals:
+            latest[attribute] = max(latest.get(attribute, at), at)
+        kept = sorted(latest, key=lambda a: -latest[a])[:MAX_COMPARE_ATTRIBUTES]
+        self.attributes_limited = len(latest) > len(kept)
+        self.attributes = dict.fromkeys(kept)
+        for side_name, slot, attribute, n, _ in totals:
+            if attribute in self.attributes and 0 <= slot < intervals:
+                total = self.totals.get((side_name, attribute))
+                if total is None:
+                    total = self.totals[(side_name, attribute)] = [0] * intervals
+                total[slot] += n
+        values.sort(key=lambda v: -v[0])
+        if len(values) > MAX_COMPARE_CELLS:
+            self.cells_limited = True
+            del values[MAX_COMPARE_CELLS:]
+        counts, tracked, per_attribute = self.counts, self.tracked, self.values
+        converted: Dict[Tuple[str, str, object], Optional[LabelValue]] = {}
+        for _, side_name, slot, attribute, text, typed, n in values:
+            if attribute not in self.attributes or not 0 <= slot < intervals:
+                continue
+            stored = (attribute, text, typed)
+            if stored not in converted:
+                converted[stored] = _stored_value(attribute, text, typed)
+            value = converted[stored]
+            if value is None:
+                continue
+            key = (side_name, slot, attribute, value)
+            old = counts.get(key)
+            if old is not None:
+                counts[key] = old + n
+                continue
+            if (side_name, attribute, value) not in tracked:
+                if per_attribute[(side_name, attribute)] >= self.value_limit:
+                    continue
+                tracked.add((side_name, attribute, value))
+                per_attribute[(side_name, attribute)] += 1
+            counts[key] = n
+
     def learn_roots(
         self, store: Store, tenant: str, spans: Sequence[SpanRecord], low: int, high: int
     ) -> None:
@@ -353,6 +426,58 @@ class _Compare:
         return out
 
 
+def _stored_value(attribute: str, text: str, typed: object) -> Optional[LabelValue]:
+    """A value as the store wrote it (text, typed) as the engine reads it from a span."""
+    if typed == CODE:
+        names = STATUS_CODES if attribute == "status" else SPAN_KINDS
+        code = int(text)
+        return names[code] if 0 <= code < len(names) else None
+    return _value(text) if typed == TYPED else text
+
+
+def compare_plan(query: Query, req: MetricsRequest, max_rows: int) -> Optional[ComparePlan]:
+    """The plan of a compare() query the store can count, or None (the engine reads the
+    spans): the filter is the store's conditions exactly, and so is the selection."""
+    stage = query.metrics
+    if stage is None or stage.compare_filter is None:
+        return None
+    if query.needs_raw or any(c.key.startswith("raw:") for c in query.pushdown):
+        return None
+    if presence_tests(query) != []:
+        return None  # the engine must run, or a span must show an attribute: read
+    expr = stage.compare_filter
+    if field_needs_trace(expr) or any(reads_raw(n) for n in ast.walk(expr)):
+        return None
+    selection = []
+    for part in conjuncts(expr):
+        if isinstance(part, ast.Static) and part.value is True:
+            continue
+        cond = condition_of(part)
+        if cond is None or cond.key.startswith("raw:"):
+            return None
+        selection.append(cond)
+    start, end, _ = aligned_range(req)
+    if req.instant:
+        # One interval, closed: every start in [start, end] falls in interval 0.
+        low, high, origin, step = start, end, start - 1, end - start + 2
+    else:
+        low, high, origin, step = start + 1, end, start, req.step_ns
+    window = stage.compare_start_ns is not None and stage.compare_end_ns is not None
+    return ComparePlan(
+        tuple(query.pushdown),
+        tuple(selection),
+        stage.compare_start_ns if window else None,
+        stage.compare_end_ns if window else None,
+        low,
+        high,
+        origin,
+        step,
+        max(MAX_COMPARE_VALUES, stage.top_n),
+        max_rows,
+        PARENT_LOOKBACK_NS,
+    )
+
+
 def _top(per_value: Dict[LabelValue, int], n: int) -> Iterable[LabelValue]:
     """The n values with the most spans (ties: in the order of their text, to be stable)."""
     if len(per_value) <= n:
@@ -366,8 +491,10 @@ def run_compare(
     query: Query,
     req: MetricsRequest,
     max_spans: int,
+    in_store: bool = True,
 ) -> MetricsResult:
-    """The series of a ``compare()`` query over the stored spans."""
+    """The series of a ``compare()`` query over the stored spans, counted by the store when
+    it can (``in_store`` False: read span by span, to compare the two)."""
     stage = query.metrics
     assert stage is not None
     validate(stage)
@@ -377,10 +504,17 @@ def run_compare(
     else:
         low, high = builder.start + 1, builder.end
     state = Candidates()
-    pages = matched_spans(store, tenant, query, low, high, max_spans, builder.whole, state)
-    for spans, traces in pages:
-        builder.learn_roots(store, tenant, spans, low, high)
-        builder.observe(spans, traces)
+    plan = compare_plan(query, req, MAX_COMPARE_CELLS + 1) if in_store else None
+    got = store.compare_rows(tenant, plan) if plan is not None else None
+    trace_count: Optional[int] = None
+    if got is not None:
+        rows, state.read, trace_count = got
+        builder.absorb(rows)
+    else:
+        pages = matched_spans(store, tenant, query, low, high, max_spans, builder.whole, state)
+        for spans, traces in pages:
+            builder.learn_roots(store, tenant, spans, low, high)
+            builder.observe(spans, traces)
     timestamps = (
         np.array([builder.end // MS], dtype=np.int64)
         if req.instant
@@ -389,4 +523,6 @@ def run_compare(
     series = builder.series()
     messages = ([state.partial] if state.partial else []) + builder.partial()
     partial = "; ".join(messages) or None
-    return MetricsResult(timestamps, series, state.read, len(state.traces), partial)
+    if trace_count is None:
+        trace_count = len(state.traces)
+    return MetricsResult(timestamps, series, state.read, trace_count, partial)

@@ -1,0 +1,294 @@
+"""TraceQL's ``compare()`` as aggregation statements, for DuckDB and ClickHouse.
+
+The query engine (``hotspan.query.traceql.metrics_compare``) hands down a
+:class:`ComparePlan`: the conditions of the query's filter and of its selection, the range of
+span starts and its intervals.  One statement splits the matching spans into the selection and
+the baseline, and counts, per side, interval, attribute and value, the spans that have it:
+
+- span attributes, each record of the flattened text (``hotspan.model.trace``) a row, counted
+  per distinct text first (spans of a route share theirs);
+- resource attributes, read once per span group, and ``resource.service.name`` from the span's
+  service where the resource has none;
+- ``name``, ``status`` and ``kind``; ``rootName`` and ``rootServiceName`` from the root span
+  of the span's trace, looked for from ``root_lookback_ns`` around the range.
+
+The answer is two kinds of rows (:data:`TOTALS` and :data:`VALUES`).  Totals: spans with each
+attribute, per side and interval, all values counted.  Values: per side and attribute the
+``value_limit`` values met first reading newest spans first (the engine's bound, which the
+statement applies with a window over each value's newest span), the values of most recent
+spans first, at most ``max_rows`` rows.  The engine converts values (a typed text reads as a
+number) and applies its other bounds.
+
+As :mod:`hotspan.store.metrics_sql`, spans are not deduplicated: a span stored twice counts
+twice.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, List, Optional, Sequence, Tuple
+
+from hotspan.model.trace import RS, SPAN_KINDS, STATUS_CODES, STRING_US, US, Condition
+from hotspan.store.search_sql import CLICKHOUSE, DUCKDB, Binder, Dialect, Params, span_condition
+
+# Row kinds: (kind, side, interval, attribute, text, typed, spans, newest start).  typed: 1 for
+# a typed attribute text (the engine reads a number from it), 0 for a string, 2 for a status
+# or kind code.  Sides: 1 the selection, 0 the baseline.
+TOTALS, VALUES = 0, 1
+TYPED, STRING, CODE = 1, 0, 2
+CompareRow = Tuple[object, ...]
+# Up to this many spans an answer says how many traces they belong to (as metrics_sql).
+EXACT_TRACES = 1_000_000
+
+
+@dataclass(frozen=True)
+class ComparePlan:
+    """A compare() query the store aggregates.  A span counts when it meets every condition
+    and ``low_ns <= start_ns <= high_ns``; its interval is ``(start_ns - origin_ns - 1) //
+    step_ns``.  It is in the selection when it meets every ``selection`` condition and, when
+    the window is given, ``selection_after_ns < start_ns <= selection_until_ns``."""
+
+    conditions: Tuple[Condition, ...]
+    selection: Tuple[Condition, ...]
+    selection_after_ns: Optional[int]
+    selection_until_ns: Optional[int]
+    low_ns: int
+    high_ns: int
+    origin_ns: int
+    step_ns: int
+    value_limit: int
+    max_rows: int
+    root_lookback_ns: int
+
+
+@dataclass(frozen=True)
+class CompareDialect:
+    """What the two engines spell differently, on top of search's :class:`Dialect`."""
+
+    search: Dialect
+    records: str  # one row per RS-separated record of {0}, as a select expression
+    char: str  # the character of code {0}
+    position: str
+    to_text: str
+    int_div: str
+    any: str
+    groups: str  # span_groups, one row per group_id
+
+
+DUCKDB_COMPARE = CompareDialect(
+    search=DUCKDB,
+    records="unnest(string_split({0}, chr(30)))",
+    char="chr({0})",
+    position="strpos({0}, {1})",
+    to_text="CAST({0} AS VARCHAR)",
+    int_div="({0}) // ({1})",
+    any="any_value({0})",
+    groups="span_groups",
+)
+
+CLICKHOUSE_COMPARE = CompareDialect(
+    search=CLICKHOUSE,
+    records="arrayJoin(splitByChar(char(30), {0}))",
+    char="char({0})",
+    position="position({0}, {1})",
+    to_text="toString({0})",
+    int_div="intDiv({0}, {1})",
+    any="any({0})",
+    groups="(SELECT group_id, any(attrs) AS attrs FROM span_groups GROUP BY group_id)",
+)
+
+assert (ord(RS), ord(US), ord(STRING_US)) == (30, 31, 28)
+
+
+def _split(d: CompareDialect, source: str, prefix: str) -> str:
+    """(side, slot, attribute, text, typed, n, newest) of the records in ``source``'s
+    ``rec`` column (``key US text`` or ``key STRING_US text``), named with ``prefix``."""
+    us, sus = d.char.format(31), d.char.format(28)
+    at_us = d.position.format("rec", us)
+    at_sus = d.position.format("rec", sus)
+    at = f"(CASE WHEN {at_us} > 0 THEN {at_us} ELSE {at_sus} END)"
+    return (
+        f"SELECT side, slot, concat('{prefix}', substring(rec, 1, {at} - 1)) AS attribute, "
+        f"substring(rec, {at} + 1) AS text, "
+        f"CASE WHEN {at_us} > 0 THEN {TYPED} ELSE {STRING} END AS typed, n, newest "
+        f"FROM ({source}) WHERE {at_us} > 0 OR {at_sus} > 0"
+    )
+
+
+def _code_range(column: str, names: Sequence[str]) -> str:
+    return f"{column} >= 0 AND {column} < {len(names)}"
+
+
+def compare_sql(d: CompareDialect, tenant: object, plan: ComparePlan) -> Tuple[str, Params]:
+    """The statement and its parameters: rows as :data:`CompareRow` describes, the totals
+    first, then the values, newest first."""
+    if plan.step_ns <= 0:
+        raise ValueError("the step must be positive")
+    bind = Binder(
+        d.search,
+        tenant=tenant,
+        low=int(plan.low_ns),
+        high=int(plan.high_ns),
+        origin=int(plan.origin_ns),
+        step=int(plan.step_ns),
+        roots_low=int(plan.low_ns - plan.root_lookback_ns),
+        roots_high=int(plan.high_ns + plan.root_lookback_ns),
+        value_limit=int(plan.value_limit),
+        max_rows=int(plan.max_rows),
+    )
+    p = bind.name
+    where = [f"{d.search.tenant} = {p('tenant')}", f"start_ns >= {p('low')}"]
+    where.append(f"start_ns <= {p('high')}")
+    where += [f"({span_condition(c, bind)})" for c in plan.conditions]
+    selected = [f"({span_condition(c, bind)})" for c in plan.selection]
+    if plan.selection_after_ns is not None and plan.selection_until_ns is not None:
+        selected.append(f"start_ns > {bind(int(plan.selection_after_ns))}")
+        selected.append(f"start_ns <= {bind(int(plan.selection_until_ns))}")
+    side = f"CASE WHEN {' AND '.join(selected)} THEN 1 ELSE 0 END" if selected else "1"
+    slot = d.int_div.format(f"start_ns - {p('origin')} - 1", p("step"))
+    spans = (
+        f"SELECT {side} AS side, {slot} AS slot, start_ns, attrs, group_id, service, name, "
+        f"status_code, kind, trace_id FROM spans WHERE {' AND '.join(where)}"
+    )
+    # Spans of a route share their attribute text: each distinct text is split once.
+    texts = (
+        "SELECT side, slot, attrs, count(*) AS n, max(start_ns) AS newest FROM s "
+        "GROUP BY side, slot, attrs"
+    )
+    span_records = (
+        f"SELECT side, slot, rec, sum(n) AS n, max(newest) AS newest FROM (SELECT side, slot, "
+        f"n, newest, {d.records.format('attrs')} AS rec FROM ({texts}) AS t) AS r "
+        "WHERE rec <> '' GROUP BY side, slot, rec"
+    )
+    groups = (
+        "SELECT side, slot, group_id, service, count(*) AS n, max(start_ns) AS newest FROM s "
+        "GROUP BY side, slot, group_id, service"
+    )
+    resource_text = "coalesce(g.attrs, '')"
+    resource_records = (
+        f"SELECT side, slot, rec, sum(n) AS n, max(newest) AS newest FROM (SELECT a.side AS "
+        f"side, a.slot AS slot, a.n AS n, a.newest AS newest, "
+        f"{d.records.format(resource_text)} AS rec FROM ({groups}) AS a "
+        f"LEFT JOIN {d.groups} AS g ON g.group_id = a.group_id) AS r "
+        "WHERE rec <> '' GROUP BY side, slot, rec"
+    )
+    # The span's service where the resource has no service.name of its own.
+    has_name = " OR ".join(
+        f"{d.position.format(resource_text, bind(RS + 'service.name' + sep))} > 0"
+        for sep in (US, STRING_US)
+    )
+    services = (
+        "SELECT a.side AS side, a.slot AS slot, 'resource.service.name' AS attribute, "
+        f"a.service AS text, {STRING} AS typed, sum(a.n) AS n, max(a.newest) AS newest "
+        f"FROM ({groups}) AS a LEFT JOIN {d.groups} AS g ON g.group_id = a.group_id "
+        f"WHERE a.service <> '' AND NOT ({has_name}) GROUP BY a.side, a.slot, a.service"
+    )
+    intrinsics = (
+        "SELECT side, slot, name, status_code, kind, count(*) AS n, max(start_ns) AS newest "
+        "FROM s GROUP BY side, slot, name, status_code, kind"
+    )
+
+    def intrinsic(attribute: str, column: str, typed: int, where: str) -> str:
+        text = column if typed == STRING else d.to_text.format(column)
+        return (
+            f"SELECT side, slot, '{attribute}' AS attribute, {text} AS text, {typed} AS typed, "
+            f"sum(n) AS n, max(newest) AS newest FROM i WHERE {where} "
+            f"GROUP BY side, slot, {column}"
+        )
+
+    roots = (
+        f"SELECT trace_id, {d.any.format('name')} AS root_name, "
+        f"{d.any.format('service')} AS root_service FROM spans "
+        f"WHERE {d.search.tenant} = {p('tenant')} AND parent_span_id = 0 "
+        f"AND end_ns >= {p('roots_low')} AND start_ns < {p('roots_high')} GROUP BY trace_id"
+    )
+    traces = (
+        "SELECT side, slot, trace_id, count(*) AS n, max(start_ns) AS newest FROM s "
+        "GROUP BY side, slot, trace_id"
+    )
+    rooted = (
+        "SELECT t.side AS side, t.slot AS slot, t.n AS n, t.newest AS newest, "
+        f"o.root_name AS root_name, o.root_service AS root_service FROM ({traces}) AS t "
+        f"INNER JOIN ({roots}) AS o ON o.trace_id = t.trace_id"
+    )
+
+    def root(attribute: str, column: str, where: str) -> str:
+        return (
+            f"SELECT side, slot, '{attribute}' AS attribute, {column} AS text, {STRING} AS "
+            f"typed, sum(n) AS n, max(newest) AS newest FROM ({rooted}) AS x "
+            f"WHERE {where} GROUP BY side, slot, {column}"
+        )
+
+    pairs = " UNION ALL ".join(
+        [
+            _split(d, span_records, "span."),
+            _split(d, resource_records, "resource."),
+            services,
+            intrinsic("name", "name", STRING, "TRUE"),
+            intrinsic("status", "status_code", CODE, _code_range("status_code", STATUS_CODES)),
+            intrinsic("kind", "kind", CODE, _code_range("kind", SPAN_KINDS)),
+            # (A root's name counts even when empty; its service only when it has one.)
+            root("rootName", "root_name", "TRUE"),
+            root("rootServiceName", "root_service", "root_service <> ''"),
+        ]
+    )
+    totals = (
+        f"SELECT {TOTALS} AS kind, side, slot, attribute, NULL AS text, NULL AS typed, "
+        "sum(n) AS n, max(newest) AS newest, NULL AS value_newest FROM u "
+        "GROUP BY side, slot, attribute"
+    )
+    newest_of_value = (
+        "SELECT *, max(newest) OVER (PARTITION BY side, attribute, text, typed) AS value_newest "
+        "FROM u"
+    )
+    ranked = (
+        "SELECT *, dense_rank() OVER (PARTITION BY side, attribute ORDER BY value_newest DESC, "
+        f"text, typed) AS value_rank FROM ({newest_of_value}) AS v"
+    )
+    values = (
+        f"SELECT {VALUES} AS kind, side, slot, attribute, text, typed, n, newest, value_newest "
+        f"FROM ({ranked}) AS w WHERE value_rank <= {p('value_limit')} "
+        f"ORDER BY value_newest DESC, side, attribute, text, typed, slot LIMIT {p('max_rows')}"
+    )
+    sql = (
+        f"WITH s AS ({spans}), i AS ({intrinsics}), u AS ({pairs}) "
+        f"SELECT * FROM ({totals}) AS tt UNION ALL SELECT * FROM ({values}) AS vv"
+    )
+    return sql, bind.params
+
+
+def count_sql(d: CompareDialect, tenant: object, plan: ComparePlan) -> Tuple[str, Params]:
+    """How many spans the plan reads, and how many traces when that is at most
+    EXACT_TRACES spans (NULL past it: counting distinct ids costs more than the rest)."""
+    bind = Binder(d.search, tenant=tenant, low=int(plan.low_ns), high=int(plan.high_ns))
+    p = bind.name
+    where = [f"{d.search.tenant} = {p('tenant')}", f"start_ns >= {p('low')}"]
+    where.append(f"start_ns <= {p('high')}")
+    where += [f"({span_condition(c, bind)})" for c in plan.conditions]
+    return f"SELECT count(*) FROM spans WHERE {' AND '.join(where)}", bind.params
+
+
+def traces_sql(d: CompareDialect, tenant: object, plan: ComparePlan) -> Tuple[str, Params]:
+    sql, params = count_sql(d, tenant, plan)
+    return sql.replace("count(*)", "count(DISTINCT trace_id)", 1), params
+
+
+def compare_rows(
+    d: CompareDialect,
+    tenant: object,
+    plan: ComparePlan,
+    run: Callable[[str, Params], Sequence[CompareRow]],
+) -> Tuple[List[CompareRow], int, Optional[int]]:
+    """The rows of a plan, by ``run`` (a store's statement runner); the spans read and the
+    traces they belong to (None past EXACT_TRACES spans)."""
+    sql, params = count_sql(d, tenant, plan)
+    spans = int(run(sql, params)[0][0] or 0)  # type: ignore[call-overload]
+    if not spans:
+        return [], 0, 0
+    sql, params = compare_sql(d, tenant, plan)
+    rows = list(run(sql, params))
+    traces = None
+    if spans <= EXACT_TRACES:
+        sql, params = traces_sql(d, tenant, plan)
+        traces = int(run(sql, params)[0][0] or 0)  # type: ignore[call-overload]
+    return rows, spans, traces
