@@ -146,13 +146,18 @@ def compare_sql(d: CompareDialect, tenant: object, plan: ComparePlan) -> Tuple[s
         selected.append(f"start_ns <= {bind(int(plan.selection_until_ns))}")
     side = f"CASE WHEN {' AND '.join(selected)} THEN 1 ELSE 0 END" if selected else "1"
     slot = d.int_div.format(f"start_ns - {p('origin')} - 1", p("step"))
-    spans = (
-        f"SELECT {side} AS side, {slot} AS slot, start_ns, attrs, group_id, service, name, "
-        f"status_code, kind, trace_id FROM spans WHERE {' AND '.join(where)}"
-    )
+
+    def spans(*columns: str) -> str:
+        # Each part reads the columns it needs (a scan of a column is cheap; a shared
+        # subquery of every column would be carried to every part).
+        return (
+            f"(SELECT {side} AS side, {slot} AS slot, start_ns, {', '.join(columns)} "
+            f"FROM spans WHERE {' AND '.join(where)}) AS s"
+        )
+
     # Spans of a route share their attribute text: each distinct text is split once.
     texts = (
-        "SELECT side, slot, attrs, count(*) AS n, max(start_ns) AS newest FROM s "
+        f"SELECT side, slot, attrs, count(*) AS n, max(start_ns) AS newest FROM {spans('attrs')} "
         "GROUP BY side, slot, attrs"
     )
     span_records = (
@@ -161,8 +166,8 @@ def compare_sql(d: CompareDialect, tenant: object, plan: ComparePlan) -> Tuple[s
         "WHERE rec <> '' GROUP BY side, slot, rec"
     )
     groups = (
-        "SELECT side, slot, group_id, service, count(*) AS n, max(start_ns) AS newest FROM s "
-        "GROUP BY side, slot, group_id, service"
+        "SELECT side, slot, group_id, service, count(*) AS n, max(start_ns) AS newest "
+        f"FROM {spans('group_id', 'service')} GROUP BY side, slot, group_id, service"
     )
     resource_text = "coalesce(g.attrs, '')"
     resource_records = (
@@ -185,7 +190,7 @@ def compare_sql(d: CompareDialect, tenant: object, plan: ComparePlan) -> Tuple[s
     )
     intrinsics = (
         "SELECT side, slot, name, status_code, kind, count(*) AS n, max(start_ns) AS newest "
-        "FROM s GROUP BY side, slot, name, status_code, kind"
+        f"FROM {spans('name', 'status_code', 'kind')} GROUP BY side, slot, name, status_code, kind"
     )
 
     def intrinsic(attribute: str, column: str, typed: int, where: str) -> str:
@@ -203,20 +208,23 @@ def compare_sql(d: CompareDialect, tenant: object, plan: ComparePlan) -> Tuple[s
         f"AND end_ns >= {p('roots_low')} AND start_ns < {p('roots_high')} GROUP BY trace_id"
     )
     traces = (
-        "SELECT side, slot, trace_id, count(*) AS n, max(start_ns) AS newest FROM s "
-        "GROUP BY side, slot, trace_id"
+        "SELECT side, slot, trace_id, count(*) AS n, max(start_ns) AS newest "
+        f"FROM {spans('trace_id')} GROUP BY side, slot, trace_id"
     )
+    # Each trace's spans per side and interval with its root's name and service, grouped
+    # by those: one small table both root attributes read.
     rooted = (
-        "SELECT t.side AS side, t.slot AS slot, t.n AS n, t.newest AS newest, "
-        f"o.root_name AS root_name, o.root_service AS root_service FROM ({traces}) AS t "
-        f"INNER JOIN ({roots}) AS o ON o.trace_id = t.trace_id"
+        "SELECT t.side AS side, t.slot AS slot, o.root_name AS root_name, o.root_service AS "
+        "root_service, sum(t.n) AS n, max(t.newest) AS newest "
+        f"FROM ({traces}) AS t INNER JOIN ({roots}) AS o ON o.trace_id = t.trace_id "
+        "GROUP BY t.side, t.slot, o.root_name, o.root_service"
     )
 
     def root(attribute: str, column: str, where: str) -> str:
         return (
             f"SELECT side, slot, '{attribute}' AS attribute, {column} AS text, {STRING} AS "
-            f"typed, sum(n) AS n, max(newest) AS newest FROM ({rooted}) AS x "
-            f"WHERE {where} GROUP BY side, slot, {column}"
+            f"typed, sum(n) AS n, max(newest) AS newest FROM o WHERE {where} "
+            f"GROUP BY side, slot, {column}"
         )
 
     pairs = " UNION ALL ".join(
@@ -237,21 +245,24 @@ def compare_sql(d: CompareDialect, tenant: object, plan: ComparePlan) -> Tuple[s
         "sum(n) AS n, max(newest) AS newest, NULL AS value_newest FROM u "
         "GROUP BY side, slot, attribute"
     )
-    newest_of_value = (
-        "SELECT *, max(newest) OVER (PARTITION BY side, attribute, text, typed) AS value_newest "
-        "FROM u"
-    )
+    # Each value's newest span, its rank among its attribute's values by that, and the
+    # values kept: ranked once per value, not once per value and interval.
     ranked = (
-        "SELECT *, dense_rank() OVER (PARTITION BY side, attribute ORDER BY value_newest DESC, "
-        f"text, typed) AS value_rank FROM ({newest_of_value}) AS v"
+        "SELECT side, attribute, text, typed, value_newest, dense_rank() OVER (PARTITION BY "
+        "side, attribute ORDER BY value_newest DESC, text, typed) AS value_rank FROM (SELECT "
+        "side, attribute, text, typed, max(newest) AS value_newest FROM u "
+        "GROUP BY side, attribute, text, typed) AS v"
     )
+    kept = f"SELECT * FROM ({ranked}) AS w WHERE value_rank <= {p('value_limit')}"
     values = (
-        f"SELECT {VALUES} AS kind, side, slot, attribute, text, typed, n, newest, value_newest "
-        f"FROM ({ranked}) AS w WHERE value_rank <= {p('value_limit')} "
+        f"SELECT {VALUES} AS kind, u.side AS side, u.slot AS slot, u.attribute AS attribute, "
+        "u.text AS text, u.typed AS typed, u.n AS n, u.newest AS newest, k.value_newest AS "
+        f"value_newest FROM u INNER JOIN ({kept}) AS k ON k.side = u.side AND "
+        "k.attribute = u.attribute AND k.text = u.text AND k.typed = u.typed "
         f"ORDER BY value_newest DESC, side, attribute, text, typed, slot LIMIT {p('max_rows')}"
     )
     sql = (
-        f"WITH s AS ({spans}), i AS ({intrinsics}), u AS ({pairs}) "
+        f"WITH i AS ({intrinsics}), o AS ({rooted}), u AS ({pairs}) "
         f"SELECT * FROM ({totals}) AS tt UNION ALL SELECT * FROM ({values}) AS vv"
     )
     return sql, bind.params
