@@ -73,6 +73,8 @@ class CompareDialect:
     int_div: str
     any: str
     groups: str  # span_groups, one row per group_id
+    # What a statement whose parts are computed once (MATERIALIZED) ends with.
+    materialized_settings: str = ""
 
 
 DUCKDB_COMPARE = CompareDialect(
@@ -95,6 +97,7 @@ CLICKHOUSE_COMPARE = CompareDialect(
     int_div="intDiv({0}, {1})",
     any="any({0})",
     groups="(SELECT group_id, any(attrs) AS attrs FROM span_groups GROUP BY group_id)",
+    materialized_settings=" SETTINGS enable_materialized_cte = 1",
 )
 
 assert (ord(RS), ord(US), ord(STRING_US)) == (30, 31, 28)
@@ -119,9 +122,12 @@ def _code_range(column: str, names: Sequence[str]) -> str:
     return f"{column} >= 0 AND {column} < {len(names)}"
 
 
-def compare_sql(d: CompareDialect, tenant: object, plan: ComparePlan) -> Tuple[str, Params]:
-    """The statement and its parameters: rows as :data:`CompareRow` describes, the totals
-    first, then the values, newest first."""
+def compare_sql(
+    d: CompareDialect, tenant: object, plan: ComparePlan, materialize: bool = True
+) -> Tuple[str, Params]:
+    """The statement and its parameters: rows as :data:`CompareRow` describes.  Its parts
+    read more than once are computed once with ``materialize`` (a ClickHouse server without
+    materialized CTEs computes each where it is read, several times slower)."""
     if plan.step_ns <= 0:
         raise ValueError("the step must be positive")
     bind = Binder(
@@ -261,10 +267,13 @@ def compare_sql(d: CompareDialect, tenant: object, plan: ComparePlan) -> Tuple[s
         "k.attribute = u.attribute AND k.text = u.text AND k.typed = u.typed "
         f"ORDER BY value_newest DESC, side, attribute, text, typed, slot LIMIT {p('max_rows')}"
     )
+    once = " MATERIALIZED" if materialize else ""
     sql = (
-        f"WITH i AS ({intrinsics}), o AS ({rooted}), u AS ({pairs}) "
+        f"WITH i AS{once} ({intrinsics}), o AS{once} ({rooted}), u AS{once} ({pairs}) "
         f"SELECT * FROM ({totals}) AS tt UNION ALL SELECT * FROM ({values}) AS vv"
     )
+    if materialize:
+        sql += d.materialized_settings
     return sql, bind.params
 
 
@@ -289,6 +298,7 @@ def compare_rows(
     tenant: object,
     plan: ComparePlan,
     run: Callable[[str, Params], Sequence[CompareRow]],
+    materialize: bool = True,
 ) -> Tuple[List[CompareRow], int, Optional[int]]:
     """The rows of a plan, by ``run`` (a store's statement runner); the spans read and the
     traces they belong to (None past EXACT_TRACES spans)."""
@@ -296,7 +306,7 @@ def compare_rows(
     spans = int(run(sql, params)[0][0] or 0)  # type: ignore[call-overload]
     if not spans:
         return [], 0, 0
-    sql, params = compare_sql(d, tenant, plan)
+    sql, params = compare_sql(d, tenant, plan, materialize)
     rows = list(run(sql, params))
     traces = None
     if spans <= EXACT_TRACES:
