@@ -197,6 +197,7 @@ COMPARED = [
     '{ kind = server } | compare({ span.http.route = "/a" }, 3)',
     '{} | compare({ duration > 100ms && resource.service.name = "api" })',
     "{ span.http.status_code >= 404 } | compare({ nestedSetParent < 0 }, 2)",
+    "{ nestedSetParent < 0 } | compare({ status = error })",
     '{ name =~ "GET.*|SELECT" } | compare({ .deployment.environment = "prod" })',
     f"{{}} | compare({{ status = error }}, 5, {BASE + 120 * SEC}, {BASE + 300 * SEC})",
 ]

@@ -118,6 +118,11 @@ def _split(d: CompareDialect, source: str, prefix: str) -> str:
     )
 
 
+def _root_test(cond: Condition) -> bool:
+    """Whether a condition keeps root spans only (``nestedSetParent < 0``)."""
+    return cond.key == "span:parentID" and cond.op == "=" and not str(cond.value).strip("0")
+
+
 def _code_range(column: str, names: Sequence[str]) -> str:
     return f"{column} >= 0 AND {column} < {len(names)}"
 
@@ -137,8 +142,6 @@ def compare_sql(
         high=int(plan.high_ns),
         origin=int(plan.origin_ns),
         step=int(plan.step_ns),
-        roots_low=int(plan.low_ns - plan.root_lookback_ns),
-        roots_high=int(plan.high_ns + plan.root_lookback_ns),
         value_limit=int(plan.value_limit),
         max_rows=int(plan.max_rows),
     )
@@ -207,24 +210,35 @@ def compare_sql(
             f"GROUP BY side, slot, {column}"
         )
 
-    roots = (
-        f"SELECT trace_id, {d.any.format('name')} AS root_name, "
-        f"{d.any.format('service')} AS root_service FROM spans "
-        f"WHERE {d.search.tenant} = {p('tenant')} AND parent_span_id = 0 "
-        f"AND end_ns >= {p('roots_low')} AND start_ns < {p('roots_high')} GROUP BY trace_id"
-    )
-    traces = (
-        "SELECT side, slot, trace_id, count(*) AS n, max(start_ns) AS newest "
-        f"FROM {spans('trace_id')} GROUP BY side, slot, trace_id"
-    )
-    # Each trace's spans per side and interval with its root's name and service, grouped
-    # by those: one small table both root attributes read.
-    rooted = (
-        "SELECT t.side AS side, t.slot AS slot, o.root_name AS root_name, o.root_service AS "
-        "root_service, sum(t.n) AS n, max(t.newest) AS newest "
-        f"FROM ({traces}) AS t INNER JOIN ({roots}) AS o ON o.trace_id = t.trace_id "
-        "GROUP BY t.side, t.slot, o.root_name, o.root_service"
-    )
+    if any(_root_test(c) for c in plan.conditions):
+        # Every span counted is a root: its own root.
+        rooted = (
+            "SELECT side, slot, name AS root_name, service AS root_service, count(*) AS n, "
+            f"max(start_ns) AS newest FROM {spans('name', 'service')} "
+            "GROUP BY side, slot, name, service"
+        )
+    else:
+        # The root spans of the traces counted (looked for around the range, as the engine
+        # does), each trace's spans per side and interval with its root's name and service,
+        # grouped by those: one small table both root attributes read.
+        roots = (
+            f"SELECT trace_id, {d.any.format('name')} AS root_name, "
+            f"{d.any.format('service')} AS root_service FROM spans "
+            f"WHERE {d.search.tenant} = {p('tenant')} AND parent_span_id = 0 "
+            f"AND end_ns >= {bind(int(plan.low_ns - plan.root_lookback_ns))} "
+            f"AND start_ns < {bind(int(plan.high_ns + plan.root_lookback_ns))} "
+            f"AND trace_id IN (SELECT trace_id FROM {spans('trace_id')}) GROUP BY trace_id"
+        )
+        traces = (
+            "SELECT side, slot, trace_id, count(*) AS n, max(start_ns) AS newest "
+            f"FROM {spans('trace_id')} GROUP BY side, slot, trace_id"
+        )
+        rooted = (
+            "SELECT t.side AS side, t.slot AS slot, o.root_name AS root_name, o.root_service "
+            "AS root_service, sum(t.n) AS n, max(t.newest) AS newest "
+            f"FROM ({traces}) AS t INNER JOIN ({roots}) AS o ON o.trace_id = t.trace_id "
+            "GROUP BY t.side, t.slot, o.root_name, o.root_service"
+        )
 
     def root(attribute: str, column: str, where: str) -> str:
         return (
