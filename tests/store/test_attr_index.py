@@ -173,6 +173,12 @@ class TestDuckDB(IndexCases):
         # Found in the runs and in the recent part alike.
         assert _found(store, "span.enduser.id", "=", "u-1") == sorted([TRACE_A, TRACE_B, TRACE_C])
         assert _found(store, "span.enduser.id", "=~", "u-.*") == sorted([TRACE_A, TRACE_B, TRACE_C])
+        # The rows are counted as they are written, not recounted: two more make a run.
+        store.write_spans(
+            "t", spans_of([(TRACE_B, 5, 2, "child", 204, 205, {"a": "1", "b": "2"})])
+        ).result(timeout=30)
+        assert cur.execute("SELECT count(*) FROM span_attrs_recent").fetchone() == (0,)
+        assert cur.execute("SELECT count(*) FROM span_attrs").fetchone() == (7,)
 
 
 class TestClickHouse(IndexCases):

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import functools
 import threading
-from typing import Callable, Dict, List, Set, Tuple
+from typing import Callable, Dict, List, Optional, Set, Tuple
 
 import duckdb
 import numpy as np
@@ -27,6 +27,7 @@ class DuckDBRetention:
     _writer: GroupCommitWriter
     _known_stacks: Set[int]
     _known_groups: Set[int]
+    _recent_attrs: Optional[int]
     _series_lock: threading.Lock
     _series: Dict[str, Dict[int, SeriesRecord]]
     _tags: Dict[Tuple[int, str, str, str, str], List[int]]
@@ -59,6 +60,7 @@ class DuckDBRetention:
         if table == "spans":  # and their attributes' index rows
             for index in ("span_attrs", "span_attrs_recent"):
                 self._con.execute(f"DELETE FROM {index} WHERE end_ns < ?", [upto_ns])
+            self._recent_attrs = None  # counted again at the next commit
         row = self._con.execute(f"DELETE FROM {table} WHERE {column} < ?", [upto_ns]).fetchone()
         if table == "spans":  # the spans from before the index gone: every span is in it
             self._con.execute(

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from concurrent.futures import Future
-from typing import Any, Callable, Dict, Iterable, List, Sequence, Set, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
 import duckdb
 import numpy as np
@@ -33,6 +33,7 @@ class DuckDBWriting:
     _known_groups: Set[int]
     _tags: Dict[Tuple[int, str, str, str, str], List[int]]
     _tag_counts: Dict[Tuple[int, str, str], int]
+    _recent_attrs: Optional[int]
     # The profiles part's (duckdb_profiles.py).
     _has_series: Callable[[str, int], bool]
     _remember_series: Callable[[Iterable[Sequence[Any]]], None]
@@ -225,12 +226,18 @@ class DuckDBWriting:
                 "kind, service, start_ns, end_ns, status_code, attrs, group_id, unhex(raw) "
                 "FROM span_table"
             )
-            con.execute(f"INSERT INTO span_attrs_recent {span_attr_rows('span_table')}")
-            recent = con.execute("SELECT count(*) FROM span_attrs_recent").fetchone()
-            if recent and recent[0] >= RUN_ROWS:
+            added = con.execute(f"INSERT INTO span_attrs_recent {span_attr_rows('span_table')}")
+            if self._recent_attrs is None:  # counted once, then kept (a count is a scan)
+                found = con.execute("SELECT count(*) FROM span_attrs_recent").fetchone()
+                self._recent_attrs = int(found[0]) if found else 0
+            else:
+                inserted = added.fetchone()
+                self._recent_attrs += int(inserted[0]) if inserted else 0
+            if self._recent_attrs >= RUN_ROWS:
                 # The recent attributes become one run of the index, sorted for lookups.
                 con.execute("INSERT INTO span_attrs SELECT * FROM span_attrs_recent ORDER BY h")
                 con.execute("DELETE FROM span_attrs_recent")
+                self._recent_attrs = 0
         if tags:
             t = list(zip(*tags.keys()))
             tag_table = {  # noqa: F841
