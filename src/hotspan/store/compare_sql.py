@@ -29,7 +29,8 @@ from dataclasses import dataclass
 from typing import Callable, List, Optional, Sequence, Tuple
 
 from hotspan.model.trace import RS, SPAN_KINDS, STATUS_CODES, STRING_US, US, Condition
-from hotspan.store.search_sql import CLICKHOUSE, DUCKDB, Binder, Dialect, Params, span_condition
+from hotspan.store.metrics_sql import CLICKHOUSE_METRICS, DUCKDB_METRICS, MetricsDialect
+from hotspan.store.search_sql import Binder, Dialect, Params, span_condition
 
 # Row kinds: (kind, side, interval, attribute, text, typed, spans, newest start).  typed: 1 for
 # a typed attribute text (the engine reads a number from it), 0 for a string, 2 for a status
@@ -63,40 +64,49 @@ class ComparePlan:
 
 @dataclass(frozen=True)
 class CompareDialect:
-    """What the two engines spell differently, on top of search's :class:`Dialect`."""
+    """What the two engines spell differently, on top of the metrics statement's
+    :class:`MetricsDialect`."""
 
-    search: Dialect
+    metrics: MetricsDialect
     records: str  # one row per RS-separated record of {0}, as a select expression
     char: str  # the character of code {0}
-    position: str
     to_text: str
-    int_div: str
-    any: str
-    groups: str  # span_groups, one row per group_id
     # What a statement whose parts are computed once (MATERIALIZED) ends with.
     materialized_settings: str = ""
 
+    @property
+    def search(self) -> Dialect:
+        return self.metrics.search
+
+    @property
+    def position(self) -> str:
+        return self.metrics.position
+
+    @property
+    def int_div(self) -> str:
+        return self.metrics.int_div
+
+    @property
+    def any(self) -> str:
+        return self.metrics.any
+
+    @property
+    def groups(self) -> str:
+        return self.metrics.groups
+
 
 DUCKDB_COMPARE = CompareDialect(
-    search=DUCKDB,
+    metrics=DUCKDB_METRICS,
     records="unnest(string_split({0}, chr(30)))",
     char="chr({0})",
-    position="strpos({0}, {1})",
     to_text="CAST({0} AS VARCHAR)",
-    int_div="({0}) // ({1})",
-    any="any_value({0})",
-    groups="span_groups",
 )
 
 CLICKHOUSE_COMPARE = CompareDialect(
-    search=CLICKHOUSE,
+    metrics=CLICKHOUSE_METRICS,
     records="arrayJoin(splitByChar(char(30), {0}))",
     char="char({0})",
-    position="position({0}, {1})",
     to_text="toString({0})",
-    int_div="intDiv({0}, {1})",
-    any="any({0})",
-    groups="(SELECT group_id, any(attrs) AS attrs FROM span_groups GROUP BY group_id)",
     materialized_settings=" SETTINGS enable_materialized_cte = 1",
 )
 
