@@ -128,6 +128,14 @@ def _split(d: CompareDialect, source: str, prefix: str) -> str:
     )
 
 
+def _where(d: CompareDialect, bind: Binder, plan: ComparePlan) -> List[str]:
+    """What a span the plan counts meets (``bind`` holds tenant, low and high)."""
+    p = bind.name
+    where = [f"{d.search.tenant} = {p('tenant')}", f"start_ns >= {p('low')}"]
+    where.append(f"start_ns <= {p('high')}")
+    return where + [f"({span_condition(c, bind)})" for c in plan.conditions]
+
+
 def _root_test(cond: Condition) -> bool:
     """Whether a condition keeps root spans only (``nestedSetParent < 0``)."""
     return cond.key == "span:parentID" and cond.op == "=" and not str(cond.value).strip("0")
@@ -156,9 +164,7 @@ def compare_sql(
         max_rows=int(plan.max_rows),
     )
     p = bind.name
-    where = [f"{d.search.tenant} = {p('tenant')}", f"start_ns >= {p('low')}"]
-    where.append(f"start_ns <= {p('high')}")
-    where += [f"({span_condition(c, bind)})" for c in plan.conditions]
+    where = _where(d, bind, plan)
     selected = [f"({span_condition(c, bind)})" for c in plan.selection]
     if plan.selection_after_ns is not None and plan.selection_until_ns is not None:
         selected.append(f"start_ns > {bind(int(plan.selection_after_ns))}")
@@ -305,10 +311,7 @@ def count_sql(d: CompareDialect, tenant: object, plan: ComparePlan) -> Tuple[str
     """How many spans the plan reads, and how many traces when that is at most
     EXACT_TRACES spans (NULL past it: counting distinct ids costs more than the rest)."""
     bind = Binder(d.search, tenant=tenant, low=int(plan.low_ns), high=int(plan.high_ns))
-    p = bind.name
-    where = [f"{d.search.tenant} = {p('tenant')}", f"start_ns >= {p('low')}"]
-    where.append(f"start_ns <= {p('high')}")
-    where += [f"({span_condition(c, bind)})" for c in plan.conditions]
+    where = _where(d, bind, plan)
     return f"SELECT count(*) FROM spans WHERE {' AND '.join(where)}", bind.params
 
 
