@@ -606,3 +606,18 @@ def test_main_script_has_one_name(receiver: Receiver, tmp_path: Path, interval: 
     for app in ways:
         named = {n for n in function_names(receiver, app) if n.endswith("work_for_naming")}
         assert named == {"__main__.work_for_naming"}, (app, named)
+
+
+def test_the_exit_code_recorder_stays_out_of_the_programs_stacks() -> None:
+    """``hotspan run`` wraps ``sys.exit`` to learn the exit code; a sample taken inside the
+    program's own ``sys.exit()`` call shows the program's frames only."""
+    from hotspan.agent import batch
+    from hotspan.agent.symbols import HIDDEN_CODE
+
+    saved = sys.exit
+    try:
+        batch.ExitCodeRecorder().install()
+        assert sys.exit.__code__ in HIDDEN_CODE
+        assert batch._status_code.__code__ in HIDDEN_CODE
+    finally:
+        sys.exit = saved

@@ -16,6 +16,8 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional
 
+from hotspan.agent.symbols import hide_code
+
 # Seconds the exporter may spend on one request (retries included); also the exit flush's.
 EXPORT_TIMEOUT = 2.0
 
@@ -157,6 +159,9 @@ class ExitCodeRecorder:
             original(status)  # type: ignore[arg-type]
 
         exit.__doc__ = original.__doc__
+        # The program's own sys.exit() call, not the agent's: no agent frame in its stacks.
+        hide_code(exit.__code__)
+        hide_code(_status_code.__code__)
         sys.exit = exit  # type: ignore[assignment]
 
     def exit_code(self) -> Optional[int]:
