@@ -251,9 +251,9 @@ def _has_key(key: str, bind: Binder) -> str:
 
 
 def _indexed(key: str, op: str, value: object, bind: Binder) -> str:
-    """A condition from the attribute index for an equality with a string (and, where the
-    dialect indexes them, a regular expression) on a span attribute: the span (or, by
-    trace, its trace) is one the index holds the attribute for in the range.  It narrows what
+    """A condition from the attribute index for an equality with a string or a regular
+    expression on a span attribute: the span (or, by trace, its trace) is one the index
+    holds the attribute for in the range.  It narrows what
     is read to those spans' rows; TRUE when the index cannot tell (other operators, a
     statement without a range)."""
     if bind.span_range is None or isinstance(value, bool):
@@ -267,8 +267,14 @@ def _indexed(key: str, op: str, value: object, bind: Binder) -> str:
         if bind.selective is not None and not bind.selective(k, indexed):
             return "TRUE"
         found = f"value = {bind(indexed)}"
-    elif op == "=~" and not d.index_by_span:
-        found = d.full_match(d.after_mark.format("value"), str(value), bind)
+    elif op == "=~" and isinstance(value, str):
+        # The key's rows of the index (on DuckDB one range of h per sorted run), the pattern
+        # on string values only, as _attribute decides: a string's mark, or a value after US
+        # that does not read as a number or a boolean.  Then the index answers exactly.
+        after = d.after_mark.format("value")
+        typed = d.full_match(after, NUMBER_PATTERN + "|true|false", bind)
+        string = f"(substring(value, 1, 1) = {bind(STRING_US)} OR NOT {typed})"
+        found = f"{string} AND {d.full_match(after, value, bind)}"
     else:
         return "TRUE"
     start, end = (bind.name(n) for n in bind.span_range)
