@@ -30,3 +30,25 @@ def test_unopenable_path_is_a_store_error(tmp_path: Path) -> None:
     blocker.write_text("not a directory")
     with pytest.raises((StoreError, OSError)):
         DuckDBStore(str(blocker))
+
+
+@pytest.mark.parametrize("as_blob", [True, False])
+def test_span_messages_are_stored_byte_for_byte(tmp_path: Path, as_blob: bool) -> None:
+    """A span's OTLP message goes in as bytes where DuckDB reads them as BLOB (2.x) and as
+    hex where it reads them as text (1.x): either way it comes back as it was received."""
+    from hotspan.model.trace import SpanBatch, SpanGroup, SpanWriteRow
+
+    store = DuckDBStore(str(tmp_path / "data"))
+    try:
+        store._bytes_as_blob = as_blob  # what the probe would have found
+        raw = bytes(range(256)) + b"\x00\xff"
+        batch = SpanBatch()
+        gid = batch.add_group(SpanGroup("svc", b"res", "", b"scope", "", ""))
+        batch.rows.append(
+            SpanWriteRow("ab" * 16, 7, 0, "op", 2, "svc", 10**18, 10**18 + 5, 0, "", gid, raw)
+        )
+        store.write_spans("t", batch).result(timeout=30)
+        (span,) = store.trace("t", "ab" * 16)
+        assert span.raw == raw
+    finally:
+        store.close()

@@ -78,6 +78,7 @@ class DuckDBStore(
         self._groups: Dict[int, SpanGroup] = {}
         # Rows in span_attrs_recent (None: to count), kept on the writer thread.
         self._recent_attrs: Optional[int] = None
+        self._bytes_as_blob: Optional[bool] = None  # asked on the writer thread
         # (tenant_id, scope, key, value, type) -> [last_seen written, latest seen]: the row is
         # rewritten only when an hour newer, retention goes by the latest;
         # (tenant_id, scope, key) -> how many values.
