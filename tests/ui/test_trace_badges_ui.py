@@ -127,8 +127,10 @@ def test_badges_say_not_on_cpu_and_name_lock_waits(page, bank) -> None:  # type:
     srv, ids = bank
     page.goto(f"{srv.url}/traces/{ids['trace']}")
     page.wait_for_selector(".hs-wf-span")
-    # The lock profile arrives after the waterfall is drawn, and names the lock wait.
+    # The lock and allocation profiles arrive after the waterfall is drawn, each in its own
+    # request: the lock wait named, the allocations in their column.
     page.wait_for_selector(".hs-wf-span[data-name='locked'] .hs-wf-lock-note")
+    page.wait_for_selector(".hs-wf-span[data-name='compute'] .hs-wf-alloc:has-text('MiB')")
     found = rows(page)
     sleeping, locked, computing = found["sleep"], found["locked"], found["compute"]
     # Sleeping: not on CPU, and no cause claimed (it could as well be starved of the GIL).
