@@ -29,7 +29,13 @@ from dataclasses import dataclass
 from typing import Callable, List, Optional, Sequence, Tuple
 
 from hotspan.model.trace import RS, SPAN_KINDS, STATUS_CODES, STRING_US, US, Condition
-from hotspan.store.metrics_sql import CLICKHOUSE_METRICS, DUCKDB_METRICS, MetricsDialect
+from hotspan.store.metrics_sql import (
+    CLICKHOUSE_METRICS,
+    DUCKDB_METRICS,
+    EXACT_TRACES,
+    MetricsDialect,
+    spans_where,
+)
 from hotspan.store.search_sql import Binder, Dialect, Params, span_condition
 
 # Row kinds: (kind, side, interval, attribute, text, typed, spans, newest start).  typed: 1 for
@@ -38,8 +44,6 @@ from hotspan.store.search_sql import Binder, Dialect, Params, span_condition
 TOTALS, VALUES = 0, 1
 TYPED, STRING, CODE = 1, 0, 2
 CompareRow = Tuple[object, ...]
-# Up to this many spans an answer says how many traces they belong to (as metrics_sql).
-EXACT_TRACES = 1_000_000
 
 
 @dataclass(frozen=True)
@@ -128,14 +132,6 @@ def _split(d: CompareDialect, source: str, prefix: str) -> str:
     )
 
 
-def _where(d: CompareDialect, bind: Binder, plan: ComparePlan) -> List[str]:
-    """What a span the plan counts meets (``bind`` holds tenant, low and high)."""
-    p = bind.name
-    where = [f"{d.search.tenant} = {p('tenant')}", f"start_ns >= {p('low')}"]
-    where.append(f"start_ns <= {p('high')}")
-    return where + [f"({span_condition(c, bind)})" for c in plan.conditions]
-
-
 def _root_test(cond: Condition) -> bool:
     """Whether a condition keeps root spans only (``nestedSetParent < 0``)."""
     return cond.key == "span:parentID" and cond.op == "=" and not str(cond.value).strip("0")
@@ -164,7 +160,7 @@ def compare_sql(
         max_rows=int(plan.max_rows),
     )
     p = bind.name
-    where = _where(d, bind, plan)
+    where = spans_where(bind, plan.conditions)
     selected = [f"({span_condition(c, bind)})" for c in plan.selection]
     if plan.selection_after_ns is not None and plan.selection_until_ns is not None:
         selected.append(f"start_ns > {bind(int(plan.selection_after_ns))}")
@@ -307,17 +303,11 @@ def compare_sql(
     return sql, bind.params
 
 
-def count_sql(d: CompareDialect, tenant: object, plan: ComparePlan) -> Tuple[str, Params]:
-    """How many spans the plan reads, and how many traces when that is at most
-    EXACT_TRACES spans (NULL past it: counting distinct ids costs more than the rest)."""
-    bind = Binder(d.search, tenant=tenant, low=int(plan.low_ns), high=int(plan.high_ns))
-    where = _where(d, bind, plan)
-    return f"SELECT count(*) FROM spans WHERE {' AND '.join(where)}", bind.params
-
-
 def traces_sql(d: CompareDialect, tenant: object, plan: ComparePlan) -> Tuple[str, Params]:
-    sql, params = count_sql(d, tenant, plan)
-    return sql.replace("count(*)", "count(DISTINCT trace_id)", 1), params
+    """How many traces the plan's spans belong to: one row."""
+    bind = Binder(d.search, tenant=tenant, low=int(plan.low_ns), high=int(plan.high_ns))
+    where = spans_where(bind, plan.conditions)
+    return f"SELECT count(DISTINCT trace_id) FROM spans WHERE {' AND '.join(where)}", bind.params
 
 
 def compare_rows(
@@ -328,13 +318,12 @@ def compare_rows(
     materialize: bool = True,
 ) -> Tuple[List[CompareRow], int, Optional[int]]:
     """The rows of a plan, by ``run`` (a store's statement runner); the spans read and the
-    traces they belong to (None past EXACT_TRACES spans)."""
-    sql, params = count_sql(d, tenant, plan)
-    spans = int(run(sql, params)[0][0] or 0)  # type: ignore[call-overload]
-    if not spans:
-        return [], 0, 0
+    traces they belong to (None past EXACT_TRACES spans: counting distinct ids costs more
+    than the rest)."""
     sql, params = compare_sql(d, tenant, plan, materialize)
     rows = list(run(sql, params))
+    # Every span has a name: the name's totals count the spans.
+    spans = sum(int(r[6]) for r in rows if r[0] == TOTALS and r[3] == "name")  # type: ignore[call-overload]
     traces = None
     if spans <= EXACT_TRACES:
         sql, params = traces_sql(d, tenant, plan)

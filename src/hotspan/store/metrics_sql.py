@@ -193,15 +193,19 @@ def _where(d: MetricsDialect, tenant: object, plan: MetricsPlan) -> Tuple[Binder
         origin=int(plan.origin_ns),
         step=int(plan.step_ns),
     )
+    return bind, spans_where(bind, plan.conditions)
+
+
+def spans_where(bind: Binder, conditions: Sequence[Condition]) -> List[str]:
+    """What the spans of a statement meet: the tenant, ``low <= start_ns <= high`` (the
+    binder holds tenant, low and high) and every condition."""
     p = bind.name
     where = [
-        f"{d.search.tenant} = {p('tenant')}",
+        f"{bind.dialect.tenant} = {p('tenant')}",
         f"start_ns >= {p('low')}",
         f"start_ns <= {p('high')}",
     ]
-    for cond in plan.conditions:
-        where.append(f"({span_condition(cond, bind)})")
-    return bind, where
+    return where + [f"({span_condition(cond, bind)})" for cond in conditions]
 
 
 def traces_sql(d: MetricsDialect, tenant: object, plan: MetricsPlan) -> Tuple[str, Params]:

@@ -72,6 +72,7 @@ from hotspan.query.traceql.fields import (
     plain,
     reads_raw,
 )
+from hotspan.query.traceql.metrics_pushdown import statement_range
 from hotspan.query.traceql.parser import MetricsStage
 from hotspan.query.traceql.plan import Query
 from hotspan.query.traceql.series import (
@@ -456,12 +457,7 @@ def compare_plan(query: Query, req: MetricsRequest, max_rows: int) -> Optional[C
         if cond is None or cond.key.startswith("raw:"):
             return None
         selection.append(cond)
-    start, end, _ = aligned_range(req)
-    if req.instant:
-        # One interval, closed: every start in [start, end] falls in interval 0.
-        low, high, origin, step = start, end, start - 1, end - start + 2
-    else:
-        low, high, origin, step = start + 1, end, start, req.step_ns
+    low, high, origin, step = statement_range(req)
     window = stage.compare_start_ns is not None and stage.compare_end_ns is not None
     return ComparePlan(
         tuple(query.pushdown),

@@ -67,6 +67,16 @@ def _attribute_value(value: object, typed: object) -> object:
     return str(value)
 
 
+def statement_range(req: MetricsRequest) -> Tuple[int, int, int, int]:
+    """The spans' starts a statement reads (low, high, both included) and how it numbers
+    their intervals (``(start - origin - 1) // step``), as the engine does."""
+    start, end, _ = aligned_range(req)
+    if req.instant:
+        # One interval, closed: every start in [start, end] falls in interval 0.
+        return start, end, start - 1, end - start + 2
+    return start + 1, end, start, req.step_ns
+
+
 def pushdown(query: Query, req: MetricsRequest) -> Optional[MetricsPlan]:
     """The plan of a metrics query the store can aggregate, or None (the engine reads the
     spans)."""
@@ -90,12 +100,7 @@ def pushdown(query: Query, req: MetricsRequest) -> Optional[MetricsPlan]:
         measure = "duration"
     else:
         measure = "count"
-    start, end, _ = aligned_range(req)
-    if req.instant:
-        # One interval, closed: every start in [start, end] falls in interval 0.
-        low, high, origin, step = start, end, start - 1, end - start + 2
-    else:
-        low, high, origin, step = start + 1, end, start, req.step_ns
+    low, high, origin, step = statement_range(req)
     exemplars = bool(req.exemplars) and not req.instant
     # (Else an exemplar's value is its interval's sample.)
     valued = stage.function == "quantile_over_time" or measure == "duration"
