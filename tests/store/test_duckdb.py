@@ -5,10 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Iterator
 
+import numpy as np
 import pytest
 
 from hotspan.store.duckdb import DuckDBStore
-from tests.store_contract import StoreContract
+from tests.store_contract import StoreContract, batch_of
 
 
 class TestDuckDBStore(StoreContract):
@@ -50,5 +51,10 @@ def test_span_messages_are_stored_byte_for_byte(tmp_path: Path, as_blob: bool) -
         store.write_spans("t", batch).result(timeout=30)
         (span,) = store.trace("t", "ab" * 16)
         assert span.raw == raw
+        # A stack's frame ids go the same way.
+        profile, _ = batch_of([(1, ["main", "work"], 10, 0, None)])
+        store.write("t", profile).result(timeout=30)
+        (stack,) = store._cursor().execute("SELECT stack_id, frame_ids FROM stacks").fetchall()
+        assert bytes(stack[1]) == np.asarray(profile.stacks[stack[0]], dtype="<i8").tobytes()
     finally:
         store.close()

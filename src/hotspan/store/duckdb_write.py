@@ -83,17 +83,15 @@ class DuckDBWriting:
                 }
                 con.execute("INSERT INTO frames SELECT * FROM frame_table ON CONFLICT DO NOTHING")
             if stacks:
-                # Hex text: DuckDB 1.x reads an array of Python bytes as VARCHAR, not BLOB.
                 stack_table = {  # noqa: F841
                     "stack_id": np.fromiter(stacks.keys(), dtype=np.int64, count=len(stacks)),
-                    "frame_ids": np.array(
-                        [np.asarray(f, dtype="<i8").tobytes().hex() for f in stacks.values()],
-                        dtype=object,
+                    "frame_ids": self._blob_column(
+                        [np.asarray(f, dtype="<i8").tobytes() for f in stacks.values()]
                     ),
                 }
                 con.execute(
-                    "INSERT INTO stacks SELECT stack_id, unhex(frame_ids) FROM stack_table "
-                    "ON CONFLICT DO NOTHING"
+                    f"INSERT INTO stacks SELECT stack_id, {self._blob_sql('frame_ids')} "
+                    "FROM stack_table ON CONFLICT DO NOTHING"
                 )
             new_series = [
                 row
@@ -225,8 +223,7 @@ class DuckDBWriting:
             con.execute(
                 "INSERT INTO spans SELECT tenant_id, trace_id, span_id, parent_span_id, name, "
                 "kind, service, start_ns, end_ns, status_code, attrs, group_id, "
-                f"{'raw' if self._reads_bytes() else 'unhex(raw)'} "
-                "FROM span_table"
+                f"{self._blob_sql('raw')} FROM span_table"
             )
             added = con.execute(f"INSERT INTO span_attrs_recent {span_attr_rows('span_table')}")
             if self._recent_attrs is None:  # counted once, then kept (a count is a scan)
@@ -267,10 +264,14 @@ class DuckDBWriting:
 
     def _blob_column(self, values: Sequence[bytes]) -> np.ndarray:
         """Bytes as the insert reads them (see :meth:`_reads_bytes`): hex costs ~1.4 us a
-        span message more."""
+        span message more; read back with :meth:`_blob_sql`."""
         if self._reads_bytes():
             return np.array(values, dtype=object)
         return np.array([v.hex() for v in values], dtype=object)
+
+    def _blob_sql(self, column: str) -> str:
+        """A :meth:`_blob_column` as BLOB in the insert's SELECT."""
+        return column if self._reads_bytes() else f"unhex({column})"
 
     def _reload_tenant_ids(self) -> None:
         self._tenant_ids = dict(
