@@ -500,14 +500,21 @@ def proc_cpu(pid: int) -> float:
 
 def thread_cpu(pid: int) -> Dict[int, float]:
     """CPU seconds per thread id (the main thread's id is the pid)."""
-    out = {}
+    return {tid: cpu for tid, (_, cpu) in thread_times(pid).items()}
+
+
+def thread_times(pid: int) -> Dict[int, Tuple[str, float]]:
+    """OS name and CPU seconds of every thread of ``pid``."""
+    out: Dict[int, Tuple[str, float]] = {}
     try:
         tids = os.listdir(f"/proc/{pid}/task")
     except OSError:
         return out
     for tid in tids:
         with contextlib.suppress(OSError, ValueError):  # the thread may have exited
-            out[int(tid)] = _stat_cpu(f"/proc/{pid}/task/{tid}/stat")
+            with open(f"/proc/{pid}/task/{tid}/comm") as f:
+                comm = f.read().strip()
+            out[int(tid)] = (comm, _stat_cpu(f"/proc/{pid}/task/{tid}/stat"))
     return out
 
 
@@ -525,9 +532,14 @@ class CpuWindow:
         self._threads0 = thread_cpu(self.pid)
         self._total0 = proc_cpu(self.pid)
 
-    def stop(self) -> Dict[str, float]:
+    def stop(self) -> Dict[str, object]:
         wall = time.perf_counter() - self._t0
-        threads = thread_cpu(self.pid)
+        named = thread_times(self.pid)
+        threads = {tid: cpu for tid, (_, cpu) in named.items()}
+        by_name: Dict[str, float] = {}
+        for tid, (comm, cpu) in named.items():
+            key = "main" if tid == self.pid else comm
+            by_name[key] = by_name.get(key, 0.0) + cpu - self._threads0.get(tid, 0.0)
         total = proc_cpu(self.pid) - self._total0
         main = threads.get(self.pid, 0.0) - self._threads0.get(self.pid, 0.0)
         others = {
@@ -544,6 +556,7 @@ class CpuWindow:
             "other_threads_cpu_s": round(sum(others.values()), 2),
             "busiest_other_thread_cpu_s": round(busiest[0], 2) if busiest else 0.0,
             "threads": len(threads),
+            "by_thread_name": {k: round(v, 2) for k, v in sorted(by_name.items())},
         }
 
 

@@ -125,18 +125,6 @@ def ready_request(host: str, port: int, up: Dict[str, object]) -> bytes:
 THREAD_GROUPS = {"hotspan-decode": "decoding threads", "hotspan-writer": "writer (store)"}
 
 
-def _thread_times(pid: int) -> Dict[int, Tuple[str, float]]:
-    """CPU seconds and OS name of every thread of ``pid``."""
-    out: Dict[int, Tuple[str, float]] = {}
-    with contextlib.suppress(OSError):
-        for tid in os.listdir(f"/proc/{pid}/task"):
-            with contextlib.suppress(OSError, ValueError):
-                with open(f"/proc/{pid}/task/{tid}/comm") as f:
-                    comm = f.read().strip()
-                out[int(tid)] = (comm, common._stat_cpu(f"/proc/{pid}/task/{tid}/stat"))
-    return out
-
-
 class ThreadGroups:
     """The server's CPU between ``start()`` and ``stop()``, by group of threads."""
 
@@ -146,11 +134,11 @@ class ThreadGroups:
         self.cpu_s: Dict[str, float] = {}
 
     def start(self) -> None:
-        self._t0 = _thread_times(self.pid)
+        self._t0 = common.thread_times(self.pid)
 
     def stop(self) -> None:
         groups: Dict[str, float] = {}
-        for tid, (comm, cpu) in _thread_times(self.pid).items():
+        for tid, (comm, cpu) in common.thread_times(self.pid).items():
             used = cpu - self._t0.get(tid, ("", 0.0))[1]
             name = "event loop (main thread)" if tid == self.pid else THREAD_GROUPS.get(comm)
             name = name or "other threads"
@@ -607,11 +595,35 @@ def markdown(result: Dict[str, object], command: str, m: Dict[str, object], wall
                 f"OTLP/HTTP spans ({label}): {sp['spans_per_s']:,} spans/s "
                 f"({sp['requests_per_s']} requests of 512 spans/s, 8 clients), "
                 f"{sp['server_cpu_us_per_span']} µs of server CPU per span "
-                f"({sp['main_thread_us_per_span']} µs on the event loop), errors "
+                f"({_span_threads(sp)}), p99 {sp['latency_ms']['p99']} ms, errors "
                 f"{sp['errors']}, stored {sp['stored']['span_rows']:,} of "
                 f"{sp['acked_spans']:,} acknowledged."
             )
     return "\n".join(lines) + "\n"
+
+
+# The server's threads by OS name, as the span run reads them: DuckDB's own worker threads
+# keep the interpreter's name.
+SPAN_THREADS = {
+    "main": "event loop",
+    "hotspan-decode": "decoding",
+    "hotspan-writer": "writer",
+    "python3": "DuckDB's threads",
+}
+
+
+def _span_threads(sp: Dict[str, object]) -> str:
+    """µs of server CPU per span by thread, from the run's CPU window."""
+    cpu = sp["server_cpu"]
+    spans = sp["spans_per_s"] * cpu["wall_s"]  # type: ignore[index,operator]
+    by_name = cpu.get("by_thread_name") or {}  # type: ignore[union-attr]
+    if not spans or not by_name:
+        return f"{sp['main_thread_us_per_span']} µs on the event loop"
+    parts = [
+        f"{label} {by_name.get(name, 0.0) / spans * 1e6:.1f}"
+        for name, label in SPAN_THREADS.items()
+    ]
+    return "µs: " + ", ".join(parts)
 
 
 def main() -> int:

@@ -172,7 +172,7 @@ class _ThreadGroups(ingest.ThreadGroups):
 
     def stop(self) -> None:
         groups: Dict[str, float] = {}
-        for tid, (comm, cpu) in ingest._thread_times(self.pid).items():
+        for tid, (comm, cpu) in common.thread_times(self.pid).items():
             used = cpu - self._t0.get(tid, ("", 0.0))[1]
             if tid == self.pid:
                 name = "event loop (main thread)"

@@ -155,6 +155,39 @@ class TestDuckDB(IndexCases):
         finally:
             again.close()
 
+    def test_an_index_with_text_trace_ids_is_made_anew(self, store: Any) -> None:
+        _write(store)
+        # As an older hotspan left it: the same rows, trace ids as their hex text.
+        cur = store._cursor()
+        for table in ("span_attrs", "span_attrs_recent"):
+            cur.execute(
+                f"CREATE TABLE old AS SELECT * REPLACE (lower(lpad(hex(trace_id), 32, '0')) "
+                f"AS trace_id) FROM {table}"
+            )
+            cur.execute(f"DROP TABLE {table}")
+            cur.execute(f"ALTER TABLE old RENAME TO {table}")
+        store.close()
+        again = self.reopen()
+        try:
+            cur = again._cursor()
+            kind = cur.execute("SELECT typeof(trace_id) FROM span_attrs_recent LIMIT 1")
+            assert kind.fetchall() == []  # made anew, empty
+            assert cur.execute("SELECT indexed_from FROM span_attrs_meta").fetchall() == [
+                (300 * SEC + 1,)
+            ]
+            # The spans so far are read without it; new ones are indexed with numbers.
+            assert _found(again, "span.enduser.id", "=", "u-1") == sorted([TRACE_A, TRACE_C])
+            again.write_spans(
+                "t", spans_of([(TRACE_B, 4, 2, "child", 402, 403, {"enduser.id": "u-1"})])
+            ).result(timeout=30)
+            found = cur.execute("SELECT typeof(trace_id) FROM span_attrs_recent LIMIT 1")
+            assert found.fetchall() == [("UHUGEINT",)]
+            assert _found(again, "span.enduser.id", "=", "u-1") == sorted(
+                [TRACE_A, TRACE_B, TRACE_C]
+            )
+        finally:
+            again.close()
+
     def test_recent_rows_move_to_a_sorted_run(self, store: Any, monkeypatch: Any) -> None:
         import hotspan.store.duckdb_write as write
 

@@ -7,7 +7,7 @@ from typing import Any, Callable, Iterator, Optional
 
 import duckdb
 
-from hotspan.store.attr_index import HASH_CHECK_TEXT, attr_hash_sql
+from hotspan.store.attr_index import HASH_CHECK_TEXT, TRACE_ID_NUMBER, attr_hash_sql
 
 
 def span_attr_rows(source: str) -> str:
@@ -16,7 +16,7 @@ def span_attr_rows(source: str) -> str:
     value with that mark first."""
     return (
         f"SELECT tenant_id, key, value, {attr_hash_sql('key', 'value')} AS h, start_ns, "
-        "end_ns, trace_id, span_id FROM (SELECT tenant_id, "
+        f"end_ns, {TRACE_ID_NUMBER} AS trace_id, span_id FROM (SELECT tenant_id, "
         "CASE WHEN p = 0 THEN rec ELSE rec[:p - 1] END AS key, "
         "CASE WHEN p = 0 THEN '' ELSE rec[p:] END AS value, start_ns, end_ns, trace_id, "
         "span_id FROM (SELECT *, greatest(strpos(rec, chr(31)), strpos(rec, chr(28))) AS p "
@@ -128,6 +128,25 @@ CREATE TABLE IF NOT EXISTS settings_versions (
     version BIGINT NOT NULL           -- also counts deletes, which leave no rule behind
 );
 """.replace("{span_attrs}", span_attr_rows("spans")).replace("{hash_check}", HASH_CHECK_TEXT)
+
+
+def upgrade(con: Any) -> None:
+    """Before :data:`SCHEMA`: an attribute index from before its trace ids were numbers is
+    dropped (SCHEMA makes it anew) and the spans it held are read as without it, as when the
+    hash changes, rather than rewritten while the store opens."""
+    found = con.execute(
+        "SELECT data_type FROM information_schema.columns "
+        "WHERE table_name = 'span_attrs' AND column_name = 'trace_id'"
+    ).fetchone()
+    if found is None or found[0] == "UHUGEINT":
+        return
+    with transaction(con):
+        con.execute("DROP TABLE span_attrs")
+        con.execute("DROP TABLE IF EXISTS span_attrs_recent")
+        con.execute(
+            "UPDATE span_attrs_meta SET indexed_from = "
+            "(SELECT coalesce(max(start_ns) + 1, 0) FROM spans)"
+        )
 
 
 @contextlib.contextmanager

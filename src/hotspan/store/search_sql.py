@@ -37,7 +37,7 @@ from hotspan.model.trace import (
     condition_text,
     reads_typed,
 )
-from hotspan.store.attr_index import attr_hash, key_hash_range
+from hotspan.store.attr_index import TRACE_ID_TEXT, attr_hash, key_hash_range
 
 Params = Dict[str, Any]
 
@@ -125,8 +125,11 @@ def _duckdb_attr_traces(where: str, key: str, value: Optional[str], ids: str, bi
     else:
         low, high = key_hash_range(key)
         h = f"h BETWEEN CAST({bind(low)} AS UBIGINT) AND CAST({bind(high)} AS UBIGINT)"
+    # The index's trace ids are numbers: the rows found are spelled as spans spell them,
+    # rather than every span read spelled as a number.
+    found = ", ".join(TRACE_ID_TEXT if c.strip() == "trace_id" else c for c in ids.split(","))
     return " UNION ALL ".join(
-        f"SELECT {ids} FROM {table} WHERE {h} AND {where}"
+        f"SELECT {found} FROM {table} WHERE {h} AND {where}"
         for table in ("span_attrs", "span_attrs_recent")
     )
 
