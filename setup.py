@@ -50,6 +50,7 @@ EXTENSIONS = [
             for name in (
                 "labels",
                 "frames",
+                "state",
                 "threads",
                 "handler",
                 "windows",

@@ -15,7 +15,7 @@ from hotspan.agent import context
 from hotspan.agent.config import NAME_SYNTAX_CHARS
 from hotspan.agent.log import logger
 from hotspan.agent.sampler import CPU, WALL, Collected
-from hotspan.agent.symbols import Symbolizer
+from hotspan.agent.symbols import GC_FRAME_NAME, GC_GENERATION_LABEL, Symbolizer, gc_generation
 from hotspan.model.redaction import Redactor
 
 TYPE_CHECKING = False
@@ -252,6 +252,11 @@ class Outbox:
             named = named_cache.get(id(sample.stack))
             if named is None:
                 named = named_cache[id(sample.stack)] = self.named(sample.stack)
+            if named and named[0][0] == GC_FRAME_NAME:
+                generation = gc_generation(named)
+                if generation and isinstance(labels, tuple):
+                    yield sample, named, labels + ((GC_GENERATION_LABEL, generation),)
+                    continue
             yield sample, named, labels
 
     def _encode(self, window: Window, period: int) -> List[bytes]:

@@ -33,7 +33,10 @@ from hotspan.agent.samples import (  # noqa: F401 - also found here, by outbox.p
     kernel_cpu_clock,
     thread_cpu_clock,
 )
-from hotspan.agent.symbols import hide_code_tree
+from hotspan.agent.symbols import gc_frame, hide_code_tree
+
+# The code address of the native sampler's [GC] frame (GC_FRAME_CODE in its internal.h).
+GC_FRAME_CODE = 1
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing stays out of the program at run time: see agent/log.py
@@ -101,7 +104,10 @@ class NativeSampler:
                 stack = stacks.get(frames)
                 if stack is None:
                     stack = tuple(
-                        (by_address.get(address), lasti) for address, lasti, _ in unpack(frames)
+                        (by_address.get(address), lasti)
+                        if address != GC_FRAME_CODE
+                        else gc_frame(lasti)
+                        for address, lasti, _ in unpack(frames)
                     )
                     stacks[frames] = stack
                 rows.append(RawSample(kind, ident, tuple(labels), stack, value))

@@ -15,7 +15,9 @@ if TYPE_CHECKING:  # typing stays out of the program at run time: see agent/log.
     from typing import Any, List, Tuple
 
     LabelsTuple = Tuple[int, int, int, int, int]  # span, trace hi, trace lo, root span, tag set
-    RawStack = Tuple[Tuple[Any, int], ...]  # (code object or None, byte offset), leaf first
+    # Leaf first: (code object or None, byte offset), or a frame already named (the pure-Python
+    # sampler's, the native sampler's [GC]: symbols.FrameInfo).
+    RawStack = Tuple[Tuple[Any, ...], ...]
 
 CPU, WALL = 0, 1
 

@@ -20,6 +20,38 @@ UNKNOWN: FrameInfo = ("<unknown>", "", 0, 0)
 HIDDEN: FrameInfo = ("<hotspan>", "", 0, 0)
 # The one frame a stack of hotspan's own work becomes (compared by identity when naming).
 AGENT: FrameInfo = ("hotspan", "", 0, 0)
+# The frame a sample taken while CPython's cyclic collector ran ends in (the native sampler's
+# synthetic frame, GC_FRAME_CODE in _speedups/sampler), one per generation collected (0, 1,
+# 2, then unknown): equal tuples, told apart by identity, so that the flame graph has one
+# [GC] bar and the generation goes in a label (see gc_generation).
+GC_FRAME_NAME = "[GC]"
+GC_GENERATION_LABEL = "gc_generation"
+
+
+def _new_gc_frame() -> FrameInfo:
+    return (GC_FRAME_NAME, "", 0, 0)  # built at each call: a new object
+
+
+GC_FRAMES: Tuple[FrameInfo, ...] = tuple(_new_gc_frame() for _ in range(4))
+
+
+def gc_frame(generation: int) -> FrameInfo:
+    """The [GC] frame of a collection of ``generation`` (another number: unknown)."""
+    return GC_FRAMES[generation if 0 <= generation < 3 else 3]
+
+
+def gc_generation(stack: Tuple[FrameInfo, ...]) -> Optional[str]:
+    """The generation a stack's [GC] leaf frame stands for ("" when unknown), or None when the
+    stack does not end in one."""
+    leaf = stack[0] if stack else None
+    if leaf is None or leaf[0] != GC_FRAME_NAME:
+        return None
+    for generation, frame in enumerate(GC_FRAMES[:3]):
+        if leaf is frame:
+            return str(generation)
+    return ""
+
+
 # Code objects of the agent that run inside the program's own calls (tag_wrapper's wrapper
 # function): left out of stacks.  Code that is hotspan's work from the root of its stack
 # (``hotspan run``'s start and exit in the program's main thread): the whole stack is one

@@ -127,7 +127,21 @@ on_signal(int signum, siginfo_t *info, void *ucontext)
         if (atomic_compare_exchange_strong(&e->state, &expected, 1)) {
             e->ident = (uint64_t)ts->thread_id;
             e->slot = slot != NULL ? index : -1;
-            int depth = walk_frames(ts, e->frames, max_depth);
+            /* A sample taken while the thread collects garbage ends in a [GC] frame above
+             * the code whose allocation set the collection off. */
+            int generation = collecting_generation(ts);
+            int depth;
+            if (generation >= 0 && max_depth > 1) {
+                depth = walk_frames(ts, e->frames + 1, max_depth - 1);
+                if (depth >= 0) {
+                    e->frames[0].code = GC_FRAME_CODE;
+                    e->frames[0].lasti = (uint32_t)generation;
+                    e->frames[0].fingerprint = 0;
+                    depth++;
+                }
+            } else {
+                depth = walk_frames(ts, e->frames, max_depth);
+            }
             if (depth < 0) {
                 /* No stack to charge: what this sample stood for goes to the thread's next
                  * one (an empty entry, so the collector frees it in turn). */

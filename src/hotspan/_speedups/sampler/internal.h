@@ -33,6 +33,7 @@
  *
  *   labels.c      the Labels type and finding it in a thread's context
  *   frames.c      walking a thread's frames
+ *   state.c       whether a thread holds the GIL or is collecting garbage
  *   threads.c     thread slots, their CPU timers and perf events
  *   handler.c     the signal handler and the ring it writes
  *   windows.c     upload windows: samples aggregated in C memory
@@ -225,6 +226,16 @@ thread_context(PyThreadState *ts)
 HIDDEN extern _Atomic uint64_t unreadable_stacks;
 HIDDEN int safe_read(const void *address, void *out, size_t size);
 HIDDEN int walk_frames(PyThreadState *ts, RawFrame *out, int max_depth);
+
+/* ---------------------------------------------------------------- state.c: thread state */
+
+/* The synthetic frame a sample taken during a garbage collection ends in (RawFrame.code; no
+ * code object is at an odd address), its lasti the generation collected. */
+#define GC_FRAME_CODE 1u
+/* In a signal handler: the generation the cyclic collector is collecting on this thread
+ * (0-2), or -1 when it is not running here (or where this build cannot tell: 3.14 and
+ * free-threaded builds for now). */
+HIDDEN int collecting_generation(PyThreadState *ts);
 
 /* ---------------------------------------------------------------- handler.c: the ring */
 
