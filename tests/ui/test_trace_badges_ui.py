@@ -1,20 +1,23 @@
 """What the trace pages say about a span, in a real Chromium against a real server fed by a
 real program (the OpenTelemetry SDK and the hotspan agent with its lock and allocation
 collectors): one span sleeps, one waits for a ``threading.Lock`` another thread holds, one
-computes and allocates.  The badges claim no cause the data cannot show; lock waits are named
-where the lock profile has them; allocations and lock waits stand beside CPU; the trace list
-marks the traces that have a profile; spans and traces can be compared; the pages fit from
-390 px up, in both themes."""
+computes and allocates, one computes while another thread holds the GIL.  The badges claim
+no cause the data cannot show; lock and GIL waits are named where their profiles have them;
+allocations and lock waits stand beside CPU; the trace list marks the traces that have a
+profile; spans and traces can be compared; the pages fit from 390 px up, in both themes."""
 
 from __future__ import annotations
 
 import json
 import re
+import sys
+import sysconfig
 from typing import Dict, Iterator, Tuple
 from urllib.parse import quote
 
 import pytest
 
+from hotspan._speedups import load_sampler
 from tests.conftest import RunningServer, running_server
 from tests.helpers import run_programs, traced_program
 from tests.ui.conftest import screenshot
@@ -54,6 +57,20 @@ PROGRAM = traced_program(
         with tracer.start_as_current_span("compute") as computing:
             rows = compute()
             del rows
+        with tracer.start_as_current_span("contended") as contended:
+            # 200 ms of CPU while another thread spins in Python: about as long again
+            # waiting for the GIL it holds.
+            stop = threading.Event()
+
+            def hog():
+                while not stop.is_set():
+                    sum(range(300))
+
+            hogging = threading.Thread(target=hog)
+            hogging.start()
+            burn(0.2)
+            stop.set()
+            hogging.join()
         # Under 3 sample periods, without samples: that says nothing about it.  Never
         # current, its times given (a 21 ms sleep has some CPU around it, where a sample
         # lands now and then).
@@ -91,10 +108,20 @@ PROGRAM = traced_program(
         "trace": format(root.get_span_context().trace_id, "032x"),
         "health": format(health.get_span_context().trace_id, "032x"),
         "sleep": sid(sleeping), "locked": sid(locked), "compute": sid(computing),
+        "contended": sid(contended),
     }))
     """,
     # The allocation profile is off by default (it costs every allocation): on here.
     agent="alloc_sample_bytes=512 * 1024",
+)
+
+
+# GIL waits come from the native sampler on CPython 3.9-3.13 with a GIL.
+native_states = pytest.mark.skipif(
+    load_sampler() is None
+    or sys.version_info >= (3, 14)
+    or bool(sysconfig.get_config_var("Py_GIL_DISABLED")),
+    reason="GIL waits come from the native sampler on CPython 3.9-3.13 with a GIL",
 )
 
 
@@ -167,6 +194,26 @@ def test_badges_say_not_on_cpu_and_name_lock_waits(page, bank) -> None:  # type:
         text = page.inner_text(".hs-span-profile .hs-message")
         assert "not on CPU" in text and "waiting on locks" in text and "I/O" not in text
     screenshot(page, "trace-badges")
+
+
+@native_states
+def test_a_span_that_waited_for_the_gil_says_so(page, bank) -> None:  # type: ignore[no-untyped-def]
+    srv, ids = bank
+    page.goto(f"{srv.url}/traces/{ids['trace']}")
+    # The GIL-wait profile arrives after the waterfall is drawn, in a request of its own.
+    page.wait_for_selector(".hs-wf-span[data-name='contended'] .hs-wf-lock-note")
+    contended = rows(page)["contended"]
+    # Half its time on CPU, most of the rest waiting for the GIL: that is what it says, not
+    # "mixed" or "not on CPU".
+    assert re.fullmatch(
+        r"(GIL wait \d+%, CPU \d+%|waiting for the GIL \d+%)", str(contended["badge"])
+    ), contended
+    m = re.fullmatch(r"of which (.+) waiting for the GIL", str(contended["note"]))
+    assert m and 100 <= ms(m.group(1)) <= 600, contended
+    page.click(".hs-wf-span[data-name='contended'] .hs-wf-span-name")
+    page.wait_for_function(
+        "() => document.querySelector('.hs-span-details').textContent.includes('GIL waits')"
+    )
 
 
 def test_a_short_span_without_samples_is_not_called_idle(page, bank) -> None:  # type: ignore[no-untyped-def]

@@ -14,7 +14,14 @@ import time
 from hotspan.agent import context
 from hotspan.agent.config import NAME_SYNTAX_CHARS
 from hotspan.agent.log import logger
-from hotspan.agent.sampler import CPU, WALL, Collected
+from hotspan.agent.sampler import (
+    CPU,
+    GIL_HELD,
+    WALL_GIL_WAIT,
+    WALL_RELEASED,
+    WALL_RUNNING,
+    Collected,
+)
 from hotspan.agent.symbols import GC_FRAME_NAME, GC_GENERATION_LABEL, Symbolizer, gc_generation
 from hotspan.model.redaction import Redactor
 
@@ -32,6 +39,16 @@ if TYPE_CHECKING:  # typing stays out of the program at run time: see agent/log.
 
 CPU_TYPE = ("cpu", "nanoseconds")
 WALL_TYPE = ("wall", "nanoseconds")
+# Wall time waiting for the GIL, on the waiter's stack and span; and the same time on the stack
+# of the thread that held it meanwhile ("whose code makes the others wait").  Their own profiles
+# (gil_wait:gil_wait:..., gil_held:gil_held:...), with wall time's period.
+GIL_WAIT_TYPE = ("gil_wait", "nanoseconds")
+GIL_HELD_TYPE = ("gil_held", "nanoseconds")
+# The label wall samples carry where the sampler tells the thread's state: holding the GIL
+# ("running"), waiting for it ("gil_wait"), or neither ("released": off CPU for I/O, a sleep or
+# a lock, or running native code that let it go).
+THREAD_STATE_LABEL = "thread_state"
+_STATE_OF_KIND = {WALL_RUNNING: "running", WALL_GIL_WAIT: "gil_wait", WALL_RELEASED: "released"}
 CONDITION_LABEL = "hotspan_condition"
 # A window waits for its spans to end this many upload intervals, and at least this long.
 HOLD_INTERVALS = 3
@@ -261,14 +278,29 @@ class Outbox:
 
     def _encode(self, window: Window, period: int) -> List[bytes]:
         limit = self.config.max_profile_size
-        writers = {
-            CPU: _profile_writer(CPU_TYPE, CPU_TYPE, period, limit),
-            WALL: _profile_writer(WALL_TYPE, WALL_TYPE, period, limit),
-        }
+        cpu = _profile_writer(CPU_TYPE, CPU_TYPE, period, limit)
+        wall = _profile_writer(WALL_TYPE, WALL_TYPE, period, limit)
+        gil: Dict[int, Any] = {}  # made when a window has GIL waits
         for sample, stack, labels in self._prepared(window.samples):
-            writers[sample.kind].add(stack, sample.value, labels, stack_key=id(stack))
+            kind = sample.kind
+            if kind == CPU:
+                cpu.add(stack, sample.value, labels, stack_key=id(stack))
+                continue
+            if kind in (GIL_HELD, WALL_GIL_WAIT):
+                writer = gil.get(kind)
+                if writer is None:
+                    wanted = GIL_HELD_TYPE if kind == GIL_HELD else GIL_WAIT_TYPE
+                    writer = gil[kind] = _profile_writer(wanted, WALL_TYPE, period, limit)
+                writer.add(stack, sample.value, labels, stack_key=id(stack))
+                if kind == GIL_HELD:
+                    continue
+            state = _STATE_OF_KIND.get(kind)
+            if state is not None and isinstance(labels, tuple):
+                labels = labels + ((THREAD_STATE_LABEL, state),)
+            wall.add(stack, sample.value, labels, stack_key=id(stack))
         duration = max(window.end_ns - window.start_ns, 0)
-        return [w.encode(window.start_ns, duration) for w in writers.values() if len(w)]
+        writers = [cpu, wall, *gil.values()]
+        return [w.encode(window.start_ns, duration) for w in writers if len(w)]
 
     def labels(
         self, labels: Tuple[int, int, int, int, int], thread: Optional[str]

@@ -25,8 +25,12 @@ from hotspan._speedups import load_sampler, speedups_disabled
 from hotspan.agent.context import enable_native_labels
 from hotspan.agent.samples import (  # noqa: F401 - also found here, by outbox.py and governor.py
     CPU,
+    GIL_HELD,
     KERNEL_CLOCKS,
     WALL,
+    WALL_GIL_WAIT,
+    WALL_RELEASED,
+    WALL_RUNNING,
     Collected,
     RawSample,
     Window,

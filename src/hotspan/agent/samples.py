@@ -19,7 +19,10 @@ if TYPE_CHECKING:  # typing stays out of the program at run time: see agent/log.
     # sampler's, the native sampler's [GC]: symbols.FrameInfo).
     RawStack = Tuple[Tuple[Any, ...], ...]
 
-CPU, WALL = 0, 1
+# What a sample is (the native sampler's KIND_*): CPU, or wall time by the thread's state as it
+# was taken (WALL where the sampler cannot tell: the pure-Python one, CPython 3.14, free-threaded
+# builds), or on a thread holding the GIL, the wall time others waited for it (GIL_HELD).
+CPU, WALL, WALL_RUNNING, WALL_GIL_WAIT, WALL_RELEASED, GIL_HELD = 0, 1, 2, 3, 4, 5
 
 # Plain classes with __slots__ rather than namedtuples: a namedtuple class brings ~30 objects
 # (its methods, their closures, a getter per field) that every full collection of the
@@ -27,8 +30,8 @@ CPU, WALL = 0, 1
 
 
 class RawSample:
-    """One row of a window: ``kind`` CPU or WALL, ``labels`` a LabelsTuple, ``stack`` a
-    RawStack, ``value`` nanoseconds."""
+    """One row of a window: ``kind`` CPU, one of the wall kinds or GIL_HELD, ``labels`` a
+    LabelsTuple, ``stack`` a RawStack, ``value`` nanoseconds."""
 
     __slots__ = ("kind", "thread_ident", "labels", "stack", "value")
 

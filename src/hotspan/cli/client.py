@@ -210,6 +210,8 @@ PROFILE_TYPE_ALIASES = {
     "lock_count": "mutex:contentions:count:contentions:count",
     "lock_time": "mutex:delay:nanoseconds:contentions:count",
     "goroutines": "goroutines:goroutine:count:goroutine:count",
+    "gil_wait": "gil_wait:gil_wait:nanoseconds:wall:nanoseconds",
+    "gil_held": "gil_held:gil_held:nanoseconds:wall:nanoseconds",
 }
 
 

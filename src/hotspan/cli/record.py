@@ -48,6 +48,8 @@ GAUGE_TYPES = ("inuse_objects", "inuse_space", "goroutine")
 _TYPE_SOURCE = {
     "cpu": "cpu",
     "wall": "wall",
+    "gil_wait": "wall",
+    "gil_held": "wall",
     "alloc_objects": "alloc",
     "alloc_space": "alloc",
     "inuse_objects": "alloc",
@@ -95,8 +97,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--profile-type",
         metavar="TYPE",
-        help="the one type folded and html files hold (cpu, wall, alloc_space, alloc_objects, "
-        "inuse_space, inuse_objects, lock_count, lock_time, goroutines; default: the first "
+        help="the one type folded and html files hold (cpu, wall, gil_wait, gil_held, "
+        "alloc_space, alloc_objects, inuse_space, inuse_objects, lock_count, lock_time, "
+        "goroutines; default: the first "
         "recorded); for pprof and speedscope, keep only that type",
     )
     parser.add_argument(
@@ -276,7 +279,8 @@ def _iterate(
 
 
 # The order types are written in: pprof's tools show the default (CPU) first.
-_ORDER: Tuple[str, ...] = ("cpu", "wall", "alloc_space", "alloc_objects", "inuse_space")
+_ORDER: Tuple[str, ...] = ("cpu", "wall", "gil_wait", "gil_held", "alloc_space", "alloc_objects")
+_ORDER += ("inuse_space",)
 _ORDER += ("inuse_objects", "delay", "contentions", "goroutine")
 
 

@@ -15,7 +15,11 @@ the span is set beside its mean per baseline span; the functions are ranked by t
 value the span holds, and a diff flame graph (baseline mean on the left, the span on the
 right) shows where.  The verdict says whether the span was computing or waiting: a span whose
 CPU is well under its duration spent its time off-CPU (I/O, locks, sleeping), which its CPU
-profile cannot explain but its wall profile can.  Missing data is not waiting: a span without
+profile cannot explain but its wall profile can.  A span whose extra time is mostly garbage
+collection (the agent's ``[GC]`` frame, on CPU) was held up by the collector: "gc", whatever
+its CPU share; one whose extra time is mostly waiting for the GIL (the agent's GIL-wait
+profile) was "contended", and the functions of its service that held the GIL around its time
+(the GIL-held profile) are named.  Missing data is not waiting: a span without
 a sample of any type is "pending" while its profiles may still be on their way (it ended
 under ``PENDING_NS`` ago), "no-profile" after; a span too short for a few samples
 ("too-short") has too few to tell computing from waiting.
@@ -30,7 +34,7 @@ from typing import Dict, List, Optional, Sequence, Set, Tuple
 
 import numpy as np
 
-from hotspan.model.labels import Selector
+from hotspan.model.labels import Matcher, Selector
 from hotspan.model.profile import ProfileType
 from hotspan.model.trace import SpanRecord, StoredSpan
 from hotspan.query import flamegraph
@@ -57,7 +61,31 @@ PENDING_NS = 15 * 10**9
 TRACE_SPANS_LIMIT = 100_000
 _ANY = Selector(metric="", matchers=())
 
-VERDICTS = ("computing", "waiting", "too-short", "pending", "no-profile", "no-baseline")
+# What the hotspan agent sends for the GIL (agent.outbox.GIL_WAIT_TYPE, GIL_HELD_TYPE): the time
+# threads waited for it, on their stacks, and the same time on the stacks that held it.
+GIL_WAIT = ProfileType.parse("gil_wait:gil_wait:nanoseconds:wall:nanoseconds")
+GIL_HELD = ProfileType.parse("gil_held:gil_held:nanoseconds:wall:nanoseconds")
+VERDICTS = (
+    "gc",
+    "contended",
+    "computing",
+    "waiting",
+    "too-short",
+    "pending",
+    "no-profile",
+    "no-baseline",
+)
+# The frame the hotspan agent ends a sample taken during a garbage collection in.
+GC_FRAME = "[GC]"
+# The share of a span's extra duration that its extra time in garbage collections must account
+# for to be the verdict: then the collector, not the code, is what the span waited for.
+GC_SHARE_OF_EXTRA = 0.5
+# Likewise for its extra time waiting for the GIL, for the verdict "contended".
+CONTENDED_SHARE_OF_EXTRA = 0.5
+# Samples are stamped with the start of their upload window (the agent's is 10 s): the GIL
+# held while a span waited is in the windows that began up to this long before it.
+UPLOAD_WINDOW_NS = 10 * 10**9
+GIL_HOLDERS = 5
 # Code objects Python makes for an expression inside a function: their time is the
 # function's (a slow ``sum(x * x for x in rows)`` must name the function, not ``<genexpr>``).
 _INLINE_CODE = ("<genexpr>", "<listcomp>", "<dictcomp>", "<setcomp>", "<lambda>")
@@ -109,6 +137,15 @@ class ProfileComparison:
 
 
 @dataclass(frozen=True)
+class GilHolder:
+    """A function of the span's service that held the GIL while threads waited for it, around
+    the span's time: the waiting it caused, in nanoseconds."""
+
+    name: str
+    value: int
+
+
+@dataclass(frozen=True)
 class WhyAnswer:
     trace_id: str
     span: StoredSpan
@@ -117,6 +154,10 @@ class WhyAnswer:
     profiles: Tuple[ProfileComparison, ...]
     verdict: str
     summary: str
+    # Where the span waited for the GIL: who held it meanwhile, the most waiting first, and
+    # the time range (ns) they were read from.
+    gil_holders: Tuple[GilHolder, ...] = ()
+    gil_range: Tuple[int, int] = (0, 0)
 
     @property
     def extra_duration_ns(self) -> int:
@@ -217,7 +258,7 @@ class WhyEngine:
         nested = span_ids | ancestors(spans, span)
         baseline = self.baseline(tenant, span, trace_id, nested, window_ns, baseline_spans)
         types: List[ProfileType] = []
-        for ptype in (profile_type or CPU, CPU, WALL):
+        for ptype in (profile_type or CPU, CPU, WALL, GIL_WAIT):
             if ptype not in types:
                 types.append(ptype)
         profiles = []
@@ -227,8 +268,39 @@ class WhyEngine:
             )
             if found is not None:
                 profiles.append(found)
-        verdict, summary = _verdict(span, baseline, profiles, window_ns, time.time_ns())
-        return WhyAnswer(trace_id, span, window_ns, baseline, tuple(profiles), verdict, summary)
+        waited = next((p for p in profiles if p.profile_type == GIL_WAIT), None)
+        gil_range = (span.start_ns - UPLOAD_WINDOW_NS, span.end_ns)
+        holders: Tuple[GilHolder, ...] = ()
+        if waited is not None and waited.value.span > 0:
+            holders = self.gil_holders(tenant, span.service, *gil_range)
+        verdict, summary = _verdict(span, baseline, profiles, window_ns, time.time_ns(), holders)
+        return WhyAnswer(
+            trace_id,
+            span,
+            window_ns,
+            baseline,
+            tuple(profiles),
+            verdict,
+            summary,
+            holders,
+            gil_range if holders else (0, 0),
+        )
+
+    def gil_holders(
+        self, tenant: str, service: str, start_ns: int, end_ns: int
+    ) -> Tuple[GilHolder, ...]:
+        """The functions of ``service`` that held the GIL while others waited, between the two
+        times (samples' stamps), by the waiting they caused."""
+        selector = Selector("", (Matcher("service_name", "=", service),))
+        held = self.engine.stack_values(tenant, GIL_HELD, selector, SampleFilter(start_ns, end_ns))
+        if not held.values.any():
+            return ()
+        self_values, _ = per_function(self.engine, held)
+        order = np.argsort(-self_values, kind="stable")[:GIL_HOLDERS]
+        names = self.engine.stacks.names
+        return tuple(
+            GilHolder(names[i], int(self_values[i])) for i in order.tolist() if self_values[i] > 0
+        )
 
     def baseline(
         self,
@@ -396,6 +468,7 @@ def _verdict(
     profiles: Sequence[ProfileComparison],
     window_ns: int,
     now_ns: int,
+    holders: Sequence[GilHolder] = (),
 ) -> Tuple[str, str]:
     duration = span.duration_ns
     head = f"{span.service} {span.name} took {duration_text(duration)}"
@@ -438,6 +511,29 @@ def _verdict(
         return "too-short", (
             f"{head}; {cpu_text}, but it is too short to tell computing from waiting: it "
             "spans fewer than 5 sampling periods at 100 Hz"
+        )
+    gc = next((f for f in cpu.functions if f.name == GC_FRAME), None) if cpu else None
+    if gc is not None and (gc.share_of_extra_duration or 0.0) >= GC_SHARE_OF_EXTRA:
+        return "gc", (
+            f"{head}; {cpu_text}, of which garbage collection took "
+            f"{duration_text(gc.self_value.span)}, {duration_text(gc.self_value.extra)} more than "
+            f"in spans like it ({gc.share_of_extra_duration:.0%} of the extra time): it was "
+            "collecting garbage (the [GC] frame; what ran under it made the objects)"
+        )
+    waited = next((p for p in profiles if p.profile_type == GIL_WAIT), None)
+    extra_ns = duration - baseline.mean_duration_ns
+    if (
+        waited is not None
+        and extra_ns > 0
+        and waited.value.extra >= CONTENDED_SHARE_OF_EXTRA * extra_ns
+    ):
+        by = ", ".join(f"{h.name} ({duration_text(h.value)})" for h in holders[:3])
+        return "contended", (
+            f"{head}; {cpu_text}, and it waited {duration_text(waited.value.span)} for the "
+            f"GIL, {duration_text(waited.value.extra)} more than spans like it "
+            f"({min(waited.value.extra / extra_ns, 1.0):.0%} of the extra time): it was "
+            "contended, runnable while other threads held the GIL"
+            + (f"; held meanwhile most by {by}" if by else "")
         )
     if cpu_span >= WAITING_CPU_SHARE * duration:
         return "computing", f"{head}; {cpu_text}: it was computing{_top_extra(cpu)}"

@@ -11,14 +11,17 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import sysconfig
 from typing import Iterator
 
 import pytest
 
+from hotspan._speedups import load_sampler
 from tests.conftest import RunningServer, running_server
 from tests.helpers import CPU, run_programs, traced_program
 
 WALL = "wall:wall:nanoseconds:wall:nanoseconds"
+GIL_WAIT = "gil_wait:gil_wait:nanoseconds:wall:nanoseconds"
 MS = 1_000_000
 
 # The verdict follows the span's CPU over its duration, which a crowded machine lowers (a
@@ -48,11 +51,32 @@ PROGRAM = traced_program(
     def wait_for_stock():
         time.sleep(0.4)
 
+    import gc
+
+    # Live containers made before any request: a full collection walks every one of them.
+    heap = [[] for _ in range(300_000)]
+
+    def import_rows():
+        # Full collections, as a request that drops a large structure sets them off: the
+        # time is the collector's, under this function.
+        for _ in range(8):
+            gc.collect()
+
     def ids(span):
         ctx = span.get_span_context()
         return {"trace": format(ctx.trace_id, "032x"), "span": format(ctx.span_id, "016x")}
 
-    out = {"slow": [], "fast": [], "waiting": [], "child": []}
+    import threading
+
+    def hog(stop):
+        # Another request's pure-Python work, on a thread of its own: it holds the GIL.
+        while not stop.is_set():
+            sum(range(300))
+
+    def build_report():
+        burn(0.1)
+
+    out = {"slow": [], "fast": [], "waiting": [], "child": [], "gc": [], "contended": []}
     with tracer.start_as_current_span("startup") as span:
         price_items()
     out["startup"] = ids(span)
@@ -73,6 +97,24 @@ PROGRAM = traced_program(
                 wait_for_stock()
         if i == 5:
             out["waiting"].append(ids(span))
+    for i in range(8):
+        with tracer.start_as_current_span("POST /import") as span:
+            price_items()
+            if i == 5:
+                import_rows()
+        if i == 5:
+            out["gc"].append(ids(span))
+    for i in range(8):
+        stop = threading.Event()
+        other = threading.Thread(target=hog, args=(stop,))
+        if i == 5:
+            other.start()
+        with tracer.start_as_current_span("GET /report") as span:
+            build_report()
+        if i == 5:
+            stop.set()
+            other.join()
+            out["contended"].append(ids(span))
     print("IDS " + json.dumps(out))
     """,
 )
@@ -106,7 +148,8 @@ def test_slow_request_names_the_slow_function_first(shop) -> None:  # type: igno
         answer = why(srv, slow["trace"])
         assert answer["spanID"] == slow["span"]  # the root by default
         assert (answer["service"], answer["name"]) == ("shop", "POST /checkout")
-        assert [p["profileType"] for p in answer["profiles"]] == [CPU, WALL]
+        # (Then the GIL-wait profile, where the agent's own thread kept it waiting a moment.)
+        assert [p["profileType"] for p in answer["profiles"]][:2] == [CPU, WALL]
         cpu = profile(answer, CPU)
         duration, extra = int(answer["durationNanos"]), int(answer["extraDurationNanos"])
         # 300 ms of thread CPU in a span of about 330 ms: far above the 30 % that separates
@@ -172,6 +215,47 @@ def test_waiting_request_is_called_waiting(shop) -> None:  # type: ignore[no-unt
     assert wall["functions"][0]["name"] == "__main__.wait_for_stock"
     assert wall["functions"][0]["self"]["extra"] > 250 * MS
     assert "wait_for_stock" in answer["summary"]
+
+
+# The [GC] frame and the GIL profiles come from the native sampler on CPython 3.9-3.13 with a GIL.
+native_states = pytest.mark.skipif(
+    load_sampler() is None
+    or sys.version_info >= (3, 14)
+    or bool(sysconfig.get_config_var("Py_GIL_DISABLED")),
+    reason="the [GC] frame and the GIL profiles come from the native sampler on CPython "
+    "3.9-3.13 with a GIL (docs/agent.md)",
+)
+
+
+@native_states
+def test_request_waiting_for_the_gil_is_contended(shop) -> None:  # type: ignore[no-untyped-def]
+    srv, ids = shop
+    answer = why(srv, ids["contended"][0]["trace"])
+    assert (answer["name"], answer["verdict"]) == ("GET /report", "contended"), answer["summary"]
+    waited = profile(answer, GIL_WAIT)
+    # 100 ms of CPU on a thread that shared the GIL with a spinning one: about as long again
+    # waiting for it, the extra time of this request.
+    assert waited["extra"] >= 0.5 * int(answer["extraDurationNanos"]), waited["extra"]
+    assert waited["functions"][0]["name"] == "__main__.burn"
+    # Whose code held it meanwhile: the spinning thread's.
+    holders = answer["gilHolders"]
+    assert holders and holders[0]["name"] == "__main__.hog", holders
+    assert "__main__.hog" in answer["summary"]
+    assert answer["gilRange"]["start"] < answer["gilRange"]["end"]
+
+
+@native_states
+def test_request_held_up_by_the_collector_is_called_gc(shop) -> None:  # type: ignore[no-untyped-def]
+    srv, ids = shop
+    answer = why(srv, ids["gc"][0]["trace"])
+    assert (answer["name"], answer["verdict"]) == ("POST /import", "gc"), answer["summary"]
+    assert "garbage collection took" in answer["summary"]
+    cpu = profile(answer, CPU)
+    first = cpu["functions"][0]
+    assert first["name"] == "[GC]", [f["name"] for f in cpu["functions"]]
+    assert first["shareOfExtraDuration"] >= 0.5
+    # What ran under the collector: the function that asked for it.
+    assert "__main__.import_rows" in cpu["flamegraph"]["names"]
 
 
 def test_fast_request_and_child_span(shop) -> None:  # type: ignore[no-untyped-def]

@@ -16,7 +16,43 @@ keep_copy(WallCopy **where, const Entry *e)
     memcpy(c->labels, e->labels, sizeof c->labels);
     c->seq = e->seq;
     c->depth = e->depth;
+    c->thread_state = e->thread_state;
     memcpy(c->frames, e->frames, (size_t)e->depth * sizeof(RawFrame));
+}
+
+/* Under threads_mutex: `amount` of a thread's wall time, waiting for the GIL, also charged to
+ * the thread that held it (`holder`, a thread state; 0: whoever holds it now), at its last CPU
+ * sample's stack: it was running there, holding the others up. */
+static void
+charge_gil_held(uint64_t holder, uint64_t amount)
+{
+    uint64_t ident = thread_ident_of(holder ? holder : gil_holder_now());
+    if (ident == 0)
+        return;
+    for (int k = 0; k < n_used_slots; k++) {
+        WallCopy *c = slots[used_slots[k]].last_cpu;
+        if (c != NULL && c->depth > 0 && c->ident == ident) {
+            add_or_count(KIND_GIL_HELD, c->ident, c->labels, c->frames, c->depth, amount);
+            return;
+        }
+    }
+}
+
+/* Under threads_mutex: `amount` of wall time where a thread was (`c`, or an entry's fields), by
+ * the state it was in there. */
+static void
+charge_wall(uint64_t ident, const uint64_t *labels, const RawFrame *frames, int depth,
+            int state, uint64_t holder, uint64_t amount)
+{
+    add_or_count(wall_kind(state), ident, labels, frames, depth, amount);
+    if (state == STATE_GIL_WAIT)
+        charge_gil_held(holder, amount);
+}
+
+static inline void
+charge_wall_at(const WallCopy *c, uint64_t amount)
+{
+    charge_wall(c->ident, c->labels, c->frames, c->depth, c->thread_state, 0, amount);
 }
 
 /* Under threads_mutex: what the handlers recorded goes into the current window. */
@@ -49,7 +85,8 @@ drain_ring(void)
                 keep_copy(&slots[e->slot].last_cpu, e);
         }
         if (e->wall_ns && e->depth > 0) {
-            add_or_count(KIND_WALL, e->ident, e->labels, e->frames, e->depth, e->wall_ns);
+            charge_wall(e->ident, e->labels, e->frames, e->depth, e->thread_state,
+                        e->gil_holder, e->wall_ns);
             /* Kept, so that while the thread does not run its wall time is charged here
              * without interrupting it. */
             if (e->slot >= 0)
@@ -191,7 +228,16 @@ wall_tick(uint64_t now_ns, uint64_t *random)
         int frozen = ran < REPEAT_CPU_NS && cpu < at_sample + REPEAT_CPU_NS;
         s->cpu_at_tick = cpu;
         if (frozen && have_stack) {
-            add_or_count(KIND_WALL, c->ident, c->labels, c->frames, c->depth, owed);
+            /* It has not run, so its stack is where it was, but not its state: a thread seen
+             * running, or waiting for the GIL, may since have got the GIL and gone to sleep,
+             * all within too little CPU to count.  Such a thread is asked where it is
+             * blocked (a read of /proc; a thread last seen asleep or in I/O is not). */
+            if (c->thread_state == STATE_RUNNING || c->thread_state == STATE_GIL_WAIT) {
+                int now_state = blocked_state(tid);
+                if (now_state >= 0)
+                    c->thread_state = now_state;
+            }
+            charge_wall_at(c, owed);
             if (s->idle_checks < 1000)
                 s->idle_checks++;
             uint64_t wait = (uint64_t)s->idle_checks * cpu_interval_ns;
@@ -205,8 +251,7 @@ wall_tick(uint64_t now_ns, uint64_t *random)
              * (its CPU, at least one interval) goes where it had been waiting. */
             uint64_t recent = ran > cpu_interval_ns ? ran : cpu_interval_ns;
             if (owed > recent) {
-                add_or_count(KIND_WALL, c->ident, c->labels, c->frames, c->depth,
-                             owed - recent);
+                charge_wall_at(c, owed - recent);
                 owed = recent;
             }
         }
@@ -221,7 +266,7 @@ wall_tick(uint64_t now_ns, uint64_t *random)
         if (cpu_on && cc != NULL && cc->depth > 0 && cc->seq != s->wall_from_cpu_seq &&
             ran + owed / 50 >= owed && atomic_load(&s->pending_wall_ns) == 0) {
             s->wall_from_cpu_seq = cc->seq;
-            add_or_count(KIND_WALL, cc->ident, cc->labels, cc->frames, cc->depth, owed);
+            charge_wall_at(cc, owed);
             continue;
         }
         /* Where it is at a random moment of the next interval stands for this time. */
@@ -292,7 +337,7 @@ charge_owed(void)
         /* And what a sample not taken yet would have stood for. */
         uint64_t owed = now - s->wall_since_ns + atomic_exchange(&s->pending_wall_ns, 0);
         if (c != NULL && c->depth > 0 && owed < 2 * MAX_WALL_PER_TICK_NS)
-            add_or_count(KIND_WALL, c->ident, c->labels, c->frames, c->depth, owed);
+            charge_wall_at(c, owed);
         s->wall_since_ns = now;
     }
 }

@@ -21,6 +21,7 @@ sampler_start(PyObject *mod, PyObject *args, PyObject *kwds)
         PyErr_SetString(PyExc_RuntimeError, "the sampler is already running");
         return NULL;
     }
+    thread_state_init(PyThreadState_Get());
 #ifndef HAVE_THREAD_TIMERS
     PyErr_SetString(PyExc_RuntimeError, "per-thread CPU timers need Linux");
     return NULL;
@@ -339,8 +340,13 @@ sampler_unregister_thread(PyObject *mod, PyObject *args)
                 drain_ring();
                 charge_cpu_tail(s, cpu_now, (uint64_t)ts->thread_id, labels, frames, depth);
             }
-            if (wall > 0 && depth > 0)
-                add_or_count(KIND_WALL, (uint64_t)ts->thread_id, labels, frames, depth, wall);
+            if (wall > 0 && depth > 0) {
+                /* Ending, it runs Python: it holds the GIL, where that can be told. */
+                uint64_t holder = 0;
+                int state = thread_state(ts, NULL, &holder);
+                add_or_count(wall_kind(state), (uint64_t)ts->thread_id, labels, frames, depth,
+                             wall);
+            }
         }
         slot_release(index);
     }

@@ -127,6 +127,8 @@ on_signal(int signum, siginfo_t *info, void *ucontext)
         if (atomic_compare_exchange_strong(&e->state, &expected, 1)) {
             e->ident = (uint64_t)ts->thread_id;
             e->slot = slot != NULL ? index : -1;
+            e->gil_holder = 0;
+            e->thread_state = thread_state(ts, ucontext, &e->gil_holder);
             /* A sample taken while the thread collects garbage ends in a [GC] frame above
              * the code whose allocation set the collection off. */
             int generation = collecting_generation(ts);

@@ -113,8 +113,14 @@ Py_NewRef(PyObject *o)
 #define CPU_MAGIC 0x68630000  /* "hc": the thread's CPU timer */
 #define WALL_MAGIC 0x68770000 /* "hw": its wall timer, or the collector asking */
 #define MAGIC_MASK 0x7fff0000
+/* What a window's samples are (agent/samples.py has the same numbers).  Wall time goes by
+ * the thread's state as its sample was taken (state.c): unknown where it cannot be told. */
 #define KIND_CPU 0
-#define KIND_WALL 1
+#define KIND_WALL 1          /* state unknown */
+#define KIND_WALL_RUNNING 2  /* holding the GIL */
+#define KIND_WALL_GIL_WAIT 3 /* waiting for the GIL */
+#define KIND_WALL_RELEASED 4 /* neither: off CPU, or native code that let the GIL go */
+#define KIND_GIL_HELD 5      /* on the holder's stack: the time others waited for its GIL */
 #define MAX_WINDOW_BYTES ((size_t)64 << 20)
 #define MAX_DONE_WINDOWS 64
 /* A thread that used less CPU than this since its last sample is taken to be where it was. */
@@ -237,6 +243,32 @@ HIDDEN int walk_frames(PyThreadState *ts, RawFrame *out, int max_depth);
  * free-threaded builds for now). */
 HIDDEN int collecting_generation(PyThreadState *ts);
 
+enum { STATE_UNKNOWN = 0, STATE_RUNNING = 1, STATE_GIL_WAIT = 2, STATE_RELEASED = 3 };
+
+/* With the GIL, as sampling starts: where the interpreter's GIL is. */
+HIDDEN void thread_state_init(PyThreadState *ts);
+/* In a signal handler (`ucontext` its third argument): the thread's STATE_*; for a thread
+ * waiting for the GIL, `*holder` is the holder's thread state (0 if none). */
+HIDDEN int thread_state(PyThreadState *ts, const void *ucontext, uint64_t *holder);
+/* The thread state that holds the GIL now, or 0. */
+HIDDEN uint64_t gil_holder_now(void);
+/* The collector's: the state of a thread that has not run since it was last looked at, from
+ * the system call it is blocked in (STATE_GIL_WAIT or STATE_RELEASED), -1 if unknown. */
+HIDDEN int blocked_state(pid_t tid);
+/* The thread ident (threading.get_ident()) of a thread state that may be gone, or 0. */
+HIDDEN uint64_t thread_ident_of(uint64_t tstate);
+
+static inline uint32_t
+wall_kind(int state)
+{
+    switch (state) {
+    case STATE_RUNNING: return KIND_WALL_RUNNING;
+    case STATE_GIL_WAIT: return KIND_WALL_GIL_WAIT;
+    case STATE_RELEASED: return KIND_WALL_RELEASED;
+    default: return KIND_WALL;
+    }
+}
+
 /* ---------------------------------------------------------------- handler.c: the ring */
 
 /* One sample as a signal handler records it on its own thread: the stack and labels, and the
@@ -250,6 +282,8 @@ typedef struct {
     uint64_t cpu_ns;
     uint64_t wall_ns;
     uint64_t labels[5];
+    int thread_state;    /* STATE_* as it was taken */
+    uint64_t gil_holder; /* waiting for the GIL: the holder's thread state, else 0 */
     RawFrame frames[];
 } Entry;
 
@@ -307,6 +341,7 @@ typedef struct {
     uint64_t labels[5];
     uint32_t seq;
     int depth;
+    int thread_state; /* STATE_* as the sample was taken */
     RawFrame frames[];
 } WallCopy; /* a thread's last wall sample, charged again while the thread does not run */
 

@@ -1,9 +1,23 @@
-/* What a thread is doing as its signal handler interrupts it: whether it holds the GIL, and
- * whether it is running CPython's cyclic garbage collector.  Read from the interpreter's own
- * state, a few loads and no system call, so every sample can afford it.  Apart because it is
- * the one part that needs the interpreter's internal layout (pycore_interp.h), version by
- * version. */
+/* What a thread is doing as its signal handler interrupts it: holding the GIL, waiting for it,
+ * or neither (off CPU for I/O, a sleep or a lock, or running native code that released it);
+ * and whether it is running CPython's cyclic garbage collector.  Read from the interpreter's
+ * own state and the registers the signal interrupted, a few loads and no system call, so every
+ * sample can afford it.  Apart because it is the one part that needs the interpreter's
+ * internal layout (pycore_interp.h), version by version.
+ *
+ * Waiting for the GIL: CPython's take_gil waits on a mutex and a condition variable that are
+ * part of the GIL's own structure, so a thread blocked there is in a futex system call whose
+ * first argument, the futex word's address, lies inside that structure.  A signal interrupts
+ * the call and the kernel saves the thread's registers for the handler (with SA_RESTART the
+ * call is set to start again, the argument registers as they were): that first argument is
+ * read from them (x86-64's rdi, arm64's x0).  A thread interrupted anywhere else in the GIL's
+ * code is about the GIL too.  Elsewhere (other architectures) a waiter reads as "released". */
 #include "internal.h"
+
+#include <fcntl.h>
+#include <stdio.h>
+#include <sys/syscall.h>
+#include <ucontext.h>
 
 #if !defined(Py_GIL_DISABLED) && PY_VERSION_HEX < 0x030E0000
 /* The public headers define _PyGC_FINALIZED as a macro that the internal ones redefine (3.9 to
@@ -17,26 +31,158 @@
 #  undef Py_BUILD_CORE
 #  define HAVE_GC_STATE 1
 
-/* Whether `ts` holds the GIL: it was the last to take it, and it is taken.  A thread between
- * dropping it and the next holder's taking it reads as holding it, for a few instructions. */
-static int
-holds_gil(PyThreadState *ts)
+/* The interpreter's GIL: set once, with the GIL, as sampling starts (3.12 and later: one per
+ * interpreter, the main one's). */
+static struct _gil_runtime_state *gil_state;
+
+void
+thread_state_init(PyThreadState *ts)
+{
+#  if PY_VERSION_HEX >= 0x030C0000
+    gil_state = ts->interp->ceval.gil;
+#  else
+    (void)ts;
+    gil_state = &_PyRuntime.ceval.gil;
+#  endif
+}
+
+static inline PyThreadState *
+gil_holder(struct _gil_runtime_state *gil)
 {
 #  if PY_VERSION_HEX >= 0x030D0000
-    struct _gil_runtime_state *gil = ts->interp->ceval.gil;
-    return gil != NULL && __atomic_load_n(&gil->locked, __ATOMIC_RELAXED) &&
-           __atomic_load_n(&gil->last_holder, __ATOMIC_RELAXED) == ts;
+    if (!__atomic_load_n(&gil->locked, __ATOMIC_RELAXED))
+        return NULL;
+    return __atomic_load_n(&gil->last_holder, __ATOMIC_RELAXED);
 #  else
-#    if PY_VERSION_HEX >= 0x030C0000
-    struct _gil_runtime_state *gil = ts->interp->ceval.gil; /* one per interpreter */
-    if (gil == NULL)
-        return 0;
-#    else
-    struct _gil_runtime_state *gil = &_PyRuntime.ceval.gil;
-#    endif
-    return __atomic_load_n(&gil->locked._value, __ATOMIC_RELAXED) &&
-           __atomic_load_n(&gil->last_holder._value, __ATOMIC_RELAXED) == (uintptr_t)ts;
+    if (!__atomic_load_n(&gil->locked._value, __ATOMIC_RELAXED))
+        return NULL;
+    return (PyThreadState *)__atomic_load_n(&gil->last_holder._value, __ATOMIC_RELAXED);
 #  endif
+}
+
+/* Whether `ts` holds the GIL: it was the last to take it, and it is taken.  A thread between
+ * dropping it and the next holder's taking it reads as holding it, for a few instructions. */
+static inline int
+holds_gil(PyThreadState *ts)
+{
+    return gil_state != NULL && gil_holder(gil_state) == ts;
+}
+
+/* The first argument of the system call the signal interrupted (see the top), or 0. */
+static inline uintptr_t
+interrupted_arg0(const void *ucontext)
+{
+    const ucontext_t *uc = ucontext;
+    if (uc == NULL)
+        return 0;
+#  if defined(__x86_64__)
+    return (uintptr_t)uc->uc_mcontext.gregs[REG_RDI];
+#  elif defined(__aarch64__)
+    return (uintptr_t)uc->uc_mcontext.regs[0];
+#  else
+    return 0;
+#  endif
+}
+
+int
+thread_state(PyThreadState *ts, const void *ucontext, uint64_t *holder)
+{
+    struct _gil_runtime_state *gil = gil_state;
+    if (gil == NULL)
+        return STATE_UNKNOWN;
+    PyThreadState *taken_by = gil_holder(gil);
+    if (taken_by == ts)
+        return STATE_RUNNING;
+    uintptr_t arg0 = interrupted_arg0(ucontext);
+    if (arg0 >= (uintptr_t)gil && arg0 < (uintptr_t)gil + sizeof *gil) {
+        *holder = (uint64_t)(uintptr_t)taken_by;
+        return STATE_GIL_WAIT;
+    }
+    return STATE_RELEASED;
+}
+
+uint64_t
+gil_holder_now(void)
+{
+    return gil_state != NULL ? (uint64_t)(uintptr_t)gil_holder(gil_state) : 0;
+}
+
+int
+blocked_state(pid_t tid)
+{
+#  if defined(__linux__) && defined(SYS_futex)
+    /* "nr arg0 arg1 ... sp pc" of the system call the thread is blocked in ("running" when
+     * it is not in one), readable for a thread of this very process without privileges. */
+    char path[64], buf[256];
+    snprintf(path, sizeof path, "/proc/self/task/%d/syscall", (int)tid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return -1;
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0)
+        return -1;
+    buf[n] = 0;
+    char *end;
+    long nr = strtol(buf, &end, 10);
+    if (end == buf)
+        return -1; /* "running": in no system call, so waiting for a core: as it was */
+    uintptr_t arg0 = (uintptr_t)strtoull(end, NULL, 16);
+    struct _gil_runtime_state *gil = gil_state;
+    if (nr == SYS_futex && gil != NULL && arg0 >= (uintptr_t)gil &&
+        arg0 < (uintptr_t)gil + sizeof *gil)
+        return STATE_GIL_WAIT;
+    return STATE_RELEASED;
+#  else
+    (void)tid;
+    return -1;
+#  endif
+}
+
+uint64_t
+thread_ident_of(uint64_t tstate)
+{
+    /* The holder may have ended and its state been freed since: read as memory that may be
+     * gone (a system call: the collector's, never the handler's). */
+    PyThreadState copy;
+    if (tstate == 0 || safe_read((const void *)(uintptr_t)tstate, &copy, sizeof copy) != 0)
+        return 0;
+    return (uint64_t)copy.thread_id;
+}
+#else
+void
+thread_state_init(PyThreadState *ts)
+{
+    (void)ts;
+}
+
+int
+thread_state(PyThreadState *ts, const void *ucontext, uint64_t *holder)
+{
+    (void)ts;
+    (void)ucontext;
+    (void)holder;
+    return STATE_UNKNOWN;
+}
+
+uint64_t
+gil_holder_now(void)
+{
+    return 0;
+}
+
+int
+blocked_state(pid_t tid)
+{
+    (void)tid;
+    return -1;
+}
+
+uint64_t
+thread_ident_of(uint64_t tstate)
+{
+    (void)tstate;
+    return 0;
 }
 #endif
 

@@ -8,8 +8,12 @@ back the baseline reaches from the span's end, a duration such as 24h or 90m; de
 
 Integers too large for a JavaScript number (nanosecond durations) are strings, as in OTLP JSON.
 
-``verdict``: "too-short" (a span under 50 ms: a few samples at 100 Hz cannot tell),
-"computing" (its CPU, with its descendants', is at least 30 % of its duration), "waiting"
+``verdict``: "too-short" (a span under 50 ms: a few samples at 100 Hz cannot tell), "gc"
+(garbage collections, the agent's ``[GC]`` frame, account for at least half of its extra
+duration), "contended" (its extra time waiting for the GIL, the agent's GIL-wait profile, is at
+least half of its extra duration; ``gilHolders`` are the functions of its service that held
+the GIL around its time, from ``gilRange``'s start to its end, in seconds), "computing" (its
+CPU, with its descendants', is at least 30 % of its duration), "waiting"
 (less), "pending" (no samples of any type yet, and it ended under 15 s
 ago: the agent's next upload may bring them), "no-profile" (no samples of it of any type, or
 no CPU samples of it or of its baseline), "no-baseline" (no other span like it in the window).
@@ -127,6 +131,8 @@ def answer_json(answer: WhyAnswer) -> Dict[str, Any]:
         "verdict": answer.verdict,
         "summary": answer.summary,
         "profiles": [_profile_json(p) for p in answer.profiles],
+        "gilHolders": [{"name": h.name, "nanos": str(h.value)} for h in answer.gil_holders],
+        "gilRange": {"start": answer.gil_range[0] // SEC, "end": -(-answer.gil_range[1] // SEC)},
     }
 
 

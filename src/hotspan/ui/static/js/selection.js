@@ -49,6 +49,8 @@ const TYPE_WORDS = {
   "process_cpu:cpu": "CPU time",
   "process_cpu:samples": "CPU samples",
   "wall:wall": "Wall time",
+  "gil_wait:gil_wait": "GIL wait time",
+  "gil_held:gil_held": "GIL held while others wait",
   "memory:alloc_space": "Allocated bytes",
   "memory:alloc_objects": "Allocated objects",
   "memory:inuse_space": "Live heap bytes",

@@ -525,7 +525,7 @@ export function renderTraceView(root, { params, match }) {
 
   let spans = [];
   let tree = null;
-  const extras = {}; // kind ("alloc", "locks") -> span id -> {self, total}
+  const extras = {}; // kind ("alloc", "locks", "gil") -> span id -> {self, total}
   let byId = new Map();
   let waterfall = null;
   let panel = null;
@@ -634,6 +634,7 @@ export function renderTraceView(root, { params, match }) {
         fact("Activity", `${span.activity.label}${span.activity.locks ? `, ${span.activity.locks}` : ""}`),
         extraFact("alloc", "Allocated (with descendants)", formatBytes),
         extraFact("locks", "Lock waits (with descendants, all threads)", formatDuration),
+        extraFact("gil", "GIL waits (with descendants)", formatDuration),
         isError(span.status) ? fact("Status", `error${span.status.message ? `: ${span.status.message}` : ""}`) : null,
       ),
     ];
@@ -848,7 +849,7 @@ export function renderTraceView(root, { params, match }) {
   /** Allocations and lock waits per span, beside CPU, for the types the services sent; each
    * fills its waterfall column when it arrives (after the waterfall is drawn). */
   function loadExtras(types) {
-    const wanted = { alloc: "memory:alloc_space:", locks: "mutex:delay:" };
+    const wanted = { alloc: "memory:alloc_space:", locks: "mutex:delay:", gil: "gil_wait:gil_wait:" };
     for (const [kind, prefix] of Object.entries(wanted)) {
       const type = [...types].find((t) => t.startsWith(prefix));
       if (!type) continue;

@@ -43,6 +43,10 @@ export const EXTRA_KINDS = {
       "(so it can exceed the span's duration; from the lock profile); hover a cell for the span's own",
   },
 };
+// Profile types that name why a span was off CPU, in its activity badge: lock waits (also a
+// column) and GIL waits (in the badge and the span's details only: a third column would not
+// fit beside the time track at 1,024 px).
+const NONE = { self: 0, total: 0 };
 
 /** A stable colour per service (hue from a hash of the name). */
 export function serviceColor(service) {
@@ -51,17 +55,19 @@ export function serviceColor(service) {
 
 /**
  * What a span was doing, from its CPU time (with descendants) against its duration. Off CPU
- * the profile cannot tell why (I/O, sleep, another service, or other threads holding the
- * GIL look alike), so it says no more than "not on CPU"; only the lock profile
- * (`locks`: the span's lock waits, {self, total} as the spans API gives them) names a cause.
+ * the CPU profile cannot tell why (I/O, sleep, another service, or other threads holding the
+ * GIL look alike), so it says no more than "not on CPU"; the lock profile (`locks`: the
+ * span's lock waits, {self, total} as the spans API gives them) and the GIL-wait profile
+ * (`gil`, likewise) name a cause, and a span whose time off CPU went mostly to waiting for
+ * the GIL is "waiting for the GIL".
  */
-export function activityOf(durationNs, cpuNs, locks = { self: 0, total: 0 }) {
+export function activityOf(durationNs, cpuNs, locks = NONE, gil = NONE) {
   const ratio = durationNs > 0 ? cpuNs / durationNs : 0;
   // CPU is counted in whole samples (10 ms at 100 Hz), so a busy span can hold a little more
   // CPU than its duration; well past that, several threads worked for it.
   let percent = `${Math.round(100 * ratio)}%`;
   if (ratio > 1) percent = cpuNs - durationNs <= SAMPLE_SLACK_NS ? "≈100%" : `${percent}, several threads`;
-  const note = lockNote(durationNs, locks);
+  const note = [lockNote(durationNs, locks), gilNote(durationNs, gil)].filter(Boolean).join("; ");
   const offCpu = `${Math.round(100 * Math.max(0, 1 - ratio))}%`;
   if (!cpuNs && durationNs < TOO_FEW_NS) {
     // Never "not on CPU": a span this short can have computed all along between two samples.
@@ -74,12 +80,14 @@ export function activityOf(durationNs, cpuNs, locks = { self: 0, total: 0 }) {
     return { kind: "computing", ratio, label: `computing ${percent}`, title: "CPU time near its duration", locks: "" };
   const unknown =
     "the CPU profile cannot tell why: I/O, sleep, locks, another service, or other threads holding the GIL";
-  const why = note ? `; ${note} (lock profile)` : `; ${unknown}`;
+  const why = note ? `; ${note}` : `; ${unknown}`;
+  // Most of its time off CPU waiting for the GIL: that is the answer, not "not on CPU".
+  const contended = gil.self > 0 && gil.self <= durationNs && gil.self >= 0.5 * (1 - ratio) * durationNs;
   if (ratio < WAITING) {
     return {
       kind: "waiting",
       ratio,
-      label: `not on CPU ${offCpu}`,
+      label: contended ? `waiting for the GIL ${Math.round((100 * gil.self) / durationNs)}%` : `not on CPU ${offCpu}`,
       title: `on CPU ${percent} of its duration${why}`,
       locks: note,
     };
@@ -87,10 +95,21 @@ export function activityOf(durationNs, cpuNs, locks = { self: 0, total: 0 }) {
   return {
     kind: "mixed",
     ratio,
-    label: `mixed ${percent}`,
+    label: contended ? `GIL wait ${Math.round((100 * gil.self) / durationNs)}%, CPU ${percent}` : `mixed ${percent}`,
     title: `on CPU ${percent} of its duration, off CPU the rest${why}`,
     locks: note,
   };
+}
+
+/** GIL waits beside a span's badge, as lockNote gives lock waits. */
+function gilNote(durationNs, { self = 0, total = 0 }) {
+  const own = self > 0 && self <= durationNs ? `of which ${formatDuration(self)} waiting for the GIL` : "";
+  if (total > self) {
+    const sum = `${formatDuration(total)} with descendants`;
+    return own ? `${own}; ${sum}` : `GIL waits: ${sum}`;
+  }
+  if (own) return own;
+  return self > 0 ? `GIL waits: ${formatDuration(self)} across its threads` : "";
 }
 
 /**
@@ -279,22 +298,33 @@ export class Waterfall {
 
   /**
    * Shows another profile type's value per span in its own column (`kind`: a key of
-   * EXTRA_KINDS; `values`: span id -> {self, total}), if any span holds some. Lock waits
-   * also name the cause in the activity badges of spans that were not on CPU.
+   * EXTRA_KINDS, or "gil"; `values`: span id -> {self, total}), if any span holds some. Lock
+   * and GIL waits also name the cause in the activity badges of spans that were not on CPU.
    */
   setValues(kind, values) {
-    const spec = EXTRA_KINDS[kind];
+    const spec = EXTRA_KINDS[kind]; // none for GIL waits: no column
+    if (!this.causes) this.causes = {}; // lock and GIL waits, which both name causes
+    this.causes[kind] = values;
     const any = [...values.values()].some((v) => v.total > 0);
-    this.extras[kind] = any;
-    this.head.querySelector(`.${spec.cls}`).hidden = !any;
+    if (spec) {
+      this.extras[kind] = any;
+      this.head.querySelector(`.${spec.cls}`).hidden = !any;
+    }
     for (const { row, span } of this.rows.values()) {
       const v = values.get(span.spanID) || { self: 0, total: 0 };
-      const cell = row.querySelector(`.${spec.cls}`);
-      cell.hidden = !any;
-      cell.textContent = v.total ? spec.format(v.total) : "–";
-      cell.title = `${spec.head}: ${spec.format(v.self)} own, ${spec.format(v.total)} with descendants`;
-      if (kind === "locks") {
-        span.activity = activityOf(span.durationNs, span.total, v);
+      if (spec) {
+        const cell = row.querySelector(`.${spec.cls}`);
+        cell.hidden = !any;
+        cell.textContent = v.total ? spec.format(v.total) : "–";
+        cell.title = `${spec.head}: ${spec.format(v.self)} own, ${spec.format(v.total)} with descendants`;
+      }
+      if (kind === "locks" || kind === "gil") {
+        const other = kind === "locks" ? this.causes.gil : this.causes.locks;
+        const o = (other && other.get(span.spanID)) || NONE;
+        span.activity =
+          kind === "locks"
+            ? activityOf(span.durationNs, span.total, v, o)
+            : activityOf(span.durationNs, span.total, o, v);
         row.className = row.className.replace(/\bhs-(computing|waiting|mixed|short)\b/, `hs-${span.activity.kind}`);
         row.dataset.activity = span.activity.kind;
         row.querySelector(".hs-wf-activity").replaceWith(activityCell(span.activity));

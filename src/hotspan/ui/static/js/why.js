@@ -15,6 +15,9 @@ import { decodeFlamegraph } from "./flametree.js";
 import { ProfilePanel } from "./panel.js";
 import { typeLabel } from "./selection.js";
 
+// The agent's GIL-held profile: the time threads waited, on the stacks that held the GIL.
+const GIL_HELD = "gil_held:gil_held:nanoseconds:wall:nanoseconds";
+
 export const DEFAULT_WINDOW = "24h";
 // Go durations: the API parses the window as TraceQL durations are parsed (no "d").
 export const WINDOWS = [
@@ -244,6 +247,40 @@ export class WhyPanel {
             "computing from waiting. The functions below are still what its samples hold.",
         ),
       );
+    } else if (verdict === "gc") {
+      parts.push(
+        el(
+          "p",
+          { class: "hs-note" },
+          "Python's garbage collector ran for most of its extra time. The [GC] frame in the flame graph is the " +
+            "collector; the frames under it allocated the objects that set it off (its generation is the " +
+            "gc_generation label). Fewer container objects kept alive, gc.freeze() after start-up, or " +
+            "higher gc.set_threshold() values make collections rarer.",
+        ),
+      );
+    } else if (verdict === "contended") {
+      const holders = a.gilHolders || [];
+      const range = a.gilRange || {};
+      const query = `{service_name="${String(a.service || "").replace(/["\\]/g, "\\$&")}"}`;
+      const href = `/profiles?${new URLSearchParams({ profileType: GIL_HELD, query, from: String(range.start), until: String(range.end) })}`;
+      parts.push(
+        el(
+          "p",
+          { class: "hs-note hs-why-holders" },
+          "It was runnable but waited for the GIL while other threads of the service held it. ",
+          holders.length
+            ? [
+                "Held meanwhile most by ",
+                ...holders
+                  .slice(0, 3)
+                  .flatMap((h, i) => [i ? ", " : "", el("code", {}, h.name), ` (${formatDuration(h.nanos)})`]),
+                ": ",
+                el("a", { href }, "their flame graph (GIL held while others wait)"),
+                ".",
+              ]
+            : "Which code held it is not in the GIL-held profile for that time.",
+        ),
+      );
     } else if (verdict === "waiting") {
       const hasWall = (a.profiles || []).some((p) => /^wall:/.test(p.profileType));
       parts.push(
@@ -441,6 +478,8 @@ export class WhyPanel {
 function verdictLabel(verdict) {
   return (
     {
+      gc: "garbage collection",
+      contended: "contended",
       computing: "computing",
       waiting: "waiting",
       "too-short": "too short",

@@ -1,0 +1,107 @@
+"""Thread state on wall samples, and the two GIL profiles: threads that take turns at the GIL
+are seen waiting for it about as long as their clocks say they were not running, that time
+is on the holder's stack in the GIL-held profile, and a sleeping thread's sleep is not "waiting
+for the GIL".  Pushed to a real server and read back as a user would."""
+
+from __future__ import annotations
+
+import sys
+import sysconfig
+import uuid
+from pathlib import Path
+
+import pytest
+
+from hotspan._speedups import load_sampler
+from tests.agent.test_agent import TOTAL, WALL, configure_line, run_program, service_profile
+from tests.helpers import label_values
+
+GIL_WAIT = "gil_wait:gil_wait:nanoseconds:wall:nanoseconds"
+GIL_HELD = "gil_held:gil_held:nanoseconds:wall:nanoseconds"
+
+# Each thread's wall and CPU time over the whole run is the truth: a thread that spins in
+# Python and is not running is waiting for the GIL (nothing else blocks it), on a machine
+# with a core for each.  Under the rest of the suite it would also wait for a core.
+pytestmark = [
+    pytest.mark.timing,
+    pytest.mark.skipif(
+        load_sampler() is None
+        or sys.version_info >= (3, 14)
+        or bool(sysconfig.get_config_var("Py_GIL_DISABLED")),
+        reason="thread states come from the native sampler reading the GIL's state, which it "
+        "does on CPython 3.9-3.13 with a GIL (docs/agent.md)",
+    ),
+]
+
+CONTENDED = """
+import threading
+
+def spin_a(seconds, out):
+    end = time.monotonic() + seconds
+    wall0, cpu0 = time.monotonic_ns(), time.thread_time_ns()
+    while time.monotonic() < end:
+        sum(range(300))
+    out.append((time.monotonic_ns() - wall0, time.thread_time_ns() - cpu0))
+
+def spin_b(seconds, out):
+    end = time.monotonic() + seconds
+    wall0, cpu0 = time.monotonic_ns(), time.thread_time_ns()
+    while time.monotonic() < end:
+        sum(range(300))
+    out.append((time.monotonic_ns() - wall0, time.thread_time_ns() - cpu0))
+
+def nap(seconds):
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        time.sleep(0.01)
+
+out = []
+threads = [
+    threading.Thread(target=spin_a, args=(2.0, out)),
+    threading.Thread(target=spin_b, args=(2.0, out)),
+    threading.Thread(target=nap, args=(2.0,)),
+]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+hotspan.shutdown()
+report(waited=sum(w - c for w, c in out), ran=sum(c for w, c in out))
+"""
+
+
+def test_threads_taking_turns_at_the_gil(module_server, tmp_path: Path) -> None:
+    service = f"gil_{uuid.uuid4().hex[:6]}"
+    program = configure_line(module_server.url, service, sample_rate=250) + CONTENDED
+    result = run_program(tmp_path, program, otel=False)
+    # Two threads spinning in Python on one GIL: each ran about half of its 2 s.
+    assert result["waited"] > 1.0e9, result
+    selector = f'{{service_name="{service}"}}'
+    with module_server.client() as client:
+        waits = service_profile(client, selector, GIL_WAIT)
+        held = service_profile(client, selector, GIL_HELD)
+        states = label_values(client, service, "thread_state")
+        wall_waiting = service_profile(
+            client, f'{{service_name="{service}", thread_state="gil_wait"}}', WALL
+        )
+        wall_running = service_profile(
+            client, f'{{service_name="{service}", thread_state="running"}}', WALL
+        )
+        wall_released = service_profile(
+            client, f'{{service_name="{service}", thread_state="released"}}', WALL
+        )
+    spinning = waits.get("__main__.spin_a", 0) + waits.get("__main__.spin_b", 0)
+    # Their time waiting for the GIL within a quarter of what their clocks left over.
+    assert abs(spinning / result["waited"] - 1) < 0.25, (spinning, result, waits)
+    # A thread that naps 10 ms at a time waits for the GIL only as it wakes (the spinners
+    # hold it): its sleeps are "released".
+    assert waits.get("__main__.nap", 0) < 0.25 * wall_released.get("__main__.nap", 0), waits
+    # The wall profile, split by state, holds the same waits, and the spinners' running time.
+    assert wall_waiting[TOTAL] == waits[TOTAL]
+    running = wall_running.get("__main__.spin_a", 0) + wall_running.get("__main__.spin_b", 0)
+    assert abs(running / result["ran"] - 1) < 0.25, (running, result)
+    assert wall_released.get("__main__.nap", 0) > 1.5e9, wall_released
+    assert {"running", "gil_wait", "released"} <= set(states), states
+    # Whose code made them wait: the other spinner's, which held the GIL meanwhile.
+    holders = held.get("__main__.spin_a", 0) + held.get("__main__.spin_b", 0)
+    assert holders > 0.75 * held[TOTAL] and abs(held[TOTAL] / waits[TOTAL] - 1) < 0.25, held
