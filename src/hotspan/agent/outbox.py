@@ -17,6 +17,7 @@ from hotspan.agent.log import logger
 from hotspan.agent.sampler import (
     CPU,
     GIL_HELD,
+    WALL_CPU_WAIT,
     WALL_GIL_WAIT,
     WALL_RELEASED,
     WALL_RUNNING,
@@ -45,10 +46,16 @@ WALL_TYPE = ("wall", "nanoseconds")
 GIL_WAIT_TYPE = ("gil_wait", "nanoseconds")
 GIL_HELD_TYPE = ("gil_held", "nanoseconds")
 # The label wall samples carry where the sampler tells the thread's state: holding the GIL
-# ("running"), waiting for it ("gil_wait"), or neither ("released": off CPU for I/O, a sleep or
-# a lock, or running native code that let it go).
+# ("running"), waiting for it ("gil_wait"), runnable but waiting for a core ("cpu_wait"), or
+# none of these ("released": off CPU for I/O, a sleep or a lock, or running native code that
+# let the GIL go).
 THREAD_STATE_LABEL = "thread_state"
-_STATE_OF_KIND = {WALL_RUNNING: "running", WALL_GIL_WAIT: "gil_wait", WALL_RELEASED: "released"}
+_STATE_OF_KIND = {
+    WALL_RUNNING: "running",
+    WALL_GIL_WAIT: "gil_wait",
+    WALL_RELEASED: "released",
+    WALL_CPU_WAIT: "cpu_wait",
+}
 CONDITION_LABEL = "hotspan_condition"
 # A window waits for its spans to end this many upload intervals, and at least this long.
 HOLD_INTERVALS = 3

@@ -28,6 +28,7 @@ from hotspan.agent.samples import (  # noqa: F401 - also found here, by outbox.p
     GIL_HELD,
     KERNEL_CLOCKS,
     WALL,
+    WALL_CPU_WAIT,
     WALL_GIL_WAIT,
     WALL_RELEASED,
     WALL_RUNNING,

@@ -20,9 +20,10 @@ if TYPE_CHECKING:  # typing stays out of the program at run time: see agent/log.
     RawStack = Tuple[Tuple[Any, ...], ...]
 
 # What a sample is (the native sampler's KIND_*): CPU, or wall time by the thread's state as it
-# was taken (WALL where the sampler cannot tell: the pure-Python one, CPython 3.14, free-threaded
-# builds), or on a thread holding the GIL, the wall time others waited for it (GIL_HELD).
-CPU, WALL, WALL_RUNNING, WALL_GIL_WAIT, WALL_RELEASED, GIL_HELD = 0, 1, 2, 3, 4, 5
+# was taken (running with the GIL, waiting for it, released, waiting for a core; WALL where the
+# sampler cannot tell: the pure-Python one, CPython 3.14, free-threaded builds), or on a thread
+# holding the GIL, the wall time others waited for it (GIL_HELD).
+CPU, WALL, WALL_RUNNING, WALL_GIL_WAIT, WALL_RELEASED, GIL_HELD, WALL_CPU_WAIT = range(7)
 
 # Plain classes with __slots__ rather than namedtuples: a namedtuple class brings ~30 objects
 # (its methods, their closures, a getter per field) that every full collection of the

@@ -230,9 +230,11 @@ wall_tick(uint64_t now_ns, uint64_t *random)
         if (frozen && have_stack) {
             /* It has not run, so its stack is where it was, but not its state: a thread seen
              * running, or waiting for the GIL, may since have got the GIL and gone to sleep,
-             * all within too little CPU to count.  Such a thread is asked where it is
-             * blocked (a read of /proc; a thread last seen asleep or in I/O is not). */
-            if (c->thread_state == STATE_RUNNING || c->thread_state == STATE_GIL_WAIT) {
+             * all within too little CPU to count, or be waiting for a core.  Such a thread is
+             * asked where it is blocked (a read of /proc; a thread last seen asleep or in I/O
+             * is not). */
+            if (c->thread_state == STATE_RUNNING || c->thread_state == STATE_GIL_WAIT ||
+                c->thread_state == STATE_CPU_WAIT) {
                 int now_state = blocked_state(tid);
                 if (now_state >= 0)
                     c->thread_state = now_state;

@@ -121,6 +121,7 @@ Py_NewRef(PyObject *o)
 #define KIND_WALL_GIL_WAIT 3 /* waiting for the GIL */
 #define KIND_WALL_RELEASED 4 /* neither: off CPU, or native code that let the GIL go */
 #define KIND_GIL_HELD 5      /* on the holder's stack: the time others waited for its GIL */
+#define KIND_WALL_CPU_WAIT 6 /* runnable, waiting for a core */
 #define MAX_WINDOW_BYTES ((size_t)64 << 20)
 #define MAX_DONE_WINDOWS 64
 /* A thread that used less CPU than this since its last sample is taken to be where it was. */
@@ -243,7 +244,13 @@ HIDDEN int walk_frames(PyThreadState *ts, RawFrame *out, int max_depth);
  * free-threaded builds for now). */
 HIDDEN int collecting_generation(PyThreadState *ts);
 
-enum { STATE_UNKNOWN = 0, STATE_RUNNING = 1, STATE_GIL_WAIT = 2, STATE_RELEASED = 3 };
+enum {
+    STATE_UNKNOWN = 0,
+    STATE_RUNNING = 1,
+    STATE_GIL_WAIT = 2,
+    STATE_RELEASED = 3,
+    STATE_CPU_WAIT = 4
+};
 
 /* With the GIL, as sampling starts: where the interpreter's GIL is. */
 HIDDEN void thread_state_init(PyThreadState *ts);
@@ -253,7 +260,8 @@ HIDDEN int thread_state(PyThreadState *ts, const void *ucontext, uint64_t *holde
 /* The thread state that holds the GIL now, or 0. */
 HIDDEN uint64_t gil_holder_now(void);
 /* The collector's: the state of a thread that has not run since it was last looked at, from
- * the system call it is blocked in (STATE_GIL_WAIT or STATE_RELEASED), -1 if unknown. */
+ * the system call it is blocked in (STATE_GIL_WAIT or STATE_RELEASED), or STATE_CPU_WAIT
+ * when it is in none (runnable: waiting for a core); -1 if unknown. */
 HIDDEN int blocked_state(pid_t tid);
 /* The thread ident (threading.get_ident()) of a thread state that may be gone, or 0. */
 HIDDEN uint64_t thread_ident_of(uint64_t tstate);
@@ -265,6 +273,7 @@ wall_kind(int state)
     case STATE_RUNNING: return KIND_WALL_RUNNING;
     case STATE_GIL_WAIT: return KIND_WALL_GIL_WAIT;
     case STATE_RELEASED: return KIND_WALL_RELEASED;
+    case STATE_CPU_WAIT: return KIND_WALL_CPU_WAIT;
     default: return KIND_WALL;
     }
 }

@@ -11,13 +11,19 @@
  * the call and the kernel saves the thread's registers for the handler (with SA_RESTART the
  * call is set to start again, the argument registers as they were): that first argument is
  * read from them (x86-64's rdi, arm64's x0).  A thread interrupted anywhere else in the GIL's
- * code is about the GIL too.  Elsewhere (other architectures) a waiter reads as "released". */
+ * code is about the GIL too.  Elsewhere (other architectures) a waiter reads as "released".
+ *
+ * Waiting for a core: a signal is handled only once its thread runs, so a sample never sees a
+ * thread waiting for one.  The collector does (blocked_state): a thread that used no CPU since
+ * it was last looked at yet is in no system call was runnable all along. */
 #include "internal.h"
 
 #include <fcntl.h>
 #include <stdio.h>
-#include <sys/syscall.h>
-#include <ucontext.h>
+#ifdef __linux__
+#  include <sys/syscall.h>
+#  include <ucontext.h>
+#endif
 
 #if !defined(Py_GIL_DISABLED) && PY_VERSION_HEX < 0x030E0000
 /* The public headers define _PyGC_FINALIZED as a macro that the internal ones redefine (3.9 to
@@ -72,14 +78,17 @@ holds_gil(PyThreadState *ts)
 static inline uintptr_t
 interrupted_arg0(const void *ucontext)
 {
+#  if defined(__linux__) && (defined(__x86_64__) || defined(__aarch64__))
     const ucontext_t *uc = ucontext;
     if (uc == NULL)
         return 0;
-#  if defined(__x86_64__)
+#    if defined(__x86_64__)
     return (uintptr_t)uc->uc_mcontext.gregs[REG_RDI];
-#  elif defined(__aarch64__)
+#    else
     return (uintptr_t)uc->uc_mcontext.regs[0];
+#    endif
 #  else
+    (void)ucontext;
     return 0;
 #  endif
 }
@@ -126,7 +135,7 @@ blocked_state(pid_t tid)
     char *end;
     long nr = strtol(buf, &end, 10);
     if (end == buf)
-        return -1; /* "running": in no system call, so waiting for a core: as it was */
+        return STATE_CPU_WAIT; /* "running": in no system call, and it has not run */
     uintptr_t arg0 = (uintptr_t)strtoull(end, NULL, 16);
     struct _gil_runtime_state *gil = gil_state;
     if (nr == SYS_futex && gil != NULL && arg0 >= (uintptr_t)gil &&

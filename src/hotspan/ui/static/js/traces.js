@@ -526,6 +526,7 @@ export function renderTraceView(root, { params, match }) {
   let spans = [];
   let tree = null;
   const extras = {}; // kind ("alloc", "locks", "gil") -> span id -> {self, total}
+  let knownTypes = new Set([CPU]); // the profile types the trace's services sent
   let byId = new Map();
   let waterfall = null;
   let panel = null;
@@ -735,7 +736,9 @@ export function renderTraceView(root, { params, match }) {
       const fg = body.flamegraph || {};
       if (!Number(fg.total || 0)) {
         p.setMessage(
-          state.type === CPU ? emptyProfileMessage(span, state.descendants) : emptyTypeMessage(span, state.type),
+          state.type === CPU
+            ? emptyProfileMessage(span, state.descendants, offersFor(span))
+            : emptyTypeMessage(span, state.type),
         );
         return;
       }
@@ -745,6 +748,35 @@ export function renderTraceView(root, { params, match }) {
       if (err.name === "AbortError" || mine.signal.aborted) return;
       p.setMessage(errorMessage(err, "The profile could not be loaded"));
     }
+  }
+
+  /** Another profile type for the span's profile, as the type picker chooses it. */
+  function switchType(value) {
+    state.type = value;
+    setQuery({ type: value === CPU ? "" : value });
+    const picker = typeBox.querySelector("select");
+    if (picker) picker.value = value;
+    showDetails();
+    loadProfile();
+  }
+
+  /** For a span without CPU samples: buttons to the profiles that hold where it waited
+   * (its lock waits, its GIL waits), those the span has. */
+  function offersFor(span) {
+    if (!span) return [];
+    const wanted = [
+      ["locks", "mutex:delay:", "Show its lock waits"],
+      ["gil", "gil_wait:gil_wait:", "Show its GIL waits"],
+    ];
+    const out = [];
+    for (const [kind, prefix, label] of wanted) {
+      const v = extras[kind] && extras[kind].get(span.spanID);
+      const type = [...knownTypes].find((t) => t.startsWith(prefix));
+      if (v && v.total > 0 && type) {
+        out.push(el("button", { type: "button", class: "hs-offer", onclick: () => switchType(type) }, label));
+      }
+    }
+    return out;
   }
 
   descendantsBox.addEventListener("change", () => {
@@ -829,6 +861,7 @@ export function renderTraceView(root, { params, match }) {
     } catch {
       // CPU is always offered; the other types are a convenience.
     }
+    knownTypes = types;
     loadExtras(types);
     typeBox.replaceChildren(
       selectOf(
@@ -836,12 +869,7 @@ export function renderTraceView(root, { params, match }) {
         "Profile type",
         [...types].sort().map((t) => [t, typeLabel(t)]),
         state.type,
-        (value) => {
-          state.type = value;
-          setQuery({ type: value === CPU ? "" : value });
-          showDetails();
-          loadProfile();
-        },
+        switchType,
       ),
     );
   }
@@ -971,7 +999,7 @@ function emptyTypeMessage(span, type) {
   );
 }
 
-function emptyProfileMessage(span, descendants) {
+function emptyProfileMessage(span, descendants, offers = []) {
   if (!span) {
     return message(
       "empty",
@@ -995,11 +1023,19 @@ function emptyProfileMessage(span, descendants) {
         "all along and hold none. Look at its parent, or at the whole trace.",
     );
   }
-  // Off CPU the CPU profile cannot tell why; the lock profile names lock waits when it has them.
+  // Off CPU the CPU profile cannot tell why; the lock and GIL-wait profiles name their waits
+  // when they have them, and are offered in one click.
+  const text =
+    `Span "${span.name}" holds no CPU samples: it was not on CPU` +
+    `${span.activity.locks ? `, ${span.activity.locks}` : ""}.`;
+  if (offers.length) {
+    const box = message("empty", text, "Where it waited is in another profile:");
+    box.append(el("p", { class: "hs-offers" }, ...offers));
+    return box;
+  }
   return message(
     "empty",
-    `Span "${span.name}" holds no CPU samples: it was not on CPU` +
-      `${span.activity.locks ? `, ${span.activity.locks}` : ""}.`,
+    text,
     "CPU is sampled every few milliseconds, so very short spans rarely hold samples. Pick a span with CPU time " +
       "in the waterfall, or look at the whole trace.",
   );

@@ -47,6 +47,7 @@ export const EXTRA_KINDS = {
 // column) and GIL waits (in the badge and the span's details only: a third column would not
 // fit beside the time track at 1,024 px).
 const NONE = { self: 0, total: 0 };
+const GIL_NOTE_SHARE = 0.1;
 
 /** A stable colour per service (hue from a hash of the name). */
 export function serviceColor(service) {
@@ -67,7 +68,10 @@ export function activityOf(durationNs, cpuNs, locks = NONE, gil = NONE) {
   // CPU than its duration; well past that, several threads worked for it.
   let percent = `${Math.round(100 * ratio)}%`;
   if (ratio > 1) percent = cpuNs - durationNs <= SAMPLE_SLACK_NS ? "≈100%" : `${percent}, several threads`;
-  const note = [lockNote(durationNs, locks), gilNote(durationNs, gil)].filter(Boolean).join("; ");
+  // GIL waits are named from a tenth of the span's time: every thread waits for the GIL a
+  // little (the agent's own thread takes it now and then), and a few ms of it explain nothing.
+  const gilShown = gil.total >= GIL_NOTE_SHARE * durationNs ? gil : NONE;
+  const note = [lockNote(durationNs, locks), gilNote(durationNs, gilShown)].filter(Boolean).join("; ");
   const offCpu = `${Math.round(100 * Math.max(0, 1 - ratio))}%`;
   if (!cpuNs && durationNs < TOO_FEW_NS) {
     // Never "not on CPU": a span this short can have computed all along between two samples.
