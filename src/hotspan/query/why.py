@@ -272,7 +272,7 @@ class WhyEngine:
         gil_range = (span.start_ns - UPLOAD_WINDOW_NS, span.end_ns)
         holders: Tuple[GilHolder, ...] = ()
         if waited is not None and waited.value.span > 0:
-            holders = self.gil_holders(tenant, span.service, *gil_range)
+            holders = self.gil_holders(tenant, span.service, *gil_range, trace_id, span_ids)
         verdict, summary = _verdict(span, baseline, profiles, window_ns, time.time_ns(), holders)
         return WhyAnswer(
             trace_id,
@@ -287,15 +287,32 @@ class WhyEngine:
         )
 
     def gil_holders(
-        self, tenant: str, service: str, start_ns: int, end_ns: int
+        self,
+        tenant: str,
+        service: str,
+        start_ns: int,
+        end_ns: int,
+        trace_id: str,
+        span_ids: Set[int],
     ) -> Tuple[GilHolder, ...]:
         """The functions of ``service`` that held the GIL while others waited, between the two
-        times (samples' stamps), by the waiting they caused."""
+        times (samples' stamps), by the waiting they caused; but for what the span itself
+        (``span_ids``, of ``trace_id``) held: threads that take turns at the GIL wait for each
+        other, and the span's own code is not what held it up."""
         selector = Selector("", (Matcher("service_name", "=", service),))
         held = self.engine.stack_values(tenant, GIL_HELD, selector, SampleFilter(start_ns, end_ns))
         if not held.values.any():
             return ()
-        self_values, _ = per_function(self.engine, held)
+        own = self.engine.stack_values(
+            tenant,
+            GIL_HELD,
+            selector,
+            SampleFilter(start_ns, end_ns, span_ids=sorted(span_ids), trace_ids=[trace_id]),
+        )
+        all_self, _ = per_function(self.engine, held)
+        own_self, _ = per_function(self.engine, own)
+        size = max(len(all_self), len(own_self))
+        self_values = _pad(all_self, size) - _pad(own_self, size)
         order = np.argsort(-self_values, kind="stable")[:GIL_HOLDERS]
         names = self.engine.stacks.names
         return tuple(
