@@ -57,9 +57,9 @@ def nap(seconds):
 
 out = []
 threads = [
-    threading.Thread(target=spin_a, args=(2.0, out)),
-    threading.Thread(target=spin_b, args=(2.0, out)),
-    threading.Thread(target=nap, args=(2.0,)),
+    threading.Thread(target=spin_a, args=(1.0, out)),
+    threading.Thread(target=spin_b, args=(1.0, out)),
+    threading.Thread(target=nap, args=(1.0,)),
 ]
 for t in threads:
     t.start()
@@ -74,8 +74,9 @@ def test_threads_taking_turns_at_the_gil(module_server, tmp_path: Path) -> None:
     service = f"gil_{uuid.uuid4().hex[:6]}"
     program = configure_line(module_server.url, service, sample_rate=250) + CONTENDED
     result = run_program(tmp_path, program, otel=False)
-    # Two threads spinning in Python on one GIL: each ran about half of its 2 s.
-    assert result["waited"] > 1.0e9, result
+    # Two threads spinning in Python on one GIL (a core between them, so the timing phase's
+    # other file keeps the other): each ran about half of its second.
+    assert result["waited"] > 0.5e9, result
     selector = f'{{service_name="{service}"}}'
     with module_server.client() as client:
         waits = service_profile(client, selector, GIL_WAIT)
@@ -100,7 +101,7 @@ def test_threads_taking_turns_at_the_gil(module_server, tmp_path: Path) -> None:
     assert wall_waiting[TOTAL] == waits[TOTAL]
     running = wall_running.get("__main__.spin_a", 0) + wall_running.get("__main__.spin_b", 0)
     assert abs(running / result["ran"] - 1) < 0.25, (running, result)
-    assert wall_released.get("__main__.nap", 0) > 1.5e9, wall_released
+    assert wall_released.get("__main__.nap", 0) > 0.75e9, wall_released
     assert {"running", "gil_wait", "released"} <= set(states), states
     # Whose code made them wait: the other spinner's, which held the GIL meanwhile.
     holders = held.get("__main__.spin_a", 0) + held.get("__main__.spin_b", 0)

@@ -529,12 +529,21 @@ def _verdict(
             f"{head}; {cpu_text}, but it is too short to tell computing from waiting: it "
             "spans fewer than 5 sampling periods at 100 Hz"
         )
-    gc = next((f for f in cpu.functions if f.name == GC_FRAME), None) if cpu else None
+    # The collector's extra time, on CPU or, where a busy machine kept it waiting for a core
+    # meanwhile, in wall time (the wall profile samples the collecting thread either way).
+    gcs = [
+        f
+        for p in (cpu, wall)
+        if p is not None
+        for f in p.functions
+        if f.name == GC_FRAME and f.share_of_extra_duration is not None
+    ]
+    gc = max(gcs, key=lambda f: f.share_of_extra_duration or 0.0, default=None)
     if gc is not None and (gc.share_of_extra_duration or 0.0) >= GC_SHARE_OF_EXTRA:
         return "gc", (
-            f"{head}; {cpu_text}, of which garbage collection took "
-            f"{duration_text(gc.self_value.span)}, {duration_text(gc.self_value.extra)} more than "
-            f"in spans like it ({gc.share_of_extra_duration:.0%} of the extra time): it was "
+            f"{head}; {cpu_text}; garbage collection took {duration_text(gc.self_value.span)} "
+            f"of it, {duration_text(gc.self_value.extra)} more than in spans like it "
+            f"({gc.share_of_extra_duration:.0%} of the extra time): it was "
             "collecting garbage (the [GC] frame; what ran under it made the objects)"
         )
     waited = next((p for p in profiles if p.profile_type == GIL_WAIT), None)
