@@ -217,13 +217,19 @@ def test_a_span_that_waited_for_the_gil_says_so(page, bank) -> None:  # type: ig
     # The GIL-wait profile arrives after the waterfall is drawn, in a request of its own.
     page.wait_for_selector(".hs-wf-span[data-name='contended'] .hs-wf-lock-note")
     contended = rows(page)["contended"]
-    # Half its time on CPU, most of the rest waiting for the GIL: that is what it says, not
-    # "mixed" or "not on CPU".
-    assert re.fullmatch(
-        r"(GIL wait \d+%, CPU \d+%|waiting for the GIL \d+%)", str(contended["badge"])
-    ), contended
+    # Half its time on CPU, the rest waiting for the GIL (and, on a busy machine, for a core):
+    # the GIL wait is named, and where it is most of its time off CPU the badge says so.
     m = re.fullmatch(r"of which (.+) waiting for the GIL", str(contended["note"]))
     assert m and 100 <= ms(m.group(1)) <= 600, contended
+    badge = str(contended["badge"])
+    named = re.fullmatch(r"(GIL wait \d+%, CPU \d+%|waiting for the GIL \d+%)", badge)
+    share = re.fullmatch(r"(?:mixed|not on CPU) (\d+)%", badge)
+    assert named or share, contended
+    if share:  # then the GIL wait is under half of its time off CPU ("mixed" gives its CPU)
+        percent = int(share.group(1))
+        off_share = (100 - percent if badge.startswith("mixed") else percent) / 100
+        off_cpu = ms(str(contended["duration"])) * off_share
+        assert ms(m.group(1)) < 0.5 * off_cpu + 20, contended
     page.click(".hs-wf-span[data-name='contended'] .hs-wf-span-name")
     page.wait_for_function(
         "() => document.querySelector('.hs-span-details').textContent.includes('GIL waits')"
