@@ -86,8 +86,9 @@ def test_meter_reads_this_process() -> None:
         pass
     got = meter.read()
     assert got is not None
-    # 0.2 s of CPU in a bit more than 0.2 s of wall: most of one CPU.
-    assert got.cpu_percent > 100 / usable_cpus() * 0.5, got
+    # 0.2 s of CPU in a bit more than 0.2 s of wall: most of one CPU alone, and at least a
+    # quarter of one beside the timing phase's other file (which may keep both cores busy).
+    assert got.cpu_percent > 100 / usable_cpus() * 0.25, got
     assert 0 < got.mem_percent < 100
     assert got.overhead_percent == 0  # no agent running here
 
