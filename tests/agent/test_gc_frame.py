@@ -4,14 +4,9 @@ runs end in a ``[GC]`` frame above the code whose allocation set it off, the gen
 
 from __future__ import annotations
 
-import sys
-import sysconfig
 import uuid
 from pathlib import Path
 
-import pytest
-
-from hotspan._speedups import load_sampler
 from tests.agent.test_agent import (
     TOTAL,
     WALL,
@@ -19,15 +14,9 @@ from tests.agent.test_agent import (
     run_program,
     service_profile,
 )
-from tests.helpers import label_values
+from tests.helpers import label_values, native_states
 
-pytestmark = pytest.mark.skipif(
-    load_sampler() is None
-    or sys.version_info >= (3, 14)
-    or bool(sysconfig.get_config_var("Py_GIL_DISABLED")),
-    reason="the [GC] frame comes from the native sampler reading the collector's state, "
-    "which it does on CPython 3.9-3.13 with the GIL (docs/agent.md)",
-)
+pytestmark = native_states
 
 # A loop that makes reference cycles, some of them kept a while (so that older generations
 # fill and get collected too), with the collector's own time measured by gc.callbacks on the

@@ -5,16 +5,13 @@ for the GIL".  Pushed to a real server and read back as a user would."""
 
 from __future__ import annotations
 
-import sys
-import sysconfig
 import uuid
 from pathlib import Path
 
 import pytest
 
-from hotspan._speedups import load_sampler
 from tests.agent.test_agent import TOTAL, WALL, configure_line, run_program, service_profile
-from tests.helpers import label_values
+from tests.helpers import label_values, native_states
 
 GIL_WAIT = "gil_wait:gil_wait:nanoseconds:wall:nanoseconds"
 GIL_HELD = "gil_held:gil_held:nanoseconds:wall:nanoseconds"
@@ -22,16 +19,7 @@ GIL_HELD = "gil_held:gil_held:nanoseconds:wall:nanoseconds"
 # Each thread's wall and CPU time over the whole run is the truth: a thread that spins in
 # Python and is not running is waiting for the GIL (nothing else blocks it), on a machine
 # with a core for each.  Under the rest of the suite it would also wait for a core.
-pytestmark = [
-    pytest.mark.timing,
-    pytest.mark.skipif(
-        load_sampler() is None
-        or sys.version_info >= (3, 14)
-        or bool(sysconfig.get_config_var("Py_GIL_DISABLED")),
-        reason="thread states come from the native sampler reading the GIL's state, which it "
-        "does on CPython 3.9-3.13 with a GIL (docs/agent.md)",
-    ),
-]
+pytestmark = [pytest.mark.timing, native_states]
 
 CONTENDED = """
 import threading

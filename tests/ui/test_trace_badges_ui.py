@@ -10,16 +10,13 @@ from __future__ import annotations
 
 import json
 import re
-import sys
-import sysconfig
 from typing import Dict, Iterator, Tuple
 from urllib.parse import quote
 
 import pytest
 
-from hotspan._speedups import load_sampler
 from tests.conftest import RunningServer, running_server
-from tests.helpers import run_programs, traced_program
+from tests.helpers import native_states, run_programs, traced_program
 from tests.ui.conftest import screenshot
 from tests.ui.test_traces_ui import ms
 
@@ -113,15 +110,6 @@ PROGRAM = traced_program(
     """,
     # The allocation profile is off by default (it costs every allocation): on here.
     agent="alloc_sample_bytes=512 * 1024",
-)
-
-
-# GIL waits come from the native sampler on CPython 3.9-3.13 with a GIL.
-native_states = pytest.mark.skipif(
-    load_sampler() is None
-    or sys.version_info >= (3, 14)
-    or bool(sysconfig.get_config_var("Py_GIL_DISABLED")),
-    reason="GIL waits come from the native sampler on CPython 3.9-3.13 with a GIL",
 )
 
 

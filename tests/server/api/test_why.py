@@ -11,14 +11,12 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import sysconfig
 from typing import Iterator
 
 import pytest
 
-from hotspan._speedups import load_sampler
 from tests.conftest import RunningServer, running_server
-from tests.helpers import CPU, run_programs, traced_program
+from tests.helpers import CPU, native_states, run_programs, traced_program
 
 WALL = "wall:wall:nanoseconds:wall:nanoseconds"
 GIL_WAIT = "gil_wait:gil_wait:nanoseconds:wall:nanoseconds"
@@ -215,16 +213,6 @@ def test_waiting_request_is_called_waiting(shop) -> None:  # type: ignore[no-unt
     assert wall["functions"][0]["name"] == "__main__.wait_for_stock"
     assert wall["functions"][0]["self"]["extra"] > 250 * MS
     assert "wait_for_stock" in answer["summary"]
-
-
-# The [GC] frame and the GIL profiles come from the native sampler on CPython 3.9-3.13 with a GIL.
-native_states = pytest.mark.skipif(
-    load_sampler() is None
-    or sys.version_info >= (3, 14)
-    or bool(sysconfig.get_config_var("Py_GIL_DISABLED")),
-    reason="the [GC] frame and the GIL profiles come from the native sampler on CPython "
-    "3.9-3.13 with a GIL (docs/agent.md)",
-)
 
 
 @native_states
