@@ -34,10 +34,11 @@ from typing import Dict, List, Optional, Sequence, Set, Tuple
 
 import numpy as np
 
-from hotspan.model.labels import Matcher, Selector
+from hotspan.model.labels import Selector
 from hotspan.model.profile import ProfileType
 from hotspan.model.trace import SpanRecord, StoredSpan
 from hotspan.query import flamegraph
+from hotspan.query.endpoints import service_selector
 from hotspan.query.engine import DEFAULT_MAX_NODES, QueryEngine
 from hotspan.query.traces import descendants
 from hotspan.store.base import SampleFilter, StackValues, Store
@@ -299,7 +300,7 @@ class WhyEngine:
         times (samples' stamps), by the waiting they caused; but for what the span itself
         (``span_ids``, of ``trace_id``) held: threads that take turns at the GIL wait for each
         other, and the span's own code is not what held it up."""
-        selector = Selector("", (Matcher("service_name", "=", service),))
+        selector = service_selector(service)
         held = self.engine.stack_values(tenant, GIL_HELD, selector, SampleFilter(start_ns, end_ns))
         if not held.values.any():
             return ()

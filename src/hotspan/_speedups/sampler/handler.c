@@ -131,7 +131,7 @@ on_signal(int signum, siginfo_t *info, void *ucontext)
             e->thread_state = thread_state(ts, ucontext, &e->gil_holder);
             /* A sample taken while the thread collects garbage ends in a [GC] frame above
              * the code whose allocation set the collection off. */
-            int generation = collecting_generation(ts);
+            int generation = collecting_generation(ts, e->thread_state);
             int depth;
             if (generation >= 0 && max_depth > 1) {
                 depth = walk_frames(ts, e->frames + 1, max_depth - 1);

@@ -239,10 +239,10 @@ HIDDEN int walk_frames(PyThreadState *ts, RawFrame *out, int max_depth);
 /* The synthetic frame a sample taken during a garbage collection ends in (RawFrame.code; no
  * code object is at an odd address), its lasti the generation collected. */
 #define GC_FRAME_CODE 1u
-/* In a signal handler: the generation the cyclic collector is collecting on this thread
- * (0-2), or -1 when it is not running here (or where this build cannot tell: 3.14 and
- * free-threaded builds for now). */
-HIDDEN int collecting_generation(PyThreadState *ts);
+/* In a signal handler, given the thread's state (thread_state's answer): the generation the
+ * cyclic collector is collecting on this thread (0-2), or -1 when it is not running here (or
+ * where this build cannot tell: 3.14 and free-threaded builds for now). */
+HIDDEN int collecting_generation(PyThreadState *ts, int state);
 
 enum {
     STATE_UNKNOWN = 0,

@@ -66,12 +66,12 @@ gil_holder(struct _gil_runtime_state *gil)
 #  endif
 }
 
-/* Whether `ts` holds the GIL: it was the last to take it, and it is taken.  A thread between
- * dropping it and the next holder's taking it reads as holding it, for a few instructions. */
+/* Whether `address` lies inside the GIL's structure (its mutex and condition variables). */
 static inline int
-holds_gil(PyThreadState *ts)
+in_gil(uintptr_t address)
 {
-    return gil_state != NULL && gil_holder(gil_state) == ts;
+    struct _gil_runtime_state *gil = gil_state;
+    return gil != NULL && address >= (uintptr_t)gil && address < (uintptr_t)gil + sizeof *gil;
 }
 
 /* The first argument of the system call the signal interrupted (see the top), or 0. */
@@ -99,11 +99,12 @@ thread_state(PyThreadState *ts, const void *ucontext, uint64_t *holder)
     struct _gil_runtime_state *gil = gil_state;
     if (gil == NULL)
         return STATE_UNKNOWN;
+    /* It was the last to take the GIL, and the GIL is taken.  A thread between dropping it
+     * and the next holder's taking it reads as holding it, for a few instructions. */
     PyThreadState *taken_by = gil_holder(gil);
     if (taken_by == ts)
         return STATE_RUNNING;
-    uintptr_t arg0 = interrupted_arg0(ucontext);
-    if (arg0 >= (uintptr_t)gil && arg0 < (uintptr_t)gil + sizeof *gil) {
+    if (in_gil(interrupted_arg0(ucontext))) {
         *holder = (uint64_t)(uintptr_t)taken_by;
         return STATE_GIL_WAIT;
     }
@@ -136,10 +137,7 @@ blocked_state(pid_t tid)
     long nr = strtol(buf, &end, 10);
     if (end == buf)
         return STATE_CPU_WAIT; /* "running": in no system call, and it has not run */
-    uintptr_t arg0 = (uintptr_t)strtoull(end, NULL, 16);
-    struct _gil_runtime_state *gil = gil_state;
-    if (nr == SYS_futex && gil != NULL && arg0 >= (uintptr_t)gil &&
-        arg0 < (uintptr_t)gil + sizeof *gil)
+    if (nr == SYS_futex && in_gil((uintptr_t)strtoull(end, NULL, 16)))
         return STATE_GIL_WAIT;
     return STATE_RELEASED;
 #  else
@@ -196,12 +194,12 @@ thread_ident_of(uint64_t tstate)
 #endif
 
 int
-collecting_generation(PyThreadState *ts)
+collecting_generation(PyThreadState *ts, int state)
 {
 #ifdef HAVE_GC_STATE
     struct _gc_runtime_state *gc = &ts->interp->gc;
     /* The collector runs with the GIL: a thread without it is not the one collecting. */
-    if (!__atomic_load_n(&gc->collecting, __ATOMIC_RELAXED) || !holds_gil(ts))
+    if (state != STATE_RUNNING || !__atomic_load_n(&gc->collecting, __ATOMIC_RELAXED))
         return -1;
     /* A collection of generation g empties the counts of 0..g as it begins and adds one to
      * g + 1's: only a collection of 1 or 2 leaves generation 1's count at 0, and only one of
@@ -213,6 +211,7 @@ collecting_generation(PyThreadState *ts)
     return __atomic_load_n(&gc->generations[2].count, __ATOMIC_RELAXED) != 0 ? 1 : 2;
 #else
     (void)ts;
+    (void)state;
     return -1;
 #endif
 }
