@@ -70,27 +70,31 @@ def test_threads_taking_turns_at_the_gil(module_server, tmp_path: Path) -> None:
         waits = service_profile(client, selector, GIL_WAIT)
         held = service_profile(client, selector, GIL_HELD)
         states = label_values(client, service, "thread_state")
-        wall_waiting = service_profile(
-            client, f'{{service_name="{service}", thread_state="gil_wait"}}', WALL
-        )
-        wall_running = service_profile(
-            client, f'{{service_name="{service}", thread_state="running"}}', WALL
-        )
-        wall_released = service_profile(
-            client, f'{{service_name="{service}", thread_state="released"}}', WALL
-        )
-    spinning = waits.get("__main__.spin_a", 0) + waits.get("__main__.spin_b", 0)
-    # Their time waiting for the GIL within a quarter of what their clocks left over.
-    assert abs(spinning / result["waited"] - 1) < 0.25, (spinning, result, waits)
+        by_state = {
+            state: service_profile(
+                client, f'{{service_name="{service}", thread_state="{state}"}}', WALL
+            )
+            for state in ("gil_wait", "running", "released", "cpu_wait")
+        }
+    spinners = ("__main__.spin_a", "__main__.spin_b")
+
+    def spun(profile: dict) -> int:
+        return sum(profile.get(name, 0) for name in spinners)
+
+    # Their time off CPU, waiting for the GIL or (the GIL's holder, under the rest of the
+    # suite) for a core, within a tenth of what their clocks left over; most of it for the GIL.
+    off_cpu = spun(by_state["gil_wait"]) + spun(by_state["cpu_wait"])
+    assert abs(off_cpu / result["waited"] - 1) < 0.1, (off_cpu, result, by_state)
+    assert spun(waits) > 0.75 * result["waited"], (waits, result)
+    # Their time holding it and running, within a tenth of their CPU clocks.
+    running = spun(by_state["running"])
+    assert abs(running / result["ran"] - 1) < 0.1, (running, result)
     # A thread that naps 10 ms at a time waits for the GIL only as it wakes (the spinners
     # hold it): its sleeps are "released".
+    wall_released = by_state["released"]
     assert waits.get("__main__.nap", 0) < 0.25 * wall_released.get("__main__.nap", 0), waits
-    # The wall profile, split by state, holds the same waits, and the spinners' running time.
-    assert wall_waiting[TOTAL] == waits[TOTAL]
-    # Their time holding it: at least what they ran (less the handing over of the GIL, which
-    # is CPU without it), and more where a holder waited for a core.
-    running = wall_running.get("__main__.spin_a", 0) + wall_running.get("__main__.spin_b", 0)
-    assert running > 0.5 * result["ran"], (running, result)
+    # The wall profile, split by state, holds the same waits.
+    assert by_state["gil_wait"][TOTAL] == waits[TOTAL]
     assert wall_released.get("__main__.nap", 0) > 0.75e9, wall_released
     assert {"running", "gil_wait", "released"} <= set(states), states
     # Whose code made them wait: the other spinner's, which held the GIL meanwhile.

@@ -17,6 +17,7 @@ keep_copy(WallCopy **where, const Entry *e)
     c->seq = e->seq;
     c->depth = e->depth;
     c->thread_state = e->thread_state;
+    c->gil_holder = e->gil_holder;
     memcpy(c->frames, e->frames, (size_t)e->depth * sizeof(RawFrame));
 }
 
@@ -79,19 +80,20 @@ drain_ring(void)
         }
         if (e->cpu_ns) {
             add_or_count(KIND_CPU, e->ident, e->labels, e->frames, e->depth, e->cpu_ns);
-            /* Kept, so that the CPU the thread uses after its last sample (it ends, or
-             * sampling stops) goes where its CPU was going. */
-            if (e->slot >= 0 && e->depth > 0)
+            if (e->slot >= 0 && e->depth > 0) {
+                /* Kept, so that the CPU the thread uses after its last sample (it ends, or
+                 * sampling stops) goes where its CPU was going. */
                 keep_copy(&slots[e->slot].last_cpu, e);
+                /* Its time on CPU is wall time, there (wall_tick charges the rest). */
+                if (wall_on)
+                    charge_wall(e->ident, e->labels, e->frames, e->depth, e->thread_state,
+                                e->gil_holder, e->cpu_ns);
+            }
         }
-        if (e->wall_ns && e->depth > 0) {
-            charge_wall(e->ident, e->labels, e->frames, e->depth, e->thread_state,
-                        e->gil_holder, e->wall_ns);
-            /* Kept, so that while the thread does not run its wall time is charged here
-             * without interrupting it. */
-            if (e->slot >= 0)
-                keep_copy(&slots[e->slot].last_wall, e);
-        }
+        /* Kept: wall_tick charges the time off CPU around it here, and while the thread does
+         * not run, its wall time too, without interrupting it. */
+        if (e->wall_sample && e->depth > 0 && e->slot >= 0)
+            keep_copy(&slots[e->slot].last_wall, e);
         atomic_store_explicit(&e->state, 0, memory_order_release);
     }
 }
@@ -148,6 +150,24 @@ scan_threads(void)
         if (k < n_used_slots && slots[index].scan_mark != mark)
             slot_release(index);
     }
+}
+
+/* When a thread's next wall sample is due, after its last was due at `last`: about an
+ * interval later (half to one and a half), whenever the collector runs.  The moments must not
+ * follow the collector's own: on a busy machine it gets a core when a thread gives one up,
+ * as threads hand the GIL over, and samples timed from then caught threads taking turns at
+ * the GIL waiting for it a fifth more than they did.  A thread not sampled lately starts
+ * afresh at a random moment of the next interval. */
+static uint64_t
+next_wall_due(uint64_t last, uint64_t now_ns, uint64_t *random)
+{
+    if (last == 0 || last + IDLE_CHECK_NS < now_ns)
+        return now_ns + 1000 + next_random(random) % cpu_interval_ns;
+    uint64_t due = last;
+    do
+        due += cpu_interval_ns / 2 + next_random(random) % cpu_interval_ns;
+    while (due < now_ns + 1000);
+    return due;
 }
 
 /* Under threads_mutex.  Each Python thread's wall time since the last tick is charged to
@@ -219,8 +239,12 @@ wall_tick(uint64_t now_ns, uint64_t *random)
             continue;
         }
         WallCopy *c = s->last_wall;
-        int have_stack = c != NULL && c->depth > 0 && c->seq == atomic_load(&s->seq) &&
-                         atomic_load(&s->pending_wall_ns) == 0;
+        int wanted = atomic_load(&s->wall_wanted);
+        int have_stack = c != NULL && c->depth > 0 && c->seq == atomic_load(&s->seq) && !wanted;
+        /* The wall timer armed at the last tick fired since: where the thread was then. */
+        int inside = s->wall_armed && !wanted && c != NULL && c->depth > 0 &&
+                     (int32_t)(c->seq - s->wall_armed_seq) > 0;
+        s->wall_armed = 0;
         uint64_t at_sample = atomic_load_explicit(&s->cpu_at_sample_ns, memory_order_acquire);
         uint64_t ran = cpu - s->cpu_at_tick;
         /* Exact only if it did not run during the whole time charged, nor since the stack
@@ -239,7 +263,7 @@ wall_tick(uint64_t now_ns, uint64_t *random)
                 if (now_state >= 0)
                     c->thread_state = now_state;
             }
-            charge_wall_at(c, owed);
+            charge_wall_at(c, owed + atomic_exchange(&s->pending_wall_ns, 0));
             if (s->idle_checks < 1000)
                 s->idle_checks++;
             uint64_t wait = (uint64_t)s->idle_checks * cpu_interval_ns;
@@ -248,6 +272,7 @@ wall_tick(uint64_t now_ns, uint64_t *random)
                 next_run = s->next_check_ns;
             continue;
         }
+        int cpu_samples = cpu_charges_wall(s);
         if (s->idle_checks > 0 && have_stack) {
             /* It woke while it was not looked at: all but the time it may have been running
              * (its CPU, at least one interval) goes where it had been waiting. */
@@ -260,19 +285,44 @@ wall_tick(uint64_t now_ns, uint64_t *random)
         s->idle_checks = 0;
         s->next_check_ns = 0;
         next_run = now_ns; /* a running thread is looked at every interval */
-        /* On CPU the whole time: a CPU sample taken meanwhile was at a moment as random in
-         * its wall time as a wall signal would be, so it stands for that time too, and the
-         * thread is not interrupted twice an interval.  Not when it was off CPU for more than
-         * a fiftieth of the time: where it waited must come from a sample of its own. */
+        /* Its time on CPU is charged by its CPU samples, where they were taken (at moments
+         * random in its CPU time); the rest, off CPU, by a wall sample taken off CPU.  A
+         * wall sample stands for no more than that: its moment follows the collector's,
+         * which on a busy machine gets a core as a thread gives one up, as threads hand
+         * the GIL over, and samples standing for all the time caught threads taking turns
+         * at the GIL waiting for it a fifth more than they did. */
+        uint64_t on_cpu = cpu_samples ? (ran < owed ? ran : owed) : 0;
+        uint64_t off = owed - on_cpu;
+        /* On CPU (nearly) the whole time: its CPU samples stand for it, and the little it
+         * was off CPU (another thread had its core) goes where it last ran, rather than
+         * interrupting it again and again to find it off CPU. */
+        int throughout = cpu_samples && off * 50 <= owed;
         WallCopy *cc = s->last_cpu;
-        if (cpu_on && cc != NULL && cc->depth > 0 && cc->seq != s->wall_from_cpu_seq &&
-            ran + owed / 50 >= owed && atomic_load(&s->pending_wall_ns) == 0) {
-            s->wall_from_cpu_seq = cc->seq;
-            charge_wall_at(cc, owed);
-            continue;
+        if (throughout && off > 0 && cc != NULL && cc->depth > 0) {
+            charge_wall_at(cc, off);
+            off = 0;
         }
-        /* Where it is at a random moment of the next interval stands for this time. */
-        atomic_fetch_add(&s->pending_wall_ns, owed);
+        off += atomic_exchange(&s->pending_wall_ns, 0);
+        if (inside && (!cpu_samples || c->thread_state != STATE_RUNNING)) {
+            charge_wall(c->ident, c->labels, c->frames, c->depth, c->thread_state,
+                        c->gil_holder, off);
+            off = 0;
+        }
+        if (off > MAX_WALL_PER_TICK_NS && c != NULL && c->depth > 0) {
+            charge_wall_at(c, off - MAX_WALL_PER_TICK_NS);
+            off = MAX_WALL_PER_TICK_NS;
+        }
+        atomic_fetch_add(&s->pending_wall_ns, off);
+        if (wanted) {
+            /* Its signal has not been handled: the thread has not run since the timer
+             * expired (it will handle the signal first), unless the signal was lost,
+             * merged into a CPU timer's SIGPROF pending at the same time. */
+            if (now_ns < atomic_load(&s->wall_due_ns) + 4 * cpu_interval_ns)
+                continue;
+            atomic_store(&s->wall_wanted, 0);
+        }
+        if (throughout)
+            continue;
         if (ran * 2 < owed) {
             waiting++;
             if (s->wall_waits_skipped + 1 < wait_stride) {
@@ -281,8 +331,16 @@ wall_tick(uint64_t now_ns, uint64_t *random)
             }
         }
         s->wall_waits_skipped = 0;
-        if (schedule_wall_sample(s, index, 1000 + next_random(random) % cpu_interval_ns) != 0)
-            ask_for_sample(tid, index);
+        uint64_t due = next_wall_due(atomic_load(&s->wall_due_ns), now_ns, random);
+        s->wall_armed = 1;
+        s->wall_armed_seq = atomic_load(&s->seq);
+        atomic_store(&s->wall_due_ns, due);
+        atomic_store(&s->wall_wanted, 1);
+        if (schedule_wall_sample(s, index, due - now_ns) != 0 &&
+            ask_for_sample(tid, index) != 0) {
+            atomic_store(&s->wall_wanted, 0);
+            s->wall_armed = 0;
+        }
     }
     waiting_last_tick = waiting;
     return next_run;
@@ -301,10 +359,27 @@ charge_cpu_tail(ThreadSlot *s, uint64_t cpu_now, uint64_t ident, const uint64_t 
         return;
     uint64_t tail = cpu_now - before;
     WallCopy *c = s->last_cpu;
-    if (c != NULL && c->depth > 0 && (ident == 0 || c->ident == ident))
+    /* Time on CPU, so wall time too, as with its samples (drain_ring). */
+    if (c != NULL && c->depth > 0 && (ident == 0 || c->ident == ident)) {
         add_or_count(KIND_CPU, c->ident, c->labels, c->frames, c->depth, tail);
-    else if (depth > 0 && ident != 0)
+        if (cpu_charges_wall(s))
+            charge_wall_at(c, tail);
+    } else if (depth > 0 && ident != 0) {
         add_or_count(KIND_CPU, ident, labels, fallback, depth, tail);
+        if (cpu_charges_wall(s))
+            add_or_count(KIND_WALL_RUNNING, ident, labels, fallback, depth, tail);
+    }
+}
+
+uint64_t
+wall_off_cpu(ThreadSlot *s, uint64_t now_ns, uint64_t cpu_now)
+{
+    uint64_t owed = now_ns > s->wall_since_ns ? now_ns - s->wall_since_ns : 0;
+    if (cpu_charges_wall(s) && cpu_now > s->cpu_at_tick) {
+        uint64_t ran = cpu_now - s->cpu_at_tick;
+        owed -= ran < owed ? ran : owed;
+    }
+    return owed + atomic_exchange(&s->pending_wall_ns, 0);
 }
 
 /* Under threads_mutex, as sampling stops: every thread's CPU since its last sample. */
@@ -337,7 +412,9 @@ charge_owed(void)
             (c == NULL || c->depth <= 0 || (int32_t)(cc->seq - c->seq) > 0))
             c = cc;
         /* And what a sample not taken yet would have stood for. */
-        uint64_t owed = now - s->wall_since_ns + atomic_exchange(&s->pending_wall_ns, 0);
+        uint64_t cpu = 0;
+        clock_ns(thread_clock(atomic_load(&s->tid)), &cpu);
+        uint64_t owed = wall_off_cpu(s, now, cpu);
         if (c != NULL && c->depth > 0 && owed < 2 * MAX_WALL_PER_TICK_NS)
             charge_wall_at(c, owed);
         s->wall_since_ns = now;

@@ -315,11 +315,15 @@ sampler_unregister_thread(PyObject *mod, PyObject *args)
         uint64_t cpu_now = 0;
         int tail = s->has_timer && clock_ns(CLOCK_THREAD_CPUTIME_ID, &cpu_now) == 0 &&
                    cpu_now > atomic_load(&s->cpu_charged_ns);
-        /* Its wall time since it was last looked at, and what its last sample would have
-         * stood for, likewise (a thread of a few ms may end before it is looked at). */
-        uint64_t wall = atomic_exchange(&s->pending_wall_ns, 0);
-        if (wall_on && s->wall_since_ns != 0)
-            wall += monotonic_ns() - s->wall_since_ns;
+        /* Its wall time off CPU since it was last looked at, and what its last sample would
+         * have stood for, likewise (a thread of a few ms may end before it is looked at); its
+         * time on CPU since is in its CPU tail. */
+        uint64_t wall = 0;
+        if (wall_on && s->wall_since_ns != 0) {
+            if (cpu_now == 0)
+                clock_ns(CLOCK_THREAD_CPUTIME_ID, &cpu_now);
+            wall = wall_off_cpu(s, monotonic_ns(), cpu_now);
+        }
         if (tail || wall > 0) {
             RawFrame frames[1];
             uint64_t labels[5];

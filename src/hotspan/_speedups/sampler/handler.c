@@ -26,8 +26,8 @@ _Atomic uint64_t handler_calls; /* and how many it handled */
 
 /* SIGPROF from one of the thread's timers: its CPU timer (CPU_MAGIC), its wall timer
  * (WALL_MAGIC), or (SI_QUEUE) the collector asking a thread whether it has Python yet.  One
- * walk of the stack serves the CPU the timer stands for or the wall time the collector left
- * in the slot. */
+ * walk of the stack serves the CPU the timer stands for, and the wall time it was on CPU for,
+ * or the wall time off CPU the collector charges to the wall timer's sample. */
 void
 on_signal(int signum, siginfo_t *info, void *ucontext)
 {
@@ -76,7 +76,7 @@ on_signal(int signum, siginfo_t *info, void *ucontext)
     PyThreadState *ts = PyGILState_GetThisThreadState();
     if (slot != NULL)
         atomic_store_explicit(&slot->python, ts != NULL ? PY_YES : PY_NO, memory_order_relaxed);
-    uint64_t cpu = 0, wall = 0, cpu_now = 0;
+    uint64_t cpu = 0, cpu_now = 0;
     /* The slot's charged CPU before and after this sample: put back if no stack is read. */
     uint64_t charged_before = 0, charged_after = 0;
     int have_clock = 0;
@@ -116,11 +116,11 @@ on_signal(int signum, siginfo_t *info, void *ucontext)
                 charged_before != 0 && through > charged_before ? through - charged_before : 0;
         }
     }
-    /* Only the wall timer's own signal takes the wall time: the CPU timer fires only while
-     * the thread runs, so wall time it took would all land on running code. */
-    if (slot != NULL && magic == WALL_MAGIC)
-        wall = atomic_exchange_explicit(&slot->pending_wall_ns, 0, memory_order_acq_rel);
-    if (ts != NULL && (cpu | wall) != 0) {
+    /* The wall timer's signal, as the collector asked for it: where the thread is now stands
+     * for wall time, charged by the collector at its next tick. */
+    int wanted = slot != NULL && magic == WALL_MAGIC &&
+                 atomic_exchange_explicit(&slot->wall_wanted, 0, memory_order_acq_rel);
+    if (ts != NULL && (cpu != 0 || wanted)) {
         unsigned long pos = atomic_fetch_add_explicit(&ring_pos, 1, memory_order_relaxed);
         Entry *e = entry_at(pos);
         int expected = 0;
@@ -129,6 +129,12 @@ on_signal(int signum, siginfo_t *info, void *ucontext)
             e->slot = slot != NULL ? index : -1;
             e->gil_holder = 0;
             e->thread_state = thread_state(ts, ucontext, &e->gil_holder);
+            e->wall_sample = wanted;
+            if (wanted && e->thread_state == STATE_RUNNING) {
+                uint64_t due = atomic_load_explicit(&slot->wall_due_ns, memory_order_relaxed);
+                if (due != 0 && monotonic_ns() > due + LATE_SIGNAL_NS)
+                    e->thread_state = STATE_CPU_WAIT;
+            }
             /* A sample taken while the thread collects garbage ends in a [GC] frame above
              * the code whose allocation set the collection off. */
             int generation = collecting_generation(ts, e->thread_state);
@@ -147,18 +153,16 @@ on_signal(int signum, siginfo_t *info, void *ucontext)
             if (depth < 0) {
                 /* No stack to charge: what this sample stood for goes to the thread's next
                  * one (an empty entry, so the collector frees it in turn). */
-                e->cpu_ns = e->wall_ns = 0;
+                e->cpu_ns = 0;
+                e->wall_sample = 0;
                 e->depth = 0;
                 e->seq = 0;
                 memset(e->labels, 0, sizeof e->labels);
                 if (charged_after != 0)
                     atomic_compare_exchange_strong(&slot->cpu_charged_ns, &charged_after,
                                                    charged_before);
-                if (wall != 0)
-                    atomic_fetch_add(&slot->pending_wall_ns, wall);
             } else {
                 e->cpu_ns = cpu;
-                e->wall_ns = wall;
                 e->seq = slot != NULL ? atomic_fetch_add(&slot->seq, 1) + 1 : 0;
                 LabelsObject *found = find_labels(thread_context(ts));
                 copy_labels(found, e->labels);

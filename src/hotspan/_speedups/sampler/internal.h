@@ -138,6 +138,10 @@ Py_NewRef(PyObject *o)
  * intervals one such sample may stand for. */
 #define WALL_WAIT_SIGNALS_PER_TICK 2
 #define WALL_WAIT_MAX_STRIDE 10
+/* A thread that holds the GIL yet handles its wall timer's signal this much after the timer
+ * expired was not running meanwhile: it was waiting for a core (a running thread is
+ * interrupted within microseconds, a runnable one waits for its turn, milliseconds). */
+#define LATE_SIGNAL_NS 1000000ull
 #define CODE_SET_BITS 15         /* 32768 slots (256 KiB), at most half used */
 #define CODE_SET_MAX (1u << (CODE_SET_BITS - 1))
 
@@ -280,8 +284,8 @@ wall_kind(int state)
 
 /* ---------------------------------------------------------------- handler.c: the ring */
 
-/* One sample as a signal handler records it on its own thread: the stack and labels, and the
- * CPU and wall time it stands for (either may be 0). */
+/* One sample as a signal handler records it on its own thread: the stack and labels, the CPU
+ * it stands for (0: none), and whether the wall timer asked for it. */
 typedef struct {
     _Atomic int state; /* 0 free, 1 being written, 2 ready */
     int depth;
@@ -289,9 +293,9 @@ typedef struct {
     uint32_t seq;      /* the slot's sample count when taken */
     uint64_t ident;
     uint64_t cpu_ns;
-    uint64_t wall_ns;
     uint64_t labels[5];
     int thread_state;    /* STATE_* as it was taken */
+    int wall_sample;     /* taken by the wall timer: where the thread was at its moment */
     uint64_t gil_holder; /* waiting for the GIL: the holder's thread state, else 0 */
     RawFrame frames[];
 } Entry;
@@ -351,13 +355,19 @@ typedef struct {
     uint32_t seq;
     int depth;
     int thread_state; /* STATE_* as the sample was taken */
+    uint64_t gil_holder; /* waiting for the GIL: the holder's thread state then, else 0 */
     RawFrame frames[];
 } WallCopy; /* a thread's last wall sample, charged again while the thread does not run */
 
 typedef struct {
     _Atomic pid_t tid;                 /* 0: free */
     _Atomic int python;                /* whether it has a Python thread state (PY_*) */
-    _Atomic uint64_t pending_wall_ns;  /* wall time its next sample stands for */
+    /* Wall time off CPU that no sample has stood for yet: the next one taken off CPU does. */
+    _Atomic uint64_t pending_wall_ns;
+    /* Set as its wall timer is armed, taken by the handler: the sample then stands for the
+     * interval it lands in, charged at the next tick (wall_tick). */
+    _Atomic int wall_wanted;
+    _Atomic uint64_t wall_due_ns; /* monotonic: when that timer expires */
     _Atomic uint64_t cpu_at_sample_ns; /* its CPU clock as its last sample was taken */
     /* Its CPU clock up to which its CPU is in the profile, and when its CPU timer expires
      * next.  A sample stands for the CPU between two expiries (the first: since the timer
@@ -368,29 +378,38 @@ typedef struct {
      * is charged then (charge_cpu_tail), so the profile adds up to the thread's clock. */
     _Atomic uint64_t cpu_charged_ns;
     _Atomic uint64_t cpu_expiry_ns;
-    _Atomic uint32_t seq;              /* samples it took */
-    _Atomic int perf_first;            /* its perf event still has its random first period */
+    _Atomic uint32_t seq; /* samples it took */
+    _Atomic int perf_first; /* its perf event still has its random first period */
     /* The rest belongs to whoever holds `threads_mutex`. */
-    int has_timer;      /* a CPU trigger: `timer`, or `perf_fd` when cpu_by_perf */
+    int has_timer; /* a CPU trigger: `timer`, or `perf_fd` when cpu_by_perf */
     int cpu_by_perf;
     int perf_fd;
     uint64_t perf_armed_cpu; /* its CPU clock when its event was made */
-    timer_t timer;      /* on the thread's CPU clock, periodic */
+    timer_t timer; /* on the thread's CPU clock, periodic */
     int has_wall_timer;
     timer_t wall_timer; /* on CLOCK_MONOTONIC, one-shot, set by each wall tick */
     unsigned scan_mark;
-    uint64_t cpu_at_tick;               /* its CPU clock at the last check */
-    uint64_t wall_since_ns;             /* monotonic: its wall time is charged up to here */
-    uint64_t next_check_ns;             /* monotonic: when to look at it again */
-    int idle_checks;                    /* checks in a row that found it had not run */
+    uint64_t cpu_at_tick; /* its CPU clock at the last check */
+    uint64_t wall_since_ns; /* monotonic: its wall time is charged up to here */
+    uint64_t next_check_ns; /* monotonic: when to look at it again */
+    int idle_checks; /* checks in a row that found it had not run */
     uint64_t next_probe_ns;
-    WallCopy *last_wall;               /* NULL until its first wall sample is drained */
-    WallCopy *last_cpu;                /* its last CPU sample: where its remaining CPU goes */
-    uint32_t wall_from_cpu_seq;        /* the last CPU sample that stood for wall time too */
-    int wall_waits_skipped;            /* wall signals it was spared in a row (wall_tick) */
+    WallCopy *last_wall; /* NULL until its first wall sample is drained */
+    WallCopy *last_cpu; /* its last CPU sample: where its remaining CPU goes */
+    int wall_waits_skipped; /* wall signals it was spared in a row (wall_tick) */
+    int wall_armed; /* a wall timer was armed at the last tick */
+    uint32_t wall_armed_seq; /* `seq` as it was armed */
 } ThreadSlot;
 
 HIDDEN extern ThreadSlot slots[MAX_THREADS];
+
+/* Whether the thread's CPU samples charge its time on CPU to the wall profile too (drain_ring),
+ * leaving wall_tick only its time off CPU. */
+static inline int
+cpu_charges_wall(const ThreadSlot *s)
+{
+    return wall_on && cpu_on && s->has_timer;
+}
 HIDDEN extern int used_slots[MAX_THREADS];
 HIDDEN extern int n_used_slots;
 HIDDEN extern pthread_mutex_t threads_mutex;
@@ -529,6 +548,9 @@ HIDDEN void scan_threads(void);
 HIDDEN void charge_cpu_tail(ThreadSlot *s, uint64_t cpu_now, uint64_t ident,
                             const uint64_t *labels, const RawFrame *fallback, int depth);
 HIDDEN void charge_cpu_tails(void);
+/* Under threads_mutex: the thread's wall time not charged yet that it spent off CPU (its CPU
+ * clock now `cpu_now`), what is pending included, taken from the slot. */
+HIDDEN uint64_t wall_off_cpu(ThreadSlot *s, uint64_t now_ns, uint64_t cpu_now);
 HIDDEN void charge_owed(void);
 HIDDEN int start_collector(void);
 HIDDEN void stop_collector(void);

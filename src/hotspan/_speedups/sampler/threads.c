@@ -455,6 +455,9 @@ slot_for(pid_t tid, int python)
     ThreadSlot *s = &slots[index];
     atomic_store(&s->python, python);
     atomic_store(&s->pending_wall_ns, 0);
+    atomic_store(&s->wall_wanted, 0);
+    atomic_store(&s->wall_due_ns, 0);
+    s->wall_armed = 0;
     atomic_store(&s->cpu_at_sample_ns, 0);
     atomic_store(&s->cpu_charged_ns, 0);
     atomic_store(&s->cpu_expiry_ns, 0);
