@@ -100,3 +100,50 @@ def test_threads_taking_turns_at_the_gil(module_server, tmp_path: Path) -> None:
     # Whose code made them wait: the other spinner's, which held the GIL meanwhile.
     holders = held.get("__main__.spin_a", 0) + held.get("__main__.spin_b", 0)
     assert holders > 0.75 * held[TOTAL] and abs(held[TOTAL] / waits[TOTAL] - 1) < 0.25, held
+
+
+# Twice as many threads as cores, each hashing in C with the GIL let go (hashlib lets it go for
+# more than 2 KiB): they wait for a core, not for the GIL.
+STARVED = """
+import hashlib
+
+block = os.urandom(1 << 20)
+
+def hash_for(seconds, out):
+    end = time.monotonic() + seconds
+    wall0, cpu0 = time.monotonic_ns(), time.thread_time_ns()
+    digest = hashlib.sha256()
+    while time.monotonic() < end:
+        digest.update(block)
+    out.append((time.monotonic_ns() - wall0, time.thread_time_ns() - cpu0))
+
+out = []
+threads = [
+    threading.Thread(target=hash_for, args=(1.0, out))
+    for _ in range(2 * len(os.sched_getaffinity(0)))
+]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+hotspan.shutdown()
+report(waited=sum(w - c for w, c in out), wall=sum(w for w, c in out))
+"""
+
+
+def test_threads_starved_of_cores_wait_for_a_core(module_server, tmp_path: Path) -> None:
+    service = f"starved_{uuid.uuid4().hex[:6]}"
+    program = configure_line(module_server.url, service, sample_rate=250) + STARVED
+    result = run_program(tmp_path, program, otel=False)
+    assert result["waited"] > 0.3 * result["wall"], result
+    selector = f'{{service_name="{service}"}}'
+    with module_server.client() as client:
+        waits = service_profile(client, selector, GIL_WAIT)
+        cpu_wait = service_profile(
+            client, f'{{service_name="{service}", thread_state="cpu_wait"}}', WALL
+        )
+    # Their time off CPU was all time without a core: seen so, within a tenth, and hardly any
+    # of it as waiting for the GIL.
+    waited = cpu_wait.get("__main__.hash_for", 0)
+    assert abs(waited / result["waited"] - 1) < 0.1, (waited, result)
+    assert waits.get("__main__.hash_for", 0) < 0.1 * result["waited"], (waits, result)

@@ -18,6 +18,7 @@ keep_copy(WallCopy **where, const Entry *e)
     c->depth = e->depth;
     c->thread_state = e->thread_state;
     c->gil_holder = e->gil_holder;
+    c->on_cpu = e->on_cpu;
     memcpy(c->frames, e->frames, (size_t)e->depth * sizeof(RawFrame));
 }
 
@@ -303,7 +304,7 @@ wall_tick(uint64_t now_ns, uint64_t *random)
             off = 0;
         }
         off += atomic_exchange(&s->pending_wall_ns, 0);
-        if (inside && (!cpu_samples || c->thread_state != STATE_RUNNING)) {
+        if (inside && (!cpu_samples || !c->on_cpu)) {
             charge_wall(c->ident, c->labels, c->frames, c->depth, c->thread_state,
                         c->gil_holder, off);
             off = 0;

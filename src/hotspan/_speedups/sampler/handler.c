@@ -24,6 +24,31 @@ _Atomic uint64_t handler_ns;    /* CPU the handler used on our signals, all thre
 _Atomic uint64_t handler_calls; /* and how many it handled */
 #  define HANDLER_COST_EVERY 16
 
+/* A wall sample's state, beyond the GIL's: whether the thread was running as its timer
+ * expired, and if not, whether it was waiting for a core (it handles the signal late, in its
+ * own code) rather than blocked in a system call. */
+static void
+wall_sample_state(Entry *e, ThreadSlot *slot, const void *ucontext)
+{
+    int state = e->thread_state;
+    if (state == STATE_GIL_WAIT)
+        return;
+    uint64_t due = atomic_load_explicit(&slot->wall_due_ns, memory_order_relaxed);
+    int late = due != 0 && monotonic_ns() > due + LATE_SIGNAL_NS;
+    int blocked = interrupted_in_syscall(ucontext);
+    if (blocked < 0) {
+        /* Holding the GIL, it is not blocked (CPython lets the GIL go around calls that
+         * block). */
+        blocked = state != STATE_RUNNING;
+    }
+    if (blocked)
+        return;
+    if (!late)
+        e->on_cpu = 1;
+    else if (state != STATE_UNKNOWN)
+        e->thread_state = STATE_CPU_WAIT;
+}
+
 /* SIGPROF from one of the thread's timers: its CPU timer (CPU_MAGIC), its wall timer
  * (WALL_MAGIC), or (SI_QUEUE) the collector asking a thread whether it has Python yet.  One
  * walk of the stack serves the CPU the timer stands for, and the wall time it was on CPU for,
@@ -130,11 +155,9 @@ on_signal(int signum, siginfo_t *info, void *ucontext)
             e->gil_holder = 0;
             e->thread_state = thread_state(ts, ucontext, &e->gil_holder);
             e->wall_sample = wanted;
-            if (wanted && e->thread_state == STATE_RUNNING) {
-                uint64_t due = atomic_load_explicit(&slot->wall_due_ns, memory_order_relaxed);
-                if (due != 0 && monotonic_ns() > due + LATE_SIGNAL_NS)
-                    e->thread_state = STATE_CPU_WAIT;
-            }
+            e->on_cpu = 0;
+            if (wanted)
+                wall_sample_state(e, slot, ucontext);
             /* A sample taken while the thread collects garbage ends in a [GC] frame above
              * the code whose allocation set the collection off. */
             int generation = collecting_generation(ts, e->thread_state);

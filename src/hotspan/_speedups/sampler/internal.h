@@ -138,9 +138,10 @@ Py_NewRef(PyObject *o)
  * intervals one such sample may stand for. */
 #define WALL_WAIT_SIGNALS_PER_TICK 2
 #define WALL_WAIT_MAX_STRIDE 10
-/* A thread that holds the GIL yet handles its wall timer's signal this much after the timer
- * expired was not running meanwhile: it was waiting for a core (a running thread is
- * interrupted within microseconds, a runnable one waits for its turn, milliseconds). */
+/* A thread that handles its wall timer's signal this much after the timer expired, in its own
+ * code (not blocked in a system call), was not running meanwhile: it was waiting for a core (a
+ * running thread is interrupted within microseconds, a runnable one waits for its turn,
+ * milliseconds). */
 #define LATE_SIGNAL_NS 1000000ull
 #define CODE_SET_BITS 15         /* 32768 slots (256 KiB), at most half used */
 #define CODE_SET_MAX (1u << (CODE_SET_BITS - 1))
@@ -261,6 +262,9 @@ HIDDEN void thread_state_init(PyThreadState *ts);
 /* In a signal handler (`ucontext` its third argument): the thread's STATE_*; for a thread
  * waiting for the GIL, `*holder` is the holder's thread state (0 if none). */
 HIDDEN int thread_state(PyThreadState *ts, const void *ucontext, uint64_t *holder);
+/* In a signal handler: 1 if the signal interrupted a system call the thread was blocked in, 0
+ * if it interrupted the thread's own code, -1 if that cannot be told. */
+HIDDEN int interrupted_in_syscall(const void *ucontext);
 /* The thread state that holds the GIL now, or 0. */
 HIDDEN uint64_t gil_holder_now(void);
 /* The collector's: the state of a thread that has not run since it was last looked at, from
@@ -296,6 +300,7 @@ typedef struct {
     uint64_t labels[5];
     int thread_state;    /* STATE_* as it was taken */
     int wall_sample;     /* taken by the wall timer: where the thread was at its moment */
+    int on_cpu;          /* that thread was running then (not blocked, nor waiting) */
     uint64_t gil_holder; /* waiting for the GIL: the holder's thread state, else 0 */
     RawFrame frames[];
 } Entry;
@@ -356,6 +361,7 @@ typedef struct {
     int depth;
     int thread_state; /* STATE_* as the sample was taken */
     uint64_t gil_holder; /* waiting for the GIL: the holder's thread state then, else 0 */
+    int on_cpu;          /* running as it was taken */
     RawFrame frames[];
 } WallCopy; /* a thread's last wall sample, charged again while the thread does not run */
 

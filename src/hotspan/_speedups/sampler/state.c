@@ -18,6 +18,7 @@
  * it was last looked at yet is in no system call was runnable all along. */
 #include "internal.h"
 
+#include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
 #ifdef __linux__
@@ -192,6 +193,34 @@ thread_ident_of(uint64_t tstate)
     return 0;
 }
 #endif
+
+/* Whether the signal interrupted a system call the thread was blocked in: to restart it, the
+ * kernel has set the thread's instruction pointer back to the call's instruction (x86-64's
+ * `syscall`, arm64's `svc #0`), or the call returns EINTR.  -1 where that cannot be told. */
+int
+interrupted_in_syscall(const void *ucontext)
+{
+#if defined(__linux__) && (defined(__x86_64__) || defined(__aarch64__))
+    const ucontext_t *uc = ucontext;
+    if (uc == NULL)
+        return -1;
+#  if defined(__x86_64__)
+    if ((long long)uc->uc_mcontext.gregs[REG_RAX] == -EINTR)
+        return 1;
+    /* The first byte read only where the thread was executing, the second only when the
+     * first begins an instruction of two bytes or more (so it is mapped too). */
+    const unsigned char *ip = (const unsigned char *)(uintptr_t)uc->uc_mcontext.gregs[REG_RIP];
+    return ip[0] == 0x0f && ip[1] == 0x05;
+#  else
+    if ((long long)uc->uc_mcontext.regs[0] == -EINTR)
+        return 1;
+    return *(const uint32_t *)(uintptr_t)uc->uc_mcontext.pc == 0xd4000001u;
+#  endif
+#else
+    (void)ucontext;
+    return -1;
+#endif
+}
 
 int
 collecting_generation(PyThreadState *ts, int state)
