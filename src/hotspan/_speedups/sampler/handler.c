@@ -35,12 +35,11 @@ wall_sample_state(Entry *e, ThreadSlot *slot, const void *ucontext)
         return;
     uint64_t due = atomic_load_explicit(&slot->wall_due_ns, memory_order_relaxed);
     int late = due != 0 && monotonic_ns() > due + LATE_SIGNAL_NS;
-    int blocked = interrupted_in_syscall(ucontext);
-    if (blocked < 0) {
-        /* Holding the GIL, it is not blocked (CPython lets the GIL go around calls that
-         * block). */
-        blocked = state != STATE_RUNNING;
-    }
+    /* Holding the GIL, it is not blocked (CPython lets the GIL go around calls that block);
+     * otherwise where it was interrupted tells. */
+    int blocked = state == STATE_RUNNING ? 0 : interrupted_in_syscall(ucontext);
+    if (blocked < 0)
+        blocked = 1;
     if (blocked)
         return;
     if (!late)

@@ -207,14 +207,19 @@ interrupted_in_syscall(const void *ucontext)
 #  if defined(__x86_64__)
     if ((long long)uc->uc_mcontext.gregs[REG_RAX] == -EINTR)
         return 1;
-    /* The first byte read only where the thread was executing, the second only when the
-     * first begins an instruction of two bytes or more (so it is mapped too). */
-    const unsigned char *ip = (const unsigned char *)(uintptr_t)uc->uc_mcontext.gregs[REG_RIP];
-    return ip[0] == 0x0f && ip[1] == 0x05;
+    /* Read as memory that may not be readable (code mapped execute-only, with protection
+     * keys): a system call, once per wall sample of a thread without the GIL. */
+    unsigned char code[2];
+    if (safe_read((const void *)(uintptr_t)uc->uc_mcontext.gregs[REG_RIP], code, 2) != 0)
+        return -1;
+    return code[0] == 0x0f && code[1] == 0x05;
 #  else
     if ((long long)uc->uc_mcontext.regs[0] == -EINTR)
         return 1;
-    return *(const uint32_t *)(uintptr_t)uc->uc_mcontext.pc == 0xd4000001u;
+    uint32_t code;
+    if (safe_read((const void *)(uintptr_t)uc->uc_mcontext.pc, &code, sizeof code) != 0)
+        return -1;
+    return code == 0xd4000001u;
 #  endif
 #else
     (void)ucontext;
