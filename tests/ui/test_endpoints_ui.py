@@ -7,14 +7,15 @@ from __future__ import annotations
 
 import re
 import time
+from pathlib import Path
 from typing import Iterator, List
 from urllib.parse import quote
 
 import pytest
 
 from tests.conftest import RunningServer, running_server
-from tests.helpers import run_programs
-from tests.server.api.test_endpoints import PROGRAM
+from tests.helpers import native_states, run_programs
+from tests.server.api.test_endpoints import CONTENDED, PROGRAM
 from tests.ui.conftest import screenshot, sized
 
 SELECTOR = '{service_name="shop"}'
@@ -97,6 +98,29 @@ def test_endpoints_table_ranks_sorts_and_opens_a_flame_graph(page, shop) -> None
     page.wait_for_function(f"() => ({FRAMES})().includes('__main__.charge_card')")
     assert [r["requests"] for r in table(page)] == [3, 5, 8]
     assert "name=" in page.url and "order=requests" in page.url
+
+
+@native_states
+def test_requests_that_waited_for_the_gil_show_it(page, shop, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    run_programs(CONTENDED, tmp_path, [shop.url])
+    query = "query=" + quote('{service_name="contended"}')
+    deadline = time.monotonic() + 20
+    while True:
+        open_endpoints(page, shop, query)
+        cells = page.eval_on_selector_all(
+            ".hs-ep-row",
+            "rows => Object.fromEntries(rows.map(r => [r.dataset.name, "
+            "r.querySelector('.hs-ep-gil-wait')?.textContent || '']))",
+        )
+        if cells.get("GET /report", "").endswith("ms") or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    # The report waited about half its 0.3 s while the other thread spun: tens of ms or more.
+    assert re.fullmatch(r"\d{2,3}(\.\d+)? ms", cells["GET /report"]), cells
+    header = page.locator(".hs-ep-sort[data-column='gilWaitPerRequest']")
+    assert header.inner_text().startswith("GIL wait")
+    header.click()
+    assert [r["name"] for r in table(page)][0] == "GET /report"
 
 
 def test_an_unknown_service_stays_named(page, shop) -> None:  # type: ignore[no-untyped-def]

@@ -11,7 +11,7 @@ Samples reach an endpoint through the span id they carry, and spans through the 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, Iterable, List, Set, Tuple
+from typing import Dict, Iterable, List, Optional, Set, Tuple
 
 from hotspan.model.labels import Matcher, Selector
 from hotspan.model.profile import ProfileType
@@ -35,6 +35,7 @@ class Endpoint:
     name: str
     requests: int  # local root spans with this name that started in the range
     total: int  # the profile value of those requests (local roots and their descendants)
+    beside: int = 0  # their value in the profile asked for beside (ServiceEndpoints.beside)
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,9 @@ class ServiceEndpoints:
     endpoints: Tuple[Endpoint, ...]  # the costliest first
     total: int  # every sample of the service in the range
     truncated: bool  # more spans started in the range than were looked at
+    # A second profile type the same requests were measured in (the time they waited for the
+    # GIL beside their CPU), when the service has samples of it in the range.
+    beside: Optional[ProfileType] = None
 
     @property
     def unattributed(self) -> int:
@@ -141,16 +145,24 @@ class EndpointEngine:
         with the start of the upload window they were taken in."""
         return SampleFilter(start_ns - STAMP_SLACK_NS, end_ns, span_ids=sorted(span_ids))
 
-    def endpoints(
-        self, tenant: str, service: str, profile_type: ProfileType, start_ns: int, end_ns: int
-    ) -> ServiceEndpoints:
-        roots, members, truncated = self._requests(tenant, service, start_ns, end_ns)
+    def _per_request(
+        self,
+        tenant: str,
+        service: str,
+        profile_type: ProfileType,
+        start_ns: int,
+        end_ns: int,
+        members: Dict[int, int],
+    ) -> Tuple[Optional[int], Dict[int, int]]:
+        """The service's total of one profile type in the range (None: it has no such
+        series), and each request's value (by local root)."""
         series = self.engine.find_series(
             tenant, [service_selector(service)], start_ns - STAMP_SLACK_NS, end_ns, profile_type
         )
+        if not series:
+            return None, {}
         series_ids = [s.series_id for s in series]
         everything = self.store.span_values(tenant, series_ids, SampleFilter(start_ns, end_ns))
-        total = int(everything.values.sum())
         per_root: Dict[int, int] = {}
         if members:
             sums = self.store.span_values(
@@ -160,19 +172,50 @@ class EndpointEngine:
                 root = members.get(sid)
                 if root is not None:
                     per_root[root] = per_root.get(root, 0) + value
+        return int(everything.values.sum()), per_root
+
+    def endpoints(
+        self,
+        tenant: str,
+        service: str,
+        profile_type: ProfileType,
+        start_ns: int,
+        end_ns: int,
+        beside: Optional[ProfileType] = None,
+    ) -> ServiceEndpoints:
+        """The service's endpoints by their value in ``profile_type``, and in ``beside`` too
+        when given and the service has samples of it."""
+        roots, members, truncated = self._requests(tenant, service, start_ns, end_ns)
+        total, per_root = self._per_request(
+            tenant, service, profile_type, start_ns, end_ns, members
+        )
+        beside_total, beside_per_root = (
+            self._per_request(tenant, service, beside, start_ns, end_ns, members)
+            if beside is not None and beside != profile_type
+            else (None, {})
+        )
         requests: Dict[str, int] = {}
         values: Dict[str, int] = {}
+        besides: Dict[str, int] = {}
         for sid, span in roots.items():
             requests[span.name] = requests.get(span.name, 0) + 1
             values[span.name] = values.get(span.name, 0) + per_root.get(sid, 0)
+            besides[span.name] = besides.get(span.name, 0) + beside_per_root.get(sid, 0)
         endpoints = sorted(
-            (Endpoint(name, requests[name], values[name]) for name in requests),
+            (Endpoint(name, requests[name], values[name], besides[name]) for name in requests),
             key=lambda e: (-e.total, -e.requests, e.name),
         )
         # The requests' samples reach a little before the range (STAMP_SLACK_NS): the total
         # is at least what they hold, so that shares stay within 100%.
-        total = max(total, sum(e.total for e in endpoints))
-        return ServiceEndpoints(service, profile_type, tuple(endpoints), total, truncated)
+        total = max(total or 0, sum(e.total for e in endpoints))
+        return ServiceEndpoints(
+            service,
+            profile_type,
+            tuple(endpoints),
+            total,
+            truncated,
+            beside if beside_total is not None else None,
+        )
 
     def endpoint_values(
         self,

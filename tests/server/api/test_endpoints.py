@@ -11,7 +11,9 @@ import pytest
 from hotspan.model.trace import SpanRecord
 from hotspan.query.endpoints import local_roots
 from tests.conftest import RunningServer, running_server
-from tests.helpers import CPU, function_totals, run_programs, traced_program
+from tests.helpers import CPU, function_totals, native_states, run_programs, traced_program
+
+GIL_WAIT = "gil_wait:gil_wait:nanoseconds:wall:nanoseconds"
 
 SEC = 10**9
 # Three endpoints of known cost, each request a local root span of its own: checkout burns
@@ -100,6 +102,70 @@ def test_endpoints_ranked_by_cpu_with_request_counts(shop: RunningServer) -> Non
     assert body["unattributed"] >= 0.05 * SEC
     assert body["unattributed"] == body["total"] - sum(e["total"] for e in body["endpoints"])
     assert body["truncated"] is False
+
+
+# A report that runs Python while another thread spins in Python beside it: it waits for the
+# GIL about half its time; a health check sleeps and hardly waits.
+CONTENDED = traced_program(
+    "contended",
+    """
+    import threading
+
+    stop = threading.Event()
+
+    def spin():
+        while not stop.is_set():
+            sum(range(300))
+
+    def price_rows():
+        end = time.monotonic() + 0.3
+        while time.monotonic() < end:
+            sum(range(300))
+
+    spinner = threading.Thread(target=spin)
+    spinner.start()
+    for i in range(3):
+        with tracer.start_as_current_span("GET /report"):
+            price_rows()
+        with tracer.start_as_current_span("GET /status"):
+            time.sleep(0.1)
+    stop.set()
+    spinner.join()
+    time.sleep(1.5)
+    """,
+)
+
+
+@native_states
+def test_endpoints_show_the_time_requests_waited_for_the_gil(
+    shop: RunningServer, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    run_programs(CONTENDED, tmp_path_factory.mktemp("contended"), [shop.url])
+    deadline = time.monotonic() + 20
+    with shop.client() as c:
+        while True:
+            r = c.get("/api/v1/endpoints", params={"service": "contended", **window()})
+            assert r.status_code == 200, r.text
+            body = r.json()
+            found = {e["name"]: e for e in body["endpoints"]}
+            report = found.get("GET /report", {})
+            if (report.get("gilWaitPerRequest") or 0) > 0.05 * SEC:
+                break
+            assert time.monotonic() < deadline, body
+            time.sleep(0.3)
+    assert body["gilWaitProfileType"] == GIL_WAIT
+    assert report["requests"] == 3
+    # Half of its 0.3 s for the GIL, give or take; the sleeper hardly any.
+    assert report["gilWaitPerRequest"] < 0.3 * SEC
+    assert found["GET /status"]["gilWaitPerRequest"] < 0.2 * report["gilWaitPerRequest"]
+    # Asked for the GIL-wait profile itself, the column is that profile's per request.
+    with shop.client() as c:
+        r = c.get(
+            "/api/v1/endpoints",
+            params={"service": "contended", "profileType": GIL_WAIT, **window()},
+        )
+    again = {e["name"]: e for e in r.json()["endpoints"]}["GET /report"]
+    assert again["gilWaitPerRequest"] == pytest.approx(again["perRequest"])
 
 
 def test_endpoint_flamegraph_holds_its_requests_and_their_child_spans(shop: RunningServer) -> None:

@@ -1,7 +1,9 @@
 """Per-endpoint profiling (see :mod:`hotspan.query.endpoints`).
 
 - ``GET /api/v1/endpoints?service=&profileType=&start=&end=``: the service's endpoints with
-  their request count and profile value, the costliest first, beside the service's total.
+  their request count and profile value, the costliest first, beside the service's total; and
+  the time their requests waited for the GIL (``gilWaitPerRequest``), when the service's agent
+  records it (``gilWaitProfileType`` is then that profile's ID, else null).
 - ``GET /api/v1/endpoints/flamegraph?...&name=``: the flame graph of one endpoint's requests,
   ``{"flamegraph": ...}`` as in SelectMergeStacktracesResponse (protojson).
 
@@ -22,6 +24,7 @@ from starlette.routing import Route
 from hotspan.model.profile import ProfileType
 from hotspan.query.endpoints import EndpointEngine
 from hotspan.query.engine import QueryError
+from hotspan.query.why import GIL_WAIT
 from hotspan.server.errors import HTTPError, text_errors
 from hotspan.server.params import max_nodes_value, profile_type, seconds_param
 from hotspan.server.pyroscope.span_profiles import flamegraph_json
@@ -52,8 +55,9 @@ async def endpoints(request: Request) -> Response:
     state, tenant = query_state(request)
     service, ptype, start, end = _params(request)
     engine = EndpointEngine(state.store, state.engine)
-    found = await run_in_threadpool(engine.endpoints, tenant, service, ptype, start, end)
+    found = await run_in_threadpool(engine.endpoints, tenant, service, ptype, start, end, GIL_WAIT)
     total = found.total
+    gil = found.beside is not None or ptype == GIL_WAIT
     return JSONResponse(
         {
             "service": service,
@@ -63,6 +67,7 @@ async def endpoints(request: Request) -> Response:
             "total": total,
             "unattributed": found.unattributed,
             "truncated": found.truncated,
+            "gilWaitProfileType": GIL_WAIT.id if gil else None,
             "endpoints": [
                 {
                     "name": e.name,
@@ -70,6 +75,11 @@ async def endpoints(request: Request) -> Response:
                     "total": e.total,
                     "perRequest": e.total / e.requests if e.requests else 0,
                     "share": e.total / total if total else 0,
+                    "gilWaitPerRequest": (
+                        (e.total if ptype == GIL_WAIT else e.beside) / e.requests
+                        if gil and e.requests
+                        else None
+                    ),
                 }
                 for e in found.endpoints
             ],

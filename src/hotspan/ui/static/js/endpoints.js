@@ -1,6 +1,6 @@
 // Per-endpoint profiling: for one service, its endpoints (the names of its local root spans:
 // the server span of each request, a consumer's span, a job's root) with their request count,
-// cost per request, total and share of the service's profile; a row opens that endpoint's
+// cost per request, GIL wait per request, total and share of the service's profile; a row opens that endpoint's
 // flame graph below the table.  Every state is in the URL:
 //   /endpoints?query={service_name="shop"}&profileType=<id>&from=now-1h&until=now
 //              &name=<endpoint>&order=<column>:<asc|desc>   (&zoom=, &sort=, &sandwich=: the panel's)
@@ -18,6 +18,11 @@ const COLUMNS = [
   ["name", "Endpoint", "the span name of the service's local root spans"],
   ["requests", "Requests", "local root spans with this name that started in the range"],
   ["perRequest", "Per request", "mean profile value of one request (its spans in this service)"],
+  [
+    "gilWaitPerRequest",
+    "GIL wait / request",
+    "mean time one request's threads waited for the GIL (the gil_wait profile): Python that was ready to run while other threads held the GIL",
+  ],
   ["total", "Total", "profile value of all its requests"],
   ["share", "Share", "of the service's whole profile in the range"],
 ];
@@ -214,10 +219,12 @@ export function renderEndpoints(root, { params }) {
       const cmp = typeof x === "string" ? x.localeCompare(y) : x - y;
       return sign * cmp || a.name.localeCompare(b.name);
     });
+    // The GIL-wait column only where the service's agent records GIL waits.
+    const columns = COLUMNS.filter(([key]) => key !== "gilWaitPerRequest" || data.gilWaitProfileType);
     const head = el(
       "tr",
       {},
-      COLUMNS.map(([key, text, title]) => {
+      columns.map(([key, text, title]) => {
         const active = key === column;
         const th = el(
           "th",
@@ -254,6 +261,9 @@ export function renderEndpoints(root, { params }) {
         el("td", { class: "hs-ep-name" }, e.name),
         el("td", { class: "hs-ep-num hs-ep-requests" }, String(e.requests)),
         el("td", { class: "hs-ep-num hs-ep-per-request" }, formatValue(e.perRequest, unit)),
+        data.gilWaitProfileType
+          ? el("td", { class: "hs-ep-num hs-ep-gil-wait" }, formatValue(e.gilWaitPerRequest || 0, "nanoseconds"))
+          : null,
         el("td", { class: "hs-ep-num hs-ep-total" }, formatValue(e.total, unit)),
         el(
           "td",
@@ -278,6 +288,7 @@ export function renderEndpoints(root, { params }) {
         el("td", { class: "hs-ep-name" }, "not attributed to an endpoint"),
         el("td", {}, ""),
         el("td", {}, ""),
+        data.gilWaitProfileType ? el("td", {}, "") : null,
         el("td", { class: "hs-ep-num hs-ep-total" }, formatValue(data.unattributed, unit)),
         el("td", { class: "hs-ep-num hs-ep-share" }, formatPercent(data.unattributed, data.total)),
       ),
