@@ -139,6 +139,12 @@ def test_why_slow_names_the_function_that_made_the_span_slow(page, store) -> Non
     summary = page.inner_text(".hs-why-summary")
     assert "GET /checkout" in summary, summary
     assert page.inner_text(".hs-why-verdict").strip() == "computing", summary
+    # Its time split under the summary: mostly CPU.
+    split = page.inner_text(".hs-why-split")
+    found = re.fullmatch(
+        r"Its (.+): CPU (.+) · GIL wait (.+) · CPU wait (.+) · other \(off CPU\) (.+)", split
+    )
+    assert found and ms(found.group(2)) >= 0.5 * ms(found.group(1)), split
     facts = page.inner_text(".hs-why-facts")
     # The six requests before it: the baseline window ends where the span ends.
     assert "6 spans" in facts, facts

@@ -123,6 +123,20 @@ def render(answer: Dict[str, Any]) -> str:
         f"trace {answer['traceID']} span {answer['spanID']} ({answer['verdict']}); "
         f"baseline: {base['spans']} spans"
     )
+    split = answer.get("split")
+    if split:
+        parts = [
+            ("CPU", "cpuNanos"),
+            ("GIL wait", "gilWaitNanos"),
+            ("CPU wait", "cpuWaitNanos"),
+            ("other (off CPU)", "otherNanos"),
+        ]
+        lines.append(
+            f"its {format_value(int(split['durationNanos']), 'nanoseconds')}: "
+            + ", ".join(
+                f"{name} {format_value(int(split[key]), 'nanoseconds')}" for name, key in parts
+            )
+        )
     for profile in answer["profiles"]:
         ptype = profile["profileType"]
         unit = ptype.split(":")[2]

@@ -18,8 +18,10 @@ CPU is well under its duration spent its time off-CPU (I/O, locks, sleeping), wh
 profile cannot explain but its wall profile can.  A span whose extra time is mostly garbage
 collection (the agent's ``[GC]`` frame, on CPU) was held up by the collector: "gc", whatever
 its CPU share; one whose extra time is mostly waiting for the GIL (the agent's GIL-wait
-profile) was "contended", and the functions of its service that held the GIL around its time
-(the GIL-held profile) are named.  Missing data is not waiting: a span without
+profile) or for a core (its wall samples taken runnable, ``thread_state="cpu_wait"``) was
+"contended", and the functions of its service that held the GIL around its time (the GIL-held
+profile) are named.  The answer splits the span's time into CPU, GIL wait, CPU wait and the
+rest (:class:`TimeSplit`).  Missing data is not waiting: a span without
 a sample of any type is "pending" while its profiles may still be on their way (it ended
 under ``PENDING_NS`` ago), "no-profile" after; a span too short for a few samples
 ("too-short") has too few to tell computing from waiting.
@@ -34,7 +36,7 @@ from typing import Dict, List, Optional, Sequence, Set, Tuple
 
 import numpy as np
 
-from hotspan.model.labels import Selector
+from hotspan.model.labels import Matcher, Selector
 from hotspan.model.profile import ProfileType
 from hotspan.model.trace import SpanRecord, StoredSpan
 from hotspan.query import flamegraph
@@ -61,6 +63,8 @@ PENDING_NS = 15 * 10**9
 # their descendants.
 TRACE_SPANS_LIMIT = 100_000
 _ANY = Selector(metric="", matchers=())
+# The wall samples of threads that were runnable but had no core (the agent's thread_state).
+_CPU_WAIT = Selector(metric="", matchers=(Matcher("thread_state", "=", "cpu_wait"),))
 
 # What the hotspan agent sends for the GIL (agent.outbox.GIL_WAIT_TYPE, GIL_HELD_TYPE): the time
 # threads waited for it, on their stacks, and the same time on the stacks that held it.
@@ -81,7 +85,7 @@ GC_FRAME = "[GC]"
 # The share of a span's extra duration that its extra time in garbage collections must account
 # for to be the verdict: then the collector, not the code, is what the span waited for.
 GC_SHARE_OF_EXTRA = 0.5
-# Likewise for its extra time waiting for the GIL, for the verdict "contended".
+# Likewise for its extra time waiting for the GIL or for a core, for the verdict "contended".
 CONTENDED_SHARE_OF_EXTRA = 0.5
 # Samples are stamped with the start of their upload window (the agent's is 10 s): the GIL
 # held while a span waited is in the windows that began up to this long before it.
@@ -147,6 +151,23 @@ class GilHolder:
 
 
 @dataclass(frozen=True)
+class TimeSplit:
+    """Where a span's time went, in nanoseconds, its descendants' samples included: on CPU,
+    waiting for the GIL, runnable but waiting for a core, and the rest of its duration (off
+    CPU: asleep, in I/O, waiting for a lock or another service; under asyncio, other tasks'
+    turns)."""
+
+    duration: int
+    cpu: int
+    gil_wait: int
+    cpu_wait: int
+
+    @property
+    def other(self) -> int:
+        return max(0, self.duration - self.cpu - self.gil_wait - self.cpu_wait)
+
+
+@dataclass(frozen=True)
 class WhyAnswer:
     trace_id: str
     span: StoredSpan
@@ -159,6 +180,9 @@ class WhyAnswer:
     # the time range (ns) they were read from.
     gil_holders: Tuple[GilHolder, ...] = ()
     gil_range: Tuple[int, int] = (0, 0)
+    # Its time waiting for a core, beside its baseline's (None: no wall samples say).
+    cpu_wait: Optional[Delta] = None
+    split: Optional[TimeSplit] = None
 
     @property
     def extra_duration_ns(self) -> int:
@@ -274,7 +298,21 @@ class WhyEngine:
         holders: Tuple[GilHolder, ...] = ()
         if waited is not None and waited.value.span > 0:
             holders = self.gil_holders(tenant, span.service, *gil_range, trace_id, span_ids)
-        verdict, summary = _verdict(span, baseline, profiles, window_ns, time.time_ns(), holders)
+        cpu_wait = None
+        if any(p.profile_type == WALL for p in profiles):
+            cpu_wait = self.values(tenant, WALL, _CPU_WAIT, span, trace_id, span_ids, baseline)
+        cpu = next((p for p in profiles if p.profile_type == CPU), None)
+        split = None
+        if cpu is not None or waited is not None:
+            split = TimeSplit(
+                span.duration_ns,
+                cpu.value.span if cpu is not None else 0,
+                waited.value.span if waited is not None else 0,
+                cpu_wait.span if cpu_wait is not None else 0,
+            )
+        verdict, summary = _verdict(
+            span, baseline, profiles, window_ns, time.time_ns(), holders, cpu_wait
+        )
         return WhyAnswer(
             trace_id,
             span,
@@ -285,6 +323,8 @@ class WhyEngine:
             summary,
             holders,
             gil_range if holders else (0, 0),
+            cpu_wait,
+            split,
         )
 
     def gil_holders(
@@ -381,12 +421,34 @@ class WhyEngine:
     ) -> Optional[ProfileComparison]:
         """The span beside its baseline in one profile type; None when neither holds a
         sample of it (the type is not stored for them)."""
+        mine, theirs = self._stacks(tenant, ptype, _ANY, span, trace_id, span_ids, baseline)
+        if not mine.values.any() and not theirs.values.any():
+            return None
+        n = max(len(baseline.spans), 1)
+        value = Delta(int(mine.values.sum()), float(theirs.values.sum()) / n)
+        functions = self._functions(mine, theirs, n, ptype, span, baseline, limit)
+        means = np.rint(theirs.values / n).astype(np.int64)
+        mean = StackValues(theirs.stack_ids, np.where(theirs.values > 0, np.maximum(means, 1), 0))
+        graph = self.engine.diff(mean, mine, max_nodes)
+        return ProfileComparison(ptype, value, functions, graph)
+
+    def _stacks(
+        self,
+        tenant: str,
+        ptype: ProfileType,
+        selector: Selector,
+        span: StoredSpan,
+        trace_id: str,
+        span_ids: Set[int],
+        baseline: Baseline,
+    ) -> Tuple[StackValues, StackValues]:
+        """The samples of the span (and its descendants), and of its baseline spans."""
         # Samples are stamped with the start of their upload window: it may begin before the
         # span, and end after it.
         mine = self.engine.stack_values(
             tenant,
             ptype,
-            _ANY,
+            selector,
             SampleFilter(
                 span.start_ns - HOUR_NS,
                 span.end_ns + HOUR_NS,
@@ -399,7 +461,7 @@ class WhyEngine:
             theirs = self.engine.stack_values(
                 tenant,
                 ptype,
-                _ANY,
+                selector,
                 SampleFilter(
                     baseline.start_ns - HOUR_NS,
                     baseline.end_ns + HOUR_NS,
@@ -407,15 +469,22 @@ class WhyEngine:
                     trace_ids=list(baseline.trace_ids),
                 ),
             )
-        if not mine.values.any() and not theirs.values.any():
-            return None
+        return mine, theirs
+
+    def values(
+        self,
+        tenant: str,
+        ptype: ProfileType,
+        selector: Selector,
+        span: StoredSpan,
+        trace_id: str,
+        span_ids: Set[int],
+        baseline: Baseline,
+    ) -> Delta:
+        """The span's total of the samples ``selector`` picks, beside its baseline's mean."""
+        mine, theirs = self._stacks(tenant, ptype, selector, span, trace_id, span_ids, baseline)
         n = max(len(baseline.spans), 1)
-        value = Delta(int(mine.values.sum()), float(theirs.values.sum()) / n)
-        functions = self._functions(mine, theirs, n, ptype, span, baseline, limit)
-        means = np.rint(theirs.values / n).astype(np.int64)
-        mean = StackValues(theirs.stack_ids, np.where(theirs.values > 0, np.maximum(means, 1), 0))
-        graph = self.engine.diff(mean, mine, max_nodes)
-        return ProfileComparison(ptype, value, functions, graph)
+        return Delta(int(mine.values.sum()), float(theirs.values.sum()) / n)
 
     def _functions(
         self,
@@ -487,6 +556,7 @@ def _verdict(
     window_ns: int,
     now_ns: int,
     holders: Sequence[GilHolder] = (),
+    cpu_wait: Optional[Delta] = None,
 ) -> Tuple[str, str]:
     duration = span.duration_ns
     head = f"{span.service} {span.name} took {duration_text(duration)}"
@@ -549,18 +619,29 @@ def _verdict(
         )
     waited = next((p for p in profiles if p.profile_type == GIL_WAIT), None)
     extra_ns = duration - baseline.mean_duration_ns
-    if (
-        waited is not None
-        and extra_ns > 0
-        and waited.value.extra >= CONTENDED_SHARE_OF_EXTRA * extra_ns
-    ):
+    gil_extra = max(waited.value.extra, 0.0) if waited is not None else 0.0
+    core_extra = max(cpu_wait.extra, 0.0) if cpu_wait is not None else 0.0
+    if extra_ns > 0 and gil_extra + core_extra >= CONTENDED_SHARE_OF_EXTRA * extra_ns:
+        gil_ns = waited.value.span if waited is not None else 0
+        core_ns = cpu_wait.span if cpu_wait is not None else 0
+        waits = [f"{duration_text(gil_ns)} for the GIL"] if gil_ns else []
+        waits += [f"{duration_text(core_ns)} for a core"] if core_ns else []
+        if gil_extra >= 3 * core_extra:
+            held = "other threads held the GIL"
+        elif core_extra >= 3 * gil_extra:
+            held = (
+                "other threads or processes had every core (more busy threads than cores, "
+                "or a CPU quota spent)"
+            )
+        else:
+            held = "other threads held the GIL or had every core"
         by = ", ".join(f"{h.name} ({duration_text(h.value)})" for h in holders[:3])
         return "contended", (
-            f"{head}; {cpu_text}, and it waited {duration_text(waited.value.span)} for the "
-            f"GIL, {duration_text(waited.value.extra)} more than spans like it "
-            f"({min(waited.value.extra / extra_ns, 1.0):.0%} of the extra time): it was "
-            "contended, runnable while other threads held the GIL"
-            + (f"; held meanwhile most by {by}" if by else "")
+            f"{head}; {cpu_text}, and it waited {' and '.join(waits)}, "
+            f"{duration_text(gil_extra + core_extra)} more than spans like it "
+            f"({min((gil_extra + core_extra) / extra_ns, 1.0):.0%} of the extra time): it was "
+            f"contended, runnable while {held}"
+            + (f"; the GIL was held meanwhile most by {by}" if by and gil_ns else "")
         )
     if cpu_span >= WAITING_CPU_SHARE * duration:
         return "computing", f"{head}; {cpu_text}: it was computing{_top_extra(cpu)}"

@@ -9,6 +9,7 @@ name; spans without samples are pending or have no profile, short ones cannot te
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from typing import Iterator
@@ -74,7 +75,27 @@ PROGRAM = traced_program(
     def build_report():
         burn(0.1)
 
-    out = {"slow": [], "fast": [], "waiting": [], "child": [], "gc": [], "contended": []}
+    import hashlib, os
+
+    block = os.urandom(1 << 19)
+
+    def digest_upload():
+        # Hashing in C, which lets the GIL go: with more such threads than cores, it waits
+        # for a core.
+        digest = hashlib.sha256()
+        end = time.thread_time() + 0.1
+        while time.thread_time() < end:
+            digest.update(block)
+
+    def hash_forever(stop):
+        digest = hashlib.sha256()
+        while not stop.is_set():
+            digest.update(block)
+
+    out = {
+        "slow": [], "fast": [], "waiting": [], "child": [], "gc": [], "contended": [],
+        "starved": [],
+    }
     with tracer.start_as_current_span("startup") as span:
         price_items()
     out["startup"] = ids(span)
@@ -113,6 +134,22 @@ PROGRAM = traced_program(
             stop.set()
             other.join()
             out["contended"].append(ids(span))
+    for i in range(8):
+        stop = threading.Event()
+        others = [
+            threading.Thread(target=hash_forever, args=(stop,))
+            for _ in range(2 * len(os.sched_getaffinity(0)))
+        ]
+        if i == 5:
+            for t in others:
+                t.start()
+        with tracer.start_as_current_span("POST /upload") as span:
+            digest_upload()
+        if i == 5:
+            stop.set()
+            for t in others:
+                t.join()
+            out["starved"].append(ids(span))
     print("IDS " + json.dumps(out))
     """,
 )
@@ -189,6 +226,13 @@ def test_the_cli_names_the_slow_function_first(shop) -> None:  # type: ignore[no
     header = next(i for i, ln in enumerate(lines) if ln.strip().startswith("extra self"))
     assert lines[header - 1].startswith("cpu:")
     assert lines[header + 1].rstrip().endswith("__main__.check_fraud"), out.stdout
+    # Its time split as the API's "split" says: mostly CPU.
+    split = next(ln for ln in lines if ln.startswith("its "))
+    assert re.fullmatch(
+        r"its [\d.]+ m?s: CPU [\d.]+ m?s, GIL wait [\d.]+ [mnµ]?s, CPU wait [\d.]+ [mnµ]?s, "
+        r"other \(off CPU\) [\d.]+ [mnµ]?s",
+        split,
+    ), split
     span_cmd = cmd + ["--span", slow["span"], "--json", "--window", "1d"]
     as_json = subprocess.run(span_cmd, capture_output=True, text=True, timeout=60)
     assert as_json.returncode == 0, as_json.stderr
@@ -230,6 +274,27 @@ def test_request_waiting_for_the_gil_is_contended(shop) -> None:  # type: ignore
     assert holders and holders[0]["name"] == "__main__.hog", holders
     assert "__main__.hog" in answer["summary"]
     assert answer["gilRange"]["start"] < answer["gilRange"]["end"]
+    # Its time split: the GIL wait the profile holds, and the parts add up to its duration.
+    split = {k: int(v) for k, v in answer["split"].items()}
+    assert split["gilWaitNanos"] == waited["spanValue"]
+    assert split["cpuNanos"] == profile(answer, CPU)["spanValue"]
+    parts = split["cpuNanos"] + split["gilWaitNanos"] + split["cpuWaitNanos"] + split["otherNanos"]
+    assert parts >= split["durationNanos"] == int(answer["durationNanos"])
+
+
+@native_states
+def test_request_starved_of_cores_is_contended(shop) -> None:  # type: ignore[no-untyped-def]
+    srv, ids = shop
+    answer = why(srv, ids["starved"][0]["trace"])
+    summary = answer["summary"]
+    assert (answer["name"], answer["verdict"]) == ("POST /upload", "contended"), summary
+    assert "for a core" in summary, summary
+    # Its 100 ms of hashing beside twice as many hashing threads as cores: it waited for a
+    # core (and, on a crowded machine, for the GIL held by threads that had no core either).
+    split = {k: int(v) for k, v in answer["split"].items()}
+    assert split["cpuWaitNanos"] >= 0.25 * int(answer["extraDurationNanos"]), split
+    assert answer["cpuWait"]["span"] == split["cpuWaitNanos"]
+    assert answer["cpuWait"]["baselineMean"] < 0.5 * split["cpuWaitNanos"], answer["cpuWait"]
 
 
 @native_states

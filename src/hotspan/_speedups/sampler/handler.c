@@ -31,10 +31,14 @@ static void
 wall_sample_state(Entry *e, ThreadSlot *slot, const void *ucontext)
 {
     int state = e->thread_state;
-    if (state == STATE_GIL_WAIT)
-        return;
     uint64_t due = atomic_load_explicit(&slot->wall_due_ns, memory_order_relaxed);
     int late = due != 0 && monotonic_ns() > due + LATE_SIGNAL_NS;
+    if (state == STATE_GIL_WAIT) {
+        /* Woken as the GIL was let go, it had no core to take it on: nobody holds it. */
+        if (late && gil_holder_now() == 0)
+            e->thread_state = STATE_CPU_WAIT;
+        return;
+    }
     /* Holding the GIL, it is not blocked (CPython lets the GIL go around calls that block);
      * otherwise where it was interrupted tells. */
     int blocked = state == STATE_RUNNING ? 0 : interrupted_in_syscall(ucontext);

@@ -138,8 +138,11 @@ blocked_state(pid_t tid)
     long nr = strtol(buf, &end, 10);
     if (end == buf)
         return STATE_CPU_WAIT; /* "running": in no system call, and it has not run */
-    if (nr == SYS_futex && in_gil((uintptr_t)strtoull(end, NULL, 16)))
-        return STATE_GIL_WAIT;
+    if (nr == SYS_futex && in_gil((uintptr_t)strtoull(end, NULL, 16))) {
+        /* In the GIL's code while nobody holds it: woken to take it (or to see it taken),
+         * it has had no core to do so. */
+        return gil_holder(gil_state) != NULL ? STATE_GIL_WAIT : STATE_CPU_WAIT;
+    }
     return STATE_RELEASED;
 #  else
     (void)tid;

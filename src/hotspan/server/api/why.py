@@ -10,13 +10,19 @@ Integers too large for a JavaScript number (nanosecond durations) are strings, a
 
 ``verdict``: "too-short" (a span under 50 ms: a few samples at 100 Hz cannot tell), "gc"
 (garbage collections, the agent's ``[GC]`` frame, account for at least half of its extra
-duration), "contended" (its extra time waiting for the GIL, the agent's GIL-wait profile, is at
-least half of its extra duration; ``gilHolders`` are the functions of its service that held
-the GIL around its time, from ``gilRange``'s start to its end, in seconds), "computing" (its
+duration), "contended" (its extra time waiting for the GIL, the agent's GIL-wait profile, and
+for a core, its wall samples with ``thread_state="cpu_wait"``, is at least half of its extra
+duration; ``gilHolders`` are the functions of its service that held the GIL around its time,
+from ``gilRange``'s start to its end, in seconds), "computing" (its
 CPU, with its descendants', is at least 30 % of its duration), "waiting"
 (less), "pending" (no samples of any type yet, and it ended under 15 s
 ago: the agent's next upload may bring them), "no-profile" (no samples of it of any type, or
 no CPU samples of it or of its baseline), "no-baseline" (no other span like it in the window).
+
+``split`` divides the span's duration (its descendants' samples included) into ``cpuNanos``,
+``gilWaitNanos``, ``cpuWaitNanos`` and ``otherNanos`` (the rest: off CPU, asleep, in I/O,
+waiting for a lock or another service); null without CPU or GIL-wait samples.  ``cpuWait`` is
+the span's time waiting for a core beside its baseline's mean, null without wall samples.
 
 Each profile's ``flamegraph`` is a diff: left the baseline's mean per span, right the span.
 The mean of each stack is rounded to a whole unit, and a stack the baseline holds is at least
@@ -132,6 +138,22 @@ def answer_json(answer: WhyAnswer) -> Dict[str, Any]:
         "summary": answer.summary,
         "profiles": [_profile_json(p) for p in answer.profiles],
         "gilHolders": [{"name": h.name, "nanos": str(h.value)} for h in answer.gil_holders],
+        "cpuWait": (
+            None
+            if answer.cpu_wait is None
+            else {"span": answer.cpu_wait.span, "baselineMean": answer.cpu_wait.baseline}
+        ),
+        "split": (
+            None
+            if answer.split is None
+            else {
+                "durationNanos": str(answer.split.duration),
+                "cpuNanos": str(answer.split.cpu),
+                "gilWaitNanos": str(answer.split.gil_wait),
+                "cpuWaitNanos": str(answer.split.cpu_wait),
+                "otherNanos": str(answer.split.other),
+            }
+        ),
         "gilRange": {"start": answer.gil_range[0] // SEC, "end": -(-answer.gil_range[1] // SEC)},
     }
 
