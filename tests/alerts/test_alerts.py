@@ -23,7 +23,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional
 import pytest
 
 from tests.conftest import RunningServer, running_server
-from tests.helpers import CPU, traced_program
+from tests.helpers import CPU, native_states, traced_program
 
 ZERO_TIME = "0001-01-01T00:00:00Z"
 # Windows end 2 s ago: profiles are uploaded every second (the default lag is for real agents),
@@ -549,6 +549,16 @@ def _with(**changes: Any) -> Dict[str, Any]:
             ),
             "the same value",
         ),
+        (
+            _with(condition={"kind": "gil_wait_share", "above": 120, "window": "5m"}),
+            "condition.above",
+        ),
+        (
+            _with(
+                condition={"kind": "gil_wait_share", "above": 20, "window": "5m", "function": "x"}
+            ),
+            "condition",
+        ),
     ],
 )
 def test_bad_rules_get_a_400_naming_the_problem(
@@ -897,3 +907,94 @@ def alert_of(srv: RunningServer, name: str, tenant: str) -> Dict[str, Any]:
         r = c.get(f"/api/v1/alerts/rules/{name}", headers={"X-Scope-OrgID": tenant})
     assert r.status_code == 200, r.text
     return r.json()
+
+
+# Requests that run Python; while the control file says "contended", a thread spins in Python
+# beside them, and they wait for the GIL about half the time they want to run.
+GIL_PROGRAM = traced_program(
+    "reports",
+    """
+    import threading
+
+    control = sys.argv[2]
+    spinning = threading.Event()
+
+    def spin():
+        while True:
+            spinning.wait()
+            sum(range(300))
+
+    threading.Thread(target=spin, daemon=True).start()
+    while True:
+        try:
+            mode = open(control).read().strip()
+        except OSError:
+            mode = "calm"
+        if mode == "stop":
+            break
+        if mode == "contended":
+            spinning.set()
+        else:
+            spinning.clear()
+        with tracer.start_as_current_span("GET /report"):
+            end = time.monotonic() + 0.01
+            while time.monotonic() < end:
+                sum(range(300))
+    """,
+)
+
+
+@native_states
+def test_gil_wait_share_fires_while_threads_take_turns_at_the_gil(
+    tmp_path: Path, receiver: Receiver
+) -> None:
+    with running_server(tmp_path / "data", SHARE_ARGS) as srv:
+        put_rule(
+            srv,
+            "gil-bound",
+            {
+                "selector": '{service_name="reports"}',
+                "condition": {"kind": "gil_wait_share", "above": 20, "window": "2s"},
+                "webhooks": [receiver.url + "/hook"],
+            },
+        )
+        control = tmp_path / "mode"
+        control.write_text("calm")
+        script = tmp_path / "program.py"
+        script.write_text(GIL_PROGRAM)
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("HOTSPAN_", "OTEL_"))}
+        proc = subprocess.Popen(
+            [sys.executable, str(script), srv.url, str(control)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        try:
+            wait_until("a value", lambda: alert(srv, "gil-bound")["value"] is not None)
+            start = alert(srv, "gil-bound")["evaluations"]
+            calm = wait_until(
+                "three more evaluations",
+                lambda: (a := alert(srv, "gil-bound"))["evaluations"] >= start + 3 and a,
+            )
+            assert calm["state"] == "inactive" and calm["value"] < 20, calm
+            control.write_text("contended")
+            firing = receiver.wait_for("/hook", "firing")
+            fired = alert(srv, "gil-bound")
+            control.write_text("calm")
+            receiver.wait_for("/hook", "resolved")
+        finally:
+            control.write_text("stop")
+            _, err = proc.communicate(timeout=60)
+        assert proc.returncode == 0, err
+    # Half the time it wanted to run, give or take.
+    value = float(firing["alerts"][0]["annotations"]["value"])
+    assert 20 < value < 80, firing
+    summary = firing["alerts"][0]["annotations"]["summary"]
+    assert "waited for the GIL" in summary, summary
+    assert fired["history"][0]["state"] == "firing", fired
+    # The link opens the diff of the GIL waits: the stretch before against the window.
+    link = dict(
+        urllib.parse.parse_qsl(urllib.parse.urlsplit(firing["alerts"][0]["generatorURL"]).query)
+    )
+    assert link["profileType"] == "gil_wait:gil_wait:nanoseconds:wall:nanoseconds"

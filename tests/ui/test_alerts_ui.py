@@ -346,7 +346,10 @@ def test_each_condition_kind_through_the_form(page, srv) -> None:  # type: ignor
         },
     )
     assert save(page).status == 201
+    fill("gil-bound", "gil_wait_share", {"above": "20", "window": "5m"})
+    assert save(page).status == 201
     stored = {r["name"]: r["condition"] for r in rules_of(client)}
+    assert stored["gil-bound"] == {"kind": "gil_wait_share", "above": 20, "window": "5m"}, stored
     assert stored["cpu-per-request-day"] == {
         "kind": "per_request",
         "increase": 30,
@@ -372,6 +375,7 @@ def test_each_condition_kind_through_the_form(page, srv) -> None:  # type: ignor
     text.wait_for()
     assert 'version="1.2" → "1.3"' in text.inner_text()
     assert "against 1d earlier" in card(page, "cpu-per-request-day").inner_text()
+    assert "GIL wait above 20%" in card(page, "gil-bound").inner_text()
 
     # A name the API cannot take as a path segment is refused before sending.
     form.locator('input[name="name"]').fill("a/b")

@@ -18,8 +18,10 @@ from typing import Any, Dict, Optional, Tuple
 import numpy as np
 
 from hotspan.alerts.rules import (
+    CPU,
     AlertRule,
     FunctionShare,
+    GilWaitShare,
     LabelPair,
     PerRequest,
     ShareGrowth,
@@ -28,9 +30,11 @@ from hotspan.alerts.rules import (
 )
 from hotspan.model.durations import format_duration
 from hotspan.model.labels import Matcher, Selector
+from hotspan.model.profile import ProfileType
 from hotspan.query.endpoints import STAMP_SLACK_NS
 from hotspan.query.engine import QueryEngine
 from hotspan.query.stacks import StackTable
+from hotspan.query.why import GIL_WAIT
 from hotspan.store.base import SampleFilter, StackValues
 
 SEC = 10**9
@@ -81,6 +85,8 @@ def measure(engine: QueryEngine, tenant: str, rule: AlertRule, now_ns: int) -> M
         return _function_share(engine, tenant, rule, cond, now_ns)
     if isinstance(cond, PerRequest):
         return _per_request(engine, tenant, rule, cond, now_ns)
+    if isinstance(cond, GilWaitShare):
+        return _gil_wait_share(engine, tenant, rule, cond, now_ns)
     return _share_growth(engine, tenant, rule, cond, now_ns)
 
 
@@ -204,6 +210,47 @@ def _function_share(
         summary,
         link,
         {"total": total},
+    )
+
+
+# -- GIL wait share ---------------------------------------------------------------------------
+
+_CPU_TYPE = ProfileType.parse(CPU)
+
+
+def _total(engine: QueryEngine, tenant: str, ptype: ProfileType, sel: Selector, side: Side) -> int:
+    values = engine.stack_values(tenant, ptype, sel, SampleFilter(side.start_ns, side.end_ns))
+    return int(values.values.sum()) if len(values.values) else 0
+
+
+def _gil_wait_share(
+    engine: QueryEngine, tenant: str, rule: AlertRule, cond: GilWaitShare, now_ns: int
+) -> Measure:
+    """The selected threads' GIL wait over their time running or waiting for the GIL: of the
+    time their Python could have run, the part it waited (threads asleep or in I/O do not
+    count, so a mostly idle pool does not dilute it)."""
+    now = Side(rule.selector_text, now_ns - cond.window_ns, now_ns)
+    waited = _total(engine, tenant, GIL_WAIT, rule.selector, now)
+    ran = _total(engine, tenant, _CPU_TYPE, rule.selector, now)
+    # The diff view of the GIL waits, the stretch before the window against the window.
+    before = Side(rule.selector_text, now.start_ns - cond.window_ns, now.start_ns)
+    link = DiffLink(GIL_WAIT.id, before, now)
+    window = format_duration(cond.window_ns)
+    share = 100.0 * waited / (waited + ran) if waited + ran else None
+    if share is None:
+        summary = f"no CPU or GIL-wait samples for {rule.selector_text} in the last {window}"
+    else:
+        summary = (
+            f"threads of {rule.selector_text} waited for the GIL {share:.1f}% of the time they "
+            f"ran or waited for it over the last {window} ({waited / 1e9:.3g} s of "
+            f"{(waited + ran) / 1e9:.3g} s; threshold {cond.above:g}%)"
+        )
+    return Measure(
+        share,
+        share is not None and share > cond.above,
+        summary,
+        link,
+        {"gilWait": waited, "cpu": ran},
     )
 
 

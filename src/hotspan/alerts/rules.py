@@ -5,7 +5,7 @@ A rule is what ``PUT /api/v1/alerts/rules/{name}`` takes::
     {"selector": "{service_name=\\"checkout\\"}", "profileType": "<id>" (default CPU),
      "condition": {...}, "for": "0s", "labels": {}, "annotations": {}, "webhooks": [url]}
 
-with one of three conditions:
+with one of four conditions:
 
 - ``{"kind": "function_share", "function": regex, "above": percent, "window": "5m"}``: the
   share of the selected profile held by stacks with a frame matching ``function``;
@@ -15,7 +15,10 @@ with one of three conditions:
   ``{"label": "version", "baseline": "1.2", "comparison": "1.3"}``;
 - ``{"kind": "share_growth", "function": regex, "points": pp, "window": "1h", "label": ...,
   "baseline": ..., "comparison": ...}``: the function's share grown by more than ``points``
-  percentage points from the baseline label value to the comparison one.
+  percentage points from the baseline label value to the comparison one;
+- ``{"kind": "gil_wait_share", "above": percent, "window": "5m"}``: the selected threads'
+  time waiting for the GIL as a share of their time running or waiting for it (the
+  ``gil_wait`` profile over itself plus CPU); the rule's profile type is not used.
 
 Every string (keys included) must be valid UTF-8 text: JSON's ``"\\ud800"`` (a lone surrogate)
 is refused.  ``uid`` is the server's id of the rule (16 hex digits), set when the rule is
@@ -66,7 +69,7 @@ _UID = re.compile(r"[0-9a-f]{16}")
 # Stands for a webhook URL's password and query values wherever a URL is shown or logged.
 REDACTED = "REDACTED"
 
-KINDS = ("function_share", "per_request", "share_growth")
+KINDS = ("function_share", "per_request", "share_growth", "gil_wait_share")
 _RULE_FIELDS = (
     "name",
     "selector",
@@ -144,7 +147,14 @@ class ShareGrowth:
     kind: str = "share_growth"
 
 
-Condition = Union[FunctionShare, PerRequest, ShareGrowth]
+@dataclass(frozen=True)
+class GilWaitShare:
+    above: float
+    window_ns: int
+    kind: str = "gil_wait_share"
+
+
+Condition = Union[FunctionShare, PerRequest, ShareGrowth, GilWaitShare]
 
 
 @dataclass(frozen=True)
@@ -197,6 +207,8 @@ def condition_json(cond: Condition) -> Dict[str, Any]:
     window = format_duration(cond.window_ns)
     if isinstance(cond, FunctionShare):
         return {"kind": cond.kind, "function": cond.function, "above": cond.above, "window": window}
+    if isinstance(cond, GilWaitShare):
+        return {"kind": cond.kind, "above": cond.above, "window": window}
     if isinstance(cond, PerRequest):
         against: Dict[str, Any]
         if cond.labels is not None:
@@ -334,6 +346,9 @@ def parse_condition(body: Any) -> Condition:
         function: Any = body.get("function")  # compile_function checks it is a string
         compile_function(function)
         return FunctionShare(function, _percent(body.get("above"), "condition.above"), window)
+    if kind == "gil_wait_share":
+        _no_unknown(body, ("kind", "above", "window"), "condition")
+        return GilWaitShare(_percent(body.get("above"), "condition.above"), window)
     if kind == "per_request":
         _no_unknown(body, ("kind", "increase", "window", "against"), "condition")
         increase = _number(body.get("increase"), "condition.increase", 0, 1e6)

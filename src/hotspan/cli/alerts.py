@@ -32,6 +32,7 @@ a rule's condition is one of:
    "against": {"label": "version", "baseline": "1.2", "comparison": "1.3"}}
   {"kind": "share_growth", "function": REGEX, "points": PP, "window": "1h",
    "label": "version", "baseline": "1.2", "comparison": "1.3"}
+  {"kind": "gil_wait_share", "above": PERCENT, "window": "5m"}
 """
 
 

@@ -46,6 +46,19 @@ const KINDS = {
       { name: "comparison", label: "Comparison value", placeholder: "1.3" },
     ],
   },
+  gil_wait_share: {
+    label: "Threads waiting for the GIL more than a share of the time they want to run",
+    fields: [
+      {
+        name: "above",
+        label: "Above",
+        unit: "% of their time running or waiting for the GIL",
+        number: true,
+        placeholder: "20",
+      },
+      { name: "window", label: "Window", placeholder: "5m" },
+    ],
+  },
 };
 
 const AGAINST_FIELDS = [
@@ -161,6 +174,7 @@ function conditionText(condition) {
       : `${a.offset || "24h"} earlier`;
     return `CPU per request up more than ${c.increase ?? "?"}%${over}, against ${against}`;
   }
+  if (c.kind === "gil_wait_share") return `GIL wait above ${c.above ?? "?"}% of running or waiting${over}`;
   return JSON.stringify(c);
 }
 
