@@ -147,3 +147,59 @@ def test_threads_starved_of_cores_wait_for_a_core(module_server, tmp_path: Path)
     waited = cpu_wait.get("__main__.hash_for", 0)
     assert abs(waited / result["waited"] - 1) < 0.1, (waited, result)
     assert waits.get("__main__.hash_for", 0) < 0.1 * result["waited"], (waits, result)
+
+
+# One thread crunches numbers in Python; the main thread handles short requests (about 1 ms
+# of Python each) and times each with its own clocks: what a request's wall time has beyond
+# its CPU is waiting, for the GIL (or, on a crowded machine, for a core).
+SHORT_REQUESTS = """
+stop = threading.Event()
+
+def crunch():
+    while not stop.is_set():
+        sum(range(300))
+
+def handle_request():
+    end = time.thread_time() + 0.001
+    while time.thread_time() < end:
+        sum(range(100))
+
+cruncher = threading.Thread(target=crunch)
+cruncher.start()
+waited = ran = 0
+requests = 0
+until = time.monotonic() + 1.5
+while time.monotonic() < until:
+    wall0, cpu0 = time.monotonic_ns(), time.thread_time_ns()
+    handle_request()
+    wall, cpu = time.monotonic_ns() - wall0, time.thread_time_ns() - cpu0
+    waited += wall - cpu
+    ran += cpu
+    requests += 1
+stop.set()
+cruncher.join()
+hotspan.shutdown()
+report(waited=waited, ran=ran, requests=requests)
+"""
+
+
+def test_short_requests_beside_a_loop_wait_for_its_gil(module_server, tmp_path: Path) -> None:
+    service = f"short_{uuid.uuid4().hex[:6]}"
+    program = configure_line(module_server.url, service, sample_rate=250) + SHORT_REQUESTS
+    result = run_program(tmp_path, program, otel=False)
+    # The requests waited for the cruncher's turns about as long as they ran.
+    assert result["waited"] > 0.5 * result["ran"], result
+    selector = f'{{service_name="{service}"}}'
+    with module_server.client() as client:
+        waits = service_profile(client, selector, GIL_WAIT)
+        held = service_profile(client, selector, GIL_HELD)
+        cpu_wait = service_profile(
+            client, f'{{service_name="{service}", thread_state="cpu_wait"}}', WALL
+        )
+    # The requests' waits, as their own clocks measured them, within a tenth.
+    seen = waits.get("__main__.handle_request", 0) + cpu_wait.get("__main__.handle_request", 0)
+    assert abs(seen / result["waited"] - 1) < 0.1, (seen, result, waits, cpu_wait)
+    # Whose code made them wait: the cruncher's, for as long as they waited (the requests'
+    # code is the holder of the cruncher's own waits).
+    crunched = held.get("__main__.crunch", 0)
+    assert abs(crunched / waits["__main__.handle_request"] - 1) < 0.25, (held, waits)

@@ -254,15 +254,18 @@ wall_tick(uint64_t now_ns, uint64_t *random)
         s->cpu_at_tick = cpu;
         if (frozen && have_stack) {
             /* It has not run, so its stack is where it was, but not its state: a thread seen
-             * running, or waiting for the GIL, may since have got the GIL and gone to sleep,
-             * all within too little CPU to count, or be waiting for a core.  Such a thread is
+             * running (Python, or native code without the GIL, the GIL's own code included),
+             * or waiting for the GIL, may since have got the GIL and gone to sleep, all within
+             * too little CPU to count, or be waiting for the GIL or a core.  Such a thread is
              * asked where it is blocked (a read of /proc; a thread last seen asleep or in I/O
              * is not). */
             if (c->thread_state == STATE_RUNNING || c->thread_state == STATE_GIL_WAIT ||
-                c->thread_state == STATE_CPU_WAIT) {
+                c->thread_state == STATE_CPU_WAIT || c->on_cpu) {
                 int now_state = blocked_state(tid);
-                if (now_state >= 0)
+                if (now_state >= 0) {
                     c->thread_state = now_state;
+                    c->on_cpu = 0;
+                }
             }
             charge_wall_at(c, owed + atomic_exchange(&s->pending_wall_ns, 0));
             if (s->idle_checks < 1000)

@@ -262,6 +262,9 @@ HIDDEN void thread_state_init(PyThreadState *ts);
 /* In a signal handler (`ucontext` its third argument): the thread's STATE_*; for a thread
  * waiting for the GIL, `*holder` is the holder's thread state (0 if none). */
 HIDDEN int thread_state(PyThreadState *ts, const void *ucontext, uint64_t *holder);
+/* Whether a futex at `address` is the one threads wait on for a turn at the GIL with the
+ * agent's thread (turns.c): waiting there is waiting for the GIL. */
+HIDDEN int waits_for_turn(uintptr_t address);
 /* In a signal handler: 1 if the signal interrupted a system call the thread was blocked in, 0
  * if it interrupted the thread's own code, -1 if that cannot be told. */
 HIDDEN int interrupted_in_syscall(const void *ucontext);

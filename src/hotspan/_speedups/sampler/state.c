@@ -12,6 +12,8 @@
  * call is set to start again, the argument registers as they were): that first argument is
  * read from them (x86-64's rdi, arm64's x0).  A thread interrupted anywhere else in the GIL's
  * code is about the GIL too.  Elsewhere (other architectures) a waiter reads as "released".
+ * The main thread handing the agent's thread a turn at the GIL (turns.c) waits on the turn's
+ * condition instead: waiting for the GIL too, the agent's.
  *
  * Waiting for a core: a signal is handled only once its thread runs, so a sample never sees a
  * thread waiting for one.  The collector does (blocked_state): a thread that used no CPU since
@@ -105,7 +107,8 @@ thread_state(PyThreadState *ts, const void *ucontext, uint64_t *holder)
     PyThreadState *taken_by = gil_holder(gil);
     if (taken_by == ts)
         return STATE_RUNNING;
-    if (in_gil(interrupted_arg0(ucontext))) {
+    uintptr_t arg0 = interrupted_arg0(ucontext);
+    if (in_gil(arg0) || (arg0 != 0 && waits_for_turn(arg0))) {
         *holder = (uint64_t)(uintptr_t)taken_by;
         return STATE_GIL_WAIT;
     }
@@ -138,7 +141,10 @@ blocked_state(pid_t tid)
     long nr = strtol(buf, &end, 10);
     if (end == buf)
         return STATE_CPU_WAIT; /* "running": in no system call, and it has not run */
-    if (nr == SYS_futex && in_gil((uintptr_t)strtoull(end, NULL, 16))) {
+    uintptr_t address = nr == SYS_futex ? (uintptr_t)strtoull(end, NULL, 16) : 0;
+    if (address != 0 && waits_for_turn(address))
+        return STATE_GIL_WAIT;
+    if (address != 0 && in_gil(address)) {
         /* In the GIL's code while nobody holds it: woken to take it (or to see it taken),
          * it has had no core to do so. */
         return gil_holder(gil_state) != NULL ? STATE_GIL_WAIT : STATE_CPU_WAIT;

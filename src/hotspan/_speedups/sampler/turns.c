@@ -50,6 +50,16 @@ typedef struct {
     int waiting; /* threads in wait() now: only those can join a turn */
 } WakerObject;
 
+int
+waits_for_turn(uintptr_t address)
+{
+    /* The main thread granting a turn, and the agent's thread asking for one, wait on
+     * turn_cv (the GIL is the other's meanwhile); turn_mu is held for instants. */
+    uintptr_t cv = (uintptr_t)&turn_cv, mu = (uintptr_t)&turn_mu;
+    return (address >= cv && address < cv + sizeof turn_cv) ||
+           (address >= mu && address < mu + sizeof turn_mu);
+}
+
 static void
 init_turn_conds(void)
 {
