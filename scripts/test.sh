@@ -67,6 +67,6 @@ python3 -m pytest -n "${HOTSPAN_TEST_WORKERS:-3}" --dist loadfile --no-loadscope
 # the trace badges' GIL one, whose verdicts follow a span's CPU share, which a crowded machine
 # lowers.
 python3 -m pytest -n 2 --dist loadfile --no-loadscope-reorder -m timing tests/agent \
-    tests/server/api/test_why.py tests/ui/test_why_ui.py tests/ui/test_trace_badges_ui.py \
-    || status=$?
+    tests/server/api/test_why.py tests/server/api/test_why_contended_service.py \
+    tests/ui/test_why_ui.py tests/ui/test_trace_badges_ui.py || status=$?
 exit "$status"
