@@ -600,6 +600,16 @@ def _verdict(
             f"{head}; {cpu_text}, but it is too short to tell computing from waiting: it "
             "spans fewer than 5 sampling periods at 100 Hz"
         )
+    # Samples come with the agent's uploads (every 10 s by default): a span that ended moments
+    # ago may hold only part of its samples yet, and a verdict drawn from them would be about
+    # part of its time ("waiting", for the part not uploaded).
+    if now_ns - span.end_ns < PENDING_NS and wall is not None and wall.value.span < duration / 2:
+        return "pending", (
+            f"{head}; {cpu_text}, but its wall profile holds only "
+            f"{duration_text(wall.value.span)} of it yet: it ended "
+            f"{duration_text(max(now_ns - span.end_ns, 0))} ago, and the rest of its samples may "
+            "still be on their way (ask again in a few seconds)"
+        )
     # The collector's extra time, on CPU or, where a busy machine kept it waiting for a core
     # meanwhile, in wall time (the wall profile samples the collecting thread either way).
     gcs = [

@@ -124,7 +124,12 @@ def test_a_request_slowed_by_the_others_is_contended(service) -> None:  # type: 
         t.join()
     slowest = max((r for rs in results for r in rs), key=lambda r: float(r["seconds"]))  # type: ignore[arg-type]
     # Its samples come with the agent's uploads (every second, of the second before), its
-    # spans sooner: a verdict from part of its samples would be about part of its time.
+    # spans sooner: asked at once, the answer waits for them rather than call the part not
+    # uploaded yet "waiting".
+    with srv.client() as c:
+        early = c.get(f"/api/traces/{slowest['trace']}/why", params={"spanID": slowest["span"]})
+    if early.status_code == 200:
+        assert early.json()["verdict"] in ("pending", "contended"), early.json()["summary"]
     time.sleep(2.5)
     deadline = time.monotonic() + 30
     with srv.client() as c:

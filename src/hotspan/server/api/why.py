@@ -15,9 +15,10 @@ for a core, its wall samples with ``thread_state="cpu_wait"``, is at least half 
 duration; ``gilHolders`` are the functions of its service that held the GIL around its time,
 from ``gilRange``'s start to its end, in seconds), "computing" (its
 CPU, with its descendants', is at least 30 % of its duration), "waiting"
-(less), "pending" (no samples of any type yet, and it ended under 15 s
-ago: the agent's next upload may bring them), "no-profile" (no samples of it of any type, or
-no CPU samples of it or of its baseline), "no-baseline" (no other span like it in the window).
+(less), "pending" (no samples of any type yet, or its wall profile holds under half its
+duration, and it ended under 15 s ago: the agent's next upload may bring them), "no-profile"
+(no samples of it of any type, or no CPU samples of it or of its baseline), "no-baseline" (no
+other span like it in the window).
 
 ``split`` divides the span's duration (its descendants' samples included) into ``cpuNanos``,
 ``gilWaitNanos``, ``cpuWaitNanos`` and ``otherNanos`` (the rest: off CPU, asleep, in I/O,
