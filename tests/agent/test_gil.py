@@ -203,3 +203,5 @@ def test_short_requests_beside_a_loop_wait_for_its_gil(module_server, tmp_path: 
     # code is the holder of the cruncher's own waits).
     crunched = held.get("__main__.crunch", 0)
     assert abs(crunched / waits["__main__.handle_request"] - 1) < 0.25, (held, waits)
+    # The agent's own turns at the GIL, if a sample caught one, are its own frame, and little.
+    assert held.get("hotspan", 0) < 0.05 * held[TOTAL], held

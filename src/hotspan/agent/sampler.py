@@ -38,10 +38,12 @@ from hotspan.agent.samples import (  # noqa: F401 - also found here, by outbox.p
     kernel_cpu_clock,
     thread_cpu_clock,
 )
-from hotspan.agent.symbols import gc_frame, hide_code_tree
+from hotspan.agent.symbols import AGENT, gc_frame, hide_code_tree
 
-# The code address of the native sampler's [GC] frame (GC_FRAME_CODE in its internal.h).
+# The code addresses of the native sampler's [GC] frame and of the frame its GIL-held profile
+# puts the agent's own turns at the GIL in (GC_FRAME_CODE, AGENT_FRAME_CODE in its internal.h).
 GC_FRAME_CODE = 1
+AGENT_FRAME_CODE = 3
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing stays out of the program at run time: see agent/log.py
@@ -109,9 +111,11 @@ class NativeSampler:
                 stack = stacks.get(frames)
                 if stack is None:
                     stack = tuple(
-                        (by_address.get(address), lasti)
-                        if address != GC_FRAME_CODE
-                        else gc_frame(lasti)
+                        gc_frame(lasti)
+                        if address == GC_FRAME_CODE
+                        else AGENT
+                        if address == AGENT_FRAME_CODE
+                        else (by_address.get(address), lasti)
                         for address, lasti, _ in unpack(frames)
                     )
                     stacks[frames] = stack

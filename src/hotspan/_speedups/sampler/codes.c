@@ -84,7 +84,7 @@ code_valid(const RawFrame *frame)
     uint64_t ptr = frame->code;
     if (ptr == 0)
         return 0;
-    if (ptr == GC_FRAME_CODE)
+    if (ptr == GC_FRAME_CODE || ptr == AGENT_FRAME_CODE)
         return 1; /* no code object: the agent names it */
     if (code_known(ptr))
         return 1;

@@ -22,15 +22,31 @@ keep_copy(WallCopy **where, const Entry *e)
     memcpy(c->frames, e->frames, (size_t)e->depth * sizeof(RawFrame));
 }
 
-/* Under threads_mutex: `amount` of a thread's wall time, waiting for the GIL, also charged to
- * the thread that held it (`holder`, a thread state; 0: whoever holds it now), at its last CPU
- * sample's stack: it was running there, holding the others up. */
+/* A GIL one of the agent's (unsampled) threads held, its turns included: their own frame in
+ * the GIL-held profile, so that the profiler's share of "whose code makes the others wait" is
+ * in plain sight. */
 static void
-charge_gil_held(uint64_t holder, uint64_t amount)
+charge_agent_held(uint64_t amount)
+{
+    static const uint64_t no_labels[5];
+    RawFrame agent = {.code = AGENT_FRAME_CODE};
+    add_or_count(KIND_GIL_HELD, 0, no_labels, &agent, 1, amount);
+}
+
+/* Under threads_mutex: `amount` of the wall time of a thread (`waiter`) waiting for the GIL,
+ * also charged to the thread that held it (`holder`, a thread state; 0: whoever holds it now,
+ * unless that is the waiter itself by now), at its last CPU sample's stack: it was running
+ * there, holding the others up. */
+static void
+charge_gil_held(uint64_t waiter, uint64_t holder, uint64_t amount)
 {
     uint64_t ident = thread_ident_of(holder ? holder : gil_holder_now());
-    if (ident == 0)
+    if (ident == 0 || ident == waiter)
         return;
+    if (is_agent_ident(ident)) {
+        charge_agent_held(amount);
+        return;
+    }
     for (int k = 0; k < n_used_slots; k++) {
         WallCopy *c = slots[used_slots[k]].last_cpu;
         if (c != NULL && c->depth > 0 && c->ident == ident) {
@@ -48,7 +64,7 @@ charge_wall(uint64_t ident, const uint64_t *labels, const RawFrame *frames, int 
 {
     add_or_count(wall_kind(state), ident, labels, frames, depth, amount);
     if (state == STATE_GIL_WAIT)
-        charge_gil_held(holder, amount);
+        charge_gil_held(ident, holder, amount);
 }
 
 static inline void

@@ -85,7 +85,7 @@ sampler_start(PyObject *mod, PyObject *args, PyObject *kwds)
     wall_on = wall;
     window_ns = window;
     window_deadline = monotonic_ns() + window;
-    n_excluded = 0; /* the tids of an earlier agent's threads may belong to new threads now */
+    reset_excluded(); /* the tids of an earlier agent's threads may belong to new threads now */
     reset_threads();
 #  ifdef HAVE_PERF_EVENTS
     const char *trigger = getenv("HOTSPAN_CPU_TRIGGER");
@@ -259,6 +259,7 @@ sampler_exclude(PyObject *mod, PyObject *args)
     pid_t tid = (pid_t) ~(clock >> 3);
     lock_threads();
     exclude_tid(tid);
+    exclude_ident((uint64_t)ident);
     pthread_mutex_unlock(&threads_mutex);
 #endif
     Py_RETURN_NONE;
@@ -396,7 +397,7 @@ sampler_after_fork(PyObject *mod, PyObject *unused)
     collector_started = 0;
 #endif
     running = 0;
-    n_excluded = 0;
+    reset_excluded();
     reset_threads();
     handover_drop(); /* the parent's threads */
     if (ring != NULL) {

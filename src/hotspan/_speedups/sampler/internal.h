@@ -244,6 +244,9 @@ HIDDEN int walk_frames(PyThreadState *ts, RawFrame *out, int max_depth);
 /* The synthetic frame a sample taken during a garbage collection ends in (RawFrame.code; no
  * code object is at an odd address), its lasti the generation collected. */
 #define GC_FRAME_CODE 1u
+/* The frame the GIL-held profile puts the time others waited while one of the agent's own
+ * (unsampled) threads held the GIL in: the agent names it "hotspan". */
+#define AGENT_FRAME_CODE 3u
 /* In a signal handler, given the thread's state (thread_state's answer): the generation the
  * cyclic collector is collecting on this thread (0-2), or -1 when it is not running here (or
  * where this build cannot tell: 3.14 and free-threaded builds for now). */
@@ -450,6 +453,10 @@ HIDDEN void handover_keep(void);
 HIDDEN void handover_drop(void);
 HIDDEN void slot_release(int index);
 HIDDEN void exclude_tid(pid_t tid);
+/* Under threads_mutex: the agent's threads by ident too, and whether an ident is one. */
+HIDDEN void exclude_ident(uint64_t ident);
+HIDDEN int is_agent_ident(uint64_t ident);
+HIDDEN void reset_excluded(void);
 HIDDEN int clock_ns(clockid_t clock, uint64_t *out);
 HIDDEN const char *cpu_trigger_name(void);
 

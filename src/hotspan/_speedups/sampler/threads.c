@@ -12,6 +12,10 @@ int n_used_slots;
 pthread_mutex_t threads_mutex = PTHREAD_MUTEX_INITIALIZER;
 static pid_t excluded[16];
 int n_excluded;
+/* The same threads' idents (threading.get_ident()), where they are known: a GIL one of them
+ * held is the agent's. */
+static uint64_t excluded_idents[16];
+static int n_excluded_idents;
 static uint64_t arm_random = 0x2545f4914f6cdd1dull; /* under threads_mutex */
 
 /* tid -> slot index + 1, open addressing; only touched under threads_mutex, never by a
@@ -497,6 +501,30 @@ slot_release(int index)
         }
     }
     free_slots[n_free_slots++] = index;
+}
+
+void
+exclude_ident(uint64_t ident)
+{
+    if (!is_agent_ident(ident) &&
+        n_excluded_idents < (int)(sizeof excluded_idents / sizeof excluded_idents[0]))
+        excluded_idents[n_excluded_idents++] = ident;
+}
+
+int
+is_agent_ident(uint64_t ident)
+{
+    for (int i = 0; i < n_excluded_idents; i++)
+        if (excluded_idents[i] == ident)
+            return 1;
+    return 0;
+}
+
+void
+reset_excluded(void)
+{
+    n_excluded = 0;
+    n_excluded_idents = 0;
 }
 
 /* Under threads_mutex: the agent's own threads are never sampled. */
