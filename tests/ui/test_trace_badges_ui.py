@@ -68,6 +68,31 @@ PROGRAM = traced_program(
             burn(0.2)
             stop.set()
             hogging.join()
+        with tracer.start_as_current_span("starved") as starved:
+            # 150 ms of hashing (hashlib lets the GIL go) beside twice as many hashing threads
+            # as cores: it waits for a core more than it runs.
+            import hashlib, os
+            block = os.urandom(1 << 19)
+            stop = threading.Event()
+
+            def hash_forever():
+                digest = hashlib.sha256()
+                while not stop.is_set():
+                    digest.update(block)
+
+            others = [
+                threading.Thread(target=hash_forever)
+                for _ in range(2 * len(os.sched_getaffinity(0)))
+            ]
+            for other in others:
+                other.start()
+            digest = hashlib.sha256()
+            end = time.thread_time() + 0.15
+            while time.thread_time() < end:
+                digest.update(block)
+            stop.set()
+            for other in others:
+                other.join()
         # Under 3 sample periods, without samples: that says nothing about it.  Never
         # current, its times given (a 21 ms sleep has some CPU around it, where a sample
         # lands now and then).
@@ -105,7 +130,7 @@ PROGRAM = traced_program(
         "trace": format(root.get_span_context().trace_id, "032x"),
         "health": format(health.get_span_context().trace_id, "032x"),
         "sleep": sid(sleeping), "locked": sid(locked), "compute": sid(computing),
-        "contended": sid(contended),
+        "contended": sid(contended), "starved": sid(starved),
     }))
     """,
     # The allocation profile is off by default (it costs every allocation): on here.
@@ -224,6 +249,26 @@ def test_a_span_that_waited_for_the_gil_says_so(page, bank) -> None:  # type: ig
     page.click(".hs-wf-span[data-name='contended'] .hs-wf-span-name")
     page.wait_for_function(
         "() => document.querySelector('.hs-span-details').textContent.includes('GIL waits')"
+    )
+
+
+def test_a_span_starved_of_cores_says_so(page, bank) -> None:  # type: ignore[no-untyped-def]
+    srv, ids = bank
+    page.goto(f"{srv.url}/traces/{ids['trace']}")
+    # Its waits for a core come from the wall profile's cpu_wait samples, in a request of
+    # their own after the waterfall is drawn.
+    page.wait_for_selector(".hs-wf-span[data-name='starved'] .hs-wf-lock-note")
+    starved = rows(page)["starved"]
+    m = re.search(r"of which ([\d.]+ m?s) waiting for a core", str(starved["note"]))
+    assert m and ms(m.group(1)) >= 75, starved
+    # The badge names the larger of its waits: for a core, or for the GIL that threads
+    # without a core held between their hashes.
+    badge = str(starved["badge"])
+    waits = r"(CPU wait|GIL wait) \d+%, CPU \d+%|waiting for (a core|the GIL) \d+%"
+    assert re.fullmatch(waits, badge), starved
+    page.click(".hs-wf-span[data-name='starved'] .hs-wf-span-name")
+    page.wait_for_function(
+        "() => document.querySelector('.hs-span-details').textContent.includes('CPU waits')"
     )
 
 

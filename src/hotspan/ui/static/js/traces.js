@@ -525,7 +525,7 @@ export function renderTraceView(root, { params, match }) {
 
   let spans = [];
   let tree = null;
-  const extras = {}; // kind ("alloc", "locks", "gil") -> span id -> {self, total}
+  const extras = {}; // kind ("alloc", "locks", "gil", "cpuWait") -> span id -> {self, total}
   let knownTypes = new Set([CPU]); // the profile types the trace's services sent
   let byId = new Map();
   let waterfall = null;
@@ -636,6 +636,7 @@ export function renderTraceView(root, { params, match }) {
         extraFact("alloc", "Allocated (with descendants)", formatBytes),
         extraFact("locks", "Lock waits (with descendants, all threads)", formatDuration),
         extraFact("gil", "GIL waits (with descendants)", formatDuration),
+        extraFact("cpuWait", "CPU waits (with descendants): runnable, no core free", formatDuration),
         isError(span.status) ? fact("Status", `error${span.status.message ? `: ${span.status.message}` : ""}`) : null,
       ),
     ];
@@ -877,11 +878,18 @@ export function renderTraceView(root, { params, match }) {
   /** Allocations and lock waits per span, beside CPU, for the types the services sent; each
    * fills its waterfall column when it arrives (after the waterfall is drawn). */
   function loadExtras(types) {
-    const wanted = { alloc: "memory:alloc_space:", locks: "mutex:delay:", gil: "gil_wait:gil_wait:" };
-    for (const [kind, prefix] of Object.entries(wanted)) {
+    const wanted = {
+      alloc: ["memory:alloc_space:"],
+      locks: ["mutex:delay:"],
+      gil: ["gil_wait:gil_wait:"],
+      // The wall samples of threads that were runnable with no core free.
+      cpuWait: ["wall:wall:", '{thread_state="cpu_wait"}'],
+    };
+    for (const [kind, [prefix, labelSelector]] of Object.entries(wanted)) {
       const type = [...types].find((t) => t.startsWith(prefix));
       if (!type) continue;
-      getJSON(`/api/traces/${traceId}/spans`, { profileType: type }, { signal })
+      const params = labelSelector ? { profileType: type, labelSelector } : { profileType: type };
+      getJSON(`/api/traces/${traceId}/spans`, params, { signal })
         .then((body) => {
           const values = new Map(
             (body.spans || []).map((s) => [

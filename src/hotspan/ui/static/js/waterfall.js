@@ -44,8 +44,9 @@ export const EXTRA_KINDS = {
   },
 };
 // Profile types that name why a span was off CPU, in its activity badge: lock waits (also a
-// column) and GIL waits (in the badge and the span's details only: a third column would not
-// fit beside the time track at 1,024 px).
+// column), GIL waits and waits for a core (the wall profile's thread_state="cpu_wait"; these
+// two in the badge and the span's details only: a third column would not fit beside the time
+// track at 1,024 px).
 const NONE = { self: 0, total: 0 };
 const GIL_NOTE_SHARE = 0.1;
 
@@ -58,11 +59,11 @@ export function serviceColor(service) {
  * What a span was doing, from its CPU time (with descendants) against its duration. Off CPU
  * the CPU profile cannot tell why (I/O, sleep, another service, or other threads holding the
  * GIL look alike), so it says no more than "not on CPU"; the lock profile (`locks`: the
- * span's lock waits, {self, total} as the spans API gives them) and the GIL-wait profile
- * (`gil`, likewise) name a cause, and a span whose time off CPU went mostly to waiting for
- * the GIL is "waiting for the GIL".
+ * span's lock waits, {self, total} as the spans API gives them), the GIL-wait profile (`gil`,
+ * likewise) and the wall profile's waits for a core (`core`) name a cause, and a span whose
+ * time off CPU went mostly to waiting for the GIL or a core says so.
  */
-export function activityOf(durationNs, cpuNs, locks = NONE, gil = NONE) {
+export function activityOf(durationNs, cpuNs, locks = NONE, gil = NONE, core = NONE) {
   const ratio = durationNs > 0 ? cpuNs / durationNs : 0;
   // CPU is counted in whole samples (10 ms at 100 Hz), so a busy span can hold a little more
   // CPU than its duration; well past that, several threads worked for it.
@@ -71,7 +72,10 @@ export function activityOf(durationNs, cpuNs, locks = NONE, gil = NONE) {
   // GIL waits are named from a tenth of the span's time: every thread waits for the GIL a
   // little (the agent's own thread takes it now and then), and a few ms of it explain nothing.
   const gilShown = gil.total >= GIL_NOTE_SHARE * durationNs ? gil : NONE;
-  const note = [lockNote(durationNs, locks), gilNote(durationNs, gilShown)].filter(Boolean).join("; ");
+  const coreShown = core.total >= GIL_NOTE_SHARE * durationNs ? core : NONE;
+  const note = [lockNote(durationNs, locks), gilNote(durationNs, gilShown), coreNote(durationNs, coreShown)]
+    .filter(Boolean)
+    .join("; ");
   const offCpu = `${Math.round(100 * Math.max(0, 1 - ratio))}%`;
   if (!cpuNs && durationNs < TOO_FEW_NS) {
     // Never "not on CPU": a span this short can have computed all along between two samples.
@@ -85,13 +89,17 @@ export function activityOf(durationNs, cpuNs, locks = NONE, gil = NONE) {
   const unknown =
     "the CPU profile cannot tell why: I/O, sleep, locks, another service, or other threads holding the GIL";
   const why = note ? `; ${note}` : `; ${unknown}`;
-  // Most of its time off CPU waiting for the GIL: that is the answer, not "not on CPU".
-  const contended = gil.self > 0 && gil.self <= durationNs && gil.self >= 0.5 * (1 - ratio) * durationNs;
+  // Most of its time off CPU waiting for the GIL or for a core: that is the answer, not "not
+  // on CPU"; the larger of the two names it.
+  const [waitNs, waitFor] = core.self > gil.self ? [core.self, "a core"] : [gil.self, "the GIL"];
+  const waited = gil.self + core.self;
+  const contended = waitNs > 0 && waited <= durationNs && waited >= 0.5 * (1 - ratio) * durationNs;
+  const share = `${Math.round((100 * waitNs) / durationNs)}%`;
   if (ratio < WAITING) {
     return {
       kind: "waiting",
       ratio,
-      label: contended ? `waiting for the GIL ${Math.round((100 * gil.self) / durationNs)}%` : `not on CPU ${offCpu}`,
+      label: contended ? `waiting for ${waitFor} ${share}` : `not on CPU ${offCpu}`,
       title: `on CPU ${percent} of its duration${why}`,
       locks: note,
     };
@@ -99,10 +107,23 @@ export function activityOf(durationNs, cpuNs, locks = NONE, gil = NONE) {
   return {
     kind: "mixed",
     ratio,
-    label: contended ? `GIL wait ${Math.round((100 * gil.self) / durationNs)}%, CPU ${percent}` : `mixed ${percent}`,
+    label: contended
+      ? `${waitFor === "a core" ? "CPU wait" : "GIL wait"} ${share}, CPU ${percent}`
+      : `mixed ${percent}`,
     title: `on CPU ${percent} of its duration, off CPU the rest${why}`,
     locks: note,
   };
+}
+
+/** Waits for a core beside a span's badge: runnable, but every core was busy. */
+function coreNote(durationNs, { self = 0, total = 0 }) {
+  const own = self > 0 && self <= durationNs ? `of which ${formatDuration(self)} waiting for a core` : "";
+  if (total > self) {
+    const sum = `${formatDuration(total)} with descendants`;
+    return own ? `${own}; ${sum}` : `CPU waits: ${sum}`;
+  }
+  if (own) return own;
+  return self > 0 ? `CPU waits: ${formatDuration(self)} across its threads` : "";
 }
 
 /** GIL waits beside a span's badge, as lockNote gives lock waits. */
@@ -302,11 +323,12 @@ export class Waterfall {
 
   /**
    * Shows another profile type's value per span in its own column (`kind`: a key of
-   * EXTRA_KINDS, or "gil"; `values`: span id -> {self, total}), if any span holds some. Lock
-   * and GIL waits also name the cause in the activity badges of spans that were not on CPU.
+   * EXTRA_KINDS, "gil" or "cpuWait"; `values`: span id -> {self, total}), if any span holds
+   * some. Lock, GIL and CPU waits also name the cause in the activity badges of spans that
+   * were not on CPU.
    */
   setValues(kind, values) {
-    const spec = EXTRA_KINDS[kind]; // none for GIL waits: no column
+    const spec = EXTRA_KINDS[kind]; // none for GIL and CPU waits: no column
     if (!this.causes) this.causes = {}; // lock and GIL waits, which both name causes
     this.causes[kind] = values;
     const any = [...values.values()].some((v) => v.total > 0);
@@ -322,13 +344,9 @@ export class Waterfall {
         cell.textContent = v.total ? spec.format(v.total) : "–";
         cell.title = `${spec.head}: ${spec.format(v.self)} own, ${spec.format(v.total)} with descendants`;
       }
-      if (kind === "locks" || kind === "gil") {
-        const other = kind === "locks" ? this.causes.gil : this.causes.locks;
-        const o = (other && other.get(span.spanID)) || NONE;
-        span.activity =
-          kind === "locks"
-            ? activityOf(span.durationNs, span.total, v, o)
-            : activityOf(span.durationNs, span.total, o, v);
+      if (kind === "locks" || kind === "gil" || kind === "cpuWait") {
+        const of = (k) => (this.causes[k] && this.causes[k].get(span.spanID)) || NONE;
+        span.activity = activityOf(span.durationNs, span.total, of("locks"), of("gil"), of("cpuWait"));
         row.className = row.className.replace(/\bhs-(computing|waiting|mixed|short)\b/, `hs-${span.activity.kind}`);
         row.dataset.activity = span.activity.kind;
         row.querySelector(".hs-wf-activity").replaceWith(activityCell(span.activity));
