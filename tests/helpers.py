@@ -21,13 +21,13 @@ from hotspan._speedups import load_sampler
 from hotspan.formats.proto import profile_pb2
 
 # What the native sampler reads from the interpreter (the GIL's holder and waiters, the garbage
-# collector's state): on CPython 3.9-3.13 with a GIL only, as docs/agent.md says.
+# collector's state): on CPython 3.9-3.14 with a GIL only, as docs/agent.md says.
 native_states = pytest.mark.skipif(
     load_sampler() is None
-    or sys.version_info >= (3, 14)
+    or sys.version_info >= (3, 15)
     or bool(sysconfig.get_config_var("Py_GIL_DISABLED")),
     reason="GIL waits, thread states and the [GC] frame come from the native sampler on "
-    "CPython 3.9-3.13 with a GIL (docs/agent.md)",
+    "CPython 3.9-3.14 with a GIL (docs/agent.md)",
 )
 
 CPU = "process_cpu:cpu:nanoseconds:cpu:nanoseconds"

@@ -4,6 +4,7 @@ runs end in a ``[GC]`` frame above the code whose allocation set it off, the gen
 
 from __future__ import annotations
 
+import sys
 import uuid
 from pathlib import Path
 
@@ -85,6 +86,8 @@ def test_gc_time_is_a_gc_frame_with_its_generation(module_server, tmp_path: Path
     # the program's frames.
     assert wall.get("[GC]", 0) > 0.5 * cpu.get("[GC]", 0), (wall, cpu)
     assert cpu.get("__main__.build", 0) >= cpu.get("[GC]", 0), cpu
-    # Young collections are the most frequent; gc.collect() made a full one.
-    assert {"0", "2"} <= set(generations), generations
-    assert in_gen2.get("[GC]", 0) > 0 and in_gen2["[GC]"] == in_gen2[TOTAL], in_gen2
+    # Young collections are the most frequent; gc.collect() made a full one.  (3.14's
+    # collector does not say which generation it collects: docs/agent.md.)
+    if sys.version_info < (3, 14):
+        assert {"0", "2"} <= set(generations), generations
+        assert in_gen2.get("[GC]", 0) > 0 and in_gen2["[GC]"] == in_gen2[TOTAL], in_gen2

@@ -21,7 +21,7 @@ if TYPE_CHECKING:  # typing stays out of the program at run time: see agent/log.
 
 # What a sample is (the native sampler's KIND_*): CPU, or wall time by the thread's state as it
 # was taken (running with the GIL, waiting for it, released, waiting for a core; WALL where the
-# sampler cannot tell: the pure-Python one, CPython 3.14, free-threaded builds), or on a thread
+# sampler cannot tell: the pure-Python one, free-threaded builds), or on a thread
 # holding the GIL, the wall time others waited for it (GIL_HELD).
 CPU, WALL, WALL_RUNNING, WALL_GIL_WAIT, WALL_RELEASED, GIL_HELD, WALL_CPU_WAIT = range(7)
 

@@ -248,8 +248,9 @@ HIDDEN int walk_frames(PyThreadState *ts, RawFrame *out, int max_depth);
  * (unsampled) threads held the GIL in: the agent names it "hotspan". */
 #define AGENT_FRAME_CODE 3u
 /* In a signal handler, given the thread's state (thread_state's answer): the generation the
- * cyclic collector is collecting on this thread (0-2), or -1 when it is not running here (or
- * where this build cannot tell: 3.14 and free-threaded builds for now). */
+ * cyclic collector is collecting on this thread (0-2; 3: collecting, which generation not
+ * told, as on 3.14), or -1 when it is not running here (or where this build cannot tell:
+ * free-threaded builds for now). */
 HIDDEN int collecting_generation(PyThreadState *ts, int state);
 
 enum {

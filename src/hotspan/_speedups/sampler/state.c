@@ -28,7 +28,7 @@
 #  include <ucontext.h>
 #endif
 
-#if !defined(Py_GIL_DISABLED) && PY_VERSION_HEX < 0x030E0000
+#if !defined(Py_GIL_DISABLED) && PY_VERSION_HEX < 0x030F0000
 /* The public headers define _PyGC_FINALIZED as a macro that the internal ones redefine (3.9 to
  * 3.11) or declare as a function (3.12): theirs is the one wanted here. */
 #  undef _PyGC_FINALIZED
@@ -249,9 +249,15 @@ collecting_generation(PyThreadState *ts, int state)
      * 2 leaves generation 2's at 0 too.  (Generation 0's count grows with what finalizers
      * allocate meanwhile: not read.)  Between the collector's start and the emptying, its
      * "start" callbacks run, read as generation 0 or an earlier generation. */
+#  if PY_VERSION_HEX >= 0x030E0000
+    /* 3.14's collector counts by its generations differently from release to release (it
+     * was incremental for a time): which generation is not told. */
+    return 3;
+#  else
     if (__atomic_load_n(&gc->generations[1].count, __ATOMIC_RELAXED) != 0)
         return 0;
     return __atomic_load_n(&gc->generations[2].count, __ATOMIC_RELAXED) != 0 ? 1 : 2;
+#  endif
 #else
     (void)ts;
     (void)state;
