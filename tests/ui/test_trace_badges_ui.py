@@ -68,6 +68,13 @@ PROGRAM = traced_program(
             burn(0.2)
             stop.set()
             hogging.join()
+        with tracer.start_as_current_span("collect"):
+            # Full collections of many live containers: pauses the agent puts on the span.
+            import gc
+            kept = [[] for _ in range(200_000)]
+            for _ in range(3):
+                gc.collect()
+            del kept
         with tracer.start_as_current_span("starved") as starved:
             # 150 ms of hashing (hashlib lets the GIL go) beside twice as many hashing threads
             # as cores: it waits for a core more than it runs.
@@ -270,6 +277,19 @@ def test_a_span_starved_of_cores_says_so(page, bank) -> None:  # type: ignore[no
     page.wait_for_function(
         "() => document.querySelector('.hs-span-details').textContent.includes('CPU waits')"
     )
+
+
+def test_a_span_paused_by_the_collector_says_how_long(page, bank) -> None:  # type: ignore[no-untyped-def]
+    srv, ids = bank
+    page.goto(f"{srv.url}/traces/{ids['trace']}")
+    page.click(".hs-wf-span[data-name='collect'] .hs-wf-span-name")
+    # The span's attributes come from the trace API after the waterfall is drawn.
+    page.wait_for_function(
+        "() => document.querySelector('.hs-span-details').textContent.includes('GC pauses')"
+    )
+    text = page.inner_text(".hs-span-details")
+    m = re.search(r"GC pauses\s+([\d.]+ m?s) \((\d+) collections\)", text, re.IGNORECASE)
+    assert m and ms(m.group(1)) >= 1 and int(m.group(2)) >= 3, text
 
 
 def test_a_short_span_without_samples_is_not_called_idle(page, bank) -> None:  # type: ignore[no-untyped-def]

@@ -637,6 +637,7 @@ export function renderTraceView(root, { params, match }) {
         extraFact("locks", "Lock waits (with descendants, all threads)", formatDuration),
         extraFact("gil", "GIL waits (with descendants)", formatDuration),
         extraFact("cpuWait", "CPU waits (with descendants): runnable, no core free", formatDuration),
+        gcFact(),
         isError(span.status) ? fact("Status", `error${span.status.message ? `: ${span.status.message}` : ""}`) : null,
       ),
     ];
@@ -686,6 +687,15 @@ export function renderTraceView(root, { params, match }) {
     }
     facts.push(compare);
     details.replaceChildren(...facts);
+
+    /** The collections that paused the span's thread (the hotspan agent's span attributes). */
+    function gcFact() {
+      const of = (key) => attrs.find(([k]) => k === key)?.[1];
+      const pause = Number(of("hotspan.gc.pause_ns") || 0);
+      if (!pause) return null;
+      const count = Number(of("hotspan.gc.collections") || 0);
+      return fact("GC pauses", `${formatDuration(pause)}${count ? ` (${count} collections)` : ""}`);
+    }
 
     function extraFact(kind, term, format) {
       const v = extras[kind] && extras[kind].get(span.spanID);
