@@ -621,3 +621,154 @@ def test_the_exit_code_recorder_stays_out_of_the_programs_stacks() -> None:
         assert batch._status_code.__code__ in HIDDEN_CODE
     finally:
         sys.exit = saved
+
+
+@pytest.mark.parametrize(
+    "command, serves",
+    [
+        (["gunicorn", "app:app"], True),
+        (["/venv/bin/uvicorn", "app:app", "--port", "8000"], True),
+        ([sys.executable, "-m", "uvicorn", "app:app"], True),
+        ([sys.executable, "-mhypercorn", "app:app"], True),
+        ([sys.executable, "manage.py", "runserver"], True),
+        (["flask", "run"], True),
+        ([sys.executable, "-m", "flask", "run"], True),
+        ([sys.executable, "-m", "http.server"], True),
+        ([sys.executable, "job.py", "runserver"], False),
+        ([sys.executable, "manage.py", "migrate"], False),
+        ([sys.executable, "-m", "jobs.nightly"], False),
+        (["flask", "routes"], False),
+        (["celery", "-A", "proj", "worker"], True),
+    ],
+)
+def test_servers_are_told_from_jobs(command: List[str], serves: bool) -> None:
+    assert run_module.serves_requests(command) is serves
+
+
+# A Starlette app (or a WSGI one, for gunicorn) whose requests are spans of the OpenTelemetry
+# SDK, sent to the receiver.
+SERVER_APP = """
+import os
+from opentelemetry import trace
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from starlette.applications import Starlette
+from starlette.responses import PlainTextResponse
+from starlette.routing import Route
+
+provider = TracerProvider(resource=Resource.create({"service.name": "shop"}))
+provider.add_span_processor(
+    SimpleSpanProcessor(OTLPSpanExporter(endpoint=os.environ["RECEIVER"] + "/v1/traces"))
+)
+trace.set_tracer_provider(provider)
+tracer = trace.get_tracer("shop")
+
+
+def hello(request):
+    with tracer.start_as_current_span("GET /hello"):
+        return PlainTextResponse("hello")
+
+
+app = Starlette(routes=[Route("/hello", hello)])
+
+
+def wsgi(environ, start_response):
+    with tracer.start_as_current_span("GET /hello"):
+        start_response("200 OK", [("Content-Type", "text/plain")])
+        return [b"hello"]
+"""
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _serve_three_requests(
+    receiver: Receiver, tmp_path: Path, server: List[str], options: List[str]
+) -> subprocess.CompletedProcess:
+    import signal as signals
+
+    import httpx
+
+    (tmp_path / "shopapp.py").write_text(SERVER_APP)
+    port = _free_port()
+    env = {
+        k: v for k, v in os.environ.items() if not k.startswith(("HOTSPAN_", "PYROSCOPE_", "OTEL_"))
+    }
+    env.update({"RECEIVER": receiver.url, "HOTSPAN_UPLOAD_INTERVAL": "1"})
+    env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(tmp_path), os.environ.get("PYTHONPATH")) if p
+    )
+    command = [sys.executable, "-m", "hotspan", "run", "--server-address", receiver.url, *options]
+    proc = subprocess.Popen(
+        [*command, "--", *[a.replace("PORT", str(port)) for a in server]],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/hello", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.2)
+        for _ in range(2):
+            assert httpx.get(f"http://127.0.0.1:{port}/hello", timeout=5).status_code == 200
+        # A profile upload or two (every second) before it is stopped.
+        while not receiver.ingests() and time.monotonic() < deadline + 10:
+            time.sleep(0.2)
+    finally:
+        proc.send_signal(signals.SIGTERM)  # hotspan run passes it on
+        out, err = proc.communicate(timeout=60)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+@pytest.mark.parametrize(
+    "server",
+    [
+        pytest.param(["uvicorn", "shopapp:app", "--port", "PORT"], id="uvicorn"),
+        pytest.param(
+            ["gunicorn", "-w", "1", "-b", "127.0.0.1:PORT", "shopapp:wsgi"], id="gunicorn"
+        ),
+    ],
+)
+def test_a_server_under_hotspan_run_has_a_trace_per_request(
+    receiver: Receiver, tmp_path: Path, server: List[str]
+) -> None:
+    pytest.importorskip(server[0], reason=f"{server[0]} comes with the test extra")
+    result = _serve_three_requests(receiver, tmp_path, server, [])
+    assert "no root span for this run; each request is a trace of its own" in result.stderr
+    assert "its profile:" not in result.stderr, result.stderr
+    spans = [span for service, span in receiver.spans()]
+    # Three requests, three traces, no span around them.
+    assert [s.name for s in spans] == ["GET /hello"] * 3, [s.name for s in spans]
+    assert len({s.trace_id for s in spans}) == 3
+    assert not any(s.parent_span_id for s in spans)
+    # Profiles still go up, without a run's trace tags.
+    names = app_names(receiver)
+    assert names and all("trace_id" not in n.tags for n in names), names
+
+
+def test_root_span_asked_for_wraps_a_server(receiver: Receiver, tmp_path: Path) -> None:
+    pytest.importorskip("uvicorn", reason="uvicorn comes with the server's dependencies")
+    result = _serve_three_requests(
+        receiver, tmp_path, ["uvicorn", "shopapp:app", "--port", "PORT"], ["--root-span"]
+    )
+    spans = receiver.spans()
+    (root,) = [span for _, span in spans if span.name.endswith(".run")]
+    requests = [span for _, span in spans if span.name == "GET /hello"]
+    assert len(requests) == 3
+    assert all(s.trace_id == root.trace_id and s.parent_span_id == root.span_id for s in requests)
+    assert f"hotspan: trace {root.trace_id.hex()}" in result.stderr

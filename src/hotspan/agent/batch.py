@@ -54,9 +54,15 @@ class RootSpan:
                 self._span.set_status(Status(StatusCode.ERROR, f"exit code {exit_code}"))
         self._span.end()
         if self._token is not None:
-            # Detaching from another context than the one attached to only logs an error.
+            # Reset directly (OpenTelemetry's contexts are context variables): ending from
+            # another context than the one attached to (a signal handler's, as a server
+            # shuts down) fails, and OpenTelemetry's detach would log that as an error.
+            reset = getattr(getattr(self._token, "var", None), "reset", None)
             with contextlib.suppress(Exception):
-                context.detach(self._token)
+                if reset is not None:
+                    reset(self._token)
+                else:
+                    context.detach(self._token)
         self._provider.force_flush(timeout_millis=int(timeout * 1000))
         self._provider.shutdown()
 

@@ -39,6 +39,29 @@ ROOT_MARKER = "HOTSPAN_RUN_ROOT_SPAN"
 # A file `hotspan run` reads after the program: the root span's trace id, which the process
 # that made the span writes (and takes out of its environment, for its children have none).
 REPORT_VARIABLE = "HOTSPAN_RUN_REPORT"
+# "false" where the run gets no root span: a server, whose requests are traces of their own.
+ROOT_SPAN_VARIABLE = "HOTSPAN_RUN_ROOT"
+
+# Programs that serve requests, by the command's name or the module run with -m: their
+# requests are traces of their own, and a span around the whole run would make them one.
+SERVER_COMMANDS = frozenset(
+    {"gunicorn", "uvicorn", "hypercorn", "waitress-serve", "daphne", "granian", "celery"}
+)
+SERVER_MODULES = frozenset(
+    {
+        "gunicorn",
+        "uvicorn",
+        "hypercorn",
+        "waitress",
+        "daphne",
+        "granian",
+        "celery",
+        "http.server",
+        "aiohttp.web",
+    }
+)
+# Arguments that make a framework's command line serve: Django's and Flask's.
+SERVER_SUBCOMMANDS = frozenset({"runserver", "run"})
 
 USAGE = (
     "hotspan run [options] -- python app.py [args...]\n"
@@ -113,6 +136,14 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="no root span, and no span ids on samples",
     )
+    parser.add_argument(
+        "--root-span",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="wrap the run in one root span (a trace for the whole run), or not; by default "
+        "yes, but for servers (gunicorn, uvicorn, hypercorn, waitress, daphne, granian, "
+        "celery, Django's runserver, flask run), whose requests are traces of their own",
+    )
     return parser
 
 
@@ -156,6 +187,31 @@ def build_command(options: argparse.Namespace, rest: List[str]) -> List[str]:
     if program.endswith(".py"):
         return [sys.executable, *rest]
     return rest
+
+
+def serves_requests(command: List[str]) -> bool:
+    """Whether ``command`` starts a server: a known server's command or module, or a
+    framework's command that serves (``manage.py runserver``, ``flask run``)."""
+    module = ""
+    rest = command[1:]
+    if command[0] == sys.executable:
+        for i, arg in enumerate(rest):
+            if arg == "-m" and i + 1 < len(rest):
+                module, rest = rest[i + 1], rest[i + 2 :]
+                break
+            if arg.startswith("-m") and len(arg) > 2 and not arg.startswith("--"):
+                module, rest = arg[2:], rest[i + 1 :]
+                break
+            if not arg.startswith("-"):
+                # A script: Django's manage.py runserver, say.
+                return _script_name(arg) == "manage" and "runserver" in rest[i + 1 :]
+        return module in SERVER_MODULES or (module == "flask" and "run" in rest)
+    name = Path(command[0]).name
+    if name in SERVER_COMMANDS:
+        return True
+    if name == "flask":
+        return "run" in rest
+    return name in ("manage.py", "django-admin") and "runserver" in rest
 
 
 def default_application_name(command: List[str]) -> str:
@@ -209,6 +265,10 @@ def child_environment(
             env["HOTSPAN_" + suffix] = str(value)
     if getattr(options, "no_trace_correlation", False):
         env["HOTSPAN_TRACE_CORRELATION"] = "false"
+    root_span = getattr(options, "root_span", None)
+    if root_span is None:
+        root_span = not serves_requests(command)
+    env[ROOT_SPAN_VARIABLE] = "true" if root_span else "false"
     tag_options = getattr(options, "tag", None)
     if tag_options:
         found = env_value("TAGS", env)
@@ -264,6 +324,14 @@ def main(argv: Sequence[str]) -> int:
     parser = build_parser()
     _options, command, env = prepare(parser, argv)
     config = check_settings(parser, env)
+    if env[ROOT_SPAN_VARIABLE] == "false" and config.trace_correlation:
+        # Said first: a server runs until it is stopped.
+        why = "" if _options.root_span is False else f"{Path(command[0]).name} serves requests: "
+        print(
+            f"hotspan: {why}no root span for this run; each request is a trace of its own "
+            "(--root-span wraps the run in one)",
+            file=sys.stderr,
+        )
     with tempfile.TemporaryDirectory(prefix="hotspan-run-") as scratch:
         # The child writes its root span's ids here (see bootstrap), for the line below.
         report = env[REPORT_VARIABLE] = os.path.join(scratch, "root-span")
@@ -383,9 +451,10 @@ def bootstrap() -> None:
     recorder = batch.ExitCodeRecorder()
     root: Optional[batch.RootSpan] = None
     report = os.environ.pop(REPORT_VARIABLE, "")
+    wants_root = os.environ.pop(ROOT_SPAN_VARIABLE, "true") != "false"
     # file://: hotspan record, which has no server to send a span to.
     to_server = not config.server_address.startswith("file:")
-    if config.trace_correlation and to_server:
+    if config.trace_correlation and to_server and wants_root:
         trace_id, _, span_id = os.environ.get(ROOT_MARKER, "").partition("-")
         if not span_id:
             try:
@@ -426,9 +495,30 @@ def bootstrap() -> None:
         except Exception as exc:
             warn(f"root span not exported: {exc}")
 
+    done: List[bool] = []
+
+    def at_exit_once() -> None:
+        if not done:
+            done.append(True)
+            at_exit()
+
+    def on_terminate(signum: int, _frame: object) -> None:
+        # A SIGTERM with no handler of the program's would end it without its exit handlers:
+        # the last profile and the root span would be lost (uvicorn, for one, restores the
+        # handler it found and raises the signal again once it has shut down).  They are
+        # sent, and the signal then ends the program as it would have.
+        signal.signal(signum, signal.SIG_DFL)
+        at_exit_once()
+        signal.raise_signal(signum)
+
     agent_code(at_exit.__code__)
+    agent_code(at_exit_once.__code__)
+    agent_code(on_terminate.__code__)
     # Registered after configure, so this runs before any exit handler the agent has.
-    atexit.register(at_exit)
+    atexit.register(at_exit_once)
+    with contextlib.suppress(ValueError, OSError):  # not the main thread, say
+        if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+            signal.signal(signal.SIGTERM, on_terminate)
 
 
 def _write_report(path: str, trace_id: str) -> None:
