@@ -103,6 +103,12 @@ PROGRAM = traced_program(
         # Under 3 sample periods, without samples: that says nothing about it.  Never
         # current, its times given (a 21 ms sleep has some CPU around it, where a sample
         # lands now and then).
+        with tracer.start_as_current_span("POST /pay") as paying:
+            # A failed payment: the span's status says so.
+            from opentelemetry.trace import Status, StatusCode
+
+            time.sleep(0.01)
+            paying.set_status(Status(StatusCode.ERROR, "card declined"))
         nap_end = time.time_ns()
         tracer.start_span("nap", start_time=nap_end - 21_000_000).end(end_time=nap_end)
         with tracer.start_as_current_span("fanout"):
@@ -277,6 +283,25 @@ def test_a_span_starved_of_cores_says_so(page, bank) -> None:  # type: ignore[no
     page.wait_for_function(
         "() => document.querySelector('.hs-span-details').textContent.includes('CPU waits')"
     )
+
+
+def test_an_error_span_is_drawn_as_one(page, bank) -> None:  # type: ignore[no-untyped-def]
+    srv, ids = bank
+    page.goto(f"{srv.url}/traces/{ids['trace']}")
+    # Statuses come with the trace's attributes, after the waterfall is drawn.
+    row = page.locator(".hs-wf-span[data-name='POST /pay']")
+    page.wait_for_selector(".hs-wf-span[data-name='POST /pay'].hs-wf-error")
+    badge = row.locator(".hs-wf-error-badge")
+    assert badge.inner_text() == "error"
+    assert "card declined" in str(badge.get_attribute("title"))
+    # Its swatch and bar in the error colour (the badge's), not its service's; others not.
+    colour = badge.evaluate("b => getComputedStyle(b).color")
+    bar = row.locator(".hs-wf-bar").evaluate("b => getComputedStyle(b).borderTopColor")
+    swatch = row.locator(".hs-wf-swatch").evaluate("s => getComputedStyle(s).backgroundColor")
+    assert bar == colour and swatch == colour, (bar, swatch, colour)
+    other = page.locator(".hs-wf-span[data-name='compute'] .hs-wf-bar")
+    assert other.evaluate("b => getComputedStyle(b).borderTopColor") != colour
+    assert page.locator(".hs-wf-error").count() == 1
 
 
 def test_a_span_paused_by_the_collector_says_how_long(page, bank) -> None:  # type: ignore[no-untyped-def]

@@ -24,7 +24,7 @@ import {
   describeRange,
   resolveRange,
 } from "./timerange.js";
-import { Waterfall, buildTree, serviceColor } from "./waterfall.js";
+import { Waterfall, buildTree, isError, serviceColor } from "./waterfall.js";
 import { DEFAULT_WINDOW, WhyPanel } from "./why.js";
 import { compareBox, traceRange } from "./compare.js";
 
@@ -968,6 +968,7 @@ export function renderTraceView(root, { params, match }) {
           }
         }
       }
+      if (waterfall) waterfall.markErrors();
       showDetails();
     } catch {
       // The waterfall and profiles do without attributes.
@@ -982,11 +983,6 @@ export function renderTraceView(root, { params, match }) {
     if (panel) panel.destroy();
     if (why) why.destroy();
   };
-}
-
-/** OTLP JSON writes the status code as a number (2) or as its enum name. */
-function isError(status) {
-  return Boolean(status) && (status.code === 2 || status.code === "STATUS_CODE_ERROR");
 }
 
 function fact(term, value) {

@@ -50,6 +50,11 @@ export const EXTRA_KINDS = {
 const NONE = { self: 0, total: 0 };
 const GIL_NOTE_SHARE = 0.1;
 
+/** Whether an OTLP JSON status is an error (its code a number, 2, or its enum name). */
+export function isError(status) {
+  return Boolean(status) && (status.code === 2 || status.code === "STATUS_CODE_ERROR");
+}
+
 /** A stable colour per service (hue from a hash of the name). */
 export function serviceColor(service) {
   return `hsl(${fnv1a(String(service || "")) % 360} 55% 52%)`;
@@ -327,6 +332,25 @@ export class Waterfall {
    * some. Lock, GIL and CPU waits also name the cause in the activity badges of spans that
    * were not on CPU.
    */
+  /** Marks the spans whose status is an error (known once the trace's attributes arrive):
+   * their swatch and bar in the error colour, and an "error" badge by the name. */
+  markErrors() {
+    for (const { row, span } of this.rows.values()) {
+      const failed = isError(span.status);
+      row.classList.toggle("hs-wf-error", failed);
+      // The error colour where the service's would be: swatch, bar and its CPU part.
+      row.style.setProperty("--hs-service", failed ? "var(--hs-error)" : serviceColor(span.service));
+      const name = row.querySelector(".hs-wf-name");
+      let badge = name.querySelector(".hs-wf-error-badge");
+      if (failed && !badge) {
+        badge = el("span", { class: "hs-wf-error-badge" }, "error");
+        name.querySelector(".hs-wf-span-name").after(badge);
+      }
+      if (badge) badge.hidden = !failed;
+      if (failed) badge.title = `status ERROR${span.status.message ? `: ${span.status.message}` : ""}`;
+    }
+  }
+
   setValues(kind, values) {
     const spec = EXTRA_KINDS[kind]; // none for GIL and CPU waits: no column
     if (!this.causes) this.causes = {}; // lock and GIL waits, which both name causes
