@@ -254,7 +254,8 @@ def test_a_span_that_waited_for_the_gil_says_so(page, bank) -> None:  # type: ig
         r"of which ([^;]+) waiting for the GIL(; of which [^;]+ waiting for a core)?$",
         str(contended["note"]),
     )
-    assert m and 100 <= ms(m.group(1)) <= 600, contended
+    # Within its duration (which a busy machine stretches well past its 200 ms of CPU).
+    assert m and 100 <= ms(m.group(1)) <= ms(str(contended["duration"])), contended
     badge = str(contended["badge"])
     named = re.fullmatch(r"(GIL wait \d+%, CPU \d+%|waiting for the GIL \d+%)", badge)
     share = re.fullmatch(r"(?:mixed|not on CPU) (\d+)%", badge)
