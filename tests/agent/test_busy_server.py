@@ -208,7 +208,19 @@ def test_busy_web_server(module_server, tmp_path: Path, run: int) -> None:
         f"run {run}: render() CPU under the load's traces {labelled / 1e9:.3f} s "
         f"of {whole / 1e9:.3f} s"
     )
+    # Each trace's share of the samples against its share of render()'s CPU by the program's
+    # own clocks.  Sampling alone spreads a share by sqrt(p(1-p)/n) over n samples: a machine
+    # busy with other work leaves the program fewer samples, hence the bound's floor at four
+    # of those (a bias, such as samples charged to the task that runs next, is larger).
     real = result["render_cpu"]
+    samples = labelled / 1e7  # 100 Hz: a sample is 10 ms of CPU
     for trace_id, value in per_trace.items():
         share, true_share = value / labelled, real[trace_id] / sum(real.values())
-        assert abs(share - true_share) < 0.1, (run, trace_id, share, true_share)
+        spread = (true_share * (1 - true_share) / max(samples, 1)) ** 0.5
+        assert abs(share - true_share) < max(0.1, 4 * spread), (
+            run,
+            trace_id,
+            share,
+            true_share,
+            samples,
+        )

@@ -379,6 +379,11 @@ def test_fleet_settings_from_the_server_are_followed(server, apps, tmp_path: Pat
         assert agent()["sample_rate"] == 100, agent()
     flag.write_text("")
     assert app.proc.wait(20) == 0
+    # Its last upload, at exit, said it stopped: listed as such, following nothing.
+    with server.client() as client:
+        (row,) = instances(client)
+        assert row["stopped"] is True and row["follows"] is None, row
+        assert row["status"]["profiling"] is False
 
 
 def test_a_forked_worker_of_a_disabled_agent_can_be_enabled(server, tmp_path: Path) -> None:

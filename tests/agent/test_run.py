@@ -690,13 +690,17 @@ def _free_port() -> int:
 
 
 def _serve_three_requests(
-    receiver: Receiver, tmp_path: Path, server: List[str], options: List[str]
+    receiver: Receiver,
+    tmp_path: Path,
+    server: List[str],
+    options: List[str],
+    app: str = SERVER_APP,
 ) -> subprocess.CompletedProcess:
     import signal as signals
 
     import httpx
 
-    (tmp_path / "shopapp.py").write_text(SERVER_APP)
+    (tmp_path / "shopapp.py").write_text(app)
     port = _free_port()
     env = {
         k: v for k, v in os.environ.items() if not k.startswith(("HOTSPAN_", "PYROSCOPE_", "OTEL_"))
@@ -772,3 +776,110 @@ def test_root_span_asked_for_wraps_a_server(receiver: Receiver, tmp_path: Path) 
     assert len(requests) == 3
     assert all(s.trace_id == root.trace_id and s.parent_span_id == root.span_id for s in requests)
     assert f"hotspan: trace {root.trace_id.hex()}" in result.stderr
+
+
+# Scripts that serve by themselves: the command says nothing; their first listen() does.  Each
+# request burns CPU before its span starts, with whatever labels the context had: the run's
+# root span's, if they were not forgotten when the script began to listen.
+SERVING_SCRIPTS = {
+    "uvicorn.run": """
+import sys, time
+import uvicorn
+from shopapp import app, tracer
+
+with tracer.start_as_current_span("warm cache"):
+    time.sleep(0.05)
+uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), log_level="warning")
+""",
+    "http.server": """
+import sys, time
+from http.server import BaseHTTPRequestHandler, HTTPServer
+from shopapp import burn, tracer
+
+
+class Hello(BaseHTTPRequestHandler):
+    def do_GET(self):
+        burn()
+        with tracer.start_as_current_span("GET /hello"):
+            self.send_response(200)
+            self.send_header("Content-Length", "5")
+            self.end_headers()
+            self.wfile.write(b"hello")
+
+    def log_message(self, *args):
+        pass
+
+
+with tracer.start_as_current_span("warm cache"):
+    time.sleep(0.05)
+HTTPServer(("127.0.0.1", int(sys.argv[1])), Hello).serve_forever()
+""",
+}
+BURNING_APP = SERVER_APP.replace(
+    'def hello(request):\n    with tracer.start_as_current_span("GET /hello"):',
+    "def burn():\n    end = time.process_time() + 0.15\n    while time.process_time() < end:\n"
+    "        pass\n\n\ndef hello(request):\n    burn()\n"
+    '    with tracer.start_as_current_span("GET /hello"):',
+).replace("import os\n", "import os\nimport time\n")
+
+
+@pytest.mark.parametrize("kind", sorted(SERVING_SCRIPTS))
+def test_a_script_that_listens_gives_each_request_its_own_trace(
+    receiver: Receiver, tmp_path: Path, kind: str
+) -> None:
+    if kind == "uvicorn.run":
+        pytest.importorskip("uvicorn", reason="uvicorn comes with the server's dependencies")
+    assert "burn()" in BURNING_APP
+    (tmp_path / "serve.py").write_text(SERVING_SCRIPTS[kind])
+    result = _serve_three_requests(
+        receiver,
+        tmp_path,
+        [sys.executable, "serve.py", "PORT"],
+        ["--application-name", "shoprun"],
+        app=BURNING_APP,
+    )
+    # Told as it happens (a server runs until it is stopped), and no trace line at the end.
+    assert re.search(
+        r"the program listens on 127\.0\.0\.1:\d+, so it serves requests: each request is a "
+        r"trace of its own from now on; its start-up is trace [0-9a-f]{32}",
+        result.stderr,
+    ), result.stderr
+    assert "its profile:" not in result.stderr, result.stderr
+    spans = [span for _, span in receiver.spans()]
+    (start,) = [s for s in spans if s.name == "shoprun.start"]
+    (warm,) = [s for s in spans if s.name == "warm cache"]
+    assert warm.trace_id == start.trace_id and warm.parent_span_id == start.span_id
+    assert start.end_time_unix_nano > warm.end_time_unix_nano
+    requests = [s for s in spans if s.name == "GET /hello"]
+    assert len(requests) == 3
+    assert len({s.trace_id for s in requests}) == 3 and start.trace_id not in {
+        s.trace_id for s in requests
+    }
+    assert not any(s.parent_span_id for s in requests)
+    # The run's trace tags leave the profiles, and no sample names the start-up span once
+    # the requests run (3 x 150 ms of CPU outside their spans).
+    names = app_names(receiver)
+    assert names and "trace_id" not in names[-1].tags, names
+    burning = [labels for labels, stack in labelled_stacks(receiver) if "shopapp.burn" in stack]
+    assert burning, "no sample of the requests' work"
+    assert not any(lb.get("span_id") == start.span_id.hex() for lb in burning), burning
+    assert not any(lb.get("trace_id") == start.trace_id.hex() for lb in burning), burning
+
+
+def labelled_stacks(rec: Receiver) -> List[tuple]:
+    """(string labels, function names) of every sample in every pprof upload received."""
+    out = []
+    for r in rec.ingests():
+        body = gzip.decompress(r.body) if r.body[:2] == b"\x1f\x8b" else r.body
+        profile = profile_pb2.Profile()
+        profile.ParseFromString(body)
+        strings = [bytes(s).decode() for s in profile.string_table]
+        names = {f.id: strings[f.name] for f in profile.function}
+        locations = {
+            loc.id: [names[line.function_id] for line in loc.line] for loc in profile.location
+        }
+        for sample in profile.sample:
+            labels = {strings[lb.key]: strings[lb.str] for lb in sample.label if lb.str}
+            stack = {name for loc in sample.location_id for name in locations[loc]}
+            out.append((labels, stack))
+    return out

@@ -24,6 +24,7 @@ from hotspan.model.trace import (
     SpanGroup,
     SpanWriteRow,
     TraceQuery,
+    TraceSummary,
     flatten_attributes,
 )
 from hotspan.query.traceql import legacy_query, parse_duration, parse_logfmt, parse_traceql
@@ -266,7 +267,9 @@ def ch_query(session: Any, sql: str, params: Dict[str, Any]) -> List[Row]:
 
 
 def ch_rows(session: Any, tenant: str, query: TraceQuery) -> List[Row]:
-    return ch_query(session, *search_sql(CLICKHOUSE, tenant, query))
+    """The statement's rows, their service stats parsed as find_traces does."""
+    rows = ch_query(session, *search_sql(CLICKHOUSE, tenant, query))
+    return [(*row[:11], TraceSummary.from_rows([row])[0].service_stats) for row in rows]
 
 
 def duck_rows(duck: DuckDBStore, tenant: str, query: TraceQuery) -> List[Row]:
@@ -284,6 +287,7 @@ def duck_rows(duck: DuckDBStore, tenant: str, query: TraceQuery) -> List[Row]:
             m.start_ns,
             m.start_ns + m.duration_ns,
             t.matched_count,
+            t.service_stats,
         )
         for t in duck.find_traces(tenant, query)
         for m in t.matched
@@ -347,8 +351,10 @@ def test_store_contract_summary(stores) -> None:  # type: ignore[no-untyped-def]
     # root, start, duration and span count of the trace, the spans that matched, in order;
     # the trace's three spans are stored twice (a retried export) and count once.
     assert rows == [
-        (TRACE_A, "api", "GET /pay", 100 * SEC, 103 * SEC, 3, 2, "charge", 100 * SEC, 102 * SEC, 2),
-        (TRACE_A, "api", "GET /pay", 100 * SEC, 103 * SEC, 3, 3, "sql", 101 * SEC, 102 * SEC, 2),
+        (TRACE_A, "api", "GET /pay", 100 * SEC, 103 * SEC, 3, 2, "charge", 100 * SEC, 102 * SEC, 2)
+        + ((("api", 3, 0),),),
+        (TRACE_A, "api", "GET /pay", 100 * SEC, 103 * SEC, 3, 3, "sql", 101 * SEC, 102 * SEC, 2)
+        + ((("api", 3, 0),),),
     ]
     assert ch_rows(stores[0], "other", _q()) == []
 

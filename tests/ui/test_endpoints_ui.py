@@ -101,6 +101,39 @@ def test_endpoints_table_ranks_sorts_and_opens_a_flame_graph(page, shop) -> None
 
 
 @native_states
+def test_error_rate_latency_and_the_way_to_the_slowest_traces(page, shop) -> None:  # type: ignore[no-untyped-def]
+    open_endpoints(page, shop, f"query={quote(SELECTOR)}")
+    cells = {
+        r["name"]: r
+        for r in page.eval_on_selector_all(
+            ".hs-ep-row",
+            """rows => rows.map(r => ({
+                name: r.dataset.name,
+                errors: r.querySelector('.hs-ep-errors').textContent,
+                failing: r.querySelector('.hs-ep-errors').classList.contains('hs-ep-failing'),
+                p50: r.querySelector('.hs-ep-p50').textContent,
+                p99: r.querySelector('.hs-ep-p99').textContent,
+            }))""",
+        )
+    }
+    # Two of five searches failed; the others never did.
+    assert (cells["GET /search"]["errors"], cells["GET /search"]["failing"]) == ("40.0%", True)
+    assert (cells["GET /checkout"]["errors"], cells["GET /checkout"]["failing"]) == ("0", False)
+    # A checkout takes 0.18 s of CPU: its median is in the hundreds of milliseconds.
+    assert re.fullmatch(r"1\d\d(\.\d+)? ms|0\.\d+ s", cells["GET /checkout"]["p50"]), cells
+    # Sorting by p99 puts the slowest endpoint first.
+    page.click(".hs-ep-sort[data-column='p99']")
+    assert table(page)[0]["name"] == "GET /checkout"
+
+    # One click to the endpoint's slowest traces: the trace search, longest first.
+    page.click(".hs-ep-row[data-name='GET /search'] .hs-ep-traces")
+    page.wait_for_url(re.compile(r"/traces\?service=shop&name=GET"))
+    page.wait_for_function("() => document.querySelectorAll('.hs-trace-result').length === 5")
+    names = page.eval_on_selector_all(".hs-trace-link", "links => links.map(a => a.textContent)")
+    assert all("GET /search" in n for n in names), names
+    assert page.input_value(".hs-trace-sort") == "duration"
+
+
 def test_requests_that_waited_for_the_gil_show_it(page, shop, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     run_programs(CONTENDED, tmp_path, [shop.url])
     query = "query=" + quote('{service_name="contended"}')

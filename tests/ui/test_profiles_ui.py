@@ -379,6 +379,7 @@ def test_exports_pprof_and_folded(page, data, tmp_path) -> None:  # type: ignore
     page.goto(data.server.url + "/profiles?query=" + quote('{service_name="checkout"}'))
     wait_for_frame(page, MAIN + "price_cart")
     exports = {}
+    names = {}
     for kind in ("pprof", "folded"):
         item = page.locator(f"[data-export={kind}]")
         if not item.is_visible():
@@ -388,6 +389,11 @@ def test_exports_pprof_and_folded(page, data, tmp_path) -> None:  # type: ignore
         path = tmp_path / kind
         info.value.save_as(path)
         exports[kind] = path.read_bytes()
+        names[kind] = info.value.suggested_filename
+    # Named after what was exported and from when, so that exports do not overwrite each
+    # other: service, profile type, start of the range.
+    assert re.fullmatch(r"checkout-cpu-\d{8}T\d{4}\.pb", names["pprof"]), names
+    assert re.fullmatch(r"checkout-cpu-\d{8}T\d{4}\.folded\.txt", names["folded"]), names
     raw = exports["pprof"]
     profile = profile_pb2.Profile.FromString(
         gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw

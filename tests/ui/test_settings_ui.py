@@ -204,6 +204,26 @@ def test_settings_of_a_service(page, srv) -> None:  # type: ignore[no-untyped-de
     web3 = instance_row(page, "web-3/103/ef56")
     assert web3.locator(".hs-inst-versions").inner_text() == "applies v0, expected v0"
     assert "no rule" in web3.locator(".hs-inst-rule").inner_text()
+    # An agent that shut down, with an old settings version and a last report over budget:
+    # greyed as stopped, not flagged as not following, no rate or budget shown.
+    upload(
+        client,
+        "web-4/104/aa00",
+        "prod",
+        status(0, hostname="web-4", pid=104, stopped=True, sample_rate=0, overhead=68.2),
+    )
+    web4 = instance_row(page, "web-4/104/aa00")
+    web4.locator(".hs-inst-stopped-badge").wait_for()
+    assert "hs-inst-stopped" in (web4.get_attribute("class") or "")
+    assert "hs-not-following" not in (web4.get_attribute("class") or "")
+    text = web4.inner_text()
+    assert "stopped" in text and "does not follow" not in text and "budget" not in text, text
+    assert "web-4" in web4.locator(".hs-inst-name").inner_text()
+    assert page.eval_on_selector(
+        'tr[data-instance="web-4/104/aa00"]', "r => getComputedStyle(r).color"
+    ) != page.eval_on_selector(
+        'tr[data-instance="web-1/101/ab12"]', "r => getComputedStyle(r).color"
+    )
     screenshot(page, "settings_instances")
 
     # The index lists the service, by URL through the router.

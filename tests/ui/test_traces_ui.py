@@ -176,6 +176,55 @@ def test_search_lists_the_longest_traces_first(page, shop) -> None:  # type: ign
     assert f"{srv.url}/v1/traces" in text
 
 
+def test_failing_traces_are_marked_and_the_status_filter_finds_them(page, shop) -> None:  # type: ignore[no-untyped-def]
+    srv, ids = shop
+    slow = {s["trace"] for s in ids["slow"]}  # each holds a "template" span with status error
+    page.goto(f"{srv.url}/traces?service=shop")
+    page.wait_for_selector(".hs-trace-result")
+    failed = page.eval_on_selector_all(
+        ".hs-trace-result.hs-trace-failed",
+        "rows => rows.map(r => [r.dataset.traceId, r.querySelector('.hs-result-errors').textContent])",
+    )
+    assert {tid for tid, _ in failed} == slow
+    assert all(text == "1 error" for _, text in failed), failed
+    assert page.eval_on_selector(
+        ".hs-trace-failed .hs-result-errors", "e => getComputedStyle(e).color"
+    ) != page.eval_on_selector(".hs-trace-link", "e => getComputedStyle(e).color")
+
+    # The status filter: only the traces with a failing span, and the URL keeps it.
+    page.select_option(".hs-trace-status", "error")
+    page.wait_for_url(re.compile(r"status=error"))
+    page.wait_for_function(
+        "() => document.querySelectorAll('.hs-trace-result').length === 3"
+        " && document.querySelector('.hs-trace-query').textContent.includes('status=error')"
+    )
+    assert {r["id"] for r in result_rows(page)} == slow
+    page.reload()
+    page.wait_for_function("() => document.querySelectorAll('.hs-trace-result').length === 3")
+    assert page.input_value(".hs-trace-status") == "error"
+
+    # A duration range: the fast requests (4 ms of CPU) between 1 ms and 100 ms.
+    page.goto(f"{srv.url}/traces?service=shop&name=GET%20%2Ffast")
+    page.wait_for_selector(".hs-trace-result")
+    page.fill(".hs-trace-min", "1ms")
+    page.fill(".hs-trace-max", "100ms")
+    page.click(".hs-trace-search")
+    page.wait_for_url(re.compile(r"maxDuration=100ms"))
+    page.wait_for_function(
+        "() => document.querySelector('.hs-trace-query')"
+        " && document.querySelector('.hs-trace-query').textContent.includes('duration<=100ms')"
+    )
+    assert {r["id"] for r in result_rows(page)} == set(ids["fast"])
+    page.fill(".hs-trace-max", "1ms")
+    page.click(".hs-trace-search")
+    page.wait_for_selector(".hs-trace-results .hs-message")
+    assert "of at most 1ms" in page.inner_text(".hs-trace-results .hs-message")
+    # A duration the form cannot read is refused where it was typed.
+    page.fill(".hs-trace-max", "soon")
+    page.click(".hs-trace-search")
+    assert "maxDuration=1ms" in page.url
+
+
 def test_a_result_opens_the_waterfall_with_cpu_beside_duration(page, shop) -> None:  # type: ignore[no-untyped-def]
     srv, ids = shop
     slow = ids["slow"][0]

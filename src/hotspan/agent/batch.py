@@ -13,10 +13,11 @@ import contextlib
 import os
 import sys
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional
 
-from hotspan.agent.symbols import hide_code
+from hotspan.agent.symbols import agent_code, hide_code
 
 # Seconds the exporter may spend on one request (retries included); also the exit flush's.
 EXPORT_TIMEOUT = 2.0
@@ -35,6 +36,7 @@ class RootSpan:
     _span: Any = field(repr=False)
     _provider: Any = field(repr=False)
     _token: Any = field(repr=False, default=None)
+    _stand_in: Any = field(repr=False, default=None)
     _ended: bool = field(repr=False, default=False)
     _pid: int = field(repr=False, default_factory=os.getpid)
 
@@ -63,6 +65,31 @@ class RootSpan:
                     reset(self._token)
                 else:
                     context.detach(self._token)
+        self._flush(timeout)
+
+    def step_aside(self, service: str) -> None:
+        """The program serves requests: from now on its spans start traces of their own, and
+        this span, renamed ``<service>.start``, ends now as the trace of its start-up.
+
+        The stand-in stays in the program's contexts, as no span.  The span is exported on a
+        thread of its own (the SDK exports as a span ends): the caller is the program, about
+        to serve.
+        """
+        if self._ended or self._stand_in is None or os.getpid() != self._pid:
+            return
+        self._ended = True
+        self._stand_in.step_aside()
+        self._span.update_name(f"{service}.start")
+        end_time = time.time_ns()
+
+        def export() -> None:
+            self._span.end(end_time=end_time)
+            self._flush(EXPORT_TIMEOUT)
+
+        agent_code(export.__code__)
+        threading.Thread(target=export, name="hotspan-run-span", daemon=True).start()
+
+    def _flush(self, timeout: float) -> None:
         self._provider.force_flush(timeout_millis=int(timeout * 1000))
         self._provider.shutdown()
 
@@ -120,13 +147,17 @@ def start_root_span(
     if not span_context.is_valid:
         provider.shutdown()
         return None
-    token = context.attach(trace.set_span_in_context(span)) if attach else None
+    from hotspan.agent.run_span import RunSpan
+
+    stand_in = RunSpan(span)
+    token = context.attach(trace.set_span_in_context(stand_in)) if attach else None
     return RootSpan(
         trace_id_hex=trace.format_trace_id(span_context.trace_id),
         span_id_hex=trace.format_span_id(span_context.span_id),
         _span=span,
         _provider=provider,
         _token=token,
+        _stand_in=stand_in,
     )
 
 

@@ -85,6 +85,9 @@ class PyLabels:
         self.gc_pause_ns += gc_pause_ns
         self.gc_count += gc_count
 
+    def _forget_span(self) -> None:
+        self.span_id = self.root_span_id = self.trace_hi = self.trace_lo = 0
+
 
 class _GcCharge:
     """The pure-Python twin of span_stats.c's gc_callback: each collection's pause is charged to

@@ -35,7 +35,7 @@ from hotspan.model.agent_settings import (
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing stays out of the program at run time: see agent/log.py
-    from typing import Any, Callable, Dict, List, Optional, Set, Tuple
+    from typing import Any, Callable, Dict, List, Mapping, Optional, Set, Tuple
 
     from hotspan.agent.collectors import Collector
 
@@ -98,6 +98,7 @@ class Agent:
         # Set, with _wake, to end the agent's loop: a flag rather than an Event, which would be
         # six more objects for the program's GC to walk (see agent/log.py).
         self._stopping = False
+        self.stopped = False  # shut down: the status of the last upload says so
         # What wakes the agent's loop before its interval: a stop, a change of settings.  The
         # uploader's thread waits on the same kind.
         self._make_waker = _native_waker()
@@ -257,6 +258,9 @@ class Agent:
             atexit.unregister(self._at_exit)
             if self._control_server is not None:
                 self._control_server.stop()
+            # The last upload says so: the server shows the instance as stopped, not as one
+            # that profiles at no rate.
+            self.stopped = True
             self._stopping = True
             self._wake.set()
             thread = self._thread
@@ -546,6 +550,13 @@ class Agent:
         if self.live.set_remote(version, checked):
             logger.info("hotspan: server settings version %d: %s", version, checked)
 
+    def remove_tags(self, tags: Mapping[str, str]) -> None:
+        """Take these ``key=value`` tags off the profiles from the next upload on (a key whose
+        value differs, the user's own, stays)."""
+        kept = {k: v for k, v in self.config.tags.items() if tags.get(k) != v}
+        # One assignment: the uploader's thread reads the dict whole, old or new.
+        self.config.tags = kept
+
     def status(self) -> Dict[str, Any]:
         """What the agent does now: the control endpoint's GET, and each upload's report."""
         settings = self.live.effective()
@@ -556,6 +567,7 @@ class Agent:
         return {
             "enabled": bool(settings["enabled"]),
             "profiling": running is not None or bool(self._collectors),
+            "stopped": self.stopped,
             "sample_rate": running[0] if running is not None else 0,
             "configured_rate": self.wanted_rate(settings),
             "profile_types": profile_types(settings),

@@ -18,7 +18,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from hotspan.agent.config import (
     AgentConfig,
@@ -39,7 +39,8 @@ ROOT_MARKER = "HOTSPAN_RUN_ROOT_SPAN"
 # A file `hotspan run` reads after the program: the root span's trace id, which the process
 # that made the span writes (and takes out of its environment, for its children have none).
 REPORT_VARIABLE = "HOTSPAN_RUN_REPORT"
-# "false" where the run gets no root span: a server, whose requests are traces of their own.
+# "false" where the run gets no root span: a server, whose requests are traces of their own;
+# "auto" where it has one until the program listens on a TCP socket (see step_aside_if_serving).
 ROOT_SPAN_VARIABLE = "HOTSPAN_RUN_ROOT"
 
 # Programs that serve requests, by the command's name or the module run with -m: their
@@ -267,8 +268,9 @@ def child_environment(
         env["HOTSPAN_TRACE_CORRELATION"] = "false"
     root_span = getattr(options, "root_span", None)
     if root_span is None:
-        root_span = not serves_requests(command)
-    env[ROOT_SPAN_VARIABLE] = "true" if root_span else "false"
+        env[ROOT_SPAN_VARIABLE] = "false" if serves_requests(command) else "auto"
+    else:
+        env[ROOT_SPAN_VARIABLE] = "true" if root_span else "false"
     tag_options = getattr(options, "tag", None)
     if tag_options:
         found = env_value("TAGS", env)
@@ -451,7 +453,8 @@ def bootstrap() -> None:
     recorder = batch.ExitCodeRecorder()
     root: Optional[batch.RootSpan] = None
     report = os.environ.pop(REPORT_VARIABLE, "")
-    wants_root = os.environ.pop(ROOT_SPAN_VARIABLE, "true") != "false"
+    wants = os.environ.pop(ROOT_SPAN_VARIABLE, "auto")
+    wants_root = wants != "false"
     # file://: hotspan record, which has no server to send a span to.
     to_server = not config.server_address.startswith("file:")
     if config.trace_correlation and to_server and wants_root:
@@ -475,11 +478,13 @@ def bootstrap() -> None:
         if span_id:
             tags = batch.with_trace_tags(tags, trace_id, span_id)
     try:
-        configure(application_name=config.application_name, tags=tags)
+        agent = configure(application_name=config.application_name, tags=tags)
     except BaseException:
         if root is not None:
             root.end(None, timeout=1.0)
         raise
+    if root is not None and wants == "auto":
+        step_aside_if_serving(root, agent, config.application_name, report)
 
     def at_exit() -> None:
         # The program's own atexit handlers ran already (they were registered later).
@@ -519,6 +524,37 @@ def bootstrap() -> None:
     with contextlib.suppress(ValueError, OSError):  # not the main thread, say
         if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
             signal.signal(signal.SIGTERM, on_terminate)
+
+
+def step_aside_if_serving(root: Any, agent: Any, service: str, report: str) -> None:
+    """Once the program listens on a TCP socket, it serves requests, each a trace of its own:
+    the root span ends there as the trace of its start-up, and neither the samples nor the
+    profiles' tags name it from then on."""
+    from hotspan.agent.context import LABELS
+    from hotspan.agent.serving import on_first_listen
+    from hotspan.agent.symbols import agent_code
+
+    # The labels of the root span: every context copied since (threads', asyncio tasks')
+    # holds this object until a span of the program's replaces it.
+    labels = LABELS.get(None)
+    ours = {"trace_id": root.trace_id_hex, "root_span_id": root.span_id_hex}
+
+    def serving(address: Any) -> None:
+        root.step_aside(service)
+        if labels is not None:
+            labels._forget_span()
+        os.environ.pop(ROOT_MARKER, None)
+        agent.remove_tags(ours)
+        _write_report(report, "")
+        where = f" on {address[0]}:{address[1]}" if isinstance(address, tuple) else ""
+        warn(
+            f"the program listens{where}, so it serves requests: each request is a trace of "
+            f"its own from now on; its start-up is trace {root.trace_id_hex} "
+            "(--root-span keeps one span around the whole run)"
+        )
+
+    agent_code(serving.__code__)
+    on_first_listen(serving)
 
 
 def _write_report(path: str, trace_id: str) -> None:

@@ -200,7 +200,7 @@ def _get(client: _Client, args: argparse.Namespace) -> int:
                 inst["instance"],
                 "-" if inst["rule_selector"] is None else _shown(inst["rule_selector"]),
                 f"{status.get('settings_version', '?')}/{inst['expected_version']}",
-                "yes" if inst["follows"] else "NO",
+                "stopped" if inst.get("stopped") else "yes" if inst["follows"] else "NO",
                 _yes_no(status.get("enabled")),
                 str(status.get("sample_rate", "?")),
                 _percent(status.get("overhead")) + " / " + _percent(status.get("max_overhead")),

@@ -194,13 +194,13 @@ class SpanRecord(NamedTuple):
     @staticmethod
     def outlines(rows: Iterable[Sequence[Any]]) -> List[SpanRecord]:
         """Records from rows of (trace id, span id, parent span id, name, service, start,
-        end): the columns aggregations read.  The others are not read, so that such reads do
-        not pay for attributes: ``kind`` and ``status_code`` are 0, ``attrs`` and
-        ``resource_attrs`` empty."""
+        end, status code): the columns aggregations read.  The others are not read, so that
+        such reads do not pay for attributes: ``kind`` is 0, ``attrs`` and ``resource_attrs``
+        empty."""
         make = SpanRecord._make  # a tuple in, without keyword handling: the cheapest per span
         return [
-            make((trace_id, span_id, parent, name, 0, service, start, end, 0, "", ""))
-            for trace_id, span_id, parent, name, service, start, end in rows
+            make((trace_id, span_id, parent, name, 0, service, start, end, status, "", ""))
+            for trace_id, span_id, parent, name, service, start, end, status in rows
         ]
 
 
@@ -299,21 +299,49 @@ class TraceSummary:
     span_count: int
     matched: Tuple[MatchedSpan, ...]
     matched_count: int
+    # Per service of the trace: (service, its spans, those whose status is error).
+    service_stats: Tuple[Tuple[str, int, int], ...] = ()
+
+    @property
+    def error_count(self) -> int:
+        return sum(errors for _, _, errors in self.service_stats)
 
     @staticmethod
     def from_rows(rows: Iterable[Sequence[Any]], limit: Optional[int] = None) -> List[TraceSummary]:
         """Summaries from a search's rows, one per (trace, matched span shown): (trace id,
         root service, root name, start, end, span count, span id, span name, span start, span
-        end, matched count), traces in order; the first ``limit`` traces."""
+        end, matched count, service stats), traces in order; the first ``limit`` traces.  The
+        service stats are one text: "spans,error spans,service" per service, joined by RS."""
         found: Dict[str, list] = {}
-        for trace_id, service, name, t0, t1, count, span_id, span_name, start, end, n in rows:
+        for row in rows:
+            trace_id, service, name, t0, t1, count, span_id, span_name, start, end, n, stats = row
             entry = found.get(trace_id)
             if entry is None:
                 if limit is not None and len(found) >= limit:
                     continue
-                entry = found[trace_id] = [trace_id, service, name, t0, t1 - t0, count, [], n]
+                entry = found[trace_id] = [
+                    trace_id,
+                    service,
+                    name,
+                    t0,
+                    t1 - t0,
+                    count,
+                    [],
+                    n,
+                    _service_stats(stats),
+                ]
             entry[6].append(MatchedSpan(span_id, span_name, start, end - start))
         return [
-            TraceSummary(tid, service, name, t0, duration, count, tuple(spans), n)
-            for tid, service, name, t0, duration, count, spans, n in found.values()
+            TraceSummary(tid, service, name, t0, duration, count, tuple(spans), n, stats)
+            for tid, service, name, t0, duration, count, spans, n, stats in found.values()
         ]
+
+
+def _service_stats(text: Optional[str]) -> Tuple[Tuple[str, int, int], ...]:
+    out = []
+    for entry in (text or "").split(RS):
+        spans, _, rest = entry.partition(",")
+        errors, _, service = rest.partition(",")
+        if spans.isdigit() and errors.isdigit():
+            out.append((service, int(spans), int(errors)))
+    return tuple(sorted(out))

@@ -10,12 +10,13 @@ Samples reach an endpoint through the span id they carry, and spans through the 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Dict, Iterable, List, Optional, Set, Tuple
 
 from hotspan.model.labels import Matcher, Selector
 from hotspan.model.profile import ProfileType
-from hotspan.model.trace import SpanRecord
+from hotspan.model.trace import STATUS_CODES, SpanRecord
 from hotspan.query.engine import QueryEngine
 from hotspan.store.base import SampleFilter, StackValues, Store
 
@@ -28,6 +29,7 @@ MAX_SPANS = 100_000
 # other request's samples.
 STAMP_SLACK_NS = 5 * 60 * 10**9
 SERVICE_LABEL = "service_name"
+ERROR_CODE = STATUS_CODES.index("error")
 
 
 @dataclass(frozen=True)
@@ -36,6 +38,9 @@ class Endpoint:
     requests: int  # local root spans with this name that started in the range
     total: int  # the profile value of those requests (local roots and their descendants)
     beside: int = 0  # their value in the profile asked for beside (ServiceEndpoints.beside)
+    errors: int = 0  # those requests whose local root span's status is error
+    # Their durations (of the local root spans), nearest-rank: p50, p95, p99.
+    latency_ns: Tuple[int, int, int] = (0, 0, 0)
 
 
 @dataclass(frozen=True)
@@ -85,6 +90,15 @@ def local_roots(spans: Iterable[SpanRecord], service: str) -> Dict[int, int]:
         for p in path:
             root_of[p] = root
     return root_of
+
+
+def latency_percentiles(durations: List[int]) -> Tuple[int, int, int]:
+    """p50, p95 and p99 of ``durations`` (nearest rank: each is a duration that was seen)."""
+    ordered = sorted(durations)
+    n = len(ordered)
+    if not n:
+        return (0, 0, 0)
+    return tuple(ordered[max(math.ceil(q * n) - 1, 0)] for q in (0.5, 0.95, 0.99))  # type: ignore[return-value]
 
 
 class EndpointEngine:
@@ -197,12 +211,26 @@ class EndpointEngine:
         requests: Dict[str, int] = {}
         values: Dict[str, int] = {}
         besides: Dict[str, int] = {}
+        errors: Dict[str, int] = {}
+        durations: Dict[str, List[int]] = {}
         for sid, span in roots.items():
+            durations.setdefault(span.name, []).append(span.end_ns - span.start_ns)
             requests[span.name] = requests.get(span.name, 0) + 1
+            errors[span.name] = errors.get(span.name, 0) + (span.status_code == ERROR_CODE)
             values[span.name] = values.get(span.name, 0) + per_root.get(sid, 0)
             besides[span.name] = besides.get(span.name, 0) + beside_per_root.get(sid, 0)
         endpoints = sorted(
-            (Endpoint(name, requests[name], values[name], besides[name]) for name in requests),
+            (
+                Endpoint(
+                    name,
+                    requests[name],
+                    values[name],
+                    besides[name],
+                    errors[name],
+                    latency_percentiles(durations[name]),
+                )
+                for name in requests
+            ),
             key=lambda e: (-e.total, -e.requests, e.name),
         )
         # The requests' samples reach a little before the range (STAMP_SLACK_NS): the total

@@ -55,6 +55,8 @@ from hotspan.query.traceql import (
     plain,
 )
 
+ERROR_CODE = STATUS_CODES.index("error")
+
 # How far the engine looks: the newest candidate spans, the traces they belong to, and the
 # spans of those traces fetched per query.
 MAX_CANDIDATE_SPANS = 50_000
@@ -133,7 +135,31 @@ def _summary_json(t: TraceSummary) -> Dict[str, Any]:
         "durationMs": t.duration_ns // 1_000_000,
         "spanSet": spanset,
         "spanSets": [spanset],
+        "serviceStats": _service_stats_json(t.service_stats),
     }
+
+
+def _service_stats_json(stats: Iterable[Tuple[str, int, int]]) -> Dict[str, Any]:
+    """Tempo's ``serviceStats``: per service, its spans in the trace and how many failed
+    (status error); zeros left out, as proto3 JSON does."""
+    out: Dict[str, Any] = {}
+    for service, spans, errors in stats:
+        entry: Dict[str, int] = {"spanCount": spans} if spans else {}
+        if errors:
+            entry["errorCount"] = errors
+        out[service] = entry
+    return out
+
+
+def _whole_stats(whole: Iterable[SpanRecord]) -> List[Tuple[str, int, int]]:
+    """(service, spans, error spans) of a trace's spans, each span once."""
+    seen: Dict[int, SpanRecord] = {s.span_id: s for s in whole}
+    counts: Dict[str, List[int]] = {}
+    for span in seen.values():
+        entry = counts.setdefault(span.service, [0, 0])
+        entry[0] += 1
+        entry[1] += span.status_code == ERROR_CODE
+    return [(service, n, e) for service, (n, e) in sorted(counts.items())]
 
 
 def _all_sides(
@@ -365,6 +391,7 @@ def _trace_json(
         "durationMs": (end - start) // 1_000_000,
         "spanSet": out_sets[0],
         "spanSets": out_sets,
+        "serviceStats": _service_stats_json(_whole_stats(whole)),
     }
 
 

@@ -111,12 +111,14 @@ class SpanBaseline(NamedTuple):
 
     @classmethod
     def from_rows(cls, rows: Sequence[Sequence[Any]], limit: int) -> SpanBaseline:
-        """From the stores' statement: a span outline (SpanRecord.outlines' seven fields),
-        then the median and the number of candidates, on every row; no row, no candidate.
+        """From the stores' statement: a span outline (SpanRecord.outlines' fields but the
+        status), then the median and the number of candidates, on every row; no row, no
+        candidate.
         The statement returns one row even for ``limit`` 0, for the median."""
         if not rows:
             return cls([], None, 0)
-        spans = SpanRecord.outlines([r[:7] for r in rows]) if limit > 0 else []
+        # The baseline's spans are compared by duration: their status is not read (0).
+        spans = SpanRecord.outlines([(*r[:7], 0) for r in rows]) if limit > 0 else []
         return cls(spans, float(rows[0][7]), int(rows[0][8]))
 
 
@@ -323,7 +325,7 @@ class Store(abc.ABC):
     ) -> List[SpanRecord]:
         """Spans that started in [start_ns, end_ns), of one service, of the given traces and
         with one name if asked; the latest ``limit`` (by start), the latest first.  Only the
-        columns aggregations read (:meth:`SpanRecord.outlines`): no kind, status or attributes.
+        columns aggregations read (:meth:`SpanRecord.outlines`): no kind or attributes.
         """
 
     @abc.abstractmethod

@@ -140,8 +140,8 @@ class ClickHouseTraces:
         name: Optional[str] = None,
     ) -> List[SpanRecord]:
         sql = (
-            "SELECT trace_id, span_id, parent_span_id, name, service, start_ns, end_ns "
-            "FROM spans WHERE tenant = %(tenant)s AND start_ns >= %(start)s "
+            "SELECT trace_id, span_id, parent_span_id, name, service, start_ns, end_ns, "
+            "status_code FROM spans WHERE tenant = %(tenant)s AND start_ns >= %(start)s "
             "AND start_ns < %(end)s"
         )
         params: Dict[str, Any] = {"tenant": tenant, "start": int(start_ns), "end": int(end_ns)}

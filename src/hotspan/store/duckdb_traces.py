@@ -119,7 +119,7 @@ class DuckDBTraces:
     ) -> List[SpanRecord]:
         sql = (
             "SELECT DISTINCT ON (trace_id, span_id) trace_id, span_id, parent_span_id, name, "
-            "service, start_ns, end_ns FROM spans "
+            "service, start_ns, end_ns, status_code FROM spans "
             "WHERE tenant_id = ? AND start_ns >= ? AND start_ns < ?"
         )
         params: list = [self._tenant_ids.get(tenant, -1), start_ns, end_ns]

@@ -105,6 +105,8 @@ class Dialect:
     one_per_span: str
     # Membership in the span groups found by a subquery.
     in_groups: str
+    # The texts ``{0}`` of a group's rows joined by the separator ``{1}``.
+    join_rows: str
     # The ``ids`` (trace_id, and span_id) of the attribute index's rows that meet ``where``
     # (SQL over its columns), given the attribute's key and, for an equality, its index value
     # (mark and text): the engine narrows what it reads by them.
@@ -189,6 +191,7 @@ DUCKDB = Dialect(
     number="TRY_CAST({} AS DOUBLE)".format,
     one_per_span="SELECT DISTINCT ON (trace_id, span_id) * FROM {table} WHERE {where}",
     in_groups="IN",
+    join_rows="string_agg({0}, {1})",
     attr_traces=_duckdb_attr_traces,
     index_by_span=True,
 )
@@ -205,6 +208,7 @@ CLICKHOUSE = Dialect(
     # Over a cluster, span groups are sharded by their own id, not by trace: the matching
     # groups are gathered once and sent to every shard (on one server it is a plain IN).
     in_groups="GLOBAL IN",
+    join_rows="arrayStringConcat(groupArray({0}), {1})",
     # Sharded by trace as spans are: each shard looks up its own traces.
     attr_traces=_clickhouse_attr_traces,
 )
@@ -413,6 +417,12 @@ _ROOT_COLUMNS = (
 )
 
 
+_ERROR = STATUS_CODES.index("error")
+# One service's figures in a trace: "spans,error spans,service" (the service last: it may hold
+# commas).  The entries are joined by RS, which stored text never holds (model.trace.clean).
+_STATS_ENTRY = "concat(CAST(n AS VARCHAR), ',', CAST(e AS VARCHAR), ',', service)"
+
+
 def search_sql(
     dialect: Dialect,
     tenant: object,
@@ -421,8 +431,9 @@ def search_sql(
     selective: Optional[Callable[[str, str], bool]] = None,
 ) -> Tuple[str, Params]:
     """The statement and its named parameters: rows of (trace_id, root_service, root_name,
-    t0, t1, spans, span_id, span_name, start_ns, end_ns, n), one per (trace, shown matched
-    span), in the order of the answer.  ``tenant`` is the value of the dialect's tenant
+    t0, t1, spans, span_id, span_name, start_ns, end_ns, n, service stats), one per (trace,
+    shown matched span), in the order of the answer; the service stats are
+    :meth:`TraceSummary.from_rows`' text.  ``tenant`` is the value of the dialect's tenant
     column; spans that started before ``unindexed_before`` may be missing from the attribute
     index (:attr:`Binder.unindexed_before`); ``selective`` says which equalities the index
     answers (:attr:`Binder.selective`)."""
@@ -433,6 +444,7 @@ def search_sql(
         end_ns=query.end_ns,
         limit=query.limit,
         spans_per_trace=max(query.spans_per_trace, 1),
+        stats_separator=RS,
     )
     bind.span_range = ("start_ns", "end_ns")
     bind.unindexed_before = unindexed_before
@@ -488,7 +500,7 @@ WITH matched AS (
     WHERE {first_where} {" ".join(others)}
 ), candidates AS ({candidates}
 ), members AS (
-    SELECT trace_id, span_id, parent_span_id, name, service, start_ns, end_ns,
+    SELECT trace_id, span_id, parent_span_id, name, service, start_ns, end_ns, status_code,
            ({first_where}) AS hit
     FROM spans
     WHERE {of_tenant} AND trace_id IN (SELECT trace_id FROM candidates)
@@ -497,14 +509,24 @@ WITH matched AS (
            min(start_ns) AS t0, max(end_ns) AS t1, count(DISTINCT span_id) AS spans
     FROM members
     GROUP BY trace_id
+), by_service AS (
+    SELECT trace_id, service, count(DISTINCT span_id) AS n,
+           count(DISTINCT CASE WHEN status_code = {_ERROR} THEN span_id END) AS e
+    FROM members
+    GROUP BY trace_id, service
+), stats AS (
+    SELECT trace_id, {dialect.join_rows.format(_STATS_ENTRY, p("stats_separator"))} AS stats
+    FROM by_service
+    GROUP BY trace_id
 ), shown AS (
     SELECT *, row_number() OVER (PARTITION BY trace_id ORDER BY start_ns, span_id) AS rn,
            count(*) OVER (PARTITION BY trace_id) AS n
     FROM ({shown})
 )
 SELECT f.trace_id, f.root_service, f.root_name, f.t0, f.t1, f.spans,
-       s.span_id, s.name, s.start_ns, s.end_ns, s.n
+       s.span_id, s.name, s.start_ns, s.end_ns, s.n, st.stats
 FROM found AS f INNER JOIN shown AS s ON s.trace_id = f.trace_id
+INNER JOIN stats AS st ON st.trace_id = f.trace_id
 WHERE s.rn <= {p("spans_per_trace")}
 ORDER BY {"f.t1 - f.t0" if by_duration else "f.t0"} DESC, f.trace_id, s.rn
 """

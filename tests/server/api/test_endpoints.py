@@ -42,8 +42,10 @@ PROGRAM = traced_program(
             with tracer.start_as_current_span("GET /checkout"):
                 checkout()
         if i < 5:
-            with tracer.start_as_current_span("GET /search"):
+            with tracer.start_as_current_span("GET /search") as span:
                 search_index()
+                if i in (1, 3):  # two of the five searches fail
+                    span.set_status(trace.Status(trace.StatusCode.ERROR, "index offline"))
         with tracer.start_as_current_span("GET /health"):
             time.sleep(0.01)
     time.sleep(1.5)
@@ -102,6 +104,21 @@ def test_endpoints_ranked_by_cpu_with_request_counts(shop: RunningServer) -> Non
     assert body["unattributed"] >= 0.05 * SEC
     assert body["unattributed"] == body["total"] - sum(e["total"] for e in body["endpoints"])
     assert body["truncated"] is False
+
+
+def test_endpoints_have_error_rates_and_latency_percentiles(shop: RunningServer) -> None:
+    found = {e["name"]: e for e in get_endpoints(shop)["endpoints"]}
+    assert {n: (e["errors"], e["errorRate"]) for n, e in found.items()} == {
+        "GET /checkout": (0, 0),
+        "GET /search": (2, pytest.approx(0.4)),
+        "GET /health": (0, 0),
+    }
+    for e in found.values():
+        latency = e["latencyNanos"]
+        assert 0 < latency["p50"] <= latency["p95"] <= latency["p99"], e
+    # The durations of the requests' spans: checkout burns 0.18 s, health sleeps 10 ms.
+    assert found["GET /checkout"]["latencyNanos"]["p50"] >= 0.17 * SEC
+    assert 0.01 * SEC <= found["GET /health"]["latencyNanos"]["p50"] < 0.1 * SEC
 
 
 # A report that runs Python while another thread spins in Python beside it: it waits for the
@@ -245,7 +262,7 @@ def test_bad_tenant_is_400(shop: RunningServer) -> None:
 
 
 def info(span: int, parent: int, service: str, name: str = "x") -> SpanRecord:
-    (record,) = SpanRecord.outlines([("t" * 32, span, parent, name, service, 0, 1)])
+    (record,) = SpanRecord.outlines([("t" * 32, span, parent, name, service, 0, 1, 0)])
     return record
 
 

@@ -44,6 +44,7 @@ TRACE_KEYS = {
     "durationMs",
     "spanSet",
     "spanSets",
+    "serviceStats",
 }
 SPAN_KEYS = {"spanID", "name", "startTimeUnixNano", "durationNanos"}
 METRIC_KEYS = {

@@ -66,6 +66,7 @@ SEARCH_KEYS = {
     "durationMs",
     "spanSet",
     "spanSets",
+    "serviceStats",
 }
 # SearchMetrics as pinned by Grafana's Tempo data source: any other key fails its strict parser.
 METRIC_KEYS = {
@@ -771,6 +772,24 @@ def test_search_answer_has_exactly_tempos_fields(srv, sd: SearchData) -> None:
         50,
     )
     assert traces[sd.ids["T4"]]["durationMs"] == 2000
+    # Tempo's serviceStats: each service's spans in the trace, and those with status error
+    # (zeros left out, as proto3 JSON does).
+    assert t1["serviceStats"] == {"checkout": {"spanCount": 2, "errorCount": 1}}
+    assert traces[sd.ids["T2"]]["serviceStats"] == {"checkout": {"spanCount": 2}}
+    assert traces[sd.ids["T4"]]["serviceStats"] == {"inventory": {"spanCount": 2, "errorCount": 1}}
+    assert set(t5["serviceStats"]) == {"frontend", "checkout"}
+
+
+def test_service_stats_are_the_same_whichever_path_answers(srv, sd: SearchData) -> None:
+    # A structural query is answered by the engine over whole traces, not by SQL.
+    sql = {
+        t["traceID"]: t["serviceStats"]
+        for t in search(srv, "search", q="{}", **WINDOW).json()["traces"]
+    }
+    piped = search(srv, "search", q="{} >> {}", **WINDOW).json()["traces"]
+    assert piped
+    for t in piped:
+        assert t["serviceStats"] == sql[t["traceID"]], t["traceID"]
 
 
 def test_search_with_nothing_found_has_no_traces_key(srv, sd: SearchData) -> None:

@@ -85,9 +85,24 @@ labels_charge_method(LabelsObject *self, PyObject *args)
     Py_RETURN_NONE;
 }
 
+/* _forget_span(): these labels name no span from now on, in every context holding them (the
+ * contexts copied from one share the object).  Each word is stored whole, so a signal handler
+ * copying them meanwhile sees each either before or after. */
+static PyObject *
+labels_forget_span(LabelsObject *self, PyObject *unused)
+{
+    __atomic_store_n(&self->span_id, 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&self->root_span_id, 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&self->trace_hi, 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&self->trace_lo, 0, __ATOMIC_RELAXED);
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef labels_methods[] = {
     {"_charge", (PyCFunction)labels_charge_method, METH_VARARGS,
      "_charge(cpu_ns, alloc_bytes, gc_pause_ns=0, gc_count=0): add to this span's stats"},
+    {"_forget_span", (PyCFunction)labels_forget_span, METH_NOARGS,
+     "_forget_span(): name no span from now on (the span was a stand-in)"},
     {NULL},
 };
 

@@ -80,14 +80,18 @@ def _selector_param(text: str) -> str:
 def instance_json(inst: Instance, rules: Iterable[SettingsRule]) -> Dict[str, Any]:
     rule = matching_rule(rules, inst.labels)
     expected = rule.version if rule is not None else 0
+    # A stopped agent (its last upload said so) follows nothing any more: neither following
+    # nor failing to follow a rule changed since.
+    stopped = inst.status.get("stopped") is True
     return {
         "instance": inst.instance,
         "labels": dict(inst.labels),
         "last_seen": inst.last_seen,
         "status": dict(inst.status),
+        "stopped": stopped,
         "rule_selector": rule.selector if rule is not None else None,
         "expected_version": expected,
-        "follows": inst.status.get("settings_version") == expected,
+        "follows": None if stopped else inst.status.get("settings_version") == expected,
     }
 
 

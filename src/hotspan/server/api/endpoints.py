@@ -3,7 +3,9 @@
 - ``GET /api/v1/endpoints?service=&profileType=&start=&end=``: the service's endpoints with
   their request count and profile value, the costliest first, beside the service's total; and
   the time their requests waited for the GIL (``gilWaitPerRequest``), when the service's agent
-  records it (``gilWaitProfileType`` is then that profile's ID, else null).
+  records it (``gilWaitProfileType`` is then that profile's ID, else null); the requests that
+  failed (``errors``, ``errorRate``: their local root span's status is error) and their
+  latency (``latencyNanos``: p50, p95, p99 of the local root spans' durations).
 - ``GET /api/v1/endpoints/flamegraph?...&name=``: the flame graph of one endpoint's requests,
   ``{"flamegraph": ...}`` as in SelectMergeStacktracesResponse (protojson).
 
@@ -75,6 +77,9 @@ async def endpoints(request: Request) -> Response:
                     "total": e.total,
                     "perRequest": e.total / e.requests if e.requests else 0,
                     "share": e.total / total if total else 0,
+                    "errors": e.errors,
+                    "errorRate": e.errors / e.requests if e.requests else 0,
+                    "latencyNanos": dict(zip(("p50", "p95", "p99"), e.latency_ns)),
                     "gilWaitPerRequest": (
                         (e.total if ptype == GIL_WAIT else e.beside) / e.requests
                         if gil and e.requests

@@ -1,13 +1,14 @@
 // Per-endpoint profiling: for one service, its endpoints (the names of its local root spans:
 // the server span of each request, a consumer's span, a job's root) with their request count,
-// cost per request, GIL wait per request, total and share of the service's profile; a row opens that endpoint's
+// error rate, latency percentiles, cost per request, GIL wait per request, total and share of
+// the service's profile, and a link to their slowest traces; a row opens that endpoint's
 // flame graph below the table.  Every state is in the URL:
 //   /endpoints?query={service_name="shop"}&profileType=<id>&from=now-1h&until=now
 //              &name=<endpoint>&order=<column>:<asc|desc>   (&zoom=, &sort=, &sandwich=: the panel's)
 
 import { CPU, getJSON } from "./api.js";
 import { el, message } from "./dom.js";
-import { formatPercent, formatValue, unitOf } from "./format.js";
+import { formatDuration, formatPercent, formatValue, unitOf } from "./format.js";
 import { formatSelector, parseSelector, serviceOf, withService } from "./labels.js";
 import { ProfilePanel } from "./panel.js";
 import { panelState, setQuery } from "./router.js";
@@ -17,6 +18,10 @@ import { DEFAULT_FROM, DEFAULT_UNTIL, TimeRangePicker, describeRange, resolveRan
 const COLUMNS = [
   ["name", "Endpoint", "the span name of the service's local root spans"],
   ["requests", "Requests", "local root spans with this name that started in the range"],
+  ["errorRate", "Errors", "share of those requests whose span's status is error"],
+  ["p50", "p50", "median duration of the requests (their local root spans)"],
+  ["p95", "p95", "95th percentile of the requests' durations"],
+  ["p99", "p99", "99th percentile of the requests' durations"],
   ["perRequest", "Per request", "mean profile value of one request (its spans in this service)"],
   [
     "gilWaitPerRequest",
@@ -188,9 +193,19 @@ export function renderEndpoints(root, { params }) {
       return;
     }
     data.range = range;
+    for (const e of data.endpoints) Object.assign(e, { p50: 0, p95: 0, p99: 0 }, e.latencyNanos);
     drawTable();
     if (state.name) openEndpoint(state.name, { push: false });
     else panelSection.hidden = true;
+  }
+
+  /** The trace search for one endpoint's requests (its local root spans) in the page's
+   * range, the longest first. */
+  function slowestTraces(name) {
+    const search = new URLSearchParams({ service: state.service, name });
+    if (state.from !== DEFAULT_FROM) search.set("from", state.from);
+    if (state.until !== DEFAULT_UNTIL) search.set("until", state.until);
+    return `/traces?${search}`;
   }
 
   function drawTable() {
@@ -258,8 +273,29 @@ export function renderEndpoints(root, { params }) {
       const row = el(
         "tr",
         { class: `hs-ep-row${e.name === state.name ? " hs-selected" : ""}`, dataset: { name: e.name }, tabindex: 0 },
-        el("td", { class: "hs-ep-name" }, e.name),
+        el(
+          "td",
+          { class: "hs-ep-name" },
+          e.name,
+          el(
+            "a",
+            {
+              class: "hs-ep-traces",
+              href: slowestTraces(e.name),
+              title: "This endpoint's requests in the range, the longest first",
+            },
+            "slowest traces",
+          ),
+        ),
         el("td", { class: "hs-ep-num hs-ep-requests" }, String(e.requests)),
+        el(
+          "td",
+          { class: `hs-ep-num hs-ep-errors${e.errors ? " hs-ep-failing" : ""}`, title: `${e.errors} of ${e.requests}` },
+          e.errors ? formatPercent(e.errors, e.requests) : "0",
+        ),
+        el("td", { class: "hs-ep-num hs-ep-p50" }, formatDuration(e.p50)),
+        el("td", { class: "hs-ep-num hs-ep-p95" }, formatDuration(e.p95)),
+        el("td", { class: "hs-ep-num hs-ep-p99" }, formatDuration(e.p99)),
         el("td", { class: "hs-ep-num hs-ep-per-request" }, formatValue(e.perRequest, unit)),
         data.gilWaitProfileType
           ? el("td", { class: "hs-ep-num hs-ep-gil-wait" }, formatValue(e.gilWaitPerRequest || 0, "nanoseconds"))
@@ -272,7 +308,9 @@ export function renderEndpoints(root, { params }) {
           el("span", { class: "hs-ep-share-track" }, bar),
         ),
       );
-      row.addEventListener("click", () => openEndpoint(e.name));
+      row.addEventListener("click", (event) => {
+        if (!event.target.closest("a")) openEndpoint(e.name);
+      });
       row.addEventListener("keydown", (event) => {
         if (event.key === "Enter") openEndpoint(e.name);
       });
@@ -286,8 +324,7 @@ export function renderEndpoints(root, { params }) {
           title: "samples without a span, of spans not stored, or of requests that started before the range",
         },
         el("td", { class: "hs-ep-name" }, "not attributed to an endpoint"),
-        el("td", {}, ""),
-        el("td", {}, ""),
+        ...Array.from({ length: 6 }, () => el("td", {}, "")),
         data.gilWaitProfileType ? el("td", {}, "") : null,
         el("td", { class: "hs-ep-num hs-ep-total" }, formatValue(data.unattributed, unit)),
         el("td", { class: "hs-ep-num hs-ep-share" }, formatPercent(data.unattributed, data.total)),

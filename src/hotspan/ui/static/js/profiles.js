@@ -229,6 +229,27 @@ class ProfilesView {
     return parts.join(" · ");
   }
 
+  /** The exports' file name, without its extension: what was exported and when, so that
+   * two exports do not overwrite each other (`shop-cpu-20261129T1130`). */
+  fileStem() {
+    let service = "";
+    try {
+      service = serviceOf(this.matchers()) || "";
+    } catch {
+      // an unreadable selector: the other parts still tell
+    }
+    const type = String(this.state.profileType || CPU).split(":")[1] || "profile";
+    const start = this.range ? new Date(this.range.startMs).toISOString() : "";
+    const when = start.slice(0, 16).replace(/[-:]/g, "");
+    const parts = [service || "profile", type, when];
+    if (this.state.traceId) parts.push(`trace-${this.state.traceId.slice(0, 16)}`);
+    if (this.state.spanId) parts.push(`span-${this.state.spanId}`);
+    return parts
+      .filter(Boolean)
+      .join("-")
+      .replace(/[^\w.-]+/g, "_");
+  }
+
   async load() {
     if (this.controller) this.controller.abort();
     const controller = new AbortController();
@@ -253,6 +274,7 @@ class ProfilesView {
       return;
     }
     this.range = range;
+    this.panel.exportName = this.fileStem();
     this.panel.setTitle(this.title());
     this.panel.setLoading("Loading profiles…");
     this.timeline.setLoading();
@@ -746,7 +768,7 @@ class ProfilesView {
     return [
       {
         label: "pprof",
-        filename: "profile.pb",
+        filename: `${this.fileStem()}.pb`,
         fetch: async () =>
           querierBinary(
             "SelectMergeProfile",

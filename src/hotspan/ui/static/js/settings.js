@@ -588,12 +588,9 @@ class ServiceSettings {
 
   instanceRow(inst) {
     const s = inst.status && typeof inst.status === "object" ? inst.status : {};
-    const labels = Object.entries(inst.labels || {})
-      .filter(([k]) => k !== "service_name")
-      .sort();
-    const about = [s.hostname, isNumber(s.pid) ? `pid ${s.pid}` : null, s.version ? `hotspan ${s.version}` : null]
-      .filter(Boolean)
-      .join(" · ");
+    // An agent that shut down (its last upload said so): what it last reported is history,
+    // not a rate, a budget or a rule it fails to follow.
+    if (inst.stopped) return this.stoppedRow(inst, s);
 
     const rate = [];
     if (isNumber(s.sample_rate)) {
@@ -648,6 +645,26 @@ class ServiceSettings {
     return el(
       "tr",
       { class: `hs-instance-row${inst.follows ? "" : " hs-not-following"}`, dataset: { instance: inst.instance } },
+      ...this.identityCells(inst, s),
+      el("td", { class: "hs-inst-enabled" }, onOff(s.enabled)),
+      el("td", { class: "hs-inst-rate" }, rate),
+      el("td", { class: "hs-inst-overhead" }, overhead),
+      el("td", { class: "hs-inst-shed" }, isNumber(s.shed_seconds) ? `${number(s.shed_seconds, 1)} s` : dash()),
+      el("td", { class: "hs-inst-dropped" }, dropped),
+      el("td", { class: "hs-inst-conditional" }, onOff(s.conditional_only)),
+      follows,
+    );
+  }
+
+  /** Instance, labels and last seen: the first cells of every row. */
+  identityCells(inst, s) {
+    const labels = Object.entries(inst.labels || {})
+      .filter(([k]) => k !== "service_name")
+      .sort();
+    const about = [s.hostname, isNumber(s.pid) ? `pid ${s.pid}` : null, s.version ? `hotspan ${s.version}` : null]
+      .filter(Boolean)
+      .join(" · ");
+    return [
       el(
         "td",
         { class: "hs-inst-name" },
@@ -660,13 +677,24 @@ class ServiceSettings {
         labels.length ? labels.map(([k, v]) => el("span", { class: "hs-chip" }, `${k}=${v}`)) : dash(),
       ),
       el("td", { class: "hs-inst-seen", title: formatTime(nsToMs(inst.last_seen)) }, ago(inst.last_seen)),
-      el("td", { class: "hs-inst-enabled" }, onOff(s.enabled)),
-      el("td", { class: "hs-inst-rate" }, rate),
-      el("td", { class: "hs-inst-overhead" }, overhead),
-      el("td", { class: "hs-inst-shed" }, isNumber(s.shed_seconds) ? `${number(s.shed_seconds, 1)} s` : dash()),
-      el("td", { class: "hs-inst-dropped" }, dropped),
-      el("td", { class: "hs-inst-conditional" }, onOff(s.conditional_only)),
-      follows,
+    ];
+  }
+
+  stoppedRow(inst, s) {
+    return el(
+      "tr",
+      { class: "hs-instance-row hs-inst-stopped", dataset: { instance: inst.instance } },
+      ...this.identityCells(inst, s),
+      el(
+        "td",
+        { class: "hs-inst-state", colspan: 7 },
+        el("span", { class: "hs-badge hs-inst-stopped-badge" }, "stopped"),
+        el(
+          "span",
+          { class: "hs-muted" },
+          " the agent shut down with its process; it is listed until 10 minutes after its last upload",
+        ),
+      ),
     );
   }
 }

@@ -53,12 +53,18 @@ function quote(text) {
   return `"${String(text).replace(/\\/g, "\\\\").replace(/"/g, '\\"')}"`;
 }
 
-/** The TraceQL query of the search fields: `{resource.service.name="x" && name="y" && ...}`. */
-export function traceQL({ service, name, minDuration }) {
+// The span statuses the search can ask for (TraceQL's `status=`).
+const STATUSES = ["error", "ok", "unset"];
+
+/** The TraceQL query of the search fields: `{resource.service.name="x" && name="y" && ...}`:
+ * one span with all of them. */
+export function traceQL({ service, name, minDuration, maxDuration, status }) {
   const conds = [];
   if (service) conds.push(`resource.service.name=${quote(service)}`);
   if (name) conds.push(`name=${quote(name)}`);
+  if (status && STATUSES.includes(status)) conds.push(`status=${status}`);
   if (minDuration) conds.push(`duration>=${minDuration.replace(/\s+/g, "")}`);
+  if (maxDuration) conds.push(`duration<=${maxDuration.replace(/\s+/g, "")}`);
   return conds.length ? `{${conds.join(" && ")}}` : "{}";
 }
 
@@ -69,6 +75,8 @@ export function renderTraceSearch(root, { params }) {
     service: params.get("service") || "",
     name: params.get("name") || "",
     minDuration: params.get("minDuration") || "",
+    maxDuration: params.get("maxDuration") || "",
+    status: STATUSES.includes(params.get("status")) ? params.get("status") : "",
     q: params.get("q") || "",
     sort: params.get("sort") === "recent" ? "recent" : "duration",
     from: params.get("from") || DEFAULT_FROM,
@@ -108,6 +116,24 @@ export function renderTraceSearch(root, { params }) {
     title: "A span of the trace (with this name, if given) took at least this long: 250ms, 1.5s, 2m",
     size: 9,
   });
+  const maxInput = el("input", {
+    class: "hs-trace-max",
+    name: "maxDuration",
+    value: state.maxDuration,
+    placeholder: "e.g. 2s",
+    "aria-label": "Maximum duration",
+    title: "A span of the trace (the one matching the other fields) took at most this long",
+    size: 9,
+  });
+  const statusSelect = el(
+    "select",
+    { class: "hs-trace-status", name: "status", "aria-label": "Status" },
+    el("option", { value: "" }, "Any status"),
+    el("option", { value: "error" }, "Error"),
+    el("option", { value: "ok" }, "OK"),
+    el("option", { value: "unset" }, "Unset"),
+  );
+  statusSelect.value = state.status;
   const sortSelect = el(
     "select",
     { class: "hs-trace-sort", "aria-label": "Order" },
@@ -130,7 +156,9 @@ export function renderTraceSearch(root, { params }) {
     { class: "hs-tsearch-form", onsubmit: (event) => (event.preventDefault(), submit()) },
     el("label", {}, el("span", {}, "Service"), serviceSelect),
     el("label", {}, el("span", {}, "Span name"), nameInput, namesList),
+    el("label", {}, el("span", {}, "Status"), statusSelect),
     el("label", {}, el("span", {}, "Min duration"), minInput),
+    el("label", {}, el("span", {}, "Max duration"), maxInput),
     el("label", {}, el("span", {}, "Order"), sortSelect),
     el("button", { type: "submit", class: "hs-primary hs-trace-search" }, "Search"),
     el(
@@ -138,7 +166,7 @@ export function renderTraceSearch(root, { params }) {
       { class: "hs-trace-advanced", open: Boolean(state.q) },
       el("summary", {}, "TraceQL"),
       el("label", {}, qInput),
-      el("p", { class: "hs-note" }, "A TraceQL query here replaces service, span name and min duration."),
+      el("p", { class: "hs-note" }, "A TraceQL query here replaces the fields above."),
     ),
   );
   const picker = new TimeRangePicker(rangeBox, {
@@ -151,6 +179,7 @@ export function renderTraceSearch(root, { params }) {
     },
   });
   sortSelect.addEventListener("change", () => submit());
+  statusSelect.addEventListener("change", () => submit());
   root.append(
     el(
       "section",
@@ -163,14 +192,22 @@ export function renderTraceSearch(root, { params }) {
 
   function submit() {
     const minDuration = minInput.value.trim();
-    if (minDuration && !DURATION.test(minDuration)) {
-      rejectInput(minInput, "a duration such as 100ms, 1.5s or 2m");
-      return;
+    const maxDuration = maxInput.value.trim();
+    for (const [input, value] of [
+      [minInput, minDuration],
+      [maxInput, maxDuration],
+    ]) {
+      if (value && !DURATION.test(value)) {
+        rejectInput(input, "a duration such as 100ms, 1.5s or 2m");
+        return;
+      }
     }
     const query = {
       service: serviceSelect.value,
       name: nameInput.value.trim(),
+      status: statusSelect.value,
       minDuration,
+      maxDuration,
       q: qInput.value.trim(),
       sort: sortSelect.value === "recent" ? "recent" : "",
       from: picker.from === DEFAULT_FROM ? "" : picker.from,
@@ -222,12 +259,14 @@ export function renderTraceSearch(root, { params }) {
       ? "no traces match this TraceQL query"
       : `no traces${state.service ? ` for service "${state.service}"` : ""}` +
         `${state.name ? ` with a span "${state.name}"` : ""}` +
-        `${state.minDuration ? ` of at least ${state.minDuration}` : ""}`;
+        `${state.status ? ` whose status is ${state.status}` : ""}` +
+        `${state.minDuration ? ` of at least ${state.minDuration}` : ""}` +
+        `${state.maxDuration ? ` of at most ${state.maxDuration}` : ""}`;
     results.replaceChildren(
       message(
         "empty",
         `${what[0].toUpperCase()}${what.slice(1)} in ${where}.`,
-        `Widen the time range${state.minDuration || state.name ? " or loosen the filters" : ""}, ` +
+        `Widen the time range${state.minDuration || state.maxDuration || state.name || state.status ? " or loosen the filters" : ""}, ` +
           `or ${otlpHint()}.`,
       ),
     );
@@ -283,9 +322,11 @@ function resultTable(traces, state, q) {
     const bar = el("span", { class: "hs-result-bar" });
     bar.style.width = `${Math.max((100 * durationNs(t)) / longest, 0.5)}%`;
     bar.style.setProperty("--hs-service", serviceColor(t.rootServiceName));
+    // Tempo's serviceStats: per service of the trace, its spans and those that failed.
+    const errors = Object.values(t.serviceStats || {}).reduce((n, s) => n + (Number(s.errorCount) || 0), 0);
     const row = el(
       "tr",
-      { class: "hs-trace-result", dataset: { traceId: t.traceID } },
+      { class: `hs-trace-result${errors ? " hs-trace-failed" : ""}`, dataset: { traceId: t.traceID } },
       el(
         "td",
         { class: "hs-result-name" },
@@ -296,6 +337,13 @@ function resultTable(traces, state, q) {
           " ",
           t.rootTraceName || "<root span not yet received>",
         ),
+        errors
+          ? el(
+              "span",
+              { class: "hs-result-errors", title: "Spans of this trace whose status is error" },
+              `${errors} error${errors === 1 ? "" : "s"}`,
+            )
+          : null,
         el("div", { class: "hs-result-id" }, t.traceID),
       ),
       el(
