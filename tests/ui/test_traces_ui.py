@@ -183,7 +183,8 @@ def test_failing_traces_are_marked_and_the_status_filter_finds_them(page, shop) 
     page.wait_for_selector(".hs-trace-result")
     failed = page.eval_on_selector_all(
         ".hs-trace-result.hs-trace-failed",
-        "rows => rows.map(r => [r.dataset.traceId, r.querySelector('.hs-result-errors').textContent])",
+        "rows => rows.map(r => "
+        "[r.dataset.traceId, r.querySelector('.hs-result-errors').textContent])",
     )
     assert {tid for tid, _ in failed} == slow
     assert all(text == "1 error" for _, text in failed), failed
