@@ -350,6 +350,14 @@ class StoreContract:
         assert sums(SampleFilter(0, 100 * SEC, trace_ids=["f" * 32])) == {}
         assert store.trace_values("other", [sid], SampleFilter(0, 100 * SEC)).trace_ids == []
         assert store.trace_values("t", [], SampleFilter(0, 100 * SEC)).trace_ids == []
+        # Only the samples of some stacks (those holding one function, say), per trace.
+        stacks = store.stack_values("t", [sid], SampleFilter(0, 100 * SEC))
+        by_value = dict(zip(stacks.values.tolist(), stacks.stack_ids.tolist()))
+        b_and_c = [by_value[2], by_value[4]]
+        assert sums(SampleFilter(0, 100 * SEC, stack_ids=b_and_c)) == {TRACE_A: 2, TRACE_B: 4}
+        assert sums(SampleFilter(0, 100 * SEC, stack_ids=[])) == {}
+        got = store.stack_values("t", [sid], SampleFilter(0, 100 * SEC, stack_ids=[by_value[8]]))
+        assert got.values.tolist() == [8]
 
     def test_profile_values_sum_per_profile_and_per_span(self, store: Store) -> None:
         big_span = (1 << 64) - 2  # span ids use all 64 bits

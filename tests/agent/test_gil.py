@@ -85,7 +85,9 @@ def test_threads_taking_turns_at_the_gil(module_server, tmp_path: Path) -> None:
     # suite) for a core, within a tenth of what their clocks left over; most of it for the GIL.
     off_cpu = spun(by_state["gil_wait"]) + spun(by_state["cpu_wait"])
     assert abs(off_cpu / result["waited"] - 1) < 0.1, (off_cpu, result, by_state)
-    assert spun(waits) > 0.75 * result["waited"], (waits, result)
+    # How much of it was a wait for a core depends on the machine's load (the timing phase's
+    # other file took 0.1 to 0.3 of it here): the GIL's share is checked to be the larger.
+    assert spun(waits) > 0.5 * result["waited"], (waits, result)
     # Their time holding it and running, within a tenth of their CPU clocks.
     running = spun(by_state["running"])
     assert abs(running / result["ran"] - 1) < 0.1, (running, result)

@@ -272,6 +272,24 @@ def test_rule_fires_when_a_function_gets_slower_and_resolves_when_fixed(
             assert state["state"] == "firing", state
             assert state["value"] > 45
             assert len(receiver.received) == 2
+            # The same rule previewed, as the form does before saving: measured at moments of
+            # the last half minute as the evaluator measures it, nothing stored or sent.
+            with srv.client() as c:
+                r = c.post(
+                    "/api/v1/alerts/preview",
+                    params={"hours": "0.01", "points": "6"},
+                    json={"name": "not-saved", **alert(srv, "checksum-heavy")["rule"]},
+                )
+                assert r.status_code == 200, r.text
+                points = r.json()["points"]
+                assert len(points) == 6 and points[-1]["breached"] is True, points
+                assert points[-1]["value"] > 45 and points[0]["at"] < points[-1]["at"], points
+                assert "checksum_orders" in r.json()["summary"]
+                names = [a["name"] for a in c.get("/api/v1/alerts").json()["alerts"]]
+                assert names == ["checksum-heavy"], names
+                bad = c.post("/api/v1/alerts/preview", params={"points": "1000"}, json={})
+                assert bad.status_code == 400
+            assert len(receiver.received) == 2
 
             program.mode("fast")
             resolved = receiver.wait_for("/hook", "resolved")

@@ -283,6 +283,11 @@ def test_trace_id_errors_show_once_on_their_side(page, data) -> None:  # type: i
 def test_sort_and_zoom_survive_a_reload(page, data) -> None:  # type: ignore[no-untyped-def]
     page.goto(data.spans_url(data.fast, data.slow))
     wait_for_rows(page, MAIN + "price_cart")
+    # A diff lists the regressions first by default, as its Change column's tooltip says.
+    header = page.locator(".hs-diff-profile .hs-toptable th.hs-toptable-change")
+    assert header.get_attribute("aria-sort") == "descending"
+    assert "default order of a diff" in (header.get_attribute("title") or "")
+    assert panel_rows(page)[0] == MAIN + "price_cart"
     sort_by_change(page)
     assert query_of(page)["sort"] == ["change:desc"]
     page.reload()
@@ -382,6 +387,13 @@ def test_diff_table_at_390_shows_the_change_without_scrolling(page, data) -> Non
             assert cell["right"] <= geo["box"]["right"] + 0.5, geo
         name = next(v for k, v in geo["cells"].items() if "hs-toptable-name" in k)
         assert name["right"] - name["left"] >= 100, geo
+        # Names are whole, wrapped onto more lines, not cut to their last dozen characters.
+        whole = page.eval_on_selector_all(
+            ".hs-diff-profile .hs-toptable tbody span.hs-toptable-name",
+            "spans => spans.map((s) => [s.textContent, s.scrollWidth <= s.clientWidth + 1])",
+        )
+        assert whole and all(ok for _, ok in whole), whole
+        assert any(t == MAIN + "price_cart" for t, _ in whole), whole
         first = page.locator(".hs-diff-profile .hs-toptable tbody tr[data-name]").first
         assert "%" in first.locator("td.hs-toptable-totalLeft").inner_text()
         # The side names stand over their columns, each within its own.

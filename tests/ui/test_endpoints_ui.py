@@ -119,8 +119,10 @@ def test_error_rate_latency_and_the_way_to_the_slowest_traces(page, shop) -> Non
     # Two of five searches failed; the others never did.
     assert (cells["GET /search"]["errors"], cells["GET /search"]["failing"]) == ("40.0%", True)
     assert (cells["GET /checkout"]["errors"], cells["GET /checkout"]["failing"]) == ("0", False)
-    # A checkout takes 0.18 s of CPU: its median is in the hundreds of milliseconds.
-    assert re.fullmatch(r"1\d\d(\.\d+)? ms|0\.\d+ s", cells["GET /checkout"]["p50"]), cells
+    # A checkout takes 0.18 s of CPU: its median is at least that (more on a busy machine).
+    p50 = re.fullmatch(r"([\d.]+) (ms|s)", cells["GET /checkout"]["p50"])
+    assert p50, cells
+    assert float(p50.group(1)) * (1000 if p50.group(2) == "s" else 1) >= 170, cells
     # Sorting by p99 puts the slowest endpoint first.
     page.click(".hs-ep-sort[data-column='p99']")
     assert table(page)[0]["name"] == "GET /checkout"

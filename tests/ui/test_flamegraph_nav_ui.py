@@ -528,10 +528,14 @@ def test_menu_without_a_pprof_source_says_so(page, data) -> None:  # type: ignor
 def test_sandwich_from_the_menu_and_from_the_url(page, data) -> None:  # type: ignore[no-untyped-def]
     mount(page, data)
     right_click(page, LONG)
+    scrolled = page.evaluate("() => window.scrollY")
     page.locator('.hs-frame-menu [data-action="sandwich"]').click()
     assert calls(page)["sandwich"] == [LONG]
     sandwich = page.locator("#fg-test .hs-panel-sandwich")
     assert sandwich.is_visible()
+    # The table's row is brought into view inside the table: the page does not move (it
+    # used to scroll the function's row to the window's bottom, the graphs out of sight).
+    assert page.evaluate("() => window.scrollY") == scrolled
     assert not page.locator("#fg-test .hs-panel-graph").is_visible()
     assert (
         page.locator('#fg-test .hs-view[data-view="sandwich"]').get_attribute("aria-pressed")

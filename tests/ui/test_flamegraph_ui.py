@@ -379,6 +379,27 @@ def test_top_table_at_390_keeps_the_total_share_and_the_names(page, ui_server) -
     )
 
 
+def test_a_table_beside_a_shallow_graph_is_as_tall_as_the_graph(page, ui_server) -> None:  # type: ignore[no-untyped-def]
+    # "big" is four frames deep and has hundreds of functions: its graph is ~90 px high, and
+    # an 80vh table beside it left the page empty under the graph.
+    page.set_viewport_size({"width": 1440, "height": 900})
+    mount(page, ui_server, "SelectMergeStacktraces", _select("big"))
+    page.wait_for_timeout(200)  # the resize observer
+    geo = page.evaluate(
+        """() => {
+            const q = (s) => document.querySelector('#fg-test ' + s);
+            const t = q('.hs-panel-table'), g = q('.hs-panel-graphs');
+            return {table: t.getBoundingClientRect().height, top: t.getBoundingClientRect().top,
+                    graphs: g.getBoundingClientRect().height, gtop: g.getBoundingClientRect().top,
+                    scroll: t.scrollHeight, client: t.clientHeight};
+        }"""
+    )
+    assert abs(geo["top"] - geo["gtop"]) < 2, geo  # side by side
+    assert geo["graphs"] < 200, geo
+    assert geo["table"] <= max(geo["graphs"], 360) + 2, geo
+    assert geo["scroll"] > geo["client"], geo  # the rest of the table scrolls inside it
+
+
 def test_diff_colours_by_normalised_change(page, ui_server, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     request = {
         "left": _select("diffy", labelSelector='{service_name="diffy", version="a"}'),
@@ -410,8 +431,8 @@ def test_diff_colours_by_normalised_change(page, ui_server, tmp_path: Path) -> N
     assert "-80.0%" in tooltip(page)
     screenshot(page, "flamegraph-diff")
 
+    # A diff's table lists the largest growth first by default; its Change header turns it.
     rows = page.locator("#fg-test .hs-toptable tbody tr[data-name]")
-    page.locator("#fg-test .hs-toptable thead .hs-sort").filter(has_text="Change").click()
     assert rows.nth(0).get_attribute("data-name") == "grows"
     assert "+200.0%" in rows.nth(0).inner_text()
     page.locator("#fg-test .hs-toptable thead .hs-sort").filter(has_text="Change").click()

@@ -471,6 +471,24 @@ def test_legend_stacked_and_breakdown_narrow_the_query(page, data) -> None:  # t
     assert cards.count() == 2
     assert cards.nth(0).get_attribute("data-value") == "def"  # price_cart burned 10x there
     screenshot(page, "profiles-breakdown")
+    # Explore Profiles' comparison: the largest value is the baseline; another card's
+    # "vs def" is the diff of the two values, one click away; "as baseline" swaps them.
+    assert page.inner_text(".hs-breakdown-card[data-value=def] .hs-breakdown-compare-box") == (
+        "baseline"
+    )
+    page.locator(".hs-breakdown-card[data-value=abc] .hs-breakdown-make-baseline").click()
+    page.locator(".hs-breakdown-card[data-value=def] .hs-breakdown-compare").wait_for()
+    assert page.inner_text(".hs-breakdown-card[data-value=def] .hs-breakdown-compare") == "vs abc"
+    href = page.get_attribute(".hs-breakdown-card[data-value=def] .hs-breakdown-compare", "href")
+    diff = parse_qs(urlparse(href or "").query)
+    assert diff["leftQuery"] == ['{service_name="checkout", commit="abc"}'], diff
+    assert diff["rightQuery"] == ['{service_name="checkout", commit="def"}'], diff
+    page.locator(".hs-breakdown-card[data-value=def] .hs-breakdown-compare").click()
+    page.wait_for_url(re.compile(r"/diff\?"))
+    page.wait_for_selector(f".hs-diff-profile .hs-toptable tbody tr[data-name='{MAIN}price_cart']")
+    page.go_back()
+    page.wait_for_function("() => location.search.includes('groupView=breakdown')")
+    cards.nth(1).wait_for()
     # Picking a value keeps only its series and leaves the breakdown.
     page.locator(".hs-breakdown-card[data-value=def] .hs-breakdown-pick").click()
     page.wait_for_function("() => decodeURIComponent(location.search).includes('commit=\"def\"')")

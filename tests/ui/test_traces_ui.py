@@ -226,6 +226,80 @@ def test_failing_traces_are_marked_and_the_status_filter_finds_them(page, shop) 
     assert "maxDuration=1ms" in page.url
 
 
+def test_the_duration_histogram_filters_the_list(page, shop) -> None:  # type: ignore[no-untyped-def]
+    srv, ids = shop
+    slow = {s["trace"] for s in ids["slow"]}
+    page.goto(f"{srv.url}/traces?service=shop")
+    page.wait_for_selector(".hs-trace-result")
+    bars = page.locator(".hs-histogram-bar")
+    bars.first.wait_for()
+    counts = page.eval_on_selector_all(
+        ".hs-histogram-bar", "bars => bars.map(b => Number(b.title.split(': ')[1].split(' ')[0]))"
+    )
+    # Every span of the service: 3 slow requests with 3 children each, 12 fast, 31 deep.
+    assert sum(counts) == 3 * 4 + 12 + 31, counts
+    screenshot(page, "traces-histogram")
+    # Dragging across the longest bars keeps the traces with a span that long: the slow ones.
+    last = bars.count() - 1
+    bars.nth(last - 1).dispatch_event("pointerdown")
+    bars.nth(last).dispatch_event("pointerenter")
+    bars.nth(last).dispatch_event("pointerup")
+    page.wait_for_url(re.compile(r"maxDuration="))
+    page.wait_for_function(
+        "() => document.querySelector('.hs-trace-query')"
+        " && document.querySelector('.hs-trace-query').textContent.includes('duration<=')"
+    )
+    page.wait_for_selector(".hs-trace-result")
+    found = {r["id"] for r in result_rows(page)}
+    assert found and found <= slow, found
+    # The range picked is marked on the histogram, which still shows every duration.
+    page.wait_for_selector(".hs-histogram-bar.hs-in-range")
+    assert page.locator(".hs-histogram-bar").count() == last + 1
+
+
+def test_a_functions_menu_leads_to_its_hot_traces_and_to_an_alert_on_it(page, shop) -> None:  # type: ignore[no-untyped-def]
+    srv, ids = shop
+    slow = {s["trace"] for s in ids["slow"]}  # slow_function runs only in these
+    page.goto(f'{srv.url}/profiles?query={{service_name="shop"}}&from=now-30m')
+    row = page.locator('.hs-toptable tr[data-name="__main__.slow_function"]')
+    row.wait_for()
+    row.click(button="right")
+    menu = page.locator(".hs-frame-menu")
+    menu.wait_for()
+    hot = menu.locator('[data-action="hot-traces"]')
+    alert = menu.locator('[data-action="alert"]')
+    assert hot.inner_text() == "Traces where this function is hot"
+    alert_href = alert.get_attribute("href") or ""
+    hot.click()
+    page.wait_for_url(re.compile(r"/traces\?function="))
+    page.wait_for_selector(".hs-hot-row")
+    rows = page.eval_on_selector_all(
+        ".hs-hot-row",
+        "rows => rows.map(r => [r.dataset.traceId, r.querySelector('.hs-trace-link').textContent])",
+    )
+    assert {tid for tid, _ in rows} == slow, rows
+    assert all("GET /slow" in name for _, name in rows), rows
+    assert "__main__.slow_function" in page.inner_text(".hs-hot-function")
+    screenshot(page, "hot-traces")
+    # A row leads to the trace.
+    page.click(f'.hs-hot-row[data-trace-id="{rows[0][0]}"] .hs-trace-link')
+    page.wait_for_url(re.compile(rf"/traces/{rows[0][0]}"))
+
+    # "Alert on this function": the alert form filled in (not saved).
+    page.goto(srv.url + alert_href)
+    function = page.locator(".hs-alert-form input[name=function]:visible")
+    function.wait_for()
+    page.wait_for_function(
+        "() => [...document.querySelectorAll('.hs-alert-form input[name=function]')]"
+        ".some(i => i.value)"
+    )
+    assert function.input_value() == "^__main__\\.slow_function$"
+    assert page.input_value(".hs-alert-form input[name=selector]") == '{service_name="shop"}'
+    assert page.input_value(".hs-alert-form input[name=name]") == "slow_function_share"
+    with srv.client() as c:
+        assert c.get("/api/v1/alerts").json()["alerts"] == []  # drafted, not saved
+
+
 def test_a_result_opens_the_waterfall_with_cpu_beside_duration(page, shop) -> None:  # type: ignore[no-untyped-def]
     srv, ids = shop
     slow = ids["slow"][0]

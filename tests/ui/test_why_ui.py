@@ -159,6 +159,12 @@ def test_why_slow_names_the_function_that_made_the_span_slow(page, store) -> Non
     # busy the machine was: its 400 ms of CPU may have taken longer than 400 ms).
     shares = [int((re.findall(r"(\d+)%", str(r["share"])) or ["0"])[0]) for r in rows]
     assert shares[0] > 0 and shares[0] == max(shares), rows
+    # Only functions that took more than the baseline's are listed; how many others there
+    # were is said below the table.
+    assert all(str(r["extra"]).startswith("+") and str(r["extra"]) != "+0 ns" for r in rows), rows
+    assert re.search(
+        r"\d+ more functions? of the span took no more", page.inner_text(".hs-why-ranking")
+    )
     screenshot(page, "why-ranking")
 
     # The diff flame graph baseline → span: the tax function is there, grown.

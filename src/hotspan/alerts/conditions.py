@@ -10,6 +10,7 @@ from __future__ import annotations
 import collections
 import functools
 import threading
+import time
 import urllib.parse
 import weakref
 from dataclasses import dataclass
@@ -33,7 +34,7 @@ from hotspan.model.labels import Matcher, Selector
 from hotspan.model.profile import ProfileType
 from hotspan.query.endpoints import STAMP_SLACK_NS
 from hotspan.query.engine import QueryEngine
-from hotspan.query.stacks import StackTable
+from hotspan.query.stacks import StackTable, stack_hits
 from hotspan.query.why import GIL_WAIT
 from hotspan.store.base import SampleFilter, StackValues
 
@@ -145,28 +146,6 @@ def matching_names(table: StackTable, pattern: str) -> np.ndarray:
     return hit
 
 
-def stack_hits(table: StackTable, rows: np.ndarray, name_hit: np.ndarray) -> np.ndarray:
-    """A boolean per row: does the stack hold a frame whose name is hit?  Reads the rows'
-    frame names straight from the table's flat array (no stacks x depth matrix)."""
-    if len(rows) == 0:
-        return np.zeros(0, dtype=bool)
-    # Rows only ever get appended (arrays replaced, never changed), so these reads agree
-    # for rows the table returned, whichever arrays are current.
-    lengths = table._lengths[rows]
-    offsets = table._offsets[rows]
-    flat = table._flat_names
-    count = int(lengths.sum())
-    if count == 0:
-        return np.zeros(len(rows), dtype=bool)
-    firsts = np.cumsum(lengths) - lengths
-    index = np.arange(count, dtype=np.int64) + np.repeat(offsets - firsts, lengths)
-    owner = np.repeat(np.arange(len(rows), dtype=np.int64), lengths)
-    names = flat[index]
-    names = np.where(names < len(name_hit) - 1, names, len(name_hit) - 1)
-    hits = np.bincount(owner, weights=name_hit[names], minlength=len(rows))
-    return hits > 0
-
-
 def function_value(engine: QueryEngine, values: StackValues, pattern: str) -> Tuple[int, int]:
     """(value of the stacks with a frame whose name matches ``pattern``, total value)."""
     total = int(values.values.sum()) if len(values.values) else 0
@@ -202,7 +181,7 @@ def _function_share(
     else:
         summary = (
             f"functions matching /{cond.function}/ hold {share:.1f}% of {rule.selector_text} "
-            f"over the last {window} (threshold {cond.above:g}%)"
+            f"over the last {window} (threshold {cond.above:g}%; {window_words(now)})"
         )
     return Measure(
         share,
@@ -243,7 +222,7 @@ def _gil_wait_share(
         summary = (
             f"threads of {rule.selector_text} waited for the GIL {share:.1f}% of the time they "
             f"ran or waited for it over the last {window} ({waited / 1e9:.3g} s of "
-            f"{(waited + ran) / 1e9:.3g} s; threshold {cond.above:g}%)"
+            f"{(waited + ran) / 1e9:.3g} s; threshold {cond.above:g}%; {window_words(now)})"
         )
     return Measure(
         share,
@@ -380,7 +359,7 @@ def _per_request(
     summary = (
         f"{rule.service}: {rule.profile_type.name} per request {_amount(after, unit)} over the "
         f"last {window}, {increase:+.1f}% against {against} ({_amount(before, unit)}; "
-        f"threshold +{cond.increase:g}%)"
+        f"threshold +{cond.increase:g}%; {window_words(cmp_, base)})"
     )
     return Measure(increase, increase > cond.increase, summary, link, details)
 
@@ -406,9 +385,29 @@ def _share_growth(
     growth = after - before
     summary = (
         f"functions matching /{cond.function}/ went from {before:.1f}% to {after:.1f}% "
-        f"({growth:+.1f} points, threshold {cond.points:g}) {_pair_words(cond.labels)}"
+        f"({growth:+.1f} points, threshold {cond.points:g}) {_pair_words(cond.labels)} "
+        f"({window_words(cmp_)})"
     )
     return Measure(growth, growth > cond.points, summary, link, details)
+
+
+def window_words(window: Side, baseline: Optional[Side] = None) -> str:
+    """The windows a value was measured over, as the diff behind it shows them: "window
+    10:27:03-10:32:03 UTC" (and the baseline's, when it is another stretch).  Samples that
+    arrive after the evaluation can still move the figures the diff shows later."""
+
+    def span(side: Side) -> str:
+        start = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(side.start_ns // SEC))
+        end = time.strftime("%H:%M:%S", time.gmtime(-(-side.end_ns // SEC)))
+        return f"{start}-{end} UTC"
+
+    text = f"window {span(window)}"
+    if baseline is not None and (baseline.start_ns, baseline.end_ns) != (
+        window.start_ns,
+        window.end_ns,
+    ):
+        text += f", baseline {span(baseline)}"
+    return text
 
 
 def _pair_words(pair: LabelPair) -> str:

@@ -110,3 +110,25 @@ class StackTable:
         source = self._flat_frames if frames else self._flat_names
         out = np.where(valid, source[np.where(valid, index, 0)] if len(source) else -1, -1)
         return out.astype(np.int64 if frames else np.int32), lengths
+
+
+def stack_hits(table: StackTable, rows: np.ndarray, name_hit: np.ndarray) -> np.ndarray:
+    """A boolean per row: does the stack hold a frame whose name is hit?  Reads the rows'
+    frame names straight from the table's flat array (no stacks x depth matrix)."""
+    if len(rows) == 0:
+        return np.zeros(0, dtype=bool)
+    # Rows only ever get appended (arrays replaced, never changed), so these reads agree
+    # for rows the table returned, whichever arrays are current.
+    lengths = table._lengths[rows]
+    offsets = table._offsets[rows]
+    flat = table._flat_names
+    count = int(lengths.sum())
+    if count == 0:
+        return np.zeros(len(rows), dtype=bool)
+    firsts = np.cumsum(lengths) - lengths
+    index = np.arange(count, dtype=np.int64) + np.repeat(offsets - firsts, lengths)
+    owner = np.repeat(np.arange(len(rows), dtype=np.int64), lengths)
+    names = flat[index]
+    names = np.where(names < len(name_hit) - 1, names, len(name_hit) - 1)
+    hits = np.bincount(owner, weights=name_hit[names], minlength=len(rows))
+    return hits > 0

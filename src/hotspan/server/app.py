@@ -21,6 +21,7 @@ from hotspan.server.api import (
     agent_settings,
     alerts,
     endpoints,
+    function_traces,
     metrics,
     recording_rules,
     scrape,
@@ -163,6 +164,7 @@ def create_app(config: Optional[ServerConfig] = None, store: Optional[Store] = N
             + render.routes
             + span_profiles.routes
             + endpoints.routes
+            + function_traces.routes
             + tempo.routes
             + tempo_metrics.routes
             + why.routes

@@ -229,12 +229,14 @@ def _token_of(doc: Document) -> Optional[StoredToken]:
 
 
 class SampleFilter(NamedTuple):
-    """Which samples of the chosen series count: a time range and optionally spans/a trace."""
+    """Which samples of the chosen series count: a time range and optionally spans, traces
+    or stacks."""
 
     start_ns: int
     end_ns: int
     span_ids: Optional[Sequence[int]] = None  # unsigned 64-bit span ids
     trace_ids: Optional[Sequence[str]] = None  # 32 lowercase hex digits each
+    stack_ids: Optional[Sequence[int]] = None  # the store's stack ids
 
 
 class Store(abc.ABC):

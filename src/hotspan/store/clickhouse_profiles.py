@@ -104,6 +104,8 @@ class ClickHouseProfiles:
         if where.trace_ids is not None:
             sql += " AND trace_id IN %(traces)s"
             params["traces"] = tuple(t.lower() for t in where.trace_ids) or ("-",)
+        if where.stack_ids is not None:
+            sql += f" AND stack_id IN {in_list(where.stack_ids)}"
         return sql, params
 
     def _columns(

@@ -72,6 +72,9 @@ class DuckDBProfiles:
         if where.trace_ids is not None:
             sql += " AND trace_id IN (SELECT unnest(?::VARCHAR[]))"
             params.append([t.lower() for t in where.trace_ids])
+        if where.stack_ids is not None:
+            sql += " AND stack_id IN (SELECT unnest(?::BIGINT[]))"
+            params.append([int(s) for s in where.stack_ids])
         return sql, params
 
     def stack_values(

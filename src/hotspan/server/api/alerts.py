@@ -36,6 +36,7 @@ from __future__ import annotations
 import json
 import logging
 import secrets
+import time
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from starlette.concurrency import run_in_threadpool
@@ -55,6 +56,7 @@ from hotspan.alerts.rules import (
 )
 from hotspan.alerts.state import AlertState
 from hotspan.alerts.targets import WebhookRefused, parse_allow, public_error
+from hotspan.query.engine import QueryError
 from hotspan.server.errors import HTTPError, json_errors
 from hotspan.server.request import query_state, read_body
 from hotspan.server.state import ServerState
@@ -64,6 +66,9 @@ log = logging.getLogger(__name__)
 MAX_BODY_BYTES = 64 * 1024
 # Rules per tenant: each is evaluated every interval.
 MAX_RULES = 200
+# A preview measures the rule once per point, as many queries as an evaluation each.
+MAX_PREVIEW_POINTS = 48
+MAX_PREVIEW_HOURS = 7 * 24
 
 
 def _name(request: Request) -> str:
@@ -233,6 +238,61 @@ async def put_rule(request: Request) -> Response:
     return JSONResponse(alert, status_code=201 if created else 200)
 
 
+def _preview(
+    state: ServerState, tenant: str, rule: Any, hours: float, points: int
+) -> Dict[str, Any]:
+    from hotspan.alerts.conditions import measure
+
+    # As late behind now as the evaluator looks, for the samples still on their way.
+    end = time.time_ns() - int(state.config.alert_lag_s * 1e9)
+    step = int(hours * 3600e9) // max(points - 1, 1)
+    out = []
+    summary = ""
+    for i in range(points):
+        at = end - (points - 1 - i) * step
+        try:
+            found = measure(state.engine, tenant, rule, at)
+        except QueryError as exc:
+            raise HTTPError(400, f"the rule's query fails: {exc}") from None
+        out.append({"at": at // 10**9, "value": found.value, "breached": found.breached})
+        summary = found.summary
+    return {"points": out, "summary": summary}
+
+
+@json_errors
+async def preview_rule(request: Request) -> Response:
+    """``POST /api/v1/alerts/preview?hours=3&points=12``: a rule (the body a PUT takes) measured
+    at ``points`` moments over the last ``hours``, as the evaluator would have: its value and
+    whether it held, before it is saved.  Nothing is stored, no webhook is called."""
+    state, tenant = query_state(request)
+    raw = await read_body(request, state.config, MAX_BODY_BYTES, limit=MAX_BODY_BYTES)
+    try:
+        body = json.loads(raw)
+    except ValueError as exc:
+        raise HTTPError(400, f"body is not JSON: {exc}") from None
+    except RecursionError:
+        raise HTTPError(400, "body is not JSON this server takes: nested too deeply") from None
+    if isinstance(body, dict):
+        # The form sends its name too; a rule not saved yet may not have one.
+        body = {k: v for k, v in body.items() if k != "name"}
+    try:
+        rule = parse_rule("preview", body)
+    except RuleError as exc:
+        raise HTTPError(400, str(exc)) from None
+    try:
+        hours = float(request.query_params.get("hours") or 3)
+        points = int(request.query_params.get("points") or 12)
+    except ValueError:
+        raise HTTPError(400, "hours and points must be numbers") from None
+    if not 0 < hours <= MAX_PREVIEW_HOURS or not 2 <= points <= MAX_PREVIEW_POINTS:
+        raise HTTPError(
+            400,
+            f"hours must be in (0, {MAX_PREVIEW_HOURS}] and points in [2, {MAX_PREVIEW_POINTS}]",
+        )
+    answer = await run_in_threadpool(_preview, state, tenant, rule, hours, points)
+    return JSONResponse(answer)
+
+
 @json_errors
 async def delete_rule(request: Request) -> Response:
     state, tenant = query_state(request)
@@ -246,6 +306,7 @@ async def delete_rule(request: Request) -> Response:
 routes = [
     Route("/api/v1/alerts", list_alerts, methods=["GET"]),
     Route("/api/v1/alerts/rules", list_rules, methods=["GET"]),
+    Route("/api/v1/alerts/preview", preview_rule, methods=["POST"]),
     Route("/api/v1/alerts/rules/{name}", get_rule, methods=["GET"]),
     Route("/api/v1/alerts/rules/{name}", put_rule, methods=["PUT"]),
     Route("/api/v1/alerts/rules/{name}", delete_rule, methods=["DELETE"]),

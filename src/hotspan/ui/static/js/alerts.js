@@ -343,6 +343,16 @@ class RuleForm {
         "div",
         { class: "hs-alert-buttons" },
         el("button", { type: "submit", class: "hs-primary hs-alert-save" }, "Save rule"),
+        el(
+          "button",
+          {
+            type: "button",
+            class: "hs-alert-preview-button",
+            title: "Its value over the last 3 hours, as the server would have measured it",
+            onclick: () => this.preview(),
+          },
+          "Preview",
+        ),
         el("button", { type: "button", class: "hs-alert-clear", onclick: () => this.fill(null) }, "Clear"),
         this.modeButton,
       ),
@@ -504,6 +514,29 @@ class RuleForm {
     this.result.replaceChildren(el("div", { class: "hs-alert-error" }, message("error", text, hint)));
   }
 
+  /** The rule measured over the last hours before it is saved: a bar per moment, red where
+   * it would have held. */
+  async preview() {
+    let rule;
+    try {
+      rule = this.read();
+    } catch (err) {
+      this.showError(err.message, "Nothing was sent.");
+      return;
+    }
+    const button = this.form.querySelector(".hs-alert-preview-button");
+    button.disabled = true;
+    this.result.replaceChildren(el("p", { class: "hs-loading" }, "Measuring the last 3 hours…"));
+    try {
+      const answer = await sendJSON("POST", PREVIEW_API, rule, { hours: 3, points: 12 });
+      this.result.replaceChildren(previewChart(answer, rule.condition));
+    } catch (err) {
+      this.showError(`No preview: ${err.message}`, "Fix the rule and try again.");
+    } finally {
+      button.disabled = false;
+    }
+  }
+
   async save(event) {
     event.preventDefault();
     let rule;
@@ -586,6 +619,8 @@ class AlertsView {
     );
     this.loadTypes();
     this.refresh();
+    // "Alert on this function" (a flame graph's menu): the form filled in, not saved.
+    if (params.get("function")) this.form.fill(draftFromParams(params));
   }
 
   destroy() {
@@ -864,6 +899,65 @@ class AlertsView {
     }
     await this.refresh();
   }
+}
+
+const PREVIEW_API = "/api/v1/alerts/preview";
+
+function previewChart(answer, condition) {
+  const points = answer.points || [];
+  const values = points.map((p) => (p.value === null || p.value === undefined ? null : Number(p.value)));
+  const top = Math.max(...values.filter((v) => v !== null).map(Math.abs), 1e-9);
+  const held = points.filter((p) => p.breached).length;
+  const bars = points.map((p, i) => {
+    const v = values[i];
+    const bar = el("span", {
+      class: `hs-preview-bar${p.breached ? " hs-preview-held" : ""}${v === null ? " hs-preview-none" : ""}`,
+      title: `${formatTime(p.at * 1000)}: ${v === null ? "no data" : valueText(v, condition)}${p.breached ? " (holds)" : ""}`,
+    });
+    bar.style.height = `${v === null ? 2 : Math.max((48 * Math.abs(v)) / top, 2)}px`;
+    return bar;
+  });
+  return el(
+    "div",
+    { class: "hs-alert-preview" },
+    el(
+      "p",
+      {},
+      `Over the last 3 hours it would have held at ${held} of ${points.length} moments`,
+      values.length && values[values.length - 1] !== null
+        ? `; its value now: ${valueText(values[values.length - 1], condition)}.`
+        : ".",
+    ),
+    el("div", { class: "hs-preview-bars" }, bars),
+    answer.summary ? el("p", { class: "hs-muted hs-preview-summary" }, answer.summary) : null,
+  );
+}
+
+/** A function_share rule drafted from a link: `selector`, `function` (a regex), and the
+ * `profileType`; the name and threshold are the user's to choose. */
+export function draftFromParams(params) {
+  const fn = params.get("function") || "";
+  const short =
+    fn
+      .replace(/^\^|\$$/g, "")
+      .replace(/\\(.)/g, "$1")
+      .split(".")
+      .pop() || "function";
+  return {
+    name: `${short.replace(/[^\w-]+/g, "_").slice(0, 60)}_share`,
+    selector: params.get("selector") || "{}",
+    profileType: params.get("profileType") || "",
+    condition: { kind: "function_share", function: fn, above: 20, window: "5m" },
+    for: "5m",
+  };
+}
+
+/** The alerts page's address that drafts a rule on one function's share. */
+export function alertOnFunctionHref({ selector, profileType, name }) {
+  const escaped = name.replace(/[.*+?^${}()|[\]\\]/g, "\\$&");
+  const search = new URLSearchParams({ selector, function: `^${escaped}$` });
+  if (profileType) search.set("profileType", profileType);
+  return `/alerts?${search}`;
 }
 
 export function renderAlerts(root, { params }) {

@@ -1,6 +1,7 @@
 // Label breakdown (as in Grafana's Explore Profiles): one small timeline per value of the
 // grouped-by label, largest first, capped so that the page stays readable.  Picking a value
-// narrows the query to it.
+// narrows the query to it; "vs <baseline>" opens the diff of that value against the baseline
+// value (the largest, until another card is made the baseline).
 
 import { el } from "./dom.js";
 import { formatValue } from "./format.js";
@@ -14,13 +15,18 @@ export class Breakdown {
   /**
    * @param {HTMLElement} container
    * @param {{onSelect: (startMs: number, endMs: number) => void,
-   *   onPick: (group: {name: string, value: string}) => void}} options
+   *   onPick: (group: {name: string, value: string}) => void,
+   *   compareHref?: (baseline: {name: string, value: string},
+   *     comparison: {name: string, value: string}) => string | null}} options
    */
-  constructor(container, { onSelect, onPick }) {
+  constructor(container, { onSelect, onPick, compareHref = null }) {
     this.container = container;
     this.onSelect = onSelect;
     this.onPick = onPick;
+    this.compareHref = compareHref;
     this.timelines = [];
+    this.heads = []; // [group, the element its compare controls go in]
+    this.baseline = null; // the group the others are compared with
   }
 
   clear() {
@@ -43,9 +49,15 @@ export class Breakdown {
     const shown = ranked.slice(0, BREAKDOWN_LIMIT);
     const left = ranked.length - shown.length;
     const grid = el("div", { class: "hs-breakdown", "aria-label": `Breakdown by ${label}` });
+    this.heads = [];
+    const groups = shown.map(({ series: s }) => s.group).filter(Boolean);
+    const kept = this.baseline && groups.find((g) => g.name === this.baseline.name && g.value === this.baseline.value);
+    this.baseline = kept || groups[0] || null;
     shown.forEach(({ series: s, total, colour }) => {
       const value = s.group ? s.group.value : "";
       const slot = el("div", { class: "hs-breakdown-plot" });
+      const compare = el("span", { class: "hs-breakdown-compare-box" });
+      if (s.group) this.heads.push([s.group, compare]);
       const card = el(
         "div",
         { class: "hs-breakdown-card", dataset: { value } },
@@ -63,6 +75,7 @@ export class Breakdown {
             value || `(no ${label})`,
           ),
           el("span", { class: "hs-muted" }, formatValue(total, unit)),
+          compare,
         ),
         slot,
       );
@@ -83,5 +96,52 @@ export class Breakdown {
       );
     }
     this.container.replaceChildren(...parts);
+    this.renderCompare();
+  }
+
+  /** Each card's compare controls: the baseline's mark, or a link to the diff against it and
+   * a button that makes this card the baseline. */
+  renderCompare() {
+    if (!this.compareHref) return;
+    const base = this.baseline;
+    for (const [group, box] of this.heads) {
+      if (base && group.value === base.value) {
+        box.replaceChildren(
+          el(
+            "span",
+            { class: "hs-breakdown-baseline", title: "The other values are compared with this one" },
+            "baseline",
+          ),
+        );
+        continue;
+      }
+      const href = base ? this.compareHref(base, group) : null;
+      box.replaceChildren(
+        href
+          ? el(
+              "a",
+              {
+                class: "hs-breakdown-compare",
+                href,
+                title: `Diff: ${base.name}="${base.value}" (baseline) against ${group.name}="${group.value}"`,
+              },
+              `vs ${base.value || "(none)"}`,
+            )
+          : null,
+        el(
+          "button",
+          {
+            type: "button",
+            class: "hs-link hs-breakdown-make-baseline",
+            title: "Compare the other values with this one",
+            onclick: () => {
+              this.baseline = group;
+              this.renderCompare();
+            },
+          },
+          "as baseline",
+        ),
+      );
+    }
   }
 }

@@ -32,11 +32,13 @@ function status(menu, text) {
 
 /**
  * @param {{name: string, x: number, y: number, zoom?: () => void, sandwich: () => void,
- *   search: () => void, source: () => Promise<{file: string, line: number}|null>|null}} options
+ *   search: () => void, source: () => Promise<{file: string, line: number}|null>|null,
+ *   links?: {key: string, label: string, href: string, title?: string}[]}} options
  *   `zoom`: focus on the frame (absent where there is none to zoom to); `source`: the
- *   function's location, null when the view has no profile to read it from
+ *   function's location, null when the view has no profile to read it from; `links`: the
+ *   view's own ways on from this function (its traces, an alert on it)
  */
-export function openFrameMenu({ name, x, y, zoom, sandwich, search, source }) {
+export function openFrameMenu({ name, x, y, zoom, sandwich, search, source, links = [] }) {
   const items = [];
   if (zoom) items.push({ key: "zoom", label: "Focus on subtree", action: zoom });
   items.push(
@@ -44,6 +46,22 @@ export function openFrameMenu({ name, x, y, zoom, sandwich, search, source }) {
     { key: "copy", label: "Copy function name", keepOpen: true, action: () => copyText(name, menu, "function name") },
     { key: "search", label: "Search for it", action: search },
   );
+  for (const link of links) {
+    const a = el(
+      "a",
+      {
+        class: "hs-menu-link",
+        role: "menuitem",
+        tabIndex: -1,
+        href: link.href,
+        title: link.title || null,
+        dataset: { action: link.key },
+      },
+      link.label,
+    );
+    a.addEventListener("click", () => menu.close());
+    items.push({ node: a });
+  }
   const where = el("div", { class: "hs-menu-source", role: "status" }, "Source: looking it up…");
   items.push({ node: el("div", { class: "hs-menu-title", title: name }, name) });
   items.push({ node: where });

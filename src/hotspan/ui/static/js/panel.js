@@ -31,6 +31,8 @@ import { TopTable } from "./toptable.js";
 const INVERTED_KEY = "hotspan.flamegraph.inverted";
 const VIEW_KEY = "hotspan.flamegraph.view";
 const NARROW = 1100; // px: below, the table goes above the graph (flamegraph.css)
+// px: the least height of a table beside the graph, which otherwise is as tall as the graph.
+const TABLE_BESIDE_MIN = 360;
 const VIEWS = [
   ["both", "Both"],
   ["table", "Top table"],
@@ -69,7 +71,10 @@ export class ProfilePanel {
    *   exports?: () => ServerExport[], search?: string, onSearch?: (text: string) => void,
    *   zoom?: string, onZoom?: (zoom: string) => void, sort?: string,
    *   onSort?: (sort: string) => void, sandwich?: string,
-   *   onSandwich?: (name: string) => void}} [options] the URL state, see the top of the file
+   *   onSandwich?: (name: string) => void,
+   *   frameLinks?: (name: string) => {key: string, label: string, href: string}[]}} [options]
+   *   the URL state, see the top of the file; `frameLinks`: the view's links in a function's
+   *   menu
    */
   constructor(
     container,
@@ -86,9 +91,11 @@ export class ProfilePanel {
       onSort = null,
       sandwich: sandwichName = "",
       onSandwich = null,
+      frameLinks = null,
     } = {},
   ) {
     this.container = container;
+    this.frameLinks = frameLinks;
     this.unit = unit;
     this.title = title;
     this.exportName = exportName;
@@ -227,8 +234,12 @@ export class ProfilePanel {
     }
     // The layout follows the panel's own width (a view may give it a narrow column).
     if (typeof ResizeObserver !== "undefined") {
-      this.resizeObserver = new ResizeObserver(() => this.fitWidth());
+      this.resizeObserver = new ResizeObserver(() => {
+        this.fitWidth();
+        this.fitTableHeight();
+      });
       this.resizeObserver.observe(container);
+      this.resizeObserver.observe(this.graphs);
     }
     this.fitWidth();
     this.setInverted(this.inverted);
@@ -336,6 +347,16 @@ export class ProfilePanel {
     this.callees.search(this.searchInput.value);
   }
 
+  /** A table beside the graph is no taller than the graph (or TABLE_BESIDE_MIN): a shallow
+   * profile's graph is 100 px high, and an 80vh table beside it left the rest of the page
+   * empty under the graph.  Above the graph (narrow, diff) the stylesheet's height holds. */
+  fitTableHeight() {
+    const table = this.tableNode.getBoundingClientRect();
+    const graphs = this.graphs.getBoundingClientRect();
+    const beside = !this.tableNode.hidden && !this.graphs.hidden && Math.abs(table.top - graphs.top) < 2;
+    this.tableNode.style.maxHeight = beside ? `${Math.max(Math.round(graphs.height), TABLE_BESIDE_MIN)}px` : "";
+  }
+
   fitWidth() {
     const width = this.container.getBoundingClientRect().width;
     if (width > 0) this.container.classList.toggle("hs-panel-narrow", width < NARROW);
@@ -416,6 +437,7 @@ export class ProfilePanel {
         this.searchInput.focus();
       },
       source: () => this.sourceOf(name),
+      links: this.frameLinks ? this.frameLinks(name) : [],
     });
   }
 

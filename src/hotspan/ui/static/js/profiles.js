@@ -17,6 +17,7 @@ import { formatTime, unitOf } from "./format.js";
 import { formatSelector, parseSelector, serviceOf, suggestedLabel, withMatcher, withService } from "./labels.js";
 import { ProfilePanel } from "./panel.js";
 import { panelState, setQuery } from "./router.js";
+import { alertOnFunctionHref } from "./alerts.js";
 import { settingsPath } from "./settings.js";
 import { SPAN_ID, TRACE_ID, spanExtentMs } from "./spans.js";
 import {
@@ -139,12 +140,14 @@ class ProfilesView {
     this.breakdown = new Breakdown(this.breakdownSlot, {
       onSelect,
       onPick: (group) => this.narrowTo(group, { groupView: "" }),
+      compareHref: (baseline, comparison) => this.compareHref(baseline, comparison),
     });
     this.panel = new ProfilePanel(panelSlot, {
       unit: unitOf(this.state.profileType || CPU),
       title: "",
       exportName: "profile",
       exports: () => this.serverExports(),
+      frameLinks: (name) => this.frameLinks(name),
       ...panelState(new URLSearchParams(location.search)),
     });
     this.renderTraceNote();
@@ -161,6 +164,54 @@ class ProfilesView {
     Object.assign(this.state, changes);
     setQuery(changes, { push });
     this.load();
+  }
+
+  /** A function's ways on from its menu: the traces where it is hot, an alert on its share. */
+  frameLinks(name) {
+    if (this.state.traceId || this.state.spanId) return [];
+    const selector = this.graphSelector();
+    const hot = new URLSearchParams({
+      function: name,
+      query: selector,
+      from: this.state.from,
+      until: this.state.until,
+    });
+    if (this.state.profileType) hot.set("profileType", this.state.profileType);
+    return [
+      {
+        key: "hot-traces",
+        label: "Traces where this function is hot",
+        href: `/traces?${hot}`,
+        title: "The traces whose spans hold most of this function's samples in the range",
+      },
+      {
+        key: "alert",
+        label: "Alert on this function",
+        href: alertOnFunctionHref({ selector, profileType: this.state.profileType, name }),
+        title: "A new alert rule on this function's share of the profile, filled in",
+      },
+    ];
+  }
+
+  /** The diff of two values of a label over the page's range (Explore Profiles'
+   * comparison): the query with `name="baseline"` against it with `name="comparison"`. */
+  compareHref(baseline, comparison) {
+    let matchers;
+    try {
+      matchers = this.matchers();
+    } catch {
+      return null;
+    }
+    const search = new URLSearchParams({
+      profileType: this.state.profileType || CPU,
+      leftQuery: formatSelector(withMatcher(matchers, baseline.name, baseline.value)),
+      leftFrom: this.state.from,
+      leftUntil: this.state.until,
+      rightQuery: formatSelector(withMatcher(matchers, comparison.name, comparison.value)),
+      rightFrom: this.state.from,
+      rightUntil: this.state.until,
+    });
+    return `/diff?${search}`;
   }
 
   /** Adds `name="value"` to the query: "show only this series". */

@@ -89,6 +89,20 @@ export class TimeRangePicker {
       el("span", {}, "to"),
       this.untilInput,
       el("button", { type: "submit", class: "hs-range-apply" }, "Apply"),
+      el(
+        "button",
+        {
+          type: "button",
+          class: "hs-range-zoom-out",
+          title: "Zoom out: a range twice as long, around the same middle",
+          "aria-label": "Zoom out",
+          onclick: () => {
+            const wider = zoomOut(this.from, this.until);
+            this.apply(wider.from, wider.until);
+          },
+        },
+        "− Zoom out",
+      ),
     );
     container.append(form);
     this.set(from, until);
@@ -142,6 +156,26 @@ function canonical(text) {
   if (isRelative(t) || /^\d+$/.test(t)) return t;
   const ms = parseTime(t);
   return Number.isNaN(ms) ? t : String(Math.floor(ms / 1000));
+}
+
+/**
+ * The range twice as long around the same middle, as Grafana's zoom out: a range up to now
+ * stays one ("now-1h" gives "now-2h"); an absolute one grows both ways, and becomes one up to
+ * now when its end would pass it.
+ */
+export function zoomOut(from, until, nowMs = Date.now()) {
+  const { startMs, endMs } = resolveRange(from, until, nowMs);
+  const width = endMs - startMs;
+  if ((until || DEFAULT_UNTIL) === "now") {
+    const seconds = Math.ceil((2 * width) / 1000);
+    return {
+      from: `now-${seconds % 3600 === 0 ? `${seconds / 3600}h` : seconds % 60 === 0 ? `${seconds / 60}m` : `${seconds}s`}`,
+      until: "now",
+    };
+  }
+  const end = endMs + width / 2;
+  if (end >= nowMs) return { from: String(Math.floor((startMs - width / 2) / 1000)), until: "now" };
+  return absoluteRange(startMs - width / 2, end);
 }
 
 /** An absolute range in seconds, as the URL writes a range dragged on a timeline. */

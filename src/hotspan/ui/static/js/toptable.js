@@ -140,7 +140,27 @@ export class TopTable {
       tr.classList.toggle("hs-selected", tr.dataset.name === this.selected);
     }
     const row = this.selected && this.rowElement(this.selected);
-    if (row && row.scrollIntoView) row.scrollIntoView({ block: "nearest" });
+    if (row) this.scrollToRow(row);
+  }
+
+  /** Brings `row` into view inside the table's own scrolling box, never by scrolling the
+   * page (scrollIntoView would: entering the sandwich view then put its function at the
+   * bottom of the window, the graphs out of sight). */
+  scrollToRow(row) {
+    let box = row.parentElement;
+    while (box && box !== this.container.parentElement) {
+      const overflow = getComputedStyle(box).overflowY;
+      if ((overflow === "auto" || overflow === "scroll") && box.scrollHeight > box.clientHeight) break;
+      box = box.parentElement;
+    }
+    if (!box || box === this.container.parentElement) return;
+    const r = row.getBoundingClientRect();
+    const b = box.getBoundingClientRect();
+    // The sticky header covers the top of the box.
+    const head = this.container.querySelector("thead");
+    const top = b.top + (head ? head.getBoundingClientRect().height : 0);
+    if (r.top < top) box.scrollTop -= top - r.top;
+    else if (r.bottom > b.bottom) box.scrollTop += r.bottom - b.bottom;
   }
 
   /** Shows only functions whose name contains `text` (the panel's search). */
@@ -171,7 +191,8 @@ export class TopTable {
 
   /**
    * Takes a sortState() string; one that names no column of this table (a diff column on a
-   * single profile, garbage from a URL) falls back to the default, self descending.
+   * single profile, garbage from a URL) falls back to the default: self descending, or for a
+   * diff the change, the regressions first (as `hotspan diff` ranks them).
    */
   applySort(state) {
     const [key, order] = String(state || "").split(":");
@@ -180,7 +201,7 @@ export class TopTable {
       this.sortKey = key;
       this.descending = order !== "asc";
     } else {
-      this.sortKey = this.tree && this.tree.diff ? "selfRight" : "self";
+      this.sortKey = this.tree && this.tree.diff ? "change" : "self";
       this.descending = true;
     }
   }
@@ -268,7 +289,7 @@ export class TopTable {
         label: "Change",
         title:
           "change of the share of the total, each side normalised by its own total; " +
-          "sorted by how many points of the total the share moved",
+          "sorts by how many points of the total the share moved (the default order of a diff)",
         // By points moved, not by the relative change: a function new at 0.01% is "new"
         // (an infinite change) but explains nothing, while one that went from 5% to 40% of
         // the total is the regression to look at first (as `hotspan diff` ranks them).

@@ -11,6 +11,8 @@
 
 import { ApiError, CPU, getBytes, getJSON } from "./api.js";
 import { el, message, rejectInput } from "./dom.js";
+import { DurationHistogram, parseDurationNs } from "./histogram.js";
+import { renderHotTraces } from "./hottraces.js";
 import { formatBytes, formatDuration, formatTime, unitOf } from "./format.js";
 import { ProfilePanel } from "./panel.js";
 import { catalogue, selectOf, typeLabel } from "./selection.js";
@@ -71,6 +73,8 @@ export function traceQL({ service, name, minDuration, maxDuration, status }) {
 // --- search -------------------------------------------------------------------------------
 
 export function renderTraceSearch(root, { params }) {
+  // From a flame graph frame's menu: the traces where that function is hot.
+  if (params.get("function")) return renderHotTraces(root, { params });
   const state = {
     service: params.get("service") || "",
     name: params.get("name") || "",
@@ -151,6 +155,14 @@ export function renderTraceSearch(root, { params }) {
   });
   const rangeBox = el("div", { class: "hs-trace-range" });
   const results = el("div", { class: "hs-trace-results" });
+  const histogramBox = el("div", { class: "hs-trace-histogram" });
+  const histogram = new DurationHistogram(histogramBox, {
+    onPick: (min, max) => {
+      minInput.value = min;
+      maxInput.value = max;
+      submit();
+    },
+  });
   const form = el(
     "form",
     { class: "hs-tsearch-form", onsubmit: (event) => (event.preventDefault(), submit()) },
@@ -186,6 +198,7 @@ export function renderTraceSearch(root, { params }) {
       { class: "hs-traces" },
       el("div", { class: "hs-toolbar" }, el("h1", {}, "Traces"), el("span", { class: "hs-spacer" }), rangeBox),
       form,
+      histogramBox,
       results,
     ),
   );
@@ -289,6 +302,11 @@ export function renderTraceSearch(root, { params }) {
     sort: state.sort,
   };
   results.replaceChildren(el("p", { class: "hs-loading" }, "Searching…"));
+  // The histogram shows every duration the other fields allow: the range picked on it is
+  // the one the list is filtered by.
+  const spread = state.q || traceQL({ ...state, minDuration: "", maxDuration: "" });
+  const picked = [parseDurationNs(state.minDuration) || 0, parseDurationNs(state.maxDuration) || Infinity];
+  histogram.load(spread, request.start, request.end, picked, signal);
   getJSON("/api/search", request, { signal })
     .then((body) => {
       const traces = body.traces || [];

@@ -352,7 +352,13 @@ export class WhyPanel {
 
   renderRanking(a, profile) {
     const unit = unitOf(profile.profileType);
-    const functions = profile.functions || [];
+    // The answer ranks every function the two sides hold; those that explain the difference
+    // are the ones with extra self time of their own, not a rounding error of it (under 1% of
+    // all the extra): the others would fill the table with "+0 ns" and "0%".
+    const all = profile.functions || [];
+    const positive = all.reduce((sum, f) => sum + Math.max(Number(f.self.extra) || 0, 0), 0);
+    const functions = all.filter((f) => Number(f.self.extra) > 0 && Number(f.self.extra) >= 0.01 * positive);
+    const left = all.length - functions.length;
     const words = typeWords(profile.profileType);
     const title = el(
       "h3",
@@ -458,6 +464,13 @@ export class WhyPanel {
         { class: "hs-table-scroll" },
         el("table", { class: "hs-table hs-why-table" }, el("thead", {}, head), body),
       ),
+      left
+        ? el(
+            "p",
+            { class: "hs-note hs-why-left-out" },
+            `${left} more function${left === 1 ? "" : "s"} of the span took no more ${words} than the baseline's (or under 1% of the extra): not listed.`,
+          )
+        : null,
     );
     this.markSelected();
   }
