@@ -723,3 +723,17 @@ def test_leaving_a_page_leaves_nothing_behind(page, data) -> None:  # type: igno
         "() => document.querySelectorAll('canvas.flamegraph, .flamegraph canvas').length"
     )
     assert live_flame_graphs(page) <= max(shown, 1) + 1
+
+
+def test_zoom_out_doubles_the_range_around_its_middle(page, data) -> None:  # type: ignore[no-untyped-def]
+    query = quote('{service_name="checkout"}')
+    page.goto(f"{data.server.url}/profiles?query={query}&from=now-1h&until=now")
+    wait_for_frame(page, MAIN + "price_cart")
+    page.locator(".hs-range-zoom-out").first.click()
+    page.wait_for_function("() => location.search.includes('from=now-2h')")
+    # An absolute range in the past grows both ways, its middle kept.
+    start, end = int(time.time()) - 7200, int(time.time()) - 3600
+    page.goto(f"{data.server.url}/profiles?query={query}&from={start}&until={end}")
+    page.locator(".hs-range-zoom-out").first.click()
+    page.wait_for_function(f"() => location.search.includes('from={start - 1800}')")
+    assert query_of(page)["until"] == [str(end + 1800)]
