@@ -121,7 +121,10 @@ def test_a_sampler_that_replaces_another_loses_nothing(sampler_class: type) -> N
     finally:
         sampler.stop()
     assert abs(cpu / 1e9 / cpu_used - 1) < 0.03, ("cpu", cpu / 1e9, cpu_used)
-    assert abs(wall / 1e9 / wall_used - 1) < 0.03, ("wall", wall / 1e9, wall_used)
+    # Wall samples fall at random moments, each standing for one period (10 to 40 ms at these
+    # rates): over the four stretches that spreads the sum by ~45 ms of the ~1.8 s, 2.5%.
+    # The 8% a lost replacement would cost stays well outside 5%.
+    assert abs(wall / 1e9 / wall_used - 1) < 0.05, ("wall", wall / 1e9, wall_used)
 
 
 def _callers() -> list:

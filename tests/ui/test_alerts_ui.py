@@ -84,6 +84,17 @@ def save(page):  # type: ignore[no-untyped-def]
     return info.value
 
 
+def test_the_selector_field_offers_the_services_and_their_labels(page, srv) -> None:  # type: ignore[no-untyped-def]
+    page.goto(srv.url + "/alerts")
+    field = page.locator('.hs-alert-form input[name="selector"]')
+    assert field.get_attribute("list") == "hs-alert-selectors"
+    page.wait_for_function(
+        "() => document.querySelectorAll('#hs-alert-selectors option').length >= 2"
+    )
+    offered = page.eval_on_selector_all("#hs-alert-selectors option", "os => os.map(o => o.value)")
+    assert SELECTOR in offered and '{service_name="checkout", env="prod"}' in offered, offered
+
+
 def test_a_rule_is_previewed_before_it_is_saved(page, srv) -> None:  # type: ignore[no-untyped-def]
     page.goto(srv.url + "/alerts")
     # hot_loop holds 80% of the last minute's CPU: above 50% it holds at the latest moments.

@@ -15,7 +15,7 @@ import pytest
 
 from tests.conftest import RunningServer, running_server
 from tests.helpers import native_states, run_programs
-from tests.server.api.test_endpoints import CONTENDED, PROGRAM
+from tests.server.api.test_endpoints import CONTENDED, PROGRAM, VERSIONED
 from tests.ui.conftest import screenshot, sized
 
 SELECTOR = '{service_name="shop"}'
@@ -134,6 +134,36 @@ def test_error_rate_latency_and_the_way_to_the_slowest_traces(page, shop) -> Non
     names = page.eval_on_selector_all(".hs-trace-link", "links => links.map(a => a.textContent)")
     assert all("GET /search" in n for n in names), names
     assert page.input_value(".hs-trace-sort") == "duration"
+
+
+def test_endpoints_split_by_version(page, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    with running_server(tmp_path / "data") as srv:
+        run_programs(VERSIONED, tmp_path, [srv.url, "v1"], [srv.url, "v2"])
+        deadline = time.monotonic() + 20
+        with srv.client() as c:
+            while time.monotonic() < deadline:
+                body = c.get("/api/v1/endpoints", params={"service": "pricing"}).json()
+                if sum(e["requests"] for e in body["endpoints"]) == 8:
+                    break
+                time.sleep(0.3)
+        open_endpoints(page, srv, "query=" + quote('{service_name="pricing"}'))
+        page.locator(".hs-ep-by option[value=version]").wait_for(state="attached")
+        page.select_option(".hs-ep-by", "version")
+        page.wait_for_url(re.compile(r"by=version"))
+        page.wait_for_selector(".hs-ep-group")
+        rows = page.eval_on_selector_all(
+            ".hs-ep-row",
+            """rows => rows.map(r => [r.querySelector('.hs-ep-group').textContent,
+                Number(r.querySelector('.hs-ep-requests').textContent),
+                r.querySelector('.hs-ep-errors').textContent])""",
+        )
+        assert sorted(rows) == [["v1", 4, "0"], ["v2", 4, "25.0%"]], rows
+        assert page.inner_text("th.hs-ep-sort[data-column=group]").startswith("version")
+        screenshot(page, "endpoints-split")
+        # The URL reopens the split.
+        page.reload()
+        page.wait_for_selector(".hs-ep-group")
+        assert page.input_value(".hs-ep-by") == "version"
 
 
 def test_requests_that_waited_for_the_gil_show_it(page, shop, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]

@@ -55,6 +55,10 @@ def pages(trace_id: str) -> dict:
         "diff": f"/diff?leftQuery={query}&rightQuery={query}",
         "endpoints": f"/endpoints?query={query}",
         "traces": "/traces",
+        "hot-traces": (
+            "/traces?function=__main__.handle_checkout_request_with_a_long_function_name"
+            f"&query={query}"
+        ),
         "trace": f"/traces/{trace_id}",
         "why": f"/traces/{trace_id}?why=1",
         "alerts": "/alerts",
@@ -115,6 +119,7 @@ STICKING_OUT = """() => {
         "endpoints",
         "diff",
         "traces",
+        "hot-traces",
         "trace",
         "why",
         "alerts",
@@ -177,7 +182,7 @@ def luminance(css: str) -> float:
 
 
 @pytest.mark.parametrize("scheme", ["dark", "light"])
-@pytest.mark.parametrize("name", ["profiles", "settings"])
+@pytest.mark.parametrize("name", ["profiles", "settings", "traces", "hot-traces"])
 def test_theme_follows_the_system_setting(page, site, scheme: str, name: str) -> None:  # type: ignore[no-untyped-def]
     srv, trace_id = site
     page.set_viewport_size({"width": 1024, "height": 800})

@@ -136,6 +136,15 @@ def test_settings_of_a_service(page, srv) -> None:  # type: ignore[no-untyped-de
     assert page.locator("h1.hs-title").inner_text() == f"Settings · {SERVICE}"
     page.locator(".hs-settings-rules .hs-message.hs-empty").wait_for()
     page.locator(".hs-settings-instances .hs-message.hs-empty").wait_for()
+    # The selector field offers the labels this service's profiles carry.
+    page.wait_for_function(
+        "() => document.querySelectorAll('#hs-settings-selectors option').length"
+    )
+    offered = page.eval_on_selector_all(
+        "#hs-settings-selectors option", "os => os.map(o => o.value)"
+    )
+    assert PROD in offered, offered
+    assert page.get_attribute("input.hs-rule-selector", "list") == "hs-settings-selectors"
 
     # A rule through the form.
     answer = put_through_form(page, PROD, "50", max_overhead="2")

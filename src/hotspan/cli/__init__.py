@@ -20,6 +20,8 @@ COMMANDS = (
     "server",
     "run",
     "record",
+    "attach",
+    "detach",
     "settings",
     "query",
     "export",

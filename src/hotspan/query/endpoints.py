@@ -11,13 +11,13 @@ Samples reach an endpoint through the span id they carry, and spans through the 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Dict, Iterable, List, Optional, Set, Tuple
+from dataclasses import dataclass, field
+from typing import Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
 from hotspan.model.labels import Matcher, Selector
 from hotspan.model.profile import ProfileType
 from hotspan.model.trace import STATUS_CODES, SpanRecord
-from hotspan.query.engine import QueryEngine
+from hotspan.query.engine import QueryEngine, all_labels
 from hotspan.store.base import SampleFilter, StackValues, Store
 
 # The spans of a service looked at per question: the latest of the range past it (the answer
@@ -53,6 +53,9 @@ class ServiceEndpoints:
     # A second profile type the same requests were measured in (the time they waited for the
     # GIL beside their CPU), when the service has samples of it in the range.
     beside: Optional[ProfileType] = None
+    # More profile types the requests were measured in (CPU, allocations), by type id: each
+    # endpoint's total in it.  Only types the service has samples of in the range.
+    also: Dict[str, Dict[str, int]] = field(default_factory=dict)
 
     @property
     def unattributed(self) -> int:
@@ -90,6 +93,46 @@ def local_roots(spans: Iterable[SpanRecord], service: str) -> Dict[int, int]:
         for p in path:
             root_of[p] = root
     return root_of
+
+
+@dataclass(frozen=True)
+class EndpointGroup:
+    """The endpoints of the requests whose samples carry one value of a label (None: the
+    requests without samples)."""
+
+    value: Optional[str]
+    endpoints: Tuple[Endpoint, ...]  # the costliest first
+
+
+def _ranked(
+    roots: Dict[int, SpanRecord], per_root: Dict[int, int], beside_per_root: Dict[int, int]
+) -> List[Endpoint]:
+    """The endpoints of these requests (local root spans), the costliest first."""
+    requests: Dict[str, int] = {}
+    values: Dict[str, int] = {}
+    besides: Dict[str, int] = {}
+    errors: Dict[str, int] = {}
+    durations: Dict[str, List[int]] = {}
+    for sid, span in roots.items():
+        durations.setdefault(span.name, []).append(span.end_ns - span.start_ns)
+        requests[span.name] = requests.get(span.name, 0) + 1
+        errors[span.name] = errors.get(span.name, 0) + (span.status_code == ERROR_CODE)
+        values[span.name] = values.get(span.name, 0) + per_root.get(sid, 0)
+        besides[span.name] = besides.get(span.name, 0) + beside_per_root.get(sid, 0)
+    return sorted(
+        (
+            Endpoint(
+                name,
+                requests[name],
+                values[name],
+                besides[name],
+                errors[name],
+                latency_percentiles(durations[name]),
+            )
+            for name in requests
+        ),
+        key=lambda e: (-e.total, -e.requests, e.name),
+    )
 
 
 def latency_percentiles(durations: List[int]) -> Tuple[int, int, int]:
@@ -196,9 +239,11 @@ class EndpointEngine:
         start_ns: int,
         end_ns: int,
         beside: Optional[ProfileType] = None,
+        also: Sequence[ProfileType] = (),
     ) -> ServiceEndpoints:
         """The service's endpoints by their value in ``profile_type``, and in ``beside`` too
-        when given and the service has samples of it."""
+        when given and the service has samples of it; and their totals in the ``also`` types
+        the service has samples of (:attr:`ServiceEndpoints.also`)."""
         roots, members, truncated = self._requests(tenant, service, start_ns, end_ns)
         total, per_root = self._per_request(
             tenant, service, profile_type, start_ns, end_ns, members
@@ -208,31 +253,22 @@ class EndpointEngine:
             if beside is not None and beside != profile_type
             else (None, {})
         )
-        requests: Dict[str, int] = {}
-        values: Dict[str, int] = {}
-        besides: Dict[str, int] = {}
-        errors: Dict[str, int] = {}
-        durations: Dict[str, List[int]] = {}
-        for sid, span in roots.items():
-            durations.setdefault(span.name, []).append(span.end_ns - span.start_ns)
-            requests[span.name] = requests.get(span.name, 0) + 1
-            errors[span.name] = errors.get(span.name, 0) + (span.status_code == ERROR_CODE)
-            values[span.name] = values.get(span.name, 0) + per_root.get(sid, 0)
-            besides[span.name] = besides.get(span.name, 0) + beside_per_root.get(sid, 0)
-        endpoints = sorted(
-            (
-                Endpoint(
-                    name,
-                    requests[name],
-                    values[name],
-                    besides[name],
-                    errors[name],
-                    latency_percentiles(durations[name]),
+        endpoints = _ranked(roots, per_root, beside_per_root)
+        totals: Dict[str, Dict[str, int]] = {}
+        for other in also:
+            if other == profile_type:
+                other_per_root: Dict[int, int] = per_root
+            elif other == beside and beside_total is not None:
+                other_per_root = beside_per_root
+            else:
+                found, other_per_root = self._per_request(
+                    tenant, service, other, start_ns, end_ns, members
                 )
-                for name in requests
-            ),
-            key=lambda e: (-e.total, -e.requests, e.name),
-        )
+                if found is None:
+                    continue
+            by_name = totals[other.id] = {}
+            for sid, span in roots.items():
+                by_name[span.name] = by_name.get(span.name, 0) + other_per_root.get(sid, 0)
         # The requests' samples reach a little before the range (STAMP_SLACK_NS): the total
         # is at least what they hold, so that shares stay within 100%.
         total = max(total or 0, sum(e.total for e in endpoints))
@@ -243,7 +279,54 @@ class EndpointEngine:
             total,
             truncated,
             beside if beside_total is not None else None,
+            totals,
         )
+
+    def split(
+        self,
+        tenant: str,
+        service: str,
+        profile_type: ProfileType,
+        start_ns: int,
+        end_ns: int,
+        label: str,
+    ) -> Tuple[EndpointGroup, ...]:
+        """The service's endpoints per value of a label of its profiles (``version``, say).
+
+        A request belongs to the value whose series hold most of its samples (they are one
+        process's, so all of them as a rule); requests without samples form a group of their
+        own (value None), where only their count, errors and latency say something."""
+        roots, members, _ = self._requests(tenant, service, start_ns, end_ns)
+        series = self.engine.find_series(
+            tenant, [service_selector(service)], start_ns - STAMP_SLACK_NS, end_ns, profile_type
+        )
+        by_value: Dict[str, List[int]] = {}
+        for record in series:
+            by_value.setdefault(all_labels(record).get(label, ""), []).append(record.series_id)
+        where = self._request_filter(start_ns, end_ns, members)
+        per_value: Dict[str, Dict[int, int]] = {}
+        owner: Dict[int, str] = {}
+        most: Dict[int, int] = {}
+        for value, series_ids in sorted(by_value.items()):
+            per_root = per_value[value] = {}
+            if members:
+                sums = self.store.span_values(tenant, series_ids, where)
+                for sid, v in zip(sums.span_ids.tolist(), sums.values.tolist()):
+                    root = members.get(sid)
+                    if root is not None:
+                        per_root[root] = per_root.get(root, 0) + v
+            for root, v in per_root.items():
+                if v > most.get(root, -1):
+                    most[root], owner[root] = v, value
+        groups = []
+        for value in sorted(by_value):
+            mine = {sid: span for sid, span in roots.items() if owner.get(sid) == value}
+            if mine:
+                groups.append(EndpointGroup(value, tuple(_ranked(mine, per_value[value], {}))))
+        unsampled = {sid: span for sid, span in roots.items() if sid not in owner}
+        if unsampled:
+            groups.append(EndpointGroup(None, tuple(_ranked(unsampled, {}, {}))))
+        return tuple(groups)
 
     def endpoint_values(
         self,

@@ -117,6 +117,8 @@ _ADMIN_CALLS = frozenset(
         "/settings.v1.RecordingRulesService/DeleteRecordingRule",
     }
 )
+# POSTs below the admin trees that change nothing: what a rule would have said, before saving.
+_QUERY_POSTS = frozenset({"/api/v1/alerts/preview"})
 TOKENS_PATH = "/api/v1/tokens"
 # Routes whose query parameter ``tenant`` names a tenant, as the header does.
 _TENANT_PARAM_PATHS = frozenset({"/metrics"})
@@ -140,6 +142,8 @@ def route_access(method: str, path: str) -> Optional[Access]:
         return TOKENS
     if path in _ADMIN_CALLS:
         return ADMIN
+    if path in _QUERY_POSTS:
+        return QUERY
     if method not in ("GET", "HEAD") and any(_under(path, tree) for tree in _ADMIN_TREES):
         return ADMIN
     return QUERY

@@ -95,6 +95,9 @@ def test_endpoints_ranked_by_cpu_with_request_counts(shop: RunningServer) -> Non
         "GET /health": 8,
     }
     checkout, search = found["GET /checkout"], found["GET /search"]
+    # CPU per request whatever the profile asked for; no allocation profile, no figure.
+    assert checkout["cpuPerRequest"] == pytest.approx(checkout["perRequest"])
+    assert checkout["allocPerRequest"] is None
     # 0.18 s per checkout (its child span's CPU included), 0.05 s per search.
     assert checkout["perRequest"] > 2 * search["perRequest"]
     assert checkout["perRequest"] >= 0.14 * SEC
@@ -207,6 +210,62 @@ def test_endpoint_flamegraph_holds_its_requests_and_their_child_spans(shop: Runn
         assert r.status_code == 200
         assert r.json()["requests"] == 0
         assert int(r.json()["flamegraph"].get("total", 0)) == 0
+
+
+# One service as two versions side by side (the agent's `version` tag): v2 prices three times
+# slower, and one of its requests fails.
+VERSIONED = traced_program(
+    "pricing",
+    """
+    version = sys.argv[2]
+    kept = []
+    for i in range(4):
+        with tracer.start_as_current_span("GET /price") as span:
+            burn(0.05 if version == "v1" else 0.15)
+            kept.append([bytes(1000) for _ in range(2000)])  # ~2 MB a request
+            if version == "v2" and i == 0:
+                span.set_status(trace.Status(trace.StatusCode.ERROR, "timeout"))
+    time.sleep(1.5)
+    """,
+    tags='{"version": sys.argv[2]}',
+    agent="alloc_sample_bytes=64 * 1024",
+)
+
+
+def test_endpoints_split_by_a_label_of_the_profiles(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    with running_server(tmp_path_factory.mktemp("split") / "data") as srv:
+        run_programs(VERSIONED, tmp_path_factory.mktemp("prog"), [srv.url, "v1"], [srv.url, "v2"])
+        deadline = time.monotonic() + 20
+        with srv.client() as c:
+            while True:
+                r = c.get(
+                    "/api/v1/endpoints", params={"service": "pricing", "by": "version", **window()}
+                )
+                assert r.status_code == 200, r.text
+                body = r.json()
+                groups = {g["value"]: g["endpoints"] for g in body["groups"]}
+                done = sum(e["requests"] for g in groups.values() for e in g) == 8
+                if done and None not in groups or time.monotonic() > deadline:
+                    break
+                time.sleep(0.3)
+            bad = c.get("/api/v1/endpoints", params={"service": "pricing", "by": "x" * 2000})
+            assert bad.status_code == 400
+    assert body["by"] == "version"
+    assert set(groups) == {"v1", "v2"}, groups
+    (v1,), (v2,) = groups["v1"], groups["v2"]
+    assert (v1["name"], v1["requests"], v1["errors"]) == ("GET /price", 4, 0)
+    assert (v2["name"], v2["requests"], v2["errors"]) == ("GET /price", 4, 1)
+    # 0.15 s against 0.05 s of CPU per request.
+    assert v2["perRequest"] > 2 * v1["perRequest"], (v1, v2)
+    assert v2["latencyNanos"]["p50"] > v1["latencyNanos"]["p50"]
+    # Together they are the endpoint of the whole service.
+    (whole,) = body["endpoints"]
+    assert whole["requests"] == 8 and whole["total"] == v1["total"] + v2["total"]
+    # Beside the profile shown, CPU and allocations per request (~2 MB each).
+    assert whole["cpuPerRequest"] == pytest.approx(whole["perRequest"])
+    assert 0.5e6 < whole["allocPerRequest"] < 8e6, whole
 
 
 def test_endpoints_of_another_tenant_or_service_are_empty(shop: RunningServer) -> None:

@@ -9,7 +9,7 @@
 import { CPU, getJSON, sendJSON } from "./api.js";
 import { el, message, rejectInput } from "./dom.js";
 import { formatTime } from "./format.js";
-import { catalogue, errorBox, typeLabel } from "./selection.js";
+import { catalogue, errorBox, suggestSelectors, typeLabel } from "./selection.js";
 
 const ALERTS_API = "/api/v1/alerts";
 const RULES_API = "/api/v1/alerts/rules";
@@ -232,9 +232,12 @@ class RuleForm {
     this.onSaved = onSaved;
     this.mode = "form";
     this.types = el("datalist", { id: "hs-alert-types" });
+    this.selectors = el("datalist", { id: "hs-alert-selectors" });
     this.name = textInput("name", { placeholder: "checkout-slow-path", size: 24 });
     this.name.required = true;
     this.selector = textInput("selector", { placeholder: '{service_name="checkout"}', mono: true, size: 36 });
+    // Offered as one types: the services and labels of the last day.
+    this.selector.setAttribute("list", "hs-alert-selectors");
     this.profileType = el("input", {
       name: "profileType",
       list: "hs-alert-types",
@@ -337,6 +340,7 @@ class RuleForm {
       "form",
       { class: "hs-alert-form", novalidate: true, onsubmit: (e) => this.save(e) },
       this.types,
+      this.selectors,
       this.fieldsBox,
       this.jsonBox,
       el(
@@ -631,6 +635,7 @@ class AlertsView {
 
   async loadTypes() {
     const now = Date.now();
+    suggestSelectors(this.form.selectors, { startMs: now - 24 * 3600e3, endMs: now }, this.controller.signal);
     try {
       const services = await catalogue(now - 24 * 3600e3, now, this.controller.signal);
       const types = new Set([CPU]);

@@ -5,8 +5,9 @@
 // flame graph below the table.  Every state is in the URL:
 //   /endpoints?query={service_name="shop"}&profileType=<id>&from=now-1h&until=now
 //              &name=<endpoint>&order=<column>:<asc|desc>   (&zoom=, &sort=, &sandwich=: the panel's)
+//              &by=<label>   (a row per value of that label of the service's profiles)
 
-import { CPU, getJSON } from "./api.js";
+import { CPU, getJSON, querier } from "./api.js";
 import { el, message } from "./dom.js";
 import { formatDuration, formatPercent, formatValue, unitOf } from "./format.js";
 import { formatSelector, parseSelector, serviceOf, withService } from "./labels.js";
@@ -23,6 +24,8 @@ const COLUMNS = [
   ["p95", "p95", "95th percentile of the requests' durations"],
   ["p99", "p99", "99th percentile of the requests' durations"],
   ["perRequest", "Per request", "mean profile value of one request (its spans in this service)"],
+  ["cpuPerRequest", "CPU / request", "mean CPU time of one request, whatever the profile shown"],
+  ["allocPerRequest", "Alloc / request", "mean bytes one request allocated (the allocation profile's estimate)"],
   [
     "gilWaitPerRequest",
     "GIL wait / request",
@@ -53,6 +56,7 @@ export function renderEndpoints(root, { params }) {
     until: params.get("until") || DEFAULT_UNTIL,
     name: params.get("name") || "",
     order: params.get("order") || "total:desc",
+    by: params.get("by") || "", // a label of the service's profiles to split the requests by
   };
   const controller = new AbortController();
   let loadController = null;
@@ -62,6 +66,7 @@ export function renderEndpoints(root, { params }) {
 
   const serviceBox = el("span", { class: "hs-ep-service-box" });
   const typeBox = el("span", { class: "hs-ep-type-box" });
+  const byBox = el("span", { class: "hs-ep-by-box" });
   const rangeBox = el("div", { class: "hs-ep-range" });
   const note = el("p", { class: "hs-note hs-ep-note" });
   const tableBox = el("div", { class: "hs-ep-table-box" }, el("p", { class: "hs-loading" }, "Loading endpoints…"));
@@ -91,6 +96,7 @@ export function renderEndpoints(root, { params }) {
         el("h1", {}, "Endpoints"),
         serviceBox,
         typeBox,
+        byBox,
         el("span", { class: "hs-spacer" }),
         rangeBox,
       ),
@@ -176,6 +182,7 @@ export function renderEndpoints(root, { params }) {
       return;
     }
     setQuery({ query: selectorOf(state.service) });
+    drawSplitPicker(range, signal);
     try {
       data = await getJSON(
         "/api/v1/endpoints",
@@ -184,6 +191,7 @@ export function renderEndpoints(root, { params }) {
           profileType: state.type,
           start: Math.floor(range.startMs / 1000),
           end: Math.ceil(range.endMs / 1000),
+          by: state.by,
         },
         { signal },
       );
@@ -194,9 +202,43 @@ export function renderEndpoints(root, { params }) {
     }
     data.range = range;
     for (const e of data.endpoints) Object.assign(e, { p50: 0, p95: 0, p99: 0 }, e.latencyNanos);
+    // Split by a label: a row per (value, endpoint), the value in its own column.
+    data.rows = data.groups
+      ? data.groups.flatMap((g) =>
+          g.endpoints.map((e) => Object.assign(e, { p50: 0, p95: 0, p99: 0 }, e.latencyNanos, { group: g.value })),
+        )
+      : data.endpoints;
     drawTable();
     if (state.name) openEndpoint(state.name, { push: false });
     else panelSection.hidden = true;
+  }
+
+  /** "Split by": the labels of the service's profiles (version, region, ...). */
+  async function drawSplitPicker(range, signal) {
+    let names = [];
+    try {
+      const answer = await querier(
+        "LabelNames",
+        { matchers: [selectorOf(state.service)], start: range.startMs, end: range.endMs },
+        { signal },
+      );
+      names = (answer.names || []).filter((n) => !n.startsWith("__") && n !== "service_name");
+    } catch (err) {
+      if (err.name === "AbortError") return;
+    }
+    if (state.by && !names.includes(state.by)) names.push(state.by);
+    byBox.replaceChildren(
+      el(
+        "label",
+        { title: "Each request under the value of this label its samples carry" },
+        el("span", { class: "hs-ep-label" }, "Split by "),
+        selectOf("hs-ep-by", "Split by", [["", "nothing"], ...names.sort().map((n) => [n, n])], state.by, (value) => {
+          state.by = value;
+          setQuery({ by: value }, { push: true });
+          reload();
+        }),
+      ),
+    );
   }
 
   /** The trace search for one endpoint's requests (its local root spans) in the page's
@@ -228,14 +270,27 @@ export function renderEndpoints(root, { params }) {
     }
     const [column, direction] = state.order.split(":");
     const sign = direction === "asc" ? 1 : -1;
-    const rows = [...data.endpoints].sort((a, b) => {
-      const x = a[column];
-      const y = b[column];
+    const split = Boolean(data.groups);
+    const rows = [...data.rows].sort((a, b) => {
+      const x = column === "group" ? a.group || "" : a[column];
+      const y = column === "group" ? b.group || "" : b[column];
       const cmp = typeof x === "string" ? x.localeCompare(y) : x - y;
-      return sign * cmp || a.name.localeCompare(b.name);
+      return sign * cmp || a.name.localeCompare(b.name) || String(a.group || "").localeCompare(String(b.group || ""));
     });
-    // The GIL-wait column only where the service's agent records GIL waits.
-    const columns = COLUMNS.filter(([key]) => key !== "gilWaitPerRequest" || data.gilWaitProfileType);
+    // The GIL-wait column only where the service's agent records GIL waits (and not per
+    // value of a split); a split's value first.
+    // CPU and allocations per request where the service records them (not per value of a
+    // split, which measures the profile shown).
+    const has = (key) => rows.some((e) => e[key] !== null && e[key] !== undefined);
+    const shown = {
+      gilWaitPerRequest: Boolean(data.gilWaitProfileType) && !split,
+      cpuPerRequest: has("cpuPerRequest"),
+      allocPerRequest: has("allocPerRequest"),
+    };
+    const columns = [
+      ...(split ? [["group", data.by, `the value of ${data.by} its requests' samples carry`]] : []),
+      ...COLUMNS.filter(([key]) => shown[key] !== false),
+    ];
     const head = el(
       "tr",
       {},
@@ -273,6 +328,13 @@ export function renderEndpoints(root, { params }) {
       const row = el(
         "tr",
         { class: `hs-ep-row${e.name === state.name ? " hs-selected" : ""}`, dataset: { name: e.name }, tabindex: 0 },
+        split
+          ? el(
+              "td",
+              { class: "hs-ep-group", title: e.group === null ? "requests without samples" : null },
+              e.group === null ? "(no samples)" : e.group || `(no ${data.by})`,
+            )
+          : null,
         el(
           "td",
           { class: "hs-ep-name" },
@@ -297,7 +359,13 @@ export function renderEndpoints(root, { params }) {
         el("td", { class: "hs-ep-num hs-ep-p95" }, formatDuration(e.p95)),
         el("td", { class: "hs-ep-num hs-ep-p99" }, formatDuration(e.p99)),
         el("td", { class: "hs-ep-num hs-ep-per-request" }, formatValue(e.perRequest, unit)),
-        data.gilWaitProfileType
+        shown.cpuPerRequest
+          ? el("td", { class: "hs-ep-num hs-ep-cpu" }, formatValue(e.cpuPerRequest || 0, "nanoseconds"))
+          : null,
+        shown.allocPerRequest
+          ? el("td", { class: "hs-ep-num hs-ep-alloc" }, formatValue(e.allocPerRequest || 0, "bytes"))
+          : null,
+        shown.gilWaitPerRequest
           ? el("td", { class: "hs-ep-num hs-ep-gil-wait" }, formatValue(e.gilWaitPerRequest || 0, "nanoseconds"))
           : null,
         el("td", { class: "hs-ep-num hs-ep-total" }, formatValue(e.total, unit)),
@@ -323,9 +391,12 @@ export function renderEndpoints(root, { params }) {
           class: "hs-ep-unattributed",
           title: "samples without a span, of spans not stored, or of requests that started before the range",
         },
+        split ? el("td", {}, "") : null,
         el("td", { class: "hs-ep-name" }, "not attributed to an endpoint"),
-        ...Array.from({ length: 6 }, () => el("td", {}, "")),
-        data.gilWaitProfileType ? el("td", {}, "") : null,
+        ...Array.from({ length: 6 + (shown.cpuPerRequest ? 1 : 0) + (shown.allocPerRequest ? 1 : 0) }, () =>
+          el("td", {}, ""),
+        ),
+        shown.gilWaitPerRequest ? el("td", {}, "") : null,
         el("td", { class: "hs-ep-num hs-ep-total" }, formatValue(data.unattributed, unit)),
         el("td", { class: "hs-ep-num hs-ep-share" }, formatPercent(data.unattributed, data.total)),
       ),

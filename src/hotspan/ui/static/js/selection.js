@@ -3,6 +3,7 @@
 
 import { ApiError, CPU, querier } from "./api.js";
 import { el, message } from "./dom.js";
+import { formatSelector, withService } from "./labels.js";
 
 /** What an empty server or selection should make the user do next. */
 export function agentHint() {
@@ -40,6 +41,39 @@ export async function catalogue(startMs, endMs, signal) {
     types.get(service).add(type);
   }
   return types;
+}
+
+// Selector suggestions offered as one types (a datalist): this many at most.
+const MAX_SUGGESTIONS = 300;
+
+/**
+ * Selectors worth offering for the series of the last day: `{service_name="x"}` and, for each
+ * other label of a service, `{service_name="x", label="value"}`; with `service`, only that
+ * service's labels, as `{label="value"}` (a selector within the service: fleet settings).
+ */
+export async function selectorSuggestions({ service = "", startMs, endMs }, signal) {
+  const matchers = service ? [formatSelector(withService([], service))] : [];
+  const answer = await querier("Series", { matchers, labelNames: [], start: startMs, end: endMs }, { signal });
+  const out = new Set();
+  for (const set of answer.labelsSet || []) {
+    const labels = (set.labels || []).filter((l) => !l.name.startsWith("__"));
+    const own = labels.find((l) => l.name === "service_name");
+    if (!service && own) out.add(formatSelector(withService([], own.value)));
+    for (const l of labels) {
+      if (l.name === "service_name") continue;
+      const pair = { name: l.name, op: "=", value: l.value };
+      out.add(formatSelector(service || !own ? [pair] : withService([pair], own.value)));
+    }
+    if (out.size >= MAX_SUGGESTIONS) break;
+  }
+  return [...out].sort().slice(0, MAX_SUGGESTIONS);
+}
+
+/** Fills `datalist` with the suggestions, quietly leaving it empty when they cannot be read. */
+export function suggestSelectors(datalist, options, signal) {
+  selectorSuggestions(options, signal)
+    .then((values) => datalist.replaceChildren(...values.map((value) => el("option", { value }))))
+    .catch(() => {});
 }
 
 // What each profile type measures, in words, for the pickers: Pyroscope's names for Go (which

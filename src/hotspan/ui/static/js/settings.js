@@ -13,7 +13,7 @@ import { el, message } from "./dom.js";
 import { formatTime } from "./format.js";
 import { formatSelector, withService } from "./labels.js";
 import { navigate } from "./router.js";
-import { catalogue, errorBox } from "./selection.js";
+import { catalogue, errorBox, suggestSelectors } from "./selection.js";
 
 const API = "/api/v1/settings";
 const REFRESH_MS = 5000;
@@ -284,7 +284,16 @@ class ServiceSettings {
       placeholder: '{env="prod"} — empty for every instance',
       size: 36,
       autocomplete: "off",
+      list: "hs-settings-selectors",
     });
+    // Offered as one types: the labels this service's profiles carried in the last day.
+    this.selectorList = el("datalist", { id: "hs-settings-selectors" });
+    const now = Date.now();
+    suggestSelectors(
+      this.selectorList,
+      { service: this.service, startMs: now - 24 * 3600e3, endMs: now },
+      this.controller.signal,
+    );
     const fields = FIELDS.map((field) => {
       let input;
       if (field.kind === "bool") {
@@ -334,7 +343,7 @@ class ServiceSettings {
     this.form = el(
       "form",
       { class: "hs-rule-form", novalidate: true, onsubmit: (e) => this.save(e) },
-      el("label", { class: "hs-rule-field hs-rule-selector-field" }, "Selector", this.selectorInput),
+      el("label", { class: "hs-rule-field hs-rule-selector-field" }, "Selector", this.selectorInput, this.selectorList),
       el("div", { class: "hs-rule-fields" }, fields),
       el(
         "p",
