@@ -42,7 +42,7 @@ from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 import uvicorn
 
-provider = TracerProvider(resource=Resource.create({"service.name": "attached"}))
+provider = TracerProvider(resource=Resource.create({"service.name": sys.argv[3]}))
 exporter = OTLPSpanExporter(endpoint=sys.argv[2] + "/v1/traces")
 provider.add_span_processor(BatchSpanProcessor(exporter))
 trace.set_tracer_provider(provider)
@@ -64,6 +64,10 @@ async def price(request):
 app = Starlette(routes=[Route("/price", price)])
 uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), log_level="warning")
 """
+
+
+# The service's name, its spans' and (given to attach) its profiles'.
+SERVICE = f"attached_{os.getpid()}"
 
 
 def _free_port() -> int:
@@ -124,7 +128,7 @@ def served(module_server, tmp_path: Path) -> Iterator[Tuple[subprocess.Popen, Lo
     port = _free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HOTSPAN_", "OTEL_"))}
     proc = subprocess.Popen(
-        [sys.executable, str(script), str(port), module_server.url],
+        [sys.executable, str(script), str(port), module_server.url, SERVICE],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -159,7 +163,7 @@ def test_attach_profiles_a_live_server_and_detach_leaves_it_as_it_was(
     proc, load = served
     time.sleep(3)
     before = (time.monotonic() - 3, time.monotonic())
-    service = f"attached_{proc.pid}"
+    service = SERVICE
     started = hotspan(
         "attach",
         "--application-name",
@@ -221,8 +225,9 @@ def test_attach_profiles_a_live_server_and_detach_leaves_it_as_it_was(
     recorded = hotspan("attach", "--duration", "2s", "-o", str(out), str(proc.pid))
     assert recorded.returncode == 0, recorded.stderr
     profile = profile_pb2.Profile.FromString(gzip.decompress(out.read_bytes()))
-    strings = list(profile.string_table)
-    assert "__main__.price_rows" in strings
+    strings = [bytes(s).decode() for s in profile.string_table]
+    assert "__main__.price_rows" in strings, strings[:40]
+    assert "recorded" in recorded.stderr or str(out) in recorded.stderr, recorded.stderr
     assert hotspan("detach", str(proc.pid)).returncode == 1  # it detached itself
 
 

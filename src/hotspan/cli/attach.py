@@ -154,7 +154,9 @@ def _settings(options: argparse.Namespace, spool: Optional[str]) -> Dict[str, st
     if spool is not None:
         from hotspan.cli.record import _record_environment
 
-        record = argparse.Namespace(types=options.types or "cpu,wall,alloc,locks,threads")
+        from hotspan.cli.record import AGENT_TYPES
+
+        record = argparse.Namespace(types=options.types or ",".join(AGENT_TYPES))
         _record_environment(env, spool, record)
     elif options.types:
         from hotspan.cli.record import _agent_types
@@ -267,7 +269,7 @@ def _write(options: argparse.Namespace, spool: str, elapsed: float) -> int:
         output=options.output,
         format=None,
         profile_type=None,
-        types=options.types,
+        types=options.types or ",".join(record.AGENT_TYPES),
         application_name=options.application_name or _program_name(options.pid),
         module=None,
     )
