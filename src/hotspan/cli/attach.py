@@ -152,9 +152,7 @@ def _settings(options: argparse.Namespace, spool: Optional[str]) -> Dict[str, st
             raise CLIError(f"--tag: {exc}") from None
         env["HOTSPAN_TAGS"] = ",".join(f"{k}={v}" for k, v in tags.items())
     if spool is not None:
-        from hotspan.cli.record import _record_environment
-
-        from hotspan.cli.record import AGENT_TYPES
+        from hotspan.cli.record import AGENT_TYPES, _record_environment
 
         record = argparse.Namespace(types=options.types or ",".join(AGENT_TYPES))
         _record_environment(env, spool, record)
