@@ -247,6 +247,27 @@ def test_what_cannot_be_attached_is_said(tmp_path: Path) -> None:
     finally:
         sleeper.kill()
         sleeper.wait()
+    # A program that runs its own agent: attach leaves it, and so does detach.
+    own = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import hotspan, time\n"
+            "hotspan.configure(application_name='own', server_address='none')\n"
+            "while True: time.sleep(0.05)",
+        ],
+        env={k: v for k, v in os.environ.items() if not k.startswith("HOTSPAN_")},
+    )
+    try:
+        time.sleep(1.0)
+        again = hotspan("attach", str(own.pid))
+        assert again.returncode == 1 and "already profiles" in again.stderr, again.stderr
+        kept = hotspan("detach", str(own.pid))
+        assert kept.returncode == 1 and "started its agent itself" in kept.stderr, kept.stderr
+        assert own.poll() is None
+    finally:
+        own.kill()
+        own.wait()
 
 
 @pytest.mark.skipif(hasattr(sys, "remote_exec"), reason="this Python can attach")

@@ -16,10 +16,14 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing stays out of the program at run time: see agent/log.py
     from typing import Any, Dict, Mapping
 
+# The agent an attach started: detach stops that one only, never the program's own.
+_started: Any = None
+
 
 def start(settings_path: str, status_path: str) -> None:
     """Start the agent with the settings in ``settings_path`` (``HOTSPAN_*`` names and values,
     over the program's own environment)."""
+    global _started
     try:
         from hotspan import __version__
         from hotspan.agent import configure, current_agent, shutdown
@@ -36,6 +40,7 @@ def start(settings_path: str, status_path: str) -> None:
         except BaseException:
             shutdown(flush=False)  # never a half-started agent
             raise
+        _started = agent
         _report(
             status_path,
             {
@@ -52,13 +57,26 @@ def start(settings_path: str, status_path: str) -> None:
 
 def stop(status_path: str) -> None:
     """Stop the agent, sending what it collected; the program goes on as before it started."""
+    global _started
     try:
         from hotspan.agent import current_agent, shutdown
 
-        if current_agent() is None:
+        agent = current_agent()
+        if agent is None:
             _report(status_path, {"ok": False, "error": "hotspan does not profile this process"})
             return
+        if agent is not _started:
+            _report(
+                status_path,
+                {
+                    "ok": False,
+                    "error": "the program started its agent itself (hotspan.configure or "
+                    "hotspan run), not hotspan attach: it is left running",
+                },
+            )
+            return
         shutdown(flush=True)
+        _started = None
         _report(status_path, {"ok": True, "pid": os.getpid()})
     except BaseException as exc:  # noqa: BLE001 - reported to the command, not the program
         _report(status_path, {"ok": False, "error": f"{type(exc).__name__}: {exc}"})

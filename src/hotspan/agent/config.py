@@ -11,7 +11,7 @@ import os
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing stays out of the program at run time: see agent/log.py
-    from typing import Dict, List, Mapping, Optional
+    from typing import Dict, List, Mapping, Optional, Tuple
 
 DEFAULT_SERVER_ADDRESS = "http://127.0.0.1:4040"
 DEFAULT_BUFFER_BYTES = 16 * 1024 * 1024
@@ -47,6 +47,9 @@ class AgentConfig:
     trace_correlation: bool = True
     # Label samples with the local root span instead of the innermost span.
     root_spans_only: bool = False
+    # "pyroscope": pprof to the server's /ingest; "otlp": OTLP profiles over HTTP to
+    # OTEL_EXPORTER_OTLP_(PROFILES_)ENDPOINT, an OpenTelemetry Collector's or hotspan's own.
+    exporter: str = "pyroscope"
     # Auth and routing to the server.
     auth_token: str = ""
     basic_auth_username: str = ""
@@ -203,6 +206,8 @@ class AgentConfig:
             )
         for key in self.tags:
             check_tag_key(key)
+        if self.exporter not in EXPORTERS:
+            raise ConfigError(f"exporter {self.exporter!r} must be one of {', '.join(EXPORTERS)}")
         return self
 
     def uploads(self) -> bool:
@@ -212,6 +217,45 @@ class AgentConfig:
 
     def redact_patterns(self) -> List[str]:
         return list(DEFAULT_REDACT if self.redact is None else self.redact)
+
+
+EXPORTERS = ("pyroscope", "otlp")
+# OTLP/HTTP's default endpoint and the path of its profiles signal.
+OTLP_DEFAULT_ENDPOINT = "http://localhost:4318"
+OTLP_PROFILES_PATH = "/v1development/profiles"
+
+
+def otlp_profiles_target(
+    environ: Optional[Mapping[str, str]] = None,
+) -> Tuple[str, Dict[str, str]]:
+    """The URL OTLP profiles go to and the headers they carry, from the OpenTelemetry
+    exporter variables: ``OTEL_EXPORTER_OTLP_PROFILES_ENDPOINT`` (the URL as is), else
+    ``OTEL_EXPORTER_OTLP_ENDPOINT`` plus the signal's path, else localhost:4318; headers from
+    ``OTEL_EXPORTER_OTLP_HEADERS`` and ``..._PROFILES_HEADERS`` (``k=v,...``, URL-encoded).
+    Only ``http/protobuf`` is spoken: another ``..._PROTOCOL`` is a ConfigError."""
+    from urllib.parse import unquote
+
+    env = os.environ if environ is None else environ
+    for var in ("OTEL_EXPORTER_OTLP_PROFILES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL"):
+        protocol = env.get(var, "").strip()
+        if protocol:
+            if protocol != "http/protobuf":
+                raise ConfigError(
+                    f"{var}={protocol!r}: hotspan's agent sends OTLP profiles over http/protobuf "
+                    "only (a Collector's otlp receiver takes it on :4318)"
+                )
+            break
+    endpoint = env.get("OTEL_EXPORTER_OTLP_PROFILES_ENDPOINT", "").strip()
+    if not endpoint:
+        base = env.get("OTEL_EXPORTER_OTLP_ENDPOINT", "").strip() or OTLP_DEFAULT_ENDPOINT
+        endpoint = base.rstrip("/") + OTLP_PROFILES_PATH
+    headers: Dict[str, str] = {}
+    for var in ("OTEL_EXPORTER_OTLP_HEADERS", "OTEL_EXPORTER_OTLP_PROFILES_HEADERS"):
+        for part in env.get(var, "").split(","):
+            key, sep, value = part.partition("=")
+            if sep and key.strip():
+                headers[unquote(key.strip())] = unquote(value.strip())
+    return endpoint, headers
 
 
 # Every setting, in the order the class names them.
@@ -277,6 +321,7 @@ def _bool(name: str, text: str) -> bool:
 _ENV_NAMES = {
     "application_name": "APPLICATION_NAME",
     "server_address": "SERVER_ADDRESS",
+    "exporter": "EXPORTER",
     "sample_rate": "SAMPLE_RATE",
     "upload_interval": "UPLOAD_INTERVAL",
     "tags": "TAGS",

@@ -18,7 +18,12 @@ from hotspan import __version__
 from hotspan._speedups import load_sampler
 from hotspan.agent import context
 from hotspan.agent.collectors import exclude_current_thread as exclude_from_alloc_profile
-from hotspan.agent.config import DEFAULT_SERVER_ADDRESS, AgentConfig, request_headers
+from hotspan.agent.config import (
+    DEFAULT_SERVER_ADDRESS,
+    AgentConfig,
+    otlp_profiles_target,
+    request_headers,
+)
 from hotspan.agent.governor import Governor, Meter, Reading
 from hotspan.agent.live import LiveSettings, profile_types
 from hotspan.agent.log import logger
@@ -112,14 +117,22 @@ class Agent:
         self._window_ns = int(config.upload_interval * 1e9)
         self._excluded: Set[int] = set()
         self.instance_id = _instance_id()
+        otlp = config.exporter == "otlp"
+        address, headers = config.server_address, request_headers(config)
+        if otlp:
+            # To an OpenTelemetry Collector (or hotspan's own receiver), where the standard
+            # OTEL_EXPORTER_OTLP_* variables say.
+            address, otlp_headers = otlp_profiles_target()
+            headers.update(otlp_headers)
         self._uploader = Uploader(
             # Pull mode only: an uploader that is never started stands in (stats, flush).
-            config.server_address if config.uploads() else DEFAULT_SERVER_ADDRESS,
-            request_headers(config),
+            address if config.uploads() else DEFAULT_SERVER_ADDRESS,
+            headers,
             max_buffer_bytes=config.max_buffer_bytes,
             timeout=config.upload_timeout,
             user_agent=f"hotspan-agent/{__version__}",
             waker=self._make_waker,
+            otlp=otlp,
         )
         # Pull mode only (server_address "none"): nothing is uploaded, the endpoints of
         # agent/pull.py are how profiles leave the process.
@@ -128,7 +141,8 @@ class Agent:
             _enable_pull()
         # Turns the sampler's windows and the collectors' profiles into uploads.
         self.outbox = Outbox(config, self._uploader, self._uploading)
-        if config.remote_settings and self._uploading:
+        # A Collector has no settings to give: the agent's own configuration holds.
+        if config.remote_settings and self._uploading and not otlp:
             self._uploader.follow_settings(self._status_headers, self._on_server_settings)
         self._collectors: List[Collector] = []
         self._collector_specs: Dict[str, Any] = {}  # name -> what it was started with

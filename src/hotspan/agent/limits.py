@@ -23,9 +23,13 @@ class BoundedProfile:
         period_type: Tuple[str, str],
         period: int,
         max_bytes: int,
+        make: Any = ProfileWriter,
     ) -> None:
+        """``make``: the encoder, called with ``(sample_types, period_type, period)``
+        (ProfileWriter's pprof, or the OTLP writer)."""
         self._args = (sample_types, period_type, period)
-        self._writer = ProfileWriter(*self._args)
+        self._make = make
+        self._writer = make(*self._args)
         self._rows: List[Tuple[Any, Any, Any, Any]] = []
         self.max_bytes = max_bytes
         self.folded_stacks = 0  # by the last encode
@@ -70,7 +74,7 @@ class BoundedProfile:
         return best
 
     def _folded(self, rows: List[Any], keep: int, time_ns: int, duration_ns: int) -> bytes:
-        writer = ProfileWriter(*self._args)
+        writer = self._make(*self._args)
         for stack, value, labels, key in rows[:keep]:
             writer.add(stack, value, labels, stack_key=key)
         rest: Optional[List[int]] = None

@@ -179,12 +179,7 @@ class Outbox:
         for (profile,) in ready:
             if not profile.samples:
                 continue
-            writer = _profile_writer(
-                profile.sample_types,
-                profile.period_type,
-                profile.period,
-                self.config.max_profile_size,
-            )
+            writer = self._writer(profile.sample_types, profile.period_type, profile.period)
             for sample, named, labels in self._prepared(profile.samples):
                 writer.add(named, sample.values, labels, stack_key=id(named))
             if len(writer):
@@ -284,9 +279,8 @@ class Outbox:
             yield sample, named, labels
 
     def _encode(self, window: Window, period: int) -> List[bytes]:
-        limit = self.config.max_profile_size
-        cpu = _profile_writer(CPU_TYPE, CPU_TYPE, period, limit)
-        wall = _profile_writer(WALL_TYPE, WALL_TYPE, period, limit)
+        cpu = self._writer(CPU_TYPE, CPU_TYPE, period)
+        wall = self._writer(WALL_TYPE, WALL_TYPE, period)
         gil: Dict[int, Any] = {}  # made when a window has GIL waits
         for sample, stack, labels in self._prepared(window.samples):
             kind = sample.kind
@@ -297,7 +291,7 @@ class Outbox:
                 writer = gil.get(kind)
                 if writer is None:
                     wanted = GIL_HELD_TYPE if kind == GIL_HELD else GIL_WAIT_TYPE
-                    writer = gil[kind] = _profile_writer(wanted, WALL_TYPE, period, limit)
+                    writer = gil[kind] = self._writer(wanted, WALL_TYPE, period)
                 writer.add(stack, sample.value, labels, stack_key=id(stack))
                 if kind == GIL_HELD:
                     continue
@@ -308,6 +302,27 @@ class Outbox:
         duration = max(window.end_ns - window.start_ns, 0)
         writers = [cpu, wall, *gil.values()]
         return [w.encode(window.start_ns, duration) for w in writers if len(w)]
+
+    def _writer(
+        self, sample_types: Any, period_type: Tuple[str, str], period: int
+    ) -> BoundedProfile:
+        """An encoder of one profile, bounded by max_profile_size: pprof, or OTLP profiles
+        with exporter="otlp"."""
+        # The encoder (agent/limits.py, agent/pprof_writer.py and its C module) is imported
+        # with the first upload, not with the agent: a program that ends sooner never keeps it
+        # for its GC to walk.  Once a process; then a look-up in sys.modules per profile.
+        from hotspan.agent.limits import BoundedProfile
+
+        config = self.config
+        if config.exporter != "otlp":
+            return BoundedProfile(sample_types, period_type, period, config.max_profile_size)
+        resource = {
+            "service.name": config.application_name,
+            **{k: self.redact(v) for k, v in config.tags.items()},
+        }
+        return BoundedProfile(
+            sample_types, period_type, period, config.max_profile_size, _otlp_writer(resource)
+        )
 
     def labels(
         self, labels: Tuple[int, int, int, int, int], thread: Optional[str]
@@ -336,15 +351,14 @@ class Outbox:
         return f"{self.config.application_name}{{{tags}}}"
 
 
-def _profile_writer(
-    sample_types: Any, period_type: Tuple[str, str], period: int, max_bytes: int
-) -> BoundedProfile:
-    # The encoder (agent/limits.py, agent/pprof_writer.py and its C module) is imported with
-    # the first upload, not with the agent: a program that ends sooner never keeps it for its
-    # GC to walk.  Once a process; then a look-up in sys.modules per profile.
-    from hotspan.agent.limits import BoundedProfile
+def _otlp_writer(resource: Dict[str, str]) -> Any:
+    """The OTLP encoder's maker, with the profiles' resource."""
+    from hotspan.agent.otlp_writer import OtlpProfileWriter
 
-    return BoundedProfile(sample_types, period_type, period, max_bytes)
+    def make(sample_types: Any, period_type: Tuple[str, str], period: int) -> Any:
+        return OtlpProfileWriter(sample_types, period_type, period, resource)
+
+    return make
 
 
 def _tag_value(value: str) -> str:

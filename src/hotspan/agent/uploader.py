@@ -84,10 +84,12 @@ class Uploader:
         timeout: float = 10.0,
         user_agent: str = f"hotspan-agent/{__version__}",
         waker: Optional[Callable[[], Any]] = None,
+        otlp: bool = False,
     ) -> None:
         """``waker``: makes what the upload thread waits on instead of its condition (the
         agent passes the native ``Waker``, whose wait takes the GIL back by turns: see
-        ``_speedups/sampler/turns.c``); None: the condition."""
+        ``_speedups/sampler/turns.c``); None: the condition.  ``otlp``: ``server_address``
+        is an OTLP/HTTP profiles endpoint, where each upload is posted as it is."""
         scheme, host, port, path = split_address(server_address)
         self._make_waker = waker
         self._address = server_address
@@ -97,9 +99,10 @@ class Uploader:
         self._host = host or "localhost"
         self._port = port or (443 if self._https else 80)
         self._prefix = "" if self._spool is not None else path.rstrip("/")
+        self._otlp = otlp
         self._headers = {
             **headers,
-            "Content-Type": "application/octet-stream",
+            "Content-Type": "application/x-protobuf" if otlp else "application/octet-stream",
             "User-Agent": user_agent,
         }
         self._max_bytes = max(0, max_buffer_bytes)
@@ -190,7 +193,8 @@ class Uploader:
 
     def submit(self, params: Mapping[str, str], body: bytes) -> None:
         try:
-            item = (f"{self._prefix}/ingest?{query_string(params)}", bytes(body))
+            path = self._prefix if self._otlp else f"{self._prefix}/ingest?{query_string(params)}"
+            item = (path, bytes(body))
             size = len(item[1])
             with self._cond:
                 if self._max_bytes == 0:

@@ -152,14 +152,14 @@ def _settings(options: argparse.Namespace, spool: Optional[str]) -> Dict[str, st
             raise CLIError(f"--tag: {exc}") from None
         env["HOTSPAN_TAGS"] = ",".join(f"{k}={v}" for k, v in tags.items())
     if spool is not None:
-        from hotspan.cli.record import AGENT_TYPES, _record_environment
+        from hotspan.cli.record import AGENT_TYPES, record_environment
 
         record = argparse.Namespace(types=options.types or ",".join(AGENT_TYPES))
-        _record_environment(env, spool, record)
+        record_environment(env, spool, record)
     elif options.types:
-        from hotspan.cli.record import _agent_types
+        from hotspan.cli.record import agent_types
 
-        types = _agent_types(options.types)
+        types = agent_types(options.types)
         for name in ("cpu", "wall", "locks", "threads"):
             env["HOTSPAN_" + name.upper()] = "true" if name in types else "false"
         if "alloc" in types:
@@ -271,8 +271,8 @@ def _write(options: argparse.Namespace, spool: str, elapsed: float) -> int:
         application_name=options.application_name or _program_name(options.pid),
         module=None,
     )
-    fmt, wanted = record._output_settings(record_options)
-    return record._write(record_options, fmt, wanted, spool, 0, elapsed)
+    fmt, wanted = record.output_settings(record_options)
+    return record.write_recording(record_options, fmt, wanted, spool, 0, elapsed)
 
 
 def detach_main(options: argparse.Namespace) -> int:

@@ -118,13 +118,13 @@ def main(argv: Sequence[str]) -> int:
     parser = build_parser()
     options, command, env = prepare(parser, argv)
     try:
-        fmt, wanted = _output_settings(options)
+        fmt, wanted = output_settings(options)
     except CLIError as exc:
         parser.error(str(exc))
     spool = tempfile.mkdtemp(prefix="hotspan-record-")
     try:
         try:
-            _record_environment(env, spool, options)
+            record_environment(env, spool, options)
         except CLIError as exc:
             parser.error(str(exc))
         check_settings(parser, env)
@@ -134,7 +134,7 @@ def main(argv: Sequence[str]) -> int:
         code = run_child(command, env)
         elapsed = time.monotonic() - started
         try:
-            return _write(options, fmt, wanted, spool, code, elapsed)
+            return write_recording(options, fmt, wanted, spool, code, elapsed)
         except CLIError as exc:
             print(f"hotspan record: {exc}", file=sys.stderr)
             return code or exc.code
@@ -142,7 +142,7 @@ def main(argv: Sequence[str]) -> int:
         shutil.rmtree(spool, ignore_errors=True)
 
 
-def _output_settings(options: argparse.Namespace) -> Tuple[str, Optional[str]]:
+def output_settings(options: argparse.Namespace) -> Tuple[str, Optional[str]]:
     """(format, profile type id or None), checked before the program runs."""
     from hotspan.formats.errors import FormatError
     from hotspan.formats.files import format_for_path
@@ -153,7 +153,7 @@ def _output_settings(options: argparse.Namespace) -> Tuple[str, Optional[str]]:
             fmt = format_for_path(options.output)
         except FormatError as exc:
             raise CLIError(f"{exc}: or give --format", 2) from None
-    types = _agent_types(options.types)
+    types = agent_types(options.types)
     wanted = None
     if options.profile_type:
         wanted = profile_type_id(options.profile_type)
@@ -171,7 +171,7 @@ def _output_settings(options: argparse.Namespace) -> Tuple[str, Optional[str]]:
     return fmt, wanted
 
 
-def _agent_types(text: str) -> List[str]:
+def agent_types(text: str) -> List[str]:
     types = [t.strip() for t in text.split(",") if t.strip()]
     unknown = [t for t in types if t not in AGENT_TYPES]
     if unknown or not types:
@@ -183,13 +183,13 @@ def _agent_types(text: str) -> List[str]:
     return types
 
 
-def _record_environment(env: Dict[str, str], spool: str, options: argparse.Namespace) -> None:
+def record_environment(env: Dict[str, str], spool: str, options: argparse.Namespace) -> None:
     """The child's agent writes to the spool and takes what --types asks, as fully as it can:
     a recording is asked for, so the load-shedding pauses a service needs would only leave
     holes in it."""
     from hotspan.agent.config import env_value
 
-    types = _agent_types(options.types)
+    types = agent_types(options.types)
     env["HOTSPAN_SERVER_ADDRESS"] = "file://" + spool
     env["HOTSPAN_ENABLED"] = "true"
     env["HOTSPAN_REMOTE_SETTINGS"] = "false"
@@ -304,7 +304,7 @@ def encode_pprof(profile: StackProfile, periods: Periods) -> bytes:
     return write_stack_profile(profile, default_sample_type=first)
 
 
-def _write(
+def write_recording(
     options: argparse.Namespace,
     fmt: str,
     wanted: Optional[str],
