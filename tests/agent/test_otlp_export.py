@@ -58,6 +58,9 @@ def test_the_same_samples_give_the_same_totals_either_way(module_server) -> None
     cpu = (("cpu", "nanoseconds"), ("cpu", "nanoseconds"), 10_000_000)
     pprof = _encode(ProfileWriter(*cpu), start)
     otlp = _encode(OtlpProfileWriter(*cpu, {"service.name": "otlp_side", "env": "prod"}), start)
+    over_grpc = _encode(
+        OtlpProfileWriter(*cpu, {"service.name": "grpc_side", "env": "prod"}), start
+    )
     # The message is what opentelemetry-proto defines: one profile, its links and attributes.
     request = profiles_service.ExportProfilesServiceRequest.FromString(otlp)
     (profile,) = request.resource_profiles[0].scope_profiles[0].profiles
@@ -73,9 +76,20 @@ def test_the_same_samples_give_the_same_totals_either_way(module_server) -> None
             headers={"Content-Type": "application/x-protobuf"},
         )
         assert r.status_code == 200, r.text
+        # The agent's gRPC transport, one unary Export call (agent/transport.py).
+        from hotspan.agent.transport import GrpcConnection
+
+        host, port = module_server.otlp_grpc_address.rsplit(":", 1)
+        conn = GrpcConnection(host, int(port), 10.0, secure=False)
+        try:
+            assert conn.post("", over_grpc, {"Content-Type": "x"}, 1000)[0] == 200
+            bad = conn.post("", b"\xff\xff not a request", {}, 1000)
+            assert bad[0] == 400, bad  # INVALID_ARGUMENT: dropped, not retried
+        finally:
+            conn.close()
         now = int(time.time())
         totals = {}
-        for side in ("pprof_side", "otlp_side"):
+        for side in ("pprof_side", "otlp_side", "grpc_side"):
             deadline = time.monotonic() + 10
             while True:
                 got = function_totals(
@@ -87,10 +101,10 @@ def test_the_same_samples_give_the_same_totals_either_way(module_server) -> None
                     break
                 time.sleep(0.2)
             totals[side] = got
-        assert totals["otlp_side"] == totals["pprof_side"], totals
+        assert totals["otlp_side"] == totals["pprof_side"] == totals["grpc_side"], totals
         assert totals["otlp_side"]["app.hash"] == 70_000_000
         # The span's samples are found by its trace, through either path.
-        for side in ("pprof_side", "otlp_side"):
+        for side in ("pprof_side", "otlp_side", "grpc_side"):
             traced = function_totals(
                 flamegraph(
                     client,
@@ -112,11 +126,22 @@ def test_the_otel_exporter_variables_are_honoured() -> None:
     assert otlp_profiles_target(env) == (
         "http://collector:4318/v1development/profiles",
         {"authorization": "Bearer abc", "x-team": "profiles"},
+        "http/protobuf",
     )
     env["OTEL_EXPORTER_OTLP_PROFILES_ENDPOINT"] = "https://gw.example/otlp/profiles"
     assert otlp_profiles_target(env)[0] == "https://gw.example/otlp/profiles"
-    with pytest.raises(ConfigError, match="http/protobuf only"):
-        otlp_profiles_target({"OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"})
+    # gRPC: the endpoint without a path, 4317 by default; the profiles' own variable wins.
+    assert otlp_profiles_target({"OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"})[::2] == (
+        "http://localhost:4317",
+        "grpc",
+    )
+    both = {
+        "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc",
+        "OTEL_EXPORTER_OTLP_PROFILES_PROTOCOL": "http/protobuf",
+    }
+    assert otlp_profiles_target(both)[2] == "http/protobuf"
+    with pytest.raises(ConfigError, match="http/protobuf or grpc"):
+        otlp_profiles_target({"OTEL_EXPORTER_OTLP_PROTOCOL": "http/json"})
 
 
 PROGRAM = """
@@ -139,21 +164,26 @@ print(format(span.get_span_context().trace_id, "032x"))
 """
 
 
+@pytest.mark.parametrize("protocol", ["http/protobuf", "grpc"])
 def test_a_program_sends_otlp_profiles_where_the_otel_variables_say(
     module_server,  # type: ignore[no-untyped-def]
     tmp_path: Path,
+    protocol: str,
 ) -> None:
     script = tmp_path / "job.py"
     script.write_text(textwrap.dedent(PROGRAM))
-    service = f"otlp_job_{os.getpid()}"
+    service = f"otlp_job_{os.getpid()}_{protocol.split('/')[0]}"
+    endpoint = (
+        f"http://{module_server.otlp_grpc_address}" if protocol == "grpc" else module_server.url
+    )
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HOTSPAN_", "OTEL_"))}
     env.update(
         {
             "HOTSPAN_EXPORTER": "otlp",
             "HOTSPAN_APPLICATION_NAME": service,
             "HOTSPAN_TAGS": "env=test",
-            "OTEL_EXPORTER_OTLP_ENDPOINT": module_server.url,
-            "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+            "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint,
+            "OTEL_EXPORTER_OTLP_PROTOCOL": protocol,
         }
     )
     done = subprocess.run(

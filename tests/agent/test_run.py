@@ -178,14 +178,25 @@ def app_names(rec: Receiver) -> List[tuple]:
 
 def sample_labels(rec: Receiver) -> List[Dict[str, str]]:
     """String labels of every sample in every pprof upload received."""
+    return [labels for labels, _ in labelled_stacks(rec)]
+
+
+def labelled_stacks(rec: Receiver) -> List[tuple]:
+    """(string labels, function names) of every sample in every pprof upload received."""
     out = []
     for r in rec.ingests():
         body = gzip.decompress(r.body) if r.body[:2] == b"\x1f\x8b" else r.body
         profile = profile_pb2.Profile()
         profile.ParseFromString(body)
         strings = [bytes(s).decode() for s in profile.string_table]
+        names = {f.id: strings[f.name] for f in profile.function}
+        locations = {
+            loc.id: [names[line.function_id] for line in loc.line] for loc in profile.location
+        }
         for sample in profile.sample:
-            out.append({strings[lb.key]: strings[lb.str] for lb in sample.label if lb.str})
+            labels = {strings[lb.key]: strings[lb.str] for lb in sample.label if lb.str}
+            stack = {name for loc in sample.location_id for name in locations[loc]}
+            out.append((labels, stack))
     return out
 
 
@@ -867,22 +878,3 @@ def test_a_script_that_listens_gives_each_request_its_own_trace(
     assert burning, "no sample of the requests' work"
     assert not any(lb.get("span_id") == start.span_id.hex() for lb in burning), burning
     assert not any(lb.get("trace_id") == start.trace_id.hex() for lb in burning), burning
-
-
-def labelled_stacks(rec: Receiver) -> List[tuple]:
-    """(string labels, function names) of every sample in every pprof upload received."""
-    out = []
-    for r in rec.ingests():
-        body = gzip.decompress(r.body) if r.body[:2] == b"\x1f\x8b" else r.body
-        profile = profile_pb2.Profile()
-        profile.ParseFromString(body)
-        strings = [bytes(s).decode() for s in profile.string_table]
-        names = {f.id: strings[f.name] for f in profile.function}
-        locations = {
-            loc.id: [names[line.function_id] for line in loc.line] for loc in profile.location
-        }
-        for sample in profile.sample:
-            labels = {strings[lb.key]: strings[lb.str] for lb in sample.label if lb.str}
-            stack = {name for loc in sample.location_id for name in locations[loc]}
-            out.append((labels, stack))
-    return out

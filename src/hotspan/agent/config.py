@@ -220,42 +220,48 @@ class AgentConfig:
 
 
 EXPORTERS = ("pyroscope", "otlp")
-# OTLP/HTTP's default endpoint and the path of its profiles signal.
-OTLP_DEFAULT_ENDPOINT = "http://localhost:4318"
+OTLP_PROTOCOLS = ("http/protobuf", "grpc")
+# OTLP's default endpoints and the path of the profiles signal over HTTP.
+OTLP_DEFAULT_ENDPOINTS = {"http/protobuf": "http://localhost:4318", "grpc": "http://localhost:4317"}
 OTLP_PROFILES_PATH = "/v1development/profiles"
 
 
 def otlp_profiles_target(
     environ: Optional[Mapping[str, str]] = None,
-) -> Tuple[str, Dict[str, str]]:
-    """The URL OTLP profiles go to and the headers they carry, from the OpenTelemetry
-    exporter variables: ``OTEL_EXPORTER_OTLP_PROFILES_ENDPOINT`` (the URL as is), else
-    ``OTEL_EXPORTER_OTLP_ENDPOINT`` plus the signal's path, else localhost:4318; headers from
-    ``OTEL_EXPORTER_OTLP_HEADERS`` and ``..._PROFILES_HEADERS`` (``k=v,...``, URL-encoded).
-    Only ``http/protobuf`` is spoken: another ``..._PROTOCOL`` is a ConfigError."""
+) -> Tuple[str, Dict[str, str], str]:
+    """Where OTLP profiles go, the headers they carry and the protocol, from the
+    OpenTelemetry exporter variables: ``OTEL_EXPORTER_OTLP_PROFILES_PROTOCOL`` or
+    ``..._PROTOCOL`` (``http/protobuf``, the default, or ``grpc``);
+    ``OTEL_EXPORTER_OTLP_PROFILES_ENDPOINT`` (as is), else ``OTEL_EXPORTER_OTLP_ENDPOINT``
+    (plus the signal's path over HTTP), else localhost's 4318 or 4317; headers from
+    ``OTEL_EXPORTER_OTLP_HEADERS`` and ``..._PROFILES_HEADERS`` (``k=v,...``, URL-encoded)."""
     from urllib.parse import unquote
 
     env = os.environ if environ is None else environ
+    protocol = "http/protobuf"
     for var in ("OTEL_EXPORTER_OTLP_PROFILES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL"):
-        protocol = env.get(var, "").strip()
-        if protocol:
-            if protocol != "http/protobuf":
+        given = env.get(var, "").strip()
+        if given:
+            if given not in OTLP_PROTOCOLS:
                 raise ConfigError(
-                    f"{var}={protocol!r}: hotspan's agent sends OTLP profiles over http/protobuf "
-                    "only (a Collector's otlp receiver takes it on :4318)"
+                    f"{var}={given!r}: hotspan's agent sends OTLP profiles over "
+                    f"{' or '.join(OTLP_PROTOCOLS)}"
                 )
+            protocol = given
             break
     endpoint = env.get("OTEL_EXPORTER_OTLP_PROFILES_ENDPOINT", "").strip()
     if not endpoint:
-        base = env.get("OTEL_EXPORTER_OTLP_ENDPOINT", "").strip() or OTLP_DEFAULT_ENDPOINT
-        endpoint = base.rstrip("/") + OTLP_PROFILES_PATH
+        base = (
+            env.get("OTEL_EXPORTER_OTLP_ENDPOINT", "").strip() or OTLP_DEFAULT_ENDPOINTS[protocol]
+        )
+        endpoint = base.rstrip("/") + (OTLP_PROFILES_PATH if protocol == "http/protobuf" else "")
     headers: Dict[str, str] = {}
     for var in ("OTEL_EXPORTER_OTLP_HEADERS", "OTEL_EXPORTER_OTLP_PROFILES_HEADERS"):
         for part in env.get(var, "").split(","):
             key, sep, value = part.partition("=")
             if sep and key.strip():
                 headers[unquote(key.strip())] = unquote(value.strip())
-    return endpoint, headers
+    return endpoint, headers, protocol
 
 
 # Every setting, in the order the class names them.

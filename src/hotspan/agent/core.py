@@ -117,12 +117,12 @@ class Agent:
         self._window_ns = int(config.upload_interval * 1e9)
         self._excluded: Set[int] = set()
         self.instance_id = _instance_id()
-        otlp = config.exporter == "otlp"
+        otlp = ""
         address, headers = config.server_address, request_headers(config)
-        if otlp:
+        if config.exporter == "otlp":
             # To an OpenTelemetry Collector (or hotspan's own receiver), where the standard
             # OTEL_EXPORTER_OTLP_* variables say.
-            address, otlp_headers = otlp_profiles_target()
+            address, otlp_headers, otlp = otlp_profiles_target()
             headers.update(otlp_headers)
         self._uploader = Uploader(
             # Pull mode only: an uploader that is never started stands in (stats, flush).

@@ -246,3 +246,70 @@ class SpoolConnection:
 
     def close(self) -> None:
         pass
+
+
+# OTLP's profiles service, one unary call per upload (bytes in, bytes out: no stubs needed).
+_PROFILES_EXPORT = "/opentelemetry.proto.collector.profiles.v1development.ProfilesService/Export"
+
+
+class GrpcConnection:
+    """OTLP/gRPC for ``exporter="otlp"`` with ``grpc``: each :meth:`post` is one Export call;
+    its status is told as HTTP's, so the uploader retries and drops as for HTTP.  grpcio is
+    imported here only (tens of MiB, its own threads in C)."""
+
+    sock = None  # never "closed by the peer": the channel reconnects by itself
+
+    def __init__(self, host: str, port: int, timeout: float, secure: bool) -> None:
+        import grpc
+
+        self._grpc = grpc
+        self._target = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        self._secure = secure
+        self.channel: Any = None
+        self.timeout = timeout
+        codes = grpc.StatusCode
+        self._http = {
+            codes.UNAVAILABLE: 503,
+            codes.DEADLINE_EXCEEDED: 504,
+            codes.RESOURCE_EXHAUSTED: 429,
+            codes.ABORTED: 503,
+            codes.UNAUTHENTICATED: 401,
+            codes.PERMISSION_DENIED: 403,
+            codes.INVALID_ARGUMENT: 400,
+            codes.UNIMPLEMENTED: 404,
+        }
+
+    def post(
+        self,
+        path: str,
+        body: bytes,
+        headers: Mapping[str, str],
+        max_body: int,
+        method: str = "POST",
+    ) -> Response:
+        # HTTP's own headers mean nothing to gRPC; the rest (auth, tenant) are its metadata.
+        metadata = [
+            (name.lower(), value)
+            for name, value in headers.items()
+            if name.lower() not in ("content-type", "user-agent", "content-length")
+        ]
+        if self.channel is None:
+            grpc = self._grpc
+            self.channel = (
+                grpc.secure_channel(self._target, grpc.ssl_channel_credentials())
+                if self._secure
+                else grpc.insecure_channel(self._target)
+            )
+            self._export = self.channel.unary_unary(_PROFILES_EXPORT)
+        try:
+            self._export(body, timeout=self.timeout, metadata=metadata)
+        except self._grpc.RpcError as exc:
+            code = exc.code()
+            detail = (exc.details() or code.name).encode("utf-8", "replace")[:max_body]
+            return self._http.get(code, 500), {}, detail
+        return 200, {}, b""
+
+    def close(self) -> None:
+        if self.channel is not None:
+            self.channel.close()
+            self.channel = None

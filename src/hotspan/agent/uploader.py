@@ -84,12 +84,13 @@ class Uploader:
         timeout: float = 10.0,
         user_agent: str = f"hotspan-agent/{__version__}",
         waker: Optional[Callable[[], Any]] = None,
-        otlp: bool = False,
+        otlp: str = "",
     ) -> None:
         """``waker``: makes what the upload thread waits on instead of its condition (the
         agent passes the native ``Waker``, whose wait takes the GIL back by turns: see
-        ``_speedups/sampler/turns.c``); None: the condition.  ``otlp``: ``server_address``
-        is an OTLP/HTTP profiles endpoint, where each upload is posted as it is."""
+        ``_speedups/sampler/turns.c``); None: the condition.  ``otlp``: the protocol
+        (``http/protobuf`` or ``grpc``) of an OTLP profiles endpoint at ``server_address``,
+        where each upload goes as it is."""
         scheme, host, port, path = split_address(server_address)
         self._make_waker = waker
         self._address = server_address
@@ -99,7 +100,8 @@ class Uploader:
         self._host = host or "localhost"
         self._port = port or (443 if self._https else 80)
         self._prefix = "" if self._spool is not None else path.rstrip("/")
-        self._otlp = otlp
+        self._otlp = bool(otlp)
+        self._grpc = otlp == "grpc"
         self._headers = {
             **headers,
             "Content-Type": "application/x-protobuf" if otlp else "application/octet-stream",
@@ -434,6 +436,10 @@ class Uploader:
 
             if self._spool is not None:
                 conn = SpoolConnection(self._spool, timeout)
+            elif self._grpc:
+                from hotspan.agent.transport import GrpcConnection
+
+                conn = GrpcConnection(self._host, self._port, timeout, self._https)
             elif self._https:
                 # Only https pays for ssl and its CA store (megabytes).
                 import ssl

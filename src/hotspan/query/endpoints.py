@@ -220,6 +220,18 @@ class EndpointEngine:
             return None, {}
         series_ids = [s.series_id for s in series]
         everything = self.store.span_values(tenant, series_ids, SampleFilter(start_ns, end_ns))
+        per_root = self._per_root(tenant, series_ids, start_ns, end_ns, members)
+        return int(everything.values.sum()), per_root
+
+    def _per_root(
+        self,
+        tenant: str,
+        series_ids: Sequence[int],
+        start_ns: int,
+        end_ns: int,
+        members: Dict[int, int],
+    ) -> Dict[int, int]:
+        """Each request's value in these series (by local root)."""
         per_root: Dict[int, int] = {}
         if members:
             sums = self.store.span_values(
@@ -229,7 +241,7 @@ class EndpointEngine:
                 root = members.get(sid)
                 if root is not None:
                     per_root[root] = per_root.get(root, 0) + value
-        return int(everything.values.sum()), per_root
+        return per_root
 
     def endpoints(
         self,
@@ -303,18 +315,13 @@ class EndpointEngine:
         by_value: Dict[str, List[int]] = {}
         for record in series:
             by_value.setdefault(all_labels(record).get(label, ""), []).append(record.series_id)
-        where = self._request_filter(start_ns, end_ns, members)
         per_value: Dict[str, Dict[int, int]] = {}
         owner: Dict[int, str] = {}
         most: Dict[int, int] = {}
         for value, series_ids in sorted(by_value.items()):
-            per_root = per_value[value] = {}
-            if members:
-                sums = self.store.span_values(tenant, series_ids, where)
-                for sid, v in zip(sums.span_ids.tolist(), sums.values.tolist()):
-                    root = members.get(sid)
-                    if root is not None:
-                        per_root[root] = per_root.get(root, 0) + v
+            per_root = per_value[value] = self._per_root(
+                tenant, series_ids, start_ns, end_ns, members
+            )
             for root, v in per_root.items():
                 if v > most.get(root, -1):
                     most[root], owner[root] = v, value

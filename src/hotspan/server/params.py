@@ -4,7 +4,8 @@ HTTPError (400) that names the parameter."""
 
 from __future__ import annotations
 
-from typing import Mapping, Optional
+import time
+from typing import Mapping, Optional, Tuple
 
 from starlette.requests import Request
 
@@ -96,3 +97,15 @@ def max_nodes_value(text: Optional[str], name: str = "maxNodes") -> int:
     except ValueError:
         raise HTTPError(400, f"{name} must be an integer, got {text!r}") from None
     return check_max_nodes(value)
+
+
+def time_range(request: Request, default_ns: int) -> Tuple[int, int]:
+    """``start``/``end`` in unix seconds as nanoseconds: ``end`` now and ``start``
+    ``default_ns`` before it when not given; a 400 unless end is after start."""
+    end = seconds_param(request, "end") or time.time_ns()
+    start = seconds_param(request, "start")
+    if start is None:
+        start = end - default_ns
+    if start < 0 or end <= start:
+        raise HTTPError(400, "invalid time range: end must be after start (unix seconds)")
+    return start, end

@@ -212,17 +212,21 @@ def _put(state: ServerState, tenant: str, rule: Any) -> Tuple[bool, Dict[str, An
     return stored is None, found[0] if found else _alert(body, None)
 
 
-@json_errors
-async def put_rule(request: Request) -> Response:
-    state, tenant = query_state(request)
-    name = _name(request)
+async def _json_body(request: Request, state: ServerState) -> Any:
     raw = await read_body(request, state.config, MAX_BODY_BYTES, limit=MAX_BODY_BYTES)
     try:
-        body = json.loads(raw)
+        return json.loads(raw)
     except ValueError as exc:
         raise HTTPError(400, f"body is not JSON: {exc}") from None
     except RecursionError:
         raise HTTPError(400, "body is not JSON this server takes: nested too deeply") from None
+
+
+@json_errors
+async def put_rule(request: Request) -> Response:
+    state, tenant = query_state(request)
+    name = _name(request)
+    body = await _json_body(request, state)
     try:
         rule = parse_rule(name, body)
     except RuleError as exc:
@@ -265,13 +269,7 @@ async def preview_rule(request: Request) -> Response:
     at ``points`` moments over the last ``hours``, as the evaluator would have: its value and
     whether it held, before it is saved.  Nothing is stored, no webhook is called."""
     state, tenant = query_state(request)
-    raw = await read_body(request, state.config, MAX_BODY_BYTES, limit=MAX_BODY_BYTES)
-    try:
-        body = json.loads(raw)
-    except ValueError as exc:
-        raise HTTPError(400, f"body is not JSON: {exc}") from None
-    except RecursionError:
-        raise HTTPError(400, "body is not JSON this server takes: nested too deeply") from None
+    body = await _json_body(request, state)
     if isinstance(body, dict):
         # The form sends its name too; a rule not saved yet may not have one.
         body = {k: v for k, v in body.items() if k != "name"}

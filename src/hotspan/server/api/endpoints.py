@@ -20,7 +20,6 @@ default); ``profileType`` is on-CPU time by default.
 
 from __future__ import annotations
 
-import time
 from typing import Any, Dict, Optional, Tuple
 
 from starlette.concurrency import run_in_threadpool
@@ -33,7 +32,7 @@ from hotspan.query.endpoints import Endpoint, EndpointEngine
 from hotspan.query.engine import QueryError
 from hotspan.query.why import GIL_WAIT
 from hotspan.server.errors import HTTPError, text_errors
-from hotspan.server.params import max_nodes_value, profile_type, seconds_param
+from hotspan.server.params import max_nodes_value, profile_type, time_range
 from hotspan.server.pyroscope.span_profiles import flamegraph_json
 from hotspan.server.request import query_state
 
@@ -50,12 +49,7 @@ def _params(request: Request) -> Tuple[str, ProfileType, int, int]:
     if not service.strip():
         raise HTTPError(400, "service is required: the service_name whose endpoints to list")
     ptype = profile_type(params.get("profileType") or CPU)
-    end = seconds_param(request, "end") or time.time_ns()
-    start = seconds_param(request, "start")
-    if start is None:
-        start = end - DEFAULT_RANGE_NS
-    if start < 0 or end <= start:
-        raise HTTPError(400, "invalid time range: end must be after start (unix seconds)")
+    start, end = time_range(request, DEFAULT_RANGE_NS)
     return service, ptype, start, end
 
 

@@ -8,8 +8,6 @@ graph shows it, ``start``/``end`` unix seconds (the last hour by default), ``lim
 
 from __future__ import annotations
 
-import time
-
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -18,7 +16,7 @@ from starlette.routing import Route
 from hotspan.model.labels import SelectorError, parse_selector
 from hotspan.query.function_traces import function_traces
 from hotspan.server.errors import HTTPError, text_errors
-from hotspan.server.params import profile_type, seconds_param
+from hotspan.server.params import profile_type, time_range
 from hotspan.server.request import query_state
 
 CPU = "process_cpu:cpu:nanoseconds:cpu:nanoseconds"
@@ -41,12 +39,7 @@ async def hot_traces(request: Request) -> Response:
     except SelectorError as exc:
         raise HTTPError(400, f"bad query: {exc}") from None
     ptype = profile_type(params.get("profileType") or CPU)
-    end = seconds_param(request, "end") or time.time_ns()
-    start = seconds_param(request, "start")
-    if start is None:
-        start = end - DEFAULT_RANGE_NS
-    if start < 0 or end <= start:
-        raise HTTPError(400, "invalid time range: end must be after start (unix seconds)")
+    start, end = time_range(request, DEFAULT_RANGE_NS)
     try:
         limit = int(params.get("limit") or 20)
     except ValueError:
