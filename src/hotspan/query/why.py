@@ -425,7 +425,7 @@ class WhyEngine:
         if not mine.values.any() and not theirs.values.any():
             return None
         n = max(len(baseline.spans), 1)
-        value = Delta(int(mine.values.sum()), float(theirs.values.sum()) / n)
+        value = _total_delta(mine, theirs, n)
         functions = self._functions(mine, theirs, n, ptype, span, baseline, limit)
         means = np.rint(theirs.values / n).astype(np.int64)
         mean = StackValues(theirs.stack_ids, np.where(theirs.values > 0, np.maximum(means, 1), 0))
@@ -483,8 +483,7 @@ class WhyEngine:
     ) -> Delta:
         """The span's total of the samples ``selector`` picks, beside its baseline's mean."""
         mine, theirs = self._stacks(tenant, ptype, selector, span, trace_id, span_ids, baseline)
-        n = max(len(baseline.spans), 1)
-        return Delta(int(mine.values.sum()), float(theirs.values.sum()) / n)
+        return _total_delta(mine, theirs, max(len(baseline.spans), 1))
 
     def _functions(
         self,
@@ -521,6 +520,11 @@ class WhyEngine:
                 )
             )
         return tuple(out)
+
+
+def _total_delta(mine: StackValues, theirs: StackValues, n: int) -> Delta:
+    """The span's total beside the mean of its ``n`` baseline spans."""
+    return Delta(int(mine.values.sum()), float(theirs.values.sum()) / n)
 
 
 def duration_text(ns: float) -> str:
