@@ -1,10 +1,11 @@
 """Encoding the agent's profiles as OTLP profiles (``v1development``), for ``exporter="otlp"``.
 
-:class:`OtlpProfileWriter` has :class:`~hotspan.agent.pprof_writer.ProfileWriter`'s interface
-(``add`` a stack with its values and labels, ``encode`` the window) and gives an
-``ExportProfilesServiceRequest``: one ``Profile`` per sample type (OTLP's profiles hold one),
-sharing one dictionary; the ``span_id`` and ``trace_id`` labels become the sample's link, the
-other labels its attributes; the resource carries ``service.name`` and the agent's tags.
+:class:`OtlpProfileWriter` gathers samples as the pure-Python pprof writer does (it is one:
+``add``, the string, function and location tables, samples summed per stack and label set) and
+encodes them as an ``ExportProfilesServiceRequest`` instead: one ``Profile`` per sample type
+(OTLP's profiles hold one), sharing one dictionary; the ``span_id`` and ``trace_id`` labels
+become the sample's link, the other labels its attributes; the resource carries
+``service.name`` and the agent's tags.
 
 It is built with the ``opentelemetry-proto`` package (protobuf), imported only where this
 exporter is chosen: about 6 MiB more of the program's memory than the pprof path, which
@@ -20,20 +21,14 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, InstrumentationSc
 from opentelemetry.proto.profiles.v1development import profiles_pb2 as pb
 
 from hotspan import __version__
+from hotspan.agent.pprof_writer_py import PyProfileWriter
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing stays out of the program at run time: see agent/log.py
-    from typing import Any, Dict, Hashable, List, Mapping, Optional, Sequence, Tuple, Union
-
-    from hotspan.agent.symbols import FrameInfo
-
-    Labels = Tuple[Tuple[str, str], ...]
-
-# Labels that are the sample's link to its span, not attributes.
-LINK_LABELS = ("span_id", "trace_id")
+    from typing import Dict, List, Mapping, Sequence, Tuple, Union
 
 
-class OtlpProfileWriter:
+class OtlpProfileWriter(PyProfileWriter):
     def __init__(
         self,
         sample_type: Union[Tuple[str, str], Sequence[Tuple[str, str]]],
@@ -41,147 +36,108 @@ class OtlpProfileWriter:
         period: int,
         resource: Mapping[str, str],
     ) -> None:
-        if isinstance(sample_type[0], str):
-            self.sample_types: Tuple[Tuple[str, str], ...] = (sample_type,)  # type: ignore[assignment]
-        else:
-            self.sample_types = tuple(sample_type)  # type: ignore[arg-type]
-        self.period_type = period_type
-        self.period = period
+        super().__init__(sample_type, period_type, period)
         self.resource = dict(resource)
-        self._d = pb.ProfilesDictionary()
-        # Index 0 of every table is the empty entry, as the format asks.
-        self._strings: Dict[str, int] = {}
-        # The types first: the encoded dictionary is a copy, taken before encode adds none.
-        for text in ("", *(t for pair in (*self.sample_types, period_type) for t in pair)):
-            self._string(text)
-        self._d.mapping_table.add()
-        self._d.location_table.add()
-        self._d.function_table.add()
-        self._d.link_table.add()
-        self._d.attribute_table.add()
-        self._d.stack_table.add()
-        self._functions: Dict[Tuple[str, str, int], int] = {}
-        self._locations: Dict[Tuple[int, int], int] = {}
-        self._stacks: Dict[Any, int] = {}
-        self._links: Dict[Tuple[str, str], int] = {}
-        self._attributes: Dict[Tuple[str, str], int] = {}
-        self._label_ids: Dict[Labels, Tuple[Tuple[int, ...], int]] = {}
-        self._samples: Dict[Tuple[int, Tuple[int, ...], int], List[int]] = {}
 
-    def _string(self, text: str) -> int:
-        index = self._strings.get(text)
-        if index is None:
-            index = self._strings[text] = len(self._strings)
-            self._d.string_table.append(text)
-        return index
-
-    def _location(self, frame: FrameInfo) -> int:
-        name, filename, line, first_line = frame
-        fkey = (name, filename, first_line)
-        function = self._functions.get(fkey)
-        if function is None:
-            function = self._functions[fkey] = len(self._d.function_table)
-            self._d.function_table.add(
+    def encode(self, time_ns: int, duration_ns: int, default_sample_type: str = "") -> bytes:
+        """The ExportProfilesServiceRequest of what was added, serialized."""
+        request = ExportProfilesServiceRequest()
+        d = request.dictionary
+        # Index 0 of every table is the empty entry, as the format asks; the pprof writer's
+        # function and location ids start at 1, so they are the tables' indexes as they are.
+        for table in (
+            d.mapping_table,
+            d.location_table,
+            d.function_table,
+            d.link_table,
+            d.attribute_table,
+            d.stack_table,
+        ):
+            table.add()
+        functions = {index: key for key, index in self._functions.items()}
+        for index in range(1, len(functions) + 1):
+            name, filename, first_line = functions[index]
+            d.function_table.add(
                 name_strindex=self._string(name),
                 system_name_strindex=self._string(name),
                 filename_strindex=self._string(filename),
                 start_line=first_line,
             )
-        lkey = (function, line)
-        location = self._locations.get(lkey)
-        if location is None:
-            location = self._locations[lkey] = len(self._d.location_table)
-            self._d.location_table.add().lines.add(function_index=function, line=line)
-        return location
-
-    def _labels(self, labels: Labels) -> Tuple[Tuple[int, ...], int]:
-        """(attribute indexes, link index) of a sample's labels."""
-        found = self._label_ids.get(labels)
-        if found is not None:
-            return found
-        attributes = []
-        span = trace = ""
-        for key, value in labels:
-            if key == "span_id":
-                span = value
-            elif key == "trace_id":
-                trace = value
-            else:
-                akey = (key, value)
-                index = self._attributes.get(akey)
-                if index is None:
-                    index = self._attributes[akey] = len(self._d.attribute_table)
-                    self._d.attribute_table.add(
-                        key_strindex=self._string(key), value=AnyValue(string_value=value)
-                    )
-                attributes.append(index)
-        link = 0
-        if span and trace:
-            link = self._links.get((span, trace), 0)
-            if not link:
-                link = self._links[(span, trace)] = len(self._d.link_table)
-                self._d.link_table.add(
-                    trace_id=bytes.fromhex(trace.zfill(32)), span_id=bytes.fromhex(span.zfill(16))
-                )
-        found = self._label_ids[labels] = (tuple(attributes), link)
-        return found
-
-    def add(
-        self,
-        stack: Sequence[FrameInfo],
-        value: Union[int, Sequence[int]],
-        labels: Labels = (),
-        stack_key: Optional[Hashable] = None,
-    ) -> None:
-        """As :meth:`ProfileWriter.add`: ``stack`` leaf first, a value per sample type."""
-        values = (value,) if type(value) is int else tuple(value)  # type: ignore[arg-type]
-        if not any(v > 0 for v in values):
-            return
-        if len(values) != len(self.sample_types):
-            raise ValueError(f"{len(values)} values for {len(self.sample_types)} sample types")
-        if stack_key is None and isinstance(stack, tuple):
-            stack_key = stack
-        index = self._stacks.get(stack_key) if stack_key is not None else None
-        if index is None:
-            index = len(self._d.stack_table)
-            self._d.stack_table.add(location_indices=[self._location(f) for f in stack])
-            if stack_key is not None:
-                self._stacks[stack_key] = index
-        attributes, link = self._labels(tuple(labels))
-        key = (index, attributes, link)
-        total = self._samples.get(key)
-        if total is None:
-            self._samples[key] = list(values)
-        else:
-            for i, v in enumerate(values):
-                total[i] += v
-
-    def __len__(self) -> int:
-        return len(self._samples)
-
-    def encode(self, time_ns: int, duration_ns: int, default_sample_type: str = "") -> bytes:
-        """The ExportProfilesServiceRequest of what was added, serialized."""
-        request = ExportProfilesServiceRequest()
-        request.dictionary.CopyFrom(self._d)
+        locations = {index: key for key, index in self._locations.items()}
+        for index in range(1, len(locations) + 1):
+            function, line = locations[index]
+            d.location_table.add().lines.add(function_index=function, line=line)
+        types = [(self._string(t), self._string(u)) for t, u in self.sample_types]
+        period_type = (self._string(self.period_type[0]), self._string(self.period_type[1]))
+        strings: List[str] = list(self._strings)  # insertion order is index order
+        stacks: Dict[Tuple[int, ...], int] = {}
+        refs: Dict[Tuple[Tuple[int, int], ...], Tuple[List[int], int]] = {}
+        attributes: Dict[Tuple[int, int], int] = {}
+        links: Dict[Tuple[str, str], int] = {}
+        samples = []
+        for (stack, labels), values in self._samples.items():
+            stack_index = stacks.get(stack)
+            if stack_index is None:
+                stack_index = stacks[stack] = len(d.stack_table)
+                d.stack_table.add(location_indices=stack)
+            found = refs.get(labels)
+            if found is None:
+                found = refs[labels] = self._refs(d, strings, labels, attributes, links)
+            samples.append((stack_index, found, values))
+        d.string_table.extend(strings)
         resource_profiles = request.resource_profiles.add()
         resource_profiles.resource.attributes.extend(
             KeyValue(key=k, value=AnyValue(string_value=v)) for k, v in self.resource.items()
         )
         scope = resource_profiles.scope_profiles.add()
         scope.scope.CopyFrom(InstrumentationScope(name="hotspan", version=__version__))
-        for i, (kind, unit) in enumerate(self.sample_types):
+        for i, (kind, unit) in enumerate(types):
             profile = scope.profiles.add(time_unix_nano=time_ns, duration_nano=duration_ns)
-            profile.sample_type.type_strindex = self._string(kind)
-            profile.sample_type.unit_strindex = self._string(unit)
-            profile.period_type.type_strindex = self._string(self.period_type[0])
-            profile.period_type.unit_strindex = self._string(self.period_type[1])
+            profile.sample_type.type_strindex = kind
+            profile.sample_type.unit_strindex = unit
+            profile.period_type.type_strindex, profile.period_type.unit_strindex = period_type
             profile.period = self.period
-            for (stack, attributes, link), values in self._samples.items():
+            for stack_at, (attribute_indices, link), values in samples:
                 if values[i] > 0:
                     profile.samples.add(
-                        stack_index=stack,
-                        attribute_indices=attributes,
+                        stack_index=stack_at,
+                        attribute_indices=attribute_indices,
                         link_index=link,
                         values=[values[i]],
                     )
         return request.SerializeToString()
+
+    @staticmethod
+    def _refs(
+        d: pb.ProfilesDictionary,
+        strings: List[str],
+        labels: Tuple[Tuple[int, int], ...],
+        attributes: Dict[Tuple[int, int], int],
+        links: Dict[Tuple[str, str], int],
+    ) -> Tuple[List[int], int]:
+        """(attribute indexes, link index) of a sample's labels (string index pairs)."""
+        indices = []
+        span = trace = ""
+        for key, value in labels:
+            name = strings[key]
+            if name == "span_id":
+                span = strings[value]
+            elif name == "trace_id":
+                trace = strings[value]
+            else:
+                index = attributes.get((key, value))
+                if index is None:
+                    index = attributes[(key, value)] = len(d.attribute_table)
+                    d.attribute_table.add(
+                        key_strindex=key, value=AnyValue(string_value=strings[value])
+                    )
+                indices.append(index)
+        link = 0
+        if span and trace:
+            link = links.get((span, trace), 0)
+            if not link:
+                link = links[(span, trace)] = len(d.link_table)
+                d.link_table.add(
+                    trace_id=bytes.fromhex(trace.zfill(32)), span_id=bytes.fromhex(span.zfill(16))
+                )
+        return indices, link
