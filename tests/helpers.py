@@ -6,6 +6,7 @@ from __future__ import annotations
 import gzip
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import sysconfig
@@ -408,3 +409,23 @@ def run_programs(source: str, directory: Path, *argvs: Sequence[str]) -> List[st
         assert proc.returncode == 0, err
         outputs.append(out)
     return outputs
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_serving(url: str, proc: subprocess.Popen, timeout: float = 30) -> None:
+    """Until ``url`` answers 200; fails with the process's output if it ends or time runs out."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if httpx.get(url, timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.2)

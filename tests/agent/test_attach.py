@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import gzip
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -22,7 +21,7 @@ from typing import Iterator, List, Tuple
 import pytest
 
 from hotspan.formats.proto import profile_pb2
-from tests.helpers import flamegraph, function_totals
+from tests.helpers import flamegraph, free_port, function_totals, wait_serving
 
 NEEDS_REMOTE_EXEC = pytest.mark.skipif(
     not hasattr(sys, "remote_exec"),
@@ -68,12 +67,6 @@ uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), log_level="warning")
 
 # The service's name, its spans' and (given to attach) its profiles'.
 SERVICE = f"attached_{os.getpid()}"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def hotspan(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
@@ -125,7 +118,7 @@ def served(module_server, tmp_path: Path) -> Iterator[Tuple[subprocess.Popen, Lo
     pytest.importorskip("uvicorn")
     script = tmp_path / "shop.py"
     script.write_text(SERVER)
-    port = _free_port()
+    port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HOTSPAN_", "OTEL_"))}
     proc = subprocess.Popen(
         [sys.executable, str(script), str(port), module_server.url, SERVICE],
@@ -134,17 +127,7 @@ def served(module_server, tmp_path: Path) -> Iterator[Tuple[subprocess.Popen, Lo
         stderr=subprocess.PIPE,
         text=True,
     )
-    import httpx
-
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/price", timeout=2).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
-        time.sleep(0.2)
+    wait_serving(f"http://127.0.0.1:{port}/price", proc)
     load = Load(f"http://127.0.0.1:{port}")
     try:
         yield proc, load

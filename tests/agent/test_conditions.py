@@ -19,8 +19,7 @@ import httpx
 import pytest
 
 from hotspan._speedups import load_sampler
-from tests.agent.test_control import free_port
-from tests.helpers import QUERIER, flamegraph, function_totals
+from tests.helpers import QUERIER, flamegraph, free_port, function_totals
 
 CPU = "process_cpu:cpu:nanoseconds:cpu:nanoseconds"
 

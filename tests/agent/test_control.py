@@ -18,7 +18,7 @@ from typing import Callable, Dict, Iterator, List, Optional, Tuple
 import httpx
 import pytest
 
-from tests.helpers import flamegraph
+from tests.helpers import flamegraph, free_port
 
 CPU = "process_cpu:cpu:nanoseconds:cpu:nanoseconds"
 
@@ -79,12 +79,6 @@ stop = False
 while not os.path.exists(sys.argv[2]):
     burn(0.01)
 """
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class App:

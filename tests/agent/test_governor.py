@@ -4,7 +4,6 @@ whose CPU hog drives its agent's rate down (and sheds it), then back up when the
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import textwrap
@@ -15,7 +14,7 @@ from typing import Callable
 import httpx
 
 from hotspan.agent.governor import Governor, Meter, Reading, agent_threads, usable_cpus
-from tests.helpers import flamegraph
+from tests.helpers import flamegraph, free_port
 
 CPU = "process_cpu:cpu:nanoseconds:cpu:nanoseconds"
 
@@ -146,12 +145,6 @@ while not os.path.exists(sys.argv[4]):
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def _wait(predicate: Callable[[], bool], timeout: float) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -162,7 +155,7 @@ def _wait(predicate: Callable[[], bool], timeout: float) -> bool:
 
 
 def _run_hog(tmp_path: Path, server_url: str, cpu_threshold: float, shedding: float):  # type: ignore[no-untyped-def]
-    port = _free_port()
+    port = free_port()
     script = tmp_path / "hog.py"
     script.write_text(
         textwrap.dedent(HOG_PROGRAM).format(cpu_threshold=cpu_threshold, shedding=shedding)

@@ -17,7 +17,7 @@ from typing import Dict, Iterator, List, Optional, Tuple
 
 import pytest
 
-from tests.helpers import GO, go_env
+from tests.helpers import GO, free_port, go_env
 
 needs_go = pytest.mark.skipif(GO is None, reason="`go` is not on PATH (go tool pprof reads them)")
 
@@ -144,12 +144,6 @@ WSGI_APP = textwrap.dedent(
     server.serve_forever()
     """
 )
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def start_program(

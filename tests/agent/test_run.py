@@ -23,7 +23,7 @@ from hotspan.agent import run as run_module
 from hotspan.formats.ingest_params import parse_app_name
 from hotspan.formats.proto import profile_pb2
 from tests.conftest import RunningServer
-from tests.helpers import flamegraph, function_totals
+from tests.helpers import flamegraph, free_port, function_totals, wait_serving
 
 trace_service_pb2 = pytest.importorskip(
     "opentelemetry.proto.collector.trace.v1.trace_service_pb2",
@@ -692,14 +692,6 @@ def wsgi(environ, start_response):
 """
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _serve_three_requests(
     receiver: Receiver,
     tmp_path: Path,
@@ -712,7 +704,7 @@ def _serve_three_requests(
     import httpx
 
     (tmp_path / "shopapp.py").write_text(app)
-    port = _free_port()
+    port = free_port()
     env = {
         k: v for k, v in os.environ.items() if not k.startswith(("HOTSPAN_", "PYROSCOPE_", "OTEL_"))
     }
@@ -731,14 +723,7 @@ def _serve_three_requests(
     )
     try:
         deadline = time.monotonic() + 30
-        while True:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/hello", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
-            time.sleep(0.2)
+        wait_serving(f"http://127.0.0.1:{port}/hello", proc)
         for _ in range(2):
             assert httpx.get(f"http://127.0.0.1:{port}/hello", timeout=5).status_code == 200
         # A profile upload or two (every second) before it is stopped.
