@@ -650,6 +650,10 @@ def test_the_exit_code_recorder_stays_out_of_the_programs_stacks() -> None:
         ([sys.executable, "-m", "jobs.nightly"], False),
         (["flask", "routes"], False),
         (["celery", "-A", "proj", "worker"], True),
+        # The interpreter's own options, read as the run reads them for the service name.
+        ([sys.executable, "-W", "ignore", "manage.py", "runserver"], True),
+        ([sys.executable, "-X", "dev", "-m", "uvicorn", "app:app"], True),
+        ([sys.executable, "-c", "import app", "runserver"], False),
     ],
 )
 def test_servers_are_told_from_jobs(command: List[str], serves: bool) -> None:

@@ -61,8 +61,6 @@ SERVER_MODULES = frozenset(
         "aiohttp.web",
     }
 )
-# Arguments that make a framework's command line serve: Django's and Flask's.
-SERVER_SUBCOMMANDS = frozenset({"runserver", "run"})
 
 USAGE = (
     "hotspan run [options] -- python app.py [args...]\n"
@@ -190,22 +188,37 @@ def build_command(options: argparse.Namespace, rest: List[str]) -> List[str]:
     return rest
 
 
+def python_target(args: Sequence[str]) -> Tuple[str, str, List[str]]:
+    """(module, script, their arguments) of a Python interpreter's arguments: what ``-m``
+    names, or the script; both "" for ``-c`` or none."""
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if arg == "-m" and i + 1 < len(args):
+            return args[i + 1], "", list(args[i + 2 :])
+        if arg.startswith("-m") and len(arg) > 2 and not arg.startswith("--"):
+            return arg[2:], "", list(args[i + 1 :])
+        if arg.startswith("-c"):
+            return "", "", []
+        if arg in _PYTHON_VALUE_OPTIONS:
+            i += 2
+            continue
+        if arg.startswith("-"):
+            i += 1
+            continue
+        return "", arg, list(args[i + 1 :])
+    return "", "", []
+
+
 def serves_requests(command: List[str]) -> bool:
     """Whether ``command`` starts a server: a known server's command or module, or a
     framework's command that serves (``manage.py runserver``, ``flask run``)."""
-    module = ""
     rest = command[1:]
     if command[0] == sys.executable:
-        for i, arg in enumerate(rest):
-            if arg == "-m" and i + 1 < len(rest):
-                module, rest = rest[i + 1], rest[i + 2 :]
-                break
-            if arg.startswith("-m") and len(arg) > 2 and not arg.startswith("--"):
-                module, rest = arg[2:], rest[i + 1 :]
-                break
-            if not arg.startswith("-"):
-                # A script: Django's manage.py runserver, say.
-                return _script_name(arg) == "manage" and "runserver" in rest[i + 1 :]
+        module, script, rest = python_target(rest)
+        if script:
+            # A script: Django's manage.py runserver, say.
+            return _script_name(script) == "manage" and "runserver" in rest
         return module in SERVER_MODULES or (module == "flask" and "run" in rest)
     name = Path(command[0]).name
     if name in SERVER_COMMANDS:
@@ -218,24 +231,8 @@ def serves_requests(command: List[str]) -> bool:
 def default_application_name(command: List[str]) -> str:
     """The module, the script's name without ``.py``, or the command's name."""
     if command[0] == sys.executable:
-        args = command[1:]
-        i = 0
-        while i < len(args):
-            arg = args[i]
-            if arg == "-m" and i + 1 < len(args):
-                return args[i + 1]
-            if arg.startswith("-m") and len(arg) > 2 and not arg.startswith("--"):
-                return arg[2:]
-            if arg.startswith("-c"):
-                return "python"
-            if arg in _PYTHON_VALUE_OPTIONS:
-                i += 2
-                continue
-            if arg.startswith("-"):
-                i += 1
-                continue
-            return _script_name(arg)
-        return "python"
+        module, script, _ = python_target(command[1:])
+        return module or (_script_name(script) if script else "python")
     return _script_name(command[0])
 
 

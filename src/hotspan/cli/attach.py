@@ -119,17 +119,17 @@ def check_remote_exec() -> Any:
 
 def _program_name(pid: int) -> str:
     """The script or module the target runs, for its default service name."""
+    from hotspan.agent.run import python_target
+
     try:
         argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
     except OSError:
         return f"pid{pid}"
     words = [w.decode(errors="replace") for w in argv if w]
-    for i, word in enumerate(words[1:], 1):
-        if word == "-m" and i + 1 < len(words):
-            return words[i + 1]
-        if not word.startswith("-"):
-            return Path(word).stem
-    return Path(words[0]).name if words else f"pid{pid}"
+    if not words:
+        return f"pid{pid}"
+    module, script, _ = python_target(words[1:])
+    return module or (Path(script).stem if script else Path(words[0]).name)
 
 
 def _settings(options: argparse.Namespace, spool: Optional[str]) -> Dict[str, str]:
