@@ -262,3 +262,31 @@ def test_attach_on_an_older_python_says_what_it_needs() -> None:
         assert "hotspan run" in result.stderr
     bad = hotspan("attach", "--duration", "2s", str(os.getpid()))
     assert bad.returncode == 1 and "--duration and -o go together" in bad.stderr
+
+
+def test_attach_settings_are_checked_and_take_the_types_asked_for() -> None:
+    import argparse
+
+    from hotspan.cli.attach import _settings
+    from hotspan.cli.client import CLIError
+
+    def options(**given: object) -> argparse.Namespace:
+        base = dict.fromkeys(
+            ("application_name", "server_address", "sample_rate", "upload_interval"),
+        )
+        base.update(auth_token=None, tenant_id=None, tag=None, types=None, pid=os.getpid())
+        base.update(given)
+        return argparse.Namespace(**base)
+
+    env = _settings(options(types="cpu,alloc", tag=["env=prod"]), None)
+    assert env["HOTSPAN_CPU"] == "true" and env["HOTSPAN_WALL"] == "false"
+    assert env["HOTSPAN_ALLOC_SAMPLE_BYTES"] == str(512 * 1024)
+    assert env["HOTSPAN_TAGS"] == "env=prod"
+    # Recording: every type, into the spool, with span ids off (a file keeps no labels).
+    recording = _settings(options(), "/tmp/spool")
+    assert recording["HOTSPAN_SERVER_ADDRESS"] == "file:///tmp/spool"
+    assert recording["HOTSPAN_LOCKS"] == "true" and recording["HOTSPAN_ALLOC_SAMPLE_BYTES"] != "0"
+    with pytest.raises(CLIError):
+        _settings(options(sample_rate=-5), None)
+    with pytest.raises(CLIError, match="--tag"):
+        _settings(options(tag=["no equals sign"]), None)

@@ -157,15 +157,9 @@ def _settings(options: argparse.Namespace, spool: Optional[str]) -> Dict[str, st
         record = argparse.Namespace(types=options.types or ",".join(AGENT_TYPES))
         record_environment(env, spool, record)
     elif options.types:
-        from hotspan.cli.record import agent_types
+        from hotspan.cli.record import types_environment
 
-        types = agent_types(options.types)
-        for name in ("cpu", "wall", "locks", "threads"):
-            env["HOTSPAN_" + name.upper()] = "true" if name in types else "false"
-        if "alloc" in types:
-            env.setdefault("HOTSPAN_ALLOC_SAMPLE_BYTES", str(512 * 1024))
-        else:
-            env["HOTSPAN_ALLOC_SAMPLE_BYTES"] = "0"
+        types_environment(env, options.types)
     try:
         from_env(env).validate()
     except ConfigError as exc:

@@ -183,18 +183,12 @@ def agent_types(text: str) -> List[str]:
     return types
 
 
-def record_environment(env: Dict[str, str], spool: str, options: argparse.Namespace) -> None:
-    """The child's agent writes to the spool and takes what --types asks, as fully as it can:
-    a recording is asked for, so the load-shedding pauses a service needs would only leave
-    holes in it."""
+def types_environment(env: Dict[str, str], text: str) -> None:
+    """The agent takes the profiles ``text`` lists (--types) and no others; allocations at
+    512 KiB a sample unless a rate is set already."""
     from hotspan.agent.config import env_value
 
-    types = agent_types(options.types)
-    env["HOTSPAN_SERVER_ADDRESS"] = "file://" + spool
-    env["HOTSPAN_ENABLED"] = "true"
-    env["HOTSPAN_REMOTE_SETTINGS"] = "false"
-    # Span ids label samples for the server's trace views; a file keeps no labels.
-    env["HOTSPAN_TRACE_CORRELATION"] = "false"
+    types = agent_types(text)
     for name in ("cpu", "wall", "locks", "threads"):
         env["HOTSPAN_" + name.upper()] = "true" if name in types else "false"
     alloc = env_value("ALLOC_SAMPLE_BYTES", env)
@@ -202,6 +196,20 @@ def record_environment(env: Dict[str, str], spool: str, options: argparse.Namesp
         env["HOTSPAN_ALLOC_SAMPLE_BYTES"] = "0"
     elif alloc is None or alloc[1].strip() == "0":
         env["HOTSPAN_ALLOC_SAMPLE_BYTES"] = str(512 * 1024)
+
+
+def record_environment(env: Dict[str, str], spool: str, options: argparse.Namespace) -> None:
+    """The child's agent writes to the spool and takes what --types asks, as fully as it can:
+    a recording is asked for, so the load-shedding pauses a service needs would only leave
+    holes in it."""
+    from hotspan.agent.config import env_value
+
+    env["HOTSPAN_SERVER_ADDRESS"] = "file://" + spool
+    env["HOTSPAN_ENABLED"] = "true"
+    env["HOTSPAN_REMOTE_SETTINGS"] = "false"
+    # Span ids label samples for the server's trace views; a file keeps no labels.
+    env["HOTSPAN_TRACE_CORRELATION"] = "false"
+    types_environment(env, options.types)
     defaults = {
         "LOAD_SHEDDING_CPU": "0",
         "CPU_THRESHOLD": "0",
