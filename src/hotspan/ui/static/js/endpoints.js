@@ -201,12 +201,12 @@ export function renderEndpoints(root, { params }) {
       return;
     }
     data.range = range;
-    for (const e of data.endpoints) Object.assign(e, { p50: 0, p95: 0, p99: 0 }, e.latencyNanos);
+    // Percentiles as columns of their own, to sort on.
+    const flat = (e, extra) => Object.assign(e, { p50: 0, p95: 0, p99: 0 }, e.latencyNanos, extra);
+    for (const e of data.endpoints) flat(e);
     // Split by a label: a row per (value, endpoint), the value in its own column.
     data.rows = data.groups
-      ? data.groups.flatMap((g) =>
-          g.endpoints.map((e) => Object.assign(e, { p50: 0, p95: 0, p99: 0 }, e.latencyNanos, { group: g.value })),
-        )
+      ? data.groups.flatMap((g) => g.endpoints.map((e) => flat(e, { group: g.value })))
       : data.endpoints;
     drawTable();
     if (state.name) openEndpoint(state.name, { push: false });

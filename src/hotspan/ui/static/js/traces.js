@@ -1,9 +1,10 @@
-// Traces: the search (service, span name, minimum duration, time range; the longest first)
-// and the trace view (span waterfall with CPU beside duration; a span's own profile).
-// Every state is in the URL:
-//   /traces?service=shop&name=GET%20/slow&minDuration=100ms&from=now-1h&until=now
-//          (&q=<TraceQL> replaces the three fields; &sort=recent lists the newest first;
-//          &limit=N, 50 by default)
+// Traces: the search (service, span name, status, duration range, time range; the longest
+// first, over a histogram of the durations) and the trace view (span waterfall with CPU beside
+// duration; a span's own profile).  Every state is in the URL:
+//   /traces?service=shop&name=GET%20/slow&status=error&minDuration=100ms&maxDuration=2s
+//          &from=now-1h&until=now
+//          (&q=<TraceQL> replaces the fields; &sort=recent lists the newest first;
+//          &limit=N, 50 by default; &function=<frame>: the traces where it is hot, hottraces.js)
 //   /traces/<trace id>?span=<span id>&descendants=1&type=<profile type id>
 //          (&zoom=, &sort=, &sandwich=: the span profile's flame graph and table state)
 //          (&why=1: "Why slow?" in place of the span's profile; &whyWindow=, &whyType=: its
@@ -32,7 +33,6 @@ import { compareBox, traceRange } from "./compare.js";
 
 const DEFAULT_LIMIT = 50;
 const MAX_LIMIT = 1000; // a page of results the browser still lists at ease (the server allows 10,000)
-const DURATION = /^\s*\d+(\.\d+)?\s*(ns|us|µs|ms|s|m|h)\s*$/;
 let lastSearchUrl = "/traces"; // the trace view's way back to the results it was opened from
 
 /** Where the OpenTelemetry exporter should send spans, for the hints. */
@@ -210,7 +210,7 @@ export function renderTraceSearch(root, { params }) {
       [minInput, minDuration],
       [maxInput, maxDuration],
     ]) {
-      if (value && !DURATION.test(value)) {
+      if (value && Number.isNaN(parseDurationNs(value))) {
         rejectInput(input, "a duration such as 100ms, 1.5s or 2m");
         return;
       }
