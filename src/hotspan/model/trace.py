@@ -311,7 +311,7 @@ class TraceSummary:
         """Summaries from a search's rows, one per (trace, matched span shown): (trace id,
         root service, root name, start, end, span count, span id, span name, span start, span
         end, matched count, service stats), traces in order; the first ``limit`` traces.  The
-        service stats are one text: "spans,error spans,service" per service, joined by RS."""
+        service stats are one text: "span id,error (1 or 0),service" per span, joined by RS."""
         found: Dict[str, list] = {}
         for row in rows:
             trace_id, service, name, t0, t1, count, span_id, span_name, start, end, n, stats = row
@@ -338,10 +338,13 @@ class TraceSummary:
 
 
 def _service_stats(text: Optional[str]) -> Tuple[Tuple[str, int, int], ...]:
-    out = []
+    """(service, spans, error spans) from the search's "span id,error,service" entries."""
+    counts: Dict[str, List[int]] = {}
     for entry in (text or "").split(RS):
-        spans, _, rest = entry.partition(",")
-        errors, _, service = rest.partition(",")
-        if spans.isdigit() and errors.isdigit():
-            out.append((service, int(spans), int(errors)))
-    return tuple(sorted(out))
+        span, _, rest = entry.partition(",")
+        error, _, service = rest.partition(",")
+        if span and error in ("0", "1"):
+            figures = counts.setdefault(service, [0, 0])
+            figures[0] += 1
+            figures[1] += error == "1"
+    return tuple(sorted((service, n, e) for service, (n, e) in counts.items()))

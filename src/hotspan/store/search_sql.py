@@ -105,8 +105,8 @@ class Dialect:
     one_per_span: str
     # Membership in the span groups found by a subquery.
     in_groups: str
-    # The texts ``{0}`` of a group's rows joined by the separator ``{1}``.
-    join_rows: str
+    # The distinct texts ``{0}`` of a group's rows joined by the separator ``{1}``.
+    join_distinct: str
     # The ``ids`` (trace_id, and span_id) of the attribute index's rows that meet ``where``
     # (SQL over its columns), given the attribute's key and, for an equality, its index value
     # (mark and text): the engine narrows what it reads by them.
@@ -191,7 +191,7 @@ DUCKDB = Dialect(
     number="TRY_CAST({} AS DOUBLE)".format,
     one_per_span="SELECT DISTINCT ON (trace_id, span_id) * FROM {table} WHERE {where}",
     in_groups="IN",
-    join_rows="string_agg({0}, {1})",
+    join_distinct="string_agg(DISTINCT {0}, {1})",
     attr_traces=_duckdb_attr_traces,
     index_by_span=True,
 )
@@ -208,7 +208,7 @@ CLICKHOUSE = Dialect(
     # Over a cluster, span groups are sharded by their own id, not by trace: the matching
     # groups are gathered once and sent to every shard (on one server it is a plain IN).
     in_groups="GLOBAL IN",
-    join_rows="arrayStringConcat(groupArray({0}), {1})",
+    join_distinct="arrayStringConcat(groupUniqArray({0}), {1})",
     # Sharded by trace as spans are: each shard looks up its own traces.
     attr_traces=_clickhouse_attr_traces,
 )
@@ -418,9 +418,14 @@ _ROOT_COLUMNS = (
 
 
 _ERROR = STATUS_CODES.index("error")
-# One service's figures in a trace: "spans,error spans,service" (the service last: it may hold
-# commas).  The entries are joined by RS, which stored text never holds (model.trace.clean).
-_STATS_ENTRY = "concat(CAST(n AS VARCHAR), ',', CAST(e AS VARCHAR), ',', service)"
+# One span of a trace for its service stats, counted in Python (TraceSummary.from_rows):
+# "span id,1 if its status is error else 0,service" (the service last: it may hold commas),
+# distinct, so that a span stored twice counts once; joined by RS, which stored text never
+# holds (model.trace.clean).  In the one aggregation that finds the trace's root and bounds.
+_STATS_ENTRY = (
+    f"concat(CAST(span_id AS VARCHAR), ',', CASE WHEN status_code = {_ERROR} THEN '1' "
+    "ELSE '0' END, ',', service)"
+)
 
 
 def search_sql(
@@ -506,17 +511,9 @@ WITH matched AS (
     WHERE {of_tenant} AND trace_id IN (SELECT trace_id FROM candidates)
 ), found AS (
     SELECT trace_id, {_ROOT_COLUMNS},
-           min(start_ns) AS t0, max(end_ns) AS t1, count(DISTINCT span_id) AS spans
+           min(start_ns) AS t0, max(end_ns) AS t1, count(DISTINCT span_id) AS spans,
+           {dialect.join_distinct.format(_STATS_ENTRY, p("stats_separator"))} AS stats
     FROM members
-    GROUP BY trace_id
-), by_service AS (
-    SELECT trace_id, service, count(DISTINCT span_id) AS n,
-           count(DISTINCT CASE WHEN status_code = {_ERROR} THEN span_id END) AS e
-    FROM members
-    GROUP BY trace_id, service
-), stats AS (
-    SELECT trace_id, {dialect.join_rows.format(_STATS_ENTRY, p("stats_separator"))} AS stats
-    FROM by_service
     GROUP BY trace_id
 ), shown AS (
     SELECT *, row_number() OVER (PARTITION BY trace_id ORDER BY start_ns, span_id) AS rn,
@@ -524,9 +521,8 @@ WITH matched AS (
     FROM ({shown})
 )
 SELECT f.trace_id, f.root_service, f.root_name, f.t0, f.t1, f.spans,
-       s.span_id, s.name, s.start_ns, s.end_ns, s.n, st.stats
+       s.span_id, s.name, s.start_ns, s.end_ns, s.n, f.stats
 FROM found AS f INNER JOIN shown AS s ON s.trace_id = f.trace_id
-INNER JOIN stats AS st ON st.trace_id = f.trace_id
 WHERE s.rn <= {p("spans_per_trace")}
 ORDER BY {"f.t1 - f.t0" if by_duration else "f.t0"} DESC, f.trace_id, s.rn
 """
