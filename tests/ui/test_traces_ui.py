@@ -215,7 +215,18 @@ def test_failing_traces_are_marked_and_the_status_filter_finds_them(page, shop) 
         "() => document.querySelector('.hs-trace-query')"
         " && document.querySelector('.hs-trace-query').textContent.includes('duration<=100ms')"
     )
-    assert {r["id"] for r in result_rows(page)} == set(ids["fast"])
+    # The fast requests whose span took 1 to 100 ms: all of them, unless a busy machine
+    # stretched one's 4 ms of CPU past 100 ms (read from the server's own spans).
+    in_range = set()
+    with srv.client() as c:
+        for trace_id in ids["fast"]:
+            spans = c.get(f"/api/traces/{trace_id}").json()["batches"][0]["scopeSpans"][0]
+            (span,) = spans["spans"]
+            took = int(span["endTimeUnixNano"]) - int(span["startTimeUnixNano"])
+            if 1_000_000 <= took <= 100_000_000:
+                in_range.add(trace_id)
+    assert len(in_range) >= len(ids["fast"]) - 2, in_range
+    assert {r["id"] for r in result_rows(page)} == in_range
     page.fill(".hs-trace-max", "1ms")
     page.click(".hs-trace-search")
     page.wait_for_selector(".hs-trace-results .hs-message")
