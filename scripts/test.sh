@@ -63,10 +63,14 @@ else
 fi
 python3 -m pytest -n "${HOTSPAN_TEST_WORKERS:-3}" --dist loadfile --no-loadscope-reorder \
     -m "not timing" || status=$?
-# The timing tests alone: the agent's (tests/agent/conftest.py), and the "why" modules' and
-# the trace badges' GIL one, whose verdicts follow a span's CPU share, which a crowded machine
-# lowers.
+# The timing tests alone: the agent's (tests/agent/conftest.py), two files at a time.
 python3 -m pytest -n 2 --dist loadfile --no-loadscope-reorder -m timing tests/agent \
-    tests/server/api/test_why.py tests/server/api/test_why_contended_service.py \
-    tests/ui/test_why_ui.py tests/ui/test_trace_badges_ui.py || status=$?
+    || status=$?
+# Then, one file at a time (25 s), the "why" modules' and the trace badges' GIL one: their
+# verdicts follow how long a span waited for the GIL or for a core beside its own process's
+# busy threads, which another file's busy threads would change (a thread of theirs holding
+# the GIL without a core makes the span's wait for a core read as a wait for the GIL).
+python3 -m pytest -m timing tests/server/api/test_why.py \
+    tests/server/api/test_why_contended_service.py tests/ui/test_why_ui.py \
+    tests/ui/test_trace_badges_ui.py || status=$?
 exit "$status"

@@ -15,7 +15,8 @@ the span is set beside its mean per baseline span; the functions are ranked by t
 value the span holds, and a diff flame graph (baseline mean on the left, the span on the
 right) shows where.  The verdict says whether the span was computing or waiting: a span whose
 CPU is well under its duration spent its time off-CPU (I/O, locks, sleeping), which its CPU
-profile cannot explain but its wall profile can.  A span whose extra time is mostly garbage
+profile cannot explain but its wall profile can; so did one that computed no more than its
+like yet took much longer, however large its CPU share.  A span whose extra time is mostly garbage
 collection (the agent's ``[GC]`` frame, on CPU) was held up by the collector: "gc", whatever
 its CPU share; one whose extra time is mostly waiting for the GIL (the agent's GIL-wait
 profile) or for a core (its wall samples taken runnable, ``thread_state="cpu_wait"``) was
@@ -54,6 +55,8 @@ DEFAULT_BASELINE_SPANS = 50
 DEFAULT_FUNCTIONS = 20
 # CPU under this share of the duration: the span was mostly waiting.
 WAITING_CPU_SHARE = 0.3
+# Or this share of its extra duration off CPU (and at least WAITING_CPU_SHARE of it).
+OFF_CPU_SHARE_OF_EXTRA = 0.75
 # Five sampling periods at the agent's default 100 Hz: a shorter span holds a sample or two
 # at most, and a CPU share read from those says nothing.
 TOO_SHORT_NS = 50 * 10**6
@@ -657,9 +660,21 @@ def _verdict(
             f"contended, runnable while {held}"
             + (f"; the GIL was held meanwhile most by {by}" if by and gil_ns else "")
         )
-    if cpu_span >= WAITING_CPU_SHARE * duration:
+    # A span that computes about as much as its like but took much longer was not slowed by
+    # its computing, however large a share of it its CPU is: its extra time was spent off CPU.
+    # (One that computed more on a loaded machine, stretched threefold, still computed.)
+    off_cpu_extra = extra_ns - (cpu.value.extra if cpu is not None else 0.0)
+    slowed_off_cpu = extra_ns > 0 and off_cpu_extra >= max(
+        OFF_CPU_SHARE_OF_EXTRA * extra_ns, WAITING_CPU_SHARE * duration
+    )
+    if cpu_span >= WAITING_CPU_SHARE * duration and not slowed_off_cpu:
         return "computing", f"{head}; {cpu_text}: it was computing{_top_extra(cpu)}"
     text = f"{head}; {cpu_text}: it was waiting"
+    if cpu_span >= WAITING_CPU_SHARE * duration:
+        text = (
+            f"{head}; {cpu_text}, {duration_text(off_cpu_extra)} of the extra time off CPU: "
+            "it computed no more than spans like it, and was waiting"
+        )
     # The wall profile samples the span's thread whether on CPU or not: when it holds little
     # of the span, part of the time was spent where no thread of it was sampled (an awaiting
     # coroutine, another process) or its samples are missing.  Say so rather than guess.

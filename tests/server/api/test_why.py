@@ -287,11 +287,12 @@ def test_request_starved_of_cores_is_contended(shop) -> None:  # type: ignore[no
     srv, ids = shop
     answer = why(srv, ids["starved"][0]["trace"])
     summary = answer["summary"]
-    assert (answer["name"], answer["verdict"]) == ("POST /upload", "contended"), summary
+    split = {k: int(v) for k, v in answer["split"].items()}
+    seen = (summary, split, answer["cpuWait"])
+    assert (answer["name"], answer["verdict"]) == ("POST /upload", "contended"), seen
     assert "for a core" in summary, summary
     # Its 100 ms of hashing beside twice as many hashing threads as cores: it waited for a
     # core (and, on a crowded machine, for the GIL held by threads that had no core either).
-    split = {k: int(v) for k, v in answer["split"].items()}
     assert split["cpuWaitNanos"] >= 0.25 * int(answer["extraDurationNanos"]), split
     assert answer["cpuWait"]["span"] == split["cpuWaitNanos"]
     assert answer["cpuWait"]["baselineMean"] < 0.5 * split["cpuWaitNanos"], answer["cpuWait"]
