@@ -28,12 +28,14 @@ class OptionalBuildExt(build_ext):
             print(f"hotspan: C speedups not built ({exc}); using the pure-Python path")
 
 
-# Free-threaded CPython (3.13t, 3.14t): the native sampler, allocator hook and lock wrapper
-# rely on the GIL (one allocation countdown, code objects that no other thread frees while a
-# collect names them), and an extension module that does not declare itself free-threading
-# safe turns the GIL back on for the whole program as it is imported.  There hotspan installs
-# its pure-Python paths, and the agent says so once as it starts.
+# Free-threaded CPython (3.13t, 3.14t): an extension module that does not declare itself
+# free-threading safe turns the GIL back on for the whole program as it is imported, so only
+# the modules made safe without it are built there: the native sampler and the lock wrapper.
+# The allocator hook relies on the GIL (one allocation countdown, code references taken in
+# the hook), and the decoders and encoders were never checked without it: there hotspan uses
+# their pure-Python twins (no allocation profile unless tracemalloc is asked for).
 FREE_THREADED = bool(sysconfig.get_config_var("Py_GIL_DISABLED"))
+FREE_THREADING_SAFE = {"hotspan._speedups._sampler", "hotspan._speedups._locks"}
 
 EXTENSIONS = [
     Extension(
@@ -133,6 +135,8 @@ EXTENSIONS = [
 ]
 
 setup(
-    ext_modules=[] if FREE_THREADED else EXTENSIONS,
+    ext_modules=[e for e in EXTENSIONS if e.name in FREE_THREADING_SAFE]
+    if FREE_THREADED
+    else EXTENSIONS,
     cmdclass={"build_ext": OptionalBuildExt},
 )

@@ -174,7 +174,7 @@ Log = Callable[[str], None]
 
 
 def _pyspy_path() -> Optional[str]:
-    beside = os.path.join(os.path.dirname(sys.executable), "py-spy")
+    beside = os.path.join(os.path.dirname(common.workload_python()), "py-spy")
     return beside if os.path.exists(beside) else shutil.which("py-spy")
 
 
@@ -342,12 +342,29 @@ def _probe_hotspan(server_url: str) -> Optional[str]:
         "import hotspan; hotspan.configure(application_name='agent-bench-probe', "
         f"server_address={server_url!r}, sample_rate={RATE_HZ}); hotspan.shutdown()"
     )
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [common.workload_python(), "-c", code], capture_output=True, text=True, timeout=60
+    )
     return None if r.returncode == 0 else (r.stderr.strip().splitlines() or ["?"])[-1]
 
 
+def _workload_python_version() -> Optional[str]:
+    """The version of ``--python``'s interpreter ("3.13.15t" for a free-threaded one), or None
+    when the workloads run on the bench's own."""
+    if not os.environ.get("HOTSPAN_BENCH_PYTHON"):
+        return None
+    code = (
+        "import platform, sys; print(platform.python_version() + "
+        "('t' if hasattr(sys, '_is_gil_enabled') and not sys._is_gil_enabled() else ''))"
+    )
+    r = subprocess.run([common.workload_python(), "-c", code], capture_output=True, text=True)
+    return r.stdout.strip() or "?"
+
+
 def _probe_pyroscope() -> Optional[str]:
-    r = subprocess.run([sys.executable, "-c", "import pyroscope"], capture_output=True, text=True)
+    r = subprocess.run(
+        [common.workload_python(), "-c", "import pyroscope"], capture_output=True, text=True
+    )
     return None if r.returncode == 0 else "pyroscope-io is not installed (pip install pyroscope-io)"
 
 
@@ -405,7 +422,9 @@ def unavailable(profilers: List[str], server_url: str, log: Log) -> Dict[str, st
     dd = [p for p in profilers if p in DDTRACE_VARIANTS]
     if dd:
         r = subprocess.run(
-            [sys.executable, "-c", "import ddtrace.profiling"], capture_output=True, text=True
+            [common.workload_python(), "-c", "import ddtrace.profiling"],
+            capture_output=True,
+            text=True,
         )
         if r.returncode != 0:
             skipped.update({p: "ddtrace is not installed (pip install ddtrace)" for p in dd})
@@ -848,6 +867,7 @@ def run(
             "seed": seed,
             "profiles": profiles,
             "defaults": defaults,
+            "python": _workload_python_version(),
         },
         "missing_workloads": missing,
         # Which collector modules exist in the tree measured (a missing one sends nothing).
@@ -1312,6 +1332,9 @@ def _head(
     """A report's first lines: title, command, the machine, the versions measured and the load
     average around the run (and ``more`` after them)."""
     load = (a["loadavg_start"], a.get("loadavg_end"))
+    python = a["params"].get("python")
+    if python:
+        more = f" The workloads ran on CPython {python} (`--python`)." + more
     return [
         *common.head(
             f"{title}{' (quick)' * a['params']['quick']}",
@@ -1837,6 +1860,8 @@ def write(report: Dict[str, Any], out_dir: str, quick: bool, md: str) -> str:
     for mode in ("profiles", "defaults"):
         if report["params"].get(mode):
             kind = f"-{mode}"
+    if report["params"].get("python"):
+        kind += "-" + report["params"]["python"]
     return common.write_results("agent" + kind, report, md, out_dir, quick)
 
 
@@ -1877,7 +1902,15 @@ def main() -> int:
         help="with 'profiles' or 'defaults': comma-separated, only these of its workloads",
     )
     ap.add_argument("--out", default=common.RESULTS_DIR)
+    ap.add_argument(
+        "--python",
+        help="run the workloads on this interpreter (with hotspan installed; the bench's "
+        "server stays on this one): a free-threaded build, whose results go to "
+        "<name>-<version>.md",
+    )
     args = ap.parse_args()
+    if args.python:
+        os.environ["HOTSPAN_BENCH_PYTHON"] = args.python
     profilers = common.comma_list(ap, args.profilers, ALL_PROFILERS, "profiler")
     profiles = args.workloads == "profiles"
     defaults = args.workloads == "defaults"

@@ -441,6 +441,11 @@ def calibrate_agent_workload(
     return json.loads(out.strip().splitlines()[-1])
 
 
+def workload_python() -> str:
+    """The interpreter the agent's workloads run on (see :func:`workload_command`)."""
+    return os.environ.get("HOTSPAN_BENCH_PYTHON") or sys.executable
+
+
 def workload_command(
     workload: str,
     profiler: str,
@@ -450,9 +455,10 @@ def workload_command(
     python_flags: Sequence[str] = (),
 ) -> List[str]:
     """The command line of one ``bench/agent_workloads/<workload>.py`` run under ``profiler``,
-    uploading to ``server_url`` as ``app``."""
+    uploading to ``server_url`` as ``app``; on ``HOTSPAN_BENCH_PYTHON`` where it is set (another
+    interpreter than the bench's, whose server runs on this one: a free-threaded build)."""
     return [
-        sys.executable,
+        workload_python(),
         *python_flags,
         os.path.join(AGENT_WORKLOAD_DIR, f"{workload}.py"),
         "--profiler",

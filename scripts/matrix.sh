@@ -65,9 +65,11 @@ run_line() {
     echo "== $name ($version): $py" | tee "$log"
     rm -rf "$venv"
     if [ -n "$free_threaded" ]; then
-        # Free-threaded: the agent and what its tests import.  The server's DuckDB (and the
-        # Pyroscope SDK the test extra brings) have no free-threaded build, so the tests'
-        # server runs on the machine's python3, which must have hotspan installed.
+        # Free-threaded: the agent and what its tests import (uvicorn with httptools and
+        # uvloop, as the test extra has them: with h11 a request waits out a delayed ACK).
+        # The server's DuckDB (and the Pyroscope SDK the test extra brings) have no
+        # free-threaded build, so the tests' server runs on the machine's python3, which must
+        # have hotspan installed.
         if ! python3 -c 'import hotspan.server, duckdb' 2>/dev/null; then
             printf 'skipped\t%s\tfree-threaded: its tests need a hotspan server on python3 (pip install -e .)\n' \
                 "$version" >"$WORK/$name.result"
@@ -81,8 +83,9 @@ run_line() {
     if ! { "$py" -m venv "$venv" && "$venv/bin/python" -m pip install -q --upgrade "pip<26" &&
         if [ -n "$free_threaded" ]; then
             "$venv/bin/python" -m pip install -v --no-deps -e "$ROOT" &&
-                "$venv/bin/python" -m pip install protobuf pytest httpx opentelemetry-api \
-                    opentelemetry-sdk opentelemetry-exporter-otlp-proto-http
+                "$venv/bin/python" -m pip install protobuf numpy pytest httpx opentelemetry-api \
+                    opentelemetry-sdk opentelemetry-exporter-otlp-proto-http uvicorn starlette \
+                    httptools uvloop
         else
             "$venv/bin/python" -m pip install -v -e "${ROOT}[test]"
         fi; } >>"$log" 2>&1; then
@@ -90,7 +93,7 @@ run_line() {
         return
     fi
     warnings=$(grep -cE '\.[ch]:[0-9]+:[0-9]+: warning:' "$log")
-    native=$("$venv/bin/python" -c 'from hotspan._speedups import load_sampler, load_module, native_unavailable_reason as r; print("native" if load_sampler() and load_module("_alloc") else "pure-Python fallback (" + r() + ")")' 2>>"$log")
+    native=$("$venv/bin/python" -c 'from hotspan._speedups import load_sampler, load_module, native_unavailable_reason as r; print(("native" if load_module("_alloc") else "native sampler, no allocator hook") if load_sampler() else "pure-Python fallback (" + r() + ")")' 2>>"$log")
     (cd "$ROOT" && env "${server_env[@]}" "$venv/bin/python" -m pytest -q -p no:cacheprovider "${AGENT_TESTS[@]}") >>"$log" 2>&1
     tests=$?
     summary=$(grep -E '^[0-9]+ (passed|failed)|passed|failed' "$log" | tail -1)

@@ -320,7 +320,7 @@ def http_load(params: Params) -> Iterator[Params]:
     with os.fdopen(fd, "wb") as f:
         pickle.dump(requests, f)
     cmd = [
-        sys.executable,
+        sys.executable,  # the workload's own interpreter (HOTSPAN_BENCH_PYTHON where set)
         LOADGEN,
         "--port",
         str(listener.getsockname()[1]),

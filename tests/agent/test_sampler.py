@@ -187,7 +187,7 @@ def test_a_threads_stacks_hold_no_agent_frame() -> None:
 
 
 FREED_CODE_PROGRAM = '''
-import collections, gc, sys, threading
+import collections, gc, sys, threading, weakref
 from hotspan.agent.sampler import NativeSampler
 
 # CPU samples only: no wall sample keeps the code objects below alive, and nothing calls
@@ -202,9 +202,11 @@ def burner_{i}(go, seconds):
     while __import__("time").thread_time() < end:
         pass
 """
+codes = []
 for i in range(40):
     ns = {}
     exec(compile(source.format(i=i), f"<gen {i}>", "exec"), ns)
+    codes.append(weakref.ref(ns[f"burner_{i}"].__code__))
     go = threading.Event()
     t = threading.Thread(target=ns[f"burner_{i}"], args=(go, 0.05))
     t.start()  # the thread arms its own CPU timer as it starts
@@ -212,6 +214,21 @@ for i in range(40):
     t.join()
     del ns, t  # the code object is freed before the samples that name it are collected
     gc.collect()
+# Free-threaded 3.13 makes a code object's constants (the function's code here) immortal:
+# those are never freed, and their samples must name them.
+freed = sum(ref() is None for ref in codes)
+# A module's own code is nobody's constant: freed everywhere once run.
+body = "import time\\nend = time.thread_time() + 0.05\\nwhile time.thread_time() < end: pass\\n"
+bodies = []
+for i in range(20):
+    code = compile(body, f"<body {i}>", "exec")
+    bodies.append(weakref.ref(code))
+    t = threading.Thread(target=exec, args=(code, {}))
+    t.start()
+    t.join()
+    del code, t
+    gc.collect()
+bodies_freed = sum(ref() is None for ref in bodies)
 sampler.stop()
 collected = sampler.collect(final=True)
 # A reference taken on a freed block corrupts the allocator: allocate and collect a lot.
@@ -225,7 +242,12 @@ names = collections.Counter(
     for code, _ in s.stack
 )
 burners = sum(v for n, v in names.items() if n and n.startswith("burner_"))
-print("UNNAMED", names.get(None, 0), "BURNERS", burners)
+files = collections.Counter(
+    code.co_filename for w in collected.windows for s in w.samples for code, _ in s.stack if code
+)
+named_bodies = sum(v for f, v in files.items() if f.startswith("<body"))
+print("UNNAMED", names.get(None, 0), "BURNERS", burners, "FREED", freed,
+      "BODIES", named_bodies, "BODIES_FREED", bodies_freed)
 '''
 
 
@@ -239,8 +261,13 @@ def test_code_freed_before_its_samples_are_drained(tmp_path) -> None:  # type: i
     proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr[-2000:]
     words = proc.stdout.split()
-    unnamed, burners = int(words[1]), int(words[3])
-    assert unnamed > 0 and burners == 0, proc.stdout
+    unnamed, burners, freed = int(words[1]), int(words[3]), int(words[5])
+    bodies, bodies_freed = int(words[7]), int(words[9])
+    assert unnamed > 0 and bodies == 0 and bodies_freed == 20, proc.stdout
+    if freed == 40:
+        assert burners == 0, proc.stdout
+    else:  # immortal (free-threaded 3.13): alive, so named
+        assert freed == 0 and burners > 0, proc.stdout
 
 
 SHORT_THREADS_PROGRAM = """

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import sysconfig
 import threading
 import time
 
@@ -18,6 +19,10 @@ from hotspan._speedups import load_sampler
 
 native = load_sampler()
 pytestmark = pytest.mark.skipif(native is None, reason="the native sampler is not built")
+# Turns at the GIL: a free-threaded build has none to hand over (its waker only wakes).
+needs_gil = pytest.mark.skipif(
+    bool(sysconfig.get_config_var("Py_GIL_DISABLED")), reason="free-threaded: no GIL, no turns"
+)
 
 BUSY_LOOP = """
 import asyncio, json, statistics, threading, time
@@ -72,6 +77,7 @@ def test_a_waker_is_an_event() -> None:
         waker.wait(1, 2)
 
 
+@needs_gil
 def test_a_thread_that_wakes_beside_a_busy_loop_gets_the_gil_by_a_turn() -> None:
     result = run_scenario(
         """
@@ -160,6 +166,7 @@ print(json.dumps(report))
     assert result["switches"] <= 100, result
 
 
+@needs_gil
 def test_a_turn_that_overruns_gives_the_main_thread_back() -> None:
     """A turn whose thread blocks (here: sleeps 1 s) lets the main thread wait 0.1 s at most."""
     result = run_scenario(

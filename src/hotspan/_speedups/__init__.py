@@ -40,12 +40,9 @@ def load_sampler() -> Optional[ModuleType]:
 def native_unavailable_reason() -> str:
     """Why :func:`load_sampler` gives None here, in words for a log line."""
     import sys
-    import sysconfig
 
     if speedups_disabled():
         return "HOTSPAN_NO_SPEEDUPS is set"
-    if sysconfig.get_config_var("Py_GIL_DISABLED"):
-        return "this is a free-threaded CPython build, where the C extensions are not built"
     if not sys.platform.startswith("linux"):
         return f"the native sampler is Linux-only (this is {sys.platform})"
     try:

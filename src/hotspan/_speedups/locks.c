@@ -10,8 +10,10 @@
  *
  * Recording state: waits aggregate per (stack, labels) in a bounded hash table of plain C
  * memory.  Every access to it happens with the GIL held and without calling Python, so the GIL
- * is its lock; `collect` detaches the table before it builds Python objects, because building
- * them can run arbitrary Python code (the cyclic GC, finalizers) which may itself record.
+ * is its lock; free-threaded, where there is none, a mutex of its own (TABLE_LOCK) is, taken
+ * only once a wait was timed.  `collect` detaches the table before it builds Python objects,
+ * because building them can run arbitrary Python code (the cyclic GC, finalizers) which may
+ * itself record.
  * Nothing here is held across a fork: `after_fork` drops the parent's entries, and the inner
  * locks keep the original's behaviour in a child (`_at_fork_reinit` is forwarded).
  */
@@ -127,7 +129,16 @@ static Entry **table;   /* TABLE_SLOTS slots, or NULL before start */
 static size_t n_entries, table_bytes;
 static int recording, max_depth = 64;
 static uint64_t waits_recorded, waits_dropped, delay_dropped_ns;
+#ifdef Py_GIL_DISABLED
+static PyMutex table_mu;
+#  define TABLE_LOCK() PyMutex_Lock(&table_mu)
+#  define TABLE_UNLOCK() PyMutex_Unlock(&table_mu)
+#else
+/* The walk's buffer: one, as only the GIL's holder records. */
 static HotspanRawFrame walk_buf[MAX_WALK];
+#  define TABLE_LOCK() ((void)0)
+#  define TABLE_UNLOCK() ((void)0)
+#endif
 
 static inline uint64_t
 now_ns(void)
@@ -159,8 +170,23 @@ frames_equal(const HotspanRawFrame *a, const HotspanRawFrame *b, int depth)
 
 /* With the GIL, calling no Python: charge `delay` to the stack of the running thread (its
  * `skip` innermost frames left out) and its current labels. */
+static void record_wait_locked(uint64_t delay, int skip, HotspanRawFrame *walk_buf);
+
 static void
 record_wait(uint64_t delay, int skip)
+{
+    if (!recording)
+        return;
+#ifdef Py_GIL_DISABLED
+    HotspanRawFrame walk_buf[MAX_WALK]; /* 16 KiB of this thread's stack */
+#endif
+    TABLE_LOCK();
+    record_wait_locked(delay, skip, walk_buf);
+    TABLE_UNLOCK();
+}
+
+static void
+record_wait_locked(uint64_t delay, int skip, HotspanRawFrame *walk_buf)
 {
     if (!recording || table == NULL)
         return;
@@ -229,10 +255,12 @@ detach_table(Entry ***out, int replace)
             return -1;
         }
     }
+    TABLE_LOCK();
     *out = table;
     table = fresh;
     n_entries = 0;
     table_bytes = 0;
+    TABLE_UNLOCK();
     return 0;
 }
 
@@ -637,17 +665,22 @@ mod_after_fork(PyObject *mod, PyObject *unused)
     if (detach_table(&old, recording) < 0)
         return NULL;
     free_table(old);
+    TABLE_LOCK();
     waits_recorded = waits_dropped = delay_dropped_ns = 0;
+    TABLE_UNLOCK();
     Py_RETURN_NONE;
 }
 
 static PyObject *
 mod_stats(PyObject *mod, PyObject *unused)
 {
-    return Py_BuildValue("{sKsKsKsn}", "waits_recorded", (unsigned long long)waits_recorded,
-                         "waits_dropped", (unsigned long long)waits_dropped, "delay_dropped_ns",
-                         (unsigned long long)delay_dropped_ns, "entries",
-                         (Py_ssize_t)n_entries);
+    TABLE_LOCK();
+    uint64_t recorded = waits_recorded, dropped = waits_dropped, dropped_ns = delay_dropped_ns;
+    size_t entries = n_entries;
+    TABLE_UNLOCK();
+    return Py_BuildValue("{sKsKsKsn}", "waits_recorded", (unsigned long long)recorded,
+                         "waits_dropped", (unsigned long long)dropped, "delay_dropped_ns",
+                         (unsigned long long)dropped_ns, "entries", (Py_ssize_t)entries);
 }
 
 static PyMethodDef methods[] = {
@@ -749,6 +782,12 @@ PyInit__locks(void)
     PyObject *m = PyModule_Create(&module);
     if (m == NULL)
         return NULL;
+#ifdef Py_GIL_DISABLED
+    if (PyUnstable_Module_SetGIL(m, Py_MOD_GIL_NOT_USED) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+#endif
     Py_INCREF(&ProfiledLockType);
     if (PyModule_AddObject(m, "ProfiledLock", (PyObject *)&ProfiledLockType) < 0) {
         Py_DECREF(&ProfiledLockType);

@@ -4,11 +4,27 @@
  * because this is where raw pointers from signal handlers become Python objects. */
 #include "internal.h"
 
+#ifdef Py_GIL_DISABLED
+#  define Py_BUILD_CORE 1
+#  include "internal/pycore_object.h" /* _Py_TryIncref */
+#  undef Py_BUILD_CORE
+#endif
+
 /* Code objects referenced by samples, kept alive so their address cannot be reused before the
  * agent has named them. */
 uint64_t *code_set;
 unsigned code_set_count;
 PyObject *code_refs; /* list */
+
+#ifdef Py_GIL_DISABLED
+/* Free-threaded, the registry is shared by whichever threads collect (see code_valid). */
+static pthread_mutex_t codes_mu = PTHREAD_MUTEX_INITIALIZER;
+#  define CODES_LOCK() pthread_mutex_lock(&codes_mu)
+#  define CODES_UNLOCK() pthread_mutex_unlock(&codes_mu)
+#else
+#  define CODES_LOCK() ((void)0)
+#  define CODES_UNLOCK() ((void)0)
+#endif
 
 static int
 code_known(uint64_t ptr)
@@ -46,6 +62,7 @@ code_register(PyObject *code)
     return 1;
 }
 
+#ifndef Py_GIL_DISABLED
 /* A freed object's memory keeps its type and fields until it is reused, but the allocator
  * writes its free-list link into the first word, where the reference count was: pymalloc the
  * next free block of the same pool (or NULL), mimalloc the next block of the same page, glibc
@@ -66,12 +83,12 @@ plausible_header(const void *object, const void *copy)
     memcpy(&word, copy, sizeof word);
     if (word == 0 || ((word ^ (uint64_t)(uintptr_t)object) >> 22) == 0)
         return 0; /* no link, or a link within the same 4 MiB: a pool (16 KiB) or page */
-#if PY_VERSION_HEX >= 0x030E0000 && SIZEOF_VOID_P > 4 && !PY_BIG_ENDIAN
+#  if PY_VERSION_HEX >= 0x030E0000 && SIZEOF_VOID_P > 4 && !PY_BIG_ENDIAN
     /* Count, then overflow (0 short of four billion references), then a few flag bits. */
     return (uint32_t)word != 0 && ((word >> 32) & 0xFFFF) == 0 && (word >> 48) < 0x100;
-#else
+#  else
     return word < ((uint64_t)1 << 40) && (int64_t)word > 0;
-#endif
+#  endif
 }
 
 /* With the GIL (so that no code object is freed meanwhile).  A frame recorded by a signal
@@ -93,6 +110,72 @@ code_valid(const RawFrame *frame)
     return safe_read(code, &copy, sizeof copy) == 0 && Py_TYPE(&copy) == &PyCode_Type &&
            plausible_header(code, &copy) && code_fingerprint(&copy) == frame->fingerprint &&
            code_register((PyObject *)code);
+}
+#else
+/* Free-threaded: other threads run meanwhile and may free a code object between the check
+ * and the reference.  The reference is taken the way CPython's own lock-free readers take
+ * one (_Py_TryIncref), which fails on an object whose count has reached zero, and the code is
+ * checked again once held.  Code objects rarely die at all there: a code object's constants,
+ * the code of every function it defines, are immortal (3.13) or counted lazily (3.14).  The
+ * registry is shared by whichever threads collect, under its own lock; nothing under it runs
+ * Python code, allocates a tracked object or waits for other threads. */
+
+static int
+code_valid_locked(const RawFrame *frame, PyObject **release)
+{
+    uint64_t ptr = frame->code;
+    if (ptr == 0)
+        return 0;
+    if (ptr == GC_FRAME_CODE || ptr == AGENT_FRAME_CODE)
+        return 1; /* no code object: the agent names it */
+    if (code_known(ptr))
+        return 1;
+    PyCodeObject copy;
+    PyObject *code = (PyObject *)(uintptr_t)ptr;
+    if (safe_read(code, &copy, sizeof copy) != 0 || Py_TYPE(&copy) != &PyCode_Type ||
+        code_fingerprint(&copy) != frame->fingerprint || !_Py_TryIncref(code))
+        return 0;
+    /* Held now.  Should it have become another object in between (its memory reused), the
+     * reference stays (a leak, where a release could free what its owner still builds). */
+    if (Py_TYPE(code) != &PyCode_Type ||
+        code_fingerprint((const PyCodeObject *)code) != frame->fingerprint)
+        return 0;
+    *release = code; /* code_refs holds it now, or it is not kept */
+    return code_register(code);
+}
+
+static int
+code_valid(const RawFrame *frame)
+{
+    PyObject *release = NULL;
+    CODES_LOCK();
+    int valid = code_valid_locked(frame, &release);
+    CODES_UNLOCK();
+    Py_XDECREF(release);
+    return valid;
+}
+#endif
+
+/* The code objects the samples so far point at (a new reference to the list); with
+ * `release`, the registry starts afresh, and they stay alive only as long as the caller
+ * keeps the list. */
+PyObject *
+codes_take(int release)
+{
+    PyObject *empty = release ? PyList_New(0) : NULL;
+    if (release && empty == NULL)
+        return NULL;
+    CODES_LOCK();
+    PyObject *codes = code_refs;
+    if (release) {
+        code_refs = empty;
+        memset(code_set, 0, ((size_t)1 << CODE_SET_BITS) * sizeof(uint64_t));
+        code_set_count = 0;
+    } else {
+        Py_INCREF(codes);
+    }
+    CODES_UNLOCK();
+    return codes;
 }
 
 /* With the GIL and threads_mutex: references to the code objects of stacks new in w, so that

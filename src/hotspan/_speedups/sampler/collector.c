@@ -538,3 +538,53 @@ lock_threads(void)
     pthread_mutex_lock(&threads_mutex);
     Py_END_ALLOW_THREADS
 }
+
+#ifdef Py_GIL_DISABLED
+/* {thread ident: (span, trace hi, trace lo, root span, tag set)} from each thread's latest
+ * sample, for the threads whose sample had labels (see sampler_thread_labels). */
+PyObject *
+labels_of_last_samples(void)
+{
+    typedef struct {
+        uint64_t ident;
+        uint64_t labels[5];
+    } Found;
+    Found *found = PyMem_RawCalloc(MAX_THREADS, sizeof(Found));
+    if (found == NULL)
+        return PyErr_NoMemory();
+    int n = 0;
+    lock_threads();
+    for (int k = 0; k < n_used_slots; k++) {
+        const ThreadSlot *s = &slots[used_slots[k]];
+        const WallCopy *c = s->last_cpu, *w = s->last_wall;
+        if (c == NULL || c->depth <= 0 ||
+            (w != NULL && w->depth > 0 && (int32_t)(w->seq - c->seq) > 0))
+            c = w;
+        if (c == NULL || c->depth <= 0 || c->ident == 0)
+            continue;
+        int any = 0;
+        for (int i = 0; i < 5; i++)
+            any |= c->labels[i] != 0;
+        if (!any)
+            continue;
+        found[n].ident = c->ident;
+        memcpy(found[n].labels, c->labels, sizeof found[n].labels);
+        n++;
+    }
+    pthread_mutex_unlock(&threads_mutex);
+    PyObject *out = PyDict_New();
+    for (int i = 0; out != NULL && i < n; i++) {
+        const uint64_t *l = found[i].labels;
+        PyObject *key = PyLong_FromUnsignedLongLong((unsigned long long)found[i].ident);
+        PyObject *value = Py_BuildValue("(KKKKK)", (unsigned long long)l[0],
+                                        (unsigned long long)l[1], (unsigned long long)l[2],
+                                        (unsigned long long)l[3], (unsigned long long)l[4]);
+        if (key == NULL || value == NULL || PyDict_SetItem(out, key, value) < 0)
+            Py_CLEAR(out);
+        Py_XDECREF(key);
+        Py_XDECREF(value);
+    }
+    PyMem_RawFree(found);
+    return out;
+}
+#endif

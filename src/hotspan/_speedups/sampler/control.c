@@ -229,18 +229,10 @@ sampler_collect(PyObject *mod, PyObject *args, PyObject *kwds)
         Py_XDECREF(windows);
         return NULL;
     }
-    PyObject *codes = code_refs;
-    if (release_codes) {
-        PyObject *empty = PyList_New(0);
-        if (empty == NULL) {
-            Py_DECREF(windows);
-            return NULL;
-        }
-        code_refs = empty;
-        memset(code_set, 0, ((size_t)1 << CODE_SET_BITS) * sizeof(uint64_t));
-        code_set_count = 0;
-    } else {
-        Py_INCREF(codes);
+    PyObject *codes = codes_take(release_codes);
+    if (codes == NULL) {
+        Py_DECREF(windows);
+        return NULL;
     }
     uint64_t lost = atomic_exchange(&lost_samples, 0);
     return Py_BuildValue("(NNK)", windows, codes, (unsigned long long)lost);

@@ -46,10 +46,15 @@ wall_sample_state(Entry *e, ThreadSlot *slot, const void *ucontext)
         blocked = 1;
     if (blocked)
         return;
-    if (!late)
+    if (!late) {
         e->on_cpu = 1;
-    else if (state != STATE_UNKNOWN)
+#  ifdef Py_GIL_DISABLED
+        /* No GIL to hold: on CPU is what "running" means there. */
+        e->thread_state = STATE_RUNNING;
+#  endif
+    } else if (state != STATE_UNKNOWN) {
         e->thread_state = STATE_CPU_WAIT;
+    }
 }
 
 /* SIGPROF from one of the thread's timers: its CPU timer (CPU_MAGIC), its wall timer

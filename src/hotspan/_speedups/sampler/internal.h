@@ -557,6 +557,9 @@ HIDDEN void finish_window(void);
 
 HIDDEN void drain_ring(void);
 HIDDEN void lock_threads(void);
+#ifdef Py_GIL_DISABLED
+HIDDEN PyObject *labels_of_last_samples(void);
+#endif
 #ifdef HAVE_THREAD_TIMERS
 HIDDEN extern unsigned scan_generation;
 HIDDEN extern pthread_cond_t collector_wake;
@@ -580,6 +583,7 @@ HIDDEN extern unsigned code_set_count;
 HIDDEN extern PyObject *code_refs;
 HIDDEN void pin_window(Window *w);
 HIDDEN PyObject *window_dict(Window *w);
+HIDDEN PyObject *codes_take(int release);
 
 /* ---------------------------------------------------------------- control.c: module functions */
 

@@ -262,6 +262,18 @@ sampler_find_in(PyObject *mod, PyObject *ctx)
  * of this interpreter whose current context holds labels.  The threads-and-tasks profile needs
  * other threads' labels, which Python cannot read (a ContextVar is only readable from its own
  * thread). */
+#ifdef Py_GIL_DISABLED
+/* Free-threaded, another thread's context may be replaced and freed while it is read: each
+ * thread's labels are those of its last sample instead (labels_of_last_samples), which is
+ * what it had current at most a sampling interval ago, while it ran. */
+PyObject *
+sampler_thread_labels(PyObject *mod, PyObject *unused)
+{
+    (void)mod;
+    (void)unused;
+    return labels_of_last_samples();
+}
+#else
 PyObject *
 sampler_thread_labels(PyObject *mod, PyObject *unused)
 {
@@ -290,3 +302,4 @@ sampler_thread_labels(PyObject *mod, PyObject *unused)
     }
     return out;
 }
+#endif

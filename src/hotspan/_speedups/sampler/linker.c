@@ -39,6 +39,18 @@ PyObject *str_context_attr;
 static PyTypeObject *span_types[SPAN_TYPES];
 static int span_type_reads_attr[SPAN_TYPES];
 
+/* Free-threaded, spans attach on many threads at once: the type caches (written once a type)
+ * and each linker's providers are written under a lock; reading a slot needs none, a slot is
+ * set once, after what it stands for. */
+#ifdef Py_GIL_DISABLED
+static PyMutex linker_cache_mu;
+#  define LINKER_CACHE_LOCK() PyMutex_Lock(&linker_cache_mu)
+#  define LINKER_CACHE_UNLOCK() PyMutex_Unlock(&linker_cache_mu)
+#else
+#  define LINKER_CACHE_LOCK() ((void)0)
+#  define LINKER_CACHE_UNLOCK() ((void)0)
+#endif
+
 static PyObject *
 span_context_of(PyObject *span)
 {
@@ -61,8 +73,15 @@ span_context_of(PyObject *span)
         PyObject *attr = PyObject_GetAttr(span, str_context_attr);
         if (attr == NULL)
             PyErr_Clear();
-        span_types[k] = (PyTypeObject *)Py_NewRef((PyObject *)type);
-        span_type_reads_attr[k] = attr == ctx;
+        LINKER_CACHE_LOCK();
+        /* Free-threaded, another thread may have taken the slot meanwhile: the next span of
+         * this type finds out again. */
+        if (span_types[k] == NULL) {
+            span_type_reads_attr[k] = attr == ctx;
+            __atomic_store_n(&span_types[k], (PyTypeObject *)Py_NewRef((PyObject *)type),
+                             __ATOMIC_RELEASE);
+        }
+        LINKER_CACHE_UNLOCK();
         Py_XDECREF(attr);
     }
     return ctx;
@@ -355,24 +374,35 @@ watch_provider(LinkerObject *self, PyObject *span)
     PyObject *processor = PyObject_GetAttr(span, str_span_processor);
     if (processor == NULL) {
         PyErr_Clear();
-        if (k < SPAN_TYPES)
-            no_processor_types[k] = (PyTypeObject *)Py_NewRef((PyObject *)type);
+        LINKER_CACHE_LOCK();
+        if (k < SPAN_TYPES && no_processor_types[k] == NULL)
+            __atomic_store_n(&no_processor_types[k],
+                             (PyTypeObject *)Py_NewRef((PyObject *)type), __ATOMIC_RELEASE);
+        LINKER_CACHE_UNLOCK();
         return;
     }
-    for (int i = 0; i < self->n_providers; i++) {
-        if (self->providers[i] == processor) {
-            Py_DECREF(processor);
-            return;
+    int seen = 0;
+#ifdef Py_GIL_DISABLED
+    Py_BEGIN_CRITICAL_SECTION(self);
+#endif
+    for (int i = 0; i < self->n_providers && !seen; i++)
+        seen = self->providers[i] == processor;
+    if (!seen) {
+        /* The callback does nothing twice, so one that another thread also makes for the
+         * same processor (free-threaded) is harmless. */
+        PyObject *r = PyObject_CallOneArg(self->on_new_provider, processor);
+        if (r == NULL)
+            PyErr_Clear();
+        Py_XDECREF(r);
+        if (self->n_providers < SEEN_PROVIDERS) {
+            self->providers[self->n_providers++] = processor; /* the reference taken above */
+            processor = NULL;
         }
     }
-    PyObject *r = PyObject_CallOneArg(self->on_new_provider, processor);
-    if (r == NULL)
-        PyErr_Clear();
-    Py_XDECREF(r);
-    if (self->n_providers < SEEN_PROVIDERS)
-        self->providers[self->n_providers++] = processor; /* the reference taken above */
-    else
-        Py_DECREF(processor); /* beyond: asked each time (the callback does nothing twice) */
+#ifdef Py_GIL_DISABLED
+    Py_END_CRITICAL_SECTION();
+#endif
+    Py_XDECREF(processor); /* seen, or beyond SEEN_PROVIDERS: asked each time */
 }
 
 /* Whether a span's labels hold figures its parent adds up without span_stats: a collection

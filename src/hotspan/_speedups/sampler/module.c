@@ -110,6 +110,14 @@ PyInit__sampler(void)
     PyObject *m = PyModule_Create(&module);
     if (m == NULL)
         return NULL;
+#ifdef Py_GIL_DISABLED
+    /* Safe without the GIL (see codes.c, linker.c and labels.c for what that took); without
+     * this, importing the module would turn the GIL back on for the whole program. */
+    if (PyUnstable_Module_SetGIL(m, Py_MOD_GIL_NOT_USED) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+#endif
     Py_INCREF(&LabelsType);
     if (PyModule_AddObject(m, "Labels", (PyObject *)&LabelsType) < 0) {
         Py_DECREF(&LabelsType);

@@ -179,7 +179,13 @@ thread_state(PyThreadState *ts, const void *ucontext, uint64_t *holder)
     (void)ts;
     (void)ucontext;
     (void)holder;
+#  ifdef Py_GIL_DISABLED
+    /* No GIL to hold or wait for: where the signal found it tells the rest (on CPU, waiting
+     * for a core, or blocked; handler.c). */
+    return STATE_RELEASED;
+#  else
     return STATE_UNKNOWN;
+#  endif
 }
 
 uint64_t
@@ -191,8 +197,26 @@ gil_holder_now(void)
 int
 blocked_state(pid_t tid)
 {
+#  if defined(__linux__) && defined(Py_GIL_DISABLED)
+    /* Without a GIL a thread waits only for a core or for something else: in no system call
+     * (and it has not run), it was runnable all along (see the GIL build's twin above). */
+    char path[64], buf[64];
+    snprintf(path, sizeof path, "/proc/self/task/%d/syscall", (int)tid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return -1;
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0)
+        return -1;
+    buf[n] = 0;
+    char *end;
+    (void)strtol(buf, &end, 10);
+    return end == buf ? STATE_CPU_WAIT : STATE_RELEASED;
+#  else
     (void)tid;
     return -1;
+#  endif
 }
 
 uint64_t
