@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import sysconfig
 import threading
 import time
 
@@ -444,3 +445,27 @@ def test_thread_cpu_clock_of_an_ended_thread_is_an_error_not_a_crash() -> None:
     assert not os.path.exists(task)
     with pytest.raises(OSError):
         time.clock_gettime_ns(seen["clock"])
+
+
+@pytest.mark.skipif(
+    not sysconfig.get_config_var("Py_GIL_DISABLED"), reason="needs a free-threaded CPython"
+)
+def test_free_threaded_build_keeps_the_gil_off(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Every C module the agent imports says it is safe without the GIL: one that did not
+    would turn the GIL back on for the whole program as it was imported."""
+    program = tmp_path / "gil.py"
+    program.write_text(
+        "import sys, hotspan\n"
+        "from hotspan._speedups import load_module, load_sampler\n"
+        "assert load_sampler() is not None\n"
+        "hotspan.configure(application_name='gil', server_address='http://127.0.0.1:9',\n"
+        "                  upload_interval=3600)\n"
+        "mods = sorted(m for m in sys.modules if m.startswith('hotspan._speedups._'))\n"
+        "hotspan.shutdown()\n"
+        "print(sys._is_gil_enabled(), mods)\n"
+    )
+    proc = subprocess.run([sys.executable, str(program)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    gil, mods = proc.stdout.split(" ", 1)
+    assert gil == "False", proc.stdout + proc.stderr
+    assert "hotspan._speedups._sampler" in mods and "_locks" in mods, mods
