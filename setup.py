@@ -30,12 +30,15 @@ class OptionalBuildExt(build_ext):
 
 # Free-threaded CPython (3.13t, 3.14t): an extension module that does not declare itself
 # free-threading safe turns the GIL back on for the whole program as it is imported, so only
-# the modules made safe without it are built there: the native sampler and the lock wrapper.
-# The allocator hook relies on the GIL (one allocation countdown, code references taken in
-# the hook), and the decoders and encoders were never checked without it: there hotspan uses
-# their pure-Python twins (no allocation profile unless tracemalloc is asked for).
+# the modules made safe without it are built there: the native sampler, the allocator hook and
+# the lock wrapper.  The decoders and encoders were never checked without it: there hotspan
+# uses their pure-Python twins.
 FREE_THREADED = bool(sysconfig.get_config_var("Py_GIL_DISABLED"))
-FREE_THREADING_SAFE = {"hotspan._speedups._sampler", "hotspan._speedups._locks"}
+FREE_THREADING_SAFE = {
+    "hotspan._speedups._sampler",
+    "hotspan._speedups._locks",
+    "hotspan._speedups._alloc",
+}
 
 EXTENSIONS = [
     Extension(

@@ -5,6 +5,7 @@ its own waits."""
 
 from __future__ import annotations
 
+import sysconfig
 import time
 import uuid
 from pathlib import Path
@@ -302,10 +303,18 @@ report(stats=stats)
 """,
         otel=False,
     )
-    assert result["stats"]["waits_recorded"] == 0, result
+    waits = result["stats"]["waits_recorded"]
     with module_server.client() as client:
         delay = service_profile(client, service)
-    assert not any(name.startswith("__main__.") for name in delay), delay
+    if not sysconfig.get_config_var("Py_GIL_DISABLED"):
+        assert waits == 0, result
+        assert not any(name.startswith("__main__.") for name in delay), delay
+    else:
+        # Free-threaded, a thread's start and join hand an Event over between two threads
+        # that run at once, and its Condition's lock can be contended: a wait of threading's
+        # (3 threads, 2 handshakes each), never one in the locks the program takes itself.
+        assert waits <= 6, result
+        assert not {"__main__.uncontended", "__main__.tasks"} & set(delay), delay
 
 
 @native_locks

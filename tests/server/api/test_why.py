@@ -45,7 +45,10 @@ PROGRAM = traced_program(
             sum(i * i for i in range(2000))
 
     def query_db():
-        time.sleep(0.005)
+        # Longer than a wall sampling period (10 ms): a child span's wall profile must hold
+        # samples of its own, which a 5 ms sleep right after a CPU burst did not always get
+        # (the time a thread was off CPU goes to its next wall sample, which may come after).
+        time.sleep(0.015)
 
     def wait_for_stock():
         time.sleep(0.4)

@@ -28,6 +28,11 @@ THREAD_LOCAL int tls_probe;
 THREAD_LOCAL uintptr_t tls_probe_ptr;
 THREAD_LOCAL int tls_probe_seen;
 _Atomic uint64_t n_no_gil;
+#ifdef Py_GIL_DISABLED
+THREAD_LOCAL int64_t tls_obj_countdown; /* MEM/OBJ: this thread's bytes to the next sample */
+THREAD_LOCAL uint32_t tls_obj_generation;
+pthread_mutex_t sample_mutex = PTHREAD_MUTEX_INITIALIZER;
+#endif
 
 /* RAW: this thread's countdown crossed zero on an allocation of `size` bytes at `ptr`. */
 static NOINLINE void
@@ -64,7 +69,9 @@ countdown_expired(void *ptr, size_t size)
         return;
     }
     tls_busy = 1;
+    SAMPLE_LOCK();
     take_sample(ts, (uintptr_t)ptr, size, mean);
+    SAMPLE_UNLOCK();
     tls_busy = 0;
 }
 
@@ -84,7 +91,7 @@ call_uncounted(int d, int kind, void *ctx, void *ptr, size_t nelem, size_t size)
     return p;
 }
 
-/* MEM/OBJ, with the GIL: the countdown ran out on this request of `size` bytes (nelem x size
+/* MEM/OBJ, with the GIL (free-threaded: attached): the countdown ran out on this request of `size` bytes (nelem x size
  * for calloc).  Makes the allocation and, when it is sampled, records it. */
 static NOINLINE void *
 gil_countdown_expired(int d, int kind, void *ctx, void *ptr, size_t nelem, size_t size)
@@ -92,13 +99,21 @@ gil_countdown_expired(int d, int kind, void *ctx, void *ptr, size_t nelem, size_
     size_t total = kind == K_CALLOC ? nelem * size : size;
     int64_t mean = atomic_load_explicit(&sample_bytes, memory_order_relaxed);
     if (!atomic_load_explicit(&sampling, memory_order_acquire)) {
-        hot.countdown = INERT_RECHECK_BYTES;
+        OBJ_COUNTDOWN = INERT_RECHECK_BYTES;
         return call_uncounted(d, kind, ctx, ptr, nelem, size);
     }
     uint32_t gen = atomic_load_explicit(&generation, memory_order_relaxed);
     if (UNLIKELY(tls_generation != gen))
         arm_thread(gen);
-    hot.countdown = draw_interval(mean);
+#ifdef Py_GIL_DISABLED
+    if (UNLIKELY(tls_obj_generation != gen)) {
+        /* This thread's own countdown, new to this run: from its own random point. */
+        tls_obj_generation = gen;
+        OBJ_COUNTDOWN = draw_interval(mean);
+        return call_uncounted(d, kind, ctx, ptr, nelem, size);
+    }
+#endif
+    OBJ_COUNTDOWN = draw_interval(mean);
     PyThreadState *ts = CURRENT_TSTATE();
     if (tls_busy || total == 0 || ts == NULL)
         return call_uncounted(d, kind, ctx, ptr, nelem, size);
@@ -115,11 +130,13 @@ gil_countdown_expired(int d, int kind, void *ctx, void *ptr, size_t nelem, size_
         at = (uintptr_t)p;
     }
     if (p == NULL) {
-        hot.countdown = 0; /* the allocation failed: the next one is the sample */
+        OBJ_COUNTDOWN = 0; /* the allocation failed: the next one is the sample */
         return NULL;
     }
     tls_busy = 1;
+    SAMPLE_LOCK();
     take_sample(ts, at, total, mean);
+    SAMPLE_UNLOCK();
     tls_busy = 0;
     return p;
 }
@@ -198,7 +215,7 @@ hook_free_0(void *ctx, void *ptr)
         orig(0).free(ctx, ptr);
 }
 
-/* MEM and OBJ: only with the GIL.  pymalloc hands requests over 512 bytes to the RAW domain;
+/* MEM and OBJ: only with the GIL (free-threaded: by an attached thread).  pymalloc hands requests over 512 bytes to the RAW domain;
  * start() finds out above which size a domain does that (forward_above), and these hooks
  * leave those sizes to the RAW hook: counted once, and the common small request pays a
  * compare, a subtraction and the jump on. */
@@ -206,8 +223,8 @@ hook_free_0(void *ctx, void *ptr)
     static HOT void *hook_malloc_##D(void *ctx, size_t size)                                   \
     {                                                                                          \
         if (size <= forward_above[D]) {                                                        \
-            int64_t left = hot.countdown - (int64_t)size;                                      \
-            hot.countdown = left;                                                              \
+            int64_t left = OBJ_COUNTDOWN - (int64_t)size;                                      \
+            OBJ_COUNTDOWN = left;                                                              \
             if (UNLIKELY(left < 0))                                                            \
                 return gil_countdown_expired(D, K_MALLOC, ctx, NULL, 0, size);                 \
         }                                                                                      \
@@ -217,8 +234,8 @@ hook_free_0(void *ctx, void *ptr)
     {                                                                                          \
         size_t size = nelem * elsize;                                                          \
         if (size <= forward_above[D]) {                                                        \
-            int64_t left = hot.countdown - (int64_t)size;                                      \
-            hot.countdown = left;                                                              \
+            int64_t left = OBJ_COUNTDOWN - (int64_t)size;                                      \
+            OBJ_COUNTDOWN = left;                                                              \
             if (UNLIKELY(left < 0))                                                            \
                 return gil_countdown_expired(D, K_CALLOC, ctx, NULL, nelem, elsize);           \
         }                                                                                      \
@@ -230,8 +247,8 @@ hook_free_0(void *ctx, void *ptr)
             forget((char *)ptr - raw_offset[D]);                                               \
         if (size > forward_above[D])                                                           \
             return orig(D).realloc(ctx, ptr, size);                                            \
-        int64_t left = hot.countdown - (int64_t)size;                                          \
-        hot.countdown = left;                                                                  \
+        int64_t left = OBJ_COUNTDOWN - (int64_t)size;                                          \
+        OBJ_COUNTDOWN = left;                                                                  \
         if (UNLIKELY(left < 0))                                                                \
             return gil_countdown_expired(D, K_REALLOC, ctx, ptr, 0, size);                     \
         /* Counted here: a block pymalloc does not own goes on to the RAW realloc. */          \

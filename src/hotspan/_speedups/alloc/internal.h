@@ -136,7 +136,8 @@ typedef struct Filter Filter;
 typedef struct {
     /* MEM/OBJ: bytes to the next sample.  Those domains may only be called with the GIL
      * held, so one countdown serves every thread, without a thread-local access (in a shared
-     * object, initial-exec TLS still costs a load of its offset from the GOT). */
+     * object, initial-exec TLS still costs a load of its offset from the GOT).  Free-threaded
+     * builds have no GIL to share it under: there each thread has its own (OBJ_COUNTDOWN). */
     int64_t countdown;
     Filter *_Atomic filter; /* see live samples below */
     /* Requests above this size the domain's allocator passes on to the RAW domain. */
@@ -146,8 +147,20 @@ typedef struct {
 HIDDEN extern Hot hot;
 #define forward_above hot.forward_above
 #define live_filter hot.filter
+/* Free-threaded builds: no GIL makes one thread at a time allocate from the MEM/OBJ domains,
+ * so each thread counts down its own bytes, and taking a sample (the stack buffer, the stack
+ * and window tables) is under sample_mutex.  Its holders call no Python and wait for nothing
+ * else (the live table's mutex aside, always taken after it), so a thread that waits for it
+ * while attached holds up a stop-the-world only that long.  With the GIL, the GIL is that
+ * lock. */
 #ifdef Py_GIL_DISABLED
-#  error "the MEM/OBJ countdown relies on the GIL"
+#  define OBJ_COUNTDOWN tls_obj_countdown
+#  define SAMPLE_LOCK() pthread_mutex_lock(&sample_mutex)
+#  define SAMPLE_UNLOCK() pthread_mutex_unlock(&sample_mutex)
+#else
+#  define OBJ_COUNTDOWN hot.countdown
+#  define SAMPLE_LOCK() ((void)0)
+#  define SAMPLE_UNLOCK() ((void)0)
 #endif
 typedef struct {
     PyMemAllocatorEx a;
@@ -188,6 +201,11 @@ HIDDEN extern THREAD_LOCAL int tls_probe;
 HIDDEN extern THREAD_LOCAL uintptr_t tls_probe_ptr;
 HIDDEN extern THREAD_LOCAL int tls_probe_seen;
 HIDDEN extern _Atomic uint64_t n_no_gil;
+#ifdef Py_GIL_DISABLED
+HIDDEN extern THREAD_LOCAL int64_t tls_obj_countdown;
+HIDDEN extern THREAD_LOCAL uint32_t tls_obj_generation;
+HIDDEN extern pthread_mutex_t sample_mutex;
+#endif
 
 /* sampling.c */
 HIDDEN extern const HotspanSamplerAPI *api;

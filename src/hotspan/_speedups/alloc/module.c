@@ -42,13 +42,17 @@ alloc_ready(PyObject *mod UNUSED, PyObject *unused UNUSED)
 static void
 drop_everything(int keep_tracking)
 {
+    Stack *released = NULL;
+    SAMPLE_LOCK();
     live_clear(keep_tracking);
     window_free(&window);
     epoch++; /* every stack is now unused since an older window */
     if (collecting)
         release_pending = 1; /* its rows point at stacks: it releases them when done */
     else
-        stacks_release(stacks_unlink(1, 0));
+        released = stacks_unlink(1, 0);
+    SAMPLE_UNLOCK();
+    stacks_release(released); /* may run Python: not under the lock */
 }
 
 static PyObject *
@@ -72,13 +76,16 @@ alloc_start(PyObject *mod UNUSED, PyObject *args, PyObject *kwds)
     Frame *buf = malloc((size_t)depth * sizeof(Frame));
     if (buf == NULL)
         return PyErr_NoMemory();
-    free(frame_buf);
+    SAMPLE_LOCK();
+    Frame *old_buf = frame_buf;
     frame_buf = buf;
     max_depth = depth;
+    SAMPLE_UNLOCK();
+    free(old_buf);
     drop_everything(1);
     atomic_store(&sample_bytes, (int64_t)bytes);
     uint32_t gen = atomic_fetch_add(&generation, 1) + 1;
-    hot.countdown = INT64_MAX / 2; /* no MEM/OBJ sample while probing */
+    OBJ_COUNTDOWN = INT64_MAX / 2; /* no MEM/OBJ sample while probing */
     int installed[N_DOMAINS] = {0};
     for (int d = 0; d < N_DOMAINS; d++) {
         if (hooked[d])
@@ -107,7 +114,10 @@ alloc_start(PyObject *mod UNUSED, PyObject *args, PyObject *kwds)
         PyMem_SetAllocator(domains[d], &ours);
     }
     arm_thread(gen);
-    hot.countdown = draw_interval((int64_t)bytes);
+#ifdef Py_GIL_DISABLED
+    tls_obj_generation = gen;
+#endif
+    OBJ_COUNTDOWN = draw_interval((int64_t)bytes);
     atomic_store_explicit(&sampling, 1, memory_order_release);
     api->set_alloc_sampling(1);
     Py_RETURN_NONE;
@@ -169,8 +179,13 @@ static PyObject *
 alloc_collect(PyObject *mod UNUSED, PyObject *unused UNUSED)
 {
     PyObject *out = PyList_New(0);
-    if (out == NULL || collecting)
+    if (out == NULL)
         return out;
+    SAMPLE_LOCK();
+    if (collecting) {
+        SAMPLE_UNLOCK();
+        return out;
+    }
     collecting = 1;
     int was_busy = tls_busy;
     tls_busy = 1; /* our own allocations here are not the program's */
@@ -201,6 +216,7 @@ alloc_collect(PyObject *mod UNUSED, PyObject *unused UNUSED)
     pthread_mutex_unlock(&live_mutex);
     n_dropped_window += dropped_inuse;
     Stack *released = stacks_unlink(0, closing);
+    SAMPLE_UNLOCK();
 
     Row *rows = taken.count ? malloc(taken.count * sizeof(Row)) : NULL;
     size_t n_rows = 0;
@@ -242,12 +258,16 @@ alloc_collect(PyObject *mod UNUSED, PyObject *unused UNUSED)
         Py_CLEAR(rows[i].stack->built);
     free(rows);
     stacks_release(released);
+    Stack *pending = NULL;
+    SAMPLE_LOCK();
     if (release_pending) {
         release_pending = 0;
-        stacks_release(stacks_unlink(0, epoch));
+        pending = stacks_unlink(0, epoch);
     }
-    tls_busy = was_busy;
     collecting = 0;
+    SAMPLE_UNLOCK();
+    stacks_release(pending);
+    tls_busy = was_busy;
     if (failed) {
         Py_DECREF(out);
         return NULL;
@@ -340,6 +360,7 @@ static struct PyModuleDef module = {
 static void
 fork_prepare(void)
 {
+    SAMPLE_LOCK(); /* taken before live_mutex, as a sample does */
     pthread_mutex_lock(&live_mutex);
 }
 
@@ -347,12 +368,14 @@ static void
 fork_parent(void)
 {
     pthread_mutex_unlock(&live_mutex);
+    SAMPLE_UNLOCK();
 }
 
 static void
 fork_child(void)
 {
     pthread_mutex_unlock(&live_mutex);
+    SAMPLE_UNLOCK();
 }
 
 PyMODINIT_FUNC
@@ -365,5 +388,11 @@ PyInit__alloc(void)
         filters[0].shift = filters[1].shift = 64 - FILTER_MIN_BITS;
         atomic_store(&live_filter, &filters[0]);
     }
-    return PyModule_Create(&module);
+    PyObject *m = PyModule_Create(&module);
+#ifdef Py_GIL_DISABLED
+    /* Safe without the GIL (see OBJ_COUNTDOWN and SAMPLE_LOCK in internal.h). */
+    if (m != NULL && PyUnstable_Module_SetGIL(m, Py_MOD_GIL_NOT_USED) < 0)
+        Py_CLEAR(m);
+#endif
+    return m;
 }

@@ -6,7 +6,7 @@
 
 const HotspanSamplerAPI *api;
 int max_depth = 64;
-Frame *frame_buf; /* with the GIL: only the thread holding it samples */
+Frame *frame_buf; /* with the GIL (or sample_mutex): one thread samples at a time */
 static THREAD_LOCAL uint64_t tls_rng;
 
 /* Counts, for stats(). */
@@ -83,7 +83,8 @@ draw_interval(int64_t mean)
     return (int64_t)bytes;
 }
 
-/* The thread holds the GIL; tls_busy is set. */
+/* The thread holds the GIL (free-threaded: is attached, and holds sample_mutex); tls_busy is
+ * set. */
 void
 take_sample(PyThreadState *ts, uintptr_t ptr, size_t size, int64_t mean)
 {

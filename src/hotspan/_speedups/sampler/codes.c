@@ -62,6 +62,18 @@ code_register(PyObject *code)
     return 1;
 }
 
+/* What a frame's code pointer says without a look at the object: 0 none, 1 a frame the agent
+ * names itself or a code object already held, -1 a code object to check. */
+static int
+code_settled(uint64_t ptr)
+{
+    if (ptr == 0)
+        return 0;
+    if (ptr == GC_FRAME_CODE || ptr == AGENT_FRAME_CODE)
+        return 1;
+    return code_known(ptr) ? 1 : -1;
+}
+
 #ifndef Py_GIL_DISABLED
 /* A freed object's memory keeps its type and fields until it is reused, but the allocator
  * writes its free-list link into the first word, where the reference count was: pymalloc the
@@ -99,12 +111,9 @@ static int
 code_valid(const RawFrame *frame)
 {
     uint64_t ptr = frame->code;
-    if (ptr == 0)
-        return 0;
-    if (ptr == GC_FRAME_CODE || ptr == AGENT_FRAME_CODE)
-        return 1; /* no code object: the agent names it */
-    if (code_known(ptr))
-        return 1;
+    int settled = code_settled(ptr);
+    if (settled >= 0)
+        return settled;
     PyCodeObject copy;
     const PyCodeObject *code = (const PyCodeObject *)(uintptr_t)ptr;
     return safe_read(code, &copy, sizeof copy) == 0 && Py_TYPE(&copy) == &PyCode_Type &&
@@ -116,7 +125,7 @@ code_valid(const RawFrame *frame)
  * and the reference.  The reference is taken the way CPython's own lock-free readers take
  * one (_Py_TryIncref), which fails on an object whose count has reached zero, and the code is
  * checked again once held.  Code objects rarely die at all there: a code object's constants,
- * the code of every function it defines, are immortal (3.13) or counted lazily (3.14).  The
+ * the code of every function it defines, are immortal (3.13).  The
  * registry is shared by whichever threads collect, under its own lock; nothing under it runs
  * Python code, allocates a tracked object or waits for other threads. */
 
@@ -124,12 +133,9 @@ static int
 code_valid_locked(const RawFrame *frame, PyObject **release)
 {
     uint64_t ptr = frame->code;
-    if (ptr == 0)
-        return 0;
-    if (ptr == GC_FRAME_CODE || ptr == AGENT_FRAME_CODE)
-        return 1; /* no code object: the agent names it */
-    if (code_known(ptr))
-        return 1;
+    int settled = code_settled(ptr);
+    if (settled >= 0)
+        return settled;
     PyCodeObject copy;
     PyObject *code = (PyObject *)(uintptr_t)ptr;
     if (safe_read(code, &copy, sizeof copy) != 0 || Py_TYPE(&copy) != &PyCode_Type ||

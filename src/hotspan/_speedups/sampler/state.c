@@ -28,6 +28,33 @@
 #  include <ucontext.h>
 #endif
 
+#if defined(__linux__) && (defined(Py_GIL_DISABLED) || PY_VERSION_HEX < 0x030F0000)
+/* The system call thread `tid` (of this very process, readable without privileges) is blocked
+ * in, from "nr arg0 arg1 ... sp pc", or "running" when it is in none: 1 with its number and
+ * first argument, 0 in none, -1 when that cannot be read.  A read of /proc: the collector's,
+ * never the handler's. */
+static int
+syscall_of(pid_t tid, long *nr, uintptr_t *arg0)
+{
+    char path[64], buf[256];
+    snprintf(path, sizeof path, "/proc/self/task/%d/syscall", (int)tid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return -1;
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0)
+        return -1;
+    buf[n] = 0;
+    char *end;
+    *nr = strtol(buf, &end, 10);
+    if (end == buf)
+        return 0;
+    *arg0 = (uintptr_t)strtoull(end, NULL, 16);
+    return 1;
+}
+#endif
+
 #if !defined(Py_GIL_DISABLED) && PY_VERSION_HEX < 0x030F0000
 /* The public headers define _PyGC_FINALIZED as a macro that the internal ones redefine (3.9 to
  * 3.11) or declare as a function (3.12): theirs is the one wanted here. */
@@ -125,23 +152,14 @@ int
 blocked_state(pid_t tid)
 {
 #  if defined(__linux__) && defined(SYS_futex)
-    /* "nr arg0 arg1 ... sp pc" of the system call the thread is blocked in ("running" when
-     * it is not in one), readable for a thread of this very process without privileges. */
-    char path[64], buf[256];
-    snprintf(path, sizeof path, "/proc/self/task/%d/syscall", (int)tid);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
+    long nr;
+    uintptr_t arg0;
+    int in_call = syscall_of(tid, &nr, &arg0);
+    if (in_call < 0)
         return -1;
-    ssize_t n = read(fd, buf, sizeof buf - 1);
-    close(fd);
-    if (n <= 0)
-        return -1;
-    buf[n] = 0;
-    char *end;
-    long nr = strtol(buf, &end, 10);
-    if (end == buf)
-        return STATE_CPU_WAIT; /* "running": in no system call, and it has not run */
-    uintptr_t address = nr == SYS_futex ? (uintptr_t)strtoull(end, NULL, 16) : 0;
+    if (!in_call)
+        return STATE_CPU_WAIT; /* in no system call, and it has not run */
+    uintptr_t address = nr == SYS_futex ? arg0 : 0;
     if (address != 0 && waits_for_turn(address))
         return STATE_GIL_WAIT;
     if (address != 0 && in_gil(address)) {
@@ -199,20 +217,11 @@ blocked_state(pid_t tid)
 {
 #  if defined(__linux__) && defined(Py_GIL_DISABLED)
     /* Without a GIL a thread waits only for a core or for something else: in no system call
-     * (and it has not run), it was runnable all along (see the GIL build's twin above). */
-    char path[64], buf[64];
-    snprintf(path, sizeof path, "/proc/self/task/%d/syscall", (int)tid);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return -1;
-    ssize_t n = read(fd, buf, sizeof buf - 1);
-    close(fd);
-    if (n <= 0)
-        return -1;
-    buf[n] = 0;
-    char *end;
-    (void)strtol(buf, &end, 10);
-    return end == buf ? STATE_CPU_WAIT : STATE_RELEASED;
+     * (and it has not run), it was runnable all along. */
+    long nr;
+    uintptr_t arg0;
+    int in_call = syscall_of(tid, &nr, &arg0);
+    return in_call < 0 ? -1 : in_call ? STATE_RELEASED : STATE_CPU_WAIT;
 #  else
     (void)tid;
     return -1;

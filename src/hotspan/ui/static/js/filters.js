@@ -106,7 +106,10 @@ export class LabelFilters {
           end: endMs,
         });
         values.replaceChildren(...(answer.names || []).map((v) => el("option", { value: v })));
-        if (!valueInput.value && answer.names && answer.names.length) {
+        // The first value as a suggestion, unless the field is being typed in: an answer that
+        // lands between a select-all and the typing would put itself before what is typed.
+        const typing = document.activeElement === valueInput;
+        if (!typing && !valueInput.value && answer.names && answer.names.length) {
           valueInput.value = answer.names[0];
         }
       } catch (err) {
