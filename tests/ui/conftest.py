@@ -14,6 +14,7 @@ import contextlib
 import os
 import re
 import shutil
+import time
 from pathlib import Path
 from typing import Iterator, List
 
@@ -146,3 +147,24 @@ def screenshot(page, name: str) -> Path:  # type: ignore[no-untyped-def]
     if EVERY_SCREENSHOT:
         page.screenshot(path=str(path), full_page=True)
     return path
+
+
+def hold(page, pattern: str) -> List[object]:  # type: ignore[no-untyped-def]
+    """Holds back every request matching ``pattern`` (a Playwright route) until
+    :func:`let_through`: for a test of what a page does while an answer is on its way."""
+    held: List[object] = []
+    page.route(pattern, lambda route: held.append(route))
+    return held
+
+
+def let_through(page, pattern: str, held: List[object], url_part: str, what: str) -> None:  # type: ignore[no-untyped-def]
+    """Lets the requests :func:`hold` kept go on (one at least, within 5 s, else ``what`` is
+    said), waits for an answer whose address holds ``url_part``, and holds no more."""
+    deadline = time.monotonic() + 5
+    while not held and time.monotonic() < deadline:
+        page.wait_for_timeout(20)  # route handlers run while Playwright waits
+    assert held, what
+    with page.expect_response(lambda r: url_part in r.url):
+        for route in held:
+            route.continue_()  # type: ignore[attr-defined]
+    page.unroute(pattern)

@@ -18,7 +18,7 @@ import pytest
 from hotspan.formats.proto import profile_pb2
 from tests.conftest import RunningServer, running_server
 from tests.helpers import run_programs, traced_program
-from tests.ui.conftest import screenshot
+from tests.ui.conftest import hold, let_through, screenshot
 
 PROGRAM = traced_program(
     "checkout",
@@ -248,18 +248,13 @@ def test_a_label_value_being_typed_is_not_overwritten_by_the_suggestion(page, da
     and its typing made commit="abc" + "def" = commit="abcdef" in a CI run."""
     page.goto(data.server.url + "/profiles?query=" + quote('{service_name="checkout"}'))
     wait_for_frame(page, MAIN + "price_cart")
-    held = []
-    page.route("**/querier.v1.QuerierService/LabelValues", lambda route: held.append(route))
+    values = "**/querier.v1.QuerierService/LabelValues"
+    held = hold(page, values)
     page.locator(".hs-add-filter").click()
     page.locator(".hs-filter-name").select_option("commit")
     page.wait_for_function("() => document.querySelector('.hs-filter-value')")
     page.focus(".hs-filter-value")  # about to type
-    page.wait_for_timeout(100)  # let every request of the editor reach the route
-    assert held, "the editor did not ask for the label's values"
-    with page.expect_response(lambda r: "LabelValues" in r.url):
-        for route in held:
-            route.continue_()
-    page.unroute("**/querier.v1.QuerierService/LabelValues")
+    let_through(page, values, held, "LabelValues", "the editor did not ask for the label's values")
     page.wait_for_function("() => document.querySelectorAll('datalist option').length > 0")
     assert page.input_value(".hs-filter-value") == ""
     # Not being typed in: the suggestion is put there.

@@ -17,7 +17,7 @@ import pytest
 
 from tests.conftest import RunningServer, running_server
 from tests.helpers import native_states, run_programs, traced_program
-from tests.ui.conftest import screenshot
+from tests.ui.conftest import hold, let_through, screenshot
 from tests.ui.test_traces_ui import ms
 
 PROGRAM = traced_program(
@@ -415,8 +415,8 @@ def test_compare_two_spans_and_two_traces(page, bank) -> None:  # type: ignore[n
     # This trace against another one, typed in: the diff of the two whole traces. The span
     # attributes are held back until the answer shows: when they arrive, the details are drawn
     # again, and what was typed and answered must stay.
-    held = []
-    page.route("**/api/v2/traces/**", lambda route: held.append(route))
+    attributes = "**/api/v2/traces/**"
+    held = hold(page, attributes)
     page.goto(f"{srv.url}/traces/{ids['trace']}")
     page.fill(".hs-compare-trace", "not hex")
     page.click(".hs-compare-trace-go")
@@ -427,11 +427,13 @@ def test_compare_two_spans_and_two_traces(page, bank) -> None:  # type: ignore[n
     page.wait_for_function(
         "() => document.querySelector('.hs-compare-status').innerText.includes('not found')"
     )
-    assert held, "the trace view did not ask for the span attributes"
-    with page.expect_response(lambda r: "/api/v2/traces/" in r.url):
-        for route in held:
-            route.continue_()
-    page.unroute("**/api/v2/traces/**")
+    let_through(
+        page,
+        attributes,
+        held,
+        "/api/v2/traces/",
+        "the trace view did not ask for the span attributes",
+    )
     page.wait_for_load_state("networkidle")
     assert "not found" in page.inner_text(".hs-compare-status")
     assert page.input_value(".hs-compare-trace") == missing
