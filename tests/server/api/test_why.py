@@ -90,6 +90,16 @@ PROGRAM = traced_program(
         while time.thread_time() < end:
             digest.update(block)
 
+    def run_delay():
+        # The kernel's count of this thread's time runnable without a core (None where it
+        # keeps none): the truth a request's wait for a core is checked against.
+        try:
+            with open(f"/proc/self/task/{threading.get_native_id()}/schedstat") as f:
+                ran, waited, scheduled = map(int, f.read().split())
+        except (OSError, ValueError):
+            return None
+        return waited if scheduled else None
+
     def hash_forever(stop):
         digest = hashlib.sha256()
         while not stop.is_set():
@@ -146,13 +156,16 @@ PROGRAM = traced_program(
         if i == 5:
             for t in others:
                 t.start()
+        before = run_delay()
         with tracer.start_as_current_span("POST /upload") as span:
             digest_upload()
+        after = run_delay()
         if i == 5:
             stop.set()
             for t in others:
                 t.join()
-            out["starved"].append(ids(span))
+            waited = after - before if after is not None and before is not None else None
+            out["starved"].append({**ids(span), "runDelay": waited})
     print("IDS " + json.dumps(out))
     """,
 )
@@ -298,6 +311,11 @@ def test_request_starved_of_cores_is_contended(shop) -> None:  # type: ignore[no
     # core (and, on a crowded machine, for the GIL held by threads that had no core either).
     assert split["cpuWaitNanos"] >= 0.25 * int(answer["extraDurationNanos"]), split
     assert answer["cpuWait"]["span"] == split["cpuWaitNanos"]
+    # Where the kernel counts the waits, the span's is its count, give or take a wait that
+    # ended at the span's edge (measured: within 5 %).
+    truth = ids["starved"][0]["runDelay"]
+    if truth is not None:
+        assert abs(split["cpuWaitNanos"] / truth - 1) < 0.15, (split, truth)
     assert answer["cpuWait"]["baselineMean"] < 0.5 * split["cpuWaitNanos"], answer["cpuWait"]
 
 

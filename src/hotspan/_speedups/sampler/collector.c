@@ -67,10 +67,57 @@ charge_wall(uint64_t ident, const uint64_t *labels, const RawFrame *frames, int 
         charge_gil_held(ident, holder, amount);
 }
 
+/* The state time off CPU is charged in at a sample: where the kernel counts the waits for a
+ * core (run_delay_exact), they are charged apart, exactly, and a sample that found its thread
+ * waiting for one stands for the rest, which was not such a wait. */
+static inline int
+off_cpu_state(int state)
+{
+    return run_delay_exact && state == STATE_CPU_WAIT ? STATE_RELEASED : state;
+}
+
 static inline void
 charge_wall_at(const WallCopy *c, uint64_t amount)
 {
-    charge_wall(c->ident, c->labels, c->frames, c->depth, c->thread_state, 0, amount);
+    charge_wall(c->ident, c->labels, c->frames, c->depth, off_cpu_state(c->thread_state), 0,
+                amount);
+}
+
+/* Under threads_mutex: the time thread `s` waited for a core since the last count, as the
+ * kernel counts it, added to what the profile owes it.  The kernel counts a wait as it ends,
+ * so the time is charged from the thread's next time off CPU: where a wait began in an
+ * interval already charged, the total stays right and the next off-CPU stack stands for it.
+ * A wait charged before the kernel counted it (the thread was runnable all along, wall_tick)
+ * makes the debt negative until it does. */
+static void
+count_core_waits(ThreadSlot *s, pid_t tid)
+{
+    uint64_t now;
+    if (!run_delay_exact || run_delay_of(tid, &now) != 0)
+        return;
+    if (s->run_delay_ns != 0 && now + 1 > s->run_delay_ns)
+        s->core_wait_debt_ns += (int64_t)(now + 1 - s->run_delay_ns);
+    s->run_delay_ns = now + 1;
+    /* Bounded: a thread ends, sampling stops, or what went wrong is not carried on. */
+    if (s->core_wait_debt_ns > (int64_t)MAX_WALL_PER_TICK_NS)
+        s->core_wait_debt_ns = (int64_t)MAX_WALL_PER_TICK_NS;
+    if (s->core_wait_debt_ns < -(int64_t)MAX_WALL_PER_TICK_NS)
+        s->core_wait_debt_ns = -(int64_t)MAX_WALL_PER_TICK_NS;
+}
+
+/* Under threads_mutex: as much of `*amount` (time off CPU) as the profile owes thread `s` of
+ * waits for a core, charged at `c`'s stack; `*amount` keeps the rest. */
+static void
+charge_core_wait(ThreadSlot *s, const WallCopy *c, uint64_t *amount)
+{
+    if (s->core_wait_debt_ns <= 0 || c == NULL || c->depth <= 0)
+        return;
+    uint64_t waited = (uint64_t)s->core_wait_debt_ns;
+    if (waited > *amount)
+        waited = *amount;
+    charge_wall(c->ident, c->labels, c->frames, c->depth, STATE_CPU_WAIT, 0, waited);
+    *amount -= waited;
+    s->core_wait_debt_ns -= (int64_t)waited;
 }
 
 /* Under threads_mutex: what the handlers recorded goes into the current window. */
@@ -275,6 +322,7 @@ wall_tick(uint64_t now_ns, uint64_t *random)
              * too little CPU to count, or be waiting for the GIL or a core.  Such a thread is
              * asked where it is blocked (a read of /proc; a thread last seen asleep or in I/O
              * is not). */
+            owed += atomic_exchange(&s->pending_wall_ns, 0);
             if (c->thread_state == STATE_RUNNING || c->thread_state == STATE_GIL_WAIT ||
                 c->thread_state == STATE_CPU_WAIT || c->on_cpu) {
                 int now_state = blocked_state(tid);
@@ -282,8 +330,19 @@ wall_tick(uint64_t now_ns, uint64_t *random)
                     c->thread_state = now_state;
                     c->on_cpu = 0;
                 }
+                /* What the kernel saw of it meanwhile (a thread found asleep is not asked:
+                 * it waits for a core only as it wakes, and then runs). */
+                count_core_waits(s, tid);
+                if (run_delay_exact && c->thread_state == STATE_CPU_WAIT) {
+                    /* Runnable all along: a wait the kernel counts once it ends. */
+                    charge_wall(c->ident, c->labels, c->frames, c->depth, STATE_CPU_WAIT, 0,
+                                owed);
+                    s->core_wait_debt_ns -= (int64_t)owed;
+                    owed = 0;
+                }
+                charge_core_wait(s, c, &owed);
             }
-            charge_wall_at(c, owed + atomic_exchange(&s->pending_wall_ns, 0));
+            charge_wall_at(c, owed);
             if (s->idle_checks < 1000)
                 s->idle_checks++;
             uint64_t wait = (uint64_t)s->idle_checks * cpu_interval_ns;
@@ -293,13 +352,27 @@ wall_tick(uint64_t now_ns, uint64_t *random)
             continue;
         }
         int cpu_samples = cpu_charges_wall(s);
+        /* Off CPU for more than a moment: how much of that without a core (and a first count
+         * to start from).  A count is a read of /proc (5 us): a thread that mostly waits is
+         * counted as often as it is signalled (wait_stride), its debt charged meanwhile. */
+        int count_waits = owed > ran + REPEAT_CPU_NS || s->run_delay_ns == 0;
+        if (count_waits && ran * 2 < owed && s->run_delay_ns != 0 &&
+            ++s->counts_skipped < wait_stride)
+            count_waits = 0;
+        if (count_waits)
+            s->counts_skipped = 0;
         if (s->idle_checks > 0 && have_stack) {
             /* It woke while it was not looked at: all but the time it may have been running
-             * (its CPU, at least one interval) goes where it had been waiting. */
+             * (its CPU, at least one interval) goes where it had been waiting, as it woke
+             * and waited for a core there too. */
             uint64_t recent = ran > cpu_interval_ns ? ran : cpu_interval_ns;
             if (owed > recent) {
-                charge_wall_at(c, owed - recent);
+                uint64_t before = owed - recent;
+                count_core_waits(s, tid);
+                charge_core_wait(s, c, &before);
+                charge_wall_at(c, before);
                 owed = recent;
+                count_waits = 0;
             }
         }
         s->idle_checks = 0;
@@ -313,19 +386,24 @@ wall_tick(uint64_t now_ns, uint64_t *random)
          * at the GIL waiting for it a fifth more than they did. */
         uint64_t on_cpu = cpu_samples ? (ran < owed ? ran : owed) : 0;
         uint64_t off = owed - on_cpu;
-        /* On CPU (nearly) the whole time: its CPU samples stand for it, and the little it
-         * was off CPU (another thread had its core) goes where it last ran, rather than
+        WallCopy *cc = s->last_cpu;
+        /* Its waits for a core, where it was then: the wall sample taken meanwhile (late, as
+         * its thread had no core), else where it last ran. */
+        if (count_waits)
+            count_core_waits(s, tid);
+        charge_core_wait(s, inside ? c : cc != NULL && cc->depth > 0 ? cc : c, &off);
+        /* On CPU (nearly) the whole time, or waiting for a core: its CPU samples stand for
+         * it, and the little it was off CPU otherwise goes where it last ran, rather than
          * interrupting it again and again to find it off CPU. */
         int throughout = cpu_samples && off * 50 <= owed;
-        WallCopy *cc = s->last_cpu;
         if (throughout && off > 0 && cc != NULL && cc->depth > 0) {
             charge_wall_at(cc, off);
             off = 0;
         }
         off += atomic_exchange(&s->pending_wall_ns, 0);
         if (inside && (!cpu_samples || !c->on_cpu)) {
-            charge_wall(c->ident, c->labels, c->frames, c->depth, c->thread_state,
-                        c->gil_holder, off);
+            charge_wall(c->ident, c->labels, c->frames, c->depth,
+                        off_cpu_state(c->thread_state), c->gil_holder, off);
             off = 0;
         }
         if (off > MAX_WALL_PER_TICK_NS && c != NULL && c->depth > 0) {

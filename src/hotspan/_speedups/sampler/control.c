@@ -22,6 +22,10 @@ sampler_start(PyObject *mod, PyObject *args, PyObject *kwds)
         return NULL;
     }
     thread_state_init(PyThreadState_Get());
+    {
+        uint64_t waited;
+        run_delay_exact = run_delay_of(own_tid(), &waited) == 0;
+    }
 #ifndef HAVE_THREAD_TIMERS
     PyErr_SetString(PyExc_RuntimeError, "per-thread CPU timers need Linux");
     return NULL;

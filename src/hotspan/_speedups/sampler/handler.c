@@ -34,8 +34,10 @@ wall_sample_state(Entry *e, ThreadSlot *slot, const void *ucontext)
     uint64_t due = atomic_load_explicit(&slot->wall_due_ns, memory_order_relaxed);
     int late = due != 0 && monotonic_ns() > due + LATE_SIGNAL_NS;
     if (state == STATE_GIL_WAIT) {
-        /* Woken as the GIL was let go, it had no core to take it on: nobody holds it. */
-        if (late && gil_holder_now() == 0)
+        /* Woken as the GIL was let go, it had no core to take it on: nobody holds it.
+         * Unless the kernel counts that wait (run_delay_exact): then the sample stands for
+         * the rest, the wait for the GIL. */
+        if (late && !run_delay_exact && gil_holder_now() == 0)
             e->thread_state = STATE_CPU_WAIT;
         return;
     }

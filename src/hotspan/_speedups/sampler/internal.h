@@ -141,7 +141,7 @@ Py_NewRef(PyObject *o)
 /* A thread that handles its wall timer's signal this much after the timer expired, in its own
  * code (not blocked in a system call), was not running meanwhile: it was waiting for a core (a
  * running thread is interrupted within microseconds, a runnable one waits for its turn,
- * milliseconds). */
+ * milliseconds).  How long, the kernel tells where it counts (run_delay_exact). */
 #define LATE_SIGNAL_NS 1000000ull
 #define CODE_SET_BITS 15         /* 32768 slots (256 KiB), at most half used */
 #define CODE_SET_MAX (1u << (CODE_SET_BITS - 1))
@@ -280,6 +280,13 @@ HIDDEN uint64_t gil_holder_now(void);
 HIDDEN int blocked_state(pid_t tid);
 /* The thread ident (threading.get_ident()) of a thread state that may be gone, or 0. */
 HIDDEN uint64_t thread_ident_of(uint64_t tstate);
+/* The collector's: the time thread `tid` has spent runnable without a core since it began, as
+ * the kernel counts it: 0 with `*ns` set, -1 where the kernel does not say. */
+HIDDEN int run_delay_of(pid_t tid, uint64_t *ns);
+/* Set as sampling starts, if run_delay_of answers: the collector then charges each thread's
+ * wait for a core from the kernel's count, and a sample's own "waiting for a core" (its signal
+ * came late) stands for none of it. */
+HIDDEN extern int run_delay_exact;
 
 static inline uint32_t
 wall_kind(int state)
@@ -403,6 +410,8 @@ typedef struct {
     timer_t wall_timer; /* on CLOCK_MONOTONIC, one-shot, set by each wall tick */
     unsigned scan_mark;
     uint64_t cpu_at_tick; /* its CPU clock at the last check */
+    uint64_t run_delay_ns; /* 1 + its run_delay_of at the last count; 0: none yet */
+    int64_t core_wait_debt_ns; /* counted by the kernel, not charged yet (collector.c) */
     uint64_t wall_since_ns; /* monotonic: its wall time is charged up to here */
     uint64_t next_check_ns; /* monotonic: when to look at it again */
     int idle_checks; /* checks in a row that found it had not run */
@@ -410,6 +419,7 @@ typedef struct {
     WallCopy *last_wall; /* NULL until its first wall sample is drained */
     WallCopy *last_cpu; /* its last CPU sample: where its remaining CPU goes */
     int wall_waits_skipped; /* wall signals it was spared in a row (wall_tick) */
+    int counts_skipped; /* counts of its waits for a core skipped in a row (wall_tick) */
     int wall_armed; /* a wall timer was armed at the last tick */
     uint32_t wall_armed_seq; /* `seq` as it was armed */
 } ThreadSlot;

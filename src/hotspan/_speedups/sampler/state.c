@@ -16,8 +16,11 @@
  * condition instead: waiting for the GIL too, the agent's.
  *
  * Waiting for a core: a signal is handled only once its thread runs, so a sample never sees a
- * thread waiting for one.  The collector does (blocked_state): a thread that used no CPU since
- * it was last looked at yet is in no system call was runnable all along. */
+ * thread waiting for one.  The kernel counts it, per thread (schedstat's run_delay): the
+ * collector charges that exactly (run_delay_of).  Where the kernel does not count it, the
+ * collector tells it from the thread (blocked_state: a thread that used no CPU since it was
+ * last looked at yet is in no system call was runnable all along) and the handler from its
+ * lateness (handler.c). */
 #include "internal.h"
 
 #include <errno.h>
@@ -54,6 +57,41 @@ syscall_of(pid_t tid, long *nr, uintptr_t *arg0)
     return 1;
 }
 #endif
+
+int run_delay_exact;
+
+int
+run_delay_of(pid_t tid, uint64_t *ns)
+{
+#ifdef __linux__
+    /* "time on CPU, time runnable without a core, times scheduled in", all since the thread
+     * began: a read of /proc, the collector's. */
+    char path[64], buf[96];
+    snprintf(path, sizeof path, "/proc/self/task/%d/schedstat", (int)tid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return -1;
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0)
+        return -1;
+    buf[n] = 0;
+    unsigned long long ran, waited;
+    unsigned long scheduled;
+    if (sscanf(buf, "%llu %llu %lu", &ran, &waited, &scheduled) != 3)
+        return -1;
+    /* A kernel that keeps no scheduler statistics writes zeros: a thread that has run (this
+     * one, asked as sampling starts) has been scheduled in at least once. */
+    if (scheduled == 0)
+        return -1;
+    *ns = (uint64_t)waited;
+    return 0;
+#else
+    (void)tid;
+    (void)ns;
+    return -1;
+#endif
+}
 
 #if !defined(Py_GIL_DISABLED) && PY_VERSION_HEX < 0x030F0000
 /* The public headers define _PyGC_FINALIZED as a macro that the internal ones redefine (3.9 to

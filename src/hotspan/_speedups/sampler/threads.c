@@ -372,6 +372,8 @@ disarm_afresh(ThreadSlot *s)
 {
     disarm(s);
     atomic_store(&s->cpu_charged_ns, 0);
+    s->run_delay_ns = 0;
+    s->core_wait_debt_ns = 0;
 }
 
 /* A timer whose thread died reads back with no interval, even if its tid was reused since. */
@@ -468,10 +470,13 @@ slot_for(pid_t tid, int python)
     s->has_timer = 0;
     s->scan_mark = 0;
     s->cpu_at_tick = 0;
+    s->run_delay_ns = 0;
+    s->core_wait_debt_ns = 0;
     s->wall_since_ns = monotonic_ns();
     s->next_check_ns = 0;
     s->idle_checks = 0;
     s->wall_waits_skipped = 0;
+    s->counts_skipped = 0;
     s->next_probe_ns = 0;
     if (n_handover > 0)
         handover_take(s, tid);
