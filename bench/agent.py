@@ -337,7 +337,9 @@ def _ddtrace_env(app: str, output: str, profiler: str = "ddtrace") -> Dict[str, 
 
 
 def _probe_hotspan(server_url: str) -> Optional[str]:
-    """None if ``hotspan.configure`` works in this environment, else why not."""
+    """None if ``hotspan.configure`` works in this environment, else why not (its bytecode
+    written first, as an install does)."""
+    common.compile_hotspan(common.workload_python())
     code = (
         "import hotspan; hotspan.configure(application_name='agent-bench-probe', "
         f"server_address={server_url!r}, sample_rate={RATE_HZ}); hotspan.shutdown()"

@@ -61,6 +61,7 @@ def _env(tree: Optional[str]) -> Dict[str, str]:
 
 
 def probe(tree: str, server: str) -> Dict[str, Any]:
+    common.compile_hotspan(sys.executable, _env(tree))
     out = subprocess.run(
         [sys.executable, "-S", "-c", PROBE, server],
         env=_env(tree),

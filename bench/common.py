@@ -446,6 +446,31 @@ def workload_python() -> str:
     return os.environ.get("HOTSPAN_BENCH_PYTHON") or sys.executable
 
 
+def compile_hotspan(python: str, env: Optional[Mapping[str, str]] = None) -> str:
+    """Writes the bytecode of the hotspan that ``python`` imports (with ``env``), as pip does as
+    it installs a package, and returns where that hotspan is.  Without it, a workload whose
+    environment has no bytecode for its interpreter (``PYTHONDONTWRITEBYTECODE``, a fresh
+    interpreter) compiles the agent at every start: measured on 3.13t, 3 MiB more peak RSS (the
+    parser's memory stays in the process), charged to the agent as no installed copy costs."""
+    run_env = dict(os.environ if env is None else env)
+    where = subprocess.run(
+        [python, "-c", "import hotspan, os; print(os.path.dirname(hotspan.__file__))"],
+        env=run_env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    ).stdout.strip()
+    if where:
+        run_env.pop("PYTHONDONTWRITEBYTECODE", None)
+        subprocess.run(
+            [python, "-m", "compileall", "-q", where],
+            env=run_env,
+            capture_output=True,
+            timeout=300,
+        )
+    return where
+
+
 def workload_command(
     workload: str,
     profiler: str,
