@@ -31,24 +31,37 @@
 #  include <ucontext.h>
 #endif
 
-#if defined(__linux__) && (defined(Py_GIL_DISABLED) || PY_VERSION_HEX < 0x030F0000)
-/* The system call thread `tid` (of this very process, readable without privileges) is blocked
- * in, from "nr arg0 arg1 ... sp pc", or "running" when it is in none: 1 with its number and
- * first argument, 0 in none, -1 when that cannot be read.  A read of /proc: the collector's,
+#ifdef __linux__
+/* The file `name` of thread `tid`'s /proc directory (of this very process, readable without
+ * privileges) into `buf`, as a string: 0, or -1 when it cannot be read.  The collector's,
  * never the handler's. */
 static int
-syscall_of(pid_t tid, long *nr, uintptr_t *arg0)
+read_task_file(pid_t tid, const char *name, char *buf, size_t size)
 {
-    char path[64], buf[256];
-    snprintf(path, sizeof path, "/proc/self/task/%d/syscall", (int)tid);
+    char path[64];
+    snprintf(path, sizeof path, "/proc/self/task/%d/%s", (int)tid, name);
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0)
         return -1;
-    ssize_t n = read(fd, buf, sizeof buf - 1);
+    ssize_t n = read(fd, buf, size - 1);
     close(fd);
     if (n <= 0)
         return -1;
     buf[n] = 0;
+    return 0;
+}
+#endif
+
+#if defined(__linux__) && (defined(Py_GIL_DISABLED) || PY_VERSION_HEX < 0x030F0000)
+/* The system call thread `tid` is blocked in, from "nr arg0 arg1 ... sp pc", or "running" when
+ * it is in none: 1 with its number and first argument, 0 in none, -1 when that cannot be
+ * read. */
+static int
+syscall_of(pid_t tid, long *nr, uintptr_t *arg0)
+{
+    char buf[256];
+    if (read_task_file(tid, "syscall", buf, sizeof buf) != 0)
+        return -1;
     char *end;
     *nr = strtol(buf, &end, 10);
     if (end == buf)
@@ -65,17 +78,10 @@ run_delay_of(pid_t tid, uint64_t *ns)
 {
 #ifdef __linux__
     /* "time on CPU, time runnable without a core, times scheduled in", all since the thread
-     * began: a read of /proc, the collector's. */
-    char path[64], buf[96];
-    snprintf(path, sizeof path, "/proc/self/task/%d/schedstat", (int)tid);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
+     * began. */
+    char buf[96];
+    if (read_task_file(tid, "schedstat", buf, sizeof buf) != 0)
         return -1;
-    ssize_t n = read(fd, buf, sizeof buf - 1);
-    close(fd);
-    if (n <= 0)
-        return -1;
-    buf[n] = 0;
     unsigned long long ran, waited;
     unsigned long scheduled;
     if (sscanf(buf, "%llu %llu %lu", &ran, &waited, &scheduled) != 3)
