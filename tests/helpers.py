@@ -344,6 +344,20 @@ def self_totals(graph: dict) -> Dict[str, int]:
     return _per_function(graph, 2)
 
 
+# A test program's own reading of its thread's run delay: the kernel's count of the time the
+# thread was runnable without a core (None where the kernel keeps none), the truth a profile's
+# wait for a core is checked against.
+RUN_DELAY_SOURCE = """
+def run_delay():
+    import threading
+    try:
+        with open(f"/proc/self/task/{threading.get_native_id()}/schedstat") as f:
+            ran, waited, scheduled = map(int, f.read().split())
+    except (OSError, ValueError):
+        return None
+    return waited if scheduled else None
+"""
+
 _TRACED_HEAD = """\
 import json, sys, time
 import hotspan

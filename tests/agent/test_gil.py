@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.agent.test_agent import TOTAL, WALL, configure_line, run_program, service_profile
-from tests.helpers import label_values, native_states
+from tests.helpers import RUN_DELAY_SOURCE, label_values, native_states
 
 GIL_WAIT = "gil_wait:gil_wait:nanoseconds:wall:nanoseconds"
 GIL_HELD = "gil_held:gil_held:nanoseconds:wall:nanoseconds"
@@ -106,20 +106,12 @@ def test_threads_taking_turns_at_the_gil(module_server, tmp_path: Path) -> None:
 
 # Twice as many threads as cores, each hashing in C with the GIL let go (hashlib lets it go for
 # more than 2 KiB): they wait for a core, not for the GIL.
-STARVED = """
+STARVED = (
+    RUN_DELAY_SOURCE
+    + """
 import hashlib
 
 block = os.urandom(1 << 20)
-
-def run_delay():
-    # The kernel's count of the thread's time runnable without a core (None where it keeps
-    # none).
-    try:
-        with open(f"/proc/self/task/{threading.get_native_id()}/schedstat") as f:
-            ran, waited, scheduled = map(int, f.read().split())
-    except (OSError, ValueError):
-        return None
-    return waited if scheduled else None
 
 def hash_for(seconds, out):
     end = time.monotonic() + seconds
@@ -145,6 +137,7 @@ delays = [d for w, c, d in out]
 report(waited=sum(w - c for w, c, d in out), wall=sum(w for w, c, d in out),
        run_delay=None if None in delays else sum(delays))
 """
+)
 
 
 def test_threads_starved_of_cores_wait_for_a_core(module_server, tmp_path: Path) -> None:

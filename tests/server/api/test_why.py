@@ -12,12 +12,13 @@ import json
 import re
 import subprocess
 import sys
+import textwrap
 from typing import Iterator
 
 import pytest
 
 from tests.conftest import RunningServer, running_server
-from tests.helpers import CPU, native_states, run_programs, traced_program
+from tests.helpers import CPU, RUN_DELAY_SOURCE, native_states, run_programs, traced_program
 
 WALL = "wall:wall:nanoseconds:wall:nanoseconds"
 GIL_WAIT = "gil_wait:gil_wait:nanoseconds:wall:nanoseconds"
@@ -29,7 +30,9 @@ pytestmark = pytest.mark.timing
 
 PROGRAM = traced_program(
     "shop",
-    """
+    RUN_DELAY_SOURCE
+    + textwrap.dedent(
+        """
     # Each function spins in its own loop, so that it is the leaf of its samples (or the
     # caller of a generator expression that is).
     def price_items():
@@ -89,16 +92,6 @@ PROGRAM = traced_program(
         end = time.thread_time() + 0.1
         while time.thread_time() < end:
             digest.update(block)
-
-    def run_delay():
-        # The kernel's count of this thread's time runnable without a core (None where it
-        # keeps none): the truth a request's wait for a core is checked against.
-        try:
-            with open(f"/proc/self/task/{threading.get_native_id()}/schedstat") as f:
-                ran, waited, scheduled = map(int, f.read().split())
-        except (OSError, ValueError):
-            return None
-        return waited if scheduled else None
 
     def hash_forever(stop):
         digest = hashlib.sha256()
@@ -167,7 +160,8 @@ PROGRAM = traced_program(
             waited = after - before if after is not None and before is not None else None
             out["starved"].append({**ids(span), "runDelay": waited})
     print("IDS " + json.dumps(out))
-    """,
+    """
+    ),
 )
 
 
