@@ -226,7 +226,9 @@ def test_drag_across_empty_stretch_keeps_pickers_and_titles_the_new_range(page, 
         "(s) => document.querySelector('.hs-panel-title').textContent.includes(s)", arg=start
     )
     assert "Last 1 hour" not in title.inner_text()
-    # Both pickers stay, so the user can switch service or type from here.
+    # Both pickers stay, so the user can switch service or type from here: the other
+    # services once the look further back has found them (its button comes with them).
+    page.locator(".hs-nearest-range").wait_for()
     service = page.locator("select.hs-service")
     assert service.input_value() == "checkout"
     options = service.locator("option").all_inner_texts()
