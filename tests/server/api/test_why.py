@@ -305,11 +305,12 @@ def test_request_starved_of_cores_is_contended(shop) -> None:  # type: ignore[no
     # core (and, on a crowded machine, for the GIL held by threads that had no core either).
     assert split["cpuWaitNanos"] >= 0.25 * int(answer["extraDurationNanos"]), split
     assert answer["cpuWait"]["span"] == split["cpuWaitNanos"]
-    # Where the kernel counts the waits, the span's is its count, give or take a wait that
-    # ended at the span's edge (measured: within 5 %).
+    # Where the kernel counts the waits, the span's is about its count: a wait is charged as
+    # a sample finds it or as the kernel counts it, and one at the span's end can fall after
+    # it (measured: 0.86 to 1.0 of the count, 0.84 to 1.0 beside the suite's parallel phase).
     truth = ids["starved"][0]["runDelay"]
     if truth is not None:
-        assert abs(split["cpuWaitNanos"] / truth - 1) < 0.15, (split, truth)
+        assert 0.75 <= split["cpuWaitNanos"] / truth <= 1.1, (split, truth)
     assert answer["cpuWait"]["baselineMean"] < 0.5 * split["cpuWaitNanos"], answer["cpuWait"]
 
 

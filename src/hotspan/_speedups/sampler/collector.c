@@ -67,28 +67,18 @@ charge_wall(uint64_t ident, const uint64_t *labels, const RawFrame *frames, int 
         charge_gil_held(ident, holder, amount);
 }
 
-/* The state time off CPU is charged in at a sample: where the kernel counts the waits for a
- * core (run_delay_exact), they are charged apart, exactly, and a sample that found its thread
- * waiting for one stands for the rest, which was not such a wait. */
-static inline int
-off_cpu_state(int state)
-{
-    return run_delay_exact && state == STATE_CPU_WAIT ? STATE_RELEASED : state;
-}
-
 static inline void
 charge_wall_at(const WallCopy *c, uint64_t amount)
 {
-    charge_wall(c->ident, c->labels, c->frames, c->depth, off_cpu_state(c->thread_state), 0,
-                amount);
+    charge_wall(c->ident, c->labels, c->frames, c->depth, c->thread_state, 0, amount);
 }
 
 /* Under threads_mutex: the time thread `s` waited for a core since the last count, as the
  * kernel counts it, added to what the profile owes it.  The kernel counts a wait as it ends,
  * so the time is charged from the thread's next time off CPU: where a wait began in an
  * interval already charged, the total stays right and the next off-CPU stack stands for it.
- * A wait charged before the kernel counted it (the thread was runnable all along, wall_tick)
- * makes the debt negative until it does. */
+ * A wait charged before the kernel counted it (a sample found the thread waiting,
+ * charge_off_cpu) makes the debt negative until it does. */
 static void
 count_core_waits(ThreadSlot *s, pid_t tid)
 {
@@ -118,6 +108,21 @@ charge_core_wait(ThreadSlot *s, const WallCopy *c, uint64_t *amount)
     charge_wall(c->ident, c->labels, c->frames, c->depth, STATE_CPU_WAIT, 0, waited);
     *amount -= waited;
     s->core_wait_debt_ns -= (int64_t)waited;
+}
+
+/* Under threads_mutex: `amount` of thread `s`'s time off CPU at `c`, by the state it was in
+ * there (`holder`: the GIL's then).  Found waiting for a core (late to its signal, or runnable
+ * all along), it was waiting when the kernel had not counted that wait yet: counted against
+ * the kernel's count to come (count_core_waits). */
+static void
+charge_off_cpu(ThreadSlot *s, const WallCopy *c, uint64_t holder, uint64_t amount)
+{
+    charge_wall(c->ident, c->labels, c->frames, c->depth, c->thread_state, holder, amount);
+    if (run_delay_exact && c->thread_state == STATE_CPU_WAIT) {
+        s->core_wait_debt_ns -= (int64_t)amount;
+        if (s->core_wait_debt_ns < -(int64_t)MAX_WALL_PER_TICK_NS)
+            s->core_wait_debt_ns = -(int64_t)MAX_WALL_PER_TICK_NS;
+    }
 }
 
 /* Under threads_mutex: what the handlers recorded goes into the current window. */
@@ -333,16 +338,9 @@ wall_tick(uint64_t now_ns, uint64_t *random)
                 /* What the kernel saw of it meanwhile (a thread found asleep is not asked:
                  * it waits for a core only as it wakes, and then runs). */
                 count_core_waits(s, tid);
-                if (run_delay_exact && c->thread_state == STATE_CPU_WAIT) {
-                    /* Runnable all along: a wait the kernel counts once it ends. */
-                    charge_wall(c->ident, c->labels, c->frames, c->depth, STATE_CPU_WAIT, 0,
-                                owed);
-                    s->core_wait_debt_ns -= (int64_t)owed;
-                    owed = 0;
-                }
                 charge_core_wait(s, c, &owed);
             }
-            charge_wall_at(c, owed);
+            charge_off_cpu(s, c, 0, owed);
             if (s->idle_checks < 1000)
                 s->idle_checks++;
             uint64_t wait = (uint64_t)s->idle_checks * cpu_interval_ns;
@@ -370,7 +368,7 @@ wall_tick(uint64_t now_ns, uint64_t *random)
                 uint64_t before = owed - recent;
                 count_core_waits(s, tid);
                 charge_core_wait(s, c, &before);
-                charge_wall_at(c, before);
+                charge_off_cpu(s, c, 0, before);
                 owed = recent;
                 count_waits = 0;
             }
@@ -402,12 +400,11 @@ wall_tick(uint64_t now_ns, uint64_t *random)
         }
         off += atomic_exchange(&s->pending_wall_ns, 0);
         if (inside && (!cpu_samples || !c->on_cpu)) {
-            charge_wall(c->ident, c->labels, c->frames, c->depth,
-                        off_cpu_state(c->thread_state), c->gil_holder, off);
+            charge_off_cpu(s, c, c->gil_holder, off);
             off = 0;
         }
         if (off > MAX_WALL_PER_TICK_NS && c != NULL && c->depth > 0) {
-            charge_wall_at(c, off - MAX_WALL_PER_TICK_NS);
+            charge_off_cpu(s, c, 0, off - MAX_WALL_PER_TICK_NS);
             off = MAX_WALL_PER_TICK_NS;
         }
         atomic_fetch_add(&s->pending_wall_ns, off);

@@ -284,8 +284,8 @@ HIDDEN uint64_t thread_ident_of(uint64_t tstate);
  * the kernel counts it: 0 with `*ns` set, -1 where the kernel does not say. */
 HIDDEN int run_delay_of(pid_t tid, uint64_t *ns);
 /* Set as sampling starts, if run_delay_of answers: the collector then charges each thread's
- * wait for a core from the kernel's count, and a sample's own "waiting for a core" (its signal
- * came late) stands for none of it. */
+ * waits for a core as the kernel counts them, less what samples found as it happened (a
+ * signal handled late, a thread runnable all along). */
 HIDDEN extern int run_delay_exact;
 
 static inline uint32_t
