@@ -73,6 +73,15 @@ charge_wall_at(const WallCopy *c, uint64_t amount)
     charge_wall(c->ident, c->labels, c->frames, c->depth, c->thread_state, 0, amount);
 }
 
+/* Under threads_mutex: `ns` more (or, negative, less) of waits for a core that the profile owes
+ * thread `s`.  Bounded: a thread ends, sampling stops, or what went wrong is not carried on. */
+static inline void
+owe_core_wait(ThreadSlot *s, int64_t ns)
+{
+    int64_t debt = s->core_wait_debt_ns + ns, bound = (int64_t)MAX_WALL_PER_TICK_NS;
+    s->core_wait_debt_ns = debt > bound ? bound : debt < -bound ? -bound : debt;
+}
+
 /* Under threads_mutex: the time thread `s` waited for a core since the last count, as the
  * kernel counts it, added to what the profile owes it.  The kernel counts a wait as it ends,
  * so the time is charged from the thread's next time off CPU: where a wait began in an
@@ -86,13 +95,8 @@ count_core_waits(ThreadSlot *s, pid_t tid)
     if (!run_delay_exact || run_delay_of(tid, &now) != 0)
         return;
     if (s->run_delay_ns != 0 && now + 1 > s->run_delay_ns)
-        s->core_wait_debt_ns += (int64_t)(now + 1 - s->run_delay_ns);
+        owe_core_wait(s, (int64_t)(now + 1 - s->run_delay_ns));
     s->run_delay_ns = now + 1;
-    /* Bounded: a thread ends, sampling stops, or what went wrong is not carried on. */
-    if (s->core_wait_debt_ns > (int64_t)MAX_WALL_PER_TICK_NS)
-        s->core_wait_debt_ns = (int64_t)MAX_WALL_PER_TICK_NS;
-    if (s->core_wait_debt_ns < -(int64_t)MAX_WALL_PER_TICK_NS)
-        s->core_wait_debt_ns = -(int64_t)MAX_WALL_PER_TICK_NS;
 }
 
 /* Under threads_mutex: as much of `*amount` (time off CPU) as the profile owes thread `s` of
@@ -107,7 +111,7 @@ charge_core_wait(ThreadSlot *s, const WallCopy *c, uint64_t *amount)
         waited = *amount;
     charge_wall(c->ident, c->labels, c->frames, c->depth, STATE_CPU_WAIT, 0, waited);
     *amount -= waited;
-    s->core_wait_debt_ns -= (int64_t)waited;
+    owe_core_wait(s, -(int64_t)waited);
 }
 
 /* Under threads_mutex: `amount` of thread `s`'s time off CPU at `c`, by the state it was in
@@ -118,11 +122,8 @@ static void
 charge_off_cpu(ThreadSlot *s, const WallCopy *c, uint64_t holder, uint64_t amount)
 {
     charge_wall(c->ident, c->labels, c->frames, c->depth, c->thread_state, holder, amount);
-    if (run_delay_exact && c->thread_state == STATE_CPU_WAIT) {
-        s->core_wait_debt_ns -= (int64_t)amount;
-        if (s->core_wait_debt_ns < -(int64_t)MAX_WALL_PER_TICK_NS)
-            s->core_wait_debt_ns = -(int64_t)MAX_WALL_PER_TICK_NS;
-    }
+    if (run_delay_exact && c->thread_state == STATE_CPU_WAIT)
+        owe_core_wait(s, -(int64_t)amount);
 }
 
 /* Under threads_mutex: what the handlers recorded goes into the current window. */
