@@ -223,3 +223,23 @@ def test_a_frame_the_batch_cannot_name_is_judged_once_named() -> None:
     recorder.count("t", unnamed)
     # The frame, named once, is known to match from then on.
     assert recorded(recorder, "t") == {("sqlalchemy", ()): 12}
+
+
+def test_the_worker_counts_every_submitted_batch_once() -> None:
+    """Through the worker thread, as a server counts: every submitted batch counted once,
+    and a flush returns once what was submitted before it is counted."""
+    batches = pprof_batches(pprof_uploads(12, seed=11), 1)
+    rules = rules_of(PPROF_RULES)
+    one = reference(batches, rules)
+    recorder = Recorder(None)  # type: ignore[arg-type]
+    recorder.load({"t": rules})
+    recorder.start()
+    try:
+        for n in (1, 2):
+            for batch in batches:
+                recorder.submit("t", batch)
+            assert recorder.flush(30.0)
+            assert recorded(recorder, "t") == {k: v * n for k, v in one.items()}
+    finally:
+        recorder.stop()
+    assert not any(t.is_alive() for t in recorder._threads)
