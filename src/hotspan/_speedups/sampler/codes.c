@@ -97,10 +97,21 @@ plausible_header(const void *object, const void *copy)
         return 0; /* no link, or a link within the same 4 MiB: a pool (16 KiB) or page */
 #  if PY_VERSION_HEX >= 0x030E0000 && SIZEOF_VOID_P > 4 && !PY_BIG_ENDIAN
     /* Count, then overflow (0 short of four billion references), then a few flag bits. */
-    return (uint32_t)word != 0 && ((word >> 32) & 0xFFFF) == 0 && (word >> 48) < 0x100;
+    if (!((uint32_t)word != 0 && ((word >> 32) & 0xFFFF) == 0 && (word >> 48) < 0x100))
+        return 0;
 #  else
-    return word < ((uint64_t)1 << 40) && (int64_t)word > 0;
+    if (!(word < ((uint64_t)1 << 40) && (int64_t)word > 0))
+        return 0;
 #  endif
+    /* Where the heap is low, a link to a block elsewhere passes the tests above as a count:
+     * under valgrind, whose heap starts near 0x4000000 (a churn of short-lived functions
+     * crashed 3.9 there in every run), or in an interpreter not built position-independent,
+     * whose heap follows it at a few MiB.  Links are aligned addresses of mapped memory; a
+     * count that is both is not believed (the frame is then named "unknown", which is safe,
+     * where a reference taken to a freed block is not). */
+    char byte;
+    return (word & 7) != 0 || word < 0x10000 ||
+           safe_read((const void *)(uintptr_t)word, &byte, 1) != 0;
 }
 
 /* With the GIL (so that no code object is freed meanwhile).  A frame recorded by a signal
