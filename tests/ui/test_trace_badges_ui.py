@@ -187,9 +187,13 @@ def test_badges_say_not_on_cpu_and_name_lock_waits(page, bank) -> None:  # type:
     found = rows(page)
     sleeping, locked, computing = found["sleep"], found["locked"], found["compute"]
     # Sleeping: not on CPU, and no cause claimed (it could as well be starved of the GIL).
+    # On a busy machine (CI's parallel phase) the kernel counts the thread waiting for a core
+    # as it wakes, and a wait that ended as it went to sleep lands in the same interval: that
+    # much may be named, a small part of the 300 ms, never a lock or I/O.
     assert sleeping["activity"] == "waiting"
     assert re.fullmatch(r"not on CPU \d+%", str(sleeping["badge"])), sleeping
-    assert sleeping["note"] == ""
+    core = re.fullmatch(r"(?:of which (.+) waiting for a core)?", str(sleeping["note"]))
+    assert core and (core.group(1) is None or ms(core.group(1)) <= 100), sleeping
     assert "I/O, locks, sleep or other services" not in str(sleeping["title"])
     assert "cannot tell" in str(sleeping["title"])
     # Waiting for the lock another thread held for 400 ms: the badge names the lock wait.
