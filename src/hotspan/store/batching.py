@@ -186,13 +186,21 @@ def series_bounds(
 ) -> None:
     """Add to ``out`` the first and last sample time of every series in the batch, as
     ``(tenant, series_id) -> [tenant, series_id, profile type, labels JSON, first, last]``."""
-    order = np.argsort(cols.series_id, kind="stable")
-    sids = cols.series_id[order]
-    ts = cols.ts[order]
-    starts = np.flatnonzero(np.concatenate(([True], sids[1:] != sids[:-1])))
-    lows = np.minimum.reduceat(ts, starts)
-    highs = np.maximum.reduceat(ts, starts)
-    for sid, lo, hi in zip(sids[starts].tolist(), lows.tolist(), highs.tolist()):
+    sids, ts = cols.series_id, cols.ts
+    if not len(sids):
+        return
+    if not (sids != sids[0]).any():
+        # One series, as most pushes are: no sort, and no NumPy call that lets go of the
+        # GIL (a sort, a reduceat) for the writer to wait for it again.
+        bounds = [(int(sids[0]), int(ts.min()), int(ts.max()))]
+    else:
+        order = np.argsort(sids, kind="stable")
+        sids, ts = sids[order], ts[order]
+        starts = np.flatnonzero(np.concatenate(([True], sids[1:] != sids[:-1])))
+        lows = np.minimum.reduceat(ts, starts)
+        highs = np.maximum.reduceat(ts, starts)
+        bounds = list(zip(sids[starts].tolist(), lows.tolist(), highs.tolist()))
+    for sid, lo, hi in bounds:
         row = out.get((tenant, sid))
         if row is None:
             info = batch.series[sid]
