@@ -43,9 +43,20 @@ FREE_THREADING_SAFE = {
 EXTENSIONS = [
     Extension(
         "hotspan._speedups._pprof",
-        ["src/hotspan/_speedups/pprof.c"],
-        depends=["src/hotspan/_speedups/hashing.h"],
+        [
+            "src/hotspan/_speedups/pprof.c",
+            "src/hotspan/_speedups/inflate.c",
+            "src/hotspan/_speedups/frame_cache.c",
+        ],
+        depends=[
+            "src/hotspan/_speedups/hashing.h",
+            "src/hotspan/_speedups/inflate.h",
+            "src/hotspan/_speedups/frame_cache.h",
+        ],
         extra_compile_args=["-O3", "-std=c11"],
+        # zlib: gzipped uploads are inflated without the GIL (inflate.c).  Its header comes
+        # with Python's own (libpython3-dev depends on zlib1g-dev).
+        libraries=["z"],
         optional=True,
     ),
     Extension(

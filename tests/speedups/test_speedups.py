@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import gzip
 import random
+import zlib
 from dataclasses import fields
 
 import numpy as np
 import pytest
 
 from hotspan import _speedups
-from hotspan.formats import pprof_decode
+from hotspan.formats import compression, pprof_decode
 from hotspan.formats.errors import FormatError
 from hotspan.formats.proto import profile_pb2
 from hotspan.model import hashing
@@ -165,3 +166,87 @@ def test_truncated_everywhere() -> None:
         # A cut on a field boundary is a valid, smaller profile: both paths must agree on it.
         _equal(got, pprof_decode.decode_python(raw[:cut]))
     assert rejected > 300
+
+
+def _upload_outcome(decode, data: bytes, max_size: int):  # type: ignore[no-untyped-def]
+    try:
+        return decode(data, max_size)
+    except FormatError as exc:
+        return str(exc)
+
+
+def _python_upload(data: bytes, max_size: int) -> pprof_decode.DecodedProfile:
+    """The path without the C decoder, inflating with zlib as the C decoder does."""
+    raw = compression.maybe_gunzip(data, max_size, zlib.decompressobj)
+    if not raw:
+        raise FormatError("empty pprof profile")
+    return pprof_decode.decode_python(raw)
+
+
+def test_the_c_decoder_inflates_uploads_as_the_python_path_does() -> None:
+    raw = _samples()[0]
+    one = gzip.compress(raw, mtime=0)
+    half = len(raw) // 2
+    cases = {
+        "plain": raw,
+        "gzipped": one,
+        "two members": gzip.compress(raw[:half], mtime=0) + gzip.compress(raw[half:], mtime=0),
+        "a trailer that lies about the size": one[:-4] + b"\x01\x00\x00\x00",
+        "truncated": one[: len(one) // 2],
+        "cut before the trailer": one[:-3],
+        "garbage after a member": one + b"garbage!",
+        "corrupt deflate data": one[:12] + bytes(b ^ 0x5A for b in one[12:40]) + one[40:],
+        "empty gzip": gzip.compress(b"", mtime=0),
+        "empty": b"",
+    }
+    for name, data in cases.items():
+        for max_size in (len(raw) - 1, len(raw), len(raw) + 1, 1 << 20):
+            mine = _upload_outcome(pprof_decode.decode_inflating, data, max_size)
+            theirs = _upload_outcome(_python_upload, data, max_size)
+            if isinstance(theirs, str):
+                # Same refusal; zlib's own words after "bad gzip data:" may vary.
+                assert isinstance(mine, str), (name, max_size, theirs)
+                assert mine.split(":")[0] == theirs.split(":")[0], (name, max_size)
+            else:
+                assert not isinstance(mine, str), (name, max_size, mine)
+                _equal(mine, theirs)
+    with pytest.raises(FormatError, match="larger than the limit of 1000 bytes"):
+        pprof_decode.decode_inflating(gzip.compress(b"\x00" * 10**7), 1000)
+
+
+def _frames_profile(frames: list) -> bytes:  # type: ignore[type-arg]
+    """One sample per frame of ``frames`` ((name, file, line)), as pprof."""
+    p = profile_pb2.Profile()
+    table = [""]
+    p.sample_type.add(type=1, unit=2)
+    table += ["cpu", "nanoseconds"]
+    for i, (name, file, line) in enumerate(frames, start=1):
+        table += [name, file]
+        p.function.add(id=i, name=len(table) - 2, filename=len(table) - 1)
+        p.location.add(id=i).line.add(function_id=i, line=line)
+        p.sample.add(location_id=[i], value=[1])
+    p.string_table.extend(t.encode() for t in table)
+    return p.SerializeToString()
+
+
+def test_frame_ids_remembered_across_decodes_stay_exact() -> None:
+    # Frames that differ only where name ends and file begins, by line, by a byte past the
+    # eighth, by length; one too long to be remembered; and enough of them to evict.
+    frames = [
+        ("ab", "c.py", 1),
+        ("a", "bc.py", 1),
+        ("ab", "c.py", 2),
+        ("", "", 0),
+        ("n" * 5000, "long.py", 3),
+    ]
+    frames += [("f" * n, "m.py", 7) for n in range(20)]
+    frames += [
+        (f"pkg.mod.Class.method_{i}", f"/srv/app/pkg/mod{i % 97}.py", i) for i in range(40000)
+    ]
+    raw = _frames_profile(frames)
+    expected = [hashing.hash_frame(n.encode(), f.encode(), line) for n, f, line in frames]
+    for _ in range(3):  # the second and third decodes find most frames remembered
+        got = pprof_decode.decode(raw)
+        assert got.frame_id.tolist() == expected
+    mixed = _frames_profile(frames[:5] + frames[-3000:] + frames[5:30])
+    _equal(pprof_decode.decode(mixed), pprof_decode.decode_python(mixed))

@@ -17,7 +17,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "frame_cache.h"
 #include "hashing.h"
+#include "inflate.h"
 
 /* ---- growable arrays --------------------------------------------------------------------- */
 
@@ -563,7 +565,7 @@ add_frame(Decoder *d, const uint8_t *base, int64_t name, int64_t file, int64_t l
     const uint8_t *name_p = (const uint8_t *)"", *file_p = string_at(d, base, file, &file_len);
     if (name >= 0)
         name_p = string_at(d, base, name, &name_len);
-    int64_t id = hash_frame_raw(name_p, name_len, file_p, file_len, line);
+    int64_t id = cached_frame_id(name_p, name_len, file_p, file_len, line);
     if (vec_push(&d->frame_id, id) < 0 || vec_push(&d->frame_name, name) < 0 ||
         vec_push(&d->frame_file, file) < 0 || vec_push(&d->frame_line, line) < 0 ||
         vec_push(&d->loc_frames, id) < 0)
@@ -780,33 +782,57 @@ decode_all(Decoder *d, const uint8_t *base, Reader *r)
 
 PyDoc_STRVAR(
     decode_doc,
-    "decode(data: bytes, max_depth: int, max_frames: int) -> tuple\n\n"
-    "Decode an uncompressed pprof profile, keeping at most max_depth root-most frames per "
-    "stack\n"
-    "and refusing profiles that expand to more than max_frames frames in all.  Returns "
-    "(strings, sample_types, period_type,\n"
-    "period_unit, has_period_type, period, time_nanos, duration_nanos, frame_id, frame_name,\n"
-    "frame_file, frame_line, stack, frame_off, frames, values, labels); the array items are\n"
-    "bytes of native int64.  Raises ValueError on malformed input.");
+    "decode(data: bytes, max_depth: int, max_frames: int, max_size: int = -1) -> tuple\n\n"
+    "Decode a pprof profile, keeping at most max_depth root-most frames per stack and "
+    "refusing\n"
+    "profiles that expand to more than max_frames frames in all.  With max_size >= 0, gzipped "
+    "data\n"
+    "is inflated first (to at most max_size bytes) and an empty payload is refused.  Returns "
+    "(payload,\n"
+    "string_pos, sample_types, period_type, period_unit, has_period_type, period, "
+    "time_nanos,\n"
+    "duration_nanos, frame_id, frame_name, frame_file, frame_line, stack, frame_off, frames,\n"
+    "values, labels): the payload decoded, the string table as (offset, length) pairs into "
+    "it,\n"
+    "and the array items as bytes of native int64.  Raises ValueError on malformed input.");
 
 static PyObject *
 decode(PyObject *self, PyObject *args)
 {
     Py_buffer view;
     Decoder d;
-    Py_ssize_t max_depth, max_frames;
-    PyObject *strings = NULL, *result = NULL;
+    Py_ssize_t max_depth, max_frames, max_size = -1;
+    PyObject *payload = NULL, *result = NULL;
+    uint8_t *inflated = NULL;
+    size_t inflated_len = 0;
     memset(&d, 0, sizeof(d));
-    if (!PyArg_ParseTuple(args, "y*nn", &view, &max_depth, &max_frames))
+    if (!PyArg_ParseTuple(args, "y*nn|n", &view, &max_depth, &max_frames, &max_size))
         return NULL;
     d.max_depth = max_depth;
     d.max_frames = max_frames;
     const uint8_t *base = (const uint8_t *)view.buf;
-    Reader r = {base, base + view.len};
+    Py_ssize_t len = view.len;
+    int gzipped =
+        max_size >= 0 && len >= 2 && base[0] == GZIP_MAGIC_0 && base[1] == GZIP_MAGIC_1;
     int ok;
+    /* Inflating and decoding in one stretch without the GIL: see inflate.c. */
     Py_BEGIN_ALLOW_THREADS
     error_text[0] = 0;
-    ok = decode_all(&d, base, &r) == 0;
+    ok = 1;
+    if (gzipped) {
+        ok = gunzip_bounded(base, (size_t)len, (size_t)max_size, &inflated, &inflated_len,
+                            error_text, sizeof(error_text)) == 0;
+        base = inflated;
+        len = (Py_ssize_t)inflated_len;
+    }
+    if (ok && max_size >= 0 && len == 0) {
+        snprintf(error_text, sizeof(error_text), "empty pprof profile");
+        ok = 0;
+    }
+    if (ok) {
+        Reader r = {base, base + len};
+        ok = decode_all(&d, base, &r) == 0;
+    }
     Py_END_ALLOW_THREADS
     if (!ok) {
         PyErr_SetString(strcmp(error_text, "out of memory") == 0 ? PyExc_MemoryError
@@ -814,25 +840,25 @@ decode(PyObject *self, PyObject *args)
                         error_text);
         goto done;
     }
-    strings = PyList_New(d.string_pos.len / 2);
-    if (!strings)
-        goto done;
-    for (Py_ssize_t i = 0; i < d.string_pos.len; i += 2) {
-        PyObject *s = PyBytes_FromStringAndSize((const char *)base + d.string_pos.data[i],
-                                                d.string_pos.data[i + 1]);
-        if (!s)
+    /* The string table stays in the payload: most uploads name only stacks the store has. */
+    if (!gzipped && view.obj && PyBytes_CheckExact(view.obj)) {
+        payload = view.obj;
+        Py_INCREF(payload);
+    } else {
+        payload = PyBytes_FromStringAndSize((const char *)base, len);
+        if (!payload)
             goto done;
-        PyList_SET_ITEM(strings, i / 2, s);
     }
     result = Py_BuildValue(
-        "(ONLLLLLLNNNNNNNNN)", strings, vec_bytes(&d.sample_types), (long long)d.period_type,
-        (long long)d.period_unit, (long long)d.has_period_type, (long long)d.period,
-        (long long)d.time_nanos, (long long)d.duration_nanos, vec_bytes(&d.frame_id),
-        vec_bytes(&d.frame_name), vec_bytes(&d.frame_file), vec_bytes(&d.frame_line),
-        vec_bytes(&d.stack), vec_bytes(&d.frame_off), vec_bytes(&d.frames),
-        vec_bytes(&d.values), vec_bytes(&d.labels));
+        "(ONNLLLLLLNNNNNNNNN)", payload, vec_bytes(&d.string_pos), vec_bytes(&d.sample_types),
+        (long long)d.period_type, (long long)d.period_unit, (long long)d.has_period_type,
+        (long long)d.period, (long long)d.time_nanos, (long long)d.duration_nanos,
+        vec_bytes(&d.frame_id), vec_bytes(&d.frame_name), vec_bytes(&d.frame_file),
+        vec_bytes(&d.frame_line), vec_bytes(&d.stack), vec_bytes(&d.frame_off),
+        vec_bytes(&d.frames), vec_bytes(&d.values), vec_bytes(&d.labels));
 done:
-    Py_XDECREF(strings);
+    Py_XDECREF(payload);
+    free(inflated);
     decoder_free(&d);
     PyBuffer_Release(&view);
     return result;

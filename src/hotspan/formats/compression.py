@@ -3,18 +3,21 @@
 from __future__ import annotations
 
 import zlib
-from typing import Any, Callable, Tuple, Type
+from typing import Any, Callable, Optional, Tuple, Type
 
 from hotspan.formats.errors import FormatError
 
 _decompressobj: Callable[..., Any] = zlib.decompressobj
 _errors: Tuple[Type[BaseException], ...] = (zlib.error,)
+# Whether ISA-L inflates (the C pprof decoder inflates with zlib unless it does).
+ISAL = False
 try:
     # ISA-L inflates gzip about twice as fast as zlib, without the GIL as zlib does; it is
     # the larger part of decoding a pprof upload.
     from isal import isal_zlib
 
     _decompressobj = isal_zlib.decompressobj
+    ISAL = True
     # Its stub declares ``error`` as an instance; it is the class IsalError.
     _errors = (zlib.error, isal_zlib.error)  # type: ignore[assignment]
 except ImportError:  # not on every platform: zlib does the same, slower
@@ -23,12 +26,14 @@ except ImportError:  # not on every platform: zlib does the same, slower
 GZIP_MAGIC = b"\x1f\x8b"
 
 
-def gunzip(data: bytes, max_size: int) -> bytes:
-    """Decompress gzip (possibly several members) to at most ``max_size`` bytes."""
+def gunzip(data: bytes, max_size: int, decompressobj: Optional[Callable[..., Any]] = None) -> bytes:
+    """Decompress gzip (possibly several members) to at most ``max_size`` bytes;
+    ``decompressobj`` is ISA-L's where installed, else zlib's, unless given."""
+    make = decompressobj or _decompressobj
     out = []
     total = 0
     while data:
-        d = _decompressobj(wbits=31)
+        d = make(wbits=31)
         try:
             chunk = d.decompress(data, max_size - total + 1)
         except _errors as exc:
@@ -43,6 +48,8 @@ def gunzip(data: bytes, max_size: int) -> bytes:
     return b"".join(out)
 
 
-def maybe_gunzip(data: bytes, max_size: int) -> bytes:
+def maybe_gunzip(
+    data: bytes, max_size: int, decompressobj: Optional[Callable[..., Any]] = None
+) -> bytes:
     """Decompress if the payload starts with the gzip magic, else return it unchanged."""
-    return gunzip(data, max_size) if data[:2] == GZIP_MAGIC else data
+    return gunzip(data, max_size, decompressobj) if data[:2] == GZIP_MAGIC else data

@@ -14,9 +14,8 @@ from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple
 
 import numpy as np
 
-from hotspan.formats.compression import maybe_gunzip
 from hotspan.formats.errors import FormatError
-from hotspan.formats.pprof_decode import DecodedProfile, decode
+from hotspan.formats.pprof_decode import DecodedProfile, decode_upload
 from hotspan.formats.proto import profile_pb2
 from hotspan.model.labels import METRIC_NAME, SPY_NAME, normalize
 from hotspan.model.profile import (
@@ -42,10 +41,7 @@ _BAD_LABEL_CHARS = re.compile(r"[^a-zA-Z0-9_.]")
 
 def parse(data: bytes, max_size: int) -> DecodedProfile:
     """Decode a pprof payload, gzip-compressed or not."""
-    raw = maybe_gunzip(data, max_size)
-    if not raw:
-        raise FormatError("empty pprof profile")
-    profile = decode(raw)
+    profile = decode_upload(data, max_size)
     if not len(profile.sample_types):
         raise FormatError("malformed pprof: no sample types")
     return profile
@@ -90,7 +86,7 @@ def sanitize_label_name(name: str) -> str:
 class _Text:
     """String-table entries decoded on demand; invalid UTF-8 is repaired, not rejected."""
 
-    def __init__(self, strings: List[bytes]) -> None:
+    def __init__(self, strings: Sequence[bytes]) -> None:
         self._raw = strings
         self._cache: Dict[int, str] = {}
 
@@ -152,12 +148,17 @@ def to_batch(
     if n == 0:
         return 0
     batch.stack_chunks.append(StackChunk(profile.stack, profile.frames, profile.frame_off))
-    span = np.zeros(n, dtype=np.uint64)
-    trace = np.full(n, None, dtype=object)
-    group = np.zeros(n, dtype=np.int64)
     groups: List[Tuple[Tuple[str, str], ...]] = [()]
     if len(profile.labels):
+        span = np.zeros(n, dtype=np.uint64)
+        trace = np.full(n, None, dtype=object)
+        group = np.zeros(n, dtype=np.int64)
         groups = _apply_labels(profile.labels, text, span, trace, group)
+    else:
+        # Most uploads have no sample labels: shared read-only columns instead of new ones,
+        # since NumPy lets go of the GIL to allocate a zeroed array, and on a busy server
+        # each time costs two thread switches.
+        span, trace, group = _unlabelled(n)
     series = np.empty((len(groups), len(types)), dtype=np.int64)
     for g, extra in enumerate(groups):
         merged = dict(base)
@@ -173,11 +174,15 @@ def to_batch(
     for t in range(len(types)):
         values = profile.values[:, t]
         keep = values != 0
-        count = int(keep.sum())
+        count = int(np.count_nonzero(keep))
         if count == 0:
             continue
-        batch.add_columns(
-            SampleColumns(
+        if count == n:
+            # Every sample has a value of this type (a profile of one type, always).
+            ids = series[group, t] if len(groups) > 1 else np.full(n, series[0, t])
+            columns = SampleColumns(ids, np.full(n, ts), profile.stack, values, span, trace)
+        else:
+            columns = SampleColumns(
                 series[group[keep], t],
                 np.full(count, ts, dtype=np.int64),
                 profile.stack[keep],
@@ -185,9 +190,34 @@ def to_batch(
                 span[keep],
                 trace[keep],
             )
-        )
+        batch.add_columns(columns)
         added += count
     return added
+
+
+_SHARED: Tuple[np.ndarray, np.ndarray, np.ndarray] = (
+    np.zeros(0, dtype=np.uint64),
+    np.zeros(0, dtype=object),
+    np.zeros(0, dtype=np.int64),
+)
+
+
+def _unlabelled(n: int) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Span ids (0), trace ids (None) and series groups (0) of ``n`` unlabelled samples:
+    views of arrays shared by every upload, read-only."""
+    global _SHARED
+    shared = _SHARED
+    if len(shared[0]) < n:
+        size = max(n, 4096)
+        shared = (
+            np.zeros(size, dtype=np.uint64),
+            np.full(size, None, dtype=object),
+            np.zeros(size, dtype=np.int64),
+        )
+        for column in shared:
+            column.flags.writeable = False
+        _SHARED = shared
+    return shared[0][:n], shared[1][:n], shared[2][:n]
 
 
 def _frame_source(profile: DecodedProfile, text: _Text):
