@@ -247,6 +247,9 @@ class IngestBatch:
         out = {sid: frames for sid, frames in self.stacks.items() if sid not in known}
         for chunk in self.stack_chunks:
             ids = chunk.ids.tolist()
+            # Most pushes name only stacks the store has: one set operation says so.
+            if known.issuperset(ids):
+                continue
             for i, sid in enumerate(ids):
                 if sid not in known and sid not in out:
                     out[sid] = tuple(chunk.frames[chunk.offsets[i] : chunk.offsets[i + 1]].tolist())

@@ -125,16 +125,14 @@ class DuckDBWriting:
             if columns:
                 counts = [len(c.value) for c in columns]
                 tenant_ids = [self._tenant_id(con, t) for t in tenants]
+                # Reading Python objects is the slow part of an insert: the trace column is
+                # left out when no sample of the commit has a trace id.
+                traced = any(np.not_equal(c.trace_id, None).any() for c in columns)
+                names = [n for n in SampleColumns._fields if traced or n != "trace_id"]
                 sample_table = {  # noqa: F841
                     "tenant_id": np.repeat(np.array(tenant_ids, dtype=np.int32), counts),
-                    **{
-                        name: np.concatenate([getattr(c, name) for c in columns])
-                        for name in SampleColumns._fields
-                    },
+                    **{name: np.concatenate([getattr(c, name) for c in columns]) for name in names},
                 }
-                # Reading Python objects is the slow part of an insert: skip the trace
-                # column when no sample of the commit has a trace id.
-                traced = any(t is not None for c in columns for t in c.trace_id.tolist())
                 con.execute(
                     "INSERT INTO samples SELECT tenant_id, series_id, ts, stack_id, value, "
                     f"span_id, {'trace_id' if traced else 'NULL'} FROM sample_table"
