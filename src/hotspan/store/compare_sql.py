@@ -241,9 +241,9 @@ def compare_sql(
         )
     else:
         # The root spans of the traces (looked for around the range, as the engine does;
-        # by the dialect, of the traces counted only); the spans counted (or, by the dialect, their counts per trace) joined to
-        # their trace's root and grouped by the root's name and service: one small table
-        # both root attributes read.
+        # by the dialect, of the traces counted only); the spans counted (or, by the
+        # dialect, their counts per trace) joined to their trace's root and grouped by the
+        # root's name and service: one small table both root attributes read.
         roots = (
             f"SELECT trace_id, {d.any.format('name')} AS root_name, "
             f"{d.any.format('service')} AS root_service FROM spans "

@@ -19,6 +19,8 @@ from hotspan.store.duckdb_schema import span_attr_rows, transaction
 MAX_TAG_VALUES = 1000
 # A tag already stored is written again only when seen this much later (for its last_seen).
 TAG_REFRESH_NS = 3600 * 10**9
+# What a sample without a trace id has in its trace column.
+_NONE = np.array(None, dtype=object)
 
 
 class DuckDBWriting:
@@ -127,7 +129,7 @@ class DuckDBWriting:
                 tenant_ids = [self._tenant_id(con, t) for t in tenants]
                 # Reading Python objects is the slow part of an insert: the trace column is
                 # left out when no sample of the commit has a trace id.
-                traced = any(np.not_equal(c.trace_id, None).any() for c in columns)
+                traced = any(np.not_equal(c.trace_id, _NONE).any() for c in columns)
                 names = [n for n in SampleColumns._fields if traced or n != "trace_id"]
                 sample_table = {  # noqa: F841
                     "tenant_id": np.repeat(np.array(tenant_ids, dtype=np.int32), counts),
