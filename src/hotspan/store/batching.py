@@ -181,6 +181,16 @@ class PartialCommit(StoreError):
         self.cause = cause
 
 
+# What a sample without a trace id has in its trace column.
+_NO_TRACE = np.array(None, dtype=object)
+
+
+def has_trace_ids(trace_id: np.ndarray) -> bool:
+    """Whether a column of trace ids (None for a sample without one) holds any: most pushes
+    hold none, and a store writes the column only when they do."""
+    return bool(np.not_equal(trace_id, _NO_TRACE).any())
+
+
 def series_bounds(
     tenant: str, batch: IngestBatch, cols: SampleColumns, out: Dict[Tuple[str, int], list]
 ) -> None:

@@ -14,7 +14,13 @@ import numpy as np
 from hotspan.model.profile import Frame, IngestBatch, SampleColumns
 from hotspan.model.trace import SpanBatch, SpanGroup, SpanWriteRow
 from hotspan.store.base import StoreError
-from hotspan.store.batching import Batch, GroupCommitWriter, PartialCommit, series_bounds
+from hotspan.store.batching import (
+    Batch,
+    GroupCommitWriter,
+    PartialCommit,
+    has_trace_ids,
+    series_bounds,
+)
 from hotspan.store.clickhouse_connection import Clients, Insert, insert_columns
 
 # A tag already written is written again only when seen this much later (for its last_seen,
@@ -181,8 +187,7 @@ class ClickHouseWriting:
             }
             types = ["LowCardinality(String)", "Int64", "Int64", "Int64", "Int64", "UInt64"]
             # Most pushes carry no trace ids: the column's default ('') then costs nothing.
-            traces = [c.trace_id for c in columns if any(t is not None for t in c.trace_id)]
-            if traces:
+            if any(has_trace_ids(c.trace_id) for c in columns):
                 sample_columns["trace_id"] = [
                     t or "" for t in np.concatenate([c.trace_id for c in columns]).tolist()
                 ]

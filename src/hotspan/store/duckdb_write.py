@@ -12,15 +12,13 @@ import numpy as np
 from hotspan.model.profile import Frame, IngestBatch, SampleColumns
 from hotspan.model.trace import SpanBatch, SpanGroup, SpanWriteRow
 from hotspan.store.attr_index import RUN_ROWS
-from hotspan.store.batching import Batch, GroupCommitWriter, series_bounds
+from hotspan.store.batching import Batch, GroupCommitWriter, has_trace_ids, series_bounds
 from hotspan.store.duckdb_schema import span_attr_rows, transaction
 
 # Values the tag-values API offers per attribute: past it, ids and timestamps would swamp it.
 MAX_TAG_VALUES = 1000
 # A tag already stored is written again only when seen this much later (for its last_seen).
 TAG_REFRESH_NS = 3600 * 10**9
-# What a sample without a trace id has in its trace column.
-_NONE = np.array(None, dtype=object)
 
 
 class DuckDBWriting:
@@ -129,7 +127,7 @@ class DuckDBWriting:
                 tenant_ids = [self._tenant_id(con, t) for t in tenants]
                 # Reading Python objects is the slow part of an insert: the trace column is
                 # left out when no sample of the commit has a trace id.
-                traced = any(np.not_equal(c.trace_id, _NONE).any() for c in columns)
+                traced = any(has_trace_ids(c.trace_id) for c in columns)
                 names = [n for n in SampleColumns._fields if traced or n != "trace_id"]
                 sample_table = {  # noqa: F841
                     "tenant_id": np.repeat(np.array(tenant_ids, dtype=np.int32), counts),
