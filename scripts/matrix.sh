@@ -27,6 +27,7 @@ AGENT_TESTS=(
     tests/agent/test_locks.py tests/agent/test_threads.py tests/agent/test_pprof.py
     tests/agent/test_symbols.py tests/agent/test_busy.py tests/agent/test_busy_server.py
     tests/agent/test_gil.py tests/agent/test_gc_frame.py tests/agent/test_attach.py
+    tests/agent/test_turns.py tests/agent/test_transport.py tests/agent/test_uploader.py
 )
 mkdir -p "$WORK"
 

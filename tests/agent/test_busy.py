@@ -74,6 +74,11 @@ def agent_switches():
     return total
 
 tracer = trace.get_tracer("busy")
+
+# What became of the agent's turns at the GIL (granted, withdrawn, overrun): the switches'
+# likeliest cause when there are too many.
+from hotspan._speedups import load_sampler
+native = load_sampler()
 """
 
 
@@ -93,6 +98,7 @@ FINISH = """
 t_stop = time.monotonic(); cpu_stop = sampled_cpu(); switches = agent_switches() - switches
 hotspan.shutdown()
 report(cpu=cpu_stop - cpu_start, elapsed=t_stop - t_start, agent_switches=switches,
+       turns=native.turns() if native is not None else None,
        through_shutdown=time.monotonic() - t_start, stats=agent.sampler_stats, **result)
 """
 
@@ -168,7 +174,7 @@ def check_agent_threads(result: dict, run: int) -> None:
     per_second = result["agent_switches"] / result["elapsed"]
     assert per_second <= 100, (
         f"run {run}: the agent's threads switched {result['agent_switches']} times in "
-        f"{result['elapsed']:.1f} s"
+        f"{result['elapsed']:.1f} s; turns {result['turns']}"
     )
 
 

@@ -1,15 +1,42 @@
-"""The agent's plain HTTP/1.1 connection against answers http.server does not give:
-chunked bodies, keep-alive reuse, oversized error bodies and garbage."""
+"""The agent's HTTP/1.1 connection against answers http.server does not give: chunked
+bodies, keep-alive reuse, oversized error bodies and garbage; over TLS; with its waits on the
+socket's own timeouts and through a native Waker's wait_io."""
 
 from __future__ import annotations
 
+import shutil
 import socket
+import ssl
+import subprocess
 import threading
-from typing import List
+from pathlib import Path
+from typing import Any, Callable, List, Optional, Tuple
 
 import pytest
 
+from hotspan._speedups import load_sampler
 from hotspan.agent.transport import PlainConnection, TransportError
+
+native = load_sampler()
+Calls = List[Tuple[bool, float]]
+
+
+@pytest.fixture(params=["socket", "wait_io"])
+def waits(request: pytest.FixtureRequest) -> Tuple[Optional[Callable[..., bool]], Calls]:
+    """The connection's waits: the socket's timeouts, or a Waker's wait_io (on this thread,
+    the main one or a worker's, a plain wait), recorded as (write, timeout)."""
+    calls: Calls = []
+    if request.param == "socket":
+        return None, calls
+    if native is None:
+        pytest.skip("the native sampler is not built")
+    waker = native.Waker()
+
+    def wait_io(fd: int, write: bool, timeout: float) -> bool:
+        calls.append((write, timeout))
+        return bool(waker.wait_io(fd, write, timeout))
+
+    return wait_io, calls
 
 
 def _serve(answers: List[bytes]) -> tuple:
@@ -46,7 +73,7 @@ def _serve(answers: List[bytes]) -> tuple:
     return listener.getsockname()[1], requests, thread
 
 
-def test_chunked_and_keep_alive_on_one_connection() -> None:
+def test_chunked_and_keep_alive_on_one_connection(waits: Any) -> None:
     port, requests, thread = _serve(
         [
             b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
@@ -54,7 +81,8 @@ def test_chunked_and_keep_alive_on_one_connection() -> None:
             b"HTTP/1.1 503 Busy\r\nContent-Length: 4\r\nRetry-After: 7\r\n\r\nbusy",
         ]
     )
-    conn = PlainConnection("127.0.0.1", port, timeout=5)
+    wait_io, calls = waits
+    conn = PlainConnection("127.0.0.1", port, timeout=5, wait_io=wait_io)
     assert conn.post("/ingest?a=1", b"x" * 100_000, {"X-Scope-OrgID": "t"}, 1000) == (
         200,
         {"transfer-encoding": "chunked"},
@@ -68,6 +96,9 @@ def test_chunked_and_keep_alive_on_one_connection() -> None:
     assert requests[0].startswith(b"POST /ingest?a=1 HTTP/1.1\r\n")
     assert b"\r\nX-Scope-OrgID: t\r\n" in requests[0] and requests[0].endswith(b"x" * 100_000)
     conn.close()
+    if wait_io is not None:  # every wait was the connection's: to connect, send and read
+        assert {write for write, _ in calls} == {True, False}
+        assert all(0 < timeout <= 5 for _, timeout in calls)
 
 
 def test_long_error_body_is_cut_and_connection_dropped() -> None:
@@ -98,7 +129,7 @@ def test_no_content_needs_no_length() -> None:
     thread.join(5)
 
 
-def test_timeout_bounds_the_whole_exchange() -> None:
+def test_timeout_bounds_the_whole_exchange(waits: Any) -> None:
     """A server that trickles one byte every 0.2 s never trips a per-read timeout; the
     connection's timeout is for the whole post."""
     import time
@@ -120,10 +151,103 @@ def test_timeout_bounds_the_whole_exchange() -> None:
 
     thread = threading.Thread(target=trickle, daemon=True)
     thread.start()
-    conn = PlainConnection("127.0.0.1", listener.getsockname()[1], timeout=1.0)
+    conn = PlainConnection("127.0.0.1", listener.getsockname()[1], timeout=1.0, wait_io=waits[0])
     started = time.monotonic()
     with pytest.raises(OSError):  # TimeoutError, or socket.timeout on 3.9
         conn.post("/ingest", b"", {}, 1000)
     assert time.monotonic() - started < 2.0
     conn.close()
     listener.close()
+
+
+def test_refused_connection_is_the_usual_error(waits: Any) -> None:
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    listener.close()
+    conn = PlainConnection("127.0.0.1", port, timeout=2, wait_io=waits[0])
+    with pytest.raises(ConnectionRefusedError):
+        conn.post("/ingest", b"", {}, 100)
+    assert conn.sock is None
+
+
+@pytest.fixture(scope="module")
+def certificate(tmp_path_factory: pytest.TempPathFactory) -> Tuple[Path, Path]:
+    if shutil.which("openssl") is None:
+        pytest.skip("`openssl` makes the certificate")
+    directory = tmp_path_factory.mktemp("tls")
+    cert, key = directory / "cert.pem", directory / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1"]
+        + ["-keyout", str(key), "-out", str(cert), "-subj", "/CN=localhost"]
+        + ["-addext", "subjectAltName=DNS:localhost"],
+        check=True,
+        capture_output=True,
+    )
+    return cert, key
+
+
+def _serve_tls(cert: Tuple[Path, Path], answers: int) -> Tuple[int, List[bytes], threading.Thread]:
+    """A TLS server on one connection: reads each request whole (up to its Content-Length)
+    and answers 200 with the body's length."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(*cert)
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    bodies: List[bytes] = []
+
+    def run() -> None:
+        raw, _ = listener.accept()
+        listener.close()
+        try:
+            conn = context.wrap_socket(raw, server_side=True)
+        except (ssl.SSLError, OSError):
+            raw.close()  # a client that did not trust us
+            return
+        with conn:
+            buf = b""
+            for _ in range(answers):
+                while b"\r\n\r\n" not in buf:
+                    buf += conn.recv(65536)
+                head, _, buf = buf.partition(b"\r\n\r\n")
+                length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
+                while len(buf) < length:
+                    buf += conn.recv(65536)
+                bodies.append(buf[:length])
+                buf = buf[length:]
+                answer = str(length).encode()
+                conn.sendall(
+                    b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(answer), answer)
+                )
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return listener.getsockname()[1], bodies, thread
+
+
+def test_tls_with_the_hosts_certificate(certificate: Tuple[Path, Path], waits: Any) -> None:
+    port, bodies, thread = _serve_tls(certificate, answers=2)
+    context = ssl.create_default_context(cafile=str(certificate[0]))
+    conn = PlainConnection("localhost", port, timeout=5, context=context, wait_io=waits[0])
+    big = bytes(range(256)) * 4000  # past one TLS write's piece
+    assert conn.post("/ingest", big, {}, 100) == (200, {"content-length": "7"}, b"1024000")
+    sock = conn.sock
+    assert conn.post("/ingest", b"small", {}, 100)[2] == b"5"
+    assert conn.sock is sock and isinstance(sock, ssl.SSLSocket)
+    thread.join(5)
+    assert bodies == [big, b"small"]
+    conn.close()
+
+
+def test_tls_refuses_a_certificate_for_another_name(
+    certificate: Tuple[Path, Path], waits: Any
+) -> None:
+    port, bodies, thread = _serve_tls(certificate, answers=1)
+    context = ssl.create_default_context(cafile=str(certificate[0]))
+    conn = PlainConnection("127.0.0.1", port, timeout=5, context=context, wait_io=waits[0])
+    with pytest.raises(ssl.SSLCertVerificationError):
+        conn.post("/ingest", b"secret", {}, 100)
+    assert conn.sock is None
+    thread.join(5)
+    assert bodies == []

@@ -98,10 +98,10 @@ def agent_thread():
     report.update(delays=delays, switches=switches() - before)
     done.set()
 
-turns = native.turns()
+turns = native.turns()["granted"]
 threading.Thread(target=agent_thread).start()
 asyncio.run(busy(done))
-report["turns"] = native.turns() - turns
+report["turns"] = native.turns()["granted"] - turns
 print(json.dumps(report))
 """
     )
@@ -147,7 +147,7 @@ def loop():
     done.set()
     upload_waker.set()
 
-turns = native.turns()
+turns = native.turns()["granted"]
 threads = [threading.Thread(target=uploader), threading.Thread(target=loop)]
 threads[0].start()
 ready.wait()
@@ -155,7 +155,7 @@ threads[1].start()
 asyncio.run(busy(done))
 for t in threads:
     t.join()
-report["turns"] = native.turns() - turns
+report["turns"] = native.turns()["granted"] - turns
 print(json.dumps(report))
 """
     )
@@ -199,6 +199,66 @@ print(json.dumps({"longest_gap": max(gaps)}))
 """
     )
     assert 0.05 <= result["longest_gap"] < 0.5, result
+
+
+@needs_gil
+def test_a_thread_waiting_for_its_socket_leaves_its_turn_and_comes_back_by_one() -> None:
+    """The uploader waits for a server's answer with wait_io: the main thread runs meanwhile
+    (a wait inside the turn would hold it 0.1 s, then leave the thread to the GIL's queue),
+    and the thread comes back by a turn, with a handful of switches."""
+    result = run_scenario(
+        """
+import os, subprocess
+done = threading.Event()
+waker = native.Waker()
+report = {}
+
+def agent_thread():
+    waker.wait(0.05)  # in a turn from here
+    before = switches()
+    r, w = os.pipe()
+    # The answer comes from another process half a second later: nothing of this one's.
+    subprocess.Popen(["sh", "-c", "sleep 0.5; printf x"], stdout=w)
+    os.close(w)
+    report["not_yet"] = waker.wait_io(r, False, 0.01)
+    report["ready"] = waker.wait_io(r, False, 5.0)
+    report["data"] = os.read(r, 1).decode()
+    spin(2000)  # its Python work, back in a turn
+    report["switches"] = switches() - before
+    report["writable"] = waker.wait_io(os.pipe()[1], True, 1.0)  # ready at once
+    report["end"] = time.monotonic()
+    report["turns"] = native.turns()
+    done.set()  # and the thread ends in its turn, which the main thread ends after 0.1 s
+
+gaps = []
+
+async def watch():
+    last = time.monotonic()
+    while not done.is_set():
+        await asyncio.sleep(0)
+        now = time.monotonic()
+        gaps.append((now - last, now))
+        last = now
+
+async def main():
+    await asyncio.gather(busy(done), watch())
+
+turns = native.turns()
+threading.Thread(target=agent_thread).start()
+asyncio.run(main())
+after = report.pop("turns")
+report.update(longest_gap=max(gap for gap, at in gaps if at <= report["end"]),
+              overrun=after["overrun"] - turns["overrun"],
+              granted=after["granted"] - turns["granted"])
+print(json.dumps(report))
+"""
+    )
+    assert result["not_yet"] is False and result["ready"] is True, result
+    assert result["data"] == "x" and result["writable"] is True, result
+    assert result["overrun"] == 0, result
+    assert result["longest_gap"] < 0.09, result
+    assert result["granted"] >= 3, result  # the first wait, each wait_io's way back, the last
+    assert result["switches"] <= 50, result
 
 
 def test_a_gevent_program_keeps_its_greenlets_running() -> None:

@@ -1,21 +1,29 @@
 """One keep-alive HTTP/1.1 connection that POSTs a body and reads the answer.
 
-For ``http://`` addresses this is a few lines over a socket, not ``http.client``: importing
-``http.client`` imports ``ssl`` and the ``email`` package, 8.6 MiB of RSS in a program that
-may use neither, against an agent budget of 10 MiB.  ``https://`` addresses use
-``http.client`` (imported then), since TLS is what it is for.
+A few lines over a socket (wrapped by ``ssl`` for ``https://``), not ``http.client``:
+importing ``http.client`` imports the ``email`` package, megabytes of RSS in a program that
+may not use it, against an agent budget of 10 MiB; and the connection's waits go through
+``wait_io`` when the agent has one, which ``http.client`` has no place for.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
+import os
 import socket
 import threading
 import time
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 MAX_HEADER_LINES = 100
 MAX_LINE = 65536
+# A TLS write goes out whole, waiting inside ssl's C code; in pieces, each wait is ours.
+TLS_WRITE = 256 * 1024
+
+# wait_io(fd, write, timeout) -> whether ready: the native Waker's, whose thread is out of
+# its turn at the GIL meanwhile and comes back by one (see _speedups/sampler/turns.c).
+WaitIO = Callable[[int, bool, float], bool]
 
 
 class TransportError(OSError):
@@ -27,13 +35,24 @@ Response = Tuple[int, Dict[str, str], bytes]  # status, headers (lower-case name
 
 class PlainConnection:
     """``timeout`` bounds a whole :meth:`post`, name lookup to last byte: a server that
-    trickles its answer must not hold an exit flush past its deadline."""
+    trickles its answer must not hold an exit flush past its deadline.  ``context``: an
+    ``ssl.SSLContext`` for ``https://``.  ``wait_io``: what the connection waits for its
+    socket with (connect, handshake, each send and receive); None: the socket's own waits."""
 
-    def __init__(self, host: str, port: int, timeout: float) -> None:
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        timeout: float,
+        context: Any = None,
+        wait_io: Optional[WaitIO] = None,
+    ) -> None:
         self.host = host
         self.port = port
         self.timeout = timeout
-        self.sock: Optional[socket.socket] = None
+        self.sock: Any = None  # socket.socket, or ssl.SSLSocket
+        self._context = context
+        self._wait_io = wait_io
         self._buffer = b""
         self._deadline = 0.0
 
@@ -47,7 +66,7 @@ class PlainConnection:
     ) -> Response:
         self._deadline = time.monotonic() + self.timeout
         if self.sock is None:
-            self.sock = socket.create_connection(self._resolve(), timeout=self._remaining())
+            self.sock = self._connect()
             self._buffer = b""
         host = f"[{self.host}]" if ":" in self.host else self.host
         lines = [
@@ -56,8 +75,7 @@ class PlainConnection:
             f"Content-Length: {len(body)}",
         ]
         lines += [f"{name}: {value}" for name, value in headers.items()]
-        self.sock.settimeout(self._remaining())
-        self.sock.sendall(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body)
+        self._send(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body)
         return self._read_response(max_body)
 
     def _remaining(self) -> float:
@@ -65,6 +83,65 @@ class PlainConnection:
         if left <= 0:
             raise TimeoutError("timed out")
         return left
+
+    def _wait(self, sock: Any, write: bool) -> None:
+        if self._wait_io is not None and not self._wait_io(sock.fileno(), write, self._remaining()):
+            raise TimeoutError("timed out")
+
+    def _connect(self) -> Any:
+        address = self._resolve()
+        if self._wait_io is None:
+            sock = socket.create_connection(address, timeout=self._remaining())
+        else:
+            family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
+            sock = socket.socket(family, socket.SOCK_STREAM)
+            try:
+                sock.setblocking(False)
+                code = sock.connect_ex(address)
+                if code in (errno.EINPROGRESS, errno.EAGAIN, errno.EWOULDBLOCK):
+                    self._wait(sock, True)
+                    code = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+                if code:
+                    raise OSError(code, os.strerror(code))  # ConnectionRefusedError, ...
+            except BaseException:
+                sock.close()
+                raise
+        if self._context is None:
+            return sock
+        try:
+            return self._handshake(sock)
+        except BaseException:
+            sock.close()
+            raise
+
+    def _handshake(self, sock: socket.socket) -> Any:
+        import ssl
+
+        tls = self._context.wrap_socket(
+            sock, server_hostname=self.host, do_handshake_on_connect=False
+        )
+        if self._wait_io is None:
+            tls.settimeout(self._remaining())
+            tls.do_handshake()
+            return tls
+        tls.setblocking(False)
+        while True:
+            try:
+                tls.do_handshake()
+                return tls
+            except ssl.SSLWantReadError:
+                self._wait(tls, False)
+            except ssl.SSLWantWriteError:
+                self._wait(tls, True)
+
+    def _send(self, data: bytes) -> None:
+        sock = self.sock
+        view = memoryview(data)
+        piece = TLS_WRITE if self._context is not None else len(view)
+        while view:
+            self._wait(sock, True)
+            sock.settimeout(self._remaining())
+            view = view[sock.send(view[:piece]) :]
 
     def _resolve(self) -> Tuple[str, int]:
         try:
@@ -136,9 +213,12 @@ class PlainConnection:
         return body
 
     def _fill(self) -> bool:
-        assert self.sock is not None
-        self.sock.settimeout(self._remaining())
-        data = self.sock.recv(65536)
+        sock = self.sock
+        assert sock is not None
+        if self._context is None or not sock.pending():  # TLS may hold a record read already
+            self._wait(sock, False)
+        sock.settimeout(self._remaining())
+        data = sock.recv(65536)
         self._buffer += data
         return bool(data)
 
@@ -165,41 +245,6 @@ class PlainConnection:
         if sock is not None:
             with contextlib.suppress(OSError):
                 sock.close()
-
-
-class TLSConnection:
-    """The same interface over ``http.client.HTTPSConnection``."""
-
-    def __init__(self, host: str, port: int, timeout: float, context: Any) -> None:
-        import http.client
-
-        self._conn = http.client.HTTPSConnection(host, port, timeout=timeout, context=context)
-        self.timeout = timeout
-
-    @property
-    def sock(self) -> Any:
-        return self._conn.sock
-
-    def post(
-        self,
-        path: str,
-        body: bytes,
-        headers: Mapping[str, str],
-        max_body: int,
-        method: str = "POST",
-    ) -> Response:
-        self._conn.timeout = self.timeout
-        if self._conn.sock is not None:
-            self._conn.sock.settimeout(self.timeout)
-        self._conn.request(method, path, body=body, headers=dict(headers))
-        response = self._conn.getresponse()
-        data = response.read(max_body)
-        if not response.isclosed():
-            self._conn.close()
-        return response.status, {k.lower(): v for k, v in response.getheaders()}, data
-
-    def close(self) -> None:
-        self._conn.close()
 
 
 _spool_sequence = [0]  # only the upload thread (or an exit flush, holding its lock) writes

@@ -110,7 +110,7 @@ class Uploader:
         self._max_bytes = max(0, max_buffer_bytes)
         self._timeout = timeout
         self._thread: Optional[threading.Thread] = None
-        self._conn: Optional[Any] = None  # PlainConnection or TLSConnection
+        self._conn: Optional[Any] = None  # a connection of agent/transport.py
         self._ssl_context: Any = None
         self._last_warning: Optional[float] = None
         # Following the server's settings (see follow_settings): None otherwise.
@@ -296,6 +296,10 @@ class Uploader:
             self._cond.acquire()
         waker.clear()
 
+    def _wait_io(self, fd: int, write: bool, timeout: float) -> bool:
+        """The connection's waits, on this process's waker (a fork makes a new one)."""
+        return bool(self._waker.wait_io(fd, write, timeout))
+
     def _count_drop(self, size: int) -> None:
         self._stats.dropped_uploads += 1
         self._stats.dropped_bytes += size
@@ -432,7 +436,7 @@ class Uploader:
     def _connection(self, timeout: float) -> Any:
         conn = self._conn
         if conn is None:
-            from hotspan.agent.transport import PlainConnection, SpoolConnection, TLSConnection
+            from hotspan.agent.transport import PlainConnection, SpoolConnection
 
             if self._spool is not None:
                 conn = SpoolConnection(self._spool, timeout)
@@ -440,15 +444,15 @@ class Uploader:
                 from hotspan.agent.transport import GrpcConnection
 
                 conn = GrpcConnection(self._host, self._port, timeout, self._https)
-            elif self._https:
-                # Only https pays for ssl and its CA store (megabytes).
-                import ssl
-
-                if self._ssl_context is None:
-                    self._ssl_context = ssl.create_default_context()
-                conn = TLSConnection(self._host, self._port, timeout, self._ssl_context)
             else:
-                conn = PlainConnection(self._host, self._port, timeout)
+                if self._https and self._ssl_context is None:
+                    # Only https pays for ssl and its CA store (megabytes).
+                    import ssl
+
+                    self._ssl_context = ssl.create_default_context()
+                context = self._ssl_context if self._https else None
+                wait_io = self._wait_io if hasattr(self._waker, "wait_io") else None
+                conn = PlainConnection(self._host, self._port, timeout, context, wait_io)
             self._conn = conn
         elif conn.sock is not None and _closed_by_peer(conn.sock):
             conn.close()  # the server's keep-alive ran out (uvicorn's is 5 s): a new one

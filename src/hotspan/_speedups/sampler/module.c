@@ -36,7 +36,8 @@ static PyMethodDef methods[] = {
      "thread's "
      "current labels"},
     {"turns", sampler_turns, METH_NOARGS,
-     "turns() -> int: turns at the GIL the main thread has handed to a Waker's wait"},
+     "turns() -> dict: turns at the GIL asked for by a Waker's wait: granted, withdrawn "
+     "(not granted in time), overrun (taken back)"},
     {NULL, NULL, 0, NULL},
 };
 
