@@ -251,3 +251,46 @@ def test_tls_refuses_a_certificate_for_another_name(
     assert conn.sock is None
     thread.join(5)
     assert bodies == []
+
+
+def test_each_address_of_a_name_is_tried_and_the_answer_kept(
+    waits: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A name whose first address refuses ("localhost" as ::1 beside a server on 127.0.0.1)
+    connects to the next; the lookup is kept for the next connection."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(2)
+    port = listener.getsockname()[1]
+    heads: List[bytes] = []
+
+    def run() -> None:  # two connections, one exchange and a close each
+        for _ in range(2):
+            conn, _ = listener.accept()
+            with conn:
+                buf = b""
+                while b"\r\n\r\n" not in buf:
+                    buf += conn.recv(65536)
+                heads.append(buf.split(b"\r\n\r\n")[0])
+                conn.sendall(b"HTTP/1.1 204 No Content\r\nConnection: close\r\n\r\n")
+        listener.close()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    lookups: List[str] = []
+
+    def getaddrinfo(host: str, port_: int, *args: Any, **kwargs: Any) -> List[Any]:
+        lookups.append(host)
+        return [
+            (socket.AF_INET6, socket.SOCK_STREAM, 6, "", ("::1", port, 0, 0)),
+            (socket.AF_INET, socket.SOCK_STREAM, 6, "", ("127.0.0.1", port)),
+        ]
+
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+    conn = PlainConnection("server.test", port, timeout=5, wait_io=waits[0])
+    for body in (b"a", b"b"):
+        assert conn.post("/ingest", body, {}, 100) == (204, {"connection": "close"}, b"")
+        assert conn.sock is None  # the server closed it: the next post connects again
+    thread.join(5)
+    assert [h.split(b"\r\n")[1] for h in heads] == [f"Host: server.test:{port}".encode()] * 2
+    assert lookups == ["server.test"]

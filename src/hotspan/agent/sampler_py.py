@@ -123,8 +123,11 @@ class PythonSampler:
 
     def tick(self, interrupted: Any = None) -> None:
         """One look at every thread; ``interrupted`` is the main thread's frame when a signal
-        handler ticks (its own frames are not the program's)."""
-        if not self._lock.acquire(blocking=interrupted is None):
+        handler ticks (its own frames are not the program's).  Never waiting for a tick under
+        way: that one looks at every thread now.  And the agent's thread must not: the main
+        thread may hand it a turn at the GIL from inside the handler's tick, lock held, and
+        wait for it (see _speedups/sampler/turns.c)."""
+        if not self._lock.acquire(blocking=False):
             return
         try:
             self._tick(interrupted)
@@ -205,10 +208,16 @@ class PythonSampler:
             self._stop_signal_ticks()
             # CPU burnt since the last tick is charged now, not lost with the window.
             self.tick()
-        with self._lock:
+        # The agent's thread does not wait for a tick under way (see tick): the windows
+        # finished stay for its next round.
+        if not self._lock.acquire(blocking=final):
+            return Collected([], 0, None)
+        try:
             if final and (self._aggregate or not self._finished):
                 self._finish_window()
             finished, self._finished = self._finished, []
+        finally:
+            self._lock.release()
         return Collected(finished, 0, None)
 
     def cut(self) -> Collected:

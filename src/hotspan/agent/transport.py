@@ -18,6 +18,9 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 MAX_HEADER_LINES = 100
 MAX_LINE = 65536
+# How long a name's addresses are used before it is looked up again (and until a connection
+# to every one of them fails).
+RESOLVED_FOR_S = 60.0
 # A TLS write goes out whole, waiting inside ssl's C code; in pieces, each wait is ours.
 TLS_WRITE = 256 * 1024
 
@@ -55,6 +58,7 @@ class PlainConnection:
         self._wait_io = wait_io
         self._buffer = b""
         self._deadline = 0.0
+        self._resolved: Optional[Tuple[float, List[Tuple[int, Tuple[Any, ...]]]]] = None
 
     def post(
         self,
@@ -89,27 +93,40 @@ class PlainConnection:
             raise TimeoutError("timed out")
 
     def _connect(self) -> Any:
-        address = self._resolve()
-        if self._wait_io is None:
-            sock = socket.create_connection(address, timeout=self._remaining())
-        else:
-            family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
-            sock = socket.socket(family, socket.SOCK_STREAM)
+        # Each address in turn, as the resolver gives them ("localhost": ::1, then 127.0.0.1).
+        error: Optional[OSError] = None
+        for family, address in self._resolve():
             try:
-                sock.setblocking(False)
-                code = sock.connect_ex(address)
-                if code in (errno.EINPROGRESS, errno.EAGAIN, errno.EWOULDBLOCK):
-                    self._wait(sock, True)
-                    code = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
-                if code:
-                    raise OSError(code, os.strerror(code))  # ConnectionRefusedError, ...
-            except BaseException:
-                sock.close()
-                raise
+                sock = self._connect_to(family, address)
+                break
+            except OSError as exc:
+                error = exc
+        else:
+            self._resolved = None  # the name may point elsewhere now
+            raise error if error is not None else OSError(f"no address for {self.host!r}")
         if self._context is None:
             return sock
         try:
             return self._handshake(sock)
+        except BaseException:
+            sock.close()
+            raise
+
+    def _connect_to(self, family: int, address: Tuple[Any, ...]) -> socket.socket:
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            if self._wait_io is None:
+                sock.settimeout(self._remaining())
+                sock.connect(address)
+                return sock
+            sock.setblocking(False)
+            code = sock.connect_ex(address)
+            if code in (errno.EINPROGRESS, errno.EAGAIN, errno.EWOULDBLOCK):
+                self._wait(sock, True)
+                code = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+            if code:
+                raise OSError(code, os.strerror(code))  # ConnectionRefusedError, ...
+            return sock
         except BaseException:
             sock.close()
             raise
@@ -143,13 +160,20 @@ class PlainConnection:
             sock.settimeout(self._remaining())
             view = view[sock.send(view[:piece]) :]
 
-    def _resolve(self) -> Tuple[str, int]:
-        try:
-            socket.inet_pton(socket.AF_INET6 if ":" in self.host else socket.AF_INET, self.host)
-            return self.host, self.port  # an address already
-        except OSError:
-            pass
-        # getaddrinfo has no timeout of its own: ask it from a thread and stop waiting.
+    def _resolve(self) -> List[Tuple[int, Tuple[Any, ...]]]:
+        """(family, address) to connect to, in the resolver's order."""
+        for family in (socket.AF_INET, socket.AF_INET6):
+            try:
+                socket.inet_pton(family, self.host)
+                return [(family, (self.host, self.port))]  # an address already
+            except OSError:
+                pass
+        now = time.monotonic()
+        if self._resolved is not None and now < self._resolved[0]:
+            return self._resolved[1]
+        # getaddrinfo has no timeout of its own: ask it from a thread and stop waiting.  A
+        # thread, and its join, at each new connection would be each a wait for the GIL
+        # (uvicorn ends keep-alive after 5 s): the answer is kept a while.
         found: List[Any] = []
         lookup = threading.Thread(
             target=lambda: found.append(
@@ -162,8 +186,9 @@ class PlainConnection:
         lookup.join(self._remaining())
         if not found:
             raise TimeoutError(f"cannot resolve {self.host!r} in time")
-        address = found[0][0][4]
-        return address[0], address[1]
+        addresses = [(info[0], info[4]) for info in found[0]]
+        self._resolved = (now + RESOLVED_FOR_S, addresses)
+        return addresses
 
     def _read_response(self, max_body: int) -> Response:
         status_line = self._line()
