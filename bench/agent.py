@@ -90,6 +90,8 @@ EXTRA_PROFILERS = [
     "pyspy-blocking",
     "hotspan-nospans",
     "hotspan-nowall",
+    "hotspan-nolocks",
+    "hotspan-nothreads",
     "hotspan-timer",
     "hotspan-python",
     "hotspan-cpuonly",
@@ -1318,6 +1320,8 @@ _PROFILER_TITLES = {
     "pyroscope": "pyroscope-io (defaults: `gil_only=True`)",
     "hotspan-nospans": "hotspan, `trace_correlation=False`",
     "hotspan-nowall": "hotspan, `wall=False`",
+    "hotspan-nolocks": "hotspan, `locks=False`",
+    "hotspan-nothreads": "hotspan, `threads=False`",
     "hotspan-timer": "hotspan, CPU timers only (`HOTSPAN_CPU_TRIGGER=timer`)",
     "hotspan-python": "hotspan, `native=False` (pure-Python sampler)",
 }

@@ -47,6 +47,8 @@ HOTSPAN_VARIANTS: Dict[str, Dict[str, Any]] = {
     "hotspan": {},
     "hotspan-nospans": {"trace_correlation": False},
     "hotspan-nowall": {"wall": False},
+    "hotspan-nolocks": {"locks": False},
+    "hotspan-nothreads": {"threads": False},
     "hotspan-python": {"native": False},
     # The defaults with POSIX CPU timers for every thread (HOTSPAN_CPU_TRIGGER=timer, set by
     # bench/agent.py): what the main thread's perf event costs.
