@@ -114,6 +114,36 @@ print(json.dumps(report))
     assert result["switches"] <= 100, result
 
 
+@needs_gil
+def test_a_main_thread_asleep_in_c_is_not_waited_for() -> None:
+    """The main thread joins a thread (asleep, the GIL free): the agent's thread withdraws its
+    ask after one look and takes the GIL, rather than wait for a turn that cannot come."""
+    result = run_scenario(
+        """
+waker = native.Waker()
+report = {}
+
+def agent_thread():
+    delays = []
+    for _ in range(5):
+        asked = time.monotonic()
+        waker.wait(0.01)
+        delays.append(time.monotonic() - asked - 0.01)
+    report["delays"] = delays
+
+turns = native.turns()
+thread = threading.Thread(target=agent_thread)
+thread.start()
+thread.join()
+after = native.turns()
+report.update({k: after[k] - turns[k] for k in after})
+print(json.dumps(report))
+"""
+    )
+    assert result["granted"] == 0 and result["withdrawn"] == 5, result
+    assert max(result["delays"]) < 0.2, result  # one look: 20 ms, not the 0.5 s cap
+
+
 def test_a_thread_woken_in_a_turn_runs_in_it() -> None:
     """The loop thread hands the uploader an upload in its turn: the uploader's thread joins
     the turn, so the main thread waits for it too instead of running again at once."""

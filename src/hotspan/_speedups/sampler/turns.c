@@ -16,8 +16,8 @@
  * Either side may fall back to the GIL's queue, and beside a busy loop that fallback costs
  * the thousands of wake-ups turns exist to avoid; so each falls back only when the other
  * cannot be what it waits for.  The asking thread waits TURN_ASK_NS at a time, for as long
- * as the main thread holds the GIL (running Python, or without a core on a crowded machine:
- * it comes to its pending calls once it runs); when the main thread does not hold it (it
+ * as the main thread holds the GIL or is running (or without a core on a crowded machine: it
+ * comes to its pending calls once it runs); when the main thread is asleep without the GIL (it
  * waits in C, or is gone) the agent takes the GIL as any thread would: it is free or soon
  * will be.  The main thread takes the GIL back after TURN_MAX_NS unless a thread of the
  * turn's holds it (running, or again without a core), and after TURN_LONGEST_NS in any case.
@@ -55,9 +55,10 @@ static int turn_holders;
 /* Their thread states, to tell whether the GIL is theirs. */
 static uint64_t turn_threads[TURN_THREADS];
 static int turn_thread_count;
-/* threading.main_thread().ident, read as the first Waker is made: only the main thread runs
- * pending calls. */
+/* threading.main_thread().ident and its native id, read as the first Waker is made: only
+ * the main thread runs pending calls. */
 static unsigned long main_ident;
+static pid_t main_tid;
 #endif
 static unsigned long long turn_generation; /* of the turn asked or granted last */
 static int turn_queued; /* a grant_turn of ours waits in the pending calls */
@@ -115,8 +116,14 @@ turns_after_fork(void)
 #ifndef Py_GIL_DISABLED
     turn_thread_count = 0;
     /* The forking thread is the child's main thread (threading makes it so). */
-    if (main_ident != 0)
+    if (main_ident != 0) {
         main_ident = PyThread_get_thread_ident();
+#  ifdef SYS_gettid
+        main_tid = (pid_t)syscall(SYS_gettid);
+#  else
+        main_tid = 0; /* unknown: read as asleep */
+#  endif
+    }
 #endif
 }
 
@@ -134,6 +141,19 @@ add_turn_thread(uint64_t tstate)
 {
     if (turn_thread_count < TURN_THREADS)
         turn_threads[turn_thread_count++] = tstate;
+}
+
+/* Whether the main thread will come to its pending calls soon: it holds the GIL, or it is
+ * running or waiting for a core.  Beside a busy event loop the main thread lets the GIL go for
+ * an instant at every poll of its selector, and on a crowded machine it may lose its core in
+ * one: only a main thread asleep (in C, waiting: a join, a sleep, a blocking read) is not
+ * coming. */
+static int gil_held_by(int of_turn);
+
+static int
+main_coming(void)
+{
+    return gil_held_by(0) || thread_asleep(main_tid) == 0;
 }
 
 /* Whether the GIL is held by the main thread (0), or by a thread of the turn (1).  Unknown
@@ -224,7 +244,7 @@ ask_turn(uint64_t tstate)
         if (pthread_cond_timedwait(&turn_cv, &turn_mu, &deadline) != ETIMEDOUT)
             continue;
         uint64_t now = monotonic_ns();
-        if (now - start >= TURN_LONGEST_NS || !gil_held_by(0))
+        if (now - start >= TURN_LONGEST_NS || !main_coming())
             break;
         deadline = timespec_ns(now + TURN_ASK_NS);
     }
@@ -294,9 +314,18 @@ find_main_ident(void)
     if (main == NULL)
         return -1;
     PyObject *ident = PyObject_GetAttrString(main, "ident");
+    PyObject *native_id = ident == NULL ? NULL : PyObject_GetAttrString(main, "native_id");
     Py_DECREF(main);
-    if (ident == NULL)
+    if (native_id == NULL) {
+        Py_XDECREF(ident);
         return -1;
+    }
+    long tid = native_id == Py_None ? 0 : PyLong_AsLong(native_id);
+    Py_DECREF(native_id);
+    if (tid == -1 && PyErr_Occurred()) {
+        Py_DECREF(ident);
+        return -1;
+    }
     unsigned long value = ident == Py_None ? 0 : PyLong_AsUnsignedLong(ident);
     Py_DECREF(ident);
     if (value == (unsigned long)-1 && PyErr_Occurred())
@@ -304,6 +333,7 @@ find_main_ident(void)
     thread_state_init(PyThreadState_Get());
     pthread_mutex_lock(&turn_mu);
     main_ident = value;
+    main_tid = (pid_t)tid;
     pthread_mutex_unlock(&turn_mu);
     return 0;
 }
