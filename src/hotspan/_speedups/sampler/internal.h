@@ -278,9 +278,6 @@ HIDDEN uint64_t gil_holder_now(void);
  * the system call it is blocked in (STATE_GIL_WAIT or STATE_RELEASED), or STATE_CPU_WAIT
  * when it is in none (runnable: waiting for a core); -1 if unknown. */
 HIDDEN int blocked_state(pid_t tid);
-/* Whether thread `tid` is asleep (blocked, stopped: anything but running or runnable), from
- * its /proc stat: 1 or 0, -1 when that cannot be read. */
-HIDDEN int thread_asleep(pid_t tid);
 /* The thread ident (threading.get_ident()) of a thread state that may be gone, or 0. */
 HIDDEN uint64_t thread_ident_of(uint64_t tstate);
 /* The collector's: the time thread `tid` has spent runnable without a core since it began, as

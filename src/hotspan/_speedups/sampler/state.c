@@ -52,24 +52,6 @@ read_task_file(pid_t tid, const char *name, char *buf, size_t size)
 }
 #endif
 
-int
-thread_asleep(pid_t tid)
-{
-#ifdef __linux__
-    /* "pid (comm) S ...": the state follows the last ')' (a name may hold one). */
-    char buf[512];
-    if (tid <= 0 || read_task_file(tid, "stat", buf, sizeof buf) != 0)
-        return -1;
-    const char *end = strrchr(buf, ')');
-    if (end == NULL || end[1] != ' ' || end[2] == 0)
-        return -1;
-    return end[2] != 'R';
-#else
-    (void)tid;
-    return -1;
-#endif
-}
-
 #if defined(__linux__) && (defined(Py_GIL_DISABLED) || PY_VERSION_HEX < 0x030F0000)
 /* The system call thread `tid` is blocked in, from "nr arg0 arg1 ... sp pc", or "running" when
  * it is in none: 1 with its number and first argument, 0 in none, -1 when that cannot be

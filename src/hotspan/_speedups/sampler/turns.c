@@ -16,10 +16,11 @@
  * Either side may fall back to the GIL's queue, and beside a busy loop that fallback costs
  * the thousands of wake-ups turns exist to avoid; so each falls back only when the other
  * cannot be what it waits for.  The asking thread waits TURN_ASK_NS at a time, for as long
- * as the main thread holds the GIL or is running (or without a core on a crowded machine: it
- * comes to its pending calls once it runs); when the main thread is asleep without the GIL (it
+ * as the main thread holds the GIL (running Python, or without a core on a crowded machine:
+ * it comes to its pending calls once it runs); when the main thread does not hold it (it
  * waits in C, or is gone) the agent takes the GIL as any thread would: it is free or soon
- * will be.  The main thread takes the GIL back after TURN_MAX_NS unless a thread of the
+ * will be.  A busy event loop lets the GIL go for an instant at every poll of its selector,
+ * so "does not hold it" takes TURN_LOOKS looks in a row, TURN_LOOK_NS apart.  The main thread takes the GIL back after TURN_MAX_NS unless a thread of the
  * turn's holds it (running, or again without a core), and after TURN_LONGEST_NS in any case.
  * Neither waits past TURN_LONGEST_NS.
  *
@@ -34,6 +35,8 @@
 #define TURN_ASK_NS 20000000ull      /* how often the asking thread looks at the GIL */
 #define TURN_MAX_NS 100000000ull     /* a turn whose threads are off the GIL ends here */
 #define TURN_LONGEST_NS 500000000ull /* no wait for a turn, or in one, lasts longer */
+#define TURN_LOOKS 4
+#define TURN_LOOK_NS 500000ull
 /* At most this many threads in a turn: the agent has two that wait here. */
 #define TURN_THREADS 4
 
@@ -55,10 +58,9 @@ static int turn_holders;
 /* Their thread states, to tell whether the GIL is theirs. */
 static uint64_t turn_threads[TURN_THREADS];
 static int turn_thread_count;
-/* threading.main_thread().ident and its native id, read as the first Waker is made: only
- * the main thread runs pending calls. */
+/* threading.main_thread().ident, read as the first Waker is made: only the main thread runs
+ * pending calls. */
 static unsigned long main_ident;
-static pid_t main_tid;
 #endif
 static unsigned long long turn_generation; /* of the turn asked or granted last */
 static int turn_queued; /* a grant_turn of ours waits in the pending calls */
@@ -116,14 +118,8 @@ turns_after_fork(void)
 #ifndef Py_GIL_DISABLED
     turn_thread_count = 0;
     /* The forking thread is the child's main thread (threading makes it so). */
-    if (main_ident != 0) {
+    if (main_ident != 0)
         main_ident = PyThread_get_thread_ident();
-#  ifdef SYS_gettid
-        main_tid = (pid_t)syscall(SYS_gettid);
-#  else
-        main_tid = 0; /* unknown: read as asleep */
-#  endif
-    }
 #endif
 }
 
@@ -143,19 +139,6 @@ add_turn_thread(uint64_t tstate)
         turn_threads[turn_thread_count++] = tstate;
 }
 
-/* Whether the main thread will come to its pending calls soon: it holds the GIL, or it is
- * running or waiting for a core.  Beside a busy event loop the main thread lets the GIL go for
- * an instant at every poll of its selector, and on a crowded machine it may lose its core in
- * one: only a main thread asleep (in C, waiting: a join, a sleep, a blocking read) is not
- * coming. */
-static int gil_held_by(int of_turn);
-
-static int
-main_coming(void)
-{
-    return gil_held_by(0) || thread_asleep(main_tid) == 0;
-}
-
 /* Whether the GIL is held by the main thread (0), or by a thread of the turn (1).  Unknown
  * (no sampler has found the GIL yet) reads as not held: the fallback of old. */
 static int
@@ -168,6 +151,22 @@ gil_held_by(int of_turn)
         return main_ident != 0 && thread_ident_of(holder) == main_ident;
     for (int i = 0; i < turn_thread_count; i++) {
         if (turn_threads[i] == holder)
+            return 1;
+    }
+    return 0;
+}
+
+/* Without the GIL or turn_mu: whether the main thread holds the GIL at one of a few looks
+ * (see the top). */
+static int
+main_holds_gil(void)
+{
+    for (int i = 0; i < TURN_LOOKS; i++) {
+        if (i > 0) {
+            struct timespec pause = {0, (long)TURN_LOOK_NS};
+            nanosleep(&pause, NULL);
+        }
+        if (gil_held_by(0))
             return 1;
     }
     return 0;
@@ -244,7 +243,14 @@ ask_turn(uint64_t tstate)
         if (pthread_cond_timedwait(&turn_cv, &turn_mu, &deadline) != ETIMEDOUT)
             continue;
         uint64_t now = monotonic_ns();
-        if (now - start >= TURN_LONGEST_NS || !main_coming())
+        if (now - start >= TURN_LONGEST_NS)
+            break;
+        pthread_mutex_unlock(&turn_mu);
+        int holds = main_holds_gil();
+        pthread_mutex_lock(&turn_mu);
+        if (turn_state != TURN_ASKED || turn_generation != generation)
+            continue; /* granted (or ended) while it looked */
+        if (!holds)
             break;
         deadline = timespec_ns(now + TURN_ASK_NS);
     }
@@ -314,18 +320,9 @@ find_main_ident(void)
     if (main == NULL)
         return -1;
     PyObject *ident = PyObject_GetAttrString(main, "ident");
-    PyObject *native_id = ident == NULL ? NULL : PyObject_GetAttrString(main, "native_id");
     Py_DECREF(main);
-    if (native_id == NULL) {
-        Py_XDECREF(ident);
+    if (ident == NULL)
         return -1;
-    }
-    long tid = native_id == Py_None ? 0 : PyLong_AsLong(native_id);
-    Py_DECREF(native_id);
-    if (tid == -1 && PyErr_Occurred()) {
-        Py_DECREF(ident);
-        return -1;
-    }
     unsigned long value = ident == Py_None ? 0 : PyLong_AsUnsignedLong(ident);
     Py_DECREF(ident);
     if (value == (unsigned long)-1 && PyErr_Occurred())
@@ -333,7 +330,6 @@ find_main_ident(void)
     thread_state_init(PyThreadState_Get());
     pthread_mutex_lock(&turn_mu);
     main_ident = value;
-    main_tid = (pid_t)tid;
     pthread_mutex_unlock(&turn_mu);
     return 0;
 }
