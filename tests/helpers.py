@@ -443,3 +443,19 @@ def wait_serving(url: str, proc: subprocess.Popen, timeout: float = 30) -> None:
             pass
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
         time.sleep(0.2)
+
+
+def self_signed_certificate(directory: Path, name: str) -> Tuple[Path, Path]:
+    """A certificate for DNS name ``name`` that is its own CA, and its key, made by the
+    ``openssl`` command (the test is skipped without it)."""
+    if shutil.which("openssl") is None:
+        pytest.skip("`openssl` makes the certificate")
+    cert, key = directory / "cert.pem", directory / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1"]
+        + ["-keyout", str(key), "-out", str(cert), "-subj", f"/CN={name}"]
+        + ["-addext", f"subjectAltName=DNS:{name}"],
+        check=True,
+        capture_output=True,
+    )
+    return cert, key

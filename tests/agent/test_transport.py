@@ -4,10 +4,8 @@ socket's own timeouts and through a native Waker's wait_io."""
 
 from __future__ import annotations
 
-import shutil
 import socket
 import ssl
-import subprocess
 import threading
 from pathlib import Path
 from typing import Any, Callable, List, Optional, Tuple
@@ -16,6 +14,7 @@ import pytest
 
 from hotspan._speedups import load_sampler
 from hotspan.agent.transport import PlainConnection, TransportError
+from tests.helpers import self_signed_certificate
 
 native = load_sampler()
 Calls = List[Tuple[bool, float]]
@@ -173,18 +172,7 @@ def test_refused_connection_is_the_usual_error(waits: Any) -> None:
 
 @pytest.fixture(scope="module")
 def certificate(tmp_path_factory: pytest.TempPathFactory) -> Tuple[Path, Path]:
-    if shutil.which("openssl") is None:
-        pytest.skip("`openssl` makes the certificate")
-    directory = tmp_path_factory.mktemp("tls")
-    cert, key = directory / "cert.pem", directory / "key.pem"
-    subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1"]
-        + ["-keyout", str(key), "-out", str(cert), "-subj", "/CN=localhost"]
-        + ["-addext", "subjectAltName=DNS:localhost"],
-        check=True,
-        capture_output=True,
-    )
-    return cert, key
+    return self_signed_certificate(tmp_path_factory.mktemp("tls"), "localhost")
 
 
 def _serve_tls(cert: Tuple[Path, Path], answers: int) -> Tuple[int, List[bytes], threading.Thread]:

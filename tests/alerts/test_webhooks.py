@@ -12,7 +12,6 @@ from __future__ import annotations
 import base64
 import http.server
 import ipaddress
-import shutil
 import ssl
 import subprocess
 import sys
@@ -38,6 +37,7 @@ from hotspan.alerts.webhook_post import check_urls, post
 from hotspan.store import open_store
 from tests.alerts.test_delivery import INTERVAL_S, Pusher, put, rule, wait_alert
 from tests.conftest import RunningServer, running_server
+from tests.helpers import self_signed_certificate
 
 ARGS = ["--alert-interval", f"{INTERVAL_S}s", "--alert-lag", "0s"]
 LOOPBACK = ["127.0.0.0/8", "::1/128"]
@@ -402,18 +402,10 @@ def test_refused_and_unresolved_show_their_kind() -> None:
     assert post("http://no-such-host.invalid/x", b"{}", 30.0, allow) == "host name not resolved"
 
 
-@pytest.mark.skipif(shutil.which("openssl") is None, reason="`openssl` makes the certificate")
 def test_https_is_verified_against_the_host_name_not_the_address(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
-    subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1"]
-        + ["-keyout", str(key), "-out", str(cert), "-subj", "/CN=hook.test"]
-        + ["-addext", "subjectAltName=DNS:hook.test"],
-        check=True,
-        capture_output=True,
-    )
+    cert, key = self_signed_certificate(tmp_path, "hook.test")
     server_tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     server_tls.load_cert_chain(cert, key)
     # The certificate is its own CA: the system's trust store is told to take it.
