@@ -31,6 +31,8 @@ if TYPE_CHECKING:  # typing stays out of the program at run time: see agent/log.
 
 
 _FIRST_DELAY = 0.5
+# The longest start() waits for the upload thread to reach its first wait.
+_START_WAIT_S = 1.0
 _MAX_DELAY = 30.0
 _MAX_RETRY_AFTER = 60.0
 _WARN_EVERY = 60.0
@@ -119,6 +121,7 @@ class Uploader:
         self._init_state()
 
     def _init_state(self) -> None:
+        self._waiting = threading.Event()  # the upload thread has reached its first wait
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
         self._waker: Any = self._make_waker() if self._make_waker is not None else None
@@ -189,6 +192,10 @@ class Uploader:
                     target=self._run, name="hotspan-uploader", daemon=True
                 )
                 self._thread.start()
+            # Until the thread first waits, it runs Python, and one still wanting the GIL when
+            # the program gets busy would wait for it in the queue (see _speedups/sampler/
+            # turns.c), woken at every drop of it: here the program waits for it instead.
+            self._waiting.wait(_START_WAIT_S)
         except Exception:
             self._thread = None
             log.debug("hotspan: upload thread not started", exc_info=True)
@@ -283,6 +290,7 @@ class Uploader:
 
     def _wait(self, timeout: Optional[float]) -> None:
         """The upload thread's wait for news, self._cond held (and released meanwhile)."""
+        self._waiting.set()
         waker = self._waker
         if waker is None:
             self._cond.wait(timeout)
