@@ -38,6 +38,23 @@ def waits(request: pytest.FixtureRequest) -> Tuple[Optional[Callable[..., bool]]
     return wait_io, calls
 
 
+def _read_request(conn: Any, buf: bytes) -> Tuple[bytes, bytes, bytes]:
+    """One whole request from ``conn`` (``buf``: what was read already): its head, its body
+    (Content-Length bytes, none without one) and what came after it."""
+    while b"\r\n\r\n" not in buf:
+        buf += conn.recv(65536)
+    head, _, buf = buf.partition(b"\r\n\r\n")
+    lengths = [
+        line.split(b":")[1]
+        for line in head.split(b"\r\n")
+        if line.lower().startswith(b"content-length")
+    ]
+    length = int(lengths[0]) if lengths else 0
+    while len(buf) < length:
+        buf += conn.recv(65536)
+    return head, buf[:length], buf[length:]
+
+
 def _serve(answers: List[bytes]) -> tuple:
     """A one-connection server that reads each request fully, then sends the next answer."""
     listener = socket.socket()
@@ -50,20 +67,8 @@ def _serve(answers: List[bytes]) -> tuple:
         with conn:
             buf = b""
             for answer in answers:
-                while b"\r\n\r\n" not in buf:
-                    buf += conn.recv(65536)
-                head, _, buf = buf.partition(b"\r\n\r\n")
-                length = int(
-                    next(
-                        line.split(b":")[1]
-                        for line in head.split(b"\r\n")
-                        if line.lower().startswith(b"content-length")
-                    )
-                )
-                while len(buf) < length:
-                    buf += conn.recv(65536)
-                requests.append(head + b"\r\n\r\n" + buf[:length])
-                buf = buf[length:]
+                head, body, buf = _read_request(conn, buf)
+                requests.append(head + b"\r\n\r\n" + body)
                 conn.sendall(answer)
         listener.close()
 
@@ -196,15 +201,9 @@ def _serve_tls(cert: Tuple[Path, Path], answers: int) -> Tuple[int, List[bytes],
         with conn:
             buf = b""
             for _ in range(answers):
-                while b"\r\n\r\n" not in buf:
-                    buf += conn.recv(65536)
-                head, _, buf = buf.partition(b"\r\n\r\n")
-                length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
-                while len(buf) < length:
-                    buf += conn.recv(65536)
-                bodies.append(buf[:length])
-                buf = buf[length:]
-                answer = str(length).encode()
+                _, body, buf = _read_request(conn, buf)
+                bodies.append(body)
+                answer = str(len(body)).encode()
                 conn.sendall(
                     b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(answer), answer)
                 )
@@ -256,10 +255,7 @@ def test_each_address_of_a_name_is_tried_and_the_answer_kept(
         for _ in range(2):
             conn, _ = listener.accept()
             with conn:
-                buf = b""
-                while b"\r\n\r\n" not in buf:
-                    buf += conn.recv(65536)
-                heads.append(buf.split(b"\r\n\r\n")[0])
+                heads.append(_read_request(conn, b"")[0])
                 conn.sendall(b"HTTP/1.1 204 No Content\r\nConnection: close\r\n\r\n")
         listener.close()
 

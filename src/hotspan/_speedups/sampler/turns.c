@@ -303,6 +303,17 @@ release_share(unsigned long long generation)
         pthread_cond_broadcast(&turn_cv);
     }
 }
+
+/* turn_mu held: the share of a turn the waker's thread holds, if any, is given back (one it
+ * joined by a set() it has not yet woken to stays: it is about to run in that turn). */
+static void
+give_back_share(WakerObject *self)
+{
+    if (self->holds && !self->joining) {
+        release_share(self->holds);
+        self->holds = 0;
+    }
+}
 #endif
 
 /* ---------------------------------------------------------------- Waker */
@@ -439,10 +450,8 @@ waker_wait(WakerObject *self, PyObject *const *args, Py_ssize_t nargs)
 #ifndef Py_GIL_DISABLED
     /* About to wait: this thread's share of a turn is over.  (Already set: it goes on, in
      * the turn it holds, if any.) */
-    if (!self->flag && self->holds && !self->joining) {
-        release_share(self->holds);
-        self->holds = 0;
-    }
+    if (!self->flag)
+        give_back_share(self);
 #endif
     self->waiting++;
     while (!self->flag) {
@@ -530,10 +539,7 @@ waker_wait_io(WakerObject *self, PyObject *const *args, Py_ssize_t nargs)
 #ifndef Py_GIL_DISABLED
     if (turns) {
         pthread_mutex_lock(&turn_mu);
-        if (self->holds && !self->joining) {
-            release_share(self->holds);
-            self->holds = 0;
-        }
+        give_back_share(self);
         pthread_mutex_unlock(&turn_mu);
     }
 #endif
