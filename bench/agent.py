@@ -92,6 +92,7 @@ EXTRA_PROFILERS = [
     "hotspan-nowall",
     "hotspan-nolocks",
     "hotspan-nothreads",
+    "hotspan-noalloc",
     "hotspan-timer",
     "hotspan-python",
     "hotspan-cpuonly",
@@ -1322,6 +1323,7 @@ _PROFILER_TITLES = {
     "hotspan-nowall": "hotspan, `wall=False`",
     "hotspan-nolocks": "hotspan, `locks=False`",
     "hotspan-nothreads": "hotspan, `threads=False`",
+    "hotspan-noalloc": "hotspan, `alloc_sample_bytes=0`",
     "hotspan-timer": "hotspan, CPU timers only (`HOTSPAN_CPU_TRIGGER=timer`)",
     "hotspan-python": "hotspan, `native=False` (pure-Python sampler)",
 }

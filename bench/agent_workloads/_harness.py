@@ -49,6 +49,7 @@ HOTSPAN_VARIANTS: Dict[str, Dict[str, Any]] = {
     "hotspan-nowall": {"wall": False},
     "hotspan-nolocks": {"locks": False},
     "hotspan-nothreads": {"threads": False},
+    "hotspan-noalloc": {"alloc_sample_bytes": 0},
     "hotspan-python": {"native": False},
     # The defaults with POSIX CPU timers for every thread (HOTSPAN_CPU_TRIGGER=timer, set by
     # bench/agent.py): what the main thread's perf event costs.

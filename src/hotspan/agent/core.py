@@ -52,6 +52,8 @@ if TYPE_CHECKING:  # typing stays out of the program at run time: see agent/log.
 QUIET_WAKE_S = 1.0
 START_WAKE_S = 0.1
 START_PIN_S = 2.0
+# How long start() waits for the loop thread to reach its first wait (see _start_thread).
+START_WAIT_S = 1.0
 
 # Collector modules in hotspan.agent.collectors; each has make_collector(config), which gives
 # None when its profile is turned off or cannot be taken here.
@@ -264,8 +266,17 @@ class Agent:
 
     def _start_thread(self) -> None:
         self._stopping = False
-        self._thread = threading.Thread(target=self._run, name="hotspan-sampler", daemon=True)
+        # Released by the thread as it first waits; a lock, not an Event, which the GC walks.
+        waiting = threading.Lock()
+        waiting.acquire()
+        self._thread = threading.Thread(
+            target=self._run, args=(waiting,), name="hotspan-sampler", daemon=True
+        )
         self._thread.start()
+        # Until the thread first waits, it runs Python, and one still wanting the GIL when the
+        # program gets busy would wait for it in the queue, woken at every drop of it (as the
+        # uploader's start): the program waits for it here instead.
+        waiting.acquire(timeout=START_WAIT_S)
 
     def shutdown(self, flush: bool = True) -> None:
         try:
@@ -480,7 +491,7 @@ class Agent:
             return START_WAKE_S
         return min(QUIET_WAKE_S, max(self.config.upload_interval / 2, 0.05))
 
-    def _run(self) -> None:
+    def _run(self, waiting: threading.Lock) -> None:
         self._excluded.add(threading.get_ident())
         if self._sampler_spec is not None:
             self._sampler.exclude(threading.get_ident())
@@ -488,6 +499,7 @@ class Agent:
         check_every = self.config.resource_check_interval
         self._next_check = time.monotonic() + check_every
         wake = self._wake
+        waiting.release()
         while True:
             # A settings change (the control endpoint, the server's answer) or shutdown wakes
             # the loop at once; nothing else needs it before its interval.
