@@ -283,6 +283,41 @@ def test_tag_wrapper_frames_are_left_out(tmp_path: Path) -> None:
     assert not [s for s in program_stacks if "hotspan" in s or "tag_wrapper" in s], stacks
 
 
+# Shorter than the agent's first tick: no sample is pinned before CPython frees the script's
+# code, as its last line has run, before any exit handler.
+SHORT_PROGRAM = textwrap.dedent(
+    """
+    import sys, time
+    assert sys.getprofile() is None  # the agent's watch for this module has gone
+    end = time.process_time() + 0.07
+    while time.process_time() < end:
+        pass
+    """
+)
+
+
+@pytest.mark.parametrize("form", ["script", "-m", "-c"])
+def test_a_program_shorter_than_a_tick_keeps_its_root(tmp_path: Path, form: str) -> None:
+    if form == "-c":
+        target = ["--", sys.executable, "-c", SHORT_PROGRAM]
+    elif form == "-m":
+        (tmp_path / "jobs").mkdir()
+        (tmp_path / "jobs" / "__init__.py").write_text("")
+        (tmp_path / "jobs" / "short.py").write_text(SHORT_PROGRAM)
+        target = ["-m", "jobs.short"]
+    else:
+        (tmp_path / "short.py").write_text(SHORT_PROGRAM)
+        target = [str(tmp_path / "short.py")]
+    out = tmp_path / "short.folded"
+    result = record(["-o", str(out), "--types", "cpu", *target], tmp_path)
+    assert result.returncode == 0, result.stderr
+    stacks = [line.rsplit(" ", 1)[0] for line in out.read_text().splitlines()]
+    program = [s for s in stacks if s != "hotspan"]
+    assert program, stacks
+    module = "<module>" if form == "-c" else "__main__.<module>"
+    assert all(s.split(";")[-1] == module for s in program), stacks
+
+
 def test_text_formats(tmp_path: Path, program: Path) -> None:
     env = {"BURN_SECONDS": "0.4"}
     folded = tmp_path / "p.folded"

@@ -15,6 +15,7 @@ from hotspan.agent import context
 from hotspan.agent.config import AgentConfig, ConfigError, from_env
 from hotspan.agent.context import tag_wrapper
 from hotspan.agent.current import current_agent, set_current
+from hotspan.agent.main_code import keep_main_module_code
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing stays out of the program at run time: see agent/log.py
@@ -43,6 +44,7 @@ def configure(**settings: Any) -> Any:
         agent = Agent(config)
         set_current(agent)
         agent.start()
+        keep_main_module_code()
         return agent
 
 
