@@ -8,6 +8,7 @@ the GIL, windows wait for it (bounded) and nothing is lost."""
 
 from __future__ import annotations
 
+import _thread
 import atexit
 import importlib
 import os
@@ -266,8 +267,9 @@ class Agent:
 
     def _start_thread(self) -> None:
         self._stopping = False
-        # Released by the thread as it first waits; a lock, not an Event, which the GC walks.
-        waiting = threading.Lock()
+        # Released by the thread as it first waits: a lock, not an Event, which the GC walks,
+        # and _thread's own, which the lock profile does not wrap (the wait is the agent's).
+        waiting = _thread.allocate_lock()
         waiting.acquire()
         self._thread = threading.Thread(
             target=self._run, args=(waiting,), name="hotspan-sampler", daemon=True
@@ -491,7 +493,7 @@ class Agent:
             return START_WAKE_S
         return min(QUIET_WAKE_S, max(self.config.upload_interval / 2, 0.05))
 
-    def _run(self, waiting: threading.Lock) -> None:
+    def _run(self, waiting: _thread.LockType) -> None:
         self._excluded.add(threading.get_ident())
         if self._sampler_spec is not None:
             self._sampler.exclude(threading.get_ident())
