@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -283,6 +284,23 @@ def test_flush_ignores_backoff_and_wakes_the_thread(server, uploaders) -> None:
     up.submit(PARAMS, b"two")  # success ended the backoff: the thread sends it at once
     assert wait_until(lambda: up.stats.sent_uploads == 2, timeout=1.0)
     assert [r.body for r in server.received] == [b"one", b"two"]
+
+
+def _in_its_wait(up: Uploader) -> bool:
+    frame = sys._current_frames().get(up.thread_ident or 0)
+    while frame is not None and frame.f_code is not Uploader._wait.__code__:
+        frame = frame.f_back
+    return frame is not None
+
+
+def test_every_start_returns_with_the_thread_in_its_wait(server, uploaders) -> None:
+    # Not still running Python towards it, where it would queue for the GIL once the
+    # program gets busy: a stop and a start again included.
+    up = uploaders(server.url)
+    for _ in range(3):
+        up.start()
+        assert _in_its_wait(up)
+        up.stop(1.0)
 
 
 def test_stop_returns_promptly_during_backoff(server, uploaders) -> None:

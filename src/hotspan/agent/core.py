@@ -8,7 +8,6 @@ the GIL, windows wait for it (bounded) and nothing is lost."""
 
 from __future__ import annotations
 
-import _thread
 import atexit
 import importlib
 import os
@@ -25,6 +24,7 @@ from hotspan.agent.config import (
     otlp_profiles_target,
     request_headers,
 )
+from hotspan.agent.first_wait import FirstWait
 from hotspan.agent.governor import Governor, Meter, Reading
 from hotspan.agent.live import LiveSettings, profile_types
 from hotspan.agent.log import logger
@@ -53,8 +53,6 @@ if TYPE_CHECKING:  # typing stays out of the program at run time: see agent/log.
 QUIET_WAKE_S = 1.0
 START_WAKE_S = 0.1
 START_PIN_S = 2.0
-# How long start() waits for the loop thread to reach its first wait (see _start_thread).
-START_WAIT_S = 1.0
 
 # Collector modules in hotspan.agent.collectors; each has make_collector(config), which gives
 # None when its profile is turned off or cannot be taken here.
@@ -267,18 +265,12 @@ class Agent:
 
     def _start_thread(self) -> None:
         self._stopping = False
-        # Released by the thread as it first waits: a lock, not an Event, which the GC walks,
-        # and _thread's own, which the lock profile does not wrap (the wait is the agent's).
-        waiting = _thread.allocate_lock()
-        waiting.acquire()
+        first_wait = FirstWait()
         self._thread = threading.Thread(
-            target=self._run, args=(waiting,), name="hotspan-sampler", daemon=True
+            target=self._run, args=(first_wait,), name="hotspan-sampler", daemon=True
         )
         self._thread.start()
-        # Until the thread first waits, it runs Python, and one still wanting the GIL when the
-        # program gets busy would wait for it in the queue, woken at every drop of it (as the
-        # uploader's start): the program waits for it here instead.
-        waiting.acquire(timeout=START_WAIT_S)
+        first_wait.wait()
 
     def shutdown(self, flush: bool = True) -> None:
         try:
@@ -493,7 +485,7 @@ class Agent:
             return START_WAKE_S
         return min(QUIET_WAKE_S, max(self.config.upload_interval / 2, 0.05))
 
-    def _run(self, waiting: _thread.LockType) -> None:
+    def _run(self, first_wait: FirstWait) -> None:
         self._excluded.add(threading.get_ident())
         if self._sampler_spec is not None:
             self._sampler.exclude(threading.get_ident())
@@ -501,7 +493,7 @@ class Agent:
         check_every = self.config.resource_check_interval
         self._next_check = time.monotonic() + check_every
         wake = self._wake
-        waiting.release()
+        first_wait.reached()
         while True:
             # A settings change (the control endpoint, the server's answer) or shutdown wakes
             # the loop at once; nothing else needs it before its interval.

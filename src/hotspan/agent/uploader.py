@@ -15,6 +15,7 @@ from collections import deque
 from hotspan import __version__
 from hotspan.agent.collectors import exclude_current_thread as exclude_from_alloc_profile
 from hotspan.agent.config import DEFAULT_BUFFER_BYTES
+from hotspan.agent.first_wait import FirstWait
 from hotspan.agent.log import logger as log
 
 TYPE_CHECKING = False
@@ -31,8 +32,6 @@ if TYPE_CHECKING:  # typing stays out of the program at run time: see agent/log.
 
 
 _FIRST_DELAY = 0.5
-# The longest start() waits for the upload thread to reach its first wait.
-_START_WAIT_S = 1.0
 _MAX_DELAY = 30.0
 _MAX_RETRY_AFTER = 60.0
 _WARN_EVERY = 60.0
@@ -121,7 +120,7 @@ class Uploader:
         self._init_state()
 
     def _init_state(self) -> None:
-        self._waiting = threading.Event()  # the upload thread has reached its first wait
+        self._first_wait = FirstWait()  # of the upload thread's latest start
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
         self._waker: Any = self._make_waker() if self._make_waker is not None else None
@@ -188,14 +187,12 @@ class Uploader:
                 self._stopping = False
                 if self._thread is not None and self._thread.is_alive():
                     return
+                self._first_wait = first_wait = FirstWait()
                 self._thread = threading.Thread(
                     target=self._run, name="hotspan-uploader", daemon=True
                 )
                 self._thread.start()
-            # Until the thread first waits, it runs Python, and one still wanting the GIL when
-            # the program gets busy would wait for it in the queue (see _speedups/sampler/
-            # turns.c), woken at every drop of it: here the program waits for it instead.
-            self._waiting.wait(_START_WAIT_S)
+            first_wait.wait()
         except Exception:
             self._thread = None
             log.debug("hotspan: upload thread not started", exc_info=True)
@@ -290,7 +287,7 @@ class Uploader:
 
     def _wait(self, timeout: Optional[float]) -> None:
         """The upload thread's wait for news, self._cond held (and released meanwhile)."""
-        self._waiting.set()
+        self._first_wait.reached()
         waker = self._waker
         if waker is None:
             self._cond.wait(timeout)
