@@ -10,15 +10,20 @@ from __future__ import annotations
 
 import json
 import re
+import urllib.request
 from typing import Dict, Iterator, Tuple
-from urllib.parse import quote
+from urllib.parse import quote, urlencode
 
 import pytest
+from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
 from tests.conftest import RunningServer, running_server
 from tests.helpers import native_states, run_programs, traced_program
 from tests.ui.conftest import hold, let_through, screenshot
 from tests.ui.test_traces_ui import ms
+
+WALL = "wall:wall:nanoseconds:wall:nanoseconds"
+GIL_WAIT = "gil_wait:gil_wait:nanoseconds:wall:nanoseconds"
 
 PROGRAM = traced_program(
     "bank",
@@ -159,6 +164,30 @@ def bank(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Tuple[RunningServ
         yield srv, json.loads(line[4:])
 
 
+def span_waits(srv: RunningServer, ids: dict, name: str) -> Dict[str, object]:
+    """The span's wall time per thread state, and its GIL waits, as the server answers the
+    trace page's requests for them (the span's row in the page, read alongside)."""
+    out: Dict[str, object] = {}
+    span = ids[name]
+    queries = {
+        state: {"profileType": WALL, "labelSelector": f'{{thread_state="{state}"}}'}
+        for state in ("running", "gil_wait", "cpu_wait", "released")
+    }
+    queries["gil_wait profile"] = {"profileType": GIL_WAIT}
+    for what, params in queries.items():
+        url = f"{srv.url}/api/traces/{ids['trace']}/spans?{urlencode(params)}"
+        try:
+            with urllib.request.urlopen(url, timeout=30) as r:
+                spans = json.loads(r.read()).get("spans") or []
+        except OSError as e:
+            out[what] = repr(e)
+            continue
+        out[what] = next(
+            (s.get("total") for s in spans if str(s.get("spanID")).lower() == span), None
+        )
+    return out
+
+
 def rows(page) -> Dict[str, Dict[str, object]]:  # type: ignore[no-untyped-def]
     found = page.eval_on_selector_all(
         ".hs-wf-span",
@@ -280,7 +309,11 @@ def test_a_span_starved_of_cores_says_so(page, bank) -> None:  # type: ignore[no
     page.goto(f"{srv.url}/traces/{ids['trace']}")
     # Its waits for a core come from the wall profile's cpu_wait samples, in a request of
     # their own after the waterfall is drawn.
-    page.wait_for_selector(".hs-wf-span[data-name='starved'] .hs-wf-lock-note")
+    try:
+        page.wait_for_selector(".hs-wf-span[data-name='starved'] .hs-wf-lock-note")
+    except PlaywrightTimeout:
+        # What the server holds for the span says whether the samples or the page fell short.
+        pytest.fail(f"no wait named for 'starved': {span_waits(srv, ids, 'starved')}")
     starved = rows(page)["starved"]
     m = re.search(r"of which ([\d.]+ m?s) waiting for a core", str(starved["note"]))
     assert m and ms(m.group(1)) >= 75, starved
