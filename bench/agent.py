@@ -96,7 +96,10 @@ EXTRA_PROFILERS = [
     "hotspan-timer",
     "hotspan-python",
     "hotspan-cpuonly",
+    "hotspan-idle",
 ]
+# Variants that take no CPU profile: nothing to check their accuracy against.
+NO_CPU_PROFILE = {"hotspan-idle"}
 DEFAULTS_PROFILERS = [
     "none",
     "none-again",
@@ -928,7 +931,7 @@ def run(
             for (p, _), r in runs[w].items():
                 ids_file = r.pop("span_ids_file", None)
                 try:
-                    if "error" in r or p.startswith("none"):
+                    if "error" in r or p.startswith("none") or p in NO_CPU_PROFILE:
                         continue
                     if profiles:
                         if p.startswith("hotspan"):
@@ -1326,6 +1329,7 @@ _PROFILER_TITLES = {
     "hotspan-noalloc": "hotspan, `alloc_sample_bytes=0`",
     "hotspan-timer": "hotspan, CPU timers only (`HOTSPAN_CPU_TRIGGER=timer`)",
     "hotspan-python": "hotspan, `native=False` (pure-Python sampler)",
+    "hotspan-idle": "hotspan, every profile type and span feature off (the agent idle)",
 }
 
 

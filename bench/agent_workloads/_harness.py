@@ -65,6 +65,18 @@ HOTSPAN_VARIANTS: Dict[str, Dict[str, Any]] = {
         "span_stats": False,
         "error_condition": False,
     },
+    # Every profile type and span feature off: the agent's threads and hooks alone, what it
+    # costs before it samples anything.
+    "hotspan-idle": {
+        "cpu": False,
+        "wall": False,
+        "alloc_sample_bytes": 0,
+        "locks": False,
+        "threads": False,
+        "trace_correlation": False,
+        "span_stats": False,
+        "error_condition": False,
+    },
 }
 
 
