@@ -21,22 +21,28 @@ GIL_HELD = "gil_held:gil_held:nanoseconds:wall:nanoseconds"
 # with a core for each.  Under the rest of the suite it would also wait for a core.
 pytestmark = [pytest.mark.timing, native_states]
 
-CONTENDED = """
+CONTENDED = (
+    RUN_DELAY_SOURCE
+    + """
 import threading
 
 def spin_a(seconds, out):
     end = time.monotonic() + seconds
-    wall0, cpu0 = time.monotonic_ns(), time.thread_time_ns()
+    wall0, cpu0, delay0 = time.monotonic_ns(), time.thread_time_ns(), run_delay()
     while time.monotonic() < end:
         sum(range(300))
-    out.append((time.monotonic_ns() - wall0, time.thread_time_ns() - cpu0))
+    delay = run_delay()
+    waited_core = None if None in (delay, delay0) else delay - delay0
+    out.append((time.monotonic_ns() - wall0, time.thread_time_ns() - cpu0, waited_core))
 
 def spin_b(seconds, out):
     end = time.monotonic() + seconds
-    wall0, cpu0 = time.monotonic_ns(), time.thread_time_ns()
+    wall0, cpu0, delay0 = time.monotonic_ns(), time.thread_time_ns(), run_delay()
     while time.monotonic() < end:
         sum(range(300))
-    out.append((time.monotonic_ns() - wall0, time.thread_time_ns() - cpu0))
+    delay = run_delay()
+    waited_core = None if None in (delay, delay0) else delay - delay0
+    out.append((time.monotonic_ns() - wall0, time.thread_time_ns() - cpu0, waited_core))
 
 def nap(seconds, naps):
     # Each sleep's overshoot is the time it waited, once awake, for the GIL (and a core).
@@ -57,13 +63,16 @@ for t in threads:
 for t in threads:
     t.join()
 hotspan.shutdown()
+cores = [d for w, c, d in out]
 report(
-    waited=sum(w - c for w, c in out),
-    ran=sum(c for w, c in out),
+    waited=sum(w - c for w, c, d in out),
+    ran=sum(c for w, c, d in out),
+    run_delay=None if None in cores else sum(cores),
     slept=10_000_000 * len(naps),
     woke=sum(naps),
 )
 """
+)
 
 
 def test_threads_taking_turns_at_the_gil(module_server, tmp_path: Path) -> None:
@@ -94,8 +103,15 @@ def test_threads_taking_turns_at_the_gil(module_server, tmp_path: Path) -> None:
     off_cpu = spun(by_state["gil_wait"]) + spun(by_state["cpu_wait"])
     assert abs(off_cpu / result["waited"] - 1) < 0.1, (off_cpu, result, by_state)
     # How much of it was a wait for a core depends on the machine's load (the timing phase's
-    # other file took 0.1 to 0.3 of it here): the GIL's share is checked to be the larger.
-    assert spun(waits) > 0.5 * result["waited"], (waits, result)
+    # other file took 0.1 to 0.3 of it here, more than half beside three busy processes):
+    # where the kernel counts the waits for a core (schedstat's run_delay), the rest was a
+    # wait for the GIL, and the profile's is within 15% of it (measured: 0.96 to 0.99, calm
+    # and beside three busy processes); where it does not, the GIL's share is the larger.
+    if result["run_delay"] is not None:
+        gil_truth = result["waited"] - result["run_delay"]
+        assert abs(spun(waits) / gil_truth - 1) < 0.15, (waits, result)
+    else:
+        assert spun(waits) > 0.5 * result["waited"], (waits, result)
     # Their time holding it and running, within a tenth of their CPU clocks.
     running = spun(by_state["running"])
     assert abs(running / result["ran"] - 1) < 0.1, (running, result)
