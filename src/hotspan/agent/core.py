@@ -486,10 +486,12 @@ class Agent:
         return min(QUIET_WAKE_S, max(self.config.upload_interval / 2, 0.05))
 
     def _run(self, first_wait: FirstWait) -> None:
+        # First: every allocation after it is the agent's (its thread ident, a large int,
+        # is one), and none may be sampled as the program's.
+        exclude_from_alloc_profile()
         self._excluded.add(threading.get_ident())
         if self._sampler_spec is not None:
             self._sampler.exclude(threading.get_ident())
-        exclude_from_alloc_profile()
         check_every = self.config.resource_check_interval
         self._next_check = time.monotonic() + check_every
         wake = self._wake
