@@ -21,28 +21,40 @@ GIL_HELD = "gil_held:gil_held:nanoseconds:wall:nanoseconds"
 # with a core for each.  Under the rest of the suite it would also wait for a core.
 pytestmark = [pytest.mark.timing, native_states]
 
-CONTENDED = (
+# A thread's clocks at a start, and what they moved since: wall, CPU, and the kernel's count of
+# its waits for a core (None where it keeps none).
+CLOCKS_SOURCE = (
     RUN_DELAY_SOURCE
+    + """
+def clocks():
+    return time.monotonic_ns(), time.thread_time_ns(), run_delay()
+
+def since(start):
+    wall0, cpu0, delay0 = start
+    delay = run_delay()
+    core = None if None in (delay, delay0) else delay - delay0
+    return time.monotonic_ns() - wall0, time.thread_time_ns() - cpu0, core
+"""
+)
+
+CONTENDED = (
+    CLOCKS_SOURCE
     + """
 import threading
 
 def spin_a(seconds, out):
     end = time.monotonic() + seconds
-    wall0, cpu0, delay0 = time.monotonic_ns(), time.thread_time_ns(), run_delay()
+    start = clocks()
     while time.monotonic() < end:
         sum(range(300))
-    delay = run_delay()
-    waited_core = None if None in (delay, delay0) else delay - delay0
-    out.append((time.monotonic_ns() - wall0, time.thread_time_ns() - cpu0, waited_core))
+    out.append(since(start))
 
 def spin_b(seconds, out):
     end = time.monotonic() + seconds
-    wall0, cpu0, delay0 = time.monotonic_ns(), time.thread_time_ns(), run_delay()
+    start = clocks()
     while time.monotonic() < end:
         sum(range(300))
-    delay = run_delay()
-    waited_core = None if None in (delay, delay0) else delay - delay0
-    out.append((time.monotonic_ns() - wall0, time.thread_time_ns() - cpu0, waited_core))
+    out.append(since(start))
 
 def nap(seconds, naps):
     # Each sleep's overshoot is the time it waited, once awake, for the GIL (and a core).
@@ -132,7 +144,7 @@ def test_threads_taking_turns_at_the_gil(module_server, tmp_path: Path) -> None:
 # Twice as many threads as cores, each hashing in C with the GIL let go (hashlib lets it go for
 # more than 2 KiB): they wait for a core, not for the GIL.
 STARVED = (
-    RUN_DELAY_SOURCE
+    CLOCKS_SOURCE
     + """
 import hashlib
 
@@ -140,13 +152,11 @@ block = os.urandom(1 << 20)
 
 def hash_for(seconds, out):
     end = time.monotonic() + seconds
-    wall0, cpu0, delay0 = time.monotonic_ns(), time.thread_time_ns(), run_delay()
+    start = clocks()
     digest = hashlib.sha256()
     while time.monotonic() < end:
         digest.update(block)
-    delay = run_delay()
-    out.append((time.monotonic_ns() - wall0, time.thread_time_ns() - cpu0,
-                delay - delay0 if delay is not None and delay0 is not None else None))
+    out.append(since(start))
 
 out = []
 threads = [

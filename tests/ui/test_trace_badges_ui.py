@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import json
 import re
-import urllib.request
 from typing import Dict, Iterator, Tuple
-from urllib.parse import quote, urlencode
+from urllib.parse import quote
 
+import httpx
 import pytest
 from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
@@ -174,17 +174,17 @@ def span_waits(srv: RunningServer, ids: dict, name: str) -> Dict[str, object]:
         for state in ("running", "gil_wait", "cpu_wait", "released")
     }
     queries["gil_wait profile"] = {"profileType": GIL_WAIT}
-    for what, params in queries.items():
-        url = f"{srv.url}/api/traces/{ids['trace']}/spans?{urlencode(params)}"
-        try:
-            with urllib.request.urlopen(url, timeout=30) as r:
-                spans = json.loads(r.read()).get("spans") or []
-        except OSError as e:
-            out[what] = repr(e)
-            continue
-        out[what] = next(
-            (s.get("total") for s in spans if str(s.get("spanID")).lower() == span), None
-        )
+    with srv.client() as client:
+        for what, params in queries.items():
+            try:
+                r = client.get(f"/api/traces/{ids['trace']}/spans", params=params)
+                spans = r.json().get("spans") or []
+            except (httpx.HTTPError, ValueError) as e:
+                out[what] = repr(e)
+                continue
+            out[what] = next(
+                (s.get("total") for s in spans if str(s.get("spanID")).lower() == span), None
+            )
     return out
 
 
