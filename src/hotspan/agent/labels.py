@@ -11,6 +11,8 @@ from __future__ import annotations
 import contextvars
 import threading
 
+from hotspan._speedups import load_sampler
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing stays out of the program at run time: see agent/log.py
     from typing import Any, Dict
@@ -23,6 +25,8 @@ LABELS: contextvars.ContextVar = contextvars.ContextVar("hotspan.labels")
 # while that sampler runs (it costs every span a little).
 THREAD_LABELS: Dict[int, Any] = {}
 _keep_thread_labels = False
+_sampler = load_sampler()
+_native_changed = _sampler.labels_changed if _sampler is not None else None
 
 
 def keep_thread_labels() -> None:
@@ -31,9 +35,13 @@ def keep_thread_labels() -> None:
 
 
 def publish(value: Any) -> None:
-    """Makes ``value`` the current thread's labels for the pure-Python sampler, if it runs."""
+    """Tells the sampler that ``value`` is now the current thread's labels: the pure-Python
+    sampler keeps it; the native one reads labels itself, but samples a waiting thread again
+    when they change (its C span linker tells it without this call)."""
     if _keep_thread_labels:
         THREAD_LABELS[threading.get_ident()] = value
+    elif _native_changed is not None:
+        _native_changed()
 
 
 # The key OpenTelemetry stores the current span under, once the span linker has found it.

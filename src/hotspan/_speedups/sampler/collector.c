@@ -19,6 +19,7 @@ keep_copy(WallCopy **where, const Entry *e)
     c->thread_state = e->thread_state;
     c->gil_holder = e->gil_holder;
     c->on_cpu = e->on_cpu;
+    c->labels_gen = e->labels_gen;
     memcpy(c->frames, e->frames, (size_t)e->depth * sizeof(RawFrame));
 }
 
@@ -277,7 +278,9 @@ wall_tick(uint64_t now_ns, uint64_t *random)
         int python = atomic_load(&s->python);
         if (python == PY_NO && now_ns < s->next_probe_ns)
             continue;
-        if (now_ns < s->next_check_ns) {
+        /* A thread looked at less often as it keeps not running, unless it changed span
+         * meanwhile: where its time goes changed then. */
+        if (now_ns < s->next_check_ns && !labels_moved(s)) {
             if (s->next_check_ns < next_run)
                 next_run = s->next_check_ns;
             continue;
@@ -318,8 +321,14 @@ wall_tick(uint64_t now_ns, uint64_t *random)
         uint64_t at_sample = atomic_load_explicit(&s->cpu_at_sample_ns, memory_order_acquire);
         uint64_t ran = cpu - s->cpu_at_tick;
         /* Exact only if it did not run during the whole time charged, nor since the stack
-         * was taken (which may be earlier, or inside that time). */
-        int frozen = ran < REPEAT_CPU_NS && cpu < at_sample + REPEAT_CPU_NS;
+         * was taken (which may be earlier, or inside that time), nor left that sample's span:
+         * a thread that sleeps in span after span runs too little between them to count. */
+        int moved = labels_moved(s);
+        /* Taken: the thread sets it only while it is 0. */
+        uint64_t changed_at = atomic_load_explicit(&s->labels_changed_ns, memory_order_relaxed);
+        if (changed_at != 0)
+            atomic_store_explicit(&s->labels_changed_ns, 0, memory_order_relaxed);
+        int frozen = ran < REPEAT_CPU_NS && cpu < at_sample + REPEAT_CPU_NS && !moved;
         s->cpu_at_tick = cpu;
         if (frozen && have_stack) {
             /* It has not run, so its stack is where it was, but not its state: a thread seen
@@ -329,6 +338,7 @@ wall_tick(uint64_t now_ns, uint64_t *random)
              * asked where it is blocked (a read of /proc; a thread last seen asleep or in I/O
              * is not). */
             owed += atomic_exchange(&s->pending_wall_ns, 0);
+            s->pending_after_change = 0;
             if (c->thread_state == STATE_RUNNING || c->thread_state == STATE_GIL_WAIT ||
                 c->thread_state == STATE_CPU_WAIT || c->on_cpu) {
                 int now_state = blocked_state(tid);
@@ -360,19 +370,37 @@ wall_tick(uint64_t now_ns, uint64_t *random)
             count_waits = 0;
         if (count_waits)
             s->counts_skipped = 0;
-        if (s->idle_checks > 0 && have_stack) {
+        /* Changed span since it was last seen waiting there (a CPU sample since, in the
+         * little it ran, does not change where it waited). */
+        int split = moved && !wanted && (have_stack || (s->idle_checks > 0 && c->depth > 0));
+        if ((s->idle_checks > 0 && have_stack) || split) {
             /* It woke while it was not looked at: all but the time it may have been running
              * (its CPU, at least one interval) goes where it had been waiting, as it woke
-             * and waited for a core there too. */
+             * and waited for a core there too.  One that changed span: the time up to the
+             * change. */
             uint64_t recent = ran > cpu_interval_ns ? ran : cpu_interval_ns;
-            if (owed > recent) {
-                uint64_t before = owed - recent;
+            if (split && changed_at != 0) {
+                /* (Read after now_ns: it is changing span as it is looked at.) */
+                uint64_t since = changed_at < now_ns ? now_ns - changed_at : 0;
+                if (since < owed)
+                    recent = ran > since ? ran : since;
+            }
+            uint64_t before = owed > recent ? owed - recent : 0;
+            owed -= before;
+            /* What earlier ticks left for the next sample came before the change too,
+             * unless it is what a change seen earlier left (no sample taken since). */
+            if (split && !s->pending_after_change)
+                before += atomic_exchange(&s->pending_wall_ns, 0);
+            if (before > 0) {
                 count_core_waits(s, tid);
                 charge_core_wait(s, c, &before);
                 charge_off_cpu(s, c, 0, before);
-                owed = recent;
                 count_waits = 0;
             }
+            /* The time since the change is not that sample's, even if it was the one asked
+             * for at the last tick. */
+            if (split)
+                inside = 0;
         }
         s->idle_checks = 0;
         s->next_check_ns = 0;
@@ -409,12 +437,16 @@ wall_tick(uint64_t now_ns, uint64_t *random)
             off = MAX_WALL_PER_TICK_NS;
         }
         atomic_fetch_add(&s->pending_wall_ns, off);
+        s->pending_after_change = off > 0 && (split || s->pending_after_change);
         if (wanted) {
             /* Its signal has not been handled: the thread has not run since the timer
              * expired (it will handle the signal first), unless the signal was lost,
              * merged into a CPU timer's SIGPROF pending at the same time. */
-            if (now_ns < atomic_load(&s->wall_due_ns) + 4 * cpu_interval_ns)
+            if (now_ns < atomic_load(&s->wall_due_ns) + 4 * cpu_interval_ns) {
+                /* Still asked for: the sample, when it comes, stands for what waits. */
+                s->wall_armed = 1;
                 continue;
+            }
             atomic_store(&s->wall_wanted, 0);
         }
         if (throughout)
@@ -427,7 +459,12 @@ wall_tick(uint64_t now_ns, uint64_t *random)
             }
         }
         s->wall_waits_skipped = 0;
-        uint64_t due = next_wall_due(atomic_load(&s->wall_due_ns), now_ns, random);
+        /* One that changed span while it waited is asked where it is now, before it moves
+         * on to the next: it mostly did not run, so the moment cannot follow anyone's turn
+         * at the GIL. */
+        uint64_t due = split && ran * 2 < owed
+                           ? now_ns + 1000
+                           : next_wall_due(atomic_load(&s->wall_due_ns), now_ns, random);
         s->wall_armed = 1;
         s->wall_armed_seq = atomic_load(&s->seq);
         atomic_store(&s->wall_due_ns, due);

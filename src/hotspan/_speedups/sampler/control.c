@@ -288,6 +288,13 @@ sampler_register_thread(PyObject *mod, PyObject *unused)
     Py_RETURN_NONE;
 }
 
+PyObject *
+sampler_labels_changed(PyObject *mod, PyObject *unused)
+{
+    labels_changed();
+    Py_RETURN_NONE;
+}
+
 /* unregister_thread(code=None).  The kernel checks CPU timers only at its scheduler tick (4 ms
  * at HZ=250): a thread that ends soon after its timer expired never gets that signal, and
  * every thread ends with CPU its samples do not cover yet (half an interval on average; a

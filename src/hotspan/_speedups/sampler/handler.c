@@ -197,6 +197,9 @@ on_signal(int signum, siginfo_t *info, void *ucontext)
             } else {
                 e->cpu_ns = cpu;
                 e->seq = slot != NULL ? atomic_fetch_add(&slot->seq, 1) + 1 : 0;
+                e->labels_gen =
+                    slot != NULL ? atomic_load_explicit(&slot->labels_gen, memory_order_relaxed)
+                                 : 0;
                 LabelsObject *found = find_labels(thread_context(ts));
                 copy_labels(found, e->labels);
                 /* The span's CPU under asyncio, where tasks interleave on one thread: what

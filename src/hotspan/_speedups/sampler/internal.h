@@ -316,6 +316,7 @@ typedef struct {
     int wall_sample;     /* taken by the wall timer: where the thread was at its moment */
     int on_cpu;          /* that thread was running then (not blocked, nor waiting) */
     uint64_t gil_holder; /* waiting for the GIL: the holder's thread state, else 0 */
+    uint32_t labels_gen; /* its slot's labels_gen when taken */
     RawFrame frames[];
 } Entry;
 
@@ -376,6 +377,7 @@ typedef struct {
     int thread_state; /* STATE_* as the sample was taken */
     uint64_t gil_holder; /* waiting for the GIL: the holder's thread state then, else 0 */
     int on_cpu;          /* running as it was taken */
+    uint32_t labels_gen; /* its slot's labels_gen then */
     RawFrame frames[];
 } WallCopy; /* a thread's last wall sample, charged again while the thread does not run */
 
@@ -400,6 +402,12 @@ typedef struct {
     _Atomic uint64_t cpu_expiry_ns;
     _Atomic uint32_t seq; /* samples it took */
     _Atomic int perf_first; /* its perf event still has its random first period */
+    /* Moved by the thread itself each time the span linker changes its labels (see
+     * labels_changed): a thread that has not run since its last wall sample is where that
+     * sample was, but no longer in that sample's span if this moved.  The moment of the first
+     * change since the collector last looked (monotonic, 0: none) splits the time between. */
+    _Atomic uint32_t labels_gen;
+    _Atomic uint64_t labels_changed_ns;
     /* The rest belongs to whoever holds `threads_mutex`. */
     int has_timer; /* a CPU trigger: `timer`, or `perf_fd` when cpu_by_perf */
     int cpu_by_perf;
@@ -420,11 +428,59 @@ typedef struct {
     WallCopy *last_cpu; /* its last CPU sample: where its remaining CPU goes */
     int wall_waits_skipped; /* wall signals it was spared in a row (wall_tick) */
     int counts_skipped; /* counts of its waits for a core skipped in a row (wall_tick) */
-    int wall_armed; /* a wall timer was armed at the last tick */
+    int wall_armed; /* a wall timer was armed at the last tick (or is still awaited) */
+    int pending_after_change; /* pending_wall_ns holds time since a change of its labels */
     uint32_t wall_armed_seq; /* `seq` as it was armed */
 } ThreadSlot;
 
 HIDDEN extern ThreadSlot slots[MAX_THREADS];
+
+/* The span linker, on the thread whose labels it has just changed (see labels_gen).  On every
+ * span's path: inline, its slot found once per thread (labels_changed_lookup). */
+#ifdef HAVE_THREAD_TIMERS
+typedef struct {
+    int slot; /* its slot as last found, or -1 */
+    pid_t tid; /* its tid then */
+    unsigned missed; /* slots_made + 1 when it last found none */
+} OwnSlot;
+HIDDEN extern __thread OwnSlot own_slot;
+HIDDEN void labels_changed_lookup(void);
+
+static inline void
+labels_changed(void)
+{
+    if (!running)
+        return;
+    int index = own_slot.slot;
+    if (index < 0 ||
+        atomic_load_explicit(&slots[index].tid, memory_order_relaxed) != own_slot.tid) {
+        labels_changed_lookup();
+        return;
+    }
+    /* One writer, this thread: a plain increment, no locked instruction; a clock read only
+     * for the first change since the collector last looked. */
+    ThreadSlot *s = &slots[index];
+    atomic_store_explicit(&s->labels_gen,
+                          atomic_load_explicit(&s->labels_gen, memory_order_relaxed) + 1,
+                          memory_order_relaxed);
+    if (atomic_load_explicit(&s->labels_changed_ns, memory_order_relaxed) == 0)
+        atomic_store_explicit(&s->labels_changed_ns, monotonic_ns(), memory_order_relaxed);
+}
+#else
+static inline void
+labels_changed(void)
+{
+}
+#endif
+
+/* Whether the thread's labels changed since its last wall sample (see labels_gen). */
+static inline int
+labels_moved(ThreadSlot *s)
+{
+    const WallCopy *c = s->last_wall;
+    return c != NULL && c->depth > 0 &&
+           c->labels_gen != atomic_load_explicit(&s->labels_gen, memory_order_relaxed);
+}
 
 /* Whether the thread's CPU samples charge its time on CPU to the wall profile too (drain_ring),
  * leaving wall_tick only its time off CPU. */
@@ -603,6 +659,7 @@ HIDDEN PyObject *sampler_pin(PyObject *mod, PyObject *unused);
 HIDDEN PyObject *sampler_collect(PyObject *mod, PyObject *args, PyObject *kwds);
 HIDDEN PyObject *sampler_exclude(PyObject *mod, PyObject *args);
 HIDDEN PyObject *sampler_register_thread(PyObject *mod, PyObject *unused);
+HIDDEN PyObject *sampler_labels_changed(PyObject *mod, PyObject *unused);
 HIDDEN PyObject *sampler_unregister_thread(PyObject *mod, PyObject *args);
 HIDDEN PyObject *sampler_stats(PyObject *mod, PyObject *unused);
 HIDDEN PyObject *sampler_after_fork(PyObject *mod, PyObject *unused);

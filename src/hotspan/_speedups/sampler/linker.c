@@ -279,6 +279,7 @@ linker_attach(LinkerObject *self, PyObject *context)
         labels->otel_context = context; /* the reference taken above */
         PyObject *token = PyContextVar_Set(self->var, (PyObject *)labels);
         Py_DECREF(labels);
+        labels_changed();
         return token;
     }
     PyObject *token = PyObject_CallMethodObjArgs(self->inner, str_attach, context, NULL);
@@ -303,6 +304,7 @@ linker_attach(LinkerObject *self, PyObject *context)
         Py_XDECREF(span);
         return token;
     }
+    labels_changed();
     PyObject *pair = PyTuple_Pack(4, token, ours, labels, span ? span : Py_None);
     Py_DECREF(token);
     Py_DECREF(ours);
@@ -491,6 +493,7 @@ linker_detach(LinkerObject *self, PyObject *token)
             PyErr_Restore(err_type, err_value, err_tb);
             return NULL;
         }
+        labels_changed();
         LabelsObject *labels = (LabelsObject *)leaving;
         if (labels != NULL && labels->span_id &&
             (labels->sampled || labels->stats || self->on_new_provider != NULL ||
@@ -522,6 +525,7 @@ linker_detach(LinkerObject *self, PyObject *token)
             PyErr_Clear();
         Py_XDECREF(r);
     }
+    labels_changed();
     LabelsObject *labels = (LabelsObject *)PyTuple_GET_ITEM(token, 2);
     PyObject *span = PyTuple_GET_ITEM(token, 3);
     if (labels->sampled && labels->span_id)

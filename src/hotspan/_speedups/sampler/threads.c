@@ -448,6 +448,34 @@ handover_take(ThreadSlot *s, pid_t tid)
     }
 }
 
+/* Slots made so far: a thread that found none looks again only once another has been made. */
+static _Atomic unsigned slots_made;
+
+#ifdef HAVE_THREAD_TIMERS
+__thread OwnSlot own_slot = {.slot = -1};
+
+/* Rare (a thread's first span, its slot gone to another thread): the tid is asked again, as
+ * a forked child's thread has a new one.  A span never waits for the collector's lock: taken,
+ * or looked for at the next span.  Without a slot, looked for again only once another slot
+ * has been made. */
+void
+labels_changed_lookup(void)
+{
+    unsigned made = atomic_load_explicit(&slots_made, memory_order_relaxed) + 1;
+    if (made == own_slot.missed)
+        return;
+    if (pthread_mutex_trylock(&threads_mutex) != 0)
+        return;
+    own_slot.tid = own_tid();
+    own_slot.slot = tid_map_get(own_slot.tid);
+    pthread_mutex_unlock(&threads_mutex);
+    if (own_slot.slot < 0)
+        own_slot.missed = made;
+    else
+        labels_changed();
+}
+#endif
+
 /* Under threads_mutex.  The slot of `tid`, made if it has none (-1 when the table is full). */
 int
 slot_for(pid_t tid, int python)
@@ -458,13 +486,16 @@ slot_for(pid_t tid, int python)
     if (n_free_slots == 0)
         return -1;
     index = free_slots[--n_free_slots];
+    atomic_fetch_add_explicit(&slots_made, 1, memory_order_relaxed);
     ThreadSlot *s = &slots[index];
     atomic_store(&s->python, python);
     atomic_store(&s->pending_wall_ns, 0);
     atomic_store(&s->wall_wanted, 0);
     atomic_store(&s->wall_due_ns, 0);
     s->wall_armed = 0;
+    s->pending_after_change = 0;
     atomic_store(&s->cpu_at_sample_ns, 0);
+    atomic_store(&s->labels_changed_ns, 0);
     atomic_store(&s->cpu_charged_ns, 0);
     atomic_store(&s->cpu_expiry_ns, 0);
     s->has_timer = 0;

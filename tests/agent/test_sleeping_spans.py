@@ -1,0 +1,78 @@
+"""A thread that waits in span after span: each span's wall time is its own wait.
+
+Between two such spans the thread runs only the SDK's span end and start (tens of
+microseconds), too little to count as having run: the collector would charge its next wait
+to its last wall sample, taken in the span before (or in none).  The span linker and
+``tag_wrapper`` tell the native sampler each time they change a thread's labels, and the
+collector samples the thread again, splitting its time at the change.
+"""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+from typing import Dict
+
+from tests.agent.test_agent import (
+    TOTAL,
+    WALL,
+    configure_line,
+    native_only,
+    run_program,
+    service_profile,
+    span_profile,
+)
+
+SPANS = 20
+WAIT_MS = 30.0
+# A CPU sample (10 ms) landing in a span adds its interval there; a change caught a tick late
+# moves at most part of one.  Charging a wait to the span before moves all of it (0 and 60).
+TOLERANCE_MS = 15.0
+
+
+@native_only
+def test_each_span_gets_its_own_wait(module_server, tmp_path: Path) -> None:
+    service = f"sleepy_{uuid.uuid4().hex[:6]}"
+    result = run_program(
+        tmp_path,
+        configure_line(module_server.url, service)
+        + f"""
+ids = {{}}
+def in_spans(name):
+    for i in range({SPANS}):
+        with tracer.start_as_current_span(f"{{name}}{{i}}") as span:
+            ids[f"{{name}}{{i}}"] = span_hex(span)
+            time.sleep({WAIT_MS / 1000})
+
+def in_tag_sets():
+    for i in range({SPANS}):
+        with hotspan.tag_wrapper({{"step": str(i)}}):
+            time.sleep({WAIT_MS / 1000})
+
+threads = [threading.Thread(target=in_spans, args=("worker",)),
+           threading.Thread(target=in_tag_sets)]
+for t in threads: t.start()
+in_spans("main")
+for t in threads: t.join()
+hotspan.shutdown()
+report(ids=ids)
+""",
+    )
+    walls: Dict[str, float] = {}
+    with module_server.client() as client:
+        for name, span_id in result["ids"].items():
+            walls[name] = span_profile(client, service, [span_id], WALL)[TOTAL] / 1e6
+        for i in range(SPANS):
+            selector = f'{{service_name="{service}", step="{i}"}}'
+            walls[f"step{i}"] = service_profile(client, selector, WALL)[TOTAL] / 1e6
+    # Each thread's last wait ends as the program does: what follows it is not a change.
+    checked = {
+        name: ms
+        for name, ms in walls.items()
+        if name not in (f"main{SPANS - 1}", f"worker{SPANS - 1}", f"step{SPANS - 1}")
+    }
+    off = {name: round(ms, 1) for name, ms in checked.items() if abs(ms - WAIT_MS) > TOLERANCE_MS}
+    assert not off, (off, walls)
+    for prefix in ("main", "worker", "step"):
+        total = sum(ms for name, ms in walls.items() if name.startswith(prefix))
+        assert abs(total - SPANS * WAIT_MS) < 0.1 * SPANS * WAIT_MS, (prefix, total, walls)
