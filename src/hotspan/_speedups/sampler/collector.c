@@ -392,7 +392,9 @@ wall_tick(uint64_t now_ns, uint64_t *random)
             if (split && !s->pending_after_change)
                 before += atomic_exchange(&s->pending_wall_ns, 0);
             if (before > 0) {
-                count_core_waits(s, tid);
+                /* (A read of /proc: for a change of span, as often as count_waits allows.) */
+                if (count_waits || s->idle_checks > 0)
+                    count_core_waits(s, tid);
                 charge_core_wait(s, c, &before);
                 charge_off_cpu(s, c, 0, before);
                 count_waits = 0;
