@@ -333,6 +333,54 @@ def test_short_lived_and_unmanaged_threads_are_profiled(tmp_path) -> None:  # ty
     assert result["cpu"].get("unmanaged", 0.0) >= 0.3, result
 
 
+UNMANAGED_WALL_PROGRAM = """
+import _thread, json, threading, time
+from hotspan.agent.samples import CPU, GIL_HELD
+from hotspan.agent.sampler import NativeSampler
+
+def napper(done, seconds):
+    time.sleep(seconds)
+    done.release()
+
+sampler = NativeSampler(sample_rate=100, max_depth=64, cpu=True, wall=True)
+sampler.start(window_ns=0)
+sampler.exclude(threading.get_ident())
+slept = []
+for _ in range(5):
+    done = _thread.allocate_lock()
+    done.acquire()
+    t0 = time.monotonic()
+    _thread.start_new_thread(napper, (done, 0.3))
+    done.acquire()
+    slept.append(time.monotonic() - t0)
+    time.sleep(0.05)
+sampler.stop()
+wall = 0.0
+for window in sampler.collect(final=True).windows:
+    for s in window.samples:
+        if s.kind not in (CPU, GIL_HELD) and any(
+            code is not None and code.co_name == "napper" for code, _ in s.stack
+        ):
+            wall += s.value / 1e9
+print(json.dumps({"wall": wall, "slept": sum(slept)}))
+"""
+
+
+@pytest.mark.skipif(load_sampler() is None, reason="the native sampler is not built here")
+def test_a_thread_found_by_the_scan_is_charged_no_more_wall_than_it_lived(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A thread `threading` did not start gets its slot from the collector's scan, which
+    runs after the tick's clock was read: its wall time starts from the slot, and the tick
+    must not read the difference as a second's worth of time owed."""
+    script = tmp_path / "unmanaged_wall.py"
+    script.write_text(UNMANAGED_WALL_PROGRAM)
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result = json.loads(proc.stdout.splitlines()[-1])
+    # Found within the scan's 100 ms, then charged until it ends: at most what it lived.
+    assert result["wall"] <= result["slept"] * 1.05, result
+    assert result["wall"] >= result["slept"] * 0.5, result
+
+
 TRIGGER_PROGRAM = r"""
 import json, signal, sys, threading, time
 from hotspan.agent.sampler import CPU, NativeSampler

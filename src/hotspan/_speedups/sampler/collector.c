@@ -288,8 +288,9 @@ wall_tick(uint64_t now_ns, uint64_t *random)
         uint64_t cpu;
         if (clock_ns(thread_clock(tid), &cpu) != 0)
             continue; /* gone: the next scan frees the slot */
-        /* Late (a stopped process: SIGSTOP) is not all wall time. */
-        uint64_t owed = now_ns - s->wall_since_ns;
+        /* Late (a stopped process: SIGSTOP) is not all wall time.  A slot the scan made for a
+         * new thread starts after now_ns was read. */
+        uint64_t owed = now_ns > s->wall_since_ns ? now_ns - s->wall_since_ns : 0;
         if (owed > MAX_WALL_PER_TICK_NS)
             owed = MAX_WALL_PER_TICK_NS;
         s->wall_since_ns = now_ns;
