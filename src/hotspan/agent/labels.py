@@ -40,8 +40,8 @@ def publish(value: Any) -> None:
     when they change (its C span linker tells it without this call)."""
     if _keep_thread_labels:
         THREAD_LABELS[threading.get_ident()] = value
-    elif _native_changed is not None:
-        _native_changed()
+    if _native_changed is not None:
+        _native_changed()  # returns at once unless the native sampler runs
 
 
 # The key OpenTelemetry stores the current span under, once the span linker has found it.

@@ -325,8 +325,10 @@ wall_tick(uint64_t now_ns, uint64_t *random)
          * was taken (which may be earlier, or inside that time), nor left that sample's span:
          * a thread that sleeps in span after span runs too little between them to count. */
         int moved = labels_moved(s);
-        /* Taken: the thread sets it only while it is 0. */
-        uint64_t changed_at = atomic_load_explicit(&s->labels_changed_ns, memory_order_relaxed);
+        /* Taken once a change is seen (the thread sets it after its count, only while it is
+         * 0): one that lands between the two reads is for the next tick. */
+        uint64_t changed_at =
+            moved ? atomic_load_explicit(&s->labels_changed_ns, memory_order_relaxed) : 0;
         if (changed_at != 0)
             atomic_store_explicit(&s->labels_changed_ns, 0, memory_order_relaxed);
         int frozen = ran < REPEAT_CPU_NS && cpu < at_sample + REPEAT_CPU_NS && !moved;
@@ -371,9 +373,13 @@ wall_tick(uint64_t now_ns, uint64_t *random)
             count_waits = 0;
         if (count_waits)
             s->counts_skipped = 0;
-        /* Changed span since it was last seen waiting there (a CPU sample since, in the
-         * little it ran, does not change where it waited). */
-        int split = moved && !wanted && (have_stack || (s->idle_checks > 0 && c->depth > 0));
+        /* Changed span since it was last seen waiting there: found not running at that
+         * stack at the last look, or sampled there off CPU (a CPU sample since, in the little
+         * it ran, does not change where it waited).  A sample taken running says nothing of
+         * where it waited since. */
+        int split = moved && !wanted && c != NULL && c->depth > 0 &&
+                    (s->idle_checks > 0 ||
+                     (have_stack && !c->on_cpu && c->thread_state == STATE_RELEASED));
         if ((s->idle_checks > 0 && have_stack) || split) {
             /* It woke while it was not looked at: all but the time it may have been running
              * (its CPU, at least one interval) goes where it had been waiting, as it woke
@@ -389,8 +395,9 @@ wall_tick(uint64_t now_ns, uint64_t *random)
             uint64_t before = owed > recent ? owed - recent : 0;
             owed -= before;
             /* What earlier ticks left for the next sample came before the change too,
-             * unless it is what a change seen earlier left (no sample taken since). */
-            if (split && !s->pending_after_change)
+             * unless it is what a change seen earlier left and no sample has come for it
+             * since (one that came, `inside`, is where that time was spent). */
+            if (split && (!s->pending_after_change || inside))
                 before += atomic_exchange(&s->pending_wall_ns, 0);
             if (before > 0) {
                 /* (A read of /proc: for a change of span, as often as count_waits allows.) */
