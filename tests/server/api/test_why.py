@@ -106,6 +106,7 @@ PROGRAM = traced_program(
         price_items()
     out["startup"] = ids(span)
     for i in range(16):
+        before = run_delay()
         with tracer.start_as_current_span("POST /checkout") as span:
             price_items()
             with tracer.start_as_current_span("SELECT cart") as child:
@@ -113,7 +114,9 @@ PROGRAM = traced_program(
             # One request in eight is checked for fraud: slowly.
             if i % 8 == 5:
                 check_fraud()
-        out["slow" if i % 8 == 5 else "fast"].append(ids(span))
+        after = run_delay()
+        waited = after - before if after is not None and before is not None else None
+        out["slow" if i % 8 == 5 else "fast"].append({**ids(span), "runDelay": waited})
         out["child"].append(ids(child))
     for i in range(8):
         with tracer.start_as_current_span("GET /stock") as span:
@@ -199,8 +202,12 @@ def test_slow_request_names_the_slow_function_first(shop) -> None:  # type: igno
         duration, extra = int(answer["durationNanos"]), int(answer["extraDurationNanos"])
         # 300 ms of thread CPU in a span of about 330 ms: far above the 30 % that separates
         # computing from waiting, even where a loaded machine stretches the span threefold.
-        assert answer["verdict"] == "computing", answer["summary"]
-        assert "it was computing" in answer["summary"] and "check_fraud" in answer["summary"]
+        # Unless that machine kept it waiting for a core for half its extra time, as the
+        # kernel counted: then it was contended (between, either).
+        assert answer["verdict"] in slow_verdicts(slow, extra), (slow, answer["summary"])
+        if answer["verdict"] == "computing":
+            assert "it was computing" in answer["summary"]
+            assert "check_fraud" in answer["summary"]
         first = cpu["functions"][0]
         assert first["name"] == "__main__.check_fraud", [f["name"] for f in cpu["functions"]]
         # 300 ms of CPU in the span; in a fast request none.
@@ -225,6 +232,15 @@ def test_slow_request_names_the_slow_function_first(shop) -> None:  # type: igno
         assert int(graph["total"]) == int(graph["leftTicks"]) + int(graph["rightTicks"])
 
 
+def slow_verdicts(slow: dict, extra_ns: int) -> set:
+    """The verdicts right for a slow checkout given what the kernel counted of its waits for
+    a core (``runDelay``): the verdict's line is at half its extra time."""
+    waited = slow.get("runDelay")
+    if waited is None or waited < 0.4 * extra_ns:
+        return {"computing"}
+    return {"contended"} if waited > 0.6 * extra_ns else {"computing", "contended"}
+
+
 def test_the_cli_names_the_slow_function_first(shop) -> None:  # type: ignore[no-untyped-def]
     srv, ids = shop
     slow = ids["slow"][1]
@@ -232,7 +248,9 @@ def test_the_cli_names_the_slow_function_first(shop) -> None:  # type: ignore[no
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
-    assert "it was " in lines[0] and "check_fraud" in lines[0], out.stdout
+    assert "it was " in lines[0], out.stdout
+    if "it was computing" in lines[0]:
+        assert "check_fraud" in lines[0], out.stdout
     header = next(i for i, ln in enumerate(lines) if ln.strip().startswith("extra self"))
     assert lines[header - 1].startswith("cpu:")
     assert lines[header + 1].rstrip().endswith("__main__.check_fraud"), out.stdout
