@@ -17,7 +17,7 @@ import time
 from hotspan import __version__
 from hotspan._speedups import load_sampler
 from hotspan.agent import context
-from hotspan.agent.collectors import exclude_current_thread as exclude_from_alloc_profile
+from hotspan.agent.collectors import alloc_exclusion
 from hotspan.agent.config import (
     DEFAULT_SERVER_ADDRESS,
     AgentConfig,
@@ -267,7 +267,10 @@ class Agent:
         self._stopping = False
         first_wait = FirstWait()
         self._thread = threading.Thread(
-            target=self._run, args=(first_wait,), name="hotspan-sampler", daemon=True
+            target=self._run,
+            args=(first_wait, alloc_exclusion()),
+            name="hotspan-sampler",
+            daemon=True,
         )
         self._thread.start()
         first_wait.wait()
@@ -485,10 +488,10 @@ class Agent:
             return START_WAKE_S
         return min(QUIET_WAKE_S, max(self.config.upload_interval / 2, 0.05))
 
-    def _run(self, first_wait: FirstWait) -> None:
+    def _run(self, first_wait: FirstWait, leave_alloc_profile: Callable[[], None]) -> None:
         # First: every allocation after it is the agent's (its thread ident, a large int,
         # is one), and none may be sampled as the program's.
-        exclude_from_alloc_profile()
+        leave_alloc_profile()
         self._excluded.add(threading.get_ident())
         if self._sampler_spec is not None:
             self._sampler.exclude(threading.get_ident())

@@ -13,7 +13,7 @@ import time
 from collections import deque
 
 from hotspan import __version__
-from hotspan.agent.collectors import exclude_current_thread as exclude_from_alloc_profile
+from hotspan.agent.collectors import alloc_exclusion
 from hotspan.agent.config import DEFAULT_BUFFER_BYTES
 from hotspan.agent.first_wait import FirstWait
 from hotspan.agent.log import logger as log
@@ -189,7 +189,10 @@ class Uploader:
                     return
                 self._first_wait = first_wait = FirstWait()
                 self._thread = threading.Thread(
-                    target=self._run, name="hotspan-uploader", daemon=True
+                    target=self._run,
+                    args=(alloc_exclusion(),),
+                    name="hotspan-uploader",
+                    daemon=True,
                 )
                 self._thread.start()
             first_wait.wait()
@@ -328,8 +331,8 @@ class Uploader:
         self._pending_bytes += len(item[1])
         self._trim()
 
-    def _run(self) -> None:
-        exclude_from_alloc_profile()
+    def _run(self, leave_alloc_profile: Callable[[], None]) -> None:
+        leave_alloc_profile()
         try:
             while True:
                 with self._cond:

@@ -18,7 +18,7 @@ from hotspan._speedups import load_module
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing stays out of the program at run time: see agent/log.py
-    from typing import Any, Dict, List, Protocol, Tuple
+    from typing import Any, Callable, Dict, List, Protocol, Tuple
 
     LabelsTuple = Tuple[int, int, int, int, int]  # span, trace hi, trace lo, root span, tag set
     # A frame as a collector gives it, leaf first: a (code object or None, byte offset) pair,
@@ -85,13 +85,18 @@ class ProfileData:
         self.keepalive = keepalive
 
 
-def exclude_current_thread() -> None:
-    """The agent's own threads: their allocations (encoding, uploading) are the agent's, not
-    the program's, and are never sampled.  Here rather than in :mod:`.alloc`, which the agent
-    imports only when it takes that profile (off by default)."""
+def alloc_exclusion() -> Callable[[], None]:
+    """What each of the agent's own threads calls first: their allocations (encoding,
+    uploading) are the agent's, not the program's, and are never sampled.  Looked up by the
+    thread that starts it, so that the new thread allocates nothing before the call (a lookup
+    there, with its strings, was sampled now and then as the program's).  Here rather than in
+    :mod:`.alloc`, which the agent imports only when it takes that profile (off by default)."""
     mod = load_module("_alloc")
-    if mod is not None:
-        mod.exclude_thread()
+    return mod.exclude_thread if mod is not None else _nothing
+
+
+def _nothing() -> None:
+    pass
 
 
 # Go's sample types, so the server (and Pyroscope) derive memory/mutex/goroutines names.
