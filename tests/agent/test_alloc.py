@@ -187,17 +187,19 @@ def test_inuse_space_unbiased_beside_churn_and_shrinking_reallocs(
     service = f"reuse_{uuid.uuid4().hex[:6]}"
     result = run_program(
         tmp_path,
-        configure(module_server.url, service, alloc_sample_bytes=4096, upload_interval=60)
+        configure(module_server.url, service, alloc_sample_bytes=1024, upload_interval=60)
         + REUSE_LEAK,
         otel=False,
     )
     with module_server.client() as client:
         inuse = profile(client, service, INUSE_SPACE)
     truth = result["truth"]
-    # ~500 to ~7000 samples each: a few % of sampling error at most.
+    # A sample every KiB: ~2,000 to ~6,000 samples each, 2% of sampling error (every 4 KiB,
+    # the small blocks' ~500 samples came out 17% under the truth in one loaded CI run of
+    # many, and in the 3.14 line once: too near a 15% bound to tell a bias by).
     for name in ("small", "big", "shrunk"):
         seen = inuse.get(f"__main__.leak_{name}", 0)
-        assert abs(seen / truth[name] - 1) < 0.15, (name, seen, truth, inuse, result["stats"])
+        assert abs(seen / truth[name] - 1) < 0.12, (name, seen, truth, inuse, result["stats"])
 
 
 def test_no_tracemalloc_unless_asked(tmp_path: Path) -> None:
