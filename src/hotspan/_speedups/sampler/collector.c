@@ -377,7 +377,7 @@ wall_tick(uint64_t now_ns, uint64_t *random)
          * stack at the last look, or sampled there off CPU (a CPU sample since, in the little
          * it ran, does not change where it waited).  A sample taken running says nothing of
          * where it waited since. */
-        int split = moved && !wanted && c != NULL && c->depth > 0 &&
+        int split = moved && !wanted &&
                     (s->idle_checks > 0 ||
                      (have_stack && !c->on_cpu && c->thread_state == STATE_RELEASED));
         if ((s->idle_checks > 0 && have_stack) || split) {

@@ -22,8 +22,8 @@ static PyMethodDef methods[] = {
      "code"},
     {"stats", sampler_stats, METH_NOARGS, "stats() -> dict: threads, timers, losses"},
     {"labels_changed", sampler_labels_changed, METH_NOARGS,
-     "labels_changed(): the calling thread's labels changed other than by the span linker (a "
-     "tag set): where it waits is sampled again"},
+     "labels_changed(): the calling thread's labels changed other than by the C span linker "
+     "(a tag set, the Python linker): where it waits is sampled again"},
     {"after_fork", sampler_after_fork, METH_NOARGS, "reset in a forked child"},
     {"enable_labels", sampler_enable_labels, METH_VARARGS, NULL},
     {"find_in", sampler_find_in, METH_O, NULL},
