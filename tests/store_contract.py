@@ -144,6 +144,34 @@ class StoreContract:
         traced = store.stack_values("t", [sid], SampleFilter(0, 100 * SEC, trace_ids=[trace]))
         assert sorted(traced.values.tolist()) == [1, 2]
 
+    def test_trace_filter_adds_samples_labelled_with_one_of_its_spans_only(
+        self, store: Store
+    ) -> None:
+        # Pyroscope's SDKs label a sample with span_id alone: such a sample is its trace's
+        # when the filter names the trace's spans; a sample of another trace never is.
+        batch, sid = batch_of(
+            [
+                (10, ["traced"], 1, 5, TRACE_A),
+                (10, ["span_only"], 2, 6, None),
+                (10, ["other_span"], 4, 8, None),
+                (10, ["other_trace"], 8, 6, TRACE_B),
+                (10, ["no_span"], 16, 0, None),
+            ]
+        )
+        store.write("t", batch).result(timeout=30)
+
+        def total(where: SampleFilter) -> int:
+            return int(store.stack_values("t", [sid], where).values.sum())
+
+        assert total(SampleFilter(0, 100 * SEC, trace_ids=[TRACE_A])) == 1
+        with_spans = SampleFilter(0, 100 * SEC, trace_ids=[TRACE_A], trace_span_ids=[5, 6])
+        assert total(with_spans) == 1 + 2
+        one_span = with_spans._replace(span_ids=[6])
+        assert total(one_span) == 2
+        only_spans = SampleFilter(0, 100 * SEC, trace_ids=[], trace_span_ids=[6, 8])
+        got = store.span_values("t", [sid], only_spans)
+        assert dict(zip(got.span_ids.tolist(), got.values.tolist())) == {6: 2, 8: 4}
+
     def test_time_series_points_cover_the_step_before_them(self, store: Store) -> None:
         # As in Pyroscope, the point at T holds (T - step, T].
         batch, sid = batch_of(

@@ -385,7 +385,7 @@ class QueryEngine:
             k -= per_window
             # Step T = start + k * step holds (T - step, T]: a window starts just after a T.
             low = where.start_ns + k * step_ns + 1 if k > 0 else where.start_ns
-            window = SampleFilter(low, high, where.span_ids, where.trace_ids)
+            window = where._replace(start_ns=low, end_ns=high, stack_ids=None)
             part = self.store.profile_values(tenant, sids, window, by_span, budget + 1)
             if len(part.values) > budget:
                 break
@@ -467,7 +467,7 @@ class QueryEngine:
             )
         parts = [
             self.store.stack_values(
-                tenant, [sid], SampleFilter(ts, ts + 1, where.span_ids, where.trace_ids)
+                tenant, [sid], where._replace(start_ns=ts, end_ns=ts + 1, stack_ids=None)
             )
             for sid, ts in reads
         ]

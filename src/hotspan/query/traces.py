@@ -2,7 +2,8 @@
 
 The link between the halves is the span id each profile sample carries: a span's profile is
 the samples with its id, its descendants' profile adds the ids of every span below it in its
-trace, and a trace's profile is the samples with its trace id.
+trace, and a trace's profile is the samples with its trace id, and those with only the id of
+one of its stored spans (Pyroscope's SDKs label samples with ``span_id`` alone).
 """
 
 from __future__ import annotations
@@ -17,6 +18,11 @@ from hotspan.model.profile import ProfileType
 from hotspan.model.trace import SpanRecord, StoredSpan
 from hotspan.query.engine import QueryEngine
 from hotspan.store.base import SampleFilter, Store
+
+# Samples are stamped with the start of their upload window, which may begin before the span.
+SPAN_SLACK_NS = 3600 * 10**9
+# The spans looked up for trace_totals' samples that carry only a span id.
+MAX_TRACE_SPANS = 200_000
 
 
 def descendants(spans: Iterable[Union[StoredSpan, SpanRecord]], roots: Iterable[int]) -> Set[int]:
@@ -83,10 +89,14 @@ class TraceEngine:
         if not spans:
             return None
         if window is None:
-            hour = 3600 * 10**9
-            window = (min(s.start_ns for s in spans) - hour, max(s.end_ns for s in spans) + hour)
+            window = (
+                min(s.start_ns for s in spans) - SPAN_SLACK_NS,
+                max(s.end_ns for s in spans) + SPAN_SLACK_NS,
+            )
         series = self.engine.find_series(tenant, [selector], window[0], window[1], profile_type)
-        where = SampleFilter(window[0], window[1], trace_ids=[trace_id])
+        where = SampleFilter(
+            window[0], window[1], trace_ids=[trace_id], trace_span_ids=[s.span_id for s in spans]
+        )
         sums = self.store.span_values(tenant, [s.series_id for s in series], where)
         own: Dict[int, int] = dict(zip(sums.span_ids.tolist(), sums.values.tolist()))
         parent = {s.span_id: s.parent_span_id for s in spans}
@@ -110,3 +120,39 @@ class TraceEngine:
             unattributed,
             int(np.asarray(sums.values, dtype=np.int64).sum()),
         )
+
+    def trace_totals(
+        self,
+        tenant: str,
+        profile_type: ProfileType,
+        trace_ids: Sequence[str],
+        start_ns: int,
+        end_ns: int,
+    ) -> Dict[str, int]:
+        """The profile total of each trace over the samples stamped in [start_ns, end_ns):
+        those with its trace id, and those with only a span id, of one of its spans that
+        started within SPAN_SLACK_NS of the range (the latest MAX_TRACE_SPANS of them)."""
+        series = self.engine.find_series(tenant, [], start_ns, end_ns, profile_type)
+        series_ids = [s.series_id for s in series]
+        if not series_ids or not trace_ids:
+            return {}
+        labelled = self.store.trace_values(
+            tenant, series_ids, SampleFilter(start_ns, end_ns, trace_ids=trace_ids)
+        )
+        totals = {t: int(v) for t, v in zip(labelled.trace_ids, labelled.values.tolist()) if v}
+        spans = self.store.span_infos(
+            tenant,
+            start_ns - SPAN_SLACK_NS,
+            end_ns + SPAN_SLACK_NS,
+            trace_ids=trace_ids,
+            limit=MAX_TRACE_SPANS,
+        )
+        trace_of = {s.span_id: s.trace_id for s in spans}
+        if trace_of:
+            only_span = SampleFilter(start_ns, end_ns, trace_ids=[], trace_span_ids=list(trace_of))
+            sums = self.store.span_values(tenant, series_ids, only_span)
+            for sid, value in zip(sums.span_ids.tolist(), sums.values.tolist()):
+                trace = trace_of.get(sid)
+                if trace is not None and value:
+                    totals[trace] = totals.get(trace, 0) + int(value)
+        return totals

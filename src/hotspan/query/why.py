@@ -351,7 +351,13 @@ class WhyEngine:
             tenant,
             GIL_HELD,
             selector,
-            SampleFilter(start_ns, end_ns, span_ids=sorted(span_ids), trace_ids=[trace_id]),
+            SampleFilter(
+                start_ns,
+                end_ns,
+                span_ids=sorted(span_ids),
+                trace_ids=[trace_id],
+                trace_span_ids=sorted(span_ids),
+            ),
         )
         all_self, _ = per_function(self.engine, held)
         own_self, _ = per_function(self.engine, own)
@@ -457,6 +463,7 @@ class WhyEngine:
                 span.end_ns + HOUR_NS,
                 span_ids=sorted(span_ids),
                 trace_ids=[trace_id],
+                trace_span_ids=sorted(span_ids),
             ),
         )
         theirs = StackValues.empty()
@@ -470,6 +477,7 @@ class WhyEngine:
                     baseline.end_ns + HOUR_NS,
                     span_ids=list(baseline.span_ids),
                     trace_ids=list(baseline.trace_ids),
+                    trace_span_ids=list(baseline.span_ids),
                 ),
             )
         return mine, theirs

@@ -230,13 +230,15 @@ def _token_of(doc: Document) -> Optional[StoredToken]:
 
 class SampleFilter(NamedTuple):
     """Which samples of the chosen series count: a time range and optionally spans, traces
-    or stacks."""
+    or stacks.  With ``trace_ids``, ``trace_span_ids`` (the stored spans of those traces)
+    adds the samples that carry a span id but no trace id, as Pyroscope's SDKs label them."""
 
     start_ns: int
     end_ns: int
     span_ids: Optional[Sequence[int]] = None  # unsigned 64-bit span ids
     trace_ids: Optional[Sequence[str]] = None  # 32 lowercase hex digits each
     stack_ids: Optional[Sequence[int]] = None  # the store's stack ids
+    trace_span_ids: Optional[Sequence[int]] = None
 
 
 class Store(abc.ABC):

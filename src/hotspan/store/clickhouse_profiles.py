@@ -102,8 +102,13 @@ class ClickHouseProfiles:
         if where.span_ids is not None:
             sql += f" AND span_id IN {in_list(where.span_ids)}"
         if where.trace_ids is not None:
-            sql += " AND trace_id IN %(traces)s"
+            traces = "trace_id IN %(traces)s"
             params["traces"] = tuple(t.lower() for t in where.trace_ids) or ("-",)
+            if where.trace_span_ids:
+                traces = (
+                    f"({traces} OR (trace_id = '' AND span_id IN {in_list(where.trace_span_ids)}))"
+                )
+            sql += f" AND {traces}"
         if where.stack_ids is not None:
             sql += f" AND stack_id IN {in_list(where.stack_ids)}"
         return sql, params

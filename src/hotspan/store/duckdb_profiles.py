@@ -70,8 +70,15 @@ class DuckDBProfiles:
             sql += " AND span_id IN (SELECT unnest(?::UBIGINT[]))"
             params.append(list(where.span_ids))
         if where.trace_ids is not None:
-            sql += " AND trace_id IN (SELECT unnest(?::VARCHAR[]))"
+            traces = "trace_id IN (SELECT unnest(?::VARCHAR[]))"
             params.append([t.lower() for t in where.trace_ids])
+            if where.trace_span_ids:
+                traces = (
+                    f"({traces} OR (coalesce(trace_id, '') = '' AND span_id IN "
+                    "(SELECT unnest(?::UBIGINT[]))))"
+                )
+                params.append([int(s) for s in where.trace_span_ids])
+            sql += f" AND {traces}"
         if where.stack_ids is not None:
             sql += " AND stack_id IN (SELECT unnest(?::BIGINT[]))"
             params.append([int(s) for s in where.stack_ids])

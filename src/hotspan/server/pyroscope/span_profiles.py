@@ -41,7 +41,7 @@ from hotspan.server.params import (
 )
 from hotspan.server.request import query_state
 from hotspan.server.state import ServerState
-from hotspan.store.base import SampleFilter, TraceValues
+from hotspan.store.base import SampleFilter
 
 CPU = "process_cpu:cpu:nanoseconds:cpu:nanoseconds"
 HOUR_NS = 3600 * 10**9
@@ -108,7 +108,13 @@ async def profile(request: Request) -> Response:
         span_ids = [span]
         if descendants:
             span_ids = await run_in_threadpool(state.traces.with_descendants, tenant, span_ids)
-    where = SampleFilter(start, end, span_ids=span_ids, trace_ids=[trace_id])
+    where = SampleFilter(
+        start,
+        end,
+        span_ids=span_ids,
+        trace_ids=[trace_id],
+        trace_span_ids=[s.span_id for s in spans],
+    )
     try:
         values = await run_in_threadpool(state.engine.stack_values, tenant, ptype, sel, where)
         if fmt == "pprof":
@@ -168,13 +174,6 @@ async def spans(request: Request) -> Response:
     )
 
 
-def _trace_values(
-    state: ServerState, tenant: str, ptype: ProfileType, where: SampleFilter
-) -> TraceValues:
-    series = state.engine.find_series(tenant, [], where.start_ns, where.end_ns, ptype)
-    return state.store.trace_values(tenant, [s.series_id for s in series], where)
-
-
 @text_errors
 async def profiled(request: Request) -> Response:
     state, tenant = query_state(request)
@@ -192,14 +191,10 @@ async def profiled(request: Request) -> Response:
         raise HTTPError(400, "start and end (unix seconds) are required")
     if end <= start:
         raise HTTPError(400, "end must be after start")
-    where = SampleFilter(start, end, trace_ids=trace_ids)
-    sums = await run_in_threadpool(_trace_values, state, tenant, ptype, where)
-    return JSONResponse(
-        {
-            "profileType": ptype.id,
-            "traces": {t: int(v) for t, v in zip(sums.trace_ids, sums.values.tolist()) if v},
-        }
+    totals = await run_in_threadpool(
+        state.traces.trace_totals, tenant, ptype, trace_ids, start, end
     )
+    return JSONResponse({"profileType": ptype.id, "traces": totals})
 
 
 routes = [
