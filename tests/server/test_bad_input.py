@@ -55,6 +55,18 @@ INGEST_CASES = {
         b'filename="s.json"\r\n\r\n{oops\r\n--XX--\r\n',
         {"content-type": "multipart/form-data; boundary=XX"},
     ),
+    "speedscope nested too deeply": ({"format": "speedscope"}, b"[" * 100_000, {}),
+    "sample_type_config nested too deeply": (
+        {},
+        b'--XX\r\nContent-Disposition: form-data; name="profile"; filename="p"\r\n\r\n'
+        + valid_raw
+        + b'\r\n--XX\r\nContent-Disposition: form-data; name="sample_type_config"; '
+        b'filename="s.json"\r\n\r\n' + b"[" * 100_000 + b"\r\n--XX--\r\n",
+        {"content-type": "multipart/form-data; boundary=XX"},
+    ),
+    "sampleRate not a number": ({"sampleRate": "abc"}, b"a;b 1\n", {}),
+    "sampleRate negative": ({"sampleRate": "-100"}, b"a;b 1\n", {}),
+    "sampleRate past a nanosecond": ({"sampleRate": "99999999999999999999999"}, b"a;b 1\n", {}),
     "bad from": ({"from": "yesterday"}, b"a;b 1\n", {}),
     "bad tag name": ({"name": "app{bad-name=1}"}, b"a;b 1\n", {}),
     "no name": ({"name": None}, b"a;b 1\n", {}),
@@ -136,6 +148,18 @@ CONNECT_CASES = {
     "zero step": (
         "SelectSeries",
         b'{"profileTypeID": "a:b:c:d:e", "labelSelector": "{}", "step": 0}',
+        {"content-type": "application/json"},
+        400,
+    ),
+    "negative series limit": (
+        "SelectSeries",
+        b'{"profileTypeID": "a:b:c:d:e", "labelSelector": "{}", "step": 15, "limit": "-1"}',
+        {"content-type": "application/json"},
+        400,
+    ),
+    "unknown format": (
+        "SelectMergeStacktraces",
+        b'{"profileTypeID": "a:b:c:d:e", "labelSelector": "{}", "format": 99}',
         {"content-type": "application/json"},
         400,
     ),

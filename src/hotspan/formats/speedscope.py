@@ -46,6 +46,8 @@ def _parse(
         doc = json.loads(data)
         frames = [frame_key(f) for f in doc["shared"]["frames"]]
         profiles = doc["profiles"]
+    except RecursionError:
+        raise FormatError("not a speedscope file: nested too deeply") from None
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise FormatError(f"not a speedscope file: {exc}") from None
     if not isinstance(profiles, list):

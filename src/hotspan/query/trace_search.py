@@ -125,6 +125,15 @@ def search(
 # -- the SQL path --------------------------------------------------------------------------------
 
 
+# Tempo's durationMs is a uint32: a trace longer than ~49.7 days (a clock far off) says that.
+MAX_DURATION_MS = 2**32 - 1
+
+
+def duration_ms(duration_ns: int) -> int:
+    """A trace's duration as Tempo's search answers carry it."""
+    return min(max(duration_ns, 0) // 1_000_000, MAX_DURATION_MS)
+
+
 def _summary_json(t: TraceSummary) -> Dict[str, Any]:
     spanset = {"spans": [_span_json(s) for s in t.matched], "matched": t.matched_count}
     return {
@@ -132,7 +141,7 @@ def _summary_json(t: TraceSummary) -> Dict[str, Any]:
         "rootServiceName": t.root_service or NO_ROOT,
         "rootTraceName": t.root_name,
         "startTimeUnixNano": str(t.start_ns),
-        "durationMs": t.duration_ns // 1_000_000,
+        "durationMs": duration_ms(t.duration_ns),
         "spanSet": spanset,
         "spanSets": [spanset],
         "serviceStats": _service_stats_json(t.service_stats),
@@ -388,7 +397,7 @@ def _trace_json(
         "rootServiceName": root_service,
         "rootTraceName": root_name,
         "startTimeUnixNano": str(start),
-        "durationMs": (end - start) // 1_000_000,
+        "durationMs": duration_ms(end - start),
         "spanSet": out_sets[0],
         "spanSets": out_sets,
         "serviceStats": _service_stats_json(_whole_stats(whole)),

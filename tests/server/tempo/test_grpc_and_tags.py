@@ -595,3 +595,76 @@ def test_grpc_metrics_query_range_instant_is_one_step(srv: RunningServer) -> Non
     assert counts == {name: [len(spans)] for name, (_, spans) in SERVICES.items()}
     assert answers[False] == answers[None] != answers[True]
     assert all(len(s.samples) > 1 for s in answers[False].series)
+
+
+def test_a_trace_longer_than_durationms_holds_is_answered_at_its_bound(
+    srv: RunningServer,
+) -> None:
+    # A span whose clock was 60 days off: Tempo's durationMs (uint32 ms) ends at ~49.7 days.
+    # Its own tenant, so the other tests' answers stay as they are.
+    tenant = "skewed"
+    request = ExportTraceServiceRequest()
+    rs = request.resource_spans.add()
+    rs.resource.attributes.extend(_attrs({"service.name": "skew"}))
+    span = rs.scope_spans.add().spans.add()
+    span.trace_id, span.span_id, span.name = b"\xaa" * 16, b"\xbb" * 8, "skewed"
+    span.start_time_unix_nano = T0 - 60 * 86400 * SEC
+    span.end_time_unix_nano = T0
+    with srv.client() as c:
+        r = c.post(
+            "/v1/traces",
+            content=request.SerializeToString(),
+            headers={"content-type": "application/x-protobuf", "X-Scope-OrgID": tenant},
+        )
+        assert r.status_code == 200, r.text
+    headers = {**HEADERS, "X-Scope-OrgID": tenant}
+    with srv.client() as c:
+        r = c.get("/api/search", params={"q": "{}"}, headers=headers)
+    assert r.status_code == 200, r.text
+    (trace,) = r.json()["traces"]
+    assert trace["durationMs"] == 2**32 - 1
+    metadata = (("x-scope-orgid", tenant), METADATA[1])
+    got = merged(
+        stream(
+            srv, "Search", tempo_pb2.SearchRequest(Query="{}"), tempo_pb2.SearchResponse, metadata
+        ),
+        tempo_pb2.SearchResponse,
+    )
+    assert [t.durationMs for t in got.traces] == [2**32 - 1]
+
+
+def test_root_tags_take_the_values_of_root_spans(srv: RunningServer) -> None:
+    # A frontend's root span with a db span below it: the db is never a trace's root.
+    tenant = "rooted"
+    request = ExportTraceServiceRequest()
+    for service, name, span_id, parent in (
+        ("frontend", "GET /", b"\x01" * 8, b""),
+        ("db", "query", b"\x02" * 8, b"\x01" * 8),
+    ):
+        rs = request.resource_spans.add()
+        rs.resource.attributes.extend(_attrs({"service.name": service}))
+        span = rs.scope_spans.add().spans.add()
+        span.trace_id, span.span_id, span.parent_span_id = b"\xcc" * 16, span_id, parent
+        span.name = name
+        span.start_time_unix_nano, span.end_time_unix_nano = T0, T0 + MS
+    with srv.client() as c:
+        r = c.post(
+            "/v1/traces",
+            content=request.SerializeToString(),
+            headers={"content-type": "application/x-protobuf", "X-Scope-OrgID": tenant},
+        )
+        assert r.status_code == 200, r.text
+
+    def values(tag: str) -> list:
+        with srv.client() as c:
+            r = c.get(
+                f"/api/v2/search/tag/{tag}/values",
+                params={"limit": TAGS_LIMIT},
+                headers={**HEADERS, "X-Scope-OrgID": tenant},
+            )
+        assert r.status_code == 200, r.text
+        return [v["value"] for v in r.json()["tagValues"]]
+
+    assert values("resource.service.name") == ["db", "frontend"]
+    assert values("rootServiceName") == values("trace:rootService") == ["frontend"]
+    assert values("rootName") == values("trace:rootName") == ["GET /"]

@@ -77,13 +77,22 @@ def app_param(params: Mapping[str, str]) -> ingest_params.AppName:
     return ingest_params.parse_app_name(params["name"])
 
 
+# Samples per second: at most one per nanosecond, the unit their values become.
+MAX_SAMPLE_RATE = 1_000_000_000
+
+
 def ingest_query(params: Mapping[str, str], app: ingest_params.AppName, now: int) -> IngestQuery:
     """The upload's other parameters (``from``, ``sampleRate``, ``spyName``, ``format``)."""
     start = ingest_params.parse_time(params.get("from"), now)
+    rate = params.get("sampleRate") or "100"
     try:
-        sample_rate = int(params.get("sampleRate") or 100)
+        sample_rate = int(rate)
     except ValueError:
-        sample_rate = 100
+        sample_rate = 0
+    if not 0 < sample_rate <= MAX_SAMPLE_RATE:
+        raise HTTPError(
+            400, f"sampleRate must be a whole number of samples per second, 1 to 1e9, not {rate!r}"
+        )
     spy = params.get("spyName") or "unknown"
     fmt = (params.get("format") or "").lower()
     return IngestQuery(app, start, sample_rate, spy, fmt)
@@ -175,6 +184,8 @@ async def _ingest_pprof(
             raw = await _field_bytes(stc)
             try:
                 sample_type_config = json.loads(raw)
+            except RecursionError:
+                raise HTTPError(400, "sample_type_config is nested too deeply") from None
             except ValueError as exc:
                 raise HTTPError(400, f"sample_type_config is not JSON: {exc}") from None
             if not isinstance(sample_type_config, dict):

@@ -252,7 +252,7 @@ async def select_merge_stacktraces(request: Request) -> Response:
         querier_pb2.PROFILE_FORMAT_PPROF,
     ):
         raise HTTPError(
-            400, "only the flamegraph, tree and pprof formats are supported", "unimplemented"
+            400, "only the flamegraph, tree and pprof formats are supported", "invalid_argument"
         )
     # Checked before any data is read, as Pyroscope does; pprof is whole unless asked.
     pprof = fmt == querier_pb2.PROFILE_FORMAT_PPROF
@@ -348,6 +348,8 @@ async def select_series(request: Request) -> Response:
         req.HasField("aggregation")
         and req.aggregation == types_pb2.TIME_SERIES_AGGREGATION_TYPE_AVERAGE
     )
+    if req.HasField("limit") and req.limit < 0:
+        raise HTTPError(400, f"limit must be non-negative, got {req.limit}")
     limit = req.limit if req.HasField("limit") else None
     # Pyroscope answers "span" as unimplemented; hotspan names each point's largest span.
     exemplars = exemplar_kind(req.exemplar_type)

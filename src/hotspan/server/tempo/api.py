@@ -26,6 +26,7 @@ from hotspan.model.profile import MAX_TIME_NS
 from hotspan.model.trace import (
     TRACE_INTRINSICS,
     TRACE_ORDERS,
+    Condition,
     SearchError,
     SpanRecord,
     TraceQuery,
@@ -323,9 +324,28 @@ def _identifier(tag: str) -> Tuple[Optional[str], str]:
         return None, tag[1:]
     if tag in ("name", "status", "kind", "span:name", "span:status", "span:kind"):
         return "intrinsic", tag.split(":")[-1]
-    if tag in ("rootServiceName", "trace:rootService"):
-        return "resource", "service.name"
     return None, tag
+
+
+ROOT_SPAN = Condition("span:parentID", "=", "0" * 16)
+# The trace intrinsics whose values are those of the traces' root spans: the field read.
+ROOT_TAGS = {
+    "rootServiceName": "service",
+    "trace:rootService": "service",
+    "rootName": "name",
+    "trace:rootName": "name",
+}
+
+
+def _root_values(
+    state: ServerState, tenant: str, params: Mapping[str, str], field: str
+) -> List[Tuple[str, str]]:
+    """The services or names of the range's root spans (the newest MAX_AUTOCOMPLETE_SPANS):
+    what ``rootServiceName`` and ``rootName`` can equal.  ``q`` does not narrow them."""
+    start, end = _tag_range(params)
+    roots = state.store.span_records(tenant, start, end, (ROOT_SPAN,), limit=MAX_AUTOCOMPLETE_SPANS)
+    seen = sorted({getattr(r, field) for r in roots} - {""})
+    return [(value, "string") for value in seen][: _int_param(params, "limit", MAX_LIMIT)]
 
 
 def _values(
@@ -371,8 +391,13 @@ def tag_values_json(
     if version == 1:
         values = _values(state, tenant, params, None, tag)
         return {"tagValues": sorted({value for value, _ in values})}
-    scope, name = _identifier(tag)
-    values = _values(state, tenant, params, scope, name) if tag not in ("duration",) else []
+    if tag in ROOT_TAGS:
+        values = _root_values(state, tenant, params, ROOT_TAGS[tag])
+    elif tag in ("duration", "traceDuration", "trace:duration"):
+        values = []
+    else:
+        scope, name = _identifier(tag)
+        values = _values(state, tenant, params, scope, name)
     return {"tagValues": [{"type": kind, "value": value} for value, kind in values]}
 
 
