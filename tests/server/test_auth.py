@@ -344,8 +344,8 @@ def _routes(tmp: Path) -> List[Tuple[str, str, Optional[str]]]:
 def test_every_route_needs_its_role(tmp_path: Path) -> None:
     routes = _routes(tmp_path)
     assert len(routes) > 60 and {r for _, _, r in routes} == {None, "ingest", "query", "admin"}
-    with running_server(tmp_path / "data") as srv, srv.client() as c:
-        admin, _ = create_token(c, "admin", {})
+    with running_server(tmp_path / "data", ["--query-token", "op-q"]) as srv, srv.client() as c:
+        admin, _ = create_token(c, "admin", OP_Q)
         tokens = {"admin": admin}
         tokens.update({role: create_token(c, role, bearer(admin))[0] for role in (INGEST, "query")})
         for method, path, role in routes:
@@ -366,17 +366,27 @@ def test_every_route_needs_its_role(tmp_path: Path) -> None:
 # -- when the server is open ------------------------------------------------------------------
 
 
-def test_open_server_closes_with_its_first_token(tmp_path: Path) -> None:
+def test_open_server_makes_no_tokens(tmp_path: Path) -> None:
+    # Anyone who reaches an open server may push and query, as its operator chose; a token
+    # made there would close every route to everyone else: none can be.
     with running_server(tmp_path / "data") as srv, srv.client() as c:
+        r = c.post("/api/v1/tokens", json={"role": "ingest"}, headers={"X-Scope-OrgID": "x"})
+        assert r.status_code == 401 and "--query-token" in r.text
+        assert c.get("/api/v1/tokens").status_code == 401
         assert push(c, "open", {}).status_code == 200
         assert c.post(f"{QUERIER}/ProfileTypes", json={}).status_code == 200
-        # Bytes of any kind on an open server are ignored, as before.
-        r = c.post(f"{QUERIER}/ProfileTypes", json={}, headers={"Authorization": NON_ASCII[0]})
-        assert r.status_code == 200
-        admin, _ = create_token(c, "admin", {})
+
+
+def test_server_with_a_query_token_closes_with_its_first_tenant_token(tmp_path: Path) -> None:
+    with running_server(tmp_path / "data", ["--query-token", "op-q"]) as srv, srv.client() as c:
+        assert push(c, "open", {}).status_code == 200  # no ingest token: pushes are open
         assert c.post(f"{QUERIER}/ProfileTypes", json={}).status_code == 401
+        # Bytes of any kind on an open side are ignored, as before.
+        assert push(c, "open", {"Authorization": NON_ASCII[0]}).status_code == 200
+        assert c.post("/api/v1/tokens", json={"role": "admin"}).status_code == 401
+        admin, _ = create_token(c, "admin", OP_Q)
         assert push(c, "closed", {}).status_code == 401
-        assert functions(c, bearer(admin))["open"] == 7
+        assert functions(c, bearer(admin))["open"] == 14
 
 
 def test_operator_ingest_token_alone_keeps_its_old_meaning(tmp_path: Path) -> None:
@@ -474,10 +484,11 @@ scrape_configs:
     static_configs: [{targets: ["127.0.0.1:9"]}]
 """
     )
-    with running_server(tmp_path / "data", ["--scrape", str(config)]) as srv, srv.client() as c:
+    args = ["--scrape", str(config), "--query-token", "op-q"]
+    with running_server(tmp_path / "data", args) as srv, srv.client() as c:
 
         def jobs(tenant: Optional[str]) -> List[str]:
-            headers = {"X-Scope-OrgID": tenant} if tenant is not None else {}
+            headers = {**OP_Q, "X-Scope-OrgID": tenant} if tenant is not None else OP_Q
             r = c.get("/api/v1/scrape/targets", headers=headers)
             assert r.status_code == 200, r.text
             return [t["job"] for t in r.json()["targets"]]
@@ -486,9 +497,9 @@ scrape_configs:
         assert jobs(None) == ["job-default"]
         assert jobs("team-b") == []
         for bad in ("../x", "a/b", ".."):
-            r = c.get("/api/v1/scrape/targets", headers={"X-Scope-OrgID": bad})
+            r = c.get("/api/v1/scrape/targets", headers={**OP_Q, "X-Scope-OrgID": bad})
             assert r.status_code == 400 and "tenant" in r.text, bad
-        admin, _ = create_token(c, "admin", {"X-Scope-OrgID": "team-a"})
+        admin, _ = create_token(c, "admin", {**OP_Q, "X-Scope-OrgID": "team-a"})
         r = c.get("/api/v1/scrape/targets", headers=bearer(admin))
         assert [t["job"] for t in r.json()["targets"]] == ["job-a"]
         r = c.get("/api/v1/scrape/targets", headers={**bearer(admin), "X-Scope-OrgID": "anonymous"})

@@ -64,6 +64,10 @@ TOKEN_PREFIX = "hst_"
 SCOPE_KEY = "hotspan.principal"
 
 _UNAUTHENTICATED = "missing or invalid token (send Authorization: Bearer <token>)"
+_NO_TOKEN_ADMIN = (
+    "tenants' tokens are made with the server's query token: start it with --query-token "
+    "(or HOTSPAN_QUERY_TOKEN) and send that"
+)
 
 
 def tenant_from(tenant: Optional[str], config: ServerConfig) -> str:
@@ -254,11 +258,13 @@ class Authenticator:
 
     def _closed_without_store_tokens(self, access: Access) -> bool:
         """Whether the route needs a token while the store holds none (as before tenants
-        had tokens: each side is closed by its operator tokens)."""
+        had tokens: each side is closed by its operator tokens).  Tokens are always managed
+        with one: the first closes every route, which on an open server would let anyone
+        who reaches it lock everyone else out."""
         if access == INGEST:
             return bool(self._ingest)
         if access == TOKENS:
-            return bool(self._ingest or self._query)
+            return True
         return bool(self._query)
 
     def resolve(self, access: Access, authorization: bytes, named: Optional[str]) -> Principal:
@@ -280,6 +286,8 @@ class Authenticator:
                 return self._of_token(token, role, named)
         if stored is None and not closed:
             raise HTTPError(503, "cannot tell whether tokens are needed: the store is unavailable")
+        if access == TOKENS and not stored and not self._query:
+            raise HTTPError(401, _NO_TOKEN_ADMIN)
         if stored or closed:
             raise HTTPError(401, _UNAUTHENTICATED)
         # Open: a token sent anyway is ignored, as a server without tokens always did.
