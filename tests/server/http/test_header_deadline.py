@@ -22,7 +22,7 @@ import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from hotspan.server.http import h2_sniff
+from hotspan.server.http import h2_sniff, header_deadline
 from tests.conftest import RunningServer, running_server
 
 HALF_HEAD = b"GET /ready HTTP/1.1\r\n"
@@ -323,5 +323,42 @@ def test_shutdown_closes_connections_waiting_for_a_head(base: Type[asyncio.Proto
             await asyncio.wait_for(asyncio.shield(task), 5)
             waited = await asyncio.gather(*(_closed_after(s, began, 5) for s in idle))
             assert max(waited) < 2, waited
+
+    _run(main)
+
+
+@PROTOCOLS
+def test_a_head_past_its_size_limit_gets_431(base: Type[asyncio.Protocol]) -> None:
+    """A head that keeps growing is not held until the deadline: past MAX_HEAD_BYTES it is
+    refused.  A long head under the limit, and a body sent with its head, are served."""
+    filler = b"x-filler: " + b"a" * 1000 + b"\r\n"
+
+    async def main() -> None:
+        async with serving(base, LIMIT, 30.0) as (port, _, _, _):
+            # (h11 itself refuses heads over 16 KiB; httptools has no limit of its own.)
+            long_head = HALF_HEAD + filler * 12 + b"host: x\r\n\r\n"
+            assert await _status(port, (long_head,)) == 200
+            body = b"b" * (2 * header_deadline.MAX_HEAD_BYTES)
+            with_body = b"POST /ready HTTP/1.1\r\nhost: x\r\ncontent-length: %d\r\n\r\n%s" % (
+                len(body),
+                body,
+            )
+            assert await _status(port, (with_body,)) == 200
+            reader, writer = await _open(port, HALF_HEAD)
+            began = _now()
+            try:
+                for _ in range(header_deadline.MAX_HEAD_BYTES // len(filler) + 2):
+                    writer.write(filler)
+                    await writer.drain()
+            except ConnectionError:
+                pass  # closed under the writes: the answer is still read below
+            try:
+                head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+                assert head.split(b" ")[1] in (b"431", b"400"), head
+                await asyncio.wait_for(reader.read(), 10)  # the reason, then the end
+            except ConnectionResetError:
+                pass  # closed with the filler still unread: the kernel dropped the answer
+            assert _now() - began < 10
+            writer.close()
 
     _run(main)

@@ -24,6 +24,10 @@ What this relies on in uvicorn's protocol classes (httptools' and h11's alike):
 
 Connections waiting for a head stay in uvicorn's set, so that a graceful shutdown closes
 them as it closes idle keep-alive connections; only the set's size leaves them out.
+
+Neither parser bounds a head's size, and a head that never ends is held in memory until the
+deadline: past MAX_HEAD_BYTES a connection gets 431 and is closed (Go's servers, Pyroscope's
+and Tempo's, allow 1 MiB; hotspan's longest, the UI's list of 1,000 trace ids, is ~41 KiB).
 """
 
 from __future__ import annotations
@@ -33,6 +37,13 @@ import logging
 from typing import Any, Iterable, Optional, Set, Type
 
 log = logging.getLogger(__name__)
+
+MAX_HEAD_BYTES = 64 * 1024
+_TOO_LARGE_BODY = b"request head over 64 KiB: not served\r\n"
+_TOO_LARGE = (
+    b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: text/plain\r\n"
+    b"connection: close\r\ncontent-length: %d\r\n\r\n%s" % (len(_TOO_LARGE_BODY), _TOO_LARGE_BODY)
+)
 
 
 class _Connections(set):
@@ -70,6 +81,7 @@ def with_header_deadline(
     class HeaderDeadline(base):  # type: ignore[valid-type, misc]
         _deadline: Optional[asyncio.TimerHandle] = None  # set while waiting for a head
         _transport: Optional[asyncio.BaseTransport] = None
+        _head_bytes = 0  # received while waiting for the head
 
         def __init__(self, config: Any, server_state: Any, *args: Any, **kwargs: Any) -> None:
             # The first connection of a server swaps its set for one that can leave some
@@ -104,7 +116,19 @@ def with_header_deadline(
                 self._deadline.cancel()
                 self._deadline = None
             else:
+                self._head_bytes += len(data)
+                if self._head_bytes > MAX_HEAD_BYTES:
+                    self._head_too_large()
+                    return
                 self._waiting.add(self)
+
+        def _head_too_large(self) -> None:
+            assert self._deadline is not None and self._transport is not None
+            self._deadline.cancel()
+            self._deadline = None
+            log.debug("closing a connection whose request head passed %s bytes", MAX_HEAD_BYTES)
+            self._transport.write(_TOO_LARGE)  # type: ignore[attr-defined]
+            self._transport.close()
 
         def on_response_complete(self) -> None:
             super().on_response_complete()
@@ -128,6 +152,7 @@ def with_header_deadline(
         def _wait_for_head(self) -> None:
             loop = asyncio.get_running_loop()
             self._deadline = loop.call_later(deadline_s, self._head_overdue)
+            self._head_bytes = 0
             self._waiting.add(self)
 
         def _head_overdue(self) -> None:
