@@ -60,19 +60,27 @@ def build_parser(only: Optional[str] = None) -> argparse.ArgumentParser:
     return parser
 
 
+def configure_logging(level_name: str) -> None:
+    """The root logger at ``level_name``, and the libraries' loggers that would say too much
+    there: the ClickHouse client logs each failed request on its own, then raises (the store
+    reports the error once, with what it was doing); httpx and httpcore log every request's
+    URL at info, and a webhook's or a scrape target's URL may hold a secret in its query."""
+    level = getattr(logging, level_name.upper(), logging.WARNING)
+    logging.basicConfig(level=level)
+    if level > logging.DEBUG:
+        for name in ("clickhouse_connect", "urllib3"):
+            logging.getLogger(name).setLevel(logging.ERROR)
+    for name in ("httpx", "httpcore"):
+        logging.getLogger(name).setLevel(max(level, logging.WARNING))
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     words = sys.argv[1:] if argv is None else argv
     # A command named first needs only its own parser; anything else (no command, --help,
     # --version, a mistyped command) gets the whole one, which lists every command.
     parser = build_parser(only=words[0] if words else None)
     args = parser.parse_args(words)
-    level = getattr(logging, args.log_level.upper(), logging.WARNING)
-    logging.basicConfig(level=level)
-    # The ClickHouse client logs each failed request on its own, then raises: the store
-    # reports the error once, with what it was doing.
-    if level > logging.DEBUG:
-        for name in ("clickhouse_connect", "urllib3"):
-            logging.getLogger(name).setLevel(logging.ERROR)
+    configure_logging(args.log_level)
     try:
         return int(args.func(args))
     except CLIError as exc:
