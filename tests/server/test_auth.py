@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Dict, Iterator, List, Optional, Tuple
@@ -28,6 +29,7 @@ from tests.clickhouse_fixture import clickhouse_url as clickhouse_url  # noqa: F
 from tests.conftest import RunningServer, running_server
 from tests.helpers import QUERIER, flamegraph, function_totals, ingest_pprof, make_pprof
 from tests.server.otlp.test_otlp_profiles import (
+    EXPORT,
     cpu_request,
     grpc_error,
     grpc_export,
@@ -216,6 +218,42 @@ def test_tokens_over_grpc(srv: RunningServer, team_a: Dict[str, str]) -> None:
         grpc.StatusCode.PERMISSION_DENIED
     )
     assert search_error(srv, (ingest,)) == grpc.StatusCode.PERMISSION_DENIED
+
+
+def test_grpc_calls_without_a_token_hold_no_worker(
+    srv: RunningServer, team_a: Dict[str, str]
+) -> None:
+    """Calls that send their headers but never their message, with no token: each gRPC
+    server has 8 workers, and such calls held one each until their connection went away.
+    They are refused from their metadata; a caller with a token is served meanwhile."""
+    release = threading.Event()
+
+    def never() -> Iterator[bytes]:
+        release.wait(60)
+        return
+        yield b""  # a generator that sends nothing until released
+
+    def hold(target: str, method: str) -> Tuple[grpc.Channel, List[grpc.Future]]:
+        channel = grpc.insecure_channel(target)
+        call = channel.stream_unary(method)
+        return channel, [call.future(never(), timeout=60) for _ in range(12)]
+
+    main = srv.url.removeprefix("http://")
+    held = [
+        hold(srv.otlp_grpc_address or "", EXPORT),
+        hold(main, "/tempopb.StreamingQuerier/SearchTags"),
+    ]
+    try:
+        for _, calls in held:
+            for call in calls:
+                assert call.exception(timeout=10).code() == grpc.StatusCode.UNAUTHENTICATED
+        ingest = ("authorization", f"Bearer {team_a['ingest']}")
+        grpc_export(srv.otlp_grpc_address or "", cpu_request("held", T0).msg, [ingest])
+        search(srv, (("authorization", f"Bearer {team_a['query']}"),))
+    finally:
+        release.set()
+        for channel, _ in held:
+            channel.close()
 
 
 ADMIN_CHANGES = [

@@ -306,19 +306,26 @@ def authenticate(
     access: Access,
     authorization: Union[str, bytes, None],
     named: Optional[str],
+    refresh: bool = True,
 ) -> Principal:
-    """:meth:`Authenticator.resolve` for a call that may block (gRPC's worker threads)."""
-    if auth.stale():
+    """:meth:`Authenticator.resolve` for a call that may block (gRPC's worker threads), the
+    tokens read again first if due and ``refresh``."""
+    if refresh and auth.stale():
         auth.refresh()
     return auth.resolve(access, as_bytes(authorization), named)
 
 
-def grpc_tenant(auth: Authenticator, access: Access, metadata: Iterable[Tuple[str, Any]]) -> str:
+def grpc_tenant(
+    auth: Authenticator,
+    access: Access,
+    metadata: Iterable[Tuple[str, Any]],
+    refresh: bool = True,
+) -> str:
     """The tenant of a gRPC call (its invocation metadata), its token checked for ``access``
     as the middleware checks an HTTP request's; HTTPError when it is refused."""
     found = {key.lower(): value for key, value in metadata}
     named = found.get(TENANT_HEADER.lower())
-    return authenticate(auth, access, found.get("authorization"), named).tenant
+    return authenticate(auth, access, found.get("authorization"), named, refresh).tenant
 
 
 # -- the middleware -------------------------------------------------------------------------

@@ -44,8 +44,9 @@ class Harness:
         self.backend_connections = 0
         self.received: List[bytes] = []  # per backend connection, once it ended
 
-    async def open(self, port: Optional[int] = None):  # type: ignore[no-untyped-def]
-        return await asyncio.open_connection("127.0.0.1", port or self.main_port)
+    async def open(self, port: Optional[int] = None, source: Optional[str] = None):  # type: ignore[no-untyped-def]
+        local = (source, 0) if source else None
+        return await asyncio.open_connection("127.0.0.1", port or self.main_port, local_addr=local)
 
 
 def _bound() -> socket.socket:
@@ -315,6 +316,42 @@ def test_piped_connections_are_limited(
     run(main)
 
 
+def test_one_address_holds_an_eighth_of_the_pipes(run: Runner) -> None:
+    """Piped connections outlive the header deadline: one client that opened many and sent
+    nothing more would hold them all.  Any one address gets an eighth of the limit (at
+    least MIN_PER_ADDRESS); another address is served meanwhile."""
+    release = asyncio.Event()
+
+    async def held(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await release.wait()
+        writer.close()
+
+    async def main() -> None:
+        limit = 16 * h2_sniff.MIN_PER_ADDRESS  # an eighth: 2 * MIN_PER_ADDRESS each
+        async with harness(held, max_connections=limit) as h:
+            kept = []
+            for _ in range(limit // 8):
+                reader, writer = await h.open()
+                writer.write(PREFACE)
+                kept.append((reader, writer))
+            while h.backend_connections < limit // 8:
+                await asyncio.sleep(0.005)
+            reader, writer = await h.open()
+            writer.write(PREFACE)
+            assert await _read_all(reader) == b""  # refused: closed
+            writer.close()
+            reader, writer = await h.open(source="127.0.0.2")
+            writer.write(PREFACE)
+            while h.backend_connections < limit // 8 + 1:
+                await asyncio.sleep(0.005)
+            writer.close()
+            release.set()
+            for _, w in kept:
+                w.close()
+
+    run(main)
+
+
 def test_grpc_server_unreachable_closes_the_connection_only(run: Runner) -> None:
     async def main() -> None:
         async with harness(backend_up=False) as h:
@@ -407,7 +444,7 @@ def test_client_reads_stay_paused_while_the_grpc_side_backs_up_from_the_start(ru
         class HandOver(asyncio.Protocol):
             def connection_made(self, transport: asyncio.BaseTransport) -> None:
                 handed.append(transport)  # type: ignore[arg-type]
-                h2_sniff.pipe_to(transport, big, port, h2_sniff._Pipes(None))  # type: ignore[arg-type]
+                h2_sniff.pipe_to(transport, big, port, h2_sniff._Pipes(h2_sniff.DEFAULT_MAX_PIPES))
 
         front = await asyncio.get_running_loop().create_server(HandOver, "127.0.0.1", 0)
         _, writer = await asyncio.open_connection("127.0.0.1", front.sockets[0].getsockname()[1])

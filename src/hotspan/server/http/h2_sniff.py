@@ -13,8 +13,8 @@ side whose writes back up stops the other side's reads until they drain.  An end
 (half-close) is passed on to the other side; once both sides have ended, or either is lost,
 both connections are closed.  Piped connections leave uvicorn's connection count
 (``--max-connections``) and have a limit of their own, the same number, or DEFAULT_MAX_PIPES
-when it is not set; the gRPC server closes idle and old connections (tempo/grpc_api.serve), and
-their pipes with them.
+when it is not set, an eighth of which any one client address may hold; the gRPC server
+closes idle and old connections (tempo/grpc_api.serve), and their pipes with them.
 
 On every port, a connection that has not sent a whole request head (nor the HTTP/2 preface)
 within ``--header-timeout`` of its opening or of its last response is closed, and does not
@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Callable, Optional, Type
+from typing import Callable, Dict, Optional, Type
 
 from hotspan.server.http.header_deadline import with_header_deadline
 
@@ -37,6 +37,8 @@ CONNECT_TIMEOUT_S = 10.0
 # Piped connections at once without --max-connections: each holds two sockets and a gRPC
 # transport, and Grafana needs one per data source.
 DEFAULT_MAX_PIPES = 256
+# Piped connections any one address may hold, with a limit under 8 * this.
+MIN_PER_ADDRESS = 4
 # Tasks connecting pipes, kept referenced until done (the loop holds only weak references).
 _PENDING: set[asyncio.Task[None]] = set()
 
@@ -114,29 +116,44 @@ class _End(asyncio.Protocol):
 
 
 class _Pipes:
-    """The piped connections open at once, up to a limit (None: none)."""
+    """The piped connections open at once, up to a limit, and up to an eighth of it (at least
+    MIN_PER_ADDRESS) from any one address: piped connections outlive the header deadline (the
+    gRPC server closes them after MAX_CONNECTION_IDLE_MS without a call), so one client that
+    opened enough of them and sent nothing more would lock everyone else out of gRPC."""
 
-    def __init__(self, limit: Optional[int]) -> None:
+    def __init__(self, limit: int) -> None:
         self.limit = limit
+        self.per_address = max(MIN_PER_ADDRESS, limit // 8)
         self.open = 0
+        self.by_address: Dict[str, int] = {}
 
-    def full(self) -> bool:
-        return self.limit is not None and self.open >= self.limit
+    def take(self, address: str) -> bool:
+        """Count a new pipe from ``address``; False (not counted) when it must be refused."""
+        held = self.by_address.get(address, 0)
+        if self.open >= self.limit or held >= self.per_address:
+            return False
+        self.open += 1
+        self.by_address[address] = held + 1
+        return True
 
-    def closed(self) -> None:
+    def closed(self, address: str) -> None:
         self.open -= 1
+        held = self.by_address.pop(address, 1) - 1
+        if held:
+            self.by_address[address] = held
 
 
-async def _connect(client: _End, port: int, pipes: _Pipes) -> None:
+async def _connect(client: _End, port: int, pipes: _Pipes, address: str) -> None:
     """Connect the pipe's upstream side to the gRPC server, then let the client's bytes flow."""
     loop = asyncio.get_running_loop()
-    upstream = _End(pipes.closed)  # the pipe counts until its upstream side is gone
+    # The pipe counts until its upstream side is gone.
+    upstream = _End(lambda: pipes.closed(address))
     try:
         await asyncio.wait_for(
             loop.create_connection(lambda: upstream, "127.0.0.1", port), CONNECT_TIMEOUT_S
         )
     except (OSError, asyncio.TimeoutError) as exc:
-        pipes.closed()
+        pipes.closed(address)
         log.warning("cannot reach the gRPC server on 127.0.0.1:%d: %r", port, exc)
         if client.transport is not None:
             client.transport.close()
@@ -163,17 +180,23 @@ async def _connect(client: _End, port: int, pipes: _Pipes) -> None:
 
 def pipe_to(transport: asyncio.Transport, first: bytes, port: int, pipes: _Pipes) -> None:
     """Hand a connection over to 127.0.0.1:``port``, ``first`` being what it sent so far."""
-    if pipes.full():
-        log.warning("refusing a gRPC connection: %d are open already", pipes.open)
+    peer = transport.get_extra_info("peername")
+    address = str(peer[0]) if isinstance(peer, tuple) and peer else ""
+    if not pipes.take(address):
+        log.warning(
+            "refusing a gRPC connection from %s: %d are open, %d of them from there",
+            address or "?",
+            pipes.open,
+            pipes.by_address.get(address, 0),
+        )
         transport.close()
         return
-    pipes.open += 1
     client = _End()
     transport.set_protocol(client)
     client.connection_made(transport)
     client.pending += first
     transport.pause_reading()  # until the upstream side is connected
-    task = asyncio.get_running_loop().create_task(_connect(client, port, pipes))
+    task = asyncio.get_running_loop().create_task(_connect(client, port, pipes, address))
     _PENDING.add(task)
     task.add_done_callback(_PENDING.discard)
 

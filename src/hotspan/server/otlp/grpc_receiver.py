@@ -20,6 +20,7 @@ from hotspan.formats.errors import FormatError
 from hotspan.formats.otlp import TooLarge
 from hotspan.server.auth import INGEST, grpc_tenant
 from hotspan.server.errors import HTTPError
+from hotspan.server.grpc_auth import TokenCheck, status_of
 from hotspan.server.ingestion import commit_spans_sync, commit_sync
 from hotspan.server.otlp.http_receiver import convert_profiles, convert_traces
 from hotspan.server.state import ServerState
@@ -30,14 +31,6 @@ log = logging.getLogger(__name__)
 TRACE_SERVICE = "opentelemetry.proto.collector.trace.v1.TraceService"
 PROFILES_SERVICE = "opentelemetry.proto.collector.profiles.v1development.ProfilesService"
 WRITE_TIMEOUT_S = 60
-
-_STATUS_OF_HTTP = {
-    400: grpc.StatusCode.INVALID_ARGUMENT,
-    401: grpc.StatusCode.UNAUTHENTICATED,
-    403: grpc.StatusCode.PERMISSION_DENIED,
-    413: grpc.StatusCode.RESOURCE_EXHAUSTED,
-    503: grpc.StatusCode.UNAVAILABLE,
-}
 
 
 def _handler(
@@ -52,7 +45,7 @@ def _handler(
         except FormatError as exc:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         except HTTPError as exc:
-            context.abort(_STATUS_OF_HTTP.get(exc.status, grpc.StatusCode.INTERNAL), exc.message)
+            context.abort(status_of(exc), exc.message)
         except StoreError as exc:
             context.abort(grpc.StatusCode.UNAVAILABLE, f"could not store the data: {exc}")
         except futures.TimeoutError:
@@ -83,6 +76,7 @@ def start(state: ServerState, host: str, port: int) -> Tuple[grpc.Server, int]:
         # Beyond this many requests in progress, RESOURCE_EXHAUSTED (clients retry) rather
         # than an unbounded queue of bodies waiting for a worker.
         maximum_concurrent_rpcs=32,
+        interceptors=[TokenCheck(state.auth, INGEST)],
         options=[
             ("grpc.max_receive_message_length", limit),
             ("grpc.so_reuseport", 0),

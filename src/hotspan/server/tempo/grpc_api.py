@@ -32,6 +32,7 @@ from google.protobuf.message import Message
 from hotspan.formats.proto import tempo_pb2
 from hotspan.server.auth import QUERY, grpc_tenant
 from hotspan.server.errors import HTTPError
+from hotspan.server.grpc_auth import TokenCheck, status_of
 from hotspan.server.state import ServerState
 from hotspan.server.tempo import api as tempo
 from hotspan.server.tempo import metrics as tempo_metrics
@@ -47,17 +48,6 @@ MAX_MESSAGE_BYTES = 3 * 1024 * 1024
 MAX_CONNECTION_IDLE_MS = 5 * 60 * 1000
 MAX_CONNECTION_AGE_MS = 60 * 60 * 1000
 MAX_CONNECTION_AGE_GRACE_MS = 5 * 60 * 1000
-
-STATUS_OF_HTTP = {
-    400: grpc.StatusCode.INVALID_ARGUMENT,
-    401: grpc.StatusCode.UNAUTHENTICATED,
-    403: grpc.StatusCode.PERMISSION_DENIED,
-    404: grpc.StatusCode.NOT_FOUND,
-    413: grpc.StatusCode.RESOURCE_EXHAUSTED,
-    429: grpc.StatusCode.RESOURCE_EXHAUSTED,
-    501: grpc.StatusCode.UNIMPLEMENTED,
-    503: grpc.StatusCode.UNAVAILABLE,
-}
 
 Params = Dict[str, str]
 # A call's answer (JSON of the response message) from the state, its tenant and its request
@@ -195,7 +185,7 @@ def _handler(
             tenant = grpc_tenant(state.auth, QUERY, context.invocation_metadata())
             body = answer(state, tenant, request)
         except HTTPError as exc:
-            context.abort(STATUS_OF_HTTP.get(exc.status, grpc.StatusCode.INTERNAL), exc.message)
+            context.abort(status_of(exc), exc.message)
         except StoreError as exc:
             context.abort(grpc.StatusCode.UNAVAILABLE, f"the store is unavailable: {exc}")
         message = json_format.ParseDict(body, response_type(), ignore_unknown_fields=True)
@@ -270,6 +260,7 @@ def serve(
         futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="hotspan-tempo-grpc"),
         # Beyond this many calls in progress, RESOURCE_EXHAUSTED rather than a queue.
         maximum_concurrent_rpcs=32,
+        interceptors=[TokenCheck(state.auth, QUERY)],
         options=[
             ("grpc.max_receive_message_length", state.config.max_body_bytes),
             ("grpc.so_reuseport", 0),
