@@ -30,8 +30,30 @@ def test_selector_metric_escapes_and_empty() -> None:
     assert parse_selector('{a!=""}').matches({}) is False
 
 
+def test_quoted_names_as_prometheus_3_writes_them() -> None:
+    # Label names outside the old character set (what Pyroscope's Node SDK sends as tags).
+    sel = parse_selector('{"otel.scope.name"="com.grafana.pyroscope/nodejs", env="prod"}')
+    assert sel.matches({"otel.scope.name": "com.grafana.pyroscope/nodejs", "env": "prod"})
+    assert not sel.matches({"otel.scope.name": "other", "env": "prod"})
+    sel = parse_selector('{"app.cpu", "k8s.pod"=~"web-.*"}')
+    assert sel.metric == "app.cpu" and sel.matches({"k8s.pod": "web-1"})
+    assert parse_selector('{"a b"="c"}').matches({"a b": "c"})
+
+
 @pytest.mark.parametrize(
-    "bad", ['{a="b"', '{a~"b"}', '{a="b" c="d"}', '{="b"}', '{a="b"} x', '{a=~"("}', "{a=b}"]
+    "bad",
+    [
+        '{a="b"',
+        '{a~"b"}',
+        '{a="b" c="d"}',
+        '{="b"}',
+        '{a="b"} x',
+        '{a=~"("}',
+        "{a=b}",
+        'm{"n"}',
+        '{"m", "n"}',
+        '{"a"="b"',
+    ],
 )
 def test_bad_selectors_say_why(bad: str) -> None:
     with pytest.raises(SelectorError):

@@ -162,7 +162,9 @@ _METRIC = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:.\-]*")
 
 
 def parse_selector(text: str) -> Selector:
-    """Parse ``metric{a="b", c=~"d"}``; both parts are optional, ``""`` and ``{}`` match all."""
+    """Parse ``metric{a="b", c=~"d"}``; both parts are optional, ``""`` and ``{}`` match all.
+    Names may be quoted, as Prometheus 3 writes those outside its old character set:
+    ``{"otel.scope.name"="x"}``, ``{"app.cpu", env="prod"}``."""
     scanner = _Scanner(text or "")
     metric = ""
     if scanner.peek() not in ("{", ""):
@@ -171,7 +173,19 @@ def parse_selector(text: str) -> Selector:
     if scanner.peek() == "{":
         scanner.expect("{")
         while scanner.peek() != "}":
-            name = scanner.name(_LABEL_NAME, "label name")
+            if scanner.peek() in "\"'`":
+                # Prometheus 3's quoted names: a label's ({"otel.scope.name"="x"}), or the
+                # metric's alone ({"app.cpu", env="x"}).
+                name = scanner.string()
+                if scanner.peek() in (",", "}"):
+                    if metric:
+                        raise SelectorError(f"a second metric name, {name!r}")
+                    metric = name
+                    if scanner.peek() == ",":
+                        scanner.pos += 1
+                    continue
+            else:
+                name = scanner.name(_LABEL_NAME, "label name")
             op = scanner.operator()
             matchers.append(Matcher(name, op, scanner.string()))
             if scanner.peek() == ",":
