@@ -264,12 +264,12 @@ def condition_code(names: Tuple[str, ...], value: object, what: str) -> int:
     raise SearchError(f"{what} must be one of {', '.join(names)}, not {value!r}")
 
 
-def condition_span_id(value: object) -> int:
-    """A ``span:id`` condition's value as a number."""
+def condition_span_id(value: object, key: str = "span:id") -> int:
+    """A ``span:id`` (or ``key``: ``span:parentID``) condition's value as a number."""
     try:
         return int(str(value), 16)
     except ValueError:
-        raise SearchError(f"span:id {value!r} is not hex") from None
+        raise SearchError(f"{key} {value!r} is not hex") from None
 
 
 def condition_text(key: str, value: object) -> str:

@@ -351,7 +351,7 @@ def span_condition(cond: Condition, bind: Binder) -> str:
     if key == "span:id":
         return _compare_number(key, "span_id", op, condition_span_id(value), bind)
     if key == "span:parentID":  # "0000000000000000": a root span (TraceQL's nestedSetParent<0)
-        return _compare_number(key, "parent_span_id", op, condition_span_id(value), bind)
+        return _compare_number(key, "parent_span_id", op, condition_span_id(value, key), bind)
     if key == "raw:span":  # bytes (hex) of the span's OTLP message: a necessary condition
         return bind.dialect.contains.format("hex(raw)", bind(str(value)))
     if key == "raw:scope":

@@ -843,6 +843,12 @@ def test_bad_search_parameters_are_400(srv, params: Dict[str, str]) -> None:  # 
     assert len(r.text.strip()) > 10, "a reason is given"
 
 
+@pytest.mark.parametrize("key", ["span:id", "span:parentID"])
+def test_a_bad_id_is_named_by_its_own_key(srv, key: str) -> None:  # type: ignore[no-untyped-def]
+    r = search(srv, "search", q=f'{{{key}="zz"}}', **WINDOW)
+    assert r.status_code == 400 and f"{key} 'zz' is not hex" in r.text, r.text
+
+
 LEGACY = traceql_cases.LEGACY
 
 
