@@ -77,7 +77,7 @@ class TokenCheck(grpc.ServerInterceptor):
             grpc_tenant(
                 self.auth,
                 self.access,
-                handler_call_details.invocation_metadata,  # type: ignore[attr-defined]
+                handler_call_details.invocation_metadata,
                 refresh=False,
             )
         except HTTPError as exc:

@@ -126,6 +126,35 @@ def observe_agent(
     return settings_answer(state, tenant, labels)
 
 
+# Pyroscope's limits on a series' labels (its validation defaults), but twice the names.
+MAX_LABEL_NAMES = 60
+MAX_LABEL_NAME_LENGTH = 1024
+MAX_LABEL_VALUE_LENGTH = 2048
+
+
+def check_labels(batch: IngestBatch) -> None:
+    """HTTPError (400) for a series whose labels pass a limit: labels are kept per series,
+    listed by every label query and shown in every view, and an upload is refused whole, as
+    Pyroscope refuses it, rather than stored cut."""
+    for info in batch.series.values():
+        if len(info.labels) > MAX_LABEL_NAMES:
+            raise HTTPError(
+                400, f"a series has {len(info.labels)} labels; at most {MAX_LABEL_NAMES}"
+            )
+        for name, value in info.labels:
+            if len(name) > MAX_LABEL_NAME_LENGTH:
+                raise HTTPError(
+                    400, f"label name {name[:40]!r}... is over {MAX_LABEL_NAME_LENGTH} characters"
+                )
+            if len(value) > MAX_LABEL_VALUE_LENGTH:
+                raise HTTPError(
+                    400,
+                    f"label {name[:60]!r} has a value over {MAX_LABEL_VALUE_LENGTH} characters",
+                )
+            if "\0" in name or "\0" in value:
+                raise HTTPError(400, f"label {name[:60]!r} holds a NUL character")
+
+
 def stored_form(state: ServerState, batch: IngestBatch) -> IngestBatch:
     """The batch as the store keeps it: redacted when the server was told to."""
     return state.redactor.batch(batch) if state.redactor is not None else batch
@@ -136,6 +165,7 @@ async def commit(state: ServerState, tenant: str, batch: IngestBatch) -> None:
     store refuses it."""
     if not len(batch):
         return
+    check_labels(batch)
     stored = stored_form(state, batch)
     write = state.store.write(tenant, stored)
     if state.metrics is not None:
@@ -152,6 +182,7 @@ def commit_sync(state: ServerState, tenant: str, batch: IngestBatch, timeout_s: 
     """:func:`commit` for callers on a thread of their own (the gRPC receivers): StoreError,
     or concurrent.futures.TimeoutError after ``timeout_s``."""
     if len(batch):
+        check_labels(batch)
         stored = stored_form(state, batch)
         write = state.store.write(tenant, stored)
         if state.metrics is not None:

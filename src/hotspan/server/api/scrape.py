@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     import httpx
 from hotspan.model.profile import IngestBatch
 from hotspan.server import ingestion
-from hotspan.server.errors import bare_errors
+from hotspan.server.errors import HTTPError, bare_errors
 from hotspan.server.request import tenant_of
 from hotspan.server.scrape_config import PROFILES, ScrapeConfig, Target
 
@@ -186,7 +186,8 @@ class Scraper:
         try:
             body = await http_get(self._client, url, seconds + target.timeout_s, limit, headers)
             await self._store(ts, body)
-        except (FetchError, ValueError) as exc:
+        except (FetchError, ValueError, HTTPError) as exc:
+            # (HTTPError: the store refused it, or a label past its limit.)
             ts.last_duration_s = time.monotonic() - started
             if isinstance(exc, FetchError) and exc.status == 404 and not target.explicit:
                 self._set_health(ts, "not_served", str(exc))
