@@ -63,6 +63,15 @@ def test_folded_ingest_and_render(server) -> None:  # type: ignore[no-untyped-de
             json={"name": "pyroscope_spy", "start": (T0 - 60) * 1000, "end": (T0 + 60) * 1000},
         )
         assert r.json()["names"] == ["pyspy"]
+        # The same lines gzipped without a Content-Encoding, as pprof may come.
+        r = c.post(
+            "/ingest",
+            params={"name": "zipped.cpu", "from": str(T0), "until": str(T0 + 10)},
+            content=gzip.compress(b"main;checkout;tax 30\nmain;idle 5\n"),
+        )
+        assert r.status_code == 200, r.text
+        graph = flamegraph(c, '{service_name="zipped"}', T0 - 60, T0 + 60)
+        assert function_totals(graph)["tax"] == 30 * 10**7
 
 
 def test_every_sample_type_is_a_profile_type_and_spans_stay_on_samples(server) -> None:  # type: ignore[no-untyped-def]

@@ -29,7 +29,7 @@ def parse_folded(data: bytes) -> Iterator[Stack]:
             except (ValueError, OverflowError):
                 raise FormatError(f"line {number}: value {value[:40]!r} is not a number") from None
         if not 0 <= count <= MAX_SAMPLE_VALUE:
-            raise FormatError(f"line {number}: value {count} is out of range")
+            raise FormatError(f"line {number}: value {value[:40]!r} is out of range")
         frames = [f for f in stack.split(";") if f]
         if frames and count:
             yield frames, count

@@ -139,7 +139,9 @@ async def _decode(
     elif ctype.startswith("multipart/form-data") or fmt == "pprof":
         await _ingest_pprof(request, body, ctype, name, labels, start, batch, state)
     elif fmt in FOLDED_FORMATS or fmt == "lines" or fmt == "speedscope":
-        _ingest_stacks(body, fmt, name, labels, start, sample_rate, batch)
+        # Gzipped without saying so (Content-Encoding), as pprof and JFR bodies may be.
+        data = maybe_gunzip(body, state.config.max_decompressed_bytes)
+        _ingest_stacks(data, fmt, name, labels, start, sample_rate, batch)
     elif fmt in ("trie", "tree"):
         raise HTTPError(400, f"format {fmt!r} is not supported by hotspan yet")
     else:
