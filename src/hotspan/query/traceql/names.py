@@ -49,6 +49,19 @@ INTRINSICS["span:statusMessage"] = "statusMessage"
 # Attribute scopes of the same: event.x, link.x, instrumentation.x.
 UNSEARCHED_SCOPES = ("event", "link", "instrumentation")
 KNOWN_ELSEWHERE = {"parent"}
+# The intrinsics that are numbers (durations, counts, positions): what avg(), sum() and the
+# *_over_time functions can read; the others are strings, ids or codes.
+NUMERIC_INTRINSICS = frozenset(
+    (
+        "duration",
+        "childCount",
+        "traceDuration",
+        "nestedSetParent",
+        "nestedSetLeft",
+        "nestedSetRight",
+        "event:timeSinceStart",
+    )
+)
 _ATTRIBUTE_QUOTE = re.compile(r"[\s{}()=~!<>&|^,\"]")
 
 

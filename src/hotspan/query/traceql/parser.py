@@ -20,7 +20,7 @@ from hotspan.model.trace import (
 from hotspan.query.engine import QueryError
 from hotspan.query.traceql import ast
 from hotspan.query.traceql.lexer import Lexer
-from hotspan.query.traceql.names import INTRINSICS, KNOWN_ELSEWHERE
+from hotspan.query.traceql.names import INTRINSICS, KNOWN_ELSEWHERE, NUMERIC_INTRINSICS
 
 _STATIC_WORDS = {
     "true": True,
@@ -201,6 +201,11 @@ class _Parser:
             self.take()
             if isinstance(expr, ast.Static) and not isinstance(expr.value, bool):
                 raise QueryError(f"TraceQL: {{ {expr} }} is not a condition")
+            if isinstance(expr, ast.Attribute) and expr.scope == "intrinsic":
+                # (An attribute alone may hold a boolean; no intrinsic does.)
+                raise QueryError(
+                    f"TraceQL: {{ {expr} }} is not a condition: compare it, as {{ {expr} = ... }}"
+                )
             return ast.Filter(expr)
         if self.at("("):
             self.take()
@@ -249,6 +254,7 @@ class _Parser:
                 return ast.Aggregate("count", None)
             expr = self.field()
             self.expect(")", f" closing {value}(")
+            _numeric(expr, f"{value}()")
             return ast.Aggregate(str(value), expr)
         negative = False
         if self.at("-"):
@@ -280,6 +286,9 @@ class _Parser:
                 continue
             if ast.NIL in (_static_value(lhs), _static_value(rhs)):
                 raise QueryError("TraceQL: nil compares only with = and != (x = nil, x != nil)")
+            kinds = {_static_kind(lhs), _static_kind(rhs)}
+            if kinds == {"string", "number"}:
+                raise QueryError(f"TraceQL: {lhs} {op} {rhs} compares a string with a number")
             lhs = ast.Binary(op, lhs, rhs)
         return lhs
 
@@ -363,7 +372,9 @@ class _Parser:
         attribute: Optional[str] = None
         quantiles: List[float] = []
         if function not in _NO_ARGUMENT:
-            attribute = self.attribute_ref().text
+            read = self.attribute_ref()
+            _numeric(read, f"{function}()")
+            attribute = read.text
             if function == "quantile_over_time":
                 if not self.at(","):
                     self.fail(
@@ -496,6 +507,27 @@ def _token_text(kind: str, value: object) -> str:
 
 def _static_value(expr: ast.Field) -> object:
     return expr.value if isinstance(expr, ast.Static) else None
+
+
+def _static_kind(field: ast.Field) -> Optional[str]:
+    """ "string" or "number" for a literal of that kind, else None."""
+    if not isinstance(field, ast.Static) or isinstance(field.value, bool):
+        return None
+    if isinstance(field.value, str):
+        return "string"
+    if isinstance(field.value, (int, float)):
+        return "number"
+    return None
+
+
+def _numeric(field: ast.Field, where: str) -> None:
+    """QueryError when ``field`` is an intrinsic that is no number (name, status, ...)."""
+    if (
+        isinstance(field, ast.Attribute)
+        and field.scope == "intrinsic"
+        and field.name not in NUMERIC_INTRINSICS
+    ):
+        raise QueryError(f"TraceQL: {where} reads a number; {field} is not one")
 
 
 # A query's work is about its size times the spans it reads: bound the size (Tempo's queries,
