@@ -876,6 +876,24 @@ def test_cell_bound_gives_a_partial_answer(duck: Store, monkeypatch: pytest.Monk
     assert run_metrics(duck, TENANT, quantiles, req).partial is None
 
 
+def test_compare_answer_is_bounded_by_cells(duck: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    """compare() writes every interval of each series it keeps: the answer's cells bound
+    its series as they bound the other functions' (a span with thousands of attributes over
+    a day at a 10 s step made a 163 MB answer)."""
+    from hotspan.query.traceql import metrics
+
+    req = MetricsRequest(START * SEC, END * SEC, STEP_S * SEC)
+    compare = parse_query("{} | compare({status = error})")
+    whole = run_metrics(duck, TENANT, compare, req)
+    assert whole.partial is None and len(whole.series) > 3
+    monkeypatch.setattr(metrics, "MAX_CELLS", 3 * len(STAMPS_MS))
+    bounded = run_metrics(duck, TENANT, compare, req)
+    assert bounded.partial and "at most 12 values" in bounded.partial
+    assert 0 < len(bounded.series) <= 3
+    complete = series_of(whole)
+    assert all(complete[k] == v for k, v in series_of(bounded).items())
+
+
 def test_deadline_gives_a_partial_answer(duck: Store, monkeypatch: pytest.MonkeyPatch) -> None:
     """A query stops reading when its time is up (checked between pages) and says so."""
     from hotspan.query.traceql import candidates

@@ -32,9 +32,10 @@ from hotspan.query.traceql.series import (
 )
 from hotspan.store.base import Store
 
-# Cells (rows x intervals, 8 bytes each) an answer may hold: 160 MB.  maxSeries bounds the
-# groups, but a histogram or quantile group has a row per power-of-two bucket (up to ~64).
-MAX_CELLS = 20_000_000
+# Cells (rows x intervals) an answer may hold: each is a sample of ~40 bytes in the JSON
+# answer (80 MB), 8 while counted.  maxSeries bounds the groups, but a histogram or quantile
+# group has a row per power-of-two bucket (up to ~64).  Grafana asks for ~1,000 intervals.
+MAX_CELLS = 2_000_000
 
 
 def _hinted(query: Query, req: MetricsRequest) -> MetricsRequest:
@@ -65,7 +66,7 @@ def run_metrics(
             "{ status = error } | rate() by (resource.service.name)"
         )
     if stage.function == "compare":
-        return run_compare(store, tenant, query, req, max_spans, in_store)
+        return run_compare(store, tenant, query, req, max_spans, in_store, MAX_CELLS)
     validate_stage(stage)
     builder = SeriesBuilder(stage, _hinted(query, req), MAX_CELLS)
     if req.instant:

@@ -59,6 +59,7 @@ from hotspan.query.engine import QueryError
 from hotspan.query.traceql import ast
 from hotspan.query.traceql.candidates import (
     Candidates,
+    cell_bound_message,
     matched_spans,
     presence_tests,
     series_bound_message,
@@ -171,9 +172,13 @@ def _intrinsics(name: str, status: int, kind: int) -> Tuple[Tuple[str, LabelValu
 class _Compare:
     """Counts of a compare() query, page by page."""
 
-    def __init__(self, stage: MetricsStage, req: MetricsRequest) -> None:
+    def __init__(
+        self, stage: MetricsStage, req: MetricsRequest, max_cells: Optional[int] = None
+    ) -> None:
         self.stage = stage
         self.req = req
+        self.max_cells = max_cells
+        self.answer_cells_limited = False
         self.start, self.end, self.intervals = aligned_range(req)
         self.step = self.end - self.start if req.instant else req.step_ns
         self.counts: Counts = {}
@@ -364,6 +369,13 @@ class _Compare:
         for (_, attribute), total in self.totals.items():
             spans[attribute] += sum(total)
         budget = self.req.max_series
+        by_cells = budget
+        if self.max_cells is not None:
+            # Each series has a value per interval, and the answer writes every one.
+            by_cells = max(1, self.max_cells // max(intervals, 1))
+        if by_cells < budget:
+            budget = by_cells
+            self.answer_cells_limited = True
         shown: List[Tuple[str, str]] = []  # (side, attribute) totals shown
         kept = set()
         for attribute in sorted(spans, key=lambda a: (-spans[a], a)):
@@ -412,7 +424,11 @@ class _Compare:
         """Messages of the bounds the answer hit (call after ``series()``)."""
         out = []
         if self.series_limited:
-            out.append(series_bound_message(self.req.max_series))
+            if self.answer_cells_limited:
+                assert self.max_cells is not None
+                out.append(cell_bound_message(self.max_cells))
+            else:
+                out.append(series_bound_message(self.req.max_series))
         if self.attributes_limited:
             out.append(
                 f"compare() counts at most {MAX_COMPARE_ATTRIBUTES} attributes: the spans' "
@@ -488,13 +504,15 @@ def run_compare(
     req: MetricsRequest,
     max_spans: int,
     in_store: bool = True,
+    max_cells: Optional[int] = None,
 ) -> MetricsResult:
     """The series of a ``compare()`` query over the stored spans, counted by the store when
-    it can (``in_store`` False: read span by span, to compare the two)."""
+    it can (``in_store`` False: read span by span, to compare the two); at most
+    ``max_cells`` (series x intervals) in the answer."""
     stage = query.metrics
     assert stage is not None
     validate(stage)
-    builder = _Compare(stage, req)
+    builder = _Compare(stage, req, max_cells)
     if req.instant:
         low, high = builder.start, builder.end
     else:
