@@ -52,11 +52,18 @@ def _refusal(code: grpc.StatusCode, message: str) -> grpc.RpcMethodHandler:
 
 
 class TokenCheck(grpc.ServerInterceptor):
-    """Refuses calls whose metadata holds no token valid for ``access``."""
+    """Refuses calls whose metadata holds no token valid for ``access``; ``refused`` is told
+    of each (the method's full name, and the HTTP status the refusal stands for)."""
 
-    def __init__(self, auth: Authenticator, access: Access) -> None:
+    def __init__(
+        self,
+        auth: Authenticator,
+        access: Access,
+        refused: Optional[Callable[[str, int], None]] = None,
+    ) -> None:
         self.auth = auth
         self.access = access
+        self.refused = refused
         self._refresher = futures.ThreadPoolExecutor(1, thread_name_prefix="hotspan-grpc-auth")
         self._refreshing: Optional[futures.Future[None]] = None
         self._lock = threading.Lock()
@@ -84,5 +91,7 @@ class TokenCheck(grpc.ServerInterceptor):
             if exc.status == 503:
                 # Tokens not read yet (the server just started): the handler waits for them.
                 return continuation(handler_call_details)
+            if self.refused is not None:
+                self.refused(handler_call_details.method, exc.status)
             return _refusal(status_of(exc), exc.message)
         return continuation(handler_call_details)

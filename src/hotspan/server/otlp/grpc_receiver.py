@@ -68,6 +68,24 @@ def _export_profiles(state: ServerState, tenant: str, body: bytes) -> bytes:
     return response.SerializeToString()
 
 
+# The endpoint each method's requests are counted as (hotspan_ingest_requests_total).
+ENDPOINTS = {
+    f"/{TRACE_SERVICE}/Export": "otlp_grpc_traces",
+    f"/{PROFILES_SERVICE}/Export": "otlp_grpc_profiles",
+}
+
+
+def _count_refused(state: ServerState) -> Callable[[str, int], None]:
+    """Counts a call TokenCheck refused as its handler counts the calls it refuses."""
+
+    def refused(method: str, status: int) -> None:
+        endpoint = ENDPOINTS.get(method)
+        if state.metrics is not None and endpoint is not None:
+            state.metrics.ingest_done(endpoint, 0, status)
+
+    return refused
+
+
 def start(state: ServerState, host: str, port: int) -> Tuple[grpc.Server, int]:
     """Serve both services on ``host:port`` (0: any free port); returns the bound port."""
     limit = state.config.max_body_bytes
@@ -76,16 +94,14 @@ def start(state: ServerState, host: str, port: int) -> Tuple[grpc.Server, int]:
         # Beyond this many requests in progress, RESOURCE_EXHAUSTED (clients retry) rather
         # than an unbounded queue of bodies waiting for a worker.
         maximum_concurrent_rpcs=32,
-        interceptors=[TokenCheck(state.auth, INGEST)],
+        interceptors=[TokenCheck(state.auth, INGEST, _count_refused(state))],
         options=[
             ("grpc.max_receive_message_length", limit),
             ("grpc.so_reuseport", 0),
         ],
     )
-    for service, export, name in (
-        (TRACE_SERVICE, _export_traces, "otlp_grpc_traces"),
-        (PROFILES_SERVICE, _export_profiles, "otlp_grpc_profiles"),
-    ):
+    for service, export in ((TRACE_SERVICE, _export_traces), (PROFILES_SERVICE, _export_profiles)):
+        name = ENDPOINTS[f"/{service}/Export"]
         handler = _handler(state, export)
         if state.metrics is not None:
             handler = state.metrics.grpc_counted(name, handler)
