@@ -394,6 +394,32 @@ def test_no_data_names_what_exists(data: Data) -> None:
     assert proc.returncode == 1 and b"no profiles at all in that range" in proc.stderr
 
 
+def test_an_alias_finds_the_type_an_sdk_files_it_under(data: Data) -> None:
+    """Pyroscope's Node.js SDK sends CPU time as a sample type of its wall profile
+    (wall:cpu:nanoseconds:wall:nanoseconds): `--profile-type cpu`, the default, finds it."""
+    p = profile_pb2.Profile()
+    strings = ["", "samples", "count", "wall", "nanoseconds", "cpu", "burn", "burn.js", "idle"]
+    p.string_table.extend(s.encode() for s in strings)
+    for kind, unit in (("samples", "count"), ("wall", "nanoseconds"), ("cpu", "nanoseconds")):
+        p.sample_type.add(type=strings.index(kind), unit=strings.index(unit))
+    p.period_type.type, p.period_type.unit = strings.index("wall"), strings.index("nanoseconds")
+    p.period, p.time_nanos = 10_000_000, data.start_s * 1_000_000_000
+    for fid, name in ((1, "burn"), (2, "idle")):
+        p.function.add(id=fid, name=strings.index(name), filename=strings.index("burn.js"))
+        p.location.add(id=fid).line.add(function_id=fid, line=fid)
+    p.sample.add(location_id=[1], value=[30, 300_000_000, 290_000_000])
+    p.sample.add(location_id=[2], value=[70, 700_000_000, 0])
+    body = gzip.compress(p.SerializeToString())
+    with data.server.client() as client:
+        resp = ingest_pprof(client, "nodeapp.wall", body, data.start_s)
+        assert resp.status_code == 200, resp.text
+    out = ok(hotspan("query", "nodeapp", "--format", "json", server=data.server.url))
+    doc = json.loads(out)
+    assert doc["profile_type"] == "wall:cpu:nanoseconds:wall:nanoseconds", doc
+    assert [f["name"] for f in doc["functions"]] == ["burn"]
+    assert doc["total"] == 290_000_000
+
+
 @pytest.mark.parametrize(
     ("args", "needle"),
     [

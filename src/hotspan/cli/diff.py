@@ -26,7 +26,7 @@ from hotspan.cli.client import (
     selector_query,
 )
 from hotspan.cli.output import format_value, iso, plain_console, plain_text, write_output
-from hotspan.cli.profiles import add_profile_type_option, fetch_profile, type_name
+from hotspan.cli.profiles import add_profile_type_option, fetch_profile, resolve_type, type_name
 from hotspan.model.durations import SEC, format_duration
 from hotspan.model.stack_profile import FunctionValue, StackProfile, function_values
 
@@ -394,11 +394,12 @@ def _run(args: argparse.Namespace) -> int:
         raise CLIError(
             f"--fail-above must be 0 or more percentage points, got {args.fail_above}", 2
         )
-    type_id = profile_type_id(args.profile_type)
-    unit = type_id.split(":")[2]
+    profile_type_id(args.profile_type)  # a bad one is refused before any request
     queries = {side: selector_query(getattr(args, side)) for side in SIDES}
     ranges = {side: args_time_range(args, prefix=f"{side}_") for side in SIDES}
     client = Client.from_args(args)
+    type_id = resolve_type(client, args.profile_type, queries[SIDES[0]], ranges[SIDES[0]])
+    unit = type_id.split(":")[2]
     baseline, comparison = (
         fetch_side(client, side, getattr(args, side), queries[side], type_id, ranges[side])
         for side in SIDES

@@ -23,7 +23,7 @@ from hotspan.cli.client import (
     selector_query,
 )
 from hotspan.cli.output import iso, write_output
-from hotspan.cli.profiles import add_profile_type_option, fetch_profile
+from hotspan.cli.profiles import add_profile_type_option, fetch_profile, resolve_type
 
 EXAMPLES = """\
 The merged profile of SELECTOR over a time range, written to FILE.  The format follows the
@@ -75,9 +75,10 @@ def run(args: argparse.Namespace) -> int:
         except FormatError as exc:
             raise CLIError(f"{exc}; or give --format", 2) from None
     selector = selector_query(args.selector)
-    type_id = profile_type_id(args.profile_type)
+    profile_type_id(args.profile_type)  # a bad one is refused before any request
     window = args_time_range(args)
     client = Client.from_args(args)
+    type_id = resolve_type(client, args.profile_type, selector, window)
     with _progress(os.path.basename(args.output)) as step:
         profile = fetch_profile(client, selector, type_id, window, step("downloading"))
         step("writing " + fmt)(0, None)

@@ -16,6 +16,7 @@ from hotspan.cli.client import (
     Client,
     CLIError,
     TimeRange,
+    profile_type_id,
     selector_query,
 )
 from hotspan.cli.output import iso
@@ -39,6 +40,44 @@ def type_name(type_id: str) -> str:
         if full == type_id:
             return alias
     return type_id
+
+
+def types_of(client: Client, query: str, window: TimeRange) -> List[str]:
+    """The profile type ids the selector ``query`` has series of in the range."""
+    from hotspan.model.labels import PROFILE_TYPE
+
+    span = {"start": str(window.start_ms), "end": str(window.end_ms)}
+    found = client.json(
+        "POST", f"{QUERIER}/Series", {"matchers": [query], "labelNames": [PROFILE_TYPE], **span}
+    )
+    return sorted(
+        {
+            pair["value"]
+            for labels in (found or {}).get("labelsSet", [])
+            for pair in labels.get("labels", [])
+            if pair.get("name") == PROFILE_TYPE
+        }
+    )
+
+
+def resolve_type(client: Client, typed: str, query: str, window: TimeRange) -> str:
+    """The profile type id for ``--profile-type`` (``typed``): an alias names a sample
+    type and unit, which SDKs file under types of their own (Node's CPU time is
+    ``wall:cpu:nanoseconds:wall:nanoseconds``, its live heap's period ``inuse_space``): the
+    alias's usual id when the selector has it, else the selector's type of that sample
+    type and unit, else the usual id (and the hint of what exists comes later)."""
+    type_id = profile_type_id(typed)
+    if typed.strip() not in PROFILE_TYPE_ALIASES:
+        return type_id
+    wanted = type_id.split(":")[1:3]
+    try:
+        present = types_of(client, query, window)
+    except CLIError:
+        return type_id
+    if type_id in present:
+        return type_id
+    alike = [t for t in present if t.split(":")[1:3] == wanted]
+    return alike[0] if alike else type_id
 
 
 def fetch_profile(
@@ -83,23 +122,11 @@ def fetch_profile(
 def what_exists(client: Client, query: str, type_id: str, window: TimeRange) -> str:
     """A hint for a selector without samples: the profile types it has in that range, or else
     the values its labels have there, or else the services there are."""
-    from hotspan.model.labels import PROFILE_TYPE, SERVICE_NAME, parse_selector
+    from hotspan.model.labels import SERVICE_NAME, parse_selector
 
     span = {"start": str(window.start_ms), "end": str(window.end_ms)}
     try:
-        found = client.json(
-            "POST",
-            f"{QUERIER}/Series",
-            {"matchers": [query], "labelNames": [PROFILE_TYPE], **span},
-        )
-        types = sorted(
-            {
-                pair["value"]
-                for labels in (found or {}).get("labelsSet", [])
-                for pair in labels.get("labels", [])
-                if pair.get("name") == PROFILE_TYPE
-            }
-        )
+        types = types_of(client, query, window)
         if types:
             return f"it has: {', '.join(type_name(t) for t in types)}"
         matchers = parse_selector(query).matchers

@@ -23,7 +23,7 @@ from hotspan.cli.client import (
     selector_query,
 )
 from hotspan.cli.output import format_value, iso, plain_console, plain_text, write_output
-from hotspan.cli.profiles import add_profile_type_option, fetch_profile
+from hotspan.cli.profiles import add_profile_type_option, fetch_profile, resolve_type
 
 QUERY_FORMATS = ("table", "json", "folded", "pprof")
 
@@ -78,9 +78,10 @@ def run(args: argparse.Namespace) -> int:
     if args.top < 0:
         raise CLIError("--top must be 0 (all) or more", 2)
     selector = selector_query(args.selector)
-    type_id = profile_type_id(args.profile_type)
+    profile_type_id(args.profile_type)  # a bad one is refused before any request
     window = args_time_range(args)
     client = Client.from_args(args)
+    type_id = resolve_type(client, args.profile_type, selector, window)
     profile = fetch_profile(client, selector, type_id, window, typed=args.selector)
     if args.format == "table":
         text = top_table(profile, selector, type_id, window, args.top, args.output is None)
