@@ -343,7 +343,7 @@ def test_rule_fires_when_a_function_gets_slower_and_resolves_when_fixed(
     params = dict(urllib.parse.parse_qsl(link.query))
     assert params["profileType"] == CPU
     assert params["leftQuery"] == params["rightQuery"] == '{service_name="orders"}'
-    assert params["search"] == "checksum_orders"
+    assert params["search"] == "/checksum_orders/"  # the rule's pattern, for the UI
     left = int(params["leftFrom"]), int(params["leftUntil"])
     right = int(params["rightFrom"]), int(params["rightUntil"])
     assert left[0] < left[1] <= right[0] + 1 and right[0] < right[1]

@@ -279,6 +279,8 @@ def test_a_firing_rule_shows_its_value_and_history(page, srv) -> None:  # type: 
     cause.click()
     page.wait_for_url(re.compile(r"/diff\?"))
     assert page.locator("h1.hs-title").inner_text() == "Diff"
+    # The rule's pattern, searched as a regular expression (test_profiles_ui checks that).
+    assert page.locator(".hs-search").first.input_value() == r"/^app\.hot_loop$/"
     client.close()
 
 

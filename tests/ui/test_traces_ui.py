@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from typing import Dict, Iterator, List, Tuple
 
 import pytest
@@ -522,3 +523,57 @@ def test_deep_traces_keep_their_names(page, shop, width: int) -> None:  # type: 
     assert name.evaluate("e => e.scrollWidth <= e.clientWidth"), name.bounding_box()
     assert "30›" in row.inner_text()  # past the indent cap, the depth is written
     screenshot(page, f"traces-deep-{width}")
+
+
+def test_hostile_names_and_long_values_stay_in_their_place(page, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A span name with a right-to-left override (U+202E) and attribute and event values of
+    thousands of characters without a space: the override reorders nothing outside the name's
+    element, and the values wrap inside the span's details instead of widening the page."""
+    name = "GET /pay\u202e"
+    long_value = "x" * 3000
+    trace_id = "ab" * 16
+    span = {
+        "traceId": trace_id,
+        "spanId": "cd" * 8,
+        "name": name,
+        "kind": 2,
+        "startTimeUnixNano": str(int(time.time() - 60) * 10**9),
+        "endTimeUnixNano": str(int(time.time() - 59) * 10**9),
+        "status": {"code": 2, "message": "declined"},
+        "attributes": [{"key": "big", "value": {"stringValue": long_value}}],
+        "events": [
+            {
+                "timeUnixNano": str(int(time.time() - 60) * 10**9 + 1000),
+                "name": "e",
+                "attributes": [{"key": "big", "value": {"stringValue": long_value}}],
+            }
+        ],
+    }
+    body = {
+        "resourceSpans": [
+            {
+                "resource": {
+                    "attributes": [{"key": "service.name", "value": {"stringValue": "rtl"}}]
+                },
+                "scopeSpans": [{"spans": [span]}],
+            }
+        ]
+    }
+    with running_server(tmp_path / "data") as srv:
+        with srv.client() as c:
+            assert c.post("/v1/traces", json=body).status_code == 200
+        page.set_viewport_size({"width": 1200, "height": 900})
+        page.goto(f"{srv.url}/traces?service=rtl")
+        row = page.locator(".hs-trace-result").first
+        row.wait_for()
+        # The name is in its link, the error count beside it: each its own island.
+        for part in (row.locator("a.hs-trace-link"), row.locator(".hs-result-errors")):
+            assert part.evaluate("e => getComputedStyle(e).unicodeBidi") == "isolate"
+        assert row.locator(".hs-result-errors").inner_text() == "1 error"
+        page.goto(f"{srv.url}/traces/{trace_id}")
+        page.locator(".hs-wf-span .hs-wf-span-name").first.click()
+        page.wait_for_selector(".hs-span-attributes")
+        page.click(".hs-span-attributes summary")
+        page.click(".hs-span-events summary")
+        width = page.evaluate("() => document.documentElement.scrollWidth")
+        assert width <= 1200, width

@@ -52,7 +52,7 @@ class Side:
 
 @dataclass(frozen=True)
 class DiffLink:
-    """The diff view's baseline and comparison (and the function to search for)."""
+    """The diff view's baseline and comparison (and the function pattern to search for)."""
 
     profile_type: str
     baseline: Side
@@ -67,7 +67,8 @@ class DiffLink:
             params[f"{prefix}From"] = str(side.start_ns // SEC)
             params[f"{prefix}Until"] = str(-(-side.end_ns // SEC))
         if self.search:
-            params["search"] = self.search
+            # Between slashes: the UI's search reads it as the rule's regular expression.
+            params["search"] = f"/{self.search}/"
         return external_url.rstrip("/") + "/diff?" + urllib.parse.urlencode(params)
 
 

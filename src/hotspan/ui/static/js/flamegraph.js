@@ -16,6 +16,7 @@
 
 import { formatPercent, formatValue } from "./format.js";
 import { diffChange, diffColor, packageColor, shareChange } from "./flametree.js";
+import { nameMatcher } from "./search.js";
 
 const FG_FRAME_HEIGHT = 18; // as Pyroscope
 const FG_MIN_WIDTH = 0.5; // CSS px: narrower frames are not drawn
@@ -177,7 +178,8 @@ export class FlameGraph {
   }
 
   /**
-   * Highlights frames whose name contains `text` (case-insensitive), dims the rest.
+   * Highlights frames whose name contains `text` (case-insensitive; `/re/`: a regular
+   * expression finds), dims the rest.
    * @returns {{matches: number, value: number}} matching frames, and the value they cover
    *   (nested matches counted once)
    */
@@ -541,9 +543,9 @@ export class FlameGraph {
     const count = tree ? tree.names.length : 0;
     this.searchMark = new Uint8Array(count);
     if (!tree || !this.searchText) return { matches: 0, value: 0 };
-    const q = this.searchText.toLowerCase();
+    const finds = nameMatcher(this.searchText);
     for (let k = 1; k < count; k++) {
-      if (tree.names[k].toLowerCase().includes(q)) this.searchMark[k] = 1;
+      if (finds(tree.names[k])) this.searchMark[k] = 1;
     }
     // Levels come in order, so a parent's "inside a match" is known before its children.
     const inside = new Uint8Array(tree.nodeCount);

@@ -116,7 +116,8 @@ export function unitWord(id) {
 /** name:sample_type:sample_unit:period_type:period_unit -> "Allocated bytes · memory / alloc_space (bytes)" */
 export function typeLabel(id) {
   const [name, sampleType] = String(id).split(":");
-  const technical = name === sampleType ? name : `${name} / ${sampleType}`;
+  // (An id from the address may have no sample type: it is shown as it is.)
+  const technical = sampleType === undefined || name === sampleType ? name : `${name} / ${sampleType}`;
   const unit = unitWord(id);
   const words = TYPE_WORDS[`${name}:${sampleType}`];
   return `${words ? `${words} · ` : ""}${technical}${unit ? ` (${unit})` : ""}`;

@@ -612,7 +612,14 @@ class ServiceSettings {
     }
     if (s.rate_reason) {
       rate.push(
-        el("div", { class: "hs-badge hs-warn hs-inst-reason", title: REASONS[s.rate_reason] || "" }, s.rate_reason),
+        el(
+          "div",
+          {
+            class: "hs-badge hs-warn hs-inst-reason",
+            title: Object.hasOwn(REASONS, s.rate_reason) ? REASONS[s.rate_reason] : "",
+          },
+          String(s.rate_reason),
+        ),
       );
     }
 
@@ -670,7 +677,11 @@ class ServiceSettings {
     const labels = Object.entries(inst.labels || {})
       .filter(([k]) => k !== "service_name")
       .sort();
-    const about = [s.hostname, isNumber(s.pid) ? `pid ${s.pid}` : null, s.version ? `hotspan ${s.version}` : null]
+    const about = [
+      s.hostname,
+      isNumber(s.pid) ? `pid ${s.pid}` : null,
+      typeof s.version === "string" && s.version ? `hotspan ${s.version}` : null,
+    ]
       .filter(Boolean)
       .join(" · ");
     return [

@@ -10,6 +10,7 @@ import { el } from "./dom.js";
 import { diffColor, shareChange, topTable } from "./flametree.js";
 import { formatChange } from "./flamegraph.js";
 import { formatPercent, formatValue } from "./format.js";
+import { nameMatcher } from "./search.js";
 
 // Enough rows to cover what anyone reads; the rest render on demand (a 10k-function table
 // would cost more than the flame graph).
@@ -52,6 +53,7 @@ export class TopTable {
     this.descending = true;
     this.selected = null;
     this.filter = "";
+    this.matches = nameMatcher("");
     this.limit = PAGE_ROWS;
     this.fit = "full"; // "full" | "medium" | "small": see FULL_SINGLE
     container.classList.add("hs-toptable");
@@ -163,11 +165,10 @@ export class TopTable {
     else if (r.bottom > b.bottom) box.scrollTop += r.bottom - b.bottom;
   }
 
-  /** Shows only functions whose name contains `text` (the panel's search). */
+  /** Shows only functions the panel's search finds (search.js). */
   setFilter(text) {
-    this.filter = String(text || "")
-      .trim()
-      .toLowerCase();
+    this.filter = String(text || "").trim();
+    this.matches = nameMatcher(this.filter);
     this.renderBody();
   }
 
@@ -393,7 +394,7 @@ export class TopTable {
 
   visibleRows() {
     if (!this.filter) return this.rows;
-    return this.rows.filter((r) => r.name.toLowerCase().includes(this.filter));
+    return this.rows.filter((r) => this.matches(r.name));
   }
 
   renderBody() {
