@@ -97,6 +97,8 @@ def test_bad_ingest_is_refused_with_a_reason(srv, case: str) -> None:  # type: i
         r = c.post("/ingest", params=params, content=body, headers=headers)
     assert 400 <= r.status_code < 500, (case, r.status_code, r.text)
     assert len(r.text.strip()) > 5, "a reason is given"
+    # The reason may echo what was sent: no browser may read it as a page.
+    assert r.headers["x-content-type-options"] == "nosniff"
     _still_intact(srv)
 
 

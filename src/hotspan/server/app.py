@@ -30,6 +30,7 @@ from hotspan.server.api import (
 )
 from hotspan.server.auth import Authenticator, AuthMiddleware
 from hotspan.server.config import ServerConfig
+from hotspan.server.http.nosniff import NoSniff
 from hotspan.server.otlp import http_receiver as otlp
 from hotspan.server.pyroscope import ingest, querier, render, span_profiles
 from hotspan.server.redact import Redactor
@@ -175,7 +176,7 @@ def create_app(config: Optional[ServerConfig] = None, store: Optional[Store] = N
         routes=routes,
         lifespan=lifespan,
         # Every request's token and tenant, resolved before any route runs.
-        middleware=[Middleware(AuthMiddleware, auth=state.auth)],
+        middleware=[Middleware(NoSniff), Middleware(AuthMiddleware, auth=state.auth)],
         exception_handlers={404: not_found, StoreError: store_failed},
     )
     app.state.hotspan = state
