@@ -540,6 +540,42 @@ report(codes=[p.exitcode for p in procs])
     assert cpu.get("__main__.hot_a", 0) > 0.1e9, cpu
 
 
+def test_forked_multiprocessing_workers_send_their_profile_as_they_end(
+    module_server, tmp_path: Path
+) -> None:
+    """multiprocessing's forked workers end with os._exit (atexit never runs): what they
+    profiled is sent by a finalizer of multiprocessing's own exit path, with no shutdown()
+    in the program, from a Process and from a Pool closed and joined."""
+    service = f"mpexit_{uuid.uuid4().hex[:6]}"
+    result = run_program(
+        tmp_path,
+        configure_line(module_server.url, service)
+        + """
+import multiprocessing
+def child_work(_=None):
+    burn(0.5)
+ctx = multiprocessing.get_context("fork")
+procs = [ctx.Process(target=child_work) for _ in range(2)]
+for p in procs: p.start()
+for p in procs: p.join()
+def pool_work(_):
+    hot_b(0.25)
+pool = ctx.Pool(2)
+pool.map(pool_work, range(2))
+pool.close()
+pool.join()
+hotspan.shutdown()
+report(codes=[p.exitcode for p in procs])
+""",
+        otel=False,
+    )
+    assert result["codes"] == [0, 0]
+    with module_server.client() as client:
+        cpu = service_profile(client, f'{{service_name="{service}"}}')
+    assert cpu.get("__main__.child_work", 0) > 0.7e9, cpu
+    assert cpu.get("__main__.hot_b", 0) > 0.3e9, cpu
+
+
 def test_server_away_slow_or_failing_never_stalls_the_program(tmp_path: Path) -> None:
     """Uploads every 0.1 s to a server that is away, hangs, or answers 500: the program's
     own loop never waits on them, the agent's buffer stays bounded, and drops are counted."""
@@ -669,6 +705,54 @@ report(codes=codes)
         otel=False,
     )
     assert result["codes"] == [0, 0, 0]
+
+
+def test_a_fork_handler_before_the_agents_may_start_a_thread(module_server, tmp_path: Path) -> None:
+    """A fork handler registered before the agent's (OpenTelemetry's TracerProvider starts a
+    thread in the child) runs before the agent has reset its sampler in the child: the new
+    thread registers itself while the sampler's lock is in whatever state the parent's
+    collector left it.  It hung 2 to 15 % of such children; none may."""
+    service = f"forkhandler_{uuid.uuid4().hex[:6]}"
+    result = run_program(
+        tmp_path,
+        """
+import signal
+def start_a_thread():
+    t = threading.Thread(target=lambda: None)
+    t.start()
+    t.join()
+os.register_at_fork(after_in_child=start_a_thread)
+"""
+        + configure_line(module_server.url, service)
+        + """
+stop = False
+def busy():  # keeps the collector taking its lock
+    while not stop:
+        sum(range(1000))
+for _ in range(4):
+    threading.Thread(target=busy, daemon=True).start()
+forks = hung = 0
+end = time.time() + 4
+while time.time() < end:
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    forks += 1
+    deadline = time.time() + 3
+    while not os.waitpid(pid, os.WNOHANG)[0]:
+        if time.time() > deadline:
+            hung += 1
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            break
+        time.sleep(0.001)
+stop = True
+hotspan.shutdown()
+report(forks=forks, hung=hung)
+""",
+        otel=False,
+    )
+    assert result["forks"] >= 10 and result["hung"] == 0, result
 
 
 def test_restarted_agent_samples_threads_that_reuse_old_idents(

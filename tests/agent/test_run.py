@@ -341,6 +341,55 @@ def test_bootstrap_failure_leaves_program_running(script: Path) -> None:
     assert "sample_rate" in lines[0]
 
 
+def test_only_the_program_itself_says_it_is_not_profiled(tmp_path: Path) -> None:
+    """Processes the program starts inherit PYTHONPATH: one whose agent cannot start (another
+    Python without hotspan, or settings of its own) runs unprofiled without a line in the
+    stderr its parent reads; the program itself still says why it is not profiled."""
+    program = tmp_path / "parent.py"
+    program.write_text(
+        textwrap.dedent(
+            """
+            import os, subprocess, sys
+            env = dict(os.environ, HOTSPAN_SAMPLE_RATE="5000")
+            done = subprocess.run(
+                [sys.executable, "-c", "print('child out')"],
+                env=env, capture_output=True, text=True,
+            )
+            print("CHILD", repr(done.stdout), repr(done.stderr))
+            """
+        )
+    )
+    out = tmp_path / "profiles"
+    out.mkdir()
+    done = hotspan_run(["--server-address", out.as_uri(), "--", sys.executable, str(program)])
+    assert done.returncode == 0, done.stderr
+    assert "CHILD 'child out\\n' ''" in done.stdout, done.stdout
+
+
+def _python_without_hotspan() -> Optional[str]:
+    for candidate in ("/usr/bin/python3", "/usr/local/bin/python3"):
+        if os.path.exists(candidate) and os.path.realpath(candidate) != os.path.realpath(
+            sys.executable
+        ):
+            probe = subprocess.run(
+                [candidate, "-c", "import hotspan"], capture_output=True, env={}, timeout=30
+            )
+            if probe.returncode != 0:
+                return candidate
+    return None
+
+
+def test_a_program_run_by_a_python_without_hotspan_says_so(tmp_path: Path) -> None:
+    python = _python_without_hotspan()
+    if python is None:
+        pytest.skip("no Python without hotspan on this machine (/usr/bin/python3 has it)")
+    out = tmp_path / "profiles"
+    out.mkdir()
+    done = hotspan_run(["--server-address", out.as_uri(), "--", python, "-c", "print('x')"])
+    assert done.returncode == 0 and done.stdout == "x\n", done.stderr
+    assert "hotspan: not profiling" in done.stderr and "hotspan" in done.stderr, done.stderr
+
+
 def test_usage_errors() -> None:
     nothing = hotspan_run([])
     assert nothing.returncode == 2

@@ -11,6 +11,7 @@ from __future__ import annotations
 import atexit
 import importlib
 import os
+import sys
 import threading
 import time
 
@@ -365,6 +366,7 @@ class Agent:
                 self._sampler.start(self._window_ns)
             self._start_uploader()
             self._start_thread()
+            _flush_at_multiprocessing_exit(self)
         except Exception:  # noqa: BLE001
             logger.debug("hotspan: restart after fork failed", exc_info=True)
 
@@ -669,6 +671,24 @@ def _hostname() -> str:
 def _instance_id() -> str:
     """Tells this process apart from the service's others, and from a restart of itself."""
     return f"{_hostname()}/{os.getpid()}/{os.urandom(2).hex()}"
+
+
+def _flush_at_multiprocessing_exit(agent: Agent) -> None:
+    """A forked multiprocessing worker ends with os._exit, which skips atexit: it runs its
+    finalizers first, and one of them sends what the worker profiled.  Registered through
+    register_after_fork because the worker clears the finalizers it inherited (and those made
+    in os.fork's hooks) as it starts; a plain os.fork child never runs it."""
+    mp_util = sys.modules.get("multiprocessing.util")
+    if mp_util is None:
+        return
+
+    def at_worker_exit() -> None:
+        agent._at_exit()
+
+    def in_worker(_: object) -> None:
+        mp_util.Finalize(None, at_worker_exit, exitpriority=-100)
+
+    mp_util.register_after_fork(agent, in_worker)
 
 
 # The agent's start and stop run on the program's thread (configure, shutdown, the atexit

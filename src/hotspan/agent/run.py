@@ -42,6 +42,8 @@ REPORT_VARIABLE = "HOTSPAN_RUN_REPORT"
 # "false" where the run gets no root span: a server, whose requests are traces of their own;
 # "auto" where it has one until the program listens on a TCP socket (see step_aside_if_serving).
 ROOT_SPAN_VARIABLE = "HOTSPAN_RUN_ROOT"
+# The pid of `hotspan run`: the bootstrap reports a failure only in its direct child.
+PARENT_VARIABLE = "HOTSPAN_RUN_PARENT"
 
 # Programs that serve requests, by the command's name or the module run with -m: their
 # requests are traces of their own, and a span around the whole run would make them one.
@@ -274,6 +276,9 @@ def child_environment(
         tags = parse_tags(found[1]) if found else {}
         tags.update(_parse_tag_options(tag_options))
         env["HOTSPAN_TAGS"] = ",".join(f"{k}={v}" for k, v in tags.items())
+    # Who says why it is not profiled: the program itself, not the processes it starts with
+    # another Python (their stderr may be output their parent reads).
+    env[PARENT_VARIABLE] = str(os.getpid())
     # Empty entries stay: they mean the current directory.
     existing = env.get("PYTHONPATH")
     paths = [p for p in existing.split(os.pathsep) if p != BOOTSTRAP_DIR] if existing else []

@@ -26,6 +26,16 @@ static pthread_mutex_t codes_mu = PTHREAD_MUTEX_INITIALIZER;
 #  define CODES_UNLOCK() ((void)0)
 #endif
 
+/* In a forked child (threads.c): the lock a vanished collector may have held, made anew. */
+void
+codes_after_fork(void)
+{
+#ifdef Py_GIL_DISABLED
+    pthread_mutex_t fresh = PTHREAD_MUTEX_INITIALIZER;
+    codes_mu = fresh;
+#endif
+}
+
 static int
 code_known(uint64_t ptr)
 {

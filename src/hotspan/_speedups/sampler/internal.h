@@ -518,6 +518,8 @@ HIDDEN void reset_threads(void);
 HIDDEN int slot_for(pid_t tid, int python);
 HIDDEN void handover_keep(void);
 HIDDEN void handover_drop(void);
+HIDDEN void init_threads_fork(void);
+HIDDEN void codes_after_fork(void);
 HIDDEN void slot_release(int index);
 HIDDEN void exclude_tid(pid_t tid);
 /* Under threads_mutex: the agent's threads by ident too, and whether an ident is one. */

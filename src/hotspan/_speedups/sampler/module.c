@@ -114,6 +114,7 @@ PyInit__sampler(void)
     PyObject *m = PyModule_Create(&module);
     if (m == NULL)
         return NULL;
+    init_threads_fork();
 #ifdef Py_GIL_DISABLED
     /* Safe without the GIL (see codes.c, linker.c and labels.c for what that took); without
      * this, importing the module would turn the GIL back on for the whole program. */

@@ -432,6 +432,27 @@ handover_drop(void)
     n_handover = 0;
 }
 
+/* In a forked child only the forking thread exists, and the parent's collector may have held
+ * threads_mutex.  It is made anew, and sampling marked stopped, before anything of the child
+ * runs: a fork handler registered before the agent's (OpenTelemetry's starts a thread, which
+ * registers itself here) must neither wait on the parent's lock nor arm a timer.  The agent's
+ * own fork hook (sampler_after_fork) resets the rest, with the GIL. */
+static void
+threads_after_fork(void)
+{
+    pthread_mutex_t fresh = PTHREAD_MUTEX_INITIALIZER;
+    threads_mutex = fresh;
+    running = 0;
+    atomic_store(&sampling_enabled, 0);
+    codes_after_fork();
+}
+
+void
+init_threads_fork(void)
+{
+    pthread_atfork(NULL, NULL, threads_after_fork);
+}
+
 /* A new slot takes what the last stop left for its thread.  A linear search, but only while
  * a resuming start scans the threads. */
 static void

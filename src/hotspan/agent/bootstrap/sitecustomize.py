@@ -2,7 +2,9 @@
 with this directory: starts the agent, then imports the ``sitecustomize`` this one hides.
 
 Nothing here may stop the program: a failure is one ``hotspan:`` line on stderr, and the
-program runs unprofiled.
+program runs unprofiled.  Only the program ``hotspan run`` started says so: the processes it
+starts inherit PYTHONPATH, and one run by a Python without hotspan must not find a line in
+the stderr its parent may read.
 """
 
 import os
@@ -16,6 +18,8 @@ def _start_agent() -> None:
         bootstrap()
     except Exception as exc:
         try:
+            if os.environ.get("HOTSPAN_RUN_PARENT", str(os.getppid())) != str(os.getppid()):
+                return
             sys.stderr.write(f"hotspan: not profiling: {exc or type(exc).__name__}\n")
             sys.stderr.flush()
         except Exception:
