@@ -597,11 +597,21 @@ def test_grpc_metrics_query_range_instant_is_one_step(srv: RunningServer) -> Non
     assert all(len(s.samples) > 1 for s in answers[False].series)
 
 
+def export(srv: RunningServer, tenant: str, request: ExportTraceServiceRequest) -> None:
+    """Spans of a tenant of their own, so that the other tests' answers stay as they are."""
+    with srv.client() as c:
+        r = c.post(
+            "/v1/traces",
+            content=request.SerializeToString(),
+            headers={"content-type": "application/x-protobuf", "X-Scope-OrgID": tenant},
+        )
+        assert r.status_code == 200, r.text
+
+
 def test_a_trace_longer_than_durationms_holds_is_answered_at_its_bound(
     srv: RunningServer,
 ) -> None:
     # A span whose clock was 60 days off: Tempo's durationMs (uint32 ms) ends at ~49.7 days.
-    # Its own tenant, so the other tests' answers stay as they are.
     tenant = "skewed"
     request = ExportTraceServiceRequest()
     rs = request.resource_spans.add()
@@ -610,13 +620,7 @@ def test_a_trace_longer_than_durationms_holds_is_answered_at_its_bound(
     span.trace_id, span.span_id, span.name = b"\xaa" * 16, b"\xbb" * 8, "skewed"
     span.start_time_unix_nano = T0 - 60 * 86400 * SEC
     span.end_time_unix_nano = T0
-    with srv.client() as c:
-        r = c.post(
-            "/v1/traces",
-            content=request.SerializeToString(),
-            headers={"content-type": "application/x-protobuf", "X-Scope-OrgID": tenant},
-        )
-        assert r.status_code == 200, r.text
+    export(srv, tenant, request)
     headers = {**HEADERS, "X-Scope-OrgID": tenant}
     with srv.client() as c:
         r = c.get("/api/search", params={"q": "{}"}, headers=headers)
@@ -647,13 +651,7 @@ def test_root_tags_take_the_values_of_root_spans(srv: RunningServer) -> None:
         span.trace_id, span.span_id, span.parent_span_id = b"\xcc" * 16, span_id, parent
         span.name = name
         span.start_time_unix_nano, span.end_time_unix_nano = T0, T0 + MS
-    with srv.client() as c:
-        r = c.post(
-            "/v1/traces",
-            content=request.SerializeToString(),
-            headers={"content-type": "application/x-protobuf", "X-Scope-OrgID": tenant},
-        )
-        assert r.status_code == 200, r.text
+    export(srv, tenant, request)
 
     def values(tag: str) -> list:
         with srv.client() as c:
