@@ -1,8 +1,8 @@
 """The standalone HTML flame graph: one file that opens from file:// with no server.
 
 It is the page the UI's export makes (``static/js/export.js``): the same template
-(``static/standalone.html``), the same inlined ``format.js``, ``flametree.js`` and
-``flamegraph.js`` with their import/export lines stripped the same way, and the same embedded
+(``static/standalone.html``), the same inlined ``format.js``, ``flametree.js``, ``search.js``
+and ``flamegraph.js`` with their import/export lines stripped the same way, and the same embedded
 data, the protojson ``FlameGraph``/``FlameGraphDiff`` the querier answers, which the page's
 ``decodeFlamegraph`` reads.
 """
@@ -26,7 +26,7 @@ from hotspan.model.stack_profile import SampleType, StackProfile
 from hotspan.query import flamegraph
 
 STATIC_DIR = Path(__file__).parent / "static"
-INLINED_SCRIPTS = ("format.js", "flametree.js", "flamegraph.js")
+INLINED_SCRIPTS = ("format.js", "flametree.js", "search.js", "flamegraph.js")
 
 # The same expressions as stripModule in export.js.
 _IMPORT = re.compile(r"""^\s*import\s[^;]*?from\s*["'][^"']+["'];?[ \t]*$""", re.M)

@@ -2,12 +2,12 @@
 // no server, and keeps hover tooltips, click to zoom, search and the root top/bottom toggle.
 //
 // The page's own modules are fetched and inlined as one classic script (module scripts do
-// not load from file://): format.js, flametree.js and flamegraph.js import nothing else and
-// keep their top-level names distinct, so stripping import/export is enough.  The page itself
-// is static/standalone.html, which the command line (hotspan/ui/standalone.py) fills in the
-// same way: keep the two in step.
+// not load from file://): format.js, flametree.js, search.js and flamegraph.js import nothing
+// else and keep their top-level names distinct, so stripping import/export is enough.  The
+// page itself is static/standalone.html, which the command line (hotspan/ui/standalone.py)
+// fills in the same way: keep the two in step.
 
-const INLINED_SCRIPTS = ["format.js", "flametree.js", "flamegraph.js"];
+const INLINED_SCRIPTS = ["format.js", "flametree.js", "search.js", "flamegraph.js"];
 const STATIC_ROOT = new URL("../", import.meta.url);
 
 async function fetchText(path) {
