@@ -477,6 +477,7 @@ def test_pages_are_served_with_a_strict_policy(data) -> None:  # type: ignore[no
             r = c.get(path)
             assert r.status_code == 200 and '<main id="app"' in r.text
             assert "script-src 'self'" in r.headers["content-security-policy"]
+            assert r.headers["x-content-type-options"] == "nosniff"
         r = c.get("/static/js/app.js")
         assert r.status_code == 200 and "javascript" in r.headers["content-type"]
         assert c.get("/static/js/missing.js").status_code == 404

@@ -394,11 +394,12 @@ def _run(args: argparse.Namespace) -> int:
         raise CLIError(
             f"--fail-above must be 0 or more percentage points, got {args.fail_above}", 2
         )
-    profile_type_id(args.profile_type)  # a bad one is refused before any request
+    type_id = profile_type_id(args.profile_type)
     queries = {side: selector_query(getattr(args, side)) for side in SIDES}
     ranges = {side: args_time_range(args, prefix=f"{side}_") for side in SIDES}
     client = Client.from_args(args)
-    type_id = resolve_type(client, args.profile_type, queries[SIDES[0]], ranges[SIDES[0]])
+    first = SIDES[0]
+    type_id = resolve_type(client, args.profile_type, type_id, queries[first], ranges[first])
     unit = type_id.split(":")[2]
     baseline, comparison = (
         fetch_side(client, side, getattr(args, side), queries[side], type_id, ranges[side])

@@ -75,10 +75,10 @@ def run(args: argparse.Namespace) -> int:
         except FormatError as exc:
             raise CLIError(f"{exc}; or give --format", 2) from None
     selector = selector_query(args.selector)
-    profile_type_id(args.profile_type)  # a bad one is refused before any request
+    type_id = profile_type_id(args.profile_type)
     window = args_time_range(args)
     client = Client.from_args(args)
-    type_id = resolve_type(client, args.profile_type, selector, window)
+    type_id = resolve_type(client, args.profile_type, type_id, selector, window)
     with _progress(os.path.basename(args.output)) as step:
         profile = fetch_profile(client, selector, type_id, window, step("downloading"))
         step("writing " + fmt)(0, None)

@@ -16,7 +16,6 @@ from hotspan.cli.client import (
     Client,
     CLIError,
     TimeRange,
-    profile_type_id,
     selector_query,
 )
 from hotspan.cli.output import iso
@@ -60,13 +59,13 @@ def types_of(client: Client, query: str, window: TimeRange) -> List[str]:
     )
 
 
-def resolve_type(client: Client, typed: str, query: str, window: TimeRange) -> str:
-    """The profile type id for ``--profile-type`` (``typed``): an alias names a sample
-    type and unit, which SDKs file under types of their own (Node's CPU time is
-    ``wall:cpu:nanoseconds:wall:nanoseconds``, its live heap's period ``inuse_space``): the
-    alias's usual id when the selector has it, else the selector's type of that sample
-    type and unit, else the usual id (and the hint of what exists comes later)."""
-    type_id = profile_type_id(typed)
+def resolve_type(client: Client, typed: str, type_id: str, query: str, window: TimeRange) -> str:
+    """The profile type id for ``--profile-type`` (``typed``, read as ``type_id`` by
+    profile_type_id): an alias names a sample type and unit, which SDKs file under types of
+    their own (Node's CPU time is ``wall:cpu:nanoseconds:wall:nanoseconds``, its live heap's
+    period ``inuse_space``): the alias's usual id when the selector has it, else the
+    selector's type of that sample type and unit, else the usual id (and the hint of what
+    exists comes later)."""
     if typed.strip() not in PROFILE_TYPE_ALIASES:
         return type_id
     wanted = type_id.split(":")[1:3]

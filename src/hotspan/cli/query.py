@@ -78,10 +78,10 @@ def run(args: argparse.Namespace) -> int:
     if args.top < 0:
         raise CLIError("--top must be 0 (all) or more", 2)
     selector = selector_query(args.selector)
-    profile_type_id(args.profile_type)  # a bad one is refused before any request
+    type_id = profile_type_id(args.profile_type)
     window = args_time_range(args)
     client = Client.from_args(args)
-    type_id = resolve_type(client, args.profile_type, selector, window)
+    type_id = resolve_type(client, args.profile_type, type_id, selector, window)
     profile = fetch_profile(client, selector, type_id, window, typed=args.selector)
     if args.format == "table":
         text = top_table(profile, selector, type_id, window, args.top, args.output is None)

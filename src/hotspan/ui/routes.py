@@ -38,7 +38,6 @@ def _shell_response(status_code: int = 200) -> Response:
         headers={
             "Content-Security-Policy": CONTENT_SECURITY_POLICY,
             "Cache-Control": "no-cache",
-            "X-Content-Type-Options": "nosniff",
         },
     )
 

@@ -369,13 +369,12 @@ class _Compare:
         for (_, attribute), total in self.totals.items():
             spans[attribute] += sum(total)
         budget = self.req.max_series
-        by_cells = budget
         if self.max_cells is not None:
             # Each series has a value per interval, and the answer writes every one.
             by_cells = max(1, self.max_cells // max(intervals, 1))
-        if by_cells < budget:
-            budget = by_cells
-            self.answer_cells_limited = True
+            if by_cells < budget:
+                budget = by_cells
+                self.answer_cells_limited = True
         shown: List[Tuple[str, str]] = []  # (side, attribute) totals shown
         kept = set()
         for attribute in sorted(spans, key=lambda a: (-spans[a], a)):

@@ -2,7 +2,7 @@
 
 An error's text may echo what the client sent (a format, a name), and an answer without a
 content type could then be read as HTML by a browser that sniffs: none may be.  The UI's pages
-set it themselves (with their Content-Security-Policy); this covers the rest.
+get it here too, beside their own Content-Security-Policy.
 """
 
 from __future__ import annotations

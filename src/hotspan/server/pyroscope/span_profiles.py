@@ -30,6 +30,7 @@ from hotspan.model.labels import Selector
 from hotspan.model.profile import ProfileType
 from hotspan.query.engine import QueryError
 from hotspan.query.flamegraph import FlameGraph, to_message
+from hotspan.query.traces import SPAN_SLACK_NS
 from hotspan.server.errors import HTTPError, text_errors
 from hotspan.server.params import (
     max_nodes_value,
@@ -44,7 +45,6 @@ from hotspan.server.state import ServerState
 from hotspan.store.base import SampleFilter
 
 CPU = "process_cpu:cpu:nanoseconds:cpu:nanoseconds"
-HOUR_NS = 3600 * 10**9
 PPROF = "application/vnd.google.protobuf"
 # The trace list shows at most 1000 traces; a longer list is a client's mistake.
 MAX_TRACE_IDS = 1000
@@ -62,9 +62,9 @@ def _window(request: Request, spans) -> Tuple[int, int]:
     start = seconds_param(request, "start")
     end = seconds_param(request, "end")
     if start is None:
-        start = min(s.start_ns for s in spans) - HOUR_NS if spans else 0
+        start = min(s.start_ns for s in spans) - SPAN_SLACK_NS if spans else 0
     if end is None:
-        end = max(s.end_ns for s in spans) + HOUR_NS if spans else 0
+        end = max(s.end_ns for s in spans) + SPAN_SLACK_NS if spans else 0
     if end <= start:
         raise HTTPError(400, "end must be after start (or give a trace that has spans)")
     return start, end
