@@ -82,6 +82,10 @@ def with_header_deadline(
         _deadline: Optional[asyncio.TimerHandle] = None  # set while waiting for a head
         _transport: Optional[asyncio.BaseTransport] = None
         _head_bytes = 0  # received while waiting for the head
+        # httptools' callbacks (h11 bounds its heads itself, 16 KiB): a request's head came and
+        # its body has not all come; its body ended in the bytes being read.
+        _in_message = False
+        _message_ended = False
 
         def __init__(self, config: Any, server_state: Any, *args: Any, **kwargs: Any) -> None:
             # The first connection of a server swaps its set for one that can leave some
@@ -106,6 +110,7 @@ def with_header_deadline(
             # Counted while its head may complete: the limit is compared then, and this
             # connection is one of those it counts.
             self._waiting.discard(self)
+            self._message_ended = False
             super().data_received(data)
             assert self._transport is not None
             if (
@@ -116,11 +121,23 @@ def with_header_deadline(
                 self._deadline.cancel()
                 self._deadline = None
             else:
-                self._head_bytes += len(data)
-                if self._head_bytes > MAX_HEAD_BYTES:
-                    self._head_too_large()
-                    return
+                # Bytes of a head, not the rest of a body answered before it all came (nor what
+                # came with its end: at most one read more than the bound is held).
+                if not (self._in_message or self._message_ended):
+                    self._head_bytes += len(data)
+                    if self._head_bytes > MAX_HEAD_BYTES:
+                        self._head_too_large()
+                        return
                 self._waiting.add(self)
+
+        def on_headers_complete(self) -> None:
+            self._in_message = True
+            super().on_headers_complete()
+
+        def on_message_complete(self) -> None:
+            self._in_message = False
+            self._message_ended = True
+            super().on_message_complete()
 
         def _head_too_large(self) -> None:
             assert self._deadline is not None and self._transport is not None
