@@ -15,6 +15,7 @@ from hotspan.agent import context
 from hotspan.agent.config import AgentConfig, ConfigError, from_env
 from hotspan.agent.context import tag_wrapper
 from hotspan.agent.current import current_agent, set_current
+from hotspan.agent.gc_footprint import untrack_own_code
 from hotspan.agent.main_code import keep_main_module_code
 
 TYPE_CHECKING = False
@@ -45,6 +46,8 @@ def configure(**settings: Any) -> Any:
         set_current(agent)
         agent.start()
         keep_main_module_code()
+        if config.native:
+            untrack_own_code()
         return agent
 
 

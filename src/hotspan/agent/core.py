@@ -26,6 +26,7 @@ from hotspan.agent.config import (
     request_headers,
 )
 from hotspan.agent.first_wait import FirstWait
+from hotspan.agent.gc_footprint import untrack_new_code
 from hotspan.agent.governor import Governor, Meter, Reading
 from hotspan.agent.live import LiveSettings, profile_types
 from hotspan.agent.log import logger
@@ -533,6 +534,8 @@ class Agent:
                     if hub is not None:
                         hub.collected()
                 self._poll_if_quiet()
+                if self.config.native:
+                    untrack_new_code()
             except Exception:  # noqa: BLE001 - a bug here must not stop the program
                 logger.warning("hotspan: sampling failed; profiling stops", exc_info=True)
                 return

@@ -2,6 +2,33 @@
  * import, and module init.  Apart so that what the module exports is in one place. */
 #include "internal.h"
 
+/* The agent's own code (its modules, their dicts, functions and classes) lives as long as the
+ * process, so the cyclic GC can never free it, yet every full collection walks it, and in a
+ * program whose own heap is small that is a share of each collection.  Untracked, it is not
+ * walked; a dict among them that is given a container tracks itself again (CPython does so on
+ * insertion), and what these objects refer to counts as referred to from outside.  Each keeps
+ * a reference from here for good: CPython frees a function or a class assuming the GC tracks
+ * it (an untracked one would crash its deallocation, at exit or when a module's function is
+ * replaced), so none of them may ever be freed. */
+static PyObject *
+sampler_gc_untrack(PyObject *mod, PyObject *objects)
+{
+    PyObject *seq = PySequence_Fast(objects, "gc_untrack() takes a sequence");
+    if (seq == NULL)
+        return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq), count = 0;
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (PyObject_IS_GC(items[i]) && PyObject_GC_IsTracked(items[i])) {
+            Py_INCREF(items[i]); /* never released: see above */
+            PyObject_GC_UnTrack(items[i]);
+            count++;
+        }
+    }
+    Py_DECREF(seq);
+    return PyLong_FromSsize_t(count);
+}
+
 static PyMethodDef methods[] = {
     {"start", (PyCFunction)(void (*)(void))sampler_start, METH_VARARGS | METH_KEYWORDS,
      "start(cpu_interval_ns, max_depth, cpu, wall=True, window_ns=0, resume=False) -> bool: "
@@ -38,6 +65,9 @@ static PyMethodDef methods[] = {
      "thread_labels() -> {ident: (span, trace_hi, trace_lo, root_span, tagset)}: every "
      "thread's "
      "current labels"},
+    {"gc_untrack", sampler_gc_untrack, METH_O,
+     "gc_untrack(objects) -> int: the cyclic GC no longer walks these (the agent's own "
+     "code, which lives as long as the process); how many were tracked"},
     {"turns", sampler_turns, METH_NOARGS,
      "turns() -> dict: turns at the GIL asked for by a Waker's wait: granted, withdrawn "
      "(not granted in time), overrun (taken back)"},
