@@ -120,3 +120,68 @@ def test_the_top_table_prints_names_as_they_are() -> None:
     profile.add([Frame("main"), Frame("[bold]render")], [10])
     text = top_table(profile, "{}", "cpu", TimeRange(0, 1000), 10, to_stdout=False)
     assert "parse[/b]" in text and "[bold]render" in text
+
+
+class _Answers:
+    """A server on 127.0.0.1 that answers every request with the same raw bytes: what a
+    broken server, or something that is no HTTP server, sends."""
+
+    def __init__(self, raw: bytes) -> None:
+        import socket
+        import threading
+
+        self.raw = raw
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(8)
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            with conn:
+                conn.recv(65536)
+                conn.sendall(self.raw)
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+@pytest.mark.parametrize(
+    "raw, said",
+    [
+        (b"SSH-2.0-OpenSSH_9.2\r\n", "not a valid HTTP answer"),
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n{}", "not a valid HTTP answer"),
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 6\r\n\r\n[1, 2]", "not a JSON object"),
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\n{x]", "not JSON"),
+    ],
+)
+def test_a_broken_server_is_one_line_not_a_traceback(
+    raw: bytes, said: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from hotspan.cli import main
+
+    server = _Answers(raw)
+    try:
+        for argv in (["alerts", "list"], ["tokens", "list"], ["settings", "get", "svc"]):
+            assert main([*argv, "--server", server.url]) == 1, argv
+            err = capsys.readouterr().err
+            assert said in err and "Traceback" not in err, (argv, err)
+            assert len(err.strip().splitlines()) == 1, err
+    finally:
+        server.close()
+
+
+@pytest.mark.parametrize("url", ["http://[::1", "http://127.0.0.1:1/ a b"])
+def test_a_url_urllib_cannot_use_is_a_bad_argument(
+    url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from hotspan.cli import main
+
+    assert main(["alerts", "list", "--server", url]) == 2
+    err = capsys.readouterr().err
+    assert "--server" in err and "Traceback" not in err, err

@@ -197,6 +197,30 @@ def test_fail_above_both_ways(runs: Runs) -> None:
     assert [r["name"] for r in regressions] == [SLOW]
 
 
+@pytest.mark.parametrize("fmt", ["table", "folded"])
+def test_gate_holds_when_the_reader_stops_early(runs: Runs, fmt: str) -> None:
+    """``hotspan diff ... | head -1`` in CI: the reader closes the pipe before the table is
+    written; the regression still fails the job."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # nobody reads: the first write breaks the pipe
+    try:
+        result = subprocess.run(
+            [sys.executable, "-m", "hotspan", "diff", "--server", runs.server.url]
+            + ["--baseline", BASELINE, "--comparison", COMPARISON, "--format", fmt]
+            + ["--top", "0", "--fail-above", "5"],
+            env=_clean_env(),
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=60,
+        )
+    finally:
+        os.close(write_end)
+    assert result.returncode == 1, result.stderr
+    assert SLOW in result.stderr
+    assert "Traceback" not in result.stderr
+
+
 def test_folded_has_two_value_columns(runs: Runs) -> None:
     result = diff(runs, "--format", "folded")
     assert result.returncode == 0, result.stderr

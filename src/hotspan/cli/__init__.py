@@ -86,6 +86,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     except CLIError as exc:
         print(f"hotspan {args.command}: {exc}", file=sys.stderr)
         return exc.code
+    except KeyboardInterrupt:
+        # Ctrl-C: the user knows why it stopped; the shell's status for SIGINT.
+        print(file=sys.stderr)
+        return 130
     except BrokenPipeError:
         # `hotspan query ... | head`: the reader has all it wanted.  Python would report the
         # pipe again when it flushes stdout at exit; point stdout at nothing first.

@@ -50,6 +50,13 @@ class Client:
     def __init__(self, server: str, token: Optional[str] = None, tenant: Optional[str] = None):
         if not server.startswith(("http://", "https://")):
             raise CLIError(f"--server {server!r} must be an http:// or https:// URL", 2)
+        try:
+            parts = urllib.parse.urlsplit(server)
+            usable = bool(parts.hostname) and parts.port != 0
+        except ValueError:  # http://[::1, a port that is no number
+            usable = False
+        if not usable or any(c.isspace() or not c.isprintable() for c in server):
+            raise CLIError(f"--server {server!r} is not a usable URL", 2)
         self.server = server.rstrip("/")
         self.headers: Dict[str, str] = {}
         token = token or os.environ.get("HOTSPAN_QUERY_TOKEN")
@@ -81,9 +88,13 @@ class Client:
             headers["Content-Type"] = "application/json"
         raw = self.bytes(method, path, data, query, headers)
         try:
-            return json.loads(raw or b"null")
+            answer = json.loads(raw or b"null")
         except ValueError:
             raise CLIError(f"{method} {self.url(path)}: the answer is not JSON") from None
+        # Every hotspan (and Pyroscope) API the commands call answers an object, or nothing.
+        if answer is not None and not isinstance(answer, dict):
+            raise CLIError(f"{method} {self.url(path)}: the answer is not a JSON object")
+        return answer
 
     def bytes(
         self,
@@ -99,6 +110,7 @@ class Client:
         # At the first request: `hotspan server` and the commands that only read files take
         # CLIError and the option types from here, and urllib.request would add ~50 ms to
         # each of their starts.
+        import http.client
         import urllib.error
         import urllib.request
 
@@ -126,6 +138,11 @@ class Client:
             raise CLIError(f"{method} {url}: {exc.code} {_reason(exc)}") from None
         except urllib.error.URLError as exc:
             raise CLIError(f"cannot reach {self.server}: {exc.reason}") from None
+        except http.client.HTTPException as exc:
+            # Not HTTP, or an answer cut short: a server (or something in its place) broken.
+            text = str(exc).strip()
+            detail = type(exc).__name__ + (f": {text[:80]!r}" if text else "")
+            raise CLIError(f"{method} {url}: not a valid HTTP answer ({detail})") from None
         except (OSError, ValueError) as exc:
             raise CLIError(f"{method} {url}: {exc}") from None
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
+from hotspan.cli.client import PROFILE_TYPE_ALIASES
 from hotspan.formats import files, folded, pprof, speedscope
 from hotspan.formats.errors import FormatError
 from hotspan.formats.files import FORMATS, PathLike
@@ -48,24 +49,42 @@ def write_profile(
 ) -> bytes:
     """``profile`` in ``fmt``: pprof and speedscope keep every sample type; folded and html
     hold one, ``profile_type`` (by default, CPU time or else the last type)."""
-    if fmt == "pprof":
-        return pprof.write_stack_profile(profile)
-    if fmt == "speedscope":
-        return speedscope.write_speedscope(profile, name=title)
     if fmt not in FORMATS:
         raise FormatError(f"{fmt!r} is not a profile format (one of {', '.join(FORMATS)})")
+    # Checked for every format: a type the file does not have is a mistake to say, not to
+    # pass over because pprof keeps them all.
+    position = select_type(profile, profile_type)
     try:
-        position = profile.select(profile_type)
-    except ProfileSelectError as exc:
-        raise FormatError(str(exc)) from None
-    if fmt == "folded":
-        return folded.write_folded(profile, position)
-    from hotspan.ui.standalone import flamegraph_data, standalone_html
+        if fmt == "pprof":
+            return pprof.write_stack_profile(profile)
+        if fmt == "speedscope":
+            return speedscope.write_speedscope(profile, name=title)
+        if fmt == "folded":
+            return folded.write_folded(profile, position)
+        from hotspan.ui.standalone import flamegraph_data, standalone_html
 
-    st = profile.sample_types[position]
-    page = standalone_html(
-        flamegraph_data(profile, position),
-        title=title or f"hotspan flame graph · {st.type}",
-        unit=st.unit,
-    )
-    return page.encode("utf-8")
+        st = profile.sample_types[position]
+        page = standalone_html(
+            flamegraph_data(profile, position),
+            title=title or f"hotspan flame graph · {st.type}",
+            unit=st.unit,
+        )
+        return page.encode("utf-8")
+    except (ValueError, OverflowError) as exc:
+        # Values summed past what the format holds (pprof's int64) or negative (a diff).
+        raise FormatError(f"the profile's values do not fit {fmt}: {exc}") from None
+
+
+def select_type(profile: StackProfile, profile_type: Optional[str]) -> int:
+    """The position of ``profile_type`` (what ``--profile-type`` took: a type, a full id, or
+    one of the server commands' aliases such as ``lock_time``), FormatError if it has none."""
+    try:
+        return profile.select(profile_type)
+    except ProfileSelectError as exc:
+        alias = PROFILE_TYPE_ALIASES.get(profile_type or "")
+        if alias is not None:
+            try:
+                return profile.select(alias)
+            except ProfileSelectError:
+                pass
+        raise FormatError(str(exc)) from None

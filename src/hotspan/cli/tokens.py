@@ -13,7 +13,7 @@ import time
 import urllib.parse
 from typing import Any, Dict, List
 
-from hotspan.cli.client import Client, add_server_options
+from hotspan.cli.client import Client, CLIError, add_server_options
 
 ROLES = ("ingest", "query", "admin")
 
@@ -63,10 +63,12 @@ def run(args: argparse.Namespace) -> int:
     client = Client.from_args(args)
     command = args.tokens_command
     if command == "create":
-        answer = client.json("POST", "/api/v1/tokens", {"role": args.role, "name": args.name})
+        answer = client.json("POST", "/api/v1/tokens", {"role": args.role, "name": args.name}) or {}
         if args.json:
             print(json.dumps(answer, indent=2))
             return 0
+        if not all(isinstance(answer.get(k), str) for k in ("token", "id", "tenant", "role")):
+            raise CLIError("the server's answer has no token: is --server a hotspan server?")
         print(answer["token"])
         print(
             f"token {answer['id']} of tenant {answer['tenant']} ({answer['role']}): "
