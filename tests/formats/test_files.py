@@ -121,6 +121,47 @@ def test_folded_is_sorted_and_names_only() -> None:
     assert write_folded(small(), 1).decode().splitlines()[-1] == "main;work 3"
 
 
+def test_folded_holds_names_with_separators_and_line_breaks() -> None:
+    """A frame name is any text (a qualname can hold a line break): folded output must still
+    read back as the same stacks, one per line."""
+    profile = StackProfile([SampleType("cpu", "nanoseconds")])
+    odd = ["new\nline", "a;b", "cr\rhere", "sep\u2028arator", "vt\x0bab"]
+    profile.add([Frame("main")] + [Frame(name) for name in odd], [7])
+    text = write_folded(profile)
+    assert text.count(b"\n") == 1
+    [(frames, value)] = list(parse_folded(text))
+    assert value == 7
+    assert frames == ["main", "new\\nline", "a:b", "cr\\rhere", "sep\u2028arator", "vt\x0bab"]
+
+
+def test_folded_files_with_a_byte_order_mark_or_latin1_are_text(tmp_path: Path) -> None:
+    bom = tmp_path / "bom.folded"
+    bom.write_bytes(b"\xef\xbb\xbfmain;a 5\n")
+    assert files.detect_format(bom, bom.read_bytes()) == "folded"
+    [(frames, value)] = list(parse_folded(bom.read_bytes()))
+    assert (frames, value) == (["main", "a"], 5)
+    latin1 = tmp_path / "latin1.txt"
+    latin1.write_bytes("main;caf\xe9 3\n".encode("latin-1"))
+    assert profile_files.read_profile(latin1).total() == 3
+
+
+def test_lock_aliases_and_values_past_int64(tmp_path: Path) -> None:
+    locks = StackProfile(
+        [SampleType("contentions", "count", "mutex"), SampleType("delay", "nanoseconds", "mutex")]
+    )
+    locks.add([Frame("main"), Frame("acquire")], [2, 900])
+    assert profile_files.write_profile(locks, "folded", "lock_time") == b"main;acquire 900\n"
+    assert profile_files.write_profile(locks, "folded", "lock_count") == b"main;acquire 2\n"
+    with pytest.raises(FormatError, match="no 'bogus' samples"):
+        profile_files.write_profile(locks, "pprof", "bogus")
+    huge = StackProfile([SampleType("cpu", "nanoseconds")])
+    for _ in range(1100):
+        huge.add([Frame("a"), Frame("b")], [9_007_199_254_740_991])
+    for fmt in ("pprof", "html"):
+        with pytest.raises(FormatError, match="do not fit"):
+            profile_files.write_profile(huge, fmt)
+
+
 @pytest.mark.skipif(GO is None, reason="`go` is not on PATH")
 def test_go_tool_pprof_reads_written_pprof(tmp_path: Path, go_profiles: GoProfiles) -> None:
     heap = profile_files.read_profile(go_profiles.heap)

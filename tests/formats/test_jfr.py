@@ -606,6 +606,16 @@ def test_every_event_kind_of_a_written_recording(parse: Parse) -> None:
         }
 
 
+def test_a_frame_without_a_line_has_line_0(parse: Parse) -> None:
+    """JFR writes an int line number of -1 for a frame without one (a lambda's, a native
+    method's): stored as pprof's "no line", 0, not as 4294967295."""
+    stacks = {1: [("app/Cart", "total", 2**32 - 1), ("java/lang/Thread", "run", 9)]}
+    for enc in (Enc(True), Enc(False)):
+        p = parse(chunk(stacks, [(EXEC, (1, 0, 0, 0, 0))], enc), 100)
+        [stack] = [stack for (stack, *_) in p.samples[jp.CPU]]
+        assert [line for _, line in stack] == [0, 9]
+
+
 def test_wall_mode_and_wall_clock_samples(parse: Parse) -> None:
     events = [(EXEC, (1, 0, 0, 0, 0)), (EXEC, (2, 1, 0, 0, 0)), (WALL_SAMPLE, (1, 0, 3))]
     p = parse(chunk(STACKS, events, setting="wall"), 100)

@@ -84,6 +84,16 @@ INGEST_CASES = {
     "bad tag name": ({"name": "app{bad-name=1}"}, b"a;b 1\n", {}),
     "no name": ({"name": None}, b"a;b 1\n", {}),
     "garbage jfr": ({"format": "jfr"}, b"\x00", {}),
+    "truncated jfr header": ({"format": "jfr"}, b"FLR\x00\x00\x02\x00\x00", {}),
+    "pprof sent as lines": ({"format": "lines"}, valid_raw, {}),
+    "jfr sent as pprof": ({"format": "pprof"}, b"FLR\x00" + bytes(100), {}),
+}
+
+# What the reason must say, where it must say more than that the body is bad.
+REASONS = {
+    "truncated jfr header": "truncated",
+    "pprof sent as lines": "not text",
+    "jfr sent as pprof": "format=jfr",
 }
 
 
@@ -97,6 +107,7 @@ def test_bad_ingest_is_refused_with_a_reason(srv, case: str) -> None:  # type: i
         r = c.post("/ingest", params=params, content=body, headers=headers)
     assert 400 <= r.status_code < 500, (case, r.status_code, r.text)
     assert len(r.text.strip()) > 5, "a reason is given"
+    assert REASONS.get(case, "") in r.text, r.text
     # The reason may echo what was sent: no browser may read it as a page.
     assert r.headers["x-content-type-options"] == "nosniff"
     _still_intact(srv)
@@ -389,3 +400,38 @@ def test_push_decompression_budget_is_per_request(srv) -> None:  # type: ignore[
         )
     assert r.status_code == 400 and "limit" in r.json()["message"]
     _still_intact(srv)
+
+
+def test_a_binary_part_without_a_filename_is_read_as_sent(srv) -> None:  # type: ignore[no-untyped-def]
+    """``curl -F "profile=<cpu.pprof"``: a part with no filename comes as a value, which must
+    still be the bytes sent (Go's multipart reader, Pyroscope's, keeps them)."""
+    raw = make_pprof([(["plain_part_fn", "main"], 77, {})], time_ns=T0 * 10**9)
+    assert raw[:2] == b"\x1f\x8b"  # gzip: bytes no UTF-8 decoding keeps
+    body = (
+        b'--XX\r\nContent-Disposition: form-data; name="profile"\r\n\r\n' + raw + b"\r\n--XX--\r\n"
+    )
+    with srv.client() as c:
+        r = c.post(
+            "/ingest",
+            params={"name": "plainpart{}", "from": str(T0)},
+            content=body,
+            headers={"content-type": "multipart/form-data; boundary=XX"},
+        )
+        assert r.status_code == 200, r.text
+        graph = flamegraph(c, '{service_name="plainpart"}', T0 - 10, T0 + 10)
+    assert function_totals(graph) == {"main": 77, "plain_part_fn": 77}
+
+
+def test_a_sample_label_cannot_rename_the_series(srv) -> None:  # type: ignore[no-untyped-def]
+    raw = make_pprof(
+        [(["renamed_fn", "main"], 5, {"__name__": "evil", "ok": "1"})], time_ns=T0 * 10**9
+    )
+    with srv.client() as c:
+        assert ingest_pprof(c, "labelled{}", raw, T0).status_code == 200
+        names = c.post(
+            f"{QUERIER}/LabelValues",
+            json={"name": "__name__", "start": (T0 - 10) * 1000, "end": (T0 + 10) * 1000},
+        ).json()
+        graph = flamegraph(c, '{service_name="labelled", ok="1"}', T0 - 10, T0 + 10)
+    assert "evil" not in names.get("names", [])
+    assert function_totals(graph) == {"main": 5, "renamed_fn": 5}

@@ -1737,7 +1737,10 @@ resolve_stack(R *r, const Val *ref)
                 return -2;
             if (name < 0)
                 continue;
-            int64_t line = cf.line.kind == V_INT ? (int64_t)cf.line.u : 0;
+            /* JFR's line number is an int: -1 (no line) arrives as 2^32 - 1, or from other
+             * writers as the int64's bits; pprof's "unknown" is 0. */
+            int64_t line =
+                cf.line.kind == V_INT && cf.line.u <= INT32_MAX ? (int64_t)cf.line.u : 0;
             int64_t f = frame_index(r, name, line);
             if (f < 0 || VEC_PUSH(r->resolve_tmp, f) < 0)
                 return -2;
@@ -2072,8 +2075,11 @@ read_recording(R *r)
 {
     const uint8_t *d = r->data;
     size_t n = r->size;
-    if (n < HEADER_SIZE || memcmp(d, "FLR\0", 4) != 0)
+    if (n < 4 || memcmp(d, "FLR\0", 4) != 0)
         return fail(r, "not a JFR recording: no 'FLR' magic at the start");
+    if (n < HEADER_SIZE)
+        return fail(r, "a truncated JFR recording: %zu bytes, shorter than a chunk's header",
+                    n);
     size_t offset = 0;
     while (offset < n) {
         size_t rest = n - offset;

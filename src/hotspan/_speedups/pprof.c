@@ -323,6 +323,7 @@ typedef struct {
         string_pos; /* (offset, len) pairs */
     Vec sample_types; /* (type, unit) pairs */
     int64_t period_type, period_unit, has_period_type, period, time_nanos, duration_nanos;
+    int64_t default_sample_type; /* a string index; 0: none */
     /* functions and mappings */
     Vec fn_id, fn_name, fn_file, map_id, map_file;
     /* locations: frame ids (root-most first within a location) */
@@ -440,6 +441,9 @@ decode_top(Decoder *d, const uint8_t *base, Reader *r)
                 return -1;
         } else if (field == 12) {
             if (read_int(r, field, wire, &d->period) < 0)
+                return -1;
+        } else if (field == 14) {
+            if (read_int(r, field, wire, &d->default_sample_type) < 0)
                 return -1;
         } else if (field == 13 && wire == 2) {
             /* comment (repeated int64), unused here; but upb reads the packed run and refuses
@@ -792,7 +796,8 @@ PyDoc_STRVAR(
     "string_pos, sample_types, period_type, period_unit, has_period_type, period, "
     "time_nanos,\n"
     "duration_nanos, frame_id, frame_name, frame_file, frame_line, stack, frame_off, frames,\n"
-    "values, labels): the payload decoded, the string table as (offset, length) pairs into "
+    "values, labels, default_sample_type): the payload decoded, the string table as (offset, "
+    "length) pairs into "
     "it,\n"
     "and the array items as bytes of native int64.  Raises ValueError on malformed input.");
 
@@ -850,12 +855,13 @@ decode(PyObject *self, PyObject *args)
             goto done;
     }
     result = Py_BuildValue(
-        "(ONNLLLLLLNNNNNNNNN)", payload, vec_bytes(&d.string_pos), vec_bytes(&d.sample_types),
+        "(ONNLLLLLLNNNNNNNNNL)", payload, vec_bytes(&d.string_pos), vec_bytes(&d.sample_types),
         (long long)d.period_type, (long long)d.period_unit, (long long)d.has_period_type,
         (long long)d.period, (long long)d.time_nanos, (long long)d.duration_nanos,
         vec_bytes(&d.frame_id), vec_bytes(&d.frame_name), vec_bytes(&d.frame_file),
         vec_bytes(&d.frame_line), vec_bytes(&d.stack), vec_bytes(&d.frame_off),
-        vec_bytes(&d.frames), vec_bytes(&d.values), vec_bytes(&d.labels));
+        vec_bytes(&d.frames), vec_bytes(&d.values), vec_bytes(&d.labels),
+        (long long)d.default_sample_type);
 done:
     Py_XDECREF(payload);
     free(inflated);

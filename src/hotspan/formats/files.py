@@ -53,7 +53,7 @@ def detect_format(path: PathLike, data: bytes) -> str:
     """A file's format by its content first (the extension only breaks ties)."""
     if data[:2] == b"\x1f\x8b":
         return "pprof"  # gzip: pprof is the only compressed format we read
-    head = data[:4096].lstrip()
+    head = data[:4096].removeprefix(b"\xef\xbb\xbf").lstrip()  # a UTF-8 byte order mark
     lowered = head[:512].lower()
     if lowered.startswith(b"<!doctype html") or lowered.startswith(b"<html"):
         return "html"
@@ -73,15 +73,10 @@ def detect_format(path: PathLike, data: bytes) -> str:
 
 
 def _looks_like_text(head: bytes) -> bool:
-    try:
-        text = head.decode("utf-8")
-    except UnicodeDecodeError:
-        # A cut in the middle of a multi-byte character at the end is still text.
-        try:
-            text = head[:-3].decode("utf-8")
-        except UnicodeDecodeError:
-            return False
-    return all(c.isprintable() or c in "\t\r\n" for c in text)
+    # Control characters tell binary (protobuf's field tags are 0x08, 0x10, 0x12...); bytes that
+    # are not UTF-8 do not: a folded file written in Latin-1 is still text.
+    text = head.decode("utf-8", "replace")
+    return all(c.isprintable() or c in "\t\r\n\ufeff" for c in text)
 
 
 def _folded_line(head: bytes) -> bool:

@@ -13,8 +13,10 @@ Stack = Tuple[List[str], int]  # root-first frame names, value
 
 
 def parse_folded(data: bytes) -> Iterator[Stack]:
-    text = data.decode("utf-8", "replace")
-    for number, raw in enumerate(text.splitlines(), 1):
+    text = data.decode("utf-8", "replace").removeprefix("\ufeff")
+    # Lines end at \n (and \r\n) only: str.splitlines would also end them inside names, at
+    # \x0b, \x1c or U+2028.
+    for number, raw in enumerate(text.split("\n"), 1):
         line = raw.strip()
         if not line:
             continue
@@ -36,11 +38,26 @@ def parse_folded(data: bytes) -> Iterator[Stack]:
 
 
 def parse_lines(data: bytes) -> Iterator[Stack]:
-    text = data.decode("utf-8", "replace")
-    for raw in text.splitlines():
+    # Any text is a stack here, so a binary body (a pprof or JFR sent with the wrong format)
+    # would be stored as frames of garbage: text or nothing.
+    try:
+        text = data.decode("utf-8").removeprefix("\ufeff")
+    except UnicodeDecodeError as exc:
+        raise FormatError(f"not text: the byte at {exc.start} is not UTF-8") from None
+    if "\x00" in text:
+        raise FormatError(f"not text: a NUL byte at {text.index(chr(0))}")
+    for raw in text.split("\n"):
         frames = [f for f in raw.strip().split(";") if f]
         if frames:
             yield frames, 1
+
+
+def folded_frame(name: str) -> str:
+    """A frame name as folded text can hold it: ';' separates frames and a line ends a stack,
+    so neither may stay in a name (a line break is written as ``\\n``)."""
+    if ";" in name or "\n" in name or "\r" in name:
+        name = name.replace(";", ":").replace("\r", "\\r").replace("\n", "\\n")
+    return name
 
 
 def write_folded(profile: StackProfile, position: int = 0) -> bytes:
@@ -49,6 +66,6 @@ def write_folded(profile: StackProfile, position: int = 0) -> bytes:
     the same profile always gives the same bytes."""
     totals: Dict[str, int] = {}
     for stack, value in profile.values(position):
-        key = ";".join(frame.name for frame in stack)
+        key = ";".join(folded_frame(frame.name) for frame in stack)
         totals[key] = totals.get(key, 0) + value
     return "".join(f"{key} {totals[key]}\n" for key in sorted(totals)).encode("utf-8")

@@ -569,10 +569,10 @@ class Chunk:
                     if name is None:
                         continue
                     line = frame[li] if 0 <= li < len(frame) else 0
-                    if type(line) is not int:
+                    # JFR's line number is an int: -1 (no line) arrives as 2^32 - 1, or from
+                    # other writers as the int64's bits; pprof's "unknown" is 0.
+                    if type(line) is not int or not 0 <= line <= 0x7FFFFFFF:
                         line = 0
-                    elif line >= 1 << 63:
-                        line -= 1 << 64  # the int64 of the same bits (the store's column)
                     resolved.append((name, line))
             out = tuple(resolved)
         self._stacks[ref] = out
@@ -754,8 +754,12 @@ class Recording:
     def __init__(self, data: bytes, max_values: int = MAX_VALUES) -> None:
         """``max_values``: constant-pool values, array elements and profile events the
         recording may hold (each :meth:`events` call counts afresh)."""
-        if len(data) < HEADER_SIZE or data[:4] != MAGIC:
+        if data[:4] != MAGIC:
             raise JfrError("not a JFR recording: no 'FLR' magic at the start")
+        if len(data) < HEADER_SIZE:
+            raise JfrError(
+                f"a truncated JFR recording: {len(data)} bytes, shorter than a chunk's header"
+            )
         self.data = data
         self.max_values = max_values
 

@@ -41,7 +41,12 @@ _BAD_LABEL_CHARS = re.compile(r"[^a-zA-Z0-9_.]")
 
 def parse(data: bytes, max_size: int) -> DecodedProfile:
     """Decode a pprof payload, gzip-compressed or not."""
-    profile = decode_upload(data, max_size)
+    try:
+        profile = decode_upload(data, max_size)
+    except FormatError:
+        if data[:4] == b"FLR\x00":
+            raise FormatError("a JFR recording, not pprof: send it with format=jfr") from None
+        raise
     if not len(profile.sample_types):
         raise FormatError("malformed pprof: no sample types")
     return profile
@@ -259,7 +264,9 @@ def _apply_labels(
         elif key == TRACE_LABEL:
             if _HEX32.fullmatch(value):
                 trace[sample] = value.lower()
-        elif value and key:  # a label without a name names no series label
+        elif value and key and not key.startswith("__"):
+            # A label without a name names no series label; "__" ones are the server's own
+            # (__name__, __profile_type__), which a sample may not rename.
             per_sample.setdefault(sample, []).append((sanitize_label_name(key), value))
     groups: List[Tuple[Tuple[str, str], ...]] = [()]
     index: Dict[Tuple[Tuple[str, str], ...], int] = {(): 0}
@@ -362,6 +369,9 @@ def read_stack_profile(data: bytes, max_size: int = 1 << 31) -> StackProfile:
         period=decoded.period,
         time_ns=decoded.time_nanos,
         duration_ns=decoded.duration_nanos,
+        default_type=text(decoded.default_sample_type)
+        if 0 < decoded.default_sample_type < len(decoded.strings)
+        else "",
     )
     offsets = decoded.frame_off.tolist()
     all_frames = decoded.frames.tolist()
@@ -384,6 +394,7 @@ def write_stack_profile(
         builder.add(stack, values)
     builder.profile.time_nanos = profile.time_ns
     builder.profile.duration_nanos = profile.duration_ns
+    default_sample_type = default_sample_type or profile.default_type
     if default_sample_type:
         builder.profile.default_sample_type = builder.string(default_sample_type)
     raw = builder.profile.SerializeToString()

@@ -67,6 +67,7 @@ class DecodedProfile:
     frames: np.ndarray  # root-first frame ids of every sample, concatenated
     values: np.ndarray  # (n_samples, n_types)
     labels: np.ndarray  # (n_labels, 3): sample index, key, str (string labels only)
+    default_sample_type: int = 0  # string index of the type shown by default; 0: none
 
 
 def _i64(data: bytes) -> np.ndarray:
@@ -141,6 +142,7 @@ def _from_c(t: tuple) -> DecodedProfile:
         frames=_i64(t[15]),
         values=values.reshape(-1, n_types) if n_types else values.reshape(0, 0),
         labels=_i64(t[17]).reshape(-1, 3),
+        default_sample_type=t[18],
     )
 
 
@@ -233,6 +235,7 @@ def decode_python(
         period=p.period,
         time_nanos=p.time_nanos,
         duration_nanos=p.duration_nanos,
+        default_sample_type=p.default_sample_type,
         frame_id=np.array(frame_id, dtype=np.int64),
         frame_name=np.array(frame_name, dtype=np.int64),
         frame_file=np.array(frame_file, dtype=np.int64),

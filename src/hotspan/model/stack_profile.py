@@ -38,6 +38,7 @@ class StackProfile:
     period: int = 0
     time_ns: int = 0
     duration_ns: int = 0
+    default_type: str = ""  # the sample type shown when none is asked for (pprof's)
 
     def add(self, stack: Sequence[Frame], values: Sequence[int]) -> None:
         """Adds ``values`` (one per sample type) to ``stack`` (root first)."""
@@ -77,6 +78,7 @@ class StackProfile:
             self.duration_ns = end - self.time_ns
         if not self.period_type[0] and other.period_type[0]:
             self.period_type, self.period = other.period_type, other.period
+        self.default_type = self.default_type or other.default_type
 
     def type_position(self, wanted: SampleType) -> Optional[int]:
         for i, st in enumerate(self.sample_types):
@@ -92,11 +94,15 @@ class StackProfile:
         """The position of a sample type by what a user types: ``cpu``, ``alloc_space``,
         ``memory:alloc_space:bytes`` or a full profile type id.
 
-        None: CPU time when the profile has it, else the last type, as ``go tool pprof``
-        defaults (Go's CPU profile is samples then cpu; its heap ends with inuse_space)."""
+        None: the profile's default type (pprof's ``default_sample_type``), else CPU time
+        when it has it, else the last type, as ``go tool pprof`` defaults (Go's CPU profile is
+        samples then cpu; its heap ends with inuse_space)."""
         if not self.sample_types:
             raise ProfileSelectError("the profile has no sample types")
         if not wanted:
+            for i, st in enumerate(self.sample_types):
+                if self.default_type and st.type == self.default_type:
+                    return i
             for i, st in enumerate(self.sample_types):
                 if st.type == "cpu":
                     return i
@@ -133,6 +139,8 @@ class StackProfile:
             time_ns=self.time_ns,
             duration_ns=self.duration_ns,
         )
+        if any(out.sample_types[k].type == self.default_type for k in range(len(positions))):
+            out.default_type = self.default_type
         for stack, values in self.stacks.items():
             row = [values[i] for i in positions]
             if any(row):

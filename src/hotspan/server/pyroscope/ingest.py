@@ -8,7 +8,9 @@ import time
 from dataclasses import dataclass
 from typing import Dict, Mapping, Optional
 
-from starlette.datastructures import FormData
+from python_multipart.multipart import parse_options_header
+from starlette.datastructures import FormData, Headers
+from starlette.formparsers import MultiPartParser
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
@@ -153,8 +155,20 @@ async def _decode(
 
 async def _form(request: Request, max_part_bytes: int) -> FormData:
     """The multipart body's parts, or a 400 saying why they cannot be read."""
+    # A part sent without a filename (curl -F "profile=<file") comes as text, decoded as the
+    # Content-Type's charset, else UTF-8, else Latin-1: a binary profile would not come back
+    # as the bytes sent.  Decoded as Latin-1 always, every byte is one character.
+    _, params = parse_options_header(request.headers.get("content-type", ""))
+    boundary = params.get(b"boundary")
+    if not boundary:
+        raise HTTPError(400, "malformed multipart body: the Content-Type has no boundary")
+    quoted = boundary.decode("latin-1").replace("\\", "\\\\").replace('"', '\\"')
+    headers = Headers(
+        {"content-type": f'multipart/form-data; charset=latin-1; boundary="{quoted}"'}
+    )
     try:
-        return await request.form(max_part_size=max_part_bytes)
+        parser = MultiPartParser(headers, request.stream(), max_part_size=max_part_bytes)
+        return await parser.parse()
     except Exception as exc:  # noqa: BLE001 - Starlette raises several kinds here
         raise HTTPError(400, f"malformed multipart body: {exc}") from None
 
@@ -253,7 +267,9 @@ async def _ingest_jfr(
 
 async def _field_bytes(value) -> bytes:
     """A form field as bytes, whether sent as a file part or as a plain value."""
-    return await value.read() if hasattr(value, "read") else str(value).encode()
+    if hasattr(value, "read"):
+        return await value.read()
+    return str(value).encode("latin-1")  # _form's parts: one character a byte
 
 
 def _ingest_stacks(
