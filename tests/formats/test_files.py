@@ -5,6 +5,7 @@ runtime/pprof, see the ``go_profiles`` fixture, and speedscope's own examples) a
 
 from __future__ import annotations
 
+import gzip
 import json
 import re
 from collections import Counter
@@ -275,3 +276,25 @@ def test_format_for_path_and_detection(tmp_path: Path) -> None:
         profile_files.write_profile(small(), "folded", "wall")
     with pytest.raises(FormatError, match="not a profile format"):
         profile_files.write_profile(small(), "svg")
+
+
+def test_the_default_sample_type_is_what_is_shown_by_default() -> None:
+    """pprof's default_sample_type (what `go tool pprof` shows unless told): read by both
+    decoders, kept when written again, and what folded and html output hold by default."""
+    from hotspan.formats import pprof, pprof_decode
+
+    profile = StackProfile(
+        [SampleType("wall", "nanoseconds", "wall"), SampleType("alloc_space", "bytes", "memory")]
+    )
+    profile.add([Frame("main"), Frame("sleep")], [900, 0])
+    profile.add([Frame("main"), Frame("build")], [100, 4096])
+    raw = pprof.write_stack_profile(profile, default_sample_type="wall")
+    back = pprof.read_stack_profile(raw)
+    assert back.default_type == "wall"
+    assert profile_files.write_profile(back, "folded") == b"main;build 100\nmain;sleep 900\n"
+    again = pprof.read_stack_profile(pprof.write_stack_profile(back))
+    assert again.default_type == "wall"
+    plain = gzip.decompress(raw)
+    assert pprof_decode.decode_python(plain).default_sample_type == (
+        pprof_decode.decode(plain).default_sample_type
+    )
