@@ -707,6 +707,16 @@ def test_cli(module_server: RunningServer, tmp_path: Path) -> None:
     bad = hotspan_cli("set", "broken", *server, stdin=json.dumps(_with(condition_above=-1)))
     assert bad.returncode == 1 and "condition.above" in bad.stderr
     assert hotspan_cli("set", "broken", *server, stdin="nope").returncode == 2
+    # The selector spelled as the other commands take it.
+    typed = hotspan_cli(
+        "set", "typed", "--json", *server, stdin=json.dumps(_with(selector="orders{env=prod}"))
+    )
+    assert typed.returncode == 0, typed.stderr
+    assert json.loads(typed.stdout)["rule"]["selector"] == '{service_name="orders", env="prod"}'
+    assert hotspan_cli("delete", "typed", *server).returncode == 0
+    for name in ("", "a/b"):
+        refused = hotspan_cli("set", name, *server, stdin=json.dumps(GOOD))
+        assert refused.returncode == 2 and "rule name" in refused.stderr, refused.stderr
     assert hotspan_cli("delete", "json-heavy", *server).returncode == 0
     gone = hotspan_cli("delete", "json-heavy", *server)
     assert gone.returncode == 1 and "404" in gone.stderr

@@ -13,7 +13,13 @@ import sys
 import urllib.parse
 from typing import Any, Dict, List
 
-from hotspan.cli.client import Client, CLIError, add_server_options, profile_type_id
+from hotspan.cli.client import (
+    Client,
+    CLIError,
+    add_server_options,
+    profile_type_id,
+    selector_query,
+)
 
 EXAMPLES = """\
 examples:
@@ -76,6 +82,8 @@ def run(args: argparse.Namespace) -> int:
             return _print_json(answer)
         _table(answer.get("alerts") or [])
         return 0
+    if not args.name.strip() or "/" in args.name:
+        raise CLIError(f"a rule name must not be empty nor hold '/': {args.name!r}", 2)
     path = "/api/v1/alerts/rules/" + urllib.parse.quote(args.name, safe="")
     if command == "get":
         answer = client.json("GET", path)
@@ -116,6 +124,9 @@ def _read_rule(args: argparse.Namespace) -> Dict[str, Any]:
         raise CLIError("the rule must be a JSON object", 2)
     if args.profile_type:
         rule["profileType"] = profile_type_id(args.profile_type)
+    if isinstance(rule.get("selector"), str):
+        # Spelled as every other command takes a selector: `shop{env=prod}` too.
+        rule["selector"] = selector_query(rule["selector"])
     return rule
 
 

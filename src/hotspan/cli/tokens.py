@@ -83,6 +83,8 @@ def run(args: argparse.Namespace) -> int:
             return 0
         _table(answer.get("tokens") or [])
         return 0
+    if not args.id.strip() or "/" in args.id:
+        raise CLIError(f"no such token id: {args.id!r}", 2)
     answer = client.json("DELETE", "/api/v1/tokens/" + urllib.parse.quote(args.id, safe=""))
     if args.json:
         print(json.dumps(answer, indent=2))
