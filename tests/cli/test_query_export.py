@@ -12,11 +12,10 @@ import os
 import re
 import subprocess
 import sys
-import textwrap
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Dict, Iterator, Optional, Tuple
+from typing import Dict, Iterator, List, Optional, Tuple
 
 import pytest
 
@@ -465,19 +464,12 @@ def test_help_has_examples() -> None:
         assert "examples:" in text and f"hotspan {command} " in text
 
 
-def test_export_progress_on_a_terminal(data: Data, tmp_path: Path) -> None:
-    """Under a pseudo-terminal the download shows a progress display (and a closing line);
-    through pipes (every other test) stderr stays empty."""
+def _on_a_terminal(argv: List[str]) -> Tuple[int, str]:
+    """``hotspan ARGV`` with stdin, stdout and stderr a pseudo-terminal: its exit status and
+    all it wrote there."""
     import pty
 
-    out = tmp_path / "tty.pb.gz"
-    code = textwrap.dedent(
-        f"""
-        import sys
-        from hotspan.cli import main
-        sys.exit(main(["export", "gocpu", "-o", {str(out)!r}, "--server", {data.server.url!r}]))
-        """
-    )
+    code = f"import sys\nfrom hotspan.cli import main\nsys.exit(main({argv!r}))\n"
     pid, fd = pty.fork()
     if pid == 0:  # the child: stdin, stdout and stderr are the terminal
         os.execvpe(sys.executable, [sys.executable, "-c", code], os.environ)
@@ -491,11 +483,22 @@ def test_export_progress_on_a_terminal(data: Data, tmp_path: Path) -> None:
             break
         chunks.append(chunk)
     _, status = os.waitpid(pid, 0)
-    text = b"".join(chunks).decode("utf-8", "replace")
-    assert os.waitstatus_to_exitcode(status) == 0, text
+    return os.waitstatus_to_exitcode(status), b"".join(chunks).decode("utf-8", "replace")
+
+
+def test_export_progress_on_a_terminal(data: Data, tmp_path: Path) -> None:
+    """Under a pseudo-terminal the download shows a progress display (and a closing line);
+    through pipes (every other test) stderr stays empty.  pprof is not written to one."""
+    out = tmp_path / "tty.pb.gz"
+    code, text = _on_a_terminal(["export", "gocpu", "-o", str(out), "--server", data.server.url])
+    assert code == 0, text
     assert f"wrote {out} (pprof" in text
     assert ESC in text  # rich drew on the terminal
     assert read_profile(out).total(0) == data.cpu_total
+    code, text = _on_a_terminal(
+        ["export", "gocpu", "-o", "-", "--format", "pprof", "--server", data.server.url]
+    )
+    assert code == 2 and "pprof is binary" in text, text
 
 
 def test_view_page_draws_in_chromium(tmp_path: Path, go_profiles: GoProfiles) -> None:

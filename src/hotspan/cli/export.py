@@ -74,6 +74,8 @@ def run(args: argparse.Namespace) -> int:
             fmt = format_for_path(args.output)
         except FormatError as exc:
             raise CLIError(f"{exc}; or give --format", 2) from None
+    if args.output == "-" and fmt == "pprof" and sys.stdout.isatty():
+        raise CLIError("pprof is binary: write it to a file, or pipe it", 2)
     selector = selector_query(args.selector)
     type_id = profile_type_id(args.profile_type)
     window = args_time_range(args)
