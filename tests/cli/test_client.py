@@ -158,6 +158,11 @@ class _Answers:
         (b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n{}", "not a valid HTTP answer"),
         (b"HTTP/1.1 200 OK\r\nContent-Length: 6\r\n\r\n[1, 2]", "not a JSON object"),
         (b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\n{x]", "not JSON"),
+        (
+            b"HTTP/1.1 502 Bad Gateway\r\nContent-Length: 41\r\n\r\n"
+            b"<html>\n<body>\n<h1>502</h1>\n</body></html>",
+            "502 <html> <body> <h1>502</h1>",
+        ),
     ],
 )
 def test_a_broken_server_is_one_line_not_a_traceback(

@@ -156,7 +156,8 @@ def _reason(exc: urllib.error.HTTPError) -> str:
         doc = json.loads(text)
         return str(doc.get("error") or doc.get("message") or doc)
     except (ValueError, AttributeError):
-        return text.strip()[:500] or str(exc.reason)
+        # Whatever else answered (a proxy's HTML page): one line of it.
+        return " ".join(text.split())[:300] or str(exc.reason)
 
 
 # --- selectors -------------------------------------------------------------------------------
