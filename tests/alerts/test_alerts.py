@@ -834,6 +834,39 @@ def test_webhook_secrets_are_redacted_and_kept_on_save(tmp_path: Path) -> None:
     assert stored["other"]["webhooks"] == []
 
 
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        (
+            "https://hooks.slack.com/services/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",
+            "https://hooks.slack.com/services/REDACTED/REDACTED/REDACTED",
+        ),
+        (
+            "https://discord.com/api/webhooks/112233445566778899/AbCdEf-gHiJkLmNoPqRsTuVwXyZ",
+            "https://discord.com/api/webhooks/REDACTED/REDACTED",
+        ),
+        ("http://am:9093/api/v2/alerts", "http://am:9093/api/v2/alerts"),
+        ("http://h/relay?channel=ops", "http://h/relay?channel=REDACTED"),
+    ],
+)
+def test_keys_in_a_webhook_path_are_redacted(url: str, shown: str) -> None:
+    from hotspan.alerts.rules import redact_url
+
+    assert redact_url(url) == shown
+
+
+def test_webhooks_that_redact_alike_all_come_back_on_save() -> None:
+    """Two channels of one relay show alike; a rule read back and saved unchanged keeps both."""
+    from hotspan.alerts.rules import keep_secrets, parse_rule, redact_rule
+
+    hooks = ["http://h/relay?channel=ops", "http://h/relay?channel=dev"]
+    stored = {**GOOD, "webhooks": hooks}
+    shown = redact_rule(stored)
+    assert shown["webhooks"] == ["http://h/relay?channel=REDACTED"] * 2
+    saved = keep_secrets(parse_rule("r", shown), stored)
+    assert list(saved.webhooks) == hooks
+
+
 # -- CPU per request of a service called by others, against an earlier window -----------------
 
 # Every request is the server span of a call from another service (a remote parent), as in a
@@ -1026,3 +1059,16 @@ def test_gil_wait_share_fires_while_threads_take_turns_at_the_gil(
         urllib.parse.parse_qsl(urllib.parse.urlsplit(firing["alerts"][0]["generatorURL"]).query)
     )
     assert link["profileType"] == "gil_wait:gil_wait:nanoseconds:wall:nanoseconds"
+
+
+def test_a_rule_cannot_page_as_another_tenant() -> None:
+    from hotspan.alerts.evaluator import alert_labels
+    from hotspan.alerts.rules import parse_rule
+
+    rule = parse_rule(
+        "r", {**GOOD, "labels": {"tenant": "team-b", "service_name": "payments", "team": ""}}
+    )
+    labels = alert_labels("team-a", rule)
+    assert labels["tenant"] == "team-a" and labels["alertname"] == "r"
+    assert labels["service_name"] == "payments"  # the service may be named
+    assert "team" not in labels  # no value, no label, in both of the payload's forms

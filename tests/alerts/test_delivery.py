@@ -249,6 +249,63 @@ def test_hanging_receiver_holds_one_send_and_later_gets_only_the_newest_state(
     assert done["webhooks"][0]["error"] is None
 
 
+def test_one_tenants_hanging_receivers_hold_up_another_by_a_deadline_at_most() -> None:
+    """A tenant with many webhooks, each a different URL of a receiver that accepts and never
+    answers, and another tenant with one receiver that works: the second tenant's send waits
+    for one deadline at most (a thread freed), not behind the first tenant's queue."""
+    from hotspan.alerts.delivery import Dispatcher, Send
+
+    hanging = socket.socket()
+    hanging.bind(("127.0.0.1", 0))
+    hanging.listen(128)  # accepted by the kernel, never answered
+    ok_server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Ok)
+    threading.Thread(target=ok_server.serve_forever, daemon=True).start()
+    deadline = 1.0
+    dispatcher = Dispatcher(threads=4, deadline_s=deadline, allow=parse_allow(["127.0.0.0/8"]))
+    try:
+        port = hanging.getsockname()[1]
+        for i in range(40):
+            url = f"http://127.0.0.1:{port}/hook-{i}"
+            assert dispatcher.want(Send(("evil", f"r{i}", url), "a", FIRING, b"{}")) is None
+        time.sleep(0.2)  # the first tenant's sends take every thread
+        victim_url = f"http://127.0.0.1:{ok_server.server_address[1]}/hook"
+        started = time.monotonic()
+        assert dispatcher.want(Send(("victim", "r", victim_url), "a", FIRING, b"{}")) is None
+        delivered = None
+        while delivered is None and time.monotonic() - started < 15:
+            for outcome in dispatcher.outcomes():
+                if outcome.key[0] == "victim":
+                    delivered = time.monotonic() - started
+                    assert outcome.error is None, outcome
+            time.sleep(0.05)
+        # Behind the whole queue it would have waited 40 / 4 deadlines.
+        assert delivered is not None and delivered < deadline + 1.0, delivered
+        # One tenant cannot fill the queue for all.
+        refused = [
+            dispatcher.want(
+                Send(("evil", f"more{i}", f"http://127.0.0.1:{port}/x{i}"), "a", FIRING, b"{}")
+            )
+            for i in range(dispatcher.max_pending_per_tenant)
+        ]
+        assert any(r and "this tenant" in r for r in refused), refused[-1]
+        assert dispatcher.want(Send(("victim", "r2", victim_url), "b", FIRING, b"{}")) is None
+    finally:
+        dispatcher.close()
+        ok_server.shutdown()
+        hanging.close()
+
+
+class _Ok(http.server.BaseHTTPRequestHandler):
+    def do_POST(self) -> None:  # noqa: N802 - the standard library's name
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        self.send_response(200)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
 def test_a_trickling_receiver_is_cut_off_at_the_deadline() -> None:
     """One byte of the answer every 0.2 s: no single read ever times out, the POST's deadline
     still ends it."""

@@ -427,6 +427,8 @@ def test_openmetrics_output_parses_with_rules_of_two_tenants(module_server: Runn
             r = c.put(f"{RULES}/{rule_id}", json={"metricName": name}, headers=headers)
             assert r.status_code == 400, r.text
             assert "clashes" in r.json()["error"]
+            if headers.get("X-Scope-OrgID") == "om-third":  # another tenant's: not named
+                assert "of another tenant" in r.json()["error"], r.text
         r = connect(
             c,
             "UpsertRecordingRule",

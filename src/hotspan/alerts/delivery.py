@@ -4,8 +4,12 @@ evaluation nor make the work pile up:
 - at most one send in flight per (tenant, rule, URL), and behind it at most one waiting per
   alert: a newer status for the same alert replaces the waiting one (resolved replaces a
   firing not yet sent), and a send no longer wanted is dropped before it starts;
-- at most ``max_pending`` sends waiting in all: past that, new ones are refused (the
-  evaluator asks again on its next pass);
+- at most ``max_pending`` sends waiting in all, and a quarter of that per tenant: past that,
+  new ones are refused (the evaluator asks again on its next pass);
+- tenants take turns: the next send is that of the tenant with the fewest sends in flight,
+  and while another tenant has one waiting, no tenant holds more than half the threads, so
+  that one tenant's receivers that hang (many URLs, each waiting out the deadline) hold up
+  another tenant's sends by one deadline at most;
 - a URL that failed waits before its next send, twice as long after each failure in a row
   (from 2 s up to 5 min);
 - each POST has a deadline for the whole of it (resolving, connecting, sending, the answer's
@@ -80,6 +84,10 @@ class Dispatcher:
         self._cond = threading.Condition()
         self._slots: Dict[Key, _Slot] = {}
         self._pending = 0
+        self.max_pending_per_tenant = max(1, max_pending // 4)
+        self._max_in_flight_per_tenant = max(1, threads // 2)
+        self._pending_by_tenant: Dict[str, int] = collections.Counter()
+        self._in_flight_by_tenant: Dict[str, int] = collections.Counter()
         # URL -> (failures in a row, monotonic time before which it is not tried).
         self._backoff: Dict[str, Tuple[int, float]] = {}
         self._outcomes: List[Outcome] = []
@@ -108,10 +116,17 @@ class Dispatcher:
             if send.alert in slot.waiting:
                 slot.waiting[send.alert] = send  # the newest status, in the same place
                 return None
+            tenant = send.key[0]
             if self._pending >= self.max_pending or len(slot.waiting) >= MAX_WAITING_PER_KEY:
                 return f"delivery queue full ({self._pending} notifications waiting)"
+            if self._pending_by_tenant[tenant] >= self.max_pending_per_tenant:
+                return (
+                    f"delivery queue full for this tenant "
+                    f"({self._pending_by_tenant[tenant]} notifications waiting)"
+                )
             slot.waiting[send.alert] = send
             self._pending += 1
+            self._pending_by_tenant[tenant] += 1
             self._cond.notify()
             return None
 
@@ -128,6 +143,9 @@ class Dispatcher:
             out, self._outcomes = self._outcomes, []
             for key in [k for k, s in self._slots.items() if not s.in_flight and not s.waiting]:
                 del self._slots[key]
+            for counts in (self._pending_by_tenant, self._in_flight_by_tenant):
+                for tenant in [t for t, n in counts.items() if n == 0]:
+                    del counts[tenant]
             return out
 
     def pending(self) -> int:
@@ -142,13 +160,18 @@ class Dispatcher:
     # -- the sending threads ----------------------------------------------------------------
 
     def _drop_waiting(self, slot: _Slot, alert: str) -> None:
-        if slot.waiting.pop(alert, None) is not None:
+        send = slot.waiting.pop(alert, None)
+        if send is not None:
             self._pending -= 1
+            self._pending_by_tenant[send.key[0]] -= 1
 
     def _next(self) -> Optional[Send]:
-        """The next send that may start (its key idle, its URL not waiting out a failure)."""
+        """The next send that may start (its key idle, its URL not waiting out a failure):
+        of the tenant with the fewest sends in flight; one at half the threads only when no
+        other tenant has one ready."""
         now = time.monotonic()
         wake = None
+        best: Optional[Tuple[_Slot, str, Send]] = None
         for slot in self._slots.values():
             if slot.in_flight is not None or not slot.waiting:
                 continue
@@ -157,12 +180,28 @@ class Dispatcher:
             if until > now:
                 wake = until if wake is None else min(wake, until)
                 continue
-            del slot.waiting[alert]
-            self._pending -= 1
-            slot.in_flight = send
-            return send
+            flying = self._in_flight_by_tenant[send.key[0]]
+            if best is None or flying < self._in_flight_by_tenant[best[2].key[0]]:
+                best = (slot, alert, send)
+                if flying == 0:
+                    break
         self._wake_at = wake
-        return None
+        if best is None:
+            return None
+        slot, alert, send = best
+        tenant = send.key[0]
+        if self._in_flight_by_tenant[tenant] >= self._max_in_flight_per_tenant and any(
+            t != tenant and n > 0 for t, n in self._pending_by_tenant.items()
+        ):
+            # Another tenant's send waits (out a backoff, or behind its own key's send): the
+            # threads left are for it; this one's turn comes as a send ends.
+            return None
+        del slot.waiting[alert]
+        self._pending -= 1
+        self._pending_by_tenant[tenant] -= 1
+        self._in_flight_by_tenant[tenant] += 1
+        slot.in_flight = send
+        return send
 
     def _work(self) -> None:
         while True:
@@ -185,6 +224,7 @@ class Dispatcher:
                 slot = self._slots.get(send.key)
                 if slot is not None:
                     slot.in_flight = None
+                self._in_flight_by_tenant[send.key[0]] -= 1
                 self._outcomes.append(
                     Outcome(send.key, send.alert, send.status, error, time.time_ns())
                 )

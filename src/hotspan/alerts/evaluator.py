@@ -49,12 +49,15 @@ NO_DATA_INTERVALS = 3
 
 def alert_labels(tenant: str, rule: AlertRule) -> Dict[str, str]:
     """The alert's labels: its name, tenant and service (when the selector pins one), then
-    the rule's own labels, which may override the last two."""
+    the rule's own labels, which may override the service.  Never the name nor the tenant:
+    through a shared Alertmanager a tenant's rule must not page as another tenant.  A label
+    without a value is no label (Alertmanager drops it), in both of the payload's forms."""
     labels = {"alertname": rule.name, "tenant": tenant}
     if rule.service:
         labels["service_name"] = rule.service
-    labels.update(rule.labels)
+    labels.update((k, v) for k, v in rule.labels.items() if v != "")
     labels["alertname"] = rule.name
+    labels["tenant"] = tenant
     return labels
 
 

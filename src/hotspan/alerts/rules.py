@@ -471,9 +471,10 @@ def _webhooks(value: Any) -> Tuple[str, ...]:
 
 
 def redact_url(url: str) -> str:
-    """``url`` with its password and query values replaced by REDACTED, for showing and
-    logging (``http://u:REDACTED@h/x?token=REDACTED``).  Works on text that does not parse as
-    a URL too, so that error messages can show what they refuse."""
+    """``url`` with its password, query values and the path segments that look like keys
+    replaced by REDACTED, for showing and logging (``http://u:REDACTED@h/x?token=REDACTED``,
+    ``https://hooks.slack.com/services/REDACTED/REDACTED/REDACTED``).  Works on text that does
+    not parse as a URL too, so that error messages can show what they refuse."""
     rest, hash_, fragment = url.partition("#")
     rest, qmark, query = rest.partition("?")
     scheme, sep, after = rest.partition("://")
@@ -483,10 +484,24 @@ def redact_url(url: str) -> str:
         userinfo, at, host = netloc.rpartition("@")
         if at and ":" in userinfo:
             userinfo = userinfo.split(":", 1)[0] + ":" + REDACTED
+        path = "/".join(REDACTED if _looks_like_a_key(part) else part for part in path.split("/"))
         rest = scheme + sep + (userinfo + at if at else "") + host + path
     if qmark:
         query = "&".join(_redact_param(part) for part in query.split("&"))
     return rest + qmark + query + hash_ + fragment
+
+
+def _looks_like_a_key(segment: str) -> bool:
+    """A path segment that is a receiver's key (Slack's, Discord's, Teams' webhooks put theirs
+    in the path): long, or mixing letters and digits the way ids and tokens do, unlike the
+    words and versions of an API's path (``api``, ``v2``, ``alerts``)."""
+    if len(segment) >= 20:
+        return True
+    return (
+        len(segment) >= 8
+        and any(c.isdigit() for c in segment)
+        and any(c.isalpha() for c in segment)
+    ) or (len(segment) >= 12 and segment.isdigit())
 
 
 def _redact_param(part: str) -> str:
@@ -508,10 +523,14 @@ def keep_secrets(rule: AlertRule, stored: Optional[Mapping[str, Any]]) -> AlertR
     replaced by that URL: a rule read back from the API and saved again keeps its secrets."""
     if not stored or not isinstance(stored.get("webhooks"), list):
         return rule
-    originals = {redact_url(u): u for u in stored["webhooks"] if isinstance(u, str)}
+    # Several stored URLs may redact alike (two channels of one relay): each comes back.
+    originals: Dict[str, List[str]] = {}
+    for url in stored["webhooks"]:
+        if isinstance(url, str):
+            originals.setdefault(redact_url(url), []).append(url)
     hooks: List[str] = []
     for url in rule.webhooks:
-        url = originals.get(url, url)
-        if url not in hooks:
-            hooks.append(url)
-    return replace(rule, webhooks=tuple(hooks))
+        for original in originals.get(url, [url]):
+            if original not in hooks:
+                hooks.append(original)
+    return replace(rule, webhooks=tuple(hooks[:MAX_WEBHOOKS]))

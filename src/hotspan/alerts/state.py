@@ -18,8 +18,11 @@ or stopped being profiled must not page forever.  A failed evaluation leaves it 
 from __future__ import annotations
 
 import datetime as _dt
+import logging
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterator, List, Mapping, Optional
+
+logger = logging.getLogger(__name__)
 
 INACTIVE = "inactive"
 PENDING = "pending"
@@ -311,12 +314,21 @@ class AlertState:
                 self.delivery_errors.pop(url, None)
             else:
                 self.delivery_errors[url] = error[:MAX_ERROR_CHARS]
-        self.retired = [
-            old
-            for old in self.retired
-            if old["failures"] < MAX_RETIRED_FAILURES
-            and any(_wanted_resolved(old["delivered"].get(u) or {}) for u in old["webhooks"])
-        ]
+        kept = []
+        for old in self.retired:
+            if not any(_wanted_resolved(old["delivered"].get(u) or {}) for u in old["webhooks"]):
+                continue
+            if old["failures"] >= MAX_RETIRED_FAILURES:
+                logger.warning(
+                    "hotspan: alert %s: gave up sending the resolved of an earlier alert "
+                    "(the rule deleted or edited) to %d webhook(s) after %d failures",
+                    old.get("labels", {}).get("alertname", "?"),
+                    len(old["webhooks"]),
+                    old["failures"],
+                )
+                continue
+            kept.append(old)
+        self.retired = kept
 
     # -- JSON -----------------------------------------------------------------------------
 

@@ -283,10 +283,14 @@ def check_family(
             continue  # the rule being replaced
         other_base, other_kind = family_of(other.metric_name)
         if other_base == base and other_kind != kind:
+            # Another tenant's rule is not this tenant's to see: not named.
+            existing_name = (
+                repr(other.metric_name) if other_tenant == tenant else "of another tenant"
+            )
             raise RuleError(
-                f"metricName {rule.metric_name!r} clashes with the existing metric "
-                f"{other.metric_name!r}: one is a counter (_total), the other not, and both "
-                f"would be the family {base!r}; use the same name or another base name"
+                f"metricName {rule.metric_name!r} clashes with an existing metric "
+                f"{existing_name}: one is a counter (_total), the other not, and both would be "
+                f"the family {base!r}; use the same name or another base name"
             )
 
 
