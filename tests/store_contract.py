@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from typing import Callable
 
 import numpy as np
@@ -688,6 +689,20 @@ class StoreContract:
         assert store.delete_document("t", "alert_rule", "a-rule") is False
         assert [d.name for d in store.documents("alert_rule", "t")] == ["b-rule"]
         assert [d.name for d in store.documents("alert_state", "t")] == ["a-rule"]
+
+    def test_a_document_written_by_a_clock_behind_still_replaces(
+        self, store: Store, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """Servers over one store whose clocks disagree: the later write wins, a replacement
+        and a write after a deletion alike."""
+        store.put_document("t", "alert_rule", "skew", {"above": 1})
+        real = time.time_ns
+        monkeypatch.setattr(time, "time_ns", lambda: real() - 120 * 10**9)
+        store.put_document("t", "alert_rule", "skew", {"above": 2})
+        assert [dict(d.body) for d in store.documents("alert_rule", "t")] == [{"above": 2}]
+        assert store.delete_document("t", "alert_rule", "skew") is True
+        store.put_document("t", "alert_rule", "skew", {"above": 3})
+        assert [dict(d.body) for d in store.documents("alert_rule", "t")] == [{"above": 3}]
 
     def test_documents_of_tenants_are_apart(self, store: Store) -> None:
         store.put_document("a", "recording_rule", "cpu", {"metric": "a_cpu"})

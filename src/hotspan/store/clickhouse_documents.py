@@ -138,9 +138,21 @@ class ClickHouseDocuments:
 
     def put_document(self, tenant: str, kind: str, name: str, body: Mapping[str, Any]) -> Document:
         text = json.dumps(dict(body), sort_keys=True)
-        doc = Document(tenant, kind, name, json.loads(text), time.time_ns())
-        self._writer.run(lambda: self._write_document(doc, text, False)).result()
-        return doc
+
+        def put() -> Document:
+            # Newer than the row it replaces (or the deletion it undoes), even if this
+            # server's clock is behind the other writer's: the newest stamp is what reads keep.
+            rows = self._clients.query(
+                "SELECT max(updated_at) FROM documents "
+                "WHERE tenant = %(tenant)s AND kind = %(kind)s AND name = %(name)s",
+                {"tenant": tenant, "kind": kind, "name": name},
+            ).result_rows
+            latest = rows[0][0] if rows and rows[0][0] else 0
+            doc = Document(tenant, kind, name, json.loads(text), max(time.time_ns(), latest + 1))
+            self._write_document(doc, text, False)
+            return doc
+
+        return self._writer.run(put).result()
 
     def _write_document(self, doc: Document, text: str, deleted: bool) -> None:
         insert_columns(
