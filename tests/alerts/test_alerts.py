@@ -530,6 +530,7 @@ def _with(**changes: Any) -> Dict[str, Any]:
         (_with(**{"\ud800": 1}), "a key in rule is not valid UTF-8"),
         (_with(webhooks=["http://[::1/x"]), "is not a URL: Invalid IPv6 URL"),
         (_with(webhooks=["http://127.0.0.1:99999/x"]), "Port out of range"),
+        (_with(webhooks=["http://a b/hook"]), "spaces or control characters"),
         (_with(profileType=0), "profileType must be a profile type id"),
         (_with(profileType=""), "profileType must be a profile type id"),
         (_with(profileType=False), "profileType must be a profile type id"),

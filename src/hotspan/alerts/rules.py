@@ -462,6 +462,8 @@ def _webhooks(value: Any) -> Tuple[str, ...]:
             raise RuleError(f"webhooks: {shown!r} is not a URL: {exc}") from None
         if parsed.scheme not in ("http", "https") or not parsed.hostname:
             raise RuleError(f"webhooks: {shown!r} is not an http:// or https:// URL")
+        if any(c.isspace() or not c.isprintable() for c in url):
+            raise RuleError(f"webhooks: {shown!r} holds spaces or control characters")
         if url not in out:
             out.append(url)
     return tuple(out)

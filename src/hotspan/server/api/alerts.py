@@ -1,8 +1,8 @@
 """The alert rules API, per tenant.
 
-Reading and changing rules both take the query token (``--query-token``, as the other query
-APIs): there is no separate admin token, so whoever may query a tenant's profiles may also
-change its alert rules, and with them where notifications go.
+Reading rules takes what the other query APIs take (a query token of the tenant, or the
+operator's ``--query-token``); changing them, and with them where notifications go, an admin
+token of the tenant or the operator's query token (server.auth.route_access).
 
 - ``GET /api/v1/alerts/rules``: ``{"rules": [rule, ...]}``;
 - ``PUT /api/v1/alerts/rules/{name}`` (body: the rule's JSON, see hotspan.alerts.rules):
