@@ -298,3 +298,19 @@ def test_the_default_sample_type_is_what_is_shown_by_default() -> None:
     assert pprof_decode.decode_python(plain).default_sample_type == (
         pprof_decode.decode(plain).default_sample_type
     )
+
+
+def test_speedscope_keeps_type_names_in_other_units() -> None:
+    profile = StackProfile(
+        [
+            SampleType("wall", "milliseconds", "wall"),
+            SampleType("alloc_objects", "objects", "memory"),
+        ]
+    )
+    profile.add([Frame("a"), Frame("b")], [5, 7])
+    back = read_speedscope(write_speedscope(profile))
+    assert [(st.name, st.type) for st in back.sample_types] == [
+        ("wall", "wall"),
+        ("memory", "alloc_objects"),
+    ]
+    assert (back.total(0), back.total(1)) == (5_000_000, 7)  # milliseconds as nanoseconds

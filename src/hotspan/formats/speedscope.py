@@ -203,11 +203,16 @@ def read_speedscope(data: bytes) -> StackProfile:
     return out
 
 
+# Units a type id of ours may end with that speedscope writes as another ("objects": "none").
+_TYPE_ID_UNITS = ("count", "objects", "samples")
+
+
 def _sample_type(name: str, unit: str) -> SampleType:
     our_unit = "nanoseconds" if unit in TIME_UNITS else ("bytes" if unit == "bytes" else "count")
     parts = name.split(":")
-    # Our own files name profiles by sample type id ("process_cpu:cpu:nanoseconds").
-    if len(parts) >= 3 and parts[1] and parts[2] == our_unit:
+    # Our own files name profiles by sample type id ("process_cpu:cpu:nanoseconds"), in the
+    # unit the type had ("wall:wall:milliseconds", "memory:alloc_objects:objects").
+    if len(parts) >= 3 and parts[1] and parts[2] in (our_unit, unit, *_TYPE_ID_UNITS):
         return SampleType(parts[1], our_unit, parts[0])
     default = {"nanoseconds": "cpu", "bytes": "space", "count": "samples"}[our_unit]
     return SampleType(name if name and ":" not in name and " " not in name else default, our_unit)
