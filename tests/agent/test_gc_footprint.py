@@ -113,14 +113,11 @@ def test_defaults_leave_no_twin_and_few_objects(tmp_path: Path, variant: str) ->
 UNTRACKED_PROGRAM = textwrap.dedent(
     """
     import gc, json, sys, time
-    gc.collect()
-    before = len(gc.get_objects())
     import hotspan
     hotspan.configure(application_name="gc-footprint", server_address="http://127.0.0.1:9",
                       upload_interval=3600)
     import hotspan.agent.core as core
     gc.collect()
-    added = len(gc.get_objects()) - before
     untracked = {
         "function": not gc.is_tracked(core.Agent.start),
         "module dict": not gc.is_tracked(vars(core)),
@@ -143,7 +140,7 @@ UNTRACKED_PROGRAM = textwrap.dedent(
         setattr(core, name, None)
     gc.collect()
     hotspan.shutdown(flush=False)
-    print(json.dumps({"added": added, "untracked": untracked, "freed": freed,
+    print(json.dumps({"untracked": untracked, "freed": freed,
                       "retracked": retracked}))
     """
 )
@@ -163,4 +160,3 @@ def test_the_agent_code_is_untracked_and_never_freed() -> None:
     assert all(answer["untracked"].values()), answer
     assert answer["freed"] >= 2, answer  # the program's cycle
     assert answer["retracked"], answer
-    assert answer["added"] < MAX_NEW_OBJECTS, answer

@@ -44,10 +44,12 @@ def configure(**settings: Any) -> Any:
             previous.shutdown(flush=True)
         agent = Agent(config)
         set_current(agent)
+        if config.native:
+            # Before sampling starts: the walk is the agent's time, not the program's.  What
+            # start() imports is untracked at the loop's first wake.
+            untrack_own_code()
         agent.start()
         keep_main_module_code()
-        if config.native:
-            untrack_own_code()
         return agent
 
 
