@@ -93,7 +93,11 @@ export function activityOf(durationNs, cpuNs, locks = NONE, gil = NONE, core = N
     return { kind: "computing", ratio, label: `computing ${percent}`, title: "CPU time near its duration", locks: "" };
   const unknown =
     "the CPU profile cannot tell why: I/O, sleep, locks, another service, or other threads holding the GIL";
-  const why = note ? `; ${note}` : `; ${unknown}`;
+  // What the named waits leave unexplained of its time off CPU (a sleep of 300 ms with 30 ms
+  // of waiting for a core as it woke) is still said to be unknown.
+  const named = (locks.self || 0) + (gilShown.self || 0) + (coreShown.self || 0);
+  const unexplained = named < 0.5 * Math.max(0, 1 - ratio) * durationNs;
+  const why = note ? `; ${note}${unexplained ? `; for the rest, ${unknown}` : ""}` : `; ${unknown}`;
   // Most of its time off CPU waiting for the GIL or for a core: that is the answer, not "not
   // on CPU"; the larger of the two names it.
   const [waitNs, waitFor] = core.self > gil.self ? [core.self, "a core"] : [gil.self, "the GIL"];
