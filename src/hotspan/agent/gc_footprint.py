@@ -80,7 +80,11 @@ def untrack_new_code() -> None:
     """:func:`untrack_own_code` again if hotspan modules were imported since (the agent
     imports its encoder and transport at its first upload).  Cheap when nothing was: the
     loop's thread calls it at each wake."""
-    if len(sys.modules) != _modules_seen and _own_modules() != _own_seen:
+    global _modules_seen
+    if len(sys.modules) == _modules_seen:
+        return
+    _modules_seen = len(sys.modules)
+    if _own_modules() != _own_seen:
         untrack_own_code()
 
 
