@@ -140,19 +140,23 @@ class ClickHouseDocuments:
         text = json.dumps(dict(body), sort_keys=True)
 
         def put() -> Document:
-            # Newer than the row it replaces (or the deletion it undoes), even if this
-            # server's clock is behind the other writer's: the newest stamp is what reads keep.
-            rows = self._clients.query(
-                "SELECT max(updated_at) FROM documents "
-                "WHERE tenant = %(tenant)s AND kind = %(kind)s AND name = %(name)s",
-                {"tenant": tenant, "kind": kind, "name": name},
-            ).result_rows
-            latest = rows[0][0] if rows and rows[0][0] else 0
-            doc = Document(tenant, kind, name, json.loads(text), max(time.time_ns(), latest + 1))
+            _, newest = self._newest_row(tenant, kind, name)
+            doc = Document(tenant, kind, name, json.loads(text), _stamp_after(newest))
             self._write_document(doc, text, False)
             return doc
 
         return self._writer.run(put).result()
+
+    def _newest_row(self, tenant: str, kind: str, name: str) -> Tuple[bool, int]:
+        """Whether the document's newest row is a deletion, and that row's stamp (0: none)."""
+        rows = self._clients.query(
+            "SELECT argMax(deleted, updated_at), max(updated_at) FROM documents "
+            "WHERE tenant = %(tenant)s AND kind = %(kind)s AND name = %(name)s",
+            {"tenant": tenant, "kind": kind, "name": name},
+        ).result_rows
+        if not rows or not rows[0][1]:
+            return False, 0
+        return bool(rows[0][0]), int(rows[0][1])
 
     def _write_document(self, doc: Document, text: str, deleted: bool) -> None:
         insert_columns(
@@ -192,12 +196,17 @@ class ClickHouseDocuments:
 
     def delete_document(self, tenant: str, kind: str, name: str) -> bool:
         def delete() -> bool:
-            found = [d for d in self.documents(kind, tenant) if d.name == name]
-            if not found:
+            deleted, newest = self._newest_row(tenant, kind, name)
+            if deleted or not newest:
                 return False
-            # Newer than the row it hides, even if this server's clock is behind the writer's.
-            gone = Document(tenant, kind, name, {}, max(time.time_ns(), found[0].updated_at + 1))
-            self._write_document(gone, "{}", True)
+            self._write_document(Document(tenant, kind, name, {}, _stamp_after(newest)), "{}", True)
             return True
 
         return self._writer.run(delete).result()
+
+
+def _stamp_after(newest: int) -> int:
+    """A new row's stamp: newer than the document's newest row (a replacement, a deletion or
+    the write that undoes one), even if this server's clock is behind that row's writer's,
+    since reads keep the newest stamp."""
+    return max(time.time_ns(), newest + 1)
