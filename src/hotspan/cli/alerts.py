@@ -10,13 +10,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import urllib.parse
 from typing import Any, Dict, List
 
 from hotspan.cli.client import (
     Client,
     CLIError,
     add_server_options,
+    path_segment,
     profile_type_id,
     selector_query,
 )
@@ -82,9 +82,7 @@ def run(args: argparse.Namespace) -> int:
             return _print_json(answer)
         _table(answer.get("alerts") or [])
         return 0
-    if not args.name.strip() or "/" in args.name:
-        raise CLIError(f"a rule name must not be empty nor hold '/': {args.name!r}", 2)
-    path = "/api/v1/alerts/rules/" + urllib.parse.quote(args.name, safe="")
+    path = "/api/v1/alerts/rules/" + path_segment(args.name, "a rule name")
     if command == "get":
         answer = client.json("GET", path)
         if args.json:

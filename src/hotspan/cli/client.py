@@ -147,6 +147,14 @@ class Client:
             raise CLIError(f"{method} {url}: {exc}") from None
 
 
+def path_segment(text: str, what: str) -> str:
+    """``text`` as one segment of an API path, quoted; CLIError (exit 2) naming ``what`` when
+    it cannot be one: empty, or holding '/' (no route takes it)."""
+    if not text.strip() or "/" in text:
+        raise CLIError(f"{what} must not be empty nor hold '/': {text!r}", 2)
+    return urllib.parse.quote(text, safe="")
+
+
 def _reason(exc: urllib.error.HTTPError) -> str:
     try:
         text = exc.read().decode("utf-8", "replace")

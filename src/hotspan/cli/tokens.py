@@ -10,10 +10,9 @@ import argparse
 import json
 import sys
 import time
-import urllib.parse
 from typing import Any, Dict, List
 
-from hotspan.cli.client import Client, CLIError, add_server_options
+from hotspan.cli.client import Client, CLIError, add_server_options, path_segment
 
 ROLES = ("ingest", "query", "admin")
 
@@ -83,9 +82,7 @@ def run(args: argparse.Namespace) -> int:
             return 0
         _table(answer.get("tokens") or [])
         return 0
-    if not args.id.strip() or "/" in args.id:
-        raise CLIError(f"no such token id: {args.id!r}", 2)
-    answer = client.json("DELETE", "/api/v1/tokens/" + urllib.parse.quote(args.id, safe=""))
+    answer = client.json("DELETE", "/api/v1/tokens/" + path_segment(args.id, "a token id"))
     if args.json:
         print(json.dumps(answer, indent=2))
     else:
