@@ -564,6 +564,8 @@ def _meets(span: SpanRecord, cond: Condition) -> bool:
         literal = traceql.Duration(int(cond.value))
     elif isinstance(value, str) and cond.key.startswith(("span.", "resource.", ".")):
         value = traceql.Text(value)
+    elif isinstance(value, bool):  # stored as its text, as the stores compare it
+        value = traceql.Text("true" if value else "false")
     elif cond.key.startswith(("span.", "resource.", ".")):
         value = traceql.Text(str(value))
     return compare(cond.op, value, literal)
@@ -747,7 +749,7 @@ VALUES = {
     ("GET /checkout", "span.http.status_code"): 200,
     ("GET /checkout", ".http.method"): "GET",
     ("charge card", "span.amount"): 12.5,
-    ("cache get", "span.cache.hit"): "true",
+    ("cache get", "span.cache.hit"): True,
     ("charge card", "resource.service.name"): "checkout",
     ("charge card", ".service.name"): "checkout",
     ("charge card", "resource.deployment.environment"): "prod",

@@ -1002,3 +1002,47 @@ def test_a_filter_after_the_function_keeps_the_points_that_pass(
                 want[labels] = kept
         assert got == want, suffix
         assert want and want != {k: samples_of(s) for k, s in whole.items()}, suffix
+
+
+def test_boolean_labels_are_typed(srv: RunningServer) -> None:
+    """A by() or compare() label of a boolean attribute is Tempo's ``boolValue``: Grafana
+    quotes string labels only, so the filter it builds from one (``span.cached = false``)
+    matches the spans only when the label is typed.  Through the store's statement and through
+    the engine (a structural query, which the store does not aggregate)."""
+    memory = InMemorySpanExporter()
+    provider = TracerProvider(resource=Resource({"service.name": "cache"}))
+    provider.add_span_processor(SimpleSpanProcessor(memory))
+    tracer = provider.get_tracer("hotspan.tests")
+    for n in range(4):
+        start = int((T0 + 10 + n) * SEC)
+        root = tracer.start_span("get", kind=SpanKind.SERVER, start_time=start)
+        root.set_attribute("cached", n % 2 == 0)
+        root.set_attribute("tag", "true")  # a string that reads as a boolean stays one
+        child = tracer.start_span(
+            "lookup", context=set_span_in_context(root), start_time=start + 1000
+        )
+        child.end(end_time=start + 2000)
+        root.end(end_time=start + 3000)
+    provider.force_flush()
+    body = encode_spans(list(memory.get_finished_spans())).SerializeToString()
+    headers = {"Content-Type": "application/x-protobuf", "X-Scope-OrgID": "booleans"}
+    r = httpx.post(srv.url + "/v1/traces", content=body, headers=headers, timeout=30)
+    assert r.status_code == 200, r.text
+
+    def labels(q: str) -> List[dict]:
+        params = {"q": q, "start": str(START), "end": str(END), "step": "1m"}
+        r = grafana_get(srv, "/api/metrics/query_range", params, tenant="booleans")
+        assert r.status_code == 200, r.text
+        return [kv for s in r.json()["series"] for kv in s["labels"]]
+
+    for q in (
+        "{} | count_over_time() by (span.cached)",  # the store's statement
+        '{ name = "lookup" } << { } | count_over_time() by (span.cached)',  # the engine
+    ):
+        found = {kv["key"]: kv["value"] for kv in labels(q) if kv["key"] == "span.cached"}
+        assert found, q
+        values = [kv["value"] for kv in labels(q)]
+        assert {"boolValue": True} in values and {"boolValue": False} in values, (q, values)
+    compared = labels("{} | compare({ span.cached = true })")
+    assert {"key": "span.cached", "value": {"boolValue": True}} in compared, compared
+    assert {"key": "span.tag", "value": {"stringValue": "true"}} in compared, compared

@@ -524,13 +524,17 @@ def span_value(
 
 
 def plain(value: object) -> Optional[Value]:
-    """A runtime value as a plain str, int or float (attribute text that reads as a number
-    becomes one; durations are nanoseconds)."""
+    """A runtime value as a plain str, int, float or bool (attribute text that reads as a
+    number or a boolean becomes one, as the attribute was typed; durations are nanoseconds).
+    Kept typed so that a by() label of a boolean attribute is one (Tempo's ``boolValue``),
+    which a filter built from it (``span.cached = false``) matches."""
     if value is None or isinstance(value, ast.Nil):
         return None
     if isinstance(value, bool):
-        return "true" if value else "false"
+        return value
     if isinstance(value, ast.Text):
+        if value in ("true", "false"):
+            return value == "true"
         number = _parse_number(value)
         return number if number is not None else str(value)
     if isinstance(value, ast.Duration):

@@ -157,7 +157,7 @@ class _Attributes:
 
 def _value(text: str) -> LabelValue:
     value = plain(ast.Text(text))
-    return value if isinstance(value, (str, int, float)) else text
+    return value if isinstance(value, (str, int, float, bool)) else text
 
 
 def _intrinsics(name: str, status: int, kind: int) -> Tuple[Tuple[str, LabelValue], ...]:
