@@ -843,6 +843,22 @@ def test_bad_search_parameters_are_400(srv, params: Dict[str, str]) -> None:  # 
     assert len(r.text.strip()) > 10, "a reason is given"
 
 
+def test_search_parameters_as_tempo_reads_them(srv, sd) -> None:  # type: ignore[no-untyped-def]
+    """spss=0 is the default (3); start=0&end=0 is no range (the recent data); and with no
+    q, tags or range, the other parameters are the tags, as Grafana's first Tempo data source
+    sent them."""
+    r = search(srv, "search", q="{}", spss="0", **WINDOW)
+    assert r.status_code == 200, r.text
+    assert r.json()["traces"] == search(srv, "search", q="{}", spss="3", **WINDOW).json()["traces"]
+    assert r.json() != search(srv, "search", q="{}", spss="1", **WINDOW).json()
+    assert found(srv, "search", q="{}", start="0", end="0") == found(srv, "search", q="{}")
+    by_tags = found(srv, "search", tags="service.name=inventory")
+    assert by_tags == _ids(sd, "T4", "T3")
+    assert found(srv, "search", **{"service.name": "inventory"}) == by_tags
+    # With a range, other parameters are not tags (Tempo's rule too).
+    assert len(found(srv, "search", **{"service.name": "inventory"}, **WINDOW)) > 2
+
+
 @pytest.mark.parametrize("key", ["span:id", "span:parentID"])
 def test_a_bad_id_is_named_by_its_own_key(srv, key: str) -> None:  # type: ignore[no-untyped-def]
     r = search(srv, "search", q=f'{{{key}="zz"}}', **WINDOW)
@@ -1003,6 +1019,9 @@ TAG_VALUES_V1 = {
     "retry": ["true"],
     "secret.key": [],
     "no.such.tag": [],
+    # Tempo's virtual tags: their values whatever the spans hold.
+    "status.code": ["error", "ok", "unset"],
+    "error": ["true"],
 }
 
 
@@ -1031,8 +1050,12 @@ TAG_VALUES_V2 = {
     ".http.method": _s("GET", "POST"),
     "resource.http.method": [],
     "name": _s("GET /items", "fetch"),
-    "status": _k("error", "unset"),
-    "kind": _k("client", "server"),
+    # Every value TraceQL has, in Tempo's order, whatever the spans hold (as Tempo answers).
+    "status": [{"type": "keyword", "value": v} for v in ("ok", "error", "unset")],
+    "span:kind": [
+        {"type": "keyword", "value": v}
+        for v in ("client", "server", "producer", "consumer", "internal", "unspecified")
+    ],
     "span.secret.key": [],
 }
 

@@ -34,6 +34,7 @@ from hotspan.model.trace import (
 from hotspan.query import trace_search
 from hotspan.query.engine import QueryError
 from hotspan.query.trace_search import SearchParams
+from hotspan.query.traceql.lexer import Lexer
 from hotspan.query.traceql import (
     Query,
     legacy_query,
@@ -67,7 +68,9 @@ INTRINSIC_TAGS = ["duration", "kind", "name", "status", *TRACE_INTRINSICS]
 TEMPO_VERSION = "2.1.0"
 
 
-def _int_param(params: Mapping[str, str], name: str, default: int) -> int:
+def _int_param(
+    params: Mapping[str, str], name: str, default: int, zero_is_default: bool = False
+) -> int:
     text = params.get(name)
     if text is None or text == "":
         return default
@@ -75,6 +78,8 @@ def _int_param(params: Mapping[str, str], name: str, default: int) -> int:
         value = int(text)
     except ValueError:
         raise HTTPError(400, f"{name} must be an integer, got {text!r}") from None
+    if value == 0 and zero_is_default:
+        return default
     if value <= 0:
         raise HTTPError(400, f"{name} must be positive, got {value}")
     return value
@@ -160,9 +165,22 @@ def search_query(params: Mapping[str, str]) -> Tuple[SearchParams, Optional[Quer
     return replace(search_params, order=sort), traceql, replace(sql, order=sort)
 
 
+# Search parameters that are not tags in an old-style search (``?service.name=api``).
+_SEARCH_PARAMS = frozenset(
+    ("q", "tags", "minDuration", "maxDuration", "limit", "spss", "start", "end", "sort")
+)
+
+
 def _search_query(params: Mapping[str, str]) -> Tuple[SearchParams, Optional[Query], TraceQuery]:
     start = seconds_value(params, "start")
     end = seconds_value(params, "end")
+    if not start and not end:
+        # As Tempo: no range, or start=0&end=0, is the recent data; with no q or tags either,
+        # the other parameters are the tags (the first Grafana Tempo data source sent them so).
+        start = end = None
+    bare_tags = [(k, v) for k, v in params.items() if k not in _SEARCH_PARAMS and v]
+    if start is not None or end is not None or params.get("q") or params.get("tags"):
+        bare_tags = []
     if end is None:
         end = time.time_ns()
     if start is None:
@@ -170,7 +188,8 @@ def _search_query(params: Mapping[str, str]) -> Tuple[SearchParams, Optional[Que
     if end <= start:
         raise HTTPError(400, "end must be after start")
     limit = min(_int_param(params, "limit", 20), MAX_LIMIT)
-    spss = min(_int_param(params, "spss", 3), MAX_SPANS_PER_SPANSET)
+    # spss=0 is the default, as Tempo takes it.
+    spss = min(_int_param(params, "spss", 3, zero_is_default=True), MAX_SPANS_PER_SPANSET)
     search_params = SearchParams(start, end, limit, spss)
     try:
         if params.get("q") and params.get("tags"):
@@ -193,7 +212,7 @@ def _search_query(params: Mapping[str, str]) -> Tuple[SearchParams, Optional[Que
             raise HTTPError(400, "minDuration and maxDuration are at least 0")
         if low and high and high < low:
             raise HTTPError(400, "maxDuration is shorter than minDuration")
-        tags = parse_logfmt(params.get("tags", ""))
+        tags = parse_logfmt(params.get("tags", "")) or bare_tags
         return search_params, None, legacy_query(tags, start, end, low, high, limit)
     except QueryError as exc:
         raise HTTPError(400, str(exc)) from None
@@ -316,7 +335,16 @@ async def tags_v2(request: Request) -> Response:
 
 
 def _identifier(tag: str) -> Tuple[Optional[str], str]:
-    """(scope or None for any, attribute name) of a TraceQL identifier."""
+    """(scope or None for any, attribute name) of a TraceQL identifier (a quoted name, as
+    ``span."a key"``, unquoted as TraceQL reads it)."""
+    if '"' in tag:
+        try:
+            tokens = Lexer(tag).tokens
+        except QueryError as exc:
+            raise HTTPError(400, str(exc)) from None
+        if len(tokens) == 2 and tokens[0][0] == "attribute":
+            attribute = tokens[0][1]
+            return attribute.scope or None, attribute.name  # type: ignore[union-attr]
     for prefix, scope in (("resource.", "resource"), ("span.", "span")):
         if tag.startswith(prefix):
             return scope, tag[len(prefix) :]
@@ -328,6 +356,16 @@ def _identifier(tag: str) -> Tuple[Optional[str], str]:
 
 
 ROOT_SPAN = Condition("span:parentID", "=", "0" * 16)
+# Tag values Tempo lists whatever the spans hold: version 1's virtual tags (added to what
+# the spans have), version 2's enumerated intrinsics (all there is).
+V1_VIRTUAL = {"status.code": {"unset", "ok", "error"}, "error": {"true"}}
+_KINDS = ("client", "server", "producer", "consumer", "internal", "unspecified")
+V2_KEYWORDS = {
+    "status": ("ok", "error", "unset"),
+    "span:status": ("ok", "error", "unset"),
+    "kind": _KINDS,
+    "span:kind": _KINDS,
+}
 # The trace intrinsics whose values are those of the traces' root spans: the field read.
 ROOT_TAGS = {
     "rootServiceName": "service",
@@ -390,7 +428,10 @@ def tag_values_json(
     mapping; HTTPError (400) for a bad parameter.  Blocking: the store is read here."""
     if version == 1:
         values = _values(state, tenant, params, None, tag)
-        return {"tagValues": sorted({value for value, _ in values})}
+        return {"tagValues": sorted({value for value, _ in values} | V1_VIRTUAL.get(tag, set()))}
+    if tag in V2_KEYWORDS:
+        # Every value TraceQL knows, without reading spans (Tempo answers these so).
+        return {"tagValues": [{"type": "keyword", "value": v} for v in V2_KEYWORDS[tag]]}
     if tag in ROOT_TAGS:
         values = _root_values(state, tenant, params, ROOT_TAGS[tag])
     elif tag in ("duration", "traceDuration", "trace:duration"):
