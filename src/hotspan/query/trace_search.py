@@ -487,7 +487,7 @@ def _add_attributes(
         spans = {int(s["spanID"], 16): s for ss in trace["spanSets"] for s in ss["spans"]}
         if spans:
             wanted.append((trace["traceID"], spans))
-    raw = RAW_TYPED_TRACES if any(a.scope != "intrinsic" for a in shown) else 0
+    raw = RAW_TYPED_TRACES if any(_needs_raw(a) for a in shown) else 0
     for trace_id, spans in wanted[:raw]:
         _label(spans, store.trace(tenant, trace_id), shown, typed=True)
     rest = wanted[raw:]
@@ -540,7 +540,7 @@ def _label(
         if any(a.name.startswith("nestedSet") for a in shown)
         else {}
     )
-    needs_values = any(a.scope != "intrinsic" for a in shown)
+    needs_values = any(_needs_raw(a) for a in shown)
     for span_id, span in wanted.items():
         item = stored.get(span_id)
         if item is None:
@@ -548,7 +548,10 @@ def _label(
         attrs: Dict[str, Dict[str, Any]] = {}
         resource: Dict[str, Dict[str, Any]] = {}
         if needs_values and typed:
-            attrs = _typed(Span.FromString(item.raw).attributes)
+            message = Span.FromString(item.raw)
+            attrs = _typed(message.attributes)
+            if message.status.message:
+                attrs[STATUS_MESSAGE] = {"stringValue": message.status.message}
             resource = _typed(Resource.FromString(item.group.resource).attributes)
         elif needs_values:
             attrs = _index_values(item.attrs)
@@ -560,6 +563,15 @@ def _label(
                 out.append({"key": _shown_key(attr), "value": value})
         if out:
             span["attributes"] = out
+
+
+# Where _label keeps a span's status message among its attributes: a key no attribute has.
+STATUS_MESSAGE = "\0statusMessage"
+
+
+def _needs_raw(attr: Attribute) -> bool:
+    """Whether a shown attribute's value is read from the stored OTLP span."""
+    return attr.scope != "intrinsic" or attr.name in ("statusMessage", "span:statusMessage")
 
 
 def _index_values(flat: str) -> Dict[str, Dict[str, Any]]:
@@ -616,6 +628,8 @@ def _shown_value(
         if attr.name == "span:parentID":
             parent = span.parent_span_id
             return {"stringValue": f"{parent:016x}"} if parent else None
+        if attr.name in ("statusMessage", "span:statusMessage"):
+            return attrs.get(STATUS_MESSAGE)
         return None
     if attr.scope in ("span", "") and attr.name in attrs:
         return attrs[attr.name]

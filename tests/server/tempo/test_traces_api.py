@@ -78,7 +78,13 @@ METRIC_KEYS = {
     "totalBlockBytes",
     "inspectedSpans",
 }
-INTRINSICS = ["duration", "kind", "name", "status", "traceDuration", "rootName", "rootServiceName"]
+# Tempo's intrinsic scope (search.GetVirtualIntrinsicValues), in its order.
+INTRINSICS = (
+    "duration name status statusMessage kind rootServiceName rootName traceDuration event:name "
+    "event:timeSinceStart link:spanID link:traceID instrumentation:name instrumentation:version "
+    "trace:id span:id span:parentID span:status span:statusMessage span:duration span:name "
+    "span:kind trace:rootName trace:rootService trace:duration"
+).split()
 
 
 # -- servers ---------------------------------------------------------------------------------

@@ -270,3 +270,21 @@ def test_link_ids_are_the_linked_span(servers: Dict[str, RunningServer]) -> None
         span_id = target["spanSet"]["spans"][0]["spanID"]
         q = f'{{link:traceID = "{target["traceID"]}" && link:spanID = "{span_id}"}}'
         assert matched(srv, q) == ["charge"], name
+
+
+def test_a_status_message_asked_for_is_on_the_spans_found(
+    servers: Dict[str, RunningServer],
+) -> None:
+    # Tempo carries every attribute the query fetched, intrinsics such as statusMessage too:
+    # Grafana shows it as a column of the span table.
+    for name, srv in servers.items():
+        for q in ('{statusMessage = "card declined"}', '{span:statusMessage =~ "card.*"}'):
+            spans = [
+                s for t in grafana_search(srv, q).json()["traces"] for s in t["spanSet"]["spans"]
+            ]
+            assert spans, (name, q)
+            for span in spans:
+                assert {
+                    "key": "statusMessage",
+                    "value": {"stringValue": "card declined"},
+                } in span["attributes"], (name, q, span)

@@ -24,7 +24,6 @@ from hotspan.formats.otlp_traces import traces_data
 from hotspan.formats.protowire import uvarint
 from hotspan.model.profile import MAX_TIME_NS
 from hotspan.model.trace import (
-    TRACE_INTRINSICS,
     TRACE_ORDERS,
     Condition,
     SearchError,
@@ -34,7 +33,6 @@ from hotspan.model.trace import (
 from hotspan.query import trace_search
 from hotspan.query.engine import QueryError
 from hotspan.query.trace_search import SearchParams
-from hotspan.query.traceql.lexer import Lexer
 from hotspan.query.traceql import (
     Query,
     legacy_query,
@@ -45,6 +43,7 @@ from hotspan.query.traceql import (
     tag_names,
     tag_values,
 )
+from hotspan.query.traceql.lexer import Lexer
 from hotspan.server.errors import HTTPError, text_errors
 from hotspan.server.params import seconds_param, seconds_value, trace_id_param
 from hotspan.server.request import query_state
@@ -60,8 +59,35 @@ MAX_AUTOCOMPLETE_SPANS = 10_000
 # A tag request's range that ends less than this before now holds every span seen since its
 # start (the tag index answers it); an earlier end needs the spans of the range.
 RECENT_END_NS = 60 * SEC
-# What Tempo lists in the intrinsic scope that hotspan can search on.
-INTRINSIC_TAGS = ["duration", "kind", "name", "status", *TRACE_INTRINSICS]
+# What Tempo lists in the intrinsic scope (its search.GetVirtualIntrinsicValues, in its
+# order); hotspan searches on each.
+INTRINSIC_TAGS = [
+    "duration",
+    "name",
+    "status",
+    "statusMessage",
+    "kind",
+    "rootServiceName",
+    "rootName",
+    "traceDuration",
+    "event:name",
+    "event:timeSinceStart",
+    "link:spanID",
+    "link:traceID",
+    "instrumentation:name",
+    "instrumentation:version",
+    "trace:id",
+    "span:id",
+    "span:parentID",
+    "span:status",
+    "span:statusMessage",
+    "span:duration",
+    "span:name",
+    "span:kind",
+    "trace:rootName",
+    "trace:rootService",
+    "trace:duration",
+]
 # Below 2.2: Grafana 10 (traceQLStreaming toggle) then does not try gRPC streaming, which a
 # proxy without HTTP/2 cleartext would break; newer Grafana streams when its data source's
 # streaming options are on, whatever the version (both work on the main port: grpc_api.py).
