@@ -992,6 +992,23 @@ def test_tag_names_v1(srv, tagged) -> None:  # type: ignore[no-untyped-def]
     assert r.status_code == 400 and "scope" in r.text
 
 
+def test_tag_names_of_a_past_range_are_those_of_its_spans(srv, tagged) -> None:  # type: ignore[no-untyped-def]
+    """As Tempo, and as tag values: a range that ended a while ago names the attributes of
+    its own spans, not of every span since its start (Grafana sends its time range)."""
+
+    def names(start: int, end: int) -> Dict[str, List[str]]:
+        params = {"start": str(start), "end": str(end)}
+        r = get(srv, "/api/v2/search/tags", "tags", params=params)
+        assert r.status_code == 200, r.text
+        return {s["name"]: s["tags"] for s in r.json()["scopes"]}
+
+    empty = names(BASE_S - 7200, BASE_S - 3600)
+    assert empty["resource"] == empty["span"] == [], empty
+    assert empty["intrinsic"] == INTRINSICS
+    found = names(BASE_S - 60, BASE_S + 600)
+    assert found["span"] == ["http.method", "http.status_code", "retry"], found
+
+
 def test_tag_names_v2(srv, tagged) -> None:  # type: ignore[no-untyped-def]
     r = get(srv, "/api/v2/search/tags", "tags")
     assert r.status_code == 200

@@ -306,11 +306,27 @@ def _tag_names(
             f"not {scope!r}",
         )
     records = _narrowed(state, tenant, params)
+    if records is None:
+        records = _of_past_range(state, tenant, params)
     if records is not None:
         names = tag_names(records)
     else:
         names = state.store.tag_names(tenant, seconds_value(params, "start") or 0)
     return names, None if scope == "all" else scope
+
+
+def _of_past_range(
+    state: ServerState, tenant: str, params: Mapping[str, str]
+) -> Optional[List[SpanRecord]]:
+    """The spans of a range that ended over RECENT_END_NS ago (the newest
+    MAX_AUTOCOMPLETE_SPANS): as Tempo, a tag request answers with its range's names and
+    values, not any seen since its start.  None for a range ending about now, which the tag
+    index answers, much faster."""
+    end = seconds_value(params, "end")
+    if end is None or end >= time.time_ns() - RECENT_END_NS:
+        return None
+    start, end = _tag_range(params)
+    return state.store.span_records(tenant, start, end, (), limit=MAX_AUTOCOMPLETE_SPANS)
 
 
 def tag_names_json(
@@ -419,12 +435,8 @@ def _values(
     since = seconds_value(params, "start") or 0
     limit = _int_param(params, "limit", MAX_LIMIT)
     records = _narrowed(state, tenant, params)
-    end = seconds_value(params, "end")
-    if records is None and end is not None and end < time.time_ns() - RECENT_END_NS:
-        # As Tempo: the values of the spans of the range, not of any span since its start.
-        # (A range ending about now is the tag index's since its start, read much faster.)
-        start, end = _tag_range(params)
-        records = state.store.span_records(tenant, start, end, (), limit=MAX_AUTOCOMPLETE_SPANS)
+    if records is None:
+        records = _of_past_range(state, tenant, params)
     values = state.store.tag_values(tenant, scope, name, since)
     if records is not None:
         values = _typed(tag_values(records, scope, name), values, scope, name)
