@@ -79,12 +79,33 @@ METRIC_KEYS = {
     "inspectedSpans",
 }
 # Tempo's intrinsic scope (search.GetVirtualIntrinsicValues), in its order.
-INTRINSICS = (
-    "duration name status statusMessage kind rootServiceName rootName traceDuration event:name "
-    "event:timeSinceStart link:spanID link:traceID instrumentation:name instrumentation:version "
-    "trace:id span:id span:parentID span:status span:statusMessage span:duration span:name "
-    "span:kind trace:rootName trace:rootService trace:duration"
-).split()
+INTRINSICS = [
+    "duration",
+    "name",
+    "status",
+    "statusMessage",
+    "kind",
+    "rootServiceName",
+    "rootName",
+    "traceDuration",
+    "event:name",
+    "event:timeSinceStart",
+    "link:spanID",
+    "link:traceID",
+    "instrumentation:name",
+    "instrumentation:version",
+    "trace:id",
+    "span:id",
+    "span:parentID",
+    "span:status",
+    "span:statusMessage",
+    "span:duration",
+    "span:name",
+    "span:kind",
+    "trace:rootName",
+    "trace:rootService",
+    "trace:duration",
+]
 
 
 # -- servers ---------------------------------------------------------------------------------

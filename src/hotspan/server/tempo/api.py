@@ -43,6 +43,7 @@ from hotspan.query.traceql import (
     tag_names,
     tag_values,
 )
+from hotspan.query.traceql.ast import Attribute
 from hotspan.query.traceql.lexer import Lexer
 from hotspan.server.errors import HTTPError, text_errors
 from hotspan.server.params import seconds_param, seconds_value, trace_id_param
@@ -384,9 +385,9 @@ def _identifier(tag: str) -> Tuple[Optional[str], str]:
             tokens = Lexer(tag).tokens
         except QueryError as exc:
             raise HTTPError(400, str(exc)) from None
-        if len(tokens) == 2 and tokens[0][0] == "attribute":
-            attribute = tokens[0][1]
-            return attribute.scope or None, attribute.name  # type: ignore[union-attr]
+        attribute = tokens[0][1] if len(tokens) == 2 else None
+        if isinstance(attribute, Attribute):
+            return attribute.scope or None, attribute.name
     for prefix, scope in (("resource.", "resource"), ("span.", "span")):
         if tag.startswith(prefix):
             return scope, tag[len(prefix) :]

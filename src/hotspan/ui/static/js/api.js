@@ -50,6 +50,15 @@ async function send(path, init) {
     response = await fetch(path, { ...init, headers: headers(init.headers) });
   } catch (err) {
     if (err.name === "AbortError") throw err;
+    const sent = headers(init.headers);
+    if (Object.values(sent).some((v) => [...v].some((c) => c.charCodeAt(0) > 0xff))) {
+      // fetch refuses a header it cannot send as Latin-1 before anything leaves the page.
+      throw new ApiError(
+        0,
+        "the tenant or token in Settings has characters an HTTP header cannot carry",
+        "set them again in Settings (letters of ISO-8859-1 only)",
+      );
+    }
     throw new ApiError(
       0,
       `cannot reach the hotspan server at ${location.origin}`,

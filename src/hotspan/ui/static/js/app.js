@@ -21,8 +21,10 @@ route(/^\/settings\/(.+)$/, renderServiceSettings);
 
 function openSettings() {
   const current = settings();
-  const token = el("input", { type: "password", value: current.token, autocomplete: "off" });
-  const tenant = el("input", { value: current.tenant, placeholder: "anonymous" });
+  // Both go out as HTTP headers, which carry ISO-8859-1 only: refused here, not by fetch.
+  const header = { pattern: "[\\x20-\\x7e\\xa0-\\xff]*", title: "letters of ISO-8859-1 only" };
+  const token = el("input", { type: "password", value: current.token, autocomplete: "off", ...header });
+  const tenant = el("input", { value: current.tenant, placeholder: "anonymous", ...header });
   const dialog = el(
     "dialog",
     { class: "hs-dialog" },
@@ -36,7 +38,7 @@ function openSettings() {
       el(
         "div",
         { class: "hs-dialog-buttons" },
-        el("button", { value: "cancel" }, "Cancel"),
+        el("button", { value: "cancel", formnovalidate: "" }, "Cancel"),
         el("button", { value: "save", class: "hs-primary" }, "Save and reload"),
       ),
     ),

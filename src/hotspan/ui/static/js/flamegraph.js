@@ -231,13 +231,16 @@ export class FlameGraph {
 
   /**
    * The zoomed frame as its root-first path of names joined by ";" ("" = whole graph): what a
-   * URL keeps, so that a reload (or slightly different data) zooms to the same place.
+   * URL keeps, so that a reload (or slightly different data) zooms to the same place.  A ";"
+   * or "%" inside a name is written %3B or %25.
    */
   zoomPath() {
     const tree = this.tree;
     if (!tree || this.zoomed <= 0) return "";
     const names = [];
-    for (let n = this.zoomed; n > 0; n = tree.parent[n]) names.push(tree.names[tree.name[n]]);
+    for (let n = this.zoomed; n > 0; n = tree.parent[n]) {
+      names.push(tree.names[tree.name[n]].replace(/[%;]/g, (c) => (c === "%" ? "%25" : "%3B")));
+    }
     return names.reverse().join(";");
   }
 
@@ -246,7 +249,8 @@ export class FlameGraph {
     const tree = this.tree;
     if (!tree || !tree.nodeCount || !path) return -1;
     let node = 0;
-    for (const name of String(path).split(";")) {
+    for (const part of String(path).split(";")) {
+      const name = part.replace(/%(25|3B)/gi, (_, code) => (code === "25" ? "%" : ";"));
       let best = -1;
       const first = tree.firstChild[node];
       for (let c = first; c >= 0 && c < first + tree.childCount[node]; c++) {

@@ -238,7 +238,7 @@ export function foldedText(tree) {
     tree,
     (node) => {
       if (node === 0) return;
-      path.push(tree.names[tree.name[node]]);
+      path.push(foldedFrame(tree.names[tree.name[node]]));
       if (selfOf[node] > 0) lines.push(`${path.join(";")} ${selfOf[node]}`);
     },
     (node) => {
@@ -246,6 +246,15 @@ export function foldedText(tree) {
     },
   );
   return lines.length ? `${lines.join("\n")}\n` : "";
+}
+
+/**
+ * A frame name as folded text can hold it, as the server writes it (formats/folded.py): ';'
+ * separates frames and a line ends a stack, so ';' becomes ':' and a line break `\n`.
+ * @param {string} name
+ */
+export function foldedFrame(name) {
+  return String(name).replace(/;/g, ":").replace(/\r/g, "\\r").replace(/\n/g, "\\n");
 }
 
 /**

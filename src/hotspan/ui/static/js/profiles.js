@@ -63,8 +63,9 @@ class ProfilesView {
       until: params.get("until") || DEFAULT_UNTIL,
       groupBy: params.get("groupBy") || "",
       groupView: params.get("groupView") || "",
-      traceId: (params.get("traceId") || "").toLowerCase(),
-      spanId: (params.get("spanId") || "").toLowerCase(),
+      // Ids go into API paths: anything but the hex OpenTelemetry writes is no id at all.
+      traceId: idParam(params.get("traceId"), TRACE_ID),
+      spanId: idParam(params.get("spanId"), SPAN_ID),
     };
     // A trace link without a range (typed by hand) gets the trace's, not the last hour's,
     // where a request of a second is a one-pixel spike.
@@ -860,4 +861,14 @@ function allTypes(services) {
 export function renderProfiles(root, { params }) {
   const view = new ProfilesView(root, params);
   return () => view.destroy();
+}
+
+/**
+ * A trace or span id from the URL, lower case, or "" when it is not one.
+ * @param {string | null} text
+ * @param {RegExp} shape
+ */
+function idParam(text, shape) {
+  const id = String(text || "").toLowerCase();
+  return shape.test(id) ? id : "";
 }

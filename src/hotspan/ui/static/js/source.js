@@ -122,5 +122,7 @@ export function formatLocation({ file, line }) {
 /** A link that opens the file at the line in VS Code (other editors register their own). */
 export function editorLink({ file, line }) {
   const path = file.startsWith("/") ? file : `/${file}`;
-  return `vscode://file${encodeURI(path)}${line ? `:${line}` : ""}`;
+  // encodeURI leaves "#" and "?" (a C# project's c#/ folder) to end the path.
+  const encoded = encodeURI(path).replace(/[#?]/g, (c) => (c === "#" ? "%23" : "%3F"));
+  return `vscode://file${encoded}${line ? `:${line}` : ""}`;
 }

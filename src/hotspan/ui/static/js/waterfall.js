@@ -187,23 +187,39 @@ export function buildTree(rawSpans) {
   }
   const byStart = (a, b) => a.startNs - b.startNs || a.spanID.localeCompare(b.spanID);
   roots.sort(byStart);
-  const startNs = spans.length ? Math.min(...spans.map((s) => s.startNs)) : 0;
-  const endNs = spans.length ? Math.max(...spans.map((s) => s.startNs + s.durationNs)) : 0;
+  // Loops, not Math.min(...spans): a trace of a hundred thousand spans would overflow the stack.
+  let startNs = spans.length ? Infinity : 0;
+  let endNs = spans.length ? -Infinity : 0;
+  for (const s of spans) {
+    startNs = Math.min(startNs, s.startNs);
+    endNs = Math.max(endNs, s.startNs + s.durationNs);
+  }
   const ordered = [];
   const seen = new Set();
-  const stack = [...roots].reverse();
-  while (stack.length) {
-    const s = stack.pop();
-    if (seen.has(s)) continue; // a parent cycle in broken data
-    seen.add(s);
-    ordered.push(s);
-    s.offsetNs = s.startNs - startNs;
-    s.activity = activityOf(s.durationNs, s.total);
-    s.children.sort(byStart);
-    for (let i = s.children.length - 1; i >= 0; i--) {
-      s.children[i].depth = s.depth + 1;
-      stack.push(s.children[i]);
+  const walk = (root) => {
+    const stack = [root];
+    while (stack.length) {
+      const s = stack.pop();
+      if (seen.has(s)) continue; // back where a parent cycle started
+      seen.add(s);
+      ordered.push(s);
+      s.offsetNs = s.startNs - startNs;
+      s.activity = activityOf(s.durationNs, s.total);
+      s.children.sort(byStart);
+      for (let i = s.children.length - 1; i >= 0; i--) {
+        s.children[i].depth = s.depth + 1;
+        stack.push(s.children[i]);
+      }
     }
+  };
+  for (const root of roots) walk(root);
+  // Spans whose parents form a cycle (broken data) reach no root: the earliest of each cycle
+  // is shown as a root, so that no span of the trace is left out.
+  for (const s of [...spans].sort(byStart)) {
+    if (seen.has(s)) continue;
+    s.depth = 0;
+    roots.push(s);
+    walk(s);
   }
   return { spans: ordered, roots, startNs, durationNs: Math.max(endNs - startNs, 1) };
 }
