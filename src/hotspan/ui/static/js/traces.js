@@ -378,7 +378,9 @@ function resultTable(traces, state, q) {
           el(
             "div",
             { class: "hs-result-span" },
-            `${s.name} `,
+            // An element of its own: the name's direction controls (isolated in CSS) stay in it.
+            el("bdi", {}, s.name),
+            " ",
             el("span", { class: "hs-muted" }, formatDuration(s.durationNanos)),
           ),
         ),
