@@ -968,6 +968,10 @@ def test_deep_nesting_is_an_error_not_a_crash() -> None:
     # Many conditions are fine.
     many = "{ " + " && ".join(["kind = client"] * 200) + " }"
     assert found(many) == [["POST checkout", "charge card", "SELECT orders"]]
+    # Many attributes are a reason, not seconds of the store's planning per query.
+    parse_query("{ " + " && ".join(f'span.a{i} = "x"' for i in range(64)) + " }")
+    with pytest.raises(QueryError, match="names 65 attributes"):
+        parse_query("{ " + " && ".join(f'.a{i} = "x"' for i in range(65)) + " }")
 
 
 def test_attribute_text_reads_as_a_number_only_when_it_is_one() -> None:
