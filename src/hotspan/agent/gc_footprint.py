@@ -116,9 +116,9 @@ _own_seen = 0
 
 def _owned_modules() -> FrozenSet[str]:
     """hotspan's modules, and the standard library's that were not loaded before it."""
-    import hotspan
-
-    before = set(getattr(hotspan, "_MODULES_BEFORE", ()))
+    # Read from the package's module, not imported: the agent stands on model and
+    # _speedups alone (tests/test_layers.py).
+    before = set(getattr(sys.modules.get(_OWN), "_MODULES_BEFORE", ()))
     stdlib: FrozenSet[str] = getattr(sys, "stdlib_module_names", frozenset())  # 3.10+
     return frozenset(
         name
