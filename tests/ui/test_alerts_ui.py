@@ -427,3 +427,42 @@ def test_each_condition_kind_through_the_form(page, srv) -> None:  # type: ignor
     for name in stored:
         assert client.delete(f"{RULES}/{name}").status_code == 200
     client.close()
+
+
+def test_a_rule_whose_texts_need_escapes_saves_unchanged(page, srv) -> None:  # type: ignore[no-untyped-def]
+    """Annotations the API takes (a line break in a value, "=" in a key, a backslash, a key
+    named __proto__) come back from the form's key=value lines as they were."""
+    client = srv.client()
+    annotations = {
+        "multi": "line1\nline2",
+        "a=b": "c",
+        "path": "C:\\new\\dir",
+        "__proto__": "kept",
+    }
+    rule = {
+        "name": "escapes",
+        "selector": SELECTOR,
+        "condition": {
+            "kind": "function_share",
+            "function": "app.render",
+            "above": 90,
+            "window": "1h",
+        },
+        "labels": {"team": "checkout"},
+        "annotations": annotations,
+    }
+    answer = client.put(f"{RULES}/escapes", json=rule)
+    assert answer.status_code in (200, 201), answer.text
+    page.goto(srv.url + "/alerts")
+    listed = card(page, "escapes")
+    listed.locator("button.hs-alert-edit").click()
+    if page.locator("textarea.hs-alert-json").is_visible():
+        page.locator("button.hs-alert-mode").click()
+    assert "line1\\nline2" in page.locator('textarea[name="annotations"]').input_value()
+    saved = save(page)
+    assert saved.status in (200, 201), saved.text()
+    stored = {r["name"]: r for r in rules_of(client)}["escapes"]
+    assert stored["annotations"] == annotations, stored
+    assert stored["labels"] == {"team": "checkout"}
+    client.delete(f"{RULES}/escapes")
+    client.close()

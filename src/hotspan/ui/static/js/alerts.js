@@ -180,22 +180,44 @@ function conditionText(condition) {
 
 // --- the form --------------------------------------------------------------------------------
 
+// Labels and annotations as lines of `key=value`.  What a line cannot hold as it is (a line
+// break, "=" in a key, a backslash) is written `\n`, `\=`, `\\` (and `\r`), so that a rule
+// the API stored with such text comes back from the form unchanged.
+const PAIR_ESCAPES = { n: "\n", r: "\r", "=": "=", "\\": "\\" };
+
 /** Lines of `key=value` as an object; an unreadable line throws with its text. */
 function parsePairs(text, what) {
-  const out = {};
+  const out = Object.create(null); // a key "__proto__" is a key like any other
   for (const raw of text.split("\n")) {
     const line = raw.trim();
     if (!line) continue;
-    const at = line.indexOf("=");
+    const at = unescapedEquals(line);
     if (at <= 0) throw new Error(`${what}: "${line}" is not key=value`);
-    out[line.slice(0, at).trim()] = line.slice(at + 1).trim();
+    out[unescapePair(line.slice(0, at).trim())] = unescapePair(line.slice(at + 1).trim());
   }
-  return out;
+  return { ...out };
+}
+
+function unescapedEquals(line) {
+  for (let i = 0; i < line.length; i++) {
+    if (line[i] === "\\") i++;
+    else if (line[i] === "=") return i;
+  }
+  return -1;
+}
+
+function unescapePair(text) {
+  return text.replace(/\\([nr=\\])/g, (_, c) => PAIR_ESCAPES[c]);
+}
+
+function escapePair(text, isKey) {
+  const out = String(text).replace(/[\\\n\r]/g, (c) => (c === "\n" ? "\\n" : c === "\r" ? "\\r" : "\\\\"));
+  return isKey ? out.replace(/=/g, "\\=") : out;
 }
 
 function pairsText(object) {
   return Object.entries(object || {})
-    .map(([k, v]) => `${k}=${v}`)
+    .map(([k, v]) => `${escapePair(k, true)}=${escapePair(v, false)}`)
     .join("\n");
 }
 
