@@ -12,9 +12,11 @@ is untracked (Python cannot).
 Code is what lives as long as its module: the module, its dict, spec and loader (and their
 lists), its functions and classes (their dicts, MROs, descriptors, and the weak references
 CPython keeps to each class from its bases), the module's tuples and frozensets, and the
-import system's finders for hotspan's package directories.  "Its modules" are hotspan's and
-the standard library's modules that were not loaded before ``import hotspan`` (the agent
-brought them: ``__future__``, ``contextvars``...); a program's own modules are never touched.
+import system's finders for hotspan's package directories; hotspan's modules only (the
+standard library's that the agent loads in a program that had not, such as ``contextvars``,
+stay tracked: untracking them changed how threads' waits fell between spans under load,
+tests/agent/test_sleeping_spans.py, for a reason not found).  A program's imports never
+start a walk.
 """
 
 from __future__ import annotations
@@ -94,19 +96,20 @@ def untrack_own_code() -> int:
     if native is None:
         return 0
     _modules_seen = len(sys.modules)
-    _own_seen = len(_owned_modules())
+    _own_seen = _own_count()
     return native.gc_untrack(own_code())
 
 
 def untrack_new_code() -> None:
     """:func:`untrack_own_code` again if hotspan modules were imported since (the agent
     imports its encoder and transport at its first upload).  Cheap when nothing was: the
-    loop's thread calls it at each wake."""
+    loop's thread calls it at each wake, and a program's own imports never start a walk
+    (which holds the GIL a millisecond or two)."""
     global _modules_seen
     if len(sys.modules) == _modules_seen:
         return
     _modules_seen = len(sys.modules)
-    if len(_owned_modules()) != _own_seen:
+    if _own_count() != _own_seen:
         untrack_own_code()
 
 
@@ -115,16 +118,12 @@ _own_seen = 0
 
 
 def _owned_modules() -> FrozenSet[str]:
-    """hotspan's modules, and the standard library's that were not loaded before it."""
-    # Read from the package's module, not imported: the agent stands on model and
-    # _speedups alone (tests/test_layers.py).
-    before = set(getattr(sys.modules.get(_OWN), "_MODULES_BEFORE", ()))
-    stdlib: FrozenSet[str] = getattr(sys, "stdlib_module_names", frozenset())  # 3.10+
-    return frozenset(
-        name
-        for name in list(sys.modules)
-        if _is_own(name) or (before and name not in before and name.partition(".")[0] in stdlib)
-    )
+    """hotspan's loaded modules."""
+    return frozenset(name for name in list(sys.modules) if _is_own(name))
+
+
+def _own_count() -> int:
+    return sum(1 for name in list(sys.modules) if _is_own(name))
 
 
 def _is_own(module_name: str) -> bool:
