@@ -28,7 +28,7 @@ from _weakref import getweakrefs, ref
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing stays out of the program at run time: see agent/log.py
-    from typing import Any, Callable, FrozenSet, List, Set
+    from typing import Any, Callable, List, Set
 
 # Objects that hold code or describe it: what is untracked.  Instances of anything else are
 # state and stay tracked.
@@ -46,8 +46,8 @@ _CONSTANTS = (tuple, frozenset)
 
 
 def own_code() -> List[Any]:
-    """The code of the modules the agent owns (see the module's docstring): modules, their
-    dicts, specs, loaders and finders, and the functions and classes defined in them."""
+    """hotspan's loaded modules, their dicts, specs, loaders and package finders, and the
+    functions and classes defined in them (see the module's docstring)."""
     found: List[Any] = []
     seen: Set[int] = set()
 
@@ -56,10 +56,8 @@ def own_code() -> List[Any]:
             seen.add(id(obj))
             found.append(obj)
 
-    owned = _owned_modules()
-    for name in sorted(owned):
-        module = sys.modules.get(name)
-        if module is None:
+    for name, module in list(sys.modules.items()):
+        if module is None or not _is_own(name):
             continue
         add(module)
         namespace = vars(module)
@@ -72,17 +70,16 @@ def own_code() -> List[Any]:
         for attribute in ("__path__", "__all__"):
             if isinstance(namespace.get(attribute), list):
                 add(namespace[attribute])
-        if _is_own(name):
-            for directory in namespace.get("__path__") or ():
-                finder = sys.path_importer_cache.get(directory)
-                if finder is not None:
-                    add(finder)
-                    _add_instance_dict(finder, add)
+        for directory in namespace.get("__path__") or ():
+            finder = sys.path_importer_cache.get(directory)
+            if finder is not None:
+                add(finder)
+                _add_instance_dict(finder, add)
         for value in list(namespace.values()):
             if isinstance(value, _CONSTANTS):
                 _add_constant(value, add)
             else:
-                _add_code(value, add, seen, owned)
+                _add_code(value, add, seen)
     return found
 
 
@@ -117,11 +114,6 @@ _modules_seen = 0
 _own_seen = 0
 
 
-def _owned_modules() -> FrozenSet[str]:
-    """hotspan's loaded modules."""
-    return frozenset(name for name in list(sys.modules) if _is_own(name))
-
-
 def _own_count() -> int:
     return sum(1 for name in list(sys.modules) if _is_own(name))
 
@@ -130,22 +122,20 @@ def _is_own(module_name: str) -> bool:
     return module_name == _OWN or module_name.startswith(_OWN + ".")
 
 
-def _add_code(
-    value: Any, add: Callable[[Any], None], seen: Set[int], owned: FrozenSet[str]
-) -> None:
+def _add_code(value: Any, add: Callable[[Any], None], seen: Set[int]) -> None:
     if isinstance(value, types.FunctionType):
-        if getattr(value, "__module__", None) in owned:
+        if _is_own(getattr(value, "__module__", None) or ""):
             _add_function(value, add)
     elif isinstance(value, types.BuiltinFunctionType):
         owner = getattr(value, "__self__", None)
-        if isinstance(owner, types.ModuleType) and owner.__name__ in owned:
+        if isinstance(owner, types.ModuleType) and _is_own(owner.__name__):
             add(value)
     elif (
         isinstance(value, type)
-        and getattr(value, "__module__", None) in owned
+        and _is_own(getattr(value, "__module__", None) or "")
         and id(value) not in seen
     ):
-        _add_class(value, add, seen, owned)
+        _add_class(value, add, seen)
 
 
 def _add_constant(value: Any, add: Callable[[Any], None], depth: int = 2) -> None:
@@ -180,9 +170,7 @@ def _add_function(function: types.FunctionType, add: Callable[[Any], None]) -> N
             add(part)
 
 
-def _add_class(
-    cls: type, add: Callable[[Any], None], seen: Set[int], owned: FrozenSet[str]
-) -> None:
+def _add_class(cls: type, add: Callable[[Any], None], seen: Set[int]) -> None:
     add(cls)
     add(cls.__mro__)
     add(cls.__bases__)
@@ -211,4 +199,4 @@ def _add_class(
         elif isinstance(value, types.BuiltinFunctionType) and value.__self__ is cls:
             add(value)  # __new__ of a class with a C base
         else:
-            _add_code(value, add, seen, owned)
+            _add_code(value, add, seen)

@@ -571,7 +571,7 @@ STATUS_MESSAGE = "\0statusMessage"
 
 def _needs_raw(attr: Attribute) -> bool:
     """Whether a shown attribute's value is read from the stored OTLP span."""
-    return attr.scope != "intrinsic" or attr.name in ("statusMessage", "span:statusMessage")
+    return attr.scope != "intrinsic" or attr.name == "statusMessage"
 
 
 def _index_values(flat: str) -> Dict[str, Dict[str, Any]]:
@@ -628,7 +628,7 @@ def _shown_value(
         if attr.name == "span:parentID":
             parent = span.parent_span_id
             return {"stringValue": f"{parent:016x}"} if parent else None
-        if attr.name in ("statusMessage", "span:statusMessage"):
+        if attr.name == "statusMessage":  # span:statusMessage too: the parser's name
             return attrs.get(STATUS_MESSAGE)
         return None
     if attr.scope in ("span", "") and attr.name in attrs:

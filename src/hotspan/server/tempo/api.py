@@ -201,13 +201,13 @@ _SEARCH_PARAMS = frozenset(
 def _search_query(params: Mapping[str, str]) -> Tuple[SearchParams, Optional[Query], TraceQuery]:
     start = seconds_value(params, "start")
     end = seconds_value(params, "end")
+    bare_tags: List[Tuple[str, str]] = []
     if not start and not end:
         # As Tempo: no range, or start=0&end=0, is the recent data; with no q or tags either,
         # the other parameters are the tags (the first Grafana Tempo data source sent them so).
         start = end = None
-    bare_tags = [(k, v) for k, v in params.items() if k not in _SEARCH_PARAMS and v]
-    if start is not None or end is not None or params.get("q") or params.get("tags"):
-        bare_tags = []
+        if not params.get("q") and not params.get("tags"):
+            bare_tags = [(k, v) for k, v in params.items() if k not in _SEARCH_PARAMS and v]
     if end is None:
         end = time.time_ns()
     if start is None:
@@ -306,9 +306,7 @@ def _tag_names(
             "scope must be resource, span, intrinsic, event, link or instrumentation, "
             f"not {scope!r}",
         )
-    records = _narrowed(state, tenant, params)
-    if records is None:
-        records = _of_past_range(state, tenant, params)
+    records = _asked_spans(state, tenant, params)
     if records is not None:
         names = tag_names(records)
     else:
@@ -316,13 +314,16 @@ def _tag_names(
     return names, None if scope == "all" else scope
 
 
-def _of_past_range(
+def _asked_spans(
     state: ServerState, tenant: str, params: Mapping[str, str]
 ) -> Optional[List[SpanRecord]]:
-    """The spans of a range that ended over RECENT_END_NS ago (the newest
-    MAX_AUTOCOMPLETE_SPANS): as Tempo, a tag request answers with its range's names and
-    values, not any seen since its start.  None for a range ending about now, which the tag
-    index answers, much faster."""
+    """The spans a tag request's names and values come from: those ``q`` narrows to; else
+    those of a range that ended over RECENT_END_NS ago (the newest MAX_AUTOCOMPLETE_SPANS:
+    as Tempo, the range's names and values, not any seen since its start); else None, for
+    the tag index to answer (much faster: a range ending about now)."""
+    records = _narrowed(state, tenant, params)
+    if records is not None:
+        return records
     end = seconds_value(params, "end")
     if end is None or end >= time.time_ns() - RECENT_END_NS:
         return None
@@ -435,9 +436,7 @@ def _values(
     """(value, TraceQL type) of a tag, sorted, of the spans ``q`` narrows to if it does."""
     since = seconds_value(params, "start") or 0
     limit = _int_param(params, "limit", MAX_LIMIT)
-    records = _narrowed(state, tenant, params)
-    if records is None:
-        records = _of_past_range(state, tenant, params)
+    records = _asked_spans(state, tenant, params)
     values = state.store.tag_values(tenant, scope, name, since)
     if records is not None:
         values = _typed(tag_values(records, scope, name), values, scope, name)

@@ -215,7 +215,7 @@ export function buildTree(rawSpans) {
   for (const root of roots) walk(root);
   // Spans whose parents form a cycle (broken data) reach no root: the earliest of each cycle
   // is shown as a root, so that no span of the trace is left out.
-  for (const s of [...spans].sort(byStart)) {
+  for (const s of ordered.length < spans.length ? [...spans].sort(byStart) : []) {
     if (seen.has(s)) continue;
     s.depth = 0;
     roots.push(s);
