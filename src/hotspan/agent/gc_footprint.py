@@ -8,15 +8,6 @@ a few percent of its time (``bench/agent_workloads/gc_containers.py``).  Untrack
 state (its instances, queues, lists): a dict among the untracked that is given a container
 later tracks itself again, as CPython does on insertion.  Without the native sampler nothing
 is untracked (Python cannot).
-
-Code is what lives as long as its module: the module, its dict, spec and loader (and their
-lists), its functions and classes (their dicts, MROs, descriptors, and the weak references
-CPython keeps to each class from its bases), the module's tuples and frozensets, and the
-import system's finders for hotspan's package directories; hotspan's modules only (the
-standard library's that the agent loads in a program that had not, such as ``contextvars``,
-stay tracked: untracking them changed how threads' waits fell between spans under load,
-tests/agent/test_sleeping_spans.py, for a reason not found).  A program's imports never
-start a walk.
 """
 
 from __future__ import annotations
@@ -24,7 +15,6 @@ from __future__ import annotations
 import gc
 import sys
 import types
-from _weakref import getweakrefs, ref
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing stays out of the program at run time: see agent/log.py
@@ -41,13 +31,11 @@ _C_DESCRIPTORS = (
     types.WrapperDescriptorType,
 )
 _OWN = "hotspan"
-# Immutable values of a module (or members of its finder's tables): replaced, never changed.
-_CONSTANTS = (tuple, frozenset)
 
 
 def own_code() -> List[Any]:
-    """hotspan's loaded modules, their dicts, specs, loaders and package finders, and the
-    functions and classes defined in them (see the module's docstring)."""
+    """hotspan's loaded modules, their dicts, specs and loaders, and the functions and
+    classes (their dicts, MROs and descriptors) defined in them."""
     found: List[Any] = []
     seen: Set[int] = set()
 
@@ -66,20 +54,11 @@ def own_code() -> List[Any]:
             extra = namespace.get(attribute)
             if extra is not None and getattr(extra, "__module__", "") != "builtins":
                 add(extra)
-                _add_instance_dict(extra, add)
-        for attribute in ("__path__", "__all__"):
-            if isinstance(namespace.get(attribute), list):
-                add(namespace[attribute])
-        for directory in namespace.get("__path__") or ():
-            finder = sys.path_importer_cache.get(directory)
-            if finder is not None:
-                add(finder)
-                _add_instance_dict(finder, add)
+                own = getattr(extra, "__dict__", None)
+                if isinstance(own, dict):
+                    add(own)
         for value in list(namespace.values()):
-            if isinstance(value, _CONSTANTS):
-                _add_constant(value, add)
-            else:
-                _add_code(value, add, seen)
+            _add_code(value, add, seen)
     return found
 
 
@@ -93,20 +72,19 @@ def untrack_own_code() -> int:
     if native is None:
         return 0
     _modules_seen = len(sys.modules)
-    _own_seen = _own_count()
+    _own_seen = _own_modules()
     return native.gc_untrack(own_code())
 
 
 def untrack_new_code() -> None:
     """:func:`untrack_own_code` again if hotspan modules were imported since (the agent
     imports its encoder and transport at its first upload).  Cheap when nothing was: the
-    loop's thread calls it at each wake, and a program's own imports never start a walk
-    (which holds the GIL a millisecond or two)."""
+    loop's thread calls it at each wake."""
     global _modules_seen
     if len(sys.modules) == _modules_seen:
         return
     _modules_seen = len(sys.modules)
-    if _own_count() != _own_seen:
+    if _own_modules() != _own_seen:
         untrack_own_code()
 
 
@@ -114,7 +92,7 @@ _modules_seen = 0
 _own_seen = 0
 
 
-def _own_count() -> int:
+def _own_modules() -> int:
     return sum(1 for name in list(sys.modules) if _is_own(name))
 
 
@@ -138,28 +116,6 @@ def _add_code(value: Any, add: Callable[[Any], None], seen: Set[int]) -> None:
         _add_class(value, add, seen)
 
 
-def _add_constant(value: Any, add: Callable[[Any], None], depth: int = 2) -> None:
-    """A tuple or frozenset, or a list or set of a loader's tables, and the like inside it."""
-    if not gc.is_tracked(value):
-        return  # CPython untracks tuples of atoms itself
-    add(value)
-    if depth:
-        for item in value:
-            if isinstance(item, (tuple, frozenset, list, set)):
-                _add_constant(item, add, depth - 1)
-
-
-def _add_instance_dict(obj: Any, add: Callable[[Any], None]) -> None:
-    """An import system object's dict and the lists and sets in it (a spec's submodule
-    locations, a finder's loaders and directory listing: replaced when they change)."""
-    namespace = getattr(obj, "__dict__", None)
-    if isinstance(namespace, dict):
-        add(namespace)
-        for value in list(namespace.values()):
-            if isinstance(value, (list, set) + _CONSTANTS):
-                _add_constant(value, add)
-
-
 def _add_function(function: types.FunctionType, add: Callable[[Any], None]) -> None:
     add(function)
     # Its defaults, closure tuple, annotations and own dict, as far as they exist (reading
@@ -174,11 +130,6 @@ def _add_class(cls: type, add: Callable[[Any], None], seen: Set[int]) -> None:
     add(cls)
     add(cls.__mro__)
     add(cls.__bases__)
-    # Each base's registry of subclasses holds a weak reference to the class (no callback:
-    # it lives as long as the class, which is forever).
-    for reference in getweakrefs(cls):
-        if getattr(reference, "__callback__", None) is None and type(reference) is ref:
-            add(reference)
     # The class's own dict, behind its mappingproxy.
     for namespace in gc.get_referents(cls.__dict__):
         if isinstance(namespace, dict):
@@ -196,7 +147,5 @@ def _add_class(cls: type, add: Callable[[Any], None], seen: Set[int]) -> None:
                     _add_function(part, add)
         elif isinstance(value, _C_DESCRIPTORS):
             add(value)
-        elif isinstance(value, types.BuiltinFunctionType) and value.__self__ is cls:
-            add(value)  # __new__ of a class with a C base
         else:
             _add_code(value, add, seen)
