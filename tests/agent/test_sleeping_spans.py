@@ -13,6 +13,8 @@ import uuid
 from pathlib import Path
 from typing import Dict
 
+import pytest
+
 from tests.agent.test_agent import (
     TOTAL,
     WALL,
@@ -76,3 +78,68 @@ report(ids=ids)
     for prefix in ("main", "worker", "step"):
         total = sum(ms for name, ms in walls.items() if name.startswith(prefix))
         assert abs(total - SPANS * WAIT_MS) < 0.1 * SPANS * WAIT_MS, (prefix, total, walls)
+
+
+@native_only
+@pytest.mark.parametrize("burst_ms", [2, 20])
+def test_each_span_gets_its_own_wait_beside_a_busy_thread(
+    module_server, tmp_path: Path, burst_ms: int
+) -> None:
+    """The same three threads, beside a fourth that runs Python in bursts: a span's thread
+    waits for the GIL as its sleep ends, and the main thread, which ran until its first span,
+    has no wall sample yet.  Each span's wall time is its own duration (the wait at its end
+    included), read from the span itself; each tag set's, from the clock around it."""
+    service = f"sleepy_busy_{uuid.uuid4().hex[:6]}"
+    result = run_program(
+        tmp_path,
+        configure_line(module_server.url, service)
+        + f"""
+ids = {{}}
+lasted = {{}}
+busy = True
+def hold_the_gil():
+    while busy:
+        start = time.perf_counter()
+        while time.perf_counter() - start < {burst_ms / 1000}:
+            pass
+        time.sleep(0.003)
+
+def in_spans(name):
+    for i in range({SPANS}):
+        with tracer.start_as_current_span(f"{{name}}{{i}}") as span:
+            ids[f"{{name}}{{i}}"] = span_hex(span)
+            time.sleep({WAIT_MS / 1000})
+        lasted[f"{{name}}{{i}}"] = (span.end_time - span.start_time) / 1e6
+
+def in_tag_sets():
+    for i in range({SPANS}):
+        start = time.perf_counter()
+        with hotspan.tag_wrapper({{"step": str(i)}}):
+            time.sleep({WAIT_MS / 1000})
+        lasted[f"step{{i}}"] = (time.perf_counter() - start) * 1e3
+
+threading.Thread(target=hold_the_gil, daemon=True).start()
+threads = [threading.Thread(target=in_spans, args=("worker",)),
+           threading.Thread(target=in_tag_sets)]
+for t in threads: t.start()
+in_spans("main")
+for t in threads: t.join()
+busy = False
+hotspan.shutdown()
+report(ids=ids, lasted=lasted)
+""",
+    )
+    walls: Dict[str, float] = {}
+    with module_server.client() as client:
+        for name, span_id in result["ids"].items():
+            walls[name] = span_profile(client, service, [span_id], WALL)[TOTAL] / 1e6
+        for i in range(SPANS):
+            selector = f'{{service_name="{service}", step="{i}"}}'
+            walls[f"step{i}"] = service_profile(client, selector, WALL)[TOTAL] / 1e6
+    last = (f"main{SPANS - 1}", f"worker{SPANS - 1}", f"step{SPANS - 1}")
+    off = {
+        name: (round(ms, 1), round(result["lasted"][name], 1))
+        for name, ms in walls.items()
+        if name not in last and abs(ms - result["lasted"][name]) > TOLERANCE_MS
+    }
+    assert not off, off

@@ -163,8 +163,21 @@ drain_ring(void)
         }
         /* Kept: wall_tick charges the time off CPU around it here, and while the thread does
          * not run, its wall time too, without interrupting it. */
-        if (e->wall_sample && e->depth > 0 && e->slot >= 0)
-            keep_copy(&slots[e->slot].last_wall, e);
+        if (e->wall_sample && e->depth > 0 && e->slot >= 0) {
+            ThreadSlot *s = &slots[e->slot];
+            WallCopy *old = s->last_wall;
+            /* What waits for this sample was spent in the labels of the last one, and the
+             * thread changed them before this one came (it woke, ended its span, waited
+             * again): it goes there, not to the span after. */
+            if (old != NULL && old->depth > 0 && old->labels_gen == s->pending_gen &&
+                e->labels_gen != s->pending_gen) {
+                uint64_t waited = atomic_exchange(&s->pending_wall_ns, 0);
+                if (waited > 0)
+                    charge_off_cpu(s, old, 0, waited);
+                s->pending_after_change = 0;
+            }
+            keep_copy(&s->last_wall, e);
+        }
         atomic_store_explicit(&e->state, 0, memory_order_release);
     }
 }
@@ -321,16 +334,21 @@ wall_tick(uint64_t now_ns, uint64_t *random)
         s->wall_armed = 0;
         uint64_t at_sample = atomic_load_explicit(&s->cpu_at_sample_ns, memory_order_acquire);
         uint64_t ran = cpu - s->cpu_at_tick;
+        /* The moment of the first change of its labels since it was last taken, read before
+         * their count (the thread sets it after its count, only while it is 0).  Taken once a
+         * change is seen, and cleared when none is (the wall sample taken since came after
+         * it): left, the thread's next change would not set its own, and that change's split
+         * would fall at this one's moment, a span's wait given to the next. */
+        uint64_t changed_at = atomic_load_explicit(&s->labels_changed_ns, memory_order_acquire);
+        int moved = labels_moved(s);
+        if (changed_at != 0) {
+            atomic_store_explicit(&s->labels_changed_ns, 0, memory_order_relaxed);
+            if (!moved)
+                changed_at = 0;
+        }
         /* Exact only if it did not run during the whole time charged, nor since the stack
          * was taken (which may be earlier, or inside that time), nor left that sample's span:
          * a thread that sleeps in span after span runs too little between them to count. */
-        int moved = labels_moved(s);
-        /* Taken once a change is seen (the thread sets it after its count, only while it is
-         * 0): one that lands between the two reads is for the next tick. */
-        uint64_t changed_at =
-            moved ? atomic_load_explicit(&s->labels_changed_ns, memory_order_relaxed) : 0;
-        if (changed_at != 0)
-            atomic_store_explicit(&s->labels_changed_ns, 0, memory_order_relaxed);
         int frozen = ran < REPEAT_CPU_NS && cpu < at_sample + REPEAT_CPU_NS && !moved;
         s->cpu_at_tick = cpu;
         if (frozen && have_stack) {
@@ -376,10 +394,13 @@ wall_tick(uint64_t now_ns, uint64_t *random)
         /* Changed span since it was last seen waiting there: found not running at that
          * stack at the last look, or sampled there off CPU (a CPU sample since, in the little
          * it ran, does not change where it waited).  A sample taken running says nothing of
-         * where it waited since. */
-        int split = moved && !wanted &&
-                    (s->idle_checks > 0 ||
-                     (have_stack && !c->on_cpu && c->thread_state == STATE_RELEASED));
+         * where it waited since.  Or asked for a sample at the last look, still in that
+         * sample's labels then, and changed them before the sample came (its signal due after
+         * the change, or merged into a CPU timer's): the time up to the change is in them. */
+        int split =
+            moved && (wanted ? s->pending_gen == c->labels_gen
+                             : s->idle_checks > 0 || (have_stack && !c->on_cpu &&
+                                                      c->thread_state == STATE_RELEASED));
         if ((s->idle_checks > 0 && have_stack) || split) {
             /* It woke while it was not looked at: all but the time it may have been running
              * (its CPU, at least one interval) goes where it had been waiting, as it woke
@@ -447,6 +468,7 @@ wall_tick(uint64_t now_ns, uint64_t *random)
             off = MAX_WALL_PER_TICK_NS;
         }
         atomic_fetch_add(&s->pending_wall_ns, off);
+        s->pending_gen = atomic_load_explicit(&s->labels_gen, memory_order_relaxed);
         s->pending_after_change = off > 0 && (split || s->pending_after_change);
         if (wanted) {
             /* Its signal has not been handled: the thread has not run since the timer
@@ -461,9 +483,13 @@ wall_tick(uint64_t now_ns, uint64_t *random)
         }
         if (throughout)
             continue;
+        /* Its wait so far has no stack (a thread that had only run, or a new one): asked at
+         * once, as one that changed span is, or its wait would go to wherever it is when the
+         * sample comes, in the span after when it changes span before. */
+        int unplaced = c == NULL || c->depth <= 0;
         if (ran * 2 < owed) {
             waiting++;
-            if (s->wall_waits_skipped + 1 < wait_stride) {
+            if (!unplaced && s->wall_waits_skipped + 1 < wait_stride) {
                 s->wall_waits_skipped++;
                 continue;
             }
@@ -472,7 +498,7 @@ wall_tick(uint64_t now_ns, uint64_t *random)
         /* One that changed span while it waited is asked where it is now, before it moves
          * on to the next: it mostly did not run, so the moment cannot follow anyone's turn
          * at the GIL. */
-        uint64_t due = split && ran * 2 < owed
+        uint64_t due = (split || unplaced) && ran * 2 < owed
                            ? now_ns + 1000
                            : next_wall_due(atomic_load(&s->wall_due_ns), now_ns, random);
         s->wall_armed = 1;

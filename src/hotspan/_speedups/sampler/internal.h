@@ -430,6 +430,7 @@ typedef struct {
     int counts_skipped; /* counts of its waits for a core skipped in a row (wall_tick) */
     int wall_armed; /* a wall timer was armed at the last tick (or is still awaited) */
     int pending_after_change; /* pending_wall_ns holds time since a change of its labels */
+    uint32_t pending_gen; /* labels_gen when pending_wall_ns was last added to */
     uint32_t wall_armed_seq; /* `seq` as it was armed */
 } ThreadSlot;
 

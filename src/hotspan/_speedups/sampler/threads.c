@@ -99,7 +99,7 @@ is_excluded(pid_t tid)
 void
 reset_threads(void)
 {
-    n_used_slots = 0;
+    __atomic_store_n(&n_used_slots, 0, __ATOMIC_RELAXED);
     n_free_slots = 0;
     for (int i = MAX_THREADS - 1; i >= 0; i--) {
         atomic_store(&slots[i].tid, 0);
@@ -475,21 +475,41 @@ static _Atomic unsigned slots_made;
 #ifdef HAVE_THREAD_TIMERS
 __thread OwnSlot own_slot = {.slot = -1};
 
+/* Without the lock, as the collector holds it: the slots in use, read as they may be changing,
+ * each one taken only if its tid is this thread's as it is read (as labels_changed checks at
+ * every span).  A thread's first span in a program that runs while the collector works, as
+ * any busy one does: passing over it would leave the wait of that span to the span before. */
+static int
+own_slot_unlocked(pid_t tid)
+{
+    int n = __atomic_load_n(&n_used_slots, __ATOMIC_ACQUIRE);
+    if (n > MAX_THREADS)
+        n = MAX_THREADS;
+    for (int k = 0; k < n; k++) {
+        int index = __atomic_load_n(&used_slots[k], __ATOMIC_RELAXED);
+        if (index >= 0 && index < MAX_THREADS &&
+            atomic_load_explicit(&slots[index].tid, memory_order_acquire) == tid)
+            return index;
+    }
+    return -1;
+}
+
 /* Rare (a thread's first span, its slot gone to another thread): the tid is asked again, as
- * a forked child's thread has a new one.  A span never waits for the collector's lock: taken,
- * or looked for at the next span.  Without a slot, looked for again only once another slot
- * has been made. */
+ * a forked child's thread has a new one.  A span never waits for the collector's lock.
+ * Without a slot, looked for again only once another slot has been made. */
 void
 labels_changed_lookup(void)
 {
     unsigned made = atomic_load_explicit(&slots_made, memory_order_relaxed) + 1;
     if (made == own_slot.missed)
         return;
-    if (pthread_mutex_trylock(&threads_mutex) != 0)
-        return;
     own_slot.tid = own_tid();
-    own_slot.slot = tid_map_get(own_slot.tid);
-    pthread_mutex_unlock(&threads_mutex);
+    if (pthread_mutex_trylock(&threads_mutex) == 0) {
+        own_slot.slot = tid_map_get(own_slot.tid);
+        pthread_mutex_unlock(&threads_mutex);
+    } else {
+        own_slot.slot = own_slot_unlocked(own_slot.tid);
+    }
     if (own_slot.slot < 0)
         own_slot.missed = made;
     else
@@ -537,7 +557,9 @@ slot_for(pid_t tid, int python)
     if (s->last_cpu != NULL)
         s->last_cpu->depth = -1;
     atomic_store_explicit(&s->tid, tid, memory_order_release);
-    used_slots[n_used_slots++] = index;
+    /* (Stored whole: own_slot_unlocked reads them without the lock.) */
+    __atomic_store_n(&used_slots[n_used_slots], index, __ATOMIC_RELAXED);
+    __atomic_store_n(&n_used_slots, n_used_slots + 1, __ATOMIC_RELEASE);
     tid_map_put(tid, index);
     return index;
 }
@@ -553,7 +575,8 @@ slot_release(int index)
     atomic_store_explicit(&s->tid, 0, memory_order_release);
     for (int k = 0; k < n_used_slots; k++) {
         if (used_slots[k] == index) {
-            used_slots[k] = used_slots[--n_used_slots];
+            __atomic_store_n(&used_slots[k], used_slots[n_used_slots - 1], __ATOMIC_RELAXED);
+            __atomic_store_n(&n_used_slots, n_used_slots - 1, __ATOMIC_RELEASE);
             break;
         }
     }
