@@ -30,6 +30,20 @@ WAIT_MS = 30.0
 # A CPU sample (10 ms) landing in a span adds its interval there; a change caught a tick late
 # moves at most part of one.  Charging a wait to the span before moves all of it (0 and 60).
 TOLERANCE_MS = 15.0
+# Each thread's last wait ends as the program does: what follows it is not a change.
+LAST = (f"main{SPANS - 1}", f"worker{SPANS - 1}", f"step{SPANS - 1}")
+
+
+def _walls(server, service: str, span_ids: Dict[str, str]) -> Dict[str, float]:
+    """Wall ms of each span (by name) and of each tag set `step{i}`."""
+    walls: Dict[str, float] = {}
+    with server.client() as client:
+        for name, span_id in span_ids.items():
+            walls[name] = span_profile(client, service, [span_id], WALL)[TOTAL] / 1e6
+        for i in range(SPANS):
+            selector = f'{{service_name="{service}", step="{i}"}}'
+            walls[f"step{i}"] = service_profile(client, selector, WALL)[TOTAL] / 1e6
+    return walls
 
 
 @native_only
@@ -60,19 +74,8 @@ hotspan.shutdown()
 report(ids=ids)
 """,
     )
-    walls: Dict[str, float] = {}
-    with module_server.client() as client:
-        for name, span_id in result["ids"].items():
-            walls[name] = span_profile(client, service, [span_id], WALL)[TOTAL] / 1e6
-        for i in range(SPANS):
-            selector = f'{{service_name="{service}", step="{i}"}}'
-            walls[f"step{i}"] = service_profile(client, selector, WALL)[TOTAL] / 1e6
-    # Each thread's last wait ends as the program does: what follows it is not a change.
-    checked = {
-        name: ms
-        for name, ms in walls.items()
-        if name not in (f"main{SPANS - 1}", f"worker{SPANS - 1}", f"step{SPANS - 1}")
-    }
+    walls = _walls(module_server, service, result["ids"])
+    checked = {name: ms for name, ms in walls.items() if name not in LAST}
     off = {name: round(ms, 1) for name, ms in checked.items() if abs(ms - WAIT_MS) > TOLERANCE_MS}
     assert not off, (off, walls)
     for prefix in ("main", "worker", "step"):
@@ -129,17 +132,10 @@ hotspan.shutdown()
 report(ids=ids, lasted=lasted)
 """,
     )
-    walls: Dict[str, float] = {}
-    with module_server.client() as client:
-        for name, span_id in result["ids"].items():
-            walls[name] = span_profile(client, service, [span_id], WALL)[TOTAL] / 1e6
-        for i in range(SPANS):
-            selector = f'{{service_name="{service}", step="{i}"}}'
-            walls[f"step{i}"] = service_profile(client, selector, WALL)[TOTAL] / 1e6
-    last = (f"main{SPANS - 1}", f"worker{SPANS - 1}", f"step{SPANS - 1}")
+    walls = _walls(module_server, service, result["ids"])
     off = {
         name: (round(ms, 1), round(result["lasted"][name], 1))
         for name, ms in walls.items()
-        if name not in last and abs(ms - result["lasted"][name]) > TOLERANCE_MS
+        if name not in LAST and abs(ms - result["lasted"][name]) > TOLERANCE_MS
     }
     assert not off, off
