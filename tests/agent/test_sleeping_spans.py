@@ -34,68 +34,12 @@ TOLERANCE_MS = 15.0
 LAST = (f"main{SPANS - 1}", f"worker{SPANS - 1}", f"step{SPANS - 1}")
 
 
-def _walls(server, service: str, span_ids: Dict[str, str]) -> Dict[str, float]:
-    """Wall ms of each span (by name) and of each tag set `step{i}`."""
-    walls: Dict[str, float] = {}
-    with server.client() as client:
-        for name, span_id in span_ids.items():
-            walls[name] = span_profile(client, service, [span_id], WALL)[TOTAL] / 1e6
-        for i in range(SPANS):
-            selector = f'{{service_name="{service}", step="{i}"}}'
-            walls[f"step{i}"] = service_profile(client, selector, WALL)[TOTAL] / 1e6
-    return walls
-
-
-@native_only
-def test_each_span_gets_its_own_wait(module_server, tmp_path: Path) -> None:
-    service = f"sleepy_{uuid.uuid4().hex[:6]}"
-    result = run_program(
-        tmp_path,
-        configure_line(module_server.url, service)
-        + f"""
-ids = {{}}
-def in_spans(name):
-    for i in range({SPANS}):
-        with tracer.start_as_current_span(f"{{name}}{{i}}") as span:
-            ids[f"{{name}}{{i}}"] = span_hex(span)
-            time.sleep({WAIT_MS / 1000})
-
-def in_tag_sets():
-    for i in range({SPANS}):
-        with hotspan.tag_wrapper({{"step": str(i)}}):
-            time.sleep({WAIT_MS / 1000})
-
-threads = [threading.Thread(target=in_spans, args=("worker",)),
-           threading.Thread(target=in_tag_sets)]
-for t in threads: t.start()
-in_spans("main")
-for t in threads: t.join()
-hotspan.shutdown()
-report(ids=ids)
-""",
-    )
-    walls = _walls(module_server, service, result["ids"])
-    checked = {name: ms for name, ms in walls.items() if name not in LAST}
-    off = {name: round(ms, 1) for name, ms in checked.items() if abs(ms - WAIT_MS) > TOLERANCE_MS}
-    assert not off, (off, walls)
-    for prefix in ("main", "worker", "step"):
-        total = sum(ms for name, ms in walls.items() if name.startswith(prefix))
-        assert abs(total - SPANS * WAIT_MS) < 0.1 * SPANS * WAIT_MS, (prefix, total, walls)
-
-
-@native_only
-@pytest.mark.parametrize("burst_ms", [2, 20])
-def test_each_span_gets_its_own_wait_beside_a_busy_thread(
-    module_server, tmp_path: Path, burst_ms: int
-) -> None:
-    """The same three threads, beside a fourth that runs Python in bursts: a span's thread
-    waits for the GIL as its sleep ends, and the main thread, which ran until its first span,
-    has no wall sample yet.  Each span's wall time is its own duration (the wait at its end
-    included), read from the span itself; each tag set's, from the clock around it."""
-    service = f"sleepy_busy_{uuid.uuid4().hex[:6]}"
-    result = run_program(
-        tmp_path,
-        configure_line(module_server.url, service)
+def _program(url: str, service: str, burst_ms: int = 0) -> str:
+    """Three threads that wait in span after span (main, worker) or tag set after tag set
+    (step), reporting each one's span ids and how long each span and tag set lasted; with
+    `burst_ms`, beside a fourth that runs Python in bursts that long."""
+    return (
+        configure_line(url, service)
         + f"""
 ids = {{}}
 lasted = {{}}
@@ -121,7 +65,8 @@ def in_tag_sets():
             time.sleep({WAIT_MS / 1000})
         lasted[f"step{{i}}"] = (time.perf_counter() - start) * 1e3
 
-threading.Thread(target=hold_the_gil, daemon=True).start()
+if {burst_ms}:
+    threading.Thread(target=hold_the_gil, daemon=True).start()
 threads = [threading.Thread(target=in_spans, args=("worker",)),
            threading.Thread(target=in_tag_sets)]
 for t in threads: t.start()
@@ -130,8 +75,46 @@ for t in threads: t.join()
 busy = False
 hotspan.shutdown()
 report(ids=ids, lasted=lasted)
-""",
+"""
     )
+
+
+def _walls(server, service: str, span_ids: Dict[str, str]) -> Dict[str, float]:
+    """Wall ms of each span (by name) and of each tag set `step{i}`."""
+    walls: Dict[str, float] = {}
+    with server.client() as client:
+        for name, span_id in span_ids.items():
+            walls[name] = span_profile(client, service, [span_id], WALL)[TOTAL] / 1e6
+        for i in range(SPANS):
+            selector = f'{{service_name="{service}", step="{i}"}}'
+            walls[f"step{i}"] = service_profile(client, selector, WALL)[TOTAL] / 1e6
+    return walls
+
+
+@native_only
+def test_each_span_gets_its_own_wait(module_server, tmp_path: Path) -> None:
+    service = f"sleepy_{uuid.uuid4().hex[:6]}"
+    result = run_program(tmp_path, _program(module_server.url, service))
+    walls = _walls(module_server, service, result["ids"])
+    checked = {name: ms for name, ms in walls.items() if name not in LAST}
+    off = {name: round(ms, 1) for name, ms in checked.items() if abs(ms - WAIT_MS) > TOLERANCE_MS}
+    assert not off, (off, walls)
+    for prefix in ("main", "worker", "step"):
+        total = sum(ms for name, ms in walls.items() if name.startswith(prefix))
+        assert abs(total - SPANS * WAIT_MS) < 0.1 * SPANS * WAIT_MS, (prefix, total, walls)
+
+
+@native_only
+@pytest.mark.parametrize("burst_ms", [2, 20])
+def test_each_span_gets_its_own_wait_beside_a_busy_thread(
+    module_server, tmp_path: Path, burst_ms: int
+) -> None:
+    """The same three threads, beside a fourth that runs Python in bursts: a span's thread
+    waits for the GIL as its sleep ends, and the main thread, which ran until its first span,
+    has no wall sample yet.  Each span's wall time is its own duration (the wait at its end
+    included), read from the span itself; each tag set's, from the clock around it."""
+    service = f"sleepy_busy_{uuid.uuid4().hex[:6]}"
+    result = run_program(tmp_path, _program(module_server.url, service, burst_ms))
     walls = _walls(module_server, service, result["ids"])
     off = {
         name: (round(ms, 1), round(result["lasted"][name], 1))

@@ -17,8 +17,8 @@ at ``configure()``, the standard library's modules that were not loaded before `
 hotspan`` (the agent brought them: ``__future__``, ``contextvars``...); a program's own
 modules are never touched.  Later, as the agent imports more of itself (its encoder at the
 first upload), only those new modules are walked: the walk holds the GIL on the agent's
-thread, and walking again everything the program had imported since stalled a program's
-threads for 15-25 ms on a loaded machine.
+thread, and everything again (with what the program imported since) takes it for 15-25 ms on a
+loaded machine, a stall of the program's threads.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from _weakref import getweakrefs, ref
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing stays out of the program at run time: see agent/log.py
-    from typing import Any, Callable, FrozenSet, List, Optional, Set, Tuple
+    from typing import Any, Callable, FrozenSet, List, Set, Tuple
 
 # Objects that hold code or describe it: what is untracked.  Instances of anything else are
 # state and stay tracked.
@@ -47,10 +47,9 @@ _OWN = "hotspan"
 _CONSTANTS = (tuple, frozenset)
 
 
-def own_code(names: Optional[FrozenSet[str]] = None) -> List[Any]:
-    """The code of the modules the agent owns (see the module's docstring), or of `names`
-    among them: modules, their dicts, specs, loaders and finders, and the functions and
-    classes defined in them."""
+def own_code(names: FrozenSet[str]) -> List[Any]:
+    """The code of `names`, modules the agent owns (see the module's docstring): modules,
+    their dicts, specs, loaders and finders, and the functions and classes defined in them."""
     found: List[Any] = []
     seen: Set[int] = set()
 
@@ -59,8 +58,6 @@ def own_code(names: Optional[FrozenSet[str]] = None) -> List[Any]:
             seen.add(id(obj))
             found.append(obj)
 
-    if names is None:
-        names = _owned_modules()
     owned = names | frozenset(_walked)
     for name in sorted(names):
         module = sys.modules.get(name)
