@@ -1306,9 +1306,10 @@ _WORKLOAD_TITLES = {
     "in an OpenTelemetry span",
     "socket_pingpong": "a loop: ~0.1 ms pure-Python calls, a 32-byte send/recv to an echo "
     "process between",
-    "web_server": "Starlette on uvicorn under load from another process (8 keep-alive connections)",
+    "web_server": "Starlette on uvicorn under load from another process (8 keep-alive "
+    "connections; server and load on cores of their own)",
     "wsgi_threaded": "a WSGI app on wsgiref's server, a thread per connection, under load from "
-    "another process (8 keep-alive connections)",
+    "another process (8 keep-alive connections; server and load on cores of their own)",
 }
 _PROFILER_TITLES = {
     # The agent's defaults: every profile type on.

@@ -32,7 +32,7 @@ import resource
 import sys
 import threading
 import time
-from typing import Any, Callable, ContextManager, Dict, Iterator, Optional
+from typing import Any, Callable, ContextManager, Dict, Iterator, Optional, Set, Tuple
 
 Params = Dict[str, Any]
 # Entered with the run's params before the profiler starts; what it yields is what ``work``
@@ -315,12 +315,28 @@ def calibrate_server(seconds: float, render_ms: float = RENDER_MS) -> Params:
     return {"seconds": seconds, "rows": max(1, int(rows * render_ms / 1000 / best))}
 
 
+def split_cores() -> Tuple[Set[int], Set[int]]:
+    """The cores of a server workload and of its load generator: the load generator on the
+    last core this process may use, the server (and every thread it starts, the profiler's
+    included) on the others.  As a client on another machine would, the load generator then
+    takes no core from the server; and the server's threads, handing the GIL to one another
+    on one core, do not also pay for moving it between two (on 2 cores that made a run 25%
+    slower or faster by where the scheduler happened to put them: no profiler's cost could be
+    read under it).  With a single core, both share it."""
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < 2:
+        return set(cores), set(cores)
+    return set(cores[:-1]), {cores[-1]}
+
+
 @contextlib.contextmanager
 def http_load(params: Params) -> Iterator[Params]:
     """A server workload's setup: a listening socket on 127.0.0.1 (``params["listener"]``)
     and ``bench/loadgen.py``, a process of its own, already connecting to it: CONNECTIONS
     keep-alive connections, one ``GET /page?page=N`` in flight each, as fast as the server
-    answers, until the server closes them (bounded by ``seconds`` + 15 s in any case)."""
+    answers, until the server closes them (bounded by ``seconds`` + 15 s in any case).  The
+    server and the load generator run on cores of their own (``split_cores``), set before
+    the profiler starts, so that its threads are on the server's."""
     import pickle
     import socket
     import subprocess
@@ -348,7 +364,15 @@ def http_load(params: Params) -> Iterator[Params]:
         "--duration",
         str(params["seconds"] + 15),
     ]
-    gen = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    server_cores, loadgen_cores = split_cores()
+    os.sched_setaffinity(0, server_cores)  # this thread, and the threads it starts from now
+    gen = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        preexec_fn=lambda: os.sched_setaffinity(0, loadgen_cores),
+    )
     try:
         # "measure-start" comes once its connections are being opened: they complete in the
         # listen backlog, and their first requests wait there until the server accepts them.
