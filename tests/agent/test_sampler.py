@@ -98,6 +98,32 @@ def test_a_sampler_that_replaces_another_loses_nothing(sampler_class: type) -> N
     the next charges that time and the last one's remainder with its first samples.  Here
     three replacements, each 50 ms of CPU after a stop (what the agent's thread takes on a
     crowded machine), would be 8% of this thread's CPU and wall lost."""
+    _replace_samplers(sampler_class)
+
+
+@pytest.mark.parametrize("sampler_class", SAMPLERS, ids=lambda c: c.name)
+def test_a_sampler_that_replaces_another_loses_nothing_on_a_crowded_machine(
+    sampler_class: type,
+) -> None:
+    """The same beside a busy process per core: the thread then waits for a core about a
+    third of the time, between the two samplers as well, and that wait is wall time too
+    (the next sampler's first look must not take the thread's whole CPU clock for the CPU
+    it used since the last one stopped: all that time would read as on CPU, and its waits
+    would go uncharged)."""
+    busy = [
+        subprocess.Popen([sys.executable, "-c", "while True: pass"])
+        for _ in range(len(os.sched_getaffinity(0)))
+    ]
+    try:
+        time.sleep(0.05)  # under way
+        _replace_samplers(sampler_class)
+    finally:
+        for proc in busy:
+            proc.kill()
+            proc.wait()
+
+
+def _replace_samplers(sampler_class: type) -> None:
     me = threading.get_ident()
     cpu = wall = 0
     sampler = sampler_class(sample_rate=100, max_depth=64, cpu=True)

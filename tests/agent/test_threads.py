@@ -425,7 +425,10 @@ def test_tasks_beyond_the_bound_are_counted() -> None:
         state["loop"] = asyncio.get_running_loop()
         tasks = [asyncio.ensure_future(_sleeper()) for _ in range(25)]
         await asyncio.sleep(0.05)
-        state["ready"].set()
+        # Ready once this task waits in gather (the callback runs at the loop's next turn):
+        # set here, a free-threaded build can take the snapshot while this task still runs,
+        # and a running task is counted on its thread's stack, not as a pending one.
+        state["loop"].call_soon(state["ready"].set)
         await asyncio.gather(*tasks)
 
     collector = threads_module.ThreadsCollector(64, max_tasks=10)

@@ -587,6 +587,7 @@ charge_owed(void)
         if (c != NULL && c->depth > 0 && owed < 2 * MAX_WALL_PER_TICK_NS)
             charge_wall_at(c, owed);
         s->wall_since_ns = now;
+        s->cpu_at_tick = cpu;
     }
 }
 

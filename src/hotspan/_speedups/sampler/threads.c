@@ -405,6 +405,11 @@ typedef struct {
     pid_t tid;
     uint64_t cpu_charged_ns; /* 0: CPU was not sampled */
     uint64_t wall_since_ns;
+    /* Its CPU clock at wall_since_ns: the next tick's "ran" is the CPU of the time between,
+     * and the rest of that time, off CPU (waiting for a core, on a crowded machine), is
+     * charged; with the clock's whole count it all reads as on CPU, and goes uncharged. */
+    uint64_t cpu_at_tick;
+    uint64_t run_delay_ns; /* where its count of waits for a core stood */
 } Handover;
 static Handover handover[MAX_THREADS];
 static int n_handover; /* non-zero only between a stop and the next start's scan */
@@ -423,6 +428,8 @@ handover_keep(void)
         h->tid = atomic_load(&s->tid);
         h->cpu_charged_ns = cpu_on ? atomic_load(&s->cpu_charged_ns) : 0;
         h->wall_since_ns = s->wall_since_ns;
+        h->cpu_at_tick = s->cpu_at_tick;
+        h->run_delay_ns = s->run_delay_ns;
     }
 }
 
@@ -464,6 +471,8 @@ handover_take(ThreadSlot *s, pid_t tid)
         atomic_store(&s->python, PY_YES);
         atomic_store(&s->cpu_charged_ns, handover[k].cpu_charged_ns);
         s->wall_since_ns = handover[k].wall_since_ns;
+        s->cpu_at_tick = handover[k].cpu_at_tick;
+        s->run_delay_ns = handover[k].run_delay_ns;
         handover[k] = handover[--n_handover];
         return;
     }
