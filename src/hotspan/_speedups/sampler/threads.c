@@ -409,6 +409,7 @@ typedef struct {
      * and the rest of that time, off CPU (waiting for a core, on a crowded machine), is
      * charged; with the clock's whole count it all reads as on CPU, and goes uncharged. */
     uint64_t cpu_at_tick;
+    uint64_t run_delay_ns; /* where its count of waits for a core stood */
 } Handover;
 static Handover handover[MAX_THREADS];
 static int n_handover; /* non-zero only between a stop and the next start's scan */
@@ -428,6 +429,7 @@ handover_keep(void)
         h->cpu_charged_ns = cpu_on ? atomic_load(&s->cpu_charged_ns) : 0;
         h->wall_since_ns = s->wall_since_ns;
         h->cpu_at_tick = s->cpu_at_tick;
+        h->run_delay_ns = s->run_delay_ns;
     }
 }
 
@@ -470,6 +472,7 @@ handover_take(ThreadSlot *s, pid_t tid)
         atomic_store(&s->cpu_charged_ns, handover[k].cpu_charged_ns);
         s->wall_since_ns = handover[k].wall_since_ns;
         s->cpu_at_tick = handover[k].cpu_at_tick;
+        s->run_delay_ns = handover[k].run_delay_ns;
         handover[k] = handover[--n_handover];
         return;
     }
