@@ -581,11 +581,19 @@ charge_owed(void)
             (c == NULL || c->depth <= 0 || (int32_t)(cc->seq - c->seq) > 0))
             c = cc;
         /* And what a sample not taken yet would have stood for. */
+        pid_t tid = atomic_load(&s->tid);
         uint64_t cpu = 0;
-        clock_ns(thread_clock(atomic_load(&s->tid)), &cpu);
+        clock_ns(thread_clock(tid), &cpu);
         uint64_t owed = wall_off_cpu(s, now, cpu);
-        if (c != NULL && c->depth > 0 && owed < 2 * MAX_WALL_PER_TICK_NS)
+        /* Its waits for a core up to now are counted (and charged with the rest), so that
+         * the count a replacing sampler takes over starts where this one's charges end: the
+         * waits before the stop are not owed again to the next. */
+        if (atomic_load(&s->python) == PY_YES)
+            count_core_waits(s, tid);
+        if (c != NULL && c->depth > 0 && owed < 2 * MAX_WALL_PER_TICK_NS) {
+            charge_core_wait(s, c, &owed);
             charge_wall_at(c, owed);
+        }
         s->wall_since_ns = now;
         s->cpu_at_tick = cpu;
     }

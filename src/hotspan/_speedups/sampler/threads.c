@@ -409,7 +409,7 @@ typedef struct {
      * and the rest of that time, off CPU (waiting for a core, on a crowded machine), is
      * charged; with the clock's whole count it all reads as on CPU, and goes uncharged. */
     uint64_t cpu_at_tick;
-    uint64_t run_delay_ns; /* where its count of waits for a core stood */
+    uint64_t run_delay_ns; /* its count of waits for a core, charged up to the stop */
 } Handover;
 static Handover handover[MAX_THREADS];
 static int n_handover; /* non-zero only between a stop and the next start's scan */
