@@ -81,9 +81,9 @@ PROGRAM = traced_program(
 SLOW_FUNCTION = "__main__.recalculate_taxes"
 WAITING_FUNCTION = "__main__.wait_for_report_backend"
 # What the waiting request computed beyond the others.  Without it, its CPU ranking would rest
-# on the sample or two a CPU timer may deliver late, as the thread returns from its sleep (the
-# kernel delivers a CPU timer's signal on the way back to user space): one such sample put the
-# sleeping function first in a CI run.
+# on a sample or two either way, and a CPU timer that expires as the thread goes to sleep (the
+# CPU it spends getting there) is handled with the thread at its call to sleep: one such
+# sample put the sleeping function first in CI runs.
 FORMAT_FUNCTION = "__main__.format_long_report"
 
 
