@@ -585,9 +585,9 @@ charge_owed(void)
         uint64_t cpu = 0;
         clock_ns(thread_clock(tid), &cpu);
         uint64_t owed = wall_off_cpu(s, now, cpu);
-        /* Its waits for a core up to now are counted (and charged with the rest), so that
-         * the count a replacing sampler takes over starts where this one's charges end: the
-         * waits before the stop are not owed again to the next. */
+        /* Its waits for a core up to now are counted and, as far as the time owed goes,
+         * charged; a replacing sampler takes over the count and what is left of the debt
+         * (handover_keep), so that no wait is owed twice, nor lost. */
         if (atomic_load(&s->python) == PY_YES)
             count_core_waits(s, tid);
         if (c != NULL && c->depth > 0 && owed < 2 * MAX_WALL_PER_TICK_NS) {

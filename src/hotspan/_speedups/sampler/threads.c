@@ -409,7 +409,10 @@ typedef struct {
      * and the rest of that time, off CPU (waiting for a core, on a crowded machine), is
      * charged; with the clock's whole count it all reads as on CPU, and goes uncharged. */
     uint64_t cpu_at_tick;
-    uint64_t run_delay_ns; /* its count of waits for a core, charged up to the stop */
+    uint64_t run_delay_ns; /* its count of waits for a core, counted up to the stop */
+    /* Of those, what the stop could not charge (more than the time it owed: waits that began
+     * in time already charged), for the next sampler to charge from its off-CPU time. */
+    int64_t core_wait_debt_ns;
 } Handover;
 static Handover handover[MAX_THREADS];
 static int n_handover; /* non-zero only between a stop and the next start's scan */
@@ -430,6 +433,7 @@ handover_keep(void)
         h->wall_since_ns = s->wall_since_ns;
         h->cpu_at_tick = s->cpu_at_tick;
         h->run_delay_ns = s->run_delay_ns;
+        h->core_wait_debt_ns = s->core_wait_debt_ns;
     }
 }
 
@@ -473,6 +477,7 @@ handover_take(ThreadSlot *s, pid_t tid)
         s->wall_since_ns = handover[k].wall_since_ns;
         s->cpu_at_tick = handover[k].cpu_at_tick;
         s->run_delay_ns = handover[k].run_delay_ns;
+        s->core_wait_debt_ns = handover[k].core_wait_debt_ns;
         handover[k] = handover[--n_handover];
         return;
     }
