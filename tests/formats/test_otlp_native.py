@@ -248,6 +248,47 @@ def test_a_big_request() -> None:
     assert len(result.rejected.reasons) == 3
 
 
+def test_an_array_is_one_record_per_element_in_both_readers() -> None:
+    r = ExportTraceServiceRequest()
+    rs = r.resource_spans.add()
+    service = rs.resource.attributes.add(key="service.name").value.array_value
+    service.values.add(string_value="api")
+    service.values.add(string_value="ignored")
+    span = rs.scope_spans.add().spans.add(
+        trace_id=b"\x01" * 16, span_id=b"\x01" * 8, start_time_unix_nano=T, end_time_unix_nano=T
+    )
+    accept = span.attributes.add(key="accept").value.array_value
+    for text in ("text/html", "1", "true"):
+        accept.values.add(string_value=text)
+    codes = span.attributes.add(key="codes").value.array_value
+    codes.values.add(int_value=200)
+    codes.values.add(double_value=1.5)
+    codes.values.add()  # an element without a value: the empty string, as a string
+    codes.values.add().array_value.values.add(bool_value=True)  # nested: its JSON text
+    span.attributes.add(key="empty").value.array_value.SetInParent()
+    span.attributes.add(key="plain", value=AnyValue(string_value="x"))
+    result = _same(r.SerializeToString())
+    row = result.batch.rows[0]
+    rs_, us, string_us = "\x1e", "\x1f", "\x1c"
+    assert row.service == "api"
+    assert row.attrs == (
+        f"{rs_}accept{us}text/html{rs_}accept{string_us}1{rs_}accept{string_us}true"
+        f'{rs_}codes{us}200{rs_}codes{us}1.5{rs_}codes{us}{rs_}codes{us}["true"]'
+        f"{rs_}plain{us}x{rs_}"
+    )
+    span_tags = {(k, v, kind) for (scope, k, v, kind) in result.batch.tags if scope == "span"}
+    assert span_tags == {
+        ("accept", "text/html", "string"),
+        ("accept", "1", "string"),
+        ("accept", "true", "string"),
+        ("codes", "200", "int"),
+        ("codes", "1.5", "float"),
+        ("codes", "", "string"),
+        ("codes", '["true"]', "string"),
+        ("plain", "x", "string"),
+    }
+
+
 def test_too_many_spans_is_left_to_python_which_refuses() -> None:
     r = ExportTraceServiceRequest()
     ss = r.resource_spans.add().scope_spans.add()

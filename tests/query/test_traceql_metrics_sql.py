@@ -61,6 +61,14 @@ def _attributes(rng: random.Random) -> List[Tuple[str, str, str]]:
     if rng.random() < 0.3:
         attrs.append(("päth", rng.choice(["wörld", "wörld2"]), "string"))
     rng.shuffle(attrs)
+    # Arrays: one record per element, kept together as ingest writes them (strings that
+    # read as numbers or booleans among the strings).
+    if rng.random() < 0.3:
+        for _ in range(rng.randrange(1, 4)):
+            attrs.append(("tags", rng.choice(["a", "b", "404", "true"]), "string"))
+    if rng.random() < 0.3:
+        for _ in range(rng.randrange(1, 4)):
+            attrs.append(("retries", rng.choice(["1", "3", "30"]), "int"))
     return attrs
 
 
@@ -174,6 +182,16 @@ PUSHED = [
     "{ kind = server } | quantile_over_time(duration, 0, .25, 1) by (span.http.route, status)",
     "{} | rate() by (resource.service.name) | topk(2)",
     "{} | count_over_time() by (span.http.route) > 10",
+    # Arrays: one element meets = and >; every element meets != and !~; by() an array takes
+    # its first typed element, else its first string.
+    '{ span.tags = "a" } | rate() by (span.tags)',
+    '{ span.tags = "404" } | rate()',
+    '{ span.tags != "b" } | count_over_time() by (span.tags)',
+    '{ span.tags =~ "a|b" } | rate()',
+    '{ span.tags !~ "a" } | rate()',
+    "{ span.retries > 2 } | rate() by (span.retries)",
+    "{ span.retries != 3 } | rate()",
+    "{} | rate() by (span.tags, span.retries)",
 ]
 
 # Shapes the engine keeps: structural, ||, trace-wide keys, attribute values, compare().
@@ -200,6 +218,7 @@ COMPARED = [
     "{ nestedSetParent < 0 } | compare({ status = error })",
     '{ name =~ "GET.*|SELECT" } | compare({ .deployment.environment = "prod" })',
     f"{{}} | compare({{ status = error }}, 5, {BASE + 120 * SEC}, {BASE + 300 * SEC})",
+    '{} | compare({ span.tags = "a" && span.retries != 30 })',
 ]
 # compare() shapes the engine keeps: a selection or a filter that is not the store's
 # conditions exactly.

@@ -553,15 +553,53 @@ put_json_string(ctx *c, const uint8_t *s, size_t n)
     c->alen = (size_t)(o - c->arena);
 }
 
+/* Bytes of the request: an ArrayValue's, before its elements are read. */
+typedef struct {
+    const uint8_t *p;
+    size_t n;
+} span_bytes;
+
 static int any_text(ctx *c, const uint8_t *p, const uint8_t *end, int depth, ref *out,
                     uint8_t *type);
 static int json_array(ctx *c, const uint8_t *p, const uint8_t *end, int depth, size_t *start);
 static int json_object(ctx *c, const uint8_t *p, const uint8_t *end, int depth, size_t *start);
 
-/* A KeyValue: its key and its value as text.  0: bail. */
+/* Whether an AnyValue holds an ArrayValue (1, its bytes in ``*array``), something else (0), or
+ * is one any_text refuses (-1), by any_text's rules for the oneof. */
+static int
+array_of(const uint8_t *p, const uint8_t *end, span_bytes *array)
+{
+    uint32_t which = 0;
+    span_bytes found = {NULL, 0};
+    while (p < end) {
+        uint32_t number;
+        int wt;
+        uint64_t num = 0;
+        const uint8_t *d = NULL;
+        size_t n = 0;
+        if (!field(&p, end, &number, &wt, &num, &d, &n))
+            return -1;
+        if (number >= 1 && number <= 8) {
+            if (which || number == 8 || wt != WIRE_OF[SCHEMA[M_ANY][number].kind])
+                return -1;
+            which = number;
+            found.p = d;
+            found.n = n;
+        }
+    }
+    if (which != 5)
+        return 0;
+    /* An empty array's bytes: a pointer all the same, so that it reads as an array. */
+    *array = found;
+    return 1;
+}
+
+/* A KeyValue: its key and its value as text; with ``array`` given, a value that is an
+ * ArrayValue is left in it (``value`` unset) for the caller to take element by element.
+ * 0: bail. */
 static int
 keyvalue(ctx *c, const uint8_t *p, const uint8_t *end, int depth, ref *key, ref *value,
-         uint8_t *type)
+         uint8_t *type, span_bytes *array)
 {
     const uint8_t *vp = NULL;
     size_t vlen = 0;
@@ -593,6 +631,11 @@ keyvalue(ctx *c, const uint8_t *p, const uint8_t *end, int depth, ref *key, ref 
         *value = body_ref(c, c->body, 0);
         *type = T_STRING;
         return 1;
+    }
+    if (array != NULL) {
+        int found = array_of(vp, vp + vlen, array);
+        if (found != 0)
+            return found > 0;
     }
     return any_text(c, vp, vp + vlen, depth + 1, value, type);
 }
@@ -760,7 +803,7 @@ json_object(ctx *c, const uint8_t *p, const uint8_t *end, int depth, size_t *sta
         ref k, v;
         uint8_t t;
         if (wt != 2 || kv.n >= 2 * MAX_KVLIST ||
-            !keyvalue(c, d, d + n, depth + 1, &k, &v, &t) || !refs_push(&kv, k) ||
+            !keyvalue(c, d, d + n, depth + 1, &k, &v, &t, NULL) || !refs_push(&kv, k) ||
             !refs_push(&kv, v))
             goto done;
         need += 6 * ((size_t)k.len + v.len) + 8;
@@ -957,15 +1000,40 @@ add_tag(ctx *c, int scope_id, ref key, ref value, int type, uint64_t seen)
 /* ---- the request ------------------------------------------------------------------------- */
 
 static int
+push_one(ctx *c, const attr *a)
+{
+    attr *slot = c->attrs.n < MAX_ATTRS ? vec_push(c, &c->attrs) : NULL;
+    if (slot == NULL)
+        return 0;
+    *slot = *a;
+    return 1;
+}
+
+/* An attribute; an array's elements each as an attribute of its key (otlp.add_array_pairs). */
+static int
 push_attr(ctx *c, const uint8_t *d, size_t n)
 {
     attr a;
-    if (c->attrs.n >= MAX_ATTRS || !keyvalue(c, d, d + n, 0, &a.key, &a.value, &a.type))
+    span_bytes array = {NULL, 0};
+    if (c->attrs.n >= MAX_ATTRS || !keyvalue(c, d, d + n, 0, &a.key, &a.value, &a.type, &array))
         return 0;
-    attr *slot = vec_push(c, &c->attrs);
-    if (slot == NULL)
-        return 0;
-    *slot = a;
+    if (array.p == NULL)
+        return push_one(c, &a);
+    const uint8_t *p = array.p, *end = array.p + array.n;
+    while (p < end) {
+        uint32_t number;
+        int wt;
+        uint64_t num;
+        const uint8_t *e = NULL;
+        size_t len = 0;
+        if (!field(&p, end, &number, &wt, &num, &e, &len))
+            return 0;
+        if (number != 1)
+            continue;
+        /* At the depth json_array reads its elements at. */
+        if (wt != 2 || !any_text(c, e, e + len, 2, &a.value, &a.type) || !push_one(c, &a))
+            return 0;
+    }
     return 1;
 }
 

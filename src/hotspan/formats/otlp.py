@@ -179,11 +179,26 @@ _VALUE_TYPES = {"int_value": "int", "double_value": "float", "bool_value": "bool
 
 
 def attribute_pairs(attributes: Iterable[Any]) -> List[Tuple[str, str, str]]:
-    """(key, value as text, TraceQL type: string, int, float or bool) of each attribute."""
-    return [
-        (kv.key, any_value_text(kv.value), _VALUE_TYPES.get(kv.value.WhichOneof("value"), "string"))
-        for kv in attributes
-    ]
+    """(key, value as text, TraceQL type: string, int, float or bool) of each attribute; an
+    array's elements each as an attribute of its key (see :func:`add_array_pairs`)."""
+    out: List[Tuple[str, str, str]] = []
+    for kv in attributes:
+        kind = kv.value.WhichOneof("value")
+        if kind == "array_value":
+            add_array_pairs(out, kv.key, kv.value.array_value)
+        else:
+            out.append((kv.key, any_value_text(kv.value), _VALUE_TYPES.get(kind, "string")))
+    return out
+
+
+def add_array_pairs(out: List[Tuple[str, str, str]], key: str, array: Any) -> None:
+    """An array attribute's elements, each as ``(key, text, type)``: TraceQL compares an
+    array element by element (``=`` holds when one element is equal, ``!=`` when none is), and
+    search finds a value of ``http.request.header.accept`` as it finds a plain one.  An element
+    that is itself an array or a map is its JSON text; an empty array adds nothing."""
+    for element in array.values:
+        kind = element.WhichOneof("value")
+        out.append((key, any_value_text(element), _VALUE_TYPES.get(kind, "string")))
 
 
 def check_time(ns: int, what: str) -> None:

@@ -27,6 +27,7 @@ from hotspan.formats.otlp import (
     MAX_SCOPES,
     MIN_TIME_NS,
     Rejections,
+    add_array_pairs,
     any_value_text,
     attribute_pairs,
     check_count,
@@ -168,6 +169,8 @@ def _pairs(attributes: Iterable[Any]) -> List[Tuple[str, str, str]]:
             out.append((kv.key, str(value.int_value), "int"))
         elif kind == "bool_value":
             out.append((kv.key, "true" if value.bool_value else "false", "bool"))
+        elif kind == "array_value":
+            add_array_pairs(out, kv.key, value.array_value)
         else:
             out.append((kv.key, any_value_text(value), _TYPES.get(kind, "string")))
     return out

@@ -12,7 +12,18 @@ from __future__ import annotations
 import hashlib
 import re
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import (
+    Any,
+    Dict,
+    Iterable,
+    Iterator,
+    List,
+    NamedTuple,
+    Optional,
+    Sequence,
+    Tuple,
+    Union,
+)
 
 # Separators of the flattened attribute text: a record separator before each pair and after
 # the last, a unit separator between key and value.  ``contains(attrs, RS k US v RS)`` is then
@@ -204,18 +215,23 @@ class SpanRecord(NamedTuple):
         ]
 
 
-def parse_attributes(flat: str) -> Dict[str, str]:
-    """A flattened attribute text (:func:`flatten_attributes`) back to a dict."""
-    out: Dict[str, str] = {}
+def attribute_records(flat: str) -> Iterator[Tuple[str, str]]:
+    """The (key, value text) records of a flattened attribute text, in order: an array
+    attribute has one for each element."""
     for record in flat.split(RS):
         if record:
             at = record.find(US)
             at = record.find(STRING_US) if at < 0 else at
             if at < 0:
-                out[record] = ""
+                yield record, ""
             else:
-                out[record[:at]] = record[at + 1 :]
-    return out
+                yield record[:at], record[at + 1 :]
+
+
+def parse_attributes(flat: str) -> Dict[str, str]:
+    """A flattened attribute text (:func:`flatten_attributes`) back to a dict (of an array,
+    its last element)."""
+    return dict(attribute_records(flat))
 
 
 # Intrinsics that describe a whole trace rather than one span.

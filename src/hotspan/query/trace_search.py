@@ -576,16 +576,25 @@ def _needs_raw(attr: Attribute) -> bool:
 
 def _index_values(flat: str) -> Dict[str, Dict[str, Any]]:
     """A flattened attribute text's values as AnyValues: typed as their text reads, but for
-    strings that read as a number or a boolean (kept after STRING_US)."""
+    strings that read as a number or a boolean (kept after STRING_US); a key with several
+    records (an array's elements) as an array."""
     out: Dict[str, Dict[str, Any]] = {}
     for record in flat.split(RS):
         key, sep, value = record.partition(US)
         if sep:
-            out[key] = _any_value(Text(value))
-            continue
-        key, sep, value = record.partition(STRING_US)
-        if sep:
-            out[key] = {"stringValue": value}
+            item = _any_value(Text(value))
+        else:
+            key, sep, value = record.partition(STRING_US)
+            if not sep:
+                continue
+            item = {"stringValue": value}
+        before = out.get(key)
+        if before is None:
+            out[key] = item
+        elif "arrayValue" in before:
+            before["arrayValue"]["values"].append(item)
+        else:
+            out[key] = {"arrayValue": {"values": [before, item]}}
     return out
 
 

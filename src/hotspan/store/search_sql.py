@@ -111,6 +111,12 @@ class Dialect:
     # (SQL over its columns), given the attribute's key and, for an equality, its index value
     # (mark and text): the engine narrows what it reads by them.
     attr_traces: Callable[[str, str, Optional[str], str, Binder], str]
+    # Every match of the first group of the pattern ``{1}`` in the text ``{0}``, a list.
+    extract_all: str = "regexp_extract_all({}, {}, 1)"
+    # Whether the condition ``{1}`` on ``elem`` holds for one element of the list ``{0}``,
+    # and for every element (a NULL condition does not hold).
+    any_element: str = "len(list_filter({0}, lambda elem: coalesce({1}, false))) > 0"
+    every_element: str = "len(list_filter({0}, lambda elem: NOT coalesce({1}, false))) = 0"
     # The text of an attribute index value ``{}`` after its type mark.
     after_mark: str = "substring({}, 2)"
     # Whether an equality is answered by the index alone, span by span (its spans' ids, no
@@ -204,6 +210,9 @@ CLICKHOUSE = Dialect(
     extract="extract({}, {})",
     full_match=_clickhouse_full_match,
     number=_clickhouse_number,
+    extract_all="extractAll({}, {})",
+    any_element="arrayExists(elem -> ifNull({1}, 0), {0})",
+    every_element="arrayAll(elem -> ifNull({1}, 0), {0})",
     one_per_span="SELECT * FROM {table} WHERE {where} LIMIT 1 BY trace_id, span_id",
     # Over a cluster, span groups are sharded by their own id, not by trace: the matching
     # groups are gathered once and sent to every shard (on one server it is a plain IN).
@@ -299,37 +308,41 @@ def _indexed(key: str, op: str, value: object, bind: Binder) -> str:
 def _attribute(key: str, op: str, value: object, bind: Binder, what: str) -> str:
     """A condition on the flattened text in ``attrs`` (a span's or a resource's), typed as
     TraceQL types it: a string never meets a number or a boolean, whatever its text (a
-    string that reads as one is stored after STRING_US); numbers compare as numbers.
+    string that reads as one is stored after STRING_US); numbers compare as numbers.  A key
+    with several records (an array's elements) meets a comparison when one record does, and
+    ``!=`` or ``!~`` when every record does, as the engine decides (``fields.compare``).
     ``what`` names the attribute in errors."""
     d = bind.dialect
     k = clean(key)
     if isinstance(value, bool):
         if op not in ("=", "!="):
             return "FALSE"
-        # != true: the boolean false, not an attribute of another type.
+        # != true: the boolean false, not an attribute of another type, and no element true.
         wanted = "true" if value == (op == "=") else "false"
-        return _contains(RS + k + US + wanted + RS, bind)
+        found = _contains(RS + k + US + wanted + RS, bind)
+        if op == "=":
+            return found
+        return f"{found} AND NOT {_contains(RS + k + US + str(value).lower() + RS, bind)}"
     if op == "=" and isinstance(value, str):
         return _contains(attribute_pattern(key, value), bind)
-    # (Bound only when used: DuckDB refuses a parameter that the statement does not use.)
-    typed = f"{RS}{re.escape(k)}{US}([^{RS}]*){RS}"
-    us_text = d.extract.format("attrs", bind(typed))
+    # Each record's type mark and text, as ``elem`` in the condition (bound only when used:
+    # DuckDB refuses a parameter that the statement does not use).
+    records = d.extract_all.format("attrs", bind(f"{RS}{re.escape(k)}([{US}{STRING_US}][^{RS}]*)"))
+    each = d.every_element if op in ("!=", "!~") else d.any_element
+    text = d.after_mark.format("elem")
+    mark = "substring(elem, 1, 1)"
     if isinstance(value, (int, float)):
-        # The text after US that reads as a number (strictly: both engines' casts read more,
-        # such as " 1" or "nan").
-        strict = d.full_match(us_text, NUMBER_PATTERN, bind)
-        number = _compare_number(what, d.number(us_text), op, float(value), bind)
-        return f"{_contains(RS + k + US, bind)} AND {strict} AND {number}"
-    # Any other comparison with a string: the value of a string attribute, after STRING_US,
-    # or after US when it does not read as a number or a boolean.
-    stringly = f"{RS}{re.escape(k)}{STRING_US}([^{RS}]*){RS}"
-    has_us = _contains(RS + k + US, bind)
-    text = (
-        f"(CASE WHEN {has_us} THEN {us_text} ELSE {d.extract.format('attrs', bind(stringly))} END)"
-    )
-    typed_text = d.full_match(us_text, NUMBER_PATTERN + "|true|false", bind)
-    string = f"({_contains(RS + k + STRING_US, bind)} OR ({has_us} AND NOT {typed_text}))"
-    return f"{string} AND {_compare(text, op, value, bind)}"
+        # A typed record whose text reads as a number (strictly: both engines' casts read
+        # more, such as " 1" or "nan").
+        strict = d.full_match(text, NUMBER_PATTERN, bind)
+        number = _compare_number(what, d.number(text), op, float(value), bind)
+        element = f"{mark} = {bind(US)} AND {strict} AND {number}"
+        return f"{_contains(RS + k + US, bind)} AND {each.format(records, element)}"
+    # Any other comparison with a string: a string record (after STRING_US, or after US when
+    # its text does not read as a number or a boolean).
+    typed = d.full_match(text, NUMBER_PATTERN + "|true|false", bind)
+    element = f"({mark} = {bind(STRING_US)} OR NOT {typed}) AND {_compare(text, op, value, bind)}"
+    return f"{_has_key(key, bind)} AND {each.format(records, element)}"
 
 
 def span_condition(cond: Condition, bind: Binder) -> str:

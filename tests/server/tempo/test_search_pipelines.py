@@ -206,7 +206,14 @@ def _cart(shop: Shop, base: int) -> Dict[str, object]:
         None,
         root,
         SpanKind.SERVER,
-        {"http.method": "GET", "http.status_code": 200},
+        {
+            "http.method": "GET",
+            "http.status_code": 200,
+            # Arrays, as semantic conventions make request headers and the SDK sends lists.
+            "http.request.header.accept": ["text/html", "application/json"],
+            "retry.after": [1, 30],
+            "cache.flags": [True, False],
+        },
         base=base,
     )
     select = shop.span(
@@ -217,7 +224,11 @@ def _cart(shop: Shop, base: int) -> Dict[str, object]:
         items,
         SpanKind.CLIENT,
         # The span's own value of an attribute its resource has too (prod): `.x` reads this.
-        {"db.system": "postgresql", "deployment.environment": "canary"},
+        {
+            "db.system": "postgresql",
+            "deployment.environment": "canary",
+            "db.tables": ["cart", "items", "404"],
+        },
         base=base,
     )
     items.end(end_time=base + 9 * MS)
@@ -589,6 +600,26 @@ BOTH_PATHS = [
     '{resource.deployment.environment = "prod" && .db.system = "postgresql"}',
     '{span.deployment.environment = "canary"}',
     '{kind = client && .deployment.environment != "canary"}',
+] + [
+    # Arrays: one element meets =, =~, < and >; every element meets != and !~.
+    '{span.db.tables = "items"}',
+    '{span.db.tables = "404"}',
+    "{span.db.tables = 404}",
+    '{span.db.tables != "orders"}',
+    '{span.db.tables != "cart"}',
+    '{span.db.tables =~ "it.*"}',
+    '{span.db.tables !~ "c.*"}',
+    '{span.db.tables !~ "z.*"}',
+    '{span.db.tables > "d"}',
+    '{.http.request.header.accept = "application/json"}',
+    "{span.retry.after > 10}",
+    "{span.retry.after < 1}",
+    "{span.retry.after = 30}",
+    "{span.retry.after != 1}",
+    "{span.retry.after != 2}",
+    "{span.cache.flags = false}",
+    "{span.cache.flags != true}",
+    "{span.cache.flags != nil && span.retry.after >= 30}",
 ]
 
 
@@ -612,6 +643,45 @@ def test_sql_and_engine_find_the_same_spans(servers: Dict[str, RunningServer], d
         assert found_spans(answer(server, '{.deployment.environment = "canary"}', spss=100)) == {
             tid(data.cart["root"]): ([sid(canary)], 1)
         }, name
+
+
+def test_an_array_attribute_is_compared_element_by_element(
+    servers: Dict[str, RunningServer], data: Data
+) -> None:
+    items, select = data.cart["items"], data.cart["select"]
+    cart = tid(data.cart["root"])
+    for name, server in servers.items():
+        for q, span in [
+            ('{span.db.tables = "items"}', select),
+            ('{span.db.tables = "404"}', select),
+            ('{span.db.tables != "orders"}', select),
+            ('{span.db.tables =~ "it.*"}', select),
+            ('{span.db.tables !~ "z.*"}', select),
+            ('{.http.request.header.accept = "application/json"}', items),
+            ("{span.retry.after > 10}", items),
+            ("{span.retry.after != 2}", items),
+            ("{span.cache.flags = false}", items),
+        ]:
+            assert found_spans(answer(server, q, spss=100)) == {cart: ([sid(span)], 1)}, (name, q)
+        for q in [
+            "{span.db.tables = 404}",  # a string element never equals a number
+            '{span.db.tables != "cart"}',
+            '{span.db.tables !~ "c.*"}',
+            "{span.retry.after < 1}",
+            "{span.retry.after != 1}",
+            "{span.cache.flags != true}",
+        ]:
+            assert found_spans(answer(server, q, spss=100)) == {}, (name, q)
+        # Each element is a value of the attribute, as Grafana's value picker lists them.
+        with server.client() as c:
+            r = c.get(
+                "/api/v2/search/tag/span.db.tables/values",
+                params={"start": str(BASE_S - 60), "end": str(BASE_S + 3600)},
+                headers=GRAFANA_HEADERS,
+            )
+        assert r.status_code == 200, r.text
+        values = {(v["type"], v["value"]) for v in r.json()["tagValues"]}
+        assert values == {("string", "cart"), ("string", "items"), ("string", "404")}, name
 
 
 def test_tags_search_reads_go_durations(srv, data: Data) -> None:  # type: ignore[no-untyped-def]
@@ -669,6 +739,8 @@ SAME_ON_CLICKHOUSE = [
     "{nestedSetParent<0 && true}",
     STRUCTURE,
     "{kind=server} && {kind=client}",
+    '{span.db.tables = "items" && span.db.tables != "orders"}',
+    "{span.retry.after > 10 && span.retry.after != 2}",
 ]
 
 

@@ -41,6 +41,12 @@ class Many(tuple):
     ids): a comparison holds when it holds for one of them."""
 
 
+class Array(tuple):
+    """An array attribute's elements (one record each in the flattened text): as in Tempo, a
+    comparison holds when it holds for one element, but ``!=`` and ``!~`` when they hold for
+    every element (none is equal, none matches)."""
+
+
 class Nil:
     """TraceQL's ``nil``: in ``x = nil`` and ``x != nil``, whether ``x`` is absent."""
 

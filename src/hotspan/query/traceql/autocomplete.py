@@ -25,6 +25,7 @@ from hotspan.model.trace import (
     TRACE_INTRINSICS,
     Condition,
     SpanRecord,
+    attribute_records,
     parse_attributes,
 )
 from hotspan.query.engine import QueryError
@@ -171,14 +172,12 @@ def tag_values(records: Sequence[SpanRecord], scope: Optional[str], name: str) -
             elif name == "kind":
                 out.add(SPAN_KINDS[record.kind])
     else:
-        attributes = _Attributes()
+        # Every record of the key: an array attribute's elements are each a value.
+        seen_resources: Set[str] = set()
         for record in records:
             if scope in (None, "span"):
-                value = attributes.span(record).get(name)
-                if value is not None:
-                    out.add(value)
-            if scope in (None, "resource"):
-                value = attributes.resource(record).get(name)
-                if value is not None:
-                    out.add(value)
+                out.update(v for k, v in attribute_records(record.attrs) if k == name)
+            if scope in (None, "resource") and record.resource_attrs not in seen_resources:
+                seen_resources.add(record.resource_attrs)
+                out.update(v for k, v in attribute_records(record.resource_attrs) if k == name)
     return {v for v in out if len(v) <= MAX_TAG_VALUE_LENGTH}

@@ -38,24 +38,52 @@ from hotspan.query.traceql.trace_view import Getter, TraceView, Value, nested_pa
 # -- values -------------------------------------------------------------------------------------
 
 
-def _lookup(flat: str, key: str) -> Optional[str]:
-    """One attribute's value from a flattened attribute text, without parsing all of it: an
-    :class:`ast.Text` (typed as its text reads), or a ``str`` for a string that reads as a
-    number or a boolean (stored after STRING_US)."""
-    needle = f"{RS}{clean(key)}{US}"
-    at = flat.find(needle)
+def _needles(key: str) -> Tuple[str, str]:
+    """What precedes a key's typed value and its string value in a flattened text."""
+    k = clean(key)
+    return f"{RS}{k}{US}", f"{RS}{k}{STRING_US}"
+
+
+def _lookup(flat: str, typed: str, string: str) -> object:
+    """One attribute's value from a flattened attribute text, without parsing all of it, by
+    its :func:`_needles`: an :class:`ast.Text` (typed as its text reads), or a ``str`` for a
+    string that reads as a number or a boolean (stored after STRING_US); an
+    :class:`ast.Array` when the key has several records (an array's elements)."""
+    at = flat.find(typed)
     if at >= 0:
-        start = at + len(needle)
-        return ast.Text(flat[start : flat.find(RS, start)])
-    needle = f"{RS}{clean(key)}{STRING_US}"
-    at = flat.find(needle)
+        start = at + len(typed)
+        end = flat.find(RS, start)
+        if flat.find(typed, end) < 0 and string not in flat:
+            return ast.Text(flat[start:end])
+        return _elements(flat, typed[:-1])
+    at = flat.find(string)
     if at < 0:
         return None
-    start = at + len(needle)
-    return flat[start : flat.find(RS, start)]
+    start = at + len(string)
+    end = flat.find(RS, start)
+    if flat.find(string, end) < 0:
+        return flat[start:end]
+    return _elements(flat, typed[:-1])
 
 
-def _first(*values: Optional[str]) -> Optional[str]:
+def _elements(flat: str, prefix: str) -> ast.Array:
+    """Every record that starts with ``prefix`` (RS and a key) and a type mark, in order,
+    typed as :func:`_lookup` types one."""
+    out: List[object] = []
+    at = flat.find(prefix)
+    while at >= 0:
+        mark = at + len(prefix)
+        if flat[mark : mark + 1] in (US, STRING_US):
+            end = flat.find(RS, mark + 1)
+            text = flat[mark + 1 : end]
+            out.append(ast.Text(text) if flat[mark] == US else text)
+            at = flat.find(prefix, end)
+        else:
+            at = flat.find(prefix, at + 1)
+    return ast.Array(out)
+
+
+def _first(*values: object) -> object:
     return next((v for v in values if v is not None), None)
 
 
@@ -94,20 +122,25 @@ def to_truth(value: object) -> Optional[bool]:
 
 def _attribute_getter(attr: ast.Attribute) -> Getter:
     name = attr.name
+    typed, string = _needles(name)
     if attr.scope == "span":
-        return lambda s, t: _lookup(s.attrs, name)
+        return lambda s, t: _lookup(s.attrs, typed, string)
     if attr.scope == "resource":
         if name == "service.name":
-            return lambda s, t: _lookup(s.resource_attrs, name) or ast.Text(s.service)
-        return lambda s, t: _lookup(s.resource_attrs, name)
+            return lambda s, t: _lookup(s.resource_attrs, typed, string) or ast.Text(s.service)
+        return lambda s, t: _lookup(s.resource_attrs, typed, string)
     if attr.scope == "":
         # Tempo's AttributeFor: the span's attribute when the span has it (even empty), else
         # the resource's.  The stores' span_condition means the same for ``.x``.
         if name == "service.name":
             return lambda s, t: _first(
-                _lookup(s.attrs, name), _lookup(s.resource_attrs, name), ast.Text(s.service)
+                _lookup(s.attrs, typed, string),
+                _lookup(s.resource_attrs, typed, string),
+                ast.Text(s.service),
             )
-        return lambda s, t: _first(_lookup(s.attrs, name), _lookup(s.resource_attrs, name))
+        return lambda s, t: _first(
+            _lookup(s.attrs, typed, string), _lookup(s.resource_attrs, typed, string)
+        )
     if attr.scope == "event":
         return lambda s, t: _many(_attribute_of(e.attributes, name) for e in _events(s, t))
     if attr.scope == "link":
@@ -153,7 +186,15 @@ def _many(values: Iterable[object]) -> Optional[ast.Many]:
 
 
 def _typed_value(value: Any) -> object:
-    """An OTLP AnyValue as TraceQL types it (arrays and maps as their text: strings)."""
+    """An OTLP AnyValue as TraceQL types it: an array as :class:`ast.Array` of its elements
+    (arrays and maps within it, and maps, as their text: strings)."""
+    kind = value.WhichOneof("value")
+    if kind == "array_value":
+        return ast.Array(_typed_element(v) for v in value.array_value.values)
+    return _typed_element(value)
+
+
+def _typed_element(value: Any) -> object:
     kind = value.WhichOneof("value")
     if kind is None:
         return None
@@ -300,10 +341,20 @@ def _regex(pattern: str):
         raise QueryError(f"TraceQL: invalid regular expression {pattern!r}: {exc}") from None
 
 
+# An array meets these when every element does (none equal, none matching), as in Tempo.
+_EVERY_ELEMENT = frozenset(("!=", "!~"))
+
+
 def compare(op: str, a: object, b: object) -> bool:
     """``a op b`` by TraceQL's rules; nil (None) and mismatched types compare false."""
     if a is None or b is None:
         return False
+    if isinstance(a, ast.Array):
+        each = all if op in _EVERY_ELEMENT else any
+        return each(compare(op, x, b) for x in a)
+    if isinstance(b, ast.Array):
+        each = all if op in _EVERY_ELEMENT else any
+        return each(compare(op, a, x) for x in b)
     if isinstance(a, ast.Many):
         return any(compare(op, x, b) for x in a)
     if isinstance(b, ast.Many):
@@ -425,9 +476,12 @@ def _compare_static(expr: ast.Binary) -> Optional[Getter]:
         if not is_string(expr.rhs.value):
             return lambda s, t: False
         get, pattern, hit = compile_field(expr.lhs), _regex(expr.rhs.value), expr.op == "=~"
+        each = any if hit else all
 
         def regex(s: SpanRecord, t: TraceView) -> bool:
             got = get(s, t)
+            if type(got) is ast.Array:
+                return each(is_string(x) and (pattern.fullmatch(x) is not None) == hit for x in got)
             return is_string(got) and (pattern.fullmatch(got) is not None) == hit
 
         return regex
@@ -451,24 +505,37 @@ def _compare_static(expr: ast.Binary) -> Optional[Getter]:
             return lambda s, t: 0 <= s.status_code < count and test(s.status_code, code)
         return lambda s, t: 0 <= s.kind < count and test(s.kind, code)
     get = compile_field(attr)
+    each = all if op in _EVERY_ELEMENT else any
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         # A number against a number (attribute text that reads as one, a duration).
+        def number_meets(got: object) -> bool:
+            number = to_number(got)
+            return number is not None and test(number, value)
+
         def numeric(s: SpanRecord, t: TraceView) -> bool:
-            number = to_number(get(s, t))
+            got = get(s, t)
+            if type(got) is ast.Array:
+                return each(number_meets(x) for x in got)
+            number = to_number(got)
             return number is not None and test(number, value)
 
         return numeric
     if isinstance(value, str) and not isinstance(value, (ast.Status, ast.Kind, ast.Text)):
         # Text against text; a status or kind name (a str too) never equals a string literal,
         # nor does attribute text that reads as a number or a boolean.
-        def text(s: SpanRecord, t: TraceView) -> bool:
-            got = get(s, t)
+        def text_meets(got: object) -> bool:
             return (
                 isinstance(got, str)
                 and not isinstance(got, (ast.Status, ast.Kind))
                 and test(str(got), value)
                 and (not isinstance(got, ast.Text) or _type_of(got) == "string")
             )
+
+        def text(s: SpanRecord, t: TraceView) -> bool:
+            got = get(s, t)
+            if type(got) is ast.Array:
+                return each(text_meets(x) for x in got)
+            return text_meets(got)
 
         return text
     return None
@@ -530,6 +597,11 @@ def plain(value: object) -> Optional[Value]:
     which a filter built from it (``span.cached = false``) matches."""
     if value is None or isinstance(value, ast.Nil):
         return None
+    if isinstance(value, ast.Array):
+        # The value a store's by() reads: the first typed record, else the first string.
+        if not value:
+            return None
+        return plain(next((v for v in value if isinstance(v, ast.Text)), value[0]))
     if isinstance(value, bool):
         return value
     if isinstance(value, ast.Text):
