@@ -385,6 +385,68 @@ def test_instant_query(srv: RunningServer, sent: Sent) -> None:
     ]
 
 
+def test_arithmetic_between_queries_as_tempo_3(srv: RunningServer, sent: Sent) -> None:
+    """Tempo 3's metrics math: series of one side meet the other's by their labels, or the
+    other side's one series without labels; numbers apply to every value; a division by zero
+    is no value; filters and topk apply to what is on their left."""
+    by_service = "by (resource.service.name)"
+    errors = counts(lambda row: (row[0], row[2] == "error"))
+    total = counts(lambda row: row[0])
+    services = sorted(total)
+    # The error ratio of each service, step by step: a step without spans has no value.
+    body = query_range(
+        srv,
+        f"({{ status = error }} | count_over_time() {by_service}) / "
+        f"({{ }} | count_over_time() {by_service})",
+    )
+    series = by_labels(body)
+    assert set(series) == {(("resource.service.name", svc),) for svc in services}
+    for svc in services:
+        bad = errors.get((svc, True), [0] * len(STAMPS_MS))
+        want = {t: e / n for t, e, n in zip(STAMPS_MS, bad, total[svc]) if n}
+        assert samples_of(series[(("resource.service.name", svc),)]) == pytest.approx(want)
+    # Each fragment reads its spans, the counts add up: 3 errors and all 12 in the range.
+    assert body["metrics"]["inspectedSpans"] == "15"
+    # Without by(): the names combine, a number applies to each value, * before -.
+    body = query_range(srv, "({ status = error } | rate()) / ({ } | rate()) * 100 - 1")
+    ((labels, only),) = by_labels(body).items()
+    assert labels == (("__name__", "(rate / rate)"),)
+    all_errors = counts(lambda row: row[2] == "error")
+    bad, every = all_errors.get(True, [0] * 4), [sum(x) for x in zip(*total.values())]
+    want = {t: e / n * 100 - 1 for t, e, n in zip(STAMPS_MS, bad, every) if n}
+    assert samples_of(only) == pytest.approx(want)
+    # A series without labels meets every series of the other side: each service's share.
+    body = query_range(
+        srv, f"({{ }} | count_over_time() {by_service}) / (2 * ({{ }} | count_over_time()))"
+    )
+    shares = by_labels(body)
+    for svc in services:
+        got = samples_of(shares[(("resource.service.name", svc),)])
+        assert got == pytest.approx(
+            {t: c / n / 2 for t, c, n in zip(STAMPS_MS, total[svc], every) if n}
+        )
+    # A filter after the arithmetic keeps the points that pass; topk the largest series.
+    body = query_range(srv, f"(({{ }} | count_over_time() {by_service}) * 2) > 4 | topk(1)")
+    kept = {labels: samples_of(s) for labels, s in by_labels(body).items()}
+    want_kept: Dict[Tuple[Tuple[str, object], ...], Dict[int, float]] = {}
+    for i, stamp in enumerate(STAMPS_MS):
+        doubled = {svc: total[svc][i] * 2 for svc in services}
+        best = max(services, key=lambda svc: (doubled[svc], -services.index(svc)))
+        if doubled[best] > 4:
+            want_kept.setdefault((("resource.service.name", best),), {})[stamp] = doubled[best]
+    assert kept == want_kept and kept
+    # The instant query takes it too.
+    r = grafana_get(
+        srv,
+        "/api/metrics/query",
+        {"q": "({} | count_over_time()) / 11", "start": str(START), "end": str(END)},
+    )
+    assert r.status_code == 200, r.text
+    assert r.json()["series"] == [
+        {"labels": [{"key": "__name__", "value": {"stringValue": "count_over_time"}}], "value": 1}
+    ]
+
+
 def test_times_as_tempo_takes_them(srv: RunningServer, sent: Sent) -> None:
     """Seconds, nanoseconds, RFC 3339 and fractional seconds give one answer; ``step`` as a
     number of seconds too; without a step Tempo's default (here 15 s for an hour)."""
@@ -462,6 +524,12 @@ def test_series_bound_gives_a_partial_answer(srv: RunningServer, sent: Sent) -> 
         ({"q": "{} | rate() by (.a, .b, .c, .d, .e, .f)"}, "group by 6 values (at most 5)"),
         ({"q": "{} | avg_over_time(duration) by (.a, .b, .c, .d, .e)"}, "by 5 values (at most 4)"),
         ({"q": "{} | histogram_over_time(duration) by (.a, .b, .c, .d, .e)"}, "(at most 4)"),
+        ({"q": "({} | rate()) * ({} | compare({status = error}))"}, "compare() does not take"),
+        ({"q": "({} | rate()) * (3 / (2 - 2 * 1))"}, "division by zero"),
+        ({"q": "({} | rate()) * 100000000000000000000"}, "integer out of range"),
+        ({"q": "({} | rate()) * 5m"}, "a duration is not a number"),
+        ({"q": "({ status = error })"}, "metrics query"),
+        ({"q": "(" * 17 + "{} | rate())" + " + ({} | rate()))" * 16}, "more than 16"),
     ],
 )
 def test_bad_requests(srv: RunningServer, sent: Sent, params: Dict[str, str], reason: str) -> None:

@@ -7,7 +7,8 @@ hints) into a :class:`Query`: its syntax tree with the compiled plan, the condit
 span it starts from meets (``pushdown``, for ``store.span_records``), and ``simple`` when it
 is only conjunctive spanset filters, which ``parse_traceql`` turns into one SQL search
 (``store.find_traces``).  ``evaluate`` runs a query on one trace's spans; ``run_metrics``
-answers a metrics query from a store; ``narrowing_conditions``, ``tag_names`` and
+answers a metrics query from a store (``run_metrics_expression`` also arithmetic between
+them, ``metrics_math``); ``narrowing_conditions``, ``tag_names`` and
 ``tag_values`` serve the tag autocomplete.  ``legacy_query``/``parse_logfmt`` read Tempo's
 tags search and ``parse_duration`` Go's durations, as Tempo reads them.
 
@@ -42,6 +43,7 @@ from hotspan.query.traceql.fields import (
 )
 from hotspan.query.traceql.lexer import parse_duration
 from hotspan.query.traceql.metrics import run_metrics
+from hotspan.query.traceql.metrics_math import parse_metrics_expression, run_metrics_expression
 from hotspan.query.traceql.parser import MetricsStage
 from hotspan.query.traceql.pipeline import Spanset, evaluate
 from hotspan.query.traceql.plan import Query, parse_query
@@ -89,10 +91,12 @@ __all__ = [
     "nested_set",
     "parse_duration",
     "parse_logfmt",
+    "parse_metrics_expression",
     "parse_query",
     "parse_traceql",
     "plain",
     "run_metrics",
+    "run_metrics_expression",
     "span_value",
     "tag_names",
     "tag_values",

@@ -11,7 +11,7 @@ can never be equal, as Tempo does.  ``attribute_ref`` reads one identifier.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List, NoReturn, Optional, Tuple
+from typing import List, NoReturn, Optional, Tuple, Union
 
 from hotspan.model.trace import (
     SPAN_KINDS,
@@ -121,6 +121,8 @@ class _Parser:
     def query(self) -> Tuple[ast.Element, Optional[MetricsStage], Tuple[Tuple[str, object], ...]]:
         if self.peek()[0] == "end":
             self.fail("expected a query such as { }")
+        if self.at("coalesce"):
+            self.fail("coalesce() goes after a spanset, such as { } | coalesce()")
         stages = [self.stage()]
         metrics = None
         while self.at("|"):
@@ -223,14 +225,14 @@ class _Parser:
     # -- scalar filters (count() > 2) --
 
     def scalar_filter(self) -> ast.ScalarFilter:
-        lhs = self.scalar_operand()
+        lhs = self.scalar_side()
         kind, op, _ = self.peek()
         if kind != "op" or op not in ("=", "!=", "<", "<=", ">", ">="):
             if kind == "op" and op in ("+", "-", "*", "/", "%", "^"):
                 self.fail("arithmetic on aggregates is not supported")
             self.fail("expected a comparison (= != < <= > >=) after the aggregate")
         self.take()
-        rhs = self.scalar_operand()
+        rhs = self.scalar_side()
         if isinstance(lhs, ast.Aggregate) and not isinstance(rhs, ast.Aggregate):
             return ast.ScalarFilter(str(op), lhs, rhs)
         if isinstance(rhs, ast.Aggregate) and not isinstance(lhs, ast.Aggregate):
@@ -239,10 +241,26 @@ class _Parser:
             "TraceQL: a scalar filter compares one aggregate with a number or duration"
         )
 
+    def scalar_side(self, level: int = 0) -> object:
+        """An aggregate, or a number: arithmetic of numbers is computed as it is read
+        (``count() > 2 * 3``, as Tempo folds it); arithmetic on an aggregate is refused by
+        the caller."""
+        if level == 2:
+            return self.scalar_operand()
+        lhs = self.scalar_side(level + 1)
+        ops = ("+", "-") if level == 0 else ("*", "/")
+        while self.at(*ops) and not isinstance(lhs, ast.Aggregate):
+            op = str(self.take()[1])
+            rhs = self.scalar_side(level + 1)
+            if isinstance(rhs, ast.Aggregate):
+                self.fail("arithmetic on aggregates is not supported")
+            lhs = fold_numbers(op, lhs, rhs)  # type: ignore[arg-type]
+        return lhs
+
     def scalar_operand(self) -> object:
         if self.at("("):
             self.take()
-            inner = self.scalar_operand()
+            inner = self.scalar_side()
             self.expect(")")
             return inner
         kind, value, _ = self.peek()
@@ -495,6 +513,27 @@ class _Parser:
             self.take()
         self.expect(")", " closing with(")
         return tuple(out)
+
+
+def fold_numbers(op: str, a: Union[int, float], b: Union[int, float]) -> Union[int, float]:
+    """``a op b`` for numbers written in a query, as Tempo computes them: integers stay
+    integers (division truncates toward zero), durations stay durations."""
+    if op == "+":
+        out: Union[int, float] = a + b
+    elif op == "-":
+        out = a - b
+    elif op == "*":
+        out = a * b
+    elif b == 0:
+        raise QueryError("TraceQL: division by zero")
+    elif isinstance(a, int) and isinstance(b, int):
+        quotient = abs(a) // abs(b)
+        out = quotient if (a < 0) == (b < 0) else -quotient
+    else:
+        out = a / b
+    if isinstance(a, ast.Duration) and isinstance(b, ast.Duration) and op in ("+", "-"):
+        return ast.Duration(int(out))
+    return out
 
 
 def _token_text(kind: str, value: object) -> str:

@@ -42,7 +42,6 @@ from hotspan.query.traceql import (
     MetricsResult,
     default_step,
     go_duration,
-    run_metrics,
 )
 from hotspan.server.errors import HTTPError, text_errors
 from hotspan.server.request import query_state
@@ -302,8 +301,8 @@ def instant_body(result: MetricsResult) -> Dict[str, Any]:
 
 def _run(state: ServerState, tenant: str, text: str, req: MetricsRequest) -> MetricsResult:
     try:
-        query = traceql.parse_query(text)
-        return run_metrics(state.store, tenant, query, req)
+        expression = traceql.parse_metrics_expression(text)
+        return traceql.run_metrics_expression(state.store, tenant, expression, req)
     except (QueryError, SearchError) as exc:
         raise HTTPError(400, str(exc)) from None
 
