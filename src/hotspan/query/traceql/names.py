@@ -87,3 +87,30 @@ def intrinsic(raw: str, pos: int) -> ast.Attribute:
             )
         raise QueryError(f"TraceQL: unknown intrinsic {raw!r} at column {pos + 1}")
     return ast.Attribute(raw, "intrinsic", canonical)
+
+
+# The type of each intrinsic's values, for refusing what can never be true
+# (parser._check_types, validate).
+INTRINSIC_TYPES = {
+    "name": "string",
+    "rootName": "string",
+    "rootServiceName": "string",
+    "span:id": "string",
+    "span:parentID": "string",
+    "trace:id": "string",
+    "status": "status",
+    "kind": "kind",
+    "duration": "duration",
+    "traceDuration": "duration",
+    "childCount": "number",
+    "statusMessage": "string",
+    "event:name": "string",
+    "event:timeSinceStart": "duration",
+    "link:spanID": "string",
+    "link:traceID": "string",
+    "instrumentation:name": "string",
+    "instrumentation:version": "string",
+    "nestedSetParent": "number",
+    "nestedSetLeft": "number",
+    "nestedSetRight": "number",
+}

@@ -20,7 +20,13 @@ from hotspan.model.trace import (
 from hotspan.query.engine import QueryError
 from hotspan.query.traceql import ast
 from hotspan.query.traceql.lexer import Lexer
-from hotspan.query.traceql.names import INTRINSICS, KNOWN_ELSEWHERE, NUMERIC_INTRINSICS
+from hotspan.query.traceql.names import (
+    INTRINSIC_TYPES,
+    INTRINSICS,
+    KNOWN_ELSEWHERE,
+    NUMERIC_INTRINSICS,
+)
+from hotspan.query.traceql.validate import validate
 
 _STATIC_WORDS = {
     "true": True,
@@ -602,32 +608,6 @@ def _check_size(root: ast.Element, metrics: Optional[MetricsStage]) -> None:
         )
 
 
-# The type of each intrinsic's values, for refusing comparisons that can never be true.
-_INTRINSIC_TYPES = {
-    "name": "string",
-    "rootName": "string",
-    "rootServiceName": "string",
-    "span:id": "string",
-    "span:parentID": "string",
-    "trace:id": "string",
-    "status": "status",
-    "kind": "kind",
-    "duration": "duration",
-    "traceDuration": "duration",
-    "childCount": "number",
-    "statusMessage": "string",
-    "event:name": "string",
-    "event:timeSinceStart": "duration",
-    "link:spanID": "string",
-    "link:traceID": "string",
-    "instrumentation:name": "string",
-    "instrumentation:version": "string",
-    "nestedSetParent": "number",
-    "nestedSetLeft": "number",
-    "nestedSetRight": "number",
-}
-
-
 def _static_type(value: object) -> str:
     if isinstance(value, bool):
         return "boolean"
@@ -649,7 +629,7 @@ def _check_types(root: ast.Element) -> None:
         for attr, static in ((node.lhs, node.rhs), (node.rhs, node.lhs)):
             if not isinstance(attr, ast.Attribute) or not isinstance(static, ast.Static):
                 continue
-            want = _INTRINSIC_TYPES.get(attr.name) if attr.scope == "intrinsic" else None
+            want = INTRINSIC_TYPES.get(attr.name) if attr.scope == "intrinsic" else None
             got = _static_type(static.value)
             if want is None or want == got or (want, got) == ("duration", "number"):
                 continue  # a bare number for a duration: nanoseconds
@@ -687,6 +667,8 @@ def parse_tree(
     root, metrics, hints = _Parser(text).query()
     _check_size(root, metrics)
     _check_types(root)
+    validate(root)
     if metrics is not None and metrics.compare_filter is not None:
         _check_types(ast.Filter(metrics.compare_filter))
+        validate(ast.Filter(metrics.compare_filter))
     return root, metrics, hints
