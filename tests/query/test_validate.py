@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from hotspan.query.engine import QueryError
-from hotspan.query.traceql import parse_query
+from hotspan.query.traceql import ast, parse_query
 
 REFUSED = [
     ("{ 2 * 3 }", "holds a condition, not a number"),
@@ -66,3 +66,9 @@ ACCEPTED = [
 @pytest.mark.parametrize("text", ACCEPTED)
 def test_accepted(text: str) -> None:
     parse_query(text)
+
+
+def test_nil_compared_with_nil_is_false() -> None:
+    # As Tempo reads it: neither nil = nil nor nil != nil holds.
+    for text in ("{ nil != nil }", "{ nil = nil }"):
+        assert parse_query(text).root == ast.Filter(ast.Static(False)), text

@@ -349,6 +349,8 @@ def compare(op: str, a: object, b: object) -> bool:
     """``a op b`` by TraceQL's rules; nil (None) and mismatched types compare false."""
     if a is None or b is None:
         return False
+    if isinstance(a, ast.Array) and isinstance(b, ast.Array):
+        return False  # Tempo compares an array with one value only (its query errs)
     if isinstance(a, ast.Array):
         each = all if op in _EVERY_ELEMENT else any
         return each(compare(op, x, b) for x in a)

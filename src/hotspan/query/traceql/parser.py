@@ -302,6 +302,9 @@ class _Parser:
             op = str(self.take()[1])
             if op in ("=", "!=") and self.at("nil"):
                 self.take()
+                if _static_value(lhs) is ast.NIL:  # nil = nil, nil != nil: false, as in Tempo
+                    lhs = ast.Static(False)
+                    continue
                 lhs = ast.Unary("missing" if op == "=" else "exists", lhs)
                 continue
             rhs = self.field(level + 1)
