@@ -162,3 +162,9 @@ def test_numbers_apply_to_values_and_exemplars_then_filters_and_topk() -> None:
         "({ } | rate() by (resource.svc, span.route)) - ({ } | rate() by (resource.svc))", answers
     )
     assert _values(pairs) == {}
+
+
+def test_a_float_divided_by_zero_is_infinite_as_go_computes_it() -> None:
+    assert _scalar_of(parse_metrics_expression("({} | rate()) + (1.0 / 0)")) == math.inf
+    assert _scalar_of(parse_metrics_expression("({} | rate()) + (-1 / 0.0)")) == -math.inf
+    assert math.isnan(_scalar_of(parse_metrics_expression("({} | rate()) + (0.0 / 0)")))  # type: ignore[arg-type]

@@ -10,6 +10,7 @@ can never be equal, as Tempo does.  ``attribute_ref`` reads one identifier.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import List, NoReturn, Optional, Tuple, Union
 
@@ -526,15 +527,19 @@ class _Parser:
 
 def fold_numbers(op: str, a: Union[int, float], b: Union[int, float]) -> Union[int, float]:
     """``a op b`` for numbers written in a query, as Tempo computes them: integers stay
-    integers (division truncates toward zero), durations stay durations."""
+    integers (division truncates toward zero; by zero, an error), durations stay durations."""
     if op == "+":
         out: Union[int, float] = a + b
     elif op == "-":
         out = a - b
     elif op == "*":
         out = a * b
-    elif b == 0:
+    elif b == 0 and isinstance(a, int) and isinstance(b, int):
         raise QueryError("TraceQL: division by zero")
+    elif b == 0:  # a float: IEEE's infinity (NaN for 0 / 0), as Go computes it
+        if a == 0 or math.isnan(a):
+            return math.nan
+        return math.copysign(math.inf, a) * math.copysign(1.0, b)
     elif isinstance(a, int) and isinstance(b, int):
         quotient = abs(a) // abs(b)
         out = quotient if (a < 0) == (b < 0) else -quotient

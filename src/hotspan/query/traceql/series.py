@@ -646,18 +646,23 @@ def filter_values(series: List[Series], op: str, value: float) -> List[Series]:
 
 def top_k(series: List[Series], k: int, largest: bool) -> List[Series]:
     """Tempo's ``topk(k)``/``bottomk(k)``: at each timestamp the k series with the largest
-    (smallest) values keep that sample; a series never among them is dropped."""
+    (smallest) values keep that sample, ties going as :func:`_tie_order` says; a series never
+    among them is dropped."""
     if len(series) <= k:
-        return series
+        return [s for s in series if not np.isnan(np.asarray(s.values, dtype=float)).all()]
     values = np.vstack([s.values for s in series])
     kept = np.full_like(values, np.nan)
     order = np.arange(len(series))
+    rank = _tie_order(series)
     for j in range(values.shape[1]):
         column = values[:, j]
         present = order[~np.isnan(column)]
         if len(present) == 0:
             continue
-        ranked = present[np.lexsort((present, -column[present] if largest else column[present]))]
+        if largest:
+            ranked = present[np.lexsort((rank[present], -column[present]))]
+        else:
+            ranked = present[np.lexsort((-rank[present], column[present]))]
         top = ranked[:k]
         kept[top, j] = column[top]
     out = []
@@ -665,6 +670,33 @@ def top_k(series: List[Series], k: int, largest: bool) -> List[Series]:
         if not np.isnan(kept[i]).all():
             out.append(Series(s.labels, kept[i], s.exemplars))
     return out
+
+
+# Tempo's order of a label value's type (its StaticType numbering).
+_TYPE_ORDER = {int: 3, float: 4, str: 5, bool: 6}
+
+
+def _tie_order(series: List[Series]) -> np.ndarray:
+    """Each series' place among equal values, as Tempo's topk breaks ties (its series key
+    compared label by label: the value's text and the name alphabetically earlier first,
+    then the larger type and number); bottomk takes the other end."""
+
+    def key(s: Series) -> List[Tuple[str, str, int, float]]:
+        return [
+            (
+                value if isinstance(value, str) else "",
+                name,
+                -_TYPE_ORDER.get(type(value), 0),
+                -float(value) if isinstance(value, (int, float)) else 0.0,
+            )
+            for name, value in s.labels
+            if name != NAME_LABEL
+        ]
+
+    places = sorted(range(len(series)), key=lambda i: key(series[i]))
+    rank = np.empty(len(series), dtype=np.int64)
+    rank[places] = np.arange(len(series))
+    return rank
 
 
 def _quantile_series(
