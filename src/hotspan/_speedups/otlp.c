@@ -553,10 +553,12 @@ put_json_string(ctx *c, const uint8_t *s, size_t n)
     c->alen = (size_t)(o - c->arena);
 }
 
-/* Bytes of the request: an ArrayValue's, before its elements are read. */
+/* Bytes of the request: an ArrayValue's, before its elements are read (``found``: there is
+ * one, empty or not). */
 typedef struct {
     const uint8_t *p;
     size_t n;
+    int found;
 } span_bytes;
 
 static int any_text(ctx *c, const uint8_t *p, const uint8_t *end, int depth, ref *out,
@@ -564,13 +566,13 @@ static int any_text(ctx *c, const uint8_t *p, const uint8_t *end, int depth, ref
 static int json_array(ctx *c, const uint8_t *p, const uint8_t *end, int depth, size_t *start);
 static int json_object(ctx *c, const uint8_t *p, const uint8_t *end, int depth, size_t *start);
 
-/* Whether an AnyValue holds an ArrayValue (1, its bytes in ``*array``), something else (0), or
- * is one any_text refuses (-1), by any_text's rules for the oneof. */
+/* The field an AnyValue sets (its oneof; ``which`` 0 for none) and what it holds.  0: what
+ * any_text refuses, the oneof given twice (protobuf merges) or a profiles index. */
 static int
-array_of(const uint8_t *p, const uint8_t *end, span_bytes *array)
+any_oneof(const uint8_t *p, const uint8_t *end, uint32_t *which, uint64_t *value,
+          const uint8_t **data, size_t *len)
 {
-    uint32_t which = 0;
-    span_bytes found = {NULL, 0};
+    *which = 0;
     while (p < end) {
         uint32_t number;
         int wt;
@@ -578,19 +580,35 @@ array_of(const uint8_t *p, const uint8_t *end, span_bytes *array)
         const uint8_t *d = NULL;
         size_t n = 0;
         if (!field(&p, end, &number, &wt, &num, &d, &n))
-            return -1;
+            return 0;
         if (number >= 1 && number <= 8) {
-            if (which || number == 8 || wt != WIRE_OF[SCHEMA[M_ANY][number].kind])
-                return -1;
-            which = number;
-            found.p = d;
-            found.n = n;
+            if (*which || number == 8 || wt != WIRE_OF[SCHEMA[M_ANY][number].kind])
+                return 0;
+            *which = number;
+            *value = num;
+            *data = d;
+            *len = n;
         }
     }
+    return 1;
+}
+
+/* Whether an AnyValue holds an ArrayValue (1, its bytes in ``*array``), something else (0), or
+ * is one any_text refuses (-1). */
+static int
+array_of(const uint8_t *p, const uint8_t *end, span_bytes *array)
+{
+    uint32_t which;
+    uint64_t value;
+    const uint8_t *data = NULL;
+    size_t len = 0;
+    if (!any_oneof(p, end, &which, &value, &data, &len))
+        return -1;
     if (which != 5)
         return 0;
-    /* An empty array's bytes: a pointer all the same, so that it reads as an array. */
-    *array = found;
+    array->p = data;
+    array->n = len;
+    array->found = 1;
     return 1;
 }
 
@@ -647,27 +665,8 @@ any_text(ctx *c, const uint8_t *p, const uint8_t *end, int depth, ref *out, uint
     uint64_t value = 0;
     const uint8_t *data = NULL;
     size_t len = 0;
-    if (depth > MAX_DEPTH)
+    if (depth > MAX_DEPTH || !any_oneof(p, end, &which, &value, &data, &len))
         return 0;
-    while (p < end) {
-        uint32_t number;
-        int wt;
-        uint64_t num = 0;
-        const uint8_t *d = NULL;
-        size_t n = 0;
-        if (!field(&p, end, &number, &wt, &num, &d, &n))
-            return 0;
-        if (number >= 1 && number <= 8) {
-            if (which || number == 8)
-                return 0; /* the oneof given twice (protobuf merges), or a profiles index */
-            if (wt != WIRE_OF[SCHEMA[M_ANY][number].kind])
-                return 0;
-            which = number;
-            value = num;
-            data = d;
-            len = n;
-        }
-    }
     *type = T_STRING;
     size_t start = c->alen;
     switch (which) {
@@ -1014,10 +1013,10 @@ static int
 push_attr(ctx *c, const uint8_t *d, size_t n)
 {
     attr a;
-    span_bytes array = {NULL, 0};
+    span_bytes array = {NULL, 0, 0};
     if (c->attrs.n >= MAX_ATTRS || !keyvalue(c, d, d + n, 0, &a.key, &a.value, &a.type, &array))
         return 0;
-    if (array.p == NULL)
+    if (!array.found)
         return push_one(c, &a);
     const uint8_t *p = array.p, *end = array.p + array.n;
     while (p < end) {

@@ -27,7 +27,7 @@ from hotspan.query.traceql.names import (
     KNOWN_ELSEWHERE,
     NUMERIC_INTRINSICS,
 )
-from hotspan.query.traceql.validate import validate
+from hotspan.query.traceql.validate import static_type, validate
 
 _STATIC_WORDS = {
     "true": True,
@@ -616,18 +616,6 @@ def _check_size(root: ast.Element, metrics: Optional[MetricsStage]) -> None:
         )
 
 
-def _static_type(value: object) -> str:
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, ast.Status):
-        return "status"
-    if isinstance(value, ast.Kind):
-        return "kind"
-    if isinstance(value, str):
-        return "string"
-    return "duration" if isinstance(value, ast.Duration) else "number"
-
-
 def _check_types(root: ast.Element) -> None:
     """Refuse a comparison of an intrinsic with a value of another type (``name = 5``,
     ``duration > "long"``), as Tempo does when it reads the query."""
@@ -638,7 +626,7 @@ def _check_types(root: ast.Element) -> None:
             if not isinstance(attr, ast.Attribute) or not isinstance(static, ast.Static):
                 continue
             want = INTRINSIC_TYPES.get(attr.name) if attr.scope == "intrinsic" else None
-            got = _static_type(static.value)
+            got = static_type(static.value)
             if want is None or want == got or (want, got) == ("duration", "number"):
                 continue  # a bare number for a duration: nanoseconds
             names = STATUS_CODES if want == "status" else SPAN_KINDS if want == "kind" else ()

@@ -33,21 +33,25 @@ _TAKES = {
 _TAKES["duration"] = _TAKES["number"]
 
 
+def static_type(value: object) -> str:
+    """A literal's type: boolean, nil, status, kind, duration, string or number."""
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, ast.Nil):
+        return "nil"
+    if isinstance(value, ast.Status):
+        return "status"
+    if isinstance(value, ast.Kind):
+        return "kind"
+    if isinstance(value, ast.Duration):
+        return "duration"
+    return "string" if isinstance(value, str) else "number"
+
+
 def implied_type(expr: ast.Field) -> str:
     """The type ``expr`` has whatever span it is read on, or :data:`ATTRIBUTE`."""
     if isinstance(expr, ast.Static):
-        value = expr.value
-        if isinstance(value, bool):
-            return "boolean"
-        if isinstance(value, ast.Nil):
-            return "nil"
-        if isinstance(value, ast.Status):
-            return "status"
-        if isinstance(value, ast.Kind):
-            return "kind"
-        if isinstance(value, ast.Duration):
-            return "duration"
-        return "string" if isinstance(value, str) else "number"
+        return static_type(expr.value)
     if isinstance(expr, ast.Attribute):
         if expr.scope == "intrinsic":
             return INTRINSIC_TYPES.get(expr.name, ATTRIBUTE)
