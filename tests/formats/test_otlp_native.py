@@ -289,6 +289,26 @@ def test_an_array_is_one_record_per_element_in_both_readers() -> None:
     }
 
 
+def test_an_array_of_a_million_empty_strings_is_refused_not_flattened() -> None:
+    # 4 bytes of protobuf an element: a 2.4 MB request would make 600,000 records of one span.
+    r = ExportTraceServiceRequest()
+    span = (
+        r.resource_spans.add()
+        .scope_spans.add()
+        .spans.add(
+            trace_id=b"\x01" * 16, span_id=b"\x01" * 8, start_time_unix_nano=T, end_time_unix_nano=T
+        )
+    )
+    array = span.attributes.add(key="k").value.array_value
+    for _ in range(600_000):
+        array.values.add(string_value="")
+    body = r.SerializeToString()
+    assert len(body) < 2_500_000
+    assert _native(body) is None
+    with pytest.raises(FormatError, match="array attribute is over"):
+        otlp_traces.from_protobuf(body)
+
+
 def test_too_many_spans_is_left_to_python_which_refuses() -> None:
     r = ExportTraceServiceRequest()
     ss = r.resource_spans.add().scope_spans.add()

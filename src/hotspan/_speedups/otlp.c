@@ -1019,6 +1019,7 @@ push_attr(ctx *c, const uint8_t *d, size_t n)
     if (!array.found)
         return push_one(c, &a);
     const uint8_t *p = array.p, *end = array.p + array.n;
+    size_t size = 0; /* bytes, where Python counts characters: past the bound Python decides */
     while (p < end) {
         uint32_t number;
         int wt;
@@ -1030,7 +1031,10 @@ push_attr(ctx *c, const uint8_t *d, size_t n)
         if (number != 1)
             continue;
         /* At the depth json_array reads its elements at. */
-        if (wt != 2 || !any_text(c, e, e + len, 2, &a.value, &a.type) || !push_one(c, &a))
+        if (wt != 2 || !any_text(c, e, e + len, 2, &a.value, &a.type))
+            return 0;
+        size += (size_t)a.key.len + a.value.len + 2;
+        if (size > MAX_VALUE_TEXT || !push_one(c, &a))
             return 0;
     }
     return 1;

@@ -195,10 +195,17 @@ def add_array_pairs(out: List[Tuple[str, str, str]], key: str, array: Any) -> No
     """An array attribute's elements, each as ``(key, text, type)``: TraceQL compares an
     array element by element (``=`` holds when one element is equal, ``!=`` when none is), and
     search finds a value of ``http.request.header.accept`` as it finds a plain one.  An element
-    that is itself an array or a map is its JSON text; an empty array adds nothing."""
+    that is itself an array or a map is its JSON text; an empty array adds nothing.  Its records
+    (key and text of each element) hold at most MAX_VALUE_TEXT characters, as the array's text
+    did: a request of a few megabytes cannot make millions of records of one span."""
+    size = 0
     for element in array.values:
         kind = element.WhichOneof("value")
-        out.append((key, any_value_text(element), _VALUE_TYPES.get(kind, "string")))
+        text = any_value_text(element)
+        size += len(key) + len(text) + 2
+        if size > MAX_VALUE_TEXT:
+            raise FormatError(f"an array attribute is over {MAX_VALUE_TEXT} characters as text")
+        out.append((key, text, _VALUE_TYPES.get(kind, "string")))
 
 
 def check_time(ns: int, what: str) -> None:
