@@ -4,6 +4,7 @@ HTTPError (400) that names the parameter."""
 
 from __future__ import annotations
 
+import re
 import time
 from typing import Mapping, Optional, Tuple
 
@@ -109,3 +110,31 @@ def time_range(request: Request, default_ns: int) -> Tuple[int, int]:
     if start < 0 or end <= start:
         raise HTTPError(400, "invalid time range: end must be after start (unix seconds)")
     return start, end
+
+
+_SEC = 10**9
+# A Prometheus duration, as Tempo reads ``since``: ``15m``, ``1h30m``, ``2d``.
+_PROM_DURATION = re.compile(
+    r"(?:(\d+)y)?(?:(\d+)w)?(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?(?:(\d+)ms)?"
+)
+_PROM_UNITS_NS = [
+    365 * 24 * 3600 * _SEC,
+    7 * 24 * 3600 * _SEC,
+    24 * 3600 * _SEC,
+    3600 * _SEC,
+    60 * _SEC,
+    _SEC,
+    1_000_000,
+]
+
+
+def parse_since(text: str) -> int:
+    """A Prometheus duration (``15m``, ``1h30m``, ``2d``) in nanoseconds."""
+    m = _PROM_DURATION.fullmatch(text)
+    if text == "0":
+        return 0
+    if not text or m is None or not any(m.groups()):
+        raise HTTPError(
+            400, f"could not parse 'since' parameter: not a valid duration string: {text[:60]!r}"
+        )
+    return sum(int(g) * unit for g, unit in zip(m.groups(), _PROM_UNITS_NS) if g)

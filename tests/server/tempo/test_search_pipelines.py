@@ -213,6 +213,8 @@ def _cart(shop: Shop, base: int) -> Dict[str, object]:
             "http.request.header.accept": ["text/html", "application/json"],
             "retry.after": [1, 30],
             "cache.flags": [True, False],
+            # A Kubernetes label's name holds a "/": Grafana asks its values with %2F.
+            "app.kubernetes.io/name": "cart",
         },
         base=base,
     )
@@ -669,6 +671,37 @@ def test_an_array_attribute_is_compared_element_by_element(
         assert r.status_code == 200, r.text
         values = {(v["type"], v["value"]) for v in r.json()["tagValues"]}
         assert values == {("string", "cart"), ("string", "items"), ("string", "404")}, name
+
+
+def test_names_with_a_slash_since_and_tempos_scope_names(srv, data: Data) -> None:  # type: ignore[no-untyped-def]
+    window = {"start": str(BASE_S - 60), "end": str(BASE_S + 3600)}
+    with srv.client() as c:
+        for path in (
+            "/api/v2/search/tag/span.app.kubernetes.io%2Fname/values",
+            "/api/search/tag/app.kubernetes.io%2Fname/values",
+        ):
+            r = c.get(path, params=window, headers=GRAFANA_HEADERS)
+            assert r.status_code == 200, (path, r.text)
+            values = r.json()["tagValues"]
+            assert values in ([{"type": "string", "value": "cart"}], ["cart"]), (path, values)
+        # Tempo's "none" is every scope; "trace" holds no attribute.
+        every = c.get("/api/v2/search/tags", params=window, headers=GRAFANA_HEADERS).json()
+        none = c.get(
+            "/api/v2/search/tags", params={**window, "scope": "none"}, headers=GRAFANA_HEADERS
+        ).json()
+        assert none == every and any(s["tags"] for s in every["scopes"])
+        trace = c.get("/api/v2/search/tags", params={**window, "scope": "trace"})
+        assert trace.status_code == 200 and trace.json() == {
+            "scopes": [{"name": "trace", "tags": []}]
+        }
+        # since: the last so long before now, as Tempo's frontend reads it.
+        recent = {"q": "{}", "limit": "100"}
+        hours = c.get("/api/search", params={**recent, "since": "3h"}, headers=GRAFANA_HEADERS)
+        minute = c.get("/api/search", params={**recent, "since": "1m"}, headers=GRAFANA_HEADERS)
+        bad = c.get("/api/search", params={**recent, "since": "soon"}, headers=GRAFANA_HEADERS)
+    assert tid(data.cart["root"]) in traces(hours.json())
+    assert traces(minute.json()) == {}
+    assert bad.status_code == 400 and "since" in bad.text
 
 
 def test_tags_search_reads_go_durations(srv, data: Data) -> None:  # type: ignore[no-untyped-def]

@@ -46,7 +46,7 @@ from hotspan.query.traceql import (
 from hotspan.query.traceql.ast import Attribute
 from hotspan.query.traceql.lexer import Lexer
 from hotspan.server.errors import HTTPError, text_errors
-from hotspan.server.params import seconds_param, seconds_value, trace_id_param
+from hotspan.server.params import parse_since, seconds_param, seconds_value, trace_id_param
 from hotspan.server.request import query_state
 from hotspan.server.state import ServerState
 
@@ -194,13 +194,17 @@ def search_query(params: Mapping[str, str]) -> Tuple[SearchParams, Optional[Quer
 
 # Search parameters that are not tags in an old-style search (``?service.name=api``).
 _SEARCH_PARAMS = frozenset(
-    ("q", "tags", "minDuration", "maxDuration", "limit", "spss", "start", "end", "sort")
+    ("q", "tags", "minDuration", "maxDuration", "limit", "spss", "start", "end", "sort", "since")
 )
 
 
 def _search_query(params: Mapping[str, str]) -> Tuple[SearchParams, Optional[Query], TraceQuery]:
     start = seconds_value(params, "start")
     end = seconds_value(params, "end")
+    if params.get("since"):
+        # As Tempo's frontend: the last ``since`` before now, whatever start and end say.
+        end = time.time_ns()
+        start = end - parse_since(params["since"])
     bare_tags: List[Tuple[str, str]] = []
     if not start and not end:
         # As Tempo: no range, or start=0&end=0, is the recent data; with no q or tags either,
@@ -292,15 +296,20 @@ def _narrowed(
         return None  # a condition no span can be compared with (status > "x"): as unparsable
 
 
+_TAG_SCOPES = frozenset(
+    ("all", "none", "span", "resource", "intrinsic", "event", "link", "instrumentation", "trace")
+)
+
+
 def _tag_names(
     state: ServerState, tenant: str, params: Mapping[str, str]
 ) -> Tuple[Dict[str, List[str]], Optional[str]]:
     scope = params.get("scope") or None
-    # TraceQL's scopes; event, link and instrumentation attributes are only in the stored
-    # OTLP spans, which the tag index does not read: their names are none (Tempo's 400 is
-    # for a scope TraceQL does not have).
-    scopes = ("all", "span", "resource", "intrinsic", "event", "link", "instrumentation")
-    if scope is not None and scope not in scopes:
+    # TraceQL's scopes ("none": every scope, as "all"); event, link and instrumentation
+    # attributes are only in the stored OTLP spans, which the tag index does not read, and the
+    # trace scope has no attribute: their names are none (Tempo's 400 is for a scope TraceQL
+    # does not have).
+    if scope is not None and scope not in _TAG_SCOPES:
         raise HTTPError(
             400,
             "scope must be resource, span, intrinsic, event, link or instrumentation, "
@@ -311,7 +320,7 @@ def _tag_names(
         names = tag_names(records)
     else:
         names = state.store.tag_names(tenant, seconds_value(params, "start") or 0)
-    return names, None if scope == "all" else scope
+    return names, None if scope in ("all", "none") else scope
 
 
 def _asked_spans(
@@ -354,7 +363,7 @@ def tag_names_json(
             scopes.append({"name": name, "tags": names.get(name, [])[:limit]})
     if scope in (None, "intrinsic"):
         scopes.insert(0, {"name": "intrinsic", "tags": list(INTRINSIC_TAGS)})
-    if scope in ("event", "link", "instrumentation"):
+    if scope in ("event", "link", "instrumentation", "trace"):
         scopes.append({"name": scope, "tags": []})
     return {"scopes": scopes}
 
@@ -500,6 +509,7 @@ routes = [
     Route("/api/search", search, methods=["GET"]),
     Route("/api/search/tags", tags_v1, methods=["GET"]),
     Route("/api/v2/search/tags", tags_v2, methods=["GET"]),
-    Route("/api/search/tag/{tag}/values", tag_values_v1, methods=["GET"]),
-    Route("/api/v2/search/tag/{tag}/values", tag_values_v2, methods=["GET"]),
+    # {tag:path}: an attribute name may hold a "/" (app.kubernetes.io/name), sent as %2F.
+    Route("/api/search/tag/{tag:path}/values", tag_values_v1, methods=["GET"]),
+    Route("/api/v2/search/tag/{tag:path}/values", tag_values_v2, methods=["GET"]),
 ]

@@ -44,6 +44,7 @@ from hotspan.query.traceql import (
     go_duration,
 )
 from hotspan.server.errors import HTTPError, text_errors
+from hotspan.server.params import parse_since
 from hotspan.server.request import query_state
 from hotspan.server.tempo.api import PROTOBUF
 
@@ -52,18 +53,6 @@ if TYPE_CHECKING:
 
 SEC = 1_000_000_000
 DEFAULT_SINCE_NS = 3600 * SEC
-_PROM_DURATION = re.compile(
-    r"(?:(\d+)y)?(?:(\d+)w)?(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?(?:(\d+)ms)?"
-)
-_PROM_UNITS_NS = [
-    365 * 24 * 3600 * SEC,
-    7 * 24 * 3600 * SEC,
-    24 * 3600 * SEC,
-    3600 * SEC,
-    60 * SEC,
-    SEC,
-    1_000_000,
-]
 _RFC3339 = re.compile(
     r"(\d{4})-(\d\d)-(\d\d)[Tt](\d\d):(\d\d):(\d\d)(?:\.(\d{1,9}))?(?:([Zz])|([+-])(\d\d):(\d\d))"
 )
@@ -128,18 +117,6 @@ def parse_step(text: str) -> int:
     if step < 0:
         raise HTTPError(400, f'cannot parse "{text}": step must be positive')
     return step
-
-
-def parse_since(text: str) -> int:
-    """A Prometheus duration (``15m``, ``1h30m``, ``2d``) in nanoseconds."""
-    m = _PROM_DURATION.fullmatch(text)
-    if text == "0":
-        return 0
-    if not text or m is None or not any(m.groups()):
-        raise HTTPError(
-            400, f"could not parse 'since' parameter: not a valid duration string: {text[:60]!r}"
-        )
-    return sum(int(g) * unit for g, unit in zip(m.groups(), _PROM_UNITS_NS) if g)
 
 
 def _uint_param(params: Mapping[str, str], name: str) -> int:
