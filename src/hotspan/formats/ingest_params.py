@@ -3,6 +3,8 @@ parameters, and how a non-pprof upload's app-name suffix picks its profile type.
 
 from __future__ import annotations
 
+import calendar
+import datetime
 import re
 import time
 from dataclasses import dataclass
@@ -12,8 +14,20 @@ from hotspan.formats.errors import FormatError
 from hotspan.model.profile import MAX_TIME_NS
 
 _NAME = re.compile(r"^\s*([^{}]*?)\s*(?:\{(.*)\})?\s*$", re.S)
-_RELATIVE = re.compile(r"^now(?:-(\d+)([smhdw]))?$")
-_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+# now, now-1h, now+30s, now-1h30m: Pyroscope's (Graphite's) relative times.
+_RELATIVE = re.compile(r"^now(?:([+-])((?:\d+[a-zA-Z]*)+))?$")
+_OFFSET = re.compile(r"(\d+)([a-zA-Z]*)")
+# A unit by how it starts, in Pyroscope's order (mon and M before m); no unit counts nothing.
+_UNIT_SECONDS = (
+    ("s", 1),
+    ("mon", 30 * 86400),
+    ("M", 30 * 86400),
+    ("m", 60),
+    ("h", 3600),
+    ("d", 86400),
+    ("w", 7 * 86400),
+    ("y", 365 * 86400),
+)
 
 
 @dataclass(frozen=True)
@@ -52,7 +66,20 @@ def parse_time(value: Optional[str], default_ns: int) -> int:
     return ns
 
 
+def _unit_seconds(unit: str) -> int:
+    return next((seconds for prefix, seconds in _UNIT_SECONDS if unit.startswith(prefix)), 0)
+
+
 def _parse_time(value: str) -> int:
+    # As Pyroscope reads them: blanks, "_" and "," left out; YYYYMMDD is a day.
+    value = value.replace("_", "").replace(",", "").replace(" ", "")
+    if value.isdigit() and len(value) == 8:
+        try:
+            day = datetime.datetime.strptime(value, "%Y%m%d")
+        except ValueError:
+            day = None
+        if day is not None and day.year > 1900:
+            return calendar.timegm(day.timetuple()) * 1_000_000_000
     if value.isdigit():
         digits = len(value.lstrip("0")) or 1
         n = int(value)
@@ -69,9 +96,10 @@ def _parse_time(value: str) -> int:
     if m:
         now = time.time_ns()
         if m.group(1):
-            now -= int(m.group(1)) * _UNIT_SECONDS[m.group(2)] * 1_000_000_000
+            seconds = sum(int(n) * _unit_seconds(unit) for n, unit in _OFFSET.findall(m.group(2)))
+            now += (-seconds if m.group(1) == "-" else seconds) * 1_000_000_000
         return now
-    raise FormatError(f"time {value!r} is not a unix timestamp or now[-Nu]")
+    raise FormatError(f"time {value!r} is not a unix timestamp, YYYYMMDD or now[-Nu]")
 
 
 # suffix -> (metric name, sample type, sample unit), as Pyroscope's ingest adapter maps them.

@@ -361,6 +361,14 @@ def test_heatmap_and_series_steps_up_to_the_limit(srv: RunningServer) -> None:
     assert r.status_code == 400, r.text
     assert r.json()["code"] == "invalid_argument"
     assert r.json()["message"] == "step is too small for the time range (over 100,000 points)"
+    # Under a millisecond is refused, as Pyroscope does, not rounded up to one.
+    with srv.client() as c:
+        r = c.post(
+            f"{QUERIER}/SelectSeries",
+            content=series_request(step=0.0005).SerializeToString(),
+            headers=GRAFANA_HEADERS,
+        )
+    assert r.status_code == 400 and r.json()["message"] == "step must be >= 1ms, got 0.0005"
 
 
 def series_request(**fields) -> querier_pb2.SelectSeriesRequest:  # type: ignore[no-untyped-def]

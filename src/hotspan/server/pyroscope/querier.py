@@ -340,9 +340,12 @@ async def select_series(request: Request) -> Response:
     ptype = profile_type(req.profile_typeID)
     sel = selector(req.label_selector)
     start, end = time_range(req.start, req.end)
-    if not math.isfinite(req.step) or not 0 < req.step <= MAX_STEP_S:
-        raise HTTPError(400, f"step must be a positive number of seconds, got {req.step}")
-    step_ns = max(int(req.step * 1e9), 1_000_000)
+    # As Pyroscope: a step under a millisecond is refused, not rounded up.
+    if not math.isfinite(req.step) or req.step < 0.001:
+        raise HTTPError(400, f"step must be >= 1ms, got {req.step}")
+    if req.step > MAX_STEP_S:
+        raise HTTPError(400, f"step must be at most {MAX_STEP_S} seconds, got {req.step}")
+    step_ns = int(req.step * 1e9)
     check_steps(start, end, step_ns)
     average = (
         req.HasField("aggregation")
