@@ -53,6 +53,25 @@ def test_folded_ingest_and_render(server) -> None:  # type: ignore[no-untyped-de
         assert body["flamebearer"]["numTicks"] == 45 * 10**7
         assert "tax" in body["flamebearer"]["names"]
         assert sum(body["timeline"]["samples"]) == 45 * 10**7
+        # Pyroscope's timeline: 15 s steps over two minutes, from a whole step, through the
+        # step the range ends in.
+        timeline = body["timeline"]
+        assert timeline["durationDelta"] == 15
+        assert timeline["startTime"] == (T0 - 60) // 15 * 15
+        assert len(timeline["samples"]) == (-(-(T0 + 60) // 15) * 15 - (T0 - 60) // 15 * 15) // 15
+        week = c.get(
+            "/pyroscope/render",
+            params={
+                "query": 'shop.cpu{env="prod"}',
+                "from": str(T0 - 7 * 86400),
+                "until": str(T0 + 60),
+            },
+        ).json()["timeline"]
+        assert week["durationDelta"] == 300 and sum(week["samples"]) == 45 * 10**7
+        # The sample of the step the profile (at T0) falls in.
+        for tl in (timeline, week):
+            at = [i for i, v in enumerate(tl["samples"]) if v]
+            assert at == [(T0 - tl["startTime"]) // tl["durationDelta"]], tl
         r = c.get(
             "/pyroscope/label-values",
             params={"label": "env", "from": str(T0 - 60), "until": str(T0 + 60)},

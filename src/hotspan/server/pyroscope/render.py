@@ -96,18 +96,59 @@ def flamebearer(graph: FlameGraph) -> Dict[str, Any]:
     }
 
 
+# Pyroscope's timeline step (its querier's CalcPointInterval): about 1,500 points over the
+# range, at least 15 s, rounded to a round step: (at most this interval, step) in ms.
+_ROUND_STEPS_MS = (
+    (17_500, 15_000),
+    (25_000, 20_000),
+    (45_000, 30_000),
+    (90_000, 60_000),
+    (210_000, 120_000),
+    (450_000, 300_000),
+    (750_000, 600_000),
+    (1_050_000, 900_000),
+    (1_500_000, 1_200_000),
+    (2_700_000, 1_800_000),
+    (5_400_000, 3_600_000),
+    (9_000_000, 7_200_000),
+    (16_200_000, 10_800_000),
+    (32_400_000, 21_600_000),
+    (86_400_000, 43_200_000),
+    (604_800_000, 86_400_000),
+    (1_814_400_000, 604_800_000),
+    (3_628_800_000 - 1, 2_592_000_000),
+)
+_TIMELINE_POINTS = 1500
+_YEAR_MS = 31_536_000_000
+
+
+def timeline_step_s(start_ns: int, end_ns: int) -> int:
+    """The step of a render timeline over a range, in seconds, as Pyroscope picks it."""
+    interval_ms = (end_ns - start_ns) // _TIMELINE_POINTS // 10**6
+    step_ms = next((step for top, step in _ROUND_STEPS_MS if interval_ms <= top), _YEAR_MS)
+    return step_ms // 1000
+
+
 def _timeline(
     state: ServerState, tenant: str, ptype: ProfileType, sel: Selector, start: int, end: int
 ) -> Dict[str, Any]:
-    step_s = max(10, (end - start) // 10**9 // 1000)
-    found = state.engine.select_series(
-        tenant, ptype, sel, SampleFilter(start, end), step_s * 10**9, [], False, None
-    )
+    """Pyroscope's timeline: its step over the range, the start snapped down to a whole step,
+    a sample per step (0 where nothing was seen).  Pyroscope snaps the end down too and leaves
+    out the step the range ends in; here that step is kept, so the newest data shows."""
+    step_s = timeline_step_s(start, end)
+    step_ns = step_s * 10**9
+    start, end = start // step_ns * step_ns, -(-end // step_ns) * step_ns
     start_s = start // 10**9
-    samples = [0] * ((end - start) // (step_s * 10**9) + 1)
+    if start >= end:
+        return {"startTime": start_s, "samples": [], "durationDelta": step_s, "watermarks": None}
+    found = state.engine.select_series(
+        tenant, ptype, sel, SampleFilter(start, end), step_ns, [], False, None
+    )
+    samples = [0] * ((end - start) // step_ns)
     for ts in found:
         for t_ms, v in zip(ts.timestamps_ms, ts.values):
-            i = (t_ms // 1000 - start_s) // step_s
+            # A point is stamped with the end of its step; a timeline sample with its start.
+            i = (t_ms // 1000 - start_s) // step_s - 1
             if 0 <= i < len(samples):
                 samples[i] += int(v)
     return {"startTime": start_s, "samples": samples, "durationDelta": step_s, "watermarks": None}
