@@ -444,7 +444,8 @@ def _values(
 ) -> List[Tuple[str, str]]:
     """(value, TraceQL type) of a tag, sorted, of the spans ``q`` narrows to if it does."""
     since = seconds_value(params, "start") or 0
-    limit = _int_param(params, "limit", MAX_LIMIT)
+    # As Tempo: limit=0 is no limit (the most hotspan answers).
+    limit = _int_param(params, "limit", MAX_LIMIT, zero_is_default=True)
     records = _asked_spans(state, tenant, params)
     values = state.store.tag_values(tenant, scope, name, since)
     if records is not None:
