@@ -128,7 +128,7 @@ def _outcome(body: bytes, native: bool) -> Any:
     try:
         if native:
             return otlp_traces.from_protobuf(body)
-        return otlp_traces.to_span_batch(otlp_traces.decode(body, False))
+        return otlp_traces.to_span_batch(otlp_traces.decode(body, False), len(body))
     except TooLarge:
         return "too large"
     except FormatError:
@@ -429,4 +429,4 @@ def test_nested_values_cannot_blow_up_as_text() -> None:
     with pytest.raises(FormatError, match="characters as text"):
         otlp_traces.from_protobuf(body)
     with pytest.raises(FormatError, match="characters as text"):
-        otlp_traces.to_span_batch(otlp_traces.decode(body, False))
+        otlp_traces.to_span_batch(otlp_traces.decode(body, False), len(body))

@@ -7,7 +7,7 @@ from __future__ import annotations
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from hotspan.formats import otlp_traces
-from hotspan.formats.otlp import attribute_pairs
+from hotspan.formats.otlp import ArrayBudget, attribute_pairs
 from hotspan.model.trace import flatten_attributes
 
 T = 1_700_000_000 * 10**9
@@ -57,8 +57,8 @@ def test_every_kind_of_value_reads_as_attribute_pairs_reads_it() -> None:
     kv.value.bool_value = True
     values.add(key="unset")
     values.add(key="sep\x1ekey").value.string_value = "v\x1fw"
-    expected = attribute_pairs(span.attributes)
-    assert otlp_traces._pairs(span.attributes) == expected
+    expected = attribute_pairs(span.attributes, ArrayBudget(span.ByteSize()))
+    assert otlp_traces._pairs(span.attributes, ArrayBudget(span.ByteSize())) == expected
     [row] = otlp_traces.to_span_batch(r).batch.rows
     assert row.attrs == flatten_attributes(expected)
     assert {t for _, _, t in expected} == {"string", "int", "bool", "float"}

@@ -253,7 +253,9 @@ def _spans_outcome(data: bytes, native: bool) -> object:
         if native:
             result = otlp_traces_format.from_protobuf(data)
         else:
-            result = otlp_traces_format.to_span_batch(otlp_traces_format.decode(data, False))
+            result = otlp_traces_format.to_span_batch(
+                otlp_traces_format.decode(data, False), len(data)
+            )
     except FormatError as exc:
         return type(exc)
     b = result.batch

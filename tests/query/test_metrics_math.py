@@ -78,6 +78,9 @@ def test_numbers_are_computed_as_read_integers_as_integers() -> None:
         ("coalesce() | { true }", "coalesce() goes after a spanset"),
         ("{ } | count() > 2 / (1 - 1)", "division by zero"),
         ("{ } | count() > 1 + count()", "arithmetic on aggregates"),
+        ("(" * 3000 + "{} | rate()" + ")" * 3000 + " * 2", "nested too deeply"),
+        ("-" * 5000 + "1 * ({} | rate())", "nested too deeply"),
+        ("({} | rate()) * (9223372036854775807 * 2)", "past a 64-bit integer"),
     ],
 )
 def test_what_does_not_read(text: str, message: str) -> None:

@@ -69,6 +69,14 @@ def _attributes(rng: random.Random) -> List[Tuple[str, str, str]]:
     if rng.random() < 0.3:
         for _ in range(rng.randrange(1, 4)):
             attrs.append(("retries", rng.choice(["1", "3", "30"]), "int"))
+    if rng.random() < 0.3:  # elements of several types, as OTLP allows
+        for _ in range(rng.randrange(1, 4)):
+            attrs.append(
+                rng.choice(
+                    [("mixed", "true", "bool"), ("mixed", "false", "bool")]
+                    + [("mixed", "x", "string"), ("mixed", "3", "int"), ("mixed", "true", "string")]
+                )
+            )
     return attrs
 
 
@@ -192,6 +200,12 @@ PUSHED = [
     "{ span.retries > 2 } | rate() by (span.retries)",
     "{ span.retries != 3 } | rate()",
     "{} | rate() by (span.tags, span.retries)",
+    "{ span.mixed != true } | rate()",
+    "{ span.mixed = true } | rate()",
+    "{ span.mixed != false } | rate()",
+    "{ span.mixed = 3 } | rate()",
+    '{ span.mixed != "x" } | rate()',
+    '{ span.mixed = "true" } | rate() by (span.mixed)',
 ]
 
 # Shapes the engine keeps: structural, ||, trace-wide keys, attribute values, compare().

@@ -20,6 +20,7 @@ REFUSED = [
     ("{ false && 2.5 }", "not a boolean and a number"),
     ("{ kind >= client }", "a kind does not take >="),
     ("{ status < error }", "a status does not take <"),
+    ('{ status > "error" }', "not a status and a string"),
     ("{ true + true }", "a boolean does not take +"),
     ('{ "a" * "b" = "ab" }', "a string does not take *"),
     ("{ -kind = server }", "- takes a number, not a kind"),

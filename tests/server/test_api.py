@@ -72,6 +72,25 @@ def test_folded_ingest_and_render(server) -> None:  # type: ignore[no-untyped-de
         for tl in (timeline, week):
             at = [i for i, v in enumerate(tl["samples"]) if v]
             assert at == [(T0 - tl["startTime"]) // tl["durationDelta"]], tl
+        # A profile on a step's first second, in a range that starts there: the first sample.
+        edge = T0 + 10  # a multiple of 15
+        r = c.post(
+            "/ingest",
+            params={
+                "name": "edge.cpu",
+                "from": str(edge),
+                "until": str(edge + 10),
+                "spyName": "pyspy",
+            },
+            content=b"main 7\n",
+        )
+        assert r.status_code == 200, r.text
+        starting = c.get(
+            "/pyroscope/render",
+            params={"query": "edge.cpu{}", "from": str(edge), "until": str(edge + 600)},
+        ).json()["timeline"]
+        assert (starting["startTime"], starting["durationDelta"]) == (edge, 15)
+        assert starting["samples"][0] == 7 * 10**7 and sum(starting["samples"]) == 7 * 10**7
         r = c.get(
             "/pyroscope/label-values",
             params={"label": "env", "from": str(T0 - 60), "until": str(T0 + 60)},

@@ -92,6 +92,7 @@ typedef struct {
     uint64_t seed;
     size_t max_resources, max_scopes, max_items, max_tag_len;
     uint64_t min_time, max_time;
+    size_t array_bytes; /* what array attributes wrote so far (otlp.ArrayBudget) */
     int bail;
 } ctx;
 
@@ -1033,8 +1034,11 @@ push_attr(ctx *c, const uint8_t *d, size_t n)
         /* At the depth json_array reads its elements at. */
         if (wt != 2 || !any_text(c, e, e + len, 2, &a.value, &a.type))
             return 0;
-        size += (size_t)a.key.len + a.value.len + 2;
-        if (size > MAX_VALUE_TEXT || !push_one(c, &a))
+        size_t record = (size_t)a.key.len + a.value.len + 2;
+        size += record;
+        c->array_bytes += record;
+        if (size > MAX_VALUE_TEXT || c->array_bytes > MAX_VALUE_TEXT + 2 * c->body_len ||
+            !push_one(c, &a))
             return 0;
     }
     return 1;

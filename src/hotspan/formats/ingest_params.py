@@ -15,7 +15,9 @@ from hotspan.model.profile import MAX_TIME_NS
 
 _NAME = re.compile(r"^\s*([^{}]*?)\s*(?:\{(.*)\})?\s*$", re.S)
 # now, now-1h, now+30s, now-1h30m: Pyroscope's (Graphite's) relative times.
-_RELATIVE = re.compile(r"^now(?:([+-])((?:\d+[a-zA-Z]*)+))?$")
+_RELATIVE = re.compile(r"^now(?:([+-])(\d[0-9A-Za-z]*))?$")
+# Longer is no time anyone writes (and int() of thousands of digits is slow).
+MAX_TIME_TEXT = 64
 _OFFSET = re.compile(r"(\d+)([a-zA-Z]*)")
 # A unit by how it starts, in Pyroscope's order (mon and M before m); no unit counts nothing.
 _UNIT_SECONDS = (
@@ -71,6 +73,8 @@ def _unit_seconds(unit: str) -> int:
 
 
 def _parse_time(value: str) -> int:
+    if len(value) > MAX_TIME_TEXT:
+        raise FormatError(f"time {value[:20]!r}... is over {MAX_TIME_TEXT} characters")
     # As Pyroscope reads them: blanks, "_" and "," left out; YYYYMMDD is a day.
     value = value.replace("_", "").replace(",", "").replace(" ", "")
     if value.isdigit() and len(value) == 8:

@@ -178,33 +178,52 @@ def label_value(value: Any) -> str:
 _VALUE_TYPES = {"int_value": "int", "double_value": "float", "bool_value": "bool"}
 
 
-def attribute_pairs(attributes: Iterable[Any]) -> List[Tuple[str, str, str]]:
+class ArrayBudget:
+    """What the array attributes of one request may write: one record per element, each
+    repeating the key, could turn a small request into gigabytes of flattened text and index
+    rows (a long key, many empty elements).  At most MAX_VALUE_TEXT characters for one array,
+    and twice the request's size (plus MAX_VALUE_TEXT) for all of them; past that the request
+    is refused."""
+
+    def __init__(self, request_bytes: int) -> None:
+        self.left = MAX_VALUE_TEXT + 2 * request_bytes
+
+    def take(self, n: int) -> None:
+        self.left -= n
+        if self.left < 0:
+            raise FormatError("the request's array attributes are too large as text")
+
+
+def attribute_pairs(attributes: Iterable[Any], budget: ArrayBudget) -> List[Tuple[str, str, str]]:
     """(key, value as text, TraceQL type: string, int, float or bool) of each attribute; an
     array's elements each as an attribute of its key (see :func:`add_array_pairs`)."""
     out: List[Tuple[str, str, str]] = []
     for kv in attributes:
         kind = kv.value.WhichOneof("value")
         if kind == "array_value":
-            add_array_pairs(out, kv.key, kv.value.array_value)
+            add_array_pairs(out, kv.key, kv.value.array_value, budget)
         else:
             out.append((kv.key, any_value_text(kv.value), _VALUE_TYPES.get(kind, "string")))
     return out
 
 
-def add_array_pairs(out: List[Tuple[str, str, str]], key: str, array: Any) -> None:
+def add_array_pairs(
+    out: List[Tuple[str, str, str]], key: str, array: Any, budget: ArrayBudget
+) -> None:
     """An array attribute's elements, each as ``(key, text, type)``: TraceQL compares an
     array element by element (``=`` holds when one element is equal, ``!=`` when none is), and
     search finds a value of ``http.request.header.accept`` as it finds a plain one.  An element
-    that is itself an array or a map is its JSON text; an empty array adds nothing.  Its records
-    (key and text of each element) hold at most MAX_VALUE_TEXT characters, as the array's text
-    did: a request of a few megabytes cannot make millions of records of one span."""
+    that is itself an array or a map is its JSON text; an empty array adds nothing.  The
+    records (key and text of each element) count against ``budget``."""
     size = 0
     for element in array.values:
         kind = element.WhichOneof("value")
         text = any_value_text(element)
-        size += len(key) + len(text) + 2
+        record = len(key) + len(text) + 2
+        size += record
         if size > MAX_VALUE_TEXT:
             raise FormatError(f"an array attribute is over {MAX_VALUE_TEXT} characters as text")
+        budget.take(record)
         out.append((key, text, _VALUE_TYPES.get(kind, "string")))
 
 

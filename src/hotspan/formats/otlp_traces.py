@@ -8,7 +8,7 @@ is kept.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterable, List, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
@@ -26,6 +26,7 @@ from hotspan.formats.otlp import (
     MAX_RESOURCES,
     MAX_SCOPES,
     MIN_TIME_NS,
+    ArrayBudget,
     Rejections,
     add_array_pairs,
     any_value_text,
@@ -96,11 +97,17 @@ def from_protobuf(body: bytes, native: bool = True) -> SpansResult:
         if done is not None:
             count, reasons = done
             return SpansResult(batch, Rejections(count, reasons))
-    return to_span_batch(decode(body, False))
+    return to_span_batch(decode(body, False), len(body))
 
 
-def to_span_batch(request: ExportTraceServiceRequest) -> SpansResult:
+def to_span_batch(
+    request: ExportTraceServiceRequest, request_bytes: Optional[int] = None
+) -> SpansResult:
+    """The spans of a request as a batch, with the spans refused and why (FormatError for a
+    request refused whole).  ``request_bytes``: the size it came in (its protobuf size when
+    not given), which bounds what its array attributes may write (ArrayBudget)."""
     result = SpansResult(SpanBatch())
+    budget = ArrayBudget(request.ByteSize() if request_bytes is None else request_bytes)
     batch = result.batch
     check_count(len(request.resource_spans), MAX_RESOURCES, "resource spans")
     scopes = sum(len(rs.scope_spans) for rs in request.resource_spans)
@@ -112,7 +119,7 @@ def to_span_batch(request: ExportTraceServiceRequest) -> SpansResult:
     append_row = batch.rows.append
     add_tags = batch.add_tags
     for rs in request.resource_spans:
-        resource_attrs = attribute_pairs(rs.resource.attributes)
+        resource_attrs = attribute_pairs(rs.resource.attributes, budget)
         service = next((v for k, v, _ in resource_attrs if k == SERVICE_NAME_ATTR), "")
         service = service or UNKNOWN_SERVICE
         resource = rs.resource.SerializeToString()
@@ -130,7 +137,7 @@ def to_span_batch(request: ExportTraceServiceRequest) -> SpansResult:
                 )
             )
             for span in ss.spans:
-                span_attrs = _pairs(span.attributes)
+                span_attrs = _pairs(span.attributes, budget)
                 try:
                     row = _row(span, service, gid, flatten_attributes(span_attrs))
                 except FormatError as exc:
@@ -156,7 +163,7 @@ def to_span_batch(request: ExportTraceServiceRequest) -> SpansResult:
 _TYPES = {"int_value": "int", "double_value": "float", "bool_value": "bool"}
 
 
-def _pairs(attributes: Iterable[Any]) -> List[Tuple[str, str, str]]:
+def _pairs(attributes: Iterable[Any], budget: ArrayBudget) -> List[Tuple[str, str, str]]:
     """:func:`~hotspan.formats.otlp.attribute_pairs`, with the kinds spans carry most
     (strings, integers, booleans) read without a second look at the value."""
     out = []
@@ -170,7 +177,7 @@ def _pairs(attributes: Iterable[Any]) -> List[Tuple[str, str, str]]:
         elif kind == "bool_value":
             out.append((kv.key, "true" if value.bool_value else "false", "bool"))
         elif kind == "array_value":
-            add_array_pairs(out, kv.key, value.array_value)
+            add_array_pairs(out, kv.key, value.array_value, budget)
         else:
             out.append((kv.key, any_value_text(value), _TYPES.get(kind, "string")))
     return out

@@ -314,20 +314,19 @@ def _attribute(key: str, op: str, value: object, bind: Binder, what: str) -> str
     ``what`` names the attribute in errors."""
     d = bind.dialect
     k = clean(key)
-    if isinstance(value, bool):
-        if op not in ("=", "!="):
-            return "FALSE"
-        # != true: the boolean false, not an attribute of another type, and no element true.
-        wanted = "true" if value == (op == "=") else "false"
-        found = _contains(RS + k + US + wanted + RS, bind)
-        if op == "=":
-            return found
-        return f"{found} AND NOT {_contains(RS + k + US + str(value).lower() + RS, bind)}"
+    if isinstance(value, bool) and op not in ("=", "!="):
+        return "FALSE"
+    if isinstance(value, bool) and op == "=":
+        return _contains(RS + k + US + ("true" if value else "false") + RS, bind)
     if op == "=" and isinstance(value, str):
         return _contains(attribute_pattern(key, value), bind)
     # Each record's type mark and text, as ``elem`` in the condition (bound only when used:
     # DuckDB refuses a parameter that the statement does not use).
     records = d.extract_all.format("attrs", bind(f"{RS}{re.escape(k)}([{US}{STRING_US}][^{RS}]*)"))
+    if isinstance(value, bool):
+        # != true: every record the boolean false (not a string, not a number).
+        other = bind(US + ("false" if value else "true"))
+        return f"{_has_key(key, bind)} AND {d.every_element.format(records, f'elem = {other}')}"
     each = d.every_element if op in ("!=", "!~") else d.any_element
     text = d.after_mark.format("elem")
     mark = "substring(elem, 1, 1)"

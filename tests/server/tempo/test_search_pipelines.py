@@ -700,6 +700,10 @@ def test_names_with_a_slash_since_and_tempos_scope_names(srv, data: Data) -> Non
         hours = c.get("/api/search", params={**recent, "since": "3h"}, headers=GRAFANA_HEADERS)
         minute = c.get("/api/search", params={**recent, "since": "1m"}, headers=GRAFANA_HEADERS)
         bad = c.get("/api/search", params={**recent, "since": "soon"}, headers=GRAFANA_HEADERS)
+        ages = c.get(
+            "/api/search", params={**recent, "since": "9" * 30 + "y"}, headers=GRAFANA_HEADERS
+        )
+    assert ages.status_code == 200 and tid(data.cart["root"]) in traces(ages.json())
     assert tid(data.cart["root"]) in traces(hours.json())
     assert traces(minute.json()) == {}
     assert bad.status_code == 400 and "since" in bad.text

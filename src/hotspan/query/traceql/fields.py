@@ -190,7 +190,8 @@ def _typed_value(value: Any) -> object:
     (arrays and maps within it, and maps, as their text: strings)."""
     kind = value.WhichOneof("value")
     if kind == "array_value":
-        return ast.Array(_typed_element(v) for v in value.array_value.values)
+        # An empty array is absent, as it is among a span's own attributes.
+        return ast.Array(_typed_element(v) for v in value.array_value.values) or None
     return _typed_element(value)
 
 
@@ -518,8 +519,7 @@ def _compare_static(expr: ast.Binary) -> Optional[Getter]:
             got = get(s, t)
             if type(got) is ast.Array:
                 return each(number_meets(x) for x in got)
-            number = to_number(got)
-            return number is not None and test(number, value)
+            return number_meets(got)
 
         return numeric
     if isinstance(value, str) and not isinstance(value, (ast.Status, ast.Kind, ast.Text)):
@@ -600,7 +600,8 @@ def plain(value: object) -> Optional[Value]:
     if value is None or isinstance(value, ast.Nil):
         return None
     if isinstance(value, ast.Array):
-        # The value a store's by() reads: the first typed record, else the first string.
+        # The value a store's by() reads: the first record after US (any but a string that
+        # reads as a number or a boolean), else the first.
         if not value:
             return None
         return plain(next((v for v in value if isinstance(v, ast.Text)), value[0]))

@@ -23,7 +23,7 @@ from hotspan.query.engine import QueryError
 from hotspan.query.traceql.lexer import Lexer
 from hotspan.query.traceql.metrics import run_metrics
 from hotspan.query.traceql.parser import METRICS_FUNCTIONS, fold_numbers
-from hotspan.query.traceql.plan import Query, parse_query
+from hotspan.query.traceql.plan import MAX_QUERY_TEXT, Query, parse_query
 from hotspan.query.traceql.series import (
     NAME_LABEL,
     Exemplar,
@@ -78,13 +78,19 @@ def parse_metrics_expression(text: str) -> Node:
     try:
         return Fragment(parse_query(text))
     except QueryError:
+        if len(text) > MAX_QUERY_TEXT:
+            raise
         tokens = Lexer(text).tokens
         if not _has_fragment(tokens, 0, len(tokens) - 1):
             raise
-    return _Parser(text, tokens).parse()
+    try:
+        return _Parser(text, tokens).parse()
+    except RecursionError:
+        raise QueryError("TraceQL: the query is nested too deeply") from None
 
 
 def fragments(node: Node) -> List[Fragment]:
+    """The metrics queries in an expression, in the order written."""
     if isinstance(node, Fragment):
         return [node]
     if isinstance(node, Arithmetic):

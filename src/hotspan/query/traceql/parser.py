@@ -545,6 +545,8 @@ def fold_numbers(op: str, a: Union[int, float], b: Union[int, float]) -> Union[i
         out = quotient if (a < 0) == (b < 0) else -quotient
     else:
         out = a / b
+    if isinstance(out, int) and not -(1 << 63) <= out < 1 << 63:
+        raise QueryError(f"TraceQL: {a} {op} {b} is past a 64-bit integer")
     if isinstance(a, ast.Duration) and isinstance(b, ast.Duration) and op in ("+", "-"):
         return ast.Duration(int(out))
     return out

@@ -52,12 +52,15 @@ class Query:
     needs_raw: bool = False
 
 
+MAX_QUERY_TEXT = 100_000
+
+
 def parse_query(text: str) -> Query:
     """Any TraceQL query hotspan runs: spanset filters with every operator, ``&&``/``||``
     between spansets, structural operators, pipelines (``by``, ``select``, ``coalesce``,
     aggregates) and a metrics function at the end.  QueryError says what is wrong, and where."""
-    if len(text) > 100_000:
-        raise QueryError("TraceQL: the query is longer than 100000 characters")
+    if len(text) > MAX_QUERY_TEXT:
+        raise QueryError(f"TraceQL: the query is longer than {MAX_QUERY_TEXT} characters")
     try:
         root, metrics, hints = parse_tree(text)
         selection = metrics.compare_filter if metrics is not None else None

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Optional
 
+from hotspan.model.trace import SPAN_KINDS, STATUS_CODES
 from hotspan.query.engine import QueryError
 from hotspan.query.traceql import ast
 from hotspan.query.traceql.names import INTRINSIC_TYPES, UNSEARCHED
@@ -74,18 +75,24 @@ def _matching(a: str, b: str) -> bool:
     return ATTRIBUTE in (a, b) or a == b or (a in _NUMERIC and b in _NUMERIC) or "nil" in (a, b)
 
 
-def _names_a_code(expr: ast.Field) -> bool:
-    """A string literal that is a status's or a kind's name: hotspan takes ``status = "error"``
-    (Tempo refuses it), as its own search sends it."""
-    return isinstance(expr, ast.Static) and isinstance(expr.value, str)
+def _names_a_code(expr: ast.Field, op: str) -> bool:
+    """A status's or a kind's name as a string literal, compared with = or !=: hotspan takes
+    ``status = "error"`` (Tempo refuses it), as its own search sends it."""
+    names = (*STATUS_CODES, *SPAN_KINDS)
+    return (
+        op in ("=", "!=")
+        and isinstance(expr, ast.Static)
+        and isinstance(expr.value, str)
+        and expr.value in names
+    )
 
 
 def _check_binary(node: ast.Binary) -> None:
     lhs, rhs = implied_type(node.lhs), implied_type(node.rhs)
     if not _matching(lhs, rhs):
         codes = {"status", "kind"}
-        lenient = (lhs in codes and rhs == "string" and _names_a_code(node.rhs)) or (
-            rhs in codes and lhs == "string" and _names_a_code(node.lhs)
+        lenient = (lhs in codes and rhs == "string" and _names_a_code(node.rhs, node.op)) or (
+            rhs in codes and lhs == "string" and _names_a_code(node.lhs, node.op)
         )
         if not lenient:
             raise QueryError(

@@ -71,7 +71,7 @@ def _answer(msg: Message, is_json: bool) -> Response:
 def convert_traces(body: bytes, is_json: bool) -> Tuple[otlp_traces.SpansResult, Message]:
     """Spans to store and the answer to give; FormatError when nothing can be stored."""
     if is_json:
-        result = otlp_traces.to_span_batch(otlp_traces.decode(body, is_json))
+        result = otlp_traces.to_span_batch(otlp_traces.decode(body, is_json), len(body))
     else:
         result = otlp_traces.from_protobuf(body)
     rejected = result.rejected

@@ -141,14 +141,17 @@ def _timeline(
     start_s = start // 10**9
     if start >= end:
         return {"startTime": start_s, "samples": [], "durationDelta": step_s, "watermarks": None}
+    # The store's steps are (t - step, t], stamped t; a timeline's are [t, t + step): asked a
+    # nanosecond early, each step holds what the timeline's holds, stamped a millisecond
+    # before its end.
     found = state.engine.select_series(
-        tenant, ptype, sel, SampleFilter(start, end), step_ns, [], False, None
+        tenant, ptype, sel, SampleFilter(start - 1, end - 1), step_ns, [], False, None
     )
     samples = [0] * ((end - start) // step_ns)
+    start_ms, step_ms = start // 10**6, step_ns // 10**6
     for ts in found:
         for t_ms, v in zip(ts.timestamps_ms, ts.values):
-            # A point is stamped with the end of its step; a timeline sample with its start.
-            i = (t_ms // 1000 - start_s) // step_s - 1
+            i = (t_ms + 1 - start_ms) // step_ms - 1
             if 0 <= i < len(samples):
                 samples[i] += int(v)
     return {"startTime": start_s, "samples": samples, "durationDelta": step_s, "watermarks": None}

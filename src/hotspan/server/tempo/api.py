@@ -204,7 +204,7 @@ def _search_query(params: Mapping[str, str]) -> Tuple[SearchParams, Optional[Que
     if params.get("since"):
         # As Tempo's frontend: the last ``since`` before now, whatever start and end say.
         end = time.time_ns()
-        start = end - parse_since(params["since"])
+        start = max(end - parse_since(params["since"]), 0)
     bare_tags: List[Tuple[str, str]] = []
     if not start and not end:
         # As Tempo: no range, or start=0&end=0, is the recent data; with no q or tags either,
@@ -312,8 +312,8 @@ def _tag_names(
     if scope is not None and scope not in _TAG_SCOPES:
         raise HTTPError(
             400,
-            "scope must be resource, span, intrinsic, event, link or instrumentation, "
-            f"not {scope!r}",
+            "scope must be resource, span, intrinsic, event, link, instrumentation, trace or "
+            f"none, not {scope!r}",
         )
     records = _asked_spans(state, tenant, params)
     if records is not None:
