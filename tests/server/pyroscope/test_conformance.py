@@ -535,6 +535,14 @@ def test_folded_upload(client: httpx.Client) -> None:
     )
 
 
+def test_a_service_named_in_the_tags_keeps_the_app_name(client: httpx.Client) -> None:
+    # As Pyroscope's ingest adapter: service_name from the tags, the app's name in app_name.
+    ingest(client, "conf.named.cpu{service_name=conf-svc}", fmt="folded", content=b"main 3\n")
+    assert label_values(client, "app_name", '{service_name="conf-svc"}') == ["conf.named"]
+    ingest(client, "conf.unnamed.cpu", fmt="folded", content=b"main 3\n")
+    assert label_values(client, "app_name", '{service_name="conf.unnamed"}') == []
+
+
 def test_lines_upload(client: httpx.Client) -> None:
     body = b"main;work\nmain;work\nmain;work;inner\nmain\n"
     ingest(client, "conf.lines.cpu", fmt="lines", content=body, extra={"sampleRate": "50"})

@@ -32,6 +32,9 @@ from hotspan.server.pyroscope.connect import read_message, unary, write_message
 from hotspan.server.request import check_token, read_body, tenant_of
 from hotspan.server.state import ServerState
 
+# The label Pyroscope keeps an app's name in when its tags name the service.
+APP_NAME = "app_name"
+
 FOLDED_FORMATS = ("", "folded", "groups", "collapsed")
 
 
@@ -282,6 +285,10 @@ def _ingest_stacks(
     batch: IngestBatch,
 ) -> None:
     base, suffix = ingest_params.split_suffix(app_name)
+    if labels.get(SERVICE_NAME):
+        # As Pyroscope's ingest adapter: a service named in the tags keeps the app's name
+        # beside it.
+        labels.setdefault(APP_NAME, base)
     labels.setdefault(SERVICE_NAME, base)
     if fmt == "speedscope":
         for prof in speedscope.parse(body):
