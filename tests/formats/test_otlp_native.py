@@ -20,6 +20,7 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Span
 from hotspan.formats import otlp_traces
 from hotspan.formats.errors import FormatError
 from hotspan.formats.otlp import MAX_ITEMS, TooLarge, any_value_text
+from hotspan.model.trace import RS, STRING_US, US
 
 pytestmark = pytest.mark.skipif(otlp_traces._fast is None, reason="C extension _otlp not built")
 
@@ -122,6 +123,19 @@ def _span(s: Span, rng: random.Random, i: int) -> None:
         s.start_time_unix_nano = 5
     elif bad < 0.12:
         s.end_time_unix_nano = s.start_time_unix_nano - 1
+
+
+def _one_span() -> Tuple[ExportTraceServiceRequest, Span]:
+    """A request of one span (one resource, one scope), and the span."""
+    r = ExportTraceServiceRequest()
+    span = (
+        r.resource_spans.add()
+        .scope_spans.add()
+        .spans.add(
+            trace_id=b"\x01" * 16, span_id=b"\x01" * 8, start_time_unix_nano=T, end_time_unix_nano=T
+        )
+    )
+    return r, span
 
 
 def _outcome(body: bytes, native: bool) -> Any:
@@ -249,14 +263,10 @@ def test_a_big_request() -> None:
 
 
 def test_an_array_is_one_record_per_element_in_both_readers() -> None:
-    r = ExportTraceServiceRequest()
-    rs = r.resource_spans.add()
-    service = rs.resource.attributes.add(key="service.name").value.array_value
+    r, span = _one_span()
+    service = r.resource_spans[0].resource.attributes.add(key="service.name").value.array_value
     service.values.add(string_value="api")
     service.values.add(string_value="ignored")
-    span = rs.scope_spans.add().spans.add(
-        trace_id=b"\x01" * 16, span_id=b"\x01" * 8, start_time_unix_nano=T, end_time_unix_nano=T
-    )
     accept = span.attributes.add(key="accept").value.array_value
     for text in ("text/html", "1", "true"):
         accept.values.add(string_value=text)
@@ -269,12 +279,11 @@ def test_an_array_is_one_record_per_element_in_both_readers() -> None:
     span.attributes.add(key="plain", value=AnyValue(string_value="x"))
     result = _same(r.SerializeToString())
     row = result.batch.rows[0]
-    rs_, us, string_us = "\x1e", "\x1f", "\x1c"
     assert row.service == "api"
     assert row.attrs == (
-        f"{rs_}accept{us}text/html{rs_}accept{string_us}1{rs_}accept{string_us}true"
-        f'{rs_}codes{us}200{rs_}codes{us}1.5{rs_}codes{us}{rs_}codes{us}["true"]'
-        f"{rs_}plain{us}x{rs_}"
+        f"{RS}accept{US}text/html{RS}accept{STRING_US}1{RS}accept{STRING_US}true"
+        f'{RS}codes{US}200{RS}codes{US}1.5{RS}codes{US}{RS}codes{US}["true"]'
+        f"{RS}plain{US}x{RS}"
     )
     span_tags = {(k, v, kind) for (scope, k, v, kind) in result.batch.tags if scope == "span"}
     assert span_tags == {
@@ -291,14 +300,7 @@ def test_an_array_is_one_record_per_element_in_both_readers() -> None:
 
 def test_an_array_of_a_million_empty_strings_is_refused_not_flattened() -> None:
     # 4 bytes of protobuf an element: a 2.4 MB request would make 600,000 records of one span.
-    r = ExportTraceServiceRequest()
-    span = (
-        r.resource_spans.add()
-        .scope_spans.add()
-        .spans.add(
-            trace_id=b"\x01" * 16, span_id=b"\x01" * 8, start_time_unix_nano=T, end_time_unix_nano=T
-        )
-    )
+    r, span = _one_span()
     array = span.attributes.add(key="k").value.array_value
     for _ in range(600_000):
         array.values.add(string_value="")
@@ -374,14 +376,7 @@ def test_mutated_bytes_are_refused_alike_or_read_alike() -> None:
 
 
 def _double_text(d: float) -> str:
-    r = ExportTraceServiceRequest()
-    s = (
-        r.resource_spans.add()
-        .scope_spans.add()
-        .spans.add(
-            trace_id=b"\x01" * 16, span_id=b"\x01" * 8, start_time_unix_nano=T, end_time_unix_nano=T
-        )
-    )
+    r, s = _one_span()
     s.attributes.add(key="d").value.double_value = d
     result = _native(r.SerializeToString())
     assert result is not None
@@ -414,14 +409,7 @@ def test_nested_values_cannot_blow_up_as_text() -> None:
         outer = AnyValue()
         outer.array_value.values.add().CopyFrom(value)
         value = outer
-    r = ExportTraceServiceRequest()
-    span = (
-        r.resource_spans.add()
-        .scope_spans.add()
-        .spans.add(
-            trace_id=b"\x01" * 16, span_id=b"\x01" * 8, start_time_unix_nano=T, end_time_unix_nano=T
-        )
-    )
+    r, span = _one_span()
     span.attributes.add(key="deep").value.CopyFrom(value)
     body = r.SerializeToString()
     assert len(body) < 300

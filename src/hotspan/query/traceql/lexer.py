@@ -3,14 +3,15 @@
 ``parse_duration`` reads a Go duration (``300ms``, ``.5s``, ``2h45m``) as ``time.ParseDuration``
 does; TraceQL adds the units ``d``, ``w`` and ``y``.  :class:`Lexer` cuts a query into
 (kind, value, offset) tokens, reading strings, numbers, durations, attribute names and
-intrinsics as Tempo's lexer (``pkg/traceql/lexer.go``) does.
+intrinsics as Tempo's lexer (``pkg/traceql/lexer.go``) does; :class:`TokenReader` walks them
+for the parsers (``parser``, ``metrics_math``).
 """
 
 from __future__ import annotations
 
 import math
 import re
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, NoReturn, Optional, Tuple
 
 from hotspan.query.engine import QueryError
 from hotspan.query.traceql import ast
@@ -186,3 +187,43 @@ def _query_duration(raw: str, pos: int) -> int:
         return parse_duration(raw, _DURATION_UNITS)
     except QueryError as exc:
         raise QueryError(f"TraceQL: {exc} at column {pos + 1}") from None
+
+
+Token = Tuple[str, object, int]
+
+
+class TokenReader:
+    """A position in a query's tokens, and the errors that name it."""
+
+    def __init__(self, text: str, tokens: Optional[List[Token]] = None) -> None:
+        self.text = text
+        self.tokens = Lexer(text).tokens if tokens is None else tokens
+        self.pos = 0
+
+    def peek(self, ahead: int = 0) -> Token:
+        return self.tokens[min(self.pos + ahead, len(self.tokens) - 1)]
+
+    def at(self, *values: str, ahead: int = 0) -> bool:
+        kind, value, _ = self.peek(ahead)
+        return kind in ("op", "word") and value in values
+
+    def take(self) -> Token:
+        tok = self.peek()
+        self.pos = min(self.pos + 1, len(self.tokens) - 1)
+        return tok
+
+    def expect(self, value: str, what: str = "") -> None:
+        if not self.at(value):
+            self.fail(f"expected {value!r}{what}")
+        self.take()
+
+    def fail(self, message: str) -> NoReturn:
+        kind, value, pos = self.peek()
+        found = "the end of the query" if kind == "end" else repr(_token_text(kind, value))
+        raise QueryError(f"TraceQL: {message} at column {pos + 1}, found {found}")
+
+
+def _token_text(kind: str, value: object) -> str:
+    if kind == "string":
+        return '"' + str(value) + '"'
+    return str(value)

@@ -15,12 +15,12 @@ series.  Numbers alone are computed as the query is read, integers as integers (
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Dict, List, NoReturn, Optional, Sequence, Tuple, Union
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
 from hotspan.query.engine import QueryError
-from hotspan.query.traceql.lexer import Lexer
+from hotspan.query.traceql.lexer import Lexer, Token, TokenReader
 from hotspan.query.traceql.metrics import run_metrics
 from hotspan.query.traceql.parser import METRICS_FUNCTIONS, fold_numbers
 from hotspan.query.traceql.plan import MAX_QUERY_TEXT, Query, parse_query
@@ -81,7 +81,8 @@ def parse_metrics_expression(text: str) -> Node:
         if len(text) > MAX_QUERY_TEXT:
             raise
         tokens = Lexer(text).tokens
-        if not _has_fragment(tokens, 0, len(tokens) - 1):
+        # Arithmetic has a metrics query inside parentheses.
+        if not any(d > 0 for d in _fragment_depths(tokens, 0, len(tokens) - 1)):
             raise
     try:
         return _Parser(text, tokens).parse()
@@ -100,8 +101,10 @@ def fragments(node: Node) -> List[Fragment]:
     return []
 
 
-def _has_fragment(tokens: Sequence[Tuple[str, object, int]], start: int, end: int) -> bool:
-    """Whether tokens [start, end) hold ``| <metrics function>`` inside parentheses."""
+def _fragment_depths(tokens: Sequence[Token], start: int, end: int) -> List[int]:
+    """The depths, in parentheses counted from ``start``, of each ``| <metrics function>`` in
+    tokens [start, end)."""
+    depths = []
     depth = 0
     for i in range(start, end):
         kind, value, _ = tokens[i]
@@ -109,31 +112,17 @@ def _has_fragment(tokens: Sequence[Tuple[str, object, int]], start: int, end: in
             depth += 1
         elif kind == "op" and value == ")":
             depth -= 1
-        elif depth > 0 and kind == "op" and value == "|":
+        elif kind == "op" and value == "|":
             nxt = tokens[i + 1]
             if nxt[0] == "word" and nxt[1] in METRICS_FUNCTIONS:
-                return True
-    return False
+                depths.append(depth)
+    return depths
 
 
-class _Parser:
-    def __init__(self, text: str, tokens: List[Tuple[str, object, int]]) -> None:
-        self.text = text
-        self.tokens = tokens
-        self.pos = 0
+class _Parser(TokenReader):
+    def __init__(self, text: str, tokens: List[Token]) -> None:
+        super().__init__(text, tokens)
         self.count = 0
-
-    def peek(self, ahead: int = 0) -> Tuple[str, object, int]:
-        return self.tokens[min(self.pos + ahead, len(self.tokens) - 1)]
-
-    def at(self, *values: str, ahead: int = 0) -> bool:
-        kind, value, _ = self.peek(ahead)
-        return kind in ("op", "word") and value in values
-
-    def fail(self, message: str) -> NoReturn:
-        kind, value, pos = self.peek()
-        found = "the end of the query" if kind == "end" else repr(str(value))
-        raise QueryError(f"TraceQL: {message} at column {pos + 1}, found {found}")
 
     def parse(self) -> Node:
         node = self.expression()
@@ -148,23 +137,17 @@ class _Parser:
         stages: List[Tuple[str, float]] = []
         while True:
             if self.at(*_FILTERS):
-                op = str(self.tokens[self.pos][1])
-                self.pos += 1
+                op = str(self.take()[1])
                 stages.append((op, float(self.constant())))
             elif self.at("|") and self.at("topk", "bottomk", ahead=1):
-                self.pos += 1
-                name = str(self.tokens[self.pos][1])
-                self.pos += 1
-                if not self.at("("):
-                    self.fail(f"expected ( after {name}")
-                self.pos += 1
+                self.take()
+                name = str(self.take()[1])
+                self.expect("(", f" after {name}")
                 kind, value, _ = self.peek()
                 if kind != "int" or int(value) <= 0:  # type: ignore[call-overload]
                     self.fail(f"{name}() takes a positive integer")
-                self.pos += 1
-                if not self.at(")"):
-                    self.fail(f"expected ) closing {name}(")
-                self.pos += 1
+                self.take()
+                self.expect(")", f" closing {name}(")
                 stages.append((name, int(value)))  # type: ignore[call-overload]
             else:
                 break
@@ -174,7 +157,7 @@ class _Parser:
         """A number after a filter: arithmetic of numbers, a duration in seconds."""
         kind, value, _ = self.peek()
         if kind == "duration":
-            self.pos += 1
+            self.take()
             return int(value) / 1e9  # type: ignore[call-overload]
         node = self.additive()
         if not isinstance(node, Scalar):
@@ -184,22 +167,20 @@ class _Parser:
     def additive(self) -> Node:
         node = self.term()
         while self.at("+", "-"):
-            op = str(self.tokens[self.pos][1])
-            self.pos += 1
+            op = str(self.take()[1])
             node = self._combine(op, node, self.term())
         return node
 
     def term(self) -> Node:
         node = self.unary()
         while self.at("*", "/"):
-            op = str(self.tokens[self.pos][1])
-            self.pos += 1
+            op = str(self.take()[1])
             node = self._combine(op, node, self.unary())
         return node
 
     def unary(self) -> Node:
         if self.at("-"):
-            self.pos += 1
+            self.take()
             inner = self.unary()
             if not isinstance(inner, Scalar):
                 self.fail("a minus sign goes before a number, not a query")
@@ -211,14 +192,15 @@ class _Parser:
         if kind in ("int", "float"):
             if kind == "int" and not -(1 << 63) <= int(value) < 1 << 63:  # type: ignore[call-overload]
                 self.fail("an integer out of range")
-            self.pos += 1
+            self.take()
             return Scalar(value)  # type: ignore[arg-type]
         if kind == "duration":
             self.fail("a duration is not a number to compute with")
         if not self.at("("):
             self.fail("expected a metrics query in parentheses, such as ({} | rate()), or a number")
         close = self._closing(self.pos)
-        if self._one_query(self.pos, close):
+        # One metrics query: its ``| rate()`` directly inside these parentheses.
+        if 0 in _fragment_depths(self.tokens, self.pos + 1, close):
             start, end = self.tokens[self.pos + 1][2], self.tokens[close][2]
             query = parse_query(self.text[start:end])
             if query.metrics is None:
@@ -230,11 +212,9 @@ class _Parser:
                 raise QueryError(f"TraceQL: more than {MAX_FRAGMENTS} metrics queries in one")
             self.pos = close + 1
             return Fragment(query)
-        self.pos += 1
+        self.take()
         node = self.expression()
-        if not self.at(")"):
-            self.fail("expected ')'")
-        self.pos += 1
+        self.expect(")")
         return node
 
     def _closing(self, open_at: int) -> int:
@@ -248,22 +228,6 @@ class _Parser:
                 if depth == 0:
                     return i
         self.fail("unbalanced '('")
-
-    def _one_query(self, open_at: int, close: int) -> bool:
-        """Whether the parentheses hold one metrics query (its ``| rate()`` directly inside
-        them) rather than arithmetic in parentheses."""
-        depth = 0
-        for i in range(open_at + 1, close):
-            kind, value, _ = self.tokens[i]
-            if kind == "op" and value == "(":
-                depth += 1
-            elif kind == "op" and value == ")":
-                depth -= 1
-            elif depth == 0 and kind == "op" and value == "|":
-                nxt = self.tokens[i + 1]
-                if nxt[0] == "word" and nxt[1] in METRICS_FUNCTIONS:
-                    return True
-        return False
 
     def _combine(self, op: str, lhs: Node, rhs: Node) -> Node:
         if isinstance(lhs, Scalar) and isinstance(rhs, Scalar):

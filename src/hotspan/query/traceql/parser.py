@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import List, NoReturn, Optional, Tuple, Union
+from typing import List, Optional, Tuple, Union
 
 from hotspan.model.trace import (
     SPAN_KINDS,
@@ -20,7 +20,7 @@ from hotspan.model.trace import (
 )
 from hotspan.query.engine import QueryError
 from hotspan.query.traceql import ast
-from hotspan.query.traceql.lexer import Lexer
+from hotspan.query.traceql.lexer import TokenReader
 from hotspan.query.traceql.names import (
     INTRINSIC_TYPES,
     INTRINSICS,
@@ -93,36 +93,7 @@ class MetricsStage:
     compare_end_ns: Optional[int] = None
 
 
-class _Parser:
-    def __init__(self, text: str) -> None:
-        self.text = text
-        self.tokens = Lexer(text).tokens
-        self.pos = 0
-
-    # -- tokens --
-
-    def peek(self, ahead: int = 0) -> Tuple[str, object, int]:
-        return self.tokens[min(self.pos + ahead, len(self.tokens) - 1)]
-
-    def at(self, *values: str, ahead: int = 0) -> bool:
-        kind, value, _ = self.peek(ahead)
-        return kind in ("op", "word") and value in values
-
-    def take(self) -> Tuple[str, object, int]:
-        tok = self.peek()
-        self.pos = min(self.pos + 1, len(self.tokens) - 1)
-        return tok
-
-    def expect(self, value: str, what: str = "") -> None:
-        if not self.at(value):
-            self.fail(f"expected {value!r}{what}")
-        self.take()
-
-    def fail(self, message: str) -> NoReturn:
-        kind, value, pos = self.peek()
-        found = "the end of the query" if kind == "end" else repr(_token_text(kind, value))
-        raise QueryError(f"TraceQL: {message} at column {pos + 1}, found {found}")
-
+class _Parser(TokenReader):
     # -- the query --
 
     def query(self) -> Tuple[ast.Element, Optional[MetricsStage], Tuple[Tuple[str, object], ...]]:
@@ -550,14 +521,6 @@ def fold_numbers(op: str, a: Union[int, float], b: Union[int, float]) -> Union[i
     if isinstance(a, ast.Duration) and isinstance(b, ast.Duration) and op in ("+", "-"):
         return ast.Duration(int(out))
     return out
-
-
-def _token_text(kind: str, value: object) -> str:
-    if kind == "attribute":
-        return str(value)
-    if kind == "string":
-        return '"' + str(value) + '"'
-    return str(value)
 
 
 def _static_value(expr: ast.Field) -> object:
