@@ -30,11 +30,11 @@ python3 -m compileall -q -j 0 src >/dev/null
 # Lint, format and type checks first (ruff, ruff format, mypy, eslint, prettier,
 # clang-format): seconds once its tools are installed, and a failure stops here.
 bash scripts/lint.sh
-# Without arguments (CI): everything but the timing tests in three pytest-xdist workers, each
+# Without arguments (CI): everything but the timing tests in four pytest-xdist workers, each
 # taking a whole test file at a time (module-scoped servers stay shared), the longest files
-# first (tests/conftest.py).  The suite waits a
-# third of its time (servers starting, alert evaluations, the browser, deadlines): on two cores
-# two workers left the cores 30% idle, a third fills them (7m47s -> 6m05s here).  Then the
+# first (tests/conftest.py).  The suite waits much of its time (servers starting, alert
+# evaluations, the browser, deadlines): on two cores, two workers left the cores 30% idle and
+# three 15% (426 s); four fill them (374 s), and a fifth gains nothing (380 s).  Then the
 # tests marked `timing` on their own, two files at a time: they judge sampling, overhead or a
 # span's CPU share against the clocks, which the rest of the suite beside them would skew
 # (the busy-program checks missed by a percent), while two of them side by side still pass
@@ -61,7 +61,7 @@ if python3 -c "import atheris" 2>/dev/null || python3 -m pip install -q "atheris
 else
     echo "fuzz: skipped (atheris does not install on $(python3 --version))"
 fi
-python3 -m pytest -n "${HOTSPAN_TEST_WORKERS:-3}" --dist loadfile --no-loadscope-reorder \
+python3 -m pytest -n "${HOTSPAN_TEST_WORKERS:-4}" --dist loadfile --no-loadscope-reorder \
     -m "not timing" || status=$?
 # The timing tests alone: the agent's (tests/agent/conftest.py), two files at a time.
 python3 -m pytest -n 2 --dist loadfile --no-loadscope-reorder -m timing tests/agent \
