@@ -48,7 +48,8 @@ fi
 status=0
 # Coverage-guided fuzzing (atheris) of what decodes uploads: pprof (the C decoder against its
 # Python twin), JFR and OTLP traces (their C readers against the Python ones), OTLP profiles,
-# and the gzip, multipart and Connect bodies in front of them.  Its own step, not a pytest test:
+# the stacks of folded, lines, speedscope, trie and tree uploads, and the gzip, multipart and
+# Connect bodies in front of them.  Its own step, not a pytest test:
 # the fuzzer wants the cores for a fixed wall time (60 s here, two targets at a time, before
 # the suite starts; beside the first pytest phase, even at the lowest priority, it slowed that
 # phase by more than the minute it saved), and a finding should read as one.  A finding lands

@@ -180,6 +180,47 @@ def body_seeds() -> Dict[str, bytes]:
     }
 
 
+def stacks_seeds() -> Dict[str, bytes]:
+    from tests.formats.test_pyroscope_binary import tree_of, trie_of
+
+    stacks = {"main;checkout;tax": 30, "main;checkout": 10, "main;idle": 5, "x;ü": 1}
+    speedscope = {
+        "$schema": "https://www.speedscope.app/file-format-schema.json",
+        "shared": {"frames": [{"name": "main"}, {"name": "work"}]},
+        "profiles": [
+            {
+                "type": "sampled",
+                "name": "cpu",
+                "unit": "milliseconds",
+                "startValue": 0,
+                "endValue": 30,
+                "samples": [[0, 1], [0]],
+                "weights": [20, 10],
+            },
+            {
+                "type": "evented",
+                "name": "wall",
+                "unit": "none",
+                "startValue": 0,
+                "endValue": 9,
+                "events": [
+                    {"type": "O", "frame": 0, "at": 0},
+                    {"type": "O", "frame": 1, "at": 2},
+                    {"type": "C", "frame": 1, "at": 7},
+                    {"type": "C", "frame": 0, "at": 9},
+                ],
+            },
+        ],
+    }
+    return {
+        "folded.txt": b"\x00" + "".join(f"{k} {v}\n" for k, v in stacks.items()).encode(),
+        "lines.txt": b"\x01main;checkout\nmain;checkout\nmain;idle\n",
+        "speedscope.json": b"\x02" + json.dumps(speedscope).encode(),
+        "trie.bin": b"\x03" + trie_of(stacks),
+        "tree.bin": b"\x04" + tree_of(stacks),
+    }
+
+
 def pprof_seeds_small() -> bytes:
     from tests.helpers import make_pprof
 
@@ -226,6 +267,7 @@ def main() -> None:
         "otlp_traces": otlp_traces_seeds(),
         "otlp_profiles": otlp_profiles_seeds(),
         "body": body_seeds(),
+        "stacks": stacks_seeds(),
     }
     seeds["pprof_python"] = seeds["pprof_c"]
     for target, files in seeds.items():

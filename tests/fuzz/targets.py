@@ -364,6 +364,25 @@ def body(data: bytes) -> None:
             raise
 
 
+# -- stacks as text or Pyroscope's binary trees -------------------------------------------------
+
+STACK_FORMATS = ("folded", "lines", "speedscope", "trie", "tree")
+
+
+def stacks(data: bytes) -> None:
+    """``/ingest`` of stacks (what the first byte picks of folded, lines, speedscope, trie and
+    tree), read into a batch as the endpoint reads them."""
+    from hotspan.server.pyroscope.ingest import _ingest_stacks
+
+    fmt, rest = (STACK_FORMATS[data[0] % len(STACK_FORMATS)], data[1:]) if data else ("", b"")
+    batch = IngestBatch()
+    try:
+        _ingest_stacks(rest, fmt, "app.cpu", {}, TS, 100, MAX_DECOMPRESSED, batch)
+    except FormatError:
+        return
+    check_batch(batch)
+
+
 TARGETS: Dict[str, Callable[[bytes], None]] = {
     "pprof_c": pprof_c,
     "pprof_python": pprof_python,
@@ -371,6 +390,7 @@ TARGETS: Dict[str, Callable[[bytes], None]] = {
     "otlp_traces": otlp_traces,
     "otlp_profiles": otlp_profiles,
     "body": body,
+    "stacks": stacks,
 }
 
 

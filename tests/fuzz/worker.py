@@ -31,6 +31,7 @@ with atheris.instrument_imports(include=["hotspan", "python_multipart", "starlet
     if BUILD:
         hotspan._speedups.__path__.insert(0, BUILD)
     import hotspan.formats.compression
+    import hotspan.formats.folded
     import hotspan.formats.jfr
     import hotspan.formats.jfr_profiles
     import hotspan.formats.otlp
@@ -38,6 +39,10 @@ with atheris.instrument_imports(include=["hotspan", "python_multipart", "starlet
     import hotspan.formats.otlp_traces
     import hotspan.formats.pprof
     import hotspan.formats.pprof_decode
+    import hotspan.formats.protowire
+    import hotspan.formats.pyroscope_tree
+    import hotspan.formats.pyroscope_trie
+    import hotspan.formats.speedscope
     import hotspan.model.profile
     import hotspan.model.trace
 

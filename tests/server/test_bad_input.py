@@ -86,6 +86,16 @@ INGEST_CASES = {
     "garbage jfr": ({"format": "jfr"}, b"\x00", {}),
     "truncated jfr header": ({"format": "jfr"}, b"FLR\x00\x00\x02\x00\x00", {}),
     "pprof sent as lines": ({"format": "lines"}, valid_raw, {}),
+    "trie cut short": (
+        {"format": "trie"},
+        b"\x00\x00\x02\x01a\x00\x02\x01b\x01\x00\x01c\x01\x00",
+        {},
+    ),
+    "tree name past the end": (
+        {},
+        b"\x00\x00\x01\x7fab",
+        {"content-type": "binary/octet-stream+tree"},
+    ),
     "jfr sent as pprof": ({"format": "pprof"}, b"FLR\x00" + bytes(100), {}),
 }
 
@@ -94,6 +104,9 @@ REASONS = {
     "truncated jfr header": "truncated",
     "pprof sent as lines": "not text",
     "jfr sent as pprof": "format=jfr",
+    "trie cut short": "unread",
+    "tree name past the end": "past the end",
+    "unknown format": "trie or tree",  # the formats it could have meant
 }
 
 

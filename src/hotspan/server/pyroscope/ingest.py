@@ -14,7 +14,7 @@ from starlette.formparsers import MultiPartParser
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from hotspan.formats import folded, ingest_params, speedscope
+from hotspan.formats import folded, ingest_params, pyroscope_tree, pyroscope_trie, speedscope
 from hotspan.formats.compression import maybe_gunzip
 from hotspan.formats.errors import FormatError
 from hotspan.formats.proto import push_pb2
@@ -36,6 +36,10 @@ from hotspan.server.state import ServerState
 APP_NAME = "app_name"
 
 FOLDED_FORMATS = ("", "folded", "groups", "collapsed")
+# The other formats of stacks, each read by _ingest_stacks.
+STACK_FORMATS = ("lines", "speedscope", "trie", "tree")
+# Pyroscope's first agents named their binary formats by Content-Type, without ``format``.
+BINARY_STACK_TYPES = {"binary/octet-stream+trie": "trie", "binary/octet-stream+tree": "tree"}
 
 
 class PreviousProfileError(Exception):
@@ -135,6 +139,8 @@ async def _decode(
     """The upload's profiles, in the format its ``format`` and content type say."""
     fmt = query.fmt
     ctype = request.headers.get("content-type", "").lower()
+    if not fmt and ctype in BINARY_STACK_TYPES:
+        fmt = BINARY_STACK_TYPES[ctype]
     labels = _tags(query.app.tags)
     labels[SPY_NAME] = query.spy
     name, start, sample_rate = query.app.name, query.start, query.sample_rate
@@ -143,15 +149,15 @@ async def _decode(
         await _ingest_jfr(request, body, ctype, name, labels, start, sample_rate, batch)
     elif ctype.startswith("multipart/form-data") or fmt == "pprof":
         await _ingest_pprof(request, body, ctype, name, labels, start, batch, state)
-    elif fmt in FOLDED_FORMATS or fmt == "lines" or fmt == "speedscope":
+    elif fmt in FOLDED_FORMATS or fmt in STACK_FORMATS:
+        limit = state.config.max_decompressed_bytes
         # Gzipped without saying so (Content-Encoding), as pprof and JFR bodies may be.
-        data = maybe_gunzip(body, state.config.max_decompressed_bytes)
-        _ingest_stacks(data, fmt, name, labels, start, sample_rate, batch)
-    elif fmt in ("trie", "tree"):
-        raise HTTPError(400, f"format {fmt!r} is not supported by hotspan yet")
+        data = maybe_gunzip(body, limit)
+        await off_loop(_ingest_stacks, data, fmt, name, labels, start, sample_rate, limit, batch)
     else:
         raise HTTPError(
-            400, f"unknown format {fmt!r} (use folded, lines, pprof, jfr or speedscope)"
+            400,
+            f"unknown format {fmt!r} (use folded, lines, pprof, jfr, speedscope, trie or tree)",
         )
     return batch
 
@@ -282,8 +288,12 @@ def _ingest_stacks(
     labels: Dict[str, str],
     start: int,
     sample_rate: int,
+    limit: int,
     batch: IngestBatch,
 ) -> None:
+    """The stacks of a folded, lines, speedscope, trie or tree upload into ``batch`` (blocking:
+    it runs on a decoding thread).  ``limit`` bounds the folded text a trie or tree stands for,
+    as it bounds a body's decompressed bytes."""
     base, suffix = ingest_params.split_suffix(app_name)
     if labels.get(SERVICE_NAME):
         # As Pyroscope's ingest adapter: a service named in the tags keeps the app's name
@@ -309,7 +319,14 @@ def _ingest_stacks(
             _add_stacks(batch, ltype, prof_labels, start, stacks, 1)
         return
     ltype = ingest_params.legacy_type(suffix, sample_rate)
-    parsed = folded.parse_lines(body) if fmt == "lines" else folded.parse_folded(body)
+    if fmt == "trie":
+        parsed = pyroscope_trie.parse(body, limit)
+    elif fmt == "tree":
+        parsed = pyroscope_tree.parse(body, limit)
+    elif fmt == "lines":
+        parsed = folded.parse_lines(body)
+    else:
+        parsed = folded.parse_folded(body)
     _add_stacks(batch, ltype, labels, start, parsed, ltype.scale)
 
 
