@@ -263,6 +263,8 @@ ADMIN_CHANGES = [
     ("DELETE", "/api/v1/recording-rules/r1", None),
     ("POST", "/settings.v1.RecordingRulesService/UpsertRecordingRule", {}),
     ("POST", "/settings.v1.RecordingRulesService/DeleteRecordingRule", {"id": "r1"}),
+    ("POST", "/settings.v1.SettingsService/Set", {"setting": {"name": "a", "value": "1"}}),
+    ("POST", "/settings.v1.SettingsService/Delete", {"name": "a"}),
     ("PUT", "/api/v1/settings/api", {"settings": {"enabled": False}}),
     ("DELETE", "/api/v1/settings/api", None),
     ("POST", "/api/v1/tokens", {"role": "query"}),
@@ -353,6 +355,8 @@ def _expected_role(method: str, path: str, pages: List[str]) -> Optional[str]:
     if path.startswith("/api/v1/tokens"):
         return "admin"
     if path.endswith(("/UpsertRecordingRule", "/DeleteRecordingRule")):
+        return "admin"
+    if path in ("/settings.v1.SettingsService/Set", "/settings.v1.SettingsService/Delete"):
         return "admin"
     admin_trees = ("/api/v1/alerts/rules/", "/api/v1/recording-rules/", "/api/v1/settings/")
     if method in ("PUT", "DELETE") and path.startswith(admin_trees):

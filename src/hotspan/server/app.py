@@ -32,7 +32,7 @@ from hotspan.server.auth import Authenticator, AuthMiddleware
 from hotspan.server.config import ServerConfig
 from hotspan.server.http.nosniff import NoSniff
 from hotspan.server.otlp import http_receiver as otlp
-from hotspan.server.pyroscope import ingest, querier, render, span_profiles
+from hotspan.server.pyroscope import ingest, querier, render, settings, span_profiles
 from hotspan.server.redact import Redactor
 from hotspan.server.retention import RetentionLoop
 from hotspan.server.state import ServerState
@@ -155,6 +155,7 @@ def create_app(config: Optional[ServerConfig] = None, store: Optional[Store] = N
         counted(otlp.PATHS[1], otlp.profiles, "otlp_profiles"),
         *metrics.routes,
         *recording_rules.routes,
+        *settings.routes,
         *agent_settings.routes,
         *scrape.routes,
         *alerts.routes,

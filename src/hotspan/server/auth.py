@@ -119,6 +119,8 @@ _ADMIN_CALLS = frozenset(
     {
         "/settings.v1.RecordingRulesService/UpsertRecordingRule",
         "/settings.v1.RecordingRulesService/DeleteRecordingRule",
+        "/settings.v1.SettingsService/Set",
+        "/settings.v1.SettingsService/Delete",
     }
 )
 # POSTs below the admin trees that change nothing: what a rule would have said, before saving.

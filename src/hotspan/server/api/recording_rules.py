@@ -189,7 +189,9 @@ async def delete_rule(request: Request) -> Response:
 async def _connect_request(request: Request) -> Dict[str, Any]:
     state: ServerState = request.app.state.hotspan
     ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
-    if ctype not in ("", "application/json"):
+    # JSON whatever the type says but protobuf: a browser's fetch of a string body, as
+    # Grafana's apps send, says text/plain.
+    if ctype.startswith(("application/proto", "application/grpc", "application/x-protobuf")):
         raise HTTPError(415, f"content type {ctype!r} is not supported here (use application/json)")
     body = await _json_body(request, state)
     if not isinstance(body, dict):

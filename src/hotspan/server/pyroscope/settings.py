@@ -1,0 +1,171 @@
+"""Pyroscope's settings API, ``/settings.v1.SettingsService/{Get,Set,Delete}`` (Connect, JSON):
+a tenant's named string values.  Grafana's Profiles Drilldown keeps its own settings there (the
+``pluginSettings`` setting) and reads it as it opens.
+
+As in Pyroscope, a value stamped older than the one stored (``modifiedAt``, in milliseconds) is
+refused (``already_exists``), so that two browsers saving at once keep the later save; a value
+without a stamp is stamped now.  Settings are documents of the store (one per name), so every
+server over a shared store sees the same ones.  Reading them is a query; changing them is an
+admin's, as with the server's other settings.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from typing import Any, Dict, List, Optional
+
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from hotspan.server.errors import HTTPError
+from hotspan.server.pyroscope.connect import unary
+from hotspan.server.request import query_state, read_body
+from hotspan.server.state import ServerState
+from hotspan.store.base import Document, StoreError
+
+SERVICE = "/settings.v1.SettingsService"
+KIND = "pyroscope_setting"
+# Bounds a tenant's settings: Drilldown's one setting is a JSON object of a few hundred bytes.
+MAX_NAME_CHARS = 256
+MAX_VALUE_BYTES = 64 * 1024
+MAX_SETTINGS = 100
+MAX_BODY_BYTES = MAX_VALUE_BYTES + 4096
+# A change reads the stored stamp, then writes: one change at a time in this server.
+_CHANGES = threading.Lock()
+
+
+def _setting(doc: Document) -> Dict[str, Any]:
+    # int64 as protojson writes it: a string.
+    return {
+        "name": doc.name,
+        "value": doc.body.get("value", ""),
+        "modifiedAt": str(doc.body.get("modifiedAt", 0)),
+    }
+
+
+async def _request_json(request: Request) -> Dict[str, Any]:
+    state: ServerState = request.app.state.hotspan
+    ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    # JSON whatever the type says but protobuf: a browser's fetch of a string body, as
+    # Grafana's apps send, says text/plain.
+    if ctype.startswith(("application/proto", "application/grpc", "application/x-protobuf")):
+        raise HTTPError(415, f"content type {ctype!r} is not supported here (use application/json)")
+    body = await read_body(request, state.config, MAX_BODY_BYTES, limit=MAX_BODY_BYTES)
+    if not body.strip():
+        return {}
+    try:
+        parsed = json.loads(body)
+    except (ValueError, RecursionError) as exc:
+        raise HTTPError(400, f"body is not JSON: {exc}") from None
+    if not isinstance(parsed, dict):
+        raise HTTPError(400, "the request must be a JSON object")
+    return parsed
+
+
+def _name(value: object) -> str:
+    if not isinstance(value, str) or not value:
+        raise HTTPError(400, "no setting name provided")
+    if len(value) > MAX_NAME_CHARS or "\x00" in value:
+        raise HTTPError(400, f"a setting name is at most {MAX_NAME_CHARS} characters, no NUL")
+    return value
+
+
+def _millis(value: object) -> int:
+    """``modifiedAt``: a number or a string of digits (protojson's int64); 0 when absent."""
+    if value is None or value == "":
+        return 0
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise HTTPError(400, "modifiedAt must be an integer (milliseconds)")
+    try:
+        millis = int(value)
+    except ValueError:
+        raise HTTPError(400, f"modifiedAt {str(value)[:40]!r} is not an integer") from None
+    if not -(2**63) <= millis < 2**63:
+        raise HTTPError(400, "modifiedAt is out of range")
+    return millis
+
+
+async def _blocking(fn: Any, *args: Any) -> Any:
+    try:
+        return await run_in_threadpool(fn, *args)
+    except StoreError as exc:
+        raise HTTPError(503, f"the store failed: {exc}") from None
+
+
+def _find(docs: List[Document], name: str) -> Optional[Document]:
+    return next((d for d in docs if d.name == name), None)
+
+
+@unary
+async def get(request: Request) -> Response:
+    state, tenant = query_state(request)
+    await _request_json(request)
+    docs = await _blocking(state.store.documents, KIND, tenant)
+    if not docs:
+        return JSONResponse({})  # protojson leaves an empty list out
+    return JSONResponse({"settings": [_setting(d) for d in docs]})
+
+
+def _set(state: ServerState, tenant: str, name: str, value: str, millis: int) -> Document:
+    with _CHANGES:
+        docs = state.store.documents(KIND, tenant)
+        old = _find(docs, name)
+        if old is None and len(docs) >= MAX_SETTINGS:
+            raise HTTPError(
+                400, f"a tenant keeps at most {MAX_SETTINGS} settings", "failed_precondition"
+            )
+        if old is not None and int(old.body.get("modifiedAt", 0)) > millis:
+            raise HTTPError(
+                409, f"failed to update {name}: newer update already written", "already_exists"
+            )
+        return state.store.put_document(tenant, KIND, name, {"value": value, "modifiedAt": millis})
+
+
+@unary
+async def set_(request: Request) -> Response:
+    state, tenant = query_state(request)
+    body = await _request_json(request)
+    setting = body.get("setting")
+    if not isinstance(setting, dict):
+        raise HTTPError(400, "no setting values provided")
+    name = _name(setting.get("name"))
+    value = setting.get("value", "")
+    if not isinstance(value, str):
+        raise HTTPError(400, "a setting's value must be a string")
+    if len(value.encode("utf-8", "surrogatepass")) > MAX_VALUE_BYTES:
+        raise HTTPError(413, f"a setting's value is at most {MAX_VALUE_BYTES} bytes")
+    millis = _millis(setting.get("modifiedAt"))
+    if millis <= 0:
+        millis = time.time_ns() // 1_000_000
+    doc = await _blocking(_set, state, tenant, name, value, millis)
+    return JSONResponse({"setting": _setting(doc)})
+
+
+def _delete(state: ServerState, tenant: str, name: str, millis: int) -> None:
+    with _CHANGES:
+        old = _find(state.store.documents(KIND, tenant), name)
+        if old is not None and int(old.body.get("modifiedAt", 0)) > millis:
+            raise HTTPError(
+                409, f"failed to delete {name}: newer update already written", "already_exists"
+            )
+        state.store.delete_document(tenant, KIND, name)
+
+
+@unary
+async def delete(request: Request) -> Response:
+    state, tenant = query_state(request)
+    body = await _request_json(request)
+    name = _name(body.get("name"))
+    await _blocking(_delete, state, tenant, name, time.time_ns() // 1_000_000)
+    return JSONResponse({})
+
+
+routes = [
+    Route(f"{SERVICE}/Get", get, methods=["POST"]),
+    Route(f"{SERVICE}/Set", set_, methods=["POST"]),
+    Route(f"{SERVICE}/Delete", delete, methods=["POST"]),
+]
