@@ -25,18 +25,13 @@ def read_profile(path: PathLike, fmt: Optional[str] = None) -> StackProfile:
     fmt = fmt or files.detect_format(path, data)
     if fmt not in FORMATS:
         raise FormatError(f"{fmt!r} is not a profile format (one of {', '.join(FORMATS)})")
-    try:
-        if fmt == "pprof":
-            profile = pprof.read_stack_profile(data)
-        elif fmt == "folded":
-            profile = files.read_folded(data)
-        elif fmt == "speedscope":
-            profile = speedscope.read_speedscope(data)
-        else:
-            # The page's code (numpy, the flame graph builder) loads only for an HTML file.
-            from hotspan.ui.standalone import page_profile
+    if fmt != "html":
+        return files.read_stacks(path, data, fmt)
+    # The page's code (numpy, the flame graph builder) loads only for an HTML file.
+    from hotspan.ui.standalone import page_profile
 
-            profile = page_profile(data)
+    try:
+        profile = page_profile(data)
     except FormatError as exc:
         raise FormatError(f"{path}: not a valid {fmt} file: {exc}") from None
     if not profile.stacks:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional, Tuple, Union
 
-from hotspan.formats import folded
+from hotspan.formats import folded, pprof, speedscope
 from hotspan.formats.errors import FormatError
 from hotspan.model.profile import Frame
 from hotspan.model.stack_profile import SampleType, StackProfile
@@ -89,4 +89,29 @@ def read_folded(data: bytes, sample_type: SampleType = FOLDED_TYPE) -> StackProf
     profile = StackProfile([sample_type])
     for names, value in folded.parse_folded(data):
         profile.add([Frame(n) for n in names], [value])
+    return profile
+
+
+def read_stacks(
+    name: PathLike, data: bytes, fmt: Optional[str] = None, max_size: int = 1 << 31
+) -> StackProfile:
+    """A pprof, folded or speedscope file's bytes as a profile (its format by ``fmt``, else by
+    its content and name), or FormatError saying why not; a gzipped pprof may inflate to
+    ``max_size`` bytes.  The HTML page is the UI's to read."""
+    if not data.strip():
+        raise FormatError(f"{name}: the file is empty")
+    fmt = fmt or detect_format(name, data)
+    if fmt not in ("pprof", "folded", "speedscope"):
+        raise FormatError(f"{name}: {fmt} is not a format of profiles to read here")
+    try:
+        if fmt == "pprof":
+            profile = pprof.read_stack_profile(data, max_size)
+        elif fmt == "folded":
+            profile = read_folded(data)
+        else:
+            profile = speedscope.read_speedscope(data)
+    except FormatError as exc:
+        raise FormatError(f"{name}: not a valid {fmt} file: {exc}") from None
+    if not profile.stacks:
+        raise FormatError(f"{name}: the {fmt} file has no samples")
     return profile

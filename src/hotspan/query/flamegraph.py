@@ -14,11 +14,12 @@ named ``other``.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from hotspan.formats import pyroscope_tree
+from hotspan.model.stack_profile import StackProfile
 
 TOTAL = "total"
 OTHER = "other"
@@ -114,6 +115,35 @@ def build(
     if not (ranked == other_rank).any():
         out_names.pop()
     return FlameGraph(out_names, encoded, [int(t) for t in totals], max_self)
+
+
+def stack_matrix(
+    stacks: Sequence[Tuple[Sequence[str], Sequence[int]]],
+) -> Tuple[np.ndarray, np.ndarray, np.ndarray, List[str]]:
+    """What :func:`build` takes, from (frame names root first, values) pairs: name-index rows
+    (-1 padded), their lengths, the values and the names."""
+    index: Dict[str, int] = {}
+    depth = max((len(s) for s, _ in stacks), default=0)
+    matrix = np.full((len(stacks), depth), -1, dtype=np.int64)
+    lengths = np.zeros(len(stacks), dtype=np.int64)
+    width = len(stacks[0][1]) if stacks else 1
+    values = np.zeros((len(stacks), width), dtype=np.int64)
+    for row, (names, vals) in enumerate(stacks):
+        matrix[row, : len(names)] = [index.setdefault(n, len(index)) for n in names]
+        lengths[row] = len(names)
+        values[row] = vals
+    return matrix, lengths, values, list(index)
+
+
+def profile_stacks(profile: StackProfile, position: int) -> List[Tuple[Tuple[str, ...], int]]:
+    """One sample type of a profile as (frame names root first, value) pairs."""
+    return [(tuple(f.name for f in stack), value) for stack, value in profile.values(position)]
+
+
+def of_profile(profile: StackProfile, position: int, max_nodes: Optional[int] = None) -> FlameGraph:
+    """One sample type of a profile (a file's, not the store's) as a flame graph."""
+    stacks = [(names, [value]) for names, value in profile_stacks(profile, position)]
+    return build(*stack_matrix(stacks), max_nodes)
 
 
 def tree_bytes(

@@ -32,7 +32,7 @@ from hotspan.server.auth import Authenticator, AuthMiddleware
 from hotspan.server.config import ServerConfig
 from hotspan.server.http.nosniff import NoSniff
 from hotspan.server.otlp import http_receiver as otlp
-from hotspan.server.pyroscope import ingest, querier, render, settings, span_profiles
+from hotspan.server.pyroscope import adhoc, ingest, querier, render, settings, span_profiles
 from hotspan.server.redact import Redactor
 from hotspan.server.retention import RetentionLoop
 from hotspan.server.state import ServerState
@@ -156,6 +156,7 @@ def create_app(config: Optional[ServerConfig] = None, store: Optional[Store] = N
         *metrics.routes,
         *recording_rules.routes,
         *settings.routes,
+        *adhoc.routes,
         *agent_settings.routes,
         *scrape.routes,
         *alerts.routes,

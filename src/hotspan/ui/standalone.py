@@ -14,7 +14,7 @@ import html
 import json
 import re
 from pathlib import Path
-from typing import Dict, List, Tuple
+from typing import List, Tuple
 
 import numpy as np
 from google.protobuf import json_format
@@ -39,36 +39,13 @@ def strip_module(source: str) -> str:
     return _EXPORT.sub("", _IMPORT.sub("", source))
 
 
-def _matrix(
-    stacks: List[Tuple[Tuple[str, ...], List[int]]],
-) -> Tuple[np.ndarray, np.ndarray, np.ndarray, List[str]]:
-    """What :func:`flamegraph.build` takes: name-index rows (root first, -1 padded)."""
-    index: Dict[str, int] = {}
-    depth = max((len(s) for s, _ in stacks), default=0)
-    matrix = np.full((len(stacks), depth), -1, dtype=np.int64)
-    lengths = np.zeros(len(stacks), dtype=np.int64)
-    width = len(stacks[0][1]) if stacks else 1
-    values = np.zeros((len(stacks), width), dtype=np.int64)
-    for row, (names, vals) in enumerate(stacks):
-        matrix[row, : len(names)] = [index.setdefault(n, len(index)) for n in names]
-        lengths[row] = len(names)
-        values[row] = vals
-    return matrix, lengths, values, list(index)
-
-
-def _names(profile: StackProfile, position: int) -> List[Tuple[Tuple[str, ...], int]]:
-    return [(tuple(f.name for f in stack), value) for stack, value in profile.values(position)]
-
-
 def _json(msg) -> dict:
     return json_format.MessageToDict(msg, preserving_proto_field_name=False)
 
 
 def flamegraph_data(profile: StackProfile, position: int = 0, max_nodes: int = 8192) -> dict:
     """One sample type of ``profile`` as the querier's protojson ``FlameGraph``."""
-    stacks = [(names, [value]) for names, value in _names(profile, position)]
-    matrix, lengths, values, names = _matrix(stacks)
-    graph = flamegraph.build(matrix, lengths, values, names, max_nodes)
+    graph = flamegraph.of_profile(profile, position, max_nodes)
     msg = querier_pb2.FlameGraph()
     flamegraph.to_message(graph, msg)
     return _json(msg)
@@ -82,9 +59,11 @@ def diff_flamegraph_data(
     max_nodes: int = 8192,
 ) -> dict:
     """Two profiles as the querier's protojson ``FlameGraphDiff`` (as ``Diff`` answers)."""
-    stacks = [(names, [value, 0]) for names, value in _names(baseline, baseline_position)]
-    stacks += [(names, [0, value]) for names, value in _names(comparison, comparison_position)]
-    matrix, lengths, values, names = _matrix(stacks)
+    pairs = flamegraph.profile_stacks(baseline, baseline_position)
+    stacks = [(names, [value, 0]) for names, value in pairs]
+    pairs = flamegraph.profile_stacks(comparison, comparison_position)
+    stacks += [(names, [0, value]) for names, value in pairs]
+    matrix, lengths, values, names = flamegraph.stack_matrix(stacks)
     if not stacks:
         values = np.zeros((0, 2), dtype=np.int64)
     graph = flamegraph.build(matrix, lengths, values, names, max_nodes)

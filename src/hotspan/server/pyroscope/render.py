@@ -77,12 +77,16 @@ def resolve_query(
 
 
 def _units(ptype: ProfileType) -> Tuple[str, int]:
+    return flamebearer_units(ptype.sample_type, ptype.sample_unit)
+
+
+def flamebearer_units(sample_type: str, sample_unit: str) -> Tuple[str, int]:
     """Flamebearer units and sample rate, as Pyroscope reports them."""
-    if ptype.sample_unit == "nanoseconds":
+    if sample_unit == "nanoseconds":
         return "samples", 1_000_000_000
-    if ptype.sample_unit == "bytes":
+    if sample_unit == "bytes":
         return "bytes", 100
-    if ptype.sample_type in ("inuse_objects", "alloc_objects", "goroutines", "goroutine"):
+    if sample_type in ("inuse_objects", "alloc_objects", "goroutines", "goroutine"):
         return "objects", 100
     return "samples", 100
 
