@@ -84,18 +84,36 @@ def test_rules_record_pushed_profiles_per_group_and_function(module_server: Runn
                 "externalLabels": {"team": "payments"},
             },
         )
-        # Pyroscope's Connect form: the profile type as a matcher, the function as a filter.
+        # Pyroscope's Connect form: the profile type as a matcher, the function as a filter,
+        # its name exact (as Drilldown sends a flame graph node's).
         r = connect(
             c,
             "UpsertRecordingRule",
             {
                 "metricName": "profiles_recorded_shop_slow_total",
                 "matchers": [f'{{__profile_type__="{CPU}", service_name="shop"}}'],
-                "stacktraceFilter": {"functionName": {"functionName": "shop\\.slow_.*"}},
+                "stacktraceFilter": {"functionName": {"functionName": "shop.slow_query"}},
             },
         )
         assert r.status_code == 200, r.text
         slow_rule = r.json()["rule"]
+        assert slow_rule["stacktraceFilter"]["functionName"]["functionName"] == "shop.slow_query"
+        # Names that are no regular expressions (a Go method, a Java inner class) are exact
+        # names there too.
+        for i, name in enumerate(("main.(*Server).Handle", "com.shop.Cart$Item.total", "x[1]")):
+            r = connect(
+                c,
+                "UpsertRecordingRule",
+                {
+                    "id": f"exact{i}",
+                    "metricName": f"profiles_recorded_exact_{i}",
+                    "matchers": [f'{{__profile_type__="{CPU}", service_name="gosvc"}}'],
+                    "stacktraceFilter": {"functionName": {"functionName": name}},
+                },
+            )
+            assert r.status_code == 200, (name, r.text)
+            got = r.json()["rule"]["stacktraceFilter"]["functionName"]["functionName"]
+            assert got == name
         assert re.fullmatch(r"[a-zA-Z]{10}", slow_rule["id"]) and slow_rule["generation"] == "1"
         assert slow_rule["profileType"] == CPU
         # The same metric in another tenant: a series of its own, told apart by `tenant`.
@@ -113,6 +131,11 @@ def test_rules_record_pushed_profiles_per_group_and_function(module_server: Runn
             assert r.status_code == 200, r.text
         r = ingest_pprof(c, "shop", pprof([(SLOW, 123, {})]), T0, headers=other)
         assert r.status_code == 200, r.text
+        go_stacks = [
+            (["main.(*Server).Handle", "main"], 77, {}),
+            (["main.(xServer)", "main"], 5, {}),
+        ]
+        assert ingest_pprof(c, "gosvc", pprof(go_stacks), T0).status_code == 200
 
         m = scrape(c)
         shop = "profiles_recorded_shop_cpu"
@@ -123,6 +146,7 @@ def test_rules_record_pushed_profiles_per_group_and_function(module_server: Runn
         # Stacks holding a shop.slow_* frame count once each (NESTED as well), noise not.
         slow = "profiles_recorded_shop_slow_total"
         assert value(m, slow, profiles_rule_id=slow_rule["id"]) == 700 + 50 + 1000 + 4000
+        assert value(m, "profiles_recorded_exact_0", profiles_rule_id="exact0") == 77
         # The same as the server's own answer for those stacks.
         graph = flamegraph(c, '{service_name="shop"}', T0 - 60, T0 + 3600)
         assert function_totals_once(graph)["shop.slow_query"] == 700 + 50 + 1000 + 4000

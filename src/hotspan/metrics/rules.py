@@ -4,7 +4,8 @@ A rule names a metric and picks series with matchers (label selectors, all of wh
 match, one of them an equality on ``__profile_type__``); the values of the samples those
 series receive are summed per value of the ``groupBy`` labels, optionally only over the
 stacks that contain a function whose name matches ``functionName`` (a regular expression,
-anchored at both ends: a plain name is an exact match, as in Pyroscope).  The sums are
+anchored at both ends; the Connect form's ``stacktraceFilter.functionName`` is an exact name,
+as in Pyroscope, kept as the pattern that matches it).  The sums are
 exported on ``/metrics`` with the rule's ``externalLabels``, ``profiles_rule_id`` and
 ``tenant``.
 
@@ -142,8 +143,16 @@ class RecordingRule:
         if self.external_labels:
             out["externalLabels"] = [{"name": k, "value": v} for k, v in self.external_labels]
         if self.function_name:
-            out["stacktraceFilter"] = {"functionName": {"functionName": self.function_name}}
+            name = literal_of(self.function_name)
+            out["stacktraceFilter"] = {"functionName": {"functionName": name}}
         return out
+
+
+def literal_of(pattern: str) -> str:
+    """The name a pattern matches exactly, where it is one escaped (as the Connect form's
+    exact names are kept), else the pattern itself."""
+    name = re.sub(r"\\(.)", r"\1", pattern, flags=re.S)
+    return name if re.escape(name) == pattern else pattern
 
 
 def _profile_type_matchers(selector: Selector) -> List[Matcher]:
@@ -417,8 +426,12 @@ def from_connect(body: Any, rule_id: str) -> Tuple[RecordingRule, int]:
             metric_type = _field(fn, "metricType", "metric_type")
             if metric_type not in (None, "TOTAL", 0):
                 raise RuleError(f"metricType {metric_type!r} is not supported (only TOTAL)")
-            function = _string(
-                _field(fn, "functionName", "function_name"), "stacktraceFilter function name"
+            # Pyroscope matches the name exactly; kept as the pattern that does (a Go method's
+            # name, main.(*T).M, is no regular expression).
+            function = re.escape(
+                _string(
+                    _field(fn, "functionName", "function_name"), "stacktraceFilter function name"
+                )
             )
     rule = build(
         rule_id,
