@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple, Union
 
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
@@ -14,6 +14,7 @@ from hotspan.formats import ingest_params
 from hotspan.formats.errors import FormatError
 from hotspan.model.labels import SERVICE_NAME, Matcher, Selector, SelectorError, parse_selector
 from hotspan.model.profile import ProfileType, ProfileTypeError
+from hotspan.query import dot
 from hotspan.query.engine import QueryError
 from hotspan.query.flamegraph import FlameGraph
 from hotspan.server.errors import HTTPError, json_error
@@ -172,7 +173,8 @@ def _guard(fn):
     async def endpoint(request: Request) -> Response:
         try:
             state, tenant = query_state(request)
-            return JSONResponse(await run_in_threadpool(fn, request, state, tenant))
+            answer = await run_in_threadpool(fn, request, state, tenant)
+            return answer if isinstance(answer, Response) else JSONResponse(answer)
         except HTTPError as exc:
             return json_error(exc)
         except QueryError as exc:
@@ -190,10 +192,16 @@ def _single(
     return ptype, sel, state.engine.flamegraph(values, max_nodes)
 
 
+# ``format=dot``: at most this many functions unless ``max-nodes`` asks otherwise (Pyroscope's).
+DOT_MAX_NODES = 100
+
+
 @_guard
-def render(request: Request, state: ServerState, tenant: str) -> Dict[str, Any]:
+def render(request: Request, state: ServerState, tenant: str) -> Union[Dict[str, Any], Response]:
     start, end = _params_range(request)
     query = request.query_params.get("query", "")
+    if request.query_params.get("format") == "dot":
+        return _dot(request, state, tenant, query, start, end)
     ptype, sel, graph = _single(state, tenant, query, start, end, _max_nodes(request))
     units, rate = _units(ptype)
     return {
@@ -210,6 +218,32 @@ def render(request: Request, state: ServerState, tenant: str) -> Dict[str, Any]:
         "groups": None,
         "heatmap": None,
     }
+
+
+def _dot(
+    request: Request, state: ServerState, tenant: str, query: str, start: int, end: int
+) -> Response:
+    """The profile as a call graph in DOT (what Grafana's "Explain flame graph" reads); no
+    samples, no text."""
+    params = request.query_params
+    limit = DOT_MAX_NODES
+    if params.get("max-nodes") or params.get("maxNodes"):
+        limit = _max_nodes(request)
+    ptype, sel = resolve_query(state, tenant, query, start, end)
+    values = state.engine.stack_values(tenant, ptype, sel, SampleFilter(start, end))
+    if not len(values.stack_ids):
+        return Response("", media_type="text/plain")
+    matrix, lengths, stack_values = state.engine.name_matrix(values)
+    text = dot.write(
+        matrix,
+        lengths,
+        stack_values,
+        state.engine.stacks.names,
+        limit,
+        ptype.sample_type,
+        ptype.sample_unit,
+    )
+    return Response(text, media_type="text/plain")
 
 
 @_guard
