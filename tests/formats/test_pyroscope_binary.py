@@ -180,6 +180,25 @@ def test_a_small_body_cannot_stand_for_unbounded_text(kind: str) -> None:
     assert [len(frames) for frames, _ in parse(short, LIMIT)] == list(range(1, 101))
 
 
+@pytest.mark.parametrize("kind", ["trie", "tree"])
+def test_nesting_and_frames_are_bounded(kind: str) -> None:
+    parse = pyroscope_trie.parse if kind == "trie" else pyroscope_tree.parse
+    # 70,000 nested nodes without values: nothing emitted, but each open node is held.
+    body = b"\x00\x00\x01" + b"\x01a\x00\x01" * 70_000 + b"\x01a\x01\x00"
+    with pytest.raises(FormatError, match="nests deeper than 65536"):
+        list(parse(body, LIMIT))
+    # A prefix of 999 frames under which 9,000 one-frame stacks hang: 9 million frames in
+    # 40 KB, under the folded-text limit.
+    if kind == "trie":
+        prefix = (";".join(["f"] * 999) + ";").encode()
+        head = b"\x00\x00\x01" + uvarint(len(prefix)) + prefix + b"\x00" + uvarint(9000)
+    else:
+        head = b"\x00\x00\x01" + b"\x01f\x00\x01" * 998 + b"\x01f\x00" + uvarint(9000)
+    body = head + b"\x01g\x01\x00" * 9000
+    with pytest.raises(FormatError, match="more than 8388608 frames"):
+        list(parse(body, LIMIT))
+
+
 def test_read_uvarint() -> None:
     for value in (0, 1, 127, 128, 300, 2**32, 2**64 - 1):
         assert read_uvarint(uvarint(value) + b"rest", 0) == (value, len(uvarint(value)))

@@ -21,10 +21,14 @@ from typing import Iterator, List, Sequence
 from hotspan.formats.errors import FormatError
 from hotspan.formats.folded import Stack
 from hotspan.formats.protowire import read_uvarint, uvarint
-from hotspan.model.profile import MAX_SAMPLE_VALUE
+from hotspan.model.profile import MAX_SAMPLE_VALUE, MAX_STACK_DEPTH
 
 # The fewest bytes a node takes: a node cannot claim more children than the bytes after it hold.
 MIN_NODE_BYTES = 3
+# What a body may cost besides its folded text: the frames of its stacks (each stack's first
+# MAX_STACK_DEPTH, what is stored), and its nesting (each open node is held meanwhile).
+MAX_FRAMES = 1 << 23
+MAX_OPEN_NODES = 1 << 16
 
 
 def encode(
@@ -71,7 +75,7 @@ def parse(data: bytes, max_folded_bytes: int) -> Iterator[Stack]:
     open_nodes: List[
         List[int]
     ] = []  # per node whose children are being read: [left, len(frames) before it]
-    budget = max_folded_bytes
+    budget, frame_budget = max_folded_bytes, MAX_FRAMES
     folded_length = 0  # of ";".join(frames)
     lengths: List[int] = []  # folded_length before each open node
     pos, end = 0, len(data)
@@ -96,6 +100,9 @@ def parse(data: bytes, max_folded_bytes: int) -> Iterator[Stack]:
                         f"tree: its stacks come to more than {max_folded_bytes} bytes of "
                         "folded text"
                     )
+                frame_budget -= min(len(frames), MAX_STACK_DEPTH)
+                if frame_budget < 0:
+                    raise FormatError(f"tree: its stacks hold more than {MAX_FRAMES} frames")
                 yield list(frames), own
         if children:
             if children > (end - pos) // MIN_NODE_BYTES:
@@ -103,6 +110,8 @@ def parse(data: bytes, max_folded_bytes: int) -> Iterator[Stack]:
                     f"tree: a node claims {children} children, more than the "
                     f"{end - pos} bytes after it can hold"
                 )
+            if len(open_nodes) >= MAX_OPEN_NODES:
+                raise FormatError(f"tree: it nests deeper than {MAX_OPEN_NODES} nodes")
             open_nodes.append([children, base])
             lengths.append(base_length)
             continue

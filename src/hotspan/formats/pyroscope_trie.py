@@ -7,8 +7,9 @@ fall inside a frame or at a ``;``).  Nodes are written depth first, each before 
 
     uvarint(len(name)) name-bytes uvarint(value) uvarint(number of children)
 
-A node with a value is a stack with that many samples.  A trie ends where the bytes end;
-Pyroscope reads on past the end of the first root, so this reader does too.
+A node with a value is a stack with that many samples.  A trie ends where the bytes end:
+Pyroscope reads on past the end of the first root, and so does this reader (each further root
+starting a key of its own).
 """
 
 from __future__ import annotations
@@ -18,11 +19,16 @@ from typing import Iterator, List
 from hotspan.formats.errors import FormatError
 from hotspan.formats.folded import Stack
 from hotspan.formats.protowire import read_uvarint
-from hotspan.model.profile import MAX_SAMPLE_VALUE
+from hotspan.model.profile import MAX_SAMPLE_VALUE, MAX_STACK_DEPTH
 
 # The fewest bytes a node takes (an empty name, a value and a child count of one byte each):
 # a node cannot claim more children than the bytes after it can hold.
 MIN_NODE_BYTES = 3
+# What a body may cost besides its folded text: the frames of its stacks (each stack's first
+# MAX_STACK_DEPTH, what is stored), and its nesting (a node's children are read before its
+# next sibling: each open node is held meanwhile).
+MAX_FRAMES = 1 << 23
+MAX_OPEN_NODES = 1 << 16
 
 
 def parse(data: bytes, max_folded_bytes: int) -> Iterator[Stack]:
@@ -32,7 +38,7 @@ def parse(data: bytes, max_folded_bytes: int) -> Iterator[Stack]:
     open_nodes: List[
         List[int]
     ] = []  # per node whose children are being read: [left, key length before it]
-    budget = max_folded_bytes
+    budget, frame_budget = max_folded_bytes, MAX_FRAMES
     pos, end = 0, len(data)
     while pos < end:
         length, pos = read_uvarint(data, pos)
@@ -53,6 +59,9 @@ def parse(data: bytes, max_folded_bytes: int) -> Iterator[Stack]:
                 )
             frames = [f for f in key.decode("utf-8", "replace").split(";") if f]
             if frames:
+                frame_budget -= min(len(frames), MAX_STACK_DEPTH)
+                if frame_budget < 0:
+                    raise FormatError(f"trie: its stacks hold more than {MAX_FRAMES} frames")
                 yield frames, value
         if children:
             if children > (end - pos) // MIN_NODE_BYTES:
@@ -60,6 +69,8 @@ def parse(data: bytes, max_folded_bytes: int) -> Iterator[Stack]:
                     f"trie: a node claims {children} children, more than the "
                     f"{end - pos} bytes after it can hold"
                 )
+            if len(open_nodes) >= MAX_OPEN_NODES:
+                raise FormatError(f"trie: it nests deeper than {MAX_OPEN_NODES} nodes")
             open_nodes.append([children, base])
             continue
         del key[base:]

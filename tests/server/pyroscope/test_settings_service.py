@@ -64,6 +64,15 @@ def test_a_save_stamped_older_than_the_stored_one_is_refused(module_server) -> N
         assert r.status_code == 200 and r.json() == {}, r.text
         assert stored(c, tenant) == {}
         assert call(c, "Delete", {"name": "x"}, tenant).status_code == 200  # already gone
+        # A setting stamped in the future: a save without a stamp is stamped at it, not
+        # refused (another server's clock ahead); a delete, stamped now, is refused.
+        future = {"setting": {"name": "y", "value": "1", "modifiedAt": "99999999999999"}}
+        assert call(c, "Set", future, tenant).status_code == 200
+        r = call(c, "Set", {"setting": {"name": "y", "value": "2"}}, tenant)
+        assert r.status_code == 200 and r.json()["setting"]["modifiedAt"] == "99999999999999"
+        r = call(c, "Delete", {"name": "y"}, tenant)
+        assert r.status_code == 409 and r.json()["code"] == "already_exists", r.text
+        assert stored(c, tenant)["y"]["value"] == "2"
 
 
 def test_bad_requests_get_connect_errors(module_server) -> None:  # type: ignore[no-untyped-def]
@@ -79,6 +88,8 @@ def test_bad_requests_get_connect_errors(module_server) -> None:  # type: ignore
         ("Set", {"setting": {"name": "n", "value": "v", "modifiedAt": "soon"}}),
         ("Set", {"setting": {"name": "n", "value": "v", "modifiedAt": 2**70}}),
         ("Set", {"setting": {"name": "n", "value": "v", "modifiedAt": True}}),
+        ("Set", {"setting": {"name": "n", "value": "v", "modifiedAt": "1_000"}}),
+        ("Set", {"setting": {"name": "n", "value": "v", "modifiedAt": " 12"}}),
         ("Set", [1]),
         ("Delete", {}),
         ("Delete", {"name": 7}),
@@ -90,6 +101,13 @@ def test_bad_requests_get_connect_errors(module_server) -> None:  # type: ignore
             assert r.json()["code"] == "invalid_argument", r.text
         r = c.post(f"{SETTINGS}/Set", content=b"{", headers={"X-Scope-OrgID": tenant})
         assert r.status_code == 400
+        # A lone surrogate (JSON may escape one; UTF-8 cannot hold it), in a value or a name.
+        for raw in (
+            b'{"setting": {"name": "n", "value": "\\ud800"}}',
+            b'{"setting": {"name": "a\\ud800", "value": "v"}}',
+        ):
+            r = c.post(f"{SETTINGS}/Set", content=raw, headers={"X-Scope-OrgID": tenant})
+            assert r.status_code == 400 and "UTF-8" in r.text, r.text
         r = c.post(
             f"{SETTINGS}/Get", content=b"\x00", headers={"content-type": "application/proto"}
         )
@@ -97,6 +115,11 @@ def test_bad_requests_get_connect_errors(module_server) -> None:  # type: ignore
         huge = {"setting": {"name": "n", "value": "v" * (64 * 1024 + 1)}}
         assert call(c, "Set", huge, tenant).status_code == 413
         assert stored(c, tenant) == {}
+        # 64 KiB of quotes arrive escaped, twice the bytes: still a value of 64 KiB.
+        quotes = {"setting": {"name": "q", "value": '"' * (64 * 1024)}}
+        assert call(c, "Set", quotes, tenant).status_code == 200
+        assert stored(c, tenant)["q"]["value"] == '"' * (64 * 1024)
+        assert call(c, "Set", {"setting": {"name": "z", "value": None}}, tenant).status_code == 200
 
 
 def test_a_tenant_keeps_at_most_100_settings(module_server) -> None:  # type: ignore[no-untyped-def]

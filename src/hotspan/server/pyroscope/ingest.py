@@ -139,8 +139,8 @@ async def _decode(
     """The upload's profiles, in the format its ``format`` and content type say."""
     fmt = query.fmt
     ctype = request.headers.get("content-type", "").lower()
-    if not fmt and ctype in BINARY_STACK_TYPES:
-        fmt = BINARY_STACK_TYPES[ctype]
+    if fmt not in ("trie", "tree") and ctype in BINARY_STACK_TYPES:
+        fmt = BINARY_STACK_TYPES[ctype]  # as in Pyroscope, over any other format named
     labels = _tags(query.app.tags)
     labels[SPY_NAME] = query.spy
     name, start, sample_rate = query.app.name, query.start, query.sample_rate
@@ -151,9 +151,7 @@ async def _decode(
         await _ingest_pprof(request, body, ctype, name, labels, start, batch, state)
     elif fmt in FOLDED_FORMATS or fmt in STACK_FORMATS:
         limit = state.config.max_decompressed_bytes
-        # Gzipped without saying so (Content-Encoding), as pprof and JFR bodies may be.
-        data = maybe_gunzip(body, limit)
-        await off_loop(_ingest_stacks, data, fmt, name, labels, start, sample_rate, limit, batch)
+        await off_loop(_ingest_stacks, body, fmt, name, labels, start, sample_rate, limit, batch)
     else:
         raise HTTPError(
             400,
@@ -294,6 +292,8 @@ def _ingest_stacks(
     """The stacks of a folded, lines, speedscope, trie or tree upload into ``batch`` (blocking:
     it runs on a decoding thread).  ``limit`` bounds the folded text a trie or tree stands for,
     as it bounds a body's decompressed bytes."""
+    # Gzipped without saying so (Content-Encoding), as pprof and JFR bodies may be.
+    body = maybe_gunzip(body, limit)
     base, suffix = ingest_params.split_suffix(app_name)
     if labels.get(SERVICE_NAME):
         # As Pyroscope's ingest adapter: a service named in the tags keeps the app's name

@@ -4,14 +4,17 @@ a tenant's named string values.  Grafana's Profiles Drilldown keeps its own sett
 
 As in Pyroscope, a value stamped older than the one stored (``modifiedAt``, in milliseconds) is
 refused (``already_exists``), so that two browsers saving at once keep the later save; a value
-without a stamp is stamped now.  Settings are documents of the store (one per name), so every
-server over a shared store sees the same ones.  Reading them is a query; changing them is an
+without a stamp is stamped now (or at the stored stamp, if that is later).  Settings are
+documents of the store (one per name), so every server over a shared store sees the same ones;
+the stamps are compared within one server (two servers saving the same setting at once may
+both write).  Reading them is a query; changing them is an
 admin's, as with the server's other settings.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 from typing import Any, Dict, List, Optional
@@ -33,9 +36,11 @@ KIND = "pyroscope_setting"
 MAX_NAME_CHARS = 256
 MAX_VALUE_BYTES = 64 * 1024
 MAX_SETTINGS = 100
-MAX_BODY_BYTES = MAX_VALUE_BYTES + 4096
+# A value is JSON in a JSON string: every quote of it arrives escaped.
+MAX_BODY_BYTES = 6 * MAX_VALUE_BYTES + 4096
 # A change reads the stored stamp, then writes: one change at a time in this server.
 _CHANGES = threading.Lock()
+_INT64 = re.compile(r"-?[0-9]{1,19}")
 
 
 def _setting(doc: Document) -> Dict[str, Any]:
@@ -66,12 +71,21 @@ async def _request_json(request: Request) -> Dict[str, Any]:
     return parsed
 
 
+def _utf8(text: str, what: str) -> str:
+    """``text`` if it is UTF-8 (JSON's \\ud800 escapes are not), else a 400, as protojson."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise HTTPError(400, f"{what} is not valid UTF-8") from None
+    return text
+
+
 def _name(value: object) -> str:
     if not isinstance(value, str) or not value:
         raise HTTPError(400, "no setting name provided")
     if len(value) > MAX_NAME_CHARS or "\x00" in value:
         raise HTTPError(400, f"a setting name is at most {MAX_NAME_CHARS} characters, no NUL")
-    return value
+    return _utf8(value, "a setting name")
 
 
 def _millis(value: object) -> int:
@@ -80,10 +94,9 @@ def _millis(value: object) -> int:
         return 0
     if isinstance(value, bool) or not isinstance(value, (int, str)):
         raise HTTPError(400, "modifiedAt must be an integer (milliseconds)")
-    try:
-        millis = int(value)
-    except ValueError:
-        raise HTTPError(400, f"modifiedAt {str(value)[:40]!r} is not an integer") from None
+    if isinstance(value, str) and not _INT64.fullmatch(value):
+        raise HTTPError(400, f"modifiedAt {value[:40]!r} is not an integer")
+    millis = int(value)
     if not -(2**63) <= millis < 2**63:
         raise HTTPError(400, "modifiedAt is out of range")
     return millis
@@ -111,14 +124,18 @@ async def get(request: Request) -> Response:
 
 
 def _set(state: ServerState, tenant: str, name: str, value: str, millis: int) -> Document:
+    """Stores the setting; ``millis`` 0: stamped now, or at the stored stamp where that is
+    later (another server's clock ahead of this one's must not refuse a save)."""
     with _CHANGES:
         docs = state.store.documents(KIND, tenant)
         old = _find(docs, name)
+        if millis <= 0:
+            millis = max(time.time_ns() // 1_000_000, _stamp(old))
         if old is None and len(docs) >= MAX_SETTINGS:
             raise HTTPError(
                 400, f"a tenant keeps at most {MAX_SETTINGS} settings", "failed_precondition"
             )
-        if old is not None and int(old.body.get("modifiedAt", 0)) > millis:
+        if _stamp(old) > millis:
             raise HTTPError(
                 409, f"failed to update {name}: newer update already written", "already_exists"
             )
@@ -133,22 +150,27 @@ async def set_(request: Request) -> Response:
     if not isinstance(setting, dict):
         raise HTTPError(400, "no setting values provided")
     name = _name(setting.get("name"))
-    value = setting.get("value", "")
+    value = setting.get("value")
+    if value is None:
+        value = ""  # protojson's null: the default
     if not isinstance(value, str):
         raise HTTPError(400, "a setting's value must be a string")
-    if len(value.encode("utf-8", "surrogatepass")) > MAX_VALUE_BYTES:
+    if len(_utf8(value, "a setting's value").encode("utf-8")) > MAX_VALUE_BYTES:
         raise HTTPError(413, f"a setting's value is at most {MAX_VALUE_BYTES} bytes")
     millis = _millis(setting.get("modifiedAt"))
-    if millis <= 0:
-        millis = time.time_ns() // 1_000_000
     doc = await _blocking(_set, state, tenant, name, value, millis)
     return JSONResponse({"setting": _setting(doc)})
 
 
-def _delete(state: ServerState, tenant: str, name: str, millis: int) -> None:
+def _stamp(doc: Optional[Document]) -> int:
+    return int(doc.body.get("modifiedAt", 0)) if doc is not None else 0
+
+
+def _delete(state: ServerState, tenant: str, name: str) -> None:
     with _CHANGES:
         old = _find(state.store.documents(KIND, tenant), name)
-        if old is not None and int(old.body.get("modifiedAt", 0)) > millis:
+        # Stamped now, as Pyroscope does: a setting stamped in the future stays.
+        if _stamp(old) > time.time_ns() // 1_000_000:
             raise HTTPError(
                 409, f"failed to delete {name}: newer update already written", "already_exists"
             )
@@ -160,7 +182,7 @@ async def delete(request: Request) -> Response:
     state, tenant = query_state(request)
     body = await _request_json(request)
     name = _name(body.get("name"))
-    await _blocking(_delete, state, tenant, name, time.time_ns() // 1_000_000)
+    await _blocking(_delete, state, tenant, name)
     return JSONResponse({})
 
 
