@@ -448,3 +448,48 @@ def test_a_sample_label_cannot_rename_the_series(srv) -> None:  # type: ignore[n
         graph = flamegraph(c, '{service_name="labelled", ok="1"}', T0 - 10, T0 + 10)
     assert "evil" not in names.get("names", [])
     assert function_totals(graph) == {"main": 5, "renamed_fn": 5}
+
+
+def test_a_lone_surrogate_in_json_is_refused_and_lists_still_load(srv) -> None:  # type: ignore[no-untyped-def]
+    # JSON may escape a lone surrogate, which no UTF-8 writer (the store, the next answer)
+    # takes: refused with a 400 before anything is kept.
+    s = "\\ud800"
+    cases = [
+        (
+            "PUT",
+            "/api/v1/recording-rules/r1",
+            '{"metricName": "profiles_recorded_x", "selector": "{service_name=\\"a' + s + '\\"}"}',
+        ),
+        (
+            "POST",
+            "/settings.v1.RecordingRulesService/UpsertRecordingRule",
+            '{"metricName": "profiles_recorded_y", "matchers": '
+            '["{__profile_type__=\\"process_cpu:cpu:nanoseconds:cpu:nanoseconds\\"}"], '
+            '"stacktraceFilter": {"functionName": {"functionName": "' + s + '"}}}',
+        ),
+        (
+            "PUT",
+            "/api/v1/settings/svc",
+            '{"settings": {"enabled": false}, "selector": "{k=\\"' + s + '\\"}"}',
+        ),
+        (
+            "POST",
+            "/settings.v1.SettingsService/Set",
+            '{"setting": {"name": "' + s + '", "value": "v"}}',
+        ),
+        (
+            "POST",
+            "/adhocprofiles.v1.AdHocProfileService/Upload",
+            '{"name": "x", "profile": "' + s + '"}',
+        ),
+    ]
+    with srv.client() as c:
+        for method, path, body in cases:
+            r = c.request(
+                method, path, content=body.encode(), headers={"content-type": "application/json"}
+            )
+            assert r.status_code == 400, (path, r.status_code, r.text)
+            assert "UTF-8" in r.text or "base64" in r.text, r.text
+        for path in ("/api/v1/recording-rules", "/api/v1/settings"):
+            assert c.get(path).status_code == 200, path
+        assert c.post("/settings.v1.SettingsService/Get", json={}).status_code == 200

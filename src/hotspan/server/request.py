@@ -5,7 +5,8 @@ server.auth's middleware; these helpers read what it resolved."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, FrozenSet, Optional, Tuple
+import json
+from typing import TYPE_CHECKING, Any, FrozenSet, Optional, Tuple
 
 from starlette.requests import Request
 
@@ -90,3 +91,17 @@ async def read_body(
     # Later readers (form parsing) see the decoded body.
     request._body = body  # noqa: SLF001 - Starlette caches the body here
     return body
+
+
+def parse_json(body: bytes) -> Any:
+    """A request body's JSON, or a 400 saying why not: malformed, nested too deep, or holding
+    a string no UTF-8 writer takes (JSON may escape a lone surrogate, ``"\\ud800"``, which
+    the store, and every later answer that held it, would then fail on)."""
+    try:
+        parsed = json.loads(body)
+        json.dumps(parsed, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        raise HTTPError(400, "body holds text that is not UTF-8 (a lone surrogate?)") from None
+    except (ValueError, RecursionError) as exc:
+        raise HTTPError(400, f"body is not JSON: {exc}") from None
+    return parsed

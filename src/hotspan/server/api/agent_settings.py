@@ -10,7 +10,6 @@ the CLI.
 
 from __future__ import annotations
 
-import json
 import time
 from typing import Any, Dict, Iterable
 
@@ -30,7 +29,7 @@ from hotspan.model.settings_rules import matching_rule, normalize_selector
 from hotspan.server.errors import HTTPError, json_errors
 from hotspan.server.ingestion import agent_labels, observe_agent, settings_answer
 from hotspan.server.instances import Instance
-from hotspan.server.request import check_token, query_state, read_body, tenant_of
+from hotspan.server.request import check_token, parse_json, query_state, read_body, tenant_of
 from hotspan.server.state import ServerState
 from hotspan.store.base import SettingsRule, StoreError
 
@@ -120,11 +119,7 @@ async def get_service(request: Request) -> Response:
 
 
 async def _json_body(request: Request, config: Any) -> Any:
-    body = await read_body(request, config, MAX_BODY_BYTES, limit=MAX_BODY_BYTES)
-    try:
-        return json.loads(body)
-    except (ValueError, RecursionError) as exc:
-        raise HTTPError(400, f"body is not JSON: {exc}") from None
+    return parse_json(await read_body(request, config, MAX_BODY_BYTES, limit=MAX_BODY_BYTES))
 
 
 @json_errors

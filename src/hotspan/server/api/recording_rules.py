@@ -18,7 +18,6 @@ store reads (:mod:`hotspan.metrics.recorder`).
 
 from __future__ import annotations
 
-import json
 import random
 import string
 import threading
@@ -42,7 +41,7 @@ from hotspan.metrics.rules import (
 )
 from hotspan.server.errors import HTTPError, json_errors
 from hotspan.server.pyroscope.connect import unary
-from hotspan.server.request import query_state, read_body
+from hotspan.server.request import parse_json, query_state, read_body
 from hotspan.server.state import ServerState
 from hotspan.store.base import StoreError
 
@@ -129,10 +128,7 @@ async def _json_body(request: Request, state: ServerState) -> Any:
     body = await read_body(request, state.config, MAX_BODY_BYTES, limit=MAX_BODY_BYTES)
     if not body.strip():
         return {}
-    try:
-        return json.loads(body)
-    except (ValueError, RecursionError) as exc:
-        raise HTTPError(400, f"body is not JSON: {exc}") from None
+    return parse_json(body)
 
 
 def _rule_id(request: Request) -> str:

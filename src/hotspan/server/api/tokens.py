@@ -11,7 +11,6 @@ Only an admin token of the tenant, or the operator's query token, gets here
 
 from __future__ import annotations
 
-import json
 import secrets
 import time
 from typing import Any
@@ -23,7 +22,7 @@ from starlette.routing import Route
 
 from hotspan.server.auth import TOKENS_PATH, new_token, token_hash
 from hotspan.server.errors import HTTPError, json_errors
-from hotspan.server.request import query_state, read_body
+from hotspan.server.request import parse_json, query_state, read_body
 from hotspan.store.base import TOKEN_ROLES, StoredToken, StoreError
 
 MAX_BODY_BYTES = 16 * 1024
@@ -32,10 +31,7 @@ MAX_NAME_CHARS = 200
 
 async def _body(request: Request, config: Any) -> Any:
     body = await read_body(request, config, MAX_BODY_BYTES, limit=MAX_BODY_BYTES)
-    try:
-        return json.loads(body or b"{}")
-    except (ValueError, RecursionError) as exc:
-        raise HTTPError(400, f"body is not JSON: {exc}") from None
+    return parse_json(body or b"{}")
 
 
 @json_errors

@@ -35,7 +35,7 @@ from hotspan.server.errors import HTTPError
 from hotspan.server.params import DEFAULT_MAX_NODES, check_max_nodes
 from hotspan.server.pyroscope.connect import unary
 from hotspan.server.pyroscope.render import flamebearer, flamebearer_units
-from hotspan.server.request import query_state, read_body
+from hotspan.server.request import parse_json, query_state, read_body
 from hotspan.server.state import ServerState
 from hotspan.store.base import Document, StoreError
 
@@ -72,10 +72,7 @@ async def _request_json(request: Request) -> Dict[str, Any]:
     body = await read_body(request, state.config, MAX_BODY_BYTES, limit=MAX_BODY_BYTES)
     if not body.strip():
         return {}
-    try:
-        parsed = json.loads(body)
-    except (ValueError, RecursionError) as exc:
-        raise HTTPError(400, f"body is not JSON: {exc}") from None
+    parsed = parse_json(body)
     if not isinstance(parsed, dict):
         raise HTTPError(400, "the request must be a JSON object")
     return parsed

@@ -13,7 +13,6 @@ admin's, as with the server's other settings.
 
 from __future__ import annotations
 
-import json
 import re
 import threading
 import time
@@ -26,7 +25,7 @@ from starlette.routing import Route
 
 from hotspan.server.errors import HTTPError
 from hotspan.server.pyroscope.connect import unary
-from hotspan.server.request import query_state, read_body
+from hotspan.server.request import parse_json, query_state, read_body
 from hotspan.server.state import ServerState
 from hotspan.store.base import Document, StoreError
 
@@ -62,22 +61,10 @@ async def _request_json(request: Request) -> Dict[str, Any]:
     body = await read_body(request, state.config, MAX_BODY_BYTES, limit=MAX_BODY_BYTES)
     if not body.strip():
         return {}
-    try:
-        parsed = json.loads(body)
-    except (ValueError, RecursionError) as exc:
-        raise HTTPError(400, f"body is not JSON: {exc}") from None
+    parsed = parse_json(body)
     if not isinstance(parsed, dict):
         raise HTTPError(400, "the request must be a JSON object")
     return parsed
-
-
-def _utf8(text: str, what: str) -> str:
-    """``text`` if it is UTF-8 (JSON's \\ud800 escapes are not), else a 400, as protojson."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        raise HTTPError(400, f"{what} is not valid UTF-8") from None
-    return text
 
 
 def _name(value: object) -> str:
@@ -85,7 +72,7 @@ def _name(value: object) -> str:
         raise HTTPError(400, "no setting name provided")
     if len(value) > MAX_NAME_CHARS or "\x00" in value:
         raise HTTPError(400, f"a setting name is at most {MAX_NAME_CHARS} characters, no NUL")
-    return _utf8(value, "a setting name")
+    return value
 
 
 def _millis(value: object) -> int:
@@ -155,7 +142,7 @@ async def set_(request: Request) -> Response:
         value = ""  # protojson's null: the default
     if not isinstance(value, str):
         raise HTTPError(400, "a setting's value must be a string")
-    if len(_utf8(value, "a setting's value").encode("utf-8")) > MAX_VALUE_BYTES:
+    if len(value.encode("utf-8")) > MAX_VALUE_BYTES:
         raise HTTPError(413, f"a setting's value is at most {MAX_VALUE_BYTES} bytes")
     millis = _millis(setting.get("modifiedAt"))
     doc = await _blocking(_set, state, tenant, name, value, millis)
