@@ -187,15 +187,15 @@ def test_nesting_and_frames_are_bounded(kind: str) -> None:
     body = b"\x00\x00\x01" + b"\x01a\x00\x01" * 70_000 + b"\x01a\x01\x00"
     with pytest.raises(FormatError, match="nests deeper than 65536"):
         list(parse(body, LIMIT))
-    # A prefix of 999 frames under which 9,000 one-frame stacks hang: 9 million frames in
-    # 40 KB, under the folded-text limit.
+    # A prefix of 999 frames under which 3,000 one-frame stacks hang: 3 million frames in
+    # 14 KB, under the folded-text limit.
     if kind == "trie":
         prefix = (";".join(["f"] * 999) + ";").encode()
-        head = b"\x00\x00\x01" + uvarint(len(prefix)) + prefix + b"\x00" + uvarint(9000)
+        head = b"\x00\x00\x01" + uvarint(len(prefix)) + prefix + b"\x00" + uvarint(3000)
     else:
-        head = b"\x00\x00\x01" + b"\x01f\x00\x01" * 998 + b"\x01f\x00" + uvarint(9000)
-    body = head + b"\x01g\x01\x00" * 9000
-    with pytest.raises(FormatError, match="more than 8388608 frames"):
+        head = b"\x00\x00\x01" + b"\x01f\x00\x01" * 998 + b"\x01f\x00" + uvarint(3000)
+    body = head + b"\x01g\x01\x00" * 3000
+    with pytest.raises(FormatError, match="more than 2097152 frames"):
         list(parse(body, LIMIT))
 
 

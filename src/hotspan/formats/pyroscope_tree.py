@@ -27,7 +27,9 @@ from hotspan.model.profile import MAX_SAMPLE_VALUE, MAX_STACK_DEPTH
 MIN_NODE_BYTES = 3
 # What a body may cost besides its folded text: the frames of its stacks (each stack's first
 # MAX_STACK_DEPTH, what is stored), and its nesting (each open node is held meanwhile).
-MAX_FRAMES = 1 << 23
+# 2M frames: eight times 10 s of a big service's stacks (5,000 of 50 frames), about a
+# second of the server's CPU to store.
+MAX_FRAMES = 1 << 21
 MAX_OPEN_NODES = 1 << 16
 
 
