@@ -541,24 +541,33 @@ def _label(
         else {}
     )
     needs_values = any(_needs_raw(a) for a in shown)
+    wants_events = any(a.scope == "event" for a in shown)
     for span_id, span in wanted.items():
         item = stored.get(span_id)
         if item is None:
             continue
         attrs: Dict[str, Dict[str, Any]] = {}
         resource: Dict[str, Dict[str, Any]] = {}
+        events: Dict[str, Dict[str, Any]] = {}
         if needs_values and typed:
             message = Span.FromString(item.raw)
             attrs = _typed(message.attributes)
             if message.status.message:
                 attrs[STATUS_MESSAGE] = {"stringValue": message.status.message}
             resource = _typed(Resource.FromString(item.group.resource).attributes)
+            if wants_events:
+                # As Tempo shows them: by bare name, the latest event's value of each.
+                for event in message.events:
+                    events.update(_typed(event.attributes))
         elif needs_values:
             attrs = _index_values(item.attrs)
             resource = _index_values(item.resource_attrs)
         out = []
         for attr in shown:
-            value = _shown_value(attr, item, attrs, resource, children, nested)
+            if attr.scope == "event":
+                value = events.get(attr.name)  # only a trace read whole has its events
+            else:
+                value = _shown_value(attr, item, attrs, resource, children, nested)
             if value is not None:
                 out.append({"key": _shown_key(attr), "value": value})
         if out:

@@ -288,3 +288,22 @@ def test_a_status_message_asked_for_is_on_the_spans_found(
                     "key": "statusMessage",
                     "value": {"stringValue": "card declined"},
                 } in span["attributes"], (name, q, span)
+
+
+def test_the_exceptions_of_failed_spans_are_shown_as_traces_drilldown_asks(
+    servers: Dict[str, RunningServer],
+) -> None:
+    # Traces Drilldown's Exceptions tab: the event attributes selected, shown on each span by
+    # their bare names, as Tempo shows them.
+    q = (
+        "{true && status = error} | select(resource.service.name, event.exception.message, "
+        "event.exception.stacktrace, event.exception.type) with(most_recent=true)"
+    )
+    for name, srv in servers.items():
+        spans = [s for t in grafana_search(srv, q).json()["traces"] for s in t["spanSet"]["spans"]]
+        charge = [s for s in spans if s.get("name") == "charge"]
+        assert charge, (name, spans)
+        shown = {a["key"]: a["value"] for a in charge[0]["attributes"]}
+        assert shown["exception.message"] == {"stringValue": "card declined"}, (name, shown)
+        assert shown["exception.type"] == {"stringValue": "ValueError"}, (name, shown)
+        assert "ValueError: card declined" in shown["exception.stacktrace"]["stringValue"]
