@@ -40,7 +40,7 @@ from hotspan.metrics.rules import (
     from_json,
 )
 from hotspan.server.errors import HTTPError, json_errors
-from hotspan.server.pyroscope.connect import unary
+from hotspan.server.pyroscope.connect import json_request, unary
 from hotspan.server.request import parse_json, query_state, read_body
 from hotspan.server.state import ServerState
 from hotspan.store.base import StoreError
@@ -184,15 +184,7 @@ async def delete_rule(request: Request) -> Response:
 
 async def _connect_request(request: Request) -> Dict[str, Any]:
     state: ServerState = request.app.state.hotspan
-    ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
-    # JSON whatever the type says but protobuf: a browser's fetch of a string body, as
-    # Grafana's apps send, says text/plain.
-    if ctype.startswith(("application/proto", "application/grpc", "application/x-protobuf")):
-        raise HTTPError(415, f"content type {ctype!r} is not supported here (use application/json)")
-    body = await _json_body(request, state)
-    if not isinstance(body, dict):
-        raise HTTPError(400, "the request must be a JSON object")
-    return body
+    return await json_request(request, state.config, MAX_BODY_BYTES)
 
 
 def _connect_id(body: Dict[str, Any]) -> str:

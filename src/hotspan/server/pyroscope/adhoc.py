@@ -33,9 +33,9 @@ from hotspan.model.stack_profile import StackProfile
 from hotspan.query import flamegraph
 from hotspan.server.errors import HTTPError
 from hotspan.server.params import DEFAULT_MAX_NODES, check_max_nodes
-from hotspan.server.pyroscope.connect import unary
-from hotspan.server.pyroscope.render import flamebearer, flamebearer_units
-from hotspan.server.request import parse_json, query_state, read_body
+from hotspan.server.pyroscope.connect import json_request, unary
+from hotspan.server.pyroscope.render import flamebearer_profile
+from hotspan.server.request import query_state
 from hotspan.server.state import ServerState
 from hotspan.store.base import Document, StoreError
 
@@ -62,20 +62,6 @@ def _ulid(millis: int) -> str:
 def _safe_name(name: str) -> str:
     """The file's name as Pyroscope keeps it: letters, digits, '.', '-' and '_'."""
     return re.sub(r"[^A-Za-z0-9._-]", "_", name)[:MAX_NAME_CHARS]
-
-
-async def _request_json(request: Request) -> Dict[str, Any]:
-    state: ServerState = request.app.state.hotspan
-    ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
-    if ctype.startswith(("application/proto", "application/grpc", "application/x-protobuf")):
-        raise HTTPError(415, f"content type {ctype!r} is not supported here (use application/json)")
-    body = await read_body(request, state.config, MAX_BODY_BYTES, limit=MAX_BODY_BYTES)
-    if not body.strip():
-        return {}
-    parsed = parse_json(body)
-    if not isinstance(parsed, dict):
-        raise HTTPError(400, "the request must be a JSON object")
-    return parsed
 
 
 def _field(body: Dict[str, Any], camel: str, snake: str) -> Any:
@@ -130,19 +116,8 @@ def _answer(
         default = profile.default_type
         position = types.index(default) if default in types else 0
     sample_type = profile.sample_types[position]
-    units, rate = flamebearer_units(sample_type.type, sample_type.unit)
     graph = flamegraph.of_profile(profile, position, max_nodes)
-    body = {
-        "version": 1,
-        "flamebearer": flamebearer(graph),
-        "metadata": {
-            "format": "single",
-            "spyName": "",
-            "sampleRate": rate,
-            "units": units,
-            "name": sample_type.type,
-        },
-    }
+    body = flamebearer_profile(graph, sample_type.type, sample_type.unit, sample_type.type)
     return {
         "id": doc_id,
         "name": name,
@@ -219,7 +194,7 @@ def _list(state: ServerState, tenant: str) -> List[Dict[str, str]]:
 @unary
 async def upload(request: Request) -> Response:
     state, tenant = query_state(request)
-    body = await _request_json(request)
+    body = await json_request(request, request.app.state.hotspan.config, MAX_BODY_BYTES)
     name = body.get("name", "")
     data = body.get("profile")
     if not isinstance(name, str):
@@ -233,7 +208,7 @@ async def upload(request: Request) -> Response:
 @unary
 async def get(request: Request) -> Response:
     state, tenant = query_state(request)
-    body = await _request_json(request)
+    body = await json_request(request, request.app.state.hotspan.config, MAX_BODY_BYTES)
     doc_id = body.get("id")
     if not isinstance(doc_id, str) or not _ID.fullmatch(doc_id):
         raise HTTPError(400, f"id {str(doc_id)[:80]!r} is invalid: can only contain [a-zA-Z0-9_-.]")
@@ -247,7 +222,7 @@ async def get(request: Request) -> Response:
 @unary
 async def list_(request: Request) -> Response:
     state, tenant = query_state(request)
-    await _request_json(request)
+    await json_request(request, request.app.state.hotspan.config, MAX_BODY_BYTES)
     profiles = await _blocking(_list, state, tenant)
     return JSONResponse({"profiles": profiles} if profiles else {})
 

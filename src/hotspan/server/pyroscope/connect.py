@@ -8,7 +8,7 @@ Requests and responses are protobuf (``application/proto``) or protojson
 from __future__ import annotations
 
 import json
-from typing import Awaitable, Callable, Type, TypeVar
+from typing import Any, Awaitable, Callable, Dict, Type, TypeVar
 
 from google.protobuf import json_format
 from google.protobuf.message import DecodeError, Message
@@ -17,7 +17,7 @@ from starlette.responses import Response
 
 from hotspan.server.config import ServerConfig
 from hotspan.server.errors import CONNECT_STATUS, HTTPError
-from hotspan.server.request import read_body
+from hotspan.server.request import parse_json, read_body
 
 M = TypeVar("M", bound=Message)
 
@@ -82,3 +82,19 @@ def unary(handler: Handler) -> Handler:
 
     endpoint.__name__ = handler.__name__
     return endpoint
+
+
+async def json_request(request: Request, config: ServerConfig, max_bytes: int) -> Dict[str, Any]:
+    """A Connect request in JSON (the services hotspan answers in JSON only): the object of
+    its body, ``{}`` for none.  JSON whatever the type says but protobuf, which is a 415: a
+    browser's fetch of a string body, as Grafana's apps may send, says text/plain."""
+    ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if ctype.startswith(("application/proto", "application/grpc", "application/x-protobuf")):
+        raise HTTPError(415, f"content type {ctype!r} is not supported here (use application/json)")
+    body = await read_body(request, config, max_bytes, limit=max_bytes)
+    if not body.strip():
+        return {}
+    parsed = parse_json(body)
+    if not isinstance(parsed, dict):
+        raise HTTPError(400, "the request must be a JSON object")
+    return parsed

@@ -92,6 +92,15 @@ def flamebearer_units(sample_type: str, sample_unit: str) -> Tuple[str, int]:
     return "samples", 100
 
 
+def flamebearer_profile(
+    graph: FlameGraph, sample_type: str, sample_unit: str, name: str
+) -> Dict[str, Any]:
+    """A flame graph as Pyroscope's flamebearer profile (its version, graph and metadata)."""
+    units, rate = flamebearer_units(sample_type, sample_unit)
+    metadata = {"format": "single", "spyName": "", "sampleRate": rate, "units": units, "name": name}
+    return {"version": 1, "flamebearer": flamebearer(graph), "metadata": metadata}
+
+
 def flamebearer(graph: FlameGraph) -> Dict[str, Any]:
     return {
         "names": graph.names,
@@ -203,17 +212,8 @@ def render(request: Request, state: ServerState, tenant: str) -> Union[Dict[str,
     if request.query_params.get("format") == "dot":
         return _dot(request, state, tenant, query, start, end)
     ptype, sel, graph = _single(state, tenant, query, start, end, _max_nodes(request))
-    units, rate = _units(ptype)
     return {
-        "version": 1,
-        "flamebearer": flamebearer(graph),
-        "metadata": {
-            "format": "single",
-            "spyName": "",
-            "sampleRate": rate,
-            "units": units,
-            "name": query,
-        },
+        **flamebearer_profile(graph, ptype.sample_type, ptype.sample_unit, query),
         "timeline": _timeline(state, tenant, ptype, sel, start, end),
         "groups": None,
         "heatmap": None,

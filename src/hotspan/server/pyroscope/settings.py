@@ -24,8 +24,8 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from hotspan.server.errors import HTTPError
-from hotspan.server.pyroscope.connect import unary
-from hotspan.server.request import parse_json, query_state, read_body
+from hotspan.server.pyroscope.connect import json_request, unary
+from hotspan.server.request import query_state
 from hotspan.server.state import ServerState
 from hotspan.store.base import Document, StoreError
 
@@ -49,22 +49,6 @@ def _setting(doc: Document) -> Dict[str, Any]:
         "value": doc.body.get("value", ""),
         "modifiedAt": str(doc.body.get("modifiedAt", 0)),
     }
-
-
-async def _request_json(request: Request) -> Dict[str, Any]:
-    state: ServerState = request.app.state.hotspan
-    ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
-    # JSON whatever the type says but protobuf: a browser's fetch of a string body, as
-    # Grafana's apps send, says text/plain.
-    if ctype.startswith(("application/proto", "application/grpc", "application/x-protobuf")):
-        raise HTTPError(415, f"content type {ctype!r} is not supported here (use application/json)")
-    body = await read_body(request, state.config, MAX_BODY_BYTES, limit=MAX_BODY_BYTES)
-    if not body.strip():
-        return {}
-    parsed = parse_json(body)
-    if not isinstance(parsed, dict):
-        raise HTTPError(400, "the request must be a JSON object")
-    return parsed
 
 
 def _name(value: object) -> str:
@@ -103,7 +87,7 @@ def _find(docs: List[Document], name: str) -> Optional[Document]:
 @unary
 async def get(request: Request) -> Response:
     state, tenant = query_state(request)
-    await _request_json(request)
+    await json_request(request, request.app.state.hotspan.config, MAX_BODY_BYTES)
     docs = await _blocking(state.store.documents, KIND, tenant)
     if not docs:
         return JSONResponse({})  # protojson leaves an empty list out
@@ -132,7 +116,7 @@ def _set(state: ServerState, tenant: str, name: str, value: str, millis: int) ->
 @unary
 async def set_(request: Request) -> Response:
     state, tenant = query_state(request)
-    body = await _request_json(request)
+    body = await json_request(request, request.app.state.hotspan.config, MAX_BODY_BYTES)
     setting = body.get("setting")
     if not isinstance(setting, dict):
         raise HTTPError(400, "no setting values provided")
@@ -167,7 +151,7 @@ def _delete(state: ServerState, tenant: str, name: str) -> None:
 @unary
 async def delete(request: Request) -> Response:
     state, tenant = query_state(request)
-    body = await _request_json(request)
+    body = await json_request(request, request.app.state.hotspan.config, MAX_BODY_BYTES)
     name = _name(body.get("name"))
     await _blocking(_delete, state, tenant, name)
     return JSONResponse({})
