@@ -40,6 +40,7 @@ with atheris.instrument_imports(include=["hotspan", "python_multipart", "starlet
     import hotspan.formats.pprof
     import hotspan.formats.pprof_decode
     import hotspan.formats.protowire
+    import hotspan.formats.pyroscope_nodes
     import hotspan.formats.pyroscope_tree
     import hotspan.formats.pyroscope_trie
     import hotspan.formats.speedscope

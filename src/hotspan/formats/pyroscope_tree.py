@@ -16,21 +16,11 @@ The same bytes are an upload format too (``/ingest?format=tree``, Pyroscope's cl
 
 from __future__ import annotations
 
-from typing import Iterator, List, Sequence
+from typing import Iterator, List, Sequence, Tuple
 
-from hotspan.formats.errors import FormatError
 from hotspan.formats.folded import Stack
-from hotspan.formats.protowire import read_uvarint, uvarint
-from hotspan.model.profile import MAX_SAMPLE_VALUE, MAX_STACK_DEPTH
-
-# The fewest bytes a node takes: a node cannot claim more children than the bytes after it hold.
-MIN_NODE_BYTES = 3
-# What a body may cost besides its folded text: the frames of its stacks (each stack's first
-# MAX_STACK_DEPTH, what is stored), and its nesting (each open node is held meanwhile).
-# 2M frames: eight times 10 s of a big service's stacks (5,000 of 50 frames), about a
-# second of the server's CPU to store.
-MAX_FRAMES = 1 << 21
-MAX_OPEN_NODES = 1 << 16
+from hotspan.formats.protowire import uvarint
+from hotspan.formats.pyroscope_nodes import StackBudget, walk
 
 
 def encode(
@@ -70,64 +60,19 @@ def parse(data: bytes, max_folded_bytes: int) -> Iterator[Stack]:
     """The tree's stacks, root frame first: each node with a self value is a stack of the
     names on its path (the virtual root's left out; a name holding ``;`` is split there, as
     Pyroscope folds it).  Nodes share their paths, so a small tree can stand for far more
-    text: past ``max_folded_bytes`` of folded stacks it is refused."""
-    if not data:
-        return
+    text: past ``max_folded_bytes`` of folded stacks (or the frames of :class:`StackBudget`)
+    it is refused."""
     frames: List[str] = []  # the path's frames, below the virtual root
-    open_nodes: List[
-        List[int]
-    ] = []  # per node whose children are being read: [left, len(frames) before it]
-    budget, frame_budget = max_folded_bytes, MAX_FRAMES
-    folded_length = 0  # of ";".join(frames)
-    lengths: List[int] = []  # folded_length before each open node
-    pos, end = 0, len(data)
-    while True:
-        length, pos = read_uvarint(data, pos)
-        if length > end - pos:
-            raise FormatError(f"tree: a name of {length} bytes runs past the end at byte {pos}")
-        name = data[pos : pos + length]
-        pos += length
-        own, pos = read_uvarint(data, pos)
-        children, pos = read_uvarint(data, pos)
-        if own > MAX_SAMPLE_VALUE:
-            raise FormatError(f"tree: the value {own} before byte {pos} is out of range")
-        base, base_length = len(frames), folded_length
-        if open_nodes:  # below the virtual root
+    ends: List[Tuple[int, int]] = []  # after each node of the path: (frames, folded length)
+    budget = StackBudget("tree", max_folded_bytes)
+    for depth, name, own in walk(data, "tree", one_root=True):
+        count, length = ends[depth - 1] if depth else (0, 0)
+        del frames[count:]
+        del ends[depth:]
+        if depth:  # below the virtual root
             frames += [f for f in name.decode("utf-8", "replace").split(";") if f]
-            folded_length += length + 1
-            if own and frames:
-                budget -= folded_length
-                if budget < 0:
-                    raise FormatError(
-                        f"tree: its stacks come to more than {max_folded_bytes} bytes of "
-                        "folded text"
-                    )
-                frame_budget -= min(len(frames), MAX_STACK_DEPTH)
-                if frame_budget < 0:
-                    raise FormatError(f"tree: its stacks hold more than {MAX_FRAMES} frames")
-                yield list(frames), own
-        if children:
-            if children > (end - pos) // MIN_NODE_BYTES:
-                raise FormatError(
-                    f"tree: a node claims {children} children, more than the "
-                    f"{end - pos} bytes after it can hold"
-                )
-            if len(open_nodes) >= MAX_OPEN_NODES:
-                raise FormatError(f"tree: it nests deeper than {MAX_OPEN_NODES} nodes")
-            open_nodes.append([children, base])
-            lengths.append(base_length)
-            continue
-        del frames[base:]
-        folded_length = base_length
-        while open_nodes:
-            parent = open_nodes[-1]
-            parent[0] -= 1
-            if parent[0]:
-                break
-            open_nodes.pop()
-            del frames[parent[1] :]
-            folded_length = lengths.pop()
-        if not open_nodes:
-            break
-    if pos != end:
-        raise FormatError(f"tree: {end - pos} bytes after the end of the tree")
+            length += len(name) + 1
+        ends.append((len(frames), length))
+        if own and frames:
+            budget.charge(length, len(frames))
+            yield list(frames), own
