@@ -6,8 +6,9 @@ server.auth's middleware; these helpers read what it resolved."""
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any, FrozenSet, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, FrozenSet, Optional, Tuple, TypeVar
 
+from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 
 from hotspan.formats.compression import gunzip
@@ -15,6 +16,7 @@ from hotspan.formats.errors import FormatError
 from hotspan.server.auth import SCOPE_KEY, TENANT_HEADER, Principal, tenant_from
 from hotspan.server.config import ServerConfig
 from hotspan.server.errors import HTTPError
+from hotspan.store.base import StoreError
 
 if TYPE_CHECKING:
     from hotspan.server.state import ServerState
@@ -105,3 +107,15 @@ def parse_json(body: bytes) -> Any:
     except (ValueError, RecursionError) as exc:
         raise HTTPError(400, f"body is not JSON: {exc}") from None
     return parsed
+
+
+T = TypeVar("T")
+
+
+async def in_store(fn: Callable[..., T], *args: Any) -> T:
+    """``fn(*args)`` (store work, blocking) on a worker thread; a StoreError is a 503 that says
+    the store failed, as the rule and settings APIs answer it."""
+    try:
+        return await run_in_threadpool(fn, *args)
+    except StoreError as exc:
+        raise HTTPError(503, f"the store failed: {exc}") from None

@@ -21,9 +21,8 @@ from __future__ import annotations
 import random
 import string
 import threading
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
-from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -41,9 +40,8 @@ from hotspan.metrics.rules import (
 )
 from hotspan.server.errors import HTTPError, json_errors
 from hotspan.server.pyroscope.connect import json_request, unary
-from hotspan.server.request import parse_json, query_state, read_body
+from hotspan.server.request import in_store, parse_json, query_state, read_body
 from hotspan.server.state import ServerState
-from hotspan.store.base import StoreError
 
 MAX_BODY_BYTES = 64 * 1024
 SERVICE = "/settings.v1.RecordingRulesService"
@@ -117,13 +115,6 @@ def _reload(state: ServerState) -> None:
         state.metrics.recorder.refresh()
 
 
-async def _blocking(fn: Callable[..., Any], *args: Any) -> Any:
-    try:
-        return await run_in_threadpool(fn, *args)
-    except StoreError as exc:
-        raise HTTPError(503, f"the store failed: {exc}") from None
-
-
 async def _json_body(request: Request, state: ServerState) -> Any:
     body = await read_body(request, state.config, MAX_BODY_BYTES, limit=MAX_BODY_BYTES)
     if not body.strip():
@@ -144,7 +135,7 @@ def _rule_id(request: Request) -> str:
 @json_errors
 async def list_rules(request: Request) -> Response:
     state, tenant = query_state(request)
-    rules = await _blocking(_rules, state, tenant)
+    rules = await in_store(_rules, state, tenant)
     return JSONResponse({"rules": [r.to_json() for r in rules]})
 
 
@@ -152,7 +143,7 @@ async def list_rules(request: Request) -> Response:
 async def get_rule(request: Request) -> Response:
     state, tenant = query_state(request)
     rule_id = _rule_id(request)
-    rule = await _blocking(_find, state, tenant, rule_id)
+    rule = await in_store(_find, state, tenant, rule_id)
     if rule is None:
         raise HTTPError(404, f"no recording rule {rule_id!r}")
     return JSONResponse(rule.to_json())
@@ -166,7 +157,7 @@ async def put_rule(request: Request) -> Response:
         rule, observed = from_json(await _json_body(request, state), rule_id)
     except RuleError as exc:
         raise HTTPError(400, str(exc)) from None
-    stored = await _blocking(_upsert, state, tenant, rule, observed, False)
+    stored = await in_store(_upsert, state, tenant, rule, observed, False)
     return JSONResponse(stored.to_json())
 
 
@@ -174,7 +165,7 @@ async def put_rule(request: Request) -> Response:
 async def delete_rule(request: Request) -> Response:
     state, tenant = query_state(request)
     rule_id = _rule_id(request)
-    if not await _blocking(_delete, state, tenant, rule_id):
+    if not await in_store(_delete, state, tenant, rule_id):
         raise HTTPError(404, f"no recording rule {rule_id!r}")
     return JSONResponse({"deleted": True})
 
@@ -206,7 +197,7 @@ def _new_id() -> str:
 async def connect_list(request: Request) -> Response:
     state, tenant = query_state(request)
     await _connect_request(request)
-    rules = await _blocking(_rules, state, tenant)
+    rules = await in_store(_rules, state, tenant)
     return JSONResponse({"rules": [r.to_connect() for r in rules]})
 
 
@@ -214,7 +205,7 @@ async def connect_list(request: Request) -> Response:
 async def connect_get(request: Request) -> Response:
     state, tenant = query_state(request)
     rule_id = _connect_id(await _connect_request(request))
-    rule = await _blocking(_find, state, tenant, rule_id)
+    rule = await in_store(_find, state, tenant, rule_id)
     if rule is None:
         raise HTTPError(404, f"no rule with id={rule_id!r} found")
     return JSONResponse({"rule": rule.to_connect()})
@@ -231,7 +222,7 @@ async def connect_upsert(request: Request) -> Response:
         rule, observed = from_connect(body, rule_id.strip())
     except RuleError as exc:
         raise HTTPError(400, f"invalid request: {exc}") from None
-    stored = await _blocking(_upsert, state, tenant, rule, observed, bool(body.get("id")))
+    stored = await in_store(_upsert, state, tenant, rule, observed, bool(body.get("id")))
     return JSONResponse({"rule": stored.to_connect()})
 
 
@@ -239,7 +230,7 @@ async def connect_upsert(request: Request) -> Response:
 async def connect_delete(request: Request) -> Response:
     state, tenant = query_state(request)
     rule_id = _connect_id(await _connect_request(request))
-    if not await _blocking(_delete, state, tenant, rule_id):
+    if not await in_store(_delete, state, tenant, rule_id):
         raise HTTPError(404, f"no rule with ID={rule_id!r} found")
     return JSONResponse({})
 

@@ -22,7 +22,6 @@ import threading
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
-from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -35,9 +34,9 @@ from hotspan.server.errors import HTTPError
 from hotspan.server.params import DEFAULT_MAX_NODES, check_max_nodes
 from hotspan.server.pyroscope.connect import json_request, unary
 from hotspan.server.pyroscope.render import flamebearer_profile
-from hotspan.server.request import query_state
+from hotspan.server.request import in_store, query_state
 from hotspan.server.state import ServerState
-from hotspan.store.base import Document, StoreError
+from hotspan.store.base import Document
 
 SERVICE = "/adhocprofiles.v1.AdHocProfileService"
 KIND = "adhoc_profile"
@@ -128,13 +127,6 @@ def _answer(
     }
 
 
-async def _blocking(fn: Any, *args: Any) -> Any:
-    try:
-        return await run_in_threadpool(fn, *args)
-    except StoreError as exc:
-        raise HTTPError(503, f"the store failed: {exc}") from None
-
-
 def _keep(state: ServerState, tenant: str, doc_id: str, body: Dict[str, Any]) -> None:
     """Stores the upload, then drops the tenant's oldest files past the bounds."""
     with _CHANGES:
@@ -201,7 +193,7 @@ async def upload(request: Request) -> Response:
         raise HTTPError(400, "name must be a string")
     if not isinstance(data, str) or not data:
         raise HTTPError(400, "profile (the file, in base64) is required")
-    answer = await _blocking(_upload, state, tenant, name, data, _max_nodes(body))
+    answer = await in_store(_upload, state, tenant, name, data, _max_nodes(body))
     return JSONResponse(answer)
 
 
@@ -215,7 +207,7 @@ async def get(request: Request) -> Response:
     wanted = _field(body, "profileType", "profile_type")
     if wanted is not None and not isinstance(wanted, str):
         raise HTTPError(400, "profile_type must be a string")
-    answer = await _blocking(_get, state, tenant, doc_id, wanted, _max_nodes(body))
+    answer = await in_store(_get, state, tenant, doc_id, wanted, _max_nodes(body))
     return JSONResponse(answer)
 
 
@@ -223,7 +215,7 @@ async def get(request: Request) -> Response:
 async def list_(request: Request) -> Response:
     state, tenant = query_state(request)
     await json_request(request, request.app.state.hotspan.config, MAX_BODY_BYTES)
-    profiles = await _blocking(_list, state, tenant)
+    profiles = await in_store(_list, state, tenant)
     return JSONResponse({"profiles": profiles} if profiles else {})
 
 

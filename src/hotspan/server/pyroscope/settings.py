@@ -18,16 +18,15 @@ import threading
 import time
 from typing import Any, Dict, List, Optional
 
-from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from hotspan.server.errors import HTTPError
 from hotspan.server.pyroscope.connect import json_request, unary
-from hotspan.server.request import query_state
+from hotspan.server.request import in_store, query_state
 from hotspan.server.state import ServerState
-from hotspan.store.base import Document, StoreError
+from hotspan.store.base import Document
 
 SERVICE = "/settings.v1.SettingsService"
 KIND = "pyroscope_setting"
@@ -73,13 +72,6 @@ def _millis(value: object) -> int:
     return millis
 
 
-async def _blocking(fn: Any, *args: Any) -> Any:
-    try:
-        return await run_in_threadpool(fn, *args)
-    except StoreError as exc:
-        raise HTTPError(503, f"the store failed: {exc}") from None
-
-
 def _find(docs: List[Document], name: str) -> Optional[Document]:
     return next((d for d in docs if d.name == name), None)
 
@@ -88,7 +80,7 @@ def _find(docs: List[Document], name: str) -> Optional[Document]:
 async def get(request: Request) -> Response:
     state, tenant = query_state(request)
     await json_request(request, request.app.state.hotspan.config, MAX_BODY_BYTES)
-    docs = await _blocking(state.store.documents, KIND, tenant)
+    docs = await in_store(state.store.documents, KIND, tenant)
     if not docs:
         return JSONResponse({})  # protojson leaves an empty list out
     return JSONResponse({"settings": [_setting(d) for d in docs]})
@@ -129,7 +121,7 @@ async def set_(request: Request) -> Response:
     if len(value.encode("utf-8")) > MAX_VALUE_BYTES:
         raise HTTPError(413, f"a setting's value is at most {MAX_VALUE_BYTES} bytes")
     millis = _millis(setting.get("modifiedAt"))
-    doc = await _blocking(_set, state, tenant, name, value, millis)
+    doc = await in_store(_set, state, tenant, name, value, millis)
     return JSONResponse({"setting": _setting(doc)})
 
 
@@ -153,7 +145,7 @@ async def delete(request: Request) -> Response:
     state, tenant = query_state(request)
     body = await json_request(request, request.app.state.hotspan.config, MAX_BODY_BYTES)
     name = _name(body.get("name"))
-    await _blocking(_delete, state, tenant, name)
+    await in_store(_delete, state, tenant, name)
     return JSONResponse({})
 
 
