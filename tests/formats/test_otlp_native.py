@@ -418,3 +418,35 @@ def test_nested_values_cannot_blow_up_as_text() -> None:
         otlp_traces.from_protobuf(body)
     with pytest.raises(FormatError, match="characters as text"):
         otlp_traces.to_span_batch(otlp_traces.decode(body, False), len(body))
+
+
+def test_status_message_events_links_and_scope_are_tags_in_both_readers() -> None:
+    r, span = _one_span()
+    r.resource_spans[0].resource.attributes.add(key="service.name").value.string_value = "api"
+    scope = r.resource_spans[0].scope_spans[0].scope
+    scope.name, scope.version = "opentelemetry.instrumentation.flask", "0.48b0"
+    scope.attributes.add(key="lib.tier").value.int_value = 2
+    span.status.code, span.status.message = 2, "connection refused"
+    # A link before the event on the wire: both readers still add events' tags first.
+    span.links.add(trace_id=b"\x02" * 16, span_id=b"\x03" * 8).attributes.add(
+        key="link.kind"
+    ).value.string_value = "follows"
+    event = span.events.add(name="exception", time_unix_nano=T)
+    event.attributes.add(key="exception.type").value.string_value = "ConnectionError"
+    event.attributes.add(key="exception.escaped").value.bool_value = True
+    span.events.add(name="")  # no name: no event:name value
+    span.status.message = "connection refused"
+    tags = set(_same(r.SerializeToString()).batch.tags)
+    assert {t for t in tags if t[0] not in ("span", "resource")} == {
+        ("intrinsic", "name", "", "string"),
+        ("intrinsic", "status", "error", "keyword"),
+        ("intrinsic", "kind", "unspecified", "keyword"),
+        ("intrinsic", "statusMessage", "connection refused", "string"),
+        ("intrinsic", "event:name", "exception", "string"),
+        ("event", "exception.type", "ConnectionError", "string"),
+        ("event", "exception.escaped", "true", "bool"),
+        ("link", "link.kind", "follows", "string"),
+        ("intrinsic", "instrumentation:name", "opentelemetry.instrumentation.flask", "string"),
+        ("intrinsic", "instrumentation:version", "0.48b0", "string"),
+        ("instrumentation", "lib.tier", "2", "int"),
+    }

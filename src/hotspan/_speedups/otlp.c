@@ -35,7 +35,7 @@
 #define MAX_PROBE 64            /* tag table probes before the hash is deemed attacked */
 
 enum { T_STRING, T_INT, T_FLOAT, T_BOOL, T_KEYWORD, N_TYPES };
-enum { S_SPAN, S_RESOURCE, S_INTRINSIC, N_SCOPES };
+enum { S_SPAN, S_RESOURCE, S_INTRINSIC, S_EVENT, S_LINK, S_INSTRUMENTATION, N_SCOPES };
 enum { REJ_NONE, REJ_TRACE_ID, REJ_SPAN_ID, REJ_PARENT, REJ_START, REJ_END, REJ_ORDER };
 
 /* Text: bytes of the request, or of the arena when ARENA_BIT is set in off. */
@@ -100,7 +100,9 @@ typedef struct {
 static const char LITERALS[] = "truefalsenamestatuskind"
                                "unsetokerror"
                                "unspecifiedinternalserverclientproducerconsumer"
-                               "unknown_service";
+                               "unknown_service"
+                               "statusMessageevent:name"
+                               "instrumentation:nameinstrumentation:version";
 static const ref L_TRUE = {ARENA_BIT | 0, 4}, L_FALSE = {ARENA_BIT | 4, 5};
 static const ref L_NAME = {ARENA_BIT | 9, 4}, L_STATUS = {ARENA_BIT | 13, 6};
 static const ref L_KIND = {ARENA_BIT | 19, 4};
@@ -109,6 +111,8 @@ static const ref L_STATUS_CODES[3] = {
 static const ref L_KINDS[6] = {{ARENA_BIT | 35, 11}, {ARENA_BIT | 46, 8}, {ARENA_BIT | 54, 6},
                                {ARENA_BIT | 60, 6},  {ARENA_BIT | 66, 8}, {ARENA_BIT | 74, 8}};
 static const ref L_UNKNOWN_SERVICE = {ARENA_BIT | 82, 15};
+static const ref L_STATUS_MESSAGE = {ARENA_BIT | 97, 13}, L_EVENT_NAME = {ARENA_BIT | 110, 10};
+static const ref L_SCOPE_NAME = {ARENA_BIT | 120, 20}, L_SCOPE_VERSION = {ARENA_BIT | 140, 23};
 
 /* ---- small containers -------------------------------------------------------------------- */
 
@@ -1045,7 +1049,7 @@ push_attr(ctx *c, const uint8_t *d, size_t n)
 }
 
 static int
-parse_status(const uint8_t *p, const uint8_t *end, int32_t *code)
+parse_status(ctx *c, const uint8_t *p, const uint8_t *end, int32_t *code, ref *message)
 {
     while (p < end) {
         uint32_t number;
@@ -1055,12 +1059,79 @@ parse_status(const uint8_t *p, const uint8_t *end, int32_t *code)
         size_t n = 0;
         if (!field(&p, end, &number, &wt, &num, &d, &n))
             return 0;
-        if (number == 2 && (wt != 2 || !utf8_ok(d, n)))
-            return 0;
+        if (number == 2) {
+            if (wt != 2 || !utf8_ok(d, n))
+                return 0;
+            *message = body_ref(c, d, n);
+        }
         if (number == 3) {
             if (wt != 0)
                 return 0;
             *code = (int32_t)(uint32_t)num;
+        }
+    }
+    return 1;
+}
+
+/* The tags of an event's, a link's or an instrumentation scope's attributes, and an event's
+ * or a scope's name (and a scope's version) as intrinsics when not empty (the last of a field
+ * repeated, as protobuf reads it), for the tag APIs (otlp_traces.to_span_batch). */
+static int
+nested_tags(ctx *c, int msg, const uint8_t *p, const uint8_t *end, uint64_t seen)
+{
+    uint32_t attrs_field = msg == M_LINK ? 4 : 3;
+    int scope_id = msg == M_EVENT ? S_EVENT : msg == M_LINK ? S_LINK : S_INSTRUMENTATION;
+    ref name = {0, 0}, version = {0, 0};
+    size_t a0 = c->attrs.n;
+    while (p < end) {
+        uint32_t number;
+        int wt;
+        uint64_t num;
+        const uint8_t *d = NULL;
+        size_t n = 0;
+        if (!field(&p, end, &number, &wt, &num, &d, &n))
+            return 0;
+        if (wt != 2)
+            continue;
+        if (number == attrs_field) {
+            if (!push_attr(c, d, n))
+                return 0;
+        } else if (msg != M_LINK && number == (msg == M_EVENT ? 2u : 1u)) {
+            name = body_ref(c, d, n);
+        } else if (msg == M_SCOPE && number == 2) {
+            version = body_ref(c, d, n);
+        }
+    }
+    const attr *as = (const attr *)c->attrs.p + a0;
+    for (size_t i = 0; i < c->attrs.n - a0; i++)
+        if (!add_tag(c, scope_id, as[i].key, as[i].value, as[i].type, seen))
+            return 0;
+    c->attrs.n = a0;
+    if (name.len && !add_tag(c, S_INTRINSIC, msg == M_EVENT ? L_EVENT_NAME : L_SCOPE_NAME, name,
+                             T_STRING, seen))
+        return 0;
+    return !version.len || add_tag(c, S_INTRINSIC, L_SCOPE_VERSION, version, T_STRING, seen);
+}
+
+/* The tags of a span's status message, events, then links (after its own attributes): in
+ * the order otlp_traces.to_span_batch adds them, which the batch's tags keep. */
+static int
+span_extra_tags(ctx *c, const uint8_t *start, const uint8_t *end, ref message, uint64_t seen)
+{
+    if (message.len && !add_tag(c, S_INTRINSIC, L_STATUS_MESSAGE, message, T_STRING, seen))
+        return 0;
+    for (uint32_t wanted = 11; wanted <= 13; wanted += 2) {
+        for (const uint8_t *p = start; p < end;) {
+            uint32_t number;
+            int wt;
+            uint64_t num;
+            const uint8_t *d = NULL;
+            size_t n = 0;
+            if (!field(&p, end, &number, &wt, &num, &d, &n))
+                return 0;
+            if (number == wanted &&
+                !nested_tags(c, number == 11 ? M_EVENT : M_LINK, d, d + n, seen))
+                return 0;
         }
     }
     return 1;
@@ -1088,6 +1159,8 @@ parse_span(ctx *c, const uint8_t *p, const uint8_t *end, uint32_t scope_index)
     s.scope = scope_index;
     s.name = body_ref(c, start, 0);
     size_t a0 = c->attrs.n;
+    ref message = {0, 0};
+    int nested = 0; /* events or links */
     while (p < end) {
         uint32_t number;
         int wt;
@@ -1144,9 +1217,10 @@ parse_span(ctx *c, const uint8_t *p, const uint8_t *end, uint32_t scope_index)
         case 13:
             if (wt != 2 || !validate(c, number == 11 ? M_EVENT : M_LINK, d, d + n, 0))
                 return 0;
+            nested = 1;
             break;
         case 15:
-            if (wt != 2 || !parse_status(d, d + n, &s.status))
+            if (wt != 2 || !parse_status(c, d, d + n, &s.status, &message))
                 return 0;
             break;
         case 16:
@@ -1190,6 +1264,9 @@ parse_span(ctx *c, const uint8_t *p, const uint8_t *end, uint32_t scope_index)
         if (!add_tag(c, S_INTRINSIC, L_NAME, s.name, T_STRING, s.end) ||
             !add_tag(c, S_INTRINSIC, L_STATUS, L_STATUS_CODES[s.status], T_KEYWORD, s.end) ||
             !add_tag(c, S_INTRINSIC, L_KIND, L_KINDS[s.kind], T_KEYWORD, s.end))
+            return 0;
+        c->attrs.n = a0;
+        if ((nested || message.len) && !span_extra_tags(c, start, end, message, s.end))
             return 0;
         resource *r = (resource *)c->resources.p + ((scope *)c->scopes.p)[scope_index].res;
         if (s.end > r->latest)
@@ -1241,6 +1318,7 @@ parse_scope_spans(ctx *c, const uint8_t *p, const uint8_t *end, uint32_t res_ind
         return 0;
     *slot = sc;
     uint32_t index = (uint32_t)(c->scopes.n - 1);
+    size_t first_span = c->spans.n;
     while (p < end) {
         uint32_t number;
         int wt;
@@ -1252,7 +1330,15 @@ parse_scope_spans(ctx *c, const uint8_t *p, const uint8_t *end, uint32_t res_ind
         if (number == 2 && !parse_span(c, d, d + n, index))
             return 0;
     }
-    return 1;
+    uint64_t latest = 0;
+    const span *spans = (const span *)c->spans.p;
+    for (size_t i = first_span; i < c->spans.n; i++)
+        if (!spans[i].reject && spans[i].end > latest)
+            latest = spans[i].end;
+    if (!latest || !has_scope)
+        return 1;
+    const uint8_t *raw = text(c, sc.raw);
+    return nested_tags(c, M_SCOPE, raw, raw + sc.raw.len, latest);
 }
 
 static int
@@ -1668,7 +1754,8 @@ static struct PyModuleDef module = {
 PyMODINIT_FUNC
 PyInit__otlp(void)
 {
-    static const char *scopes[N_SCOPES] = {"span", "resource", "intrinsic"};
+    static const char *scopes[N_SCOPES] = {"span",  "resource", "intrinsic",
+                                           "event", "link",     "instrumentation"};
     static const char *types[N_TYPES] = {"string", "int", "float", "bool", "keyword"};
     for (int i = 0; i < N_SCOPES; i++)
         if ((SCOPE_NAMES[i] = PyUnicode_InternFromString(scopes[i])) == NULL)

@@ -126,6 +126,7 @@ def to_span_batch(
         resource_text = flatten_attributes(resource_attrs)
         latest = 0
         for ss in rs.scope_spans:
+            scope_latest = 0
             gid = batch.add_group(
                 SpanGroup(
                     service=service,
@@ -152,11 +153,40 @@ def to_span_batch(
                     ("kind", SPAN_KINDS[row.kind], "keyword"),
                 ]
                 add_tags("intrinsic", intrinsics, end)
-                if end > latest:
-                    latest = end
+                if span.events or span.links or span.status.message:
+                    _add_extra_tags(batch, span, budget, end)
+                if end > scope_latest:
+                    scope_latest = end
+            if scope_latest:
+                _add_scope_tags(batch, ss.scope, budget, scope_latest)
+                if scope_latest > latest:
+                    latest = scope_latest
         if latest:
             add_tags("resource", resource_attrs, latest)
     return result
+
+
+def _add_extra_tags(batch: SpanBatch, span: Span, budget: ArrayBudget, end: int) -> None:
+    """The tags of a span's status message, events and links (TraceQL's ``statusMessage``,
+    ``event:name``, ``event.*`` and ``link.*``), which the tag APIs list as Tempo does."""
+    if span.status.message:
+        batch.add_tags("intrinsic", [("statusMessage", span.status.message, "string")], end)
+    for event in span.events:
+        batch.add_tags("event", _pairs(event.attributes, budget), end)
+        if event.name:
+            batch.add_tags("intrinsic", [("event:name", event.name, "string")], end)
+    for link in span.links:
+        batch.add_tags("link", _pairs(link.attributes, budget), end)
+
+
+def _add_scope_tags(
+    batch: SpanBatch, scope: InstrumentationScope, budget: ArrayBudget, latest: int
+) -> None:
+    """The tags of an instrumentation scope (``instrumentation:name``, ``:version`` and
+    ``instrumentation.*``), seen when the latest of its spans ended."""
+    batch.add_tags("instrumentation", _pairs(scope.attributes, budget), latest)
+    named = [("instrumentation:name", scope.name), ("instrumentation:version", scope.version)]
+    batch.add_tags("intrinsic", [(k, v, "string") for k, v in named if v], latest)
 
 
 # TraceQL's type of an attribute by its AnyValue kind, as ``attribute_pairs`` names them.

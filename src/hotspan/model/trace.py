@@ -41,6 +41,11 @@ _TYPED_TEXT = re.compile(NUMBER_PATTERN + "|true|false")
 
 # Tag values longer than this are searchable but not offered by the tag-values API.
 MAX_TAG_VALUE_LENGTH = 200
+# The tag index's scopes.  Besides span and resource attributes and the intrinsics, it holds
+# those of events, links and instrumentation scopes, which TraceQL always names with their
+# scope: a tag asked without one (``.x``, Tempo's version 1 API) is looked for in these.
+TAG_SCOPES = ("span", "resource", "intrinsic", "event", "link", "instrumentation")
+UNSCOPED_TAG_SCOPES = frozenset(("span", "resource", "intrinsic"))
 
 SPAN_KINDS = ("unspecified", "internal", "server", "client", "producer", "consumer")
 STATUS_CODES = ("unset", "ok", "error")
@@ -128,7 +133,7 @@ class SpanBatch:
     rows: List[SpanWriteRow] = field(default_factory=list)
     groups: Dict[int, SpanGroup] = field(default_factory=dict)
     # (scope, key, value, type) -> latest end time of a span with it, for the tag APIs; scope
-    # is "span", "resource" or "intrinsic", type TraceQL's (string, int, float, bool, keyword).
+    # is one of TAG_SCOPES, type TraceQL's (string, int, float, bool, keyword).
     tags: Dict[Tuple[str, str, str, str], int] = field(default_factory=dict)
 
     def __len__(self) -> int:

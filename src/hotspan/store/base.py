@@ -405,14 +405,14 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     def tag_names(self, tenant: str, since_ns: int = 0) -> Dict[str, List[str]]:
-        """Attribute names seen since the given time, per scope (span, resource, intrinsic)."""
+        """Attribute names seen since the given time, per scope (of model.trace.TAG_SCOPES)."""
 
     @abc.abstractmethod
     def tag_values(
         self, tenant: str, scope: Optional[str], name: str, since_ns: int = 0
     ) -> List[Tuple[str, str]]:
-        """(value, TraceQL type) seen for an attribute (in one scope, or any with None),
-        sorted by value."""
+        """(value, TraceQL type) seen for an attribute (in one scope, or with None in any of
+        model.trace.UNSCOPED_TAG_SCOPES), sorted by value."""
 
     # -- agent settings ------------------------------------------------------------------------
 

@@ -194,7 +194,7 @@ TABLES = (
         "span_tags",
         """
     tenant LowCardinality(String),
-    scope LowCardinality(String),  -- span, resource or intrinsic
+    scope LowCardinality(String),  -- one of model.trace.TAG_SCOPES
     key String,
     value String,
     type LowCardinality(String),  -- TraceQL's: string, int, float, bool or keyword

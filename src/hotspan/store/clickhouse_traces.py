@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from hotspan.model.trace import (
+    UNSCOPED_TAG_SCOPES,
     Condition,
     SearchError,
     SpanGroup,
@@ -337,6 +338,6 @@ class ClickHouseTraces:
         found = {
             (value, kind)
             for tag_scope, _, value, kind in self._tags_of(tenant, since_ns, name)
-            if scope is None or tag_scope == scope
+            if tag_scope == scope or scope is None and tag_scope in UNSCOPED_TAG_SCOPES
         }
         return sorted(found)

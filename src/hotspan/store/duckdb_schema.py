@@ -99,7 +99,7 @@ CREATE TABLE IF NOT EXISTS span_attrs AS SELECT * FROM ({span_attrs}) LIMIT 0;
 CREATE TABLE IF NOT EXISTS span_attrs_recent AS SELECT * FROM span_attrs LIMIT 0;
 CREATE TABLE IF NOT EXISTS span_tags (
     tenant_id INTEGER NOT NULL,
-    scope VARCHAR NOT NULL,           -- span, resource or intrinsic
+    scope VARCHAR NOT NULL,           -- one of model.trace.TAG_SCOPES
     key VARCHAR NOT NULL,
     value VARCHAR NOT NULL,
     type VARCHAR NOT NULL,            -- TraceQL's: string, int, float, bool or keyword

@@ -9,6 +9,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import duckdb
 
 from hotspan.model.trace import (
+    UNSCOPED_TAG_SCOPES,
     Condition,
     SearchError,
     SpanGroup,
@@ -326,6 +327,7 @@ class DuckDBTraces:
         found = {
             (value, kind)
             for tag_scope, key, value, kind in self._tags_of(tenant, since_ns)
-            if key == name and (scope is None or tag_scope == scope)
+            if key == name
+            and (tag_scope == scope or scope is None and tag_scope in UNSCOPED_TAG_SCOPES)
         }
         return sorted(found)

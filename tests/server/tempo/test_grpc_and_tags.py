@@ -267,7 +267,8 @@ def test_tag_names_limit_is_per_scope(srv: RunningServer) -> None:
 
 @pytest.mark.parametrize("scope", ["event", "link", "instrumentation"])
 def test_tag_scopes_hotspan_keeps_nothing_of_answer_empty(srv: RunningServer, scope: str) -> None:
-    """TraceQL's other scopes (Tempo's API takes them): no names, rather than a 400."""
+    """TraceQL's other scopes, which these spans have no attributes of (Tempo's API takes
+    them): no names, rather than a 400 (tests/server/tempo/test_typed_search.py has some)."""
     r = get(srv, "/api/v2/search/tags", scope=scope)
     assert r.status_code == 200, r.text
     assert r.json()["scopes"] == [{"name": scope, "tags": []}]
@@ -654,25 +655,34 @@ def test_root_tags_take_the_values_of_root_spans(srv: RunningServer) -> None:
     for service, name, span_id, parent in (
         ("frontend", "GET /", b"\x01" * 8, b""),
         ("db", "query", b"\x02" * 8, b"\x01" * 8),
+        ("batch", "nightly", b"\x03" * 8, b""),
     ):
         rs = request.resource_spans.add()
         rs.resource.attributes.extend(_attrs({"service.name": service}))
         span = rs.scope_spans.add().spans.add()
-        span.trace_id, span.span_id, span.parent_span_id = b"\xcc" * 16, span_id, parent
+        trace_id = b"\xdd" * 16 if service == "batch" else b"\xcc" * 16
+        span.trace_id, span.span_id, span.parent_span_id = trace_id, span_id, parent
         span.name = name
         span.start_time_unix_nano, span.end_time_unix_nano = T0, T0 + MS
     export(srv, tenant, request)
 
-    def values(tag: str) -> list:
+    def values(tag: str, q: Optional[str] = None) -> list:
+        params = {"limit": TAGS_LIMIT, **({"q": q} if q else {})}
         with srv.client() as c:
             r = c.get(
                 f"/api/v2/search/tag/{tag}/values",
-                params={"limit": TAGS_LIMIT},
+                params=params,
                 headers={**HEADERS, "X-Scope-OrgID": tenant},
             )
         assert r.status_code == 200, r.text
         return [v["value"] for v in r.json()["tagValues"]]
 
-    assert values("resource.service.name") == ["db", "frontend"]
-    assert values("rootServiceName") == values("trace:rootService") == ["frontend"]
-    assert values("rootName") == values("trace:rootName") == ["GET /"]
+    assert values("resource.service.name") == ["batch", "db", "frontend"]
+    assert values("rootServiceName") == values("trace:rootService") == ["batch", "frontend"]
+    assert values("rootName") == values("trace:rootName") == ["GET /", "nightly"]
+    # The query being typed narrows them to the traces of the spans it matches: the db's
+    # spans are in the frontend's traces.
+    q = '{resource.service.name = "db" && rootServiceName = }'
+    assert values("rootServiceName", q) == values("trace:rootService", q) == ["frontend"]
+    assert values("rootName", '{name = "nightly"}') == ["nightly"]
+    assert values("rootName", '{name = "nothing"}') == []

@@ -307,3 +307,56 @@ def test_the_exceptions_of_failed_spans_are_shown_as_traces_drilldown_asks(
         assert shown["exception.message"] == {"stringValue": "card declined"}, (name, shown)
         assert shown["exception.type"] == {"stringValue": "ValueError"}, (name, shown)
         assert "ValueError: card declined" in shown["exception.stacktrace"]["stringValue"]
+
+
+def test_tag_names_and_values_of_events_links_scopes_and_status_messages(
+    servers: Dict[str, RunningServer],
+) -> None:
+    # Grafana's editor and Traces Drilldown's filters list them as Tempo does, from the spans
+    # of the range (which ended over a minute ago, as most ranges Grafana sends).
+    window = {"start": str(BASE_S - 60), "end": str(BASE_S + 3600), "limit": "5000"}
+    expected = {
+        "event.exception.message": [{"type": "string", "value": "card declined"}],
+        "event.exception.type": [{"type": "string", "value": "ValueError"}],
+        "event.attempt": [{"type": "int", "value": "2"}],
+        "event:name": [
+            {"type": "string", "value": "exception"},
+            {"type": "string", "value": "retry"},
+        ],
+        "statusMessage": [{"type": "string", "value": "card declined"}],
+        "span:statusMessage": [{"type": "string", "value": "card declined"}],
+        "link.opentracing.ref_type": [{"type": "string", "value": "follows_from"}],
+        "instrumentation:name": [
+            {"type": "string", "value": "payments-lib"},
+            {"type": "string", "value": "typed"},
+        ],
+        "instrumentation:version": [{"type": "string", "value": "1.2.3"}],
+        "instrumentation.team": [{"type": "string", "value": "pay"}],
+        # Unscoped, an attribute is a span's or a resource's: not an event's.
+        ".attempt": [],
+    }
+    for name, srv in servers.items():
+        with srv.client() as c:
+            r = c.get("/api/v2/search/tags", params=window, headers=GRAFANA_HEADERS)
+            assert r.status_code == 200, r.text
+            scopes = {s["name"]: s["tags"] for s in r.json()["scopes"]}
+            assert {"attempt", "exception.message", "exception.type"} <= set(scopes["event"])
+            assert scopes["link"] == ["opentracing.ref_type"], name
+            assert scopes["instrumentation"] == ["team"], name
+            assert "exception.message" not in scopes["span"], name
+            r = c.get(
+                "/api/v2/search/tags", params={**window, "scope": "link"}, headers=GRAFANA_HEADERS
+            )
+            assert r.json()["scopes"] == [{"name": "link", "tags": ["opentracing.ref_type"]}]
+            for tag, values in expected.items():
+                # Narrowed by the query being typed, they are still listed (Tempo narrows
+                # them; hotspan's tag index knows them, its span records do not).
+                for q in (None, "{kind = client}"):
+                    params = dict(window, **({"q": q} if q else {}))
+                    r = c.get(
+                        f"/api/v2/search/tag/{tag}/values", params=params, headers=GRAFANA_HEADERS
+                    )
+                    assert r.status_code == 200, (name, tag, r.text)
+                    assert r.json()["tagValues"] == values, (name, tag, q)
+            r = c.get("/api/search/tag/statusMessage/values", headers=GRAFANA_HEADERS)
+            assert r.json()["tagValues"] == ["card declined"], name

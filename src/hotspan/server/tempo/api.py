@@ -2,7 +2,9 @@
 
 Trace by id (v1 and v2, JSON or protobuf), search (TraceQL, see query.trace_search, or the
 legacy ``tags``), tag names and values (v1 and v2; ``q=`` narrows them to the spans a partial
-TraceQL query matches, see query.traceql.autocomplete), ``/api/echo`` and ``/api/status/buildinfo``.
+TraceQL query matches, see query.traceql.autocomplete, but for those of events, links,
+instrumentation scopes and status messages, which only the tag index holds), ``/api/echo`` and
+``/api/status/buildinfo``.
 Search answers carry only the fields Tempo's own ``SearchResponse`` has: Grafana decodes them
 strictly, and an unknown field would fail the query.  The same search and TraceQL metrics
 also answer over gRPC, on the main port too (server.tempo.grpc_api, server.http.h2_sniff).
@@ -301,25 +303,31 @@ _TAG_SCOPES = frozenset(
 )
 
 
+# The scopes whose tags the spans' records do not carry (only the OTLP message does): the
+# tag index answers for them, not narrowed by ``q`` or by a range in the past.
+_INDEX_ONLY_SCOPES = ("event", "link", "instrumentation")
+_INDEX_ONLY_INTRINSICS = frozenset(
+    ("statusMessage", "event:name", "instrumentation:name", "instrumentation:version")
+)
+
+
 def _tag_names(
     state: ServerState, tenant: str, params: Mapping[str, str]
 ) -> Tuple[Dict[str, List[str]], Optional[str]]:
     scope = params.get("scope") or None
-    # TraceQL's scopes ("none": every scope, as "all"); event, link and instrumentation
-    # attributes are only in the stored OTLP spans, which the tag index does not read, and the
-    # trace scope has no attribute: their names are none (Tempo's 400 is for a scope TraceQL
-    # does not have).
+    # TraceQL's scopes ("none": every scope, as "all"); the trace scope has no attribute
+    # (Tempo's 400 is for a scope TraceQL does not have).
     if scope is not None and scope not in _TAG_SCOPES:
         raise HTTPError(
             400,
             "scope must be resource, span, intrinsic, event, link, instrumentation, trace or "
             f"none, not {scope!r}",
         )
+    indexed = state.store.tag_names(tenant, seconds_value(params, "start") or 0)
     records = _asked_spans(state, tenant, params)
-    if records is not None:
-        names = tag_names(records)
-    else:
-        names = state.store.tag_names(tenant, seconds_value(params, "start") or 0)
+    names = indexed if records is None else tag_names(records)
+    for name in _INDEX_ONLY_SCOPES:
+        names[name] = indexed.get(name, [])
     return names, None if scope in ("all", "none") else scope
 
 
@@ -358,12 +366,14 @@ def tag_names_json(
             out = sorted({n for s in wanted for n in names.get(s, [])})
         return {"tagNames": out[:limit]}
     scopes: List[Dict[str, object]] = []
-    for name in ("resource", "span"):
-        if scope in (None, name):
-            scopes.append({"name": name, "tags": names.get(name, [])[:limit]})
     if scope in (None, "intrinsic"):
-        scopes.insert(0, {"name": "intrinsic", "tags": list(INTRINSIC_TAGS)})
-    if scope in ("event", "link", "instrumentation", "trace"):
+        scopes.append({"name": "intrinsic", "tags": list(INTRINSIC_TAGS)})
+    for name in ("resource", "span") + _INDEX_ONLY_SCOPES:
+        tags = names.get(name, [])[:limit]
+        # Every scope asked for, and when none is, those with a name: as Tempo lists them.
+        if scope == name or (scope is None and (tags or name in ("resource", "span"))):
+            scopes.append({"name": name, "tags": tags})
+    if scope == "trace":
         scopes.append({"name": scope, "tags": []})
     return {"scopes": scopes}
 
@@ -398,13 +408,15 @@ def _identifier(tag: str) -> Tuple[Optional[str], str]:
         attribute = tokens[0][1] if len(tokens) == 2 else None
         if isinstance(attribute, Attribute):
             return attribute.scope or None, attribute.name
-    for prefix, scope in (("resource.", "resource"), ("span.", "span")):
-        if tag.startswith(prefix):
-            return scope, tag[len(prefix) :]
+    for scope in ("resource", "span") + _INDEX_ONLY_SCOPES:
+        if tag.startswith(scope + "."):
+            return scope, tag[len(scope) + 1 :]
     if tag.startswith("."):
         return None, tag[1:]
-    if tag in ("name", "status", "kind", "span:name", "span:status", "span:kind"):
-        return "intrinsic", tag.split(":")[-1]
+    if tag.startswith("span:"):
+        tag = tag[len("span:") :]
+    if tag in ("name", "status", "kind") or tag in _INDEX_ONLY_INTRINSICS:
+        return "intrinsic", tag
     return None, tag
 
 
@@ -432,9 +444,16 @@ def _root_values(
     state: ServerState, tenant: str, params: Mapping[str, str], field: str
 ) -> List[Tuple[str, str]]:
     """The services or names of the range's root spans (the newest MAX_AUTOCOMPLETE_SPANS):
-    what ``rootServiceName`` and ``rootName`` can equal.  ``q`` does not narrow them."""
+    what ``rootServiceName`` and ``rootName`` can equal; with a ``q`` that narrows, those of
+    the traces of the spans it matches, as Tempo reads a trace-level intrinsic."""
     start, end = _tag_range(params)
-    roots = state.store.span_records(tenant, start, end, (ROOT_SPAN,), limit=MAX_AUTOCOMPLETE_SPANS)
+    matched = _narrowed(state, tenant, params)
+    trace_ids = None if matched is None else sorted({r.trace_id for r in matched})
+    if trace_ids == []:
+        return []
+    roots = state.store.span_records(
+        tenant, start, end, (ROOT_SPAN,), trace_ids=trace_ids, limit=MAX_AUTOCOMPLETE_SPANS
+    )
     seen = sorted({getattr(r, field) for r in roots} - {""})
     return [(value, "string") for value in seen][: _int_param(params, "limit", MAX_LIMIT)]
 
@@ -446,8 +465,10 @@ def _values(
     since = seconds_value(params, "start") or 0
     # As Tempo: limit=0 is no limit (the most hotspan answers).
     limit = _int_param(params, "limit", MAX_LIMIT, zero_is_default=True)
-    records = _asked_spans(state, tenant, params)
     values = state.store.tag_values(tenant, scope, name, since)
+    if scope in _INDEX_ONLY_SCOPES or (scope == "intrinsic" and name in _INDEX_ONLY_INTRINSICS):
+        return values[:limit]
+    records = _asked_spans(state, tenant, params)
     if records is not None:
         values = _typed(tag_values(records, scope, name), values, scope, name)
     return values[:limit]
