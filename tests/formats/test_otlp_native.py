@@ -450,3 +450,21 @@ def test_status_message_events_links_and_scope_are_tags_in_both_readers() -> Non
         ("intrinsic", "instrumentation:version", "0.48b0", "string"),
         ("instrumentation", "lib.tier", "2", "int"),
     }
+
+
+def test_an_events_or_links_array_or_map_is_not_a_tag_and_never_gets_the_request_refused() -> None:
+    # Only a span's and a resource's attributes are bounded as text (and refused past it):
+    # an event's map whose text would be over that bound is left out of the tags instead.
+    r, span = _one_span()
+    event = span.events.add(name="exception")
+    event.attributes.add(key="ok").value.double_value = 0.1
+    big = event.attributes.add(key="details").value.kvlist_value.values.add(key="quote")
+    big.value.string_value = '"' * 600_000
+    array = span.links.add(trace_id=b"\x02" * 16, span_id=b"\x03" * 8).attributes.add(key="ids")
+    array.value.array_value.values.add().int_value = 7
+    scope = r.resource_spans[0].scope_spans[0].scope
+    scope.attributes.add(key="nothing")  # no value: not a tag either
+    tags = set(_same(r.SerializeToString()).batch.tags)
+    assert {t for t in tags if t[0] in ("event", "link", "instrumentation")} == {
+        ("event", "ok", "0.1", "float")
+    }

@@ -9,6 +9,7 @@ from typing import Dict, List, Tuple
 
 import pytest
 
+from hotspan.formats import folded as folded_text
 from hotspan.formats import pyroscope_tree, pyroscope_trie
 from hotspan.formats.errors import FormatError
 from hotspan.formats.protowire import read_uvarint, uvarint
@@ -197,6 +198,30 @@ def test_nesting_and_frames_are_bounded(kind: str) -> None:
     body = head + b"\x01g\x01\x00" * 3000
     with pytest.raises(FormatError, match="more than 2097152 frames"):
         list(parse(body, LIMIT))
+
+
+def test_nodes_without_values_are_bounded_too() -> None:
+    # Empty nodes charge no frame: a root with 3 million empty children (9 MB, 20 KB
+    # gzipped) is refused at 2,097,152 nodes, not read one by one to the end (a trie of
+    # empty roots: tests/server/pyroscope/test_binary_ingest.py).
+    body = b"\x00\x00" + uvarint(3_000_000) + b"\x00\x00\x00" * 3_000_000
+    with pytest.raises(FormatError, match="more than 2097152 nodes"):
+        list(pyroscope_tree.parse(body, LIMIT))
+
+
+@pytest.mark.parametrize("fmt", ["folded", "lines"])
+def test_folded_and_lines_text_is_bounded_as_a_trie_is(fmt: str) -> None:
+    parse = folded_text.parse_folded if fmt == "folded" else folded_text.parse_lines
+    line = b"ab 1\n" if fmt == "folded" else b"ab\n"
+    # 6 million lines (44 KB gzipped; 23 s and 1.8 GB of memory to read before): refused
+    # before any is read.
+    with pytest.raises(FormatError, match=f"{fmt}: more than 2097152 lines"):
+        list(parse(line * 6_000_000))
+    # Fewer lines, more frames than a body may hold.
+    deep = (b"a;b;c 1\n" if fmt == "folded" else b"a;b;c\n") * 700_000
+    with pytest.raises(FormatError, match="more than 2097152 frames"):
+        list(parse(deep))
+    assert len(list(parse(line * 1000))) == 1000
 
 
 def test_read_uvarint() -> None:

@@ -84,3 +84,12 @@ def test_no_samples_is_an_empty_graph_and_names_are_quoted() -> None:
     names = ['say "hi"\\']
     text = dot.write(np.array([[0]]), np.array([1]), np.array([4]), names, 10, "x", "bytes")
     assert 'tooltip="say \\"hi\\"\\\\"' in text and "4B (100.00%)" in text
+
+
+def test_control_characters_in_a_name_are_written_escaped() -> None:
+    # A trie upload's frame may hold any character; a raw CR or NUL in a label is what a DOT
+    # reader misreads (Graphviz reads "\r" as a right-justified line).
+    names = ["a\x00b\rc\x7fd\te"]
+    text = dot.write(np.array([[0]]), np.array([1]), np.array([4]), names, 10, "x", "bytes")
+    assert not re.search("[\x00-\x08\x0b-\x1f\x7f]", text)
+    assert 'tooltip="a\\x00b\\x0dc\\x7fd\te"' in text

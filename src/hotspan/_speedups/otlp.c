@@ -1073,9 +1073,44 @@ parse_status(ctx *c, const uint8_t *p, const uint8_t *end, int32_t *code, ref *m
     return 1;
 }
 
-/* The tags of an event's, a link's or an instrumentation scope's attributes, and an event's
- * or a scope's name (and a scope's version) as intrinsics when not empty (the last of a field
- * repeated, as protobuf reads it), for the tag APIs (otlp_traces.to_span_batch). */
+/* Whether a KeyValue's value is a string, a boolean, an int or a double (1), something else
+ * or none (0), or one any_text refuses (-1). */
+static int
+scalar_kv(const uint8_t *p, const uint8_t *end)
+{
+    const uint8_t *vp = NULL;
+    size_t vlen = 0;
+    while (p < end) {
+        uint32_t number;
+        int wt;
+        uint64_t num;
+        const uint8_t *d = NULL;
+        size_t n = 0;
+        if (!field(&p, end, &number, &wt, &num, &d, &n))
+            return -1;
+        if (number == 2) {
+            if (wt != 2 || vp != NULL)
+                return -1;
+            vp = d;
+            vlen = n;
+        }
+    }
+    uint32_t which = 0;
+    uint64_t value;
+    const uint8_t *data = NULL;
+    size_t len = 0;
+    if (vp == NULL)
+        return 0;
+    if (!any_oneof(vp, vp + vlen, &which, &value, &data, &len))
+        return -1;
+    return which >= 1 && which <= 4;
+}
+
+/* The tags of an event's, a link's or an instrumentation scope's attributes (those with a
+ * scalar value: an array's or a map's text is never bounded here, and must not get the request
+ * refused), and an event's or a scope's name (and a scope's version) as intrinsics when not
+ * empty (the last of a field repeated, as protobuf reads it), for the tag APIs
+ * (otlp_traces._scalar_pairs). */
 static int
 nested_tags(ctx *c, int msg, const uint8_t *p, const uint8_t *end, uint64_t seen)
 {
@@ -1094,7 +1129,11 @@ nested_tags(ctx *c, int msg, const uint8_t *p, const uint8_t *end, uint64_t seen
         if (wt != 2)
             continue;
         if (number == attrs_field) {
-            if (!push_attr(c, d, n))
+            int scalar = scalar_kv(d, d + n);
+            attr a;
+            if (scalar < 0 ||
+                (scalar && (!keyvalue(c, d, d + n, 0, &a.key, &a.value, &a.type, NULL) ||
+                            !push_one(c, &a))))
                 return 0;
         } else if (msg != M_LINK && number == (msg == M_EVENT ? 2u : 1u)) {
             name = body_ref(c, d, n);

@@ -6,17 +6,28 @@ from __future__ import annotations
 from typing import Dict, Iterator, List, Tuple
 
 from hotspan.formats.errors import FormatError
+from hotspan.formats.pyroscope_nodes import MAX_FRAMES, StackBudget
 from hotspan.model.profile import MAX_SAMPLE_VALUE
 from hotspan.model.stack_profile import StackProfile
 
 Stack = Tuple[List[str], int]  # root-first frame names, value
 
 
+def _lines(text: str, what: str) -> List[str]:
+    """The lines of a body's text, which may stand for no more than MAX_FRAMES stacks (as a
+    trie's or a tree's nodes): each line costs far more to read than its bytes, and a few
+    kilobytes gzipped hold millions of them.  Lines end at \n (and \r\n) only: str.splitlines
+    would also end them inside names, at \x0b, \x1c or U+2028."""
+    if text.count("\n") >= MAX_FRAMES:
+        raise FormatError(f"{what}: more than {MAX_FRAMES} lines")
+    return text.split("\n")
+
+
 def parse_folded(data: bytes) -> Iterator[Stack]:
+    """The stacks of folded text, at most MAX_FRAMES frames in all (StackBudget)."""
     text = data.decode("utf-8", "replace").removeprefix("\ufeff")
-    # Lines end at \n (and \r\n) only: str.splitlines would also end them inside names, at
-    # \x0b, \x1c or U+2028.
-    for number, raw in enumerate(text.split("\n"), 1):
+    budget = StackBudget("folded", len(text))
+    for number, raw in enumerate(_lines(text, "folded"), 1):
         line = raw.strip()
         if not line:
             continue
@@ -34,10 +45,12 @@ def parse_folded(data: bytes) -> Iterator[Stack]:
             raise FormatError(f"line {number}: value {value[:40]!r} is out of range")
         frames = [f for f in stack.split(";") if f]
         if frames and count:
+            budget.charge(0, len(frames))
             yield frames, count
 
 
 def parse_lines(data: bytes) -> Iterator[Stack]:
+    """The stacks of ``lines`` text, at most MAX_FRAMES frames in all (StackBudget)."""
     # Any text is a stack here, so a binary body (a pprof or JFR sent with the wrong format)
     # would be stored as frames of garbage: text or nothing.
     try:
@@ -46,9 +59,11 @@ def parse_lines(data: bytes) -> Iterator[Stack]:
         raise FormatError(f"not text: the byte at {exc.start} is not UTF-8") from None
     if "\x00" in text:
         raise FormatError(f"not text: a NUL byte at {text.index(chr(0))}")
-    for raw in text.split("\n"):
+    budget = StackBudget("lines", len(text))
+    for raw in _lines(text, "lines"):
         frames = [f for f in raw.strip().split(";") if f]
         if frames:
+            budget.charge(0, len(frames))
             yield frames, 1
 
 

@@ -154,11 +154,11 @@ def to_span_batch(
                 ]
                 add_tags("intrinsic", intrinsics, end)
                 if span.events or span.links or span.status.message:
-                    _add_extra_tags(batch, span, budget, end)
+                    _add_extra_tags(batch, span, end)
                 if end > scope_latest:
                     scope_latest = end
             if scope_latest:
-                _add_scope_tags(batch, ss.scope, budget, scope_latest)
+                _add_scope_tags(batch, ss.scope, scope_latest)
                 if scope_latest > latest:
                     latest = scope_latest
         if latest:
@@ -166,31 +166,48 @@ def to_span_batch(
     return result
 
 
-def _add_extra_tags(batch: SpanBatch, span: Span, budget: ArrayBudget, end: int) -> None:
+def _add_extra_tags(batch: SpanBatch, span: Span, end: int) -> None:
     """The tags of a span's status message, events and links (TraceQL's ``statusMessage``,
     ``event:name``, ``event.*`` and ``link.*``), which the tag APIs list as Tempo does."""
     if span.status.message:
         batch.add_tags("intrinsic", [("statusMessage", span.status.message, "string")], end)
     for event in span.events:
-        batch.add_tags("event", _pairs(event.attributes, budget), end)
+        batch.add_tags("event", _scalar_pairs(event.attributes), end)
         if event.name:
             batch.add_tags("intrinsic", [("event:name", event.name, "string")], end)
     for link in span.links:
-        batch.add_tags("link", _pairs(link.attributes, budget), end)
+        batch.add_tags("link", _scalar_pairs(link.attributes), end)
 
 
-def _add_scope_tags(
-    batch: SpanBatch, scope: InstrumentationScope, budget: ArrayBudget, latest: int
-) -> None:
+def _add_scope_tags(batch: SpanBatch, scope: InstrumentationScope, latest: int) -> None:
     """The tags of an instrumentation scope (``instrumentation:name``, ``:version`` and
     ``instrumentation.*``), seen when the latest of its spans ended."""
-    batch.add_tags("instrumentation", _pairs(scope.attributes, budget), latest)
+    batch.add_tags("instrumentation", _scalar_pairs(scope.attributes), latest)
     named = [("instrumentation:name", scope.name), ("instrumentation:version", scope.version)]
     batch.add_tags("intrinsic", [(k, v, "string") for k, v in named if v], latest)
 
 
 # TraceQL's type of an attribute by its AnyValue kind, as ``attribute_pairs`` names them.
 _TYPES = {"int_value": "int", "double_value": "float", "bool_value": "bool"}
+
+
+def _scalar_pairs(attributes: Iterable[Any]) -> List[Tuple[str, str, str]]:
+    """The attributes with a string, boolean, int or double value, as :func:`_pairs` reads
+    them: events', links' and scopes' attributes are only indexed as tags, where an array's
+    or a map's text, never bounded there, must not get a request refused."""
+    out = []
+    for kv in attributes:
+        value = kv.value
+        kind = value.WhichOneof("value")
+        if kind == "string_value":
+            out.append((kv.key, value.string_value, "string"))
+        elif kind == "int_value":
+            out.append((kv.key, str(value.int_value), "int"))
+        elif kind == "bool_value":
+            out.append((kv.key, "true" if value.bool_value else "false", "bool"))
+        elif kind == "double_value":
+            out.append((kv.key, any_value_text(value), "float"))
+    return out
 
 
 def _pairs(attributes: Iterable[Any], budget: ArrayBudget) -> List[Tuple[str, str, str]]:

@@ -42,10 +42,11 @@ _TYPED_TEXT = re.compile(NUMBER_PATTERN + "|true|false")
 # Tag values longer than this are searchable but not offered by the tag-values API.
 MAX_TAG_VALUE_LENGTH = 200
 # The tag index's scopes.  Besides span and resource attributes and the intrinsics, it holds
-# those of events, links and instrumentation scopes, which TraceQL always names with their
-# scope: a tag asked without one (``.x``, Tempo's version 1 API) is looked for in these.
+# those of events, links and instrumentation scopes.  A tag asked without a scope (``.x``,
+# Tempo's version 1 API) is looked for where Tempo looks for it, and among the intrinsics
+# (version 1's ``name``): not among events' and links' attributes.
 TAG_SCOPES = ("span", "resource", "intrinsic", "event", "link", "instrumentation")
-UNSCOPED_TAG_SCOPES = frozenset(("span", "resource", "intrinsic"))
+UNSCOPED_TAG_SCOPES = frozenset(("span", "resource", "instrumentation", "intrinsic"))
 
 SPAN_KINDS = ("unspecified", "internal", "server", "client", "producer", "consumer")
 STATUS_CODES = ("unset", "ok", "error")

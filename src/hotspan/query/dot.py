@@ -9,11 +9,14 @@ it; so does an edge's.
 
 from __future__ import annotations
 
+import re
 from typing import List, Sequence
 
 import numpy as np
 
 _PAD = -1
+# What a label may not hold raw: control characters but the tab (a newline is escaped).
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f]")
 
 
 def _unit_text(value: float, unit: str) -> str:
@@ -31,7 +34,9 @@ def _unit_text(value: float, unit: str) -> str:
 
 
 def _quote(text: str) -> str:
-    return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
+    # Control characters (a trie's frame may hold any) as Graphviz would only misread them.
+    text = text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+    return '"' + _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text) + '"'
 
 
 def _once_per_stack(

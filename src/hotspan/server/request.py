@@ -6,6 +6,7 @@ server.auth's middleware; these helpers read what it resolved."""
 from __future__ import annotations
 
 import json
+import math
 from typing import TYPE_CHECKING, Any, Callable, FrozenSet, Optional, Tuple, TypeVar
 
 from starlette.concurrency import run_in_threadpool
@@ -95,12 +96,25 @@ async def read_body(
     return body
 
 
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"the number {text[:40]} is out of range")
+    return value
+
+
+def _not_json(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
 def parse_json(body: bytes) -> Any:
-    """A request body's JSON, or a 400 saying why not: malformed, nested too deep, or holding
-    a string no UTF-8 writer takes (JSON may escape a lone surrogate, ``"\\ud800"``, which
-    the store, and every later answer that held it, would then fail on)."""
+    """A request body's JSON, or a 400 saying why not: malformed, nested too deep, holding a
+    number no double holds (``1e400``, Python's ``NaN`` and ``Infinity``, which JSON does
+    not have: no handler need check for them), or a string no UTF-8 writer takes (JSON may
+    escape a lone surrogate, ``"\\ud800"``, which the store, and every later answer that held
+    it, would then fail on)."""
     try:
-        parsed = json.loads(body)
+        parsed = json.loads(body, parse_float=_finite, parse_constant=_not_json)
         json.dumps(parsed, ensure_ascii=False).encode("utf-8")
     except UnicodeEncodeError:
         raise HTTPError(400, "body holds text that is not UTF-8 (a lone surrogate?)") from None

@@ -82,6 +82,25 @@ def test_a_trie_standing_for_too_much_text_is_refused_and_the_server_goes_on(mod
         assert r.status_code == 200, r.text
 
 
+@pytest.mark.parametrize("fmt", ["trie", "lines", "folded"])
+def test_a_small_gzipped_body_of_millions_of_stacks_is_refused_quickly(module_server, fmt) -> None:  # type: ignore[no-untyped-def]
+    # A few kilobytes gzipped that stand for millions of nodes or lines: refused within
+    # seconds (before, each was read to the end: tens of seconds of a decoding thread and
+    # gigabytes), and an upload behind them still goes through.
+    body = {"trie": b"\x00\x00\x00", "lines": b"ab\n", "folded": b"ab 1\n"}[fmt] * 10_000_000
+    service = f"bomb_{uuid.uuid4().hex[:6]}"
+    with module_server.client() as c:
+        r = c.post(
+            "/ingest",
+            params={"name": service, "format": fmt},
+            content=gzip.compress(body, 9),
+            headers={"Content-Encoding": "gzip"},
+        )
+        assert r.status_code == 400 and "more than 2097152" in r.text, r.text
+        r = c.post("/ingest", params={"name": service}, content=b"main;work 3\n")
+        assert r.status_code == 200, r.text
+
+
 def test_pyroscopes_own_upload_by_content_type_alone(module_server) -> None:  # type: ignore[no-untyped-def]
     # The trie of Pyroscope's ingest tests: foo;bar 2 and foo;baz 3, the split inside "bar";
     # its Content-Type wins over another format, as in Pyroscope.

@@ -332,8 +332,9 @@ def test_tag_names_and_values_of_events_links_scopes_and_status_messages(
         ],
         "instrumentation:version": [{"type": "string", "value": "1.2.3"}],
         "instrumentation.team": [{"type": "string", "value": "pay"}],
-        # Unscoped, an attribute is a span's or a resource's: not an event's.
+        # Unscoped, an attribute is a span's, a resource's or a scope's: not an event's.
         ".attempt": [],
+        ".team": [{"type": "string", "value": "pay"}],
     }
     for name, srv in servers.items():
         with srv.client() as c:
@@ -358,5 +359,14 @@ def test_tag_names_and_values_of_events_links_scopes_and_status_messages(
                     )
                     assert r.status_code == 200, (name, tag, r.text)
                     assert r.json()["tagValues"] == values, (name, tag, q)
-            r = c.get("/api/search/tag/statusMessage/values", headers=GRAFANA_HEADERS)
-            assert r.json()["tagValues"] == ["card declined"], name
+            # Version 1, by the bare name, with the range or the query being typed too.
+            for params in ({}, window, {**window, "q": "{kind = client}"}):
+                for tag, value in (("statusMessage", "card declined"), ("event:name", "retry")):
+                    r = c.get(
+                        f"/api/search/tag/{tag}/values", params=params, headers=GRAFANA_HEADERS
+                    )
+                    assert value in r.json()["tagValues"], (name, tag, params)
+            r = c.get(
+                "/api/v2/search/tag/span:event:name/values", params=window, headers=GRAFANA_HEADERS
+            )
+            assert r.json()["tagValues"] == [], name

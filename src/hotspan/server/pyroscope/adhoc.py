@@ -76,7 +76,7 @@ def _max_nodes(body: Dict[str, Any]) -> int:
         raise HTTPError(400, "maxNodes must be an integer")
     try:
         return check_max_nodes(int(value))
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         raise HTTPError(400, f"maxNodes must be an integer, got {str(value)[:40]!r}") from None
 
 

@@ -309,6 +309,11 @@ _INDEX_ONLY_SCOPES = ("event", "link", "instrumentation")
 _INDEX_ONLY_INTRINSICS = frozenset(
     ("statusMessage", "event:name", "instrumentation:name", "instrumentation:version")
 )
+# The span intrinsics whose values are listed, by either name (``span:name``).
+_SPAN_INTRINSICS = {
+    **{name: name for name in ("name", "status", "kind")},
+    **{f"span:{name}": name for name in ("name", "status", "kind", "statusMessage")},
+}
 
 
 def _tag_names(
@@ -323,12 +328,18 @@ def _tag_names(
             "scope must be resource, span, intrinsic, event, link, instrumentation, trace or "
             f"none, not {scope!r}",
         )
-    indexed = state.store.tag_names(tenant, seconds_value(params, "start") or 0)
-    records = _asked_spans(state, tenant, params)
-    names = indexed if records is None else tag_names(records)
-    for name in _INDEX_ONLY_SCOPES:
-        names[name] = indexed.get(name, [])
-    return names, None if scope in ("all", "none") else scope
+    scope = None if scope in ("all", "none") else scope
+    if scope in ("intrinsic", "trace"):
+        return {}, scope  # their names are TraceQL's own, whatever the spans hold
+    since = seconds_value(params, "start") or 0
+    records = None if scope in _INDEX_ONLY_SCOPES else _asked_spans(state, tenant, params)
+    if records is None:
+        return state.store.tag_names(tenant, since), scope
+    names = tag_names(records)
+    if scope is None:
+        indexed = state.store.tag_names(tenant, since)
+        names.update({name: indexed.get(name, []) for name in _INDEX_ONLY_SCOPES})
+    return names, scope
 
 
 def _asked_spans(
@@ -413,10 +424,8 @@ def _identifier(tag: str) -> Tuple[Optional[str], str]:
             return scope, tag[len(scope) + 1 :]
     if tag.startswith("."):
         return None, tag[1:]
-    if tag.startswith("span:"):
-        tag = tag[len("span:") :]
-    if tag in ("name", "status", "kind") or tag in _INDEX_ONLY_INTRINSICS:
-        return "intrinsic", tag
+    if tag in _SPAN_INTRINSICS or tag in _INDEX_ONLY_INTRINSICS:
+        return "intrinsic", _SPAN_INTRINSICS.get(tag, tag)
     return None, tag
 
 
@@ -455,7 +464,8 @@ def _root_values(
         tenant, start, end, (ROOT_SPAN,), trace_ids=trace_ids, limit=MAX_AUTOCOMPLETE_SPANS
     )
     seen = sorted({getattr(r, field) for r in roots} - {""})
-    return [(value, "string") for value in seen][: _int_param(params, "limit", MAX_LIMIT)]
+    limit = _int_param(params, "limit", MAX_LIMIT, zero_is_default=True)
+    return [(value, "string") for value in seen][:limit]
 
 
 def _values(
@@ -466,11 +476,17 @@ def _values(
     # As Tempo: limit=0 is no limit (the most hotspan answers).
     limit = _int_param(params, "limit", MAX_LIMIT, zero_is_default=True)
     values = state.store.tag_values(tenant, scope, name, since)
-    if scope in _INDEX_ONLY_SCOPES or (scope == "intrinsic" and name in _INDEX_ONLY_INTRINSICS):
+    # (Version 1 asks for any scope: its statusMessage is the intrinsic's too.)
+    if scope in _INDEX_ONLY_SCOPES or (
+        scope in (None, "intrinsic") and name in _INDEX_ONLY_INTRINSICS
+    ):
         return values[:limit]
     records = _asked_spans(state, tenant, params)
     if records is not None:
-        values = _typed(tag_values(records, scope, name), values, scope, name)
+        seen = tag_values(records, scope, name)
+        if scope is None:  # an instrumentation scope's too, which the records do not carry
+            seen |= {v for v, _ in state.store.tag_values(tenant, "instrumentation", name, since)}
+        values = _typed(seen, values, scope, name)
     return values[:limit]
 
 
