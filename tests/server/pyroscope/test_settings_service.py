@@ -64,15 +64,22 @@ def test_a_save_stamped_older_than_the_stored_one_is_refused(module_server) -> N
         assert r.status_code == 200 and r.json() == {}, r.text
         assert stored(c, tenant) == {}
         assert call(c, "Delete", {"name": "x"}, tenant).status_code == 200  # already gone
-        # A setting stamped in the future: a save without a stamp is stamped at it, not
-        # refused (another server's clock ahead); a delete, stamped now, is refused.
-        future = {"setting": {"name": "y", "value": "1", "modifiedAt": "99999999999999"}}
+        # A setting stamped ahead (another machine's clock): a save without a stamp is
+        # stamped at it, not refused; a delete, stamped now, is refused until then.
+        ahead = str(int(time.time() * 1000) + 600_000)
+        future = {"setting": {"name": "y", "value": "1", "modifiedAt": ahead}}
         assert call(c, "Set", future, tenant).status_code == 200
         r = call(c, "Set", {"setting": {"name": "y", "value": "2"}}, tenant)
-        assert r.status_code == 200 and r.json()["setting"]["modifiedAt"] == "99999999999999"
+        assert r.status_code == 200 and r.json()["setting"]["modifiedAt"] == ahead
         r = call(c, "Delete", {"name": "y"}, tenant)
         assert r.status_code == 409 and r.json()["code"] == "already_exists", r.text
         assert stored(c, tenant)["y"]["value"] == "2"
+        # Over an hour ahead would keep a setting for good: refused.
+        for stamp in ("99999999999999", "9223372036854775807"):
+            far = {"setting": {"name": "z", "value": "1", "modifiedAt": stamp}}
+            r = call(c, "Set", far, tenant)
+            assert r.status_code == 400 and "ahead" in r.json()["message"], r.text
+        assert "z" not in stored(c, tenant)
 
 
 def test_bad_requests_get_connect_errors(module_server) -> None:  # type: ignore[no-untyped-def]

@@ -4,7 +4,8 @@ a tenant's named string values.  Grafana's Profiles Drilldown keeps its own sett
 
 As in Pyroscope, a value stamped older than the one stored (``modifiedAt``, in milliseconds) is
 refused (``already_exists``), so that two browsers saving at once keep the later save; a value
-without a stamp is stamped now (or at the stored stamp, if that is later).  Settings are
+without a stamp is stamped now (or at the stored stamp, if that is later).  Unlike Pyroscope, a
+stamp over an hour ahead of the server's clock is refused: it would keep its setting for good.  Settings are
 documents of the store (one per name), so every server over a shared store sees the same ones;
 the stamps are compared within one server (two servers saving the same setting at once may
 both write).  Reading them is a query; changing them is an
@@ -36,6 +37,9 @@ MAX_VALUE_BYTES = 64 * 1024
 MAX_SETTINGS = 100
 # A value is JSON in a JSON string: every quote of it arrives escaped.
 MAX_BODY_BYTES = 6 * MAX_VALUE_BYTES + 4096
+# How far ahead of this server's clock a save's stamp may be (another machine's clock): a
+# stamp far in the future would keep its setting from every later save and from deletion.
+MAX_AHEAD_MS = 3600 * 1000
 # A change reads the stored stamp, then writes: one change at a time in this server.
 _CHANGES = threading.Lock()
 _INT64 = re.compile(r"-?[0-9]{1,19}")
@@ -89,11 +93,14 @@ async def get(request: Request) -> Response:
 def _set(state: ServerState, tenant: str, name: str, value: str, millis: int) -> Document:
     """Stores the setting; ``millis`` 0: stamped now, or at the stored stamp where that is
     later (another server's clock ahead of this one's must not refuse a save)."""
+    now = time.time_ns() // 1_000_000
+    if millis > now + MAX_AHEAD_MS:
+        raise HTTPError(400, "modifiedAt is more than an hour ahead of the server's clock")
     with _CHANGES:
         docs = state.store.documents(KIND, tenant)
         old = _find(docs, name)
         if millis <= 0:
-            millis = max(time.time_ns() // 1_000_000, _stamp(old))
+            millis = max(now, _stamp(old))
         if old is None and len(docs) >= MAX_SETTINGS:
             raise HTTPError(
                 400, f"a tenant keeps at most {MAX_SETTINGS} settings", "failed_precondition"
