@@ -5,11 +5,11 @@ a tenant's named string values.  Grafana's Profiles Drilldown keeps its own sett
 As in Pyroscope, a value stamped older than the one stored (``modifiedAt``, in milliseconds) is
 refused (``already_exists``), so that two browsers saving at once keep the later save; a value
 without a stamp is stamped now (or at the stored stamp, if that is later).  Unlike Pyroscope, a
-stamp over an hour ahead of the server's clock is refused: it would keep its setting for good.  Settings are
-documents of the store (one per name), so every server over a shared store sees the same ones;
-the stamps are compared within one server (two servers saving the same setting at once may
-both write).  Reading them is a query; changing them is an
-admin's, as with the server's other settings.
+stamp over an hour ahead of the server's clock is refused: it would keep its setting for good.
+Settings are documents of the store (one per name), so every server over a shared store sees the
+same ones; the stamps are compared within one server (two servers saving the same setting at once
+may both write).  Reading them is a query; changing them is an admin's, as with the server's
+other settings.
 """
 
 from __future__ import annotations
