@@ -91,17 +91,28 @@ def _walls(server, service: str, span_ids: Dict[str, str]) -> Dict[str, float]:
     return walls
 
 
+def _off(walls: Dict[str, float], lasted: Dict[str, float]) -> Dict[str, tuple]:
+    """The spans and tag sets whose wall time is not their own duration (a loaded machine
+    stretches a 30 ms sleep: the span's own clock says how long it lasted)."""
+    return {
+        name: (round(ms, 1), round(lasted[name], 1))
+        for name, ms in walls.items()
+        if name not in LAST and abs(ms - lasted[name]) > TOLERANCE_MS
+    }
+
+
 @native_only
 def test_each_span_gets_its_own_wait(module_server, tmp_path: Path) -> None:
     service = f"sleepy_{uuid.uuid4().hex[:6]}"
     result = run_program(tmp_path, _program(module_server.url, service))
     walls = _walls(module_server, service, result["ids"])
-    checked = {name: ms for name, ms in walls.items() if name not in LAST}
-    off = {name: round(ms, 1) for name, ms in checked.items() if abs(ms - WAIT_MS) > TOLERANCE_MS}
+    lasted = result["lasted"]
+    off = _off(walls, lasted)
     assert not off, (off, walls)
     for prefix in ("main", "worker", "step"):
         total = sum(ms for name, ms in walls.items() if name.startswith(prefix))
-        assert abs(total - SPANS * WAIT_MS) < 0.1 * SPANS * WAIT_MS, (prefix, total, walls)
+        own = sum(ms for name, ms in lasted.items() if name.startswith(prefix))
+        assert own >= SPANS * WAIT_MS and abs(total - own) < 0.1 * own, (prefix, total, walls)
 
 
 @native_only
@@ -116,9 +127,5 @@ def test_each_span_gets_its_own_wait_beside_a_busy_thread(
     service = f"sleepy_busy_{uuid.uuid4().hex[:6]}"
     result = run_program(tmp_path, _program(module_server.url, service, burst_ms))
     walls = _walls(module_server, service, result["ids"])
-    off = {
-        name: (round(ms, 1), round(result["lasted"][name], 1))
-        for name, ms in walls.items()
-        if name not in LAST and abs(ms - result["lasted"][name]) > TOLERANCE_MS
-    }
+    off = _off(walls, result["lasted"])
     assert not off, off
