@@ -539,7 +539,9 @@ def test_ten_thousand_nodes(page, ui_server) -> None:  # type: ignore[no-untyped
     # The table shows its first rows and offers the rest.
     more = page.locator("#fg-test .hs-toptable-more")
     assert more.is_visible() and "Show all" in more.inner_text()
-    more.click()
+    # Laying out 10,111 rows takes seconds on a slow machine (5 s here alone, more beside
+    # the rest of the suite): the click waits for it, past the default 15 s under load.
+    more.click(timeout=60_000)
     assert page.locator("#fg-test .hs-toptable tbody tr[data-name]").count() == info["nodes"] - 1
 
 
