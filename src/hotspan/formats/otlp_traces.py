@@ -172,17 +172,17 @@ def _add_extra_tags(batch: SpanBatch, span: Span, end: int) -> None:
     if span.status.message:
         batch.add_tags("intrinsic", [("statusMessage", span.status.message, "string")], end)
     for event in span.events:
-        batch.add_tags("event", _scalar_pairs(event.attributes), end)
+        batch.add_tags("event", _pairs(event.attributes, None), end)
         if event.name:
             batch.add_tags("intrinsic", [("event:name", event.name, "string")], end)
     for link in span.links:
-        batch.add_tags("link", _scalar_pairs(link.attributes), end)
+        batch.add_tags("link", _pairs(link.attributes, None), end)
 
 
 def _add_scope_tags(batch: SpanBatch, scope: InstrumentationScope, latest: int) -> None:
     """The tags of an instrumentation scope (``instrumentation:name``, ``:version`` and
     ``instrumentation.*``), seen when the latest of its spans ended."""
-    batch.add_tags("instrumentation", _scalar_pairs(scope.attributes), latest)
+    batch.add_tags("instrumentation", _pairs(scope.attributes, None), latest)
     named = [("instrumentation:name", scope.name), ("instrumentation:version", scope.version)]
     batch.add_tags("intrinsic", [(k, v, "string") for k, v in named if v], latest)
 
@@ -191,28 +191,12 @@ def _add_scope_tags(batch: SpanBatch, scope: InstrumentationScope, latest: int) 
 _TYPES = {"int_value": "int", "double_value": "float", "bool_value": "bool"}
 
 
-def _scalar_pairs(attributes: Iterable[Any]) -> List[Tuple[str, str, str]]:
-    """The attributes with a string, boolean, int or double value, as :func:`_pairs` reads
-    them: events', links' and scopes' attributes are only indexed as tags, where an array's
-    or a map's text, never bounded there, must not get a request refused."""
-    out = []
-    for kv in attributes:
-        value = kv.value
-        kind = value.WhichOneof("value")
-        if kind == "string_value":
-            out.append((kv.key, value.string_value, "string"))
-        elif kind == "int_value":
-            out.append((kv.key, str(value.int_value), "int"))
-        elif kind == "bool_value":
-            out.append((kv.key, "true" if value.bool_value else "false", "bool"))
-        elif kind == "double_value":
-            out.append((kv.key, any_value_text(value), "float"))
-    return out
-
-
-def _pairs(attributes: Iterable[Any], budget: ArrayBudget) -> List[Tuple[str, str, str]]:
+def _pairs(attributes: Iterable[Any], budget: Optional[ArrayBudget]) -> List[Tuple[str, str, str]]:
     """:func:`~hotspan.formats.otlp.attribute_pairs`, with the kinds spans carry most
-    (strings, integers, booleans) read without a second look at the value."""
+    (strings, integers, booleans) read without a second look at the value.  Without a
+    ``budget``, only strings, booleans, ints and doubles: events', links' and scopes'
+    attributes are only indexed as tags, where an array's or a map's text, never bounded
+    there, must not get a request refused."""
     out = []
     for kv in attributes:
         value = kv.value
@@ -224,8 +208,9 @@ def _pairs(attributes: Iterable[Any], budget: ArrayBudget) -> List[Tuple[str, st
         elif kind == "bool_value":
             out.append((kv.key, "true" if value.bool_value else "false", "bool"))
         elif kind == "array_value":
-            add_array_pairs(out, kv.key, value.array_value, budget)
-        else:
+            if budget is not None:
+                add_array_pairs(out, kv.key, value.array_value, budget)
+        elif budget is not None or kind == "double_value":
             out.append((kv.key, any_value_text(value), _TYPES.get(kind, "string")))
     return out
 
