@@ -193,8 +193,13 @@ def test_an_empty_side_is_named_and_both_forms_stay(page, data) -> None:  # type
             rightSpanId=data.slow["noop"],
         )
     )
+    # An error box instead (a failed Diff) ends the wait too, and says what failed.
+    shown = page.locator(
+        ".hs-diff-profile .hs-message.hs-empty, .hs-diff-profile .hs-message.hs-error"
+    )
+    shown.wait_for()
     msg = page.locator(".hs-diff-profile .hs-message.hs-empty")
-    msg.wait_for()
+    assert msg.count() == 1, shown.inner_text()
     text = msg.inner_text()
     assert "The comparison (span noop (" in text, text
     assert data.slow["trace"][:8] in text and "baseline" not in text.split(".")[0], text
