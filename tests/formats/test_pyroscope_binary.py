@@ -10,7 +10,7 @@ from typing import Dict, List, Tuple
 import pytest
 
 from hotspan.formats import folded as folded_text
-from hotspan.formats import pyroscope_tree, pyroscope_trie
+from hotspan.formats import pyroscope_nodes, pyroscope_tree, pyroscope_trie
 from hotspan.formats.errors import FormatError
 from hotspan.formats.protowire import read_uvarint, uvarint
 
@@ -202,11 +202,26 @@ def test_nesting_and_frames_are_bounded(kind: str) -> None:
 
 def test_nodes_without_values_are_bounded_too() -> None:
     # Empty nodes charge no frame: a root with 3 million empty children (9 MB, 20 KB
-    # gzipped) is refused at 2,097,152 nodes, not read one by one to the end (a trie of
-    # empty roots: tests/server/pyroscope/test_binary_ingest.py).
+    # gzipped) is refused as it claims them, before any is read (a trie of empty roots,
+    # refused at the 2,097,153rd: tests/server/pyroscope/test_binary_ingest.py).
     body = b"\x00\x00" + uvarint(3_000_000) + b"\x00\x00\x00" * 3_000_000
     with pytest.raises(FormatError, match="more than 2097152 nodes"):
         list(pyroscope_tree.parse(body, LIMIT))
+
+
+def test_a_claim_of_children_up_to_the_bound_is_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The bound made small, to read up to it: the root and its children, all of them counted.
+    monkeypatch.setattr(pyroscope_nodes, "MAX_FRAMES", 1000)
+    fits = b"\x00\x00" + uvarint(999) + b"\x00\x00\x00" * 999
+    assert sum(1 for _ in pyroscope_nodes.walk(fits, "tree", True)) == 1000
+    over = b"\x00\x00" + uvarint(1000) + b"\x00\x00\x00" * 1000
+    with pytest.raises(FormatError, match="more than 1000 nodes"):
+        list(pyroscope_nodes.walk(over, "tree", True))
+    # Nested claims count the nodes read before them.
+    nested = b"\x00\x00\x02" + b"\x00\x00\x00" + b"\x00\x00" + uvarint(998)
+    nested += b"\x00\x00\x00" * 998
+    with pytest.raises(FormatError, match="more than 1000 nodes"):
+        list(pyroscope_nodes.walk(nested, "tree", True))
 
 
 @pytest.mark.parametrize("fmt", ["folded", "lines"])

@@ -61,6 +61,10 @@ def walk(data: bytes, what: str, one_root: bool) -> Iterator[Tuple[int, bytes, i
                 )
             if len(left) >= MAX_OPEN_NODES:
                 raise FormatError(f"{what}: it nests deeper than {MAX_OPEN_NODES} nodes")
+            # Each child is a node: a claim past the bound is refused before its children
+            # are read one by one (a root with millions of empty children).
+            if nodes + children > MAX_FRAMES:
+                raise FormatError(f"{what}: it holds more than {MAX_FRAMES} nodes")
             left.append(children)
             continue
         while left:
