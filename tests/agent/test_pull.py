@@ -407,3 +407,20 @@ def test_pull_only_program_stderr_is_quiet(tmp_path: Path) -> None:
     err = stop_program(proc)
     assert status == 200
     assert "hotspan" not in err and "Traceback" not in err, err
+
+
+def test_an_upload_beside_the_import_of_pull_mode_finds_no_hub(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The agent's loop looks for the hub while the program's thread may be importing pull
+    mode (starting the control port does): CPython puts a module in sys.modules before its
+    names exist, and an upload then must neither fail nor stop profiling."""
+    import types
+
+    from hotspan.agent.outbox import pull_hub
+
+    importing = types.ModuleType("hotspan.agent.pull")
+    monkeypatch.setitem(sys.modules, "hotspan.agent.pull", importing)
+    assert pull_hub() is None
+    importing.HUB = hub = object()  # its body has run
+    assert pull_hub() is hub

@@ -68,8 +68,8 @@ def pull_hub() -> Any:
     """Pull mode's hub, when its endpoints exist.  The module is imported only by what serves
     them: its functions and classes would otherwise be objects that every full collection of
     the program's garbage collector walks."""
-    pull = sys.modules.get("hotspan.agent.pull")
-    return None if pull is None else pull.HUB
+    # Another thread may be importing it: a module is in sys.modules before its names exist.
+    return getattr(sys.modules.get("hotspan.agent.pull"), "HUB", None)
 
 
 class Outbox:
