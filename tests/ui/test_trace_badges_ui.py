@@ -231,9 +231,14 @@ def test_badges_say_not_on_cpu_and_name_lock_waits(page, bank) -> None:  # type:
     assert m, locked
     assert 250 <= ms(m.group(1)) <= 600
     assert ms(str(locked["locks"])) >= 250
-    # Computing: says so, and its allocations stand beside its CPU.
-    # (How close its CPU comes to its duration depends on the machine's load: not waiting.)
-    assert computing["activity"] in ("computing", "mixed"), computing
+    # Computing: says so, and its allocations stand beside its CPU.  How close its CPU comes
+    # to its duration depends on the machine's load: with the suite beside it, a span that
+    # computes 0.35 s can wait for a core longer than that (a CI run: 1.26 s of 1.66 s),
+    # and then that wait is what the badge names, never "not on CPU".
+    if computing["activity"] == "waiting":
+        assert re.fullmatch(r"waiting for a core \d+%", str(computing["badge"])), computing
+    else:
+        assert computing["activity"] in ("computing", "mixed"), computing
     # No lock wait; on a crowded machine, the GIL may have been another thread's a while
     # (the agent's own, for its turn), or every core busy, and the badge says so.
     note = str(computing["note"])
