@@ -206,7 +206,10 @@ field(const uint8_t **pp, const uint8_t *end, uint32_t *number, int *wt, uint64_
       const uint8_t **data, size_t *len)
 {
     uint64_t key;
-    if (!varint(pp, end, &key) || key >> 32 || (key >> 3) == 0)
+    const uint8_t *start = *pp;
+    /* A key is a 32-bit varint, in at most 5 bytes: protobuf's own reader refuses a longer
+     * one, even one that pads a small number with zero bits. */
+    if (!varint(pp, end, &key) || *pp - start > 5 || key >> 32 || (key >> 3) == 0)
         return 0;
     *number = (uint32_t)(key >> 3);
     *wt = (int)(key & 7);
