@@ -25,9 +25,7 @@ from tests.agent.test_agent import (
     span_profile,
 )
 
-# Each span's wall time judged against its own duration: with the rest of the suite beside
-# them, the threads wait for a core often, and such a wait, counted by the kernel after the
-# fact, can go to the span before (docs/agent.md, the GIL).
+# Each span's wall time judged against its own duration, with other tests beside it.
 pytestmark = pytest.mark.timing
 
 SPANS = 20
@@ -98,12 +96,31 @@ def _walls(server, service: str, span_ids: Dict[str, str]) -> Dict[str, float]:
 
 def _off(walls: Dict[str, float], lasted: Dict[str, float]) -> Dict[str, tuple]:
     """The spans and tag sets whose wall time is not their own duration (a loaded machine
-    stretches a 30 ms sleep: the span's own clock says how long it lasted)."""
-    return {
+    stretches a 30 ms sleep: the span's own clock says how long it lasted), but for what
+    the collector is known to do now and then: once in a thread's run, time moved between
+    two neighbours (a wait counted by the kernel after the fact, charged where the thread
+    last ran: docs/agent.md, the GIL), the two together their own duration."""
+    off = {
         name: (round(ms, 1), round(lasted[name], 1))
         for name, ms in walls.items()
         if name not in LAST and abs(ms - lasted[name]) > TOLERANCE_MS
     }
+    for prefix in ("main", "worker", "step"):
+        mine = sorted(int(name[len(prefix) :]) for name in off if name.startswith(prefix))
+        if not mine or len(mine) > 2 or mine[-1] - mine[0] > 1:
+            continue
+        pairs = [(mine[0], mine[1])] if len(mine) == 2 else [(mine[0] - 1, mine[0])]
+        pairs += [] if len(mine) == 2 else [(mine[0], mine[0] + 1)]
+        for a, b in pairs:
+            names = (f"{prefix}{a}", f"{prefix}{b}")
+            if a < 0 or b >= SPANS or not all(n in walls for n in names):
+                continue
+            moved = sum(walls[n] for n in names) - sum(lasted[n] for n in names)
+            if abs(moved) <= TOLERANCE_MS:
+                for i in mine:
+                    del off[f"{prefix}{i}"]
+                break
+    return off
 
 
 @native_only
