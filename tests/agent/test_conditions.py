@@ -118,8 +118,7 @@ def serve_and_load(
     """Serves and loads the app; the span ids of the fast requests that were slow."""
     script = tmp_path / f"{service}.py"
     script.write_text(textwrap.dedent(APP))
-    slow_fast = tmp_path / f"{service}.slow_fast"
-    slow_fast.touch()
+    slow_fast = tmp_path / f"{service}.slow_fast"  # made by the app as it starts
     port = free_port()
     argv = [str(port), service, server_url, str(int(conditional_only)), str(slow_fast)]
     proc = subprocess.Popen(

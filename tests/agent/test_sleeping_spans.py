@@ -109,12 +109,12 @@ def _off(walls: Dict[str, float], lasted: Dict[str, float]) -> Dict[str, tuple]:
         mine = sorted(int(name[len(prefix) :]) for name in off if name.startswith(prefix))
         if not mine or len(mine) > 2 or mine[-1] - mine[0] > 1:
             continue
-        pairs = [(mine[0], mine[1])] if len(mine) == 2 else [(mine[0] - 1, mine[0])]
-        pairs += [] if len(mine) == 2 else [(mine[0], mine[0] + 1)]
+        first = mine[0]
+        pairs = [(first, first + 1)] if len(mine) == 2 else [(first - 1, first), (first, first + 1)]
         for a, b in pairs:
-            names = (f"{prefix}{a}", f"{prefix}{b}")
-            if a < 0 or b >= SPANS or not all(n in walls for n in names):
+            if a < 0 or b >= SPANS:
                 continue
+            names = (f"{prefix}{a}", f"{prefix}{b}")
             moved = sum(walls[n] for n in names) - sum(lasted[n] for n in names)
             if abs(moved) <= TOLERANCE_MS:
                 for i in mine:
