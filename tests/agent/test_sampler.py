@@ -407,6 +407,82 @@ def test_a_thread_found_by_the_scan_is_charged_no_more_wall_than_it_lived(tmp_pa
     assert result["wall"] >= result["slept"] * 0.5, result
 
 
+TASK_FILES_PROGRAM = """
+import json, os, threading, time
+from hotspan.agent.sampler import NativeSampler
+
+def kept():
+    # The threads' schedstat files this process holds open: pid -> how many.
+    found = {}
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.endswith("/schedstat"):
+            pid = int(target.split("/")[2])
+            found[pid] = found.get(pid, 0) + 1
+    return found
+
+def worker(stop):
+    # A little CPU, then a wait: its waits for a core are counted at its ticks.
+    while not stop.is_set():
+        sum(range(10000))
+        time.sleep(0.005)
+
+sampler = NativeSampler(sample_rate=100, max_depth=64, cpu=True, wall=True)
+sampler.start(window_ns=0)
+stop = threading.Event()
+threads = [threading.Thread(target=worker, args=(stop,)) for _ in range(80)]
+for t in threads:
+    t.start()
+time.sleep(1.5)
+result = {"alive": kept()}
+read, write = os.pipe()
+child = os.fork()
+if child == 0:
+    # Only the forking thread is left, and none of the parent's threads' files.
+    os.write(write, json.dumps(kept()).encode())
+    os._exit(0)
+os.waitpid(child, 0)
+result["child_pid"] = child
+result["in_child"] = json.loads(os.read(read, 65536))
+stop.set()
+for t in threads:
+    t.join()
+time.sleep(0.5)  # the collector's scan frees the slots of threads that ended
+result["after_join"] = kept()
+sampler.stop()
+result["after_stop"] = kept()
+result["pid"] = os.getpid()
+print(json.dumps(result))
+"""
+
+
+@pytest.mark.skipif(
+    load_sampler() is None or not sys.platform.startswith("linux"),
+    reason="the native sampler on Linux (its /proc files)",
+)
+def test_threads_files_kept_open_are_bounded_and_let_go(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The collector keeps threads' schedstat files open to read their waits for a core
+    again cheaply: at most 64 (a program's descriptors are its own), none of a thread that
+    ended, none in a forked child, none once sampling stops."""
+    script = tmp_path / "task_files.py"
+    script.write_text(TASK_FILES_PROGRAM)
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result = json.loads(proc.stdout.splitlines()[-1])
+    pid = str(result["pid"])
+    # 80 threads that wait every few milliseconds: their counts use kept files, 64 at most.
+    assert 8 <= result["alive"].get(pid, 0) <= 64, result
+    assert set(result["alive"]) == {pid}, result
+    # The child holds none of its parent's (its own sampler, if any, has its own pid).
+    assert pid not in result["in_child"], result
+    # Only the main thread is left to count.
+    assert result["after_join"].get(pid, 0) <= 1, result
+    assert result["after_stop"] == {}, result
+
+
 TRIGGER_PROGRAM = r"""
 import json, signal, sys, threading, time
 from hotspan.agent.sampler import CPU, NativeSampler

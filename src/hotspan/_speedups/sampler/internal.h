@@ -419,6 +419,10 @@ typedef struct {
     unsigned scan_mark;
     uint64_t cpu_at_tick; /* its CPU clock at the last check */
     uint64_t run_delay_ns; /* 1 + its run_delay_of at the last count; 0: none yet */
+    /* Its schedstat file, kept open (slot_run_delay): the descriptor plus 1 (0: none), and
+     * the file's identity, so that only that file is ever closed. */
+    int schedstat_fd1;
+    unsigned long long schedstat_ino, schedstat_dev;
     int64_t core_wait_debt_ns; /* counted by the kernel, not charged yet (collector.c) */
     uint64_t wall_since_ns; /* monotonic: its wall time is charged up to here */
     uint64_t next_check_ns; /* monotonic: when to look at it again */
@@ -542,6 +546,10 @@ thread_clock(pid_t tid)
 }
 
 HIDDEN void arm(ThreadSlot *s, int index);
+/* run_delay_of for a slot's thread, through the slot's kept file; and that file let go (the
+ * thread's slot freed or reused, in a forked child). */
+HIDDEN int slot_run_delay(ThreadSlot *s, pid_t tid, uint64_t *ns);
+HIDDEN void drop_task_file(ThreadSlot *s);
 HIDDEN void disarm(ThreadSlot *s);
 HIDDEN void disarm_afresh(ThreadSlot *s);
 HIDDEN int thread_timer(ThreadSlot *s, clockid_t clock, int magic, int index, timer_t *out);

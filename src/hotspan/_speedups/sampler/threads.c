@@ -303,6 +303,7 @@ disarm(ThreadSlot *s)
         timer_delete(s->wall_timer);
     s->has_timer = 0;
     s->has_wall_timer = 0;
+    drop_task_file(s);
 }
 
 /* A timer on `clock` that signals the slot's thread itself. */
@@ -455,6 +456,9 @@ threads_after_fork(void)
     threads_mutex = fresh;
     running = 0;
     atomic_store(&sampling_enabled, 0);
+    /* The parent's threads' files: the child would keep them open for nothing. */
+    for (int k = 0; k < n_used_slots; k++)
+        drop_task_file(&slots[used_slots[k]]);
     codes_after_fork();
 }
 
