@@ -2,10 +2,13 @@
 ``valgrind --tool=callgrind``, with no profiler, hotspan with CPU and wall only, and hotspan
 with its defaults (every profile type but allocations, which are off by default), at two sizes
 of work; the cost is the extra instructions per unit of work (the difference between the two
-sizes, so that start-up and the exit upload cancel).
+sizes, so that start-up and the exit upload cancel).  The web servers (``wsgi_threaded``,
+``web_server``) serve for a fixed time with their load generator outside valgrind: their unit
+is a request, and their cost the extra instructions per request.
 
     python bench/agent_instructions.py [--workloads cpu_split,alloc,...] [--seconds 0.15]
-                                       [--repeats 3] [--name agent_instructions-3.12]
+                                       [--server-seconds 5] [--repeats 3]
+                                       [--name agent_instructions-3.12]
 
 Run by another interpreter (a venv of scripts/matrix.sh, say), it measures the agent there.
 
@@ -48,7 +51,12 @@ SCALE = {
     "gc_containers": "steps",
     "asyncio_spans": "requests",
     "threads": "iterations",
+    # The servers serve for a fixed time (valgrind's, with the load generator outside it,
+    # natively): their unit of work is a request, counted by the run.
+    "wsgi_threaded": "seconds",
+    "web_server": "seconds",
 }
+SERVERS = {"wsgi_threaded", "web_server"}
 PROFILERS = ["none", "hotspan-cpuonly", "hotspan"]
 LABELS = {
     "none": "no profiler",
@@ -63,7 +71,9 @@ def python_binary() -> str:
     return os.path.realpath(sys.executable)
 
 
-def instructions(workload: str, profiler: str, params: Dict[str, object]) -> int:
+def instructions(workload: str, profiler: str, params: Dict[str, object]) -> Tuple[int, float]:
+    """The instructions of one run and its units of work (a server's requests; otherwise the
+    size the params set)."""
     with tempfile.TemporaryDirectory() as tmp:
         out_file = os.path.join(tmp, "callgrind.out")
         # Timers, not perf events: valgrind delivers a signal only between its blocks of
@@ -102,27 +112,40 @@ def instructions(workload: str, profiler: str, params: Dict[str, object]) -> int
         )
         if proc.returncode != 0 or found is None:
             raise RuntimeError(f"{workload}/{profiler}: {proc.stderr[-2000:]}")
-        return int(found.group(1).replace(",", ""))
+        result = json.loads(proc.stdout.strip().splitlines()[-1])
+        units = float(result.get("units", params[SCALE[workload]]))  # type: ignore[arg-type]
+        return int(found.group(1).replace(",", "")), units
 
 
-def measure(workload: str, seconds: float) -> Dict[str, object]:
-    small = common.calibrate_agent_workload(workload, seconds)
+def measure(workload: str, seconds: float, server_seconds: float) -> Dict[str, object]:
+    small = common.calibrate_agent_workload(
+        workload, server_seconds if workload in SERVERS else seconds
+    )
     key = SCALE[workload]
     big = dict(small, **{key: int(small[key]) * 3})  # type: ignore[call-overload]
     jobs: List[Tuple[str, str, Dict[str, object]]] = [
         (p, size, params) for p in PROFILERS for size, params in (("1x", small), ("3x", big))
     ]
-    with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
+    # A server and its load generator are pinned to cores of their own (one each on 2 cores):
+    # two servers at once would share the server's core, and the agent's work per second of
+    # valgrind's clock would fall on half the requests.
+    workers = 1 if workload in SERVERS else os.cpu_count() or 2
+    with ThreadPoolExecutor(max_workers=workers) as pool:
         counts = list(pool.map(lambda job: instructions(workload, job[0], job[2]), jobs))
     per = {(p, size): n for (p, size, _), n in zip(jobs, counts)}
-    marginal = {p: per[(p, "3x")] - per[(p, "1x")] for p in PROFILERS}
+    # Per unit of work between the two sizes, so that start-up and the exit upload cancel.
+    marginal = {
+        p: (per[(p, "3x")][0] - per[(p, "1x")][0]) / (per[(p, "3x")][1] - per[(p, "1x")][1])
+        for p in PROFILERS
+    }
     base = marginal["none"]
     return {
         "workload": workload,
         "params_1x": small,
         "params_3x": big,
-        "instructions": {f"{p} {s}": n for (p, s), n in per.items()},
-        "marginal": marginal,
+        "instructions": {f"{p} {s}": n for (p, s), (n, _) in per.items()},
+        "units": {f"{p} {s}": u for (p, s), (_, u) in per.items()},
+        "marginal_per_unit": marginal,
         "overhead_pct": {p: 100.0 * (marginal[p] / base - 1) for p in PROFILERS if p != "none"},
     }
 
@@ -131,6 +154,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--workloads", default=",".join(SCALE))
     ap.add_argument("--seconds", type=float, default=0.15, help="native seconds of the 1x size")
+    ap.add_argument(
+        "--server-seconds",
+        type=float,
+        default=5.0,
+        help="seconds a server serves at the 1x size, on valgrind's clock",
+    )
     ap.add_argument("--repeats", type=int, default=3, help="counts per workload (median)")
     ap.add_argument("--out", default=common.RESULTS_DIR)
     ap.add_argument(
@@ -147,7 +176,7 @@ def main() -> None:
         runs = []
         for k in range(args.repeats):
             print(f"{workload} {k + 1}/{args.repeats} ...", file=sys.stderr, flush=True)
-            runs.append(measure(workload, args.seconds))
+            runs.append(measure(workload, args.seconds, args.server_seconds))
         results.append(
             {
                 "workload": workload,
@@ -183,8 +212,10 @@ def main() -> None:
             "# hotspan agent: extra instructions per unit of work (callgrind)",
             "",
             f"Command: `{common.command_line('agent_instructions.py')}` "
-            f"(1x = {args.seconds} s of native work, 3x its triple; the cost is the extra "
-            "instructions of 3x - 1x against no profiler; median [range] of "
+            f"(1x = {args.seconds} s of native work, a server's {args.server_seconds:g} s of "
+            "serving under valgrind; 3x its triple; the cost is the extra instructions per "
+            "unit of work (a server's: per request) of 3x - 1x against no profiler; "
+            "median [range] of "
             f"{args.repeats} counts).",
             "",
             common.machine_text(machine),

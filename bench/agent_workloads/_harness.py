@@ -426,6 +426,7 @@ def main(
         main_tid = threading.get_native_id()
         threads0 = _thread_cpu()
         cpu0 = _rusage_cpu()
+        usage0 = resource.getrusage(resource.RUSAGE_SELF)
         main0 = time.thread_time()
         ticks0 = ticks()
         wall0_ns = time.time_ns()
@@ -435,6 +436,7 @@ def main(
         main_cpu = time.thread_time() - main0
         ticks1 = ticks()
         cpu = _rusage_cpu() - cpu0
+        usage1 = resource.getrusage(resource.RUSAGE_SELF)
         # A thread the work joined can stay in /proc a moment after join() returned: wait for
         # it (50 ms at most, untimed), or its CPU would count as the profiler's below.
         settle = time.perf_counter() + 0.05
@@ -462,6 +464,11 @@ def main(
         "import_start_s": import_start_s,
         "work_s": work_s,
         "work_cpu_s": cpu,
+        # The kernel's part (signals, timers, waking threads: what callgrind does not count)
+        # and the context switches, both during the work.
+        "work_sys_s": usage1.ru_stime - usage0.ru_stime,
+        "work_context_switches": (usage1.ru_nvcsw - usage0.ru_nvcsw)
+        + (usage1.ru_nivcsw - usage0.ru_nivcsw),
         "main_thread_cpu_s": main_cpu,
         "other_threads_cpu_s": sum(other.values()),
         "other_threads": len(other),
