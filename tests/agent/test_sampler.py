@@ -420,9 +420,13 @@ def kept():
         except OSError:
             continue
         if target.endswith("/schedstat"):
+            assert int(fd) > 2, "a standard stream's number taken"
             pid = int(target.split("/")[2])
             found[pid] = found.get(pid, 0) + 1
     return found
+
+# A program without a standard input: the lowest free number is 0, and stays its own.
+os.close(0)
 
 def worker(stop):
     # A little CPU, then a wait: its waits for a core are counted at its ticks.

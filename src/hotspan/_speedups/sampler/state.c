@@ -27,6 +27,7 @@
 #include <fcntl.h>
 #include <stdio.h>
 #ifdef __linux__
+#  include <sys/stat.h>
 #  include <sys/syscall.h>
 #  include <ucontext.h>
 #endif
@@ -106,8 +107,6 @@ run_delay_of(pid_t tid, uint64_t *ns)
 }
 
 #ifdef __linux__
-#  include <sys/stat.h>
-
 /* The collector counts a waiting thread's waits every few intervals: an open, a read and a
  * close of its schedstat each time cost 4.9 us here, a read of the file kept open (pread: procfs
  * writes it afresh at offset 0) 0.6 us.  Kept for this many threads at most, so that a
@@ -139,6 +138,13 @@ slot_run_delay(ThreadSlot *s, pid_t tid, uint64_t *ns)
         char path[64];
         snprintf(path, sizeof path, "/proc/self/task/%d/schedstat", (int)tid);
         int fd = open(path, O_RDONLY | O_CLOEXEC);
+        if (fd >= 0 && fd < 3) {
+            /* A program that closed its standard streams opens them again expecting these
+             * numbers. */
+            int high = fcntl(fd, F_DUPFD_CLOEXEC, 3);
+            close(fd);
+            fd = high;
+        }
         struct stat st;
         if (fd >= 0 && fstat(fd, &st) != 0) {
             close(fd);
