@@ -716,6 +716,7 @@ def summarize(
     slow_proc: List[float] = []
     slow_cpu: List[float] = []
     extra_cpu: List[float] = []
+    kernel_cpu: List[float] = []
     agent_cpu: List[float] = []
     ext_cpu: List[float] = []
     rss: List[float] = []
@@ -772,6 +773,11 @@ def summarize(
         same_work_cpu = base["work_cpu_s"] * r.get("units", 1) / base.get("units", 1)
         extra = (r["work_cpu_s"] - same_work_cpu) / r["work_s"]
         agent_cpu.append(100 * r["other_threads_cpu_s"] / r["work_s"])
+        if "work_sys_s" in r and "work_sys_s" in base:
+            # The kernel's part of that (signals, timers, wake-ups: no instruction count sees
+            # it), beyond the same work's without a profiler.
+            same_work_sys = base["work_sys_s"] * r.get("units", 1) / base.get("units", 1)
+            kernel_cpu.append(100 * (r["work_sys_s"] - same_work_sys) / r["work_s"])
         external = 0.0
         rss_mib = (r["maxrss"] - base["maxrss"]) / 2**20
         if "pyspy_peak_rss" in r:
@@ -795,6 +801,7 @@ def summarize(
         "import_start_ms": _spread(imp, 1),
         "shutdown_ms": _spread(shut, 1),
         "profiler_cpu_pct_of_core": _spread(extra_cpu, 1),
+        "kernel_cpu_pct_of_core": _spread(kernel_cpu, 1),
         "agent_threads_cpu_pct_of_core": _spread(agent_cpu, 1),
         "external_cpu_pct_of_core": _spread(ext_cpu, 1),
         "rss_overhead_mib": _spread(rss, 1),
@@ -1781,7 +1788,9 @@ def markdown_defaults(
         "for the web servers; py-spy's own process is not in it). **Peak RSS** = peak RSS "
         "minus the no-profiler run's (py-spy: plus its own peak RSS). **Profiler CPU** = CPU "
         "beyond the no-profiler run per second of work, in % of one core, py-spy's own "
-        "process included. **CPU seen** = CPU the profile puts in the work (the stacks through "
+        "process included; the summary's *kernel CPU in the process*: the system time of the "
+        "work beyond the no-profiler run's, the same way (py-spy's process not in it). "
+        "**CPU seen** = CPU the profile puts in the work (the stacks through "
         "the workload's work function; for `asyncio_spans` also those through `serve` or "
         "`handle_request` alone, as ddtrace shows each task's stack) / CPU its threads "
         "really used (`time.thread_time`), a ratio. The "
@@ -1833,6 +1842,7 @@ def markdown_defaults(
         ("process CPU %", "cpu_time_slowdown_pct", 1, True),
         ("peak RSS MiB", "rss_overhead_mib", 1, True),
         ("profiler CPU, % of a core", "profiler_cpu_pct_of_core", 1, False),
+        ("kernel CPU in the process, % of a core", "kernel_cpu_pct_of_core", 1, False),
         ("CPU seen", "cpu_seen_pct", 3, False),
     ):
         add(f"| **{title}** |" + " |" * len(columns))
