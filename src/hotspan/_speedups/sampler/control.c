@@ -159,8 +159,7 @@ sampler_stop(PyObject *mod, PyObject *unused)
     handover_keep();
     /* (Its counts of waits may have opened threads' files again: a stopped sampler keeps
      * none.) */
-    for (int k = 0; k < n_used_slots; k++)
-        drop_task_file(&slots[used_slots[k]]);
+    drop_task_files();
 #endif
     atomic_store(&sampling_enabled, 0);
     running = 0;

@@ -547,9 +547,10 @@ thread_clock(pid_t tid)
 
 HIDDEN void arm(ThreadSlot *s, int index);
 /* run_delay_of for a slot's thread, through the slot's kept file; and that file let go (the
- * thread's slot freed or reused, in a forked child). */
+ * thread's slot freed or reused), or every thread's (sampling stopped, in a forked child). */
 HIDDEN int slot_run_delay(ThreadSlot *s, pid_t tid, uint64_t *ns);
 HIDDEN void drop_task_file(ThreadSlot *s);
+HIDDEN void drop_task_files(void);
 HIDDEN void disarm(ThreadSlot *s);
 HIDDEN void disarm_afresh(ThreadSlot *s);
 HIDDEN int thread_timer(ThreadSlot *s, clockid_t clock, int magic, int index, timer_t *out);

@@ -34,22 +34,37 @@
 
 #ifdef __linux__
 /* The file `name` of thread `tid`'s /proc directory (of this very process, readable without
- * privileges) into `buf`, as a string: 0, or -1 when it cannot be read.  The collector's,
- * never the handler's. */
+ * privileges), opened: its descriptor, or -1.  The collector's, never the handler's. */
 static int
-read_task_file(pid_t tid, const char *name, char *buf, size_t size)
+open_task_file(pid_t tid, const char *name)
 {
     char path[64];
     snprintf(path, sizeof path, "/proc/self/task/%d/%s", (int)tid, name);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return -1;
-    ssize_t n = read(fd, buf, size - 1);
-    close(fd);
+    return open(path, O_RDONLY | O_CLOEXEC);
+}
+
+/* An open /proc file, from its start (procfs writes it afresh there), into `buf` as a
+ * string: 0, or -1 when it cannot be read. */
+static int
+read_from_start(int fd, char *buf, size_t size)
+{
+    ssize_t n = pread(fd, buf, size - 1, 0);
     if (n <= 0)
         return -1;
     buf[n] = 0;
     return 0;
+}
+
+/* The file `name` of thread `tid`'s /proc directory into `buf`: 0, or -1. */
+static int
+read_task_file(pid_t tid, const char *name, char *buf, size_t size)
+{
+    int fd = open_task_file(tid, name);
+    if (fd < 0)
+        return -1;
+    int rc = read_from_start(fd, buf, size);
+    close(fd);
+    return rc;
 }
 #endif
 
@@ -130,14 +145,19 @@ drop_task_file(ThreadSlot *s)
     kept_task_files--;
 }
 
+void
+drop_task_files(void)
+{
+    for (int k = 0; k < n_used_slots; k++)
+        drop_task_file(&slots[used_slots[k]]);
+}
+
 int
 slot_run_delay(ThreadSlot *s, pid_t tid, uint64_t *ns)
 {
     char buf[96];
     if (s->schedstat_fd1 == 0 && kept_task_files < KEPT_TASK_FILES) {
-        char path[64];
-        snprintf(path, sizeof path, "/proc/self/task/%d/schedstat", (int)tid);
-        int fd = open(path, O_RDONLY | O_CLOEXEC);
+        int fd = open_task_file(tid, "schedstat");
         if (fd >= 0 && fd < 3) {
             /* A program that closed its standard streams opens them again expecting these
              * numbers. */
@@ -158,12 +178,9 @@ slot_run_delay(ThreadSlot *s, pid_t tid, uint64_t *ns)
         }
     }
     if (s->schedstat_fd1 != 0) {
-        ssize_t n = pread(s->schedstat_fd1 - 1, buf, sizeof buf - 1, 0);
-        if (n > 0) {
-            buf[n] = 0;
-            if (parse_schedstat(buf, ns) == 0)
-                return 0;
-        }
+        if (read_from_start(s->schedstat_fd1 - 1, buf, sizeof buf) == 0 &&
+            parse_schedstat(buf, ns) == 0)
+            return 0;
         /* Its thread gone (ESRCH), or not our file any more: read the long way. */
         drop_task_file(s);
     }
@@ -174,6 +191,11 @@ void
 drop_task_file(ThreadSlot *s)
 {
     (void)s;
+}
+
+void
+drop_task_files(void)
+{
 }
 
 int

@@ -457,8 +457,7 @@ threads_after_fork(void)
     running = 0;
     atomic_store(&sampling_enabled, 0);
     /* The parent's threads' files: the child would keep them open for nothing. */
-    for (int k = 0; k < n_used_slots; k++)
-        drop_task_file(&slots[used_slots[k]]);
+    drop_task_files();
     codes_after_fork();
 }
 
