@@ -1,5 +1,5 @@
 """The agent in a Starlette app under uvicorn taking requests as fast as a client in another
-process sends them, five runs of 10 s, profiled at 100 Hz, pushing to a real server: each run
+process sends them, five runs of 6 s, profiled at 100 Hz, pushing to a real server: each run
 must store the CPU its threads really used and the main thread's wall time (within 5%), and
 put render()'s CPU under the traces of the requests that ran it, each trace its true share.
 The checks and the programs' shared parts are test_busy.py's (the busy loops); the server runs
@@ -33,7 +33,7 @@ from tests.agent.test_busy import (
 )
 from tests.helpers import flamegraph
 
-WORK_SECONDS = 10
+WORK_SECONDS = 6
 
 TRACES = 4  # one trace id per client connection, as a load test run under a trace sends
 

@@ -24,6 +24,8 @@ from tests.helpers import CPU, RUN_DELAY_SOURCE, native_states, run_programs, tr
 WALL = "wall:wall:nanoseconds:wall:nanoseconds"
 GIL_WAIT = "gil_wait:gil_wait:nanoseconds:wall:nanoseconds"
 MS = 1_000_000
+# A sampling interval (the agent's 100 Hz): how far a wait can fall from its span.
+EDGE_NS = 10 * MS
 
 # The verdict follows the span's CPU over its duration, which a crowded machine lowers (a
 # runnable thread waiting for a core is not on CPU): this module runs in the timing phase.
@@ -332,9 +334,13 @@ def test_request_starved_of_cores_is_contended(shop) -> None:  # type: ignore[no
     # Where the kernel counts the waits, the span's is about its count: a wait is charged as
     # a sample finds it or as the kernel counts it, and one at the span's end can fall after
     # it (measured: 0.86 to 1.0 of the count, 0.84 to 1.0 beside the suite's parallel phase).
+    # A neighbour's can fall in it: up to a sampling interval's at each of its edges (its
+    # wall profile held 7-16 ms more than its duration in runs on a slow host, where its
+    # waits once read 1.15 of the count, 15 ms over).
     truth = ids["starved"][0]["runDelay"]
     if truth is not None:
-        assert 0.75 <= split["cpuWaitNanos"] / truth <= 1.1, (split, truth)
+        assert split["cpuWaitNanos"] >= 0.75 * truth, (split, truth)
+        assert split["cpuWaitNanos"] <= 1.1 * truth + 2 * EDGE_NS, (split, truth)
     assert answer["cpuWait"]["baselineMean"] < 0.5 * split["cpuWaitNanos"], answer["cpuWait"]
 
 
