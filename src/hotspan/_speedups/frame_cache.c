@@ -50,9 +50,14 @@ make_key(void)
     table_key_ok = pthread_key_create(&table_key, free_table) == 0;
 }
 
+/* The thread's table, once made: read for every frame, it costs no call into pthread. */
+static _Thread_local Slot *this_thread;
+
 static Slot *
 this_threads_table(void)
 {
+    if (this_thread)
+        return this_thread;
     pthread_once(&table_once, make_key);
     if (!table_key_ok)
         return NULL;
@@ -64,6 +69,7 @@ this_threads_table(void)
             slots = NULL;
         }
     }
+    this_thread = slots;
     return slots;
 }
 

@@ -39,19 +39,30 @@ fail(const char *what)
     return -1;
 }
 
+/* Room for ``n`` more items. */
 static int
+vec_reserve(Vec *v, Py_ssize_t n)
+{
+    if (n <= v->cap - v->len)
+        return 0;
+    Py_ssize_t cap = v->cap ? v->cap : 64;
+    while (cap - v->len < n)
+        cap *= 2;
+    int64_t *d = (int64_t *)realloc(v->data, (size_t)cap * sizeof(int64_t));
+    if (!d) {
+        snprintf(error_text, sizeof(error_text), "out of memory");
+        return -1;
+    }
+    v->data = d;
+    v->cap = cap;
+    return 0;
+}
+
+static inline int
 vec_push(Vec *v, int64_t x)
 {
-    if (v->len == v->cap) {
-        Py_ssize_t cap = v->cap ? v->cap * 2 : 64;
-        int64_t *d = (int64_t *)realloc(v->data, (size_t)cap * sizeof(int64_t));
-        if (!d) {
-            snprintf(error_text, sizeof(error_text), "out of memory");
-            return -1;
-        }
-        v->data = d;
-        v->cap = cap;
-    }
+    if (v->len == v->cap && vec_reserve(v, 1) < 0)
+        return -1;
     v->data[v->len++] = x;
     return 0;
 }
@@ -64,11 +75,79 @@ vec_free(Vec *v)
     v->len = v->cap = 0;
 }
 
-static PyObject *
-vec_bytes(const Vec *v)
+/* ---- results handed over as they are -----------------------------------------------------
+ * A block of memory the decoder filled (an array's items, the inflated payload), lent to
+ * Python as a read-only buffer and freed with it: copied into bytes objects, they were most of
+ * what a decode did with the GIL held (a 10 s profile's are ~200 KB). */
+
+typedef struct {
+    PyObject_HEAD void *data;
+    Py_ssize_t len;
+} Block;
+
+static void
+block_dealloc(PyObject *self)
 {
-    return PyBytes_FromStringAndSize((const char *)v->data,
-                                     v->len * (Py_ssize_t)sizeof(int64_t));
+    free(((Block *)self)->data);
+    PyObject_Free(self);
+}
+
+static int
+block_getbuffer(PyObject *self, Py_buffer *view, int flags)
+{
+    Block *b = (Block *)self;
+    return PyBuffer_FillInfo(view, self, b->data, b->len, 1, flags);
+}
+
+static Py_ssize_t
+block_length(PyObject *self)
+{
+    return ((Block *)self)->len;
+}
+
+static PyBufferProcs block_buffer = {block_getbuffer, NULL};
+static PySequenceMethods block_sequence = {block_length};
+
+static PyTypeObject BlockType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "hotspan._speedups._pprof.Block",
+    .tp_basicsize = sizeof(Block),
+    .tp_dealloc = block_dealloc,
+    .tp_as_sequence = &block_sequence,
+    .tp_as_buffer = &block_buffer,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Bytes the decoder made, read through the buffer protocol (len: their count).",
+};
+
+/* A block owning ``data`` (malloc'd), which is freed now if the block cannot be made. */
+static PyObject *
+block_of(void *data, Py_ssize_t len)
+{
+    Block *b = PyObject_New(Block, &BlockType);
+    if (!b) {
+        free(data);
+        return NULL;
+    }
+    b->data = data;
+    b->len = len;
+    return (PyObject *)b;
+}
+
+/* The vector's items as a block, which takes its memory (the vector is left empty). */
+static PyObject *
+vec_block(Vec *v)
+{
+    if (v->len == 0)
+        return PyBytes_FromStringAndSize(NULL, 0);
+    if (v->cap - v->len > v->len / 8 + 64) {
+        /* Its room to grow goes back: the arrays live as long as their batch. */
+        int64_t *d = (int64_t *)realloc(v->data, (size_t)v->len * sizeof(int64_t));
+        if (d)
+            v->data = d;
+    }
+    PyObject *out = block_of(v->data, v->len * (Py_ssize_t)sizeof(int64_t));
+    v->data = NULL;
+    v->len = v->cap = 0;
+    return out;
 }
 
 /* ---- protobuf wire reading --------------------------------------------------------------- */
@@ -83,9 +162,14 @@ typedef struct {
 
 /* A varint of at most ``max_bytes`` bytes.  upb (the Python decoder) reads values of up to 10
  * bytes but tags and lengths of up to 5, and refuses longer ones; so does this. */
-static int
+static inline int
 read_varint_upto(Reader *r, uint64_t *out, int max_bytes)
 {
+    /* Most varints of a profile (ids, string indexes, tags) are one byte. */
+    if (r->p < r->end && !(*r->p & 0x80)) {
+        *out = *r->p++;
+        return 0;
+    }
     uint64_t v = 0;
     for (int i = 0; i < max_bytes; i++) {
         if (r->p >= r->end)
@@ -100,14 +184,14 @@ read_varint_upto(Reader *r, uint64_t *out, int max_bytes)
     return fail("varint too long");
 }
 
-static int
+static inline int
 read_varint(Reader *r, uint64_t *out)
 {
     return read_varint_upto(r, out, 10);
 }
 
 /* A field's tag: field number and wire type; the number may be 0 (see read_key). */
-static int
+static inline int
 read_tag(Reader *r, uint32_t *field, uint32_t *wire)
 {
     uint64_t key;
@@ -121,7 +205,7 @@ read_tag(Reader *r, uint32_t *field, uint32_t *wire)
 }
 
 /* Reads a field key; *field = 0 at the end of the message. */
-static int
+static inline int
 read_key(Reader *r, uint32_t *field, uint32_t *wire)
 {
     if (r->p >= r->end) {
@@ -135,7 +219,7 @@ read_key(Reader *r, uint32_t *field, uint32_t *wire)
     return 0;
 }
 
-static int
+static inline int
 read_len(Reader *r, Reader *sub)
 {
     uint64_t n;
@@ -201,7 +285,7 @@ skip(Reader *r, uint32_t field, uint32_t wire)
 }
 
 /* A varint field; with another wire type it is an unknown field and skipped, as upb does. */
-static int
+static inline int
 read_int(Reader *r, uint32_t field, uint32_t wire, int64_t *out)
 {
     uint64_t v;
@@ -228,9 +312,13 @@ read_ints(Reader *r, uint32_t field, uint32_t wire, Vec *out)
     Reader sub;
     if (read_len(r, &sub) < 0)
         return -1;
+    /* A varint is at least a byte: room for them all at once, then no check per value. */
+    if (vec_reserve(out, sub.end - sub.p) < 0)
+        return -1;
     while (sub.p < sub.end) {
-        if (read_varint(&sub, &v) < 0 || vec_push(out, (int64_t)v) < 0)
+        if (read_varint(&sub, &v) < 0)
             return -1;
+        out->data[out->len++] = (int64_t)v;
     }
     return 0;
 }
@@ -730,6 +818,11 @@ decode_samples(Decoder *d, const uint8_t *base)
             goto done;
         }
         Py_ssize_t start = d->frames.len;
+        /* Room for the deepest stack kept, so that the copy below checks nothing per frame. */
+        if (vec_reserve(&d->frames, d->max_depth) < 0)
+            goto done;
+        int64_t *out = d->frames.data + start, *end = out + d->max_depth;
+        const int64_t *off = d->loc_frame_off.data, *loc_frames = d->loc_frames.data;
         /* Root first; past max_depth the deepest frames are dropped (as Pyroscope does), but
          * every location id is still checked. */
         for (Py_ssize_t j = d->tmp_locs.len - 1; j >= 0; j--) {
@@ -740,11 +833,10 @@ decode_samples(Decoder *d, const uint8_t *base)
                          (unsigned long long)d->tmp_locs.data[j]);
                 goto done;
             }
-            for (Py_ssize_t m = d->loc_frame_off.data[k];
-                 m < d->loc_frame_off.data[k + 1] && d->frames.len - start < d->max_depth; m++)
-                if (vec_push(&d->frames, d->loc_frames.data[m]) < 0)
-                    goto done;
+            for (Py_ssize_t m = off[k]; m < off[k + 1] && out < end; m++)
+                *out++ = loc_frames[m];
         }
+        d->frames.len = out - d->frames.data;
         if (d->frames.len > d->max_frames) {
             fail("profile expands to too many frames");
             goto done;
@@ -753,9 +845,10 @@ decode_samples(Decoder *d, const uint8_t *base)
                                                (size_t)(d->frames.len - start))) < 0 ||
             vec_push(&d->frame_off, d->frames.len) < 0)
             goto done;
-        for (Py_ssize_t j = 0; j < vals.len; j++)
-            if (vec_push(&d->values, vals.data[j]) < 0)
-                goto done;
+        if (vec_reserve(&d->values, vals.len) < 0)
+            goto done;
+        memcpy(d->values.data + d->values.len, vals.data, (size_t)vals.len * sizeof(int64_t));
+        d->values.len += vals.len;
     }
     rc = 0;
 done:
@@ -799,7 +892,9 @@ PyDoc_STRVAR(
     "values, labels, default_sample_type): the payload decoded, the string table as (offset, "
     "length) pairs into "
     "it,\n"
-    "and the array items as bytes of native int64.  Raises ValueError on malformed input.");
+    "and the array items as buffers of native int64 (bytes, or blocks the decoder filled: "
+    "read\n"
+    "them through the buffer protocol).  Raises ValueError on malformed input.");
 
 static PyObject *
 decode(PyObject *self, PyObject *args)
@@ -850,17 +945,25 @@ decode(PyObject *self, PyObject *args)
         payload = view.obj;
         Py_INCREF(payload);
     } else {
-        payload = PyBytes_FromStringAndSize((const char *)base, len);
+        if (gzipped) {
+            uint8_t *fitted = (uint8_t *)realloc(inflated, (size_t)len); /* its room to grow */
+            if (fitted)
+                inflated = fitted;
+        }
+        payload = gzipped ? block_of(inflated, len)
+                          : PyBytes_FromStringAndSize((const char *)base, len);
+        if (gzipped)
+            inflated = NULL; /* the block's now, or already freed */
         if (!payload)
             goto done;
     }
     result = Py_BuildValue(
-        "(ONNLLLLLLNNNNNNNNNL)", payload, vec_bytes(&d.string_pos), vec_bytes(&d.sample_types),
+        "(ONNLLLLLLNNNNNNNNNL)", payload, vec_block(&d.string_pos), vec_block(&d.sample_types),
         (long long)d.period_type, (long long)d.period_unit, (long long)d.has_period_type,
         (long long)d.period, (long long)d.time_nanos, (long long)d.duration_nanos,
-        vec_bytes(&d.frame_id), vec_bytes(&d.frame_name), vec_bytes(&d.frame_file),
-        vec_bytes(&d.frame_line), vec_bytes(&d.stack), vec_bytes(&d.frame_off),
-        vec_bytes(&d.frames), vec_bytes(&d.values), vec_bytes(&d.labels),
+        vec_block(&d.frame_id), vec_block(&d.frame_name), vec_block(&d.frame_file),
+        vec_block(&d.frame_line), vec_block(&d.stack), vec_block(&d.frame_off),
+        vec_block(&d.frames), vec_block(&d.values), vec_block(&d.labels),
         (long long)d.default_sample_type);
 done:
     Py_XDECREF(payload);
@@ -932,5 +1035,7 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "hotspan._speedups._p
 PyMODINIT_FUNC
 PyInit__pprof(void)
 {
+    if (PyType_Ready(&BlockType) < 0)
+        return NULL;
     return PyModule_Create(&module);
 }

@@ -5,7 +5,7 @@ implementation with the same output, used when the extension is not built."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, List, Sequence, Tuple, Union, overload
+from typing import Any, Dict, List, Sequence, Tuple, Union, overload
 
 import numpy as np
 from google.protobuf.message import DecodeError
@@ -28,9 +28,13 @@ class StringTable(Sequence[bytes]):
 
     __slots__ = ("_payload", "_pos")
 
-    def __init__(self, payload: bytes, pos: np.ndarray) -> None:
-        self._payload = payload
+    def __init__(self, payload: Any, pos: np.ndarray) -> None:
+        # bytes, or a buffer the C decoder lends (an upload it inflated, not copied again).
+        self._payload = payload if isinstance(payload, bytes) else memoryview(payload)
         self._pos = pos
+
+    def __reduce__(self) -> Tuple[type, Tuple[bytes, np.ndarray]]:
+        return StringTable, (bytes(self._payload), self._pos)
 
     def __len__(self) -> int:
         return len(self._pos)
@@ -45,7 +49,7 @@ class StringTable(Sequence[bytes]):
         if isinstance(index, slice):
             return [self[i] for i in range(*index.indices(len(self)))]
         offset, length = self._pos[index].tolist()
-        return self._payload[offset : offset + length]
+        return bytes(self._payload[offset : offset + length])
 
 
 @dataclass
