@@ -148,6 +148,8 @@ def test_depth_and_frame_limits_agree() -> None:
     fast_result = pprof_decode.decode(deep, max_depth=10)
     _equal(fast_result, pprof_decode.decode_python(deep, max_depth=10))
     assert fast_result.frame_off.tolist() == [0, 10]
+    # A limit far past any stack asks for no memory of its own.
+    _equal(pprof_decode.decode(deep, max_depth=1 << 40), pprof_decode.decode_python(deep))
     with pytest.raises(FormatError, match="too many frames"):
         pprof_decode.decode(deep, max_frames=20)
     with pytest.raises(FormatError, match="too many frames"):

@@ -421,6 +421,7 @@ typedef struct {
     /* samples */
     Vec stack, frame_off, frames, values, labels, tmp_locs;
     Py_ssize_t max_depth, max_frames; /* limits: frames per stack, frames in all */
+    Py_ssize_t max_loc_frames;        /* the most frames a location expands to */
 } Decoder;
 
 static void
@@ -738,6 +739,10 @@ decode_locations(Decoder *d, const uint8_t *base)
                     goto done;
             }
         }
+        Py_ssize_t expanded =
+            d->loc_frames.len - d->loc_frame_off.data[d->loc_frame_off.len - 1];
+        if (expanded > d->max_loc_frames)
+            d->max_loc_frames = expanded;
         if (vec_push(&d->loc_frame_off, d->loc_frames.len) < 0)
             goto done;
     }
@@ -818,10 +823,14 @@ decode_samples(Decoder *d, const uint8_t *base)
             goto done;
         }
         Py_ssize_t start = d->frames.len;
-        /* Room for the deepest stack kept, so that the copy below checks nothing per frame. */
-        if (vec_reserve(&d->frames, d->max_depth) < 0)
+        /* Room for the deepest stack kept, so that the copy below checks nothing per frame:
+         * max_depth, or less when its locations cannot expand to that many. */
+        Py_ssize_t room = d->max_depth;
+        if (d->tmp_locs.len * d->max_loc_frames < room)
+            room = d->tmp_locs.len * d->max_loc_frames;
+        if (vec_reserve(&d->frames, room) < 0)
             goto done;
-        int64_t *out = d->frames.data + start, *end = out + d->max_depth;
+        int64_t *out = d->frames.data + start, *end = out + room;
         const int64_t *off = d->loc_frame_off.data, *loc_frames = d->loc_frames.data;
         /* Root first; past max_depth the deepest frames are dropped (as Pyroscope does), but
          * every location id is still checked. */
