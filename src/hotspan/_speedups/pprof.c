@@ -118,10 +118,14 @@ static PyTypeObject BlockType = {
     .tp_doc = "Bytes the decoder made, read through the buffer protocol (len: their count).",
 };
 
-/* A block owning ``data`` (malloc'd), which is freed now if the block cannot be made. */
+/* A block owning ``data`` (malloc'd, ``len`` bytes used), which is freed now if the block
+ * cannot be made.  The room it had to grow goes back: blocks live as long as their batch. */
 static PyObject *
 block_of(void *data, Py_ssize_t len)
 {
+    void *fitted = realloc(data, (size_t)len);
+    if (fitted)
+        data = fitted;
     Block *b = PyObject_New(Block, &BlockType);
     if (!b) {
         free(data);
@@ -138,12 +142,6 @@ vec_block(Vec *v)
 {
     if (v->len == 0)
         return PyBytes_FromStringAndSize(NULL, 0);
-    if (v->cap - v->len > v->len / 8 + 64) {
-        /* Its room to grow goes back: the arrays live as long as their batch. */
-        int64_t *d = (int64_t *)realloc(v->data, (size_t)v->len * sizeof(int64_t));
-        if (d)
-            v->data = d;
-    }
     PyObject *out = block_of(v->data, v->len * (Py_ssize_t)sizeof(int64_t));
     v->data = NULL;
     v->len = v->cap = 0;
@@ -953,19 +951,14 @@ decode(PyObject *self, PyObject *args)
     if (!gzipped && view.obj && PyBytes_CheckExact(view.obj)) {
         payload = view.obj;
         Py_INCREF(payload);
+    } else if (gzipped) {
+        payload = block_of(inflated, len);
+        inflated = NULL; /* the block's now, or already freed */
     } else {
-        if (gzipped) {
-            uint8_t *fitted = (uint8_t *)realloc(inflated, (size_t)len); /* its room to grow */
-            if (fitted)
-                inflated = fitted;
-        }
-        payload = gzipped ? block_of(inflated, len)
-                          : PyBytes_FromStringAndSize((const char *)base, len);
-        if (gzipped)
-            inflated = NULL; /* the block's now, or already freed */
-        if (!payload)
-            goto done;
+        payload = PyBytes_FromStringAndSize((const char *)base, len);
     }
+    if (!payload)
+        goto done;
     result = Py_BuildValue(
         "(ONNLLLLLLNNNNNNNNNL)", payload, vec_block(&d.string_pos), vec_block(&d.sample_types),
         (long long)d.period_type, (long long)d.period_unit, (long long)d.has_period_type,
