@@ -138,6 +138,13 @@ EXTENSIONS = [
         extra_compile_args=["-O2", "-std=c11"],
         optional=True,
     ),
+    # Span attributes split for the embedded store's attribute index (store/attr_index.py's).
+    Extension(
+        "hotspan._speedups._attrs",
+        ["src/hotspan/_speedups/attrs.c"],
+        extra_compile_args=["-O2", "-std=c11"],
+        optional=True,
+    ),
     # Lock contention: a lock wrapper whose uncontended acquire costs next to nothing.
     Extension(
         "hotspan._speedups._locks",

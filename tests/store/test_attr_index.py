@@ -4,14 +4,17 @@ reads them as without the index), and retention empties it."""
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 from typing import Any, Callable, Iterator, List
 
 import pytest
 
 from hotspan.model.trace import Condition, TraceQuery
+from hotspan.store import attr_index
 from hotspan.store.base import Store
 from hotspan.store.duckdb import DuckDBStore
+from hotspan.store.duckdb_schema import span_attr_rows
 from tests.clickhouse_fixture import clickhouse_server as clickhouse_server
 from tests.clickhouse_fixture import clickhouse_url as clickhouse_url
 from tests.store_contract import SEC, TRACE_A, TRACE_B, TRACE_C, spans_of
@@ -210,6 +213,58 @@ class TestDuckDB(IndexCases):
         ).result(timeout=30)
         assert cur.execute("SELECT count(*) FROM span_attrs_recent").fetchone() == (0,)
         assert cur.execute("SELECT count(*) FROM span_attrs").fetchone() == (7,)
+
+    def test_written_rows_are_those_the_schema_reads(self, store: Any) -> None:
+        # The writer splits attributes itself (attr_index.split_attributes); the SQL that
+        # defines the index (duckdb_schema.span_attr_rows) reads the same rows from the spans.
+        attrs = [
+            {"enduser.id": "u-1", "code": "200"},
+            {},
+            {"ключ": "значение 🙂", "": "empty key", "e": ""},
+            {"a\x1eb": "c\x1fd", "n": "1.5e3", "t": "true", "x": "\U0001f600" * 3},
+        ]
+        rows = [(TRACE_A, i + 1, 0, "op", 100 + i, 101 + i, a) for i, a in enumerate(attrs)]
+        rows.append((TRACE_B.upper(), 9, 0, "op", 110, 111, {"k": "v"}))
+        store.write_spans("t", spans_of(rows)).result(timeout=30)
+        written = self.sql(store, "SELECT * FROM span_attrs ORDER BY ALL")
+        schema = f"SELECT * FROM ({span_attr_rows('spans')}) ORDER BY ALL"
+        assert written == store._cursor().execute(schema).fetchall()
+        assert len(written) == 2 + 0 + 3 + 4 + 1
+
+
+@pytest.mark.skipif(attr_index._native is None, reason="the C extension is not built")
+def test_the_c_split_is_the_python_one() -> None:
+    texts = [
+        "\x1ek\x1fv\x1ek2\x1c200\x1e",
+        "",
+        "no separator at all",
+        "\x1e\x1e\x1fonly a value\x1e\x1e",
+        "key\x1cstring mark\x1funit mark",
+        "\x1eключ\x1fзначение\x1e",
+        "\x1ewide\x1f\U0001f600\x1e\x1fx",
+        "\x1ea\x1f" + "b" * 100_000,
+    ]
+    for i in range(200):
+        rng = random.Random(i)
+        texts.append(
+            "".join(rng.choice("ab\x1e\x1f\x1cé\U0001f600") for _ in range(rng.randrange(30)))
+        )
+    assert attr_index._native.split_attributes(texts) == attr_index.py_split_attributes(texts)
+    assert attr_index._native.split_attributes(tuple(texts[:2])) == attr_index.py_split_attributes(
+        texts[:2]
+    )
+    with pytest.raises(TypeError):
+        attr_index._native.split_attributes(["ok", b"bytes"])
+
+
+def test_trace_ids_split_into_halves() -> None:
+    high, low = attr_index.trace_id_halves([TRACE_A, TRACE_B.upper()])
+    assert [(int(h) << 64) | int(lo) for h, lo in zip(high, low)] == [
+        int(TRACE_A, 16),
+        int(TRACE_B, 16),
+    ]
+    with pytest.raises(ValueError):
+        attr_index.trace_id_halves(["abc"])
 
 
 class TestClickHouse(IndexCases):

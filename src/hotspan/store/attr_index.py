@@ -18,9 +18,13 @@ the index (``duckdb_schema``).
 from __future__ import annotations
 
 import threading
-from typing import Any, List, Optional, Tuple
+from typing import Any, List, Optional, Sequence, Tuple
 
 import duckdb
+import numpy as np
+
+from hotspan._speedups import load_module
+from hotspan.model.trace import RS, STRING_US, US
 
 KEY_BITS = 24
 VALUE_BITS = 64 - KEY_BITS
@@ -34,6 +38,8 @@ TRACE_ID_NUMBER = "('0x' || trace_id)::UHUGEINT"
 TRACE_ID_TEXT = "lower(lpad(hex(trace_id), 32, '0'))"
 # What span_attrs_meta.hash_check holds the hash of.
 HASH_CHECK_TEXT = "hotspan span attribute index"
+
+_native = load_module("_attrs")
 
 _lock = threading.Lock()
 _con: Optional[duckdb.DuckDBPyConnection] = None
@@ -62,3 +68,37 @@ def key_hash_range(key: str) -> Tuple[int, int]:
     """The range of ``h`` (both ends included) that holds every value of a key."""
     low = _scalar(f"SELECT (hash($1::VARCHAR) >> {VALUE_BITS}) << {VALUE_BITS}", [key])
     return low, low | ((1 << VALUE_BITS) - 1)
+
+
+def py_split_attributes(texts: Sequence[str]) -> Tuple[bytes, List[str], List[str]]:
+    """The index rows of flattened attribute texts (model.trace), as
+    ``duckdb_schema.span_attr_rows`` reads them in SQL: the native int64 number of rows of
+    each text (bytes), then the rows' keys and values.  A record's key ends at its US or
+    STRING_US (the later of the two first ones); its value keeps that mark."""
+    counts = np.zeros(len(texts), dtype=np.int64)
+    keys: List[str] = []
+    values: List[str] = []
+    for i, text in enumerate(texts):
+        before = len(keys)
+        for record in text.split(RS):
+            if not record:
+                continue
+            mark = max(record.find(US), record.find(STRING_US))
+            keys.append(record if mark < 0 else record[:mark])
+            values.append("" if mark < 0 else record[mark:])
+        counts[i] = len(keys) - before
+    return counts.tobytes(), keys, values
+
+
+# The C twin costs ~0.2 us a span where this Python one costs several.
+split_attributes = _native.split_attributes if _native is not None else py_split_attributes
+
+
+def trace_id_halves(trace_ids: Sequence[str]) -> Tuple[np.ndarray, np.ndarray]:
+    """The high and low 64 bits of trace ids of 32 hex digits (as ``spans`` holds them), for
+    the index's number (``(hi::UHUGEINT << 64) | lo``): parsing the text in SQL, once a row,
+    cost more than the rest of the row."""
+    if any(len(t) != 32 for t in trace_ids):
+        raise ValueError("a trace id is not 32 hex digits")
+    both = np.frombuffer(bytes.fromhex("".join(trace_ids)), dtype=">u8")
+    return both[0::2].astype(np.uint64), both[1::2].astype(np.uint64)

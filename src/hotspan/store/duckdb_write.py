@@ -11,9 +11,14 @@ import numpy as np
 
 from hotspan.model.profile import Frame, IngestBatch, SampleColumns
 from hotspan.model.trace import SpanBatch, SpanGroup, SpanWriteRow
-from hotspan.store.attr_index import RUN_ROWS
+from hotspan.store.attr_index import (
+    RUN_ROWS,
+    attr_hash_sql,
+    split_attributes,
+    trace_id_halves,
+)
 from hotspan.store.batching import Batch, GroupCommitWriter, has_trace_ids, series_bounds
-from hotspan.store.duckdb_schema import span_attr_rows, transaction
+from hotspan.store.duckdb_schema import transaction
 
 # Values the tag-values API offers per attribute: past it, ids and timestamps would swamp it.
 MAX_TAG_VALUES = 1000
@@ -236,13 +241,14 @@ class DuckDBWriting:
                 "kind, service, start_ns, end_ns, status_code, attrs, group_id, "
                 f"{self._blob_sql('raw')} FROM span_table"
             )
-            added = con.execute(f"INSERT INTO span_attrs_recent {span_attr_rows('span_table')}")
+            added = self._insert_attr_rows(
+                con, span_table, cols[f.index("attrs")], cols[f.index("trace_id")]
+            )
             if self._recent_attrs is None:  # counted once, then kept (a count is a scan)
                 found = con.execute("SELECT count(*) FROM span_attrs_recent").fetchone()
                 self._recent_attrs = int(found[0]) if found else 0
             else:
-                inserted = added.fetchone()
-                self._recent_attrs += int(inserted[0]) if inserted else 0
+                self._recent_attrs += added
             if self._recent_attrs >= RUN_ROWS:
                 # The recent attributes become one run of the index, sorted for lookups.
                 con.execute("INSERT INTO span_attrs SELECT * FROM span_attrs_recent ORDER BY h")
@@ -263,6 +269,35 @@ class DuckDBWriting:
                 "SET last_seen = greatest(span_tags.last_seen, excluded.last_seen)"
             )
         return set(groups), tags, seen_only
+
+    @staticmethod
+    def _insert_attr_rows(
+        con: duckdb.DuckDBPyConnection,
+        spans: Dict[str, np.ndarray],
+        attrs: Sequence[str],
+        trace_ids: Sequence[str],
+    ) -> int:
+        """The attribute index's rows of the spans (their columns as inserted, and the texts
+        of two): the rows ``span_attr_rows`` gives in SQL, split here (attr_index); how many."""
+        counts, keys, values = split_attributes(attrs)
+        per_span = np.frombuffer(counts, dtype=np.int64)
+        high, low = trace_id_halves(trace_ids)
+        attr_table = {  # noqa: F841 - read by DuckDB's replacement scan
+            **{
+                name: np.repeat(spans[name], per_span)
+                for name in ("tenant_id", "start_ns", "end_ns", "span_id")
+            },
+            "key": np.array(keys, dtype=object),
+            "value": np.array(values, dtype=object),
+            "trace_high": np.repeat(high, per_span),
+            "trace_low": np.repeat(low, per_span),
+        }
+        con.execute(
+            "INSERT INTO span_attrs_recent SELECT tenant_id, key, value, "
+            f"{attr_hash_sql('key', 'value')}, start_ns, end_ns, "
+            "(trace_high::UHUGEINT << 64) | trace_low, span_id FROM attr_table"
+        )
+        return len(keys)
 
     def _reads_bytes(self) -> bool:
         """Whether this DuckDB reads an array of Python bytes as BLOB (2.x; 1.x reads it as
