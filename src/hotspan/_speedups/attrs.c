@@ -76,6 +76,7 @@ PyDoc_STRVAR(split_doc, "split_attributes(texts) -> (counts, keys, values)\n\n"
 static PyObject *
 split_attributes(PyObject *self, PyObject *arg)
 {
+    (void)self;
     PyObject *seq = PySequence_Fast(arg, "split_attributes() takes a sequence of str");
     if (seq == NULL)
         return NULL;
