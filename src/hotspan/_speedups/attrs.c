@@ -18,15 +18,6 @@
 #include <stdint.h>
 #include <string.h>
 
-#if PY_VERSION_HEX < 0x030A0000
-static inline PyObject *
-Py_NewRef(PyObject *o)
-{
-    Py_INCREF(o);
-    return o;
-}
-#endif
-
 #define RS 0x1e
 #define US 0x1f
 #define STRING_US 0x1c
@@ -57,7 +48,8 @@ add_record(PyObject *text, int kind, const void *data, Py_ssize_t start, Py_ssiz
     PyObject *key, *value;
     if (mark < 0) {
         key = PyUnicode_Substring(text, start, end);
-        value = Py_NewRef(empty);
+        Py_INCREF(empty);
+        value = empty;
     } else {
         key = PyUnicode_Substring(text, start, mark);
         value = PyUnicode_Substring(text, mark, end);
