@@ -92,21 +92,35 @@ def _base(importer: str, is_package: bool, level: int, module: Optional[str]) ->
     return ".".join(parts + ([module] if module else []))
 
 
-def edges(src: Path) -> List[Edge]:
+class Source(NamedTuple):
+    """A module's file, parsed once: whether it is a package, and its syntax tree's nodes."""
+
+    is_package: bool
+    nodes: List[ast.AST]
+
+
+def parse(src: Path) -> Dict[str, Source]:
+    """Every module under ``src/hotspan`` (see :func:`modules`), parsed."""
+    out: Dict[str, Source] = {}
+    for name, path in modules(src).items():
+        tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+        out[name] = Source(path.name == "__init__.py", list(ast.walk(tree)))
+    return out
+
+
+def edges(src: Path, parsed: Optional[Dict[str, Source]] = None) -> List[Edge]:
     """Every import of a ``hotspan`` module by a ``hotspan`` module.  ``from pkg import
     sub`` where ``sub`` is a module counts as an import of ``pkg.sub``."""
-    mods = modules(src)
+    mods = parse(src) if parsed is None else parsed
     out: List[Edge] = []
-    for importer, path in mods.items():
-        is_package = path.name == "__init__.py"
-        tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
-        for node in ast.walk(tree):
+    for importer, source in mods.items():
+        for node in source.nodes:
             if isinstance(node, ast.Import):
                 for alias in node.names:
                     if alias.name == ROOT or alias.name.startswith(ROOT + "."):
                         out.append(Edge(importer, alias.name, "", node.lineno))
             elif isinstance(node, ast.ImportFrom):
-                base = _base(importer, is_package, node.level, node.module)
+                base = _base(importer, source.is_package, node.level, node.module)
                 if base != ROOT and not base.startswith(ROOT + "."):
                     continue
                 for alias in node.names:
@@ -129,25 +143,23 @@ def layer_of(module: str) -> Tuple[str, float]:
     raise KeyError(f"{module} is in no layer: add its package to LAYERS")
 
 
-def _private_attributes(src: Path, path: Path, importer: str) -> List[Tuple[int, str, str]]:
+def _private_attributes(mods: Dict[str, Source], importer: str) -> List[Tuple[int, str, str]]:
     """``alias._name`` uses where ``alias`` is a hotspan module the file imported."""
-    tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
-    mods = modules(src)
-    is_package = path.name == "__init__.py"
+    source = mods[importer]
     aliases: Dict[str, str] = {}
-    for node in ast.walk(tree):
+    for node in source.nodes:
         if isinstance(node, ast.Import):
             for alias in node.names:
                 if alias.asname and alias.name in mods:
                     aliases[alias.asname] = alias.name
         elif isinstance(node, ast.ImportFrom):
-            base = _base(importer, is_package, node.level, node.module)
+            base = _base(importer, source.is_package, node.level, node.module)
             for alias in node.names:
                 sub = f"{base}.{alias.name}"
                 if sub in mods:
                     aliases[alias.asname or alias.name] = sub
     out = []
-    for node in ast.walk(tree):
+    for node in source.nodes:
         if (
             isinstance(node, ast.Attribute)
             and isinstance(node.value, ast.Name)
@@ -166,10 +178,10 @@ def _is_private(name: str) -> bool:
 def violations(src: Path = SRC) -> List[str]:
     """One line per import that goes up or sideways, reaches a private name, or closes a
     cycle, as ``kind importer -> module[:name]``."""
-    mods = modules(src)
+    mods = parse(src)
     problems: Set[str] = set()
     graph: Dict[str, Set[str]] = {m: set() for m in mods}
-    for e in edges(src):
+    for e in edges(src, mods):
         if e.module == ROOT and e.name in ROOT_CONSTANTS:
             continue
         target = f"{e.module}:{e.name}" if e.name else e.module
@@ -187,8 +199,8 @@ def violations(src: Path = SRC) -> List[str]:
             problems.add(f"upward {e.importer} -> {target}")
         elif dst_layer == src_layer and dst_pkg != src_pkg and src_layer != 7:
             problems.add(f"sideways {e.importer} -> {target}")
-    for module, path in mods.items():
-        for _, other, attr in _private_attributes(src, path, module):
+    for module in mods:
+        for _, other, attr in _private_attributes(mods, module):
             problems.add(f"private {module} -> {other}:{attr}")
     for cycle in cycles(graph):
         problems.add("cycle " + " -> ".join(cycle + [cycle[0]]))
