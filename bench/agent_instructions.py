@@ -1,8 +1,9 @@
 """The agent's cost in instructions, which a noisy shared VM cannot blur: each workload under
-``valgrind --tool=callgrind``, with no profiler, hotspan with CPU and wall only, and hotspan
-with its defaults (every profile type but allocations, which are off by default), at two sizes
-of work; the cost is the extra instructions per unit of work (the difference between the two
-sizes, so that start-up and the exit upload cancel).  The web servers (``wsgi_threaded``,
+``valgrind --tool=callgrind``, with no profiler, no profiler again (the A/A control: what a
+count moves by with no agent at all), hotspan with CPU and wall only, and hotspan with its
+defaults (every profile type but allocations, which are off by default), at two sizes of work;
+the cost is the extra instructions per unit of work (the difference between the two sizes, so
+that start-up and the exit upload cancel).  The web servers (``wsgi_threaded``,
 ``web_server``) serve for a fixed time with their load generator outside valgrind: their unit
 is a request, and their cost the extra instructions per request.
 
@@ -57,9 +58,10 @@ SCALE = {
     "web_server": "seconds",
 }
 SERVERS = {"wsgi_threaded", "web_server"}
-PROFILERS = ["none", "hotspan-cpuonly", "hotspan"]
+PROFILERS = ["none", "none-again", "hotspan-cpuonly", "hotspan"]
 LABELS = {
     "none": "no profiler",
+    "none-again": "no profiler, again (A/A)",
     "hotspan-cpuonly": "hotspan, CPU and wall only",
     "hotspan": "hotspan, its defaults",
 }
