@@ -99,6 +99,7 @@ async ({request, options, pprof, width, diff}) => {
   window.panel = panel;
   const answer = await api.querier(diff ? "Diff" : "SelectMergeStacktraces", request);
   panel.setData(answer.flamegraph, { unit: "nanoseconds", title: "test" });
+  window.answer = answer.flamegraph;
   return panel.tree.nodeCount;
 }
 """
@@ -523,6 +524,29 @@ def test_menu_without_a_pprof_source_says_so(page, data) -> None:  # type: ignor
     mount(page, data)
     menu = open_menu(page, LONG)
     assert "Source location not available here" in menu.inner_text()
+
+
+# A second panel on the page, drawing the tree the first one shows.
+OTHER_PANEL = """
+async () => {
+  const { ProfilePanel } = await import("/static/js/panel.js");
+  const div = document.createElement("div");
+  document.body.append(div);
+  new ProfilePanel(div, {}).setData(window.answer, { unit: "nanoseconds", title: "other" });
+}
+"""
+
+
+def test_new_data_closes_its_own_panels_menu_only(page, data) -> None:  # type: ignore[no-untyped-def]
+    """A page with two panels (a comparison's sides, a view still loading beside one): the
+    other one's answer arriving leaves the menu the user opened on this one open; this one's
+    own new data closes it."""
+    mount(page, data)
+    menu = open_menu(page, LONG)
+    page.evaluate(OTHER_PANEL)
+    assert menu.locator(".hs-menu-title").inner_text(timeout=2000) == LONG
+    page.evaluate('() => window.panel.setData(window.answer, { unit: "nanoseconds" })')
+    menu.wait_for(state="detached", timeout=2000)
 
 
 # --- sandwich -------------------------------------------------------------------------------

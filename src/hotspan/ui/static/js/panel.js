@@ -23,7 +23,6 @@ import { FlameGraph } from "./flamegraph.js";
 import { openFrameMenu } from "./framemenu.js";
 import { decodeFlamegraph, foldedText } from "./flametree.js";
 import { formatPercent, formatValue } from "./format.js";
-import { closeMenu } from "./menu.js";
 import { sandwich } from "./sandwich.js";
 import { sourceLocations } from "./source.js";
 import { TopTable } from "./toptable.js";
@@ -106,6 +105,7 @@ export class ProfilePanel {
     this.sandwichName = sandwichName || "";
     this.onSandwich = onSandwich;
     this.sources = null; // {tree, promise} of the source lookup for the shown data
+    this.menu = null; // the frame menu this panel opened, while open
     this.inverted = stored(INVERTED_KEY, "false") === "true";
     // The sandwich view is only ever entered with a function, from the URL or the menu.
     this.view = this.sandwichName ? "sandwich" : stored(VIEW_KEY, "both");
@@ -275,7 +275,8 @@ export class ProfilePanel {
     this.messageNode.replaceChildren();
     this.body.hidden = false;
     this.sources = null;
-    closeMenu();
+    // Its own menu only: another panel's answer arriving must not close the one a user opened.
+    this.closeMenu();
     this.container.classList.toggle("hs-panel-diff", tree.diff);
     this.graph.setData(tree);
     // The zoom the URL asked for, or the user's, wherever the new data has it.
@@ -406,6 +407,11 @@ export class ProfilePanel {
   }
 
   /** The function menu, for a frame (`graph`, `frame`) or a table row (name only). */
+  closeMenu() {
+    if (this.menu) this.menu.close();
+    this.menu = null;
+  }
+
   openMenu({ name, x, y, graph = null, frame = -1 }) {
     if (!this.tree) return;
     const main = graph === null || graph === this.graph;
@@ -425,7 +431,7 @@ export class ProfilePanel {
         this.graph.zoomTo(name);
       };
     }
-    openFrameMenu({
+    this.menu = openFrameMenu({
       name,
       x,
       y,
@@ -608,7 +614,7 @@ export class ProfilePanel {
   }
 
   destroy() {
-    closeMenu();
+    this.closeMenu();
     if (this.reportSearch) this.reportSearch.cancel();
     if (this.resizeObserver) this.resizeObserver.disconnect();
     this.graph.destroy();
