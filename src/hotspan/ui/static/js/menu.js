@@ -7,8 +7,8 @@ import { el } from "./dom.js";
 
 let openMenu = null;
 
-/** Closes the open menu, if any. */
-export function closeMenu() {
+/** Closes the open menu, if any: one menu is open at a time. */
+function closeMenu() {
   if (openMenu) openMenu.close();
 }
 

@@ -406,12 +406,13 @@ export class ProfilePanel {
     return this.sources.promise.then((map) => map.get(name) || null);
   }
 
-  /** The function menu, for a frame (`graph`, `frame`) or a table row (name only). */
+  /** Closes the frame menu this panel opened, if it is still open (not another panel's). */
   closeMenu() {
     if (this.menu) this.menu.close();
     this.menu = null;
   }
 
+  /** The function menu, for a frame (`graph`, `frame`) or a table row (name only). */
   openMenu({ name, x, y, graph = null, frame = -1 }) {
     if (!this.tree) return;
     const main = graph === null || graph === this.graph;
