@@ -205,6 +205,9 @@ def rows(page) -> Dict[str, Dict[str, object]]:  # type: ignore[no-untyped-def]
     return {r["name"]: r for r in found}
 
 
+# The lock wait is named alone only where the recorded program got a core as it woke: on a
+# crowded machine the kernel also counts its wait for a core, and the note says so: timing phase.
+@pytest.mark.timing
 def test_badges_say_not_on_cpu_and_name_lock_waits(page, bank) -> None:  # type: ignore[no-untyped-def]
     srv, ids = bank
     page.goto(f"{srv.url}/traces/{ids['trace']}")
