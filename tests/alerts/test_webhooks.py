@@ -21,7 +21,7 @@ from typing import Any, Dict, Iterator, List, Optional
 
 import pytest
 
-from hotspan.alerts import RULE_KIND, STATE_KIND
+from hotspan.alerts import RULE_KIND, STATE_KIND, webhook_post
 from hotspan.alerts.rules import parse_rule
 from hotspan.alerts.state import AlertState
 from hotspan.alerts.targets import (
@@ -425,3 +425,17 @@ def test_https_is_verified_against_the_host_name_not_the_address(
         assert receiver.paths() == ["/tls"]
     finally:
         receiver.close()
+
+
+def test_deliveries_share_the_trust_store_they_load(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Loading the CAs costs more CPU than a delivery: loaded once, and again only for
+    another trust store (SSL_CERT_FILE / SSL_CERT_DIR)."""
+    monkeypatch.delenv("SSL_CERT_FILE", raising=False)
+    monkeypatch.delenv("SSL_CERT_DIR", raising=False)
+    first = webhook_post._tls()
+    assert webhook_post._tls() is first
+    cert, _ = self_signed_certificate(tmp_path, "hook.test")
+    monkeypatch.setenv("SSL_CERT_FILE", str(cert))
+    assert webhook_post._tls() is not first

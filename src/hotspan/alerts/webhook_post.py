@@ -6,6 +6,8 @@ when the first notification is sent or the first rule is saved (httpx is not sma
 from __future__ import annotations
 
 import contextlib
+import functools
+import os
 import socket
 import ssl
 import threading
@@ -154,15 +156,26 @@ class _Body(httpx.SyncByteStream):
         self._response.close()
 
 
+def _tls() -> ssl.SSLContext:
+    """The system's CAs, host names checked: what an https receiver presents is verified
+    against the URL's host, whichever address it was reached at."""
+    return _tls_trusting(os.environ.get("SSL_CERT_FILE"), os.environ.get("SSL_CERT_DIR"))
+
+
+@functools.lru_cache(maxsize=4)
+def _tls_trusting(cafile: Optional[str], capath: Optional[str]) -> ssl.SSLContext:
+    # One context for every delivery to the trust store the environment names: loading the
+    # CAs costs ~30 ms of CPU, more than a delivery's own work.
+    return ssl.create_default_context()
+
+
 class _CheckedTransport(httpx.BaseTransport):
     """httpx over a connection pool of :class:`_CheckedBackend`; httpcore's exceptions and
     WebhookRefused come out as they are (:func:`_failure` names them)."""
 
     def __init__(self, backend: _CheckedBackend) -> None:
         self._pool = httpcore.ConnectionPool(
-            # The system's CAs, host names checked: what an https receiver presents is
-            # verified against the URL's host, whichever address it was reached at.
-            ssl_context=ssl.create_default_context(),
+            ssl_context=_tls(),
             max_connections=1,
             retries=0,
             network_backend=backend,
