@@ -32,6 +32,7 @@ TIMING_MODULES = frozenset(
         "test_sampler",
         "test_span_stats",
         "test_threads",
+        "test_turns",
     )
 )
 
