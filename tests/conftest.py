@@ -16,7 +16,7 @@ from typing import Iterator, List, Optional, Tuple
 import httpx
 import pytest
 
-from .helpers import GO, GoProfiles, build_go_profiles
+from .helpers import GO, TLS, GoProfiles, build_go_profiles
 
 # The order pytest-xdist hands out whole files in, with --no-loadscope-reorder
 # (scripts/test.sh).  The longest files of each phase go first, so that none of them is left
@@ -87,6 +87,7 @@ class RunningServer:
 
     def client(self, **kwargs) -> httpx.Client:  # type: ignore[no-untyped-def]
         kwargs.setdefault("timeout", 30)
+        kwargs.setdefault("verify", TLS)
         return httpx.Client(base_url=self.url, **kwargs)
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 30) -> int:

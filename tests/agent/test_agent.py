@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 from hotspan._speedups import load_sampler
-from tests.helpers import QUERIER, flamegraph, function_totals, label_values
+from tests.helpers import QUERIER, TLS, flamegraph, function_totals, label_values
 
 CPU = "process_cpu:cpu:nanoseconds:cpu:nanoseconds"
 WALL = "wall:wall:nanoseconds:wall:nanoseconds"
@@ -255,7 +255,7 @@ def profile_id(attributes: dict) -> Optional[str]:
 
 def _calls(client_url: str, service: str, span: str) -> set:
     """Which of hot_a/hot_b appear in the span's CPU profile."""
-    with httpx.Client(base_url=client_url, timeout=30) as client:
+    with httpx.Client(base_url=client_url, timeout=30, verify=TLS) as client:
         names = span_graph(client, service, [span]).get("names", [])
     return {n for n in names if n.startswith("__main__.hot_")}
 

@@ -22,7 +22,7 @@ from typing import Iterator, List, Tuple
 import pytest
 
 from hotspan.formats.proto import profile_pb2
-from tests.helpers import flamegraph, free_port, function_totals, wait_serving
+from tests.helpers import TLS, flamegraph, free_port, function_totals, wait_serving
 
 NEEDS_REMOTE_EXEC = pytest.mark.skipif(
     not hasattr(sys, "remote_exec"),
@@ -86,7 +86,7 @@ class Load:
     def __init__(self, url: str) -> None:
         import httpx
 
-        self.client = httpx.Client(base_url=url, timeout=10)
+        self.client = httpx.Client(base_url=url, timeout=10, verify=TLS)
         self.samples: List[Tuple[float, float]] = []
         self.errors = 0
         self.stop = threading.Event()

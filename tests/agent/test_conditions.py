@@ -20,7 +20,7 @@ import httpx
 import pytest
 
 from hotspan._speedups import load_sampler
-from tests.helpers import QUERIER, flamegraph, free_port, function_totals
+from tests.helpers import QUERIER, TLS, flamegraph, free_port, function_totals
 
 CPU = "process_cpu:cpu:nanoseconds:cpu:nanoseconds"
 FAST = "__main__.fast_handler"
@@ -127,7 +127,7 @@ def serve_and_load(
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 30
-        with httpx.Client(base_url=url, timeout=30) as client:
+        with httpx.Client(base_url=url, timeout=30, verify=TLS) as client:
             while True:
                 try:
                     client.get("/fast")

@@ -18,7 +18,7 @@ from typing import Callable, Dict, Iterator, List, Optional, Tuple
 import httpx
 import pytest
 
-from tests.helpers import flamegraph, free_port
+from tests.helpers import TLS, flamegraph, free_port
 
 CPU = "process_cpu:cpu:nanoseconds:cpu:nanoseconds"
 
@@ -94,7 +94,7 @@ class App:
         """Requests without a pause from a thread of the test, until stop_load."""
 
         def run() -> None:
-            with httpx.Client(base_url=self.url, timeout=30) as client:
+            with httpx.Client(base_url=self.url, timeout=30, verify=TLS) as client:
                 while not self._stop.is_set():
                     client.get("/work")
                     self.requests += 1
@@ -140,7 +140,7 @@ def start_app(
         if proc.poll() is not None:
             raise AssertionError(f"the app exited: {proc.stdout.read() if proc.stdout else ''}")
         try:
-            httpx.get(control, timeout=2)
+            httpx.get(control, timeout=2, verify=TLS)
             return App(proc, url, control)
         except httpx.TransportError:
             time.sleep(0.1)
@@ -179,10 +179,10 @@ def check_switching(app: App, client: httpx.Client, service: str) -> None:
     bad PUT changes nothing, a good one takes effect."""
     app.load()
     assert wait_for(lambda: cpu_between(client, service, time.time() - 60, time.time()) > 0, 15)
-    state = httpx.get(app.control).json()
+    state = httpx.get(app.control, verify=TLS).json()
     assert state["enabled"] and state["profiling"] and state["sample_rate"] == 100
 
-    off = httpx.delete(app.control)
+    off = httpx.delete(app.control, verify=TLS)
     assert off.status_code == 200, off.text
     assert off.json()["enabled"] is False and off.json()["profiling"] is False
     # The last upload (what was sampled until DELETE) is on its way: from the next second on,
@@ -192,7 +192,7 @@ def check_switching(app: App, client: httpx.Client, service: str) -> None:
     assert app.requests > 0
     assert cpu_between(client, service, quiet_from, time.time()) == 0
 
-    on = httpx.post(app.control)
+    on = httpx.post(app.control, verify=TLS)
     assert on.status_code == 200 and on.json()["enabled"] is True
     back_at = time.time()
     # Within one upload interval (1 s) of sampling plus its upload.
@@ -208,17 +208,19 @@ def check_switching(app: App, client: httpx.Client, service: str) -> None:
         (b'{"max_overhead": NaN}', "finite"),
         (b"[" * 60000, "nested too deeply"),
     ):
-        bad = httpx.put(app.control, content=body)
+        bad = httpx.put(app.control, content=body, verify=TLS)
         assert bad.status_code == 400, (body, bad.text)
         assert problem in bad.json()["error"]
-    assert httpx.get(app.control).json()["sample_rate"] == 100  # nothing changed
+    assert httpx.get(app.control, verify=TLS).json()["sample_rate"] == 100  # nothing changed
 
-    put = httpx.put(app.control, json={"sample_rate": 20, "profile_types": ["cpu"]})
+    put = httpx.put(app.control, json={"sample_rate": 20, "profile_types": ["cpu"]}, verify=TLS)
     assert put.status_code == 200, put.text
     state = put.json()
     assert state["sample_rate"] == 20 and state["profile_types"] == ["cpu"]
     assert state["local_overrides"] == ["enabled", "profile_types", "sample_rate"]
-    assert httpx.put(app.control, json={}).json()["sample_rate"] == 100  # overrides cleared
+    assert (
+        httpx.put(app.control, json={}, verify=TLS).json()["sample_rate"] == 100
+    )  # overrides cleared
     assert httpx.patch(app.control).status_code == 405
 
 
@@ -255,11 +257,17 @@ def test_own_port_with_a_token(server, apps, tmp_path: Path) -> None:
     app, flag = start_on_own_port(tmp_path, server.url, "ctl-port", {"HOTSPAN_CONTROL_TOKEN": "s3"})
     apps.append(app)
     url = app.control
-    assert httpx.get(url).status_code == 401
-    assert httpx.get(url, headers={"Authorization": b"Bearer \xff\xfe"}).status_code == 401
-    assert httpx.delete(url, headers={"Authorization": "Bearer wrong"}).status_code == 401
-    assert httpx.get(url, headers={"Authorization": "Bearer s3"}).json()["enabled"] is True
-    off = httpx.delete(url, headers={"Authorization": "Bearer s3"})
+    assert httpx.get(url, verify=TLS).status_code == 401
+    assert (
+        httpx.get(url, headers={"Authorization": b"Bearer \xff\xfe"}, verify=TLS).status_code == 401
+    )
+    assert (
+        httpx.delete(url, headers={"Authorization": "Bearer wrong"}, verify=TLS).status_code == 401
+    )
+    assert (
+        httpx.get(url, headers={"Authorization": "Bearer s3"}, verify=TLS).json()["enabled"] is True
+    )
+    off = httpx.delete(url, headers={"Authorization": "Bearer s3"}, verify=TLS)
     assert off.status_code == 200 and off.json()["enabled"] is False
     flag.write_text("")
     assert app.proc.wait(20) == 0
@@ -289,12 +297,12 @@ def test_an_unreachable_server_never_blocks_the_app(apps, tmp_path: Path) -> Non
         for name, address in (("away", away), ("hanging", hanging)):
             app = start_app(tmp_path, ASGI_APP, address, f"ctl-{name}")
             apps.append(app)
-            with httpx.Client(base_url=app.url, timeout=10) as client:
+            with httpx.Client(base_url=app.url, timeout=10, verify=TLS) as client:
                 for _ in range(200):
                     assert client.get("/work").status_code == 200
-            assert httpx.delete(app.control, timeout=10).json()["enabled"] is False
-            assert httpx.post(app.control, timeout=10).json()["enabled"] is True
-            state = httpx.get(app.control, timeout=10).json()
+            assert httpx.delete(app.control, timeout=10, verify=TLS).json()["enabled"] is False
+            assert httpx.post(app.control, timeout=10, verify=TLS).json()["enabled"] is True
+            state = httpx.get(app.control, timeout=10, verify=TLS).json()
             assert state["profiling"] is True
     finally:
         silent.close()
@@ -317,7 +325,7 @@ def test_fleet_settings_from_the_server_are_followed(server, apps, tmp_path: Pat
     apps.append(app)
 
     def agent() -> dict:
-        return httpx.get(app.control, timeout=10).json()
+        return httpx.get(app.control, timeout=10, verify=TLS).json()
 
     def instances(client: httpx.Client) -> list:
         answer = client.get(f"/api/v1/settings/{service}")

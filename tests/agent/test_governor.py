@@ -14,7 +14,7 @@ from typing import Callable
 import httpx
 
 from hotspan.agent.governor import Governor, Meter, Reading, agent_threads, usable_cpus
-from tests.helpers import flamegraph, free_port
+from tests.helpers import TLS, flamegraph, free_port
 
 CPU = "process_cpu:cpu:nanoseconds:cpu:nanoseconds"
 
@@ -169,7 +169,7 @@ def _run_hog(tmp_path: Path, server_url: str, cpu_threshold: float, shedding: fl
 
     def state() -> dict:
         try:
-            return httpx.get(url, timeout=5).json()
+            return httpx.get(url, timeout=5, verify=TLS).json()
         except httpx.TransportError:
             return {}
 

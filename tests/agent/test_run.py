@@ -23,7 +23,7 @@ from hotspan.agent import run as run_module
 from hotspan.formats.ingest_params import parse_app_name
 from hotspan.formats.proto import profile_pb2
 from tests.conftest import RunningServer
-from tests.helpers import flamegraph, free_port, function_totals, wait_serving
+from tests.helpers import TLS, flamegraph, free_port, function_totals, wait_serving
 
 trace_service_pb2 = pytest.importorskip(
     "opentelemetry.proto.collector.trace.v1.trace_service_pb2",
@@ -778,7 +778,10 @@ def _serve_three_requests(
         deadline = time.monotonic() + 30
         wait_serving(f"http://127.0.0.1:{port}/hello", proc)
         for _ in range(2):
-            assert httpx.get(f"http://127.0.0.1:{port}/hello", timeout=5).status_code == 200
+            assert (
+                httpx.get(f"http://127.0.0.1:{port}/hello", timeout=5, verify=TLS).status_code
+                == 200
+            )
         # A profile upload or two (every second) before it is stopped.
         while not receiver.ingests() and time.monotonic() < deadline + 10:
             time.sleep(0.2)

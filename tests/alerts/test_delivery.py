@@ -24,6 +24,7 @@ from hotspan.alerts.webhook_post import post
 from tests.clickhouse_fixture import clickhouse_server as clickhouse_server  # noqa: F401
 from tests.clickhouse_fixture import clickhouse_url as clickhouse_url  # noqa: F401
 from tests.conftest import RunningServer, running_server
+from tests.helpers import TLS
 
 INTERVAL_S = 0.25
 # The receivers listen on loopback, which webhooks reach only when the operator allows it.
@@ -61,7 +62,7 @@ class Pusher:
         self._thread.start()
 
     def _run(self) -> None:
-        with httpx.Client(timeout=10) as client:
+        with httpx.Client(timeout=10, verify=TLS) as client:
             while not self._stop.wait(0.3):
                 if self.mode == "stop":
                     continue

@@ -10,13 +10,13 @@ from typing import Iterator
 import httpx
 
 from tests.conftest import start_server
-from tests.helpers import flamegraph, function_totals, ingest_pprof, make_pprof
+from tests.helpers import TLS, flamegraph, function_totals, ingest_pprof, make_pprof
 
 T0 = 1_700_000_000
 
 
 def _push_until_stopped(url: str, stop: threading.Event, acked: list, label: str) -> None:
-    with httpx.Client(base_url=url, timeout=10) as c:
+    with httpx.Client(base_url=url, timeout=10, verify=TLS) as c:
         i = 0
         while not stop.is_set():
             body = make_pprof([([f"fn_{label}_{i % 5}", "main"], 1, {})], time_ns=T0 * 10**9)

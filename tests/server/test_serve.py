@@ -13,13 +13,14 @@ import pytest
 
 from hotspan.server.config import ServerConfig
 from hotspan.server.serve import MAIN_PORT, OTLP_HTTP_PORT, ListenError, bind
+from tests.helpers import TLS
 
 
 def _wait_ready(url: str) -> None:
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
         try:
-            if httpx.get(url + "/ready", timeout=2).status_code == 200:
+            if httpx.get(url + "/ready", timeout=2, verify=TLS).status_code == 200:
                 return
         except httpx.TransportError:
             pass
@@ -43,7 +44,7 @@ def test_bind_starts_the_whole_server_and_run_stops_it(tmp_path: Path) -> None:
         _wait_ready(server.url)
         otlp_url = otlp_http.split(" on ")[1]
         # The OTLP port takes the OTLP paths only; the main port the rest.
-        refused = httpx.get(otlp_url + "/ready", timeout=5)
+        refused = httpx.get(otlp_url + "/ready", timeout=5, verify=TLS)
         assert refused.status_code == 404
         assert refused.text.startswith("this port takes OTLP only")
         taken = httpx.post(
@@ -51,6 +52,7 @@ def test_bind_starts_the_whole_server_and_run_stops_it(tmp_path: Path) -> None:
             content=b"",
             headers={"content-type": "application/x-protobuf"},
             timeout=5,
+            verify=TLS,
         )
         assert taken.status_code == 200
     finally:
@@ -58,7 +60,7 @@ def test_bind_starts_the_whole_server_and_run_stops_it(tmp_path: Path) -> None:
         thread.join(30)
     assert not thread.is_alive()
     with pytest.raises(httpx.TransportError):
-        httpx.get(server.url + "/ready", timeout=2)
+        httpx.get(server.url + "/ready", timeout=2, verify=TLS)
 
 
 def test_a_port_in_use_is_a_listen_error_naming_it(tmp_path: Path) -> None:

@@ -21,7 +21,7 @@ from hotspan.store.clickhouse_schema import (
 from tests.clickhouse_fixture import clickhouse_server as clickhouse_server
 from tests.clickhouse_fixture import clickhouse_url as clickhouse_url
 from tests.conftest import running_server
-from tests.helpers import flamegraph, function_totals, ingest_pprof, make_pprof
+from tests.helpers import TLS, flamegraph, function_totals, ingest_pprof, make_pprof
 from tests.server.tempo.test_traces_api import Tracing, hex_id, http_exporter
 from tests.store_contract import SEC, TRACE_A, StoreContract, batch_of, spans_of
 
@@ -235,7 +235,7 @@ def test_two_servers_share_one_clickhouse(tmp_path: Path, clickhouse_url: str) -
         tracing.span("SELECT cart", time.time_ns() - 10**9, 5 * 10**7, parent=root)
         root.end()
         (trace_id,) = {hex_id(s.context.trace_id, 32) for s in tracing.finish()}
-        r = httpx.get(f"{b.url}/api/v2/traces/{trace_id}", timeout=10)
+        r = httpx.get(f"{b.url}/api/v2/traces/{trace_id}", timeout=10, verify=TLS)
         assert r.status_code == 200, r.text
         names = sorted(
             span["name"]

@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from tests.conftest import RunningServer, running_server
-from tests.helpers import native_states, traced_program
+from tests.helpers import TLS, native_states, traced_program
 
 # Three requests at once share one GIL (and two cores with the client): the verdict follows
 # their share of it, which the rest of the suite would crowd.
@@ -89,7 +89,7 @@ def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Tuple[RunningS
             yield srv, f"http://127.0.0.1:{int(line.split()[1])}"
         finally:
             try:
-                httpx.post(f"http://127.0.0.1:{int(line.split()[1])}/quit", timeout=10)
+                httpx.post(f"http://127.0.0.1:{int(line.split()[1])}/quit", timeout=10, verify=TLS)
                 _, err = proc.communicate(timeout=60)
                 assert proc.returncode == 0, err
             finally:
@@ -98,7 +98,7 @@ def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Tuple[RunningS
 
 def get_reports(url: str, count: int) -> List[Dict[str, object]]:
     out = []
-    with httpx.Client(timeout=60) as client:
+    with httpx.Client(timeout=60, verify=TLS) as client:
         for _ in range(count):
             start = time.monotonic()
             body = client.get(url + "/report").json()

@@ -29,7 +29,7 @@ from opentelemetry.proto.common.v1 import common_pb2
 from opentelemetry.proto.profiles.v1development import profiles_pb2
 
 from tests.conftest import RunningServer, shared_fixture, start_server
-from tests.helpers import CPU, QUERIER, flamegraph, function_totals
+from tests.helpers import CPU, QUERIER, TLS, flamegraph, function_totals
 
 Request = profiles_service_pb2.ExportProfilesServiceRequest
 Response = profiles_service_pb2.ExportProfilesServiceResponse
@@ -218,7 +218,7 @@ def post(
     if compress:
         body = gzip.compress(body)
         all_headers["content-encoding"] = "gzip"
-    return httpx.post(url + PATH, content=body, headers=all_headers, timeout=30)
+    return httpx.post(url + PATH, content=body, headers=all_headers, timeout=30, verify=TLS)
 
 
 def http_ok(url: str, body: bytes, **kwargs) -> Response:  # type: ignore[no-untyped-def]
@@ -345,7 +345,7 @@ def test_ebpf_cpu_profile_lands_as_process_cpu_with_root_first_stacks(srv) -> No
     p.samples.add(stack_index=b.stack(main), values=[1])
     assert http_ok(srv.url, b.pb()) == Response()  # no partial_success: all stored
 
-    with httpx.Client(base_url=srv.url, timeout=30) as c:
+    with httpx.Client(base_url=srv.url, timeout=30, verify=TLS) as c:
         assert CPU in profile_types(c, t)
         graph = graph_at(c, '{service_name="ebpf-app"}', t)
         # samples x period: 6 samples at 50 ms each.
@@ -379,7 +379,7 @@ def test_other_sample_types_keep_their_values_and_type(srv) -> None:  # type: ig
     )
     p.samples.add(stack_index=b.frames("alloc", "main"), values=[4096])
     assert http_ok(srv.url, b.pb()) == Response()
-    with httpx.Client(base_url=srv.url, timeout=30) as c:
+    with httpx.Client(base_url=srv.url, timeout=30, verify=TLS) as c:
         space = "memory:alloc_space:bytes:space:bytes"
         assert space in profile_types(c, t)
         graph = graph_at(c, '{service_name="heap-app"}', t, profile_type=space)
@@ -411,7 +411,7 @@ def test_resource_scope_profile_and_sample_attributes_become_labels(srv) -> None
     p.samples.add(stack_index=b.frames("c", "main"), values=[5], attribute_indices=[moved, host])
     assert http_ok(srv.url, b.pb()) == Response()
 
-    with httpx.Client(base_url=srv.url, timeout=30) as c:
+    with httpx.Client(base_url=srv.url, timeout=30, verify=TLS) as c:
         common = {
             "__name__": "process_cpu",
             "__profile_type__": CPU,
@@ -505,7 +505,7 @@ def test_different_service_names(srv, layout: str) -> None:  # type: ignore[no-u
     tenant = {"X-Scope-OrgID": f"svcnames-{layout}"}
     b = _different_service_names(layout == "spec", t)
     assert http_ok(srv.url, b.pb(), headers=tenant) == Response()
-    with httpx.Client(base_url=srv.url, timeout=30, headers=tenant) as c:
+    with httpx.Client(base_url=srv.url, timeout=30, headers=tenant, verify=TLS) as c:
         assert profile_types(c, t) == [CPU]
         assert label_values(c, t, "service_name") == ["service-a", "service-b", "unknown_service"]
         assert "service.name" not in label_names(c, t, "{}")
@@ -529,7 +529,7 @@ def test_missing_service_name_is_unknown_service(srv) -> None:  # type: ignore[n
     b.d.attribute_table[d].value.CopyFrom(common_pb2.AnyValue(double_value=1.5))
     p.samples.add(stack_index=b.frames("orphan2"), values=[1], attribute_indices=[d])
     assert http_ok(srv.url, b.pb()) == Response()
-    with httpx.Client(base_url=srv.url, timeout=30) as c:
+    with httpx.Client(base_url=srv.url, timeout=30, verify=TLS) as c:
         assert label_values(c, t, "service_name", '{env="lab"}') == ["unknown_service"]
         assert function_totals(graph_at(c, '{env="lab"}', t)) == {
             "orphan": PERIOD,
@@ -576,7 +576,7 @@ def test_different_service_names_match_pyroscope(srv, service: str, fixture: str
     # Pyroscope too turns samples:count over a cpu:nanoseconds period into cpu:nanoseconds.
     assert [(st["type"], st["unit"]) for st in doc["sample_types"]] == [("cpu", "nanoseconds")]
     assert doc["period"] == "10000000"
-    with httpx.Client(base_url=srv.url, timeout=30, headers=tenant) as c:
+    with httpx.Client(base_url=srv.url, timeout=30, headers=tenant, verify=TLS) as c:
         assert profile_types(c, t) == [CPU]
         graph = graph_at(c, f'{{service_name="{service}"}}', t)
         assert stacks_of(graph) == _expected_stacks(doc)
@@ -619,7 +619,7 @@ def test_sample_attributes_match_pyroscope(srv) -> None:  # type: ignore[no-unty
     assert http_ok(srv.url, b.pb(), headers=tenant) == Response()
 
     ptype = "process_cpu:samples:ms::"
-    with httpx.Client(base_url=srv.url, timeout=30, headers=tenant) as c:
+    with httpx.Client(base_url=srv.url, timeout=30, headers=tenant, verify=TLS) as c:
         assert profile_types(c, t) == [ptype]
         for sample in doc["samples"]:
             labels = dict(pair.split("=", 1) for pair in sample["labels"].split(","))
@@ -653,7 +653,7 @@ def test_unsymbolized_profiles_match_pyroscope(srv, fixture: str) -> None:  # ty
     t = T0 + 3100 + (100 if off_cpu else 0)
     tenant = {"X-Scope-OrgID": fixture[: -len(".json")]}
     assert http_ok(srv.url, _unsymbolized(off_cpu, t).pb(), headers=tenant) == Response()
-    with httpx.Client(base_url=srv.url, timeout=30, headers=tenant) as c:
+    with httpx.Client(base_url=srv.url, timeout=30, headers=tenant, verify=TLS) as c:
         types = profile_types(c, t)
         assert len(types) == 1
         sample_type = doc["sample_types"][0]
@@ -667,7 +667,7 @@ def test_off_cpu_profile_type_is_named_as_in_pyroscope(srv) -> None:  # type: ig
     t = T0 + 3300
     tenant = {"X-Scope-OrgID": "off-cpu-name"}
     assert http_ok(srv.url, _unsymbolized(True, t).pb(), headers=tenant) == Response()
-    with httpx.Client(base_url=srv.url, timeout=30, headers=tenant) as c:
+    with httpx.Client(base_url=srv.url, timeout=30, headers=tenant, verify=TLS) as c:
         assert profile_types(c, t) == ["off_cpu:off_cpu:nanoseconds::"]
 
 
@@ -680,7 +680,7 @@ def test_attribute_with_an_empty_key_is_no_label(srv) -> None:  # type: ignore[n
         nameless
     )
     post(srv.url, b.pb(), headers=tenant)  # refusing the profile would be right as well
-    with httpx.Client(base_url=srv.url, timeout=30, headers=tenant) as c:
+    with httpx.Client(base_url=srv.url, timeout=30, headers=tenant, verify=TLS) as c:
         assert "" not in label_names(c, t, "{}")
 
 
@@ -748,7 +748,7 @@ def _check_linked(c: httpx.Client, service: str, t: int, headers: Optional[dict]
 def test_links_and_per_sample_timestamps(srv) -> None:  # type: ignore[no-untyped-def]
     t = T0 + 4000
     assert http_ok(srv.url, _linked_request("linked", t).pb()) == Response()
-    with httpx.Client(base_url=srv.url, timeout=30) as c:
+    with httpx.Client(base_url=srv.url, timeout=30, verify=TLS) as c:
         _check_linked(c, "linked", t)
         # A span or trace nobody sent finds nothing.
         r = c.post(
@@ -810,12 +810,14 @@ def test_every_transport_stores_the_same(srv, transport: str) -> None:  # type: 
             assert TRACE_A.encode() in body and SPAN_B.encode() in body
         resp = http_ok(url, body, ctype=JSON if is_json else PROTOBUF, compress="gzip" in transport)
         assert resp == Response()
-    with httpx.Client(base_url=srv.url, timeout=30) as c:
+    with httpx.Client(base_url=srv.url, timeout=30, verify=TLS) as c:
         _check_linked(c, service, t)
 
 
 def test_otlp_port_serves_otlp_only(srv) -> None:  # type: ignore[no-untyped-def]
-    r = httpx.post(f"{srv.otlp_http_url}{QUERIER}/ProfileTypes", json=window(T0), timeout=30)
+    r = httpx.post(
+        f"{srv.otlp_http_url}{QUERIER}/ProfileTypes", json=window(T0), timeout=30, verify=TLS
+    )
     assert r.status_code == 404
 
 
@@ -852,7 +854,7 @@ def test_json_accepts_numbers_and_snake_case(srv) -> None:  # type: ignore[no-un
         },
     }
     assert http_ok(srv.url, json.dumps(doc).encode(), ctype=JSON) == Response()
-    with httpx.Client(base_url=srv.url, timeout=30) as c:
+    with httpx.Client(base_url=srv.url, timeout=30, verify=TLS) as c:
         graph = graph_at(c, '{service_name="handmade"}', t, spanSelector=[SPAN_A])
         assert stacks_of(graph) == {("handmade_fn",): 2 * PERIOD}
         traced = graph_at(c, '{service_name="handmade"}', t, traceIdSelector=[TRACE_A])
@@ -875,7 +877,7 @@ def baseline(srv) -> RunningServer:  # type: ignore[no-untyped-def]
 
 def _still_intact(srv: RunningServer) -> None:
     assert srv.process.poll() is None, "server died"
-    with httpx.Client(base_url=srv.url, timeout=30) as c:
+    with httpx.Client(base_url=srv.url, timeout=30, verify=TLS) as c:
         graph = graph_at(c, '{service_name="baseline"}', BASELINE_T)
         assert function_totals(graph) == cpu_totals()
         assert label_values(c, BASELINE_T, "service_name") == ["baseline"]
@@ -1012,7 +1014,7 @@ def test_bad_protobuf_is_refused_with_a_reason(baseline, case: str) -> None:  # 
     assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert words in err.details(), err.details()
     _still_intact(baseline)
-    with httpx.Client(base_url=baseline.url, timeout=30) as c:
+    with httpx.Client(base_url=baseline.url, timeout=30, verify=TLS) as c:
         assert "should-not-land" not in label_values(c, T0 + 7000, "service_name")
 
 
@@ -1042,7 +1044,7 @@ def test_one_bad_profile_is_a_partial_success(baseline) -> None:  # type: ignore
         assert resp.partial_success.rejected_profiles == 1, transport
         assert "profile 1" in resp.partial_success.error_message
         assert "stack index 1000" in resp.partial_success.error_message
-        with httpx.Client(base_url=baseline.url, timeout=30) as c:
+        with httpx.Client(base_url=baseline.url, timeout=30, verify=TLS) as c:
             graph = graph_at(c, f'{{service_name="partial-{transport}"}}', t)
             assert function_totals(graph) == cpu_totals(), transport  # "never" was not stored
     _still_intact(baseline)
@@ -1075,7 +1077,9 @@ def test_empty_request_is_accepted(baseline) -> None:  # type: ignore[no-untyped
     ],
 )
 def test_bad_request_headers(baseline, headers: Dict[str, str], status: int) -> None:  # type: ignore[no-untyped-def]
-    r = httpx.post(baseline.url + PATH, content=_valid().pb(), headers=headers, timeout=30)
+    r = httpx.post(
+        baseline.url + PATH, content=_valid().pb(), headers=headers, timeout=30, verify=TLS
+    )
     assert r.status_code == status, r.content[:300]
     assert len(http_status(r).message) > 5
     _still_intact(baseline)
@@ -1117,7 +1121,7 @@ def test_tenants_are_kept_apart(srv) -> None:  # type: ignore[no-untyped-def]
         )
         == Response()
     )
-    with httpx.Client(base_url=srv.url, timeout=30) as c:
+    with httpx.Client(base_url=srv.url, timeout=30, verify=TLS) as c:
         for tenant, weight in (("team-a", 1), ("team-b", 2), ("team-c", 3)):
             graph = flamegraph(
                 c, '{service_name="tenanted"}', t - 60, t + 60, headers={"X-Scope-OrgID": tenant}
@@ -1140,7 +1144,7 @@ def test_ingest_token_is_required(tmp_path) -> None:  # type: ignore[no-untyped-
         for metadata in ([], [("authorization", "Bearer wrong")], [("authorization", "s3cret")]):
             err = grpc_error(s.otlp_grpc_address, body, metadata)
             assert err.code() == grpc.StatusCode.UNAUTHENTICATED, metadata
-        with httpx.Client(base_url=s.url, timeout=30) as c:
+        with httpx.Client(base_url=s.url, timeout=30, verify=TLS) as c:
             assert profile_types(c, t) == []  # nothing got in
 
         assert post(s.url, body, headers={"authorization": "Bearer s3cret"}).status_code == 200
@@ -1150,7 +1154,7 @@ def test_ingest_token_is_required(tmp_path) -> None:  # type: ignore[no-untyped-
             [("authorization", "Bearer other"), ("x-scope-orgid", "team-g")],
         )
         assert ok == Response()
-        with httpx.Client(base_url=s.url, timeout=30) as c:
+        with httpx.Client(base_url=s.url, timeout=30, verify=TLS) as c:
             assert function_totals(graph_at(c, '{service_name="guarded"}', t)) == cpu_totals()
             graph = flamegraph(
                 c,

@@ -14,7 +14,7 @@ import httpx
 
 from hotspan.formats.proto import push_pb2
 from tests.conftest import running_server
-from tests.helpers import flamegraph, function_totals, make_pprof
+from tests.helpers import TLS, flamegraph, function_totals, make_pprof
 
 T0 = 1_700_000_000
 UPLOADS = 96
@@ -50,7 +50,7 @@ async def _send_all(url: str) -> List[Tuple[str, int, str]]:
     """Every upload (half /ingest, half push) and the malformed ones, all in flight together:
     (kind, status, body) in the order sent."""
     sem = asyncio.Semaphore(32)
-    async with httpx.AsyncClient(base_url=url, timeout=60) as client:
+    async with httpx.AsyncClient(base_url=url, timeout=60, verify=TLS) as client:
 
         async def one(kind: str, index: int) -> Tuple[str, int, str]:
             async with sem:
@@ -99,7 +99,7 @@ async def _send_all(url: str) -> List[Tuple[str, int, str]]:
 
 def _stored(url: str) -> Dict[str, int]:
     totals: Dict[str, int] = {}
-    with httpx.Client(base_url=url, timeout=30) as c:
+    with httpx.Client(base_url=url, timeout=30, verify=TLS) as c:
         for s in range(SERVICES):
             graph = flamegraph(c, f'{{service_name="conc{s}"}}', T0 - 10, T0 + 20)
             for name, value in function_totals(graph).items():

@@ -26,7 +26,7 @@ from hotspan.query.exemplars import profile_id
 from hotspan.store.base import SampleFilter
 from hotspan.store.duckdb import DuckDBStore
 from tests.conftest import RunningServer, shared_fixture, start_server
-from tests.helpers import CPU, QUERIER, function_totals, ingest_pprof, make_pprof
+from tests.helpers import CPU, QUERIER, TLS, function_totals, ingest_pprof, make_pprof
 
 T0 = 1_700_000_000
 TA, TB, TC = "0af7651916cd43dd8448eb211c80319c", "4bf92f3577b34da6a3ce929d0e0e4736", "c" * 32
@@ -505,7 +505,7 @@ def test_go_fixture_span_heatmap_and_exemplars(
 
 
 def test_profile_id_selector_rejects_what_is_no_profile_id(srv: RunningServer) -> None:
-    with httpx.Client(base_url=srv.url) as c:
+    with httpx.Client(base_url=srv.url, verify=TLS) as c:
         r = c.post(
             f"{QUERIER}/SelectMergeStacktraces",
             json={

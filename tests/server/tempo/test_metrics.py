@@ -33,6 +33,7 @@ from hotspan.store.base import Store
 from tests.clickhouse_fixture import clickhouse_server as clickhouse_server
 from tests.clickhouse_fixture import clickhouse_url as clickhouse_url
 from tests.conftest import RunningServer, start_server
+from tests.helpers import TLS
 
 SEC = 10**9
 MS = 10**6
@@ -152,6 +153,7 @@ def sent(srv: RunningServer) -> Dict[str, ReadableSpan]:
         content=body,
         headers={"Content-Type": "application/x-protobuf", "X-Scope-OrgID": TENANT},
         timeout=30,
+        verify=TLS,
     )
     assert r.status_code == 200, r.text
     return spans
@@ -163,7 +165,7 @@ def grafana_get(
     """GET as Grafana's backend builds it: Go's url.Values.Encode (sorted keys, ``+``)."""
     query = urllib.parse.urlencode(sorted(params.items()))
     headers = {**GRAFANA_HEADERS, "X-Scope-OrgID": tenant}
-    return httpx.get(f"{srv.url}{path}?{query}", headers=headers, timeout=30)
+    return httpx.get(f"{srv.url}{path}?{query}", headers=headers, timeout=30, verify=TLS)
 
 
 def query_range(srv: RunningServer, q: str, **extra: str) -> dict:
@@ -483,6 +485,7 @@ def test_protobuf_when_asked(srv: RunningServer, sent: Sent) -> None:
             f"{srv.url}{path}?{query}",
             headers={"Accept": "application/protobuf", "X-Scope-OrgID": TENANT},
             timeout=30,
+            verify=TLS,
         )
         assert r.status_code == 200, r.text
         assert r.headers["content-type"] == "application/protobuf"
@@ -575,7 +578,7 @@ def nested(srv: RunningServer) -> List[ReadableSpan]:
     spans = nested_traces()
     body = encode_spans(spans).SerializeToString()
     headers = {"Content-Type": "application/x-protobuf", "X-Scope-OrgID": "nested"}
-    r = httpx.post(srv.url + "/v1/traces", content=body, headers=headers, timeout=30)
+    r = httpx.post(srv.url + "/v1/traces", content=body, headers=headers, timeout=30, verify=TLS)
     assert r.status_code == 200, r.text
     return spans
 
@@ -1094,7 +1097,7 @@ def test_boolean_labels_are_typed(srv: RunningServer) -> None:
     provider.force_flush()
     body = encode_spans(list(memory.get_finished_spans())).SerializeToString()
     headers = {"Content-Type": "application/x-protobuf", "X-Scope-OrgID": "booleans"}
-    r = httpx.post(srv.url + "/v1/traces", content=body, headers=headers, timeout=30)
+    r = httpx.post(srv.url + "/v1/traces", content=body, headers=headers, timeout=30, verify=TLS)
     assert r.status_code == 200, r.text
 
     def labels(q: str) -> List[dict]:

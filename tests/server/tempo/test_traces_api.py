@@ -48,6 +48,7 @@ from opentelemetry.trace import Link, SpanKind, Status, StatusCode, set_span_in_
 
 from tests import traceql_cases
 from tests.conftest import RunningServer, start_server
+from tests.helpers import TLS
 
 SEC = 10**9
 MS = 10**6
@@ -279,7 +280,7 @@ def post_otlp(
     h = {"content-type": content_type, **(headers or {})}
     if tenant:
         h["X-Scope-OrgID"] = tenant
-    with httpx.Client(timeout=30) as c:
+    with httpx.Client(timeout=30, verify=TLS) as c:
         return c.post(url + "/v1/traces", content=body, headers=h)
 
 
@@ -662,7 +663,7 @@ def test_other_endpoints_grafana_calls(srv) -> None:  # type: ignore[no-untyped-
     assert (major, minor) < (2, 2), "older Grafana must not try Tempo's gRPC streaming"
     # The OTLP-only port answers OTLP only.
     assert srv.otlp_http_url
-    with httpx.Client(timeout=10) as c:
+    with httpx.Client(timeout=10, verify=TLS) as c:
         assert c.get(srv.otlp_http_url + "/api/search").status_code == 404
         assert c.get(srv.otlp_http_url + "/api/echo").status_code == 404
 
@@ -1507,7 +1508,7 @@ def test_body_over_the_limit_is_413(srv, victim) -> None:  # type: ignore[no-unt
         for i in range(0, len(body), 16_384):
             yield body[i : i + 16_384]
 
-    with httpx.Client(timeout=30) as c:
+    with httpx.Client(timeout=30, verify=TLS) as c:
         r = c.post(
             srv.url + "/v1/traces",
             content=chunks(),
