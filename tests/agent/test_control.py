@@ -221,7 +221,7 @@ def check_switching(app: App, client: httpx.Client, service: str) -> None:
     assert (
         httpx.put(app.control, json={}, verify=TLS).json()["sample_rate"] == 100
     )  # overrides cleared
-    assert httpx.patch(app.control).status_code == 405
+    assert httpx.patch(app.control, verify=TLS).status_code == 405
 
 
 @pytest.mark.parametrize("kind", ["asgi", "wsgi"])
