@@ -63,6 +63,9 @@ SERVICE = traced_program(
     app = Starlette(routes=[Route("/report", report), Route("/quit", quit, methods=["POST"])])
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
+    # Listening before the port is told: uvicorn listens only once its loop has started, and
+    # a client that connects before then is refused.
+    sock.listen(128)
     print("PORT", sock.getsockname()[1], flush=True)
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False))
     server.run(sockets=[sock])
