@@ -254,6 +254,17 @@ next_wall_due(uint64_t last, uint64_t now_ns, uint64_t *random)
     return due;
 }
 
+/* Whether the thread is where its last wall sample found it (see where_at). */
+static int
+still_there(ThreadSlot *s)
+{
+    const void *field =
+        (const void *)atomic_load_explicit(&s->where_field, memory_order_acquire);
+    uint64_t now;
+    return field != NULL && where_at(field, 1, &now) == 0 &&
+           now == atomic_load_explicit(&s->where, memory_order_relaxed);
+}
+
 /* Under threads_mutex.  Each Python thread's wall time since the last tick is charged to
  * where it is: a thread that ran since its last sample is asked (by signal) to take one, a
  * thread that did not (asleep, blocked) is charged at its last sample's stack again, which is
@@ -331,6 +342,9 @@ wall_tick(uint64_t now_ns, uint64_t *random)
         /* The wall timer armed at the last tick fired since: where the thread was then. */
         int inside = s->wall_armed && !wanted && c != NULL && c->depth > 0 &&
                      (int32_t)(c->seq - s->wall_armed_seq) > 0;
+        /* Asked at once, that sample stands for the time that waited for it, not for this
+         * interval: a thread that moved on since is not charged there twice. */
+        int at_once = inside && s->wall_now;
         s->wall_armed = 0;
         uint64_t at_sample = atomic_load_explicit(&s->cpu_at_sample_ns, memory_order_acquire);
         uint64_t ran = cpu - s->cpu_at_tick;
@@ -350,6 +364,11 @@ wall_tick(uint64_t now_ns, uint64_t *random)
          * was taken (which may be earlier, or inside that time), nor left that sample's span:
          * a thread that sleeps in span after span runs too little between them to count. */
         int frozen = ran < REPEAT_CPU_NS && cpu < at_sample + REPEAT_CPU_NS && !moved;
+        /* Ran at all, it may have gone from one wait to the next in that little: asked where
+         * it is (a few reads of its memory; a thread that did not run is not asked). */
+        int went_on = frozen && have_stack && ran > 0 && !still_there(s);
+        if (went_on)
+            frozen = 0;
         s->cpu_at_tick = cpu;
         if (frozen && have_stack) {
             /* It has not run, so its stack is where it was, but not its state: a thread seen
@@ -373,9 +392,15 @@ wall_tick(uint64_t now_ns, uint64_t *random)
                 charge_core_wait(s, c, &owed);
             }
             charge_off_cpu(s, c, 0, owed);
+            /* One that woke since and is back where it was (a loop around a wait with a
+             * timeout, or a round of other waits it was not looked at in) is looked at
+             * sooner again: the next round is seen. */
+            if (ran > 0)
+                s->idle_checks = 0;
             if (s->idle_checks < 1000)
                 s->idle_checks++;
-            uint64_t wait = (uint64_t)s->idle_checks * cpu_interval_ns;
+            int spaced = s->idle_checks - IDLE_CHECK_INTERVALS;
+            uint64_t wait = (uint64_t)(spaced > 1 ? spaced : 1) * cpu_interval_ns;
             s->next_check_ns = now_ns + (wait < IDLE_CHECK_NS ? wait : IDLE_CHECK_NS);
             if (s->next_check_ns < next_run)
                 next_run = s->next_check_ns;
@@ -402,12 +427,17 @@ wall_tick(uint64_t now_ns, uint64_t *random)
             moved && (wanted ? s->pending_gen == c->labels_gen
                              : s->idle_checks > 0 || (have_stack && !c->on_cpu &&
                                                       c->thread_state == STATE_RELEASED));
-        if ((s->idle_checks > 0 && have_stack) || split) {
+        int woke = (s->idle_checks > 0 && have_stack) || went_on;
+        if (woke || split) {
             /* It woke while it was not looked at: all but the time it may have been running
              * (its CPU, at least one interval) goes where it had been waiting, as it woke
              * and waited for a core there too.  One that changed span: the time up to the
              * change. */
             uint64_t recent = ran > cpu_interval_ns ? ran : cpu_interval_ns;
+            /* Gone on to another wait, it left this one at a moment nothing tells: half the
+             * time is each's, as it is on average. */
+            if (went_on && recent < owed / 2)
+                recent = owed / 2;
             if (split && changed_at != 0) {
                 /* (Read after now_ns: it is changing span as it is looked at.) */
                 uint64_t since = changed_at < now_ns ? now_ns - changed_at : 0;
@@ -419,7 +449,7 @@ wall_tick(uint64_t now_ns, uint64_t *random)
             /* What earlier ticks left for the next sample came before the change too,
              * unless it is what a change seen earlier left and no sample has come for it
              * since (one that came, `inside`, is where that time was spent). */
-            if (split && (!s->pending_after_change || inside))
+            if ((split && (!s->pending_after_change || inside)) || (went_on && inside))
                 before += atomic_exchange(&s->pending_wall_ns, 0);
             if (before > 0) {
                 /* (A read of /proc: for a change of span, as often as count_waits allows.) */
@@ -431,7 +461,7 @@ wall_tick(uint64_t now_ns, uint64_t *random)
             }
             /* The time since the change is not that sample's, even if it was the one asked
              * for at the last tick. */
-            if (split)
+            if (split || went_on)
                 inside = 0;
         }
         s->idle_checks = 0;
@@ -459,8 +489,13 @@ wall_tick(uint64_t now_ns, uint64_t *random)
             charge_wall_at(cc, off);
             off = 0;
         }
-        off += atomic_exchange(&s->pending_wall_ns, 0);
-        if (inside && (!cpu_samples || !c->on_cpu)) {
+        uint64_t waited = atomic_exchange(&s->pending_wall_ns, 0);
+        if (at_once && (!cpu_samples || !c->on_cpu)) {
+            charge_off_cpu(s, c, c->gil_holder, waited);
+            waited = 0;
+        }
+        off += waited;
+        if (inside && !at_once && (!cpu_samples || !c->on_cpu)) {
             charge_off_cpu(s, c, c->gil_holder, off);
             off = 0;
         }
@@ -487,7 +522,7 @@ wall_tick(uint64_t now_ns, uint64_t *random)
         /* Its wait so far has no stack (a thread that had only run, or a new one): asked at
          * once, as one that changed span is, or its wait would go to wherever it is when the
          * sample comes, in the span after when it changes span before. */
-        int unplaced = c == NULL || c->depth <= 0;
+        int unplaced = c == NULL || c->depth <= 0 || went_on;
         if (ran * 2 < owed) {
             waiting++;
             if (!unplaced && s->wall_waits_skipped + 1 < wait_stride) {
@@ -498,11 +533,19 @@ wall_tick(uint64_t now_ns, uint64_t *random)
         s->wall_waits_skipped = 0;
         /* One that changed span while it waited is asked where it is now, before it moves
          * on to the next: it mostly did not run, so the moment cannot follow anyone's turn
-         * at the GIL. */
-        uint64_t due = (split || unplaced) && ran * 2 < owed
-                           ? now_ns + 1000
-                           : next_wall_due(atomic_load(&s->wall_due_ns), now_ns, random);
+         * at the GIL.  So is one that woke from a wait since it was last looked at and is
+         * blocked again (in a system call, not for the GIL: a read of /proc): what waits for
+         * a sample is the time up to now, and a short wait that follows the one it woke from
+         * (a call after a job was taken) would be over by a moment in the next interval
+         * (waits of 5 ms after waits of 100 ms were charged 70% short).  One that runs, or
+         * waits for the GIL or a core, keeps the moment of its own chain. */
+        int ask_now = (split || unplaced) && ran * 2 < owed;
+        if (!ask_now && woke && ran * 2 < owed && blocked_state(tid) == STATE_RELEASED)
+            ask_now = 1;
+        uint64_t due = ask_now ? now_ns + 1000
+                               : next_wall_due(atomic_load(&s->wall_due_ns), now_ns, random);
         s->wall_armed = 1;
+        s->wall_now = ask_now;
         s->wall_armed_seq = atomic_load(&s->seq);
         atomic_store(&s->wall_due_ns, due);
         atomic_store(&s->wall_wanted, 1);
@@ -539,6 +582,17 @@ charge_cpu_tail(ThreadSlot *s, uint64_t cpu_now, uint64_t ident, const uint64_t 
         if (cpu_charges_wall(s))
             add_or_count(KIND_WALL_RUNNING, ident, labels, fallback, depth, tail);
     }
+}
+
+int
+charge_last_wait(ThreadSlot *s, uint64_t ident, uint64_t amount)
+{
+    const WallCopy *c = s->last_wall;
+    if (s->idle_checks == 0 || c == NULL || c->depth <= 0 || c->ident != ident ||
+        c->seq != atomic_load(&s->seq) || labels_moved(s))
+        return 0;
+    charge_wall_at(c, amount);
+    return 1;
 }
 
 uint64_t

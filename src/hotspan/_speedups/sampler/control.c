@@ -351,7 +351,9 @@ sampler_unregister_thread(PyObject *mod, PyObject *args)
                 drain_ring();
                 charge_cpu_tail(s, cpu_now, (uint64_t)ts->thread_id, labels, frames, depth);
             }
-            if (wall > 0 && depth > 0) {
+            if (wall > 0 && charge_last_wait(s, (uint64_t)ts->thread_id, wall)) {
+                /* (Where it waited.) */
+            } else if (wall > 0 && depth > 0) {
                 /* Ending, it runs Python: it holds the GIL, where that can be told. */
                 uint64_t holder = 0;
                 int state = thread_state(ts, NULL, &holder);

@@ -148,3 +148,80 @@ walk_frames(PyThreadState *ts, RawFrame *out, int max_depth)
     }
     return n;
 }
+
+/* Where a thread is in its Python code, as one number: its newest frame and that frame's
+ * caller, each with the instruction it is at.  Its CPU clock cannot tell a thread that a wall
+ * signal woke and that went back to its wait from one that returned from its wait and began
+ * another (a few microseconds of CPU either way), and a stack charged again for a thread that
+ * "did not run" would then hold the second wait too.  The handler reads the number on its own
+ * thread as it takes a wall sample, and the collector again later through safe_read, from
+ * `frame_field` (where the thread keeps its newest frame: stable while it stays in the
+ * evaluation loop it was sampled in; one it has left reads as having moved). */
+#if PY_VERSION_HEX >= 0x030B0000
+typedef _PyInterpreterFrame WhereFrame;
+#  if PY_VERSION_HEX >= 0x030D0000
+#    define WHERE_INSTR_FIELD instr_ptr
+#  else
+#    define WHERE_INSTR_FIELD prev_instr
+#  endif
+#  define WHERE_INSTR(f) ((uint64_t)(uintptr_t)(f).WHERE_INSTR_FIELD)
+#  define WHERE_BACK_FIELD previous
+#else
+typedef PyFrameObject WhereFrame;
+#  define WHERE_INSTR_FIELD f_lasti
+#  define WHERE_INSTR(f) ((uint64_t)(uint32_t)(f).f_lasti)
+#  define WHERE_BACK_FIELD f_back
+#endif
+#define WHERE_BACK(f) ((void *)(f).WHERE_BACK_FIELD)
+#define WHERE_END(field) (offsetof(WhereFrame, field) + sizeof(((WhereFrame *)0)->field))
+#define WHERE_PREFIX                                                                           \
+    (WHERE_END(WHERE_INSTR_FIELD) > WHERE_END(WHERE_BACK_FIELD) ? WHERE_END(WHERE_INSTR_FIELD) \
+                                                                : WHERE_END(WHERE_BACK_FIELD))
+
+const void *
+frame_field(PyThreadState *ts)
+{
+#if PY_VERSION_HEX >= 0x030D0000
+    return &ts->current_frame;
+#elif PY_VERSION_HEX >= 0x030B0000
+    return ts->cframe != NULL ? (const void *)&ts->cframe->current_frame : NULL;
+#else
+    return &ts->frame;
+#endif
+}
+
+static int
+plain_read(const void *address, void *out, size_t size)
+{
+    memcpy(out, address, size);
+    return 0;
+}
+
+static uint64_t
+where_mix(uint64_t h, uint64_t v)
+{
+    h = (h ^ v) * 0x9e3779b97f4a7c15ull;
+    return h ^ (h >> 29);
+}
+
+int
+where_at(const void *field, int safe, uint64_t *out)
+{
+    int (*read)(const void *, void *, size_t) = safe ? safe_read : plain_read;
+    void *f = NULL;
+    if (field == NULL || read(field, &f, sizeof f) != 0)
+        return -1;
+    uint64_t h = where_mix(0, (uint64_t)(uintptr_t)f);
+    for (int k = 0; k < 2 && f != NULL; k++) {
+        /* The frame up to the two fields, not past them: less to copy, and nothing read
+         * beyond a small frame's end. */
+        WhereFrame copy;
+        if (((uintptr_t)f & 7) != 0 || read(f, &copy, WHERE_PREFIX) != 0)
+            return -1;
+        h = where_mix(h, WHERE_INSTR(copy));
+        f = WHERE_BACK(copy);
+        h = where_mix(h, (uint64_t)(uintptr_t)f);
+    }
+    *out = h;
+    return 0;
+}

@@ -207,6 +207,17 @@ on_signal(int signum, siginfo_t *info, void *ucontext)
                 if (found != NULL && cpu != 0)
                     labels_charge(found, cpu, 0);
                 e->depth = depth;
+                if (wanted) {
+                    /* So that the collector can tell whether it is still here (where_at;
+                     * its newest frames were just read: they can be). */
+                    const void *field = frame_field(ts);
+                    uint64_t where = 0;
+                    if (field == NULL || where_at(field, 0, &where) != 0)
+                        field = NULL;
+                    atomic_store_explicit(&slot->where, where, memory_order_relaxed);
+                    atomic_store_explicit(&slot->where_field, (uintptr_t)field,
+                                          memory_order_release);
+                }
             }
             atomic_store_explicit(&e->state, 2, memory_order_release);
         } else {

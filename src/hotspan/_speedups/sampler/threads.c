@@ -551,8 +551,10 @@ slot_for(pid_t tid, int python)
     atomic_store(&s->wall_wanted, 0);
     atomic_store(&s->wall_due_ns, 0);
     s->wall_armed = 0;
+    s->wall_now = 0;
     s->pending_after_change = 0;
     atomic_store(&s->cpu_at_sample_ns, 0);
+    atomic_store(&s->where_field, 0);
     atomic_store(&s->labels_changed_ns, 0);
     atomic_store(&s->cpu_charged_ns, 0);
     atomic_store(&s->cpu_expiry_ns, 0);
