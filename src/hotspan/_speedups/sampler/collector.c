@@ -364,9 +364,17 @@ wall_tick(uint64_t now_ns, uint64_t *random)
          * was taken (which may be earlier, or inside that time), nor left that sample's span:
          * a thread that sleeps in span after span runs too little between them to count. */
         int frozen = ran < REPEAT_CPU_NS && cpu < at_sample + REPEAT_CPU_NS && !moved;
-        /* Ran at all, it may have gone from one wait to the next in that little: asked where
-         * it is (a few reads of its memory; a thread that did not run is not asked). */
-        int went_on = frozen && have_stack && ran > 0 && !still_there(s);
+        /* Ran at all, it may have gone from one wait to the next in that little: looked up
+         * where it is (a few reads of its memory; a thread that did not run is not).  One last
+         * seen running, or waiting for the GIL or a core, only once it is blocked in a system
+         * call (a read of /proc, which the frozen path below needs anyway): until then it is
+         * where it was, and its waits for a core are counted there. */
+        int was_running = have_stack && (c->thread_state == STATE_RUNNING ||
+                                         c->thread_state == STATE_GIL_WAIT ||
+                                         c->thread_state == STATE_CPU_WAIT || c->on_cpu);
+        int now_state = frozen && was_running ? blocked_state(tid) : -1;
+        int went_on = frozen && have_stack && ran > 0 &&
+                      (!was_running || now_state == STATE_RELEASED) && !still_there(s);
         if (went_on)
             frozen = 0;
         s->cpu_at_tick = cpu;
@@ -379,9 +387,7 @@ wall_tick(uint64_t now_ns, uint64_t *random)
              * is not). */
             owed += atomic_exchange(&s->pending_wall_ns, 0);
             s->pending_after_change = 0;
-            if (c->thread_state == STATE_RUNNING || c->thread_state == STATE_GIL_WAIT ||
-                c->thread_state == STATE_CPU_WAIT || c->on_cpu) {
-                int now_state = blocked_state(tid);
+            if (was_running) {
                 if (now_state >= 0) {
                     c->thread_state = now_state;
                     c->on_cpu = 0;
