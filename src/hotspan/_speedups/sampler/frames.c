@@ -197,13 +197,6 @@ plain_read(const void *address, void *out, size_t size)
     return 0;
 }
 
-static uint64_t
-where_mix(uint64_t h, uint64_t v)
-{
-    h = (h ^ v) * 0x9e3779b97f4a7c15ull;
-    return h ^ (h >> 29);
-}
-
 int
 where_at(const void *field, int safe, uint64_t *out)
 {
@@ -211,16 +204,16 @@ where_at(const void *field, int safe, uint64_t *out)
     void *f = NULL;
     if (field == NULL || read(field, &f, sizeof f) != 0)
         return -1;
-    uint64_t h = where_mix(0, (uint64_t)(uintptr_t)f);
+    uint64_t h = mix64((uint64_t)(uintptr_t)f);
     for (int k = 0; k < 2 && f != NULL; k++) {
         /* The frame up to the two fields, not past them: less to copy, and nothing read
          * beyond a small frame's end. */
         WhereFrame copy;
         if (((uintptr_t)f & 7) != 0 || read(f, &copy, WHERE_PREFIX) != 0)
             return -1;
-        h = where_mix(h, WHERE_INSTR(copy));
+        h = mix64(h ^ WHERE_INSTR(copy));
         f = WHERE_BACK(copy);
-        h = where_mix(h, (uint64_t)(uintptr_t)f);
+        h = mix64(h ^ (uint64_t)(uintptr_t)f);
     }
     *out = h;
     return 0;
